@@ -1,0 +1,18 @@
+"""EP+DP MoE workspace harness: reproduce, measure and guard vLLM's batched-experts workspace sizing.
+
+One rank's data path mirrors vLLM's modular kernel:
+
+    [route] -> [quantize + dispatch] -> [experts: GEMM1 -> silu_and_mul -> quant -> GEMM2] -> [combine]
+     topk ids    all_to_all_single       writes into views of the policy's workspaces          all_to_all back
+     + weights   (nccl / gloo)           (ws13/common, ws2, out aliasing common)               weighted sum
+
+Letters (shared/DESIGN.md §1):
+    T  per-rank token capacity (max_tokens_per_rank)
+    D  number of dispatch ranks (num_dispatchers); may be emulated by P <= D physical ranks
+    M  per-expert slots in the batched buffer, M = T * D
+    E  local experts per rank
+    K  hidden size
+    I  expert intermediate size; GEMM1 outputs N = 2I (gate + up), GEMM2 maps I -> K
+"""
+
+__version__ = "0.1.0"
