@@ -1,0 +1,72 @@
+"""One rendezvous for every launcher: launchers build `RankInfo`s, `init_rank` sets up torch.distributed."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+# NVLink multicast stays off in every process we start (it can take a shared host's GPUs out of service).
+SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankInfo:
+    """Everything one rank needs to join the group; plain data, so it crosses processes and Ray."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    comm_backend: Literal["nccl", "gloo"]
+    device_type: Literal["cuda", "cpu"]
+    device_index: int = 0  # within this process's visible devices (Ray sets CUDA_VISIBLE_DEVICES per actor)
+    collective_timeout_s: float = 60.0
+    run_id: str = ""
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", self.device_index) if self.device_type == "cuda" else torch.device("cpu")
+
+
+def apply_safe_env() -> None:
+    for key, value in SAFE_NCCL_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now on `host`; the rendezvous binds it moments later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def init_rank(info: RankInfo) -> torch.device:
+    """Join the process group of `info` and return this rank's device."""
+    apply_safe_env()
+    device = info.device
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        init_kwargs = {}
+        if info.comm_backend == "nccl":
+            init_kwargs["device_id"] = device  # eager NCCL init: communicator errors surface here, not mid-run
+        dist.init_process_group(
+            backend=info.comm_backend,
+            init_method=f"tcp://{info.master_addr}:{info.master_port}",
+            rank=info.rank,
+            world_size=info.world_size,
+            timeout=datetime.timedelta(seconds=info.collective_timeout_s),
+            **init_kwargs,
+        )
+    return device
+
+
+def shutdown_rank() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,262 @@
+"""Records that cross processes: frozen, typed, versioned, in base units (bytes, microseconds, seconds).
+
+A run directory holds:
+
+    run.json                 RunManifest: the scenario, how many ranks were launched, by what, the command
+    ranks/rank-00003.json    RankRecord: one per rank that finished (even with failed policies)
+    ranks/rank-00003.failed.json  RankFailure: written by the launcher for a rank that died or hung
+    oom/...                  memory snapshots kept on OOM
+
+Writes are atomic (temporary file, then rename), so a crash never leaves half a record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+SCHEMA_VERSION = 1
+
+
+class RecordError(Exception):
+    """A record that cannot be read: missing, truncated, corrupt, or of a newer schema."""
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Versions(_Record):
+    harness: str
+    python: str
+    torch: str
+    cuda: str | None = None
+    nccl: str | None = None
+    driver: str | None = None
+    ray: str | None = None
+    vllm_source: str | None = None  # e.g. "release 0.26.0 (wheel, cached)" or "installed 0.33.0"
+    vllm_kernels: str | None = None  # the ops library loaded by the vllm-ops backend, if any
+
+
+class Hardware(_Record):
+    hostname: str
+    node_ip: str
+    device_kind: Literal["cuda", "cpu"]
+    device_name: str
+    device_uuid: str | None = None
+    device_total_bytes: int | None = None
+    device_capability: str | None = None  # "9.0"
+    num_cpus: int
+
+
+class ContractBytes(_Record):
+    """The policy's workspace as vLLM's modular kernel would allocate it."""
+
+    ws13_shape: list[int]
+    ws2_shape: list[int]
+    out_shape: list[int]
+    common_bytes: int
+    ws2_bytes: int
+    total_bytes: int
+    source: str
+
+
+class MemoryMeasurement(_Record):
+    """Peaks and deltas of one policy, measured from a baseline with weights and comm buffers up."""
+
+    method: Literal["nvml", "rss"]
+    label: str  # "GPU memory (NVML device used)" or "CPU memory (process RSS)"
+    baseline_bytes: int
+    peak_bytes: int
+    delta_bytes: int  # peak - baseline over the whole policy (workspaces + the data path's transient use)
+    workspace_delta_bytes: int  # device-used growth from allocating common + ws2 alone
+    process_peak_bytes: int | None = None  # NVML per-process used memory
+    allocator_allocated_peak_bytes: int | None = None
+    allocator_reserved_peak_bytes: int | None = None
+    allocator_baseline_bytes: int | None = None
+    num_samples: int = 0
+
+
+class Breakdown(_Record):
+    """Exact bytes of the harness's own allocations on this rank; `other` is what the device shows beyond them."""
+
+    weights_bytes: int
+    dispatch_bytes: int
+    common_bytes: int  # ws13 and out alias it
+    ws2_bytes: int
+    combine_bytes: int
+    ballast_bytes: int
+    other_bytes: int  # context, NCCL, allocator slack; on CPU the interpreter and libraries
+
+
+class OomRecord(_Record):
+    policy: str
+    stage: str  # "workspace", "experts", ...
+    requested_bytes: int | None
+    free_bytes: int | None
+    total_bytes: int | None
+    budget_bytes: int | None
+    message: str
+    snapshot_file: str | None = None  # relative to the run directory
+
+
+class Timings(_Record):
+    """Medians over the measured iterations (first sample dropped), in microseconds."""
+
+    dispatch_us: float
+    experts_us: float
+    combine_us: float
+    num_samples: int
+
+
+class Throughput(_Record):
+    experts_tflops: float
+    dispatch_algbw_gbps: float
+    dispatch_busbw_gbps: float
+    combine_algbw_gbps: float
+    combine_busbw_gbps: float
+    dispatch_bytes: int  # bytes this rank sent in one dispatch
+    combine_bytes: int
+
+
+class Correctness(_Record):
+    max_abs_error: float
+    max_rel_error: float  # max |out - ref| / max |ref| over the rank's tokens
+    num_wrong_slots: int  # expert slots whose token does not match what was routed there
+    num_checked_tokens: int
+    within_tolerance: bool
+    tolerance: float
+
+
+class PolicyResult(_Record):
+    policy: str
+    status: Literal["ok", "oom", "error"]
+    contract: ContractBytes
+    memory: MemoryMeasurement | None = None
+    breakdown: Breakdown | None = None
+    timings: Timings | None = None
+    throughput: Throughput | None = None
+    correctness: Correctness | None = None
+    expected_outcome: Literal["fit", "oom"] | None = None
+    expectation_met: bool | None = None
+    oom: OomRecord | None = None
+    error: str | None = None
+
+
+class RankRecord(_Record):
+    schema_version: int = SCHEMA_VERSION
+    record_kind: Literal["rank"] = "rank"
+    run_id: str
+    scenario_name: str
+    scenario_hash: str
+    scenario: dict[str, Any]
+    rank: int
+    num_ranks: int
+    num_dispatchers: int
+    emulated: bool
+    comm_backend: Literal["nccl", "gloo"]
+    experts_backend: str
+    measurement_method: Literal["same-baseline", "isolated"]
+    versions: Versions
+    hardware: Hardware
+    policies: list[PolicyResult]
+    started_at: float  # unix seconds
+    finished_at: float
+    expert_num_tokens: list[int]  # received per local expert, last iteration of the first policy that ran
+
+
+class RankFailure(_Record):
+    """Written by a launcher for a rank that produced no record."""
+
+    schema_version: int = SCHEMA_VERSION
+    record_kind: Literal["rank-failure"] = "rank-failure"
+    run_id: str
+    rank: int
+    node: str
+    cause: str  # "died: exit code -9", "hung: no result within 60 s", ...
+    detail: str = ""
+    at: float
+
+
+class RunManifest(_Record):
+    schema_version: int = SCHEMA_VERSION
+    record_kind: Literal["run"] = "run"
+    run_id: str
+    scenario_name: str
+    scenario_hash: str
+    scenario: dict[str, Any]
+    scenario_path: str | None
+    num_ranks: int
+    launcher: Literal["local", "ray"]
+    command: list[str]
+    started_at: float
+    versions: Versions | None = None
+
+
+def rank_record_path(run_dir: Path, rank: int, *, failed: bool = False) -> Path:
+    suffix = ".failed.json" if failed else ".json"
+    return run_dir / "ranks" / f"rank-{rank:05d}{suffix}"
+
+
+def write_json_atomic(path: Path, data: Any) -> Path:
+    """Write JSON to `path` through a temporary file in the same directory and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_record(path: Path, record: _Record) -> Path:
+    return write_json_atomic(path, record.model_dump(mode="json"))
+
+
+_KINDS: dict[str, type[_Record]] = {"rank": RankRecord, "rank-failure": RankFailure, "run": RunManifest}
+
+
+def read_record(path: Path) -> RankRecord | RankFailure | RunManifest:
+    """Read one record; raise RecordError naming the file and the cause."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise RecordError(f"{path}: missing") from None
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        what = "truncated" if exc.pos >= len(text.rstrip()) - 1 else "corrupt"
+        raise RecordError(f"{path}: {what} JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise RecordError(f"{path}: corrupt: expected a JSON object")
+    version = data.get("schema_version")
+    if not isinstance(version, int):
+        raise RecordError(f"{path}: corrupt: no schema_version")
+    if version > SCHEMA_VERSION:
+        raise RecordError(
+            f"{path}: schema version {version} is newer than this harness reads ({SCHEMA_VERSION}); "
+            "upgrade the harness to read it"
+        )
+    kind = data.get("record_kind")
+    model = _KINDS.get(kind)  # type: ignore[arg-type]
+    if model is None:
+        raise RecordError(f"{path}: corrupt: record_kind {kind!r} is not one of {', '.join(_KINDS)}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise RecordError(f"{path}: corrupt: {where}: {first['msg']}") from None

@@ -1,0 +1,358 @@
+"""Scenario files: pure data, validated without touching a GPU.
+
+A scenario names a model (a preset, explicit shapes, or both: explicit fields win), the parallel layout
+(D dispatchers, P physical ranks, E local experts, T tokens per rank), the routing, the sizing policies to
+measure, and what the run should find (expectations and thresholds). Whether *this machine* can run it is a
+separate question, answered by `harness.rank.can_run`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from harness.models import PRESETS
+from harness.workspace import BUILTIN_POLICIES, RELEASE_POLICY_PREFIX, SizingArgs
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+SCENARIOS_DIR = REPO_DIR / "scenarios"
+
+# Total memory that NVML reports for GPUs a budget can emulate, in bytes.
+GPU_MEMORY_BYTES: dict[str, int] = {
+    "A100-40GB": 40960 * 2**20,
+    "A100-80GB": 81920 * 2**20,
+    "H100-80GB": 81559 * 2**20,
+    "H100-94GB": 95830 * 2**20,
+    "H20-96GB": 97871 * 2**20,
+    "H200-141GB": 143771 * 2**20,
+}
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+RELEASE_POLICY_RE = re.compile(r"^vllm==\d+\.\d+\.\d+([.\-+]?\w+)*$")
+
+
+class ScenarioError(Exception):
+    """A scenario that cannot be loaded; the message names the file, the field, the value and what is allowed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class ModelSpec(_Strict):
+    """The MoE layer's shapes. `preset` fills any field left out."""
+
+    preset: str | None = None
+    hidden_size: PositiveInt | None = Field(None, description="K")
+    intermediate_size: PositiveInt | None = Field(None, description="I; GEMM1 outputs N = 2I")
+    num_experts: PositiveInt | None = Field(None, description="routed experts of the model")
+    top_k: PositiveInt | None = None
+    activation: Literal["silu", "gelu"] | None = None
+    workspace_dtype: Literal["bfloat16", "float16"] = "bfloat16"
+    quant_dtype: Literal["float8_e4m3fn"] = "float8_e4m3fn"
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, value: str | None) -> str | None:
+        if value is not None and value not in PRESETS:
+            raise ValueError(f"unknown preset {value!r}; allowed: {', '.join(sorted(PRESETS))}")
+        return value
+
+    @model_validator(mode="after")
+    def _fill_from_preset(self) -> ModelSpec:
+        filled: dict[str, Any] = {}
+        if self.preset is not None:
+            preset = PRESETS[self.preset]
+            for name in ("hidden_size", "intermediate_size", "num_experts", "top_k", "activation"):
+                if getattr(self, name) is None:
+                    filled[name] = getattr(preset, name)
+        if self.activation is None and "activation" not in filled:
+            filled["activation"] = "silu"
+        for name, value in filled.items():
+            object.__setattr__(self, name, value)
+        missing = [n for n in ("hidden_size", "intermediate_size", "num_experts", "top_k") if getattr(self, n) is None]
+        if missing:
+            raise ValueError(f"missing {', '.join('model.' + m for m in missing)}: give them or a model.preset")
+        return self
+
+
+class ParallelSpec(_Strict):
+    num_dispatchers: PositiveInt = Field(description="D, the EP/DP world size whose memory is reproduced")
+    num_ranks: PositiveInt = Field(1, description="P, physical ranks (one GPU each); D/P dispatchers each")
+    num_local_experts: PositiveInt | None = Field(None, description="E; default num_experts / D")
+    max_tokens_per_rank: PositiveInt = Field(description="T, per-dispatcher token capacity")
+
+
+class RoutingSpec(_Strict):
+    kind: Literal["uniform", "skewed", "worst-case"] = "uniform"
+    num_tokens: PositiveInt | None = Field(None, description="tokens per dispatcher; default T")
+    zipf_exponent: PositiveFloat = Field(1.2, description="skewed: expert popularity ~ 1/rank^s")
+
+
+class MemorySpec(_Strict):
+    budget_gb: PositiveFloat | None = Field(None, description="device memory the process may use, in GB (1e9 B)")
+    budget_gpu: str | None = Field(None, description=f"a named GPU to emulate: {', '.join(GPU_MEMORY_BYTES)}")
+    ballast_gb: Annotated[float, Field(ge=0)] = Field(0.0, description="stands for weights + KV cache, GB")
+    method: Literal["same-baseline", "isolated"] = "same-baseline"
+    sample_interval_ms: PositiveFloat = 1.0
+    snapshot_on_oom: bool = True
+
+    @field_validator("budget_gpu")
+    @classmethod
+    def _known_gpu(cls, value: str | None) -> str | None:
+        if value is not None and value not in GPU_MEMORY_BYTES:
+            raise ValueError(f"unknown GPU {value!r}; allowed: {', '.join(GPU_MEMORY_BYTES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> MemorySpec:
+        if self.budget_gb is not None and self.budget_gpu is not None:
+            raise ValueError("give memory.budget_gb or memory.budget_gpu, not both")
+        return self
+
+    @property
+    def budget_bytes(self) -> int | None:
+        if self.budget_gpu is not None:
+            return GPU_MEMORY_BYTES[self.budget_gpu]
+        if self.budget_gb is not None:
+            return int(self.budget_gb * 1e9)
+        return None
+
+    @property
+    def ballast_bytes(self) -> int:
+        return int(self.ballast_gb * 1e9)
+
+
+class ExpectSpec(_Strict):
+    outcomes: dict[str, Literal["fit", "oom"]] = Field(default_factory=dict, description="policy -> fit | oom")
+    memory_tolerance_pct: PositiveFloat = Field(2.0, description="measured workspace delta vs contract")
+    max_error: PositiveFloat = Field(0.06, description="combined output vs reference, max relative error")
+
+
+class BenchSpec(_Strict):
+    experts_ratio_min: PositiveFloat = 0.95
+    comm_busbw_ratio_min: PositiveFloat = 0.90
+    iterations: PositiveInt = 20
+
+
+class LaunchSpec(_Strict):
+    launcher: Literal["local", "ray"] = "local"
+    placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
+    cpus_per_rank: PositiveInt = 1
+    placement_timeout_s: PositiveFloat = 60.0
+    rank_timeout_s: PositiveFloat = 900.0
+    collective_timeout_s: PositiveFloat = 60.0
+
+
+class VllmSpec(_Strict):
+    """Where the vllm-ops backend and release policies get vLLM from; at most one field."""
+
+    version: str | None = None
+    wheel: str | None = None
+    src: str | None = None
+
+    @model_validator(mode="after")
+    def _at_most_one(self) -> VllmSpec:
+        given = [n for n in ("version", "wheel", "src") if getattr(self, n)]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of vllm.version, vllm.wheel, vllm.src (got {', '.join(given)})")
+        return self
+
+
+class Scenario(_Strict):
+    name: str | None = None
+    description: str = ""
+    model: ModelSpec
+    parallel: ParallelSpec
+    routing: RoutingSpec = RoutingSpec()
+    policies: list[str] = Field(default_factory=lambda: ["legacy", "fixed"], min_length=1)
+    experts_backend: Literal["auto", "reference", "torch-cutlass", "vllm-ops"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    vllm: VllmSpec = VllmSpec()
+    iterations: PositiveInt = 3
+    warmup: Annotated[int, Field(ge=0)] = 1
+    seed: int = 0
+    memory: MemorySpec = MemorySpec()
+    expect: ExpectSpec = ExpectSpec()
+    bench: BenchSpec = BenchSpec()
+    launch: LaunchSpec = LaunchSpec()
+
+    @field_validator("policies")
+    @classmethod
+    def _known_policies(cls, value: list[str]) -> list[str]:
+        for policy in value:
+            if policy not in BUILTIN_POLICIES and not RELEASE_POLICY_RE.match(policy):
+                allowed = ", ".join(BUILTIN_POLICIES) + f", {RELEASE_POLICY_PREFIX}X.Y.Z"
+                raise ValueError(f"unknown policy {policy!r}; allowed: {allowed}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"policies repeat a name: {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _layout(self) -> Scenario:
+        p, m = self.parallel, self.model
+        D, P = p.num_dispatchers, p.num_ranks
+        if D < P:
+            raise ValueError(f"parallel.num_dispatchers ({D}) is smaller than parallel.num_ranks ({P}): D >= P")
+        if D % P:
+            raise ValueError(
+                f"parallel.num_dispatchers ({D}) must be a multiple of parallel.num_ranks ({P}): "
+                "each physical rank stands in for D/P dispatchers"
+            )
+        if p.num_local_experts is None:
+            if m.num_experts % D:
+                raise ValueError(
+                    f"model.num_experts ({m.num_experts}) does not divide over parallel.num_dispatchers ({D}); "
+                    "set parallel.num_local_experts or choose D that divides it"
+                )
+            object.__setattr__(p, "num_local_experts", m.num_experts // D)
+        elif p.num_local_experts * D < m.num_experts:
+            raise ValueError(
+                f"parallel.num_local_experts ({p.num_local_experts}) x num_dispatchers ({D}) = "
+                f"{p.num_local_experts * D} slots cannot hold model.num_experts ({m.num_experts})"
+            )
+        num_physical_experts = p.num_local_experts * P
+        if m.top_k > m.num_experts or m.top_k > num_physical_experts:
+            raise ValueError(
+                f"model.top_k ({m.top_k}) is larger than the experts: model.num_experts ({m.num_experts}), "
+                f"experts on the physical ranks (num_local_experts x num_ranks = {num_physical_experts})"
+            )
+        if self.routing.num_tokens is not None and self.routing.num_tokens > p.max_tokens_per_rank:
+            raise ValueError(
+                f"routing.num_tokens ({self.routing.num_tokens}) exceeds parallel.max_tokens_per_rank "
+                f"({p.max_tokens_per_rank}): a dispatcher may not send more than T tokens"
+            )
+        unknown = sorted(set(self.expect.outcomes) - set(self.policies))
+        if unknown:
+            raise ValueError(f"expect.outcomes names {unknown}, which are not in policies {self.policies}")
+        return self
+
+    # Derived quantities, in the letters of shared/DESIGN.md.
+    @property
+    def num_local_experts(self) -> int:
+        assert self.parallel.num_local_experts is not None
+        return self.parallel.num_local_experts
+
+    @property
+    def num_dispatchers_per_rank(self) -> int:
+        return self.parallel.num_dispatchers // self.parallel.num_ranks
+
+    @property
+    def num_tokens_per_dispatcher(self) -> int:
+        return self.routing.num_tokens or self.parallel.max_tokens_per_rank
+
+    @property
+    def emulated(self) -> bool:
+        return self.parallel.num_dispatchers > self.parallel.num_ranks
+
+    def sizing_args(self) -> SizingArgs:
+        return SizingArgs(
+            max_tokens_per_rank=self.parallel.max_tokens_per_rank,
+            num_dispatchers=self.parallel.num_dispatchers,
+            num_local_experts=self.num_local_experts,
+            num_global_experts=self.num_local_experts * self.parallel.num_dispatchers,
+            hidden_size=self.model.hidden_size,  # type: ignore[arg-type]
+            intermediate_size=self.model.intermediate_size,  # type: ignore[arg-type]
+            top_k=self.model.top_k,  # type: ignore[arg-type]
+            activation=self.model.activation or "silu",
+            workspace_dtype=self.model.workspace_dtype,
+        )
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def scenario_hash(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+
+    def summary(self) -> str:
+        p, m = self.parallel, self.model
+        label = m.preset or f"K={m.hidden_size} I={m.intermediate_size}"
+        emulated = f" (emulated on {p.num_ranks})" if self.emulated else ""
+        return (
+            f"{label}: D={p.num_dispatchers}{emulated} E={self.num_local_experts} T={p.max_tokens_per_rank} "
+            f"top_k={m.top_k}; policies {', '.join(self.policies)}"
+        )
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc) if loc else "(top level)"
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys a nested model accepts at `loc`, for "unknown key" messages."""
+    current: Any = model
+    for part in loc[:-1]:
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        current = field.annotation
+    return sorted(getattr(current, "model_fields", {}))
+
+
+def _format_error(path: Path | str, error: dict[str, Any]) -> str:
+    loc = tuple(error["loc"])
+    where = _format_loc(loc)
+    kind = error["type"]
+    value = error.get("input")
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(Scenario, loc)
+        return f"{path}: unknown key {where!r}; allowed here: {', '.join(allowed)}"
+    if kind == "missing":
+        return f"{path}: missing field {where!r}"
+    message = error["msg"].removeprefix("Value error, ")
+    if kind == "value_error":
+        return f"{path}: {message}" if not loc else f"{path}: {where}: {message}"
+    return f"{path}: {where}: {message} (got {value!r})"
+
+
+def parse_scenario(data: Any, *, path: Path | str = "<scenario>") -> Scenario:
+    """Validate already-parsed YAML data; raise ScenarioError with one line per problem."""
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: a scenario is a YAML mapping of keys, got {type(data).__name__}")
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError("\n".join(_format_error(path, e) for e in exc.errors())) from None
+    if scenario.name is None:
+        object.__setattr__(scenario, "name", Path(str(path)).stem)
+    return scenario
+
+
+def resolve_scenario_path(name_or_path: str | Path) -> Path:
+    """A path, or a bare name looked up in scenarios/ (with or without .yaml)."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    for candidate in (SCENARIOS_DIR / path, SCENARIOS_DIR / f"{path}.yaml"):
+        if candidate.exists():
+            return candidate
+    raise ScenarioError(f"{name_or_path}: no such scenario file (looked in . and {SCENARIOS_DIR})")
+
+
+def load_scenario(name_or_path: str | Path) -> Scenario:
+    """Read and validate a scenario YAML file."""
+    path = resolve_scenario_path(name_or_path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ScenarioError(f"{path}: YAML syntax error{where}: {problem}") from None
+    return parse_scenario(data, path=path)
+
+
+def list_scenarios() -> list[Path]:
+    return sorted(SCENARIOS_DIR.glob("*.yaml"))
