@@ -94,13 +94,18 @@ class RoutingSpec(_Strict):
     kind: Literal["uniform", "skewed", "worst-case"] = "uniform"
     num_tokens: PositiveInt | None = Field(None, description="tokens per dispatcher; default T")
     zipf_exponent: PositiveFloat = Field(1.2, description="skewed: expert popularity ~ 1/rank^s")
+    idle_ranks: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, description="physical ranks that hold no tokens (DP ranks without requests)"
+    )
 
 
 class MemorySpec(_Strict):
     budget_gb: PositiveFloat | None = Field(None, description="device memory the process may use, in GB (1e9 B)")
     budget_gpu: str | None = Field(None, description=f"a named GPU to emulate: {', '.join(GPU_MEMORY_BYTES)}")
     ballast_gb: Annotated[float, Field(ge=0)] = Field(0.0, description="stands for weights + KV cache, GB")
-    method: Literal["same-baseline", "isolated"] = "same-baseline"
+    method: Literal["same-baseline"] = Field(
+        "same-baseline", description="every policy measured from one baseline: weights and comm buffers up, cache empty"
+    )
     sample_interval_ms: PositiveFloat = 1.0
     snapshot_on_oom: bool = True
 
@@ -154,15 +159,18 @@ class LaunchSpec(_Strict):
 class VllmSpec(_Strict):
     """Where the vllm-ops backend and release policies get vLLM from; at most one field."""
 
-    version: str | None = None
-    wheel: str | None = None
-    src: str | None = None
+    version: str | None = Field(None, description="a release, downloaded into the cache: 0.26.0")
+    wheel: str | None = Field(None, description="a vLLM wheel file")
+    src: str | None = Field(None, description="a vLLM source tree or installed package directory")
+    ops_library: str | None = Field(None, description="vLLM's compiled ops library file itself")
 
     @model_validator(mode="after")
     def _at_most_one(self) -> VllmSpec:
-        given = [n for n in ("version", "wheel", "src") if getattr(self, n)]
+        given = [n for n in ("version", "wheel", "src", "ops_library") if getattr(self, n)]
         if len(given) > 1:
-            raise ValueError(f"give at most one of vllm.version, vllm.wheel, vllm.src (got {', '.join(given)})")
+            raise ValueError(
+                f"give at most one of vllm.version, vllm.wheel, vllm.src, vllm.ops_library (got {', '.join(given)})"
+            )
         return self
 
 
@@ -218,6 +226,9 @@ class Scenario(_Strict):
                 f"parallel.num_local_experts ({p.num_local_experts}) x num_dispatchers ({D}) = "
                 f"{p.num_local_experts * D} slots cannot hold model.num_experts ({m.num_experts})"
             )
+        for name in ("hidden_size", "intermediate_size"):
+            if getattr(m, name) % 16:
+                raise ValueError(f"model.{name} ({getattr(m, name)}) must be a multiple of 16 (FP8 CUTLASS row alignment)")
         num_physical_experts = p.num_local_experts * P
         if m.top_k > m.num_experts or m.top_k > num_physical_experts:
             raise ValueError(
@@ -229,6 +240,9 @@ class Scenario(_Strict):
                 f"routing.num_tokens ({self.routing.num_tokens}) exceeds parallel.max_tokens_per_rank "
                 f"({p.max_tokens_per_rank}): a dispatcher may not send more than T tokens"
             )
+        bad_idle = [r for r in self.routing.idle_ranks if r >= P]
+        if bad_idle:
+            raise ValueError(f"routing.idle_ranks {bad_idle} are not ranks of parallel.num_ranks ({P}): allowed 0..{P - 1}")
         unknown = sorted(set(self.expect.outcomes) - set(self.policies))
         if unknown:
             raise ValueError(f"expect.outcomes names {unknown}, which are not in policies {self.policies}")
@@ -247,6 +261,12 @@ class Scenario(_Strict):
     @property
     def num_tokens_per_dispatcher(self) -> int:
         return self.routing.num_tokens or self.parallel.max_tokens_per_rank
+
+    def num_tokens_on_rank(self, rank: int) -> int:
+        """Tokens physical rank `rank` routes: D/P dispatchers' worth, or none for an idle rank."""
+        if rank in self.routing.idle_ranks:
+            return 0
+        return self.num_tokens_per_dispatcher * self.num_dispatchers_per_rank
 
     @property
     def emulated(self) -> bool:

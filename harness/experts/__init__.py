@@ -1,0 +1,203 @@
+"""Batched FP8 experts: GEMM1 -> silu_and_mul -> per-token FP8 quant -> GEMM2 -> copy into out.
+
+Every backend writes into *views of the policy's workspace buffers*, exactly as vLLM's batched CUTLASS path
+(run_cutlass_moe_fp8 with use_batched_format) does, so the memory measured is the memory vLLM would use:
+
+    mm1_out   (E*M, N)  bf16   over common (ws13)
+    act_out   (E*M, I)  bf16   over ws2
+    quant_out (E*M, I)  fp8    over common (ws13), after act_out consumed mm1_out
+    mm2_out   (E*M, K)  bf16   over ws2, after quant_out consumed act_out
+    out       (E, M, K) bf16   over common, after GEMM2 consumed quant_out
+
+Stages run over all experts before the next starts: the views overlap, so per-expert interleaving would
+overwrite live data.
+
+Backends: `reference` (fp32 dequantize + matmul, any device; the CPU default and the oracle),
+`torch-cutlass` (torch._scaled_grouped_mm, sm90+), `vllm-ops` (vLLM's compiled CUTLASS ops).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from harness.memory import Accountant
+from harness.quant import FP8_DTYPE, quantize_per_channel
+from harness.workspace import WorkspaceShapes
+
+
+class BackendUnavailable(Exception):
+    """This backend cannot run here; the message says why (device, capability, versions)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertWeights:
+    """FP8 weights of the E local experts, quantized per output channel.
+
+    w1 (E, N, K) fp8 with w1_scale (E, N) float32; w2 (E, K, I) fp8 with w2_scale (E, K) float32.
+    """
+
+    w1: torch.Tensor
+    w1_scale: torch.Tensor
+    w2: torch.Tensor
+    w2_scale: torch.Tensor
+    first_global_expert: int
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.w1, self.w1_scale, self.w2, self.w2_scale))
+
+
+def expert_seed(seed: int, global_expert: int) -> int:
+    return seed * 1_000_003 + 7919 * global_expert + 17
+
+
+def generate_expert(
+    *, seed: int, global_expert: int, hidden_size: int, intermediate_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float weights of one global expert: w1 (2I, K) and w2 (K, I), scaled to keep activations O(1).
+
+    Seeded per expert, so any process can regenerate any expert (the single-process reference does).
+    """
+    g = torch.Generator(device=device)
+    g.manual_seed(expert_seed(seed, global_expert))
+    K, I = hidden_size, intermediate_size
+    w1 = torch.randn((2 * I, K), generator=g, device=device) / math.sqrt(K)
+    w2 = torch.randn((K, I), generator=g, device=device) / math.sqrt(I)
+    return w1, w2
+
+
+def make_weights(
+    *, rank: int, num_local_experts: int, hidden_size: int, intermediate_size: int, seed: int,
+    device: torch.device, accountant: Accountant,
+) -> ExpertWeights:
+    """FP8 weights of this rank's experts: global ids rank*E .. rank*E+E-1."""
+    E, K, I = num_local_experts, hidden_size, intermediate_size
+    w1 = accountant.alloc("weights", (E, 2 * I, K), FP8_DTYPE)
+    w1_scale = accountant.alloc("weights", (E, 2 * I), torch.float32)
+    w2 = accountant.alloc("weights", (E, K, I), FP8_DTYPE)
+    w2_scale = accountant.alloc("weights", (E, K), torch.float32)
+    for e in range(E):
+        f1, f2 = generate_expert(
+            seed=seed, global_expert=rank * E + e, hidden_size=K, intermediate_size=I, device=device
+        )
+        q1, s1 = quantize_per_channel(f1.unsqueeze(0))
+        q2, s2 = quantize_per_channel(f2.unsqueeze(0))
+        w1[e].copy_(q1[0]); w1_scale[e].copy_(s1[0])  # noqa: E702
+        w2[e].copy_(q2[0]); w2_scale[e].copy_(s2[0])  # noqa: E702
+    return ExpertWeights(w1=w1, w1_scale=w1_scale, w2=w2, w2_scale=w2_scale, first_global_expert=rank * E)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workspace:
+    """One policy's buffers as vLLM's modular kernel allocates them: common (ws13 and out alias it) and ws2."""
+
+    shapes: WorkspaceShapes
+    common: torch.Tensor  # (max(prod(ws13), prod(out)),) workspace dtype
+    ws2: torch.Tensor  # (prod(ws2),) workspace dtype
+    num_local_experts: int  # E
+    max_slots_per_expert: int  # M
+    hidden_size: int  # K
+    intermediate_size: int  # I
+
+    @staticmethod
+    def allocate(
+        shapes: WorkspaceShapes, accountant: Accountant, *, dtype: torch.dtype,
+        num_local_experts: int, max_slots_per_expert: int, hidden_size: int, intermediate_size: int,
+    ) -> Workspace:
+        E, M, K, I = num_local_experts, max_slots_per_expert, hidden_size, intermediate_size
+        need = {"ws13": E * M * 2 * I, "ws2": E * M * max(I, K), "out": E * M * K}
+        have = {"ws13": math.prod(shapes.ws13), "ws2": math.prod(shapes.ws2), "out": math.prod(shapes.out)}
+        short = [f"{k} has {have[k]} elements, the data path needs {need[k]}" for k in need if have[k] < need[k]]
+        if short:
+            raise ValueError(f"policy {shapes.policy}: workspace too small: " + "; ".join(short))
+        common = accountant.alloc("common", (shapes.common_elems,), dtype)
+        ws2 = accountant.alloc("ws2", (math.prod(shapes.ws2),), dtype)
+        return Workspace(
+            shapes=shapes, common=common, ws2=ws2, num_local_experts=E, max_slots_per_expert=M,
+            hidden_size=K, intermediate_size=I,
+        )
+
+    def _rows(self) -> int:
+        return self.num_local_experts * self.max_slots_per_expert
+
+    @property
+    def mm1_out(self) -> torch.Tensor:
+        return self.common[: self._rows() * 2 * self.intermediate_size].view(self._rows(), 2 * self.intermediate_size)
+
+    @property
+    def act_out(self) -> torch.Tensor:
+        return self.ws2[: self._rows() * self.intermediate_size].view(self._rows(), self.intermediate_size)
+
+    @property
+    def quant_out(self) -> torch.Tensor:
+        fp8 = self.common.view(FP8_DTYPE)
+        return fp8[: self._rows() * self.intermediate_size].view(self._rows(), self.intermediate_size)
+
+    @property
+    def mm2_out(self) -> torch.Tensor:
+        return self.ws2[: self._rows() * self.hidden_size].view(self._rows(), self.hidden_size)
+
+    @property
+    def out(self) -> torch.Tensor:
+        E, M, K = self.num_local_experts, self.max_slots_per_expert, self.hidden_size
+        return self.common[: E * M * K].view(E, M, K)
+
+    def release(self, accountant: Accountant) -> None:
+        accountant.release("common", self.common)
+        accountant.release("ws2", self.ws2)
+
+
+class ExpertsBackend(Protocol):
+    name: str
+    kernels: str  # what ran: "torch 2.11.0 _scaled_grouped_mm", "vllm 0.26.0 _C_stable_libtorch.abi3.so", ...
+
+    def apply(
+        self, *, expert_x: torch.Tensor, expert_x_scale: torch.Tensor, expert_num_tokens: torch.Tensor,
+        weights: ExpertWeights, workspace: Workspace,
+    ) -> torch.Tensor:
+        """Run the experts on the batched buffer; return workspace.out (E, M, K) bf16.
+
+        expert_x (E, M, K) fp8, expert_x_scale (E, M, 1) float32, expert_num_tokens (E,) int32.
+        Rows past expert_num_tokens[e] are padding; their outputs are unspecified.
+        """
+        ...
+
+
+def useful_flops(expert_num_tokens: torch.Tensor, *, hidden_size: int, intermediate_size: int) -> int:
+    """Multiply-adds x 2 of GEMM1 and GEMM2 over the tokens the experts actually hold."""
+    rows = int(expert_num_tokens.sum())
+    return 2 * rows * hidden_size * 2 * intermediate_size + 2 * rows * intermediate_size * hidden_size
+
+
+def select_backend(name: str, device: torch.device, *, vllm_ops_library: str | None = None) -> ExpertsBackend:
+    """The backend `name` for this device; "auto" tries vllm-ops, then torch-cutlass (sm90+), then reference.
+
+    Raises BackendUnavailable when an explicitly named backend cannot run here.
+    """
+    from harness.experts.reference import ReferenceExperts
+    from harness.experts.torch_cutlass import TorchCutlassExperts
+    from harness.experts.vllm_ops import VllmOpsExperts
+
+    if name == "reference":
+        return ReferenceExperts()
+    if name == "torch-cutlass":
+        return TorchCutlassExperts.create(device)
+    if name == "vllm-ops":
+        return VllmOpsExperts.create(device, library=vllm_ops_library)
+    if name != "auto":
+        raise BackendUnavailable(f"experts backend {name!r} is not one of auto, reference, torch-cutlass, vllm-ops")
+    if device.type == "cuda":
+        if vllm_ops_library is not None:
+            try:
+                return VllmOpsExperts.create(device, library=vllm_ops_library)
+            except BackendUnavailable:
+                pass
+        try:
+            return TorchCutlassExperts.create(device)
+        except BackendUnavailable:
+            pass
+    return ReferenceExperts()

@@ -1,0 +1,92 @@
+"""vLLM's own compiled CUTLASS MoE ops, loaded with torch.ops.load_library without importing vLLM.
+
+The same calls as vLLM's run_cutlass_moe_fp8 with use_batched_format=True:
+get_cutlass_batched_moe_mm_data -> cutlass_moe_mm (GEMM1) -> silu_and_mul -> dynamic_per_token_scaled_fp8_quant
+-> cutlass_moe_mm (GEMM2) -> copy into out. Only the tokens each expert holds are computed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from harness.experts import BackendUnavailable, ExpertWeights, Workspace
+
+REQUIRED_OPS = ("get_cutlass_batched_moe_mm_data", "cutlass_moe_mm", "silu_and_mul", "dynamic_per_token_scaled_fp8_quant")
+_LOADED: dict[str, str] = {}
+
+
+def load_ops_library(library: str | Path, *, torch_requirement: str | None = None) -> None:
+    """Load vLLM's ops library once per process; BackendUnavailable names the versions when it does not fit."""
+    path = str(Path(library).resolve())
+    if path in _LOADED:
+        return
+    if not Path(path).exists():
+        raise BackendUnavailable(f"vLLM ops library {path} does not exist")
+    try:
+        torch.ops.load_library(path)
+    except OSError as exc:
+        needs = f" The library was built for {torch_requirement}." if torch_requirement else ""
+        raise BackendUnavailable(
+            f"cannot load vLLM ops library {path} into torch {torch.__version__} (CUDA {torch.version.cuda}): "
+            f"{exc}.{needs} Use the vLLM release whose torch pin matches this torch."
+        ) from None
+    missing = [op for op in REQUIRED_OPS if not hasattr(torch.ops._C, op)]
+    if missing:
+        raise BackendUnavailable(f"vLLM ops library {path} lacks {', '.join(missing)}")
+    _LOADED[path] = path
+
+
+class VllmOpsExperts:
+    name = "vllm-ops"
+
+    def __init__(self, device: torch.device, library: str):
+        self.device = device
+        self.library = library
+
+    @staticmethod
+    def create(device: torch.device, *, library: str | None, torch_requirement: str | None = None) -> VllmOpsExperts:
+        if device.type != "cuda":
+            raise BackendUnavailable("vllm-ops needs a CUDA GPU: vLLM's CUTLASS MoE ops have no CPU kernels")
+        if library is None:
+            raise BackendUnavailable(
+                "vllm-ops needs vLLM's ops library: give vllm.version / --vllm-version, a wheel, a source tree, "
+                "or install vLLM"
+            )
+        load_ops_library(library, torch_requirement=torch_requirement)
+        return VllmOpsExperts(device, library)
+
+    @property
+    def kernels(self) -> str:
+        return f"vLLM ops {Path(self.library).name} ({self.library})"
+
+    def apply(
+        self, *, expert_x: torch.Tensor, expert_x_scale: torch.Tensor, expert_num_tokens: torch.Tensor,
+        weights: ExpertWeights, workspace: Workspace,
+    ) -> torch.Tensor:
+        ops = torch.ops._C
+        ws = workspace
+        E, M, K, I = ws.num_local_experts, ws.max_slots_per_expert, ws.hidden_size, ws.intermediate_size
+        dev = self.device
+        expert_offsets = torch.empty((E,), dtype=torch.int32, device=dev)
+        problem_sizes1 = torch.empty((E, 3), dtype=torch.int32, device=dev)
+        problem_sizes2 = torch.empty((E, 3), dtype=torch.int32, device=dev)
+        # n is I (vLLM passes w2's last dim), not 2I.
+        ops.get_cutlass_batched_moe_mm_data(expert_offsets, problem_sizes1, problem_sizes2, expert_num_tokens, E, M, I, K)
+        offsets = expert_offsets.to(torch.int64)
+        strides_k = torch.full((E,), K, dtype=torch.int64, device=dev)
+        strides_2i = torch.full((E,), 2 * I, dtype=torch.int64, device=dev)
+        strides_i = torch.full((E,), I, dtype=torch.int64, device=dev)
+        a1q = expert_x.reshape(E * M, K)
+        a1q_scale = expert_x_scale.reshape(E * M, 1)
+        ops.cutlass_moe_mm(ws.mm1_out, a1q, weights.w1, a1q_scale, weights.w1_scale, offsets, problem_sizes1,
+                           strides_k, strides_k, strides_2i, True, True)
+        ops.silu_and_mul(ws.act_out, ws.mm1_out)
+        act_scale = torch.empty((E * M, 1), dtype=torch.float32, device=dev)
+        ops.dynamic_per_token_scaled_fp8_quant(ws.quant_out, ws.act_out, act_scale, None)
+        ops.cutlass_moe_mm(ws.mm2_out, ws.quant_out, weights.w2, act_scale, weights.w2_scale, offsets, problem_sizes2,
+                           strides_i, strides_i, strides_k, True, True)
+        out = ws.out
+        out.copy_(ws.mm2_out.view(E, M, K))
+        return out
