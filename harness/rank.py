@@ -196,8 +196,8 @@ def _any_rank_failed(ok: bool, device: torch.device) -> list[int]:
 def _oom_record(setup: RankSetup, policy: str, stage: str, exc: BaseException, requested: int | None,
                 snapshot: SnapshotRecorder) -> OomRecord:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if requested is None:
-        requested = getattr(exc, "requested_bytes", None) or requested_bytes_from_message(str(exc))
+    # The allocation that failed, as the error reports it; else what the stage as a whole asked for.
+    requested = getattr(exc, "requested_bytes", None) or requested_bytes_from_message(str(exc)) or requested
     free, total = free_and_total_bytes(setup.device, setup.accountant)
     snapshot_file = None
     if snapshot.enabled:
