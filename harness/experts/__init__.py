@@ -115,7 +115,11 @@ class Workspace:
         if short:
             raise ValueError(f"policy {shapes.policy}: workspace too small: " + "; ".join(short))
         common = accountant.alloc("common", (shapes.common_elems,), dtype)
-        ws2 = accountant.alloc("ws2", (math.prod(shapes.ws2),), dtype)
+        try:
+            ws2 = accountant.alloc("ws2", (math.prod(shapes.ws2),), dtype)
+        except BaseException:
+            accountant.release("common", common)  # the caller records the OOM; the accounting must not leak
+            raise
         return Workspace(
             shapes=shapes, common=common, ws2=ws2, num_local_experts=E, max_slots_per_expert=M,
             hidden_size=K, intermediate_size=I,
