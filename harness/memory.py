@@ -25,23 +25,34 @@ import torch
 
 CATEGORIES = ("weights", "dispatch", "common", "ws2", "combine", "ballast")
 _TRIED_RE = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")
+_FREE_RE = re.compile(r"of which ([\d.]+) (B|KiB|MiB|GiB|TiB) is free")
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 class BudgetExceeded(torch.OutOfMemoryError):
     """The accountant refused an allocation over the budget (CPU); carries the bytes asked for."""
 
-    def __init__(self, message: str, requested_bytes: int):
+    def __init__(self, message: str, requested_bytes: int, free_bytes: int):
         super().__init__(message)
         self.requested_bytes = requested_bytes
+        self.free_bytes = free_bytes
+
+
+def _bytes_from(pattern: re.Pattern[str], message: str) -> int | None:
+    match = pattern.search(message)
+    if not match:
+        return None
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
 
 
 def requested_bytes_from_message(message: str) -> int | None:
     """torch's "Tried to allocate 56.00 GiB" as bytes, when the message carries it."""
-    match = _TRIED_RE.search(message)
-    if not match:
-        return None
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
+    return _bytes_from(_TRIED_RE, message)
+
+
+def free_bytes_from_message(message: str) -> int | None:
+    """torch's "... of which 78.16 GiB is free" as bytes: the free memory when the allocation failed."""
+    return _bytes_from(_FREE_RE, message)
 
 
 def _cpu_mapped(shape: tuple[int, ...], dtype: torch.dtype, num_bytes: int) -> torch.Tensor:
@@ -77,6 +88,7 @@ class Accountant:
                     f"CPU budget exceeded: tried to allocate {num_bytes} bytes for {category} with "
                     f"{in_use} bytes in use of a {self.budget_bytes}-byte budget",
                     requested_bytes=num_bytes,
+                    free_bytes=self.budget_bytes - in_use,
                 )
         if self.device.type == "cpu" and num_bytes:
             tensor = _cpu_mapped(shape, dtype, num_bytes)

@@ -27,7 +27,7 @@ from harness.experts import (
 )
 from harness.memory import (
     Accountant, BudgetExceeded, MemoryProbe, PeakSampler, SnapshotRecorder, apply_budget, free_and_total_bytes,
-    release_cached, requested_bytes_from_message, synchronize,
+    free_bytes_from_message, release_cached, requested_bytes_from_message, synchronize,
 )
 from harness.plan import policy_shapes
 from harness.quant import dequantize, quantize_per_channel, quantize_per_token
@@ -199,6 +199,9 @@ def _oom_record(setup: RankSetup, policy: str, stage: str, exc: BaseException, r
     # The allocation that failed, as the error reports it; else what the stage as a whole asked for.
     requested = getattr(exc, "requested_bytes", None) or requested_bytes_from_message(str(exc)) or requested
     free, total = free_and_total_bytes(setup.device, setup.accountant)
+    # Free memory when the allocation failed, not after the partial workspace was dropped.
+    at_failure = getattr(exc, "free_bytes", None)
+    free = at_failure if at_failure is not None else free_bytes_from_message(str(exc)) or free
     snapshot_file = None
     if snapshot.enabled:
         rel = Path("oom") / f"rank-{setup.info.rank:05d}-{policy.replace('=', '_')}.pickle"
