@@ -1,7 +1,7 @@
 """vLLM sources for the harness: locate a release, wheel, tree or install, and evaluate its own sizing.
 
-    locate(version= | wheel= | src= | installed)  -> VllmSource   (harness.vllm_source.locate)
-    audit(source, SizingArgs)                      -> AuditResult  (harness.vllm_source.audit)
+    locate(version= | wheel= | src= | installed)  -> VllmSource   (harness.vllm_source.sources)
+    audit(source, SizingArgs)                      -> AuditResult  (harness.vllm_source.auditor)
         SourceTree: ast-parse fused_moe/**.py, rebuild each batched-experts class,     (.evaluate)
         call its workspace_shapes on a stand-in self; vLLM is never imported
     release_shapes("X.Y.Z", SizingArgs)            -> WorkspaceShapes of CutlassBatchedExpertsFp8 ("vllm==X.Y.Z")
@@ -11,7 +11,7 @@
 See docs/vllm-sources.md.
 """
 
-from harness.vllm_source.audit import (
+from harness.vllm_source.auditor import (
     CONSISTENT,
     DOUBLE_COUNT,
     UNEVALUATED,
@@ -23,7 +23,7 @@ from harness.vllm_source.audit import (
     release_shapes,
     run_audit,
 )
-from harness.vllm_source.locate import VllmSource, VllmSourceError, default_cache_dir, locate, ops_library
+from harness.vllm_source.sources import VllmSource, VllmSourceError, default_cache_dir, locate, ops_library
 
 __all__ = [
     "CONSISTENT",

@@ -1,11 +1,12 @@
 """Audit a vLLM's batched-experts classes: does `workspace_shapes` count the dispatchers twice?
 
 Verdict rule (shared/DESIGN.md §2). The prepare/finalize hands the experts M = T·D slots per expert, so the token
-dimension of ws13 and ws2 must be M. Each class is evaluated twice, at D and at 2·D with T, E, K, I fixed:
+dimension of ws13 and ws2 must be M. Each class is evaluated for the scenario, then with D doubled and with T
+doubled (everything else fixed), and each buffer's element count is compared:
 
-    ws13/ws2 grow 2x   token dim is M      consistent     (also: do not depend on M at all)
-    ws13/ws2 grow 4x   token dim is M·D    double-count   (CutlassBatchedExpertsFp8 up to vLLM 0.29.0)
-    anything else, or the call could not run              unevaluated, with the reason
+    x2 with D, x2 with T   token dim is M      consistent     (so is a buffer that does not depend on M)
+    x4 with D, x2 with T   token dim is M·D    double-count   (CutlassBatchedExpertsFp8 up to vLLM 0.29.0)
+    anything else, or the call could not run               unevaluated, with the reason
 
 Classes that size from their own attributes (`self.max_num_tokens * num_dispatchers`) see max_num_tokens = T.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.vllm_source.evaluate import Evaluation, ParsedClass, SourceTree
-from harness.vllm_source.locate import FUSED_MOE_DIR, VllmSource, VllmSourceError, locate
+from harness.vllm_source.sources import FUSED_MOE_DIR, VllmSource, VllmSourceError, locate
 from harness.workspace import RELEASE_POLICY_PREFIX, SizingArgs, WorkspaceShapes, fixed_shapes, legacy_shapes
 
 CONSISTENT = "consistent"
@@ -140,38 +141,48 @@ def _audit_class(tree: SourceTree, cls: ParsedClass, args: SizingArgs) -> ClassA
         dtype_bytes=args.dtype_bytes,
         source=f"{tree.source.label}: {cls.name} in {file}",
     )
-    # Only D moves: a token dim of M doubles, one of M·D quadruples.
-    probe = tree.evaluate(cls, dataclasses.replace(args, num_dispatchers=2 * args.num_dispatchers))
-    if not probe.ok:
-        reason = f"evaluated at D={args.num_dispatchers} but not at D={2 * args.num_dispatchers}: {probe.reason}"
-        return ClassAudit(name=cls.name, file=file, verdict=UNEVALUATED, shapes=shapes, reason=reason)
-    verdict, reason = _verdict(evaluation, probe, args)
+    # Doubling D alone takes a token dim of M to 2x and one of M·D to 4x; doubling T alone takes both to 2x,
+    # which tells M·D apart from anything else that grows 4x with D (M², say).
+    probes = {}
+    for moved, probe_args in (
+        ("D", dataclasses.replace(args, num_dispatchers=2 * args.num_dispatchers)),
+        ("T", dataclasses.replace(args, max_tokens_per_rank=2 * args.max_tokens_per_rank)),
+    ):
+        probe = tree.evaluate(cls, probe_args)
+        if not probe.ok:
+            reason = f"evaluated for the scenario but not with {moved} doubled: {probe.reason}"
+            return ClassAudit(name=cls.name, file=file, verdict=UNEVALUATED, shapes=shapes, reason=reason)
+        probes[moved] = probe
+    verdict, reason = _verdict(evaluation, probes["D"], probes["T"], args)
     return ClassAudit(name=cls.name, file=file, verdict=verdict, shapes=shapes, reason=reason)
 
 
-def _verdict(base: Evaluation, probe: Evaluation, args: SizingArgs) -> tuple[str, str]:
+# How prod(buffer) grows when (D, T) double: the token dim each pattern stands for.
+GROWTH_TOKEN_DIM = {(2, 2): "M", (4, 2): "M·D", (None, None): "none", (1, 1): "none"}
+
+
+def _verdict(base: Evaluation, d_doubled: Evaluation, t_doubled: Evaluation, args: SizingArgs) -> tuple[str, str]:
     M, D = args.M, args.num_dispatchers
     growth = {
-        "ws13": _growth(base.ws13, probe.ws13),
-        "ws2": _growth(base.ws2, probe.ws2),
+        name: (_growth(getattr(base, name), getattr(d_doubled, name)), _growth(getattr(base, name), getattr(t_doubled, name)))
+        for name in ("ws13", "ws2")
     }
-    quadrupled = [name for name, factor in growth.items() if factor == 4]
-    if quadrupled:
-        shape = getattr(base, quadrupled[0])
-        dim = f" ({M * D} rows)" if M * D in shape and D > 1 else ""
-        return DOUBLE_COUNT, (
-            f"token dim of {'/'.join(quadrupled)} is M·D{dim}: grows 4x when D doubles, so D is counted twice"
-        )
-    odd = {name: factor for name, factor in growth.items() if factor not in (None, 1, 2)}
+    token_dim = {name: GROWTH_TOKEN_DIM.get(factors) for name, factors in growth.items()}
+    odd = {name: growth[name] for name, dim in token_dim.items() if dim is None}
     if odd:
-        described = ", ".join(f"{name} x{factor:g}" for name, factor in odd.items())
-        return UNEVALUATED, f"growth when D doubles is {described}; expected x2 (token dim M) or x4 (M·D)"
-    doubled = [name for name, factor in growth.items() if factor == 2]
-    if not doubled:
+        described = ", ".join(f"{name} x{d:g} with D and x{t:g} with T" for name, (d, t) in odd.items())
+        return UNEVALUATED, f"{described} doubled; a token dim of M grows x2/x2, of M·D x4/x2"
+    double = [name for name, dim in token_dim.items() if dim == "M·D"]
+    if double:
+        shape = getattr(base, double[0])
+        rows = f" ({M * D} rows)" if M * D in shape and D > 1 else ""
+        return DOUBLE_COUNT, f"token dim of {'/'.join(double)} is M·D{rows}: D is counted twice"
+    single = [name for name, dim in token_dim.items() if dim == "M"]
+    if not single:
         return CONSISTENT, "ws13 and ws2 do not depend on M"
-    if all(M in getattr(base, name) for name in doubled):
-        return CONSISTENT, f"token dim of {'/'.join(doubled)} is M = T·D ({M} rows)"
-    return CONSISTENT, f"{'/'.join(doubled)} grow 2x when D doubles: token rows scale with M = T·D"
+    if all(M in getattr(base, name) for name in single):
+        return CONSISTENT, f"token dim of {'/'.join(single)} is M = T·D ({M} rows)"
+    return CONSISTENT, f"{'/'.join(single)} grow in proportion to M = T·D (rows of E·M)"
 
 
 def _growth(before: tuple[int, ...], after: tuple[int, ...]) -> float | None:

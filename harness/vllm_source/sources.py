@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,10 +172,11 @@ def _locate_src(src: Path) -> VllmSource:
     # Accept both the repository root and the `vllm/` package directory itself.
     root = src.parent if (src / "model_executor").is_dir() and src.name == "vllm" else src
     _require_vllm_tree(root, what=f"--vllm-src {src}")
+    root = root.resolve()
     return VllmSource(
         kind="src",
         version=_version_from_tree(root),
-        root=root.resolve(),
+        root=root,
         torch_requirement=_torch_requirement_from_repo(root),
         ops_library=_find_ops_library(root),
         origin=f"source tree {src.resolve()}",
@@ -335,7 +337,13 @@ def _locate_release(version: str, cache: Path, *, with_ops: bool, keep_wheel: bo
     manifest = _read_manifest(directory)
     if _manifest_serves(manifest, with_ops=with_ops):
         return _source_from_manifest(directory, manifest)
-    wheel_path = _download_release(version, version_dir / "wheel")
+    try:
+        wheel_path = _download_release(version, version_dir / "wheel")
+    except VllmSourceError:
+        # Leave no empty directories behind for a release that does not exist.
+        shutil.rmtree(version_dir / "wheel", ignore_errors=True)
+        _remove_if_empty(version_dir)
+        raise
     try:
         manifest = _extract_wheel(
             wheel_path,
@@ -352,6 +360,13 @@ def _locate_release(version: str, cache: Path, *, with_ops: bool, keep_wheel: bo
             f"pip returned {wheel_path.name} for vllm=={version}, but its METADATA says version {manifest.version}"
         )
     return _source_from_manifest(directory, manifest)
+
+
+def _remove_if_empty(directory: Path) -> None:
+    try:
+        directory.rmdir()
+    except OSError:
+        pass
 
 
 def _download_release(version: str, wheel_dir: Path) -> Path:
@@ -410,6 +425,10 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+# What zipfile raises, on reading a member, for a truncated or corrupted archive (CRC, inflate, unknown method).
+_DAMAGED_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, RuntimeError, NotImplementedError)
+
+
 def _open_wheel(wheel: Path) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(wheel)
@@ -432,7 +451,7 @@ def _read_wheel_metadata(wheel: Path) -> tuple[str | None, str | None]:
             raise VllmSourceError(f"{wheel} is not a vLLM wheel: it has no vllm-*.dist-info/METADATA")
         try:
             text = archive.read(member).decode("utf-8", errors="replace")
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as error:
+        except (*_DAMAGED_ZIP_ERRORS, OSError) as error:
             raise VllmSourceError(f"{wheel} is damaged: cannot read {member}: {error}") from None
     version = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Version:")), None)
     return version, _torch_requirement(text.splitlines())
@@ -484,7 +503,7 @@ def _extract_wheel(
         shutil.rmtree(directory, ignore_errors=True)
         directory.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging, directory)
-    except (zipfile.BadZipFile, EOFError, ValueError, RuntimeError) as error:
+    except _DAMAGED_ZIP_ERRORS as error:
         # zipfile reports a truncated or corrupted member only when it is read.
         raise VllmSourceError(f"{wheel} is damaged: {type(error).__name__}: {error}") from None
     except OSError as error:
