@@ -359,9 +359,25 @@ SYNTHETIC_MODULES = {
         class AbstractBatched(BatchedBase):
             pass
     """,
+    "utils.py": """
+        SLOT_ALIGNMENT = 1
+
+        def slots_per_expert(max_num_tokens, num_dispatchers):
+            return max_num_tokens * num_dispatchers * SLOT_ALIGNMENT
+    """,
+    "helper_user.py": """
+        from vllm.model_executor.layers.fused_moe.batched_base import InheritsBatched
+        from vllm.model_executor.layers.fused_moe.utils import slots_per_expert
+
+        class UsesImportedHelper(InheritsBatched):
+            def workspace_shapes(self, M, N, K, topk, global_num_experts, local_num_experts, expert_tokens_meta):
+                rows = slots_per_expert(self.max_num_tokens, self.num_dispatchers)
+                return ((local_num_experts * rows, K), (local_num_experts * rows, N // 2), (local_num_experts, M, K))
+    """,
 }
 SYNTHETIC_VERDICTS = {
     "OldCutlassBatched": "double-count",
+    "UsesImportedHelper": "consistent",
     "InheritsBatched": "consistent",
     "NeedsPlatform": "unevaluated",
     "SquaresTokens": "unevaluated",
@@ -541,3 +557,24 @@ def test_vllm_source_is_a_frozen_dataclass(synthetic_tree):
     assert isinstance(source, VllmSource)
     with pytest.raises(dataclasses.FrozenInstanceError):
         source.version = "1.0"  # type: ignore[misc]
+
+
+def _locate_in_child(wheel: str, cache: str) -> str:
+    return str(locate(wheel=Path(wheel), cache_dir=Path(cache)).root)
+
+
+def test_concurrent_extractions_agree(tmp_path, synthetic_tree):
+    """Ranks of one node may locate the same wheel at once; every one of them gets a complete extraction."""
+    import concurrent.futures
+    import multiprocessing
+
+    members = {"vllm-0.9.9.dist-info/METADATA": METADATA}
+    for path in (synthetic_tree / FUSED_MOE).rglob("*.py"):
+        members[path.relative_to(synthetic_tree).as_posix()] = path.read_bytes() * 200
+    wheel = make_wheel(tmp_path / "vllm-0.9.9-cp38-abi3-linux_x86_64.whl", members)
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=4, mp_context=context) as pool:
+        roots = list(pool.map(_locate_in_child, [str(wheel)] * 8, [str(tmp_path / "cache")] * 8))
+    assert len(set(roots)) == 1
+    assert (Path(roots[0]) / "manifest.json").is_file()
+    assert not list((tmp_path / "cache").rglob("*.partial-*"))

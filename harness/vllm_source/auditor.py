@@ -270,9 +270,10 @@ def _sizing_from_scenario(scenario: str | Path | None) -> SizingArgs:
     except ImportError as error:
         raise _ScenarioUnavailable(f"cannot load scenarios: harness.scenario is unavailable ({error})") from None
 
-    path = Path(scenario) if scenario is not None else Path(SCENARIOS_DIR) / DEFAULT_SCENARIO_NAME
+    # A name or a path, as the user gave it: the loader resolves names against the scenarios directory.
+    name_or_path = scenario if scenario is not None else Path(SCENARIOS_DIR) / DEFAULT_SCENARIO_NAME
     try:
-        return load_scenario(path).sizing_args()
+        return load_scenario(name_or_path).sizing_args()
     except ScenarioError as error:
         raise _ScenarioUnavailable(str(error)) from None
 

@@ -88,6 +88,7 @@ class SourceTree:
             raise VllmSourceError(f"{source.label}: none of the files under {fused_moe} could be parsed")
         self._built: dict[tuple[str, str], type] = {}
         self._namespaces: dict[str, dict] = {}
+        self._resolving: set[tuple[str, str]] = set()
 
     def _parse(self, path: Path) -> None:
         file = path.relative_to(self.source.root).as_posix()
@@ -252,7 +253,8 @@ class SourceTree:
         if file in self._namespaces:
             return self._namespaces[file]
         parsed = self.modules[file]
-        namespace: dict = {"__builtins__": SAFE_BUILTINS, "__name__": parsed.module}
+        namespace = _LazyGlobals(functools.partial(self._resolve_global, file))
+        namespace.update({"__builtins__": SAFE_BUILTINS, "__name__": parsed.module})
         namespace.update(COMMON_GLOBALS)
         for local, module in parsed.module_aliases.items():
             if module == MODULAR_KERNEL_MODULE:
@@ -277,8 +279,47 @@ class SourceTree:
         self._namespaces[file] = namespace
         return namespace
 
+    def _resolve_global(self, file: str, name: str) -> object:
+        """A global the file's code uses on the fly: a class of the file, or a name imported from a parsed file.
+
+        Raises KeyError when there is none, which Python turns into the NameError the reason reports.
+        """
+        key = (file, name)
+        if key in self._resolving:
+            raise KeyError(name)
+        self._resolving.add(key)
+        try:
+            parsed = self.modules[file]
+            own_class = self._class_in_module(parsed.module, name)
+            if own_class is not None:
+                return self._build(own_class)
+            if name in parsed.imported_names:
+                module, original = parsed.imported_names[name]
+                target = self._file_by_module.get(module)
+                if target is not None and target != file:
+                    return self._namespace(target)[original]
+            raise KeyError(name)
+        finally:
+            self._resolving.discard(key)
+
 
 # --- the stand-ins -----------------------------------------------------------------------------------------------
+
+
+class _LazyGlobals(dict):
+    """Module globals that look up, on first use, what the file imports from the other parsed files.
+
+    Python consults `__missing__` for globals that are a dict subclass; a KeyError falls through to builtins.
+    """
+
+    def __init__(self, resolve) -> None:
+        super().__init__()
+        self._resolve = resolve
+
+    def __missing__(self, name: str) -> object:
+        value = self._resolve(name)
+        self[name] = value
+        return value
 
 
 class _Unavailable(AttributeError):

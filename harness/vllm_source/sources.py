@@ -337,14 +337,12 @@ def _locate_release(version: str, cache: Path, *, with_ops: bool, keep_wheel: bo
     manifest = _read_manifest(directory)
     if _manifest_serves(manifest, with_ops=with_ops):
         return _source_from_manifest(directory, manifest)
+    kept_dir = version_dir / "wheel"
+    kept = sorted(kept_dir.glob(f"vllm-{version}-*.whl"))
+    # Each process downloads into its own directory: ranks of one node may ask for the same release at once.
+    download_dir = version_dir / f"download-{os.getpid()}"
     try:
-        wheel_path = _download_release(version, version_dir / "wheel")
-    except VllmSourceError:
-        # Leave no empty directories behind for a release that does not exist.
-        shutil.rmtree(version_dir / "wheel", ignore_errors=True)
-        _remove_if_empty(version_dir)
-        raise
-    try:
+        wheel_path = kept[0] if kept else _download_release(version, download_dir)
         manifest = _extract_wheel(
             wheel_path,
             directory,
@@ -352,9 +350,12 @@ def _locate_release(version: str, cache: Path, *, with_ops: bool, keep_wheel: bo
             origin=f"vllm=={version} from the package index ({wheel_path.name})",
             with_ops=with_ops,
         )
+        if keep_wheel and not kept:
+            kept_dir.mkdir(parents=True, exist_ok=True)
+            os.replace(wheel_path, kept_dir / wheel_path.name)
     finally:
-        if not keep_wheel:
-            shutil.rmtree(version_dir / "wheel", ignore_errors=True)
+        shutil.rmtree(download_dir, ignore_errors=True)
+        _remove_if_empty(version_dir)  # a release that does not exist leaves nothing behind
     if manifest.version != version:
         raise VllmSourceError(
             f"pip returned {wheel_path.name} for vllm=={version}, but its METADATA says version {manifest.version}"
@@ -369,15 +370,12 @@ def _remove_if_empty(directory: Path) -> None:
         pass
 
 
-def _download_release(version: str, wheel_dir: Path) -> Path:
-    """`pip download --no-deps vllm==X` into wheel_dir; an already-downloaded wheel is reused."""
-    existing = sorted(wheel_dir.glob(f"vllm-{version}-*.whl"))
-    if existing:
-        return existing[0]
-    wheel_dir.mkdir(parents=True, exist_ok=True)
+def _download_release(version: str, download_dir: Path) -> Path:
+    """`pip download --no-deps vllm==X` into download_dir."""
+    download_dir.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
-        "--disable-pip-version-check", *PIP_PLATFORM_ARGS, "-d", str(wheel_dir), f"vllm=={version}",
+        "--disable-pip-version-check", *PIP_PLATFORM_ARGS, "-d", str(download_dir), f"vllm=={version}",
     ]  # fmt: skip
     try:
         completed = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
@@ -385,7 +383,7 @@ def _download_release(version: str, wheel_dir: Path) -> Path:
         raise VllmSourceError(f"downloading vllm=={version} with pip took over {PIP_TIMEOUT_S} s; gave up") from None
     except OSError as error:
         raise VllmSourceError(f"could not run pip to download vllm=={version}: {error}") from None
-    found = sorted(wheel_dir.glob(f"vllm-{version}-*.whl"))
+    found = sorted(download_dir.glob(f"vllm-{version}-*.whl"))
     if completed.returncode != 0 or not found:
         raise VllmSourceError(f"could not download vLLM release {version}: {_pip_failure(completed)}")
     return found[0]
@@ -500,9 +498,20 @@ def _extract_wheel(
             ops_extracted=with_ops and ops_member is not None,
         )
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
+        # Another process may have finished the same extraction meanwhile: keep and use it rather than
+        # deleting files it may be reading.
+        winner = _read_manifest(directory)
+        if winner is not None and winner.wheel_sha256 == sha256 and _manifest_serves(winner, with_ops=with_ops):
+            return winner
         shutil.rmtree(directory, ignore_errors=True)
         directory.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staging, directory)
+        try:
+            os.replace(staging, directory)
+        except OSError:
+            winner = _read_manifest(directory)
+            if winner is None or not _manifest_serves(winner, with_ops=with_ops):
+                raise
+            manifest = winner
     except _DAMAGED_ZIP_ERRORS as error:
         # zipfile reports a truncated or corrupted member only when it is read.
         raise VllmSourceError(f"{wheel} is damaged: {type(error).__name__}: {error}") from None
