@@ -64,7 +64,8 @@ def ds_v3_args() -> SizingArgs:
 
 @pytest.fixture(scope="session")
 def release_audits(cache_dir: Path, ds_v3_args: SizingArgs) -> dict[str, AuditResult]:
-    return {version: audit(locate(version=version, cache_dir=cache_dir), ds_v3_args) for version in ("0.29.0", "0.30.0")}
+    versions = ("0.29.0", "0.30.0")
+    return {version: audit(locate(version=version, cache_dir=cache_dir), ds_v3_args) for version in versions}
 
 
 def by_name(result: AuditResult) -> dict[str, object]:

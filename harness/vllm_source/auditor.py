@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -102,7 +103,7 @@ class AuditResult:
 
 def audit(source: VllmSource, args: SizingArgs, *, class_names: tuple[str, ...] | None = None) -> AuditResult:
     """Evaluate every batched-experts class of source (or only those named) and give each a verdict."""
-    tree = SourceTree(source)
+    tree = _source_tree(source)
     classes = [c for c in tree.batched_classes() if class_names is None or c.name in class_names]
     audits = [_audit_class(tree, cls, args) for cls in classes]
     for file, why in sorted(tree.unparsed.items()):
@@ -117,7 +118,7 @@ def release_shapes(version: str, args: SizingArgs, *, cache_dir: Path | None = N
     source = locate(version=version, cache_dir=cache_dir)
     result = audit(source, args, class_names=(CUTLASS_BATCHED_CLASS,))
     if not result.classes:
-        found = ", ".join(c.name for c in SourceTree(source).batched_classes()) or "none"
+        found = ", ".join(c.name for c in _source_tree(source).batched_classes()) or "none"
         raise VllmSourceError(
             f"vllm {version} has no batched class {CUTLASS_BATCHED_CLASS} under {FUSED_MOE_DIR} "
             f"(batched-experts classes found: {found})"
@@ -126,6 +127,16 @@ def release_shapes(version: str, args: SizingArgs, *, cache_dir: Path | None = N
     if cutlass.shapes is None or cutlass.verdict == UNEVALUATED:
         raise VllmSourceError(f"vllm {version}: {cutlass.name} in {cutlass.file} was not evaluated: {cutlass.reason}")
     return cutlass.shapes
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_tree(source: VllmSource) -> SourceTree:
+    return SourceTree(source)
+
+
+def _source_tree(source: VllmSource) -> SourceTree:
+    """Parse once per process what cannot change (a release or wheel extraction); re-read trees users edit."""
+    return _cached_tree(source) if source.kind in ("release", "wheel") else SourceTree(source)
 
 
 def _audit_class(tree: SourceTree, cls: ParsedClass, args: SizingArgs) -> ClassAudit:
@@ -164,13 +175,16 @@ GROWTH_TOKEN_DIM = {(2, 2): "M", (4, 2): "M·D", (None, None): "none", (1, 1): "
 def _verdict(base: Evaluation, d_doubled: Evaluation, t_doubled: Evaluation, args: SizingArgs) -> tuple[str, str]:
     M, D = args.M, args.num_dispatchers
     growth = {
-        name: (_growth(getattr(base, name), getattr(d_doubled, name)), _growth(getattr(base, name), getattr(t_doubled, name)))
+        name: (
+            _growth(getattr(base, name), getattr(d_doubled, name)),
+            _growth(getattr(base, name), getattr(t_doubled, name)),
+        )
         for name in ("ws13", "ws2")
     }
     token_dim = {name: GROWTH_TOKEN_DIM.get(factors) for name, factors in growth.items()}
     odd = {name: growth[name] for name, dim in token_dim.items() if dim is None}
     if odd:
-        described = ", ".join(f"{name} x{d:g} with D and x{t:g} with T" for name, (d, t) in odd.items())
+        described = ", ".join(f"{name} {_factor(d)} with D and {_factor(t)} with T" for name, (d, t) in odd.items())
         return UNEVALUATED, f"{described} doubled; a token dim of M grows x2/x2, of M·D x4/x2"
     double = [name for name, dim in token_dim.items() if dim == "M·D"]
     if double:
@@ -183,6 +197,10 @@ def _verdict(base: Evaluation, d_doubled: Evaluation, t_doubled: Evaluation, arg
     if all(M in getattr(base, name) for name in single):
         return CONSISTENT, f"token dim of {'/'.join(single)} is M = T·D ({M} rows)"
     return CONSISTENT, f"{'/'.join(single)} grow in proportion to M = T·D (rows of E·M)"
+
+
+def _factor(growth: float | None) -> str:
+    return "empty" if growth is None else f"x{growth:g}"
 
 
 def _growth(before: tuple[int, ...], after: tuple[int, ...]) -> float | None:

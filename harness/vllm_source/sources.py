@@ -304,7 +304,9 @@ def _read_manifest(directory: Path) -> _Manifest | None:
 
 
 def _source_from_manifest(directory: Path, manifest: _Manifest) -> VllmSource:
-    ops = directory / manifest.ops_library_in_wheel if manifest.ops_extracted and manifest.ops_library_in_wheel else None
+    ops = None
+    if manifest.ops_extracted and manifest.ops_library_in_wheel:
+        ops = directory / manifest.ops_library_in_wheel
     return VllmSource(
         kind=manifest.kind,
         version=manifest.version,
