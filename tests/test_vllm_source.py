@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -506,6 +507,10 @@ def test_more_than_one_source(tmp_path):
 
 
 def test_no_installed_vllm(monkeypatch):
+    if importlib.util.find_spec("vllm") is None:
+        # The real lookup, where this Python has no vLLM (as on CPU-only CI).
+        with pytest.raises(VllmSourceError, match="no vLLM is installed"):
+            locate()
     monkeypatch.setattr(sources_module, "_find_installed_spec", lambda: None)
     with pytest.raises(VllmSourceError) as raised:
         locate()

@@ -340,7 +340,7 @@ def _locate_release(version: str, cache: Path, *, with_ops: bool, keep_wheel: bo
     if _manifest_serves(manifest, with_ops=with_ops):
         return _source_from_manifest(directory, manifest)
     kept_dir = version_dir / "wheel"
-    kept = sorted(kept_dir.glob(f"vllm-{version}-*.whl"))
+    kept = sorted(kept_dir.glob("vllm-*.whl"))
     # Each process downloads into its own directory: ranks of one node may ask for the same release at once.
     download_dir = version_dir / f"download-{os.getpid()}"
     try:
@@ -358,7 +358,9 @@ def _locate_release(version: str, cache: Path, *, with_ops: bool, keep_wheel: bo
     finally:
         shutil.rmtree(download_dir, ignore_errors=True)
         _remove_if_empty(version_dir)  # a release that does not exist leaves nothing behind
-    if manifest.version != version:
+    # PEP 440 equality: pip resolves vllm==0.30 to 0.30.0.
+    if manifest.version is None or Version(manifest.version) != Version(version):
+        shutil.rmtree(directory, ignore_errors=True)
         raise VllmSourceError(
             f"pip returned {wheel_path.name} for vllm=={version}, but its METADATA says version {manifest.version}"
         )
@@ -385,7 +387,7 @@ def _download_release(version: str, download_dir: Path) -> Path:
         raise VllmSourceError(f"downloading vllm=={version} with pip took over {PIP_TIMEOUT_S} s; gave up") from None
     except OSError as error:
         raise VllmSourceError(f"could not run pip to download vllm=={version}: {error}") from None
-    found = sorted(download_dir.glob(f"vllm-{version}-*.whl"))
+    found = sorted(download_dir.glob("vllm-*.whl"))  # this process's own directory: any vllm wheel is the one
     if completed.returncode != 0 or not found:
         raise VllmSourceError(f"could not download vLLM release {version}: {_pip_failure(completed)}")
     return found[0]
