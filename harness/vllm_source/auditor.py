@@ -1,0 +1,360 @@
+"""Audit a vLLM's batched-experts classes: does `workspace_shapes` count the dispatchers twice?
+
+Verdict rule (shared/DESIGN.md §2). The prepare/finalize hands the experts M = T·D slots per expert, so the token
+dimension of ws13 and ws2 must be M. Each class is evaluated for the scenario, then with D doubled and with T
+doubled (everything else fixed), and each buffer's element count is compared:
+
+    x2 with D, x2 with T   token dim is M      consistent     (so is a buffer that does not depend on M)
+    x4 with D, x2 with T   token dim is M·D    double-count   (CutlassBatchedExpertsFp8 up to vLLM 0.29.0)
+    anything else, or the call could not run               unevaluated, with the reason
+
+Classes that size from their own attributes (`self.max_num_tokens * num_dispatchers`) see max_num_tokens = T.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.vllm_source.evaluate import Evaluation, ParsedClass, SourceTree
+from harness.vllm_source.sources import FUSED_MOE_DIR, VllmSource, VllmSourceError, locate
+from harness.workspace import RELEASE_POLICY_PREFIX, SizingArgs, WorkspaceShapes, fixed_shapes, legacy_shapes
+
+CONSISTENT = "consistent"
+DOUBLE_COUNT = "double-count"
+UNEVALUATED = "unevaluated"
+VERDICTS = (CONSISTENT, DOUBLE_COUNT, UNEVALUATED)
+
+CUTLASS_BATCHED_CLASS = "CutlassBatchedExpertsFp8"
+DEFAULT_SCENARIO_NAME = "deepseek-v3-dp32-pr55579.yaml"
+GIB = 1 << 30
+
+EXIT_OK = 0
+EXIT_DOUBLE_COUNT = 1
+EXIT_ERROR = 2
+
+
+@dataclass(frozen=True)
+class ClassAudit:
+    """One batched-experts class of one vLLM, its shapes for the sizing arguments and the verdict."""
+
+    name: str
+    file: str  # relative to the vllm/ package, e.g. model_executor/layers/fused_moe/experts/cutlass_moe.py
+    verdict: str  # one of VERDICTS
+    shapes: WorkspaceShapes | None
+    reason: str
+
+    @property
+    def total_bytes(self) -> int | None:
+        return self.shapes.total_bytes if self.shapes is not None else None
+
+    @property
+    def short_file(self) -> str:
+        """The path below fused_moe/, as shown in tables."""
+        return self.file.split("fused_moe/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """Every batched-experts class of one vLLM source, evaluated for one set of sizing arguments."""
+
+    source: VllmSource
+    args: SizingArgs
+    classes: list[ClassAudit]
+
+    @property
+    def double_counts(self) -> list[ClassAudit]:
+        return [c for c in self.classes if c.verdict == DOUBLE_COUNT]
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_DOUBLE_COUNT if self.double_counts else EXIT_OK
+
+    def to_json(self) -> dict:
+        fixed_bytes = fixed_shapes(self.args).total_bytes
+        return {
+            "vllm_version": self.source.version,
+            "source": self.source.to_json(),
+            "sizing": _sizing_json(self.args),
+            "reference_bytes": {"fixed": fixed_bytes, "legacy": legacy_shapes(self.args).total_bytes},
+            "double_counts": [c.name for c in self.double_counts],
+            "classes": [
+                {
+                    "name": c.name,
+                    "file": c.file,
+                    "verdict": c.verdict,
+                    "total_bytes": c.total_bytes,
+                    "ratio_to_fixed": c.total_bytes / fixed_bytes if c.total_bytes is not None else None,
+                    "ws13": list(c.shapes.ws13) if c.shapes else None,
+                    "ws2": list(c.shapes.ws2) if c.shapes else None,
+                    "out": list(c.shapes.out) if c.shapes else None,
+                    "reason": c.reason,
+                }
+                for c in self.classes
+            ],
+        }
+
+
+def audit(source: VllmSource, args: SizingArgs, *, class_names: tuple[str, ...] | None = None) -> AuditResult:
+    """Evaluate every batched-experts class of source (or only those named) and give each a verdict."""
+    tree = _source_tree(source)
+    classes = [c for c in tree.batched_classes() if class_names is None or c.name in class_names]
+    audits = [_audit_class(tree, cls, args) for cls in classes]
+    for file, why in sorted(tree.unparsed.items()):
+        if class_names is None and _mentions_batched_format(source.root / file):
+            audits.append(ClassAudit(name="(unparsed file)", file=_inside_vllm(file), verdict=UNEVALUATED,
+                                     shapes=None, reason=f"could not parse the file: {why}"))  # fmt: skip
+    return AuditResult(source=source, args=args, classes=audits)
+
+
+def release_shapes(version: str, args: SizingArgs, *, cache_dir: Path | None = None) -> WorkspaceShapes:
+    """The shapes CutlassBatchedExpertsFp8 of vLLM `version` asks for: the policy "vllm==X.Y.Z"."""
+    source = locate(version=version, cache_dir=cache_dir)
+    result = audit(source, args, class_names=(CUTLASS_BATCHED_CLASS,))
+    if not result.classes:
+        found = ", ".join(c.name for c in _source_tree(source).batched_classes()) or "none"
+        raise VllmSourceError(
+            f"vllm {version} has no batched class {CUTLASS_BATCHED_CLASS} under {FUSED_MOE_DIR} "
+            f"(batched-experts classes found: {found})"
+        )
+    cutlass = result.classes[0]
+    if cutlass.shapes is None or cutlass.verdict == UNEVALUATED:
+        raise VllmSourceError(f"vllm {version}: {cutlass.name} in {cutlass.file} was not evaluated: {cutlass.reason}")
+    return cutlass.shapes
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_tree(source: VllmSource) -> SourceTree:
+    return SourceTree(source)
+
+
+def _source_tree(source: VllmSource) -> SourceTree:
+    """Parse once per process what cannot change (a release or wheel extraction); re-read trees users edit."""
+    return _cached_tree(source) if source.kind in ("release", "wheel") else SourceTree(source)
+
+
+def _audit_class(tree: SourceTree, cls: ParsedClass, args: SizingArgs) -> ClassAudit:
+    file = _inside_vllm(cls.file)
+    evaluation = tree.evaluate(cls, args)
+    if not evaluation.ok:
+        return ClassAudit(name=cls.name, file=file, verdict=UNEVALUATED, shapes=None, reason=evaluation.reason)
+    shapes = WorkspaceShapes(
+        policy=_policy(tree.source),
+        ws13=evaluation.ws13,
+        ws2=evaluation.ws2,
+        out=evaluation.out,
+        dtype_bytes=args.dtype_bytes,
+        source=f"{tree.source.label}: {cls.name} in {file}",
+    )
+    # Doubling D alone takes a token dim of M to 2x and one of M·D to 4x; doubling T alone takes both to 2x,
+    # which tells M·D apart from anything else that grows 4x with D (M², say).
+    probes = {}
+    for moved, probe_args in (
+        ("D", dataclasses.replace(args, num_dispatchers=2 * args.num_dispatchers)),
+        ("T", dataclasses.replace(args, max_tokens_per_rank=2 * args.max_tokens_per_rank)),
+    ):
+        probe = tree.evaluate(cls, probe_args)
+        if not probe.ok:
+            reason = f"evaluated for the scenario but not with {moved} doubled: {probe.reason}"
+            return ClassAudit(name=cls.name, file=file, verdict=UNEVALUATED, shapes=shapes, reason=reason)
+        probes[moved] = probe
+    verdict, reason = _verdict(evaluation, probes["D"], probes["T"], args)
+    return ClassAudit(name=cls.name, file=file, verdict=verdict, shapes=shapes, reason=reason)
+
+
+# How prod(buffer) grows when (D, T) double: the token dim each pattern stands for.
+GROWTH_TOKEN_DIM = {(2, 2): "M", (4, 2): "M·D", (None, None): "none", (1, 1): "none"}
+
+
+def _verdict(base: Evaluation, d_doubled: Evaluation, t_doubled: Evaluation, args: SizingArgs) -> tuple[str, str]:
+    M, D = args.M, args.num_dispatchers
+    growth = {
+        name: (
+            _growth(getattr(base, name), getattr(d_doubled, name)),
+            _growth(getattr(base, name), getattr(t_doubled, name)),
+        )
+        for name in ("ws13", "ws2")
+    }
+    token_dim = {name: GROWTH_TOKEN_DIM.get(factors) for name, factors in growth.items()}
+    odd = {name: growth[name] for name, dim in token_dim.items() if dim is None}
+    if odd:
+        described = ", ".join(f"{name} {_factor(d)} with D and {_factor(t)} with T" for name, (d, t) in odd.items())
+        return UNEVALUATED, f"{described} doubled; a token dim of M grows x2/x2, of M·D x4/x2"
+    double = [name for name, dim in token_dim.items() if dim == "M·D"]
+    if double:
+        shape = getattr(base, double[0])
+        rows = f" ({M * D} rows)" if M * D in shape and D > 1 else ""
+        return DOUBLE_COUNT, f"token dim of {'/'.join(double)} is M·D{rows}: D is counted twice"
+    single = [name for name, dim in token_dim.items() if dim == "M"]
+    if not single:
+        return CONSISTENT, "ws13 and ws2 do not depend on M"
+    if all(M in getattr(base, name) for name in single):
+        return CONSISTENT, f"token dim of {'/'.join(single)} is M = T·D ({M} rows)"
+    return CONSISTENT, f"{'/'.join(single)} grow in proportion to M = T·D (rows of E·M)"
+
+
+def _factor(growth: float | None) -> str:
+    return "empty" if growth is None else f"x{growth:g}"
+
+
+def _growth(before: tuple[int, ...], after: tuple[int, ...]) -> float | None:
+    """prod(after) / prod(before); None for an empty buffer, which nothing is counted into."""
+    before_elems, after_elems = math.prod(before), math.prod(after)
+    if before_elems == 0 or after_elems == 0:
+        return None
+    return after_elems / before_elems
+
+
+def _policy(source: VllmSource) -> str:
+    return f"{RELEASE_POLICY_PREFIX}{source.version}" if source.version else f"vllm@{source.kind}"
+
+
+def _inside_vllm(file: str) -> str:
+    return file.removeprefix("vllm/")
+
+
+def _mentions_batched_format(path: Path) -> bool:
+    try:
+        return "BatchedExperts" in path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
+def _sizing_json(args: SizingArgs) -> dict:
+    return {
+        "max_tokens_per_rank": args.max_tokens_per_rank,
+        "num_dispatchers": args.num_dispatchers,
+        "M": args.M,
+        "num_local_experts": args.num_local_experts,
+        "num_global_experts": args.num_global_experts,
+        "hidden_size": args.hidden_size,
+        "intermediate_size": args.intermediate_size,
+        "N": args.N,
+        "top_k": args.top_k,
+        "activation": args.activation,
+        "workspace_dtype": args.workspace_dtype,
+    }
+
+
+# --- the CLI command `harness vllm audit` ------------------------------------------------------------------------
+
+
+def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `harness vllm audit`, for the CLI to attach to its subparser."""
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--vllm-version", metavar="X.Y.Z", help="a vLLM release, fetched into the cache with pip")
+    which.add_argument("--vllm-wheel", metavar="FILE", help="a vLLM wheel file")
+    which.add_argument("--vllm-src", metavar="DIR", help="a vLLM source tree (the repository root)")
+    parser.add_argument("--scenario", metavar="FILE", help=f"scenario for the sizing (default {DEFAULT_SCENARIO_NAME})")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--cache-dir", metavar="DIR", help="cache for fetched releases (default $HARNESS_CACHE_DIR)")
+
+
+def run_audit(ns: argparse.Namespace) -> int:
+    """`harness vllm audit`: 0 when no class double-counts, 1 when one does, 2 on errors (one line on stderr)."""
+    try:
+        args = _sizing_from_scenario(getattr(ns, "scenario", None))
+        source = locate(
+            version=getattr(ns, "vllm_version", None),
+            wheel=_optional_path(getattr(ns, "vllm_wheel", None)),
+            src=_optional_path(getattr(ns, "vllm_src", None)),
+            cache_dir=_optional_path(getattr(ns, "cache_dir", None)),
+        )
+        result = audit(source, args)
+    except (VllmSourceError, _ScenarioUnavailable) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    if getattr(ns, "json", False):
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print_audit_table(result)
+    return result.exit_code
+
+
+class _ScenarioUnavailable(Exception):
+    """The scenario could not be loaded; carries the loader's message."""
+
+
+def _sizing_from_scenario(scenario: str | Path | None) -> SizingArgs:
+    # Imported here: the scenario module pulls in pydantic and yaml, which the audit itself does not need.
+    try:
+        from harness.scenario import SCENARIOS_DIR, ScenarioError, load_scenario
+    except ImportError as error:
+        raise _ScenarioUnavailable(f"cannot load scenarios: harness.scenario is unavailable ({error})") from None
+
+    # A name or a path, as the user gave it: the loader resolves names against the scenarios directory.
+    name_or_path = scenario if scenario is not None else Path(SCENARIOS_DIR) / DEFAULT_SCENARIO_NAME
+    try:
+        return load_scenario(name_or_path).sizing_args()
+    except ScenarioError as error:
+        raise _ScenarioUnavailable(str(error)) from None
+
+
+def _optional_path(value: str | Path | None) -> Path | None:
+    return Path(value) if value is not None else None
+
+
+def print_audit_table(result: AuditResult, *, file=None) -> None:
+    """The audit as a table: a header of versions and parameters, a units row, one row per class, a footer."""
+    from rich.console import Console
+    from rich.table import Table
+
+    out = file if file is not None else sys.stdout
+    console = Console(file=out, width=None if out.isatty() else 200, highlight=False, soft_wrap=True)
+    source, args = result.source, result.args
+    fixed_bytes = fixed_shapes(args).total_bytes
+    torch_pin = source.torch_requirement or "torch pin unknown"
+    console.print(f"# {source.label} ({source.kind}: {source.origin}; {torch_pin})")
+    console.print(
+        f"# T={args.max_tokens_per_rank} D={args.num_dispatchers} M={args.M} E={args.num_local_experts} "
+        f"global_E={args.num_global_experts} K={args.K} I={args.intermediate_size} N={args.N} top_k={args.top_k} "
+        f"activation={args.activation} dtype={args.workspace_dtype}; fixed={fixed_bytes / GIB:.2f} GiB, "
+        f"legacy={legacy_shapes(args).total_bytes / GIB:.2f} GiB"
+    )
+    table = Table(show_lines=False)
+    for column, justify in (
+        ("class", "left"), ("file", "left"), ("verdict", "left"), ("ws13", "right"), ("ws2", "right"),
+        ("out", "right"), ("per GPU", "right"), ("x fixed", "right"),
+    ):  # fmt: skip
+        table.add_column(column, justify=justify, no_wrap=True)
+    table.add_row("", "", "", "elements", "elements", "elements", "GiB", "ratio", style="dim")
+    for c in result.classes:
+        style = {DOUBLE_COUNT: "bold red", UNEVALUATED: "yellow"}.get(c.verdict, "")
+        table.add_row(
+            c.name,
+            c.short_file,
+            c.verdict,
+            _shape_text(c.shapes.ws13) if c.shapes else "-",
+            _shape_text(c.shapes.ws2) if c.shapes else "-",
+            _shape_text(c.shapes.out) if c.shapes else "-",
+            f"{c.total_bytes / GIB:.2f}" if c.total_bytes is not None else "-",
+            f"{c.total_bytes / fixed_bytes:.2f}" if c.total_bytes is not None else "-",
+            style=style,
+        )
+    console.print(table)
+    for c in result.classes:
+        if c.verdict != CONSISTENT:
+            console.print(f"  {c.name}: {c.reason}")
+    num_classes = len(result.classes)
+    num_unevaluated = sum(c.verdict == UNEVALUATED for c in result.classes)
+    if result.double_counts:
+        names = ", ".join(c.name for c in result.double_counts)
+        console.print(
+            f"FAILED: {len(result.double_counts)} of {num_classes} batched classes double-count the dispatchers "
+            f"({names})"
+        )
+    else:
+        console.print(
+            f"OK: none of {num_classes} batched classes double-counts the dispatchers"
+            + (f" ({num_unevaluated} not evaluated)" if num_unevaluated else "")
+        )
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"
