@@ -143,8 +143,8 @@ def reference_output(setup: RankSetup, token_index: torch.Tensor) -> torch.Tenso
     K, I = setup.layout.hidden_size, s.model.intermediate_size or 0
     q, scale = quantize_per_token(setup.tokens.index_select(0, token_index))
     x = dequantize(q, scale)
-    ids = setup.routing.topk_ids.index_select(0, token_index.cpu())
-    w = setup.routing.topk_weights.index_select(0, token_index.cpu()).to(setup.device)
+    ids = setup.routing.topk_ids.index_select(0, token_index).cpu()
+    w = setup.routing.topk_weights.index_select(0, token_index)
     out = torch.zeros((len(token_index), K), dtype=torch.float32, device=setup.device)
     for g in sorted(set(ids.reshape(-1).tolist())):
         rows, slots = torch.nonzero(ids == g, as_tuple=True)
@@ -394,7 +394,8 @@ def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir
     num_tokens = s.num_tokens_on_rank(info.rank)
     tokens = make_tokens(seed=s.seed, rank=info.rank, num_tokens=num_tokens, hidden_size=K, device=device)
     return RankSetup(
-        scenario=s, info=info, device=device, layout=layout, tokens=tokens, routing=make_routing(s, info.rank, num_tokens),
+        scenario=s, info=info, device=device, layout=layout, tokens=tokens,
+        routing=make_routing(s, info.rank, num_tokens).to(device),
         weights=weights, buffers=buffers, backend=backend, accountant=accountant, probe=probe,
         external_bytes=external_bytes, run_dir=run_dir,
     )
@@ -409,6 +410,7 @@ def rank_main(scenario: Scenario, info: RankInfo, run_dir: Path, progress: Progr
         external = probe.used_bytes() if probe.method == "nvml" else 0
         _, vllm_desc = resolve_ops_library(scenario) if scenario.experts_backend == "vllm-ops" else (None, None)
         setup = setup_rank(scenario, info, device, run_dir, external)
+        ready_at = time.time()
         if progress:
             progress({"rank": info.rank, "event": "ready", "backend": setup.backend.name})
         results: list[PolicyResult] = []
@@ -427,6 +429,7 @@ def rank_main(scenario: Scenario, info: RankInfo, run_dir: Path, progress: Progr
             versions=collect_versions(vllm_source=vllm_desc,
                                       vllm_kernels=setup.backend.kernels if setup.backend.name == "vllm-ops" else None),
             hardware=collect_hardware(device), policies=results, started_at=started, finished_at=time.time(),
+            ready_at=ready_at,
             expert_num_tokens=first_counts or [],
         )
         if progress:

@@ -167,6 +167,7 @@ class RankRecord(_Record):
     policies: list[PolicyResult]
     started_at: float  # unix seconds
     finished_at: float
+    ready_at: float | None = None  # group joined, weights and comm buffers up: the first policy starts
     expert_num_tokens: list[int]  # received per local expert, last iteration of the first policy that ran
 
 

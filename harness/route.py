@@ -22,6 +22,10 @@ class Routing:
     def num_tokens(self) -> int:
         return int(self.topk_ids.shape[0])
 
+    def to(self, device: torch.device) -> Routing:
+        """The same routing on `device`: moved once at setup, not in every dispatch."""
+        return Routing(topk_ids=self.topk_ids.to(device), topk_weights=self.topk_weights.to(device))
+
 
 def _generator(seed: int) -> torch.Generator:
     g = torch.Generator(device="cpu")

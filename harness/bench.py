@@ -1,0 +1,319 @@
+"""`harness bench`: what the harness costs on top of the raw kernels and raw NCCL, measured in one run.
+
+Per rank and per policy, in one process group, interleaved round by round (A B C ... A B C ...) so clock and
+thermal drift hit every variant alike:
+
+    experts:harness      the backend's step on the policy's workspace views (what `harness run` times)
+    experts:raw-vllm     vLLM's ops (cutlass_moe_mm pair, silu_and_mul, per-token quant) with every argument
+                         prebuilt and no harness code around them                       (when the library loads)
+    experts:raw-torch    torch._scaled_grouped_mm over all experts, no chunking, no workspace copies (sm90+)
+    experts:raw-reference  the reference math on the valid rows, no workspace views     (CPU)
+    dispatch:harness     quantize + pack + counts + all_to_all_single + unpack into (E, M, K)
+    combine:harness      gather + all_to_all_single + weighted sum
+    a2a:raw-dispatch     all_to_all_single of the same bytes with the same splits
+    a2a:raw-combine      likewise for the combine payload
+
+Ratios are raw time / harness time (1.0: the harness adds nothing). Thresholds come from the scenario's
+`bench` section; below one the command exits 1.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict
+
+from harness.combine import combine
+from harness.dispatch import dispatch
+from harness.distributed import RankInfo, init_rank, shutdown_rank
+from harness.environment import collect_hardware, collect_versions
+from harness.experts import Workspace, useful_flops
+from harness.plan import policy_shapes
+from harness.quant import FP8_DTYPE, FP8_MAX, dequantize, quantize_per_token
+from harness.records import SCHEMA_VERSION, Hardware, Versions
+from harness.scenario import Scenario
+from harness.timing import StageTimer
+
+H200_FP8_DENSE_TFLOPS = 1979.0  # vendor datasheet, dense (no sparsity)
+BENCH_POLICIES = ("legacy", "fixed")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VariantStats(_Frozen):
+    name: str
+    median_us: float
+    min_us: float
+    max_us: float
+    num_samples: int
+
+
+class BenchPolicy(_Frozen):
+    policy: str
+    status: Literal["ok", "oom"]
+    variants: list[VariantStats]
+    experts_raw_variant: str | None
+    experts_ratio: float | None  # raw / harness
+    comm_ratio: float | None  # (raw dispatch + raw combine) / (harness dispatch + harness combine)
+    experts_tflops: float | None
+    experts_tflops_fraction_of_peak: float | None
+    raw_a2a_busbw_gbps: float | None
+    harness_comm_busbw_gbps: float | None
+    dispatch_bytes: int
+    combine_bytes: int
+    max_rel_error: float | None  # the harness step's output against the raw kernel's, on the valid rows
+
+
+class BenchRankRecord(_Frozen):
+    schema_version: int = SCHEMA_VERSION
+    record_kind: Literal["bench-rank"] = "bench-rank"
+    run_id: str
+    scenario_name: str
+    scenario_hash: str
+    rank: int
+    num_ranks: int
+    comm_backend: str
+    experts_backend: str
+    versions: Versions
+    hardware: Hardware
+    policies: list[BenchPolicy]
+    num_rounds: int
+
+
+def _stats(name: str, samples: list[float]) -> VariantStats:
+    kept = samples[1:] if len(samples) > 1 else samples  # the first round warms caches and lazy inits
+    return VariantStats(name=name, median_us=statistics.median(kept), min_us=min(kept), max_us=max(kept),
+                        num_samples=len(kept))
+
+
+def _raw_torch(setup: Any) -> Callable[[], torch.Tensor]:
+    b, w = setup.buffers, setup.weights
+    E, M = b.expert_x.shape[:2]
+    I = w.w2.shape[2]
+    x_scale = b.expert_x_scale.reshape(E, M)
+    w1t, w2t = w.w1.transpose(-2, -1), w.w2.transpose(-2, -1)
+
+    def run() -> torch.Tensor:
+        h = torch._scaled_grouped_mm(b.expert_x, w1t, x_scale, w.w1_scale, out_dtype=torch.bfloat16)
+        act = F.silu(h[..., :I]) * h[..., I:]
+        a = act.float()
+        s = (a.abs().amax(dim=-1) / FP8_MAX).clamp_min(1e-12)
+        q = (a / s.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+        return torch._scaled_grouped_mm(q, w2t, s, w.w2_scale, out_dtype=torch.bfloat16)
+
+    return run
+
+
+def _raw_vllm(setup: Any, workspace: Workspace) -> Callable[[], torch.Tensor]:
+    ops = torch.ops._C
+    b, w, ws = setup.buffers, setup.weights, workspace
+    E, M, K = b.expert_x.shape
+    I = w.w2.shape[2]
+    dev = b.expert_x.device
+    offsets32 = torch.empty((E,), dtype=torch.int32, device=dev)
+    ps1 = torch.empty((E, 3), dtype=torch.int32, device=dev)
+    ps2 = torch.empty((E, 3), dtype=torch.int32, device=dev)
+    ops.get_cutlass_batched_moe_mm_data(offsets32, ps1, ps2, b.expert_num_tokens, E, M, I, K)
+    offsets = offsets32.to(torch.int64)
+    sk = torch.full((E,), K, dtype=torch.int64, device=dev)
+    s2i = torch.full((E,), 2 * I, dtype=torch.int64, device=dev)
+    si = torch.full((E,), I, dtype=torch.int64, device=dev)
+    a1q, a1q_scale = b.expert_x.reshape(E * M, K), b.expert_x_scale.reshape(E * M, 1)
+    act_scale = torch.empty((E * M, 1), dtype=torch.float32, device=dev)
+    mm1, act, quant, mm2 = ws.mm1_out, ws.act_out, ws.quant_out, ws.mm2_out
+
+    def run() -> torch.Tensor:
+        ops.cutlass_moe_mm(mm1, a1q, w.w1, a1q_scale, w.w1_scale, offsets, ps1, sk, sk, s2i, True, True)
+        ops.silu_and_mul(act, mm1)
+        ops.dynamic_per_token_scaled_fp8_quant(quant, act, act_scale, None)
+        ops.cutlass_moe_mm(mm2, quant, w.w2, act_scale, w.w2_scale, offsets, ps2, si, si, sk, True, True)
+        return mm2.view(E, M, K)
+
+    return run
+
+
+def _raw_reference(setup: Any) -> Callable[[], torch.Tensor]:
+    b, w = setup.buffers, setup.weights
+    E, M, K = b.expert_x.shape
+    out = torch.empty((E, M, K), dtype=torch.bfloat16, device=b.expert_x.device)
+
+    def run() -> torch.Tensor:
+        for e, n in enumerate(b.expert_num_tokens.tolist()):
+            if n:
+                h = dequantize(b.expert_x[e, :n], b.expert_x_scale[e, :n]) @ dequantize(
+                    w.w1[e], w.w1_scale[e].unsqueeze(1)).T
+                half = h.shape[1] // 2
+                q, s = quantize_per_token(F.silu(h[:, :half]) * h[:, half:])
+                out[e, :n] = dequantize(q, s) @ dequantize(w.w2[e], w.w2_scale[e].unsqueeze(1)).T
+        return out
+
+    return run
+
+
+def _raw_experts(setup: Any, workspace: Workspace) -> tuple[str, Callable[[], torch.Tensor]]:
+    name = setup.backend.name
+    if name == "vllm-ops":
+        return "experts:raw-vllm", _raw_vllm(setup, workspace)
+    if name == "torch-cutlass":
+        return "experts:raw-torch", _raw_torch(setup)
+    return "experts:raw-reference", _raw_reference(setup)
+
+
+def _valid_rel_error(a: torch.Tensor, b: torch.Tensor, counts: list[int]) -> float:
+    worst = 0.0
+    for e, n in enumerate(counts):
+        if n:
+            x, y = a[e, :n].float(), b[e, :n].float()
+            worst = max(worst, float((x - y).abs().max() / y.abs().max().clamp_min(1e-30)))
+    return worst
+
+
+def bench_policy(setup: Any, policy: str, num_rounds: int) -> BenchPolicy:
+    """Interleave every variant `num_rounds` times on one policy's workspace."""
+    s, device, acc = setup.scenario, setup.device, setup.accountant
+    shapes = policy_shapes(policy, s.sizing_args())
+    try:
+        workspace = Workspace.allocate(
+            shapes, acc, dtype=getattr(torch, s.model.workspace_dtype), num_local_experts=s.num_local_experts,
+            max_slots_per_expert=setup.layout.max_slots_per_expert, hidden_size=setup.layout.hidden_size,
+            intermediate_size=s.model.intermediate_size or 0,
+        )
+        ok = True
+    except torch.OutOfMemoryError:
+        workspace, ok = None, False
+    flags = torch.tensor([0 if ok else 1], dtype=torch.int32, device=device)
+    dist.all_reduce(flags)
+    if int(flags.item()):
+        if workspace is not None:
+            workspace.release(acc)
+        return BenchPolicy(policy=policy, status="oom", variants=[], experts_raw_variant=None, experts_ratio=None,
+                           comm_ratio=None, experts_tflops=None, experts_tflops_fraction_of_peak=None,
+                           raw_a2a_busbw_gbps=None, harness_comm_busbw_gbps=None, dispatch_bytes=0, combine_bytes=0,
+                           max_rel_error=None)
+    assert workspace is not None
+    b = setup.buffers
+    handle = dispatch(setup.tokens, setup.routing, setup.layout, b)  # fixes the splits the raw a2a reuses
+    raw_name, raw_experts = _raw_experts(setup, workspace)
+    K = setup.layout.hidden_size
+    num_send, num_recv = handle.num_send_rows, handle.num_recv_rows
+    row_bytes = setup.layout.row_bytes
+
+    def harness_experts() -> torch.Tensor:
+        return setup.backend.apply(expert_x=b.expert_x, expert_x_scale=b.expert_x_scale,
+                                   expert_num_tokens=b.expert_num_tokens, weights=setup.weights, workspace=workspace)
+
+    def raw_dispatch() -> None:
+        dist.all_to_all_single(b.recv_payload[:num_recv], b.send_payload[:num_send],
+                               output_split_sizes=handle.recv_splits, input_split_sizes=handle.send_splits)
+
+    def raw_combine() -> None:
+        dist.all_to_all_single(b.combine_recv[:num_send], b.combine_send[:num_recv],
+                               output_split_sizes=handle.send_splits, input_split_sizes=handle.recv_splits)
+
+    # Experts first: raw-vllm writes the same views the harness step uses, so compare before reuse.
+    counts = [int(c) for c in b.expert_num_tokens.tolist()]
+    harness_out = harness_experts().clone()
+    raw_out = raw_experts()
+    rel_error = _valid_rel_error(harness_out, raw_out, counts)
+    del harness_out, raw_out
+    state: dict[str, Any] = {"handle": handle}
+
+    def harness_dispatch() -> None:
+        state["handle"] = dispatch(setup.tokens, setup.routing, setup.layout, b)
+
+    def harness_combine() -> None:
+        combine(workspace.out, state["handle"], setup.layout, b)
+
+    variants: list[tuple[str, Callable[[], Any], bool]] = [
+        ("dispatch:harness", harness_dispatch, True),
+        ("a2a:raw-dispatch", raw_dispatch, True),
+        ("experts:harness", harness_experts, False),
+        (raw_name, raw_experts, False),
+        ("combine:harness", harness_combine, True),
+        ("a2a:raw-combine", raw_combine, True),
+    ]
+    samples: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+    timer = StageTimer(device)
+    for _ in range(num_rounds):
+        for name, fn, collective in variants:
+            if collective:  # start every rank together, so the time is the exchange, not the skew
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                dist.barrier()
+            started = timer.start()
+            fn()
+            timer.stop(name, started)
+            samples[name].append(timer.elapsed_us()[name])
+    stats = [_stats(name, samples[name]) for name, _, _ in variants]
+    by = {v.name: v.median_us for v in stats}
+    flops = useful_flops(b.expert_num_tokens, hidden_size=K, intermediate_size=s.model.intermediate_size or 0)
+    tflops = flops / (by["experts:harness"] * 1e6)
+    P = setup.layout.num_ranks
+    bus = (P - 1) / P
+    dispatch_bytes, combine_bytes = num_send * row_bytes, num_recv * K * 2
+    raw_comm_us = by["a2a:raw-dispatch"] + by["a2a:raw-combine"]
+    harness_comm_us = by["dispatch:harness"] + by["combine:harness"]
+    comm_bytes = dispatch_bytes + combine_bytes
+    workspace.release(acc)
+    del workspace
+    return BenchPolicy(
+        policy=policy, status="ok", variants=stats, experts_raw_variant=raw_name,
+        experts_ratio=by[raw_name] / by["experts:harness"],
+        comm_ratio=raw_comm_us / harness_comm_us,
+        experts_tflops=tflops,
+        experts_tflops_fraction_of_peak=tflops / H200_FP8_DENSE_TFLOPS if device.type == "cuda" else None,
+        raw_a2a_busbw_gbps=comm_bytes / (raw_comm_us * 1e3) * bus,
+        harness_comm_busbw_gbps=comm_bytes / (harness_comm_us * 1e3) * bus,
+        dispatch_bytes=dispatch_bytes, combine_bytes=combine_bytes, max_rel_error=rel_error,
+    )
+
+
+def bench_rank_main(scenario: Scenario, info: RankInfo, run_dir: Path,
+                    progress: Callable[[dict[str, Any]], None] | None = None) -> BenchRankRecord:
+    """The bench counterpart of harness.rank.rank_main: same setup, interleaved variants per policy."""
+    from harness.memory import release_cached
+    from harness.rank import setup_rank
+
+    device = init_rank(info)
+    try:
+        setup = setup_rank(scenario, info, device, run_dir, 0)
+        if progress:
+            progress({"rank": info.rank, "event": "ready", "backend": setup.backend.name})
+        policies = [p for p in scenario.policies if p in BENCH_POLICIES] or list(BENCH_POLICIES)
+        results = []
+        for policy in policies:
+            if progress:
+                progress({"rank": info.rank, "event": "policy", "policy": policy})
+            release_cached(device)
+            results.append(bench_policy(setup, policy, scenario.bench.iterations))
+        record = BenchRankRecord(
+            run_id=info.run_id, scenario_name=scenario.name or "", scenario_hash=scenario.scenario_hash,
+            rank=info.rank, num_ranks=info.world_size, comm_backend=info.comm_backend,
+            experts_backend=setup.backend.name, versions=collect_versions(
+                vllm_kernels=setup.backend.kernels if setup.backend.name == "vllm-ops" else None),
+            hardware=collect_hardware(device), policies=results, num_rounds=scenario.bench.iterations,
+        )
+        if progress:
+            progress({"rank": info.rank, "event": "done"})
+        return record
+    finally:
+        shutdown_rank()
+
+
+def time_call(fn: Callable[[], Any], *, repeat: int) -> list[float]:
+    """Wall-clock seconds of `repeat` calls (CPU-side costs)."""
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
