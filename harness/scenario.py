@@ -437,6 +437,10 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
+        # The mark is where YAML noticed; the context mark is often where the mistake is (an unclosed bracket).
+        context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+        if context and context_mark:
+            problem += f" ({context} that starts at line {context_mark.line + 1}, column {context_mark.column + 1})"
         raise ScenarioError(f"{path}: YAML syntax error{where}: {problem}") from None
     return parse_scenario(data, path=path)
 
