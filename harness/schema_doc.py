@@ -70,7 +70,8 @@ def describe_type(
     elif origin is dict:
         text = f"mapping of {describe_type(args[0], sections=sections)} to {describe_type(args[1], sections=sections)}"
     elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        text = f"mapping (see `{sections.get(annotation, annotation.__name__)}`)"
+        section = sections.get(annotation)
+        text = f"mapping (see `{section}`)" if section else "mapping; `harness schema` lists its fields"
     else:
         text = _SCALARS.get(annotation, getattr(annotation, "__name__", str(annotation)))
     sizes = [c for c in constraints if c.startswith(("at least", "at most"))]

@@ -49,6 +49,11 @@ CASES = [
         says=("missing field 'parallel.max_tokens_per_rank'", "integer > 0", "T, per-dispatcher token capacity"),
     ),
     BadCase(
+        id="missing-section",
+        text=GOOD.replace("model:\n  preset: deepseek-v3\n", ""),
+        says=("missing field 'model'", "mapping; `harness schema` lists its fields"),
+    ),
+    BadCase(
         id="wrong-type",
         text=GOOD.replace("num_dispatchers: 32", 'num_dispatchers: "many"'),
         says=("parallel.num_dispatchers", "(got 'many')", "valid integer"),
