@@ -111,7 +111,7 @@ def cmd_bench(ns: argparse.Namespace) -> int:
 def cmd_schema(ns: argparse.Namespace) -> int:
     from harness.schema_doc import schema_markdown
 
-    print(schema_markdown())
+    sys.stdout.write(schema_markdown())  # verbatim, so `harness schema > docs/scenario-schema.md` matches the test
     return EXIT_OK
 
 

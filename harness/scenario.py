@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.models import PRESETS
+from harness.schema_doc import describe_field
 from harness.workspace import BUILTIN_POLICIES, RELEASE_POLICY_PREFIX, SizingArgs
 
 REPO_DIR = Path(__file__).resolve().parent.parent
@@ -49,14 +50,20 @@ class _Strict(BaseModel):
 class ModelSpec(_Strict):
     """The MoE layer's shapes. `preset` fills any field left out."""
 
-    preset: str | None = None
+    preset: str | None = Field(None, description=f"fills any shape left out: {', '.join(PRESETS)}")
     hidden_size: PositiveInt | None = Field(None, description="K")
     intermediate_size: PositiveInt | None = Field(None, description="I; GEMM1 outputs N = 2I")
     num_experts: PositiveInt | None = Field(None, description="routed experts of the model")
-    top_k: PositiveInt | None = None
-    activation: Literal["silu", "gelu"] | None = None
-    workspace_dtype: Literal["bfloat16", "float16"] = "bfloat16"
-    quant_dtype: Literal["float8_e4m3fn"] = "float8_e4m3fn"
+    top_k: PositiveInt | None = Field(None, description="distinct experts each token picks")
+    activation: Literal["silu", "gelu"] | None = Field(
+        None, description="gated, on GEMM1's (gate, up) halves; default the preset's, else silu"
+    )
+    workspace_dtype: Literal["bfloat16", "float16"] = Field(
+        "bfloat16", description="dtype of the workspace buffers and the GEMM outputs"
+    )
+    quant_dtype: Literal["float8_e4m3fn"] = Field(
+        "float8_e4m3fn", description="dtype of the dispatched activations and the expert weights"
+    )
 
     @field_validator("preset")
     @classmethod
@@ -67,6 +74,7 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _fill_from_preset(self) -> ModelSpec:
+        """hidden_size, intermediate_size, num_experts and top_k come from the file or from model.preset."""
         filled: dict[str, Any] = {}
         if self.preset is not None:
             preset = PRESETS[self.preset]
@@ -84,6 +92,8 @@ class ModelSpec(_Strict):
 
 
 class ParallelSpec(_Strict):
+    """The EP+DP layout: D dispatchers (emulated by P <= D physical ranks), E local experts, T tokens each."""
+
     num_dispatchers: PositiveInt = Field(description="D, the EP/DP world size whose memory is reproduced")
     num_ranks: PositiveInt = Field(1, description="P, physical ranks (one GPU each); D/P dispatchers each")
     num_local_experts: PositiveInt | None = Field(None, description="E; default num_experts / D")
@@ -91,7 +101,11 @@ class ParallelSpec(_Strict):
 
 
 class RoutingSpec(_Strict):
-    kind: Literal["uniform", "skewed", "worst-case"] = "uniform"
+    """Which experts the tokens pick; seeded, so every rank can regenerate every rank's choice."""
+
+    kind: Literal["uniform", "skewed", "worst-case"] = Field(
+        "uniform", description="skewed: Zipf popularity over experts; worst-case: every token picks expert 0"
+    )
     num_tokens: PositiveInt | None = Field(None, description="tokens per dispatcher; default T")
     zipf_exponent: PositiveFloat = Field(1.2, description="skewed: expert popularity ~ 1/rank^s")
     idle_ranks: list[Annotated[int, Field(ge=0)]] = Field(
@@ -100,14 +114,18 @@ class RoutingSpec(_Strict):
 
 
 class MemorySpec(_Strict):
+    """How memory is measured, and a budget or ballast that emulates a smaller GPU or a loaded one."""
+
     budget_gb: PositiveFloat | None = Field(None, description="device memory the process may use, in GB (1e9 B)")
     budget_gpu: str | None = Field(None, description=f"a named GPU to emulate: {', '.join(GPU_MEMORY_BYTES)}")
     ballast_gb: Annotated[float, Field(ge=0)] = Field(0.0, description="stands for weights + KV cache, GB")
     method: Literal["same-baseline"] = Field(
         "same-baseline", description="every policy measured from one baseline: weights and comm buffers up, cache empty"
     )
-    sample_interval_ms: PositiveFloat = 1.0
-    snapshot_on_oom: bool = True
+    sample_interval_ms: PositiveFloat = Field(1.0, description="period of the peak-memory sampler")
+    snapshot_on_oom: bool = Field(
+        True, description="with a budget on GPU: dump a CUDA allocator snapshot next to the records on OOM"
+    )
 
     @field_validator("budget_gpu")
     @classmethod
@@ -118,6 +136,7 @@ class MemorySpec(_Strict):
 
     @model_validator(mode="after")
     def _one_budget(self) -> MemorySpec:
+        """memory.budget_gb and memory.budget_gpu exclude each other."""
         if self.budget_gb is not None and self.budget_gpu is not None:
             raise ValueError("give memory.budget_gb or memory.budget_gpu, not both")
         return self
@@ -136,24 +155,34 @@ class MemorySpec(_Strict):
 
 
 class ExpectSpec(_Strict):
+    """What the run should find; a run whose findings differ fails."""
+
     outcomes: dict[str, Literal["fit", "oom"]] = Field(default_factory=dict, description="policy -> fit | oom")
-    memory_tolerance_pct: PositiveFloat = Field(2.0, description="measured workspace delta vs contract")
+    memory_tolerance_pct: PositiveFloat = Field(2.0, description="measured workspace delta vs contract, percent")
     max_error: PositiveFloat = Field(0.06, description="combined output vs reference, max relative error")
 
 
 class BenchSpec(_Strict):
-    experts_ratio_min: PositiveFloat = 0.95
-    comm_busbw_ratio_min: PositiveFloat = 0.90
-    iterations: PositiveInt = 20
+    """Thresholds of `harness bench`: the harness's own stages against the raw kernels and collectives."""
+
+    experts_ratio_min: PositiveFloat = Field(
+        0.95, description="harness experts TFLOP/s over the raw kernels', at least"
+    )
+    comm_busbw_ratio_min: PositiveFloat = Field(
+        0.90, description="harness dispatch bus bandwidth over raw all_to_all_single's, at least"
+    )
+    iterations: PositiveInt = Field(20, description="timed iterations per measurement")
 
 
 class LaunchSpec(_Strict):
-    launcher: Literal["local", "ray"] = "local"
-    placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
-    cpus_per_rank: PositiveInt = 1
-    placement_timeout_s: PositiveFloat = 60.0
-    rank_timeout_s: PositiveFloat = 900.0
-    collective_timeout_s: PositiveFloat = 60.0
+    """How the ranks start: local processes, or Ray actors in one placement group."""
+
+    launcher: Literal["local", "ray"] = Field("local", description="`harness run --launcher` overrides it")
+    placement_strategy: Literal["PACK", "SPREAD"] = Field("PACK", description="Ray placement group strategy")
+    cpus_per_rank: PositiveInt = Field(1, description="CPUs in each rank's Ray bundle")
+    placement_timeout_s: PositiveFloat = Field(60.0, description="wait for the Ray placement group at most this")
+    rank_timeout_s: PositiveFloat = Field(900.0, description="a rank still running after this ends the run, partial")
+    collective_timeout_s: PositiveFloat = Field(60.0, description="timeout of each torch.distributed collective")
 
 
 class VllmSpec(_Strict):
@@ -166,6 +195,7 @@ class VllmSpec(_Strict):
 
     @model_validator(mode="after")
     def _at_most_one(self) -> VllmSpec:
+        """At most one of vllm.version, vllm.wheel, vllm.src, vllm.ops_library."""
         given = [n for n in ("version", "wheel", "src", "ops_library") if getattr(self, n)]
         if len(given) > 1:
             raise ValueError(
@@ -175,18 +205,26 @@ class VllmSpec(_Strict):
 
 
 class Scenario(_Strict):
-    name: str | None = None
-    description: str = ""
+    """One experiment: a model, a layout, the sizing policies to measure and what they should do."""
+
+    name: str | None = Field(None, description="default: the file name without .yaml")
+    description: str = Field("", description="one line, shown by `harness scenarios`")
     model: ModelSpec
     parallel: ParallelSpec
     routing: RoutingSpec = RoutingSpec()
-    policies: list[str] = Field(default_factory=lambda: ["legacy", "fixed"], min_length=1)
-    experts_backend: Literal["auto", "reference", "torch-cutlass", "vllm-ops"] = "auto"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    policies: list[str] = Field(
+        default_factory=lambda: ["legacy", "fixed"], min_length=1,
+        description=f"sizing policies measured in this order: {', '.join(BUILTIN_POLICIES)}, or "
+        f"{RELEASE_POLICY_PREFIX}X.Y.Z (that release's own workspace_shapes)",
+    )
+    experts_backend: Literal["auto", "reference", "torch-cutlass", "vllm-ops"] = Field(
+        "auto", description="auto: vllm-ops when its ops library is at hand, then torch-cutlass (sm90+), else reference"
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when there is a GPU per rank")
     vllm: VllmSpec = VllmSpec()
-    iterations: PositiveInt = 3
-    warmup: Annotated[int, Field(ge=0)] = 1
-    seed: int = 0
+    iterations: PositiveInt = Field(3, description="measured iterations of the data path per policy")
+    warmup: Annotated[int, Field(ge=0)] = Field(1, description="iterations per policy before measuring")
+    seed: int = Field(0, description="global seed; routing, tokens and weights derive theirs from it")
     memory: MemorySpec = MemorySpec()
     expect: ExpectSpec = ExpectSpec()
     bench: BenchSpec = BenchSpec()
@@ -205,6 +243,13 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _layout(self) -> Scenario:
+        """- num_dispatchers is a multiple of num_ranks (D >= P; each rank stands in for D/P dispatchers).
+        - num_local_experts defaults to num_experts / D, which must divide; given, E x D holds num_experts.
+        - hidden_size and intermediate_size are multiples of 16 (FP8 CUTLASS row alignment).
+        - top_k is at most num_experts and at most the experts on the physical ranks, E x P.
+        - routing.num_tokens is at most max_tokens_per_rank; routing.idle_ranks are ranks below num_ranks.
+        - expect.outcomes names only policies of the scenario.
+        """
         p, m = self.parallel, self.model
         D, P = p.num_dispatchers, p.num_ranks
         if D < P:
@@ -216,9 +261,11 @@ class Scenario(_Strict):
             )
         if p.num_local_experts is None:
             if m.num_experts % D:
+                divisors = [d for d in range(P, m.num_experts + 1) if m.num_experts % d == 0 and d % P == 0]
                 raise ValueError(
                     f"model.num_experts ({m.num_experts}) does not divide over parallel.num_dispatchers ({D}); "
-                    "set parallel.num_local_experts or choose D that divides it"
+                    f"set parallel.num_local_experts (at least {-(-m.num_experts // D)} for D={D}) "
+                    f"or choose D from {', '.join(map(str, divisors))}"
                 )
             object.__setattr__(p, "num_local_experts", m.num_experts // D)
         elif p.num_local_experts * D < m.num_experts:
@@ -233,7 +280,8 @@ class Scenario(_Strict):
         if m.top_k > m.num_experts or m.top_k > num_physical_experts:
             raise ValueError(
                 f"model.top_k ({m.top_k}) is larger than the experts: model.num_experts ({m.num_experts}), "
-                f"experts on the physical ranks (num_local_experts x num_ranks = {num_physical_experts})"
+                f"experts on the physical ranks (num_local_experts x num_ranks = {num_physical_experts}); "
+                f"allowed: 1..{min(m.num_experts, num_physical_experts)}"
             )
         if self.routing.num_tokens is not None and self.routing.num_tokens > p.max_tokens_per_rank:
             raise ValueError(
@@ -306,15 +354,26 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return ".".join(str(part) for part in loc) if loc else "(top level)"
 
 
-def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """The keys a nested model accepts at `loc`, for "unknown key" messages."""
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
+    """The nested model that holds the key at `loc` (Scenario for a top-level key), or None."""
     current: Any = model
     for part in loc[:-1]:
         field = getattr(current, "model_fields", {}).get(part)
         if field is None:
-            return []
+            return None
         current = field.annotation
-    return sorted(getattr(current, "model_fields", {}))
+    return current
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys a nested model accepts at `loc`, for "unknown key" messages."""
+    return sorted(getattr(_model_at(model, loc), "model_fields", {}))
+
+
+def _expected(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """What the field at `loc` takes, for "missing field" messages: " (integer > 0: T, ...)"."""
+    field = getattr(_model_at(model, loc), "model_fields", {}).get(loc[-1]) if loc else None
+    return f" ({describe_field(field)})" if field is not None else ""
 
 
 def _format_error(path: Path | str, error: dict[str, Any]) -> str:
@@ -326,7 +385,7 @@ def _format_error(path: Path | str, error: dict[str, Any]) -> str:
         allowed = _allowed_keys(Scenario, loc)
         return f"{path}: unknown key {where!r}; allowed here: {', '.join(allowed)}"
     if kind == "missing":
-        return f"{path}: missing field {where!r}"
+        return f"{path}: missing field {where!r}{_expected(Scenario, loc)}"
     message = error["msg"].removeprefix("Value error, ")
     if kind == "value_error":
         return f"{path}: {message}" if not loc else f"{path}: {where}: {message}"
@@ -335,8 +394,16 @@ def _format_error(path: Path | str, error: dict[str, Any]) -> str:
 
 def parse_scenario(data: Any, *, path: Path | str = "<scenario>") -> Scenario:
     """Validate already-parsed YAML data; raise ScenarioError with one line per problem."""
+    if data is None:
+        raise ScenarioError(
+            f"{path}: the file is empty; a scenario is a YAML mapping with at least model: and parallel:"
+        )
     if not isinstance(data, dict):
-        raise ScenarioError(f"{path}: a scenario is a YAML mapping of keys, got {type(data).__name__}")
+        kind = {list: "a YAML list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+        raise ScenarioError(
+            f"{path}: a scenario is a YAML mapping of keys (model:, parallel:, ...), "
+            f"got {kind.get(type(data), type(data).__name__)}: {data!r:.80}"
+        )
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
@@ -370,6 +437,10 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
+        # The mark is where YAML noticed; the context mark is often where the mistake is (an unclosed bracket).
+        context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+        if context and context_mark:
+            problem += f" ({context} that starts at line {context_mark.line + 1}, column {context_mark.column + 1})"
         raise ScenarioError(f"{path}: YAML syntax error{where}: {problem}") from None
     return parse_scenario(data, path=path)
 

@@ -1,0 +1,174 @@
+"""The scenario schema reference, generated from the pydantic models in harness.scenario so it cannot drift.
+
+`harness schema` prints it; docs/scenario-schema.md is its committed output, and a test keeps the two equal.
+The same type descriptions name what a field allows in "missing field" messages.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any
+
+import annotated_types
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+REGENERATE = "harness schema > docs/scenario-schema.md"
+
+_SCALARS = {int: "integer", float: "number", str: "string", bool: "boolean"}
+
+
+def _constraint(meta: Any) -> str | None:
+    """One annotated-types constraint as text: `> 0`, `>= 0`, `at least 1 item`."""
+    if isinstance(meta, annotated_types.Gt):
+        return f"> {meta.gt}"
+    if isinstance(meta, annotated_types.Ge):
+        return f">= {meta.ge}"
+    if isinstance(meta, annotated_types.Lt):
+        return f"< {meta.lt}"
+    if isinstance(meta, annotated_types.Le):
+        return f"<= {meta.le}"
+    if isinstance(meta, annotated_types.MinLen):
+        return f"at least {meta.min_length} item{'s' if meta.min_length != 1 else ''}"
+    if isinstance(meta, annotated_types.MaxLen):
+        return f"at most {meta.max_length} items"
+    return None
+
+
+def _constraints(metadata: list[Any]) -> list[str]:
+    found: list[str] = []
+    for meta in metadata:
+        # Annotated[int, Field(gt=0)] carries a FieldInfo whose own metadata holds the Gt.
+        inner = meta.metadata if isinstance(meta, FieldInfo) else [meta]
+        found += [c for c in map(_constraint, inner) if c]
+    return found
+
+
+def describe_type(
+    annotation: Any, metadata: list[Any] | None = None, *, sections: dict[type[BaseModel], str] | None = None
+) -> str:
+    """A field's type in words: "integer > 0", "one of `silu`, `gelu`", "list of string", ...
+
+    `sections` names the reference section of each nested model, for "mapping (see `parallel`)".
+    """
+    sections = sections or {}
+    constraints = _constraints(metadata or [])
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return describe_type(args[0], list(args[1:]) + list(metadata or []), sections=sections)
+    if origin in (typing.Union, types.UnionType):
+        # Optional[X]: an unset field shows as its default, so only X is described.
+        described = [describe_type(a, metadata, sections=sections) for a in args if a is not type(None)]
+        return " or ".join(described)
+    if origin is typing.Literal:
+        text = "one of " + ", ".join(f"`{a}`" for a in args)
+    elif origin is list:
+        text = f"list of {describe_type(args[0], sections=sections)}"
+    elif origin is dict:
+        text = f"mapping of {describe_type(args[0], sections=sections)} to {describe_type(args[1], sections=sections)}"
+    elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        section = sections.get(annotation)
+        text = f"mapping (see `{section}`)" if section else "mapping; `harness schema` lists its fields"
+    else:
+        text = _SCALARS.get(annotation, getattr(annotation, "__name__", str(annotation)))
+    sizes = [c for c in constraints if c.startswith(("at least", "at most"))]
+    bounds = [c for c in constraints if c not in sizes]
+    return ", ".join([" ".join([text, *bounds]), *sizes])
+
+
+def describe_field(field: FieldInfo) -> str:
+    """Type and meaning of one field, for messages: `integer > 0: T, per-dispatcher token capacity`."""
+    text = describe_type(field.annotation, field.metadata)
+    return f"{text}: {field.description}" if field.description else text
+
+
+def _default(field: FieldInfo) -> str:
+    if field.is_required():
+        return "**required**"
+    value = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
+    if value is PydanticUndefined or value is None:
+        return "unset"
+    if isinstance(value, BaseModel):
+        return "see below"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, str):
+        return f"`{value}`" if value else '`""`'
+    if isinstance(value, (list, dict)) and not value:
+        return "`[]`" if isinstance(value, list) else "`{}`"
+    if isinstance(value, list):
+        return "`[" + ", ".join(str(v) for v in value) + "]`"
+    return f"`{value}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _nested_models(model: type[BaseModel]) -> list[tuple[str, type[BaseModel]]]:
+    """(section name, model) for the model and every model under it, depth first, in field order."""
+    found: list[tuple[str, type[BaseModel]]] = []
+
+    def walk(prefix: str, current: type[BaseModel]) -> None:
+        found.append((prefix, current))
+        for name, field in current.model_fields.items():
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                walk(f"{prefix}.{name}" if prefix else name, annotation)
+
+    walk("", model)
+    return found
+
+
+def _checks(model: type[BaseModel]) -> list[str]:
+    """The docstrings of the model's cross-field validators: the rules a table of fields cannot show."""
+    decorators = model.__pydantic_decorators__.model_validators.values()
+    lines: list[str] = []
+    for decorator in decorators:
+        doc = typing.cast(Any, decorator.func).__doc__
+        if doc:
+            lines += [line.strip() for line in doc.strip().splitlines() if line.strip()]
+    return lines
+
+
+def _doc(model: type[BaseModel]) -> str:
+    doc = model.__doc__ or ""
+    # pydantic gives a model without a docstring BaseModel's own; that one is not about scenarios.
+    return "" if doc == BaseModel.__doc__ else " ".join(line.strip() for line in doc.strip().splitlines())
+
+
+def schema_markdown() -> str:
+    """The Markdown reference of the scenario file format, from harness.scenario.Scenario."""
+    from harness.scenario import Scenario
+
+    sections = _nested_models(Scenario)
+    section_names = {model: name for name, model in sections if name}
+    out = [
+        "# Scenario file reference",
+        "",
+        "Generated from `harness/scenario.py` by `harness schema`; do not edit by hand.",
+        f"Regenerate with `{REGENERATE}`.",
+        "",
+        "A scenario is a YAML mapping. Unknown keys are errors, every size is checked before anything runs, and",
+        "no check touches a GPU. Letters follow shared/DESIGN.md: T tokens per rank, D dispatchers, M = T * D,",
+        "E local experts, K hidden size, I intermediate size (N = 2I). `harness plan FILE` validates a file and",
+        "prints the workspace each policy would allocate.",
+    ]
+    for name, model in sections:
+        title = f"`{name}`" if name else "Top level"
+        out += ["", f"## {title}", ""]
+        doc = _doc(model)
+        if doc:
+            out += [doc, ""]
+        out += ["| field | type | default | description |", "|---|---|---|---|"]
+        for field_name, field in model.model_fields.items():
+            key = f"{name}.{field_name}" if name else field_name
+            kind = describe_type(field.annotation, field.metadata, sections=section_names)
+            out.append(f"| `{key}` | {_cell(kind)} | {_cell(_default(field))} | {_cell(field.description or '')} |")
+        checks = _checks(model)
+        if checks:
+            out += ["", "Checks across fields:", ""] + [f"- {line.removeprefix('- ')}" for line in checks]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Install into a fresh virtual environment and run the whole test suite: the README's second command, and
+# what CI runs (.ci/run calls this script), so a developer and CI run the same thing.
+#
+#   bash scripts/test.sh              every test
+#   bash scripts/test.sh -k contract  extra arguments go to pytest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv-ci}
+PYTHON=${PYTHON:-python3}
+# Per test. The slowest tests start Ray clusters or several rank processes; none should come near this.
+TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-300}
+
+"$PYTHON" - <<'PY'
+import sys
+if sys.version_info < (3, 11):
+    sys.exit(f"python 3.11 or newer is needed, {sys.executable} is {sys.version.split()[0]}")
+PY
+
+rm -rf "$VENV"
+"$PYTHON" -m venv "$VENV"
+# shellcheck disable=SC1091
+source "$VENV/bin/activate"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch first and pinned: `pip install -e .` alone would resolve torch>=2.11 to the newest CUDA build,
+# gigabytes that the CPU tests do not need.
+python -m pip install -q torch==2.13.0
+python -m pip install -q -e '.[test]'
+
+# The report's browser test drives a headless Chromium.
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+    else
+        echo "scripts/test.sh: chromium is missing and cannot be installed here (needs root and apt-get);" \
+             "the browser test will skip" >&2
+    fi
+fi
+
+set +e
+python -m pytest -q -p no:cacheprovider --timeout="$TEST_TIMEOUT_S" "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+    echo "scripts/test.sh: pytest collected no tests; that is a failure, not a pass" >&2
+    exit 1
+fi
+exit "$rc"
