@@ -41,6 +41,14 @@ class DispatchLayout:
     hidden_size: int  # K
     top_k: int
     max_tokens: int  # this rank's capacity: T * D / P dispatchers' worth
+    # Tokens the comm buffers are sized for: the most any rank routes in this run. The capacity T*D/P bounds the
+    # batched buffer's M; the send side of a real rank holds only what it routes (at vLLM's default T = 8192
+    # with D/P = 32 emulated dispatchers, capacity-sized send buffers alone would need over 100 GB).
+    num_buffer_tokens: int | None = None
+
+    @property
+    def buffer_tokens(self) -> int:
+        return self.max_tokens if self.num_buffer_tokens is None else self.num_buffer_tokens
 
     @property
     def row_bytes(self) -> int:
@@ -48,12 +56,12 @@ class DispatchLayout:
 
     @property
     def max_send_rows(self) -> int:
-        return self.max_tokens * self.top_k
+        return self.buffer_tokens * self.top_k
 
     @property
     def max_recv_rows(self) -> int:
-        # Every sender routes at most max_tokens * top_k rows; no expert can hold more than M.
-        return min(self.num_ranks * self.max_tokens * self.top_k, self.num_local_experts * self.max_slots_per_expert)
+        # Every sender routes at most buffer_tokens * top_k rows; no expert can hold more than M.
+        return min(self.num_ranks * self.buffer_tokens * self.top_k, self.num_local_experts * self.max_slots_per_expert)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +91,7 @@ class DispatchBuffers:
             expert_num_tokens=a("dispatch", (E,), torch.int32),
             combine_send=a("combine", (layout.max_recv_rows, K), out_dtype),
             combine_recv=a("combine", (layout.max_send_rows, K), out_dtype),
-            combine_out=a("combine", (layout.max_tokens, K), torch.float32),
+            combine_out=a("combine", (layout.buffer_tokens, K), torch.float32),
         )
 
 
@@ -126,6 +134,10 @@ def dispatch(
         raise DispatchError(
             f"rank {layout.rank} was handed {num_tokens} tokens, more than its capacity of {layout.max_tokens} "
             "(max_tokens_per_rank T x D/P dispatchers); the batched buffer's M assumes no dispatcher exceeds T"
+        )
+    if num_tokens > layout.buffer_tokens:
+        raise DispatchError(
+            f"rank {layout.rank} was handed {num_tokens} tokens; its buffers were sized for {layout.buffer_tokens}"
         )
     E, M, P = layout.num_local_experts, layout.max_slots_per_expert, layout.num_ranks
     device = tokens.device

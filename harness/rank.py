@@ -378,6 +378,7 @@ def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir
     layout = DispatchLayout(
         num_ranks=P, rank=info.rank, num_local_experts=E, max_slots_per_expert=T * D, hidden_size=K,
         top_k=s.model.top_k or 1, max_tokens=T * (D // P),
+        num_buffer_tokens=max(s.num_tokens_on_rank(r) for r in range(P)),
     )
     ops_library, _ = resolve_ops_library(s) if s.experts_backend in ("vllm-ops", "auto") else (None, None)
     backend = select_backend(s.experts_backend, device, vllm_ops_library=ops_library)
