@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
+from collections.abc import Iterable
 
 from harness.records import (
     SCHEMA_VERSION,
@@ -468,7 +470,8 @@ def _policy_summaries(ranks: list[dict[str, Any]], policy_order: list[str], reco
             "num_oom": num_oom,
             "num_error": num_error,
             "outcome": outcome,
-            "expected_outcome": next((e["expected_outcome"] for e in entries if e["expected_outcome"]), None),
+            "expected_outcome": next((e["expected_outcome"] for e in entries if e["expected_outcome"]),
+                                     scenario.expect.outcomes.get(policy) if scenario else None),
         }
         for metric in AGGREGATION:
             summary[metric] = _agg(e[metric] for e in entries)
@@ -612,7 +615,7 @@ def collect_command(ns: argparse.Namespace) -> int:
 
     run_dir: Path = ns.run_dir
     if not run_dir.is_dir():
-        print(f"harness: error: {run_dir}: no such run directory", flush=True)
+        print(f"harness: error: {run_dir}: no such run directory", file=sys.stderr)
         return EXIT_ERROR
     if (run_dir / "matrix.json").exists() and not (run_dir / "run.json").exists():
         from harness.matrix import MatrixError, recollect_matrix
@@ -620,7 +623,7 @@ def collect_command(ns: argparse.Namespace) -> int:
         try:
             result = recollect_matrix(run_dir)
         except MatrixError as exc:
-            print(f"harness: error: {exc}", flush=True)
+            print(f"harness: error: {exc}", file=sys.stderr)
             return EXIT_ERROR
     else:
         result = collect(run_dir)

@@ -28,7 +28,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, get_args, get_origin
+from typing import Any, get_args, get_origin
+from collections.abc import Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
@@ -47,7 +48,7 @@ from harness.collect import (
     write_report,
 )
 from harness.records import write_json_atomic
-from harness.scenario import Scenario, ScenarioError, parse_scenario, resolve_scenario_path
+from harness.scenario import REPO_DIR, Scenario, ScenarioError, parse_scenario, resolve_scenario_path
 from harness.workspace import BUILTIN_POLICIES, builtin_shapes
 
 MATRIX_MANIFEST = "matrix.json"
@@ -374,7 +375,7 @@ def write_matrix_manifest(matrix_dir: Path, cells: Sequence[MatrixCell], *, matr
         "record_kind": "matrix",
         "name": matrix.name if matrix else None,
         "description": matrix.description if matrix else "",
-        "path": str(matrix.path) if matrix else None,
+        "path": _display_path(matrix.path) if matrix else None,
         "axes": _jsonable(matrix.axes) if matrix else {},
         "num_combinations": matrix.expansion().num_combinations if matrix else len(cells),
         "cells": [{"name": c.name, "axis_values": _jsonable(c.axis_values), "scenario": c.scenario.model_dump(mode="json")}
@@ -383,6 +384,14 @@ def write_matrix_manifest(matrix_dir: Path, cells: Sequence[MatrixCell], *, matr
                     for s in (matrix.skipped() if matrix else [])],
     }
     return write_json_atomic(Path(matrix_dir) / MATRIX_MANIFEST, data)
+
+
+def _display_path(path: Path) -> str:
+    """Relative to the repository when inside it, so reports do not depend on where the checkout lives."""
+    try:
+        return str(path.resolve().relative_to(REPO_DIR))
+    except ValueError:
+        return str(path)
 
 
 def _planned_contracts(scenario: Scenario) -> dict[str, int]:
@@ -420,7 +429,7 @@ def collect_matrix(matrix_dir: Path, cells: Sequence[MatrixCell], *, matrix: Mat
         cell_reports,
         name=(matrix.name if matrix else None) or matrix_dir.name,
         description=matrix.description if matrix else "",
-        path=str(matrix.path) if matrix else None,
+        path=_display_path(matrix.path) if matrix else None,
         axes=_jsonable(matrix.axes) if matrix else {},
         skipped=skipped,
         num_combinations=matrix.expansion().num_combinations if matrix else len(cells),
@@ -471,6 +480,7 @@ def build_matrix_report(cell_reports: list[dict[str, Any]], *, name: str, descri
         reason = (f"{len(cells_failed)} of {len(cell_reports)} cells did not pass ({', '.join(cells_failed)}); "
                   f"{len(problems)} problem(s), {counts['num_fail']} failed check(s)")
     first = next((c for c in cell_reports if c["ranks"]), cell_reports[0] if cell_reports else None)
+    hardware = [c["hardware"] for c in cell_reports if c["ranks"]]
     mismatches: dict[str, set[str]] = {}
     versions_seen: dict[str, set[str]] = {}
     for c in cell_reports:
@@ -498,10 +508,31 @@ def build_matrix_report(cell_reports: list[dict[str, Any]], *, name: str, descri
         "skipped": skipped,
         "versions": first["versions"] if first else {},
         "version_mismatches": {k: sorted(v) for k, v in sorted(mismatches.items())},
-        "hardware": first["hardware"] if first else {},
+        "hardware": _merge_hardware(hardware),
         "aggregation": dict(AGGREGATION),
         "checks": counts,
         "check_failures": failures,
         "problems": problems,
         "cells": cell_reports,
+    }
+
+
+def _merge_hardware(sections: list[dict[str, Any]]) -> dict[str, Any]:
+    """The hardware every cell ran on: devices and nodes united, ranks summed over the cells."""
+    if not sections:
+        return {}
+    totals = [s["device_total_bytes"] for s in sections if s.get("device_total_bytes")]
+    return {
+        "device_kind": sections[0]["device_kind"],
+        "device_names": sorted({n for s in sections for n in s["device_names"]}),
+        "device_total_bytes": {"min": min(t["min"] for t in totals), "avg": sum(t["avg"] for t in totals) / len(totals),
+                               "max": max(t["max"] for t in totals), "num_ranks": sum(t["num_ranks"] for t in totals)}
+        if totals else None,
+        "device_capabilities": sorted({c for s in sections for c in s["device_capabilities"]}),
+        "num_ranks_expected": sum(s["num_ranks_expected"] or 0 for s in sections),
+        "num_ranks_reported": sum(s["num_ranks_reported"] for s in sections),
+        "num_rank_failures": sum(s["num_rank_failures"] for s in sections),
+        "num_nodes": len({n for s in sections for n in s["nodes"]}),
+        "nodes": sorted({n for s in sections for n in s["nodes"]}),
+        "launcher": sections[0]["launcher"],
     }

@@ -14,10 +14,12 @@ import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 GIB = 2**30
 MAX_LISTED = 50  # failed checks listed in Markdown; junit.xml and report.json hold all of them
+MAX_PROBLEMS_LISTED = 200  # problems listed in Markdown/HTML/terminal (a 1024-rank run that died whole stays readable)
 
 
 def write_text_atomic(path: Path, text: str) -> Path:
@@ -88,7 +90,7 @@ def fmt_time(unix_s: float | None) -> str:
     """A timestamp taken from a record, in UTC; never "now", so a second collect writes the same bytes."""
     if unix_s is None:
         return "n/a"
-    return datetime.datetime.fromtimestamp(unix_s, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.datetime.fromtimestamp(unix_s, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def resolve_pointer(report: dict[str, Any], pointer: str) -> Any:
@@ -334,7 +336,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     if problems:
         out += [f"### Problems ({len(problems)})", ""]
         out += _md_table(["kind", "rank", "file", "cause"] if report["kind"] == "run" else ["cell", "kind", "rank", "file", "cause"],
-                         [_problem_row(p, report["kind"]) for p in problems])
+                         [_problem_row(p, report["kind"]) for p in problems[:MAX_PROBLEMS_LISTED]])
+        if len(problems) > MAX_PROBLEMS_LISTED:
+            out.append(f"\n... and {len(problems) - MAX_PROBLEMS_LISTED} more in report.json and junit.xml")
         out.append("")
     failures = report["check_failures"]
     if failures:
@@ -452,9 +456,11 @@ def render_summary(report: dict[str, Any]) -> Any:
     for row in rows:
         table.add_row(*(c.text for c in row))
     parts.append(table)
-    for p in report["problems"]:
+    for p in report["problems"][:MAX_PROBLEMS_LISTED]:
         where = f"[{p['cell']}] " if p.get("cell") else ""
         parts.append(Text(f"{where}{p['kind']}: {p['cause']}", style="red"))
+    if len(report["problems"]) > MAX_PROBLEMS_LISTED:
+        parts.append(Text(f"... and {len(report['problems']) - MAX_PROBLEMS_LISTED} more problems in report.json"))
     for f in report["check_failures"][:MAX_LISTED]:
         where = f"[{f['cell']}] " if f.get("cell") else ""
         parts.append(Text(f"{where}rank {f['rank']} {f['policy']} {f['check']} {f['outcome']}: {f['message']}", style="yellow"))

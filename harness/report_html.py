@@ -22,6 +22,7 @@ from typing import Any
 from harness.report import (
     GIB,
     MAX_LISTED,
+    MAX_PROBLEMS_LISTED,
     Cell,
     byte_unit,
     fmt_error,
@@ -46,7 +47,9 @@ table { border-collapse: collapse; font-size: 12px; margin: 8px 0; }
 th, td { border: 1px solid #ccc; padding: 3px 6px; }
 th { background: #eef1f5; }
 tr.units td, tr.agg td { color: #666; font-style: italic; background: #fafafa; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td { white-space: nowrap; }
+td.message { white-space: normal; }
 .status { font-weight: bold; font-size: 16px; padding: 8px 12px; display: inline-block; border-radius: 4px; }
 .status.ok { background: #e3f5e1; color: #185c12; }
 .status.failed { background: #fbe3e1; color: #8a1c12; }
@@ -54,6 +57,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.fail, td.error { background: #fbe3e1; }
 td.skip { color: #777; }
 figure { margin: 12px 0; }
+div.scroll { overflow-x: auto; max-width: 100%; }
 figcaption { font-size: 12px; color: #555; }
 img { max-width: 100%; border: 1px solid #eee; }
 """
@@ -118,9 +122,11 @@ def plot_workspace_per_rank(report: dict[str, Any]) -> str | None:
             ax.bar(xs_contract, [(v or 0) / scale for v in contract], width, color=color, alpha=0.35, hatch="//",
                    edgecolor=color, label=f"{policy} contract")
             ax.bar(xs_measured, [(v or 0) / scale for v in measured], width, color=color, label=f"{policy} measured")
-            for x, v in zip(xs_measured, measured):
+            statuses = [_entry(r, policy, "status") for r in ranks]
+            for x, v, status in zip(xs_measured, measured, statuses):
                 if v is None:  # OOM or not measured: say so rather than draw a zero
-                    ax.text(x, 0, "n/a", rotation=90, ha="center", va="bottom", fontsize=7)
+                    ax.text(x, 0, "OOM" if status == "oom" else "n/a", rotation=90, ha="center", va="bottom",
+                            fontsize=7, color="#8a1c12")
         else:
             summary = report["policies"][k]
             agg = summary.get("workspace_delta_bytes")
@@ -187,7 +193,13 @@ def plot_breakdown(labels: list[str], bars: list[dict[str, float]], title: str) 
         ax.bar(xs, heights, 0.7, bottom=bottoms, color=color, label=part, edgecolor="white", linewidth=0.5)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.set_xticks(xs)
-    ax.set_xticklabels(labels, fontsize=7 if len(bars) > 12 else 9, rotation=90 if len(bars) > 24 else 0)
+    long_labels = max(len(line) for label in labels for line in label.split("\n")) > 12
+    if len(bars) > 24:
+        ax.set_xticklabels(labels, fontsize=7, rotation=90)
+    elif long_labels:
+        ax.set_xticklabels([label.replace("\n", " ") for label in labels], fontsize=8, rotation=30, ha="right")
+    else:
+        ax.set_xticklabels(labels, fontsize=7 if len(bars) > 12 else 9)
     ax.set_ylabel(unit)
     ax.set_title(title, fontsize=11)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -229,8 +241,17 @@ def plot_workspace_against_d(report: dict[str, Any]) -> str | None:
         if measured:
             ax.plot([d for d, _ in measured], [v for _, v in measured], "--s", color=color, alpha=0.7,
                     label=f"{label} measured avg")
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.set_xticks(sorted({d for points in series.values() for d, _, _ in points}))
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda value, _: ""))
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: ""))
     ax.set_xlabel("D (num_dispatchers)")
     ax.set_ylabel(f"workspace per GPU ({unit})")
     ax.set_title("workspace against D per policy", fontsize=11)
@@ -272,14 +293,14 @@ def _table(headers: list[str], rows: list[list[str]], *, css_class: str = "") ->
 
 def _policy_table_html(report: dict[str, Any]) -> str:
     headers, units, aggregations, rows = policy_table(report)
-    out = ['<table class="policies" id="policy-table"><thead><tr>']
+    out = ['<div class="scroll"><table class="policies" id="policy-table"><thead><tr>']
     out += [f"<th>{_esc(h)}</th>" for h in headers]
     out.append("</tr></thead><tbody>")
     out.append('<tr class="units">' + "".join(f"<td>{_esc(u)}</td>" for u in units) + "</tr>")
     out.append('<tr class="agg">' + "".join(f"<td>{_esc(a)}</td>" for a in aggregations) + "</tr>")
     for row in rows:
         out.append("<tr>" + "".join(_td(c) for c in row) + "</tr>")
-    out.append("</tbody></table>")
+    out.append("</tbody></table></div>")
     return "".join(out)
 
 
@@ -312,7 +333,7 @@ def _rank_table_html(report: dict[str, Any], prefix: str = "") -> str:
                 result = e["checks"][check]
                 cells.append(f'<td class="{result["outcome"]}" title="{_esc(result["message"])}">{_esc(result["outcome"])}</td>')
             rows.append(cells)
-    out = _table(headers, rows, css_class="ranks")
+    out = '<div class="scroll">' + _table(headers, rows, css_class="ranks") + "</div>"
     if len(ranks) > len(shown):
         out += f"<p>{len(ranks) - len(shown)} more ranks in report.json; the plots and the policy table aggregate all of them.</p>"
     return out
@@ -324,8 +345,11 @@ def _problems_html(report: dict[str, Any]) -> str:
         return ""
     lead = ["cell"] if report["kind"] == "matrix" else []
     rows = [[_td(Cell(text=c)) for c in ([p.get("cell", "")] if lead else []) +
-             [p["kind"], "" if p["rank"] is None else str(p["rank"]), p["path"] or "", p["cause"]]] for p in problems]
-    return f'<h2 id="problems">Problems ({len(problems)})</h2>' + _table(lead + ["kind", "rank", "file", "cause"], rows)
+             [p["kind"], "" if p["rank"] is None else str(p["rank"]), p["path"] or ""]] + [_td(Cell(text=p["cause"]), "message")]
+            for p in problems[:MAX_PROBLEMS_LISTED]]
+    more = (f"<p>... and {len(problems) - MAX_PROBLEMS_LISTED} more in report.json and junit.xml</p>"
+            if len(problems) > MAX_PROBLEMS_LISTED else "")
+    return f'<h2 id="problems">Problems ({len(problems)})</h2>' + _table(lead + ["kind", "rank", "file", "cause"], rows) + more
 
 
 def _failures_html(report: dict[str, Any]) -> str:
@@ -333,8 +357,8 @@ def _failures_html(report: dict[str, Any]) -> str:
     if not failures:
         return ""
     lead = ["cell"] if report["kind"] == "matrix" else []
-    rows = [[_td(Cell(text=c)) for c in ([f["cell"]] if lead else []) +
-             [str(f["rank"]), f["policy"], f["check"], f["outcome"], f["message"]]] for f in failures[:MAX_LISTED]]
+    rows = [[_td(Cell(text=c)) for c in ([f["cell"]] if lead else []) + [str(f["rank"]), f["policy"], f["check"], f["outcome"]]]
+            + [_td(Cell(text=f["message"]), "message")] for f in failures[:MAX_LISTED]]
     more = f"<p>... and {len(failures) - MAX_LISTED} more in report.json and junit.xml</p>" if len(failures) > MAX_LISTED else ""
     return (f'<h2 id="failed-checks">Failed checks ({len(failures)})</h2>'
             + _table(lead + ["rank", "policy", "check", "outcome", "message"], rows) + more)
@@ -419,12 +443,12 @@ def _cells_html(report: dict[str, Any]) -> str:
             _td(_num(f"/cells/{i}/checks/num_pass", cell["checks"]["num_pass"], str(cell["checks"]["num_pass"]))),
             _td(_num(f"/cells/{i}/checks/num_fail", cell["checks"]["num_fail"], str(cell["checks"]["num_fail"]))),
             _td(_num(f"/cells/{i}/checks/num_error", cell["checks"]["num_error"], str(cell["checks"]["num_error"]))),
-            _td(Cell(text=cell["exit_reason"])),
+            _td(Cell(text=cell["exit_reason"]), "message"),
             _td(Cell(text=cell["dir"])),
         ])
     out = "<h2>Cells</h2>" + _table(["cell", "status", "exit", "passed", "failed", "errors", "reason", "directory"], rows)
     if report.get("skipped"):
-        skipped = [[_td(Cell(text=s["name"])), _td(Cell(text=s["reason"]))] for s in report["skipped"]]
+        skipped = [[_td(Cell(text=s["name"])), _td(Cell(text=s["reason"]), "message")] for s in report["skipped"]]
         out += (f"<h2>Skipped combinations ({len(report['skipped'])} of {report['num_combinations']})</h2>"
                 + _table(["combination", "reason"], skipped))
     return out

@@ -1,0 +1,75 @@
+"""Collector benchmark (not a timed test): 1024 synthetic, schema-valid rank records -> all four reports.
+
+    /tmp/venv/bin/python benchmarks/bench_collect.py [--num-ranks 1024] [--repeats 3] [--keep DIR]
+
+The records are built with the real pydantic models (tests/report_records.py), written as a launcher would, and
+`harness.collect.collect` turns them into report.json, report.md, junit.xml and report.html. Target: < 2 s for
+1024 ranks on a 2-core machine. The first collect in a process also pays for importing matplotlib; it is
+reported apart from the warm figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_DIR))
+sys.path.insert(0, str(REPO_DIR / "tests"))
+
+from report_records import make_scenario, write_run  # noqa: E402
+
+from harness.collect import REPORT_FILES, collect  # noqa: E402
+
+TARGET_S = 2.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-ranks", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--keep", type=Path, default=None, help="write the run here and keep it")
+    ns = parser.parse_args()
+
+    # DeepSeek-V3 at D = P = num_ranks with one local expert each: 1024 real ranks, none emulated.
+    scenario = make_scenario(
+        name=f"bench-collect-{ns.num_ranks}",
+        model={"preset": "deepseek-v3"},
+        parallel={"num_dispatchers": ns.num_ranks, "num_ranks": ns.num_ranks, "num_local_experts": 1,
+                  "max_tokens_per_rank": 256},
+        policies=["legacy", "fixed", "lower-bound"],
+        expect={"outcomes": {"legacy": "oom", "fixed": "fit"}, "memory_tolerance_pct": 1.0},
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = ns.keep or Path(tmp) / "run"
+        t0 = time.perf_counter()
+        overrides = {rank: {"legacy": {"status": "oom"}} for rank in range(ns.num_ranks)}
+        write_run(run_dir, scenario, overrides=overrides, num_nodes=max(1, ns.num_ranks // 8))
+        write_s = time.perf_counter() - t0
+        size = sum(p.stat().st_size for p in (run_dir / "ranks").iterdir())
+
+        timings = []
+        for _ in range(ns.repeats):
+            t0 = time.perf_counter()
+            result = collect(run_dir)
+            timings.append(time.perf_counter() - t0)
+        sizes = {name: (run_dir / name).stat().st_size for name in REPORT_FILES}
+
+    warm = statistics.median(timings[1:]) if len(timings) > 1 else timings[0]
+    print(f"# bench_collect: {ns.num_ranks} rank records ({size / 2**20:.1f} MiB), 3 policies each; "
+          f"writing them took {write_s:.2f} s")
+    print("# outputs: " + ", ".join(f"{name} {sizes[name] / 2**20:.2f} MiB" for name in REPORT_FILES))
+    print(f"# exit code of the synthetic run: {result.exit_code} ({result.report['exit_reason']})")
+    print(f"{'collect (first, with imports)':32s} {timings[0]:8.3f} s")
+    print(f"{'collect (median of the rest)':32s} {warm:8.3f} s")
+    verdict = "OK" if max(timings) < TARGET_S else "FAILED"
+    print(f"{verdict}: slowest collect {max(timings):.3f} s against a target of {TARGET_S:.1f} s")
+    return 0 if verdict == "OK" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

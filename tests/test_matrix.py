@@ -1,0 +1,177 @@
+"""Regression matrices: expansion, "N of M valid", clear errors, and the combined report past a failed cell."""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+from report_records import write_run
+
+from harness.cli import main
+from harness.collect import REPORT_FILES
+from harness.matrix import MatrixError, collect_matrix, is_matrix_file, load_matrix
+from harness.scenario import REPO_DIR, ScenarioError
+from harness.workspace import fixed_shapes, legacy_shapes
+
+BASE = {
+    "model": {"hidden_size": 128, "intermediate_size": 64, "num_experts": 16, "top_k": 4},
+    "parallel": {"num_ranks": 2, "num_dispatchers": 2, "max_tokens_per_rank": 32},
+    "policies": ["legacy", "fixed"],
+    "expect": {"outcomes": {"legacy": "fit", "fixed": "fit"}, "memory_tolerance_pct": 1.0},
+}
+
+
+def write_matrix(tmp_path: Path, body: dict, name: str = "m.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"matrix": body}, sort_keys=False))
+    return path
+
+
+def test_repository_matrices_expand() -> None:
+    nightly = load_matrix(REPO_DIR / "scenarios/matrix/nightly-releases.yaml")
+    assert nightly.expansion().summary() == "3 of 4 valid"
+    assert [c.name for c in nightly.cells()] == ["deepseek-v3_D16_T256", "deepseek-v3_D32_T256", "deepseek-v3_D64_T256"]
+    (skipped,) = nightly.skipped()
+    assert skipped.name == "deepseek-v3_D8_T256" and "cannot hold model.num_experts (256)" in skipped.reason
+    for cell in nightly.cells():
+        s = cell.scenario
+        assert s.policies == ["vllm==0.29.0", "vllm==0.30.0"] and s.emulated and s.parallel.num_ranks == 1
+        assert s.num_local_experts == 16 and s.parallel.max_tokens_per_rank == 256
+        expected_legacy = "oom" if s.parallel.num_dispatchers == 64 else "fit"
+        assert s.expect.outcomes == {"vllm==0.29.0": expected_legacy, "vllm==0.30.0": "fit"}
+
+    ci = load_matrix("matrix/cpu-ci")  # bare names resolve under scenarios/, like scenarios do
+    assert ci.expansion().summary() == "2 of 2 valid"
+    assert [(c.scenario.parallel.num_dispatchers, c.scenario.num_local_experts) for c in ci.cells()] == [(2, 8), (4, 4)]
+    assert all(c.scenario.device == "cpu" and c.scenario.parallel.num_ranks == 2 for c in ci.cells())
+
+
+def test_is_matrix_file(tmp_path: Path) -> None:
+    assert is_matrix_file(REPO_DIR / "scenarios/matrix/cpu-ci.yaml")
+    assert not is_matrix_file(REPO_DIR / "scenarios/smoke.yaml")
+    assert not is_matrix_file(tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("matrix: [unclosed")
+    assert not is_matrix_file(broken)
+
+
+def test_invalid_combinations_are_skipped_with_reasons(tmp_path: Path) -> None:
+    path = write_matrix(tmp_path, {"name": "dp", "base": BASE, "axes": {"parallel.num_dispatchers": [1, 2, 3, 4]}})
+    matrix = load_matrix(path)
+    assert matrix.expansion().num_combinations == 4 and matrix.expansion().summary() == "2 of 4 valid"
+    reasons = {s.name: s.reason for s in matrix.skipped()}
+    assert reasons == {
+        "K128-I64_D1_T32": "parallel.num_dispatchers (1) is smaller than parallel.num_ranks (2): D >= P",
+        "K128-I64_D3_T32": reasons["K128-I64_D3_T32"],
+    }
+    assert "must be a multiple of parallel.num_ranks (2)" in reasons["K128-I64_D3_T32"]
+    assert [c.scenario.name for c in matrix.cells()] == ["dp.K128-I64_D2_T32", "dp.K128-I64_D4_T32"]
+
+
+def test_cell_names_are_filesystem_safe_and_unique(tmp_path: Path) -> None:
+    body = {"base": BASE, "axes": {
+        "model.preset": ["qwen3-30b-a3b", "qwen3-235b-a22b"],
+        "parallel.num_dispatchers": [2],
+        "policies": [["legacy", "fixed"], ["vllm==0.29.0", "vllm==0.30.0"]],
+        "expect.outcomes": [{}],
+    }}
+    matrix = load_matrix(write_matrix(tmp_path, body))
+    names = [c.name for c in matrix.cells()]
+    assert len(names) == 4 and len(set(names)) == 4
+    assert "qwen3-30b-a3b_D2_T32_vllm-0.29.0+vllm-0.30.0" in names
+    assert all(re.fullmatch(r"[A-Za-z0-9._+-]+", n) for n in names)
+    # the preset fills the shapes the base left out, explicit fields win
+    assert {c.scenario.model.hidden_size for c in matrix.cells()} == {128}
+
+
+def test_overrides_and_base_file(tmp_path: Path) -> None:
+    (tmp_path / "scenarios").mkdir()
+    (tmp_path / "scenarios/base.yaml").write_text(yaml.safe_dump(BASE))
+    body = {"base_file": "scenarios/base.yaml", "axes": {"parallel.num_dispatchers": [2, 4]},
+            "overrides": [{"when": {"parallel.num_dispatchers": 4}, "set": {"expect.outcomes.legacy": "oom"}}]}
+    matrix = load_matrix(write_matrix(tmp_path, body))
+    outcomes = [c.scenario.expect.outcomes for c in matrix.cells()]
+    assert outcomes == [{"legacy": "fit", "fixed": "fit"}, {"legacy": "oom", "fixed": "fit"}]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"base": BASE, "axes": {"parallel.num_dispatcher": [2]}},
+         "matrix.axes: unknown scenario field 'parallel.num_dispatcher': parallel has max_tokens_per_rank, num_dispatchers"),
+        ({"base": BASE, "axes": {"seed.value": [1]}}, "'seed' is a value, not a section"),
+        ({"base": BASE, "axes": {"seed": []}}, "matrix.axes.seed: give at least one value"),
+        ({"base": BASE, "base_file": "x.yaml", "axes": {"seed": [1]}}, "give exactly one of matrix.base"),
+        ({"base_file": "missing.yaml", "axes": {"seed": [1]}}, "matrix.base_file: 'missing.yaml' does not exist"),
+        ({"base": BASE, "axes": {"seed": [1]}, "colour": "red"}, "unknown key 'matrix.colour'; allowed here: axes, base"),
+        ({"base": BASE}, "missing field 'matrix.axes'"),
+        ({"base": BASE, "axes": {"parallel.num_dispatchers": [3, 5]}}, "none of the 2 combinations is a valid scenario"),
+        ({"base": BASE, "axes": {"seed": [1]}, "overrides": [{"when": {}, "set": {"parallel.nope": 1}}]},
+         "matrix.overrides.0.set: unknown scenario field 'parallel.nope'"),
+    ],
+)
+def test_matrix_errors_name_file_and_field(tmp_path: Path, body: dict, message: str) -> None:
+    path = write_matrix(tmp_path, body)
+    with pytest.raises(ScenarioError) as info:
+        load_matrix(path)
+    assert isinstance(info.value, MatrixError)
+    assert str(path) in str(info.value) and message in str(info.value)
+
+
+def test_collect_matrix_goes_on_past_a_failed_cell(tmp_path: Path) -> None:
+    body = {"name": "ci", "base": BASE, "axes": {"parallel.num_dispatchers": [1, 2, 4, 8]}}
+    matrix = load_matrix(write_matrix(tmp_path, body))
+    cells = matrix.cells()
+    assert [c.name for c in cells] == ["K128-I64_D2_T32", "K128-I64_D4_T32", "K128-I64_D8_T32"]
+    matrix_dir = tmp_path / "results"
+    ok_cell, failed_cell, never_ran = cells
+    write_run(matrix_dir / ok_cell.name, ok_cell.scenario)
+    write_run(matrix_dir / failed_cell.name, failed_cell.scenario, failed_ranks={1: "died: exit code -9"})
+
+    result = collect_matrix(matrix_dir, cells, matrix=matrix)
+    report = result.report
+    assert result.exit_code == 2 and report["status"] == "FAILED"
+    for name in REPORT_FILES:
+        assert (matrix_dir / name).is_file()
+    assert (matrix_dir / ok_cell.name / "report.json").is_file()  # each cell keeps its own report
+    assert [c["exit_code"] for c in report["cells"]] == [0, 2, 2]
+    assert (report["num_valid"], report["num_combinations"]) == (3, 4)
+    assert [s["name"] for s in report["skipped"]] == ["K128-I64_D1_T32"]
+    assert {(p["cell"], p["kind"]) for p in report["problems"]} == {
+        (failed_cell.name, "rank-failure"), (never_ran.name, "missing-cell")}
+    # the healthy cell's numbers are all there; the cell that never ran still has its planned contracts
+    ok = report["cells"][0]
+    legacy = next(p for p in ok["policies"] if p["policy"] == "legacy")
+    assert legacy["contract_total_bytes"] == legacy_shapes(ok_cell.scenario.sizing_args()).total_bytes
+    assert report["cells"][2]["planned_contracts"]["fixed"] == fixed_shapes(never_ran.scenario.sizing_args()).total_bytes
+    assert report["cells"][2]["scenario"]["num_dispatchers"] == 8
+
+    md = (matrix_dir / "report.md").read_text()
+    assert "3 of 4 combinations valid" in md and "missing-cell" in md and "died: exit code -9" in md
+    assert "Skipped combinations (1 of 4)" in md and md.rstrip().splitlines()[-1].startswith("**FAILED (exit 2)")
+    page = (matrix_dir / "report.html").read_text()
+    assert 'id="plot-workspace-vs-d"><img' in page
+    root = ET.parse(matrix_dir / "junit.xml").getroot()
+    assert [s.get("name") for s in root.findall("testsuite")] == [c.name for c in cells]
+    # 2 ranks x 2 policies x 3 checks in the first cell; 1 rank's in the second plus its failure; the third: 1 error
+    assert int(root.get("tests")) == 12 + 6 + 1 + 1 and int(root.get("errors")) == 2
+
+    # `harness collect MATRIX_DIR` re-collects from matrix.json and writes the same bytes
+    before = {name: (matrix_dir / name).read_bytes() for name in REPORT_FILES}
+    assert json.loads((matrix_dir / "matrix.json").read_text())["num_combinations"] == 4
+    assert main(["collect", str(matrix_dir)]) == 2
+    assert {name: (matrix_dir / name).read_bytes() for name in REPORT_FILES} == before
+
+
+def test_collect_matrix_all_pass(tmp_path: Path) -> None:
+    matrix = load_matrix(REPO_DIR / "scenarios/matrix/cpu-ci.yaml")
+    for cell in matrix.cells():
+        write_run(tmp_path / cell.name, cell.scenario, device_kind="cpu")
+    result = collect_matrix(tmp_path, matrix.cells(), matrix=matrix)
+    assert result.exit_code == 0, result.report["exit_reason"]
+    assert result.report["exit_reason"] == "all 2 cells passed (24 checks, 0 skipped)"
+    assert "| cell | model | D | E | T | policy |" in (tmp_path / "report.md").read_text()

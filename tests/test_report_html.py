@@ -1,0 +1,182 @@
+"""report.html: numbers equal report.json, plots are real PNGs, checked in the page and in a headless Chromium."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import struct
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from report_records import make_scenario, write_run
+
+from harness.collect import collect
+from harness.matrix import collect_matrix, load_matrix
+from harness.report import GIB, MIB, byte_unit, resolve_pointer
+from harness.scenario import REPO_DIR
+
+TESTS_DIR = Path(__file__).resolve().parent
+ARTIFACTS_DIR = TESTS_DIR / "artifacts"  # git-ignored; CI keeps it as a build artifact
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+class _Page(HTMLParser):
+    """The numeric cells (data-json, data-value, shown text) and the <img> sources of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: list[tuple[str, str, str]] = []
+        self.images: list[str] = []
+        self._open: list[tuple[str, str]] = []
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        if tag == "img":
+            self.images.append(attributes.get("src") or "")
+        if tag == "td" and "data-json" in attributes:
+            self._open.append((attributes["data-json"] or "", attributes.get("data-value") or ""))
+            self._text = []
+
+    def handle_data(self, data: str) -> None:
+        if self._open:
+            self._text.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._open:
+            pointer, value = self._open.pop()
+            self.cells.append((pointer, value, "".join(self._text).strip()))
+
+
+def parse_page(html: str) -> _Page:
+    page = _Page()
+    page.feed(html)
+    return page
+
+
+def assert_shown_equals_report(page: _Page, report: dict) -> int:
+    """Every numeric cell's data-value is report.json's value, and its text is that value at display precision."""
+    unit, _ = byte_unit(report)
+    scale = GIB if unit == "GiB" else MIB
+    assert page.cells, "no numeric cells in the page"
+    for pointer, raw, text in page.cells:
+        value = resolve_pointer(report, pointer)
+        assert json.loads(raw) == value, pointer
+        shown = float(text)
+        if "bytes" in pointer:  # .4g of GiB or MiB: within half a unit of the fourth significant digit
+            assert shown == pytest.approx(value / scale, rel=6e-4, abs=1e-12), (pointer, text, value)
+        elif "error" in pointer:  # .3g
+            assert shown == pytest.approx(value, rel=6e-3), (pointer, text, value)
+        elif isinstance(value, int):
+            assert shown == value, (pointer, text, value)
+        else:  # ratios (.2f), times and rates (.1f)
+            assert shown == pytest.approx(value, abs=0.0051), (pointer, text, value)
+    return len(page.cells)
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", "not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def assert_real_pngs(page: _Page, expected: int) -> None:
+    assert len(page.images) == expected
+    for src in page.images:
+        prefix = "data:image/png;base64,"
+        assert src.startswith(prefix)
+        data = base64.b64decode(src[len(prefix):], validate=True)
+        width, height = png_size(data)
+        assert width >= 400 and height >= 300 and len(data) > 10_000, (width, height, len(data))
+
+
+@pytest.fixture(scope="module")
+def run_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    scenario = make_scenario(parallel={"num_dispatchers": 8, "num_ranks": 4, "num_local_experts": 4, "max_tokens_per_rank": 32},
+                             policies=["legacy", "fixed", "lower-bound"])
+    run_dir = write_run(tmp_path_factory.mktemp("html") / "run", scenario, overrides={3: {"legacy": {"status": "oom"}}})
+    return run_dir, collect(run_dir).report
+
+
+@pytest.fixture(scope="module")
+def matrix_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    matrix = load_matrix(REPO_DIR / "scenarios/matrix/cpu-ci.yaml")
+    matrix_dir = tmp_path_factory.mktemp("matrix")
+    first, second = matrix.cells()
+    write_run(matrix_dir / first.name, first.scenario, device_kind="cpu")
+    write_run(matrix_dir / second.name, second.scenario, device_kind="cpu", failed_ranks={0: "died: exit code -9"})
+    return matrix_dir, collect_matrix(matrix_dir, matrix.cells(), matrix=matrix).report
+
+
+def test_page_numbers_equal_report_json(run_report: tuple[Path, dict]) -> None:
+    run_dir, report = run_report
+    page = parse_page((run_dir / "report.html").read_text())
+    # 3 policies x 15 numeric columns less the n/a cells, plus the per-rank table
+    assert assert_shown_equals_report(page, json.loads((run_dir / "report.json").read_text())) > 60
+    assert_real_pngs(page, 2)
+
+
+def test_matrix_page_numbers_equal_report_json(matrix_report: tuple[Path, dict]) -> None:
+    matrix_dir, report = matrix_report
+    page = parse_page((matrix_dir / "report.html").read_text())
+    assert_shown_equals_report(page, json.loads((matrix_dir / "report.json").read_text()))
+    assert_real_pngs(page, 2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A real headless Chromium from Debian's packages
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        installer = subprocess.run(["bash", str(TESTS_DIR / "install_browser.sh")], capture_output=True, text=True,
+                                   timeout=900)
+        if installer.returncode == 3:
+            pytest.skip(f"chromium is not installed and cannot be: {installer.stderr.strip()}")
+        assert installer.returncode == 0, f"tests/install_browser.sh failed:\n{installer.stdout}\n{installer.stderr}"
+        path = shutil.which("chromium")
+    assert path is not None
+    return path
+
+
+def run_chromium(chromium: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def check_in_browser(chromium: str, tmp_path: Path, report_dir: Path, report: dict, shot_name: str, num_images: int) -> Path:
+    url = (report_dir / "report.html").resolve().as_uri()
+    dumped = run_chromium(chromium, tmp_path / "profile-dom", "--dump-dom", url)
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    page = parse_page(dumped.stdout)
+    assert assert_shown_equals_report(page, report) > 10
+    assert_real_pngs(page, num_images)
+    assert report["status"] in dumped.stdout and f"(exit {report['exit_code']})" in dumped.stdout
+
+    ARTIFACTS_DIR.mkdir(exist_ok=True)
+    shot = ARTIFACTS_DIR / shot_name
+    shot.unlink(missing_ok=True)
+    taken = run_chromium(chromium, tmp_path / "profile-shot", f"--screenshot={shot}", "--window-size=1280,2000",
+                         "--hide-scrollbars", url)
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    width, height = png_size(shot.read_bytes())
+    assert (width, height) == (1280, 2000) and shot.stat().st_size > 50_000
+    print(f"screenshot: {shot}")
+    return shot
+
+
+@pytest.mark.browser
+def test_run_report_in_chromium(chromium: str, tmp_path: Path, run_report: tuple[Path, dict]) -> None:
+    run_dir, report = run_report
+    check_in_browser(chromium, tmp_path, run_dir, report, "report-run.png", 2)
+
+
+@pytest.mark.browser
+def test_matrix_report_in_chromium(chromium: str, tmp_path: Path, matrix_report: tuple[Path, dict]) -> None:
+    matrix_dir, report = matrix_report
+    check_in_browser(chromium, tmp_path, matrix_dir, report, "report-matrix.png", 2)
