@@ -250,12 +250,21 @@ def _gib(num_bytes: float) -> str:
     return f"{num_bytes / 2**30:.4g} GiB"
 
 
-def evaluate_checks(result: PolicyResult, *, expected_outcome: str | None, memory_tolerance_pct: float) -> dict[str, CheckResult]:
-    """The three checks of one rank x policy."""
+def evaluate_checks(result: PolicyResult, *, expected_outcome: str | None, memory_tolerance_pct: float,
+                    stopped_by_oom_on: list[int] | None = None) -> dict[str, CheckResult]:
+    """The three checks of one rank x policy.
+
+    `stopped_by_oom_on`: the ranks that ran out of memory when this rank's status is "error" because of them. The
+    ranks agree to stop a policy together (harness.rank), so the others record an error that is not theirs: their
+    checks are skipped, and the expectation is judged on the ranks that did run out of memory.
+    """
     checks: dict[str, CheckResult] = {}
     actual = "oom" if result.status == "oom" else "fit"
     oomed = result.status == "oom"
 
+    if stopped_by_oom_on:
+        message = f"policy stopped: rank(s) {stopped_by_oom_on} ran out of memory; judged on those ranks"
+        return {name: CheckResult(check=name, outcome="skip", message=message) for name in CHECKS}
     if result.status == "error":
         checks["expectation"] = CheckResult(check="expectation", outcome="error",
                                             message=f"policy raised: {result.error or 'no message'}")
@@ -406,11 +415,13 @@ def _hardware_section(loaded: LoadedRun) -> dict[str, Any]:
     }
 
 
-def _rank_policy_entry(result: PolicyResult, checks: dict[str, CheckResult], expected: str | None) -> dict[str, Any]:
+def _rank_policy_entry(result: PolicyResult, checks: dict[str, CheckResult], expected: str | None,
+                      stopped_by_oom_on: list[int] | None) -> dict[str, Any]:
     mem, t, tp, c = result.memory, result.timings, result.throughput, result.correctness
     return {
         "policy": result.policy,
         "status": result.status,
+        "stopped_by_oom_on_ranks": stopped_by_oom_on,
         "expected_outcome": expected,
         "contract_total_bytes": result.contract.total_bytes,
         "contract_allocated_bytes": result.contract.common_bytes + result.contract.ws2_bytes,
@@ -448,13 +459,17 @@ def _policy_summaries(ranks: list[dict[str, Any]], policy_order: list[str], reco
         entries = [p for r in ranks for p in r["policies"] if p["policy"] == policy]
         contract = contracts.get(policy)
         num_oom = sum(1 for e in entries if e["status"] == "oom")
-        num_error = sum(1 for e in entries if e["status"] == "error")
+        num_stopped = sum(1 for e in entries if e["stopped_by_oom_on_ranks"])
+        num_error = sum(1 for e in entries if e["status"] == "error") - num_stopped
         if not entries:
             outcome = None
-        elif num_error:
-            outcome = "error"
+        elif num_oom:
+            outcome = "oom"  # one rank out of memory is the deployment out of memory
         else:
-            outcome = "oom" if num_oom else "fit"  # one rank out of memory is the deployment out of memory
+            outcome = "error" if num_error else "fit"
+        # Measured figures only from ranks where the policy ran to the end: an OOMed rank's workspace delta is
+        # the allocation that failed (0), not a measurement of the policy.
+        ran = [e for e in entries if e["status"] == "ok"]
         summary: dict[str, Any] = {
             "policy": policy,
             "contract_total_bytes": contract.total_bytes if contract else None,
@@ -468,14 +483,15 @@ def _policy_summaries(ranks: list[dict[str, Any]], policy_order: list[str], reco
             "num_ranks": len(entries),
             "num_ok": sum(1 for e in entries if e["status"] == "ok"),
             "num_oom": num_oom,
+            "num_stopped_by_oom": num_stopped,
             "num_error": num_error,
             "outcome": outcome,
             "expected_outcome": next((e["expected_outcome"] for e in entries if e["expected_outcome"]),
                                      scenario.expect.outcomes.get(policy) if scenario else None),
         }
         for metric in AGGREGATION:
-            summary[metric] = _agg(e[metric] for e in entries)
-        summary["num_wrong_slots"] = sum(e["num_wrong_slots"] or 0 for e in entries)
+            summary[metric] = _agg(e[metric] for e in ran)
+        summary["num_wrong_slots"] = sum(e["num_wrong_slots"] or 0 for e in ran)
         summary["checks"] = {
             name: {f"num_{o}": sum(1 for e in entries if e["checks"][name]["outcome"] == o) for o in ("pass", "fail", "skip", "error")}
             for name in CHECKS
@@ -495,6 +511,11 @@ def build_report(loaded: LoadedRun, *, scenario_hint: Scenario | None = None) ->
     tolerance_pct = scenario.expect.memory_tolerance_pct if scenario else DEFAULT_MEMORY_TOLERANCE_PCT
 
     policy_order: list[str] = list(scenario.policies) if scenario else []
+    oom_ranks: dict[str, list[int]] = {}
+    for record in loaded.records:
+        for result in record.policies:
+            if result.status == "oom":
+                oom_ranks.setdefault(result.policy, []).append(record.rank)
     ranks: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
     for record in loaded.records:
@@ -503,13 +524,15 @@ def build_report(loaded: LoadedRun, *, scenario_hint: Scenario | None = None) ->
             if result.policy not in policy_order:
                 policy_order.append(result.policy)
             expected = result.expected_outcome or expected_by_scenario.get(result.policy)
-            checks = evaluate_checks(result, expected_outcome=expected, memory_tolerance_pct=tolerance_pct)
-            entries.append(_rank_policy_entry(result, checks, expected))
+            stopped = oom_ranks.get(result.policy) if result.status == "error" else None
+            checks = evaluate_checks(result, expected_outcome=expected, memory_tolerance_pct=tolerance_pct,
+                                     stopped_by_oom_on=stopped)
+            entries.append(_rank_policy_entry(result, checks, expected, stopped))
             for check in checks.values():
                 if check.outcome in ("fail", "error"):
                     failures.append({"rank": record.rank, "policy": result.policy, "check": check.check,
                                      "outcome": check.outcome, "message": check.message})
-            if result.status == "error":
+            if result.status == "error" and not stopped:
                 problems.append(Problem(kind="policy-error", rank=record.rank,
                                         path=f"ranks/rank-{record.rank:05d}.json",
                                         cause=f"rank {record.rank}, policy {result.policy}: {result.error or 'raised'}"))

@@ -118,14 +118,15 @@ def plot_workspace_per_rank(report: dict[str, Any]) -> str | None:
         xs_measured = [x + width for x in xs_contract]
         if per_rank:
             contract = [_entry(r, policy, "contract_total_bytes") for r in ranks]
-            measured = [_entry(r, policy, "workspace_delta_bytes") for r in ranks]
+            measured = [_entry(r, policy, "workspace_delta_bytes") if _entry(r, policy, "status") == "ok" else None
+                        for r in ranks]
             ax.bar(xs_contract, [(v or 0) / scale for v in contract], width, color=color, alpha=0.35, hatch="//",
                    edgecolor=color, label=f"{policy} contract")
             ax.bar(xs_measured, [(v or 0) / scale for v in measured], width, color=color, label=f"{policy} measured")
             statuses = [_entry(r, policy, "status") for r in ranks]
             for x, v, status in zip(xs_measured, measured, statuses):
                 if v is None:  # OOM or not measured: say so rather than draw a zero
-                    ax.text(x, 0, "OOM" if status == "oom" else "n/a", rotation=90, ha="center", va="bottom",
+                    ax.text(x, 0, {"oom": "OOM", "error": "stopped"}.get(status or "", "n/a"), rotation=90, ha="center", va="bottom",
                             fontsize=7, color="#8a1c12")
         else:
             summary = report["policies"][k]

@@ -74,17 +74,24 @@ def policy_result(scenario: Scenario, policy: str, rank: int, *, status: str = "
                   max_rel_error: float | None = None, experts_us: float | None = None,
                   experts_tflops: float | None = None, device_kind: str = "cuda") -> PolicyResult:
     c = contract(scenario, policy)
+    baseline = 1_000_000_000 + rank
+    gpu = device_kind == "cuda"
+    # Like harness.rank: a policy that did not run still records the memory seen (the failed allocation adds 0).
+    unmeasured = MemoryMeasurement(
+        method="nvml" if gpu else "rss", label="GPU memory (NVML device used)" if gpu else "CPU memory (process RSS)",
+        baseline_bytes=baseline, peak_bytes=baseline + 4096, delta_bytes=4096, workspace_delta_bytes=0, num_samples=3)
     if status == "oom":
         return PolicyResult(
-            policy=policy, status="oom", contract=c,
+            policy=policy, status="oom", contract=c, memory=unmeasured,
             oom=OomRecord(policy=policy, stage="workspace", requested_bytes=c.common_bytes, free_bytes=2**30,
                           total_bytes=80 * 2**30, budget_bytes=80 * 10**9,
                           message=f"CUDA out of memory. Tried to allocate {c.common_bytes / 2**30:.2f} GiB"))
+    if status == "stopped":  # harness.rank's record on the ranks that did not OOM when another rank did
+        return PolicyResult(policy=policy, status="error", contract=c, memory=unmeasured,
+                            error="skipped: rank(s) [1] ran out of memory for this policy")
     if status == "error":
         return PolicyResult(policy=policy, status="error", contract=c, error="RuntimeError: kernel not found")
     delta = workspace_delta_for(scenario, policy, rank) if workspace_delta_bytes is None else workspace_delta_bytes
-    baseline = 1_000_000_000 + rank
-    gpu = device_kind == "cuda"
     return PolicyResult(
         policy=policy, status="ok", contract=c,
         memory=MemoryMeasurement(

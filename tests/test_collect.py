@@ -191,6 +191,24 @@ def test_mismatched_scenario_hash_is_left_out(tmp_path: Path) -> None:
     assert policy(result.report, "fixed")["num_ranks"] == 3
 
 
+def test_ranks_stopped_by_another_ranks_oom(tmp_path: Path) -> None:
+    scenario = four_rank_scenario(expect={"outcomes": {"legacy": "oom", "fixed": "fit"}})
+    overrides = {rank: {"legacy": {"status": "oom" if rank == 1 else "stopped"}} for rank in range(4)}
+    result = collect(write_run(tmp_path / "run", scenario, overrides=overrides))
+    assert result.exit_code == 0, result.report["exit_reason"]  # stopping together is not an error
+    legacy = policy(result.report, "legacy")
+    assert (legacy["outcome"], legacy["num_oom"], legacy["num_stopped_by_oom"], legacy["num_error"]) == ("oom", 1, 3, 0)
+    assert legacy["workspace_delta_bytes"] is None  # nothing ran to the end, so nothing is aggregated
+    rank0 = result.report["ranks"][0]["policies"][0]
+    assert rank0["stopped_by_oom_on_ranks"] == [1]
+    assert {c["outcome"] for c in rank0["checks"].values()} == {"skip"}
+    # expected fit instead: the OOMed rank fails its expectation, the stopped ones are skipped
+    scenario = four_rank_scenario()
+    result = collect(write_run(tmp_path / "fit", scenario, overrides=overrides))
+    assert result.exit_code == 1
+    assert [(f["rank"], f["check"]) for f in result.report["check_failures"]] == [(1, "expectation")]
+
+
 def test_policy_error_exits_2(tmp_path: Path) -> None:
     result = collect(write_run(tmp_path / "run", four_rank_scenario(), overrides={0: {"fixed": {"status": "error"}}}))
     assert result.exit_code == 2
@@ -273,3 +291,44 @@ def test_many_ranks_are_aggregated_in_the_page(tmp_path: Path) -> None:
     page = (run_dir / "report.html").read_text()
     assert "16 more ranks in report.json" in page  # per-rank rows stop at 64
     assert page.count("data:image/png;base64,") == 2
+
+
+def _real_rank(info, scenario_data, run_dir):
+    from harness.rank import rank_main
+    from harness.scenario import parse_scenario
+
+    return rank_main(parse_scenario(scenario_data), info, Path(run_dir)).model_dump(mode="json")
+
+
+def test_records_of_real_gloo_ranks(tmp_path: Path) -> None:
+    """The collector on records that harness.rank really wrote: 2 CPU ranks, legacy over a budget, fixed fits."""
+    from distributed_utils import parallel_launch
+
+    from harness.records import RankRecord, RunManifest
+
+    scenario = make_scenario(
+        model={"hidden_size": 256, "intermediate_size": 128, "num_experts": 16, "top_k": 2},
+        parallel={"num_dispatchers": 4, "num_ranks": 2, "num_local_experts": 4, "max_tokens_per_rank": 64},
+        experts_backend="reference", device="cpu", iterations=2, warmup=0,
+        memory={"budget_gb": 0.004},
+        expect={"outcomes": {"legacy": "oom", "fixed": "fit"}, "memory_tolerance_pct": 2.0},
+    )
+    run_dir = tmp_path / "run"
+    raw = parallel_launch(2, _real_rank, scenario.model_dump(mode="json"), str(run_dir))
+    records = [RankRecord.model_validate(r) for r in raw]
+    for record in records:
+        write_record(rank_record_path(run_dir, record.rank), record)
+    write_record(run_dir / "run.json", RunManifest(
+        run_id=records[0].run_id, scenario_name=scenario.name or "", scenario_hash=scenario.scenario_hash,
+        scenario=scenario.model_dump(mode="json"), scenario_path=None, num_ranks=2, launcher="local",
+        command=["pytest"], started_at=records[0].started_at))
+
+    result = collect(run_dir)
+    assert result.exit_code == 0, result.report["exit_reason"]
+    fixed = policy(result.report, "fixed")
+    deltas = [r.policies[1].memory.workspace_delta_bytes for r in records]
+    assert fixed["workspace_delta_bytes"] == {"min": min(deltas), "avg": sum(deltas) / 2, "max": max(deltas), "num_ranks": 2}
+    assert fixed["max_rel_error"]["max"] == max(r.policies[1].correctness.max_rel_error for r in records)
+    assert policy(result.report, "legacy")["outcome"] == "oom" and policy(result.report, "legacy")["num_oom"] == 2
+    assert result.report["scenario"]["memory_label"] == "CPU memory (process RSS)"
+    assert "MiB RSS" in (run_dir / "report.md").read_text()

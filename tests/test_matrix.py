@@ -46,7 +46,7 @@ def test_repository_matrices_expand() -> None:
 
     ci = load_matrix("matrix/cpu-ci")  # bare names resolve under scenarios/, like scenarios do
     assert ci.expansion().summary() == "2 of 2 valid"
-    assert [(c.scenario.parallel.num_dispatchers, c.scenario.num_local_experts) for c in ci.cells()] == [(2, 8), (4, 4)]
+    assert [(c.scenario.parallel.num_dispatchers, c.scenario.num_local_experts) for c in ci.cells()] == [(2, 16), (4, 8)]
     assert all(c.scenario.device == "cpu" and c.scenario.parallel.num_ranks == 2 for c in ci.cells())
 
 

@@ -71,9 +71,11 @@ def assert_shown_equals_report(page: _Page, report: dict) -> int:
             assert shown == pytest.approx(value / scale, rel=6e-4, abs=1e-12), (pointer, text, value)
         elif "error" in pointer:  # .3g
             assert shown == pytest.approx(value, rel=6e-3), (pointer, text, value)
+        elif "tflops" in pointer or "gbps" in pointer:  # .4g
+            assert shown == pytest.approx(value, rel=6e-4), (pointer, text, value)
         elif isinstance(value, int):
             assert shown == value, (pointer, text, value)
-        else:  # ratios (.2f), times and rates (.1f)
+        else:  # ratios (.2f), times (.1f)
             assert shown == pytest.approx(value, abs=0.0051), (pointer, text, value)
     return len(page.cells)
 
