@@ -16,6 +16,8 @@ Checks, per rank x policy (shared/DESIGN.md §6; docs/reports.md says how to rea
     correctness  the combined output within tolerance of the reference; skipped when the policy OOMed
     memory       measured workspace delta within expect.memory_tolerance_pct of the allocated contract
                  (common + ws2); skipped when the policy OOMed or nothing was measured
+A rank whose policy was stopped because another rank ran out of memory (status "error", harness.rank stops the
+policy on every rank together) has its checks skipped; the policy's outcome is "oom".
 """
 
 from __future__ import annotations
