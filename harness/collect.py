@@ -38,7 +38,6 @@ from harness.records import (
     RecordError,
     RunManifest,
     read_record,
-    write_json_atomic,
 )
 from harness.scenario import Scenario, ScenarioError, parse_scenario
 from harness.workspace import fixed_shapes, live_set_bytes
@@ -546,6 +545,7 @@ def build_report(loaded: LoadedRun, *, scenario_hint: Scenario | None = None) ->
             "device_uuid": record.hardware.device_uuid,
             "device_total_bytes": record.hardware.device_total_bytes,
             "started_at": record.started_at,
+            "ready_at": record.ready_at,
             "finished_at": record.finished_at,
             "expert_num_tokens": list(record.expert_num_tokens),
             "policies": entries,
@@ -609,11 +609,11 @@ def _exit_reason(exit_code: int, counts: dict[str, int], problems: list[Problem]
 
 def write_report(out_dir: Path, report: dict[str, Any]) -> tuple[Path, ...]:
     """report.json first (machine-readable first), then the renderings of that same dict; every write atomic."""
-    from harness.report import render_junit, render_markdown, write_text_atomic
+    from harness.report import render_json, render_junit, render_markdown, write_text_atomic
     from harness.report_html import render_html
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [write_json_atomic(out_dir / "report.json", report)]
+    paths = [write_text_atomic(out_dir / "report.json", render_json(report))]
     paths.append(write_text_atomic(out_dir / "report.md", render_markdown(report)))
     paths.append(write_text_atomic(out_dir / "junit.xml", render_junit(report)))
     paths.append(write_text_atomic(out_dir / "report.html", render_html(report)))

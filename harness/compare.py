@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -411,8 +412,6 @@ def compare_command(ns: argparse.Namespace) -> int:
     except CompareError as exc:
         if ns.json:
             print(json.dumps({"status": "FAILED", "exit_code": EXIT_ERROR, "exit_reason": f"error: {exc}"}, indent=1))
-        import sys
-
         print(f"harness: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     if ns.json:
