@@ -652,7 +652,8 @@ def collect_command(ns: argparse.Namespace) -> int:
             return EXIT_ERROR
     else:
         result = collect(run_dir)
-    console = Console(width=max(Console().width, 160))
+    # A matrix table has five more leading columns (cell, model, D, E, T) than a run's.
+    console = Console(width=max(Console().width, 220 if result.report["kind"] == "matrix" else 160))
     console.print(result.summary_table())
     for path in result.outputs:
         console.print(f"wrote {path}", style="dim")

@@ -150,6 +150,7 @@ class Cell:
     text: str
     pointer: str | None = None  # JSON pointer into the report, for numeric cells
     value: Any = None
+    numeric: bool = False  # right-aligned, also when it shows n/a
 
 
 def policy_columns(report: dict[str, Any]) -> list[Column]:
@@ -193,9 +194,9 @@ def _summary_row(summary: dict[str, Any], pointer: str, columns: list[Column]) -
     for column in columns:
         present, value = _lookup(summary, column.key)
         if column.numeric and present:
-            row.append(Cell(text=column.fmt(value), pointer=f"{pointer}/{column.key}", value=value))
+            row.append(Cell(text=column.fmt(value), pointer=f"{pointer}/{column.key}", value=value, numeric=True))
         else:
-            row.append(Cell(text=column.fmt(value) if present else "n/a"))
+            row.append(Cell(text=column.fmt(value) if present else "n/a", numeric=column.numeric))
     return row
 
 
@@ -305,9 +306,13 @@ def header_lines(report: dict[str, Any]) -> list[str]:
             lines.append(f"D is EMULATED (fewer physical ranks than dispatchers) in: {', '.join(emulated)}")
         return lines
     s = report["scenario"]
-    lines.append(f"scenario: {s.get('name')} (hash {s.get('hash')}) {s.get('path') or ''}".rstrip())
-    lines.append(_shape_line(s))
-    lines.append(_emulation_line(s))
+    if s.get("name") is None and s.get("hash") is None:
+        lines.append("scenario: unknown (no readable run.json and no readable record)")
+    else:
+        lines.append(f"scenario: {s.get('name')} (hash {s.get('hash')}) {s.get('path') or ''}".rstrip())
+    if s.get("num_dispatchers") is not None:
+        lines.append(_shape_line(s))
+        lines.append(_emulation_line(s))
     lines.append(_measurement_line(s))
     expected = s.get("expected_outcomes")
     if expected:
@@ -330,7 +335,7 @@ def footer_line(report: dict[str, Any]) -> str:
 def title_line(report: dict[str, Any]) -> str:
     if report["kind"] == "matrix":
         return f"MoE workspace matrix report: {report['name']}"
-    return f"MoE workspace report: {report['scenario'].get('name')}"
+    return f"MoE workspace report: {report['scenario'].get('name') or report.get('run_id') or 'unknown run'}"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -211,14 +211,19 @@ def plot_breakdown(labels: list[str], bars: list[dict[str, float]], title: str) 
 def plot_workspace_against_d(report: dict[str, Any]) -> str | None:
     """Matrix: contract (solid) and measured average (dashed) workspace per policy against D, log-log."""
     series: dict[tuple[str, str], list[tuple[int, float | None, float | None]]] = {}
+    # Cells that differ in anything but D and the policies (model, T, E, ...) get their own lines, labelled
+    # with the axes that vary; an axis with one value would only lengthen every label.
+    values_seen: dict[str, set[str]] = {}
+    for cell in report["cells"]:
+        for key, value in cell.get("axis_values", {}).items():
+            values_seen.setdefault(key, set()).add(json.dumps(value, sort_keys=True))
+    varying = [k for k, v in values_seen.items() if len(v) > 1 and k not in ("parallel.num_dispatchers", "policies")]
     for cell in report["cells"]:
         s = cell["scenario"]
         d = s.get("num_dispatchers")
         if d is None:
             continue
-        # Cells differing in anything but D (model, T, E, policies) get their own lines.
-        group = ", ".join(f"{k}={v}" for k, v in cell.get("axis_values", {}).items()
-                          if k != "parallel.num_dispatchers" and k != "policies")
+        group = ", ".join(f"{k.rsplit('.', 1)[-1]}={cell['axis_values'][k]}" for k in varying if k in cell["axis_values"])
         for summary in cell["policies"]:
             measured = (summary.get("workspace_delta_bytes") or {}).get("avg")
             series.setdefault((group, summary["policy"]), []).append((d, summary.get("contract_total_bytes"), measured))
@@ -271,7 +276,8 @@ def _esc(text: Any) -> str:
 
 def _td(cell: Cell, extra_class: str = "") -> str:
     if cell.pointer is None:
-        attr = f' class="{extra_class}"' if extra_class else ""
+        classes = f"{'num ' if cell.numeric else ''}{extra_class}".strip()
+        attr = f' class="{classes}"' if classes else ""
         return f"<td{attr}>{_esc(cell.text)}</td>"
     classes = f"num {extra_class}".strip()
     value = json.dumps(cell.value)
@@ -279,7 +285,7 @@ def _td(cell: Cell, extra_class: str = "") -> str:
 
 
 def _num(pointer: str, value: Any, text: str) -> Cell:
-    return Cell(text=text, pointer=pointer if value is not None else None, value=value)
+    return Cell(text=text, pointer=pointer if value is not None else None, value=value, numeric=True)
 
 
 def _table(headers: list[str], rows: list[list[str]], *, css_class: str = "") -> str:

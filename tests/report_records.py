@@ -55,8 +55,17 @@ def versions() -> Versions:
                     vllm_kernels="vllm/_C_stable_libtorch.abi3.so")
 
 
+# Release policies without downloading the releases: 0.29.0 and earlier double-count (legacy), later ones are fixed
+# (shared/DESIGN.md §7). Synthetic records only need the right bytes.
+def _synthetic_policy(policy: str) -> str:
+    if not policy.startswith("vllm=="):
+        return policy
+    version = tuple(int(p) for p in policy.removeprefix("vllm==").split(".")[:2])
+    return "legacy" if version <= (0, 29) else "fixed"
+
+
 def contract(scenario: Scenario, policy: str) -> ContractBytes:
-    shapes = builtin_shapes(policy, scenario.sizing_args())
+    shapes = builtin_shapes(_synthetic_policy(policy), scenario.sizing_args())
     return ContractBytes(ws13_shape=list(shapes.ws13), ws2_shape=list(shapes.ws2), out_shape=list(shapes.out),
                          common_bytes=shapes.common_bytes, ws2_bytes=shapes.ws2_bytes, total_bytes=shapes.total_bytes,
                          source=shapes.source)
