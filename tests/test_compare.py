@@ -159,3 +159,30 @@ def test_newer_report_schema_is_an_error(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(CompareError, match="newer than this harness reads"):
         load_report(path)
+
+
+def test_matrices_compare_per_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.matrix import collect_matrix, load_matrix
+    from harness.scenario import REPO_DIR
+
+    matrix = load_matrix(REPO_DIR / "scenarios/matrix/cpu-ci.yaml")
+    first, second = matrix.cells()
+    for name, overrides, cells in (("base", None, (first, second)), ("same", None, (first, second)),
+                                   ("oom", {0: {"legacy": {"status": "oom"}}}, (first, second)), ("gone", None, (first,))):
+        for cell in cells:
+            write_run(tmp_path / name / cell.name, cell.scenario, overrides=overrides, device_kind="cpu")
+        collect_matrix(tmp_path / name, matrix.cells(), matrix=matrix)
+    base = str(tmp_path / "base")
+    assert main(["compare", base, str(tmp_path / "same")]) == 0
+    capsys.readouterr()
+    code, data = compare_json(capsys, base, str(tmp_path / "oom"))
+    assert code == 1
+    assert {(r["cell"], r["policy"]) for r in data["rows"] if r["verdict"] == "regression"} == {
+        (first.name, "legacy"), (second.name, "legacy")}
+    # a cell whose run vanished: its results are gone, which must not pass the gate
+    code, data = compare_json(capsys, base, str(tmp_path / "gone"))
+    assert code == 1
+    gone = [r for r in data["rows"] if r["verdict"] == "regression"]
+    assert {(r["cell"], r["metric"], r["note"]) for r in gone} == {
+        (second.name, "outcome", "no result in current")}
+    assert any("has errors" in w for w in data["warnings"])
