@@ -317,3 +317,211 @@ def time_call(fn: Callable[[], Any], *, repeat: int) -> list[float]:
         fn()
         out.append(time.perf_counter() - t0)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Driver: CPU-side costs, the rank-side bench through the launchers, aggregation, thresholds, reports.
+
+CPU_TARGETS_S = {
+    "plan (in process)": 0.05,
+    "harness plan (command)": 3.0,
+    "run to first rank ready (local)": 20.0,
+    "run to first rank ready (ray)": 40.0,
+    "collect 1024 rank records": 2.0,
+}
+
+
+class CpuCost(_Frozen):
+    name: str
+    median_s: float
+    samples_s: list[float]
+    target_s: float
+    within_target: bool
+
+
+class BenchPolicySummary(_Frozen):
+    policy: str
+    num_ranks_ok: int
+    experts_raw_variant: str | None
+    experts_ratio_min: float | None
+    experts_ratio_median: float | None
+    comm_ratio_min: float | None
+    experts_tflops_min: float | None
+    experts_tflops_max: float | None
+    fraction_of_fp8_peak_max: float | None
+    harness_comm_busbw_gbps_min: float | None
+    raw_a2a_busbw_gbps_max: float | None
+    max_rel_error: float | None
+
+
+class BenchReport(_Frozen):
+    schema_version: int = SCHEMA_VERSION
+    record_kind: Literal["bench"] = "bench"
+    run_id: str
+    scenario_name: str
+    scenario_hash: str
+    num_ranks: int
+    experts_backend: str | None
+    versions: Versions | None
+    device_name: str | None
+    command: list[str]
+    thresholds: dict[str, float]
+    policies: list[BenchPolicySummary]
+    legacy_over_fixed_experts_time: float | None  # expected ~1: the fix changes memory, not speed
+    cpu_costs: list[CpuCost]
+    failures: list[str]
+    ok: bool
+
+
+def _min(values: list[float]) -> float | None:
+    return min(values) if values else None
+
+
+def _max(values: list[float]) -> float | None:
+    return max(values) if values else None
+
+
+def summarize(records: list[BenchRankRecord], scenario: Scenario) -> tuple[list[BenchPolicySummary], float | None, list[str]]:
+    """Per-policy aggregates over ranks, the legacy/fixed time ratio, and the threshold failures."""
+    thresholds = scenario.bench
+    summaries, failures = [], []
+    policies = sorted({p.policy for r in records for p in r.policies}, key=lambda p: BENCH_POLICIES.index(p)
+                      if p in BENCH_POLICIES else 99)
+    experts_us: dict[str, list[float]] = {}
+    for policy in policies:
+        rows = [p for r in records for p in r.policies if p.policy == policy and p.status == "ok"]
+        experts = [p.experts_ratio for p in rows if p.experts_ratio is not None]
+        comm = [p.comm_ratio for p in rows if p.comm_ratio is not None]
+        tflops = [p.experts_tflops for p in rows if p.experts_tflops is not None]
+        experts_us[policy] = [v.median_us for p in rows for v in p.variants if v.name == "experts:harness"]
+        summary = BenchPolicySummary(
+            policy=policy, num_ranks_ok=len(rows), experts_raw_variant=rows[0].experts_raw_variant if rows else None,
+            experts_ratio_min=_min(experts), experts_ratio_median=statistics.median(experts) if experts else None,
+            comm_ratio_min=_min(comm), experts_tflops_min=_min(tflops), experts_tflops_max=_max(tflops),
+            fraction_of_fp8_peak_max=_max([p.experts_tflops_fraction_of_peak for p in rows
+                                           if p.experts_tflops_fraction_of_peak is not None]),
+            harness_comm_busbw_gbps_min=_min([p.harness_comm_busbw_gbps for p in rows
+                                              if p.harness_comm_busbw_gbps is not None]),
+            raw_a2a_busbw_gbps_max=_max([p.raw_a2a_busbw_gbps for p in rows if p.raw_a2a_busbw_gbps is not None]),
+            max_rel_error=_max([p.max_rel_error for p in rows if p.max_rel_error is not None]),
+        )
+        summaries.append(summary)
+        if summary.experts_ratio_min is not None and summary.experts_ratio_min < thresholds.experts_ratio_min:
+            failures.append(f"{policy}: experts step at {summary.experts_ratio_min:.3f} of the raw kernel "
+                            f"(threshold bench.experts_ratio_min = {thresholds.experts_ratio_min})")
+        if summary.comm_ratio_min is not None and summary.comm_ratio_min < thresholds.comm_busbw_ratio_min:
+            failures.append(f"{policy}: dispatch + combine at {summary.comm_ratio_min:.3f} of raw all_to_all_single "
+                            f"(threshold bench.comm_busbw_ratio_min = {thresholds.comm_busbw_ratio_min})")
+    ratio = None
+    if experts_us.get("legacy") and experts_us.get("fixed"):
+        ratio = statistics.median(experts_us["legacy"]) / statistics.median(experts_us["fixed"])
+    return summaries, ratio, failures
+
+
+def render_markdown(report: BenchReport, records: list[BenchRankRecord]) -> str:
+    v = report.versions
+    lines = [
+        f"# harness bench: {report.scenario_name} ({report.run_id})",
+        "",
+        f"# scenario hash {report.scenario_hash}, {report.num_ranks} rank(s), experts backend "
+        f"{report.experts_backend}, device {report.device_name}",
+    ]
+    if v is not None:
+        lines.append(f"# harness {v.harness}, torch {v.torch}, CUDA {v.cuda}, NCCL {v.nccl}, driver {v.driver}"
+                     + (f", vLLM kernels {v.vllm_kernels}" if v.vllm_kernels else ""))
+    lines += [f"# command: {' '.join(report.command)}",
+              f"# thresholds: " + ", ".join(f"{k} {val}" for k, val in report.thresholds.items()),
+              "", "## Per rank (medians over interleaved rounds, first round dropped)", "",
+              "| rank | policy | variant | median | min | max | samples |",
+              "|---:|---|---|---:|---:|---:|---:|",
+              "| | | | us | us | us | |"]
+    for r in records:
+        for p in r.policies:
+            for s in p.variants:
+                lines.append(f"| {r.rank} | {p.policy} | {s.name} | {s.median_us:.1f} | {s.min_us:.1f} | "
+                             f"{s.max_us:.1f} | {s.num_samples} |")
+    lines += ["", "## Ratios (raw / harness; 1.0 = the harness adds nothing), aggregated over ranks", "",
+              "| policy | ranks | raw experts | experts ratio (min) | comm ratio (min) | TFLOP/s (min..max) | "
+              "of FP8 peak (max) | harness busbw (min) | raw busbw (max) | max rel err |",
+              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+              "| | | | | | TFLOP/s | | GB/s | GB/s | |"]
+
+    def f(x: float | None, fmt: str) -> str:
+        return "n/a" if x is None else format(x, fmt)
+
+    for s in report.policies:
+        lines.append(
+            f"| {s.policy} | {s.num_ranks_ok} | {s.experts_raw_variant} | {f(s.experts_ratio_min, '.3f')} | "
+            f"{f(s.comm_ratio_min, '.3f')} | {f(s.experts_tflops_min, '.1f')}..{f(s.experts_tflops_max, '.1f')} | "
+            f"{f(s.fraction_of_fp8_peak_max, '.2%')} | {f(s.harness_comm_busbw_gbps_min, '.1f')} | "
+            f"{f(s.raw_a2a_busbw_gbps_max, '.1f')} | {f(s.max_rel_error, '.4f')} |")
+    lines += ["", f"legacy / fixed experts time: {f(report.legacy_over_fixed_experts_time, '.3f')} "
+              "(the fix changes memory, not speed: expected about 1)", ""]
+    if report.cpu_costs:
+        lines += ["## CPU-side costs", "", "| what | median | target | |", "|---|---:|---:|---|", "| | s | s | |"]
+        for c in report.cpu_costs:
+            lines.append(f"| {c.name} | {c.median_s:.3f} | {c.target_s:.2f} | {'ok' if c.within_target else 'OVER'} |")
+        lines.append("")
+    for failure in report.failures:
+        lines.append(f"- below threshold: {failure}")
+    lines += ["", "OK" if report.ok else "FAILED", ""]
+    return "\n".join(lines)
+
+
+def _subprocess_s(args: list[str], *, cwd: Path, timeout_s: float = 300) -> float:
+    import subprocess
+    import sys
+
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout_s)
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"harness {' '.join(args)} exited {done.returncode}: {done.stderr.strip()[-400:]}")
+    return time.perf_counter() - t0
+
+
+def _first_ready_s(run_dir: Path) -> float:
+    from harness.records import RankRecord, read_record
+
+    manifest = read_record(run_dir / "run.json")
+    ready = [r.ready_at for p in sorted((run_dir / "ranks").glob("rank-*.json"))
+             if isinstance(r := read_record(p), RankRecord) and r.ready_at is not None]
+    if not ready:
+        raise RuntimeError(f"{run_dir}: no rank reported ready")
+    return min(ready) - manifest.started_at  # type: ignore[union-attr]
+
+
+def cpu_costs(*, repeats: int = 3, with_ray: bool = True) -> list[CpuCost]:
+    """plan latency, time from `harness run` to the first rank ready (local, Ray), the collector on 1024 records."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from harness.plan import make_plan
+    from harness.scenario import REPO_DIR, load_scenario
+
+    pr = load_scenario("deepseek-v3-dp32-pr55579")
+    results: dict[str, list[float]] = {}
+    results["plan (in process)"] = time_call(lambda: make_plan(pr), repeat=20)
+    results["harness plan (command)"] = [
+        _subprocess_s(["plan", "deepseek-v3-dp32-pr55579", "--json"], cwd=REPO_DIR) for _ in range(repeats)]
+    with tempfile.TemporaryDirectory() as tmp:
+        for launcher in ("local", "ray") if with_ray else ("local",):
+            samples = []
+            for i in range(repeats if launcher == "local" else 1):
+                out = Path(tmp) / f"{launcher}-{i}"
+                _subprocess_s(["run", "smoke", "--launcher", launcher, "--out", str(out)], cwd=REPO_DIR)
+                samples.append(_first_ready_s(out))
+            results[f"run to first rank ready ({launcher})"] = samples
+    bench_collect = REPO_DIR / "benchmarks" / "bench_collect.py"
+    if bench_collect.exists():
+        done = subprocess.run([sys.executable, str(bench_collect), "--repeats", "3", "--json"], capture_output=True,
+                              text=True, timeout=600, cwd=REPO_DIR)
+        if done.returncode in (0, 1) and done.stdout.strip():
+            results["collect 1024 rank records"] = json.loads(done.stdout.strip().splitlines()[-1])["timings_s"]
+    return [
+        CpuCost(name=name, median_s=statistics.median(v), samples_s=v, target_s=CPU_TARGETS_S[name],
+                within_target=statistics.median(v) <= CPU_TARGETS_S[name])
+        for name, v in results.items()
+    ]
