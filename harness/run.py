@@ -27,6 +27,7 @@ import yaml
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from harness.cli import EXIT_ERROR, EXIT_OK
 from harness.launch import FAULT_ENV, Event, LaunchError, Launcher, LaunchPlan, RunSink, parse_fault_spec
@@ -234,7 +235,7 @@ class RunProgress:
         if self._live is not None:
             self._live.update(self.render())
         elif line:
-            self.console.print(line, highlight=False)
+            self.console.print(line, highlight=False, markup=False)
 
     def _apply(self, event: Event) -> str:
         name = event.get("event")
@@ -269,15 +270,16 @@ class RunProgress:
         return ""
 
     def render(self) -> Table:
-        table = Table(title=f"{self.title}\nranks up {self.num_up}/{self.num_ranks}  {self.note}", title_justify="left")
+        title = Text(f"{self.title}\nranks up {self.num_up}/{self.num_ranks}  {self.note}")
+        table = Table(title=title, title_justify="left")
         table.add_column("rank", justify="right")
         table.add_column("node")
         table.add_column("policies", justify="right")
         table.add_column("status")
         for rank, state in self.ranks.items():
             style = "red" if state.failed else ("green" if state.status in ("done", "record written") else None)
-            table.add_row(str(rank), state.node, f"{state.num_policies_done}/{self.num_policies}", state.status,
-                          style=style)
+            table.add_row(str(rank), Text(state.node), f"{state.num_policies_done}/{self.num_policies}",
+                          Text(state.status), style=style)  # Text: causes may hold "[...]", which is not markup
         return table
 
 
@@ -333,10 +335,10 @@ def run_scenario(
 
     plan = LaunchPlan(scenario=scenario, run_id=run_id, run_dir=run_dir, device_type=device_type)
     console.print(
-        f"[bold]{run_id}[/bold]: {scenario.summary()}\n"
+        f"{run_id}: {scenario.summary()}\n"
         f"{launcher.name} launcher on {resources.description}; {plan.num_ranks} rank(s) on {device_type} "
         f"({plan.comm_backend}); records to {run_dir}",
-        highlight=False,
+        highlight=False, markup=False,
     )
     progress = RunProgress(
         console=console, title=f"{scenario.name}: {launcher.name} launcher", num_ranks=plan.num_ranks,
@@ -352,7 +354,7 @@ def run_scenario(
         print(f"harness: rank {failure.rank} on {failure.node}: {failure.cause}", file=sys.stderr)
     result = collect(run_dir)
     console.print(result.summary_table())
-    console.print(f"results: {run_dir}  ({time.monotonic() - started:.1f} s)", highlight=False)
+    console.print(f"results: {run_dir}  ({time.monotonic() - started:.1f} s)", highlight=False, markup=False)
     if not outcome.ok:
         return EXIT_ERROR
     return result.exit_code
@@ -386,7 +388,7 @@ def _dry_run(scenario: Scenario, *, launcher_name: LauncherName, ns: argparse.Na
         f"would launch: {launcher_name} launcher on {where}; device {device}; {placement}\n"
         f"bounds: placement {launch.placement_timeout_s:g} s, collectives {launch.collective_timeout_s:g} s, "
         f"whole run {launch.rank_timeout_s:g} s; records to {run_dir}",
-        highlight=False,
+        highlight=False, markup=False,
     )
 
 
@@ -427,7 +429,7 @@ def _run_command(ns: argparse.Namespace) -> int:
                 num_gpus = local_gpu_count()
             path = default_scenario_path(num_gpus)
             scenario = load_with_overrides(path, overrides)
-            console.print(f"no scenario given: running {path.name} ({num_gpus} GPU(s) found)", highlight=False)
+            console.print(f"no scenario given: running {path.name} ({num_gpus} GPU(s) found)", highlight=False, markup=False)
         run_id = make_run_id(scenario.name or "run")
         run_dir = choose_run_dir(ns.out, run_id)
         if ns.dry_run:
@@ -462,7 +464,7 @@ def _run_matrix(ns: argparse.Namespace, path: Path, overrides: dict[str, Any], *
     run_id = make_run_id(str(getattr(matrix, "name", None) or path.stem))
     run_dir = choose_run_dir(ns.out, run_id)
     launcher_name = resolve_launcher_name(ns, scenarios[0] if scenarios else None)
-    console.print(f"matrix {path.name}: {len(cells)} cell(s) into {run_dir}", highlight=False)
+    console.print(f"matrix {path.name}: {len(cells)} cell(s) into {run_dir}", highlight=False, markup=False)
     if ns.dry_run:
         for cell, scenario in zip(cells, scenarios):
             console.rule(f"cell {cell.name}")
@@ -479,10 +481,10 @@ def _run_matrix(ns: argparse.Namespace, path: Path, overrides: dict[str, Any], *
                 )
             except (ScenarioError, LaunchError) as exc:
                 code = _error(f"cell {cell.name}: {exc}")
-            console.print(f"cell {cell.name}: exit code {code}", highlight=False)
+            console.print(f"cell {cell.name}: exit code {code}", highlight=False, markup=False)
     finally:
         launcher.close()
     result = collect_matrix(run_dir, cells)
     console.print(result.summary_table())
-    console.print(f"results: {run_dir}", highlight=False)
+    console.print(f"results: {run_dir}", highlight=False, markup=False)
     return result.exit_code

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -247,7 +248,7 @@ class RayLauncher:
                 try:
                     sink.record(rank, ray.get(ref))
                 except RayActorError as exc:
-                    sink.failure(rank, f"died: {_first_line(exc)}", detail=str(exc))
+                    sink.failure(rank, _died_cause(exc), detail=str(exc))
                 except RayTaskError as exc:
                     cause = getattr(exc, "cause", None)
                     what = f"{type(cause).__name__}: {cause}" if cause is not None else _first_line(exc)
@@ -320,6 +321,14 @@ def _drain(sink: RunSink, log: Any) -> None:
         return  # progress is for the display only; records never depend on it
     for event in events:
         sink.event(event)
+
+
+def _died_cause(exc: RayActorError) -> str:
+    """'died: <Ray's worker exit detail>' rather than its generic first line."""
+    match = re.search(r"Worker exit detail: (.*?)(?: Some common causes|$)", str(exc), re.MULTILINE)
+    if match and match.group(1).strip():
+        return f"died: {match.group(1).strip()}"
+    return f"died: {_first_line(exc)}"
 
 
 def _first_line(exc: BaseException) -> str:
