@@ -12,68 +12,18 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
+from launch_helpers import REPO_DIR, harness_env, rank_files, run_cli, tiny_scenario
 
 from harness.cli import main as cli_main
-from harness.distributed import SAFE_NCCL_ENV
 from harness.launch import FAULT_ENV, LaunchError, parse_fault_spec
 from harness.records import RankFailure, RankRecord, read_record
 from harness.run import make_run_id
 
-REPO_DIR = Path(__file__).resolve().parent.parent
 # Startup of a run on this 2-core machine: the driver's imports, two spawned ranks importing torch, the report.
 STARTUP_ALLOWANCE_S = 30.0
-
-
-@dataclass(frozen=True)
-class CliRun:
-    returncode: int
-    stdout: str
-    stderr: str
-    wall_s: float
-
-
-def harness_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, **SAFE_NCCL_ENV)
-    env["PYTHONPATH"] = str(REPO_DIR) + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop(FAULT_ENV, None)
-    env.pop("RAY_ADDRESS", None)
-    env.update(extra)
-    return env
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 240) -> CliRun:
-    started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness", "run", *args], cwd=REPO_DIR, env=env or harness_env(),
-        capture_output=True, text=True, timeout=timeout_s,
-    )
-    return CliRun(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
-
-
-def tiny_scenario(tmp_path: Path, name: str = "tiny", *, num_ranks: int = 2, **launch: float | int | str) -> Path:
-    """A smoke-sized scenario with short bounds, so fault tests end in seconds."""
-    data = yaml.safe_load((REPO_DIR / "scenarios" / "smoke.yaml").read_text())
-    data["name"] = name
-    data["parallel"] = {"num_dispatchers": 8 if num_ranks > 4 else 4, "num_ranks": num_ranks,
-                        "num_local_experts": 2 if num_ranks > 4 else 4, "max_tokens_per_rank": 8 if num_ranks > 4 else 32}
-    data["launch"] = {"collective_timeout_s": 10, "rank_timeout_s": 120, "placement_timeout_s": 30, **launch}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def rank_files(run_dir: Path) -> dict[int, RankRecord | RankFailure]:
-    out: dict[int, RankRecord | RankFailure] = {}
-    for path in sorted((run_dir / "ranks").glob("rank-*.json")):
-        record = read_record(path)
-        assert isinstance(record, (RankRecord, RankFailure))
-        out[record.rank] = record
-    return out
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -230,3 +180,30 @@ def test_run_id_is_utc_time_and_scenario_name() -> None:
 
     now = datetime.datetime(2026, 11, 30, 5, 6, 7, tzinfo=datetime.timezone.utc)
     assert make_run_id("smoke", now=now) == "20261130-050607-smoke"
+
+
+# ---- the launch/ folder ----------------------------------------------------------------------------------------
+
+
+def test_cluster_config_passes_rays_own_validation() -> None:
+    import copy
+
+    import yaml
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((REPO_DIR / "launch" / "cluster.yaml").read_text())
+    prepared = prepare_config(copy.deepcopy(config))
+    validate_config(prepared)
+    assert prepared["provider"]["type"] == "local" and len(prepared["provider"]["worker_ips"]) == config["max_workers"]
+
+
+def test_job_runtime_env_is_valid_and_keeps_multicast_off() -> None:
+    import yaml
+    from ray.runtime_env import RuntimeEnv
+
+    from harness.distributed import SAFE_NCCL_ENV
+
+    data = yaml.safe_load((REPO_DIR / "launch" / "runtime_env.yaml").read_text())
+    env = RuntimeEnv(**data)
+    assert env["env_vars"] == SAFE_NCCL_ENV
+    assert "results/" in env["excludes"]
