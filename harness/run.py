@@ -461,10 +461,11 @@ def _run_matrix(ns: argparse.Namespace, path: Path, overrides: dict[str, Any], *
     matrix = load_matrix(path)
     cells = list(matrix.cells())
     scenarios = [override_scenario(c.scenario, overrides, label=f"{path} cell {c.name}") for c in cells]
-    run_id = make_run_id(str(getattr(matrix, "name", None) or path.stem))
+    run_id = make_run_id(matrix.name or path.stem)
     run_dir = choose_run_dir(ns.out, run_id)
     launcher_name = resolve_launcher_name(ns, scenarios[0] if scenarios else None)
-    console.print(f"matrix {path.name}: {len(cells)} cell(s) into {run_dir}", highlight=False, markup=False)
+    console.print(f"matrix {path.name}: {matrix.expansion().summary()} cells, into {run_dir}", highlight=False,
+                  markup=False)
     if ns.dry_run:
         for cell, scenario in zip(cells, scenarios):
             console.rule(f"cell {cell.name}")
@@ -484,7 +485,7 @@ def _run_matrix(ns: argparse.Namespace, path: Path, overrides: dict[str, Any], *
             console.print(f"cell {cell.name}: exit code {code}", highlight=False, markup=False)
     finally:
         launcher.close()
-    result = collect_matrix(run_dir, cells)
+    result = collect_matrix(run_dir, cells, matrix=matrix)
     console.print(result.summary_table())
     console.print(f"results: {run_dir}", highlight=False, markup=False)
     return result.exit_code

@@ -45,13 +45,30 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 24
 
 
 def tiny_scenario(tmp_path: Path, name: str = "tiny", *, num_ranks: int = 2, **launch: float | int | str) -> Path:
-    """A smoke-sized scenario with short bounds, so fault tests end in seconds."""
-    data = yaml.safe_load((REPO_DIR / "scenarios" / "smoke.yaml").read_text())
-    data["name"] = name
-    data["parallel"] = {"num_dispatchers": 8 if num_ranks > 4 else 4, "num_ranks": num_ranks,
-                        "num_local_experts": 2 if num_ranks > 4 else 4, "max_tokens_per_rank": 8 if num_ranks > 4 else 32}
-    data["launch"] = {"collective_timeout_s": 10, "rank_timeout_s": 120, "placement_timeout_s": 30, **launch}
+    """A scenario small enough for 2 cores (D = P, tiny shapes, gloo) with short bounds, so faults end in seconds."""
+    data = {
+        "name": name,
+        "description": "launcher test: tiny shapes",
+        "model": {"hidden_size": 128, "intermediate_size": 64, "num_experts": 4 * num_ranks, "top_k": 2},
+        "parallel": {"num_dispatchers": num_ranks, "num_ranks": num_ranks, "max_tokens_per_rank": 16},
+        "policies": ["legacy", "fixed"],
+        "device": "cpu",
+        "iterations": 2,
+        "warmup": 1,
+        "launch": {"collective_timeout_s": 10, "rank_timeout_s": 120, "placement_timeout_s": 30, **launch},
+    }
     path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def smoke_with_ranks(tmp_path: Path, num_ranks: int) -> Path:
+    """scenarios/smoke.yaml (its shapes and expectations) with D = P = num_ranks."""
+    data = yaml.safe_load((REPO_DIR / "scenarios" / "smoke.yaml").read_text())
+    data["name"] = f"smoke-p{num_ranks}"
+    data["parallel"] = {k: v for k, v in data["parallel"].items() if k != "num_local_experts"}
+    data["parallel"].update(num_dispatchers=num_ranks, num_ranks=num_ranks)
+    path = tmp_path / f"smoke-p{num_ranks}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
