@@ -163,6 +163,8 @@ def command_line(ns: argparse.Namespace) -> list[str]:
 
 def resolve_launcher_name(ns: argparse.Namespace, scenario: Scenario | None) -> LauncherName:
     """--launcher, else Ray when an address is given (or `ray job submit` set RAY_ADDRESS), else the scenario's."""
+    if ns.launcher == "local" and ns.address:
+        raise LaunchError(f"--address {ns.address} is for the Ray launcher; drop it or use --launcher ray")
     if ns.launcher is not None:
         return ns.launcher
     if ns.address or os.environ.get("RAY_ADDRESS"):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from launch_helpers import REPO_DIR, harness_env, rank_files, run_cli, smoke_with_ranks, tiny_scenario
 
-from harness.distributed import free_port
+from harness.distributed import SAFE_NCCL_ENV, free_port
 from harness.launch import FAULT_ENV
 from harness.records import RankFailure, RankRecord, read_record
 
@@ -73,18 +73,66 @@ def placement(run_dir: Path) -> list[dict]:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def test_smoke_spreads_over_two_nodes(cluster: str, tmp_path: Path) -> None:
+def test_default_smoke_spreads_over_two_nodes(cluster: str, tmp_path: Path) -> None:
+    # No scenario and no --launcher: --address selects Ray, and the cluster's GPUs (none) select smoke.
     out = tmp_path / "run"
-    run = run_cli("scenarios/smoke.yaml", "--address", cluster, "--placement-strategy", "SPREAD", "--out", str(out),
-                  env=ray_env())
+    run = run_cli("--address", cluster, "--placement-strategy", "SPREAD", "--out", str(out), env=ray_env())
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "no scenario given: running smoke.yaml (0 GPU(s) found)" in run.stdout
     ranks = rank_files(out)
     assert sorted(ranks) == [0, 1] and all(isinstance(r, RankRecord) for r in ranks.values())
     nodes = {r["node_id"] for r in placement(out)}
     assert len(nodes) == 2, f"SPREAD put both ranks on one node: {placement(out)}"
-    assert read_record(out / "run.json").launcher == "ray"  # type: ignore[union-attr]
+    assert all(r["safe_env"] == SAFE_NCCL_ENV for r in placement(out))  # every actor runs with multicast off
+    manifest = read_record(out / "run.json")
+    assert manifest.launcher == "ray" and manifest.scenario_name == "smoke"  # type: ignore[union-attr]
     assert (out / "report.json").exists()
-    print(f"ray smoke (2 nodes, SPREAD): harness run -> report in {run.wall_s:.1f} s")
+    print(f"ray smoke (existing 4-node cluster, SPREAD): harness run -> report in {run.wall_s:.1f} s")
+
+
+def test_ctrl_c_removes_actors_and_keeps_what_arrived(cluster: str, tmp_path: Path) -> None:
+    scenario = tiny_scenario(tmp_path, collective_timeout_s=60)
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", str(scenario), "--address", cluster, "--out", str(out)],
+        cwd=REPO_DIR, env=ray_env(**{FAULT_ENV: "rank=1,kind=hang,after=ready"}), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (out / "launch.json").exists():
+            time.sleep(0.2)
+        assert (out / "launch.json").exists(), "the run did not start within 90 s"
+        time.sleep(3)
+        started = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+        stop_s = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
+    assert stop_s < 30
+    ranks = rank_files(out)
+    assert sorted(ranks) == [0, 1]
+    assert all(isinstance(r, RankFailure) and r.cause.startswith("interrupted") for r in ranks.values())
+    # The actors' processes are gone (ray.kill), not just orphaned: the next test needs every CPU of the cluster.
+    for entry in placement(out):
+        assert _gone(entry["pid"]), f"rank {entry['rank']}'s actor process {entry['pid']} is still running"
+
+
+def _gone(pid: int, wait_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def test_eight_ranks_run_unchanged_across_nodes(cluster: str, tmp_path: Path) -> None:
@@ -142,6 +190,17 @@ def test_unsatisfiable_placement_says_asked_and_available(cluster: str, tmp_path
     ranks = rank_files(out)
     assert all(isinstance(r, RankFailure) and r.cause.startswith("not started") for r in ranks.values())
     # The group was removed: the cluster places a run right after (covered by any later test in this module too).
+
+
+def test_ray_launcher_without_address_starts_its_own_cluster(cluster: str, tmp_path: Path) -> None:
+    # `cluster` is up on this machine too: the launcher must start a new one ("local"), not join it.
+    out = tmp_path / "run"
+    run = run_cli("scenarios/smoke.yaml", "--launcher", "ray", "--out", str(out), env=ray_env())
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert json.loads((out / "launch.json").read_text())["address"] == "local"
+    assert "Ray cluster local: 1 node(s), 2 CPU" in run.stdout  # sized for 2 ranks x 1 CPU
+    assert sorted(rank_files(out)) == [0, 1]
+    print(f"ray smoke (new local cluster): harness run -> report in {run.wall_s:.1f} s")
 
 
 # ---- ray start + ray job submit ----------------------------------------------------------------------------

@@ -85,6 +85,8 @@ class _RankActor:
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "safe_env": {k: os.environ.get(k) for k in SAFE_NCCL_ENV},
             "free_port": free_port(node_ip),
         }
 
