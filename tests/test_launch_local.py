@@ -207,3 +207,27 @@ def test_job_runtime_env_is_valid_and_keeps_multicast_off() -> None:
     env = RuntimeEnv(**data)
     assert env["env_vars"] == SAFE_NCCL_ENV
     assert "results/" in env["excludes"]
+
+
+# ---- matrices ----------------------------------------------------------------------------------------------------
+
+
+def test_matrix_runs_every_cell_past_a_failed_one(tmp_path: Path) -> None:
+    # The first cell asks for a GPU backend on a CPU-only machine and cannot run; the second must still run.
+    import yaml
+
+    base = yaml.safe_load(tiny_scenario(tmp_path).read_text())
+    base.pop("name")
+    matrix = tmp_path / "two-cells.yaml"
+    matrix.write_text(yaml.safe_dump({"matrix": {
+        "name": "two-cells", "base": base, "axes": {"experts_backend": ["torch-cutlass", "reference"]},
+    }}, sort_keys=False))
+    out = tmp_path / "matrix"
+    run = run_cli(str(matrix), "--out", str(out))
+    assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "needs GPUs" in run.stderr
+    cells = sorted(p for p in out.iterdir() if p.is_dir())
+    assert len(cells) == 1, f"only the reference cell runs: {cells}"
+    assert sorted(rank_files(cells[0])) == [0, 1]
+    report = json.loads((out / "report.json").read_text())
+    assert len(json.dumps(report)) > 0 and (out / "junit.xml").exists()
