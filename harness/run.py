@@ -347,8 +347,13 @@ def run_scenario(
         num_policies=len(scenario.policies),
     )
     sink = RunSink(run_dir=run_dir, run_id=run_id, num_ranks=plan.num_ranks, listener=progress)
-    with progress.shown():
-        outcome = launcher.launch(plan, sink)
+    try:
+        with progress.shown():
+            outcome = launcher.launch(plan, sink)
+    except KeyboardInterrupt:
+        print(f"harness: interrupted; the records that arrived are in {run_dir} (`harness collect {run_dir}` "
+              "reports them)", file=sys.stderr)
+        raise
 
     if outcome.error:
         print(f"harness: error: {outcome.error}", file=sys.stderr)

@@ -151,6 +151,17 @@ def test_dry_run_shows_the_plan_and_the_launch_and_runs_nothing(capsys: pytest.C
     assert not out.exists()
 
 
+def test_unreachable_ray_address_fails_fast(tmp_path: Path) -> None:
+    from harness.distributed import free_port
+
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    run = run_cli("scenarios/smoke.yaml", "--address", address, "--out", str(tmp_path / "run"), timeout_s=60)
+    assert run.returncode == 2
+    assert f"cannot reach the Ray cluster's GCS at {address}" in run.stderr and "Traceback" not in run.stderr
+    assert run.wall_s < 20
+    assert not (tmp_path / "run").exists()
+
+
 def test_out_dir_holding_a_run_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     (tmp_path / "ranks").mkdir()
     code = cli_main(["run", "scenarios/smoke.yaml", "--out", str(tmp_path)])

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
 HARNESS_PACKAGE_DIR = Path(harness.__file__).resolve().parent
 DRAIN_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 10.0
 
 
 @ray.remote(num_cpus=0)
@@ -125,9 +126,11 @@ class RayLauncher:
         try:
             if address:
                 self.address = address
+                _check_reachable(address)
                 ray.init(address=address, **common)
             elif os.environ.get("RAY_ADDRESS"):
                 self.address = os.environ["RAY_ADDRESS"]
+                _check_reachable(self.address)
                 ray.init(**common)
             else:
                 # "local": never attach to a cluster someone started on this machine with `ray start`.
@@ -301,6 +304,23 @@ def job_runtime_env() -> dict[str, Any] | None:
         if job_env.get("working_dir") or job_env.get("py_modules"):
             return None
     return {"py_modules": [str(HARNESS_PACKAGE_DIR)]}
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast on a GCS address nobody answers at: ray.init itself retries for minutes."""
+    if "://" in address or address in ("auto", "local"):
+        return  # ray:// client addresses and auto-detection: leave them to Ray
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise LaunchError(f"Ray address {address!r}: expected HOST:PORT (the head's GCS port, 6379 by default)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise LaunchError(
+            f"cannot reach the Ray cluster's GCS at {address} within {CONNECT_TIMEOUT_S:g} s: "
+            f"{exc.strerror or exc}; is the head running (`ray start --head`) and the port open?"
+        ) from None
 
 
 def _wait_ready(pg: PlacementGroup, timeout_s: float) -> bool:
