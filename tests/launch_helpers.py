@@ -62,17 +62,6 @@ def tiny_scenario(tmp_path: Path, name: str = "tiny", *, num_ranks: int = 2, **l
     return path
 
 
-def smoke_with_ranks(tmp_path: Path, num_ranks: int) -> Path:
-    """scenarios/smoke.yaml (its shapes and expectations) with D = P = num_ranks."""
-    data = yaml.safe_load((REPO_DIR / "scenarios" / "smoke.yaml").read_text())
-    data["name"] = f"smoke-p{num_ranks}"
-    data["parallel"] = {k: v for k, v in data["parallel"].items() if k != "num_local_experts"}
-    data["parallel"].update(num_dispatchers=num_ranks, num_ranks=num_ranks)
-    path = tmp_path / f"smoke-p{num_ranks}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
 def rank_files(run_dir: Path) -> dict[int, RankRecord | RankFailure]:
     out: dict[int, RankRecord | RankFailure] = {}
     for path in sorted((run_dir / "ranks").glob("rank-*.json")):

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launch_helpers import REPO_DIR, harness_env, rank_files, run_cli, smoke_with_ranks, tiny_scenario
+from launch_helpers import REPO_DIR, harness_env, rank_files, run_cli, tiny_scenario
 
 from harness.distributed import SAFE_NCCL_ENV, free_port
 from harness.launch import FAULT_ENV
@@ -136,9 +136,8 @@ def _gone(pid: int, wait_s: float = 10.0) -> bool:
 
 
 def test_eight_ranks_run_unchanged_across_nodes(cluster: str, tmp_path: Path) -> None:
-    scenario = smoke_with_ranks(tmp_path, 8)  # D=8 on P=8, smoke's shapes, gloo
-    out = tmp_path / "run"
-    run = run_cli(str(scenario), "--address", cluster, "--out", str(out), env=ray_env())
+    out = tmp_path / "run"  # D=8 on P=8 (nothing emulated), smoke's shapes, gloo
+    run = run_cli("scenarios/smoke-8ranks.yaml", "--address", cluster, "--out", str(out), env=ray_env())
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     ranks = rank_files(out)
     assert sorted(ranks) == list(range(8)) and all(isinstance(r, RankRecord) for r in ranks.values())
