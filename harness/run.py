@@ -46,10 +46,12 @@ LauncherName = Literal["local", "ray"]
 
 
 def scenario_overrides(ns: argparse.Namespace) -> dict[str, Any]:
-    """The scenario fields the command line sets, as dotted keys: {"parallel.num_ranks": 8, ...}."""
+    """The scenario fields the command line sets, as dotted keys: {"parallel.num_ranks": 8, ...}.
+
+    --launcher is not among them: it picks how ranks start, not what they measure, so a scenario keeps its hash
+    (and stays comparable) whichever launcher ran it; run.json and launch.json record the launcher.
+    """
     overrides: dict[str, Any] = {}
-    if ns.launcher is not None:
-        overrides["launch.launcher"] = ns.launcher
     if ns.experts_backend is not None:
         overrides["experts_backend"] = ns.experts_backend
     if ns.device is not None:
@@ -70,7 +72,7 @@ def scenario_overrides(ns: argparse.Namespace) -> dict[str, Any]:
 
 def _flag(key: str) -> str:
     return {
-        "launch.launcher": "--launcher", "experts_backend": "--experts-backend", "device": "--device",
+        "experts_backend": "--experts-backend", "device": "--device",
         "launch.placement_strategy": "--placement-strategy", "parallel.num_ranks": "--num-ranks",
         "policies": "--policies", "vllm": "--vllm-*",
     }[key]

@@ -25,6 +25,7 @@ from launch_helpers import REPO_DIR, harness_env, rank_files, run_cli, tiny_scen
 from harness.distributed import SAFE_NCCL_ENV, free_port
 from harness.launch import FAULT_ENV
 from harness.records import RankFailure, RankRecord, read_record
+from harness.scenario import load_scenario
 
 pytestmark = pytest.mark.ray
 
@@ -197,6 +198,8 @@ def test_ray_launcher_without_address_starts_its_own_cluster(cluster: str, tmp_p
     run = run_cli("scenarios/smoke.yaml", "--launcher", "ray", "--out", str(out), env=ray_env())
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert json.loads((out / "launch.json").read_text())["address"] == "local"
+    # --launcher picks how ranks start, not what they measure: the scenario keeps the file's hash.
+    assert read_record(out / "run.json").scenario_hash == load_scenario("scenarios/smoke.yaml").scenario_hash  # type: ignore[union-attr]
     assert "Ray cluster local: 1 node(s), 2 CPU" in run.stdout  # sized for 2 ranks x 1 CPU
     assert sorted(rank_files(out)) == [0, 1]
     print(f"ray smoke (new local cluster): harness run -> report in {run.wall_s:.1f} s")
