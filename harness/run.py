@@ -34,8 +34,17 @@ from harness.launch import FAULT_ENV, Event, LaunchError, Launcher, LaunchPlan, 
 from harness.records import RunManifest, write_record
 from harness.scenario import SCENARIOS_DIR, Scenario, ScenarioError, parse_scenario, resolve_scenario_path
 
-DEFAULT_CPU_SCENARIO = SCENARIOS_DIR / "smoke.yaml"
-DEFAULT_GPU_SCENARIO = SCENARIOS_DIR / "deepseek-v3-dp32-pr55579.yaml"
+PACKAGED_DEFAULTS_DIR = Path(__file__).resolve().parent / "defaults"  # package data, for non-editable installs
+
+
+def _embedded(name: str) -> Path:
+    """A default scenario: the repository's scenarios/ when there is one, else the copy packaged with harness."""
+    in_repo = SCENARIOS_DIR / name
+    return in_repo if in_repo.exists() else PACKAGED_DEFAULTS_DIR / name
+
+
+DEFAULT_CPU_SCENARIO = _embedded("smoke.yaml")
+DEFAULT_GPU_SCENARIO = _embedded("deepseek-v3-dp32-pr55579.yaml")
 RESULTS_DIR = Path("results")
 
 LauncherName = Literal["local", "ray"]
