@@ -1,0 +1,332 @@
+"""Launchers: one process per rank, each rank's record back to the driver, every wait bounded.
+
+    harness run ──> Launcher.launch(LaunchPlan, RunSink)
+                      local  torch.multiprocessing (spawn); records come back over a multiprocessing queue
+                      ray    one placement-group bundle and one actor per rank; records come back as Ray objects
+                    in every rank: rank_entry() -> harness.rank.rank_main(scenario, RankInfo, run_dir, progress)
+                    on the driver: RunSink writes ranks/rank-NNNNN.json the moment a record arrives, and a
+                    RankFailure (ranks/rank-NNNNN.failed.json) for each rank that died, hung or never started
+
+Launchers only build `RankInfo`s; `harness.distributed.init_rank` is the one rendezvous (STYLE.md guideline 7).
+
+Bounds (scenario.launch): the placement and the actors' start within `placement_timeout_s`; once one rank has
+ended (record, error or death) the others get `collective_timeout_s` more, since every rank does the same
+collectives; nothing runs past `rank_timeout_s` from the launch.
+
+Fault injection, for tests of those bounds: HARNESS_INJECT_FAULT="rank=1,kind=die,after=ready" makes rank 1
+call os._exit(1) when it reports "ready"; kind=hang makes it sleep instead. `after` is "start" (before joining
+the group), an event name ("ready", "done") or "policy:NAME". It is read here, in the launchers' wrapper, so
+rank_main never sees it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from harness.distributed import RankInfo, apply_safe_env
+from harness.records import RankFailure, RankRecord, rank_record_path, write_json_atomic, write_record
+
+if TYPE_CHECKING:
+    from harness.scenario import Scenario
+
+FAULT_ENV = "HARNESS_INJECT_FAULT"
+# A process that exited may still have its record in the queue's pipe; wait this long before calling it dead.
+EXIT_DRAIN_GRACE_S = 3.0
+POLL_INTERVAL_S = 0.2
+
+DeviceType = Literal["cuda", "cpu"]
+Event = dict[str, Any]
+
+
+class LaunchError(Exception):
+    """The launch itself failed (no cluster, placement not satisfied, bad fault spec): exit code 2."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterResources:
+    """What a launcher can place ranks on."""
+
+    num_gpus: int
+    num_cpus: int
+    num_nodes: int
+    description: str  # one line, for messages: "2 nodes, 4 CPU, 0 GPU"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchPlan:
+    """One run's launch: the scenario, where records go, and the bounds of every wait."""
+
+    scenario: Scenario
+    run_id: str
+    run_dir: Path
+    device_type: DeviceType
+
+    @property
+    def num_ranks(self) -> int:
+        return self.scenario.parallel.num_ranks
+
+    @property
+    def comm_backend(self) -> Literal["nccl", "gloo"]:
+        # On CPU "cpu:gloo,cuda:nccl" fails (DESIGN.md §5): one backend, chosen by the device.
+        return "nccl" if self.device_type == "cuda" else "gloo"
+
+    @property
+    def placement_strategy(self) -> Literal["PACK", "SPREAD"]:
+        return self.scenario.launch.placement_strategy
+
+    @property
+    def num_cpus_per_rank(self) -> int:
+        return self.scenario.launch.cpus_per_rank
+
+    @property
+    def placement_timeout_s(self) -> float:
+        return self.scenario.launch.placement_timeout_s
+
+    @property
+    def rank_timeout_s(self) -> float:
+        return self.scenario.launch.rank_timeout_s
+
+    @property
+    def collective_timeout_s(self) -> float:
+        return self.scenario.launch.collective_timeout_s
+
+    def rank_info(self, rank: int, *, master_addr: str, master_port: int, device_index: int) -> RankInfo:
+        return RankInfo(
+            rank=rank,
+            world_size=self.num_ranks,
+            master_addr=master_addr,
+            master_port=master_port,
+            comm_backend=self.comm_backend,
+            device_type=self.device_type,
+            device_index=device_index,
+            collective_timeout_s=self.collective_timeout_s,
+            run_id=self.run_id,
+        )
+
+    def bundle(self) -> dict[str, float]:
+        """One rank's placement-group bundle: {GPU: 1, CPU: c} with GPUs, {CPU: c} without."""
+        if self.device_type == "cuda":
+            return {"GPU": 1, "CPU": self.num_cpus_per_rank}
+        return {"CPU": self.num_cpus_per_rank}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOutcome:
+    num_records: int
+    failures: tuple[RankFailure, ...]
+    error: str | None = None  # an infrastructure error that stopped the launch, for the user
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and self.error is None
+
+
+class Launcher(Protocol):
+    name: Literal["local", "ray"]
+
+    def resources(self) -> ClusterResources: ...
+
+    def launch(self, plan: LaunchPlan, sink: RunSink) -> LaunchOutcome: ...
+
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Driver side: records are written as they arrive, so an interrupt or a later failure never loses them.
+
+
+@dataclass
+class RunSink:
+    """Receives events, records and failures from a launcher on the driver; writes them under run_dir."""
+
+    run_dir: Path
+    run_id: str
+    num_ranks: int
+    listener: Callable[[Event], None] | None = None
+    nodes: dict[int, str] = field(default_factory=dict)  # rank -> node, for failures and the display
+    records: dict[int, RankRecord] = field(default_factory=dict)
+    failures: dict[int, RankFailure] = field(default_factory=dict)
+    first_end_at: float | None = None
+    first_end_rank: int | None = None
+
+    @property
+    def pending(self) -> list[int]:
+        return [r for r in range(self.num_ranks) if r not in self.records and r not in self.failures]
+
+    def event(self, event: Event) -> None:
+        if event.get("event") == "placed" and "node" in event:
+            self.nodes[int(event["rank"])] = str(event["node"])
+        if self.listener is not None:
+            self.listener(event)
+
+    def _ended(self, rank: int) -> None:
+        if self.first_end_at is None:
+            self.first_end_at = time.monotonic()
+            self.first_end_rank = rank
+
+    def record(self, rank: int, data: dict[str, Any]) -> None:
+        """Validate a record that came back from a rank and write it at once."""
+        try:
+            record = RankRecord.model_validate(data)
+        except Exception as exc:  # noqa: BLE001 - a record the driver cannot read is that rank's failure
+            self.failure(rank, f"error: the rank's record does not validate: {exc}".splitlines()[0], detail=str(exc))
+            return
+        write_record(rank_record_path(self.run_dir, rank), record)
+        self.records[rank] = record
+        self._ended(rank)
+        self.event({"rank": rank, "event": "record"})
+
+    def failure(self, rank: int, cause: str, *, detail: str = "") -> None:
+        if rank in self.records or rank in self.failures:
+            return
+        failure = RankFailure(
+            run_id=self.run_id, rank=rank, node=self.nodes.get(rank, "unknown"), cause=cause, detail=detail,
+            at=time.time(),
+        )
+        write_record(rank_record_path(self.run_dir, rank, failed=True), failure)
+        self.failures[rank] = failure
+        self._ended(rank)
+        self.event({"rank": rank, "event": "failed", "cause": cause})
+
+    def fail_pending(self, cause: str, *, detail: str = "") -> None:
+        for rank in self.pending:
+            self.failure(rank, cause, detail=detail)
+
+    def write_placement(self, data: dict[str, Any]) -> None:
+        """launch.json: where each rank ran (node IP, Ray node id, pid), which records do not carry."""
+        write_json_atomic(self.run_dir / "launch.json", data)
+
+    def outcome(self, error: str | None = None) -> LaunchOutcome:
+        failures = tuple(self.failures[r] for r in sorted(self.failures))
+        return LaunchOutcome(num_records=len(self.records), failures=failures, error=error)
+
+
+@dataclass
+class RankWatch:
+    """The bounds of one launch: rank_timeout_s overall, collective_timeout_s once a first rank has ended."""
+
+    plan: LaunchPlan
+    sink: RunSink
+    started_at: float = field(default_factory=time.monotonic)
+
+    def deadline(self) -> float:
+        deadline = self.started_at + self.plan.rank_timeout_s
+        if self.sink.first_end_at is not None:
+            deadline = min(deadline, self.sink.first_end_at + self.plan.collective_timeout_s)
+        return deadline
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.deadline()
+
+    def fail_hung(self) -> None:
+        """A RankFailure for each rank still without a result once the deadline has passed."""
+        waited_s = time.monotonic() - self.started_at
+        if self.sink.first_end_at is not None and self.deadline() < self.started_at + self.plan.rank_timeout_s:
+            why = (
+                f"rank {self.sink.first_end_rank} ended {self.sink.first_end_at - self.started_at:.0f} s into the run; "
+                f"the others had collective_timeout_s = {self.plan.collective_timeout_s:g} s more"
+            )
+        else:
+            why = f"rank_timeout_s = {self.plan.rank_timeout_s:g} s passed"
+        self.sink.fail_pending(f"hung: no result within {waited_s:.0f} s", detail=why)
+
+
+def exit_cause(exitcode: int) -> str:
+    """'died: exit code 1' or 'died: killed by SIGKILL'."""
+    if exitcode < 0:
+        try:
+            return f"died: killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"died: killed by signal {-exitcode}"
+    if exitcode == 0:
+        return "died: exited with code 0 before sending its record"
+    return f"died: exit code {exitcode}"
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rank side: the wrapper both launchers run around harness.rank.rank_main.
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultSpec:
+    """A test hook: make one rank die or hang at a given point (HARNESS_INJECT_FAULT)."""
+
+    rank: int
+    kind: Literal["die", "hang"]
+    after: str = "ready"  # "start", an event name, or "policy:NAME"
+
+    def matches(self, event: Event) -> bool:
+        name = event.get("event")
+        if self.after.startswith("policy:"):
+            return name == "policy" and event.get("policy") == self.after.removeprefix("policy:")
+        return name == self.after
+
+    def trigger(self) -> None:
+        if self.kind == "die":
+            os._exit(1)  # no cleanup, no exception: what a crashed or OOM-killed rank looks like to the others
+        while True:
+            time.sleep(3600)
+
+
+def parse_fault_spec(text: str | None) -> FaultSpec | None:
+    """'rank=1,kind=die,after=ready' -> FaultSpec; raise LaunchError naming what is wrong."""
+    if not text:
+        return None
+    fields: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.strip().partition("=")
+        if not sep or key not in ("rank", "kind", "after"):
+            raise LaunchError(f"{FAULT_ENV}={text!r}: expected rank=R,kind=die|hang[,after=EVENT], got {part!r}")
+        fields[key] = value.strip()
+    if "rank" not in fields or "kind" not in fields:
+        raise LaunchError(f"{FAULT_ENV}={text!r}: rank= and kind= are required")
+    if not fields["rank"].isdigit():
+        raise LaunchError(f"{FAULT_ENV}={text!r}: rank must be a rank number, got {fields['rank']!r}")
+    if fields["kind"] not in ("die", "hang"):
+        raise LaunchError(f"{FAULT_ENV}={text!r}: kind must be die or hang, got {fields['kind']!r}")
+    return FaultSpec(rank=int(fields["rank"]), kind=fields["kind"], after=fields.get("after") or "ready")  # type: ignore[arg-type]
+
+
+def rank_entry(scenario: Scenario, info: RankInfo, run_dir: Path, emit: Callable[[Event], None]) -> dict[str, Any]:
+    """Run one rank inside a launcher's process and return its record as JSON data.
+
+    `emit` carries progress events back to the driver. Exceptions propagate: the launcher reports them as the
+    rank's failure.
+    """
+    apply_safe_env()
+    from harness.rank import rank_main
+
+    fault = parse_fault_spec(os.environ.get(FAULT_ENV))
+    if fault is not None and fault.rank != info.rank:
+        fault = None
+    if fault is not None and fault.after == "start":
+        fault.trigger()
+
+    def progress(event: Event) -> None:
+        emit(event)
+        if fault is not None and fault.matches(event):
+            time.sleep(0.2)  # let the event reach the driver first, so the display shows where it stopped
+            fault.trigger()
+
+    record = rank_main(scenario, info, run_dir, progress)
+    return record.model_dump(mode="json")
+
+
+def format_exception(exc: BaseException) -> tuple[str, str]:
+    """(cause, detail) for an exception raised inside a rank."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted: Ctrl-C reached the rank", ""
+    lines = traceback.format_exception_only(type(exc), exc)
+    return f"error: {lines[-1].strip()}", "".join(traceback.format_exception(exc))

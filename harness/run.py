@@ -1,0 +1,509 @@
+"""`harness run`: launch a scenario (or a matrix of them) on local processes or a Ray cluster, then report.
+
+    scenario file (or the default) + CLI overrides ──> parse_scenario (same errors as the file's own)
+    results/<run-id>/run.json                          written first: what was launched, by what, how
+    launcher.launch()                                  ranks/rank-NNNNN.json as each record reaches the driver
+    harness.collect.collect(run_dir)                   report.{json,md,html}, junit.xml; its exit code
+
+Exit codes: 0 ok, 1 a check or expectation failed (from collect), 2 a usage or infrastructure error, including
+any rank that died, hung or never started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from harness.cli import EXIT_ERROR, EXIT_OK
+from harness.launch import FAULT_ENV, Event, LaunchError, Launcher, LaunchPlan, RunSink, parse_fault_spec
+from harness.records import RunManifest, write_record
+from harness.scenario import SCENARIOS_DIR, Scenario, ScenarioError, parse_scenario, resolve_scenario_path
+
+PACKAGED_DEFAULTS_DIR = Path(__file__).resolve().parent / "defaults"  # package data, for non-editable installs
+
+
+def _embedded(name: str) -> Path:
+    """A default scenario: the repository's scenarios/ when there is one, else the copy packaged with harness."""
+    in_repo = SCENARIOS_DIR / name
+    return in_repo if in_repo.exists() else PACKAGED_DEFAULTS_DIR / name
+
+
+DEFAULT_CPU_SCENARIO = _embedded("smoke.yaml")
+DEFAULT_GPU_SCENARIO = _embedded("deepseek-v3-dp32-pr55579.yaml")
+RESULTS_DIR = Path("results")
+
+LauncherName = Literal["local", "ray"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scenario selection and command-line overrides
+
+
+def scenario_overrides(ns: argparse.Namespace) -> dict[str, Any]:
+    """The scenario fields the command line sets, as dotted keys: {"parallel.num_ranks": 8, ...}.
+
+    --launcher is not among them: it picks how ranks start, not what they measure, so a scenario keeps its hash
+    (and stays comparable) whichever launcher ran it; run.json and launch.json record the launcher.
+    """
+    overrides: dict[str, Any] = {}
+    if ns.experts_backend is not None:
+        overrides["experts_backend"] = ns.experts_backend
+    if ns.device is not None:
+        overrides["device"] = ns.device
+    if ns.placement_strategy is not None:
+        overrides["launch.placement_strategy"] = ns.placement_strategy
+    if ns.num_ranks is not None:
+        overrides["parallel.num_ranks"] = ns.num_ranks
+    if ns.policies is not None:
+        overrides["policies"] = [p.strip() for p in ns.policies.split(",") if p.strip()]
+    # vllm.* holds at most one source, so a source given here replaces the scenario's.
+    for flag, key in (("vllm_version", "version"), ("vllm_wheel", "wheel"), ("vllm_src", "src")):
+        value = getattr(ns, flag)
+        if value is not None:
+            overrides["vllm"] = {key: str(value)}
+    return overrides
+
+
+def _flag(key: str) -> str:
+    return {
+        "experts_backend": "--experts-backend", "device": "--device",
+        "launch.placement_strategy": "--placement-strategy", "parallel.num_ranks": "--num-ranks",
+        "policies": "--policies", "vllm": "--vllm-*",
+    }[key]
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any], *, path: Path | str, name: str | None) -> Scenario:
+    """Set dotted keys in raw scenario data and validate it again, so a bad override reads like a bad file."""
+    data = copy.deepcopy(data)
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ScenarioError(f"{path}: {part} is not a mapping; cannot apply {_flag(dotted)}")
+        node[leaf] = value
+    if "policies" in overrides:
+        # --policies narrows the run: expectations about policies left out no longer apply.
+        outcomes = data.get("expect", {}).get("outcomes")
+        if isinstance(outcomes, dict):
+            data["expect"]["outcomes"] = {k: v for k, v in outcomes.items() if k in overrides["policies"]}
+    if name is not None:
+        data.setdefault("name", name)
+    label = f"{path} (with {', '.join(f'{_flag(k)}' for k in overrides)})" if overrides else path
+    return parse_scenario(data, path=label)
+
+
+def load_with_overrides(path: Path, overrides: dict[str, Any]) -> Scenario:
+    from harness.scenario import load_scenario
+
+    scenario = load_scenario(path)  # the file's own errors first, with the file's name
+    if not overrides:
+        return scenario
+    raw = yaml.safe_load(path.read_text())
+    return apply_overrides(raw, overrides, path=path, name=scenario.name)
+
+
+def override_scenario(scenario: Scenario, overrides: dict[str, Any], *, label: str) -> Scenario:
+    """Overrides applied to an already-validated scenario (a matrix cell)."""
+    if not overrides:
+        return scenario
+    return apply_overrides(scenario.model_dump(mode="json"), overrides, path=label, name=scenario.name)
+
+
+def default_scenario_path(num_gpus: int) -> Path:
+    """The embedded default: the PR case on a machine or cluster with a GPU, the CPU smoke scenario otherwise."""
+    return DEFAULT_GPU_SCENARIO if num_gpus >= 1 else DEFAULT_CPU_SCENARIO
+
+
+def local_gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def make_run_id(name: str, *, now: datetime.datetime | None = None) -> str:
+    """'YYYYmmdd-HHMMSS-<name>' in UTC."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    return f"{now:%Y%m%d-%H%M%S}-{name}"
+
+
+def choose_run_dir(out: Path | None, run_id: str) -> Path:
+    """--out as given (it must not hold a run already), else results/<run-id> (made unique)."""
+    if out is not None:
+        if (out / "run.json").exists() or (out / "ranks").exists():
+            raise LaunchError(f"--out {out} already holds a run; give a new directory")
+        return out.resolve()
+    run_dir = RESULTS_DIR / run_id
+    suffix = 2
+    while run_dir.exists():
+        run_dir = RESULTS_DIR / f"{run_id}-{suffix}"
+        suffix += 1
+    return run_dir.resolve()  # absolute: ranks on other nodes and in other working directories get it as is
+
+
+def command_line(ns: argparse.Namespace) -> list[str]:
+    """The `harness run` command as a user would type it, for run.json."""
+    argv = ["harness", "run"]
+    if ns.scenario is not None:
+        argv.append(str(ns.scenario))
+    for name in ("launcher", "address", "out", "experts_backend", "device", "placement_strategy", "num_ranks",
+                 "policies", "vllm_version", "vllm_wheel", "vllm_src", "cache_dir"):
+        value = getattr(ns, name, None)
+        if value is not None:
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+    if getattr(ns, "dry_run", False):
+        argv.append("--dry-run")
+    return argv
+
+
+def resolve_launcher_name(ns: argparse.Namespace, scenario: Scenario | None) -> LauncherName:
+    """--launcher, else Ray when an address is given (or `ray job submit` set RAY_ADDRESS), else the scenario's."""
+    if ns.launcher == "local" and ns.address:
+        raise LaunchError(f"--address {ns.address} is for the Ray launcher; drop it or use --launcher ray")
+    if ns.launcher is not None:
+        return ns.launcher
+    if ns.address or os.environ.get("RAY_ADDRESS"):
+        return "ray"
+    return scenario.launch.launcher if scenario is not None else "local"
+
+
+def make_launcher(name: LauncherName, *, address: str | None, num_cpus: int) -> Launcher:
+    if name == "ray":
+        from harness.launch.ray_launcher import RayLauncher
+
+        return RayLauncher(address, num_cpus=num_cpus)
+    from harness.launch.local import LocalLauncher
+
+    return LocalLauncher()
+
+
+def cluster_cpus_for(scenarios: list[Scenario]) -> int:
+    """CPUs for a Ray cluster started here: enough bundles for the largest scenario."""
+    return max(s.parallel.num_ranks * s.launch.cpus_per_rank for s in scenarios)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Progress display
+
+
+@dataclass
+class _RankState:
+    node: str = ""
+    status: str = "starting"
+    num_policies_done: int = 0
+    up: bool = False
+    failed: bool = False
+
+
+@dataclass
+class RunProgress:
+    """Ranks up N/P and the policy each rank is measuring: a live table on a terminal, one line per event in logs."""
+
+    console: Console
+    title: str
+    num_ranks: int
+    num_policies: int
+    ranks: dict[int, _RankState] = field(default_factory=dict)
+    note: str = ""
+    _live: Live | None = None
+
+    def __post_init__(self) -> None:
+        self.ranks = {r: _RankState() for r in range(self.num_ranks)}
+
+    @property
+    def num_up(self) -> int:
+        return sum(s.up for s in self.ranks.values())
+
+    @contextmanager
+    def shown(self) -> Iterator[RunProgress]:
+        if self.console.is_terminal:
+            self._live = Live(self.render(), console=self.console, refresh_per_second=4, transient=False)
+            self._live.start()
+        try:
+            yield self
+        finally:
+            if self._live is not None:
+                self._live.update(self.render())
+                self._live.stop()
+                self._live = None
+
+    def __call__(self, event: Event) -> None:
+        line = self._apply(event)
+        if self._live is not None:
+            self._live.update(self.render())
+        elif line:
+            self.console.print(line, highlight=False, markup=False)
+
+    def _apply(self, event: Event) -> str:
+        name = event.get("event")
+        if name == "placing":
+            self.note = f"placing {event['num_bundles']} bundles of {event['bundle']}"
+            return self.note
+        rank = event.get("rank")
+        if not isinstance(rank, int) or rank not in self.ranks:
+            return ""
+        state = self.ranks[rank]
+        if name == "placed":
+            state.node = str(event.get("node", ""))
+            state.status = "placed"
+            return f"rank {rank}: placed on {state.node} (pid {event.get('pid')})"
+        if name == "ready":
+            state.up, state.status = True, "ready"
+            return f"rank {rank}: ready ({self.num_up}/{self.num_ranks} up)"
+        if name == "policy":
+            if state.status.startswith("measuring "):
+                state.num_policies_done += 1
+            state.status = f"measuring {event.get('policy')}"
+            return f"rank {rank}: measuring {event.get('policy')} ({state.num_policies_done + 1}/{self.num_policies})"
+        if name == "done":
+            state.status, state.num_policies_done = "done", self.num_policies
+            return f"rank {rank}: done"
+        if name == "record":
+            state.status = "record written"
+            return f"rank {rank}: record written"
+        if name == "failed":
+            state.failed, state.status = True, f"FAILED: {event.get('cause')}"
+            return f"rank {rank}: FAILED: {event.get('cause')}"
+        return ""
+
+    def render(self) -> Table:
+        title = Text(f"{self.title}\nranks up {self.num_up}/{self.num_ranks}  {self.note}")
+        table = Table(title=title, title_justify="left")
+        table.add_column("rank", justify="right")
+        table.add_column("node")
+        table.add_column("policies", justify="right")
+        table.add_column("status")
+        for rank, state in self.ranks.items():
+            style = "red" if state.failed else ("green" if state.status in ("done", "record written") else None)
+            table.add_row(str(rank), Text(state.node), f"{state.num_policies_done}/{self.num_policies}",
+                          Text(state.status), style=style)  # Text: causes may hold "[...]", which is not markup
+        return table
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One scenario, one matrix
+
+
+def _console() -> Console:
+    return Console(width=max(Console().width, 140))
+
+
+def _error(message: str) -> int:
+    print(f"harness: error: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def run_scenario(
+    scenario: Scenario,
+    *,
+    launcher: Launcher,
+    run_dir: Path,
+    run_id: str,
+    scenario_path: Path | None,
+    command: list[str],
+    console: Console,
+) -> int:
+    """Launch one scenario into run_dir, collect it and print the summary; return the exit code."""
+    from harness.collect import collect
+    from harness.environment import collect_versions
+    from harness.rank import can_run, resolve_device
+
+    resources = launcher.resources()
+    device_type = resolve_device(scenario, resources.num_gpus)
+    reason = can_run(scenario, device_type=device_type, num_gpus=resources.num_gpus)
+    if reason is not None:
+        return _error(f"{scenario.name} cannot run on {resources.description}: {reason}")
+
+    started = time.monotonic()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    manifest = RunManifest(
+        run_id=run_id,
+        scenario_name=scenario.name or "",
+        scenario_hash=scenario.scenario_hash,
+        scenario=scenario.model_dump(mode="json"),
+        scenario_path=str(scenario_path) if scenario_path is not None else None,
+        num_ranks=scenario.parallel.num_ranks,
+        launcher=launcher.name,
+        command=command,
+        started_at=time.time(),
+        versions=collect_versions(),
+    )
+    write_record(run_dir / "run.json", manifest)
+
+    plan = LaunchPlan(scenario=scenario, run_id=run_id, run_dir=run_dir, device_type=device_type)
+    console.print(
+        f"{run_id}: {scenario.summary()}\n"
+        f"{launcher.name} launcher on {resources.description}; {plan.num_ranks} rank(s) on {device_type} "
+        f"({plan.comm_backend}); records to {run_dir}",
+        highlight=False, markup=False,
+    )
+    progress = RunProgress(
+        console=console, title=f"{scenario.name}: {launcher.name} launcher", num_ranks=plan.num_ranks,
+        num_policies=len(scenario.policies),
+    )
+    sink = RunSink(run_dir=run_dir, run_id=run_id, num_ranks=plan.num_ranks, listener=progress)
+    try:
+        with progress.shown():
+            outcome = launcher.launch(plan, sink)
+    except KeyboardInterrupt:
+        print(f"harness: interrupted; the records that arrived are in {run_dir} (`harness collect {run_dir}` "
+              "reports them)", file=sys.stderr)
+        raise
+
+    if outcome.error:
+        print(f"harness: error: {outcome.error}", file=sys.stderr)
+    for failure in outcome.failures:
+        print(f"harness: rank {failure.rank} on {failure.node}: {failure.cause}", file=sys.stderr)
+    result = collect(run_dir)
+    console.print(result.summary_table())
+    console.print(f"results: {run_dir}  ({time.monotonic() - started:.1f} s)", highlight=False, markup=False)
+    if not outcome.ok:
+        return EXIT_ERROR
+    return result.exit_code
+
+
+def _dry_run(scenario: Scenario, *, launcher_name: LauncherName, ns: argparse.Namespace, run_dir: Path,
+             console: Console) -> None:
+    from harness.plan import make_plan, plan_summary, render_plan
+
+    rows = make_plan(scenario, cache_dir=ns.cache_dir)
+    console.print(render_plan(scenario, rows))
+    console.print(plan_summary(rows))
+    launch = scenario.launch
+    if launcher_name == "ray":
+        where = f"Ray cluster at {ns.address or os.environ.get('RAY_ADDRESS') or 'a new local cluster'}"
+        if scenario.device == "auto":
+            device = "auto (cuda when the cluster has enough GPUs, else cpu; decided at launch)"
+            bundle = f"{{GPU: 1, CPU: {launch.cpus_per_rank}}} or {{CPU: {launch.cpus_per_rank}}}"
+        else:
+            device = scenario.device
+            gpu = "GPU: 1, " if device == "cuda" else ""
+            bundle = f"{{{gpu}CPU: {launch.cpus_per_rank}}}"
+        placement = f"{scenario.parallel.num_ranks} bundles of {bundle}, {launch.placement_strategy}"
+    else:
+        from harness.rank import resolve_device
+
+        where = "this machine"
+        device = resolve_device(scenario, local_gpu_count())
+        placement = f"{scenario.parallel.num_ranks} spawned processes, rendezvous 127.0.0.1"
+    console.print(
+        f"would launch: {launcher_name} launcher on {where}; device {device}; {placement}\n"
+        f"bounds: placement {launch.placement_timeout_s:g} s, collectives {launch.collective_timeout_s:g} s, "
+        f"whole run {launch.rank_timeout_s:g} s; records to {run_dir}",
+        highlight=False, markup=False,
+    )
+
+
+def run_command(ns: argparse.Namespace) -> int:
+    """Entry of `harness run`."""
+    try:
+        return _run_command(ns)
+    except (ScenarioError, LaunchError) as exc:
+        return _error(str(exc))
+
+
+def _run_command(ns: argparse.Namespace) -> int:
+    parse_fault_spec(os.environ.get(FAULT_ENV))  # a malformed test hook fails here, not inside a rank
+    if ns.num_ranks is not None and ns.num_ranks < 1:
+        raise ScenarioError(f"--num-ranks {ns.num_ranks}: must be at least 1")
+    overrides = scenario_overrides(ns)
+    console = _console()
+    command = command_line(ns)
+
+    path = resolve_scenario_path(ns.scenario) if ns.scenario is not None else None
+    if path is not None:
+        from harness.matrix import is_matrix_file
+
+        if is_matrix_file(path):
+            return _run_matrix(ns, path, overrides, console=console, command=command)
+    scenario = load_with_overrides(path, overrides) if path is not None else None
+    launcher_name = resolve_launcher_name(ns, scenario)
+
+    launcher: Launcher | None = None
+    try:
+        if scenario is None:
+            # The default depends on GPUs: the cluster's when we join one, this machine's otherwise.
+            joining = launcher_name == "ray" and (ns.address or os.environ.get("RAY_ADDRESS")) and not ns.dry_run
+            if joining:
+                launcher = make_launcher("ray", address=ns.address, num_cpus=1)
+                num_gpus = launcher.resources().num_gpus
+            else:
+                num_gpus = local_gpu_count()
+            path = default_scenario_path(num_gpus)
+            scenario = load_with_overrides(path, overrides)
+            console.print(f"no scenario given: running {path.name} ({num_gpus} GPU(s) found)", highlight=False, markup=False)
+        run_id = make_run_id(scenario.name or "run")
+        run_dir = choose_run_dir(ns.out, run_id)
+        if ns.dry_run:
+            try:
+                _dry_run(scenario, launcher_name=launcher_name, ns=ns, run_dir=run_dir, console=console)
+            except Exception as exc:
+                from harness.vllm_source import VllmSourceError
+
+                if isinstance(exc, VllmSourceError):  # a release policy whose source cannot be had
+                    return _error(str(exc))
+                raise
+            return EXIT_OK
+        if launcher is None:
+            launcher = make_launcher(launcher_name, address=ns.address, num_cpus=cluster_cpus_for([scenario]))
+        return run_scenario(
+            scenario, launcher=launcher, run_dir=run_dir, run_id=run_id, scenario_path=path, command=command,
+            console=console,
+        )
+    finally:
+        if launcher is not None:
+            launcher.close()
+
+
+def _run_matrix(ns: argparse.Namespace, path: Path, overrides: dict[str, Any], *, console: Console,
+                command: list[str]) -> int:
+    """Each cell into <run_dir>/<cell.name>/, one after another, past failed cells; then collect_matrix."""
+    from harness.matrix import collect_matrix, load_matrix
+
+    matrix = load_matrix(path)
+    cells = list(matrix.cells())
+    scenarios = [override_scenario(c.scenario, overrides, label=f"{path} cell {c.name}") for c in cells]
+    run_id = make_run_id(matrix.name or path.stem)
+    run_dir = choose_run_dir(ns.out, run_id)
+    launcher_name = resolve_launcher_name(ns, scenarios[0] if scenarios else None)
+    console.print(f"matrix {path.name}: {matrix.expansion().summary()} cells, into {run_dir}", highlight=False,
+                  markup=False)
+    if ns.dry_run:
+        for cell, scenario in zip(cells, scenarios):
+            console.rule(f"cell {cell.name}")
+            _dry_run(scenario, launcher_name=launcher_name, ns=ns, run_dir=run_dir / cell.name, console=console)
+        return EXIT_OK
+    launcher = make_launcher(launcher_name, address=ns.address, num_cpus=cluster_cpus_for(scenarios))
+    try:
+        for cell, scenario in zip(cells, scenarios):
+            console.rule(f"cell {cell.name}")
+            try:
+                code = run_scenario(
+                    scenario, launcher=launcher, run_dir=run_dir / cell.name, run_id=f"{run_id}-{cell.name}",
+                    scenario_path=path, command=command, console=console,
+                )
+            except (ScenarioError, LaunchError) as exc:
+                code = _error(f"cell {cell.name}: {exc}")
+            console.print(f"cell {cell.name}: exit code {code}", highlight=False, markup=False)
+    finally:
+        launcher.close()
+    result = collect_matrix(run_dir, cells, matrix=matrix)
+    console.print(result.summary_table())
+    console.print(f"results: {run_dir}", highlight=False, markup=False)
+    return result.exit_code

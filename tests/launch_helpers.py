@@ -1,0 +1,71 @@
+"""Helpers shared by the launcher tests: run the real CLI as a subprocess, write tiny scenarios, read records."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from harness.distributed import SAFE_NCCL_ENV
+from harness.launch import FAULT_ENV
+from harness.records import RankFailure, RankRecord, read_record
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class CliRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    wall_s: float
+
+
+def harness_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, **SAFE_NCCL_ENV)
+    env["PYTHONPATH"] = str(REPO_DIR) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop(FAULT_ENV, None)
+    env.pop("RAY_ADDRESS", None)
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 240) -> CliRun:
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "run", *args], cwd=REPO_DIR, env=env or harness_env(),
+        capture_output=True, text=True, timeout=timeout_s,
+    )
+    return CliRun(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+
+
+def tiny_scenario(tmp_path: Path, name: str = "tiny", *, num_ranks: int = 2, **launch: float | int | str) -> Path:
+    """A scenario small enough for 2 cores (D = P, tiny shapes, gloo) with short bounds, so faults end in seconds."""
+    data = {
+        "name": name,
+        "description": "launcher test: tiny shapes",
+        "model": {"hidden_size": 128, "intermediate_size": 64, "num_experts": 4 * num_ranks, "top_k": 2},
+        "parallel": {"num_dispatchers": num_ranks, "num_ranks": num_ranks, "max_tokens_per_rank": 16},
+        "policies": ["legacy", "fixed"],
+        "device": "cpu",
+        "iterations": 2,
+        "warmup": 1,
+        "launch": {"collective_timeout_s": 10, "rank_timeout_s": 120, "placement_timeout_s": 30, **launch},
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def rank_files(run_dir: Path) -> dict[int, RankRecord | RankFailure]:
+    out: dict[int, RankRecord | RankFailure] = {}
+    for path in sorted((run_dir / "ranks").glob("rank-*.json")):
+        record = read_record(path)
+        assert isinstance(record, (RankRecord, RankFailure))
+        out[record.rank] = record
+    return out
