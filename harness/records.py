@@ -240,7 +240,8 @@ def read_record(path: Path) -> RankRecord | RankFailure | RunManifest:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         # A record is one JSON object: one that stops before its closing brace was cut off mid-write.
-        what = "truncated" if not text.rstrip().endswith("}") else "corrupt"
+        body = text.strip()
+        what = "truncated" if body.startswith("{") and not body.endswith("}") else "corrupt"
         raise RecordError(f"{path}: {what} JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(data, dict):
         raise RecordError(f"{path}: corrupt: expected a JSON object")
