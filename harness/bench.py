@@ -19,6 +19,7 @@ Ratios are raw time / harness time (1.0: the harness adds nothing). Thresholds c
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -525,3 +526,79 @@ def cpu_costs(*, repeats: int = 3, with_ray: bool = True) -> list[CpuCost]:
                 within_target=statistics.median(v) <= CPU_TARGETS_S[name])
         for name, v in results.items()
     ]
+
+
+def bench_command(ns: Any) -> int:
+    """Entry of `harness bench`: 0 at or above the thresholds, 1 below one, 2 on errors."""
+    import sys
+
+    from rich.console import Console
+
+    from harness.launch import LaunchError, LaunchPlan, RunSink
+    from harness.launch.local import LocalLauncher
+    from harness.rank import can_run, resolve_device
+    from harness.records import write_json_atomic
+    from harness.run import (choose_run_dir, default_scenario_path, load_with_overrides, local_gpu_count,
+                             make_run_id, scenario_overrides)
+    from harness.scenario import REPO_DIR, ScenarioError, resolve_scenario_path
+
+    console = Console(width=max(Console().width, 140))
+    command = ["harness", "bench", *sys.argv[2:]] if len(sys.argv) > 1 and sys.argv[1] == "bench" else ["harness", "bench"]
+    try:
+        num_gpus = local_gpu_count()
+        path = resolve_scenario_path(ns.scenario) if ns.scenario else default_scenario_path(num_gpus)
+        ns.placement_strategy = None
+        scenario = load_with_overrides(path, scenario_overrides(ns))
+    except (ScenarioError, LaunchError) as exc:
+        print(f"harness: error: {exc}", file=sys.stderr)
+        return 2
+    run_id = make_run_id(f"bench-{scenario.name}")
+    out = ns.out or (REPO_DIR / "results" / "bench" / run_id)
+    records: list[BenchRankRecord] = []
+    if not ns.cpu_only:
+        device_type = resolve_device(scenario, num_gpus)
+        reason = can_run(scenario, device_type=device_type, num_gpus=num_gpus)
+        if reason is not None:
+            print(f"harness: error: {scenario.name} cannot run here: {reason}", file=sys.stderr)
+            return 2
+        launcher = LocalLauncher()
+        rank_dir = choose_run_dir(out / "ranks-run", run_id)
+        plan = LaunchPlan(scenario=scenario, run_id=run_id, run_dir=rank_dir, device_type=device_type, entry="bench")
+        sink = RunSink(run_dir=rank_dir, run_id=run_id, num_ranks=plan.num_ranks)
+        console.print(f"{run_id}: {scenario.summary()}; {plan.num_ranks} rank(s) on {device_type}", highlight=False)
+        outcome = launcher.launch(plan, sink)
+        launcher.close()
+        if not outcome.ok:
+            for failure in outcome.failures:
+                print(f"harness: rank {failure.rank}: {failure.cause}", file=sys.stderr)
+            if outcome.error:
+                print(f"harness: error: {outcome.error}", file=sys.stderr)
+            return 2
+        records = [sink.records[r] for r in sorted(sink.records)]  # type: ignore[misc]
+    costs = [] if ns.no_cpu_costs else cpu_costs()
+    summaries, ratio, failures = summarize(records, scenario) if records else ([], None, [])
+    over = [f"CPU-side: {c.name} took {c.median_s:.3f} s (target {c.target_s} s)" for c in costs
+            if not c.within_target]
+    report = BenchReport(
+        run_id=run_id, scenario_name=scenario.name or "", scenario_hash=scenario.scenario_hash,
+        num_ranks=len(records), experts_backend=records[0].experts_backend if records else None,
+        versions=records[0].versions if records else None,
+        device_name=records[0].hardware.device_name if records else None, command=command,
+        thresholds={"bench.experts_ratio_min": scenario.bench.experts_ratio_min,
+                    "bench.comm_busbw_ratio_min": scenario.bench.comm_busbw_ratio_min},
+        policies=summaries, legacy_over_fixed_experts_time=ratio, cpu_costs=costs, failures=failures + over,
+        ok=not failures and not over,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "bench.json", {"report": report.model_dump(mode="json"),
+                                           "ranks": [r.model_dump(mode="json") for r in records]})
+    markdown = render_markdown(report, records)
+    tmp = out / ".bench.md.tmp"
+    tmp.write_text(markdown)
+    tmp.replace(out / "bench.md")
+    if ns.json:
+        print(json.dumps(report.model_dump(mode="json"), indent=1))
+    else:
+        console.print(markdown, markup=False, highlight=False)
+        console.print(f"bench: {out}", highlight=False)
+    return 0 if report.ok else 1

@@ -65,15 +65,16 @@ def scenario_overrides(ns: argparse.Namespace) -> dict[str, Any]:
         overrides["experts_backend"] = ns.experts_backend
     if ns.device is not None:
         overrides["device"] = ns.device
-    if ns.placement_strategy is not None:
+    if getattr(ns, "placement_strategy", None) is not None:
         overrides["launch.placement_strategy"] = ns.placement_strategy
     if ns.num_ranks is not None:
         overrides["parallel.num_ranks"] = ns.num_ranks
     if ns.policies is not None:
         overrides["policies"] = [p.strip() for p in ns.policies.split(",") if p.strip()]
     # vllm.* holds at most one source, so a source given here replaces the scenario's.
-    for flag, key in (("vllm_version", "version"), ("vllm_wheel", "wheel"), ("vllm_src", "src")):
-        value = getattr(ns, flag)
+    for flag, key in (("vllm_version", "version"), ("vllm_wheel", "wheel"), ("vllm_src", "src"),
+                      ("vllm_ops_library", "ops_library")):
+        value = getattr(ns, flag, None)
         if value is not None:
             overrides["vllm"] = {key: str(value)}
     return overrides

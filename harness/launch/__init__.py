@@ -35,6 +35,7 @@ from harness.distributed import RankInfo, apply_safe_env
 from harness.records import RankFailure, RankRecord, rank_record_path, write_json_atomic, write_record
 
 if TYPE_CHECKING:
+    from harness.bench import BenchRankRecord
     from harness.scenario import Scenario
 
 FAULT_ENV = "HARNESS_INJECT_FAULT"
@@ -68,6 +69,7 @@ class LaunchPlan:
     run_id: str
     run_dir: Path
     device_type: DeviceType
+    entry: Literal["run", "bench"] = "run"  # harness.rank.rank_main, or harness.bench.bench_rank_main
 
     @property
     def num_ranks(self) -> int:
@@ -152,7 +154,7 @@ class RunSink:
     num_ranks: int
     listener: Callable[[Event], None] | None = None
     nodes: dict[int, str] = field(default_factory=dict)  # rank -> node, for failures and the display
-    records: dict[int, RankRecord] = field(default_factory=dict)
+    records: dict[int, RankRecord | BenchRankRecord] = field(default_factory=dict)
     failures: dict[int, RankFailure] = field(default_factory=dict)
     first_end_at: float | None = None
     first_end_rank: int | None = None
@@ -175,7 +177,10 @@ class RunSink:
     def record(self, rank: int, data: dict[str, Any]) -> None:
         """Validate a record that came back from a rank and write it at once."""
         try:
-            record = RankRecord.model_validate(data)
+            from harness.bench import BenchRankRecord
+
+            model = BenchRankRecord if data.get("record_kind") == "bench-rank" else RankRecord
+            record = model.model_validate(data)
         except Exception as exc:  # noqa: BLE001 - a record the driver cannot read is that rank's failure
             self.failure(rank, f"error: the rank's record does not validate: {exc}".splitlines()[0], detail=str(exc))
             return
@@ -299,7 +304,8 @@ def parse_fault_spec(text: str | None) -> FaultSpec | None:
     return FaultSpec(rank=int(fields["rank"]), kind=fields["kind"], after=fields.get("after") or "ready")  # type: ignore[arg-type]
 
 
-def rank_entry(scenario: Scenario, info: RankInfo, run_dir: Path, emit: Callable[[Event], None]) -> dict[str, Any]:
+def rank_entry(scenario: Scenario, info: RankInfo, run_dir: Path, emit: Callable[[Event], None],
+               entry: Literal["run", "bench"] = "run") -> dict[str, Any]:
     """Run one rank inside a launcher's process and return its record as JSON data.
 
     `emit` carries progress events back to the driver. Exceptions propagate: the launcher reports them as the
@@ -320,6 +326,10 @@ def rank_entry(scenario: Scenario, info: RankInfo, run_dir: Path, emit: Callable
             time.sleep(0.2)  # let the event reach the driver first, so the display shows where it stopped
             fault.trigger()
 
+    if entry == "bench":
+        from harness.bench import bench_rank_main
+
+        return bench_rank_main(scenario, info, run_dir, progress).model_dump(mode="json")
     record = rank_main(scenario, info, run_dir, progress)
     return record.model_dump(mode="json")
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 TERMINATE_GRACE_S = 5.0
 
 
-def _rank_process(scenario: Scenario, info: RankInfo, run_dir: str, results: Queue) -> None:
+def _rank_process(scenario: Scenario, info: RankInfo, run_dir: str, results: Queue, entry: str = "run") -> None:
     """Body of one rank's process (spawned: nothing inherited but the arguments and the environment)."""
     apply_safe_env()
     if info.device_type == "cpu":
@@ -47,7 +47,8 @@ def _rank_process(scenario: Scenario, info: RankInfo, run_dir: str, results: Que
         # P ranks share this machine's cores; without a cap every rank starts one thread per core.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // info.world_size))
     try:
-        data = rank_entry(scenario, info, Path(run_dir), lambda event: results.put(("event", info.rank, event)))
+        data = rank_entry(scenario, info, Path(run_dir), lambda event: results.put(("event", info.rank, event)),
+                          entry)  # type: ignore[arg-type]
         results.put(("record", info.rank, data))
     except BaseException as exc:  # noqa: BLE001 - whatever ends the rank is reported, then the process exits
         cause, detail = format_exception(exc)
@@ -85,7 +86,7 @@ class LocalLauncher:
                     device_index=rank if plan.device_type == "cuda" else 0,
                 )
                 proc = ctx.Process(
-                    target=_rank_process, args=(plan.scenario, info, str(plan.run_dir), results),
+                    target=_rank_process, args=(plan.scenario, info, str(plan.run_dir), results, plan.entry),
                     name=f"harness-rank-{rank}",
                 )
                 proc.start()

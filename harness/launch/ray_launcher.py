@@ -91,8 +91,8 @@ class _RankActor:
             "free_port": free_port(node_ip),
         }
 
-    def run(self, scenario: Scenario, info: RankInfo, run_dir: str, log: Any) -> dict[str, Any]:
-        return rank_entry(scenario, info, Path(run_dir), lambda event: log.put.remote(event))
+    def run(self, scenario: Scenario, info: RankInfo, run_dir: str, log: Any, entry: str = "run") -> dict[str, Any]:
+        return rank_entry(scenario, info, Path(run_dir), lambda event: log.put.remote(event), entry)  # type: ignore[arg-type]
 
 
 def _format_resources(resources: dict[str, float], keys: tuple[str, ...] = ("CPU", "GPU")) -> str:
@@ -201,7 +201,7 @@ class RayLauncher:
                 info = plan.rank_info(
                     rank, master_addr=wheres[0]["node_ip"], master_port=wheres[0]["free_port"], device_index=0
                 )
-                refs[actor.run.remote(plan.scenario, info, str(plan.run_dir), log)] = rank
+                refs[actor.run.remote(plan.scenario, info, str(plan.run_dir), log, plan.entry)] = rank
             self._watch(plan, sink, refs, log)
         except KeyboardInterrupt:
             sink.fail_pending("interrupted: Ctrl-C before this rank's record arrived")
