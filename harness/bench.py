@@ -6,11 +6,11 @@ thermal drift hit every variant alike:
     experts:harness      the backend's step on the policy's workspace views (what `harness run` times)
     experts:raw-vllm     vLLM's ops (cutlass_moe_mm pair, silu_and_mul, per-token quant) with every argument
                          prebuilt and no harness code around them                       (when the library loads)
-    experts:raw-torch    torch._scaled_grouped_mm over all experts, no chunking, no workspace copies (sm90+)
+    experts:raw-torch    torch._scaled_grouped_mm over all experts, no chunking, no copies into mm1/mm2 views (sm90+)
     experts:raw-reference  the reference math on the valid rows, no workspace views     (CPU)
     dispatch:harness     quantize + pack + counts + all_to_all_single + unpack into (E, M, K)
     combine:harness      gather + all_to_all_single + weighted sum
-    a2a:raw-dispatch     all_to_all_single of the same bytes with the same splits
+    a2a:raw-dispatch     all_to_all_single of the same rows and words with the same splits
     a2a:raw-combine      likewise for the combine payload
 
 Ratios are raw time / harness time (1.0: the harness adds nothing). Thresholds come from the scenario's
@@ -96,8 +96,8 @@ def _stats(name: str, samples: list[float]) -> VariantStats:
                         num_samples=len(kept))
 
 
-def _raw_torch(setup: Any) -> Callable[[], torch.Tensor]:
-    b, w = setup.buffers, setup.weights
+def _raw_torch(setup: Any, workspace: Workspace) -> Callable[[], torch.Tensor]:
+    b, w, out = setup.buffers, setup.weights, workspace.out
     E, M = b.expert_x.shape[:2]
     I = w.w2.shape[2]
     x_scale = b.expert_x_scale.reshape(E, M)
@@ -109,7 +109,8 @@ def _raw_torch(setup: Any) -> Callable[[], torch.Tensor]:
         a = act.float()
         s = (a.abs().amax(dim=-1) / FP8_MAX).clamp_min(1e-12)
         q = (a / s.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-        return torch._scaled_grouped_mm(q, w2t, s, w.w2_scale, out_dtype=torch.bfloat16)
+        # The batched contract ends with the result in `out`, as vLLM's copy of mm2_out does.
+        return out.copy_(torch._scaled_grouped_mm(q, w2t, s, w.w2_scale, out_dtype=torch.bfloat16))
 
     return run
 
@@ -130,14 +131,14 @@ def _raw_vllm(setup: Any, workspace: Workspace) -> Callable[[], torch.Tensor]:
     si = torch.full((E,), I, dtype=torch.int64, device=dev)
     a1q, a1q_scale = b.expert_x.reshape(E * M, K), b.expert_x_scale.reshape(E * M, 1)
     act_scale = torch.empty((E * M, 1), dtype=torch.float32, device=dev)
-    mm1, act, quant, mm2 = ws.mm1_out, ws.act_out, ws.quant_out, ws.mm2_out
+    mm1, act, quant, mm2, out = ws.mm1_out, ws.act_out, ws.quant_out, ws.mm2_out, ws.out
 
     def run() -> torch.Tensor:
         ops.cutlass_moe_mm(mm1, a1q, w.w1, a1q_scale, w.w1_scale, offsets, ps1, sk, sk, s2i, True, True)
         ops.silu_and_mul(act, mm1)
         ops.dynamic_per_token_scaled_fp8_quant(quant, act, act_scale, None)
         ops.cutlass_moe_mm(mm2, quant, w.w2, act_scale, w.w2_scale, offsets, ps2, si, si, sk, True, True)
-        return mm2.view(E, M, K)
+        return out.copy_(mm2.view(E, M, K))  # vLLM's batched path ends with this copy too
 
     return run
 
@@ -165,7 +166,7 @@ def _raw_experts(setup: Any, workspace: Workspace) -> tuple[str, Callable[[], to
     if name == "vllm-ops":
         return "experts:raw-vllm", _raw_vllm(setup, workspace)
     if name == "torch-cutlass":
-        return "experts:raw-torch", _raw_torch(setup)
+        return "experts:raw-torch", _raw_torch(setup, workspace)
     return "experts:raw-reference", _raw_reference(setup)
 
 
@@ -202,7 +203,7 @@ def bench_policy(setup: Any, policy: str, num_rounds: int) -> BenchPolicy:
                            max_rel_error=None)
     assert workspace is not None
     b = setup.buffers
-    handle = dispatch(setup.tokens, setup.routing, setup.layout, b)  # fixes the splits the raw a2a reuses
+    handle = dispatch(setup.tokens, setup.routing, setup.layout, b, setup.quantize)  # splits the raw a2a reuses
     raw_name, raw_experts = _raw_experts(setup, workspace)
     K = setup.layout.hidden_size
     num_send, num_recv = handle.num_send_rows, handle.num_recv_rows
@@ -213,8 +214,9 @@ def bench_policy(setup: Any, policy: str, num_rounds: int) -> BenchPolicy:
                                    expert_num_tokens=b.expert_num_tokens, weights=setup.weights, workspace=workspace)
 
     def raw_dispatch() -> None:
-        dist.all_to_all_single(b.recv_payload[:num_recv], b.send_payload[:num_send],
-                               output_split_sizes=handle.recv_splits, input_split_sizes=handle.send_splits)
+        for recv, send in ((b.recv_x, b.send_x), (b.recv_meta, b.send_meta)):
+            dist.all_to_all_single(recv[:num_recv], send[:num_send],
+                                   output_split_sizes=handle.recv_splits, input_split_sizes=handle.send_splits)
 
     def raw_combine() -> None:
         dist.all_to_all_single(b.combine_recv[:num_send], b.combine_send[:num_recv],
@@ -229,7 +231,7 @@ def bench_policy(setup: Any, policy: str, num_rounds: int) -> BenchPolicy:
     state: dict[str, Any] = {"handle": handle}
 
     def harness_dispatch() -> None:
-        state["handle"] = dispatch(setup.tokens, setup.routing, setup.layout, b)
+        state["handle"] = dispatch(setup.tokens, setup.routing, setup.layout, b, setup.quantize)
 
     def harness_combine() -> None:
         combine(workspace.out, state["handle"], setup.layout, b)

@@ -7,13 +7,16 @@ expert, and the receiver packs the rows into the batched-experts format vLLM's B
     expert_x_scale    (E, M, 1)  float32         per-token scales
     expert_num_tokens (E,)       int32           valid slots per expert
 
-A row on the wire is K bytes of FP8, then four int32/float32 words: scale, local expert, source token,
-source rank (kept for tracing every slot back to its sender). Exchange: `all_to_all_single` of the counts,
-then of the payload: NCCL on GPU, gloo on CPU. Buffers are allocated once at full capacity, as EP kernels do.
+A row on the wire is K bytes of FP8 (as uint8), with four int32/float32 words beside it in a second tensor:
+scale, local expert, source token, source rank (kept for tracing every slot back to its sender). Exchange:
+`all_to_all_single` of the counts, then of the rows and of their words: NCCL on GPU, gloo on CPU. Keeping the
+FP8 rows contiguous lets the gather on the sender and the scatter on the receiver each be one pass.
+Buffers are allocated once, as EP kernels do.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +55,7 @@ class DispatchLayout:
 
     @property
     def row_bytes(self) -> int:
+        """Bytes on the wire per (token, slot): the FP8 row and its words."""
         return self.hidden_size + 4 * META_WORDS
 
     @property
@@ -68,30 +72,36 @@ class DispatchLayout:
 class DispatchBuffers:
     """Receive and send buffers of both all-to-alls, allocated once."""
 
-    send_payload: torch.Tensor  # (max_send_rows, row_bytes) uint8, dp side
-    recv_payload: torch.Tensor  # (max_recv_rows, row_bytes) uint8, expert side
+    send_x: torch.Tensor  # (max_send_rows, K) uint8 view of FP8, dp side
+    send_meta: torch.Tensor  # (max_send_rows, META_WORDS) int32, dp side
+    recv_x: torch.Tensor  # (max_recv_rows, K) uint8, expert side
+    recv_meta: torch.Tensor  # (max_recv_rows, META_WORDS) int32, expert side
     expert_x: torch.Tensor  # (E, M, K) fp8
     expert_x_scale: torch.Tensor  # (E, M, 1) float32
     expert_src: torch.Tensor  # (E, M, 2) int32: source rank, source token of each slot
     expert_num_tokens: torch.Tensor  # (E,) int32
     combine_send: torch.Tensor  # (max_recv_rows, K) bf16, expert side
-    combine_recv: torch.Tensor  # (max_send_rows, K) bf16, dp side
-    combine_out: torch.Tensor  # (max_tokens, K) float32, dp side accumulator
+    combine_recv: torch.Tensor  # (max_send_rows, K) bf16, dp side, in the order rows were sent
+    combine_ordered: torch.Tensor  # (max_send_rows, K) bf16, dp side, in (token, slot) order
+    combine_out: torch.Tensor  # (buffer_tokens, K) bf16, dp side: the layer's output
 
     @staticmethod
     def allocate(layout: DispatchLayout, accountant: Accountant, *, out_dtype: torch.dtype) -> DispatchBuffers:
         E, M, K = layout.num_local_experts, layout.max_slots_per_expert, layout.hidden_size
         a = accountant.alloc
         return DispatchBuffers(
-            send_payload=a("dispatch", (layout.max_send_rows, layout.row_bytes), torch.uint8),
-            recv_payload=a("dispatch", (layout.max_recv_rows, layout.row_bytes), torch.uint8),
+            send_x=a("dispatch", (layout.max_send_rows, K), torch.uint8),
+            send_meta=a("dispatch", (layout.max_send_rows, META_WORDS), torch.int32),
+            recv_x=a("dispatch", (layout.max_recv_rows, K), torch.uint8),
+            recv_meta=a("dispatch", (layout.max_recv_rows, META_WORDS), torch.int32),
             expert_x=a("dispatch", (E, M, K), FP8_DTYPE),
             expert_x_scale=a("dispatch", (E, M, 1), torch.float32),
             expert_src=a("dispatch", (E, M, 2), torch.int32),
             expert_num_tokens=a("dispatch", (E,), torch.int32),
             combine_send=a("combine", (layout.max_recv_rows, K), out_dtype),
             combine_recv=a("combine", (layout.max_send_rows, K), out_dtype),
-            combine_out=a("combine", (layout.buffer_tokens, K), torch.float32),
+            combine_ordered=a("combine", (layout.max_send_rows, K), out_dtype),
+            combine_out=a("combine", (layout.buffer_tokens, K), out_dtype),
         )
 
 
@@ -101,6 +111,7 @@ class DispatchHandle:
 
     num_tokens: int
     send_order: torch.Tensor  # (num_send_rows,) int64: flat (token * top_k + slot) index of each sent row
+    unsort: torch.Tensor  # (num_send_rows,) int64: position in send order of flat index f
     send_splits: list[int]  # rows this rank sent to each rank
     recv_splits: list[int]  # rows this rank received from each rank
     recv_slot_index: torch.Tensor  # (num_recv_rows,) int64: e * M + slot of each received row
@@ -121,13 +132,19 @@ def _all_to_all_counts(send_counts: torch.Tensor) -> torch.Tensor:
     return recv_counts
 
 
+Quantize = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
 def dispatch(
-    tokens: torch.Tensor, routing: Routing, layout: DispatchLayout, buffers: DispatchBuffers
+    tokens: torch.Tensor, routing: Routing, layout: DispatchLayout, buffers: DispatchBuffers,
+    quantize: Quantize = quantize_per_token,
 ) -> DispatchHandle:
     """Quantize and send this rank's tokens; fill buffers.expert_x / expert_x_scale / expert_num_tokens.
 
     tokens: (num_tokens, K) bf16 on the rank's device; routing.topk_ids: (num_tokens, top_k) global expert
-    ids over the P * E physical experts. Raises DispatchError when num_tokens exceeds the rank's capacity.
+    ids over the P * E physical experts. `quantize` maps (n, K) bf16 to (FP8 (n, K), float32 scales (n, 1)); the
+    vllm-ops backend passes vLLM's own per-token kernel. Raises DispatchError when num_tokens exceeds the
+    rank's capacity.
     """
     num_tokens, K = tokens.shape
     if num_tokens > layout.max_tokens:
@@ -150,11 +167,11 @@ def dispatch(
     send_counts = torch.bincount(dest_rank, minlength=P).to(torch.int64)
     num_send = int(flat_expert.numel())
 
-    q, scale = quantize_per_token(tokens)
+    q, scale = quantize(tokens)
     src_token = torch.div(send_order, layout.top_k, rounding_mode="floor")
-    rows = buffers.send_payload[:num_send]
-    rows[:, :K].copy_(q.view(torch.uint8).index_select(0, src_token))
-    meta = rows[:, K:].view(torch.int32)
+    send_x = buffers.send_x[:num_send]
+    torch.index_select(q.view(torch.uint8), 0, src_token, out=send_x)
+    meta = buffers.send_meta[:num_send]
     meta[:, 0].copy_(scale.reshape(-1).index_select(0, src_token).view(torch.int32))
     meta[:, 1].copy_(torch.remainder(flat_expert.index_select(0, send_order), E).to(torch.int32))
     meta[:, 2].copy_(src_token.to(torch.int32))
@@ -168,11 +185,12 @@ def dispatch(
         raise DispatchError(
             f"rank {layout.rank} would receive {num_recv} rows, more than its buffer of {layout.max_recv_rows}"
         )
-    recv = buffers.recv_payload[:num_recv]
-    dist.all_to_all_single(recv, rows, output_split_sizes=recv_splits, input_split_sizes=send_splits)
+    recv_x = buffers.recv_x[:num_recv]
+    recv_meta = buffers.recv_meta[:num_recv]
+    dist.all_to_all_single(recv_x, send_x, output_split_sizes=recv_splits, input_split_sizes=send_splits)
+    dist.all_to_all_single(recv_meta, meta, output_split_sizes=recv_splits, input_split_sizes=send_splits)
 
     # Expert side: slot j of expert e is the j-th row for e, in (source rank, sender order) order.
-    recv_meta = recv[:, K:].view(torch.int32)
     local_expert = recv_meta[:, 1].to(torch.int64)
     counts = torch.bincount(local_expert, minlength=E)
     if num_recv and int(counts.max()) > M:
@@ -187,15 +205,18 @@ def dispatch(
     slot_index = torch.empty(num_recv, dtype=torch.int64, device=device)
     slot_index.index_copy_(0, by_expert, sorted_expert * M + slot)
 
-    buffers.expert_x.view(E * M, K).view(torch.uint8).index_copy_(0, slot_index, recv[:, :K])
+    buffers.expert_x.view(E * M, K).view(torch.uint8).index_copy_(0, slot_index, recv_x)
     buffers.expert_x_scale.view(E * M).index_copy_(0, slot_index, recv_meta[:, 0].view(torch.float32))
     src = torch.stack([recv_meta[:, 3], recv_meta[:, 2]], dim=1)
     buffers.expert_src.view(E * M, 2).index_copy_(0, slot_index, src)
     buffers.expert_num_tokens.copy_(counts.to(torch.int32))
 
+    unsort = torch.empty_like(send_order)
+    unsort[send_order] = torch.arange(num_send, device=device)
     return DispatchHandle(
         num_tokens=num_tokens,
         send_order=send_order,
+        unsort=unsort,
         send_splits=send_splits,
         recv_splits=recv_splits,
         recv_slot_index=slot_index,

@@ -93,6 +93,11 @@ class RankSetup:
     external_bytes: int  # device memory in use before this process allocated anything (other processes)
     run_dir: Path
 
+    @property
+    def quantize(self) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """The dispatch side's per-token FP8 quantization: the backend's own kernel where it has one."""
+        return getattr(self.backend, "quantize_per_token", quantize_per_token)
+
 
 def _slot_errors(setup: RankSetup) -> int:
     """Slots whose content does not match what the senders routed to this rank's experts, plus count errors."""
@@ -111,7 +116,7 @@ def _slot_errors(setup: RankSetup) -> int:
         if token.numel():
             x = make_tokens(seed=s.seed, rank=src, num_tokens=s.num_tokens_on_rank(src), hidden_size=K,
                             device=setup.device)
-            quantized[src] = quantize_per_token(x)
+            quantized[src] = setup.quantize(x)  # the same kernel the sender used
     num_wrong = 0
     src_all = buffers.expert_src.cpu()
     for e in range(E):
@@ -256,7 +261,7 @@ def measure_policy(setup: RankSetup, policy: str, progress: Progress | None) -> 
             timer = StageTimer(device)
             for iteration in range(s.warmup + s.iterations):
                 t0 = timer.start()
-                handle = dispatch(setup.tokens, setup.routing, setup.layout, setup.buffers)
+                handle = dispatch(setup.tokens, setup.routing, setup.layout, setup.buffers, setup.quantize)
                 timer.stop("dispatch", t0)
                 t1 = timer.start()
                 try:

@@ -18,9 +18,10 @@ Backends: `reference` (fp32 dequantize + matmul, any device; the CPU default and
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -102,6 +103,9 @@ class Workspace:
     max_slots_per_expert: int  # M
     hidden_size: int  # K
     intermediate_size: int  # I
+    # GPU: a private CUDA memory pool holding just these two buffers. Without it the caching allocator may place
+    # them in free space of segments cached earlier (weights generation, comm setup), and NVML would see no growth.
+    pool: Any = None
 
     @staticmethod
     def allocate(
@@ -114,15 +118,18 @@ class Workspace:
         short = [f"{k} has {have[k]} elements, the data path needs {need[k]}" for k in need if have[k] < need[k]]
         if short:
             raise ValueError(f"policy {shapes.policy}: workspace too small: " + "; ".join(short))
-        common = accountant.alloc("common", (shapes.common_elems,), dtype)
-        try:
-            ws2 = accountant.alloc("ws2", (math.prod(shapes.ws2),), dtype)
-        except BaseException:
-            accountant.release("common", common)  # the caller records the OOM; the accounting must not leak
-            raise
+        pool = torch.cuda.MemPool() if accountant.device.type == "cuda" else None
+        in_pool = torch.cuda.use_mem_pool(pool) if pool is not None else contextlib.nullcontext()
+        with in_pool:
+            common = accountant.alloc("common", (shapes.common_elems,), dtype)
+            try:
+                ws2 = accountant.alloc("ws2", (math.prod(shapes.ws2),), dtype)
+            except BaseException:
+                accountant.release("common", common)  # the caller records the OOM; the accounting must not leak
+                raise
         return Workspace(
             shapes=shapes, common=common, ws2=ws2, num_local_experts=E, max_slots_per_expert=M,
-            hidden_size=K, intermediate_size=I,
+            hidden_size=K, intermediate_size=I, pool=pool,
         )
 
     def _rows(self) -> int:

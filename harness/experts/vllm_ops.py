@@ -44,6 +44,23 @@ class VllmOpsExperts:
     def __init__(self, device: torch.device, library: str):
         self.device = device
         self.library = library
+        self._aux: dict[tuple[int, int, int, int], tuple[torch.Tensor, ...]] = {}
+
+    def _aux_tensors(self, E: int, M: int, K: int, I: int) -> tuple[torch.Tensor, ...]:
+        """Offsets, problem sizes, strides and scales: allocated once per shape, as vLLM's experts object does."""
+        key = (E, M, K, I)
+        if key not in self._aux:
+            dev = self.device
+            self._aux[key] = (
+                torch.empty((E,), dtype=torch.int32, device=dev),
+                torch.empty((E, 3), dtype=torch.int32, device=dev),
+                torch.empty((E, 3), dtype=torch.int32, device=dev),
+                torch.full((E,), K, dtype=torch.int64, device=dev),
+                torch.full((E,), 2 * I, dtype=torch.int64, device=dev),
+                torch.full((E,), I, dtype=torch.int64, device=dev),
+                torch.empty((E * M, 1), dtype=torch.float32, device=dev),
+            )
+        return self._aux[key]
 
     @staticmethod
     def create(device: torch.device, *, library: str | None, torch_requirement: str | None = None) -> VllmOpsExperts:
@@ -57,6 +74,14 @@ class VllmOpsExperts:
         load_ops_library(library, torch_requirement=torch_requirement)
         return VllmOpsExperts(device, library)
 
+    def quantize_per_token(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """vLLM's per-token FP8 kernel, for the dispatch side (vLLM quantizes in prepare() with it too)."""
+        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+        scale = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
+        if x.shape[0]:
+            torch.ops._C.dynamic_per_token_scaled_fp8_quant(q, x.contiguous(), scale, None)
+        return q, scale
+
     @property
     def kernels(self) -> str:
         return f"vLLM ops {Path(self.library).name} ({self.library})"
@@ -68,22 +93,16 @@ class VllmOpsExperts:
         ops = torch.ops._C
         ws = workspace
         E, M, K, I = ws.num_local_experts, ws.max_slots_per_expert, ws.hidden_size, ws.intermediate_size
-        dev = self.device
-        expert_offsets = torch.empty((E,), dtype=torch.int32, device=dev)
-        problem_sizes1 = torch.empty((E, 3), dtype=torch.int32, device=dev)
-        problem_sizes2 = torch.empty((E, 3), dtype=torch.int32, device=dev)
+        expert_offsets, problem_sizes1, problem_sizes2, strides_k, strides_2i, strides_i, act_scale = (
+            self._aux_tensors(E, M, K, I))
         # n is I (vLLM passes w2's last dim), not 2I.
         ops.get_cutlass_batched_moe_mm_data(expert_offsets, problem_sizes1, problem_sizes2, expert_num_tokens, E, M, I, K)
         offsets = expert_offsets.to(torch.int64)
-        strides_k = torch.full((E,), K, dtype=torch.int64, device=dev)
-        strides_2i = torch.full((E,), 2 * I, dtype=torch.int64, device=dev)
-        strides_i = torch.full((E,), I, dtype=torch.int64, device=dev)
         a1q = expert_x.reshape(E * M, K)
         a1q_scale = expert_x_scale.reshape(E * M, 1)
         ops.cutlass_moe_mm(ws.mm1_out, a1q, weights.w1, a1q_scale, weights.w1_scale, offsets, problem_sizes1,
                            strides_k, strides_k, strides_2i, True, True)
         ops.silu_and_mul(ws.act_out, ws.mm1_out)
-        act_scale = torch.empty((E * M, 1), dtype=torch.float32, device=dev)
         ops.dynamic_per_token_scaled_fp8_quant(ws.quant_out, ws.act_out, act_scale, None)
         ops.cutlass_moe_mm(ws.mm2_out, ws.quant_out, weights.w2, act_scale, weights.w2_scale, offsets, problem_sizes2,
                            strides_i, strides_i, strides_k, True, True)

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU runs whose records are committed under results/h200/ and results/bench/. Re-run on an H200 host with
+# the package importable (pip install -e . or PYTHONPATH=.):
+#
+#   VLLM_OPS_LIBRARY=/path/to/vllm/_C_stable_libtorch.abi3.so bash scripts/h200-evidence.sh local
+#   bash scripts/h200-evidence.sh ray
+#
+# `local` needs 2 GPUs: single-GPU scenarios run two at a time (one chain per GPU, CUDA_VISIBLE_DEVICES), then
+# the two-rank scenarios use both. VLLM_OPS_LIBRARY is vLLM 0.26.0's ops library (its torch pin, 2.11.0, matches
+# the H200 image); `harness run --vllm-version 0.26.0` finds the same file on a machine that reaches the registry.
+# The release policies (vllm==0.29.0 / 0.30.0) read HARNESS_CACHE_DIR, filled by `harness plan` beforehand.
+# `ray` starts two Ray nodes on this host, one GPU each, and runs through the Ray launcher.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${RESULTS_DIR:-results}
+OPS=${VLLM_OPS_LIBRARY:-}
+mkdir -p "$OUT/h200" "$OUT/bench"
+LOG="$OUT/h200/commands.log"
+
+h() {  # run `harness ARGS`, log the command and its exit code
+    local start=$SECONDS
+    python3 -m harness "$@" > "$OUT/h200/.last-$$-$BASHPID.log" 2>&1
+    local rc=$?
+    tail -n 4 "$OUT/h200/.last-$$-$BASHPID.log"
+    echo "exit $rc ($((SECONDS - start)) s; CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-all}): harness $*" | tee -a "$LOG"
+    rm -f "$OUT/h200/.last-$$-$BASHPID.log"
+}
+
+case "${1:-}" in
+local)
+    {
+        export CUDA_VISIBLE_DEVICES=0
+        h run deepseek-v3-dp32-pr55579 --experts-backend torch-cutlass --out "$OUT/h200/1xh200-pr55579-torch-cutlass"
+        h run deepseek-v3-dp32-pr55579 --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/1xh200-pr55579-vllm-ops"
+        h run deepseek-v3-dp32-pr55579-h100-budget --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/1xh200-pr55579-h100-budget"
+        h run deepseek-v3-dp32-pr55579-ballast --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/1xh200-pr55579-ballast"
+        h bench deepseek-v3-dp32-pr55579 --experts-backend vllm-ops --vllm-ops-library "$OPS" --no-cpu-costs --out "$OUT/bench/1xh200-pr55579-vllm-ops"
+        h bench deepseek-v3-dp32-pr55579 --experts-backend torch-cutlass --no-cpu-costs --out "$OUT/bench/1xh200-pr55579-torch-cutlass"
+    } &
+    {
+        export CUDA_VISIBLE_DEVICES=1
+        h run deepseek-v3-dp32-default-tokens --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/1xh200-dp32-default-tokens"
+        h run kimi-k2-dp32 --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/1xh200-kimi-k2-dp32"
+        h run qwen3-235b-a22b-dp16 --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/1xh200-qwen3-235b-a22b-dp16"
+        h run scenarios/matrix/nightly-releases.yaml --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/1xh200-matrix-nightly-releases"
+        h bench deepseek-v3-dp32-default-tokens --experts-backend vllm-ops --vllm-ops-library "$OPS" --no-cpu-costs --out "$OUT/bench/1xh200-dp32-default-tokens-vllm-ops"
+    } &
+    wait
+    h run deepseek-v3-dp32-pr55579 --num-ranks 2 --experts-backend torch-cutlass --out "$OUT/h200/2xh200-pr55579-torch-cutlass"
+    h run deepseek-v3-dp32-pr55579 --num-ranks 2 --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/2xh200-pr55579-vllm-ops"
+    h run deepseek-v3-dp64-default-tokens --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/2xh200-dp64-default-tokens"
+    h run mixtral-8x22b-dp8 --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/2xh200-mixtral-8x22b-dp8"
+    h bench deepseek-v3-dp32-pr55579 --num-ranks 2 --experts-backend vllm-ops --vllm-ops-library "$OPS" --no-cpu-costs --out "$OUT/bench/2xh200-pr55579-vllm-ops"
+    h bench deepseek-v3-dp32-default-tokens --num-ranks 2 --experts-backend vllm-ops --vllm-ops-library "$OPS" --no-cpu-costs --out "$OUT/bench/2xh200-dp32-default-tokens-vllm-ops"
+    ;;
+ray)
+    # Two Ray nodes on this host, one GPU each: the raylet takes its GPU ids from CUDA_VISIBLE_DEVICES.
+    export RAY_AUTH_MODE=disabled
+    CUDA_VISIBLE_DEVICES=0 ray start --head --port=6390 --num-gpus=1 --num-cpus=8 --include-dashboard=false --disable-usage-stats > /dev/null
+    CUDA_VISIBLE_DEVICES=1 ray start --address=127.0.0.1:6390 --num-gpus=1 --num-cpus=8 --disable-usage-stats > /dev/null
+    python3 -c "import ray; ray.init(address='127.0.0.1:6390'); print([(n['NodeID'][:8], n['Resources'].get('GPU')) for n in ray.nodes()])"
+    h run deepseek-v3-dp32-pr55579 --num-ranks 2 --launcher ray --address 127.0.0.1:6390 --placement-strategy SPREAD --experts-backend torch-cutlass --out "$OUT/h200/2xh200-ray-pr55579-torch-cutlass"
+    h run smoke --launcher ray --address 127.0.0.1:6390 --placement-strategy SPREAD --device cuda --experts-backend torch-cutlass --out "$OUT/h200/2xh200-ray-smoke"
+    ray stop --force > /dev/null
+    ;;
+*)
+    echo "usage: bash scripts/h200-evidence.sh local|ray" >&2
+    exit 2
+    ;;
+esac
