@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness.dispatch import DispatchBuffers, DispatchHandle, DispatchLayout
+from harness.dispatch import DispatchBuffers, DispatchHandle, DispatchLayout, as_words
 
 
 def combine(
@@ -20,7 +20,7 @@ def combine(
     num_recv, num_send, n = handle.num_recv_rows, handle.num_send_rows, handle.num_tokens
     top_k = handle.topk_weights.shape[1]
     expert_side = buffers.combine_send[:num_recv]
-    torch.index_select(expert_out.reshape(E * M, K), 0, handle.recv_slot_index, out=expert_side)
+    torch.index_select(as_words(expert_out.reshape(E * M, K)), 0, handle.recv_slot_index, out=as_words(expert_side))
     dp_side = buffers.combine_recv[:num_send]
     dist.all_to_all_single(
         dp_side, expert_side, output_split_sizes=handle.send_splits, input_split_sizes=handle.recv_splits
@@ -28,7 +28,7 @@ def combine(
     # Rows come back in the order this rank sent them; put them in (token, slot) order, then one batched
     # (1 x top_k) @ (top_k x K) product per token reduces them with float32 accumulation inside the GEMM.
     ordered = buffers.combine_ordered[:num_send]
-    torch.index_select(dp_side, 0, handle.unsort, out=ordered)
+    torch.index_select(as_words(dp_side), 0, handle.unsort, out=as_words(ordered))
     out = buffers.combine_out[:n]
     if n:
         weights = handle.topk_weights.to(ordered.dtype).view(n, 1, top_k)

@@ -29,6 +29,15 @@ from harness.route import Routing
 META_WORDS = 4  # scale, local expert, source token, source rank
 
 
+def as_words(rows: torch.Tensor) -> torch.Tensor:
+    """The same rows viewed as int64 words where the row size allows: row gathers and scatters then move 8 bytes
+    per element instead of 1 (on GPU the uint8 form was several times slower)."""
+    row_bytes = rows.shape[-1] * rows.element_size()
+    if rows.dim() == 2 and rows.stride(-1) == 1 and row_bytes % 8 == 0 and rows.is_contiguous():
+        return rows.view(torch.uint8).view(torch.int64)
+    return rows
+
+
 class DispatchError(Exception):
     """A configuration error in what a rank was asked to dispatch."""
 
@@ -170,7 +179,7 @@ def dispatch(
     q, scale = quantize(tokens)
     src_token = torch.div(send_order, layout.top_k, rounding_mode="floor")
     send_x = buffers.send_x[:num_send]
-    torch.index_select(q.view(torch.uint8), 0, src_token, out=send_x)
+    torch.index_select(as_words(q), 0, src_token, out=as_words(send_x))
     meta = buffers.send_meta[:num_send]
     meta[:, 0].copy_(scale.reshape(-1).index_select(0, src_token).view(torch.int32))
     meta[:, 1].copy_(torch.remainder(flat_expert.index_select(0, send_order), E).to(torch.int32))
@@ -205,7 +214,7 @@ def dispatch(
     slot_index = torch.empty(num_recv, dtype=torch.int64, device=device)
     slot_index.index_copy_(0, by_expert, sorted_expert * M + slot)
 
-    buffers.expert_x.view(E * M, K).view(torch.uint8).index_copy_(0, slot_index, recv_x)
+    as_words(buffers.expert_x.view(E * M, K)).index_copy_(0, slot_index, as_words(recv_x))
     buffers.expert_x_scale.view(E * M).index_copy_(0, slot_index, recv_meta[:, 0].view(torch.float32))
     src = torch.stack([recv_meta[:, 3], recv_meta[:, 2]], dim=1)
     buffers.expert_src.view(E * M, 2).index_copy_(0, slot_index, src)

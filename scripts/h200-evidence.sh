@@ -20,11 +20,13 @@ LOG="$OUT/h200/commands.log"
 
 h() {  # run `harness ARGS`, log the command and its exit code
     local start=$SECONDS
-    python3 -m harness "$@" > "$OUT/h200/.last-$$-$BASHPID.log" 2>&1
+    local log
+    log=$(mktemp)
+    python3 -m harness "$@" > "$log" 2>&1
     local rc=$?
-    tail -n 4 "$OUT/h200/.last-$$-$BASHPID.log"
+    grep -E "^(OK|FAILED|harness: )" "$log" | tail -n 3
     echo "exit $rc ($((SECONDS - start)) s; CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-all}): harness $*" | tee -a "$LOG"
-    rm -f "$OUT/h200/.last-$$-$BASHPID.log"
+    rm -f "$log"
 }
 
 case "${1:-}" in
@@ -40,7 +42,8 @@ local)
     } &
     {
         export CUDA_VISIBLE_DEVICES=1
-        h run deepseek-v3-dp32-default-tokens --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/1xh200-dp32-default-tokens"
+        h run deepseek-v3-dp32-default-tokens --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/1xh200-dp32-default-tokens-vllm-ops"
+        h run deepseek-v3-dp32-default-tokens --experts-backend torch-cutlass --out "$OUT/h200/1xh200-dp32-default-tokens-torch-cutlass"
         h run kimi-k2-dp32 --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/1xh200-kimi-k2-dp32"
         h run qwen3-235b-a22b-dp16 --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/1xh200-qwen3-235b-a22b-dp16"
         h run scenarios/matrix/nightly-releases.yaml --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/1xh200-matrix-nightly-releases"
@@ -63,6 +66,9 @@ ray)
     h run deepseek-v3-dp32-pr55579 --num-ranks 2 --launcher ray --address 127.0.0.1:6390 --placement-strategy SPREAD --experts-backend torch-cutlass --out "$OUT/h200/2xh200-ray-pr55579-torch-cutlass"
     h run smoke --launcher ray --address 127.0.0.1:6390 --placement-strategy SPREAD --device cuda --experts-backend torch-cutlass --out "$OUT/h200/2xh200-ray-smoke"
     ray stop --force > /dev/null
+    # The torch-cutlass benches need no vLLM library, so they run here too.
+    CUDA_VISIBLE_DEVICES=0 h bench deepseek-v3-dp32-pr55579 --experts-backend torch-cutlass --no-cpu-costs --out "$OUT/bench/1xh200-pr55579-torch-cutlass"
+    h bench deepseek-v3-dp32-pr55579 --num-ranks 2 --experts-backend torch-cutlass --no-cpu-costs --out "$OUT/bench/2xh200-pr55579-torch-cutlass"
     ;;
 *)
     echo "usage: bash scripts/h200-evidence.sh local|ray" >&2
