@@ -238,6 +238,8 @@ def measure_policy(setup: RankSetup, policy: str, progress: Progress | None) -> 
     workspace: Workspace | None = None
     oom: OomRecord | None = None
     workspace_delta = 0
+    workspace_reserved: int | None = None
+    reserved_before = int(torch.cuda.memory_reserved(device)) if device.type == "cuda" else 0
     samples: dict[str, list[float]] = {"dispatch": [], "experts": [], "combine": []}
     combined: torch.Tensor | None = None
     handle = None
@@ -253,6 +255,8 @@ def measure_policy(setup: RankSetup, policy: str, progress: Progress | None) -> 
             )
             synchronize(device)
             workspace_delta = setup.probe.used_bytes() - baseline
+            if device.type == "cuda":
+                workspace_reserved = int(torch.cuda.memory_reserved(device)) - reserved_before
         except torch.OutOfMemoryError as exc:
             oom = _oom_record(setup, policy, "workspace", exc, shapes.common_bytes + shapes.ws2_bytes, snapshot)
         failed_ranks = _any_rank_failed(oom is None, device)
@@ -294,6 +298,7 @@ def measure_policy(setup: RankSetup, policy: str, progress: Progress | None) -> 
         peak_bytes=sampler.peak_bytes,
         delta_bytes=sampler.peak_bytes - baseline,
         workspace_delta_bytes=workspace_delta,
+        workspace_reserved_bytes=workspace_reserved,
         process_peak_bytes=sampler.process_peak_bytes,
         allocator_allocated_peak_bytes=int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else acc.total_bytes,
         allocator_reserved_peak_bytes=int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else None,

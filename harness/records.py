@@ -75,6 +75,9 @@ class MemoryMeasurement(_Record):
     peak_bytes: int
     delta_bytes: int  # peak - baseline over the whole policy (workspaces + the data path's transient use)
     workspace_delta_bytes: int  # device-used growth from allocating common + ws2 alone
+    # GPU: what the caching allocator reserved (cudaMalloc'd) for the two buffers. It rounds small requests up to
+    # whole segments (a 1-10 MiB request takes a 20 MiB segment), so tiny workspaces show more than they ask.
+    workspace_reserved_bytes: int | None = None
     process_peak_bytes: int | None = None  # NVML per-process used memory
     allocator_allocated_peak_bytes: int | None = None
     allocator_reserved_peak_bytes: int | None = None
