@@ -154,7 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="compare a run against a baseline: 0 pass, 1 regression, 2 error")
     p.add_argument("baseline", type=Path)
     p.add_argument("current", type=Path)
-    p.add_argument("--threshold", action="append", default=[], metavar="METRIC=PCT")
+    p.add_argument("--threshold", action="append", default=[], metavar="METRIC=PCT",
+                   help="a metric's or group's threshold (groups: memory, error, time, throughput)")
+    p.add_argument("--ignore", action="append", default=[], metavar="METRIC_OR_GROUP",
+                   help="leave a metric or group out, e.g. time and throughput across different machines")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)
 

@@ -155,10 +155,16 @@ def _row_json(row: Row) -> dict[str, Any]:
 # Inputs
 
 
-def parse_thresholds(specs: list[str]) -> dict[str, float]:
-    """Default thresholds with `METRIC=PCT` / `GROUP=PCT` overrides applied; CompareError names what is allowed."""
+def parse_thresholds(specs: list[str], ignore: list[str] | None = None) -> dict[str, float]:
+    """Default thresholds with `METRIC=PCT` / `GROUP=PCT` overrides applied, without the metrics or groups in
+    `ignore`; CompareError names what is allowed."""
     thresholds = {name: m.default_threshold for name, m in METRICS.items()}
     allowed = f"metrics: {', '.join(METRICS)}; groups: {', '.join(GROUPS)}"
+    for name in ignore or []:
+        if name not in METRICS and name not in GROUPS:
+            raise CompareError(f"--ignore {name!r}: unknown metric or group; allowed {allowed}")
+        for target in [name] if name in METRICS else [n for n, m in METRICS.items() if m.group == name]:
+            thresholds.pop(target, None)
     for spec in specs:
         name, sep, raw = spec.partition("=")
         name = name.strip()
@@ -176,7 +182,8 @@ def parse_thresholds(specs: list[str]) -> dict[str, float]:
             raise CompareError(f"--threshold {spec!r}: the threshold must be a finite number >= 0")
         targets = [name] if name in METRICS else [n for n, m in METRICS.items() if m.group == name]
         for target in targets:
-            thresholds[target] = value
+            if target in thresholds:
+                thresholds[target] = value
     return thresholds
 
 
@@ -275,6 +282,8 @@ def _compare_policies(cell: str | None, base_policies: list[dict[str, Any]], cur
                         note=(f"OOM ranks {base.get('num_oom')} -> {cur.get('num_oom')}" if cur.get("outcome")
                               else "no result in current")))
         for name, metric in METRICS.items():
+            if name not in thresholds:  # ignored (--ignore): e.g. times across different machines
+                continue
             b, c = _lookup(base, metric.key), _lookup(cur, metric.key)
             verdict, pct, diff, note = compare_metric(metric, b, c, thresholds[name])
             rows.append(Row(cell=cell, policy=policy, metric=name, baseline=b, current=c, change_pct=pct, change_abs=diff,
@@ -404,7 +413,7 @@ def compare_command(ns: argparse.Namespace) -> int:
     from rich.console import Console
 
     try:
-        thresholds = parse_thresholds(list(ns.threshold or []))
+        thresholds = parse_thresholds(list(ns.threshold or []), list(getattr(ns, "ignore", None) or []))
         baseline = load_report(ns.baseline)
         current = load_report(ns.current)
         comparison = compare_reports(baseline, current, thresholds=thresholds,
