@@ -541,7 +541,7 @@ def bench_command(ns: Any) -> int:
     from harness.launch import LaunchError, LaunchPlan, RunSink
     from harness.launch.local import LocalLauncher
     from harness.rank import can_run, resolve_device
-    from harness.records import write_json_atomic
+    from harness.records import write_json_atomic, write_text_atomic
     from harness.run import (choose_run_dir, default_scenario_path, load_with_overrides, local_gpu_count,
                              make_run_id, scenario_overrides)
     from harness.scenario import REPO_DIR, ScenarioError, resolve_scenario_path
@@ -597,9 +597,7 @@ def bench_command(ns: Any) -> int:
     write_json_atomic(out / "bench.json", {"report": report.model_dump(mode="json"),
                                            "ranks": [r.model_dump(mode="json") for r in records]})
     markdown = render_markdown(report, records)
-    tmp = out / ".bench.md.tmp"
-    tmp.write_text(markdown)
-    tmp.replace(out / "bench.md")
+    write_text_atomic(out / "bench.md", markdown)
     if ns.json:
         print(json.dumps(report.model_dump(mode="json"), indent=1))
     else:

@@ -207,14 +207,13 @@ def rank_record_path(run_dir: Path, rank: int, *, failed: bool = False) -> Path:
     return run_dir / "ranks" / f"rank-{rank:05d}{suffix}"
 
 
-def write_json_atomic(path: Path, data: Any) -> Path:
-    """Write JSON to `path` through a temporary file in the same directory and a rename."""
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write text through a temporary file in the same directory and a rename: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=False)
-            f.write("\n")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -222,6 +221,11 @@ def write_json_atomic(path: Path, data: Any) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_json_atomic(path: Path, data: Any) -> Path:
+    """JSON through write_text_atomic, so a crash never leaves half a record."""
+    return write_text_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
 def write_record(path: Path, record: _Record) -> Path:

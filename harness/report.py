@@ -10,33 +10,19 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
-import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
+from harness.records import write_text_atomic  # noqa: F401 - collect writes its outputs through it
+
 GIB = 2**30
 MAX_LISTED = 50  # failed checks listed in Markdown; junit.xml and report.json hold all of them
 MAX_PROBLEMS_LISTED = 200  # problems listed in Markdown/HTML/terminal (a 1024-rank run that died whole stays readable)
 
 
-def write_text_atomic(path: Path, text: str) -> Path:
-    """Write text through a temporary file in the same directory and a rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 # ---------------------------------------------------------------------------------------------------------------
