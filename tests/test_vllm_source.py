@@ -284,11 +284,10 @@ def test_run_audit_source_error(fake_scenarios, tmp_path, capsys):
 
 
 def test_real_default_scenario(ds_v3_args):
-    """Once harness.scenario lands, its default scenario must size the PR case."""
-    scenario = pytest.importorskip("harness.scenario")
+    """The audit's default scenario sizes the PR case."""
+    from harness import scenario
+
     path = Path(scenario.SCENARIOS_DIR) / "deepseek-v3-dp32-pr55579.yaml"
-    if not path.is_file():
-        pytest.skip(f"{path} is not in this checkout yet")
     assert scenario.load_scenario(path).sizing_args() == ds_v3_args
 
 
