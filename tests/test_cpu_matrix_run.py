@@ -1,0 +1,28 @@
+"""The CPU regression matrix runs for real through the CLI: every cell on gloo ranks, one combined report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(300)
+def test_cpu_ci_matrix_runs_every_cell_and_writes_one_report(tmp_path):
+    out = tmp_path / "matrix"
+    done = subprocess.run([sys.executable, "-m", "harness", "run", "scenarios/matrix/cpu-ci.yaml", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["kind"] == "matrix" and report["exit_code"] == 0
+    assert report["num_valid"] == len(report["cells"]) >= 2
+    for cell in report["cells"]:
+        assert (out / cell["name"] / "report.json").exists()
+        ranks = sorted((out / cell["name"] / "ranks").glob("rank-*.json"))
+        assert len(ranks) == 2  # both gloo ranks of every cell recorded
+    assert (out / "junit.xml").exists() and (out / "report.html").exists()
