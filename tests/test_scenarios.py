@@ -53,3 +53,13 @@ def test_ballast_and_budget_cases_separate_the_policies():
         assert scenario.expect.outcomes["fixed"] == "fit"
     assert load_scenario("deepseek-v3-dp32-pr55579-h100-budget").memory.budget_gpu == "H100-80GB"
     assert load_scenario("deepseek-v3-dp32-pr55579-ballast").memory.ballast_bytes == 60 * 10**9
+
+
+def test_packaged_default_scenarios_equal_the_scenario_files():
+    """harness/defaults/ ships the embedded defaults with a non-editable install; they must not drift."""
+    from harness.scenario import REPO_DIR
+
+    for name in ("smoke.yaml", "deepseek-v3-dp32-pr55579.yaml"):
+        packaged = REPO_DIR / "harness" / "defaults" / name
+        assert packaged.read_text() == (REPO_DIR / "scenarios" / name).read_text(), (
+            f"copy scenarios/{name} to harness/defaults/{name}")
