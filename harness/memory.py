@@ -82,7 +82,7 @@ class Accountant:
             raise ValueError(f"category {category!r} is not one of {', '.join(CATEGORIES)}")
         num_bytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         if self.device.type == "cpu" and self.budget_bytes is not None:
-            in_use = self.total_bytes + self.baseline_other_bytes()
+            in_use = self.total_bytes  # the CPU budget covers the harness's tensors
             if in_use + num_bytes > self.budget_bytes:
                 raise BudgetExceeded(
                     f"CPU budget exceeded: tried to allocate {num_bytes} bytes for {category} with "
@@ -115,10 +115,6 @@ class Accountant:
     @property
     def untouched_bytes(self) -> int:
         return self._untouched_bytes
-
-    def baseline_other_bytes(self) -> int:
-        """What the process holds besides the harness's tensors; 0 on CPU, where the budget covers tensors only."""
-        return 0
 
 
 @dataclass(frozen=True)

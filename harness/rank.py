@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -449,6 +448,3 @@ def rank_main(scenario: Scenario, info: RankInfo, run_dir: Path, progress: Progr
     finally:
         shutdown_rank()
 
-
-def format_exception(exc: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
