@@ -53,6 +53,7 @@ local)
     h run deepseek-v3-dp32-pr55579 --num-ranks 2 --experts-backend torch-cutlass --out "$OUT/h200/2xh200-pr55579-torch-cutlass"
     h run deepseek-v3-dp32-pr55579 --num-ranks 2 --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/2xh200-pr55579-vllm-ops"
     h run deepseek-v3-dp64-default-tokens --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/2xh200-dp64-default-tokens"
+    h run deepseek-v3-dp64-default-tokens --experts-backend torch-cutlass --out "$OUT/h200/2xh200-dp64-default-tokens-torch-cutlass"
     h run mixtral-8x22b-dp8 --experts-backend vllm-ops --vllm-ops-library "$OPS" --out "$OUT/h200/2xh200-mixtral-8x22b-dp8"
     h bench deepseek-v3-dp32-pr55579 --num-ranks 2 --experts-backend vllm-ops --vllm-ops-library "$OPS" --no-cpu-costs --out "$OUT/bench/2xh200-pr55579-vllm-ops"
     h bench deepseek-v3-dp32-default-tokens --num-ranks 2 --experts-backend vllm-ops --vllm-ops-library "$OPS" --no-cpu-costs --out "$OUT/bench/2xh200-dp32-default-tokens-vllm-ops"
