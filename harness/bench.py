@@ -29,7 +29,6 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict
 
 from harness.combine import combine
 from harness.dispatch import dispatch
@@ -38,7 +37,7 @@ from harness.environment import collect_hardware, collect_versions
 from harness.experts import Workspace, useful_flops
 from harness.plan import policy_shapes
 from harness.quant import FP8_DTYPE, FP8_MAX, dequantize, quantize_per_token
-from harness.records import SCHEMA_VERSION, Hardware, Versions
+from harness.records import SCHEMA_VERSION, Hardware, Record, Versions
 from harness.scenario import Scenario
 from harness.timing import StageTimer
 
@@ -46,11 +45,7 @@ H200_FP8_DENSE_TFLOPS = 1979.0  # vendor datasheet, dense (no sparsity)
 BENCH_POLICIES = ("legacy", "fixed")
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class VariantStats(_Frozen):
+class VariantStats(Record):
     name: str
     median_us: float
     min_us: float
@@ -58,7 +53,7 @@ class VariantStats(_Frozen):
     num_samples: int
 
 
-class BenchPolicy(_Frozen):
+class BenchPolicy(Record):
     policy: str
     status: Literal["ok", "oom"]
     variants: list[VariantStats]
@@ -74,7 +69,7 @@ class BenchPolicy(_Frozen):
     max_rel_error: float | None  # the harness step's output against the raw kernel's, on the valid rows
 
 
-class BenchRankRecord(_Frozen):
+class BenchRankRecord(Record):
     schema_version: int = SCHEMA_VERSION
     record_kind: Literal["bench-rank"] = "bench-rank"
     run_id: str
@@ -334,7 +329,7 @@ CPU_TARGETS_S = {
 }
 
 
-class CpuCost(_Frozen):
+class CpuCost(Record):
     name: str
     median_s: float
     samples_s: list[float]
@@ -342,7 +337,7 @@ class CpuCost(_Frozen):
     within_target: bool
 
 
-class BenchPolicySummary(_Frozen):
+class BenchPolicySummary(Record):
     policy: str
     num_ranks_ok: int
     experts_raw_variant: str | None
@@ -357,7 +352,7 @@ class BenchPolicySummary(_Frozen):
     max_rel_error: float | None
 
 
-class BenchReport(_Frozen):
+class BenchReport(Record):
     schema_version: int = SCHEMA_VERSION
     record_kind: Literal["bench"] = "bench"
     run_id: str

@@ -27,11 +27,11 @@ class RecordError(Exception):
     """A record that cannot be read: missing, truncated, corrupt, or of a newer schema."""
 
 
-class _Record(BaseModel):
+class Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Versions(_Record):
+class Versions(Record):
     harness: str
     python: str
     torch: str
@@ -43,7 +43,7 @@ class Versions(_Record):
     vllm_kernels: str | None = None  # the ops library loaded by the vllm-ops backend, if any
 
 
-class Hardware(_Record):
+class Hardware(Record):
     hostname: str
     node_ip: str
     device_kind: Literal["cuda", "cpu"]
@@ -54,7 +54,7 @@ class Hardware(_Record):
     num_cpus: int
 
 
-class ContractBytes(_Record):
+class ContractBytes(Record):
     """The policy's workspace as vLLM's modular kernel would allocate it."""
 
     ws13_shape: list[int]
@@ -66,7 +66,7 @@ class ContractBytes(_Record):
     source: str
 
 
-class MemoryMeasurement(_Record):
+class MemoryMeasurement(Record):
     """Peaks and deltas of one policy, measured from a baseline with weights and comm buffers up."""
 
     method: Literal["nvml", "rss"]
@@ -85,7 +85,7 @@ class MemoryMeasurement(_Record):
     num_samples: int = 0
 
 
-class Breakdown(_Record):
+class Breakdown(Record):
     """Exact bytes of the harness's own allocations on this rank; `other` is what the device shows beyond them."""
 
     weights_bytes: int
@@ -97,7 +97,7 @@ class Breakdown(_Record):
     other_bytes: int  # context, NCCL, allocator slack; on CPU the interpreter and libraries
 
 
-class OomRecord(_Record):
+class OomRecord(Record):
     policy: str
     stage: str  # "workspace", "experts", ...
     requested_bytes: int | None
@@ -108,7 +108,7 @@ class OomRecord(_Record):
     snapshot_file: str | None = None  # relative to the run directory
 
 
-class Timings(_Record):
+class Timings(Record):
     """Medians over the measured iterations (first sample dropped), in microseconds."""
 
     dispatch_us: float
@@ -117,7 +117,7 @@ class Timings(_Record):
     num_samples: int
 
 
-class Throughput(_Record):
+class Throughput(Record):
     experts_tflops: float
     dispatch_algbw_gbps: float
     dispatch_busbw_gbps: float
@@ -127,7 +127,7 @@ class Throughput(_Record):
     combine_bytes: int
 
 
-class Correctness(_Record):
+class Correctness(Record):
     max_abs_error: float
     max_rel_error: float  # max |out - ref| / max |ref| over the rank's tokens
     num_wrong_slots: int  # expert slots whose token does not match what was routed there
@@ -136,7 +136,7 @@ class Correctness(_Record):
     tolerance: float
 
 
-class PolicyResult(_Record):
+class PolicyResult(Record):
     policy: str
     status: Literal["ok", "oom", "error"]
     contract: ContractBytes
@@ -151,7 +151,7 @@ class PolicyResult(_Record):
     error: str | None = None
 
 
-class RankRecord(_Record):
+class RankRecord(Record):
     schema_version: int = SCHEMA_VERSION
     record_kind: Literal["rank"] = "rank"
     run_id: str
@@ -174,7 +174,7 @@ class RankRecord(_Record):
     expert_num_tokens: list[int]  # received per local expert, last iteration of the first policy that ran
 
 
-class RankFailure(_Record):
+class RankFailure(Record):
     """Written by a launcher for a rank that produced no record."""
 
     schema_version: int = SCHEMA_VERSION
@@ -187,7 +187,7 @@ class RankFailure(_Record):
     at: float
 
 
-class RunManifest(_Record):
+class RunManifest(Record):
     schema_version: int = SCHEMA_VERSION
     record_kind: Literal["run"] = "run"
     run_id: str
@@ -228,11 +228,11 @@ def write_json_atomic(path: Path, data: Any) -> Path:
     return write_text_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
-def write_record(path: Path, record: _Record) -> Path:
+def write_record(path: Path, record: Record) -> Path:
     return write_json_atomic(path, record.model_dump(mode="json"))
 
 
-_KINDS: dict[str, type[_Record]] = {"rank": RankRecord, "rank-failure": RankFailure, "run": RunManifest}
+_KINDS: dict[str, type[Record]] = {"rank": RankRecord, "rank-failure": RankFailure, "run": RunManifest}
 
 
 def read_record(path: Path) -> RankRecord | RankFailure | RunManifest:
