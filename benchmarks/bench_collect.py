@@ -3,7 +3,7 @@
     /tmp/venv/bin/python benchmarks/bench_collect.py [--num-ranks 1024] [--repeats 3] [--keep DIR]
 
 The records are built with the real pydantic models (tests/report_records.py), written as a launcher would, and
-`harness.collect.collect` turns them into report.json, report.md, junit.xml and report.html. Target: < 2 s for
+`harness.report.collect.collect` turns them into report.json, report.md, junit.xml and report.html. Target: < 2 s for
 1024 ranks on a 2-core machine. The first collect in a process also pays for importing matplotlib; it is
 reported apart from the warm figure.
 """
@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO_DIR / "tests"))
 
 from report_records import make_scenario, write_run  # noqa: E402
 
-from harness.collect import REPORT_FILES, collect  # noqa: E402
+from harness.report.collect import REPORT_FILES, collect  # noqa: E402
 
 TARGET_S = 2.0
 

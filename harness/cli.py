@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
+from harness.core.exits import EXIT_ERROR, EXIT_OK
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,8 +25,8 @@ def _print_error(message: str) -> int:
 def cmd_plan(ns: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from harness.plan import make_plan, plan_json, plan_summary, render_plan
-    from harness.scenario import ScenarioError, load_scenario
+    from harness.sizing.plan import make_plan, plan_json, plan_summary, render_plan
+    from harness.scenario.schema import ScenarioError, load_scenario
 
     try:
         scenario = load_scenario(ns.scenario)
@@ -34,7 +34,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     except ScenarioError as exc:
         return _print_error(str(exc))
     except Exception as exc:  # a release policy whose source cannot be had
-        from harness.vllm_source import VllmSourceError
+        from harness.sizing.vllm_source import VllmSourceError
 
         if isinstance(exc, VllmSourceError):
             return _print_error(str(exc))
@@ -57,7 +57,7 @@ def cmd_scenarios(ns: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from harness.scenario import SCENARIOS_DIR, ScenarioError, list_scenarios, load_scenario
+    from harness.scenario.schema import SCENARIOS_DIR, ScenarioError, list_scenarios, load_scenario
 
     table = Table(title=f"scenarios in {SCENARIOS_DIR}", title_justify="left")
     table.add_column("file")
@@ -79,37 +79,57 @@ def cmd_scenarios(ns: argparse.Namespace) -> int:
 
 
 def cmd_vllm_audit(ns: argparse.Namespace) -> int:
-    from harness.vllm_source import run_audit
+    from harness.sizing.vllm_source import run_audit
 
     return run_audit(ns)
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
-    from harness.run import run_command
+    from harness.launch.run import run_command
 
     return run_command(ns)
 
 
 def cmd_collect(ns: argparse.Namespace) -> int:
-    from harness.collect import collect_command
+    """`harness collect RUN_DIR`: a run directory, or a matrix directory (it holds matrix.json)."""
+    from rich.console import Console
 
-    return collect_command(ns)
+    from harness.report.collect import collect
+    from harness.report.matrix import recollect_matrix
+    from harness.scenario.matrix import MatrixError
+
+    run_dir: Path = ns.run_dir
+    if not run_dir.is_dir():
+        return _print_error(f"{run_dir}: no such run directory")
+    if (run_dir / "matrix.json").exists() and not (run_dir / "run.json").exists():
+        try:
+            result = recollect_matrix(run_dir)
+        except MatrixError as exc:
+            return _print_error(str(exc))
+    else:
+        result = collect(run_dir)
+    # A matrix table has five more leading columns (cell, model, D, E, T) than a run's.
+    console = Console(width=max(Console().width, 220 if result.report["kind"] == "matrix" else 160))
+    console.print(result.summary_table())
+    for path in result.outputs:
+        console.print(f"wrote {path}", style="dim")
+    return result.exit_code
 
 
 def cmd_compare(ns: argparse.Namespace) -> int:
-    from harness.compare import compare_command
+    from harness.report.compare import compare_command
 
     return compare_command(ns)
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:
-    from harness.bench import bench_command
+    from harness.bench.main import bench_command
 
     return bench_command(ns)
 
 
 def cmd_schema(ns: argparse.Namespace) -> int:
-    from harness.schema_doc import schema_markdown
+    from harness.scenario.doc import schema_markdown
 
     sys.stdout.write(schema_markdown())  # verbatim, so `harness schema > docs/scenario-schema.md` matches the test
     return EXIT_OK

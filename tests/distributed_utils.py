@@ -8,7 +8,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from harness.distributed import RankInfo, free_port, init_rank, shutdown_rank
+from harness.rank.distributed import RankInfo, free_port, init_rank, shutdown_rank
 
 
 def _entry(worker: Callable[..., Any], info: RankInfo, args: tuple[Any, ...], queue: Any) -> None:

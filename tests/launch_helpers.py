@@ -11,9 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from harness.distributed import SAFE_NCCL_ENV
+from harness.rank.distributed import SAFE_NCCL_ENV
 from harness.launch import FAULT_ENV
-from harness.records import RankFailure, RankRecord, read_record
+from harness.core.records import RankFailure, RankRecord, read_record
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 

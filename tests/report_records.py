@@ -1,7 +1,7 @@
 """Schema-valid synthetic run directories for the collector's tests and benchmarks/bench_collect.py.
 
-The records are built with the real pydantic models of harness.records and the real contracts of
-harness.workspace, so the collector sees exactly what a rank would write. Numbers vary with the rank in a way
+The records are built with the real pydantic models of harness.core.records and the real contracts of
+harness.core.contract, so the collector sees exactly what a rank would write. Numbers vary with the rank in a way
 the tests can recompute (see `workspace_delta_for`).
 """
 
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.records import (
+from harness.core.records import (
     Breakdown,
     ContractBytes,
     Correctness,
@@ -28,8 +28,8 @@ from harness.records import (
     rank_record_path,
     write_record,
 )
-from harness.scenario import Scenario, parse_scenario
-from harness.workspace import builtin_shapes
+from harness.scenario.schema import Scenario, parse_scenario
+from harness.core.contract import builtin_shapes
 
 STARTED_AT = 1_764_480_000.0  # 2025-11-30 05:20 UTC; fixed so reports are reproducible
 
@@ -85,7 +85,7 @@ def policy_result(scenario: Scenario, policy: str, rank: int, *, status: str = "
     c = contract(scenario, policy)
     baseline = 1_000_000_000 + rank
     gpu = device_kind == "cuda"
-    # Like harness.rank: a policy that did not run still records the memory seen (the failed allocation adds 0).
+    # Like harness.rank.lifecycle: a policy that did not run still records the memory seen (the failed allocation adds 0).
     unmeasured = MemoryMeasurement(
         method="nvml" if gpu else "rss", label="GPU memory (NVML device used)" if gpu else "CPU memory (process RSS)",
         baseline_bytes=baseline, peak_bytes=baseline + 4096, delta_bytes=4096, workspace_delta_bytes=0, num_samples=3)
@@ -95,7 +95,7 @@ def policy_result(scenario: Scenario, policy: str, rank: int, *, status: str = "
             oom=OomRecord(policy=policy, stage="workspace", requested_bytes=c.common_bytes, free_bytes=2**30,
                           total_bytes=80 * 2**30, budget_bytes=80 * 10**9,
                           message=f"CUDA out of memory. Tried to allocate {c.common_bytes / 2**30:.2f} GiB"))
-    if status == "stopped":  # harness.rank's record on the ranks that did not OOM when another rank did
+    if status == "stopped":  # harness.rank.lifecycle's record on the ranks that did not OOM when another rank did
         return PolicyResult(policy=policy, status="error", contract=c, memory=unmeasured,
                             error="skipped: rank(s) [1] ran out of memory for this policy")
     if status == "error":

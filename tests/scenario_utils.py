@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from harness.scenario import Scenario, parse_scenario
+from harness.scenario.schema import Scenario, parse_scenario
 
 TINY: dict[str, Any] = {
     "name": "tiny",

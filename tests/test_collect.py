@@ -11,9 +11,9 @@ import pytest
 from report_records import make_scenario, policy_result, rank_record, read_json, workspace_delta_for, write_run
 
 from harness.cli import main
-from harness.collect import REPORT_FILES, collect
-from harness.records import SCHEMA_VERSION, rank_record_path, write_record
-from harness.workspace import fixed_shapes, live_set_bytes
+from harness.report.collect import REPORT_FILES, collect
+from harness.core.records import SCHEMA_VERSION, rank_record_path, write_record
+from harness.core.contract import fixed_shapes, live_set_bytes
 
 
 def four_rank_scenario(**sections):
@@ -294,17 +294,17 @@ def test_many_ranks_are_aggregated_in_the_page(tmp_path: Path) -> None:
 
 
 def _real_rank(info, scenario_data, run_dir):
-    from harness.rank import rank_main
-    from harness.scenario import parse_scenario
+    from harness.rank.lifecycle import rank_main
+    from harness.scenario.schema import parse_scenario
 
     return rank_main(parse_scenario(scenario_data), info, Path(run_dir)).model_dump(mode="json")
 
 
 def test_records_of_real_gloo_ranks(tmp_path: Path) -> None:
-    """The collector on records that harness.rank really wrote: 2 CPU ranks, legacy over a budget, fixed fits."""
+    """The collector on records that harness.rank.lifecycle really wrote: 2 CPU ranks, legacy over a budget, fixed fits."""
     from distributed_utils import parallel_launch
 
-    from harness.records import RankRecord, RunManifest
+    from harness.core.records import RankRecord, RunManifest
 
     scenario = make_scenario(
         model={"hidden_size": 256, "intermediate_size": 128, "num_experts": 16, "top_k": 2},
@@ -335,8 +335,8 @@ def test_records_of_real_gloo_ranks(tmp_path: Path) -> None:
 
 
 def test_memory_check_accepts_allocator_segment_rounding_only_when_nvml_matches_it():
-    from harness.collect import evaluate_checks
-    from harness.records import ContractBytes, MemoryMeasurement, PolicyResult
+    from harness.report.collect import evaluate_checks
+    from harness.core.records import ContractBytes, MemoryMeasurement, PolicyResult
 
     MiB = 2**20
     contract = ContractBytes(ws13_shape=[1], ws2_shape=[1], out_shape=[1], common_bytes=4 * MiB, ws2_bytes=4 * MiB,

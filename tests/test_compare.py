@@ -9,8 +9,8 @@ import pytest
 from report_records import make_scenario, write_run
 
 from harness.cli import main
-from harness.collect import collect
-from harness.compare import METRICS, CompareError, compare_metric, compare_reports, load_report, parse_thresholds
+from harness.report.collect import collect
+from harness.report.compare import METRICS, CompareError, compare_metric, compare_reports, load_report, parse_thresholds
 
 
 def run(tmp_path: Path, name: str, overrides=None, **sections) -> Path:
@@ -162,8 +162,9 @@ def test_newer_report_schema_is_an_error(tmp_path: Path) -> None:
 
 
 def test_matrices_compare_per_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from harness.matrix import collect_matrix, load_matrix
-    from harness.scenario import REPO_DIR
+    from harness.report.matrix import collect_matrix
+    from harness.scenario.matrix import load_matrix
+    from harness.scenario.schema import REPO_DIR
 
     matrix = load_matrix(REPO_DIR / "scenarios/matrix/cpu-ci.yaml")
     first, second = matrix.cells()

@@ -8,14 +8,13 @@ import pytest
 import torch
 
 from distributed_utils import parallel_launch
-from harness.dispatch import DispatchBuffers, DispatchError, DispatchLayout, dispatch
-from harness.experts import Workspace, make_weights
-from harness.experts.reference import ReferenceExperts
-from harness.memory import Accountant
-from harness.quant import FP8_MAX, dequantize, quantize_per_channel, quantize_per_token
-from harness.route import route
-from harness.scenario import Scenario
-from harness.workspace import fixed_shapes
+from harness.rank.dispatch import DispatchBuffers, DispatchError, DispatchLayout, dispatch
+from harness.rank.experts import Workspace, make_weights
+from harness.rank.experts.reference import ReferenceExperts
+from harness.rank.memory import Accountant
+from harness.rank.quant import FP8_MAX, dequantize, quantize_per_channel, quantize_per_token
+from harness.rank.route import route
+from harness.core.contract import fixed_shapes
 from scenario_utils import tiny
 
 
@@ -55,7 +54,7 @@ def test_reference_experts_match_plain_pytorch_moe_and_write_into_workspace_view
     acc = Accountant(device)
     weights = make_weights(rank=0, num_local_experts=E, hidden_size=K, intermediate_size=I, seed=3, device=device,
                            accountant=acc)
-    from harness.workspace import SizingArgs
+    from harness.core.contract import SizingArgs
 
     args = SizingArgs(max_tokens_per_rank=T, num_dispatchers=D, num_local_experts=E, num_global_experts=E * D,
                       hidden_size=K, intermediate_size=I, top_k=2)
@@ -80,8 +79,8 @@ def test_reference_experts_match_plain_pytorch_moe_and_write_into_workspace_view
 
 
 def _run_policies(info, scenario_data: dict, policies: list[str]):
-    from harness.rank import measure_policy, setup_rank
-    from harness.scenario import parse_scenario
+    from harness.rank.lifecycle import measure_policy, setup_rank
+    from harness.scenario.schema import parse_scenario
 
     scenario = parse_scenario(scenario_data)
     setup = setup_rank(scenario, info, torch.device("cpu"), Path("/tmp"), 0)

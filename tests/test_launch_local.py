@@ -19,8 +19,8 @@ from launch_helpers import REPO_DIR, harness_env, rank_files, run_cli, tiny_scen
 
 from harness.cli import main as cli_main
 from harness.launch import FAULT_ENV, LaunchError, parse_fault_spec
-from harness.records import RankFailure, RankRecord, read_record
-from harness.run import make_run_id
+from harness.core.records import RankFailure, RankRecord, read_record
+from harness.launch.run import make_run_id
 
 # Startup of a run on this 2-core machine: the driver's imports, two spawned ranks importing torch, the report.
 STARTUP_ALLOWANCE_S = 30.0
@@ -152,7 +152,7 @@ def test_dry_run_shows_the_plan_and_the_launch_and_runs_nothing(capsys: pytest.C
 
 
 def test_unreachable_ray_address_fails_fast(tmp_path: Path) -> None:
-    from harness.distributed import free_port
+    from harness.rank.distributed import free_port
 
     address = f"127.0.0.1:{free_port()}"  # nothing listens there
     run = run_cli("scenarios/smoke.yaml", "--address", address, "--out", str(tmp_path / "run"), timeout_s=60)
@@ -212,7 +212,7 @@ def test_job_runtime_env_is_valid_and_keeps_multicast_off() -> None:
     import yaml
     from ray.runtime_env import RuntimeEnv
 
-    from harness.distributed import SAFE_NCCL_ENV
+    from harness.rank.distributed import SAFE_NCCL_ENV
 
     data = yaml.safe_load((REPO_DIR / "launch" / "runtime_env.yaml").read_text())
     env = RuntimeEnv(**data)

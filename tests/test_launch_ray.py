@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from launch_helpers import REPO_DIR, harness_env, rank_files, run_cli, tiny_scenario
 
-from harness.distributed import SAFE_NCCL_ENV, free_port
+from harness.rank.distributed import SAFE_NCCL_ENV, free_port
 from harness.launch import FAULT_ENV
-from harness.records import RankFailure, RankRecord, read_record
-from harness.scenario import load_scenario
+from harness.core.records import RankFailure, RankRecord, read_record
+from harness.scenario.schema import load_scenario
 
 pytestmark = pytest.mark.ray
 

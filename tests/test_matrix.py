@@ -12,10 +12,11 @@ import yaml
 from report_records import write_run
 
 from harness.cli import main
-from harness.collect import REPORT_FILES
-from harness.matrix import MatrixError, collect_matrix, is_matrix_file, load_matrix
-from harness.scenario import REPO_DIR, ScenarioError
-from harness.workspace import fixed_shapes, legacy_shapes
+from harness.report.collect import REPORT_FILES
+from harness.report.matrix import collect_matrix
+from harness.scenario.matrix import MatrixError, is_matrix_file, load_matrix
+from harness.scenario.schema import REPO_DIR, ScenarioError
+from harness.core.contract import fixed_shapes, legacy_shapes
 
 BASE = {
     "model": {"hidden_size": 128, "intermediate_size": 64, "num_experts": 16, "top_k": 4},

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from distributed_utils import parallel_launch
-from harness.memory import Accountant, BudgetExceeded, MemoryProbe, PeakSampler, nvml_device_for
-from harness.records import RankRecord, read_record, rank_record_path, write_record
+from harness.rank.memory import Accountant, BudgetExceeded, MemoryProbe, PeakSampler, nvml_device_for
+from harness.core.records import RankRecord, read_record, rank_record_path, write_record
 from scenario_utils import tiny
 
 MB = 2**20
@@ -58,8 +58,8 @@ def test_nvml_fallback_without_a_driver_uses_rss_labelled_as_cpu_memory():
 
 
 def _rank_main(info, scenario_data, run_dir):
-    from harness.rank import rank_main
-    from harness.scenario import parse_scenario
+    from harness.rank.lifecycle import rank_main
+    from harness.scenario.schema import parse_scenario
 
     return rank_main(parse_scenario(scenario_data), info, Path(run_dir)).model_dump(mode="json")
 

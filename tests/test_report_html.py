@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from report_records import make_scenario, write_run
 
-from harness.collect import collect
-from harness.matrix import collect_matrix, load_matrix
-from harness.report import GIB, MIB, byte_unit, resolve_pointer
-from harness.scenario import REPO_DIR
+from harness.report.collect import collect
+from harness.report.matrix import collect_matrix
+from harness.scenario.matrix import load_matrix
+from harness.report.markdown import GIB, MIB, byte_unit, resolve_pointer
+from harness.scenario.schema import REPO_DIR
 
 TESTS_DIR = Path(__file__).resolve().parent
 ARTIFACTS_DIR = TESTS_DIR / "artifacts"  # git-ignored; CI keeps it as a build artifact

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cli_utils import run_harness
 
-from harness.scenario import ScenarioError, load_scenario
+from harness.scenario.schema import ScenarioError, load_scenario
 
 GOOD = """\
 model:

@@ -1,4 +1,4 @@
-"""harness.vllm_source: locating vLLM sources and auditing their batched workspace_shapes without importing vLLM.
+"""harness.sizing.vllm_source: locating vLLM sources and auditing their batched workspace_shapes without importing vLLM.
 
 Tests marked vllm_wheel fetch real vLLM wheels with pip into a cache shared across runs ($HARNESS_CACHE_DIR, else
 ~/.cache/moe-harness); the others build small synthetic trees and need nothing from the network.
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-import harness.vllm_source.sources as sources_module
-from harness.vllm_source import (
+import harness.sizing.vllm_source.sources as sources_module
+from harness.sizing.vllm_source import (
     CONSISTENT,
     DOUBLE_COUNT,
     UNEVALUATED,
@@ -35,7 +35,7 @@ from harness.vllm_source import (
     release_shapes,
     run_audit,
 )
-from harness.workspace import SizingArgs, fixed_shapes, legacy_shapes
+from harness.core.contract import SizingArgs, fixed_shapes, legacy_shapes
 
 FUSED_MOE = "vllm/model_executor/layers/fused_moe"
 LEGACY_DS_V3_BYTES = 120259084288  # 112 GiB: CutlassBatchedExpertsFp8 up to 0.29.0, DS-V3 DP32 E16 T256
@@ -239,8 +239,8 @@ class FakeScenarioError(Exception):
 
 @pytest.fixture
 def fake_scenarios(monkeypatch, ds_v3_args, tmp_path):
-    """Stand in for harness.scenario, so these tests do not depend on the scenario loader."""
-    module = types.ModuleType("harness.scenario")
+    """Stand in for harness.scenario.schema, so these tests do not depend on the scenario loader."""
+    module = types.ModuleType("harness.scenario.schema")
     module.SCENARIOS_DIR = tmp_path / "scenarios"
     module.ScenarioError = FakeScenarioError
     loaded: list[Path] = []
@@ -252,7 +252,7 @@ def fake_scenarios(monkeypatch, ds_v3_args, tmp_path):
         return types.SimpleNamespace(sizing_args=lambda: ds_v3_args)
 
     module.load_scenario = load_scenario
-    monkeypatch.setitem(sys.modules, "harness.scenario", module)
+    monkeypatch.setitem(sys.modules, "harness.scenario.schema", module)
     return loaded
 
 
@@ -285,7 +285,7 @@ def test_run_audit_source_error(fake_scenarios, tmp_path, capsys):
 
 def test_real_default_scenario(ds_v3_args):
     """The audit's default scenario sizes the PR case."""
-    from harness import scenario
+    from harness.scenario import schema as scenario
 
     path = Path(scenario.SCENARIOS_DIR) / "deepseek-v3-dp32-pr55579.yaml"
     assert scenario.load_scenario(path).sizing_args() == ds_v3_args

@@ -1,6 +1,6 @@
 """The workspace contract of shared/DESIGN.md §2, locked to the byte.
 
-Expected bytes are written out here from the design's formulas, independently of harness.workspace:
+Expected bytes are written out here from the design's formulas, independently of harness.core.contract:
 
     fixed  = w * E * M * (max(N, K) + max(N/2, K))          M = T * D, N = 2I (silu and gelu are gated)
     legacy = common + ws2 with the token dim M * D:
@@ -18,9 +18,9 @@ import itertools
 
 import pytest
 
-from harness.models import PRESETS
-from harness.scenario import ScenarioError, parse_scenario
-from harness.workspace import SizingArgs, builtin_shapes, fixed_shapes, legacy_shapes, live_set_bytes, lower_bound_shapes
+from harness.scenario.presets import PRESETS
+from harness.scenario.schema import ScenarioError, parse_scenario
+from harness.core.contract import SizingArgs, builtin_shapes, fixed_shapes, legacy_shapes, live_set_bytes, lower_bound_shapes
 
 GIB = 2**30
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2}

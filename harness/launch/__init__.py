@@ -1,13 +1,22 @@
-"""Launchers: one process per rank, each rank's record back to the driver, every wait bounded.
+"""Getting ranks running and their records back: launchers, and the driver of `harness run`.
+
+Owns: the launch contract (this module: LaunchPlan, RankEntry, RunSink, bounds, fault injection), the local
+launcher (`local`), the Ray launcher (`ray_launcher`) and the driver (`run`: a scenario or matrix -> launch ->
+collect). Launchers only build RankInfos; the rank entry is handed to them (RankEntry), so they import neither
+harness.rank's lifecycle nor harness.bench.
+
+May import: harness.core, harness.scenario, harness.sizing, harness.rank, harness.report.
+
+Launchers: one process per rank, each rank's record back to the driver, every wait bounded.
 
     harness run ──> Launcher.launch(LaunchPlan, RunSink)
                       local  torch.multiprocessing (spawn); records come back over a multiprocessing queue
                       ray    one placement-group bundle and one actor per rank; records come back as Ray objects
-                    in every rank: rank_entry() -> harness.rank.rank_main(scenario, RankInfo, run_dir, progress)
+                    in every rank: rank_entry() -> the RankEntry's main(scenario, RankInfo, run_dir, progress)
                     on the driver: RunSink writes ranks/rank-NNNNN.json the moment a record arrives, and a
                     RankFailure (ranks/rank-NNNNN.failed.json) for each rank that died, hung or never started
 
-Launchers only build `RankInfo`s; `harness.distributed.init_rank` is the one rendezvous (STYLE.md guideline 7).
+Launchers only build `RankInfo`s; `harness.rank.distributed.init_rank` is the one rendezvous (STYLE.md guideline 7).
 
 Bounds (scenario.launch): the placement and the actors' start within `placement_timeout_s`; once one rank has
 ended (record, error or death) the others get `collective_timeout_s` more, since every rank does the same
@@ -31,12 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from harness.distributed import RankInfo, apply_safe_env
-from harness.records import RankFailure, RankRecord, rank_record_path, write_json_atomic, write_record
+from harness.rank.distributed import RankInfo, apply_safe_env
+from harness.core.records import RankFailure, RankRecord, rank_record_path, write_json_atomic, write_record
 
 if TYPE_CHECKING:
-    from harness.bench import BenchRankRecord
-    from harness.scenario import Scenario
+    from harness.scenario.schema import Scenario
 
 FAULT_ENV = "HARNESS_INJECT_FAULT"
 # A process that exited may still have its record in the queue's pipe; wait this long before calling it dead.
@@ -62,6 +70,18 @@ class ClusterResources:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RankEntry:
+    """What a rank runs and what it returns, given by the caller so launchers import neither rank nor bench.
+
+    `main(scenario, info, run_dir, progress)` returns a pydantic record; `record_model` validates it on the
+    driver. Both are module-level, so they pickle by reference into spawned processes and Ray actors.
+    """
+
+    main: Callable[..., Any]
+    record_model: type[Any]
+
+
+@dataclass(frozen=True, kw_only=True)
 class LaunchPlan:
     """One run's launch: the scenario, where records go, and the bounds of every wait."""
 
@@ -69,7 +89,7 @@ class LaunchPlan:
     run_id: str
     run_dir: Path
     device_type: DeviceType
-    entry: Literal["run", "bench"] = "run"  # harness.rank.rank_main, or harness.bench.bench_rank_main
+    entry: RankEntry  # what each rank runs: the measurement (harness.rank) or the bench (harness.bench)
 
     @property
     def num_ranks(self) -> int:
@@ -152,9 +172,10 @@ class RunSink:
     run_dir: Path
     run_id: str
     num_ranks: int
+    record_model: type[Any] = RankRecord  # LaunchPlan.entry.record_model
     listener: Callable[[Event], None] | None = None
     nodes: dict[int, str] = field(default_factory=dict)  # rank -> node, for failures and the display
-    records: dict[int, RankRecord | BenchRankRecord] = field(default_factory=dict)
+    records: dict[int, Any] = field(default_factory=dict)
     failures: dict[int, RankFailure] = field(default_factory=dict)
     first_end_at: float | None = None
     first_end_rank: int | None = None
@@ -177,10 +198,7 @@ class RunSink:
     def record(self, rank: int, data: dict[str, Any]) -> None:
         """Validate a record that came back from a rank and write it at once."""
         try:
-            from harness.bench import BenchRankRecord
-
-            model = BenchRankRecord if data.get("record_kind") == "bench-rank" else RankRecord
-            record = model.model_validate(data)
+            record = self.record_model.model_validate(data)
         except Exception as exc:  # noqa: BLE001 - a record the driver cannot read is that rank's failure
             self.failure(rank, f"error: the rank's record does not validate: {exc}".splitlines()[0], detail=str(exc))
             return
@@ -261,7 +279,7 @@ def hostname() -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Rank side: the wrapper both launchers run around harness.rank.rank_main.
+# Rank side: the wrapper both launchers run around harness.rank.lifecycle.rank_main.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,15 +323,13 @@ def parse_fault_spec(text: str | None) -> FaultSpec | None:
 
 
 def rank_entry(scenario: Scenario, info: RankInfo, run_dir: Path, emit: Callable[[Event], None],
-               entry: Literal["run", "bench"] = "run") -> dict[str, Any]:
+               entry: RankEntry) -> dict[str, Any]:
     """Run one rank inside a launcher's process and return its record as JSON data.
 
     `emit` carries progress events back to the driver. Exceptions propagate: the launcher reports them as the
     rank's failure.
     """
     apply_safe_env()
-    from harness.rank import rank_main
-
     fault = parse_fault_spec(os.environ.get(FAULT_ENV))
     if fault is not None and fault.rank != info.rank:
         fault = None
@@ -326,12 +342,7 @@ def rank_entry(scenario: Scenario, info: RankInfo, run_dir: Path, emit: Callable
             time.sleep(0.2)  # let the event reach the driver first, so the display shows where it stopped
             fault.trigger()
 
-    if entry == "bench":
-        from harness.bench import bench_rank_main
-
-        return bench_rank_main(scenario, info, run_dir, progress).model_dump(mode="json")
-    record = rank_main(scenario, info, run_dir, progress)
-    return record.model_dump(mode="json")
+    return entry.main(scenario, info, run_dir, progress).model_dump(mode="json")
 
 
 def format_exception(exc: BaseException) -> tuple[str, str]:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from harness.distributed import RankInfo, apply_safe_env, free_port
+from harness.rank.distributed import RankInfo, apply_safe_env, free_port
 from harness.launch import (
     EXIT_DRAIN_GRACE_S,
     POLL_INTERVAL_S,
@@ -26,6 +26,7 @@ from harness.launch import (
     exit_cause,
     format_exception,
     hostname,
+    RankEntry,
     rank_entry,
 )
 
@@ -33,12 +34,12 @@ if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
     from multiprocessing.queues import Queue
 
-    from harness.scenario import Scenario
+    from harness.scenario.schema import Scenario
 
 TERMINATE_GRACE_S = 5.0
 
 
-def _rank_process(scenario: Scenario, info: RankInfo, run_dir: str, results: Queue, entry: str = "run") -> None:
+def _rank_process(scenario: Scenario, info: RankInfo, run_dir: str, results: Queue, entry: RankEntry) -> None:
     """Body of one rank's process (spawned: nothing inherited but the arguments and the environment)."""
     apply_safe_env()
     if info.device_type == "cpu":
@@ -48,7 +49,7 @@ def _rank_process(scenario: Scenario, info: RankInfo, run_dir: str, results: Que
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // info.world_size))
     try:
         data = rank_entry(scenario, info, Path(run_dir), lambda event: results.put(("event", info.rank, event)),
-                          entry)  # type: ignore[arg-type]
+                          entry)
         results.put(("record", info.rank, data))
     except BaseException as exc:  # noqa: BLE001 - whatever ends the rank is reported, then the process exits
         cause, detail = format_exception(exc)

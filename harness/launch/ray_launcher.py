@@ -31,7 +31,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import harness
-from harness.distributed import SAFE_NCCL_ENV, RankInfo, apply_safe_env, free_port
+from harness.rank.distributed import SAFE_NCCL_ENV, RankInfo, apply_safe_env, free_port
 from harness.launch import (
     FAULT_ENV,
     POLL_INTERVAL_S,
@@ -42,11 +42,12 @@ from harness.launch import (
     LaunchPlan,
     RankWatch,
     RunSink,
+    RankEntry,
     rank_entry,
 )
 
 if TYPE_CHECKING:
-    from harness.scenario import Scenario
+    from harness.scenario.schema import Scenario
 
 HARNESS_PACKAGE_DIR = Path(harness.__file__).resolve().parent
 DRAIN_TIMEOUT_S = 5.0
@@ -91,8 +92,8 @@ class _RankActor:
             "free_port": free_port(node_ip),
         }
 
-    def run(self, scenario: Scenario, info: RankInfo, run_dir: str, log: Any, entry: str = "run") -> dict[str, Any]:
-        return rank_entry(scenario, info, Path(run_dir), lambda event: log.put.remote(event), entry)  # type: ignore[arg-type]
+    def run(self, scenario: Scenario, info: RankInfo, run_dir: str, log: Any, entry: RankEntry) -> dict[str, Any]:
+        return rank_entry(scenario, info, Path(run_dir), lambda event: log.put.remote(event), entry)
 
 
 def _format_resources(resources: dict[str, float], keys: tuple[str, ...] = ("CPU", "GPU")) -> str:

@@ -3,7 +3,7 @@
     scenario file (or the default) + CLI overrides ──> parse_scenario (same errors as the file's own)
     results/<run-id>/run.json                          written first: what was launched, by what, how
     launcher.launch()                                  ranks/rank-NNNNN.json as each record reaches the driver
-    harness.collect.collect(run_dir)                   report.{json,md,html}, junit.xml; its exit code
+    harness.report.collect.collect(run_dir)                   report.{json,md,html}, junit.xml; its exit code
 
 Exit codes: 0 ok, 1 a check or expectation failed (from collect), 2 a usage or infrastructure error, including
 any rank that died, hung or never started.
@@ -29,12 +29,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from harness.cli import EXIT_ERROR, EXIT_OK
-from harness.launch import FAULT_ENV, Event, LaunchError, Launcher, LaunchPlan, RunSink, parse_fault_spec
-from harness.records import RunManifest, write_record
-from harness.scenario import SCENARIOS_DIR, Scenario, ScenarioError, parse_scenario, resolve_scenario_path
+from harness.core.exits import EXIT_ERROR, EXIT_OK
+from harness.launch import FAULT_ENV, Event, LaunchError, Launcher, LaunchPlan, RankEntry, RunSink, parse_fault_spec
+from harness.core.records import RankRecord, RunManifest, write_record
+from harness.scenario.schema import SCENARIOS_DIR, Scenario, ScenarioError, parse_scenario, resolve_scenario_path
 
-PACKAGED_DEFAULTS_DIR = Path(__file__).resolve().parent / "defaults"  # package data, for non-editable installs
+PACKAGED_DEFAULTS_DIR = Path(__file__).resolve().parents[1] / "defaults"  # package data, for non-editable installs
 
 
 def _embedded(name: str) -> Path:
@@ -111,7 +111,7 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any], *, path: Pa
 
 
 def load_with_overrides(path: Path, overrides: dict[str, Any]) -> Scenario:
-    from harness.scenario import load_scenario
+    from harness.scenario.schema import load_scenario
 
     scenario = load_scenario(path)  # the file's own errors first, with the file's name
     if not overrides:
@@ -321,9 +321,9 @@ def run_scenario(
     console: Console,
 ) -> int:
     """Launch one scenario into run_dir, collect it and print the summary; return the exit code."""
-    from harness.collect import collect
-    from harness.environment import collect_versions
-    from harness.rank import can_run, resolve_device
+    from harness.report.collect import collect
+    from harness.core.environment import collect_versions
+    from harness.rank.lifecycle import can_run, rank_main, resolve_device
 
     resources = launcher.resources()
     device_type = resolve_device(scenario, resources.num_gpus)
@@ -347,7 +347,8 @@ def run_scenario(
     )
     write_record(run_dir / "run.json", manifest)
 
-    plan = LaunchPlan(scenario=scenario, run_id=run_id, run_dir=run_dir, device_type=device_type)
+    plan = LaunchPlan(scenario=scenario, run_id=run_id, run_dir=run_dir, device_type=device_type,
+                      entry=RankEntry(main=rank_main, record_model=RankRecord))
     console.print(
         f"{run_id}: {scenario.summary()}\n"
         f"{launcher.name} launcher on {resources.description}; {plan.num_ranks} rank(s) on {device_type} "
@@ -358,7 +359,8 @@ def run_scenario(
         console=console, title=f"{scenario.name}: {launcher.name} launcher", num_ranks=plan.num_ranks,
         num_policies=len(scenario.policies),
     )
-    sink = RunSink(run_dir=run_dir, run_id=run_id, num_ranks=plan.num_ranks, listener=progress)
+    sink = RunSink(run_dir=run_dir, run_id=run_id, num_ranks=plan.num_ranks, record_model=plan.entry.record_model,
+                   listener=progress)
     try:
         with progress.shown():
             outcome = launcher.launch(plan, sink)
@@ -381,7 +383,7 @@ def run_scenario(
 
 def _dry_run(scenario: Scenario, *, launcher_name: LauncherName, ns: argparse.Namespace, run_dir: Path,
              console: Console) -> None:
-    from harness.plan import make_plan, plan_summary, render_plan
+    from harness.sizing.plan import make_plan, plan_summary, render_plan
 
     rows = make_plan(scenario, cache_dir=ns.cache_dir)
     console.print(render_plan(scenario, rows))
@@ -398,7 +400,7 @@ def _dry_run(scenario: Scenario, *, launcher_name: LauncherName, ns: argparse.Na
             bundle = f"{{{gpu}CPU: {launch.cpus_per_rank}}}"
         placement = f"{scenario.parallel.num_ranks} bundles of {bundle}, {launch.placement_strategy}"
     else:
-        from harness.rank import resolve_device
+        from harness.rank.lifecycle import resolve_device
 
         where = "this machine"
         device = resolve_device(scenario, local_gpu_count())
@@ -429,7 +431,7 @@ def _run_command(ns: argparse.Namespace) -> int:
 
     path = resolve_scenario_path(ns.scenario) if ns.scenario is not None else None
     if path is not None:
-        from harness.matrix import is_matrix_file
+        from harness.scenario.matrix import is_matrix_file
 
         if is_matrix_file(path):
             return _run_matrix(ns, path, overrides, console=console, command=command)
@@ -455,7 +457,7 @@ def _run_command(ns: argparse.Namespace) -> int:
             try:
                 _dry_run(scenario, launcher_name=launcher_name, ns=ns, run_dir=run_dir, console=console)
             except Exception as exc:
-                from harness.vllm_source import VllmSourceError
+                from harness.sizing.vllm_source import VllmSourceError
 
                 if isinstance(exc, VllmSourceError):  # a release policy whose source cannot be had
                     return _error(str(exc))
@@ -475,7 +477,8 @@ def _run_command(ns: argparse.Namespace) -> int:
 def _run_matrix(ns: argparse.Namespace, path: Path, overrides: dict[str, Any], *, console: Console,
                 command: list[str]) -> int:
     """Each cell into <run_dir>/<cell.name>/, one after another, past failed cells; then collect_matrix."""
-    from harness.matrix import collect_matrix, load_matrix
+    from harness.report.matrix import collect_matrix
+    from harness.scenario.matrix import load_matrix
 
     matrix = load_matrix(path)
     cells = list(matrix.cells())

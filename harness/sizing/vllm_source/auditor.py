@@ -22,9 +22,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.vllm_source.evaluate import Evaluation, ParsedClass, SourceTree
-from harness.vllm_source.sources import FUSED_MOE_DIR, VllmSource, VllmSourceError, locate
-from harness.workspace import RELEASE_POLICY_PREFIX, SizingArgs, WorkspaceShapes, fixed_shapes, legacy_shapes
+from harness.sizing.vllm_source.evaluate import Evaluation, ParsedClass, SourceTree
+from harness.sizing.vllm_source.sources import FUSED_MOE_DIR, VllmSource, VllmSourceError, locate
+from harness.core.contract import RELEASE_POLICY_PREFIX, SizingArgs, WorkspaceShapes, fixed_shapes, legacy_shapes
 
 CONSISTENT = "consistent"
 DOUBLE_COUNT = "double-count"
@@ -35,9 +35,9 @@ CUTLASS_BATCHED_CLASS = "CutlassBatchedExpertsFp8"
 DEFAULT_SCENARIO_NAME = "deepseek-v3-dp32-pr55579.yaml"
 GIB = 1 << 30
 
-EXIT_OK = 0
-EXIT_DOUBLE_COUNT = 1
-EXIT_ERROR = 2
+from harness.core.exits import EXIT_ERROR, EXIT_OK
+
+EXIT_DOUBLE_COUNT = 1  # the audit's EXIT_FAILED: a class double-counts
 
 
 @dataclass(frozen=True)
@@ -245,17 +245,6 @@ def _sizing_json(args: SizingArgs) -> dict:
 # --- the CLI command `harness vllm audit` ------------------------------------------------------------------------
 
 
-def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `harness vllm audit`, for the CLI to attach to its subparser."""
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--vllm-version", metavar="X.Y.Z", help="a vLLM release, fetched into the cache with pip")
-    which.add_argument("--vllm-wheel", metavar="FILE", help="a vLLM wheel file")
-    which.add_argument("--vllm-src", metavar="DIR", help="a vLLM source tree (the repository root)")
-    parser.add_argument("--scenario", metavar="FILE", help=f"scenario for the sizing (default {DEFAULT_SCENARIO_NAME})")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--cache-dir", metavar="DIR", help="cache for fetched releases (default $HARNESS_CACHE_DIR)")
-
-
 def run_audit(ns: argparse.Namespace) -> int:
     """`harness vllm audit`: 0 when no class double-counts, 1 when one does, 2 on errors (one line on stderr)."""
     try:
@@ -284,9 +273,9 @@ class _ScenarioUnavailable(Exception):
 def _sizing_from_scenario(scenario: str | Path | None) -> SizingArgs:
     # Imported here: the scenario module pulls in pydantic and yaml, which the audit itself does not need.
     try:
-        from harness.scenario import SCENARIOS_DIR, ScenarioError, load_scenario
+        from harness.scenario.schema import SCENARIOS_DIR, ScenarioError, load_scenario
     except ImportError as error:
-        raise _ScenarioUnavailable(f"cannot load scenarios: harness.scenario is unavailable ({error})") from None
+        raise _ScenarioUnavailable(f"cannot load scenarios: harness.scenario.schema is unavailable ({error})") from None
 
     # A name or a path, as the user gave it: the loader resolves names against the scenarios directory.
     name_or_path = scenario if scenario is not None else Path(SCENARIOS_DIR) / DEFAULT_SCENARIO_NAME

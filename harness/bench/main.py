@@ -30,16 +30,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from harness.combine import combine
-from harness.dispatch import dispatch
-from harness.distributed import RankInfo, init_rank, shutdown_rank
-from harness.environment import collect_hardware, collect_versions
-from harness.experts import Workspace, useful_flops
-from harness.plan import policy_shapes
-from harness.quant import FP8_DTYPE, FP8_MAX, dequantize, quantize_per_token
-from harness.records import SCHEMA_VERSION, Hardware, Record, Versions
-from harness.scenario import Scenario
-from harness.timing import StageTimer
+from harness.rank.combine import combine
+from harness.rank.dispatch import dispatch
+from harness.rank.distributed import RankInfo, init_rank, shutdown_rank
+from harness.core.environment import collect_hardware, collect_versions
+from harness.rank.experts import Workspace, useful_flops
+from harness.sizing.plan import policy_shapes
+from harness.rank.quant import FP8_DTYPE, FP8_MAX, dequantize, quantize_per_token
+from harness.core.records import SCHEMA_VERSION, Hardware, Record, Versions
+from harness.scenario.schema import Scenario
+from harness.rank.timing import StageTimer
 
 H200_FP8_DENSE_TFLOPS = 1979.0  # vendor datasheet, dense (no sparsity)
 BENCH_POLICIES = ("legacy", "fixed")
@@ -277,9 +277,9 @@ def bench_policy(setup: Any, policy: str, num_rounds: int) -> BenchPolicy:
 
 def bench_rank_main(scenario: Scenario, info: RankInfo, run_dir: Path,
                     progress: Callable[[dict[str, Any]], None] | None = None) -> BenchRankRecord:
-    """The bench counterpart of harness.rank.rank_main: same setup, interleaved variants per policy."""
-    from harness.memory import release_cached
-    from harness.rank import setup_rank
+    """The bench counterpart of harness.rank.lifecycle.rank_main: same setup, interleaved variants per policy."""
+    from harness.rank.memory import release_cached
+    from harness.rank.lifecycle import setup_rank
 
     device = init_rank(info)
     try:
@@ -428,7 +428,7 @@ def render_markdown(report: BenchReport, records: list[BenchRankRecord]) -> str:
         lines.append(f"# harness {v.harness}, torch {v.torch}, CUDA {v.cuda}, NCCL {v.nccl}, driver {v.driver}"
                      + (f", vLLM kernels {v.vllm_kernels}" if v.vllm_kernels else ""))
     lines += [f"# command: {' '.join(report.command)}",
-              f"# thresholds: " + ", ".join(f"{k} {val}" for k, val in report.thresholds.items()),
+              "# thresholds: " + ", ".join(f"{k} {val}" for k, val in report.thresholds.items()),
               "", "## Per rank (medians over interleaved rounds, first round dropped)", "",
               "| rank | policy | variant | median | min | max | samples |",
               "|---:|---|---|---:|---:|---:|---:|",
@@ -481,7 +481,7 @@ def _subprocess_s(args: list[str], *, cwd: Path, timeout_s: float = 300) -> floa
 def _first_ready_s(run_dir: Path, command_started_at: float) -> float:
     """Seconds from starting the `harness run` command (interpreter, imports, Ray start included) to the first
     rank's ready_at."""
-    from harness.records import RankRecord, read_record
+    from harness.core.records import RankRecord, read_record
 
     ready = [r.ready_at for p in sorted((run_dir / "ranks").glob("rank-*.json"))
              if isinstance(r := read_record(p), RankRecord) and r.ready_at is not None]
@@ -497,8 +497,8 @@ def cpu_costs(*, repeats: int = 3, with_ray: bool = True) -> list[CpuCost]:
     import sys
     import tempfile
 
-    from harness.plan import make_plan
-    from harness.scenario import REPO_DIR, load_scenario
+    from harness.sizing.plan import make_plan
+    from harness.scenario.schema import REPO_DIR, load_scenario
 
     pr = load_scenario("deepseek-v3-dp32-pr55579")
     results: dict[str, list[float]] = {}
@@ -533,13 +533,13 @@ def bench_command(ns: Any) -> int:
 
     from rich.console import Console
 
-    from harness.launch import LaunchError, LaunchPlan, RunSink
+    from harness.launch import LaunchError, LaunchPlan, RankEntry, RunSink
     from harness.launch.local import LocalLauncher
-    from harness.rank import can_run, resolve_device
-    from harness.records import write_json_atomic, write_text_atomic
-    from harness.run import (choose_run_dir, default_scenario_path, load_with_overrides, local_gpu_count,
+    from harness.rank.lifecycle import can_run, resolve_device
+    from harness.core.records import write_json_atomic, write_text_atomic
+    from harness.launch.run import (choose_run_dir, default_scenario_path, load_with_overrides, local_gpu_count,
                              make_run_id, scenario_overrides)
-    from harness.scenario import REPO_DIR, ScenarioError, resolve_scenario_path
+    from harness.scenario.schema import REPO_DIR, ScenarioError, resolve_scenario_path
 
     console = Console(width=max(Console().width, 140))
     command = ["harness", "bench", *sys.argv[2:]] if len(sys.argv) > 1 and sys.argv[1] == "bench" else ["harness", "bench"]
@@ -562,8 +562,9 @@ def bench_command(ns: Any) -> int:
             return 2
         launcher = LocalLauncher()
         rank_dir = choose_run_dir(out / "ranks-run", run_id)
-        plan = LaunchPlan(scenario=scenario, run_id=run_id, run_dir=rank_dir, device_type=device_type, entry="bench")
-        sink = RunSink(run_dir=rank_dir, run_id=run_id, num_ranks=plan.num_ranks)
+        plan = LaunchPlan(scenario=scenario, run_id=run_id, run_dir=rank_dir, device_type=device_type,
+                          entry=RankEntry(main=bench_rank_main, record_model=BenchRankRecord))
+        sink = RunSink(run_dir=rank_dir, run_id=run_id, num_ranks=plan.num_ranks, record_model=BenchRankRecord)
         console.print(f"{run_id}: {scenario.summary()}; {plan.num_ranks} rank(s) on {device_type}", highlight=False)
         outcome = launcher.launch(plan, sink)
         launcher.close()

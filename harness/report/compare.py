@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.collect import EXIT_ERROR, EXIT_FAILED, EXIT_OK, REPORT_SCHEMA_VERSION
+from harness.report.collect import EXIT_ERROR, EXIT_FAILED, EXIT_OK, REPORT_SCHEMA_VERSION
 
 Verdict = Literal["regression", "improvement", "unchanged", "not compared"]
 
@@ -194,7 +194,7 @@ def load_report(path: Path) -> dict[str, Any]:
         if (path / "report.json").is_file():
             path = path / "report.json"
         elif (path / "run.json").is_file():
-            from harness.collect import collect
+            from harness.report.collect import collect
 
             return collect(path, write=False).report
         else:

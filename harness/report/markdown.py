@@ -1,5 +1,5 @@
-"""Renderings of a report dict (harness.collect.build_report, harness.matrix.build_matrix_report): Markdown, JUnit
-XML and the terminal summary. HTML lives in harness.report_html.
+"""Renderings of a report dict (harness.report.collect.build_report, harness.report.matrix.build_matrix_report): Markdown, JUnit
+XML and the terminal summary. HTML lives in harness.report.html.
 
 Every number shown is formatted here from the report dict, never recomputed, so report.json and each rendering
 agree. `policy_table` is the one definition of the per-policy table: fixed columns, a units row and a row naming
@@ -12,11 +12,10 @@ import datetime
 import json
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
-from harness.records import write_text_atomic  # noqa: F401 - collect writes its outputs through it
+from harness.core.records import write_text_atomic  # noqa: F401 - collect writes its outputs through it
 
 GIB = 2**30
 MAX_LISTED = 50  # failed checks listed in Markdown; junit.xml and report.json hold all of them

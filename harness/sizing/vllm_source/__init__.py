@@ -1,7 +1,7 @@
 """vLLM sources for the harness: locate a release, wheel, tree or install, and evaluate its own sizing.
 
-    locate(version= | wheel= | src= | installed)  -> VllmSource   (harness.vllm_source.sources)
-    audit(source, SizingArgs)                      -> AuditResult  (harness.vllm_source.auditor)
+    locate(version= | wheel= | src= | installed)  -> VllmSource   (harness.sizing.vllm_source.sources)
+    audit(source, SizingArgs)                      -> AuditResult  (harness.sizing.vllm_source.auditor)
         SourceTree: ast-parse fused_moe/**.py, rebuild each batched-experts class,     (.evaluate)
         call its workspace_shapes on a stand-in self; vLLM is never imported
     release_shapes("X.Y.Z", SizingArgs)            -> WorkspaceShapes of CutlassBatchedExpertsFp8 ("vllm==X.Y.Z")
@@ -11,19 +11,18 @@
 See docs/vllm-sources.md.
 """
 
-from harness.vllm_source.auditor import (
+from harness.sizing.vllm_source.auditor import (
     CONSISTENT,
     DOUBLE_COUNT,
     UNEVALUATED,
     AuditResult,
     ClassAudit,
-    add_audit_arguments,
     audit,
     print_audit_table,
     release_shapes,
     run_audit,
 )
-from harness.vllm_source.sources import VllmSource, VllmSourceError, default_cache_dir, locate, ops_library
+from harness.sizing.vllm_source.sources import VllmSource, VllmSourceError, default_cache_dir, locate, ops_library
 
 __all__ = [
     "CONSISTENT",
@@ -33,7 +32,6 @@ __all__ = [
     "ClassAudit",
     "VllmSource",
     "VllmSourceError",
-    "add_audit_arguments",
     "audit",
     "default_cache_dir",
     "locate",

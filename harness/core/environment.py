@@ -10,7 +10,7 @@ from importlib import metadata
 import torch
 
 import harness
-from harness.records import Hardware, Versions
+from harness.core.records import Hardware, Versions
 
 
 def _dist_version(name: str) -> str | None:

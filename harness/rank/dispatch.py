@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from harness.memory import Accountant
-from harness.quant import FP8_DTYPE, quantize_per_token
-from harness.route import Routing
+from harness.rank.memory import Accountant
+from harness.rank.quant import FP8_DTYPE, quantize_per_token
+from harness.rank.route import Routing
 
 META_WORDS = 4  # scale, local expert, source token, source rank
 

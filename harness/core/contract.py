@@ -11,7 +11,7 @@ layer's common + ws2. This module turns a sizing policy into those shapes and by
     legacy       CutlassBatchedExpertsFp8 before vLLM PR #55579: the token dim is M * D (D counted twice)
     fixed        after the PR: the token dim is M = T * D
     lower-bound  the live set of the batched CUTLASS path (GEMM1 -> silu_and_mul -> quant -> GEMM2 -> copy)
-    vllm==X.Y.Z  whatever that release's own `workspace_shapes` returns (see harness.vllm_source)
+    vllm==X.Y.Z  whatever that release's own `workspace_shapes` returns (see harness.sizing.vllm_source)
 """
 
 from __future__ import annotations

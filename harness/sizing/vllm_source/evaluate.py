@@ -23,8 +23,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.vllm_source.sources import FUSED_MOE_DIR, VllmSource, VllmSourceError
-from harness.workspace import Shape, SizingArgs
+from harness.sizing.vllm_source.sources import FUSED_MOE_DIR, VllmSource, VllmSourceError
+from harness.core.contract import Shape, SizingArgs
 
 MODULAR_KERNEL_MODULE = "vllm.model_executor.layers.fused_moe.modular_kernel"
 ACTIVATION_MODULE = "vllm.model_executor.layers.fused_moe.activation"

@@ -16,21 +16,19 @@ Checks, per rank x policy (shared/DESIGN.md §6; docs/reports.md says how to rea
     correctness  the combined output within tolerance of the reference; skipped when the policy OOMed
     memory       measured workspace delta within expect.memory_tolerance_pct of the allocated contract
                  (common + ws2); skipped when the policy OOMed or nothing was measured
-A rank whose policy was stopped because another rank ran out of memory (status "error", harness.rank stops the
+A rank whose policy was stopped because another rank ran out of memory (status "error", harness.rank.lifecycle stops the
 policy on every rank together) has its checks skipped; the policy's outcome is "oom".
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 from collections.abc import Iterable
 
-from harness.records import (
+from harness.core.records import (
     SCHEMA_VERSION,
     PolicyResult,
     RankFailure,
@@ -39,10 +37,10 @@ from harness.records import (
     RunManifest,
     read_record,
 )
-from harness.scenario import Scenario, ScenarioError, parse_scenario
-from harness.workspace import fixed_shapes, live_set_bytes
+from harness.scenario.schema import Scenario, ScenarioError, parse_scenario
+from harness.core.contract import fixed_shapes, live_set_bytes
 
-EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
+from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK  # noqa: F401 - re-exported for report readers
 REPORT_SCHEMA_VERSION = 1
 REPORT_FILES = ("report.json", "report.md", "junit.xml", "report.html")
 CHECKS = ("expectation", "correctness", "memory")
@@ -125,7 +123,7 @@ class CollectResult:
 
     def summary_table(self) -> Any:
         """A rich renderable: the header, the per-policy table with its units row, problems, and the footer."""
-        from harness.report import render_summary
+        from harness.report.markdown import render_summary
 
         return render_summary(self.report)
 
@@ -256,7 +254,7 @@ def evaluate_checks(result: PolicyResult, *, expected_outcome: str | None, memor
     """The three checks of one rank x policy.
 
     `stopped_by_oom_on`: the ranks that ran out of memory when this rank's status is "error" because of them. The
-    ranks agree to stop a policy together (harness.rank), so the others record an error that is not theirs: their
+    ranks agree to stop a policy together (harness.rank.lifecycle), so the others record an error that is not theirs: their
     checks are skipped, and the expectation is judged on the ranks that did run out of memory.
     """
     checks: dict[str, CheckResult] = {}
@@ -620,8 +618,8 @@ def _exit_reason(exit_code: int, counts: dict[str, int], problems: list[Problem]
 
 def write_report(out_dir: Path, report: dict[str, Any]) -> tuple[Path, ...]:
     """report.json first (machine-readable first), then the renderings of that same dict; every write atomic."""
-    from harness.report import render_json, render_junit, render_markdown, write_text_atomic
-    from harness.report_html import render_html
+    from harness.report.markdown import render_json, render_junit, render_markdown, write_text_atomic
+    from harness.report.html import render_html
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [write_text_atomic(out_dir / "report.json", render_json(report))]
@@ -643,29 +641,3 @@ def collect(run_dir: Path, *, write: bool = True, scenario_hint: Scenario | None
     if write and run_dir.is_dir():
         outputs = write_report(run_dir, report)
     return CollectResult(run_dir=run_dir, report=report, outputs=outputs)
-
-
-def collect_command(ns: argparse.Namespace) -> int:
-    """`harness collect RUN_DIR`: a run directory, or a matrix directory (it holds matrix.json)."""
-    from rich.console import Console
-
-    run_dir: Path = ns.run_dir
-    if not run_dir.is_dir():
-        print(f"harness: error: {run_dir}: no such run directory", file=sys.stderr)
-        return EXIT_ERROR
-    if (run_dir / "matrix.json").exists() and not (run_dir / "run.json").exists():
-        from harness.matrix import MatrixError, recollect_matrix
-
-        try:
-            result = recollect_matrix(run_dir)
-        except MatrixError as exc:
-            print(f"harness: error: {exc}", file=sys.stderr)
-            return EXIT_ERROR
-    else:
-        result = collect(run_dir)
-    # A matrix table has five more leading columns (cell, model, D, E, T) than a run's.
-    console = Console(width=max(Console().width, 220 if result.report["kind"] == "matrix" else 160))
-    console.print(result.summary_table())
-    for path in result.outputs:
-        console.print(f"wrote {path}", style="dim")
-    return result.exit_code

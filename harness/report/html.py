@@ -19,7 +19,7 @@ import io
 import json
 from typing import Any
 
-from harness.report import (
+from harness.report.markdown import (
     GIB,
     MAX_LISTED,
     MAX_PROBLEMS_LISTED,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness.dispatch import DispatchBuffers, DispatchHandle, DispatchLayout, as_words
+from harness.rank.dispatch import DispatchBuffers, DispatchHandle, DispatchLayout, as_words
 
 
 def combine(

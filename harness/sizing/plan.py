@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.scenario import Scenario
-from harness.workspace import BUILTIN_POLICIES, SizingArgs, WorkspaceShapes, builtin_shapes, fixed_shapes, is_release_policy
+from harness.scenario.schema import Scenario
+from harness.core.contract import BUILTIN_POLICIES, SizingArgs, WorkspaceShapes, builtin_shapes, fixed_shapes, is_release_policy
 
 GIB = 2**30
 
@@ -15,7 +15,7 @@ GIB = 2**30
 def policy_shapes(policy: str, args: SizingArgs, *, cache_dir: Path | None = None) -> WorkspaceShapes:
     """Shapes for a builtin policy or a release policy `vllm==X.Y.Z` (read from that release's own code)."""
     if is_release_policy(policy):
-        from harness.vllm_source import release_shapes
+        from harness.sizing.vllm_source import release_shapes
 
         return release_shapes(policy.removeprefix("vllm=="), args, cache_dir=cache_dir)
     return builtin_shapes(policy, args)

@@ -3,7 +3,7 @@
 A scenario names a model (a preset, explicit shapes, or both: explicit fields win), the parallel layout
 (D dispatchers, P physical ranks, E local experts, T tokens per rank), the routing, the sizing policies to
 measure, and what the run should find (expectations and thresholds). Whether *this machine* can run it is a
-separate question, answered by `harness.rank.can_run`.
+separate question, answered by `harness.rank.lifecycle.can_run`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from harness.models import PRESETS
-from harness.schema_doc import describe_field
-from harness.workspace import BUILTIN_POLICIES, RELEASE_POLICY_PREFIX, SizingArgs
+from harness.scenario.presets import PRESETS
+from harness.scenario.fields import describe_field
+from harness.core.contract import BUILTIN_POLICIES, RELEASE_POLICY_PREFIX, SizingArgs
 
-REPO_DIR = Path(__file__).resolve().parent.parent
+REPO_DIR = Path(__file__).resolve().parents[2]
 SCENARIOS_DIR = REPO_DIR / "scenarios"
 
 # Total memory that NVML reports for GPUs a budget can emulate, in bytes.

@@ -17,26 +17,26 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from harness.combine import combine
-from harness.dispatch import DispatchBuffers, DispatchLayout, dispatch
-from harness.distributed import RankInfo, init_rank, shutdown_rank
-from harness.environment import collect_hardware, collect_versions
-from harness.experts import (
+from harness.rank.combine import combine
+from harness.rank.dispatch import DispatchBuffers, DispatchLayout, dispatch
+from harness.rank.distributed import RankInfo, init_rank, shutdown_rank
+from harness.core.environment import collect_hardware, collect_versions
+from harness.rank.experts import (
     ExpertsBackend, ExpertWeights, Workspace, generate_expert, make_weights, select_backend, useful_flops,
 )
-from harness.memory import (
-    Accountant, BudgetExceeded, MemoryProbe, PeakSampler, SnapshotRecorder, apply_budget, free_and_total_bytes,
+from harness.rank.memory import (
+    Accountant, MemoryProbe, PeakSampler, SnapshotRecorder, apply_budget, free_and_total_bytes,
     free_bytes_from_message, release_cached, requested_bytes_from_message, synchronize,
 )
-from harness.plan import policy_shapes
-from harness.quant import dequantize, quantize_per_channel, quantize_per_token
-from harness.records import (
+from harness.sizing.plan import policy_shapes
+from harness.rank.quant import dequantize, quantize_per_channel, quantize_per_token
+from harness.core.records import (
     Breakdown, ContractBytes, Correctness, MemoryMeasurement, OomRecord, PolicyResult, RankRecord, Throughput, Timings,
 )
-from harness.route import Routing, route
-from harness.scenario import Scenario
-from harness.timing import StageTimer, median_drop_first
-from harness.workspace import WorkspaceShapes
+from harness.rank.route import Routing, route
+from harness.scenario.schema import Scenario
+from harness.rank.timing import StageTimer, median_drop_first
+from harness.core.contract import WorkspaceShapes
 
 Progress = Callable[[dict[str, Any]], None]
 MAX_CHECKED_TOKENS = 64
@@ -371,7 +371,7 @@ def resolve_ops_library(scenario: Scenario) -> tuple[str | None, str | None]:
     if not (v.version or v.wheel or v.src):
         if scenario.experts_backend != "vllm-ops":
             return None, None
-    from harness.vllm_source import locate
+    from harness.sizing.vllm_source import locate
 
     source = locate(
         version=v.version, wheel=Path(v.wheel) if v.wheel else None, src=Path(v.src) if v.src else None, with_ops=True

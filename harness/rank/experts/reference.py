@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harness.experts import ExpertWeights, Workspace
-from harness.quant import dequantize, quantize_per_token
+from harness.rank.experts.base import ExpertWeights, Workspace
+from harness.rank.quant import dequantize, quantize_per_token
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harness.experts import BackendUnavailable, ExpertWeights, Workspace
-from harness.quant import FP8_DTYPE, FP8_MAX
+from harness.rank.experts.base import BackendUnavailable, ExpertWeights, Workspace
+from harness.rank.quant import FP8_DTYPE, FP8_MAX
 
 MIN_ROWS_PER_CHUNK = 16384
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from harness.experts import BackendUnavailable, ExpertWeights, Workspace
+from harness.rank.experts.base import BackendUnavailable, ExpertWeights, Workspace
 
 REQUIRED_OPS = ("get_cutlass_batched_moe_mm_data", "cutlass_moe_mm", "silu_and_mul", "dynamic_per_token_scaled_fp8_quant")
 _LOADED: dict[str, str] = {}

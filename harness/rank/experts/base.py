@@ -1,20 +1,5 @@
-"""Batched FP8 experts: GEMM1 -> silu_and_mul -> per-token FP8 quant -> GEMM2 -> copy into out.
+"""What every experts backend shares: the weights, the workspace views, the backend protocol."""
 
-Every backend writes into *views of the policy's workspace buffers*, exactly as vLLM's batched CUTLASS path
-(run_cutlass_moe_fp8 with use_batched_format) does, so the memory measured is the memory vLLM would use:
-
-    mm1_out   (E*M, N)  bf16   over common (ws13)
-    act_out   (E*M, I)  bf16   over ws2
-    quant_out (E*M, I)  fp8    over common (ws13), after act_out consumed mm1_out
-    mm2_out   (E*M, K)  bf16   over ws2, after quant_out consumed act_out
-    out       (E, M, K) bf16   over common, after GEMM2 consumed quant_out
-
-Stages run over all experts before the next starts: the views overlap, so per-expert interleaving would
-overwrite live data.
-
-Backends: `reference` (fp32 dequantize + matmul, any device; the CPU default and the oracle),
-`torch-cutlass` (torch._scaled_grouped_mm, sm90+), `vllm-ops` (vLLM's compiled CUTLASS ops).
-"""
 
 from __future__ import annotations
 
@@ -25,9 +10,9 @@ from typing import Any, Protocol
 
 import torch
 
-from harness.memory import Accountant
-from harness.quant import FP8_DTYPE, quantize_per_channel
-from harness.workspace import WorkspaceShapes
+from harness.rank.memory import Accountant
+from harness.rank.quant import FP8_DTYPE, quantize_per_channel
+from harness.core.contract import WorkspaceShapes
 
 
 class BackendUnavailable(Exception):
@@ -182,33 +167,3 @@ def useful_flops(expert_num_tokens: torch.Tensor, *, hidden_size: int, intermedi
     """Multiply-adds x 2 of GEMM1 and GEMM2 over the tokens the experts actually hold."""
     rows = int(expert_num_tokens.sum())
     return 2 * rows * hidden_size * 2 * intermediate_size + 2 * rows * intermediate_size * hidden_size
-
-
-def select_backend(name: str, device: torch.device, *, vllm_ops_library: str | None = None) -> ExpertsBackend:
-    """The backend `name` for this device; "auto" tries vllm-ops, then torch-cutlass (sm90+), then reference.
-
-    Raises BackendUnavailable when an explicitly named backend cannot run here.
-    """
-    from harness.experts.reference import ReferenceExperts
-    from harness.experts.torch_cutlass import TorchCutlassExperts
-    from harness.experts.vllm_ops import VllmOpsExperts
-
-    if name == "reference":
-        return ReferenceExperts()
-    if name == "torch-cutlass":
-        return TorchCutlassExperts.create(device)
-    if name == "vllm-ops":
-        return VllmOpsExperts.create(device, library=vllm_ops_library)
-    if name != "auto":
-        raise BackendUnavailable(f"experts backend {name!r} is not one of auto, reference, torch-cutlass, vllm-ops")
-    if device.type == "cuda":
-        if vllm_ops_library is not None:
-            try:
-                return VllmOpsExperts.create(device, library=vllm_ops_library)
-            except BackendUnavailable:
-                pass
-        try:
-            return TorchCutlassExperts.create(device)
-        except BackendUnavailable:
-            pass
-    return ReferenceExperts()

@@ -1,0 +1,15 @@
+"""One rank's lifecycle and its data path, which mirrors vLLM's modular kernel:
+
+    [route] -> [quant + dispatch] -> [experts: GEMM1 -> silu_and_mul -> quant -> GEMM2] -> [combine]
+    route.py   quant.py, dispatch.py   experts/ (one module per backend), views of the     combine.py
+                                       policy's workspace buffers (core.contract)
+
+around them: `distributed` (RankInfo, the one rendezvous init_rank), `memory` (NVML, allocator, RSS, budgets, OOM
+snapshots), `timing` (CUDA events) and `lifecycle` (set up once, then allocate / iterate / measure / judge per
+policy; returns the rank's RankRecord).
+
+Letters (shared/DESIGN.md §1): T tokens per rank, D dispatchers, M = T*D slots per expert, E local experts,
+K hidden size, I intermediate size (N = 2I).
+
+May import: harness.core, harness.scenario, harness.sizing.
+"""

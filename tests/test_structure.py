@@ -1,0 +1,123 @@
+"""The package layout: no import circles between modules, and every package imports only the layers below it.
+
+The import graph is built with `ast` from every `import` and `from ... import` in harness/, at any depth (inside
+functions too), so a lazy import cannot hide a circle. `if TYPE_CHECKING:` blocks are included as well.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+HARNESS = Path(__file__).resolve().parents[1] / "harness"
+
+# What each package may import (its own modules always). Each package's __init__ docstring says the same.
+ALLOWED: dict[str, set[str]] = {
+    "core": set(),
+    "scenario": {"core"},
+    "sizing": {"core", "scenario"},
+    "rank": {"core", "scenario", "sizing"},
+    "report": {"core", "scenario", "sizing"},
+    "launch": {"core", "scenario", "sizing", "rank", "report"},
+    "bench": {"core", "scenario", "sizing", "rank", "launch", "report"},
+}
+TOP_MODULES = {"cli", "__main__", "__init__"}  # the command layer may import anything
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(HARNESS.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in HARNESS.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            for target in targets:
+                # the longest known module the target names: `from harness.x import f` depends on harness.x
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name and target != "harness":
+                    graph[name].add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_circles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_find_cycle_detects_a_circle():
+    # the checker itself can fail: a three-module circle is found and named in order
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] not in TOP_MODULES) else None
+
+
+def test_packages_import_only_the_layers_below():
+    graph = import_graph()
+    wrong = []
+    for module, targets in graph.items():
+        package = _package(module)
+        if package is None:
+            continue
+        assert package in ALLOWED, f"{module}: package {package!r} is not in the layer table of this test"
+        for target in targets:
+            other = _package(target)
+            if other is None and target.split(".")[-1] in TOP_MODULES:
+                wrong.append(f"{module} imports the command layer {target}")
+            elif other is not None and other != package and other not in ALLOWED[package]:
+                wrong.append(f"{module} ({package}) imports {target} ({other})")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_each_package_says_what_it_owns_and_may_import(package):
+    doc = ast.get_docstring(ast.parse((HARNESS / package / "__init__.py").read_text()))
+    assert doc and "May import" in doc, f"harness/{package}/__init__.py must say what it may import"
+    allowed = ALLOWED[package]
+    said = doc[doc.index("May import"):]
+    for other in allowed:
+        assert f"harness.{other}" in said, f"harness/{package}/__init__.py does not list harness.{other}"
