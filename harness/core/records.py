@@ -23,8 +23,15 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 SCHEMA_VERSION = 1
 
 
+RecordProblem = Literal["missing", "unreadable", "truncated", "corrupt", "newer-schema"]
+
+
 class RecordError(Exception):
-    """A record that cannot be read: missing, truncated, corrupt, or of a newer schema."""
+    """A record that cannot be read: missing, truncated, corrupt, or of a newer schema. `reason` names which."""
+
+    def __init__(self, message: str, reason: RecordProblem = "corrupt") -> None:
+        super().__init__(message)
+        self.reason: RecordProblem = reason
 
 
 class Record(BaseModel):
@@ -109,12 +116,22 @@ class OomRecord(Record):
 
 
 class Timings(Record):
-    """Medians over the measured iterations (first sample dropped), in microseconds."""
+    """Medians over the measured iterations (first sample dropped), in microseconds.
+
+    The per-stage min and max over the same samples let `harness compare` tell a change from the run's own noise;
+    records written before they existed hold None.
+    """
 
     dispatch_us: float
     experts_us: float
     combine_us: float
     num_samples: int
+    dispatch_min_us: float | None = None
+    dispatch_max_us: float | None = None
+    experts_min_us: float | None = None
+    experts_max_us: float | None = None
+    combine_min_us: float | None = None
+    combine_max_us: float | None = None
 
 
 class Throughput(Record):
@@ -207,12 +224,31 @@ def rank_record_path(run_dir: Path, rank: int, *, failed: bool = False) -> Path:
     return run_dir / "ranks" / f"rank-{rank:05d}{suffix}"
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux allows (os.umask can only set it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_text_atomic(path: Path, text: str) -> Path:
-    """Write text through a temporary file in the same directory and a rename: readers never see half a file."""
+    """Write text through a temporary file in the same directory and a rename: readers never see half a file.
+
+    The file gets the mode a plain open() would give (0666 less the umask: 0644 by default), not mkstemp's 0600,
+    so a CI uploader or a web server running as another user can read reports and records. On any failure the
+    temporary file is removed.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -238,35 +274,51 @@ _KINDS: dict[str, type[Record]] = {"rank": RankRecord, "rank-failure": RankFailu
 def read_record(path: Path) -> RankRecord | RankFailure | RunManifest:
     """Read one record; raise RecordError naming the file and the cause."""
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
-        raise RecordError(f"{path}: missing") from None
+        raise RecordError(f"{path}: missing", "missing") from None
     except OSError as exc:
-        raise RecordError(f"{path}: cannot read: {exc.strerror}") from None
+        raise RecordError(f"{path}: cannot read: {exc.strerror}", "unreadable") from None
+    return parse_record(data, where=str(path))
+
+
+def parse_record(data: bytes, *, where: str) -> RankRecord | RankFailure | RunManifest:
+    """A record from a file's bytes; RecordError (one line, starting with `where`) for anything else."""
     try:
-        data = json.loads(text)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"{where}: corrupt: not UTF-8 text (byte {exc.start})", "corrupt") from None
+    try:
+        loaded = json.loads(text)
     except json.JSONDecodeError as exc:
         # A record is one JSON object: one that stops before its closing brace was cut off mid-write.
         body = text.strip()
-        what = "truncated" if body.startswith("{") and not body.endswith("}") else "corrupt"
-        raise RecordError(f"{path}: {what} JSON ({exc.msg} at line {exc.lineno})") from None
+        if body.startswith("{") and not body.endswith("}"):
+            raise RecordError(f"{where}: truncated JSON ({exc.msg} at line {exc.lineno})", "truncated") from None
+        raise RecordError(f"{where}: corrupt JSON ({exc.msg} at line {exc.lineno})", "corrupt") from None
+    except (ValueError, RecursionError) as exc:  # a 5000-digit integer, nesting deeper than the parser goes
+        raise RecordError(f"{where}: corrupt JSON ({type(exc).__name__})", "corrupt") from None
+    return _validate_record(loaded, where)
+
+
+def _validate_record(data: Any, where: str) -> RankRecord | RankFailure | RunManifest:
     if not isinstance(data, dict):
-        raise RecordError(f"{path}: corrupt: expected a JSON object")
+        raise RecordError(f"{where}: corrupt: expected a JSON object")
     version = data.get("schema_version")
     if not isinstance(version, int):
-        raise RecordError(f"{path}: corrupt: no schema_version")
+        raise RecordError(f"{where}: corrupt: no schema_version")
     if version > SCHEMA_VERSION:
         raise RecordError(
-            f"{path}: schema version {version} is newer than this harness reads ({SCHEMA_VERSION}); "
-            "upgrade the harness to read it"
+            f"{where}: schema version {version} is newer than this harness reads ({SCHEMA_VERSION}); "
+            "upgrade the harness to read it", "newer-schema"
         )
     kind = data.get("record_kind")
-    model = _KINDS.get(kind)  # type: ignore[arg-type]
+    model = _KINDS.get(kind) if isinstance(kind, str) else None
     if model is None:
-        raise RecordError(f"{path}: corrupt: record_kind {kind!r} is not one of {', '.join(_KINDS)}")
+        raise RecordError(f"{where}: corrupt: record_kind {str(kind)[:40]!r} is not one of {', '.join(_KINDS)}")
     try:
-        return model.model_validate(data)
+        return model.model_validate(data)  # type: ignore[return-value]
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise RecordError(f"{path}: corrupt: {where}: {first['msg']}") from None
+        loc = ".".join(str(p) for p in first["loc"])
+        raise RecordError(f"{where}: corrupt: {loc}: {first['msg']}") from None
