@@ -238,10 +238,10 @@ def load_matrix(path: str | Path) -> Matrix:
         base = matrix.base
     if not isinstance(base, dict):
         raise MatrixError(f"{resolved}: matrix.base{'_file' if matrix.base_file else ''}: a scenario mapping, got {type(base).__name__}")
-    matrix._path = resolved
-    matrix._base_data = base
     if matrix.name is None:
-        object.__setattr__(matrix, "name", resolved.stem)
+        matrix = matrix.model_copy(update={"name": resolved.stem})  # rebuilt, never mutated: the model is frozen
+    matrix._path = resolved  # private attributes: not part of the frozen, validated fields
+    matrix._base_data = base
     expansion = matrix.expansion()
     if not expansion.cells:
         reasons = "; ".join(f"{s.name}: {s.reason}" for s in expansion.skipped[:5])

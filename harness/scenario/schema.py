@@ -83,12 +83,12 @@ class ModelSpec(_Strict):
                     filled[name] = getattr(preset, name)
         if self.activation is None and "activation" not in filled:
             filled["activation"] = "silu"
-        for name, value in filled.items():
-            object.__setattr__(self, name, value)
-        missing = [n for n in ("hidden_size", "intermediate_size", "num_experts", "top_k") if getattr(self, n) is None]
+        # Rebuilt, never mutated: the model is frozen (validated through model_validate, which keeps the copy).
+        spec = self.model_copy(update=filled) if filled else self
+        missing = [n for n in ("hidden_size", "intermediate_size", "num_experts", "top_k") if getattr(spec, n) is None]
         if missing:
             raise ValueError(f"missing {', '.join('model.' + m for m in missing)}: give them or a model.preset")
-        return self
+        return spec
 
 
 class ParallelSpec(_Strict):
@@ -267,7 +267,9 @@ class Scenario(_Strict):
                     f"set parallel.num_local_experts (at least {-(-m.num_experts // D)} for D={D}) "
                     f"or choose D from {', '.join(map(str, divisors))}"
                 )
-            object.__setattr__(p, "num_local_experts", m.num_experts // D)
+            # Rebuilt, never mutated (frozen); the checks below and the caller see the filled copy.
+            p = p.model_copy(update={"num_local_experts": m.num_experts // D})
+            self = self.model_copy(update={"parallel": p})  # noqa: PLW0642
         elif p.num_local_experts * D < m.num_experts:
             raise ValueError(
                 f"parallel.num_local_experts ({p.num_local_experts}) x num_dispatchers ({D}) = "
@@ -409,7 +411,7 @@ def parse_scenario(data: Any, *, path: Path | str = "<scenario>") -> Scenario:
     except ValidationError as exc:
         raise ScenarioError("\n".join(_format_error(path, e) for e in exc.errors())) from None
     if scenario.name is None:
-        object.__setattr__(scenario, "name", Path(str(path)).stem)
+        scenario = scenario.model_copy(update={"name": Path(str(path)).stem})
     return scenario
 
 
