@@ -9,6 +9,8 @@ deleted afterwards unless asked to keep it. A small manifest lets the next call 
         manifest.json
         vllm/model_executor/layers/fused_moe/**.py
         vllm/_version.py
+        vllm/envs.py, vllm/distributed/device_communicators/all2all.py, vllm/config/{parallel,scheduler}.py
+                                             (LAYER_FILES: what the whole-layer memory model reads)
         vllm/_C_stable_libtorch.abi3.so      (with_ops only; vllm/_C.abi3.so in older releases)
 """
 
@@ -36,8 +38,17 @@ VERSION_FILE = "vllm/_version.py"
 # The first one present wins: the stable-ABI library holds cutlass_moe_mm, get_cutlass_batched_moe_mm_data and
 # silu_and_mul from 0.22.0 on; vllm/_C.abi3.so is where older releases kept them.
 OPS_LIBRARY_NAMES = ("vllm/_C_stable_libtorch.abi3.so", "vllm/_C.abi3.so")
+# Files outside fused_moe/ that the whole-layer memory model reads (harness.sizing.layer): the all-to-all
+# managers and the defaults of their buffer sizes. A release that lacks one simply does not extract it.
+LAYER_FILES = (
+    "vllm/envs.py",
+    "vllm/distributed/device_communicators/all2all.py",
+    "vllm/config/parallel.py",
+    "vllm/config/scheduler.py",
+)
 MANIFEST_NAME = "manifest.json"
-MANIFEST_SCHEMA = 1
+# 2: the extraction also holds LAYER_FILES; a schema-1 entry lacks them and is extracted again.
+MANIFEST_SCHEMA = 2
 
 # Any local python can fetch the Linux x86-64 wheel: vLLM ships one cp38-abi3 wheel per release.
 PIP_PLATFORM_ARGS = ("--platform", "manylinux_2_28_x86_64", "--python-version", "3.12", "--implementation", "cp")
@@ -462,7 +473,9 @@ def _read_wheel_metadata(wheel: Path) -> tuple[str | None, str | None]:
 def _wanted_member(name: str) -> bool:
     if ".." in name.split("/") or name.startswith("/"):
         return False
-    return name == VERSION_FILE or (name.startswith(FUSED_MOE_DIR + "/") and name.endswith(".py"))
+    if name == VERSION_FILE or name in LAYER_FILES:
+        return True
+    return name.startswith(FUSED_MOE_DIR + "/") and name.endswith(".py")
 
 
 def _extract_wheel(
