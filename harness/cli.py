@@ -11,10 +11,30 @@ from harness.core.exits import EXIT_ERROR, EXIT_OK
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own exit code is already 2; keep one line, no usage spam
-        self.print_usage(sys.stderr)
-        print(f"harness: error: {message}", file=sys.stderr)
+    """argparse with one-line refusals: the error, a close match where there is one, and where help is."""
+
+    def error(self, message: str) -> None:  # argparse's own exit code is already 2
+        close = _suggestion(self, message)
+        pointer = f" See `{self.prog} --help`." if close else f"; see `{self.prog} --help`"
+        print(f"{self.prog}: error: {message}{close}{pointer}", file=sys.stderr)
         raise SystemExit(EXIT_ERROR)
+
+
+def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
+    """"; did you mean 'run'?" for a mistyped subcommand, choice or option; "" when nothing is close."""
+    import difflib
+    import re
+
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice:
+        typed, allowed = choice.group(1), re.findall(r"'([^']*)'", choice.group(2)) or choice.group(2).split(", ")
+    elif message.startswith("unrecognized arguments: "):
+        typed = message.removeprefix("unrecognized arguments: ").split()[0].split("=")[0]
+        allowed = [o for action in parser._actions for o in action.option_strings]
+    else:
+        return ""
+    close = difflib.get_close_matches(typed, allowed, n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def _print_error(message: str) -> int:
@@ -23,7 +43,7 @@ def _print_error(message: str) -> int:
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
-    from rich.console import Console
+    from harness.core.console import make_console
 
     from harness.sizing.plan import make_plan, plan_json, plan_summary, render_plan
     from harness.scenario.schema import ScenarioError, load_scenario
@@ -42,7 +62,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     if ns.json:
         print(json.dumps(plan_json(scenario, rows), indent=1))
         return EXIT_OK
-    console = Console(width=max(Console().width, 160))
+    console = make_console()
     console.print(render_plan(scenario, rows))
     console.print(plan_summary(rows))
     if scenario.emulated:
@@ -54,7 +74,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
 
 
 def cmd_scenarios(ns: argparse.Namespace) -> int:
-    from rich.console import Console
+    from harness.core.console import make_console
     from rich.table import Table
 
     from harness.scenario.schema import SCENARIOS_DIR, ScenarioError, list_scenarios, load_scenario
@@ -74,7 +94,7 @@ def cmd_scenarios(ns: argparse.Namespace) -> int:
     if ns.json:
         print(json.dumps({"scenarios": rows}, indent=1))
     else:
-        Console(width=max(Console().width, 140)).print(table)
+        make_console().print(table)
     return EXIT_OK
 
 
@@ -92,7 +112,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 def cmd_collect(ns: argparse.Namespace) -> int:
     """`harness collect RUN_DIR`: a run directory, or a matrix directory (it holds matrix.json)."""
-    from rich.console import Console
+    from harness.core.console import make_console
 
     from harness.report.collect import collect
     from harness.report.matrix import recollect_matrix
@@ -108,8 +128,7 @@ def cmd_collect(ns: argparse.Namespace) -> int:
             return _print_error(str(exc))
     else:
         result = collect(run_dir)
-    # A matrix table has five more leading columns (cell, model, D, E, T) than a run's.
-    console = Console(width=max(Console().width, 220 if result.report["kind"] == "matrix" else 160))
+    console = make_console()
     console.print(result.summary_table())
     for path in result.outputs:
         console.print(f"wrote {path}", style="dim")
@@ -135,87 +154,112 @@ def cmd_schema(ns: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_BACKENDS = ["auto", "reference", "torch-cutlass", "vllm-ops"]
+_BACKEND_HELP = ("experts implementation: vllm-ops (vLLM's compiled CUTLASS ops), torch-cutlass (torch's FP8 "
+                 "grouped GEMM, sm90+), reference (fp32 oracle, any device); default: the scenario's; auto: "
+                 "vllm-ops when its ops library is at hand, then torch-cutlass, else reference")
+_DEVICE_HELP = "where ranks run, overriding the scenario's device (auto: cuda when there is a GPU per rank, else cpu)"
+_VERSION_HELP = "vLLM release X.Y.Z: fetched into the cache (pip download --no-deps) unless already there"
+_WHEEL_HELP = "a vLLM wheel file (.whl) to read the release from, instead of downloading one"
+_SRC_HELP = "a vLLM source tree (the repository root or its vllm/ directory) to read the release from"
+_OPS_HELP = "vLLM's compiled ops library file itself (vllm/_C_stable_libtorch.abi3.so or vllm/_C.abi3.so)"
+_CACHE_HELP = "cache of downloaded vLLM releases (default: HARNESS_CACHE_DIR, else ~/.cache/moe-harness)"
+_JSON_HELP = "print one JSON object instead of tables"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="harness", description="EP+DP MoE workspace harness (vLLM PR #55579)")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                                help="what to do; `harness COMMAND --help` for its options")
 
     p = sub.add_parser("plan", help="workspace bytes per GPU for each sizing policy")
     p.add_argument("scenario", help="scenario file or name in scenarios/")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--cache-dir", type=Path, default=None, help="vLLM release cache (release policies)")
-    p.set_defaults(func=cmd_plan)
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP + "; for vllm==X.Y.Z policies")
+    p.set_defaults(func=cmd_plan, parser=p)
 
     p = sub.add_parser("scenarios", help="list the scenario files")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_scenarios)
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p.set_defaults(func=cmd_scenarios, parser=p)
 
     p = sub.add_parser("run", help="run a scenario (or matrix) on local processes or a Ray cluster")
-    p.add_argument("scenario", nargs="?", default=None, help="default: smoke on CPU, the PR case on a GPU")
-    p.add_argument("--launcher", choices=["local", "ray"], default=None, help="default: the scenario's")
-    p.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS, else a local cluster)")
-    p.add_argument("--out", type=Path, default=None, help="results directory (default results/<run-id>)")
-    p.add_argument("--experts-backend", choices=["auto", "reference", "torch-cutlass", "vllm-ops"], default=None)
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
-    p.add_argument("--placement-strategy", choices=["PACK", "SPREAD"], default=None)
+    p.add_argument("scenario", nargs="?", default=None,
+                   help="scenario or matrix file, or a name in scenarios/ (default: smoke on CPU, the PR case on a GPU)")
+    p.add_argument("--launcher", choices=["local", "ray"], default=None,
+                   help="how ranks start: local processes or Ray actors (default: ray with --address or RAY_ADDRESS, "
+                        "else the scenario's)")
+    p.add_argument("--address", default=None,
+                   help="Ray GCS address HOST:6379 to join (default: RAY_ADDRESS, else a new local cluster)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="run directory, must not hold a run (default results/<run-id>); absolute in a Ray job")
+    p.add_argument("--experts-backend", choices=_BACKENDS, default=None, help=_BACKEND_HELP)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help=_DEVICE_HELP)
+    p.add_argument("--placement-strategy", choices=["PACK", "SPREAD"], default=None,
+                   help="Ray placement of the rank bundles (default: the scenario's, PACK)")
     p.add_argument("--num-ranks", type=int, default=None, help="override parallel.num_ranks")
     p.add_argument("--policies", default=None, help="comma-separated override of policies")
-    p.add_argument("--vllm-version", default=None, help="vLLM release for the vllm-ops backend")
-    p.add_argument("--vllm-wheel", type=Path, default=None)
-    p.add_argument("--vllm-src", type=Path, default=None)
-    p.add_argument("--vllm-ops-library", type=Path, default=None, help="vLLM's compiled ops library file itself")
-    p.add_argument("--cache-dir", type=Path, default=None)
+    p.add_argument("--vllm-version", default=None, help=_VERSION_HELP + "; its ops for the vllm-ops backend")
+    p.add_argument("--vllm-wheel", type=Path, default=None, help=_WHEEL_HELP)
+    p.add_argument("--vllm-src", type=Path, default=None, help=_SRC_HELP)
+    p.add_argument("--vllm-ops-library", type=Path, default=None, help=_OPS_HELP)
+    p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP)
     p.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, parser=p)
 
     p = sub.add_parser("collect", help="turn per-rank records into report.{json,md,html} and junit.xml")
-    p.add_argument("run_dir", type=Path)
-    p.set_defaults(func=cmd_collect)
+    p.add_argument("run_dir", type=Path,
+                   help="a run directory (holds run.json and ranks/) or a matrix run directory (holds matrix.json)")
+    p.set_defaults(func=cmd_collect, parser=p)
 
     p = sub.add_parser("compare", help="compare a run against a baseline: 0 pass, 1 regression, 2 error")
-    p.add_argument("baseline", type=Path)
-    p.add_argument("current", type=Path)
+    p.add_argument("baseline", type=Path,
+                   help="the reference: a run directory or its report.json (e.g. under results/baselines/)")
+    p.add_argument("current", type=Path, help="the run to judge: a run directory or its report.json")
     p.add_argument("--threshold", action="append", default=[], metavar="METRIC=PCT",
                    help="a metric's or group's threshold (groups: memory, error, time, throughput)")
     p.add_argument("--ignore", action="append", default=[], metavar="METRIC_OR_GROUP",
                    help="leave a metric or group out, e.g. time and throughput across different machines")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_compare)
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p.set_defaults(func=cmd_compare, parser=p)
 
     p = sub.add_parser("bench", help="harness cost against raw kernels and raw all_to_all_single")
     p.add_argument("scenario", nargs="?", default=None, help="default: smoke on CPU, the PR case on a GPU")
     p.add_argument("--json", action="store_true", help="print the bench report as JSON")
     p.add_argument("--out", type=Path, default=None, help="directory for bench.json and bench.md")
-    p.add_argument("--experts-backend", choices=["auto", "reference", "torch-cutlass", "vllm-ops"], default=None)
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
+    p.add_argument("--experts-backend", choices=_BACKENDS, default=None, help=_BACKEND_HELP)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help=_DEVICE_HELP)
     p.add_argument("--num-ranks", type=int, default=None, help="override parallel.num_ranks")
     p.add_argument("--policies", default=None, help="comma-separated override of policies (legacy, fixed)")
-    p.add_argument("--vllm-version", default=None)
-    p.add_argument("--vllm-wheel", type=Path, default=None)
-    p.add_argument("--vllm-src", type=Path, default=None)
-    p.add_argument("--vllm-ops-library", type=Path, default=None)
+    p.add_argument("--vllm-version", default=None, help=_VERSION_HELP + "; its ops for the vllm-ops backend")
+    p.add_argument("--vllm-wheel", type=Path, default=None, help=_WHEEL_HELP)
+    p.add_argument("--vllm-src", type=Path, default=None, help=_SRC_HELP)
+    p.add_argument("--vllm-ops-library", type=Path, default=None, help=_OPS_HELP)
     p.add_argument("--cpu-only", action="store_true", help="only the CPU-side costs")
     p.add_argument("--no-cpu-costs", action="store_true", help="skip the CPU-side costs")
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=cmd_bench, parser=p)
 
     p = sub.add_parser("schema", help="print the scenario schema reference (Markdown)")
-    p.set_defaults(func=cmd_schema)
+    p.set_defaults(func=cmd_schema, parser=p)
 
     vllm = sub.add_parser("vllm", help="vLLM sources: audit a release's batched-experts sizing")
-    vsub = vllm.add_subparsers(dest="vllm_command", required=True, parser_class=_Parser)
+    vsub = vllm.add_subparsers(dest="vllm_command", required=True, parser_class=_Parser,
+                               help="what to do with vLLM's sources")
     p = vsub.add_parser("audit", help="verdict per batched-experts class: consistent or double-count")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--vllm-version", default=None)
-    src.add_argument("--vllm-wheel", type=Path, default=None)
-    src.add_argument("--vllm-src", type=Path, default=None)
+    src.add_argument("--vllm-version", default=None, help=_VERSION_HELP + " (default: the installed vLLM)")
+    src.add_argument("--vllm-wheel", type=Path, default=None, help=_WHEEL_HELP)
+    src.add_argument("--vllm-src", type=Path, default=None, help=_SRC_HELP)
     p.add_argument("--scenario", default=None, help="sizes to evaluate at (default: the PR case)")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--cache-dir", type=Path, default=None)
-    p.set_defaults(func=cmd_vllm_audit)
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP)
+    p.set_defaults(func=cmd_vllm_audit, parser=p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    ns, extras = build_parser().parse_known_args(argv)
+    if extras:  # refused by the subcommand's own parser, so a close option can be suggested
+        ns.parser.error(f"unrecognized arguments: {' '.join(extras)}")
     try:
         return int(ns.func(ns))
     except KeyboardInterrupt:

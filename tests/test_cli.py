@@ -105,20 +105,6 @@ def test_help_shows_usage_and_every_command():
         assert command in result.stdout
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    ((), "the following arguments are required: command"),
-    (("frobnicate",), "argument command: invalid choice: 'frobnicate' (choose from 'plan', 'scenarios'"),
-    (("plan",), "the following arguments are required: scenario"),
-    (("plan", PR_CASE, "--jsn"), "unrecognized arguments: --jsn"),
-])
-def test_usage_errors_exit_2_with_a_usage_line(args, says):
-    result = run_harness(*args)
-    assert result.returncode == 2
-    assert result.stderr.startswith("usage: harness")
-    assert f"harness: error: {says}" in result.stderr
-    assert "Traceback" not in result.stderr
-
-
 def _installed_entry_point() -> str | None:
     beside = Path(sys.executable).with_name("harness")
     if beside.exists() and os.access(beside, os.X_OK):

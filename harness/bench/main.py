@@ -531,7 +531,7 @@ def bench_command(ns: Any) -> int:
     """Entry of `harness bench`: 0 at or above the thresholds, 1 below one, 2 on errors."""
     import sys
 
-    from rich.console import Console
+    from harness.core.console import make_console
 
     from harness.launch import LaunchError, LaunchPlan, RankEntry, RunSink
     from harness.launch.local import LocalLauncher
@@ -541,7 +541,7 @@ def bench_command(ns: Any) -> int:
                              make_run_id, scenario_overrides)
     from harness.scenario.schema import REPO_DIR, ScenarioError, resolve_scenario_path
 
-    console = Console(width=max(Console().width, 140))
+    console = make_console()
     command = ["harness", "bench", *sys.argv[2:]] if len(sys.argv) > 1 and sys.argv[1] == "bench" else ["harness", "bench"]
     try:
         num_gpus = local_gpu_count()

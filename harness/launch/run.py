@@ -29,6 +29,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from harness.core.console import make_console
 from harness.core.exits import EXIT_ERROR, EXIT_OK
 from harness.launch import FAULT_ENV, Event, LaunchError, Launcher, LaunchPlan, RankEntry, RunSink, parse_fault_spec
 from harness.core.records import RankRecord, RunManifest, write_record
@@ -302,7 +303,7 @@ class RunProgress:
 
 
 def _console() -> Console:
-    return Console(width=max(Console().width, 140))
+    return make_console()
 
 
 def _error(message: str) -> int:

@@ -410,7 +410,7 @@ def render_comparison(comparison: Comparison) -> Any:
 
 def compare_command(ns: argparse.Namespace) -> int:
     """`harness compare BASELINE CURRENT [--threshold METRIC=PCT ...] [--json]`."""
-    from rich.console import Console
+    from harness.core.console import make_console
 
     try:
         thresholds = parse_thresholds(list(ns.threshold or []), list(getattr(ns, "ignore", None) or []))
@@ -426,5 +426,5 @@ def compare_command(ns: argparse.Namespace) -> int:
     if ns.json:
         print(json.dumps(comparison.to_json(), indent=1))
     else:
-        Console(width=max(Console().width, 140)).print(render_comparison(comparison))
+        make_console().print(render_comparison(comparison))
     return comparison.exit_code

@@ -291,11 +291,11 @@ def _optional_path(value: str | Path | None) -> Path | None:
 
 def print_audit_table(result: AuditResult, *, file=None) -> None:
     """The audit as a table: a header of versions and parameters, a units row, one row per class, a footer."""
-    from rich.console import Console
+    from harness.core.console import make_console
     from rich.table import Table
 
     out = file if file is not None else sys.stdout
-    console = Console(file=out, width=None if out.isatty() else 200, highlight=False, soft_wrap=True)
+    console = make_console(file=out, highlight=False)
     source, args = result.source, result.args
     fixed_bytes = fixed_shapes(args).total_bytes
     torch_pin = source.torch_requirement or "torch pin unknown"

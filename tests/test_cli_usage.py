@@ -1,0 +1,68 @@
+"""The command layer's own refusals and help: one line with a suggestion, exit 2; every argument explained."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from cli_utils import run_harness
+
+from harness.cli import build_parser
+
+PR_CASE = "scenarios/deepseek-v3-dp32-pr55579.yaml"
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ((), "harness: error: the following arguments are required: command; see `harness --help`"),
+    (("rnu",), "harness: error: argument command: invalid choice: 'rnu' (choose from 'plan', 'scenarios', 'run', "
+               "'collect', 'compare', 'bench', 'schema', 'vllm'); did you mean 'run'? See `harness --help`."),
+    (("plan",), "harness plan: error: the following arguments are required: scenario; see `harness plan --help`"),
+    (("plan", PR_CASE, "--jsn"),
+     "harness plan: error: unrecognized arguments: --jsn; did you mean '--json'? See `harness plan --help`."),
+    (("run", "--num-ranks", "two"),
+     "harness run: error: argument --num-ranks: invalid int value: 'two'; see `harness run --help`"),
+    (("run", "--launcher", "rey"),
+     "harness run: error: argument --launcher: invalid choice: 'rey' (choose from 'local', 'ray'); "
+     "did you mean 'ray'? See `harness run --help`."),
+    (("compare", "results/a"),
+     "harness compare: error: the following arguments are required: current; see `harness compare --help`"),
+    (("vllm", "adit"),
+     "harness vllm: error: argument vllm_command: invalid choice: 'adit' (choose from 'audit'); "
+     "did you mean 'audit'? See `harness vllm --help`."),
+    (("vllm", "audit", "--vllm-version", "0.30.0", "--vllm-src", "x"),
+     "harness vllm audit: error: argument --vllm-src: not allowed with argument --vllm-version; "
+     "see `harness vllm audit --help`"),
+])
+def test_usage_errors_are_one_line_with_a_suggestion(args, says):
+    result = run_harness(*args)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [says]
+    assert result.stdout == ""
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found += _parsers(child)
+    return found
+
+
+def test_every_argument_of_every_command_has_help():
+    parsers = _parsers(build_parser())
+    assert {p.prog for p in parsers} >= {"harness", "harness run", "harness vllm audit", "harness compare"}
+    missing = [
+        f"{p.prog} {'/'.join(a.option_strings) or a.dest}"
+        for p in parsers for a in p._actions
+        if not isinstance(a, argparse._HelpAction) and not (a.help or "").strip()
+    ]
+    assert missing == []
+
+
+@pytest.mark.parametrize("command", ["run", "collect", "compare", "bench", "vllm audit"])
+def test_help_names_every_option(command):
+    result = run_harness(*command.split(), "--help")
+    assert result.returncode == 0
+    assert result.stdout.startswith(f"usage: harness {command}")
+    assert result.stderr == ""
