@@ -36,7 +36,8 @@ from harness.rank.distributed import RankInfo, init_rank, shutdown_rank
 from harness.core.environment import collect_hardware, collect_versions
 from harness.rank.experts import Workspace, useful_flops
 from harness.sizing.plan import policy_shapes
-from harness.rank.quant import FP8_DTYPE, FP8_MAX, dequantize, quantize_per_token
+from harness.rank.experts.reference import expert_forward
+from harness.rank.quant import quantize_per_token
 from harness.core.records import SCHEMA_VERSION, Hardware, Record, Versions
 from harness.scenario.schema import Scenario
 from harness.rank.timing import StageTimer
@@ -100,12 +101,9 @@ def _raw_torch(setup: Any, workspace: Workspace) -> Callable[[], torch.Tensor]:
 
     def run() -> torch.Tensor:
         h = torch._scaled_grouped_mm(b.expert_x, w1t, x_scale, w.w1_scale, out_dtype=torch.bfloat16)
-        act = F.silu(h[..., :I]) * h[..., I:]
-        a = act.float()
-        s = (a.abs().amax(dim=-1) / FP8_MAX).clamp_min(1e-12)
-        q = (a / s.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+        q, s = quantize_per_token(F.silu(h[..., :I]) * h[..., I:])
         # The batched contract ends with the result in `out`, as vLLM's copy of mm2_out does.
-        return out.copy_(torch._scaled_grouped_mm(q, w2t, s, w.w2_scale, out_dtype=torch.bfloat16))
+        return out.copy_(torch._scaled_grouped_mm(q, w2t, s.squeeze(-1), w.w2_scale, out_dtype=torch.bfloat16))
 
     return run
 
@@ -146,11 +144,8 @@ def _raw_reference(setup: Any) -> Callable[[], torch.Tensor]:
     def run() -> torch.Tensor:
         for e, n in enumerate(b.expert_num_tokens.tolist()):
             if n:
-                h = dequantize(b.expert_x[e, :n], b.expert_x_scale[e, :n]) @ dequantize(
-                    w.w1[e], w.w1_scale[e].unsqueeze(1)).T
-                half = h.shape[1] // 2
-                q, s = quantize_per_token(F.silu(h[:, :half]) * h[:, half:])
-                out[e, :n] = dequantize(q, s) @ dequantize(w.w2[e], w.w2_scale[e].unsqueeze(1)).T
+                out[e, :n] = expert_forward(b.expert_x[e, :n], b.expert_x_scale[e, :n], w.w1[e], w.w1_scale[e],
+                                            w.w2[e], w.w2_scale[e])
         return out
 
     return run

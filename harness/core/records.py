@@ -181,7 +181,7 @@ class RankRecord(Record):
     emulated: bool
     comm_backend: Literal["nccl", "gloo"]
     experts_backend: str
-    measurement_method: Literal["same-baseline", "isolated"]
+    measurement_method: Literal["same-baseline"]  # every policy from one baseline, in one process
     versions: Versions
     hardware: Hardware
     policies: list[PolicyResult]

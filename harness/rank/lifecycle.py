@@ -21,6 +21,7 @@ from harness.rank.combine import combine
 from harness.rank.dispatch import DispatchBuffers, DispatchLayout, dispatch
 from harness.rank.distributed import RankInfo, init_rank, shutdown_rank
 from harness.core.environment import collect_hardware, collect_versions
+from harness.rank.experts.reference import expert_forward
 from harness.rank.experts import (
     ExpertsBackend, ExpertWeights, Workspace, generate_expert, make_weights, select_backend, useful_flops,
 )
@@ -29,13 +30,13 @@ from harness.rank.memory import (
     free_bytes_from_message, release_cached, requested_bytes_from_message, synchronize,
 )
 from harness.sizing.plan import policy_shapes
-from harness.rank.quant import dequantize, quantize_per_channel, quantize_per_token
+from harness.rank.quant import quantize_per_channel, quantize_per_token
 from harness.core.records import (
     Breakdown, ContractBytes, Correctness, MemoryMeasurement, OomRecord, PolicyResult, RankRecord, Throughput, Timings,
 )
 from harness.rank.route import Routing, route
 from harness.scenario.schema import Scenario
-from harness.rank.timing import StageTimer, median_drop_first
+from harness.rank.timing import StageTimer, stats_drop_first
 from harness.core.contract import WorkspaceShapes
 
 Progress = Callable[[dict[str, Any]], None]
@@ -146,7 +147,6 @@ def reference_output(setup: RankSetup, token_index: torch.Tensor) -> torch.Tenso
     s = setup.scenario
     K, I = setup.layout.hidden_size, s.model.intermediate_size or 0
     q, scale = quantize_per_token(setup.tokens.index_select(0, token_index))
-    x = dequantize(q, scale)
     ids = setup.routing.topk_ids.index_select(0, token_index).cpu()
     w = setup.routing.topk_weights.index_select(0, token_index)
     out = torch.zeros((len(token_index), K), dtype=torch.float32, device=setup.device)
@@ -156,10 +156,7 @@ def reference_output(setup: RankSetup, token_index: torch.Tensor) -> torch.Tenso
         q1, s1 = quantize_per_channel(f1.unsqueeze(0))
         q2, s2 = quantize_per_channel(f2.unsqueeze(0))
         rows_d = rows.to(setup.device)
-        h = x.index_select(0, rows_d) @ dequantize(q1[0], s1[0].unsqueeze(1)).T
-        act = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
-        aq, ascale = quantize_per_token(act)
-        y = dequantize(aq, ascale) @ dequantize(q2[0], s2[0].unsqueeze(1)).T
+        y = expert_forward(q.index_select(0, rows_d), scale.index_select(0, rows_d), q1[0], s1[0], q2[0], s2[0])
         out.index_add_(0, rows_d, y * w[rows_d, slots.to(setup.device)].unsqueeze(1))
     return out
 
@@ -322,9 +319,10 @@ def measure_policy(setup: RankSetup, policy: str, progress: Progress | None) -> 
         error = f"skipped: rank(s) {failed_ranks} ran out of memory for this policy"
     else:
         assert handle is not None and combined is not None
+        stats = {stage: stats_drop_first(v) for stage, v in samples.items()}
         timings = Timings(
-            dispatch_us=median_drop_first(samples["dispatch"]), experts_us=median_drop_first(samples["experts"]),
-            combine_us=median_drop_first(samples["combine"]), num_samples=max(0, len(samples["experts"]) - 1),
+            dispatch_us=stats["dispatch"].median_us, experts_us=stats["experts"].median_us,
+            combine_us=stats["combine"].median_us, num_samples=stats["experts"].num_samples,
         )
         throughput = _throughput(setup, timings, handle)
         correctness = _check_output(setup, combined, _slot_errors(setup))

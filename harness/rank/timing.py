@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -37,26 +36,23 @@ class StageTimer:
         return out
 
 
-def median_drop_first(samples: list[float]) -> float:
-    """Median of the samples after dropping the first (cold caches, lazy init)."""
+@dataclass(frozen=True, kw_only=True)
+class SampleStats:
+    """Median, min and max of timing samples in microseconds, the first sample dropped."""
+
+    median_us: float
+    min_us: float
+    max_us: float
+    num_samples: int  # kept samples
+
+
+def stats_drop_first(samples: list[float]) -> SampleStats:
+    """Median, min and max after dropping the first sample (cold caches, lazy init); NaN without samples.
+
+    A single sample is kept: it is all there is.
+    """
     kept = samples[1:] if len(samples) > 1 else samples
-    return statistics.median(kept) if kept else float("nan")
-
-
-def spread(samples: list[float]) -> tuple[float, float]:
-    kept = samples[1:] if len(samples) > 1 else samples
-    return (min(kept), max(kept)) if kept else (float("nan"), float("nan"))
-
-
-def bench(fn: Callable[[], object], *, device: torch.device, num_warmup: int = 2, num_iters: int = 10) -> list[float]:
-    """Run `fn` num_warmup + num_iters times and return num_iters samples in microseconds."""
-    for _ in range(num_warmup):
-        fn()
-    timer = StageTimer(device)
-    samples: list[float] = []
-    for _ in range(num_iters):
-        started = timer.start()
-        fn()
-        timer.stop("fn", started)
-        samples.append(timer.elapsed_us()["fn"])
-    return samples
+    if not kept:
+        nan = float("nan")
+        return SampleStats(median_us=nan, min_us=nan, max_us=nan, num_samples=0)
+    return SampleStats(median_us=statistics.median(kept), min_us=min(kept), max_us=max(kept), num_samples=len(kept))

@@ -30,11 +30,6 @@ class ExpertWeights:
     w1_scale: torch.Tensor
     w2: torch.Tensor
     w2_scale: torch.Tensor
-    first_global_expert: int
-
-    @property
-    def num_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.w1, self.w1_scale, self.w2, self.w2_scale))
 
 
 def expert_seed(seed: int, global_expert: int) -> int:
@@ -74,7 +69,7 @@ def make_weights(
         q2, s2 = quantize_per_channel(f2.unsqueeze(0))
         w1[e].copy_(q1[0]); w1_scale[e].copy_(s1[0])  # noqa: E702
         w2[e].copy_(q2[0]); w2_scale[e].copy_(s2[0])  # noqa: E702
-    return ExpertWeights(w1=w1, w1_scale=w1_scale, w2=w2, w2_scale=w2_scale, first_global_expert=rank * E)
+    return ExpertWeights(w1=w1, w1_scale=w1_scale, w2=w2, w2_scale=w2_scale)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.rank.experts.base import BackendUnavailable, ExpertWeights, Workspace
-from harness.rank.quant import FP8_DTYPE, FP8_MAX
+from harness.rank.quant import quantize_per_token
 
 MIN_ROWS_PER_CHUNK = 16384
 
@@ -59,10 +59,8 @@ class TorchCutlassExperts:
         act_scale = torch.empty((E, M), dtype=torch.float32, device=self.device)
         for e0 in range(0, E, chunk):  # per-token FP8 quant
             e1 = min(E, e0 + chunk)
-            a = act[e0:e1].float()
-            s = (a.abs().amax(dim=-1) / FP8_MAX).clamp_min(1e-12)
-            act_scale[e0:e1].copy_(s)
-            quant[e0:e1].copy_((a / s.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE))
+            _, scale = quantize_per_token(act[e0:e1], out=quant[e0:e1])
+            act_scale[e0:e1].copy_(scale.squeeze(-1))
         mm2 = ws.mm2_out.view(E, M, K)
         for e0 in range(0, E, chunk):  # GEMM2
             e1 = min(E, e0 + chunk)
