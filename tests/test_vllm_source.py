@@ -583,3 +583,169 @@ def test_concurrent_extractions_agree(tmp_path, synthetic_tree):
     assert len(set(roots)) == 1
     assert (Path(roots[0]) / "manifest.json").is_file()
     assert not list((tmp_path / "cache").rglob("*.partial-*"))
+
+
+# --- the interpreter's subset, on a synthetic tree whose every method has a known result ---------------------------
+
+SUBSET_MODULES = {
+    "modular_kernel.py": """
+        class FusedMoEActivationFormat:
+            Standard = "standard"
+            BatchedExperts = "batched"
+
+        class ExpertsBase:
+            SCALE = 3
+
+            @staticmethod
+            def activation_format():
+                return FusedMoEActivationFormat.BatchedExperts
+
+            @staticmethod
+            def adjust_N_for_activation(N, activation):
+                return N if not activation.is_gated else N // 2
+
+            @classmethod
+            def kind(cls):
+                return "batched"
+
+            @property
+            def slots(self):
+                return self.max_num_tokens * self.num_dispatchers
+    """,
+    "activation.py": """
+        from enum import Enum
+
+        class MoEActivation(Enum):
+            SILU = "silu"
+    """,
+    "utils.py": """
+        BLOCK = 64
+        DOUBLE_BLOCK = BLOCK * 2
+
+        def padded(rows, block=BLOCK):
+            return round_up(rows, block)
+
+        if SOME_FLAG:
+            OPTIONAL = 1
+
+        from vllm.utils.math_utils import round_up
+    """,
+    "subset.py": """
+        import math
+        import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+        from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+        from vllm.model_executor.layers.fused_moe.utils import BLOCK, DOUBLE_BLOCK, OPTIONAL, padded
+        from vllm.utils.math_utils import cdiv
+
+        class EveryConstruct(mk.ExpertsBase):
+            \"\"\"Uses most of the subset; every line's result is checked by the shapes it returns.\"\"\"
+
+            def workspace_shapes(self, M, N, K, topk, global_num_experts, local_num_experts, expert_tokens_meta,
+                                 activation=MoEActivation.SILU):
+                E, rows = local_num_experts, self.slots
+                assert rows == M, f"rows {rows} != M {M}"
+                total = 0
+                for i in range(4):
+                    if i == 3:
+                        break
+                    total += i
+                else:
+                    total = -1
+                dims = [d for d in (E, rows, max(N, K)) if d > 0]
+                by_name = {"E": E, **{"rows": rows}}
+                out = (by_name["E"], by_name.get("rows"), K if total == 3 else -1)
+                first, *rest = dims
+                assert isinstance(first, int) and isinstance(activation, str)
+                assert getattr(self, "missing", None) is None and hasattr(self, "slots") and not hasattr(self, "nope")
+                assert self.kind() == "batched" and self.SCALE == 3 and DOUBLE_BLOCK == 2 * BLOCK
+                assert padded(rows) == cdiv(rows, BLOCK) * BLOCK == math.prod((cdiv(rows, BLOCK), BLOCK))
+                assert activation.is_gated and activation.value == "silu"
+                act = self.adjust_N_for_activation(N, activation)
+                ws2 = (E, rows, act if act > K else K)
+                return (tuple([first, *rest]), ws2, out)
+
+        class UsesSuper(EveryConstruct):
+            def workspace_shapes(self, M, N, K, topk, global_num_experts, local_num_experts, expert_tokens_meta,
+                                 activation=MoEActivation.SILU):
+                ws13, ws2, out = super().workspace_shapes(
+                    M, N, K, topk, global_num_experts, local_num_experts, expert_tokens_meta, activation=activation
+                )
+                return ws13, ws2, out[:2] + (out[2],)
+
+        class FailsAssert(EveryConstruct):
+            def workspace_shapes(self, M, N, K, topk, global_num_experts, local_num_experts, expert_tokens_meta):
+                assert self.num_dispatchers == 1, f"needs one dispatcher, has {self.num_dispatchers}"
+                return ((M,), (M,), (M,))
+
+        class ReadsOptional(EveryConstruct):
+            def workspace_shapes(self, M, N, K, topk, global_num_experts, local_num_experts, expert_tokens_meta):
+                return ((M * OPTIONAL,), (M,), (M,))
+
+        class PropertyWins(EveryConstruct):
+            @property
+            def num_dispatchers(self):
+                return 1
+
+            def workspace_shapes(self, M, N, K, topk, global_num_experts, local_num_experts, expert_tokens_meta):
+                return ((self.slots, K), (self.slots, N), (self.slots, K))
+    """,
+}
+
+
+@pytest.fixture
+def subset_tree(tmp_path) -> Path:
+    root = tmp_path / "subset-src"
+    package = root / FUSED_MOE
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    for name, text in SUBSET_MODULES.items():
+        (package / name).write_text(textwrap.dedent(text))
+    return root
+
+
+def test_interpreter_subset(subset_tree, ds_v3_args):
+    classes = by_name(audit(locate(src=subset_tree), ds_v3_args))
+    E, M, N, K, T = 16, 8192, 4096, 7168, 256
+    for name in ("EveryConstruct", "UsesSuper"):
+        audited = classes[name]
+        assert audited.verdict == CONSISTENT, f"{name}: {audited.reason}"
+        assert (audited.shapes.ws13, audited.shapes.ws2, audited.shapes.out) == ((E, M, K), (E, M, K), (E, M, K))
+    failed = classes["FailsAssert"]
+    assert failed.verdict == UNEVALUATED
+    line = line_of(SUBSET_MODULES["subset.py"], "assert self.num_dispatchers == 1")
+    assert failed.reason == f"workspace_shapes failed an assert: needs one dispatcher, has 32 (subset.py line {line})"
+    optional = classes["ReadsOptional"]
+    assert optional.verdict == UNEVALUATED and "'OPTIONAL'" in optional.reason and "top-level if/try" in optional.reason
+    # The release's property num_dispatchers = 1 wins over the stand-in's D = 32, as in Python: slots = T.
+    assert classes["PropertyWins"].shapes.ws13 == (T, K)
+
+
+def line_of(text: str, snippet: str) -> int:
+    """The 1-based line of snippet in a module text as written to the tree."""
+    return next(i for i, line in enumerate(textwrap.dedent(text).splitlines(), 1) if snippet in line)
+
+
+def test_call_method_and_function(subset_tree):
+    """The evaluator API other sizing code builds on: any method or module function, by keyword."""
+    from harness.sizing.vllm_source.evaluate import SourceTree
+    from harness.sizing.vllm_source.interpreter import Budget, Unevaluable
+
+    tree = SourceTree(locate(src=subset_tree))
+    utils = f"{FUSED_MOE}/utils.py"
+    assert tree.call_function(utils, "padded", arguments={"rows": 100}) == 128
+    assert tree.call_function(utils, "padded", arguments={"rows": 100, "block": 10}) == 100
+    (cls,) = tree.class_named("EveryConstruct")
+    attributes = {"max_num_tokens": 8, "num_dispatchers": 4}
+    assert tree.call_method(cls, "slots", attributes=attributes) == 32  # a property reads as its value
+    assert tree.call_method(cls, "adjust_N_for_activation", attributes={}, arguments={
+        "N": 10, "activation": tree_activation("silu_no_mul")}) == 10  # fmt: skip
+    with pytest.raises(Unevaluable, match=r"reads self.num_dispatchers, which the stand-in self does not carry"):
+        tree.call_method(cls, "slots", attributes={"max_num_tokens": 8})
+    with pytest.raises(Unevaluable, match=r"exceeded the step budget of 5 evaluated AST nodes"):
+        tree.call_function(utils, "padded", arguments={"rows": 100}, budget=Budget(max_steps=5))
+
+
+def tree_activation(name: str):
+    from harness.sizing.vllm_source.interpreter import Activation
+
+    return Activation(name)

@@ -2,8 +2,9 @@
 
     locate(version= | wheel= | src= | installed)  -> VllmSource   (harness.sizing.vllm_source.sources)
     audit(source, SizingArgs)                      -> AuditResult  (harness.sizing.vllm_source.auditor)
-        SourceTree: ast-parse fused_moe/**.py, rebuild each batched-experts class,     (.evaluate)
-        call its workspace_shapes on a stand-in self; vLLM is never imported
+        SourceTree: ast-parse fused_moe/**.py, find each batched-experts class,         (.evaluate)
+        interpret its workspace_shapes over the AST on a stand-in self                 (.interpreter)
+        within a step and size budget; release code is never imported, exec'd or compiled
     release_shapes("X.Y.Z", SizingArgs)            -> WorkspaceShapes of CutlassBatchedExpertsFp8 ("vllm==X.Y.Z")
     run_audit(argparse.Namespace)                  -> exit code of `harness vllm audit`
     ops_library(source)                            -> the compiled ops library for the vllm-ops backend

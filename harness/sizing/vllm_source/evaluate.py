@@ -1,35 +1,58 @@
-"""Run a vLLM release's own `workspace_shapes` without importing vLLM.
+"""Evaluate a vLLM release's own `workspace_shapes` without importing or executing any of it.
 
-    fused_moe/**.py --ast--> classes, bases, imports --> batched-experts classes
+    fused_moe/**.py --ast.parse--> classes, bases, module-level bindings --> batched-experts classes
         (activation_format(s) returns ...BatchedExperts, directly or through a base parsed here)
-    each class and its parsed bases --compile--> a stand-in class: methods only, annotations stripped
-    stand-in class + stand-in self (num_dispatchers = D, max_num_tokens = T, moe_config, quant_config, ...)
-        --call workspace_shapes(M, N, K, topk, ...), arguments matched by parameter name--> (ws13, ws2, out)
+    class + its parsed bases (C3 order) + stand-in self (num_dispatchers = D, max_num_tokens = T, moe_config, ...)
+        --Interpreter (interpreter.py) walks workspace_shapes(M, N, K, topk, ...) and what it calls-->
+        (ws13, ws2, out)
 
-The methods run in a namespace of inert stand-ins (a `torch` that only knows dtypes, an activation enum, the
-activation-format enum, `math`, a few pure helpers) with a reduced set of builtins and no `__import__`. Whatever
-else a method reaches for is missing there, so the call fails and the class is reported as not evaluated, with
-the name it needed; nothing is guessed.
+The release's text is only parsed: the interpreter evaluates the methods' AST nodes itself, over a small subset
+of Python and within a step and size budget (interpreter.Budget). Whatever a method needs beyond the subset or
+the stand-ins (a runtime flag, an import, a kernel library's config, a loop over the budget) makes the class
+`unevaluated` with the reason, file and line; nothing is guessed.
 """
 
 from __future__ import annotations
 
 import ast
-import builtins
-import copy
-import functools
-import inspect
-import math
+import os
+import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.sizing.vllm_source.sources import FUSED_MOE_DIR, VllmSource, VllmSourceError
 from harness.core.contract import Shape, SizingArgs
+from harness.sizing.vllm_source.interpreter import (
+    ACTIVATION_ENUM_STANDIN,
+    DEFAULT_BUDGET,
+    DTYPES,
+    FORMAT_ENUM_STANDIN,
+    Activation,
+    Binding,
+    BoundMethod,
+    Budget,
+    FakeTensor,
+    Function,
+    Interpreter,
+    StandIn,
+    Unevaluable,
+    function_decorators,
+)
+from harness.sizing.vllm_source.sources import VllmSource, VllmSourceError
 
 MODULAR_KERNEL_MODULE = "vllm.model_executor.layers.fused_moe.modular_kernel"
 ACTIVATION_MODULE = "vllm.model_executor.layers.fused_moe.activation"
 FORMAT_METHODS = ("activation_format", "activation_formats")
 BATCHED_FORMAT = "BatchedExperts"
+
+# What is read of a tree at all: a release's fused_moe package holds about 120 files of at most ~100 kB.
+MAX_SOURCE_FILES = 2000
+MAX_SOURCE_FILE_BYTES = 4 << 20
+
+MODULAR_KERNEL_STANDIN = {
+    "FusedMoEActivationFormat": FORMAT_ENUM_STANDIN,
+    "ExpertTokensMetadata": StandIn("mk.ExpertTokensMetadata"),
+}
 
 
 @dataclass(frozen=True)
@@ -47,13 +70,14 @@ class ParsedClass:
 
 @dataclass(frozen=True)
 class ParsedModule:
-    """One parsed file with the names its imports bind."""
+    """One parsed file with what its module-level statements bind."""
 
     file: str
     module: str  # dotted name
     tree: ast.Module
     imported_names: dict[str, tuple[str, str]]  # local name -> (module, original name)
     module_aliases: dict[str, str]  # local name -> module
+    bindings: dict[str, Binding]  # every name bound at module level, as the interpreter resolves it
 
 
 @dataclass(frozen=True)
@@ -71,7 +95,10 @@ class Evaluation:
 
 
 class SourceTree:
-    """The fused-MoE package of one VllmSource, parsed once, with class lookup across its files."""
+    """The fused-MoE package of one VllmSource, parsed once, with class lookup across its files.
+
+    It is the interpreter's Program: module-level bindings, class bodies and C3 method resolution order.
+    """
 
     def __init__(self, source: VllmSource) -> None:
         self.source = source
@@ -79,28 +106,26 @@ class SourceTree:
         self.unparsed: dict[str, str] = {}  # file -> why ast could not read it
         self.classes_by_name: dict[str, list[ParsedClass]] = {}
         self._file_by_module: dict[str, str] = {}
+        self._mro: dict[tuple[str, str], list[ParsedClass]] = {}
         fused_moe = source.fused_moe_dir
         if not fused_moe.is_dir():
             raise VllmSourceError(f"{source.label}: no fused-MoE package at {fused_moe}")
-        for path in sorted(fused_moe.rglob("*.py")):
+        for path in _python_files(fused_moe, self.unparsed, source.root):
             self._parse(path)
         if not self.modules:
             raise VllmSourceError(f"{source.label}: none of the files under {fused_moe} could be parsed")
-        self._built: dict[tuple[str, str], type] = {}
-        self._namespaces: dict[str, dict] = {}
-        self._resolving: set[tuple[str, str]] = set()
 
     def _parse(self, path: Path) -> None:
         file = path.relative_to(self.source.root).as_posix()
         module = file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        except (SyntaxError, UnicodeDecodeError, ValueError) as error:
+            tree = ast.parse(_read_source(path), filename=str(path))
+        except (SyntaxError, UnicodeDecodeError, ValueError, RecursionError, MemoryError, OSError) as error:
             self.unparsed[file] = f"{type(error).__name__}: {error}"
             return
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         imported_names: dict[str, tuple[str, str]] = {}
         module_aliases: dict[str, str] = {}
-        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         for node in tree.body:
             if isinstance(node, ast.Import):
                 for alias in node.names:
@@ -112,12 +137,18 @@ class SourceTree:
                     # `from pkg import module as mk` binds a module; `from module import Class` binds a name.
                     imported_names[alias.asname or alias.name] = (base, alias.name)
                     module_aliases.setdefault(alias.asname or alias.name, f"{base}.{alias.name}")
-        parsed = ParsedModule(file, module, tree, imported_names, module_aliases)
+        bindings = _module_bindings(file, tree, package)
+        for name, binding in bindings.items():
+            if binding.kind == "class":
+                bindings[name] = Binding("class", binding.node, file, cls=ParsedClass(name, file, binding.node))
+        parsed = ParsedModule(file, module, tree, imported_names, module_aliases, bindings)
         self.modules[file] = parsed
         self._file_by_module[module] = file
         for node in tree.body:
             if isinstance(node, ast.ClassDef):
-                self.classes_by_name.setdefault(node.name, []).append(ParsedClass(node.name, file, node))
+                bound = bindings.get(node.name)
+                cls = bound.cls if bound is not None and bound.node is node else ParsedClass(node.name, file, node)
+                self.classes_by_name.setdefault(node.name, []).append(cls)
 
     # --- class lookup --------------------------------------------------------------------------------------
 
@@ -197,299 +228,100 @@ class SourceTree:
     def class_named(self, name: str) -> list[ParsedClass]:
         return list(self.classes_by_name.get(name, []))
 
+    # --- the interpreter's Program -------------------------------------------------------------------------
+
+    def global_binding(self, file: str, name: str) -> Binding | None:
+        parsed = self.modules.get(file)
+        return parsed.bindings.get(name) if parsed is not None else None
+
+    def module_file(self, module: str) -> str | None:
+        return self._file_by_module.get(module)
+
+    def standin_import(self, module: str, name: str) -> object | None:
+        if module == MODULAR_KERNEL_MODULE:
+            return MODULAR_KERNEL_STANDIN.get(name)
+        if module == ACTIVATION_MODULE and name == "MoEActivation":
+            return ACTIVATION_ENUM_STANDIN
+        return None
+
+    def class_binding(self, cls: ParsedClass, name: str) -> Binding | None:
+        return _class_binding(cls, name)
+
+    def mro(self, cls: ParsedClass) -> list[ParsedClass]:
+        """Python's C3 order over the parsed bases (bases outside the parsed files are left out)."""
+        if cls.key not in self._mro:
+            self._mro[cls.key] = [cls]  # a base cycle across files ends here instead of recursing
+            bases = [b for b in (self.resolve_base(cls, e) for e in cls.node.bases) if b and b.key != cls.key]
+            merged = _c3_merge([self.mro(b) for b in bases] + [bases])
+            self._mro[cls.key] = [cls] + (merged if merged is not None else self.lineage(cls)[1:])
+        return self._mro[cls.key]
+
     # --- evaluation ------------------------------------------------------------------------------------------
 
-    def evaluate(self, cls: ParsedClass, args: SizingArgs) -> Evaluation:
-        """Call cls.workspace_shapes on a stand-in self for these sizing arguments."""
+    def evaluate(self, cls: ParsedClass, args: SizingArgs, *, budget: Budget = DEFAULT_BUDGET) -> Evaluation:
+        """cls.workspace_shapes on a stand-in self for these sizing arguments, interpreted from the AST."""
+        interpreter = Interpreter(self, budget)
         try:
-            standin_class = self._build(cls)
-        except Exception as error:  # noqa: BLE001 - the release's class body is arbitrary code
-            return Evaluation(None, None, None, f"could not rebuild the class: {_describe(error)}")
-        if inspect.getattr_static(standin_class, "workspace_shapes", None) is None:
-            return Evaluation(None, None, None, "no workspace_shapes method survived rebuilding the class")
-        try:
-            instance = _standin_self(standin_class, args)
-            method = instance.workspace_shapes  # bound, whether a method, staticmethod or classmethod
-            result = method(**_call_arguments(inspect.signature(method), args))
-        except Exception as error:  # noqa: BLE001 - the release's method is arbitrary code
-            return Evaluation(None, None, None, f"workspace_shapes {_describe(error)}")
+            instance = interpreter.instance(cls, standin_attributes(args))
+            method = interpreter.get_attribute(instance, "workspace_shapes")
+            result = interpreter.call(method, (), _call_arguments(method, args))
+        except Unevaluable as error:
+            return Evaluation(None, None, None, f"workspace_shapes {error}")
+        except RecursionError:
+            return Evaluation(None, None, None, "workspace_shapes nests deeper than Python's own stack allows")
         return _normalize(result)
 
-    def _build(self, cls: ParsedClass) -> type:
-        """A real Python class with cls's methods, whose bases are the rebuilt parsed bases."""
-        if cls.key in self._built:
-            return self._built[cls.key]
-        bases: list[type] = []
-        for base in cls.node.bases:
-            resolved = self.resolve_base(cls, base)
-            if resolved is not None and resolved.key != cls.key:
-                bases.append(self._build(resolved))
-        if not bases:
-            bases = [_StandInSelf]
-        namespace = self._namespace(cls.file)
-        base_names = []
-        for index, base in enumerate(bases):
-            base_names.append(f"__standin_base_{index}")
-            namespace[base_names[-1]] = base
-        node = ast.ClassDef(
-            name=cls.name,
-            bases=[ast.Name(id=name, ctx=ast.Load()) for name in base_names],
-            keywords=[],
-            body=[_strip(statement) for statement in cls.node.body if _keep_in_class(statement)] or [ast.Pass()],
-            decorator_list=[],
-        )
-        if hasattr(ast.ClassDef, "_fields") and "type_params" in ast.ClassDef._fields:
-            node.type_params = []
-        ast.copy_location(node, cls.node)
-        module = ast.fix_missing_locations(ast.Module(body=[node], type_ignores=[]))
-        path = self.source.root / cls.file
-        exec(compile(module, str(path), "exec"), namespace)  # noqa: S102 - methods only; see module doc
-        built = namespace[cls.name]
-        self._built[cls.key] = built
-        return built
+    def call_method(
+        self,
+        cls: ParsedClass,
+        name: str,
+        *,
+        attributes: Mapping[str, object],
+        arguments: Mapping[str, object] | None = None,
+        budget: Budget = DEFAULT_BUDGET,
+    ) -> object:
+        """cls.<name>(**arguments) on a stand-in self carrying `attributes` (a property: its value); raises
+        Unevaluable with the reason.
 
-    def _namespace(self, file: str) -> dict:
-        """Globals for one file's methods: inert stand-ins, literal constants and the file's own functions."""
-        if file in self._namespaces:
-            return self._namespaces[file]
-        parsed = self.modules[file]
-        namespace = _LazyGlobals(functools.partial(self._resolve_global, file))
-        namespace.update({"__builtins__": SAFE_BUILTINS, "__name__": parsed.module})
-        namespace.update(COMMON_GLOBALS)
-        for local, module in parsed.module_aliases.items():
-            if module == MODULAR_KERNEL_MODULE:
-                namespace[local] = MODULAR_KERNEL_STANDIN
-        for local, (module, original) in parsed.imported_names.items():
-            if module == MODULAR_KERNEL_MODULE and hasattr(MODULAR_KERNEL_STANDIN, original):
-                namespace[local] = getattr(MODULAR_KERNEL_STANDIN, original)
-            elif module == ACTIVATION_MODULE and original == "MoEActivation":
-                namespace[local] = ACTIVATION_ENUM_STANDIN
-            elif original in PURE_HELPERS:
-                namespace[local] = PURE_HELPERS[original]
-        for statement in parsed.tree.body:
-            if isinstance(statement, (ast.Assign, ast.AnnAssign)) and _literal_assignment(statement):
-                _exec_statement(statement, namespace, self.source.root / file)
-            elif isinstance(statement, ast.FunctionDef):
-                function = _strip(statement)
-                function.decorator_list = []
-                try:
-                    _exec_statement(function, namespace, self.source.root / file)
-                except Exception:  # noqa: BLE001 - a helper we cannot define stays missing, and says so if used
-                    namespace.pop(statement.name, None)
-        self._namespaces[file] = namespace
-        return namespace
-
-    def _resolve_global(self, file: str, name: str) -> object:
-        """A global the file's code uses on the fly: a class of the file, or a name imported from a parsed file.
-
-        Raises KeyError when there is none, which Python turns into the NameError the reason reports.
+        Attribute and argument values are plain values (int, float, bool, None, str, tuples, lists, dicts) or the
+        stand-ins of interpreter.py (StandIn, DType, Activation, FakeTensor). So is the result.
         """
-        key = (file, name)
-        if key in self._resolving:
-            raise KeyError(name)
-        self._resolving.add(key)
+        interpreter = Interpreter(self, budget)
+        instance = interpreter.instance(cls, attributes)
         try:
-            parsed = self.modules[file]
-            own_class = self._class_in_module(parsed.module, name)
-            if own_class is not None:
-                return self._build(own_class)
-            if name in parsed.imported_names:
-                module, original = parsed.imported_names[name]
-                target = self._file_by_module.get(module)
-                if target is not None and target != file:
-                    return self._namespace(target)[original]
-            raise KeyError(name)
-        finally:
-            self._resolving.discard(key)
+            member = interpreter.get_attribute(instance, name)
+            if arguments is None and not isinstance(member, (Function, BoundMethod)):
+                return member  # a property or a plain attribute
+            return interpreter.call(member, (), dict(arguments or {}))
+        except RecursionError:
+            raise Unevaluable(f"{name} nests deeper than Python's own stack allows") from None
 
-
-# --- the stand-ins -----------------------------------------------------------------------------------------------
-
-
-class _LazyGlobals(dict):
-    """Module globals that look up, on first use, what the file imports from the other parsed files.
-
-    Python consults `__missing__` for globals that are a dict subclass; a KeyError falls through to builtins.
-    """
-
-    def __init__(self, resolve) -> None:
-        super().__init__()
-        self._resolve = resolve
-
-    def __missing__(self, name: str) -> object:
-        value = self._resolve(name)
-        self[name] = value
-        return value
-
-
-class _Unavailable(AttributeError):
-    """The stand-in lacks something the release's code asked for.
-
-    An AttributeError, so that `getattr(obj, name, default)` and `hasattr` in the release behave as in vLLM.
-    """
-
-
-class _StandInSelf:
-    """Root of every rebuilt class: a missing attribute names itself instead of a generic AttributeError."""
-
-    def __getattr__(self, name: str):
-        # Python lands here also when a property's getter raised AttributeError; run the getter again so the
-        # message names what the property itself was missing.
-        descriptor = inspect.getattr_static(type(self), name, None)
-        if isinstance(descriptor, property) and descriptor.fget is not None:
-            return descriptor.fget(self)
-        raise _Unavailable(f"reads self.{name}, which the stand-in self does not carry")
-
-
-class _StandInNamespace:
-    """An attribute bag that names the path of whatever it lacks."""
-
-    def __init__(self, path: str, **attributes) -> None:
-        object.__setattr__(self, "_path", path)
-        for name, value in attributes.items():
-            object.__setattr__(self, name, value)
-
-    def __getattr__(self, name: str):
-        raise _Unavailable(f"reads {self._path}.{name}, which the stand-in does not carry")
-
-    def __repr__(self) -> str:
-        return f"<stand-in {self._path}>"
-
-
-@dataclass(frozen=True)
-class _DType:
-    """A torch dtype by name and element size; enough for code that picks or compares dtypes."""
-
-    name: str
-    itemsize: int
-
-    def __repr__(self) -> str:
-        return f"torch.{self.name}"
-
-
-class _Activation(str):
-    """An activation that is both the string older releases pass and the enum member newer ones pass."""
-
-    @property
-    def value(self) -> str:
-        return str(self)
-
-    @property
-    def name(self) -> str:
-        return str(self).upper()
-
-    @property
-    def is_gated(self) -> bool:
-        return not str(self).endswith("_no_mul")
-
-    def without_mul(self) -> _Activation:
-        return _Activation(str(self).removesuffix("_no_mul") + "_no_mul")
-
-
-class _ActivationEnum:
-    """MoEActivation: a member NAME is the activation whose value is name.lower(), as in vLLM's enum."""
-
-    def __getattr__(self, name: str) -> _Activation:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return _Activation(name.lower())
-
-    @staticmethod
-    def from_str(text: str) -> _Activation:
-        return _Activation(text)
-
-
-class _FakeTensor:
-    """Shape and dtype of a tensor argument (older releases pass `a` and `aq` to workspace_shapes)."""
-
-    def __init__(self, shape: Shape, dtype: _DType) -> None:
-        self.shape = tuple(shape)
-        self.dtype = dtype
-
-    def size(self, dim: int | None = None):
-        return self.shape if dim is None else self.shape[dim]
-
-    def dim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-def _dtype_table() -> dict[str, _DType]:
-    sizes = {
-        "bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8,
-        "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e8m0fnu": 1,
-        "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1,
-    }  # fmt: skip
-    return {name: _DType(name, size) for name, size in sizes.items()}
-
-
-DTYPES = _dtype_table()
-
-TORCH_STANDIN = _StandInNamespace("torch", dtype=_DType, Tensor=_FakeTensor, **DTYPES)
-
-FORMAT_ENUM_STANDIN = _StandInNamespace(
-    "FusedMoEActivationFormat", Standard="standard", BatchedExperts="batched_experts"
-)
-
-MODULAR_KERNEL_STANDIN = _StandInNamespace(
-    "mk",
-    FusedMoEActivationFormat=FORMAT_ENUM_STANDIN,
-    ExpertTokensMetadata=type(None),
-)
-
-ACTIVATION_ENUM_STANDIN = _ActivationEnum()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(a // -b)
-
-
-def _round_up(x: int, y: int) -> int:
-    return ((x + y - 1) // y) * y
-
-
-# vLLM's own pure integer helpers (vllm.utils.math_utils), by the names files import them under.
-PURE_HELPERS = {"cdiv": _cdiv, "round_up": _round_up}
-
-COMMON_GLOBALS = {
-    "torch": TORCH_STANDIN,
-    "math": math,
-    "FusedMoEActivationFormat": FORMAT_ENUM_STANDIN,
-    "MoEActivation": ACTIVATION_ENUM_STANDIN,
-    "__standin_cached_property": functools.cached_property,
-}
-
-_SAFE_BUILTIN_NAMES = (
-    "abs all any bool dict divmod enumerate filter float getattr hasattr int isinstance issubclass len list map "
-    "max min object pow property range repr reversed round set slice sorted staticmethod classmethod str sum "
-    "super tuple type zip Exception ArithmeticError AssertionError AttributeError IndexError KeyError "
-    "NotImplementedError RuntimeError TypeError ValueError ZeroDivisionError __build_class__"
-).split()
-
-
-def _blocked_import(name: str, *args, **kwargs):
-    raise ImportError(f"imports {name} at call time, which needs vLLM itself")
-
-
-SAFE_BUILTINS = {name: getattr(builtins, name) for name in _SAFE_BUILTIN_NAMES}
-SAFE_BUILTINS["__import__"] = _blocked_import
+    def call_function(
+        self,
+        file: str,
+        name: str,
+        *,
+        arguments: Mapping[str, object] | None = None,
+        budget: Budget = DEFAULT_BUDGET,
+    ) -> object:
+        """A module-level function of a parsed file (file relative to the source root), called by keyword."""
+        interpreter = Interpreter(self, budget)
+        try:
+            return interpreter.call(interpreter.global_value(file, name), (), dict(arguments or {}))
+        except RecursionError:
+            raise Unevaluable(f"{name} nests deeper than Python's own stack allows") from None
 
 
 def standin_attributes(args: SizingArgs) -> dict[str, object]:
     """What the stand-in self carries: the attributes batched-experts classes read in releases 0.22-0.33.
 
-    Values describe the FP8 batched CUTLASS deployment of the sizing arguments.
+    Values describe the FP8 batched CUTLASS deployment of the sizing arguments. A method or property of the same
+    name in the release wins over these, as it would over an instance attribute in Python.
     """
     bf16 = DTYPES[args.workspace_dtype] if args.workspace_dtype in DTYPES else DTYPES["bfloat16"]
     fp8 = DTYPES["float8_e4m3fn"]
-    activation = _Activation(args.activation)
-    moe_config = _StandInNamespace(
+    activation = Activation(args.activation)
+    moe_config = StandIn(
         "self.moe_config",
         num_local_experts=args.num_local_experts,
         num_experts=args.num_global_experts,
@@ -501,7 +333,7 @@ def standin_attributes(args: SizingArgs) -> dict[str, object]:
         max_num_tokens=args.max_tokens_per_rank,
         activation=activation,
     )
-    quant_config = _StandInNamespace(
+    quant_config = StandIn(
         "self.quant_config",
         quant_dtype=fp8,
         weight_quant_dtype=fp8,
@@ -531,18 +363,14 @@ def standin_attributes(args: SizingArgs) -> dict[str, object]:
     }
 
 
-def _standin_self(cls: type, args: SizingArgs) -> object:
-    instance = object.__new__(cls)
-    for name, value in standin_attributes(args).items():
-        # A property or method of that name in the release wins: it derives the value its own way.
-        if hasattr(inspect.getattr_static(cls, name, None), "__get__"):
-            continue
-        object.__setattr__(instance, name, value)
-    return instance
-
-
-def _call_arguments(signature: inspect.Signature, args: SizingArgs) -> dict[str, object]:
+def _call_arguments(method: object, args: SizingArgs) -> dict[str, object]:
     """workspace_shapes arguments by parameter name, across the signatures vLLM has used."""
+    if isinstance(method, BoundMethod):
+        function, skip = method.function, 1
+    elif isinstance(method, Function):
+        function, skip = method, 0
+    else:
+        raise Unevaluable("workspace_shapes is not a method of the class")
     fp8 = DTYPES["float8_e4m3fn"]
     bf16 = DTYPES.get(args.workspace_dtype, DTYPES["bfloat16"])
     by_name = {
@@ -554,20 +382,155 @@ def _call_arguments(signature: inspect.Signature, args: SizingArgs) -> dict[str,
         "global_num_experts": args.num_global_experts,
         "local_num_experts": args.num_local_experts,
         "expert_tokens_meta": None,
-        "activation": _Activation(args.activation),
+        "activation": Activation(args.activation),
         # Up to ~0.10 the batched classes read padded_M from aq.size(1) and the dtype from a.
-        "a": _FakeTensor((args.max_tokens_per_rank, args.K), bf16),
-        "aq": _FakeTensor((args.num_local_experts, args.M, args.K), fp8),
+        "a": FakeTensor((args.max_tokens_per_rank, args.K), bf16),
+        "aq": FakeTensor((args.num_local_experts, args.M, args.K), fp8),
     }
+    spec = function.node.args
+    positional = [*spec.posonlyargs, *spec.args]
+    with_default = {a.arg for a in positional[len(positional) - len(spec.defaults) :]}
+    with_default |= {a.arg for a, d in zip(spec.kwonlyargs, spec.kw_defaults) if d is not None}
+    positional = positional[skip:]
     kwargs: dict[str, object] = {}
-    for parameter in signature.parameters.values():
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            continue
-        if parameter.name in by_name:
-            kwargs[parameter.name] = by_name[parameter.name]
-        elif parameter.default is parameter.empty:
-            raise _Unavailable(f"takes parameter {parameter.name!r}, which has no stand-in argument")
+    for parameter in (*positional, *spec.kwonlyargs):
+        if parameter.arg in by_name:
+            kwargs[parameter.arg] = by_name[parameter.arg]
+        elif parameter.arg not in with_default:
+            raise Unevaluable(f"takes parameter {parameter.arg!r}, which has no stand-in argument")
     return kwargs
+
+
+# --- reading the tree ------------------------------------------------------------------------------------------
+
+
+def _python_files(directory: Path, unparsed: dict[str, str], root: Path) -> list[Path]:
+    """The regular *.py files under directory, without following links; others are noted in `unparsed`."""
+    found: list[Path] = []
+    for current, dirs, files in os.walk(directory, followlinks=False):
+        dirs.sort()
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = Path(current) / name
+            file = path.relative_to(root).as_posix()
+            try:
+                info = path.lstat()
+            except OSError as error:
+                unparsed[file] = f"cannot stat: {error}"
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                unparsed[file] = "not a regular file (a link, FIFO or device is not read)"
+            elif info.st_size > MAX_SOURCE_FILE_BYTES:
+                unparsed[file] = f"{info.st_size} bytes, over the {MAX_SOURCE_FILE_BYTES} bytes read of one file"
+            elif len(found) >= MAX_SOURCE_FILES:
+                raise VllmSourceError(f"{directory} holds more than {MAX_SOURCE_FILES} python files; not a vLLM tree")
+            else:
+                found.append(path)
+    return found
+
+
+def _read_source(path: Path) -> str:
+    # O_NOFOLLOW: the file was a regular file when listed; do not follow a link swapped in since.
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError("not a regular file")
+        data = handle.read(MAX_SOURCE_FILE_BYTES + 1)
+    if len(data) > MAX_SOURCE_FILE_BYTES:
+        raise OSError(f"over the {MAX_SOURCE_FILE_BYTES} bytes read of one file")
+    return data.decode("utf-8")
+
+
+def _module_bindings(file: str, tree: ast.Module, package: str) -> dict[str, Binding]:
+    """What each module-level name is bound to after the module's straight-line statements ran.
+
+    A name also bound inside a top-level if/try/with/for (an optional import, a platform switch) is
+    `conditional`: which binding holds depends on running the module, so the interpreter does not pick one.
+    """
+    bindings: dict[str, Binding] = {}
+    conditional: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            bindings[node.name] = Binding("function", node, file)
+        elif isinstance(node, ast.ClassDef):
+            bindings[node.name] = Binding("class", node, file)
+        elif isinstance(node, ast.AnnAssign) and node.value is None:
+            continue  # `name: type` alone binds nothing
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for name in _stored_names(target):
+                    simple = isinstance(target, ast.Name) and node.value is not None
+                    bindings[name] = Binding("value" if simple else "unsupported", node.value, file)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                local = alias.asname or alias.name.partition(".")[0]
+                bindings[local] = Binding("module", None, file, module=alias.name if alias.asname else local)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute_module(node, package)
+            for alias in node.names:
+                bindings[alias.asname or alias.name] = Binding("import", None, file, module=base, original=alias.name)
+        elif isinstance(node, (ast.AsyncFunctionDef, ast.AugAssign)):
+            name = node.name if isinstance(node, ast.AsyncFunctionDef) else None
+            for stored in [name] if name else _stored_names(node.target):
+                bindings[stored] = Binding("unsupported", node, file)
+        else:
+            conditional.update(_names_bound_in(node))
+    for name in conditional:
+        bindings[name] = Binding("conditional", None, file)
+    return bindings
+
+
+def _stored_names(target: ast.expr) -> list[str]:
+    return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+
+
+def _names_bound_in(statement: ast.stmt) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(statement):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).partition(".")[0] for a in node.names)
+    return names
+
+
+def _class_binding(cls: ParsedClass, name: str) -> Binding | None:
+    """The def or assignment that binds name in the class body (the last one, as Python leaves it).
+
+    A property's `@name.setter` def rebinds the name to the same property, so the getter stays what is read.
+    """
+    found: Binding | None = None
+    for node in cls.node.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            if function_decorators(node) & {"setter", "deleter"}:
+                continue
+            found = Binding("function", node, cls.file)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                found = Binding("value", node.value, cls.file)
+    return found
+
+
+def _c3_merge(sequences: list[list[ParsedClass]]) -> list[ParsedClass] | None:
+    """Python's C3 linearization of the bases' MROs; None when the bases admit no consistent order."""
+    sequences = [list(s) for s in sequences if s]
+    result: list[ParsedClass] = []
+    while sequences:
+        for sequence in sequences:
+            head = sequence[0]
+            if not any(head.key in [c.key for c in other[1:]] for other in sequences):
+                break
+        else:
+            return None
+        result.append(head)
+        sequences = [[c for c in s if c.key != head.key] for s in sequences]
+        sequences = [s for s in sequences if s]
+    return result
 
 
 # --- AST helpers -------------------------------------------------------------------------------------------------
@@ -608,105 +571,6 @@ def _is_abstract(function: ast.FunctionDef) -> bool:
     return True
 
 
-_KEPT_DECORATORS = {"staticmethod", "classmethod", "property"}
-
-
-def _keep_in_class(statement: ast.stmt) -> bool:
-    if isinstance(statement, ast.FunctionDef):
-        return True
-    if isinstance(statement, (ast.Assign, ast.AnnAssign)):
-        return _literal_assignment(statement)
-    return False
-
-
-def _literal_assignment(statement: ast.Assign | ast.AnnAssign) -> bool:
-    if statement.value is None:
-        return False
-    targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
-    if not all(isinstance(target, ast.Name) for target in targets):
-        return False
-    try:
-        ast.literal_eval(statement.value)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False
-    return True
-
-
-class _AnnotationStripper(ast.NodeTransformer):
-    """Drop annotations (they name vLLM types) and default values that are not literals."""
-
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.FunctionDef:  # noqa: N802 - ast API
-        node.returns = None
-        for argument in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs):
-            argument.annotation = None
-        for extra in (node.args.vararg, node.args.kwarg):
-            if extra is not None:
-                extra.annotation = None
-        node.args.defaults = [_literal_or_missing(d) for d in node.args.defaults]
-        node.args.kw_defaults = [None if d is None else _literal_or_missing(d) for d in node.args.kw_defaults]
-        node.decorator_list = [d for d in (_kept_decorator(d) for d in node.decorator_list) if d is not None]
-        self.generic_visit(node)
-        return node
-
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.stmt:  # noqa: N802 - ast API
-        if node.value is None:
-            return ast.copy_location(ast.Pass(), node)
-        return ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node)
-
-
-def _literal_or_missing(expression: ast.expr) -> ast.expr:
-    try:
-        ast.literal_eval(expression)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        # Evaluated when the class is built, so it must not need vLLM; it is used only if nothing is passed.
-        return ast.copy_location(ast.Constant(value=None), expression)
-    return expression
-
-
-def _kept_decorator(decorator: ast.expr) -> ast.expr | None:
-    if isinstance(decorator, ast.Name) and decorator.id in _KEPT_DECORATORS:
-        return decorator
-    if isinstance(decorator, ast.Name) and decorator.id == "cached_property":
-        return ast.copy_location(ast.Name(id="__standin_cached_property", ctx=ast.Load()), decorator)
-    if isinstance(decorator, ast.Attribute):
-        if decorator.attr == "cached_property":
-            return ast.copy_location(ast.Name(id="__standin_cached_property", ctx=ast.Load()), decorator)
-        if decorator.attr in ("setter", "getter", "deleter") and isinstance(decorator.value, ast.Name):
-            return decorator
-    return None
-
-
-def _strip(statement: ast.stmt) -> ast.stmt:
-    return _AnnotationStripper().visit(copy.deepcopy(statement))
-
-
-def _exec_statement(statement: ast.stmt, namespace: dict, path: Path) -> None:
-    module = ast.fix_missing_locations(ast.Module(body=[_strip(statement)], type_ignores=[]))
-    exec(compile(module, str(path), "exec"), namespace)  # noqa: S102 - literal constants and defs only
-
-
-def _describe(error: BaseException) -> str:
-    """`NameError: name 'x' is not defined (cutlass_moe.py line 480)`, pointing into the release's file."""
-    where = ""
-    traceback = error.__traceback__
-    while traceback is not None:
-        filename = traceback.tb_frame.f_code.co_filename
-        if f"/{FUSED_MOE_DIR}/" in filename.replace("\\", "/"):
-            where = f" ({Path(filename).name} line {traceback.tb_lineno})"
-        traceback = traceback.tb_next
-    if isinstance(error, NameError):
-        name = getattr(error, "name", None)
-        used = f"the name {name!r}" if name else str(error)
-        return f"uses {used}, which is only defined when vLLM is imported{where}"
-    if isinstance(error, ImportError):
-        return f"{error}{where}"
-    if isinstance(error, AssertionError):
-        return f"failed an assert{where}" + (f": {error}" if str(error) else "")
-    if isinstance(error, _Unavailable):
-        return f"{error}{where}"
-    return f"raised {type(error).__name__}: {error}{where}"
-
-
 def _as_shape(value: object) -> Shape | None:
     if isinstance(value, int) and not isinstance(value, bool):
         return (value,)
@@ -718,9 +582,16 @@ def _as_shape(value: object) -> Shape | None:
 def _normalize(result: object) -> Evaluation:
     """(ws13, ws2, out) from the three-tuple of today or the four-tuple (..., dtype) of older releases."""
     if not isinstance(result, tuple) or len(result) not in (3, 4):
-        return Evaluation(None, None, None, f"workspace_shapes returned {result!r}, not (ws13, ws2, out[, dtype])")
+        reason = f"workspace_shapes returned {_shown(result)}, not (ws13, ws2, out[, dtype])"
+        return Evaluation(None, None, None, reason)
     shapes = [_as_shape(value) for value in result[:3]]
     if any(shape is None for shape in shapes):
-        return Evaluation(None, None, None, f"workspace_shapes returned non-integer shapes {result[:3]!r}")
+        return Evaluation(None, None, None, f"workspace_shapes returned non-integer shapes {_shown(result[:3])}")
     ws13, ws2, out = shapes
     return Evaluation(ws13, ws2, out)
+
+
+def _shown(value: object) -> str:
+    """repr of an interpreter value, cut short: values are bounded, but a reason is one line."""
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
