@@ -12,8 +12,9 @@
 #       python -m harness run SCENARIO --launcher ray [options]
 # Inside the job Ray sets RAY_ADDRESS, so `harness run` joins this cluster and places one actor per rank.
 # The address defaults to $RAY_API_SERVER_ADDRESS, else http://127.0.0.1:8265. Clusters with token
-# authentication (Ray's default when the head has ~/.ray/auth_token) need RAY_AUTH_MODE=token and the token
-# (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH) here as well.
+# authentication (Ray 2.60 turns it on for a head that has ~/.ray/auth_token) need the same token here:
+# RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token. When one of them is there and RAY_AUTH_MODE is unset,
+# this script sets RAY_AUTH_MODE=token, as `ray start` does on a head; RAY_AUTH_MODE=disabled opts out.
 set -euo pipefail
 
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -31,6 +32,11 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 # No SCENARIO: `harness run` picks its default from the cluster's GPUs (the PR case with GPUs, smoke without).
+
+if [[ -z "${RAY_AUTH_MODE:-}" ]] &&
+   [[ -n "${RAY_AUTH_TOKEN:-}" || -n "${RAY_AUTH_TOKEN_PATH:-}" || -s "${HOME}/.ray/auth_token" ]]; then
+  export RAY_AUTH_MODE=token  # without it the client sends no token: "401 ... Missing authentication token"
+fi
 
 repo_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_dir"
