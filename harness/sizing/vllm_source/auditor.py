@@ -107,7 +107,7 @@ def audit(source: VllmSource, args: SizingArgs, *, class_names: tuple[str, ...] 
     classes = [c for c in tree.batched_classes() if class_names is None or c.name in class_names]
     audits = [_audit_class(tree, cls, args) for cls in classes]
     for file, why in sorted(tree.unparsed.items()):
-        if class_names is None and _mentions_batched_format(source.root / file):
+        if class_names is None and tree.may_define_batched_classes(file):
             audits.append(ClassAudit(name="(unparsed file)", file=_inside_vllm(file), verdict=UNEVALUATED,
                                      shapes=None, reason=f"could not parse the file: {why}"))  # fmt: skip
     return AuditResult(source=source, args=args, classes=audits)
@@ -217,13 +217,6 @@ def _policy(source: VllmSource) -> str:
 
 def _inside_vllm(file: str) -> str:
     return file.removeprefix("vllm/")
-
-
-def _mentions_batched_format(path: Path) -> bool:
-    try:
-        return "BatchedExperts" in path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
 
 
 def _sizing_json(args: SizingArgs) -> dict:

@@ -1,0 +1,347 @@
+"""`harness vllm audit` of a hostile vLLM source tree: it runs none of the tree's code and writes nothing.
+
+Every batched-experts class of the tree below tries one of the escapes of issue 15 (walking
+`object.__subclasses__()`, reaching `os` through a module's globals or `__builtins__`, an endless loop, a huge
+allocation, deep recursion, an import, a file write). Each would leave its own canary file if any of its code ran.
+The audit runs as the real CLI in a subprocess, bounded by the issue's own number: it ends within 10 s.
+
+The second half checks the interpreter's budget edges one by one: the last value inside each limit is evaluated,
+the first one past it is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cli_utils import REPO_DIR, harness_env
+from harness.sizing.vllm_source import locate
+from harness.sizing.vllm_source.evaluate import SourceTree
+from harness.sizing.vllm_source.interpreter import StandIn, Unevaluable
+
+FUSED_MOE = "vllm/model_executor/layers/fused_moe"
+AUDIT_BOUND_S = 10.0  # issue 15, "Done when": the audit of a hostile source tree ends within 10 s
+
+MODULAR_KERNEL = """
+    class FusedMoEActivationFormat:
+        Standard = "standard"
+        BatchedExperts = "batched"
+
+    class BatchedBase:
+        @staticmethod
+        def activation_format():
+            return FusedMoEActivationFormat.BatchedExperts
+"""
+
+# {canary} is the directory each escape would write into; SIGNATURE is the workspace_shapes parameter list.
+HOSTILE_EXPERTS = """
+    import os
+    import subprocess
+    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+
+    os.system("touch {canary}/module-level")  # would run if the module were imported or executed
+
+
+    def _shell(command):
+        return os.system(command)
+
+
+    def _forever(depth):
+        return _forever(depth + 1)
+
+
+    class WalksSubclasses(mk.BatchedBase):
+        def workspace_shapes(SIGNATURE):
+            for cls in ().__class__.__bases__[0].__subclasses__():
+                if cls.__name__ == "Popen":
+                    cls(["touch", "{canary}/subclasses"])
+            return ((M,), (M,), (M,))
+
+
+    class ReachesModuleGlobals(mk.BatchedBase):
+        def workspace_shapes(SIGNATURE):
+            _shell.__globals__["os"].system("touch {canary}/globals")
+            return ((M,), (M,), (M,))
+
+
+    class ReachesBuiltins(mk.BatchedBase):
+        def workspace_shapes(SIGNATURE):
+            __builtins__["__import__"]("os").system("touch {canary}/builtins")
+            return ((M,), (M,), (M,))
+
+
+    class UsesImportedModule(mk.BatchedBase):
+        def workspace_shapes(SIGNATURE):
+            subprocess.run(["touch", "{canary}/subprocess"])
+            return ((M,), (M,), (M,))
+
+
+    class CallsShellHelper(mk.BatchedBase):
+        def workspace_shapes(SIGNATURE):
+            _shell("touch {canary}/helper")
+            return ((M,), (M,), (M,))
+
+
+    class LoopsForever(mk.BatchedBase):
+        def workspace_shapes(SIGNATURE):
+            while True:
+                pass
+
+
+    class AllocatesHugeList(mk.BatchedBase):
+        def workspace_shapes(SIGNATURE):
+            rows = [1] * 10**9
+            return ((M,), (M,), (M,))
+
+
+    class ComputesHugePower(mk.BatchedBase):
+        def workspace_shapes(SIGNATURE):
+            return ((10**10**10,), (M,), (M,))
+
+
+    class RecursesForever(mk.BatchedBase):
+        def workspace_shapes(SIGNATURE):
+            return _forever(0)
+
+
+    class ImportsAtCallTime(mk.BatchedBase):
+        def workspace_shapes(SIGNATURE):
+            import shutil
+            shutil.rmtree("{canary}")
+            return ((M,), (M,), (M,))
+
+
+    class WritesAFile(mk.BatchedBase):
+        def workspace_shapes(SIGNATURE):
+            open("{canary}/written", "w").write("x")
+            return ((M,), (M,), (M,))
+
+
+    class HookInDefault(mk.BatchedBase):
+        def workspace_shapes(SIGNATURE, hook=os.system("touch {canary}/default")):
+            return ((M * hook,), (M,), (M,))
+
+
+    class HookInProperty(mk.BatchedBase):
+        @property
+        def num_dispatchers(self):
+            return os.system("touch {canary}/property")
+
+        def workspace_shapes(SIGNATURE):
+            return ((M * self.num_dispatchers,), (M,), (M,))
+"""
+SIGNATURE = "self, M, N, K, topk, global_num_experts, local_num_experts, expert_tokens_meta"
+
+# What each class's reason must say: the construct or limit that stopped it.
+EXPECTED_REASONS = {
+    "WalksSubclasses": "reads the attribute __class__, and dunder attributes are outside the subset",
+    "ReachesModuleGlobals": "reads the attribute __globals__, and dunder attributes are outside the subset",
+    "ReachesBuiltins": "uses the name '__builtins__', which is only defined when vLLM is imported",
+    "UsesImportedModule": "uses the name 'subprocess', which is only defined when vLLM is imported",
+    "CallsShellHelper": "uses the name 'os', which is only defined when vLLM is imported",
+    "LoopsForever": "exceeded the step budget of 100000 evaluated AST nodes",
+    "AllocatesHugeList": "repeats a list of 1 items 1000000000 times, over the size budget of 64",
+    "ComputesHugePower": "computes 10 ** 10000000000, over the size budget of 2^64",
+    "RecursesForever": "calls nested deeper than 32",
+    "ImportsAtCallTime": "imports shutil at call time, which needs vLLM itself",
+    "WritesAFile": "uses the name 'open', which is only defined when vLLM is imported",
+    "HookInDefault": "uses the name 'os', which is only defined when vLLM is imported",
+    "HookInProperty": "uses the name 'os', which is only defined when vLLM is imported",
+}
+
+
+def hostile_tree(root: Path, canary: Path) -> Path:
+    """A vLLM source tree of hostile classes, plus files that hang or blow up whoever reads them."""
+    package = root / FUSED_MOE
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "modular_kernel.py").write_text(textwrap.dedent(MODULAR_KERNEL))
+    text = textwrap.dedent(HOSTILE_EXPERTS).replace("SIGNATURE", SIGNATURE).replace("{canary}", str(canary))
+    (package / "hostile_moe.py").write_text(text)
+    # Files no reader may open blindly: a FIFO (a read blocks forever) and a link to /dev/zero (never ends).
+    os.mkfifo(package / "fifo_moe.py")
+    (package / "zero_moe.py").symlink_to("/dev/zero")
+    # Too large to read, and too deep to parse; both name the batched format, so the audit lists them.
+    (package / "huge_moe.py").write_text("# BatchedExperts\n" + "x = 1\n" * 200_000)
+    (package / "deep_moe.py").write_text("# BatchedExperts\nx = " + "(" * 5000 + ")" * 5000 + "\n")
+    (root / "vllm" / "_version.py").write_text("__version__ = '6.6.6'\n")
+    return root
+
+
+def snapshot(directory: Path) -> dict[str, tuple]:
+    """Every entry under directory (links not followed): type, size, mtime and, for regular files, content hash."""
+    entries: dict[str, tuple] = {}
+    for current, dirs, files in os.walk(directory, followlinks=False):
+        for name in [*dirs, *files]:
+            path = Path(current) / name
+            info = path.lstat()
+            digest = hashlib.sha256(path.read_bytes()).hexdigest() if stat.S_ISREG(info.st_mode) else None
+            entries[path.relative_to(directory).as_posix()] = (stat.S_IFMT(info.st_mode), info.st_size,
+                                                               info.st_mtime_ns, digest)  # fmt: skip
+    return entries
+
+
+def test_hostile_tree_audit_runs_nothing_and_writes_nothing(tmp_path):
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    tree = hostile_tree(tmp_path / "vllm-src", canary)
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    env = harness_env() | {"HARNESS_CACHE_DIR": str(tmp_path / "cache"), "HOME": str(tmp_path / "home")}
+    before = snapshot(tmp_path)
+    try:
+        completed = subprocess.run(
+            [sys.executable, "-m", "harness", "vllm", "audit", "--vllm-src", str(tree), "--json"],
+            cwd=workdir, env=env, capture_output=True, text=True, timeout=AUDIT_BOUND_S, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the audit of a hostile tree ran past the issue's bound of {AUDIT_BOUND_S} s")
+    assert snapshot(tmp_path) == before, "the audit wrote, changed or removed something"
+    assert list(canary.iterdir()) == [], "code of the hostile tree ran"
+    assert completed.returncode == 0, completed.stderr  # nothing double-counts: every class is unevaluated
+    assert "Traceback" not in completed.stderr
+
+    report = json.loads(completed.stdout)
+    classes = {c["name"]: c for c in report["classes"] if c["name"] != "(unparsed file)"}
+    assert set(classes) == set(EXPECTED_REASONS)
+    for name, says in EXPECTED_REASONS.items():
+        entry = classes[name]
+        assert entry["verdict"] == "unevaluated" and entry["total_bytes"] is None, (name, entry)
+        assert says in entry["reason"] and "(hostile_moe.py line " in entry["reason"], (name, entry["reason"])
+    unparsed = {Path(c["file"]).name: c["reason"] for c in report["classes"] if c["name"] == "(unparsed file)"}
+    assert set(unparsed) == {"fifo_moe.py", "zero_moe.py", "huge_moe.py", "deep_moe.py"}
+    assert "not a regular file" in unparsed["fifo_moe.py"] and "not a regular file" in unparsed["zero_moe.py"]
+    assert "over the 1048576 bytes read of one file" in unparsed["huge_moe.py"]
+    assert "SyntaxError: too many nested parentheses" in unparsed["deep_moe.py"]
+
+
+# --- the budget's edges, one limit at a time --------------------------------------------------------------------
+
+EDGES = """
+    def power(exponent):
+        return 2 ** exponent
+
+    def shift(bits):
+        return 1 << bits
+
+    def repeat(count):
+        return [0] * count
+
+    def concat(count):
+        return "a" * (count - 1) + "b"
+
+    def nest(depth):
+        value = 0
+        for _ in range(depth):
+            value = (value,)
+        return value
+
+    def wide(extra):
+        row = (0,) * 15
+        return (row,) * 63 + ((0,) * extra,)  # 1 + 63 * 16 + 1 + extra nodes
+
+    def spin(count):
+        total = 0
+        for i in range(count):
+            total += 1
+        return total
+
+    def recurse(depth):
+        return 0 if depth == 0 else 1 + recurse(depth - 1)
+
+    def compare_wide(extra):
+        a = wide(extra)
+        b = wide(extra)
+        equal = 0
+        for _ in range(10**6):
+            equal += a == b
+        return equal
+
+    def dunder(value):
+        return value.__class__
+
+    def lambda_():
+        return (lambda: 0)()
+
+    def try_():
+        try:
+            return 1
+        except Exception:
+            return 2
+
+    def mutate():
+        rows = [1, 2]
+        rows[0] = 3
+        return rows
+
+    def unknown_iterable(value):
+        return [x for x in value]
+"""
+
+
+@pytest.fixture(scope="module")
+def edges(tmp_path_factory) -> tuple[SourceTree, str]:
+    root = tmp_path_factory.mktemp("edges")
+    (root / FUSED_MOE).mkdir(parents=True)
+    (root / FUSED_MOE / "edges.py").write_text(textwrap.dedent(EDGES))
+    return SourceTree(locate(src=root)), f"{FUSED_MOE}/edges.py"
+
+
+@pytest.mark.parametrize(
+    ("function", "inside", "past", "says"),
+    [
+        ("power", 63, 64, "computes 2 ** 64, over the size budget of 2^64"),
+        ("shift", 63, 64, "integer of 65 bits, over the size budget of 64 bits"),
+        ("repeat", 64, 65, "repeats a list of 1 items 65 times, over the size budget of 64"),
+        ("concat", 4096, 4097, "concatenates strs to 4097 items, over the size budget of 4096"),
+        ("nest", 8, 9, "nests containers 9 deep, over the size budget of 8"),
+        ("wide", 14, 15, "builds a value of 1025 nodes, over the size budget of 1024"),
+        ("recurse", 31, 32, "calls nested deeper than 32"),
+    ],
+)
+def test_budget_edges(edges, function, inside, past, says):
+    tree, file = edges
+    assert tree.call_function(file, function, arguments={_parameter(function): inside}) is not None
+    with pytest.raises(Unevaluable) as raised:
+        tree.call_function(file, function, arguments={_parameter(function): past})
+    assert says in str(raised.value)
+
+
+def _parameter(function: str) -> str:
+    return {"power": "exponent", "shift": "bits", "repeat": "count", "concat": "count", "nest": "depth",
+            "wide": "extra", "recurse": "depth"}[function]  # fmt: skip
+
+
+def test_step_budget_bounds_loops_and_comparisons(edges):
+    tree, file = edges
+    assert tree.call_function(file, "spin", arguments={"count": 1000}) == 1000
+    with pytest.raises(Unevaluable, match=r"exceeded the step budget of 100000 evaluated AST nodes \(edges.py line"):
+        tree.call_function(file, "spin", arguments={"count": 10**18})
+    # Comparing two 1024-node values walks them: the walk is charged, so a loop of them stops at the budget.
+    with pytest.raises(Unevaluable, match=r"exceeded the step budget"):
+        tree.call_function(file, "compare_wide", arguments={"extra": 14})
+
+
+@pytest.mark.parametrize(
+    ("function", "arguments", "says"),
+    [
+        ("dunder", {"value": 1}, "reads the attribute __class__, and dunder attributes are outside the subset"),
+        ("lambda_", {}, "uses Lambda, which is outside the evaluated subset (edges.py line"),
+        ("try_", {}, "uses Try, which is outside the evaluated subset (edges.py line"),
+        ("mutate", {}, "assigns an item of a container"),
+        ("unknown_iterable", {"value": StandIn("config")}, "iterates over <stand-in config>"),
+    ],
+)
+def test_outside_the_subset(edges, function, arguments, says):
+    tree, file = edges
+    with pytest.raises(Unevaluable) as raised:
+        tree.call_function(file, function, arguments=arguments)
+    assert says in str(raised.value)
