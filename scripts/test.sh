@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install into a fresh virtual environment and run the whole test suite: the README's second command, and
-# what CI runs (.ci/run calls this script), so a developer and CI run the same thing.
+# Install into a virtual environment and run the whole test suite: the README's second command, and what CI runs
+# (.ci/run calls this script), so a developer and CI run the same thing. With CI set the environment is built
+# fresh; otherwise an up-to-date .venv-ci is reused (scripts/venv.sh).
 #
 #   bash scripts/test.sh              every test
 #   bash scripts/test.sh -k contract  extra arguments go to pytest
@@ -18,15 +19,12 @@ if sys.version_info < (3, 11):
     sys.exit(f"python 3.11 or newer is needed, {sys.executable} is {sys.version.split()[0]}")
 PY
 
-rm -rf "$VENV"
-"$PYTHON" -m venv "$VENV"
-# shellcheck disable=SC1091
-source "$VENV/bin/activate"
-export PIP_DISABLE_PIP_VERSION_CHECK=1
-# torch first and pinned: `pip install -e .` alone would resolve torch>=2.11 to the newest CUDA build,
-# gigabytes that the CPU tests do not need.
-python -m pip install -q torch==2.13.0
-python -m pip install -q -e '.[test]'
+# CI (CI set, as CI services do) builds a fresh environment every time; a developer's run reuses an up-to-date
+# one (scripts/venv.sh: same pyproject.toml and Python). torch first and pinned: `pip install -e .` alone would
+# resolve torch>=2.11 to the newest CUDA build, gigabytes that the CPU tests do not need.
+# shellcheck source=scripts/venv.sh
+source scripts/venv.sh
+harness_venv "$VENV" '.[test]' pin ${CI:+fresh}
 
 # The report's browser test drives a headless Chromium.
 if ! command -v chromium >/dev/null 2>&1; then

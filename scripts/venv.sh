@@ -1,0 +1,63 @@
+# Sourced by scripts/run-default.sh and scripts/test.sh: make a virtual environment, or reuse an up-to-date one,
+# and activate it.
+#
+#   harness_venv VENV PIP_TARGET TORCH [fresh]
+#       TORCH: auto  a GPU machine (nvidia-smi) sees its own torch (--system-site-packages); else torch==2.13.0
+#              pin   torch==2.13.0 always
+#   e.g. harness_venv .venv . auto ; harness_venv .venv-ci '.[test]' pin fresh
+#
+# VENV/.harness-stamp records what the environment was built from: the sha256 of pyproject.toml, the Python
+# version and interpreter, the repository's path, the install target and the torch choice (CPU pin, or a GPU
+# machine's own torch). When the stamp matches, the environment is used as it is, in about a second: the
+# editable install follows source changes by itself, and only a change of pyproject.toml (dependencies, entry
+# points) or of Python needs a reinstall. Anything else, or `fresh`, removes VENV and builds it anew (minutes);
+# the stamp is written last, so an interrupted install is never taken for a good one.
+#
+# Needs PYTHON (the interpreter to build from) and the repository root as the working directory.
+
+harness_venv_stamp() {  # what the environment would be built from, one line per input
+  local target="$1" torch_choice="$2"
+  echo "pyproject.toml sha256: $("$PYTHON" -c 'import hashlib,sys; print(hashlib.sha256(open(sys.argv[1],"rb").read()).hexdigest())' pyproject.toml)"
+  echo "python: $("$PYTHON" -c 'import sys; print(sys.version.split()[0], sys.executable)')"
+  echo "repository: $PWD"
+  echo "install: $target"
+  echo "torch: $torch_choice"
+}
+
+harness_venv_torch_choice() {  # TORCH mode -> where torch comes from on this machine
+  if [ "$1" = auto ] && command -v nvidia-smi >/dev/null 2>&1; then
+    echo "the machine's own (GPU: --system-site-packages)"
+  else
+    echo "torch==2.13.0"
+  fi
+}
+
+harness_venv() {
+  local venv="$1" target="$2" fresh="${4:-}" torch_choice stamp
+  export PIP_DISABLE_PIP_VERSION_CHECK=1
+  torch_choice="$(harness_venv_torch_choice "$3")"
+  stamp="$(harness_venv_stamp "$target" "$torch_choice")"
+  if [ -z "$fresh" ] && [ -f "$venv/.harness-stamp" ] && [ "$(cat "$venv/.harness-stamp")" = "$stamp" ] &&
+     "$venv/bin/python" -c 'import harness' >/dev/null 2>&1; then
+    echo "$(basename "$0"): reusing $venv (built from this pyproject.toml and Python; delete it to rebuild)" >&2
+    # shellcheck disable=SC1091
+    source "$venv/bin/activate"
+    return 0
+  fi
+  echo "$(basename "$0"): building $venv (a few minutes; later runs reuse it while pyproject.toml and Python stay the same)" >&2
+  rm -rf "$venv"
+  if [ "${torch_choice#the machine}" != "$torch_choice" ]; then
+    # A GPU machine usually has a CUDA torch already; see it from the venv and keep it when it is new enough.
+    "$PYTHON" -m venv --system-site-packages "$venv"
+    # shellcheck disable=SC1091
+    source "$venv/bin/activate"
+  else
+    "$PYTHON" -m venv "$venv"
+    # shellcheck disable=SC1091
+    source "$venv/bin/activate"
+    # Pinned first: otherwise torch>=2.11 resolves to the newest CUDA build, which a CPU machine cannot use.
+    python -m pip install -q torch==2.13.0
+  fi
+  python -m pip install -q -e "$target"
+  printf '%s\n' "$stamp" > "$venv/.harness-stamp"
+}

@@ -1,0 +1,54 @@
+"""scripts/venv.sh, which the README's two commands share: an up-to-date environment is reused, and what makes
+one out of date (pyproject.toml, Python, the install target) is in its stamp.
+
+Building an environment takes minutes (torch), so the rebuild itself is not run here; reuse is run for real on
+a real virtual environment.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+VENV_SH = REPO_DIR / "scripts" / "venv.sh"
+
+
+def _bash(script: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "PYTHON": sys.executable, **env}
+    full_env.pop("VIRTUAL_ENV", None)
+    return subprocess.run(["bash", "-c", f"set -euo pipefail; source {shlex.quote(str(VENV_SH))}; {script}"],
+                          cwd=cwd, env=full_env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def _stamp(cwd: Path, target: str = "'.[test]'") -> str:
+    done = _bash(f'harness_venv_stamp {target} "$(harness_venv_torch_choice pin)"', cwd)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_stamp_names_pyproject_python_repository_and_target(tmp_path: Path):
+    (tmp_path / "pyproject.toml").write_text((REPO_DIR / "pyproject.toml").read_text())
+    stamp = _stamp(tmp_path)
+    assert f"python: {sys.version.split()[0]} {sys.executable}" in stamp
+    assert f"repository: {tmp_path}" in stamp and "install: .[test]" in stamp and "torch: torch==2.13.0" in stamp
+    (tmp_path / "pyproject.toml").write_text((REPO_DIR / "pyproject.toml").read_text() + "\n# a change\n")
+    assert _stamp(tmp_path) != stamp  # a new pyproject.toml means a rebuild
+    assert _stamp(tmp_path, target=".") != _stamp(tmp_path)
+
+
+def test_an_up_to_date_environment_is_reused_as_it_is(tmp_path: Path):
+    (tmp_path / "pyproject.toml").write_text((REPO_DIR / "pyproject.toml").read_text())
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (venv / ".harness-stamp").write_text(_stamp(tmp_path))
+    (venv / "kept").write_text("a rebuild would remove this")
+    # `import harness` must work inside the environment (an editable install does that; PYTHONPATH here).
+    done = _bash(f"harness_venv venv '.[test]' pin; command -v python", tmp_path, PYTHONPATH=str(REPO_DIR))
+    assert done.returncode == 0, done.stderr
+    assert "reusing venv" in done.stderr
+    assert done.stdout.strip() == str(venv / "bin" / "python")  # activated
+    assert (venv / "kept").exists()
