@@ -52,3 +52,22 @@ def test_an_up_to_date_environment_is_reused_as_it_is(tmp_path: Path):
     assert "reusing venv" in done.stderr
     assert done.stdout.strip() == str(venv / "bin" / "python")  # activated
     assert (venv / "kept").exists()
+
+
+def test_bench_output_is_ignored_and_committed_benches_are_kept():
+    import pytest
+
+    if not (REPO_DIR / ".git").exists():
+        pytest.skip("not a git checkout")
+    paths = {
+        "results/bench/20261130-101010-bench-smoke/bench.json": True,  # what `harness bench` writes
+        "results/20261130-101010-smoke/run.json": True,
+        "results/bench/1xh200-pr55579-vllm-ops/bench.json": False,
+        "results/bench/2xh200-pr55579-vllm-ops/bench.md": False,
+        "results/bench/cpu-costs/bench.json": False,
+        "results/h200/1xh200-pr55579-vllm-ops/report.md": False,
+        "results/baselines/cpu/smoke/report.json": False,
+    }
+    for path, ignored in paths.items():
+        done = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO_DIR, timeout=30, check=False)
+        assert done.returncode == (0 if ignored else 1), path
