@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from harness.core.exits import EXIT_ERROR, EXIT_OK
+from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,25 +43,43 @@ def _print_error(message: str) -> int:
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
+    """Workspace per sizing policy; with releases (--vllm-version or vllm==X.Y.Z policies) the whole layer per
+    release, a budget's fit/OOM per release, and exit 1 when the scenario's layer.expect is not met."""
     from harness.core.console import make_console
 
-    from harness.sizing.plan import make_plan, plan_json, plan_summary, render_plan
-    from harness.scenario.schema import ScenarioError, load_scenario
+    from harness.sizing.plan import (
+        layer_expectation_failures, layer_notes, layer_versions, make_layer_plans, make_plan, plan_json,
+        plan_summary, render_layer_plan, render_plan,
+    )  # fmt: skip
+    from harness.scenario.schema import GPU_MEMORY_BYTES, ScenarioError, load_scenario
 
+    if ns.gpu is not None and ns.gpu not in GPU_MEMORY_BYTES:
+        return _print_error(f"--gpu {ns.gpu!r} is not a known GPU; allowed: {', '.join(GPU_MEMORY_BYTES)}")
+    if ns.budget_gb is not None and not 0 < ns.budget_gb < 1e6:
+        return _print_error(f"--budget-gb {ns.budget_gb} is not a budget in GB; allowed: above 0, below 1e6")
     try:
         scenario = load_scenario(ns.scenario)
         rows = make_plan(scenario, cache_dir=ns.cache_dir)
+        gpu = ns.gpu or scenario.memory.budget_gpu
+        budget = int(ns.budget_gb * 1e9) if ns.budget_gb else (GPU_MEMORY_BYTES[ns.gpu] if ns.gpu else
+                                                               scenario.memory.budget_bytes)  # fmt: skip
+        layers = make_layer_plans(scenario, layer_versions(scenario, ns.vllm_version), cache_dir=ns.cache_dir,
+                                  budget_bytes=budget, gpu=gpu if not ns.budget_gb else None)  # fmt: skip
     except ScenarioError as exc:
         return _print_error(str(exc))
-    except Exception as exc:  # a release policy whose source cannot be had
+    except Exception as exc:  # a release whose source cannot be had
         from harness.sizing.vllm_source import VllmSourceError
 
         if isinstance(exc, VllmSourceError):
             return _print_error(str(exc))
         raise
+    failures = layer_expectation_failures(scenario, layers)
     if ns.json:
-        print(json.dumps(plan_json(scenario, rows), indent=1))
-        return EXIT_OK
+        data = plan_json(scenario, rows)
+        data["layers"] = [plan.model_dump(mode="json") for plan in layers]
+        data["layer_expectation_failures"] = failures
+        print(json.dumps(data, indent=1))
+        return EXIT_FAILED if failures else EXIT_OK
     console = make_console()
     console.print(render_plan(scenario, rows))
     console.print(plan_summary(rows))
@@ -70,7 +88,14 @@ def cmd_plan(ns: argparse.Namespace) -> int:
             f"D={scenario.parallel.num_dispatchers} is emulated on {scenario.parallel.num_ranks} physical rank(s): "
             "each GPU's memory equals a real D-rank deployment's."
         )
-    return EXIT_OK
+    for plan in layers:
+        console.print(render_layer_plan(plan))
+        for line in layer_notes(plan):
+            console.print(line)
+    if layers:
+        console.print(f"FAILED: {'; '.join(failures)}" if failures else
+                      "OK: every layer expectation of the scenario holds" if scenario.layer.expect else "")  # fmt: skip
+    return EXIT_FAILED if failures else EXIT_OK
 
 
 def cmd_scenarios(ns: argparse.Namespace) -> int:
@@ -176,6 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scenario", help="scenario file or name in scenarios/")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
     p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP + "; for vllm==X.Y.Z policies")
+    p.add_argument("--vllm-version", action="append", default=None, metavar="X.Y.Z",
+                   help="also plan the whole EP MoE layer per GPU for this release (repeatable)")
+    p.add_argument("--gpu", default=None, metavar="NAME",
+                   help="fit or OOM of each release's layer on this GPU (default: the scenario's memory.budget_gpu)")
+    p.add_argument("--budget-gb", type=float, default=None, help="fit or OOM against this many GB (1e9 B) instead")
     p.set_defaults(func=cmd_plan, parser=p)
 
     p = sub.add_parser("scenarios", help="list the scenario files")

@@ -204,6 +204,62 @@ class VllmSpec(_Strict):
         return self
 
 
+LAYER_VERDICTS = ("consistent", "double-count", "over-allocated", "under-sized", "over-cap", "unevaluated")
+LAYER_COMPONENTS = (
+    "expert-weights", "dispatch-recv", "dispatch-quant", "workspace", "deepep-nvl", "deepep-workspace", "deepep-rdma",
+)  # fmt: skip
+
+
+class LayerSpec(_Strict):
+    """The whole EP MoE layer for `harness plan --vllm-version`: its all-to-all, EPLB's redundant experts, the
+    experts backend and quantization, and buffer sizes. Left out, a buffer size takes the release's default."""
+
+    all2all: Literal["deepep-low-latency", "deepep-high-throughput", "none"] = Field(
+        "deepep-low-latency",
+        description="vLLM's --all2all-backend: deepep_low_latency (batched format), deepep_high_throughput, "
+        "or none (TP or a single rank: no dispatch buffers)",
+    )
+    moe_backend: Literal["cutlass", "deep_gemm", "triton"] = Field(
+        "cutlass", description="picks the experts class: e.g. batched cutlass -> CutlassBatchedExpertsFp8"
+    )
+    quant: Literal["fp8-per-token", "fp8-block", "bf16", "wna16"] = Field(
+        "fp8-per-token", description="weights and dispatched activations; wna16: int4 weights, group 128, bf16 acts"
+    )
+    num_redundant_experts: Annotated[int, Field(ge=0)] = Field(
+        0, description="EPLB's redundant experts; num_local_experts x D must equal num_experts + this"
+    )
+    deepep_buffer_size_mb: PositiveInt | None = Field(
+        None, description="VLLM_DEEPEP_BUFFER_SIZE_MB; default: the release's (envs.py)"
+    )
+    gpus_per_node: PositiveInt = Field(8, description="DeepEP high-throughput uses RDMA when D exceeds this")
+    deepep_layout: Literal["logfmt-combine", "bf16-combine"] = Field(
+        "logfmt-combine",
+        description="DeepEP's low-latency message layout: logfmt-combine from DeepEP c5facf5 on (the commits "
+        "vLLM 0.22.0+ pin), bf16-combine before it",
+    )
+    expect: dict[str, dict[str, list[str]]] = Field(
+        default_factory=dict,
+        description="release X.Y.Z -> component -> verdicts `harness plan` must find (else exit 1); components: "
+        + ", ".join(LAYER_COMPONENTS),
+    )
+
+    @field_validator("expect")
+    @classmethod
+    def _known_expectations(cls, value: dict[str, dict[str, list[str]]]) -> dict[str, dict[str, list[str]]]:
+        for release, components in value.items():
+            if not re.match(r"^\d+\.\d+\.\d+$", release):
+                raise ValueError(f"layer.expect key {release!r} is not a release X.Y.Z")
+            for component, verdicts in components.items():
+                if component not in LAYER_COMPONENTS:
+                    raise ValueError(f"layer.expect.{release}: unknown component {component!r}; allowed: "
+                                     f"{', '.join(LAYER_COMPONENTS)}")  # fmt: skip
+                unknown = [v for v in verdicts if v not in LAYER_VERDICTS]
+                if unknown:
+                    raise ValueError(f"layer.expect.{release}.{component}: unknown verdicts {unknown}; allowed: "
+                                     f"{', '.join(LAYER_VERDICTS)}")  # fmt: skip
+        return value
+
+
 class Scenario(_Strict):
     """One experiment: a model, a layout, the sizing policies to measure and what they should do."""
 
@@ -229,6 +285,7 @@ class Scenario(_Strict):
     expect: ExpectSpec = ExpectSpec()
     bench: BenchSpec = BenchSpec()
     launch: LaunchSpec = LaunchSpec()
+    layer: LayerSpec = LayerSpec()
 
     @field_validator("policies")
     @classmethod
@@ -298,6 +355,22 @@ class Scenario(_Strict):
             raise ValueError(f"expect.outcomes names {unknown}, which are not in policies {self.policies}")
         return self
 
+    @model_validator(mode="after")
+    def _layer(self) -> Scenario:
+        """- with EPLB, num_local_experts x D holds the routed and the redundant experts exactly."""
+        layer, m, p = self.layer, self.model, self.parallel
+        if layer.num_redundant_experts:
+            physical = m.num_experts + layer.num_redundant_experts  # type: ignore[operator]
+            slots = self.num_local_experts * p.num_dispatchers
+            if slots != physical:
+                raise ValueError(
+                    f"parallel.num_local_experts ({self.num_local_experts}) x num_dispatchers ({p.num_dispatchers}) "
+                    f"= {slots} must equal model.num_experts ({m.num_experts}) + layer.num_redundant_experts "
+                    f"({layer.num_redundant_experts}) = {physical}: set parallel.num_local_experts to "
+                    f"{physical // p.num_dispatchers if physical % p.num_dispatchers == 0 else 'a divisor'}"
+                )
+        return self
+
     # Derived quantities, in the letters of shared/DESIGN.md.
     @property
     def num_local_experts(self) -> int:
@@ -336,7 +409,11 @@ class Scenario(_Strict):
         )
 
     def canonical_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        data = self.model_dump(mode="json")
+        if self.layer == LayerSpec():
+            # A scenario without a layer block hashes as it did before the block existed: baselines stay comparable.
+            del data["layer"]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @property
     def scenario_hash(self) -> str:

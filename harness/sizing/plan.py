@@ -130,3 +130,80 @@ def render_plan(scenario: Scenario, rows: list[PlanRow]) -> Any:
             s.source,
         )
     return table
+
+
+# --- the whole layer per release (harness.sizing.layer) -------------------------------------------------------------
+
+
+def layer_versions(scenario: Scenario, versions: list[str] | None) -> list[str]:
+    """The releases to plan the layer for: --vllm-version's, then the scenario's vllm==X.Y.Z policies."""
+    named = list(versions or [])
+    named += [p.removeprefix("vllm==") for p in scenario.policies if is_release_policy(p)]
+    return list(dict.fromkeys(named))
+
+
+def make_layer_plans(
+    scenario: Scenario, versions: list[str], *, cache_dir: Path | None = None, budget_bytes: int | None = None,
+    gpu: str | None = None,
+) -> list[Any]:
+    """One LayerPlan per release; raises VllmSourceError when a release cannot be had."""
+    from harness.sizing.layer import plan_layer
+
+    return [
+        plan_layer(scenario, version, cache_dir=cache_dir, budget_bytes=budget_bytes, gpu=gpu) for version in versions
+    ]
+
+
+def layer_expectation_failures(scenario: Scenario, plans: list[Any]) -> list[str]:
+    """What the scenario's layer.expect says a release's components must show, and they do not."""
+    failures = []
+    for plan in plans:
+        expected = scenario.layer.expect.get(plan.vllm_version or "", {})
+        for name, verdicts in expected.items():
+            component = plan.component(name)
+            found = component.verdicts if component is not None else ["(no such component)"]
+            if sorted(found) != sorted(verdicts):
+                failures.append(
+                    f"vllm {plan.vllm_version} {name}: expected {', '.join(verdicts)}, found {', '.join(found)}"
+                )
+    return failures
+
+
+def render_layer_plan(plan: Any) -> Any:
+    """A table of the layer's components for one release: bytes, GiB, verdicts and source, one row each."""
+    from rich.table import Table
+
+    layout = plan.layout
+    title = (
+        f"{plan.scenario}: EP MoE layer per GPU, {plan.vllm_source}\n"
+        f"T={layout['T']} D={layout['D']} E={layout['E']} K={layout['K']} I={layout['I']} top_k={layout['top_k']} "
+        f"experts {layout['num_routed_experts']} routed + {layout['num_redundant_experts']} redundant; "
+        f"{layout['all2all']}, {layout['moe_backend']} ({plan.experts_class}), {layout['quant']}"
+    )
+    table = Table(title=title, title_justify="left")
+    for name, justify in (("component", "left"), ("bytes", "right"), ("GiB", "right"), ("needed GiB", "right"),
+                          ("verdict", "left"), ("source", "left")):  # fmt: skip
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    table.add_row("", "B", "GiB", "GiB", "", "file:line or formula", style="dim")
+    for c in plan.components:
+        style = "" if c.verdicts == ["consistent"] else "bold red" if "unevaluated" not in c.verdicts else "yellow"
+        table.add_row(
+            c.name, "-" if c.bytes is None else str(c.bytes), "-" if c.bytes is None else format_gib(c.bytes),
+            "" if c.needed_bytes is None else format_gib(c.needed_bytes), ", ".join(c.verdicts), c.source,
+            style=style,
+        )  # fmt: skip
+    total = plan.total_bytes
+    table.add_row("total", "-" if total is None else str(total), "-" if total is None else format_gib(total),
+                  "", "", "sum of the components", style="bold")  # fmt: skip
+    return table
+
+
+def layer_notes(plan: Any) -> list[str]:
+    """One line per component that is not plainly consistent (its detail), and the budget's outcome."""
+    lines = [f"  {c.name}: {c.detail}" for c in plan.components if c.verdicts != ["consistent"] and c.detail]
+    if plan.budget is not None:
+        b = plan.budget
+        gpu = b.gpu or f"{b.budget_bytes / GIB:.2f} GiB"
+        lines.append(f"{gpu}: {b.outcome.upper()}" + (f" ({b.breaking_component}): " if b.breaking_component else ": ")
+                     + b.reason)  # fmt: skip
+    return lines

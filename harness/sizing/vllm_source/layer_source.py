@@ -1,0 +1,507 @@
+"""Read, from a release's own files, what sizes the EP MoE layer's buffers: without importing or exec'ing vLLM.
+
+    vllm/envs.py                                   VLLM_DEEPEP_BUFFER_SIZE_MB's default (os.getenv(NAME, "1024"))
+    fused_moe/layer.py                             FusedMoEConfig(num_experts=...): do redundant experts count?
+    fused_moe/all2all_utils.py                     the `all_to_all_args` of the DeepEP low-latency branch, the
+                                                   DeepEPLLPrepareAndFinalize(...) arguments, use_fp8_dispatch
+    distributed/device_communicators/all2all.py    DeepEP{LL,HT}All2AllManager._make_all2all_kwargs: the Buffer's
+                                                   num_nvl_bytes and num_rdma_bytes (DeepEP's size hint)
+    fused_moe/prepare_finalize/deepep_ll.py        the low_latency_dispatch call
+    an experts class's apply()                     the views it takes of workspace13 / workspace2: its live set
+
+Each value comes back as a Read: the value, or None with the reason, and the file and line it came from. The
+expressions run in harness.sizing.vllm_source.exprs, a small AST interpreter over stand-ins.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.sizing.vllm_source.exprs import (
+    Budget,
+    HostFunction,
+    ParsedFunction,
+    StandIn,
+    Unevaluated,
+    call_function,
+    evaluate,
+)
+from harness.sizing.vllm_source.sources import FUSED_MOE_DIR, VllmSource
+
+ENVS_FILE = "vllm/envs.py"
+ALL2ALL_FILE = "vllm/distributed/device_communicators/all2all.py"
+LAYER_FILE = f"{FUSED_MOE_DIR}/layer.py"
+MAX_FILE_BYTES = 4 * 2**20  # the largest of these files is ~150 KB; a bigger one is not what we think it is
+
+LL_MANAGER = "DeepEPLLAll2AllManager"
+HT_MANAGER = "DeepEPHTAll2AllManager"
+LL_PREPARE_FINALIZE = "DeepEPLLPrepareAndFinalize"
+BUFFER_ENV = "VLLM_DEEPEP_BUFFER_SIZE_MB"
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """Where a value was read: a file below vllm/, a line, and the expression as written."""
+
+    file: str
+    line: int
+    code: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(frozen=True)
+class Read:
+    """One value read from a release, or why it could not be."""
+
+    value: object
+    ref: SourceRef | None
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.reason
+
+    @staticmethod
+    def failed(reason: str, ref: SourceRef | None = None) -> Read:
+        return Read(value=None, ref=ref, reason=reason)
+
+
+class ReleaseFiles:
+    """The parsed files of one VllmSource, each parsed once; a file that is absent or unreadable is None."""
+
+    def __init__(self, source: VllmSource) -> None:
+        self.source = source
+        self._parsed: dict[str, ast.Module | None] = {}
+
+    def module(self, file: str) -> ast.Module | None:
+        if file not in self._parsed:
+            self._parsed[file] = _parse(self.source.root / file)
+        return self._parsed[file]
+
+    def fused_moe_files(self) -> list[str]:
+        directory = self.source.root / FUSED_MOE_DIR
+        return sorted(p.relative_to(self.source.root).as_posix() for p in directory.rglob("*.py"))
+
+    def find_class(self, name: str, files: list[str] | None = None) -> tuple[str, ast.ClassDef] | None:
+        for file in files if files is not None else [*self.fused_moe_files(), ALL2ALL_FILE]:
+            module = self.module(file)
+            for node in module.body if module is not None else []:
+                if isinstance(node, ast.ClassDef) and node.name == name:
+                    return file, node
+        return None
+
+
+def _parse(path: Path) -> ast.Module | None:
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
+            return None
+        return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def ref(file: str, node: ast.AST) -> SourceRef:
+    code = ast.unparse(node) if isinstance(node, ast.expr) else type(node).__name__
+    return SourceRef(file=file.removeprefix("vllm/"), line=getattr(node, "lineno", 0), code=_shorten(code))
+
+
+def _shorten(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
+    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def _walk_calls(node: ast.AST) -> Iterator[ast.Call]:
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Call):
+            yield inner
+
+
+def _mentions(node: ast.AST, *, name: str | None = None, attr: str | None = None) -> bool:
+    for inner in ast.walk(node):
+        if name is not None and isinstance(inner, ast.Name) and inner.id == name:
+            return True
+        if attr is not None and isinstance(inner, ast.Attribute) and inner.attr == attr:
+            return True
+    return False
+
+
+# --- envs.py --------------------------------------------------------------------------------------------------------
+
+
+def env_default(files: ReleaseFiles, name: str) -> Read:
+    """The default an env var takes in this release: the literal second argument of os.getenv(NAME, ...)."""
+    module = files.module(ENVS_FILE)
+    if module is None:
+        return Read.failed(f"the release has no readable {ENVS_FILE}")
+    for call in _walk_calls(module):
+        func = call.func
+        if isinstance(func, ast.Attribute) and func.attr == "getenv" and len(call.args) >= 2:
+            key, default = call.args[0], call.args[1]
+            if isinstance(key, ast.Constant) and key.value == name:
+                if isinstance(default, ast.Constant) and isinstance(default.value, str):
+                    try:
+                        return Read(value=int(default.value), ref=ref(ENVS_FILE, call))
+                    except ValueError:
+                        why = f"{name}'s default {default.value!r} is not an integer"
+                        return Read.failed(why, ref(ENVS_FILE, call))
+                return Read.failed(f"{name}'s default is not a literal", ref(ENVS_FILE, call))
+    return Read.failed(f"{ENVS_FILE} does not read {name} with os.getenv")
+
+
+# --- layer.py: what FusedMoEConfig.num_experts is -------------------------------------------------------------------
+
+
+def moe_num_experts(files: ReleaseFiles, *, num_routed_experts: int, num_redundant_experts: int) -> Read:
+    """The value layer.py passes as FusedMoEConfig(num_experts=...) for a model of num_routed_experts with EPLB's
+    num_redundant_experts: followed back through the assignments of the building function (and one helper call)."""
+    module = files.module(LAYER_FILE)
+    if module is None:
+        return Read.failed(f"the release has no readable {LAYER_FILE}")
+    parents = _parents(module)
+    for call in _walk_calls(module):
+        if not _mentions(call.func, name="FusedMoEConfig"):
+            continue
+        keyword = next((k for k in call.keywords if k.arg == "num_experts"), None)
+        if keyword is None:
+            continue
+        function = _enclosing_function(call, parents)
+        where = ref(LAYER_FILE, keyword.value)
+        names = {
+            "num_experts": num_routed_experts,
+            "num_redundant_experts": num_redundant_experts,
+            "n_shared_experts": None,
+            "fuse_shared_experts": False,
+        }
+        try:
+            value = _slice_value(keyword.value, call.lineno, function, module, parents, names, Budget())
+        except Unevaluated as error:
+            return Read.failed(f"FusedMoEConfig(num_experts={where.code}) {error}", where)
+        return Read(value=value, ref=where)
+    return Read.failed(f"{LAYER_FILE} builds no FusedMoEConfig(num_experts=...)")
+
+
+def _parents(module: ast.Module) -> dict[ast.AST, ast.AST]:
+    return {child: parent for parent in ast.walk(module) for child in ast.iter_child_nodes(parent)}
+
+
+def _enclosing_function(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.FunctionDef | None:
+    current = parents.get(node)
+    while current is not None and not isinstance(current, ast.FunctionDef):
+        current = parents.get(current)
+    return current
+
+
+def _slice_value(
+    expression: ast.expr,
+    before_line: int,
+    function: ast.FunctionDef | None,
+    module: ast.Module,
+    parents: dict[ast.AST, ast.AST],
+    names: dict[str, object],
+    budget: Budget,
+    depth: int = 0,
+) -> object:
+    """Evaluate expression, binding each free name (or self.attr) to the value of its last assignment before
+    before_line in the function (or anywhere in the class for self.attr), recursively; helper calls to module
+    functions are interpreted."""
+    if depth > 8:
+        raise Unevaluated("follows assignments more than 8 deep")
+    scope = dict(names)
+    scope.update(_module_functions(module, names))
+    self_attributes: dict[str, object] = {}
+    for inner in ast.walk(expression):
+        if isinstance(inner, ast.Name) and inner.id not in scope and function is not None:
+            assignment = _last_assignment(function, inner.id, before_line)
+            if assignment is not None:
+                target, value = assignment
+                result = _slice_value(value, value.lineno, function, module, parents, names, budget, depth + 1)
+                scope.update(_unpack(target, result, inner.id))
+        elif _is_self_attribute(inner) and function is not None:
+            cls = parents.get(function)
+            assignment = _self_assignment(cls, inner.attr) if isinstance(cls, ast.ClassDef) else None  # type: ignore[union-attr]
+            if assignment is not None:
+                owner, value = assignment
+                self_attributes[inner.attr] = _slice_value(value, value.lineno, owner, module, parents, names,
+                                                           budget, depth + 1)  # fmt: skip
+    if self_attributes:
+        scope["self"] = StandIn("self", self_attributes)
+    return evaluate(expression, scope, budget)
+
+
+def _is_self_attribute(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+
+
+def _module_functions(module: ast.Module, names: dict[str, object]) -> dict[str, ParsedFunction]:
+    return {
+        node.name: ParsedFunction(function=node, globals=names)
+        for node in module.body
+        if isinstance(node, ast.FunctionDef)
+    }
+
+
+def _last_assignment(function: ast.FunctionDef, name: str, before_line: int) -> tuple[ast.expr, ast.expr] | None:
+    found = None
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and node.lineno < before_line:
+            for target in node.targets:
+                if _binds(target, name) and (found is None or node.lineno > found[1].lineno):
+                    found = (target, node.value)
+    return found
+
+
+def _binds(target: ast.expr, name: str) -> bool:
+    if isinstance(target, ast.Name):
+        return target.id == name
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return any(_binds(element, name) for element in target.elts)
+    return False
+
+
+def _unpack(target: ast.expr, value: object, name: str) -> dict[str, object]:
+    if isinstance(target, ast.Name):
+        return {target.id: value}
+    if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, tuple) and len(value) == len(target.elts):
+        out: dict[str, object] = {}
+        for element, item in zip(target.elts, value):
+            if _binds(element, name):
+                out.update(_unpack(element, item, name))
+        return out
+    raise Unevaluated(f"cannot unpack the value of {name!r} at line {target.lineno}")
+
+
+def _self_assignment(cls: ast.ClassDef, attr: str) -> tuple[ast.FunctionDef, ast.expr] | None:
+    for method in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+        for node in ast.walk(method):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if _is_self_attribute(target) and target.attr == attr:  # type: ignore[union-attr]
+                        return method, node.value
+    return None
+
+
+# --- the DeepEP low-latency branch of the prepare/finalize factory --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Branch:
+    """The factory's `elif moe.use_deepep_ll_kernels:` branch: where it is and what it passes."""
+
+    file: str
+    node: ast.If
+    handle_args: dict[str, ast.expr]  # the all_to_all_args keywords
+    prepare_finalize_args: dict[str, ast.expr]  # DeepEPLLPrepareAndFinalize(...) keywords
+    use_fp8_dispatch: ast.expr | None
+
+
+def deepep_ll_branch(files: ReleaseFiles) -> Branch | None:
+    """The first branch in fused_moe/ whose test reads `.use_deepep_ll_kernels` and that builds all_to_all_args."""
+    for file in files.fused_moe_files():
+        module = files.module(file)
+        if module is None:
+            continue
+        for node in ast.walk(module):
+            if isinstance(node, ast.If) and _mentions(node.test, attr="use_deepep_ll_kernels"):
+                branch = _branch(file, node)
+                if branch is not None:
+                    return branch
+    return None
+
+
+def _branch(file: str, node: ast.If) -> Branch | None:
+    handle_args: dict[str, ast.expr] = {}
+    prepare_finalize_args: dict[str, ast.expr] = {}
+    use_fp8: ast.expr | None = None
+    for statement in node.body:
+        for inner in ast.walk(statement):
+            if isinstance(inner, ast.Assign) and any(_binds(t, "all_to_all_args") for t in inner.targets):
+                if isinstance(inner.value, ast.Call) and _mentions(inner.value.func, name="dict"):
+                    handle_args = {k.arg: k.value for k in inner.value.keywords if k.arg}
+            if isinstance(inner, ast.Assign) and any(_binds(t, "use_fp8_dispatch") for t in inner.targets):
+                use_fp8 = inner.value
+            if isinstance(inner, ast.Call) and _mentions(inner.func, name=LL_PREPARE_FINALIZE):
+                prepare_finalize_args = {k.arg: k.value for k in inner.keywords if k.arg}
+    if not handle_args:
+        return None
+    return Branch(file, node, handle_args, prepare_finalize_args, use_fp8)
+
+
+def literal_constant(files: ReleaseFiles, file_suffix: str, name: str) -> object:
+    """A module-level constant built from literals and earlier such constants (lists become tuples);
+    Unevaluated when absent or computed otherwise."""
+    for file in files.fused_moe_files():
+        if not file.endswith(file_suffix):
+            continue
+        module = files.module(file)
+        constants: dict[str, object] = {}
+        for node in module.body if module is not None else []:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                try:
+                    constants[node.targets[0].id] = evaluate(node.value, constants)
+                except Unevaluated:
+                    continue
+        if name in constants:
+            return _tuples(constants[name])
+        raise Unevaluated(f"{name} in {file} is not a module-level constant of literals")
+    raise Unevaluated(f"no module-level {name} in fused_moe/**/{file_suffix}")
+
+
+def _tuples(value: object) -> object:
+    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def evaluate_in(file: str, expression: ast.expr, names: dict[str, object]) -> Read:
+    where = ref(file, expression)
+    try:
+        return Read(value=evaluate(expression, names), ref=where)
+    except Unevaluated as error:
+        return Read.failed(f"{where.code}: {error}", where)
+
+
+# --- all2all.py: the managers' Buffer arguments ---------------------------------------------------------------------
+
+
+@dataclass
+class ManagerKwargs:
+    """What DeepEP{LL,HT}All2AllManager._make_all2all_kwargs returns, run on stand-ins, and where it is."""
+
+    ref: SourceRef | None
+    kwargs: dict[str, object] = field(default_factory=dict)
+    size_hint_calls: list[dict[str, object]] = field(default_factory=list)  # arguments vLLM passed DeepEP
+    reason: str = ""
+
+
+def manager_kwargs(
+    files: ReleaseFiles,
+    manager: str,
+    *,
+    arguments: dict[str, object],
+    self_attributes: dict[str, object],
+    env_values: dict[str, object],
+    size_hint: HostFunction,
+) -> ManagerKwargs:
+    """Run the manager's own _make_all2all_kwargs on stand-ins: `deep_ep` is the harness's DeepEP formulas."""
+    found = files.find_class(manager, [ALL2ALL_FILE])
+    if found is None:
+        return ManagerKwargs(ref=None, reason=f"{ALL2ALL_FILE} has no class {manager}")
+    file, cls = found
+    method = _method(cls, "_make_all2all_kwargs")
+    if method is None:
+        return ManagerKwargs(ref=None, reason=f"{manager} has no _make_all2all_kwargs in {file}")
+    where = SourceRef(file=file.removeprefix("vllm/"), line=method.lineno, code=f"{manager}._make_all2all_kwargs")
+    deep_ep = StandIn("deep_ep", {"Buffer": StandIn("deep_ep.Buffer", {"get_low_latency_rdma_size_hint": size_hint})})
+    names = {"envs": StandIn("envs", env_values), "deep_ep": deep_ep}
+    params = [p.arg for p in method.args.args]
+    bound = dict(arguments)
+    bound[params[0]] = StandIn(f"{manager} self", self_attributes)
+    try:
+        result = call_function(method, bound, names, Budget())
+    except Unevaluated as error:
+        return ManagerKwargs(ref=where, reason=f"{manager}._make_all2all_kwargs {error}")
+    if not isinstance(result, dict):
+        return ManagerKwargs(ref=where, reason=f"{manager}._make_all2all_kwargs returned {type(result).__name__}")
+    return ManagerKwargs(ref=where, kwargs=result, size_hint_calls=list(size_hint.calls))
+
+
+def dispatch_call(files: ReleaseFiles) -> SourceRef | None:
+    """The low_latency_dispatch call of DeepEPLLPrepareAndFinalize, for the dispatch output's source."""
+    found = files.find_class(LL_PREPARE_FINALIZE)
+    if found is None:
+        return None
+    file, cls = found
+    for call in _walk_calls(cls):
+        if isinstance(call.func, ast.Attribute) and call.func.attr == "low_latency_dispatch":
+            return ref(file, call)
+    return None
+
+
+def quant_call(files: ReleaseFiles) -> SourceRef | None:
+    """Where DeepEPLLPrepareAndFinalize quantizes a bf16 receive into the experts' dtype (moe_kernel_quantize_input)."""
+    found = files.find_class(LL_PREPARE_FINALIZE)
+    if found is None:
+        return None
+    file, cls = found
+    for call in _walk_calls(cls):
+        if _mentions(call.func, name="moe_kernel_quantize_input"):
+            return ref(file, call)
+    return None
+
+
+# --- an experts class's live set: the views apply() takes of its workspaces -----------------------------------------
+
+
+@dataclass(frozen=True)
+class View:
+    buffer: str  # "workspace13" or "workspace2"
+    shape: tuple[int, ...]
+    ref: SourceRef
+
+    @property
+    def num_elements(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class LiveSet:
+    """The views an experts class's apply() takes of its two workspace buffers, and the ones not evaluated."""
+
+    views: tuple[View, ...]
+    unevaluated: tuple[str, ...]
+
+    def needed_elements(self, buffer: str) -> int:
+        return max((v.num_elements for v in self.views if v.buffer == buffer), default=0)
+
+
+WORKSPACE_PARAMS = ("workspace13", "workspace2")
+
+
+def apply_views(
+    files: ReleaseFiles, file: str, cls: ast.ClassDef, method_lookup, names: dict[str, object]
+) -> LiveSet:
+    """Evaluate every `_resize_cache(workspace13|workspace2, shape)` in cls.apply (or the first base that has
+    one, via method_lookup), with `names` bound for the shapes' letters and apply's own simple assignments."""
+    apply = method_lookup("apply")
+    if apply is None:
+        return LiveSet((), ("no apply method",))
+    apply_file, function = apply
+    scope = dict(names)
+    views: list[View] = []
+    unevaluated: list[str] = []
+    # apply's own straight-line assignments (cache2_dim = self.adjust_N_for_activation(N, activation), ...) bind
+    # names the views use; one that needs a tensor simply stays unbound.
+    assignments = sorted((n for n in ast.walk(function) if isinstance(n, ast.Assign)), key=lambda n: n.lineno)
+    for statement in assignments:
+        if len(statement.targets) == 1:
+            target = statement.targets[0]
+            if isinstance(target, ast.Name) and target.id not in names:
+                try:
+                    scope[target.id] = evaluate(statement.value, scope)
+                except Unevaluated:
+                    pass
+    for call in _walk_calls(function):
+        if not (_mentions(call.func, name="_resize_cache") and len(call.args) == 2):
+            continue
+        buffer = call.args[0]
+        if not (isinstance(buffer, ast.Name) and buffer.id in WORKSPACE_PARAMS):
+            continue
+        where = ref(apply_file, call)
+        try:
+            shape = evaluate(call.args[1], scope)
+        except Unevaluated as error:
+            unevaluated.append(f"{where}: {error}")
+            continue
+        if not (isinstance(shape, tuple) and all(isinstance(d, int) and not isinstance(d, bool) for d in shape)):
+            unevaluated.append(f"{where}: the view's shape is {shape!r}")
+            continue
+        views.append(View(buffer=buffer.id, shape=shape, ref=where))
+    return LiveSet(tuple(views), tuple(unevaluated))

@@ -1,0 +1,263 @@
+"""The whole EP MoE layer per GPU (harness.sizing.layer): DeepEP's layout, the release readers, the verdicts.
+
+The release tests read real vLLM wheels from the registry (cached in ~/.cache/moe-harness): nothing of vLLM is
+imported or executed; the expressions run in harness.sizing.vllm_source.exprs.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from cli_utils import run_harness
+
+from harness.scenario.schema import ScenarioError, load_scenario, parse_scenario
+from harness.sizing import deepep
+from harness.sizing.layer import plan_layer, plan_layer_from
+from harness.sizing.vllm_source import locate
+from harness.sizing.vllm_source.exprs import Budget, StandIn, Unevaluated, call_function, evaluate
+from harness.sizing.vllm_source.layer_source import ReleaseFiles, env_default, moe_num_experts
+
+GIB = 2**30
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+CASE_57894 = SCENARIOS / "vllm-57894-eplb-deepep-ll.yaml"
+CASE_53241 = SCENARIOS / "vllm-53241-triton-wna16-tp4.yaml"
+CASE_55579 = SCENARIOS / "deepseek-v3-dp32-pr55579.yaml"
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    explicit = os.environ.get("HARNESS_CACHE_DIR")
+    return Path(explicit) if explicit else Path.home() / ".cache" / "moe-harness"
+
+
+# --- DeepEP's low-latency layout ------------------------------------------------------------------------------------
+
+
+def ll(T: int, experts: int, *, hidden: int = 5120, ranks: int = 16, layout: str = deepep.LOGFMT_COMBINE):
+    return deepep.LowLatencyLayout(num_max_dispatch_tokens_per_rank=T, hidden=hidden, num_ranks=ranks,
+                                   num_experts=experts, layout=layout)  # fmt: skip
+
+
+def test_the_57894_table_is_reproduced():
+    """The issue's table (hidden 5120, 16 ranks, 448 experts): 2048 -> 35.55, 1856 -> 32.21, 1840 -> 31.94,
+    1536 -> 26.66 GiB; the first two over DeepEP's cap, the last two under it."""
+    expected = {2048: (35.55, False), 1856: (32.21, False), 1840: (31.94, True), 1536: (26.66, True)}
+    for T, (gib, fits) in expected.items():
+        hint = ll(T, 448).size_hint_bytes
+        assert round(hint / GIB, 2) == gib, T
+        assert deepep.rdma_bytes_fit(hint) is fits, T
+    # Exactly: 2 x (send + recv + signal) with msg_combine = 2K + 4K/128 = 10400 B dominating send and recv.
+    assert ll(2048, 448).total_bytes == 2 * (2 * 448 * 2048 * 10400 + 1792)
+    assert ll(2048, 448).size_hint_bytes == 38168170112
+
+
+def test_the_ceiling_is_1843_tokens_at_448_experts_and_2150_at_384():
+    assert deepep.max_tokens_under_cap(hidden=5120, num_ranks=16, num_experts=448) == 1843
+    assert deepep.rdma_bytes_fit(ll(1843, 448).size_hint_bytes)
+    assert not deepep.rdma_bytes_fit(ll(1844, 448).size_hint_bytes)
+    # Sized for the 384 routed experts alone, T = 2048 fits: where the guidance's 2048 comes from.
+    assert round(ll(2048, 384).size_hint_bytes / GIB, 2) == 30.47
+    assert deepep.max_tokens_under_cap(hidden=5120, num_ranks=16, num_experts=384) == 2150
+
+
+def test_cap_boundary_and_layouts():
+    assert deepep.rdma_bytes_fit(deepep.RDMA_CAP_BYTES)
+    assert not deepep.rdma_bytes_fit(deepep.RDMA_CAP_BYTES + 1)
+    assert deepep.RDMA_CAP_BYTES == 16 * (2**31 - 1) - 1
+    # Before DeepEP c5facf5 the combine message had no LogFMT scales (2K): send holds E*T combine messages,
+    # receive E*T dispatch messages (16 + 2K).
+    old = ll(2048, 448, layout=deepep.BF16_COMBINE)
+    assert old.combine_msg_bytes == 10240 and old.dispatch_msg_bytes == 10256
+    assert old.total_bytes == 2 * (448 * 2048 * 10240 + 448 * 2048 * 10256 + 1792)
+    # Alignment: rounded up to 128 B, plus 128 B when already aligned (DeepEP's own rounding).
+    assert ll(2048, 448).size_hint_bytes == ll(2048, 448).total_bytes + 128
+
+
+def test_low_latency_receive_tensors():
+    recv = deepep.LowLatencyRecv(num_local_experts=28, num_ranks=16, num_max_dispatch_tokens_per_rank=2048,
+                                 hidden=5120, use_fp8=True)  # fmt: skip
+    slots = 16 * 2048
+    assert recv.num_slots == slots
+    assert recv.x_bytes == 28 * slots * 5120
+    assert recv.scales_bytes == 28 * 40 * slots * 4
+    assert recv.total_bytes == recv.x_bytes + recv.scales_bytes + 28 * slots * 4 + 28 * 16 * 8 + 28 * 4
+
+
+# --- the interpreter: bounded, no escape ----------------------------------------------------------------------------
+
+
+def _function(source: str) -> ast.FunctionDef:
+    return ast.parse(source).body[0]  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("def f(x):\n    while True:\n        pass\n", "While statement"),
+        ("def f(x):\n    return x.__class__\n", "not allowed"),
+        ("def f(x):\n    import os\n    return 1\n", "imports os"),
+        ("def f(x):\n    return [1] * 10\n", "computes tuple Mult int"),
+        ("def f(x):\n    return 1 << 4000\n", "shifts by 4000"),
+        ("def f(x):\n    return open('/etc/passwd')\n", "'open'"),
+        ("def f(x):\n    y = 2 ** 10\n    return y\n", "Pow"),
+        ("def f(x):\n    assert x == 2\n    return 1\n", "failed the assert"),
+    ],
+)
+def test_hostile_bodies_are_unevaluated(source, message):
+    with pytest.raises(Unevaluated, match=message):
+        call_function(_function(source), {"x": StandIn("x")} if "__class__" in source else {"x": 1}, {}, Budget())
+
+
+def test_step_budget_ends_deep_recursion():
+    recursive = _function("def f(n):\n    return f(n + 1)\n")
+    from harness.sizing.vllm_source.exprs import ParsedFunction
+
+    names: dict[str, object] = {}
+    names["f"] = ParsedFunction(recursive, names)
+    with pytest.raises(Unevaluated, match="nest deeper"):
+        call_function(recursive, {"n": 0}, names, Budget())
+
+
+def test_arithmetic_and_stand_ins():
+    moe = StandIn("moe", {"num_experts": 448})
+    manager = StandIn("all2all_manager", {"world_size": 16})
+    expr = ast.parse("max(moe.num_experts // all2all_manager.world_size, 1) if moe.num_experts else 0").body[0].value
+    assert evaluate(expr, {"moe": moe, "all2all_manager": manager}) == 28
+    with pytest.raises(Unevaluated, match="moe.missing"):
+        evaluate(ast.parse("moe.missing").body[0].value, {"moe": moe})
+
+
+# --- the readers, on a real release ---------------------------------------------------------------------------------
+
+
+@pytest.mark.vllm_wheel
+def test_readers_on_vllm_0_33_0(cache_dir):
+    files = ReleaseFiles(locate(version="0.33.0", cache_dir=cache_dir))
+    env = env_default(files, "VLLM_DEEPEP_BUFFER_SIZE_MB")
+    assert env.value == 1024 and env.ref is not None and env.ref.file == "envs.py"
+    experts = moe_num_experts(files, num_routed_experts=384, num_redundant_experts=64)
+    assert experts.value == 448, experts.reason
+    assert experts.ref is not None and experts.ref.file.endswith("fused_moe/layer.py")
+
+
+# --- the whole layer, through the CLI -------------------------------------------------------------------------------
+
+
+@pytest.mark.vllm_wheel
+def test_57894_on_0_33_0_json(cache_dir):
+    """What vLLM 0.33.0 asks DeepEP for: 448 experts (redundant ones included), 35.55 GiB; dispatch needs the
+    same 448 experts, so the buffer is not under-sized; it is over DeepEP's 32 GiB cap."""
+    result = run_harness("plan", str(CASE_57894), "--vllm-version", "0.33.0", "--json", "--cache-dir", str(cache_dir))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    (plan,) = data["layers"]
+    assert plan["schema_version"] == 1 and plan["kind"] == "layer-plan" and plan["vllm_version"] == "0.33.0"
+    rdma = next(c for c in plan["components"] if c["name"] == "deepep-rdma")
+    assert rdma["bytes"] == 38168170112 and round(rdma["bytes"] / GIB, 2) == 35.55
+    assert rdma["facts"]["requested_num_experts"] == 448
+    assert rdma["facts"]["needed_num_experts"] == 448
+    assert rdma["needed_bytes"] == ll(2048, 448).total_bytes
+    assert rdma["verdicts"] == ["over-cap"]
+    assert rdma["facts"]["max_tokens_under_cap"] == 1843
+    assert round(rdma["facts"]["routed_only_bytes"] / GIB, 2) == 30.47
+    assert "all2all.py:327" in rdma["source"] and "all2all_utils.py:263" in rdma["source"]
+    nvl = next(c for c in plan["components"] if c["name"] == "deepep-nvl")
+    assert nvl["facts"]["num_nvl_bytes"] == 1024 * 2**20 and nvl["verdicts"] == ["consistent"]
+    assert data["layer_expectation_failures"] == []
+
+
+@pytest.mark.vllm_wheel
+def test_57894_budget_names_the_refused_buffer(cache_dir):
+    result = run_harness("plan", str(CASE_57894), "--vllm-version", "0.33.0", "--gpu", "H100-80GB",
+                         "--cache-dir", str(cache_dir))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "H100-80GB: REFUSED (deepep-rdma): 35.55 GiB is over the library's cap of 32.00 GiB" in result.stdout
+
+
+@pytest.mark.vllm_wheel
+def test_under_sized_when_a_tree_sizes_for_the_routed_experts_only(cache_dir, tmp_path):
+    """A tree that passes DeepEP the routed experts alone (what #57894's title suspected) is under-sized: the
+    buffer holds 384 experts' layout while dispatch runs with 448, and DeepEP's dispatch assert would fire."""
+    release = locate(version="0.33.0", cache_dir=cache_dir)
+    tree = tmp_path / "tree"
+    shutil.copytree(release.root / "vllm", tree / "vllm")
+    utils = tree / "vllm/model_executor/layers/fused_moe/all2all_utils.py"
+    text = utils.read_text()
+    ll_args = "num_ep_ranks=all2all_manager.world_size,\n            num_global_experts=moe.num_experts,"
+    assert text.count(ll_args) == 1
+    utils.write_text(text.replace(ll_args, ll_args.replace("moe.num_experts", "moe.num_logical_experts")))
+    scenario = load_scenario(CASE_57894)
+    plan = plan_layer_from(scenario, locate(src=tree), budget_bytes=81559 * 2**20, gpu="H100-80GB")
+    rdma = plan.component("deepep-rdma")
+    assert rdma is not None and rdma.verdicts == ["under-sized"]
+    assert rdma.bytes == ll(2048, 384).size_hint_bytes and rdma.needed_bytes == ll(2048, 448).total_bytes
+    assert plan.budget is not None and plan.budget.outcome == "refused"
+    assert plan.budget.breaking_component == "deepep-rdma" and "DeepEP asserts" in plan.budget.reason
+
+
+@pytest.mark.vllm_wheel
+def test_53241_triton_workspace_is_672_mib_over_its_live_set(cache_dir):
+    plan = plan_layer(load_scenario(CASE_53241), "0.33.0", cache_dir=cache_dir)
+    assert plan.experts_class == "TritonWNA16Experts"
+    workspace = plan.component("workspace")
+    assert workspace is not None and workspace.verdicts == ["over-allocated"]
+    M, topk, K, act = 16384, 8, 3072, 256
+    assert workspace.bytes == 2 * (2 * M * topk * max(act, K))  # common (ws13 > out) + ws2, bf16
+    assert workspace.needed_bytes == 2 * (max(M * topk * act, M * K) + M * topk * max(2 * act, K))
+    assert workspace.bytes - workspace.needed_bytes == 672 * 2**20
+    assert "triton_moe.py:773" in workspace.detail and "triton_moe.py:240" in workspace.source
+    assert [c.name for c in plan.components] == ["expert-weights", "workspace"]  # TP4, no all-to-all
+
+
+@pytest.mark.vllm_wheel
+@pytest.mark.parametrize(("version", "verdicts", "total"), [("0.29.0", ["double-count"], 120259084288),
+                                                             ("0.30.0", ["consistent"], 3758096384)])
+def test_55579_workspace_per_release(cache_dir, version, verdicts, total):
+    plan = plan_layer(load_scenario(CASE_55579), version, cache_dir=cache_dir)
+    workspace = plan.component("workspace")
+    assert workspace is not None and workspace.verdicts == verdicts and workspace.bytes == total
+    assert workspace.needed_bytes == 3758096384  # the batched CUTLASS live set, DESIGN.md §2
+
+
+@pytest.mark.vllm_wheel
+def test_a_failed_layer_expectation_exits_1(cache_dir, tmp_path):
+    text = CASE_57894.read_text().replace("deepep-rdma: [over-cap]", "deepep-rdma: [under-sized]")
+    path = tmp_path / "wrong.yaml"
+    path.write_text(text)
+    result = run_harness("plan", str(path), "--vllm-version", "0.33.0", "--cache-dir", str(cache_dir))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED: vllm 0.33.0 deepep-rdma: expected under-sized, found over-cap" in result.stdout
+
+
+# --- bad input ------------------------------------------------------------------------------------------------------
+
+
+def test_unknown_gpu_is_one_line_exit_2():
+    result = run_harness("plan", str(CASE_57894), "--gpu", "H300")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "--gpu 'H300' is not a known GPU; allowed:" in result.stderr
+
+
+def test_layer_block_validation():
+    base = {"model": {"hidden_size": 5120, "intermediate_size": 2048, "num_experts": 384, "top_k": 8},
+            "parallel": {"num_dispatchers": 16, "max_tokens_per_rank": 2048}}  # fmt: skip
+    with pytest.raises(ScenarioError, match=r"= 384 must equal model.num_experts \(384\) \+ layer.num_redundant_"
+                                            r"experts \(64\) = 448: set parallel.num_local_experts to 28"):
+        parse_scenario({**base, "layer": {"num_redundant_experts": 64}})
+    with pytest.raises(ScenarioError, match="unknown component 'rdma'"):
+        parse_scenario({**base, "layer": {"expect": {"0.33.0": {"rdma": ["over-cap"]}}}})
+    with pytest.raises(ScenarioError, match="unknown verdicts"):
+        parse_scenario({**base, "layer": {"expect": {"0.33.0": {"deepep-rdma": ["too-big"]}}}})
+
+
+def test_a_scenario_without_a_layer_block_hashes_as_before():
+    scenario = load_scenario(CASE_55579)
+    assert '"layer"' not in scenario.canonical_json()
+    triton = scenario.layer.model_copy(update={"moe_backend": "triton"})
+    with_layer = scenario.model_copy(update={"layer": triton})
+    assert '"layer"' in with_layer.canonical_json()
