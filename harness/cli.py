@@ -148,7 +148,7 @@ def cmd_collect(ns: argparse.Namespace) -> int:
         return _print_error(f"{run_dir}: no such run directory")
     if (run_dir / "matrix.json").exists() and not (run_dir / "run.json").exists():
         try:
-            result = recollect_matrix(run_dir)
+            result = recollect_matrix(run_dir, progress=lambda line: print(line, file=sys.stderr, flush=True))
         except MatrixError as exc:
             return _print_error(str(exc))
     else:

@@ -6,6 +6,7 @@ import io
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,26 @@ def load_smoke():
     from harness.scenario.schema import load_scenario
 
     return load_scenario(REPO_DIR / "scenarios" / "smoke.yaml")
+
+
+# ---- progress of long commands ----------------------------------------------------------------------------------
+
+
+def test_collect_of_a_matrix_says_which_cell_it_is_on(tmp_path: Path):
+    matrix_dir = tmp_path / "matrix"
+    shutil.copytree(REPO_DIR / "results" / "h200" / "1xh200-matrix-nightly-releases", matrix_dir)
+    cells = [c["name"] for c in json.loads((matrix_dir / "matrix.json").read_text())["cells"]]
+    result = _piped(f"collect {shlex.quote(str(matrix_dir))}")
+    assert result.returncode == 0, result.stderr
+    progress = [line for line in result.stderr.splitlines() if line.startswith("collecting cell ")]
+    assert progress == [f"collecting cell {i}/{len(cells)}: {name}" for i, name in enumerate(cells, 1)]
+    assert "…" not in result.stdout
+
+
+def test_a_release_download_says_so_before_pip_runs(tmp_path: Path):
+    # A release the index does not have: pip runs, fails at once, and nothing is left in the cache.
+    result = _piped(f"vllm audit --vllm-version 0.0.999 --cache-dir {shlex.quote(str(tmp_path))}")
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("harness: downloading vllm==0.0.999 with pip (a wheel of about 300 MB")
+    assert "could not download vLLM release 0.0.999" in lines[-1]

@@ -7,7 +7,7 @@ goes on past a cell that failed or never ran, and writes one report.json/md/html
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +82,11 @@ def collect_matrix(matrix_dir: Path, cells: Sequence[MatrixCell], *, matrix: Mat
     return CollectResult(run_dir=matrix_dir, report=report, outputs=outputs)
 
 
-def recollect_matrix(matrix_dir: Path) -> CollectResult:
-    """`harness collect MATRIX_DIR`: collect again from matrix.json, as `collect_matrix` did after the run."""
+def recollect_matrix(matrix_dir: Path, *, progress: Callable[[str], None] | None = None) -> CollectResult:
+    """`harness collect MATRIX_DIR`: collect again from matrix.json, as `collect_matrix` did after the run.
+
+    `progress` gets one line per cell before it is collected (a cell's reports take about a second).
+    """
     path = Path(matrix_dir) / MATRIX_MANIFEST
     try:
         data = json.loads(path.read_text())
@@ -95,8 +98,13 @@ def recollect_matrix(matrix_dir: Path) -> CollectResult:
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise MatrixError(f"{path}: cannot read the matrix manifest: {exc}") from None
     skipped = data.get("skipped", [])
+    cell_reports = []
+    for i, cell in enumerate(cells, 1):
+        if progress is not None:
+            progress(f"collecting cell {i}/{len(cells)}: {cell.name}")
+        cell_reports.append(_cell_report(Path(matrix_dir), cell))
     report = build_matrix_report(
-        [_cell_report(Path(matrix_dir), cell) for cell in cells],
+        cell_reports,
         name=data.get("name") or Path(matrix_dir).name,
         description=data.get("description", ""),
         path=data.get("path"),

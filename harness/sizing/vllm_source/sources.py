@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -392,6 +393,10 @@ def _download_release(version: str, download_dir: Path) -> Path:
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
         "--disable-pip-version-check", *PIP_PLATFORM_ARGS, "-d", str(download_dir), f"vllm=={version}",
     ]  # fmt: skip
+    # Minutes on a slow link, with pip's own output captured: say what is happening, and how it went.
+    print(f"harness: downloading vllm=={version} with pip (a wheel of about 300 MB, once per release; cached in "
+          f"{download_dir.parent.parent})", file=sys.stderr, flush=True)
+    started = time.monotonic()
     try:
         completed = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
@@ -401,6 +406,8 @@ def _download_release(version: str, download_dir: Path) -> Path:
     found = sorted(download_dir.glob("vllm-*.whl"))  # this process's own directory: any vllm wheel is the one
     if completed.returncode != 0 or not found:
         raise VllmSourceError(f"could not download vLLM release {version}: {_pip_failure(completed)}")
+    print(f"harness: downloaded {found[0].name} ({found[0].stat().st_size / 2**20:.0f} MiB in "
+          f"{time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
     return found[0]
 
 
