@@ -145,7 +145,8 @@ def cmd_collect(ns: argparse.Namespace) -> int:
 
     run_dir: Path = ns.run_dir
     if not run_dir.is_dir():
-        return _print_error(f"{run_dir}: no such run directory")
+        return _print_error(f"{run_dir}: no such run directory; `harness run` writes them under results/ "
+                            "(or --out), each holding run.json and ranks/")
     if (run_dir / "matrix.json").exists() and not (run_dir / "run.json").exists():
         try:
             result = recollect_matrix(run_dir, progress=lambda line: print(line, file=sys.stderr, flush=True))

@@ -66,3 +66,12 @@ def test_help_names_every_option(command):
     assert result.returncode == 0
     assert result.stdout.startswith(f"usage: harness {command}")
     assert result.stderr == ""
+
+
+def test_collect_of_a_missing_directory_says_where_runs_are(tmp_path):
+    result = run_harness("collect", str(tmp_path / "no-such-run"))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"harness: error: {tmp_path / 'no-such-run'}: no such run directory; `harness run` writes them under "
+        "results/ (or --out), each holding run.json and ranks/"
+    ]
