@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -220,9 +222,10 @@ def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
         RAY_AUTH_TOKEN=secrets.token_hex(32),
         PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
     )
+    temp_dir = tempfile.mkdtemp(prefix="hl-ray-", dir="/tmp")  # its own session dir; short for Ray's sockets
     cmd = [
         str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--disable-usage-stats",
-        f"--port={free_port()}", f"--num-cpus={NUM_CPUS_PER_NODE}", "--include-dashboard=true",
+        f"--temp-dir={temp_dir}", f"--port={free_port()}", f"--num-cpus={NUM_CPUS_PER_NODE}", "--include-dashboard=true",
         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
         f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
         f"--dashboard-agent-grpc-port={free_port()}", f"--metrics-export-port={free_port()}",
@@ -246,6 +249,7 @@ def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     finally:
         _end_session(head)
         log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _end_session(proc: subprocess.Popen) -> None:
