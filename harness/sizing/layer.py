@@ -33,8 +33,8 @@ from harness.core.records import Record
 from harness.scenario.schema import LayerSpec, Scenario
 from harness.sizing import deepep
 from harness.sizing.vllm_source.auditor import DOUBLE_COUNT, audit
-from harness.sizing.vllm_source.evaluate import SourceTree
-from harness.sizing.vllm_source.exprs import HostFunction, StandIn
+from harness.sizing.vllm_source.evaluate import SourceTree, standin_attributes
+from harness.sizing.vllm_source.interpreter import Activation, Builtin, StandIn, Unevaluable
 from harness.sizing.vllm_source.layer_source import (
     BUFFER_ENV,
     HT_MANAGER,
@@ -47,8 +47,8 @@ from harness.sizing.vllm_source.layer_source import (
     dispatch_call,
     env_default,
     evaluate_in,
-    literal_constant,
     manager_kwargs,
+    module_constant,
     moe_num_experts,
     quant_call,
 )
@@ -184,7 +184,7 @@ def plan_layer_from(
     scenario: Scenario, source: VllmSource, *, budget_bytes: int | None = None, gpu: str | None = None
 ) -> LayerPlan:
     layout = layout_of(scenario)
-    files = ReleaseFiles(source)
+    files = ReleaseFiles(source, _tree(source))
     class_name = experts_class_name(layout)
     components = [weights_component(layout)]
     components += comm_components(layout, files)
@@ -288,16 +288,15 @@ def read_deepep_args(layout: Layout, files: ReleaseFiles) -> DeepEPArgs | str:
     branch = deepep_ll_branch(files)
     if branch is None:
         return "no prepare/finalize factory branch on `use_deepep_ll_kernels` that builds all_to_all_args in fused_moe/"
-    moe = StandIn("moe", {
-        "max_num_tokens": layout.T, "hidden_dim": layout.K, "num_experts": num_experts.value,
-        "num_local_experts": layout.E, "experts_per_token": layout.top_k,
-        "num_logical_experts": layout.num_routed_experts,
-    })  # fmt: skip
-    manager = StandIn("all2all_manager", {"world_size": layout.D, "dp_world_size": layout.D, "rank": 0})
+    moe = StandIn(
+        "moe", max_num_tokens=layout.T, hidden_dim=layout.K, num_experts=num_experts.value,
+        num_local_experts=layout.E, experts_per_token=layout.top_k, num_logical_experts=layout.num_routed_experts,
+    )  # fmt: skip
+    manager = StandIn("all2all_manager", world_size=layout.D, dp_world_size=layout.D, rank=0)
     names: dict[str, object] = {"moe": moe, "all2all_manager": manager}
-    handle = {k: evaluate_in(branch.file, e, names) for k, e in branch.handle_args.items()}
+    handle = {k: evaluate_in(files, branch.file, e, names) for k, e in branch.handle_args.items()}
     tokens_expr = branch.prepare_finalize_args.get("max_tokens_per_rank")
-    tokens = evaluate_in(branch.file, tokens_expr, names) if tokens_expr is not None else Read.failed(
+    tokens = evaluate_in(files, branch.file, tokens_expr, names) if tokens_expr is not None else Read.failed(
         "DeepEPLLPrepareAndFinalize(...) has no max_tokens_per_rank keyword")
     use_fp8 = _use_fp8_dispatch(layout, files, branch)
     env = env_default(files, BUFFER_ENV)
@@ -310,18 +309,18 @@ def _use_fp8_dispatch(layout: Layout, files: ReleaseFiles, branch) -> Read:
     if branch.use_fp8_dispatch is None:
         return Read.failed("the low-latency branch assigns no use_fp8_dispatch")
     quant = layout.spec.quant
-    block = (128, 128) if quant == "fp8-block" else None
-    quant_config = StandIn("quant_config", {
-        "quant_dtype": "float8_e4m3fn" if quant.startswith("fp8") else None, "block_shape": block,
-        "is_block_quantized": block is not None,
-    })  # fmt: skip
-    platform_standin = StandIn("current_platform", {"fp8_dtype": HostFunction("fp8_dtype", lambda: "float8_e4m3fn")})
+    block = [128, 128] if quant == "fp8-block" else None  # vLLM's block_shape is a list
+    fp8 = "float8_e4m3fn"
+    quant_config = StandIn("quant_config", quant_dtype=fp8 if quant.startswith("fp8") else None, block_shape=block,
+                           is_block_quantized=block is not None)  # fmt: skip
+    platform_standin = StandIn("current_platform", fp8_dtype=Builtin("fp8_dtype", lambda interpreter: fp8))
     names: dict[str, object] = {"quant_config": quant_config, "current_platform": platform_standin}
+    # all2all_utils imports it only under `if has_deep_ep():`; its value is deepep_ll.py's module constant.
     try:
-        names["DEEPEP_QUANT_BLOCK_SHAPE"] = literal_constant(files, "deepep_ll.py", "DEEPEP_QUANT_BLOCK_SHAPE")
-    except Exception as error:  # noqa: BLE001 - Unevaluated: the read fails with its reason
+        names["DEEPEP_QUANT_BLOCK_SHAPE"] = module_constant(files, "deepep_ll.py", "DEEPEP_QUANT_BLOCK_SHAPE")
+    except Unevaluable as error:
         return Read.failed(str(error))
-    return evaluate_in(branch.file, branch.use_fp8_dispatch, names)
+    return evaluate_in(files, branch.file, branch.use_fp8_dispatch, names)
 
 
 def comm_components(layout: Layout, files: ReleaseFiles) -> list[LayerComponent]:
@@ -335,8 +334,9 @@ def comm_components(layout: Layout, files: ReleaseFiles) -> list[LayerComponent]
     failed = [r for r in (*args.handle_args.values(), args.buffer_size_mb, args.moe_num_experts) if not r.ok]
     if failed:
         return [_unevaluated(name, failed[0].reason) for name in ("deepep-nvl", "deepep-workspace", "deepep-rdma")]
-    hint = HostFunction("get_low_latency_rdma_size_hint", lambda **kw: deepep.LowLatencyLayout(
-        layout=layout.spec.deepep_layout, **kw).size_hint_bytes)  # fmt: skip
+    def hint(**kwargs: object) -> int:
+        return deepep.LowLatencyLayout(layout=layout.spec.deepep_layout, **kwargs).size_hint_bytes  # type: ignore[arg-type]
+
     run = manager_kwargs(
         files, LL_MANAGER,
         arguments={k: r.value for k, r in args.handle_args.items()},
@@ -362,7 +362,7 @@ def _ht_components(layout: Layout, files: ReleaseFiles) -> list[LayerComponent]:
         files, HT_MANAGER, arguments={},
         self_attributes={"cpu_group": None, "internode": internode, "num_sms": 20},
         env_values={BUFFER_ENV: env.value, "VLLM_DEEPEP_HIGH_THROUGHPUT_FORCE_INTRA_NODE": False},
-        size_hint=HostFunction("unused", lambda **kw: 0),
+        size_hint=lambda **kwargs: 0,
     )  # fmt: skip
     if run.reason:
         return [_unevaluated(name, run.reason) for name in ("deepep-nvl", "deepep-workspace", "deepep-rdma")]
@@ -535,24 +535,14 @@ def _tree(source: VllmSource) -> SourceTree:
 def _needed_workspace(layout: Layout, tree: SourceTree, cls, evaluation, class_name: str) -> tuple[int | None, str]:
     """Bytes the class's apply() views need: max(views of workspace13, out) + max(views of workspace2)."""
     args = layout.args
-    files = ReleaseFiles(tree.source)
-
-    def lookup(name: str):
-        found = tree.find_method(cls, name)
-        return (found[0].file, found[1]) if found is not None else None
-
-    activation = StandIn("activation", {"is_gated": True, "value": args.activation})
-    self_standin = StandIn(
-        "self", {"max_num_tokens": args.max_tokens_per_rank, "num_dispatchers": args.num_dispatchers},
-        methods=lambda name: (lookup(name) or (None, None))[1],
-    )
+    files = ReleaseFiles(tree.source, tree)
     # The letters apply() names its shapes with (from moe_problem_size and the prepare/finalize's output).
     names = {
-        "self": self_standin, "activation": activation, "N": args.N, "K": args.K, "E": args.num_local_experts,
+        "activation": Activation(args.activation), "N": args.N, "K": args.K, "E": args.num_local_experts,
         "num_tokens": args.M, "M": args.M, "top_k_num": args.top_k, "topk": args.top_k,
         "max_num_tokens": args.M if layout.batched else args.max_tokens_per_rank,
     }  # fmt: skip
-    live = apply_views(files, cls.file, cls.node, lookup, names)
+    live = apply_views(files, cls, names, standin_attributes(args))
     out = math.prod(evaluation.out)
     has13 = any(v.buffer == "workspace13" for v in live.views)
     has2 = any(v.buffer == "workspace2" for v in live.views) or math.prod(evaluation.ws2) == 0

@@ -10,26 +10,21 @@
     an experts class's apply()                     the views it takes of workspace13 / workspace2: its live set
 
 Each value comes back as a Read: the value, or None with the reason, and the file and line it came from. The
-expressions run in harness.sizing.vllm_source.exprs, a small AST interpreter over stand-ins.
+expressions run in harness.sizing.vllm_source.interpreter (the audit's AST interpreter, budgeted): an expression
+is wrapped as `def <expression>(names...): return EXPR` in its own file's module scope, so the release's module
+functions and constants resolve as they would in vLLM.
 """
 
 from __future__ import annotations
 
 import ast
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.sizing.vllm_source.exprs import (
-    Budget,
-    HostFunction,
-    ParsedFunction,
-    StandIn,
-    Unevaluated,
-    call_function,
-    evaluate,
-)
+from harness.sizing.vllm_source.evaluate import ParsedClass, SourceTree
+from harness.sizing.vllm_source.interpreter import Builtin, Function, Interpreter, StandIn, Unevaluable
 from harness.sizing.vllm_source.sources import FUSED_MOE_DIR, VllmSource
 
 ENVS_FILE = "vllm/envs.py"
@@ -75,11 +70,23 @@ class Read:
 class ReleaseFiles:
     """The parsed files of one VllmSource, each parsed once; a file that is absent or unreadable is None."""
 
-    def __init__(self, source: VllmSource) -> None:
+    def __init__(self, source: VllmSource, tree: SourceTree | None = None) -> None:
         self.source = source
         self._parsed: dict[str, ast.Module | None] = {}
+        self._tree = tree
+
+    @property
+    def tree(self) -> SourceTree:
+        """The fused-MoE package as the interpreter's program (module bindings, classes, MROs)."""
+        if self._tree is None:
+            self._tree = SourceTree(self.source)
+        return self._tree
 
     def module(self, file: str) -> ast.Module | None:
+        """A file's AST: the tree's own parse for fused_moe/ files, else parsed here (regular files, size cap)."""
+        parsed = self.tree.modules.get(file)
+        if parsed is not None:
+            return parsed.tree
         if file not in self._parsed:
             self._parsed[file] = _parse(self.source.root / file)
         return self._parsed[file]
@@ -99,7 +106,7 @@ class ReleaseFiles:
 
 def _parse(path: Path) -> ast.Module | None:
     try:
-        if not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
             return None
         return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError, RecursionError, MemoryError):
@@ -133,6 +140,27 @@ def _mentions(node: ast.AST, *, name: str | None = None, attr: str | None = None
         if attr is not None and isinstance(inner, ast.Attribute) and inner.attr == attr:
             return True
     return False
+
+
+def run_expression(
+    files: ReleaseFiles, file: str, expression: ast.expr, names: dict[str, object],
+    *, self_of: tuple[ParsedClass, dict[str, object]] | None = None,
+) -> object:
+    """expression's value in file's module scope with `names` bound (and `self` an instance of a parsed class
+    carrying the given attributes); raises Unevaluable with the reason."""
+    interpreter = Interpreter(files.tree)
+    bound = dict(names)
+    if self_of is not None:
+        bound["self"] = interpreter.instance(self_of[0], self_of[1])
+    arguments = ast.arguments(posonlyargs=[], args=[ast.arg(arg=name) for name in bound], vararg=None,
+                              kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[])  # fmt: skip
+    node = ast.FunctionDef(name="<expression>", args=arguments, body=[ast.Return(value=expression)],
+                           decorator_list=[], returns=None, type_params=[])  # fmt: skip
+    ast.fix_missing_locations(ast.copy_location(node, expression))
+    try:
+        return interpreter.call(Function(file, node), (), bound)
+    except RecursionError:
+        raise Unevaluable("nests deeper than Python's own stack allows") from None
 
 
 # --- envs.py --------------------------------------------------------------------------------------------------------
@@ -183,8 +211,8 @@ def moe_num_experts(files: ReleaseFiles, *, num_routed_experts: int, num_redunda
             "fuse_shared_experts": False,
         }
         try:
-            value = _slice_value(keyword.value, call.lineno, function, module, parents, names, Budget())
-        except Unevaluated as error:
+            value = _slice_value(files, keyword.value, call.lineno, function, parents, names)
+        except Unevaluable as error:
             return Read.failed(f"FusedMoEConfig(num_experts={where.code}) {error}", where)
         return Read(value=value, ref=where)
     return Read.failed(f"{LAYER_FILE} builds no FusedMoEConfig(num_experts=...)")
@@ -202,52 +230,42 @@ def _enclosing_function(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.F
 
 
 def _slice_value(
+    files: ReleaseFiles,
     expression: ast.expr,
     before_line: int,
     function: ast.FunctionDef | None,
-    module: ast.Module,
     parents: dict[ast.AST, ast.AST],
     names: dict[str, object],
-    budget: Budget,
     depth: int = 0,
 ) -> object:
     """Evaluate expression, binding each free name (or self.attr) to the value of its last assignment before
-    before_line in the function (or anywhere in the class for self.attr), recursively; helper calls to module
-    functions are interpreted."""
+    before_line in the function (or anywhere in the class for self.attr), recursively; module-level helpers
+    (determine_expert_counts) are the release's own, interpreted."""
     if depth > 8:
-        raise Unevaluated("follows assignments more than 8 deep")
+        raise Unevaluable("follows assignments more than 8 deep")
     scope = dict(names)
-    scope.update(_module_functions(module, names))
     self_attributes: dict[str, object] = {}
     for inner in ast.walk(expression):
         if isinstance(inner, ast.Name) and inner.id not in scope and function is not None:
             assignment = _last_assignment(function, inner.id, before_line)
             if assignment is not None:
                 target, value = assignment
-                result = _slice_value(value, value.lineno, function, module, parents, names, budget, depth + 1)
+                result = _slice_value(files, value, value.lineno, function, parents, names, depth + 1)
                 scope.update(_unpack(target, result, inner.id))
         elif _is_self_attribute(inner) and function is not None:
             cls = parents.get(function)
             assignment = _self_assignment(cls, inner.attr) if isinstance(cls, ast.ClassDef) else None  # type: ignore[union-attr]
             if assignment is not None:
                 owner, value = assignment
-                self_attributes[inner.attr] = _slice_value(value, value.lineno, owner, module, parents, names,
-                                                           budget, depth + 1)  # fmt: skip
+                self_attributes[inner.attr] = _slice_value(files, value, value.lineno, owner, parents, names,
+                                                           depth + 1)  # fmt: skip
     if self_attributes:
-        scope["self"] = StandIn("self", self_attributes)
-    return evaluate(expression, scope, budget)
+        scope["self"] = StandIn("self", **self_attributes)
+    return run_expression(files, LAYER_FILE, expression, scope)
 
 
 def _is_self_attribute(node: ast.AST) -> bool:
     return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
-
-
-def _module_functions(module: ast.Module, names: dict[str, object]) -> dict[str, ParsedFunction]:
-    return {
-        node.name: ParsedFunction(function=node, globals=names)
-        for node in module.body
-        if isinstance(node, ast.FunctionDef)
-    }
 
 
 def _last_assignment(function: ast.FunctionDef, name: str, before_line: int) -> tuple[ast.expr, ast.expr] | None:
@@ -277,7 +295,7 @@ def _unpack(target: ast.expr, value: object, name: str) -> dict[str, object]:
             if _binds(element, name):
                 out.update(_unpack(element, item, name))
         return out
-    raise Unevaluated(f"cannot unpack the value of {name!r} at line {target.lineno}")
+    raise Unevaluable(f"cannot unpack the value of {name!r} at line {target.lineno}")
 
 
 def _self_assignment(cls: ast.ClassDef, attr: str) -> tuple[ast.FunctionDef, ast.expr] | None:
@@ -336,35 +354,20 @@ def _branch(file: str, node: ast.If) -> Branch | None:
     return Branch(file, node, handle_args, prepare_finalize_args, use_fp8)
 
 
-def literal_constant(files: ReleaseFiles, file_suffix: str, name: str) -> object:
-    """A module-level constant built from literals and earlier such constants (lists become tuples);
-    Unevaluated when absent or computed otherwise."""
+def module_constant(files: ReleaseFiles, file_suffix: str, name: str) -> object:
+    """A module-level value of the fused_moe file ending in file_suffix, as the interpreter evaluates it;
+    Unevaluable when absent or computed outside the subset."""
     for file in files.fused_moe_files():
-        if not file.endswith(file_suffix):
-            continue
-        module = files.module(file)
-        constants: dict[str, object] = {}
-        for node in module.body if module is not None else []:
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                try:
-                    constants[node.targets[0].id] = evaluate(node.value, constants)
-                except Unevaluated:
-                    continue
-        if name in constants:
-            return _tuples(constants[name])
-        raise Unevaluated(f"{name} in {file} is not a module-level constant of literals")
-    raise Unevaluated(f"no module-level {name} in fused_moe/**/{file_suffix}")
+        if file.endswith(file_suffix) and files.tree.global_binding(file, name) is not None:
+            return Interpreter(files.tree).global_value(file, name)
+    raise Unevaluable(f"no module-level {name} in fused_moe/**/{file_suffix}")
 
 
-def _tuples(value: object) -> object:
-    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
-
-
-def evaluate_in(file: str, expression: ast.expr, names: dict[str, object]) -> Read:
+def evaluate_in(files: ReleaseFiles, file: str, expression: ast.expr, names: dict[str, object]) -> Read:
     where = ref(file, expression)
     try:
-        return Read(value=evaluate(expression, names), ref=where)
-    except Unevaluated as error:
+        return Read(value=run_expression(files, file, expression, names), ref=where)
+    except Unevaluable as error:
         return Read.failed(f"{where.code}: {error}", where)
 
 
@@ -388,9 +391,11 @@ def manager_kwargs(
     arguments: dict[str, object],
     self_attributes: dict[str, object],
     env_values: dict[str, object],
-    size_hint: HostFunction,
+    size_hint: Callable[..., int],
 ) -> ManagerKwargs:
-    """Run the manager's own _make_all2all_kwargs on stand-ins: `deep_ep` is the harness's DeepEP formulas."""
+    """Run the manager's own _make_all2all_kwargs on stand-ins. Its `import deep_ep` is dropped and `deep_ep` and
+    `envs` become parameters: DeepEP's size hint is the harness's formula (recording vLLM's arguments), envs holds
+    env_values."""
     found = files.find_class(manager, [ALL2ALL_FILE])
     if found is None:
         return ManagerKwargs(ref=None, reason=f"{ALL2ALL_FILE} has no class {manager}")
@@ -399,18 +404,38 @@ def manager_kwargs(
     if method is None:
         return ManagerKwargs(ref=None, reason=f"{manager} has no _make_all2all_kwargs in {file}")
     where = SourceRef(file=file.removeprefix("vllm/"), line=method.lineno, code=f"{manager}._make_all2all_kwargs")
-    deep_ep = StandIn("deep_ep", {"Buffer": StandIn("deep_ep.Buffer", {"get_low_latency_rdma_size_hint": size_hint})})
-    names = {"envs": StandIn("envs", env_values), "deep_ep": deep_ep}
-    params = [p.arg for p in method.args.args]
-    bound = dict(arguments)
-    bound[params[0]] = StandIn(f"{manager} self", self_attributes)
+    calls: list[dict[str, object]] = []
+
+    def hint(interpreter: object, **kwargs: object) -> int:
+        calls.append(dict(kwargs))
+        return size_hint(**kwargs)
+
+    buffer = StandIn("deep_ep.Buffer", get_low_latency_rdma_size_hint=Builtin("get_low_latency_rdma_size_hint", hint))
+    function = _with_standin_modules(method, ("deep_ep", "envs"))
+    self_name = method.args.args[0].arg
+    bound = {**arguments, self_name: StandIn(f"{manager} self", **self_attributes),
+             "deep_ep": StandIn("deep_ep", Buffer=buffer), "envs": StandIn("envs", **env_values)}  # fmt: skip
     try:
-        result = call_function(method, bound, names, Budget())
-    except Unevaluated as error:
+        result = Interpreter(files.tree).call(Function(file, function), (), bound)
+    except (Unevaluable, RecursionError) as error:
         return ManagerKwargs(ref=where, reason=f"{manager}._make_all2all_kwargs {error}")
     if not isinstance(result, dict):
         return ManagerKwargs(ref=where, reason=f"{manager}._make_all2all_kwargs returned {type(result).__name__}")
-    return ManagerKwargs(ref=where, kwargs=result, size_hint_calls=list(size_hint.calls))
+    return ManagerKwargs(ref=where, kwargs=result, size_hint_calls=calls)
+
+
+def _with_standin_modules(method: ast.FunctionDef, modules: tuple[str, ...]) -> ast.FunctionDef:
+    """A copy of method whose imports of `modules` are gone and which takes them as keyword-only parameters."""
+    copy = ast.parse(ast.unparse(method)).body[0]
+    assert isinstance(copy, ast.FunctionDef)
+    copy.body = [
+        statement for statement in copy.body
+        if not (isinstance(statement, ast.Import) and all(a.name in modules and not a.asname for a in statement.names))
+    ] or [ast.Pass()]  # fmt: skip
+    copy.args.kwonlyargs += [ast.arg(arg=name) for name in modules]
+    copy.args.kw_defaults += [None for _ in modules]
+    ast.increment_lineno(copy, method.lineno - copy.lineno)
+    return ast.fix_missing_locations(copy)
 
 
 def dispatch_call(files: ReleaseFiles) -> SourceRef | None:
@@ -466,38 +491,38 @@ WORKSPACE_PARAMS = ("workspace13", "workspace2")
 
 
 def apply_views(
-    files: ReleaseFiles, file: str, cls: ast.ClassDef, method_lookup, names: dict[str, object]
+    files: ReleaseFiles, cls: ParsedClass, names: dict[str, object], self_attributes: dict[str, object]
 ) -> LiveSet:
-    """Evaluate every `_resize_cache(workspace13|workspace2, shape)` in cls.apply (or the first base that has
-    one, via method_lookup), with `names` bound for the shapes' letters and apply's own simple assignments."""
-    apply = method_lookup("apply")
-    if apply is None:
+    """Evaluate every `_resize_cache(workspace13|workspace2, shape)` in the apply() that cls resolves to, with
+    `names` bound for the shapes' letters, apply's own straight-line assignments, and `self` an instance of cls."""
+    found = files.tree.find_method(cls, "apply")
+    if found is None:
         return LiveSet((), ("no apply method",))
-    apply_file, function = apply
+    owner, function = found
     scope = dict(names)
     views: list[View] = []
     unevaluated: list[str] = []
-    # apply's own straight-line assignments (cache2_dim = self.adjust_N_for_activation(N, activation), ...) bind
-    # names the views use; one that needs a tensor simply stays unbound.
+    self_of = (cls, self_attributes)
+    # apply's own assignments (cache2_dim = self.adjust_N_for_activation(N, activation), ...) bind names the
+    # views use; one that needs a tensor simply stays unbound.
     assignments = sorted((n for n in ast.walk(function) if isinstance(n, ast.Assign)), key=lambda n: n.lineno)
     for statement in assignments:
-        if len(statement.targets) == 1:
-            target = statement.targets[0]
-            if isinstance(target, ast.Name) and target.id not in names:
-                try:
-                    scope[target.id] = evaluate(statement.value, scope)
-                except Unevaluated:
-                    pass
+        target = statement.targets[0] if len(statement.targets) == 1 else None
+        if isinstance(target, ast.Name) and target.id not in names:
+            try:
+                scope[target.id] = run_expression(files, owner.file, statement.value, scope, self_of=self_of)
+            except Unevaluable:
+                pass
     for call in _walk_calls(function):
         if not (_mentions(call.func, name="_resize_cache") and len(call.args) == 2):
             continue
         buffer = call.args[0]
         if not (isinstance(buffer, ast.Name) and buffer.id in WORKSPACE_PARAMS):
             continue
-        where = ref(apply_file, call)
+        where = ref(owner.file, call)
         try:
-            shape = evaluate(call.args[1], scope)
-        except Unevaluated as error:
+            shape = run_expression(files, owner.file, call.args[1], scope, self_of=self_of)
+        except Unevaluable as error:
             unevaluated.append(f"{where}: {error}")
             continue
         if not (isinstance(shape, tuple) and all(isinstance(d, int) and not isinstance(d, bool) for d in shape)):
