@@ -14,7 +14,7 @@ def harness_env() -> dict[str, str]:
     """This checkout first on PYTHONPATH, so the tree under test runs whichever tree is installed."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_DIR), env.get("PYTHONPATH", "")) if p)
-    env["COLUMNS"] = "200"  # rich wraps tables to the terminal; a wide one keeps numbers on one line
+    env.pop("COLUMNS", None)  # as in CI: harness.core.console prints tables whole without it
     return env
 
 
