@@ -293,8 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         ns.parser.error(f"unrecognized arguments: {' '.join(extras)}")
     try:
         return int(ns.func(ns))
-    except KeyboardInterrupt:
-        print("harness: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM during a launch (harness.launch.Terminated)
+        signum = int(getattr(exc, "signum", 2))  # SIGINT
+        print("harness: interrupted" + (" (SIGTERM)" if signum != 2 else ""), file=sys.stderr)
+        return 128 + signum
     except BrokenPipeError:
         return EXIT_OK

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,10 +65,58 @@ def tiny_scenario(tmp_path: Path, name: str = "tiny", *, num_ranks: int = 2, **l
     return path
 
 
-def rank_files(run_dir: Path) -> dict[int, RankRecord | RankFailure]:
-    out: dict[int, RankRecord | RankFailure] = {}
+@dataclass(frozen=True)
+class RankFiles:
+    """What a run left in ranks/: records (final, or so far) and failures, each by rank."""
+
+    records: dict[int, RankRecord]
+    failures: dict[int, RankFailure]
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(set(self.records) | set(self.failures))
+
+
+def rank_files(run_dir: Path) -> RankFiles:
+    records: dict[int, RankRecord] = {}
+    failures: dict[int, RankFailure] = {}
     for path in sorted((run_dir / "ranks").glob("rank-*.json")):
         record = read_record(path)
-        assert isinstance(record, (RankRecord, RankFailure))
-        out[record.rank] = record
-    return out
+        if isinstance(record, RankFailure):
+            assert path.name.endswith(".failed.json"), path
+            failures[record.rank] = record
+        else:
+            assert isinstance(record, RankRecord), path
+            records[record.rank] = record
+    return RankFiles(records=records, failures=failures)
+
+
+def report_policies(run_dir: Path) -> dict[int, dict[str, str]]:
+    """{rank: {policy: status}} as report.json shows it, wherever its per-rank entries sit in the document."""
+    found: dict[int, dict[str, str]] = {}
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("rank"), int) and isinstance(node.get("policies"), list):
+                found[node["rank"]] = {p["policy"]: p["status"] for p in node["policies"]
+                                       if isinstance(p, dict) and "policy" in p and "status" in p}
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(json.loads((run_dir / "report.json").read_text()))
+    return found
+
+
+@contextmanager
+def cpu_load(num_processes: int = 1) -> Iterator[None]:
+    """A second CPU-heavy process beside the test (busy loops), as on a loaded CI machine; ended by its pid."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(num_processes)]
+    try:
+        yield
+    finally:
+        for proc in burners:
+            proc.kill()
+            proc.wait(10)

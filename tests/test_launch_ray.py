@@ -22,19 +22,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launch_helpers import REPO_DIR, harness_env, rank_files, run_cli, tiny_scenario
+from launch_helpers import REPO_DIR, cpu_load, harness_env, rank_files, report_policies, run_cli, tiny_scenario
 
-from harness.rank.distributed import SAFE_NCCL_ENV, free_port
+from harness.core.records import read_record
 from harness.launch import FAULT_ENV
-from harness.core.records import RankFailure, RankRecord, read_record
+from harness.rank.distributed import SAFE_NCCL_ENV, free_port
 from harness.scenario.schema import load_scenario
 
 pytestmark = pytest.mark.ray
 
 NUM_NODES = 4
 NUM_CPUS_PER_NODE = 2
-# Ray actors start a fresh worker each (torch import included) on a 2-core machine shared by four raylets.
-STARTUP_ALLOWANCE_S = 45.0
+# Bounds are the scenario's own (launch.collective_timeout_s, placement_timeout_s) plus this margin for the driver on
+# a loaded 2-core machine shared by four raylets: its 0.2 s poll, draining the progress log, writing records.
+DRIVER_MARGIN_S = 15.0
 # The test clusters listen on loopback only, so they run without token authentication; the job test below
 # uses a token of its own, as a real cluster would.
 RAY_TEST_ENV = {"RAY_AUTH_MODE": "disabled"}
@@ -82,8 +83,9 @@ def test_default_smoke_spreads_over_two_nodes(cluster: str, tmp_path: Path) -> N
     run = run_cli("--address", cluster, "--placement-strategy", "SPREAD", "--out", str(out), env=ray_env())
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "no scenario given: running smoke.yaml (0 GPU(s) found)" in run.stdout
-    ranks = rank_files(out)
-    assert sorted(ranks) == [0, 1] and all(isinstance(r, RankRecord) for r in ranks.values())
+    files = rank_files(out)
+    assert sorted(files.records) == [0, 1] and not files.failures
+    assert all(r.complete and r.warmup == "full" for r in files.records.values())
     nodes = {r["node_id"] for r in placement(out)}
     assert len(nodes) == 2, f"SPREAD put both ranks on one node: {placement(out)}"
     assert all(r["safe_env"] == SAFE_NCCL_ENV for r in placement(out))  # every actor runs with multicast off
@@ -116,10 +118,11 @@ def test_ctrl_c_removes_actors_and_keeps_what_arrived(cluster: str, tmp_path: Pa
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
     assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
+    assert stderr.count("harness: interrupted") == 1, stderr
     assert stop_s < 30
-    ranks = rank_files(out)
-    assert sorted(ranks) == [0, 1]
-    assert all(isinstance(r, RankFailure) and r.cause.startswith("interrupted") for r in ranks.values())
+    files = rank_files(out)
+    assert sorted(files.failures) == [0, 1]
+    assert all(f.cause.startswith("interrupted") for f in files.failures.values())
     # The actors' processes are gone (ray.kill), not just orphaned: the next test needs every CPU of the cluster.
     for entry in placement(out):
         assert _gone(entry["pid"]), f"rank {entry['rank']}'s actor process {entry['pid']} is still running"
@@ -142,9 +145,9 @@ def test_eight_ranks_run_unchanged_across_nodes(cluster: str, tmp_path: Path) ->
     out = tmp_path / "run"  # D=8 on P=8 (nothing emulated), smoke's shapes, gloo
     run = run_cli("scenarios/smoke-8ranks.yaml", "--address", cluster, "--out", str(out), env=ray_env())
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    ranks = rank_files(out)
-    assert sorted(ranks) == list(range(8)) and all(isinstance(r, RankRecord) for r in ranks.values())
-    assert all(r.num_ranks == 8 and r.num_dispatchers == 8 for r in ranks.values())  # type: ignore[union-attr]
+    files = rank_files(out)
+    assert sorted(files.records) == list(range(8)) and not files.failures
+    assert all(r.num_ranks == 8 and r.num_dispatchers == 8 for r in files.records.values())
     # PACK with 1 CPU per rank fills the four 2-CPU nodes.
     assert len({r["node_id"] for r in placement(out)}) == NUM_NODES
     print(f"ray 8 ranks on {NUM_NODES} nodes: harness run -> report in {run.wall_s:.1f} s")
@@ -153,28 +156,50 @@ def test_eight_ranks_run_unchanged_across_nodes(cluster: str, tmp_path: Path) ->
 def test_killed_rank_names_rank_node_and_cause(cluster: str, tmp_path: Path) -> None:
     scenario = tiny_scenario(tmp_path, collective_timeout_s=10)
     out = tmp_path / "run"
-    run = run_cli(str(scenario), "--address", cluster, "--placement-strategy", "SPREAD", "--out", str(out),
-                  env=ray_env(**{FAULT_ENV: "rank=1,kind=die,after=ready"}))
+    with cpu_load():
+        run = run_cli(str(scenario), "--address", cluster, "--placement-strategy", "SPREAD", "--out", str(out),
+                      env=ray_env(**{FAULT_ENV: "rank=1,kind=die,after=ready"}))
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
-    assert run.wall_s < 10 + STARTUP_ALLOWANCE_S
-    failure = rank_files(out)[1]
-    assert isinstance(failure, RankFailure) and failure.cause.startswith("died:")
+    failure = rank_files(out).failures[1]
+    assert failure.cause.startswith("died:")  # Ray's actor error: told by its exit, not by a timeout
     node_of_rank_1 = next(r for r in placement(out) if r["rank"] == 1)
     assert node_of_rank_1["node_ip"] in failure.node and node_of_rank_1["node_id"][:12] in failure.node
     assert "rank 1 on" in run.stderr
     assert failure.cause in (out / "report.json").read_text()
 
 
-def test_hung_rank_is_bounded_and_other_records_are_kept(cluster: str, tmp_path: Path) -> None:
-    scenario = tiny_scenario(tmp_path, collective_timeout_s=5)
+def test_rank_killed_after_its_first_policy_keeps_both_ranks_first_results(cluster: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    run = run_cli(str(scenario), "--address", cluster, "--out", str(out),
-                  env=ray_env(**{FAULT_ENV: "rank=1,kind=hang,after=done"}))
+    run = run_cli("scenarios/smoke.yaml", "--address", cluster, "--out", str(out),
+                  env=ray_env(**{FAULT_ENV: "rank=1,kind=die,after=policy-done:legacy"}))
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
-    assert run.wall_s < 5 + STARTUP_ALLOWANCE_S
-    ranks = rank_files(out)
-    assert isinstance(ranks[0], RankRecord)
-    assert isinstance(ranks[1], RankFailure) and ranks[1].cause.startswith("hung: no result within")
+    assert "harness: rank 1 on" in run.stderr and "lost: fixed, lower-bound" in run.stderr
+    files = rank_files(out)
+    for rank in (0, 1):  # the records so far came back through the progress log, not a shared filesystem
+        record = files.records[rank]
+        assert not record.complete and [p.policy for p in record.policies] == ["legacy"]
+        assert record.policies[0].status == "ok"
+    dead = files.failures[1]
+    assert dead.cause.startswith("died:")
+    assert dead.finished_policies == ["legacy"] and dead.lost_policies == ["fixed", "lower-bound"]
+    shown = report_policies(out)
+    assert shown[0]["legacy"] == "ok" and shown[1]["legacy"] == "ok"
+
+
+def test_hung_rank_is_bounded_and_other_records_are_kept(cluster: str, tmp_path: Path) -> None:
+    timeout_s = 5.0
+    scenario = tiny_scenario(tmp_path, collective_timeout_s=timeout_s)
+    out = tmp_path / "run"
+    with cpu_load():
+        run = run_cli(str(scenario), "--address", cluster, "--out", str(out),
+                      env=ray_env(**{FAULT_ENV: "rank=1,kind=hang,after=done"}))
+    assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
+    files = rank_files(out)
+    finished, hung = files.records[0], files.failures[1]
+    assert finished.complete
+    assert hung.cause.startswith("hung: no result within") and hung.lost_policies == []
+    waited_s = hung.at - finished.finished_at
+    assert timeout_s <= waited_s <= timeout_s + DRIVER_MARGIN_S, waited_s
     assert "hung: no result within" in (out / "report.json").read_text()
 
 
@@ -184,13 +209,16 @@ def test_unsatisfiable_placement_says_asked_and_available(cluster: str, tmp_path
     out = tmp_path / "run"
     run = run_cli(str(scenario), "--address", cluster, "--out", str(out), env=ray_env())
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
-    assert run.wall_s < 5 + STARTUP_ALLOWANCE_S
     assert "placement group not satisfied within 5 s" in run.stderr
     assert "asks for 2 bundles of {CPU 4}" in run.stderr
     assert f"the cluster has CPU {NUM_NODES * NUM_CPUS_PER_NODE}, GPU 0 in all" in run.stderr
     assert f"on {NUM_NODES} node(s)" in run.stderr
-    ranks = rank_files(out)
-    assert all(isinstance(r, RankFailure) and r.cause.startswith("not started") for r in ranks.values())
+    files = rank_files(out)
+    assert not files.records and sorted(files.failures) == [0, 1]
+    assert all(f.cause.startswith("not started") for f in files.failures.values())
+    # Refused within the placement bound: every failure was written placement_timeout_s after the run began.
+    manifest = read_record(out / "run.json")
+    assert all(f.at - manifest.started_at <= 5 + DRIVER_MARGIN_S for f in files.failures.values())  # type: ignore[union-attr]
     # The group was removed: the cluster places a run right after (covered by any later test in this module too).
 
 
@@ -203,7 +231,7 @@ def test_ray_launcher_without_address_starts_its_own_cluster(cluster: str, tmp_p
     # --launcher picks how ranks start, not what they measure: the scenario keeps the file's hash.
     assert read_record(out / "run.json").scenario_hash == load_scenario("scenarios/smoke.yaml").scenario_hash  # type: ignore[union-attr]
     assert "Ray cluster local: 1 node(s), 2 CPU" in run.stdout  # sized for 2 ranks x 1 CPU
-    assert sorted(rank_files(out)) == [0, 1]
+    assert sorted(rank_files(out).records) == [0, 1]
     print(f"ray smoke (new local cluster): harness run -> report in {run.wall_s:.1f} s")
 
 
@@ -294,5 +322,5 @@ def test_ray_job_submit_runs_the_same_command(ray_head: tuple[str, dict[str, str
     assert (out / "report.json").exists()
     manifest = read_record(out / "run.json")
     assert manifest.launcher == "ray" and manifest.scenario_name == "smoke"  # type: ignore[union-attr]
-    assert sorted(rank_files(out)) == [0, 1]
+    assert sorted(rank_files(out).records) == [0, 1]
     print(f"ray job submit smoke: submit -> report in {wall_s:.1f} s")

@@ -38,7 +38,8 @@ from harness.rank.experts import Workspace, useful_flops
 from harness.sizing.plan import policy_shapes
 from harness.rank.experts.reference import expert_forward
 from harness.rank.quant import quantize_per_token
-from harness.core.records import SCHEMA_VERSION, Hardware, Record, Versions
+from harness.core.events import Done, PolicyStarted, RankEvent, Ready
+from harness.core.records import SCHEMA_VERSION, Hardware, RankHeader, Record, Versions
 from harness.scenario.schema import Scenario
 from harness.rank.timing import StageTimer
 
@@ -70,13 +71,9 @@ class BenchPolicy(Record):
     max_rel_error: float | None  # the harness step's output against the raw kernel's, on the valid rows
 
 
-class BenchRankRecord(Record):
-    schema_version: int = SCHEMA_VERSION
+class BenchRankRecord(RankHeader):
     record_kind: Literal["bench-rank"] = "bench-rank"
-    run_id: str
     scenario_name: str
-    scenario_hash: str
-    rank: int
     num_ranks: int
     comm_backend: str
     experts_backend: str
@@ -271,7 +268,7 @@ def bench_policy(setup: Any, policy: str, num_rounds: int) -> BenchPolicy:
 
 
 def bench_rank_main(scenario: Scenario, info: RankInfo, run_dir: Path,
-                    progress: Callable[[dict[str, Any]], None] | None = None) -> BenchRankRecord:
+                    progress: Callable[[RankEvent], None] | None = None) -> BenchRankRecord:
     """The bench counterpart of harness.rank.lifecycle.rank_main: same setup, interleaved variants per policy."""
     from harness.rank.memory import release_cached
     from harness.rank.lifecycle import setup_rank
@@ -280,12 +277,12 @@ def bench_rank_main(scenario: Scenario, info: RankInfo, run_dir: Path,
     try:
         setup = setup_rank(scenario, info, device, run_dir, 0)
         if progress:
-            progress({"rank": info.rank, "event": "ready", "backend": setup.backend.name})
+            progress(setup.event(Ready, backend=setup.backend.name))
         policies = [p for p in scenario.policies if p in BENCH_POLICIES] or list(BENCH_POLICIES)
         results = []
         for policy in policies:
             if progress:
-                progress({"rank": info.rank, "event": "policy", "policy": policy})
+                progress(setup.event(PolicyStarted, policy=policy))
             release_cached(device)
             results.append(bench_policy(setup, policy, scenario.bench.iterations))
         record = BenchRankRecord(
@@ -296,7 +293,7 @@ def bench_rank_main(scenario: Scenario, info: RankInfo, run_dir: Path,
             hardware=collect_hardware(device), policies=results, num_rounds=scenario.bench.iterations,
         )
         if progress:
-            progress({"rank": info.rank, "event": "done"})
+            progress(setup.event(Done))
         return record
     finally:
         shutdown_rank()
@@ -559,7 +556,7 @@ def bench_command(ns: Any) -> int:
         rank_dir = choose_run_dir(out / "ranks-run", run_id)
         plan = LaunchPlan(scenario=scenario, run_id=run_id, run_dir=rank_dir, device_type=device_type,
                           entry=RankEntry(main=bench_rank_main, record_model=BenchRankRecord))
-        sink = RunSink(run_dir=rank_dir, run_id=run_id, num_ranks=plan.num_ranks, record_model=BenchRankRecord)
+        sink = RunSink.for_plan(plan)
         console.print(f"{run_id}: {scenario.summary()}; {plan.num_ranks} rank(s) on {device_type}", highlight=False)
         outcome = launcher.launch(plan, sink)
         launcher.close()

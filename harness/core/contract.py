@@ -10,7 +10,8 @@ layer's common + ws2. This module turns a sizing policy into those shapes and by
 
     legacy       CutlassBatchedExpertsFp8 before vLLM PR #55579: the token dim is M * D (D counted twice)
     fixed        after the PR: the token dim is M = T * D
-    lower-bound  the live set of the batched CUTLASS path (GEMM1 -> silu_and_mul -> quant -> GEMM2 -> copy)
+    lower-bound  the live set of the batched CUTLASS path (GEMM1 -> silu_and_mul -> quant -> GEMM2 -> copy), as one
+                 arena the views move in: allocating it lets NVML confirm the live set
     vllm==X.Y.Z  whatever that release's own `workspace_shapes` returns (see harness.sizing.vllm_source)
 """
 
@@ -156,18 +157,35 @@ def live_set_bytes(args: SizingArgs) -> int:
     return rows * per_row
 
 
+def live_set_width(args: SizingArgs) -> int:
+    """Workspace-dtype elements per row (rows = E*M) of the live-set arena: max(N + N/2, 2K) for gated activations.
+
+    Steps 1-2 (mm1_out beside act_out) and step 5 (mm2_out beside out) are the widest; the FP8 steps 3-4 are never
+    wider (live_set_bytes' other terms), so the arena holds every step and equals live_set_bytes exactly.
+    """
+    return max(args.N + args.activation_out_dim, 2 * args.K)
+
+
 def lower_bound_shapes(args: SizingArgs) -> WorkspaceShapes:
-    """The live set: the smallest workspace any sizing of this data path could use."""
-    E, M, N, K = args.num_local_experts, args.M, args.N, args.K
-    return WorkspaceShapes(
+    """The live set: the smallest workspace any sizing of this data path could use.
+
+    Two buffers with fixed roles cannot reach it when N/2 < K < N (the one holding mm1_out must be N wide, the
+    other K wide for mm2_out), so lower-bound is one arena in which the views move from step to step:
+    ws13 = (E, M, max(N + N/2, 2K)) is the arena, ws2 is empty, and out aliases the arena's start. The experts
+    step's layout inside it: harness.rank.experts.base.Workspace.
+    """
+    E, M, K = args.num_local_experts, args.M, args.K
+    shapes = WorkspaceShapes(
         policy="lower-bound",
-        ws13=(E, M, N),
-        ws2=(E, M, max(args.activation_out_dim, K)),
+        ws13=(E, M, live_set_width(args)),
+        ws2=(E, M, 0),
         out=(E, M, K),
         dtype_bytes=args.dtype_bytes,
-        source="live set of the batched CUTLASS FP8 path",
+        source="live set of the batched CUTLASS FP8 path (one arena)",
         live_set_bytes=live_set_bytes(args),
     )
+    assert shapes.common_bytes + shapes.ws2_bytes == shapes.live_set_bytes, "the arena is the live set exactly"
+    return shapes
 
 
 def builtin_shapes(policy: str, args: SizingArgs) -> WorkspaceShapes:

@@ -3,11 +3,15 @@
 A run directory holds:
 
     run.json                 RunManifest: the scenario, how many ranks were launched, by what, the command
-    ranks/rank-00003.json    RankRecord: one per rank that finished (even with failed policies)
-    ranks/rank-00003.failed.json  RankFailure: written by the launcher for a rank that died or hung
+    ranks/rank-00003.json    RankRecord: one per rank. Written after every policy with the policies finished so far
+                             (complete=False), then replaced by the rank's final record (complete=True)
+    ranks/rank-00003.failed.json  RankFailure: written by the launcher for a rank that died, hung or raised; it names
+                             the policies the rank finished and those that were lost
     oom/...                  memory snapshots kept on OOM
 
-Writes are atomic (temporary file, then rename), so a crash never leaves half a record.
+Every record and event (harness.core.events) shares one header: the schema version, the run id and the scenario
+hash (RunHeader), and the rank where there is one (RankHeader). Writes are atomic (temporary file, then rename),
+so a crash never leaves half a record.
 """
 
 from __future__ import annotations
@@ -36,6 +40,20 @@ class RecordError(Exception):
 
 class Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunHeader(Record):
+    """The header every record and event of a run carries: which schema, which run, which scenario."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    scenario_hash: str
+
+
+class RankHeader(RunHeader):
+    """RunHeader plus the rank the record or event is about."""
+
+    rank: int
 
 
 class Versions(Record):
@@ -90,6 +108,10 @@ class MemoryMeasurement(Record):
     allocator_reserved_peak_bytes: int | None = None
     allocator_baseline_bytes: int | None = None
     num_samples: int = 0
+    # How far two policies' baselines may differ when both start from the same warmed state: the allocator's
+    # granularity (CUDA caching allocator: 2 MiB blocks), or on CPU what RSS moves by between equal states
+    # (malloc arenas, the interpreter). None in records from before the warm-up pass.
+    allocator_rounding_bytes: int | None = None
 
 
 class Breakdown(Record):
@@ -165,17 +187,16 @@ class PolicyResult(Record):
     expected_outcome: Literal["fit", "oom"] | None = None
     expectation_met: bool | None = None
     oom: OomRecord | None = None
-    error: str | None = None
+    error: str | None = None  # status "error": what was raised, on this rank or (stopped) on the ranks named
+    # Ranks whose own OOM or error ended this policy; every rank stops the policy together (they agree before the
+    # next collective). None in older records.
+    failed_ranks: list[int] | None = None
 
 
-class RankRecord(Record):
-    schema_version: int = SCHEMA_VERSION
+class RankRecord(RankHeader):
     record_kind: Literal["rank"] = "rank"
-    run_id: str
     scenario_name: str
-    scenario_hash: str
     scenario: dict[str, Any]
-    rank: int
     num_ranks: int
     num_dispatchers: int
     emulated: bool
@@ -187,29 +208,36 @@ class RankRecord(Record):
     policies: list[PolicyResult]
     started_at: float  # unix seconds
     finished_at: float
-    ready_at: float | None = None  # group joined, weights and comm buffers up: the first policy starts
+    ready_at: float | None = None  # group joined, weights and comm buffers up, warm-up done: the first policy starts
     expert_num_tokens: list[int]  # received per local expert, last iteration of the first policy that ran
+    # False: the record so far, sent after a policy finished; the final record (True) replaces it. A rank that
+    # failed later leaves complete=False and a RankFailure naming the policies lost.
+    complete: bool = True
+    # The setup's warm-up pass, so every policy starts from the same warmed state: "full" (dispatch -> experts ->
+    # combine and the check on a live-set workspace, freed before the first baseline), "comm-only" (the warm-up
+    # workspace did not fit on some rank: dispatch alone), "failed" (a step raised; the policies record the
+    # error themselves). None in records from before the warm-up pass.
+    warmup: Literal["full", "comm-only", "failed"] | None = None
 
 
-class RankFailure(Record):
-    """Written by a launcher for a rank that produced no record."""
+class RankFailure(RankHeader):
+    """Written by a launcher for a rank that died, hung or raised before its final record."""
 
-    schema_version: int = SCHEMA_VERSION
     record_kind: Literal["rank-failure"] = "rank-failure"
-    run_id: str
-    rank: int
+    scenario_hash: str = ""  # absent from records of schema 1's first writers
     node: str
     cause: str  # "died: exit code -9", "hung: no result within 60 s", ...
     detail: str = ""
     at: float
+    # From the rank's record so far (ranks/rank-NNNNN.json, complete=False): the policies it finished, and the
+    # scenario's policies that never finished on it.
+    finished_policies: list[str] = []
+    lost_policies: list[str] = []
 
 
-class RunManifest(Record):
-    schema_version: int = SCHEMA_VERSION
+class RunManifest(RunHeader):
     record_kind: Literal["run"] = "run"
-    run_id: str
     scenario_name: str
-    scenario_hash: str
     scenario: dict[str, Any]
     scenario_path: str | None
     num_ranks: int

@@ -13,19 +13,22 @@ Launchers: one process per rank, each rank's record back to the driver, every wa
                       local  torch.multiprocessing (spawn); records come back over a multiprocessing queue
                       ray    one placement-group bundle and one actor per rank; records come back as Ray objects
                     in every rank: rank_entry() -> the RankEntry's main(scenario, RankInfo, run_dir, progress)
-                    on the driver: RunSink writes ranks/rank-NNNNN.json the moment a record arrives, and a
-                    RankFailure (ranks/rank-NNNNN.failed.json) for each rank that died, hung or never started
+                    on the driver: RunSink validates every event (harness.core.events), writes the record so far
+                    after each policy (PolicyDone) and the final record the moment they arrive, both to
+                    ranks/rank-NNNNN.json, and a RankFailure (ranks/rank-NNNNN.failed.json) naming the finished
+                    and lost policies for each rank that died, hung, raised or never started
 
 Launchers only build `RankInfo`s; `harness.rank.distributed.init_rank` is the one rendezvous (STYLE.md guideline 7).
 
 Bounds (scenario.launch): the placement and the actors' start within `placement_timeout_s`; once one rank has
 ended (record, error or death) the others get `collective_timeout_s` more, since every rank does the same
-collectives; nothing runs past `rank_timeout_s` from the launch.
+collectives; nothing runs past `rank_timeout_s` from the launch. A rank that died is told from a hung one by its
+exit (the process's exit code, its closed pipe, Ray's actor error), never by how long it was silent.
 
 Fault injection, for tests of those bounds: HARNESS_INJECT_FAULT="rank=1,kind=die,after=ready" makes rank 1
 call os._exit(1) when it reports "ready"; kind=hang makes it sleep instead. `after` is "start" (before joining
-the group), an event name ("ready", "done") or "policy:NAME". It is read here, in the launchers' wrapper, so
-rank_main never sees it.
+the group), an event kind ("ready", "done"), "policy:NAME" (NAME starts) or "policy-done:NAME" (NAME finished
+and its record so far was sent). It is read here, in the launchers' wrapper, so rank_main never sees it.
 """
 
 from __future__ import annotations
@@ -33,26 +36,28 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from harness.rank.distributed import RankInfo, apply_safe_env
+from harness.core.events import (
+    Event, EventError, Failed, Placed, PolicyDone, RankEvent, RecordWritten, parse_event,
+)
 from harness.core.records import RankFailure, RankRecord, rank_record_path, write_json_atomic, write_record
+from harness.rank.distributed import RankInfo, apply_safe_env
 
 if TYPE_CHECKING:
     from harness.scenario.schema import Scenario
 
 FAULT_ENV = "HARNESS_INJECT_FAULT"
-# A process that exited may still have its record in the queue's pipe; wait this long before calling it dead.
-EXIT_DRAIN_GRACE_S = 3.0
 POLL_INTERVAL_S = 0.2
 
 DeviceType = Literal["cuda", "cpu"]
-Event = dict[str, Any]
 
 
 class LaunchError(Exception):
@@ -79,6 +84,7 @@ class RankEntry:
 
     main: Callable[..., Any]
     record_model: type[Any]
+    policies: tuple[str, ...] = ()  # what each rank measures, in order: a failure names those it never finished
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,28 +173,78 @@ class Launcher(Protocol):
 
 @dataclass
 class RunSink:
-    """Receives events, records and failures from a launcher on the driver; writes them under run_dir."""
+    """Receives events, records and failures from a launcher on the driver; writes them under run_dir.
+
+    Events from ranks arrive as JSON data and are validated here (`rank_event`); a PolicyDone event's record so far
+    is written at once, the final record replaces it, and a failure names the policies the rank finished (from
+    its record so far) and those it lost.
+    """
 
     run_dir: Path
     run_id: str
     num_ranks: int
+    scenario_hash: str = ""
+    policies: tuple[str, ...] = ()  # what every rank measures, in order
     record_model: type[Any] = RankRecord  # LaunchPlan.entry.record_model
     listener: Callable[[Event], None] | None = None
     nodes: dict[int, str] = field(default_factory=dict)  # rank -> node, for failures and the display
-    records: dict[int, Any] = field(default_factory=dict)
+    records: dict[int, Any] = field(default_factory=dict)  # final records
+    so_far: dict[int, Any] = field(default_factory=dict)  # records so far (complete=False), until the final one
     failures: dict[int, RankFailure] = field(default_factory=dict)
     first_end_at: float | None = None
     first_end_rank: int | None = None
+
+    @staticmethod
+    def for_plan(plan: LaunchPlan, *, listener: Callable[[Event], None] | None = None) -> RunSink:
+        return RunSink(run_dir=plan.run_dir, run_id=plan.run_id, num_ranks=plan.num_ranks,
+                       scenario_hash=plan.scenario.scenario_hash, policies=plan.entry.policies,
+                       record_model=plan.entry.record_model, listener=listener)
 
     @property
     def pending(self) -> list[int]:
         return [r for r in range(self.num_ranks) if r not in self.records and r not in self.failures]
 
+    @property
+    def header(self) -> dict[str, Any]:
+        """The header fields of events the driver itself makes (harness.core.records.RunHeader)."""
+        return {"run_id": self.run_id, "scenario_hash": self.scenario_hash}
+
     def event(self, event: Event) -> None:
-        if event.get("event") == "placed" and "node" in event:
-            self.nodes[int(event["rank"])] = str(event["node"])
+        """A typed event, made by the launcher or parsed from a rank's data."""
+        if isinstance(event, Placed):
+            self.nodes[event.rank] = event.node
+        if isinstance(event, PolicyDone):
+            self._record_so_far(event)
         if self.listener is not None:
             self.listener(event)
+
+    def rank_event(self, rank: int, data: Any) -> None:
+        """An event rank `rank` sent, as JSON data: validated against the event models, then handled."""
+        try:
+            event = parse_event(data)
+        except EventError as exc:
+            self.failure(rank, f"error: {exc}", detail=repr(data)[:2000])
+            return
+        if getattr(event, "rank", rank) != rank:
+            self.failure(rank, f"error: rank {rank} sent an event of rank {getattr(event, 'rank', None)}")
+            return
+        self.event(event)
+
+    def _validate(self, rank: int, data: Any, what: str) -> Any | None:
+        try:
+            return self.record_model.model_validate(data)
+        except Exception as exc:  # noqa: BLE001 - a record the driver cannot read is that rank's failure
+            self.failure(rank, f"error: the rank's {what} does not validate: {exc}".splitlines()[0], detail=str(exc))
+            return None
+
+    def _record_so_far(self, event: PolicyDone) -> None:
+        rank = event.rank
+        if rank in self.records or rank in self.failures:
+            return
+        record = self._validate(rank, event.record, "record so far")
+        if record is not None:
+            write_record(rank_record_path(self.run_dir, rank), record)
+            self.so_far[rank] = record
 
     def _ended(self, rank: int) -> None:
         if self.first_end_at is None:
@@ -196,28 +252,31 @@ class RunSink:
             self.first_end_rank = rank
 
     def record(self, rank: int, data: dict[str, Any]) -> None:
-        """Validate a record that came back from a rank and write it at once."""
-        try:
-            record = self.record_model.model_validate(data)
-        except Exception as exc:  # noqa: BLE001 - a record the driver cannot read is that rank's failure
-            self.failure(rank, f"error: the rank's record does not validate: {exc}".splitlines()[0], detail=str(exc))
+        """Validate the final record that came back from a rank and write it at once (over its record so far)."""
+        if rank in self.failures:
+            return
+        record = self._validate(rank, data, "record")
+        if record is None:
             return
         write_record(rank_record_path(self.run_dir, rank), record)
         self.records[rank] = record
+        self.so_far.pop(rank, None)
         self._ended(rank)
-        self.event({"rank": rank, "event": "record"})
+        self.event(RecordWritten(**self.header, rank=rank))
 
     def failure(self, rank: int, cause: str, *, detail: str = "") -> None:
         if rank in self.records or rank in self.failures:
             return
+        so_far = self.so_far.get(rank)
+        finished = [p.policy for p in so_far.policies] if so_far is not None else []
         failure = RankFailure(
-            run_id=self.run_id, rank=rank, node=self.nodes.get(rank, "unknown"), cause=cause, detail=detail,
-            at=time.time(),
+            **self.header, rank=rank, node=self.nodes.get(rank, "unknown"), cause=cause, detail=detail,
+            at=time.time(), finished_policies=finished, lost_policies=[p for p in self.policies if p not in finished],
         )
         write_record(rank_record_path(self.run_dir, rank, failed=True), failure)
         self.failures[rank] = failure
         self._ended(rank)
-        self.event({"rank": rank, "event": "failed", "cause": cause})
+        self.event(Failed(**self.header, rank=rank, cause=cause))
 
     def fail_pending(self, cause: str, *, detail: str = "") -> None:
         for rank in self.pending:
@@ -230,6 +289,16 @@ class RunSink:
     def outcome(self, error: str | None = None) -> LaunchOutcome:
         failures = tuple(self.failures[r] for r in sorted(self.failures))
         return LaunchOutcome(num_records=len(self.records), failures=failures, error=error)
+
+
+def describe_failure(failure: RankFailure) -> str:
+    """One line for the console: the rank, its node, the cause, and what finished and what was lost."""
+    line = f"rank {failure.rank} on {failure.node}: {failure.cause}"
+    if failure.finished_policies:
+        line += f"; finished: {', '.join(failure.finished_policies)} (kept in its record)"
+    if failure.lost_policies:
+        line += f"; lost: {', '.join(failure.lost_policies)}"
+    return line
 
 
 @dataclass
@@ -262,6 +331,33 @@ class RankWatch:
         self.sink.fail_pending(f"hung: no result within {waited_s:.0f} s", detail=why)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to the driver, handled as Ctrl-C is: records so far kept, ranks stopped, nothing orphaned."""
+
+    signum = signal.SIGTERM
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While a launch runs, SIGTERM raises Terminated (a KeyboardInterrupt) in the driver's main thread.
+
+    Ray's driver sets its own SIGTERM handler (sys.exit) at ray.init; this one replaces it for the launch and
+    puts it back after, so the launchers' interrupt paths run for both signals.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def exit_cause(exitcode: int) -> str:
     """'died: exit code 1' or 'died: killed by SIGKILL'."""
     if exitcode < 0:
@@ -288,13 +384,13 @@ class FaultSpec:
 
     rank: int
     kind: Literal["die", "hang"]
-    after: str = "ready"  # "start", an event name, or "policy:NAME"
+    after: str = "ready"  # "start", an event kind, "policy:NAME" or "policy-done:NAME"
 
-    def matches(self, event: Event) -> bool:
-        name = event.get("event")
-        if self.after.startswith("policy:"):
-            return name == "policy" and event.get("policy") == self.after.removeprefix("policy:")
-        return name == self.after
+    def matches(self, event: RankEvent) -> bool:
+        kind, _, policy = self.after.partition(":")
+        if policy:
+            return event.kind == kind and getattr(event, "policy", None) == policy
+        return event.kind == self.after
 
     def trigger(self) -> None:
         if self.kind == "die":
@@ -322,12 +418,13 @@ def parse_fault_spec(text: str | None) -> FaultSpec | None:
     return FaultSpec(rank=int(fields["rank"]), kind=fields["kind"], after=fields.get("after") or "ready")  # type: ignore[arg-type]
 
 
-def rank_entry(scenario: Scenario, info: RankInfo, run_dir: Path, emit: Callable[[Event], None],
+def rank_entry(scenario: Scenario, info: RankInfo, run_dir: Path, emit: Callable[[dict[str, Any]], None],
                entry: RankEntry) -> dict[str, Any]:
     """Run one rank inside a launcher's process and return its record as JSON data.
 
-    `emit` carries progress events back to the driver. Exceptions propagate: the launcher reports them as the
-    rank's failure.
+    `emit` carries the rank's events back to the driver as JSON data (model dumps; the driver validates them).
+    It returns once the data is on its way out of this process, so a record so far survives a crash right
+    after. Exceptions propagate: the launcher reports them as the rank's failure.
     """
     apply_safe_env()
     fault = parse_fault_spec(os.environ.get(FAULT_ENV))
@@ -336,10 +433,9 @@ def rank_entry(scenario: Scenario, info: RankInfo, run_dir: Path, emit: Callable
     if fault is not None and fault.after == "start":
         fault.trigger()
 
-    def progress(event: Event) -> None:
-        emit(event)
+    def progress(event: RankEvent) -> None:
+        emit(event.model_dump(mode="json"))  # delivered when emit returns: no sleep before a fault
         if fault is not None and fault.matches(event):
-            time.sleep(0.2)  # let the event reach the driver first, so the display shows where it stopped
             fault.trigger()
 
     return entry.main(scenario, info, run_dir, progress).model_dump(mode="json")

@@ -1,45 +1,49 @@
 """The local launcher: one spawned process per rank on this machine, rendezvous at 127.0.0.1.
 
-Each process runs `rank_entry` and sends ("event", ...), then ("record", ...) or ("error", ...) over one
-multiprocessing queue; the driver writes what arrives. A process that exits without a record is a death, one
-that says nothing past the deadline a hang; either way the rest are terminated.
+Each process runs `rank_entry` and sends ("event", data), then ("record", data) or ("error", (cause, detail))
+over a pipe of its own; the driver writes what arrives. Connection.send returns once the message is in the pipe,
+so what a rank sent before it crashed is still read after. A rank's end is a fact, not a guess from silence: its
+pipe reaches end-of-file when the process is gone, and its exit code says how it ended. A rank still alive and
+silent past the deadline is hung. Either way the rest are terminated.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import queue as queue_module
 import time
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from harness.rank.distributed import RankInfo, apply_safe_env, free_port
+from harness.core.events import Placed
 from harness.launch import (
-    EXIT_DRAIN_GRACE_S,
     POLL_INTERVAL_S,
     ClusterResources,
     LaunchOutcome,
     LaunchPlan,
+    RankEntry,
     RankWatch,
     RunSink,
     exit_cause,
     format_exception,
     hostname,
-    RankEntry,
     rank_entry,
 )
+from harness.rank.distributed import RankInfo, apply_safe_env, free_port
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
-    from multiprocessing.queues import Queue
 
     from harness.scenario.schema import Scenario
 
+# SIGTERM to a rank, then SIGKILL after this long: ranks are stopped within it, whatever ends the launch.
 TERMINATE_GRACE_S = 5.0
+# A rank whose pipe closed has exited or is exiting; its exit code is read within this bound.
+EXIT_JOIN_S = 5.0
 
 
-def _rank_process(scenario: Scenario, info: RankInfo, run_dir: str, results: Queue, entry: RankEntry) -> None:
+def _rank_process(scenario: Scenario, info: RankInfo, run_dir: str, conn: Connection, entry: RankEntry) -> None:
     """Body of one rank's process (spawned: nothing inherited but the arguments and the environment)."""
     apply_safe_env()
     if info.device_type == "cpu":
@@ -48,15 +52,15 @@ def _rank_process(scenario: Scenario, info: RankInfo, run_dir: str, results: Que
         # P ranks share this machine's cores; without a cap every rank starts one thread per core.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // info.world_size))
     try:
-        data = rank_entry(scenario, info, Path(run_dir), lambda event: results.put(("event", info.rank, event)),
-                          entry)
-        results.put(("record", info.rank, data))
+        data = rank_entry(scenario, info, Path(run_dir), lambda event: conn.send(("event", event)), entry)
+        conn.send(("record", data))
     except BaseException as exc:  # noqa: BLE001 - whatever ends the rank is reported, then the process exits
-        cause, detail = format_exception(exc)
-        results.put(("error", info.rank, (cause, detail)))
+        try:
+            conn.send(("error", format_exception(exc)))
+        except (OSError, EOFError):
+            pass  # the driver is gone
     finally:
-        results.close()
-        results.join_thread()  # the record must be in the pipe before the process exits
+        conn.close()
 
 
 class LocalLauncher:
@@ -74,25 +78,21 @@ class LocalLauncher:
     def launch(self, plan: LaunchPlan, sink: RunSink) -> LaunchOutcome:
         apply_safe_env()  # children inherit the environment; rank_entry applies it again
         ctx = mp.get_context("spawn")
-        results: Queue = ctx.Queue()
         port = free_port("127.0.0.1")
         node = hostname()
         procs: dict[int, BaseProcess] = {}
+        pipes: dict[int, Connection] = {}
         try:
             for rank in range(plan.num_ranks):
-                info = plan.rank_info(
-                    rank,
-                    master_addr="127.0.0.1",
-                    master_port=port,
-                    device_index=rank if plan.device_type == "cuda" else 0,
-                )
-                proc = ctx.Process(
-                    target=_rank_process, args=(plan.scenario, info, str(plan.run_dir), results, plan.entry),
-                    name=f"harness-rank-{rank}",
-                )
+                info = plan.rank_info(rank, master_addr="127.0.0.1", master_port=port,
+                                      device_index=rank if plan.device_type == "cuda" else 0)
+                reader, writer = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_rank_process, args=(plan.scenario, info, str(plan.run_dir), writer,
+                                                                plan.entry), name=f"harness-rank-{rank}")
                 proc.start()
-                procs[rank] = proc
-                sink.event({"rank": rank, "event": "placed", "node": node, "pid": proc.pid})
+                writer.close()  # the child holds the only write end: its exit closes the pipe
+                procs[rank], pipes[rank] = proc, reader
+                sink.event(Placed(**sink.header, rank=rank, node=node, pid=proc.pid))
             sink.write_placement({
                 "launcher": "local",
                 "master": f"127.0.0.1:{port}",
@@ -102,63 +102,76 @@ class LocalLauncher:
                     for r, p in procs.items()
                 ],
             })
-            self._watch(plan, sink, procs, results)
-        except KeyboardInterrupt:
-            self._drain(sink, results, timeout_s=0.0)
-            sink.fail_pending("interrupted: Ctrl-C before this rank's record arrived")
+            self._watch(plan, sink, procs, pipes)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into it by the driver
+            _read_available(sink, pipes)
+            sink.fail_pending("interrupted: the run was stopped before this rank's record arrived")
             raise
         finally:
             _stop(procs.values())
-            results.close()
-            results.cancel_join_thread()
+            for conn in pipes.values():
+                conn.close()
         return sink.outcome()
 
-    def _watch(self, plan: LaunchPlan, sink: RunSink, procs: dict[int, BaseProcess], results: Queue) -> None:
+    def _watch(self, plan: LaunchPlan, sink: RunSink, procs: dict[int, BaseProcess],
+               pipes: dict[int, Connection]) -> None:
         watch = RankWatch(plan=plan, sink=sink)
-        exited_at: dict[int, float] = {}
+        open_pipes = dict(pipes)
         while sink.pending:
-            self._drain(sink, results, timeout_s=POLL_INTERVAL_S)
-            now = time.monotonic()
-            for rank in sink.pending:
-                exitcode = procs[rank].exitcode
-                if exitcode is None:
-                    continue
-                exited_at.setdefault(rank, now)
-                if now - exited_at[rank] >= EXIT_DRAIN_GRACE_S:
-                    sink.failure(rank, exit_cause(exitcode), detail=f"pid {procs[rank].pid}")
+            for conn in wait(list(open_pipes.values()), timeout=POLL_INTERVAL_S) if open_pipes else []:
+                rank = next(r for r, c in open_pipes.items() if c is conn)
+                if not _read_one(sink, rank, conn):
+                    del open_pipes[rank]
+                    _ended_without_record(sink, rank, procs[rank])
+            if not open_pipes and sink.pending:
+                sink.fail_pending("died: no pipe left to the driver")
             if sink.pending and watch.expired():
                 watch.fail_hung()
-
-    @staticmethod
-    def _drain(sink: RunSink, results: Queue, *, timeout_s: float) -> None:
-        """Hand everything in the queue to the sink; wait up to timeout_s for the first message."""
-        block = timeout_s > 0
-        while True:
-            try:
-                kind, rank, payload = results.get(block=block, timeout=timeout_s if block else None)
-            except queue_module.Empty:
-                return
-            except (EOFError, OSError):
-                return
-            block = False
-            _deliver(sink, kind, rank, payload)
 
     def close(self) -> None:
         pass
 
 
-def _deliver(sink: RunSink, kind: str, rank: int, payload: Any) -> None:
+def _read_one(sink: RunSink, rank: int, conn: Connection) -> bool:
+    """Deliver one message from rank's pipe; False once the pipe is closed (the process is gone)."""
+    try:
+        kind, payload = conn.recv()
+    except (EOFError, OSError):
+        return False
     if kind == "event":
-        sink.event(payload)
+        sink.rank_event(rank, payload)
     elif kind == "record":
         sink.record(rank, payload)
     elif kind == "error":
         cause, detail = payload
         sink.failure(rank, cause, detail=detail)
+    return True
+
+
+def _read_available(sink: RunSink, pipes: dict[int, Connection]) -> None:
+    """Everything already in the pipes, without waiting (after an interrupt)."""
+    for rank, conn in pipes.items():
+        try:
+            while not conn.closed and conn.poll(0):
+                if not _read_one(sink, rank, conn):
+                    break
+        except (EOFError, OSError):
+            continue
+
+
+def _ended_without_record(sink: RunSink, rank: int, proc: BaseProcess) -> None:
+    """The pipe of `rank` closed: the process ended. Its exit code says how, when it sent no record or error."""
+    if rank not in sink.pending:
+        return
+    proc.join(EXIT_JOIN_S)
+    if proc.exitcode is None:
+        sink.failure(rank, "died: closed its pipe to the driver without a record", detail=f"pid {proc.pid}")
+    else:
+        sink.failure(rank, exit_cause(proc.exitcode), detail=f"pid {proc.pid}")
 
 
 def _stop(procs: Any) -> None:
-    """Terminate every rank process still alive (SIGTERM, then SIGKILL after a grace period)."""
+    """Terminate every rank process still alive (SIGTERM, then SIGKILL after TERMINATE_GRACE_S)."""
     alive = [p for p in procs if p.is_alive()]
     for proc in alive:
         proc.terminate()

@@ -6,8 +6,9 @@
     actor.where() ───────────────────────>   node IP, Ray node id, a free port on that node
     RankInfo(master = rank 0's IP:port)
     actor.run(scenario, info) ───────────>   rank_entry -> rank_main -> record (JSON data)
-    _ProgressLog.drain() <────────────────   events: ready, policy, done
-    write ranks/rank-NNNNN.json <────────    the record comes back as a Ray object: no shared filesystem
+    _ProgressLog.drain() <────────────────   events (JSON data, put synchronously): ready, policy, policy-done
+                                             carrying the record so far, done; the log outlives a dead rank
+    write ranks/rank-NNNNN.json <────────    records so far and the final record: no shared filesystem
 
 Ray sets CUDA_VISIBLE_DEVICES for num_gpus=1, so every rank's device index is 0. Actors that die or hang are
 reported as RankFailures and every actor and the placement group are removed, whatever ends the launch.
@@ -31,12 +32,12 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import harness
+from harness.core.events import Placed, Placing
 from harness.rank.distributed import SAFE_NCCL_ENV, RankInfo, apply_safe_env, free_port
 from harness.launch import (
     FAULT_ENV,
     POLL_INTERVAL_S,
     ClusterResources,
-    Event,
     LaunchError,
     LaunchOutcome,
     LaunchPlan,
@@ -59,12 +60,12 @@ class _ProgressLog:
     """Collects the ranks' progress events; the driver drains it while it waits for records."""
 
     def __init__(self) -> None:
-        self._events: list[Event] = []
+        self._events: list[tuple[int, dict[str, Any]]] = []
 
-    def put(self, event: Event) -> None:
-        self._events.append(event)
+    def put(self, rank: int, data: dict[str, Any]) -> None:
+        self._events.append((rank, data))
 
-    def drain(self) -> list[Event]:
+    def drain(self) -> list[tuple[int, dict[str, Any]]]:
         events, self._events = self._events, []
         return events
 
@@ -93,7 +94,10 @@ class _RankActor:
         }
 
     def run(self, scenario: Scenario, info: RankInfo, run_dir: str, log: Any, entry: RankEntry) -> dict[str, Any]:
-        return rank_entry(scenario, info, Path(run_dir), lambda event: log.put.remote(event), entry)
+        # ray.get: the event (a record so far among them) is in the log before the rank goes on, so a crash right
+        # after loses nothing; a few events per policy cost a round trip each.
+        return rank_entry(scenario, info, Path(run_dir), lambda data: ray.get(log.put.remote(self.rank, data)),
+                          entry)
 
 
 def _format_resources(resources: dict[str, float], keys: tuple[str, ...] = ("CPU", "GPU")) -> str:
@@ -165,7 +169,7 @@ class RayLauncher:
         actors: list[Any] = []
         log = None
         try:
-            sink.event({"event": "placing", "num_bundles": plan.num_ranks, "bundle": plan.bundle()})
+            sink.event(Placing(**sink.header, num_bundles=plan.num_ranks, bundle=plan.bundle()))
             if not _wait_ready(pg, plan.placement_timeout_s):
                 message = self.placement_message(plan)
                 sink.fail_pending(f"not started: placement group not satisfied within {plan.placement_timeout_s:g} s",
@@ -204,8 +208,10 @@ class RayLauncher:
                 )
                 refs[actor.run.remote(plan.scenario, info, str(plan.run_dir), log, plan.entry)] = rank
             self._watch(plan, sink, refs, log)
-        except KeyboardInterrupt:
-            sink.fail_pending("interrupted: Ctrl-C before this rank's record arrived")
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into it by the driver
+            if log is not None:
+                _drain(sink, log)
+            sink.fail_pending("interrupted: the run was stopped before this rank's record arrived")
             raise
         finally:
             for actor in actors:
@@ -232,7 +238,7 @@ class RayLauncher:
                     continue
                 wheres[rank] = where
                 node = f"{where['node_ip']} (ray node {where['node_id'][:12]})"
-                sink.event({"rank": rank, "event": "placed", "node": node, "pid": where["pid"]})
+                sink.event(Placed(**sink.header, rank=rank, node=node, pid=where["pid"]))
             if sink.failures:
                 break
         if len(wheres) == plan.num_ranks:
@@ -342,8 +348,8 @@ def _drain(sink: RunSink, log: Any) -> None:
         events = ray.get(log.drain.remote(), timeout=DRAIN_TIMEOUT_S)
     except (GetTimeoutError, RayError):
         return  # progress is for the display only; records never depend on it
-    for event in events:
-        sink.event(event)
+    for rank, data in events:
+        sink.rank_event(rank, data)
 
 
 def _died_cause(exc: RayActorError) -> str:

@@ -31,7 +31,11 @@ from rich.text import Text
 
 from harness.core.console import make_console
 from harness.core.exits import EXIT_ERROR, EXIT_OK
-from harness.launch import FAULT_ENV, Event, LaunchError, Launcher, LaunchPlan, RankEntry, RunSink, parse_fault_spec
+from harness.core.events import Done, Event, Failed, Placed, Placing, PolicyDone, PolicyStarted, Ready, RecordWritten
+from harness.launch import (
+    FAULT_ENV, LaunchError, Launcher, LaunchPlan, RankEntry, RunSink, describe_failure, parse_fault_spec,
+    sigterm_as_interrupt,
+)
 from harness.core.records import RankRecord, RunManifest, write_record
 from harness.scenario.schema import SCENARIOS_DIR, Scenario, ScenarioError, parse_scenario, resolve_scenario_path
 
@@ -253,35 +257,35 @@ class RunProgress:
             self.console.print(line, highlight=False, markup=False)
 
     def _apply(self, event: Event) -> str:
-        name = event.get("event")
-        if name == "placing":
-            self.note = f"placing {event['num_bundles']} bundles of {event['bundle']}"
+        if isinstance(event, Placing):
+            self.note = f"placing {event.num_bundles} bundles of {event.bundle}"
             return self.note
-        rank = event.get("rank")
-        if not isinstance(rank, int) or rank not in self.ranks:
+        state = self.ranks.get(event.rank)
+        if state is None:
             return ""
-        state = self.ranks[rank]
-        if name == "placed":
-            state.node = str(event.get("node", ""))
-            state.status = "placed"
-            return f"rank {rank}: placed on {state.node} (pid {event.get('pid')})"
-        if name == "ready":
+        rank = event.rank
+        if isinstance(event, Placed):
+            state.node, state.status = event.node, "placed"
+            return f"rank {rank}: placed on {state.node} (pid {event.pid})"
+        if isinstance(event, Ready):
             state.up, state.status = True, "ready"
             return f"rank {rank}: ready ({self.num_up}/{self.num_ranks} up)"
-        if name == "policy":
-            if state.status.startswith("measuring "):
-                state.num_policies_done += 1
-            state.status = f"measuring {event.get('policy')}"
-            return f"rank {rank}: measuring {event.get('policy')} ({state.num_policies_done + 1}/{self.num_policies})"
-        if name == "done":
+        if isinstance(event, PolicyStarted):
+            state.status = f"measuring {event.policy}"
+            return f"rank {rank}: measuring {event.policy} ({state.num_policies_done + 1}/{self.num_policies})"
+        if isinstance(event, PolicyDone):
+            state.num_policies_done += 1
+            state.status = f"{event.policy}: {event.status}"
+            return f"rank {rank}: {event.policy} {event.status}; record so far written"
+        if isinstance(event, Done):
             state.status, state.num_policies_done = "done", self.num_policies
             return f"rank {rank}: done"
-        if name == "record":
+        if isinstance(event, RecordWritten):
             state.status = "record written"
             return f"rank {rank}: record written"
-        if name == "failed":
-            state.failed, state.status = True, f"FAILED: {event.get('cause')}"
-            return f"rank {rank}: FAILED: {event.get('cause')}"
+        if isinstance(event, Failed):
+            state.failed, state.status = True, f"FAILED: {event.cause}"
+            return f"rank {rank}: FAILED: {event.cause}"
         return ""
 
     def render(self) -> Table:
@@ -349,7 +353,7 @@ def run_scenario(
     write_record(run_dir / "run.json", manifest)
 
     plan = LaunchPlan(scenario=scenario, run_id=run_id, run_dir=run_dir, device_type=device_type,
-                      entry=RankEntry(main=rank_main, record_model=RankRecord))
+                      entry=RankEntry(main=rank_main, record_model=RankRecord, policies=tuple(scenario.policies)))
     console.print(
         f"{run_id}: {scenario.summary()}\n"
         f"{launcher.name} launcher on {resources.description}; {plan.num_ranks} rank(s) on {device_type} "
@@ -360,20 +364,20 @@ def run_scenario(
         console=console, title=f"{scenario.name}: {launcher.name} launcher", num_ranks=plan.num_ranks,
         num_policies=len(scenario.policies),
     )
-    sink = RunSink(run_dir=run_dir, run_id=run_id, num_ranks=plan.num_ranks, record_model=plan.entry.record_model,
-                   listener=progress)
+    sink = RunSink.for_plan(plan, listener=progress)
     try:
-        with progress.shown():
+        with progress.shown(), sigterm_as_interrupt():
             outcome = launcher.launch(plan, sink)
     except KeyboardInterrupt:
-        print(f"harness: interrupted; the records that arrived are in {run_dir} (`harness collect {run_dir}` "
-              "reports them)", file=sys.stderr)
+        # The command layer prints "harness: interrupted" once; this line says where the finished work is.
+        print(f"harness: the records that arrived are in {run_dir} (`harness collect {run_dir}` reports them)",
+              file=sys.stderr)
         raise
 
     if outcome.error:
         print(f"harness: error: {outcome.error}", file=sys.stderr)
     for failure in outcome.failures:
-        print(f"harness: rank {failure.rank} on {failure.node}: {failure.cause}", file=sys.stderr)
+        print(f"harness: {describe_failure(failure)}", file=sys.stderr)
     result = collect(run_dir)
     console.print(result.summary_table())
     console.print(f"results: {run_dir}  ({time.monotonic() - started:.1f} s)", highlight=False, markup=False)

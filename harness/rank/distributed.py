@@ -1,4 +1,5 @@
-"""One rendezvous for every launcher: launchers build `RankInfo`s, `init_rank` sets up torch.distributed."""
+"""One rendezvous for every launcher: launchers build `RankInfo`s, `init_rank` sets up torch.distributed; `agree`
+makes every rank take the same branch after a step that may have failed on some of them."""
 
 from __future__ import annotations
 
@@ -70,3 +71,42 @@ def init_rank(info: RankInfo) -> torch.device:
 def shutdown_rank() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Agreement: every rank takes the same branch before the next collective.
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageFailure:
+    """What ended a step on one rank: an OOM or an exception, with a one-line message."""
+
+    kind: Literal["oom", "error"]
+    stage: str  # "workspace", "dispatch", "experts", "combine", ...
+    message: str
+
+    @staticmethod
+    def of(stage: str, exc: BaseException) -> StageFailure:
+        text = str(exc).strip()
+        first = text.splitlines()[0] if text else ""
+        kind: Literal["oom", "error"] = "oom" if isinstance(exc, torch.OutOfMemoryError) else "error"
+        return StageFailure(kind=kind, stage=stage, message=f"{type(exc).__name__}: {first}"[:500])
+
+
+def agree(own: StageFailure | None, device: torch.device) -> dict[int, StageFailure]:
+    """Every rank's failure at this point, the same dict on every rank: an empty dict when none failed.
+
+    One all_reduce of a flag per rank; the messages travel (all_gather_object) only when some rank failed, so the
+    common path costs one tiny collective. Raises what the collective raises when the group itself is broken (a
+    dead peer), which ends the rank.
+    """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    flags = torch.zeros(world, dtype=torch.int32, device=device)
+    flags[rank] = 0 if own is None else (1 if own.kind == "oom" else 2)
+    dist.all_reduce(flags)
+    failed = [r for r, flag in enumerate(flags.tolist()) if flag]
+    if not failed:
+        return {}
+    failures: list[StageFailure | None] = [None] * world
+    dist.all_gather_object(failures, own)
+    return {r: f for r in failed if (f := failures[r]) is not None}

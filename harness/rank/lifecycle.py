@@ -1,6 +1,13 @@
-"""One rank's lifecycle: join the group, set up weights and comm buffers, then for every sizing policy
-allocate the workspace the way vLLM's modular kernel does, run route -> dispatch -> experts -> combine,
+"""One rank's lifecycle: join the group, set up weights and comm buffers, warm up once, then for every sizing
+policy allocate the workspace the way vLLM's modular kernel does, run route -> dispatch -> experts -> combine,
 measure memory and time, check correctness, and free the workspace before the next policy.
+
+    rank_main
+      setup_rank          weights, comm buffers, backend, tokens and routing (shared by every policy)
+      warm_up             one full pass on a live-set workspace, freed before the first baseline
+      measure_policy      per policy: _baseline -> _allocate -> _iterate (_one_pass x n) -> _measure -> _judge
+                          every step that can fail on some ranks ends in distributed.agree
+      PolicyDone event    the record so far, after every policy; the final record at the end
 
 Launchers (harness.launch.local, harness.launch.ray_launcher) only build RankInfos and call `rank_main`.
 """
@@ -10,36 +17,37 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
-from harness.rank.combine import combine
-from harness.rank.dispatch import DispatchBuffers, DispatchLayout, dispatch
-from harness.rank.distributed import RankInfo, init_rank, shutdown_rank
+from harness.core.contract import WorkspaceShapes
 from harness.core.environment import collect_hardware, collect_versions
-from harness.rank.experts.reference import expert_forward
-from harness.rank.experts import (
-    ExpertsBackend, ExpertWeights, Workspace, generate_expert, make_weights, select_backend, useful_flops,
-)
-from harness.rank.memory import (
-    Accountant, MemoryProbe, PeakSampler, SnapshotRecorder, apply_budget, free_and_total_bytes,
-    free_bytes_from_message, release_cached, requested_bytes_from_message, synchronize,
-)
-from harness.sizing.plan import policy_shapes
-from harness.rank.quant import quantize_per_channel, quantize_per_token
+from harness.core.events import Done, PolicyDone, PolicyStarted, RankEvent, Ready
 from harness.core.records import (
     Breakdown, ContractBytes, Correctness, MemoryMeasurement, OomRecord, PolicyResult, RankRecord, Throughput, Timings,
 )
+from harness.rank.combine import combine
+from harness.rank.dispatch import DispatchBuffers, DispatchHandle, DispatchLayout, dispatch
+from harness.rank.distributed import RankInfo, StageFailure, agree, init_rank, shutdown_rank
+from harness.rank.experts import (
+    ExpertsBackend, ExpertWeights, Workspace, generate_expert, make_weights, select_backend, useful_flops,
+)
+from harness.rank.experts.reference import expert_forward
+from harness.rank.memory import (
+    Accountant, MemoryProbe, PeakSampler, SnapshotRecorder, apply_budget, baseline_rounding_bytes,
+    free_and_total_bytes, free_bytes_from_message, release_cached, requested_bytes_from_message, synchronize,
+)
+from harness.rank.quant import quantize_per_channel, quantize_per_token
 from harness.rank.route import Routing, route
-from harness.scenario.schema import Scenario
 from harness.rank.timing import StageTimer, stats_drop_first
-from harness.core.contract import WorkspaceShapes
+from harness.scenario.schema import Scenario
+from harness.sizing.plan import policy_shapes
 
-Progress = Callable[[dict[str, Any]], None]
+Progress = Callable[[RankEvent], None]
 MAX_CHECKED_TOKENS = 64
 
 
@@ -97,6 +105,15 @@ class RankSetup:
     def quantize(self) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         """The dispatch side's per-token FP8 quantization: the backend's own kernel where it has one."""
         return getattr(self.backend, "quantize_per_token", quantize_per_token)
+
+    def event(self, kind: type[RankEvent], **fields: Any) -> RankEvent:
+        """A progress event of this rank, with the header every record and event carries."""
+        return kind(run_id=self.info.run_id, scenario_hash=self.scenario.scenario_hash, rank=self.info.rank,
+                    **fields)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The correctness check, in one spot (`_correctness` is its only caller; harness.rank.check will replace it).
 
 
 def _slot_errors(setup: RankSetup) -> int:
@@ -186,14 +203,6 @@ def _contract(shapes: WorkspaceShapes) -> ContractBytes:
     )
 
 
-def _any_rank_failed(ok: bool, device: torch.device) -> list[int]:
-    """Ranks whose flag is False, agreed by every rank (so all take the same branch before the next collective)."""
-    flags = torch.zeros(dist.get_world_size(), dtype=torch.int32, device=device)
-    flags[dist.get_rank()] = 0 if ok else 1
-    dist.all_reduce(flags)
-    return [r for r, f in enumerate(flags.tolist()) if f]
-
-
 def _oom_record(setup: RankSetup, policy: str, stage: str, exc: BaseException, requested: int | None,
                 snapshot: SnapshotRecorder) -> OomRecord:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -213,134 +222,239 @@ def _oom_record(setup: RankSetup, policy: str, stage: str, exc: BaseException, r
                      budget_bytes=budget, message=message[:500], snapshot_file=snapshot_file)
 
 
-def measure_policy(setup: RankSetup, policy: str, progress: Progress | None) -> tuple[PolicyResult, list[int]]:
-    """Allocate one policy's workspace, run the data path on it, and measure. Returns the result and the
-    expert_num_tokens of the last iteration."""
-    s, device, acc = setup.scenario, setup.device, setup.accountant
-    shapes = policy_shapes(policy, s.sizing_args())
-    contract = _contract(shapes)
-    expected = s.expect.outcomes.get(policy)
-    if progress:
-        progress({"rank": setup.info.rank, "event": "policy", "policy": policy})
+def _correctness(setup: RankSetup, combined: torch.Tensor) -> Correctness:
+    """The correctness check of one policy's (or the warm-up's) last combine: the one spot it is called from."""
+    return _check_output(setup, combined, _slot_errors(setup))
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# One policy, step by step: allocate -> iterate -> measure -> judge. Every step that may fail on some ranks ends in
+# `agree`, so all ranks take the same branch before the next collective, and the run goes on to the next policy.
+
+
+def _allocate_workspace(setup: RankSetup, shapes: WorkspaceShapes) -> Workspace:
+    s = setup.scenario
+    return Workspace.allocate(
+        shapes, setup.accountant, dtype=getattr(torch, s.model.workspace_dtype), num_local_experts=s.num_local_experts,
+        max_slots_per_expert=setup.layout.max_slots_per_expert, hidden_size=setup.layout.hidden_size,
+        intermediate_size=s.model.intermediate_size or 0,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Baseline:
+    """Device memory when a policy starts: caches released, every rank at the same point."""
+
+    used_bytes: int  # NVML device used, or process RSS
+    allocator_bytes: int | None  # torch allocated (GPU)
+    reserved_bytes: int  # torch reserved (GPU), 0 on CPU
+
+
+def _baseline(setup: RankSetup) -> Baseline:
+    device = setup.device
     release_cached(device)
     dist.barrier()
-    baseline = setup.probe.used_bytes()
-    allocator_baseline = None
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        allocator_baseline = int(torch.cuda.memory_allocated(device))
+    used = setup.probe.used_bytes()
+    if device.type != "cuda":
+        return Baseline(used_bytes=used, allocator_bytes=None, reserved_bytes=0)
+    torch.cuda.reset_peak_memory_stats(device)
+    return Baseline(used_bytes=used, allocator_bytes=int(torch.cuda.memory_allocated(device)),
+                    reserved_bytes=int(torch.cuda.memory_reserved(device)))
 
+
+@dataclass(kw_only=True)
+class PolicyState:
+    """What one policy's steps build up on this rank."""
+
+    policy: str
+    shapes: WorkspaceShapes
+    snapshot: SnapshotRecorder
     workspace: Workspace | None = None
-    oom: OomRecord | None = None
-    workspace_delta = 0
-    workspace_reserved: int | None = None
-    reserved_before = int(torch.cuda.memory_reserved(device)) if device.type == "cuda" else 0
-    samples: dict[str, list[float]] = {"dispatch": [], "experts": [], "combine": []}
+    workspace_delta_bytes: int = 0
+    workspace_reserved_bytes: int | None = None
+    own: StageFailure | None = None  # what failed on this rank
+    oom: OomRecord | None = None  # this rank's OOM, with the bytes asked for
+    failed: dict[int, StageFailure] = field(default_factory=dict)  # agreed by every rank
+    samples: dict[str, list[float]] = field(default_factory=lambda: {"dispatch": [], "experts": [], "combine": []})
+    handle: DispatchHandle | None = None
     combined: torch.Tensor | None = None
-    handle = None
-    failed_ranks: list[int] = []
-    wdtype = getattr(torch, s.model.workspace_dtype)
-    snapshot = SnapshotRecorder(device, enabled=s.memory.snapshot_on_oom and s.memory.budget_bytes is not None)
-    with PeakSampler(setup.probe, interval_s=s.memory.sample_interval_ms / 1e3) as sampler, snapshot:
-        try:
-            workspace = Workspace.allocate(
-                shapes, acc, dtype=wdtype, num_local_experts=s.num_local_experts,
-                max_slots_per_expert=setup.layout.max_slots_per_expert, hidden_size=setup.layout.hidden_size,
-                intermediate_size=s.model.intermediate_size or 0,
-            )
-            synchronize(device)
-            workspace_delta = setup.probe.used_bytes() - baseline
-            if device.type == "cuda":
-                workspace_reserved = int(torch.cuda.memory_reserved(device)) - reserved_before
-        except torch.OutOfMemoryError as exc:
-            oom = _oom_record(setup, policy, "workspace", exc, shapes.common_bytes + shapes.ws2_bytes, snapshot)
-        failed_ranks = _any_rank_failed(oom is None, device)
-        if not failed_ranks:
-            assert workspace is not None
-            timer = StageTimer(device)
-            for iteration in range(s.warmup + s.iterations):
-                t0 = timer.start()
-                handle = dispatch(setup.tokens, setup.routing, setup.layout, setup.buffers, setup.quantize)
-                timer.stop("dispatch", t0)
-                t1 = timer.start()
-                try:
-                    expert_out = setup.backend.apply(
-                        expert_x=setup.buffers.expert_x, expert_x_scale=setup.buffers.expert_x_scale,
-                        expert_num_tokens=setup.buffers.expert_num_tokens, weights=setup.weights,
-                        workspace=workspace,
-                    )
-                except torch.OutOfMemoryError as exc:
-                    # Combine still runs so every rank reaches the same collectives; the flag stops the loop.
-                    oom = _oom_record(setup, policy, "experts", exc, None, snapshot)
-                    expert_out = workspace.out
-                timer.stop("experts", t1)
-                t2 = timer.start()
-                combined = combine(expert_out, handle, setup.layout, setup.buffers)
-                timer.stop("combine", t2)
-                elapsed = timer.elapsed_us()
-                if iteration >= s.warmup:
-                    for stage in samples:
-                        samples[stage].append(elapsed[stage])
-                failed_ranks = _any_rank_failed(oom is None, device)
-                if failed_ranks:
-                    break
-        synchronize(device)
 
+    def fail(self, setup: RankSetup, stage: str, exc: Exception, requested_bytes: int | None = None) -> None:
+        self.own = StageFailure.of(stage, exc)
+        if self.own.kind == "oom":
+            self.oom = _oom_record(setup, self.policy, stage, exc, requested_bytes, self.snapshot)
+
+
+def _allocate(setup: RankSetup, state: PolicyState, baseline: Baseline) -> None:
+    """Allocate the policy's workspace as vLLM's modular kernel does; measure what the device shows for it."""
+    device = setup.device
+    try:
+        state.workspace = _allocate_workspace(setup, state.shapes)
+        synchronize(device)
+        state.workspace_delta_bytes = setup.probe.used_bytes() - baseline.used_bytes
+        if device.type == "cuda":
+            state.workspace_reserved_bytes = int(torch.cuda.memory_reserved(device)) - baseline.reserved_bytes
+    except Exception as exc:  # noqa: BLE001 - an OOM or a workspace that does not fit: agreed below, recorded
+        state.fail(setup, "workspace", exc, state.shapes.common_bytes + state.shapes.ws2_bytes)
+    state.failed = agree(state.own, device)
+
+
+def _run_stage(setup: RankSetup, state: PolicyState, stage: str, fn: Callable[[], Any]) -> Any:
+    """fn(), or None with the failure kept on `state`: the caller agrees before the next collective."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - OOM, DispatchError, a backend's ValueError or RuntimeError
+        state.fail(setup, stage, exc)
+        return None
+
+
+def _one_pass(setup: RankSetup, state: PolicyState, timer: StageTimer) -> None:
+    """dispatch -> experts -> combine once on state.workspace; ranks agree after the experts and after combine.
+
+    Dispatch raises only before its first collective or after its last, so a failure inside it leaves every
+    rank at the same collective: the agreement that follows.
+    """
+    b, workspace = setup.buffers, state.workspace
+    assert workspace is not None
+    t0 = timer.start()
+    state.handle = _run_stage(setup, state, "dispatch", lambda: dispatch(
+        setup.tokens, setup.routing, setup.layout, b, setup.quantize))
+    timer.stop("dispatch", t0)
+    if state.own is None:
+        t1 = timer.start()
+        expert_out = _run_stage(setup, state, "experts", lambda: setup.backend.apply(
+            expert_x=b.expert_x, expert_x_scale=b.expert_x_scale, expert_num_tokens=b.expert_num_tokens,
+            weights=setup.weights, workspace=workspace))
+        timer.stop("experts", t1)
+    state.failed = agree(state.own, setup.device)
+    if state.failed:
+        return
+    t2 = timer.start()
+    state.combined = _run_stage(setup, state, "combine", lambda: combine(expert_out, state.handle, setup.layout, b))
+    timer.stop("combine", t2)
+    state.failed = agree(state.own, setup.device)
+
+
+def _iterate(setup: RankSetup, state: PolicyState) -> None:
+    """scenario.warmup + scenario.iterations passes; the timed samples are the passes after the warm-ups."""
+    s = setup.scenario
+    timer = StageTimer(setup.device)
+    for iteration in range(s.warmup + s.iterations):
+        _one_pass(setup, state, timer)
+        if state.failed:
+            return
+        elapsed = timer.elapsed_us()
+        if iteration >= s.warmup:
+            for stage, samples in state.samples.items():
+                samples.append(elapsed[stage])
+
+
+def _measure(setup: RankSetup, state: PolicyState, baseline: Baseline, sampler: PeakSampler) -> tuple[
+        MemoryMeasurement, Breakdown]:
+    """The policy's memory window: peaks against the baseline, and the exact breakdown of the harness's tensors."""
+    device, acc = setup.device, setup.accountant
+    cuda = device.type == "cuda"
     memory = MemoryMeasurement(
         method=setup.probe.method,  # type: ignore[arg-type]
         label=setup.probe.label,
-        baseline_bytes=baseline,
+        baseline_bytes=baseline.used_bytes,
         peak_bytes=sampler.peak_bytes,
-        delta_bytes=sampler.peak_bytes - baseline,
-        workspace_delta_bytes=workspace_delta,
-        workspace_reserved_bytes=workspace_reserved,
+        delta_bytes=sampler.peak_bytes - baseline.used_bytes,
+        workspace_delta_bytes=state.workspace_delta_bytes,
+        workspace_reserved_bytes=state.workspace_reserved_bytes,
         process_peak_bytes=sampler.process_peak_bytes,
-        allocator_allocated_peak_bytes=int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else acc.total_bytes,
-        allocator_reserved_peak_bytes=int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else None,
-        allocator_baseline_bytes=allocator_baseline,
+        allocator_allocated_peak_bytes=int(torch.cuda.max_memory_allocated(device)) if cuda else acc.total_bytes,
+        allocator_reserved_peak_bytes=int(torch.cuda.max_memory_reserved(device)) if cuda else None,
+        allocator_baseline_bytes=baseline.allocator_bytes,
         num_samples=sampler.num_samples,
+        allocator_rounding_bytes=baseline_rounding_bytes(device),
     )
     tracked = acc.total_bytes - acc.untouched_bytes
-    peak_for_other = sampler.process_peak_bytes if sampler.process_peak_bytes else sampler.peak_bytes - setup.external_bytes
+    peak = sampler.process_peak_bytes if sampler.process_peak_bytes else sampler.peak_bytes - setup.external_bytes
     breakdown = Breakdown(
         weights_bytes=acc.bytes_of("weights"), dispatch_bytes=acc.bytes_of("dispatch"),
         common_bytes=acc.bytes_of("common"), ws2_bytes=acc.bytes_of("ws2"), combine_bytes=acc.bytes_of("combine"),
-        ballast_bytes=acc.bytes_of("ballast"), other_bytes=max(0, peak_for_other - tracked),
+        ballast_bytes=acc.bytes_of("ballast"), other_bytes=max(0, peak - tracked),
     )
-    expert_num_tokens = [int(c) for c in setup.buffers.expert_num_tokens.tolist()]
+    return memory, breakdown
+
+
+def _timings(state: PolicyState) -> Timings:
+    stats = {stage: stats_drop_first(samples) for stage, samples in state.samples.items()}
+    return Timings(
+        dispatch_us=stats["dispatch"].median_us, experts_us=stats["experts"].median_us,
+        combine_us=stats["combine"].median_us, num_samples=stats["experts"].num_samples,
+        dispatch_min_us=stats["dispatch"].min_us, dispatch_max_us=stats["dispatch"].max_us,
+        experts_min_us=stats["experts"].min_us, experts_max_us=stats["experts"].max_us,
+        combine_min_us=stats["combine"].min_us, combine_max_us=stats["combine"].max_us,
+    )
+
+
+def _stopped_message(failed: dict[int, StageFailure]) -> str:
+    """This rank's error when other ranks' failures stopped the policy."""
+    ranks = sorted(failed)
+    if all(f.kind == "oom" for f in failed.values()):
+        return f"skipped: rank(s) {ranks} ran out of memory for this policy"
+    first = failed[ranks[0]]
+    return f"stopped: rank(s) {ranks} failed; rank {ranks[0]}: {first.stage}: {first.message}"
+
+
+def _judge(setup: RankSetup, state: PolicyState, memory: MemoryMeasurement, breakdown: Breakdown) -> PolicyResult:
+    """Status, timings, throughput and correctness of the policy, and whether its outcome was the expected one."""
+    expected = setup.scenario.expect.outcomes.get(state.policy)
     status: Literal["ok", "oom", "error"] = "ok"
     error = None
     timings = throughput = correctness = None
-    if oom is not None:
+    if state.own is not None and state.own.kind == "oom":
         status = "oom"
-    elif failed_ranks:
-        status = "error"
-        error = f"skipped: rank(s) {failed_ranks} ran out of memory for this policy"
+    elif state.own is not None:
+        status, error = "error", f"{state.own.stage}: {state.own.message}"
+    elif state.failed:
+        status, error = "error", _stopped_message(state.failed)
     else:
-        assert handle is not None and combined is not None
-        stats = {stage: stats_drop_first(v) for stage, v in samples.items()}
-        timings = Timings(
-            dispatch_us=stats["dispatch"].median_us, experts_us=stats["experts"].median_us,
-            combine_us=stats["combine"].median_us, num_samples=stats["experts"].num_samples,
-        )
-        throughput = _throughput(setup, timings, handle)
-        correctness = _check_output(setup, combined, _slot_errors(setup))
-    if workspace is not None:
-        workspace.release(acc)
-        del workspace
-    release_cached(device)
+        assert state.handle is not None and state.combined is not None
+        timings = _timings(state)
+        throughput = _throughput(setup, timings, state.handle)
+        correctness = _correctness(setup, state.combined)
     outcome = "oom" if status == "oom" else "fit"
-    met = None if expected is None or status == "error" else outcome == expected
-    result = PolicyResult(
-        policy=policy, status=status, contract=contract, memory=memory, breakdown=breakdown, timings=timings,
-        throughput=throughput, correctness=correctness, expected_outcome=expected, expectation_met=met, oom=oom,
-        error=error,
+    return PolicyResult(
+        policy=state.policy, status=status, contract=_contract(state.shapes), memory=memory, breakdown=breakdown,
+        timings=timings, throughput=throughput, correctness=correctness, expected_outcome=expected,
+        expectation_met=None if expected is None or status == "error" else outcome == expected, oom=state.oom,
+        error=error, failed_ranks=sorted(state.failed) if state.failed else None,
     )
-    return result, expert_num_tokens
 
 
-def _throughput(setup: RankSetup, timings: Timings, handle: Any) -> Throughput:
+def measure_policy(setup: RankSetup, policy: str, progress: Progress | None) -> tuple[PolicyResult, list[int]]:
+    """Allocate one policy's workspace, run the data path on it, measure memory and time, judge the result.
+
+    Returns the result and the expert_num_tokens (E,) of the last pass. The workspace is freed and the cache
+    released before returning, so the next policy starts from the same baseline.
+    """
+    s = setup.scenario
+    if progress:
+        progress(setup.event(PolicyStarted, policy=policy))
+    state = PolicyState(
+        policy=policy, shapes=policy_shapes(policy, s.sizing_args()),
+        snapshot=SnapshotRecorder(setup.device, enabled=s.memory.snapshot_on_oom and s.memory.budget_bytes is not None),
+    )
+    baseline = _baseline(setup)
+    with PeakSampler(setup.probe, interval_s=s.memory.sample_interval_ms / 1e3) as sampler, state.snapshot:
+        _allocate(setup, state, baseline)
+        if not state.failed:
+            _iterate(setup, state)
+        synchronize(setup.device)
+    memory, breakdown = _measure(setup, state, baseline, sampler)
+    result = _judge(setup, state, memory, breakdown)
+    counts = [int(c) for c in setup.buffers.expert_num_tokens.tolist()]
+    if state.workspace is not None:
+        state.workspace.release(setup.accountant)
+    state.workspace = state.combined = None
+    release_cached(setup.device)
+    return result, counts
+
+
+def _throughput(setup: RankSetup, timings: Timings, handle: DispatchHandle) -> Throughput:
     layout, P = setup.layout, setup.layout.num_ranks
     flops = useful_flops(setup.buffers.expert_num_tokens, hidden_size=layout.hidden_size,
                          intermediate_size=setup.scenario.model.intermediate_size or 0)
@@ -409,8 +523,79 @@ def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir
     )
 
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# Set up once, warm up once, then every policy from the same warmed state.
+
+
+def warm_up(setup: RankSetup) -> Literal["full", "comm-only", "failed"]:
+    """One full dispatch -> experts -> combine pass (and the correctness check) through the real path, on a
+    warm-up workspace freed and released from the cache before the first policy's baseline.
+
+    Lazy initialisation (NCCL communicators and their buffers, cuBLAS/CUTLASS handles, kernel modules, allocator
+    pools, on CPU the heap's growth) then happens here, not inside the first policy's memory window, so every
+    policy is measured from the same warmed state. The workspace is the live-set arena (lower-bound), the smallest
+    any policy asks for. Returns "full", "comm-only" when that workspace did not fit on some rank (dispatch alone
+    ran), or "failed" when a step raised (the policies then record the error themselves).
+    """
+    shapes = policy_shapes("lower-bound", setup.scenario.sizing_args())
+    state = PolicyState(policy="warm-up", shapes=shapes, snapshot=SnapshotRecorder(setup.device, enabled=False))
+    try:
+        state.workspace = _allocate_workspace(setup, shapes)
+    except Exception as exc:  # noqa: BLE001 - an OOM here only makes the warm-up smaller
+        state.own = StageFailure.of("workspace", exc)
+    state.failed = agree(state.own, setup.device)
+    result: Literal["full", "comm-only", "failed"] = "full"
+    if state.failed:
+        state.own, result = None, "comm-only"
+        _run_stage(setup, state, "dispatch", lambda: dispatch(
+            setup.tokens, setup.routing, setup.layout, setup.buffers, setup.quantize))
+        if agree(state.own, setup.device):
+            result = "failed"
+    else:
+        _one_pass(setup, state, StageTimer(setup.device))
+        if state.failed:
+            result = "failed"
+        else:
+            _correctness(setup, state.combined)  # type: ignore[arg-type]
+    if state.workspace is not None:
+        state.workspace.release(setup.accountant)
+    state.workspace = state.combined = state.handle = None
+    release_cached(setup.device)
+    return result
+
+
+@dataclass(frozen=True, kw_only=True)
+class _RecordFields:
+    """The parts of a rank's record that do not change from policy to policy."""
+
+    fields: dict[str, Any]
+
+    def record(self, results: list[PolicyResult], counts: list[int] | None, *, complete: bool) -> RankRecord:
+        return RankRecord(**self.fields, policies=list(results), finished_at=time.time(),
+                          expert_num_tokens=counts or [], complete=complete)
+
+
+def _record_fields(setup: RankSetup, *, started: float, ready_at: float, vllm_desc: str | None,
+                   warmup: Literal["full", "comm-only", "failed"]) -> _RecordFields:
+    s, info, backend = setup.scenario, setup.info, setup.backend
+    return _RecordFields(fields=dict(
+        run_id=info.run_id, scenario_name=s.name or "", scenario_hash=s.scenario_hash,
+        scenario=s.model_dump(mode="json"), rank=info.rank, num_ranks=info.world_size,
+        num_dispatchers=s.parallel.num_dispatchers, emulated=s.emulated, comm_backend=info.comm_backend,
+        experts_backend=backend.name, measurement_method="same-baseline",
+        versions=collect_versions(vllm_source=vllm_desc,
+                                  vllm_kernels=backend.kernels if backend.name == "vllm-ops" else None),
+        hardware=collect_hardware(setup.device), started_at=started, ready_at=ready_at, warmup=warmup,
+    ))
+
+
 def rank_main(scenario: Scenario, info: RankInfo, run_dir: Path, progress: Progress | None = None) -> RankRecord:
-    """Run every policy of `scenario` on this rank and return its record. Joins and leaves the process group."""
+    """Run every policy of `scenario` on this rank and return its record. Joins and leaves the process group.
+
+    After every policy the record so far (complete=False) goes to the driver in a PolicyDone event, so a later
+    fault loses nothing that finished.
+    """
     started = time.time()
     device = init_rank(info)
     try:
@@ -418,9 +603,10 @@ def rank_main(scenario: Scenario, info: RankInfo, run_dir: Path, progress: Progr
         external = probe.used_bytes() if probe.method == "nvml" else 0
         _, vllm_desc = resolve_ops_library(scenario) if scenario.experts_backend == "vllm-ops" else (None, None)
         setup = setup_rank(scenario, info, device, run_dir, external)
-        ready_at = time.time()
+        warmup = warm_up(setup)
+        fields = _record_fields(setup, started=started, ready_at=time.time(), vllm_desc=vllm_desc, warmup=warmup)
         if progress:
-            progress({"rank": info.rank, "event": "ready", "backend": setup.backend.name})
+            progress(setup.event(Ready, backend=setup.backend.name))
         results: list[PolicyResult] = []
         first_counts: list[int] | None = None
         for policy in scenario.policies:
@@ -428,21 +614,13 @@ def rank_main(scenario: Scenario, info: RankInfo, run_dir: Path, progress: Progr
             results.append(result)
             if first_counts is None and result.status == "ok":
                 first_counts = counts
-        record = RankRecord(
-            run_id=info.run_id, scenario_name=scenario.name or "", scenario_hash=scenario.scenario_hash,
-            scenario=scenario.model_dump(mode="json"), rank=info.rank, num_ranks=info.world_size,
-            num_dispatchers=scenario.parallel.num_dispatchers, emulated=scenario.emulated,
-            comm_backend=info.comm_backend, experts_backend=setup.backend.name,
-            measurement_method="same-baseline",
-            versions=collect_versions(vllm_source=vllm_desc,
-                                      vllm_kernels=setup.backend.kernels if setup.backend.name == "vllm-ops" else None),
-            hardware=collect_hardware(device), policies=results, started_at=started, finished_at=time.time(),
-            ready_at=ready_at,
-            expert_num_tokens=first_counts or [],
-        )
+            if progress:
+                so_far = fields.record(results, first_counts, complete=False)
+                progress(setup.event(PolicyDone, policy=policy, status=result.status,
+                                     record=so_far.model_dump(mode="json")))
+        record = fields.record(results, first_counts, complete=True)
         if progress:
-            progress({"rank": info.rank, "event": "done"})
+            progress(setup.event(Done))
         return record
     finally:
         shutdown_rank()
-

@@ -74,11 +74,30 @@ def make_weights(
 
 @dataclass(frozen=True, kw_only=True)
 class Workspace:
-    """One policy's buffers as vLLM's modular kernel allocates them: common (ws13 and out alias it) and ws2."""
+    """One policy's buffers as vLLM's modular kernel allocates them, and the experts step's views into them.
+
+    Two-buffer layout (legacy, fixed, vllm==X.Y.Z: common and ws2, as vLLM's workspace manager), rows = E*M:
+
+        common  mm1_out (rows, 2I) bf16 -> quant_out (rows, I) fp8 -> out (E, M, K) bf16, each from offset 0
+        ws2     act_out (rows, I) bf16  -> mm2_out (rows, K) bf16, from offset 0
+
+    Arena layout (lower-bound: ws2 is empty, common is the live set, rows x max(2I + I, 2K) elements). The views
+    move so that what a step reads never overlaps what it writes, and only the live set is ever needed:
+
+        offset (elements)     [0, rows*2I)        [rows*2I, rows*3I)     [C - rows*K, C)
+        1 GEMM1               mm1_out             -                      -
+        2 silu_and_mul        mm1_out (read)      act_out (write)        -
+        3 FP8 quant           quant_out over the first rows*I bytes (mm1_out is dead), act_out read
+        4 GEMM2               quant_out read; mm2_out written at the arena's end (act_out is dead)
+        5 copy into out       out over [0, rows*K) (quant_out is dead), mm2_out read
+
+    C = rows x max(3I, 2K): steps 2 and 5 are the widest (contract.live_set_width), and step 4's quant_out
+    (rows*I bytes) ends before mm2_out starts since C - rows*K >= rows*I/2 elements.
+    """
 
     shapes: WorkspaceShapes
     common: torch.Tensor  # (max(prod(ws13), prod(out)),) workspace dtype
-    ws2: torch.Tensor  # (prod(ws2),) workspace dtype
+    ws2: torch.Tensor  # (prod(ws2),) workspace dtype; empty in the arena layout
     num_local_experts: int  # E
     max_slots_per_expert: int  # M
     hidden_size: int  # K
@@ -87,17 +106,32 @@ class Workspace:
     # them in free space of segments cached earlier (weights generation, comm setup), and NVML would see no growth.
     pool: Any = None
 
+    @property
+    def is_arena(self) -> bool:
+        return self.ws2.numel() == 0
+
+    @staticmethod
+    def check_fits(shapes: WorkspaceShapes, *, num_local_experts: int, max_slots_per_expert: int, hidden_size: int,
+                   intermediate_size: int) -> None:
+        """Raise ValueError when the experts step's views do not fit the policy's buffers."""
+        rows, K, I = num_local_experts * max_slots_per_expert, hidden_size, intermediate_size
+        have = {"ws13": math.prod(shapes.ws13), "ws2": math.prod(shapes.ws2), "out": math.prod(shapes.out)}
+        if have["ws2"] == 0:  # the arena: every view inside common
+            need = {"ws13": rows * max(3 * I, 2 * K), "out": rows * K}
+            have["ws13"] = shapes.common_elems
+        else:
+            need = {"ws13": rows * 2 * I, "ws2": rows * max(I, K), "out": rows * K}
+        short = [f"{k} has {have[k]} elements, the data path needs {need[k]}" for k in need if have[k] < need[k]]
+        if short:
+            raise ValueError(f"policy {shapes.policy}: workspace too small: " + "; ".join(short))
+
     @staticmethod
     def allocate(
         shapes: WorkspaceShapes, accountant: Accountant, *, dtype: torch.dtype,
         num_local_experts: int, max_slots_per_expert: int, hidden_size: int, intermediate_size: int,
     ) -> Workspace:
         E, M, K, I = num_local_experts, max_slots_per_expert, hidden_size, intermediate_size
-        need = {"ws13": E * M * 2 * I, "ws2": E * M * max(I, K), "out": E * M * K}
-        have = {"ws13": math.prod(shapes.ws13), "ws2": math.prod(shapes.ws2), "out": math.prod(shapes.out)}
-        short = [f"{k} has {have[k]} elements, the data path needs {need[k]}" for k in need if have[k] < need[k]]
-        if short:
-            raise ValueError(f"policy {shapes.policy}: workspace too small: " + "; ".join(short))
+        Workspace.check_fits(shapes, num_local_experts=E, max_slots_per_expert=M, hidden_size=K, intermediate_size=I)
         pool = torch.cuda.MemPool() if accountant.device.type == "cuda" else None
         in_pool = torch.cuda.use_mem_pool(pool) if pool is not None else contextlib.nullcontext()
         with in_pool:
@@ -115,22 +149,29 @@ class Workspace:
     def _rows(self) -> int:
         return self.num_local_experts * self.max_slots_per_expert
 
+    def _view(self, buffer: torch.Tensor, start: int, width: int) -> torch.Tensor:
+        rows = self._rows()
+        return buffer[start: start + rows * width].view(rows, width)
+
     @property
     def mm1_out(self) -> torch.Tensor:
-        return self.common[: self._rows() * 2 * self.intermediate_size].view(self._rows(), 2 * self.intermediate_size)
+        return self._view(self.common, 0, 2 * self.intermediate_size)
 
     @property
     def act_out(self) -> torch.Tensor:
-        return self.ws2[: self._rows() * self.intermediate_size].view(self._rows(), self.intermediate_size)
+        if self.is_arena:
+            return self._view(self.common, self._rows() * 2 * self.intermediate_size, self.intermediate_size)
+        return self._view(self.ws2, 0, self.intermediate_size)
 
     @property
     def quant_out(self) -> torch.Tensor:
-        fp8 = self.common.view(FP8_DTYPE)
-        return fp8[: self._rows() * self.intermediate_size].view(self._rows(), self.intermediate_size)
+        return self._view(self.common.view(FP8_DTYPE), 0, self.intermediate_size)
 
     @property
     def mm2_out(self) -> torch.Tensor:
-        return self.ws2[: self._rows() * self.hidden_size].view(self._rows(), self.hidden_size)
+        if self.is_arena:
+            return self._view(self.common, self.common.numel() - self._rows() * self.hidden_size, self.hidden_size)
+        return self._view(self.ws2, 0, self.hidden_size)
 
     @property
     def out(self) -> torch.Tensor:
