@@ -124,6 +124,12 @@ def cmd_scenarios(ns: argparse.Namespace) -> int:
 
 
 def cmd_vllm_audit(ns: argparse.Namespace) -> int:
+    if ns.layer:
+        from harness.sizing.layer_audit import run_layer_audit
+
+        return run_layer_audit(ns)
+    if ns.releases is not None or ns.out is not None:
+        return _print_error("--releases and --out go with --layer")
     from harness.sizing.vllm_source import run_audit
 
     return run_audit(ns)
@@ -283,6 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", default=None, help="sizes to evaluate at (default: the PR case)")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
     p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP)
+    p.add_argument("--layer", action="store_true",
+                   help="the whole-layer audit: every experts class and all-to-all kind of the curated cases")
+    p.add_argument("--releases", default=None, metavar="A..B|X,Y",
+                   help="with --layer: releases to audit; A..B takes every release the registry offers between them")
+    p.add_argument("--out", type=Path, default=None, help="with --layer: write layer-audit.json and .md here")
     p.set_defaults(func=cmd_vllm_audit, parser=p)
     return parser
 

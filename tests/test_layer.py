@@ -215,3 +215,30 @@ def test_a_scenario_without_a_layer_block_hashes_as_before():
     triton = scenario.layer.model_copy(update={"moe_backend": "triton"})
     with_layer = scenario.model_copy(update={"layer": triton})
     assert '"layer"' in with_layer.canonical_json()
+
+
+# --- the release-wide audit -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.vllm_wheel
+def test_layer_audit_names_the_file_that_fixed_55579(cache_dir, tmp_path):
+    out = tmp_path / "audit"
+    result = run_harness("vllm", "audit", "--layer", "--releases", "0.29.0..0.30.0", "--out", str(out),
+                         "--cache-dir", str(cache_dir), timeout_s=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = json.loads((out / "layer-audit.json").read_text())
+    assert data["schema_version"] == 1 and data["kind"] == "layer-audit"
+    assert [r["vllm_version"] for r in data["releases"]] == ["0.29.0", "0.30.0"]
+    runs = [t for t in data["transitions"] if t["case"] == "55579 LL cutlass" and t["component"] == "workspace"]
+    assert [(t["first"], t["last"], t["verdicts"], t["bytes"]) for t in runs] == [
+        ("0.29.0", "0.29.0", ["double-count"], 120259084288), ("0.30.0", "0.30.0", ["consistent"], 3758096384)]
+    assert runs[1]["changed_files"] == ["model_executor/layers/fused_moe/experts/cutlass_moe.py"]
+    table = (out / "layer-audit.md").read_text()
+    assert ("| 55579 LL cutlass | CutlassBatchedExpertsFp8 | workspace | 0.30.0 | consistent | 3.50 | "
+            "`model_executor/layers/fused_moe/experts/cutlass_moe.py` |") in table
+    assert table == result.stdout
+
+
+def test_releases_without_layer_is_a_usage_error():
+    result = run_harness("vllm", "audit", "--releases", "0.30.0")
+    assert result.returncode == 2 and "--releases and --out go with --layer" in result.stderr

@@ -33,8 +33,8 @@ from harness.core.records import Record
 from harness.scenario.schema import LayerSpec, Scenario
 from harness.sizing import deepep
 from harness.sizing.vllm_source.auditor import DOUBLE_COUNT, audit
-from harness.sizing.vllm_source.evaluate import SourceTree, standin_attributes
-from harness.sizing.vllm_source.interpreter import Activation, Builtin, StandIn, Unevaluable
+from harness.sizing.vllm_source.evaluate import Evaluation, ParsedClass, SourceTree, standin_attributes
+from harness.sizing.vllm_source.interpreter import DTYPES, Activation, Builtin, StandIn, Unevaluable
 from harness.sizing.vllm_source.layer_source import (
     BUFFER_ENV,
     HT_MANAGER,
@@ -493,7 +493,7 @@ def workspace_component(layout: Layout, source: VllmSource, class_name: str) -> 
     if not classes:
         return _unevaluated("workspace", f"{source.label} has no experts class {class_name} under fused_moe/")
     cls = classes[0]
-    evaluation = tree.evaluate(cls, args)
+    evaluation = evaluate_workspace(layout, tree, cls)
     if not evaluation.ok:
         return _unevaluated("workspace", f"{class_name}.workspace_shapes: {evaluation.reason}")
     dtype = args.dtype_bytes
@@ -532,6 +532,53 @@ def _tree(source: VllmSource) -> SourceTree:
     return _cached_tree(source) if source.kind in ("release", "wheel") else SourceTree(source)
 
 
+def experts_attributes(layout: Layout) -> dict[str, object]:
+    """The audit's stand-in self (FP8 per-token batched CUTLASS), with the layer's quantization and format."""
+    attributes = standin_attributes(layout.args)
+    quant = layout.spec.quant
+    fp8 = DTYPES["float8_e4m3fn"]
+    fields = {
+        "quant_dtype": fp8 if quant.startswith("fp8") else None,
+        "weight_quant_dtype": fp8 if quant.startswith("fp8") else None,
+        "use_fp8_w8a8": quant.startswith("fp8"), "use_int8_w8a8": False, "use_int8_w8a16": False,
+        "use_int4_w4a16": quant == "wna16", "use_mxfp4_w4a16": False, "use_nvfp4_w4a4": False,
+        "ocp_mx_scheme": None, "is_quantized": quant != "bf16", "per_act_token_quant": quant == "fp8-per-token",
+        "per_out_ch_quant": quant == "fp8-per-token", "block_shape": [128, 128] if quant == "fp8-block" else None,
+        "is_block_quantized": quant == "fp8-block", "gemm1_clamp_limit": None,
+    }  # fmt: skip
+    attributes["quant_config"] = StandIn("self.quant_config", **fields)
+    attributes["block_shape"] = fields["block_shape"]
+    attributes["use_batched_format"] = layout.batched
+    return attributes
+
+
+def evaluate_workspace(layout: Layout, tree: SourceTree, cls: ParsedClass) -> Evaluation:
+    """cls.workspace_shapes for the layer, on the experts stand-in self; arguments matched by parameter name."""
+    args = layout.args
+    found = tree.find_method(cls, "workspace_shapes")
+    if found is None:
+        return Evaluation(None, None, None, "the class has no workspace_shapes")
+    function = found[1]
+    by_name = {
+        "M": args.M, "N": args.N, "K": args.K, "topk": args.top_k, "top_k": args.top_k,
+        "global_num_experts": args.num_global_experts, "local_num_experts": args.num_local_experts,
+        "expert_tokens_meta": None, "activation": Activation(args.activation),
+    }  # fmt: skip
+    parameters = [a.arg for a in (*function.args.args[1:], *function.args.kwonlyargs)]
+    missing = [p for p in parameters if p not in by_name]
+    if missing and len(missing) > len(function.args.defaults) + len(function.args.kw_defaults):
+        return Evaluation(None, None, None, f"takes parameter {missing[0]!r}, which has no stand-in argument")
+    arguments = {p: by_name[p] for p in parameters if p in by_name}
+    try:
+        result = tree.call_method(cls, "workspace_shapes", attributes=experts_attributes(layout), arguments=arguments)
+    except Unevaluable as error:
+        return Evaluation(None, None, None, f"workspace_shapes {error}")
+    shapes = result[:3] if isinstance(result, tuple) and len(result) in (3, 4) else None
+    if shapes is None or not all(isinstance(s, tuple) and all(type(d) is int for d in s) for s in shapes):
+        return Evaluation(None, None, None, f"workspace_shapes returned {result!r:.120}, not (ws13, ws2, out)")
+    return Evaluation(*shapes)
+
+
 def _needed_workspace(layout: Layout, tree: SourceTree, cls, evaluation, class_name: str) -> tuple[int | None, str]:
     """Bytes the class's apply() views need: max(views of workspace13, out) + max(views of workspace2)."""
     args = layout.args
@@ -542,7 +589,7 @@ def _needed_workspace(layout: Layout, tree: SourceTree, cls, evaluation, class_n
         "num_tokens": args.M, "M": args.M, "top_k_num": args.top_k, "topk": args.top_k,
         "max_num_tokens": args.M if layout.batched else args.max_tokens_per_rank,
     }  # fmt: skip
-    live = apply_views(files, cls, names, standin_attributes(args))
+    live = apply_views(files, cls, names, experts_attributes(layout))
     out = math.prod(evaluation.out)
     has13 = any(v.buffer == "workspace13" for v in live.views)
     has2 = any(v.buffer == "workspace2" for v in live.views) or math.prod(evaluation.ws2) == 0

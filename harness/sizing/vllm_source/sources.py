@@ -48,8 +48,11 @@ LAYER_FILES = (
     "vllm/config/scheduler.py",
 )
 MANIFEST_NAME = "manifest.json"
-# 2: the extraction also holds LAYER_FILES; a schema-1 entry lacks them and is extracted again.
-MANIFEST_SCHEMA = 2
+MANIFEST_SCHEMA = 1
+# An extraction that also took LAYER_FILES says so; one without the mark (older harness code) is extracted again.
+# A mark rather than a schema bump: code that predates it still accepts the newer entries, so the two never
+# re-extract each other's work in a shared cache.
+LAYER_FILES_MARK = "layer_files"
 
 # Any local python can fetch the Linux x86-64 wheel: vLLM ships one cp38-abi3 wheel per release.
 PIP_PLATFORM_ARGS = ("--platform", "manylinux_2_28_x86_64", "--python-version", "3.12", "--implementation", "cp")
@@ -272,6 +275,7 @@ class _Manifest:
     def to_json(self) -> dict:
         return {
             "schema": MANIFEST_SCHEMA,
+            LAYER_FILES_MARK: True,
             "version": self.version,
             "kind": self.kind,
             "origin": self.origin,
@@ -305,7 +309,7 @@ def _read_manifest(directory: Path) -> _Manifest | None:
     path = directory / MANIFEST_NAME
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("schema") != MANIFEST_SCHEMA:
+        if data.get("schema") != MANIFEST_SCHEMA or data.get(LAYER_FILES_MARK) is not True:
             return None
         manifest = _Manifest.from_json(data)
     except (OSError, ValueError, KeyError, TypeError):
