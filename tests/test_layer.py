@@ -242,3 +242,13 @@ def test_layer_audit_names_the_file_that_fixed_55579(cache_dir, tmp_path):
 def test_releases_without_layer_is_a_usage_error():
     result = run_harness("vllm", "audit", "--releases", "0.30.0")
     assert result.returncode == 2 and "--releases and --out go with --layer" in result.stderr
+
+
+def test_the_comm_paths_view_is_the_same_layout():
+    """harness.rank.comm sizes its buffers with deepep_low_latency_bytes: the size hint vLLM passes DeepEP."""
+    view = deepep.deepep_low_latency_bytes(max_tokens_per_rank=2048, hidden_size=5120, num_experts=448)
+    assert view.total_bytes == ll(2048, 448).size_hint_bytes == 38168170112
+    assert view.layout_bytes == ll(2048, 448).total_bytes
+    old = deepep.deepep_low_latency_bytes(max_tokens_per_rank=2048, hidden_size=5120, num_experts=448,
+                                          combine_variant="bf16")  # fmt: skip
+    assert old.msg_combine_bytes == 10240 and old.total_bytes == ll(2048, 448, layout=deepep.BF16_COMBINE).size_hint_bytes

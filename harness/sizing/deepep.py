@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 INT_MAX = 2**31 - 1
 BUFFER_ALIGNMENT_BYTES = 128  # NUM_BUFFER_ALIGNMENT_BYTES / LEGACY_NUM_BUFFER_ALIGNMENT_BYTES
@@ -184,3 +185,40 @@ class LowLatencyRecv:
 
 def _align_up(value: int, alignment: int) -> int:
     return math.ceil(value / alignment) * alignment
+
+
+# --- the comm path's view: one call, one record of every part (harness.rank.comm) ------------------------------------
+
+CombineVariant = Literal["bf16", "logfmt"]
+ALIGNMENT_BYTES = BUFFER_ALIGNMENT_BYTES
+_VARIANT_LAYOUT = {"logfmt": LOGFMT_COMBINE, "bf16": BF16_COMBINE}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeepEpLowLatencyBytes:
+    """One GPU's DeepEP low-latency RDMA buffer as vLLM asks for it (the size hint), with its parts."""
+
+    max_tokens_per_rank: int
+    hidden_size: int
+    num_experts: int
+    combine_variant: CombineVariant
+    msg_dispatch_bytes: int
+    msg_combine_bytes: int
+    send_bytes: int  # per buffer (there are two)
+    recv_bytes: int  # per buffer
+    signal_bytes: int  # per buffer
+    layout_bytes: int  # LowLatencyLayout::total_bytes, what dispatch asserts the buffer holds
+    total_bytes: int  # get_low_latency_rdma_size_hint: what vLLM passes Buffer as num_rdma_bytes
+
+
+def deepep_low_latency_bytes(*, max_tokens_per_rank: int, hidden_size: int, num_experts: int,
+                             combine_variant: CombineVariant = "logfmt") -> DeepEpLowLatencyBytes:
+    """DeepEP LL's buffer for T = max_tokens_per_rank tokens of K = hidden_size over num_experts global experts."""
+    layout = LowLatencyLayout(num_max_dispatch_tokens_per_rank=max_tokens_per_rank, hidden=hidden_size,
+                              num_ranks=1, num_experts=num_experts, layout=_VARIANT_LAYOUT[combine_variant])  # fmt: skip
+    return DeepEpLowLatencyBytes(
+        max_tokens_per_rank=max_tokens_per_rank, hidden_size=hidden_size, num_experts=num_experts,
+        combine_variant=combine_variant, msg_dispatch_bytes=layout.dispatch_msg_bytes,
+        msg_combine_bytes=layout.combine_msg_bytes, send_bytes=layout.send_bytes, recv_bytes=layout.recv_bytes,
+        signal_bytes=layout.signal_bytes, layout_bytes=layout.total_bytes, total_bytes=layout.size_hint_bytes,
+    )  # fmt: skip
