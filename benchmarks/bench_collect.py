@@ -75,7 +75,7 @@ def main() -> int:
     print(f"# bench_collect: {ns.num_ranks} rank records ({size / 2**20:.1f} MiB), 3 policies each; "
           f"writing them took {write_s:.2f} s")
     print("# outputs: " + ", ".join(f"{name} {sizes[name] / 2**20:.2f} MiB" for name in REPORT_FILES))
-    print(f"# exit code of the synthetic run: {result.exit_code} ({result.report['exit_reason']})")
+    print(f"# exit code of the synthetic run: {result.exit_code} ({result.report.exit_reason})")
     print(f"# {os.cpu_count()} CPUs, load average {load:.2f} while measuring")
     print(f"{'':32s} {'wall':>8s}   {'CPU':>8s}")
     print(f"{'collect (first, with imports)':32s} {timings[0]:8.3f} s {cpu_timings[0]:8.3f} s")

@@ -162,6 +162,8 @@ def cmd_collect(ns: argparse.Namespace) -> int:
         result = collect(run_dir)
     console = make_console()
     console.print(result.summary_table())
+    for note in result.notes:
+        console.print(f"stale output: {note}", style="yellow")
     for path in result.outputs:
         console.print(f"wrote {path}", style="dim")
     return result.exit_code
@@ -250,12 +252,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="compare a run against a baseline: 0 pass, 1 regression, 2 error")
     p.add_argument("baseline", type=Path,
-                   help="the reference: a run directory or its report.json (e.g. under results/baselines/)")
-    p.add_argument("current", type=Path, help="the run to judge: a run directory or its report.json")
+                   help="the reference: a run or matrix directory or its report.json (e.g. under results/baselines/)")
+    p.add_argument("current", type=Path, help="the run to judge: a run or matrix directory or its report.json")
     p.add_argument("--threshold", action="append", default=[], metavar="METRIC=PCT",
                    help="a metric's or group's threshold (groups: memory, error, time, throughput)")
-    p.add_argument("--ignore", action="append", default=[], metavar="METRIC_OR_GROUP",
-                   help="leave a metric or group out, e.g. time and throughput across different machines")
+    p.add_argument("--ignore", action="append", default=[], metavar="WHAT",
+                   help="leave out a metric, a group (memory, error, time, throughput, coverage), policy:NAME or "
+                        "cell:NAME; what the baseline has and the current run lacks is a regression unless ignored")
+    p.add_argument("--gate-across-hardware", action="store_true",
+                   help="gate timings, throughputs and RSS-vs-NVML memory even when the two ran on different hardware")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
     p.set_defaults(func=cmd_compare, parser=p)
 

@@ -78,12 +78,23 @@ def workspace_delta_for(scenario: Scenario, policy: str, rank: int) -> int:
     return allocated + (allocated * (rank % 3)) // 1000
 
 
+def timings(dispatch_us: float, experts_us: float, combine_us: float, spread: float | None) -> Timings:
+    """Medians with per-stage min/max `spread` (relative) around them; None: a record from before min/max."""
+    if spread is None:
+        return Timings(dispatch_us=dispatch_us, experts_us=experts_us, combine_us=combine_us, num_samples=19)
+    lo, hi = 1 - spread / 2, 1 + spread / 2
+    return Timings(dispatch_us=dispatch_us, experts_us=experts_us, combine_us=combine_us, num_samples=19,
+                   dispatch_min_us=dispatch_us * lo, dispatch_max_us=dispatch_us * hi, experts_min_us=experts_us * lo,
+                   experts_max_us=experts_us * hi, combine_min_us=combine_us * lo, combine_max_us=combine_us * hi)
+
+
 def policy_result(scenario: Scenario, policy: str, rank: int, *, status: str = "ok",
                   workspace_delta_bytes: int | None = None, within_tolerance: bool = True,
                   max_rel_error: float | None = None, experts_us: float | None = None,
-                  experts_tflops: float | None = None, device_kind: str = "cuda") -> PolicyResult:
+                  experts_tflops: float | None = None, device_kind: str = "cuda", baseline_bytes: int | None = None,
+                  num_wrong_slots: int = 0, timing_spread: float | None = 0.04) -> PolicyResult:
     c = contract(scenario, policy)
-    baseline = 1_000_000_000 + rank
+    baseline = 1_000_000_000 + rank if baseline_bytes is None else baseline_bytes
     gpu = device_kind == "cuda"
     # Like harness.rank.lifecycle: a policy that did not run still records the memory seen (the failed allocation adds 0).
     unmeasured = MemoryMeasurement(
@@ -114,14 +125,15 @@ def policy_result(scenario: Scenario, policy: str, rank: int, *, status: str = "
         breakdown=Breakdown(weights_bytes=300_000_000, dispatch_bytes=40_000_000, common_bytes=c.common_bytes,
                             ws2_bytes=c.ws2_bytes, combine_bytes=20_000_000, ballast_bytes=0,
                             other_bytes=600_000_000 + rank),
-        timings=Timings(dispatch_us=100.0 + rank, experts_us=experts_us if experts_us is not None else 200.0 + 2 * rank,
-                        combine_us=90.0 + rank, num_samples=19),
-        throughput=Throughput(experts_tflops=experts_tflops if experts_tflops is not None else 900.0 - rank,
-                              dispatch_algbw_gbps=300.0, dispatch_busbw_gbps=250.0 - rank, combine_algbw_gbps=290.0,
-                              combine_busbw_gbps=240.0 - rank, dispatch_bytes=1_000_000, combine_bytes=2_000_000),
+        timings=timings(100.0 + rank, experts_us if experts_us is not None else 200.0 + 2 * rank, 90.0 + rank,
+                        timing_spread),
+        throughput=Throughput(experts_tflops=experts_tflops if experts_tflops is not None else 900.0 - rank % 100,
+                              dispatch_algbw_gbps=300.0, dispatch_busbw_gbps=250.0 - rank % 100, combine_algbw_gbps=290.0,
+                              combine_busbw_gbps=240.0 - rank % 100, dispatch_bytes=1_000_000, combine_bytes=2_000_000),
         correctness=Correctness(max_abs_error=0.002 * (rank + 1),
-                                max_rel_error=max_rel_error if max_rel_error is not None else 0.01 + 0.001 * rank,
-                                num_wrong_slots=0, num_checked_tokens=32, within_tolerance=within_tolerance,
+                                max_rel_error=max_rel_error if max_rel_error is not None else 0.01 + 0.001 * (rank % 10),
+                                num_wrong_slots=num_wrong_slots, num_checked_tokens=32,
+                                within_tolerance=within_tolerance,
                                 tolerance=0.06),
     )
 

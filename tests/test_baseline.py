@@ -1,4 +1,10 @@
-"""A fresh CPU run of the smoke scenario against the committed CPU baseline, through `harness compare`."""
+"""Fresh CPU runs of the smoke scenario through the real CLI: against the committed baseline, and against each other.
+
+Two runs of `harness run smoke`, back to back on this machine, are the inputs of every test here (issue #14):
+    - the fresh run against results/baselines/cpu-smoke: memory, error and outcome match (times depend on the
+      machine, so `--ignore time --ignore throughput`);
+    - the same with one policy deleted from the current report, or one value set to NaN: exit 1.
+"""
 
 from __future__ import annotations
 
@@ -11,43 +17,83 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "results" / "baselines" / "cpu-smoke"
+# A smoke run takes ~12 s on an idle 2-core machine (imports, two spawned ranks, three policies); the scenario's
+# own collective timeout bounds a stuck run well below this, and 4x leaves room for a machine loaded by others.
+RUN_TIMEOUT_S = 240
 
 
-@pytest.mark.timeout(300)
-def test_fresh_cpu_smoke_run_matches_the_committed_baseline(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "harness", "run", "smoke", "--out", str(tmp_path / "run")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    # Times and throughputs depend on the machine; memory, error and outcome must match.
-    cmp = subprocess.run([sys.executable, "-m", "harness", "compare", str(BASELINE), str(tmp_path / "run"),
-                          "--ignore", "time", "--ignore", "throughput", "--json"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert cmp.returncode == 0, cmp.stdout[-3000:] + cmp.stderr
-    result = json.loads(cmp.stdout)
-    assert result["num_regressions"] == 0
+def harness(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "harness", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    out = tmp_path_factory.mktemp("smoke")
+    for name in ("first", "second"):
+        run = harness("run", "smoke", "--out", str(out / name), timeout=RUN_TIMEOUT_S)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    return out / "first", out / "second"
+
+
+def compare(baseline: Path, current: Path, *flags: str) -> tuple[int, dict]:
+    cmp = harness("compare", str(baseline), str(current), "--json", *flags)
+    assert cmp.returncode in (0, 1, 2), cmp.stderr
+    return cmp.returncode, json.loads(cmp.stdout)
+
+
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
+def test_fresh_cpu_smoke_run_matches_the_committed_baseline(two_runs: tuple[Path, Path]) -> None:
+    _, fresh = two_runs
+    code, result = compare(BASELINE, fresh, "--ignore", "time", "--ignore", "throughput")
+    assert code == 0, json.dumps(result, indent=1)[-3000:]
+    assert result["num_regressions"] == 0 and result["hardware_note"] is None
     compared = {(r["policy"], r["metric"]) for r in result["rows"] if r["verdict"] == "unchanged"}
     for policy in ("legacy", "fixed", "lower-bound"):
-        assert (policy, "contract_total_bytes") in compared
-        assert (policy, "workspace_delta_avg_bytes") in compared
+        for metric in ("outcome", "num_ranks", "contract_total_bytes", "workspace_delta_avg_bytes", "max_error"):
+            assert (policy, metric) in compared, (policy, metric)
     assert not any(r["metric"] in ("dispatch_us", "experts_tflops") for r in result["rows"])
 
 
-def test_compare_flags_a_doubled_workspace_against_the_baseline(tmp_path):
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
+def test_a_deleted_policy_or_a_nan_fails_the_gate(two_runs: tuple[Path, Path], tmp_path: Path) -> None:
+    first, second = two_runs
+    report = json.loads((second / "report.json").read_text())
+    deleted = dict(report, policies=[p for p in report["policies"] if p["policy"] != "fixed"])
+    (tmp_path / "deleted.json").write_text(json.dumps(deleted))
+    code, result = compare(first, tmp_path / "deleted.json", "--ignore", "time", "--ignore", "throughput")
+    assert code == 1
+    assert [(r["policy"], r["note"]) for r in result["rows"] if r["verdict"] == "regression"] == [
+        ("fixed", "policy not in current")]
+
+    nan = json.loads((second / "report.json").read_text())
+    nan["policies"][0]["max_rel_error"]["max"] = float("nan")
+    (tmp_path / "nan.json").write_text(json.dumps(nan))  # json.dumps writes a bare NaN
+    code, result = compare(first, tmp_path / "nan.json", "--ignore", "time", "--ignore", "throughput")
+    assert code == 1
+    assert [(r["policy"], r["metric"], r["note"]) for r in result["rows"] if r["verdict"] == "regression"] == [
+        ("legacy", "max_error", "NaN or infinity in current")]
+
+
+def test_compare_flags_a_doubled_workspace_against_the_baseline(tmp_path: Path) -> None:
     report = json.loads((BASELINE / "report.json").read_text())
     for policy in report["policies"]:
         if policy["policy"] == "fixed":
             for key in ("min", "avg", "max"):
                 policy["workspace_delta_bytes"][key] *= 2
     (tmp_path / "report.json").write_text(json.dumps(report))
-    cmp = subprocess.run([sys.executable, "-m", "harness", "compare", str(BASELINE), str(tmp_path / "report.json"),
-                          "--ignore", "time", "--ignore", "throughput"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    cmp = harness("compare", str(BASELINE), str(tmp_path / "report.json"), "--ignore", "time", "--ignore", "throughput")
     assert cmp.returncode == 1, cmp.stdout + cmp.stderr
     assert "workspace_delta_avg_bytes" in cmp.stdout and "regression" in cmp.stdout
 
 
-def test_ignore_names_an_unknown_group_clearly():
-    cmp = subprocess.run([sys.executable, "-m", "harness", "compare", str(BASELINE), str(BASELINE), "--ignore", "speed"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+def test_the_committed_baseline_is_one_generation() -> None:
+    """Its report.json, report.md, junit.xml and report.html come from its records as they are committed."""
+    cmp = harness("compare", str(BASELINE), str(BASELINE))
+    assert cmp.returncode == 0, cmp.stdout[-2000:] + cmp.stderr
+
+
+def test_ignore_names_an_unknown_group_clearly() -> None:
+    cmp = harness("compare", str(BASELINE), str(BASELINE), "--ignore", "speed")
     assert cmp.returncode == 2
     assert "--ignore 'speed': unknown metric or group" in cmp.stderr and "groups: memory, error, time" in cmp.stderr

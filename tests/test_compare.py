@@ -1,20 +1,31 @@
-"""The regression gate: exit codes 0 / 1 / 2, direction-aware thresholds, exact outcomes, clear errors."""
+"""The regression gate: exit codes 0 / 1 / 2, missing = regression, NaN, the runs' own spread, hardware, clear errors."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
-from report_records import make_scenario, write_run
+from report_records import make_scenario, rank_record, write_run
 
 from harness.cli import main
+from harness.core.records import SCHEMA_VERSION, rank_record_path, write_record
 from harness.report.collect import collect
-from harness.report.compare import METRICS, CompareError, compare_metric, compare_reports, load_report, parse_thresholds
+from harness.report.compare import (
+    EXACT,
+    METRICS,
+    CompareError,
+    compare_metric,
+    compare_reports,
+    load_report,
+    parse_options,
+    parse_thresholds,
+)
 
 
-def run(tmp_path: Path, name: str, overrides=None, **sections) -> Path:
-    run_dir = write_run(tmp_path / name, make_scenario(**sections), overrides=overrides)
+def run(tmp_path: Path, name: str, overrides=None, device_kind: str = "cuda", **sections) -> Path:
+    run_dir = write_run(tmp_path / name, make_scenario(**sections), overrides=overrides, device_kind=device_kind)
     collect(run_dir)
     return run_dir
 
@@ -24,11 +35,23 @@ def compare_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, d
     return code, json.loads(capsys.readouterr().out)
 
 
+def rows(data: dict, verdict: str) -> set[tuple[str, str]]:
+    return {(r["policy"], r["metric"]) for r in data["rows"] if r["verdict"] == verdict}
+
+
+def edit_report(run_dir: Path, dest: Path, edit) -> Path:
+    """A copy of run_dir's report.json, edited as a careless script (or a hand) would; compared as a file."""
+    data = json.loads((run_dir / "report.json").read_text())
+    edit(data)
+    dest.write_text(json.dumps(data))  # json.dumps writes NaN as NaN: not JSON, as such an edit would
+    return dest
+
+
 def test_identical_runs_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base, cur = run(tmp_path, "base"), run(tmp_path, "cur")
     code, data = compare_json(capsys, str(base), str(cur))
     assert code == 0 and data["status"] == "OK" and data["num_regressions"] == 0
-    assert data["num_unchanged"] == 2 * (1 + len(METRICS))
+    assert data["num_unchanged"] == 2 * (len(EXACT) + len(METRICS))
     assert main(["compare", str(base), str(cur)]) == 0
     assert "nothing changed beyond its threshold" in capsys.readouterr().out
 
@@ -39,10 +62,10 @@ def test_workspace_growth_is_a_regression(tmp_path: Path, capsys: pytest.Capture
     cur = run(tmp_path, "cur", overrides={0: {"fixed": {"workspace_delta_bytes": int(contract_bytes * 1.5)}}})
     code, data = compare_json(capsys, str(base), str(cur))
     assert code == 1 and data["status"] == "FAILED"
-    regressed = {(r["policy"], r["metric"]) for r in data["rows"] if r["verdict"] == "regression"}
-    assert regressed == {("fixed", "workspace_delta_avg_bytes"), ("fixed", "workspace_delta_max_bytes")}
+    assert rows(data, "regression") == {("fixed", "workspace_delta_avg_bytes"), ("fixed", "workspace_delta_max_bytes")}
     row = next(r for r in data["rows"] if r["metric"] == "workspace_delta_max_bytes" and r["policy"] == "fixed")
     assert row["change_pct"] == pytest.approx((row["current"] - row["baseline"]) / row["baseline"] * 100)
+    assert data["hints"] == []  # memory, not timing: no hint about --ignore time
     # the same change passes under a wider memory threshold (a group override)
     assert main(["compare", str(base), str(cur), "--threshold", "memory=60"]) == 0
     # ...and fails again when the one metric is tightened
@@ -71,14 +94,32 @@ def test_throughput_direction(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     one_rank_faster = run(tmp_path, "one", overrides={1: quicker})
     code, data = compare_json(capsys, str(base), str(slower))
     assert code == 1
-    assert [(r["policy"], r["metric"]) for r in data["rows"] if r["verdict"] == "regression"] == [("fixed", "experts_tflops")]
+    assert rows(data, "regression") == {("fixed", "experts_tflops")}
+    assert "--ignore time --ignore throughput" in data["hints"][0]
+    assert main(["compare", str(base), str(slower)]) == 1
+    assert "hint: timings and throughputs depend on the machine" in capsys.readouterr().out
     code, data = compare_json(capsys, str(base), str(faster))
     assert code == 0  # more TFLOP/s and less time are better
-    improved = {(r["policy"], r["metric"]) for r in data["rows"] if r["verdict"] == "improvement"}
-    assert improved == {("fixed", "experts_tflops"), ("fixed", "experts_us")}
+    assert rows(data, "improvement") == {("fixed", "experts_tflops"), ("fixed", "experts_us")}
     # one fast rank changes neither the max time nor the min throughput over ranks
     code, data = compare_json(capsys, str(base), str(one_rank_faster))
     assert code == 0 and data["num_improvements"] == 0
+
+
+def test_timings_regress_only_beyond_the_runs_spread(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """+25 % experts time is beyond the 10 % threshold. With samples spread over 40 % it is noise; with 4 % it is a
+    regression; with no min/max in the records the threshold alone decides, and the row says so."""
+    slow = {"experts_us": 250.0 + 2}
+    for spread, expected, note in ((0.4, 0, "within the runs' spread (40%)"), (0.04, 1, ""),
+                                   (None, 1, "no per-stage min/max in the records: threshold alone")):
+        overrides_base = {r: {"fixed": {"timing_spread": spread}} for r in range(2)}
+        overrides_cur = {r: {"fixed": {"timing_spread": spread, **slow}} for r in range(2)}
+        base = run(tmp_path, f"base-{spread}", overrides=overrides_base)
+        cur = run(tmp_path, f"cur-{spread}", overrides=overrides_cur)
+        code, data = compare_json(capsys, str(base), str(cur))
+        row = next(r for r in data["rows"] if r["policy"] == "fixed" and r["metric"] == "experts_us")
+        assert code == expected, (spread, row)
+        assert row["verdict"] == ("unchanged" if expected == 0 else "regression") and row["note"] == note
 
 
 def test_compare_metric_rules() -> None:
@@ -87,13 +128,100 @@ def test_compare_metric_rules() -> None:
     assert compare_metric(memory, 100, 103, 2.0)[0] == "regression"
     assert compare_metric(memory, 100, 90, 2.0)[0] == "improvement"
     assert compare_metric(tflops, 100.0, 85.0, 10.0)[0] == "regression"
+    assert compare_metric(tflops, 100.0, 85.0, 10.0, noise_pct=20.0)[0] == "unchanged"
     assert compare_metric(tflops, 100.0, 120.0, 10.0)[0] == "improvement"
     assert compare_metric(error, 0.001, 0.009, 0.01)[0] == "unchanged"  # +800 %, but absolutely small
     assert compare_metric(error, 0.01, 0.03, 0.01)[0] == "regression"
     verdict, pct, _, note = compare_metric(memory, 0, 4096, 2.0)
     assert verdict == "regression" and pct == float("inf") and note == "from zero"
-    assert compare_metric(memory, None, 5, 2.0)[0] == "not compared"
+    assert compare_metric(memory, None, 5, 2.0)[:1] == ("not compared",)
+    assert compare_metric(memory, 5, None, 2.0) == ("regression", None, None, "missing in current")
     assert compare_metric(METRICS["contract_total_bytes"], 1000, 1001, 0.0)[0] == "regression"  # computed: exact
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Whatever the baseline has and the current run lacks
+
+
+def test_a_policy_deleted_from_the_current_report_is_a_regression(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = run(tmp_path, "base")
+    cur = edit_report(run(tmp_path, "cur"), tmp_path / "edited.json",
+                      lambda d: d.update(policies=[p for p in d["policies"] if p["policy"] != "fixed"]))
+    code, data = compare_json(capsys, str(base), str(cur))
+    assert code == 1
+    (row,) = [r for r in data["rows"] if r["verdict"] == "regression"]
+    assert (row["policy"], row["metric"], row["note"]) == ("fixed", "policy", "policy not in current")
+    assert main(["compare", str(base), str(cur), "--ignore", "policy:fixed"]) == 0
+    capsys.readouterr()
+
+
+def test_a_missing_metric_and_fewer_ranks_are_regressions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = run(tmp_path, "base")
+
+    def drop(d: dict) -> None:
+        fixed = next(p for p in d["policies"] if p["policy"] == "fixed")
+        fixed["allocator_allocated_peak_bytes"] = None  # a metric that became missing
+        fixed["num_ranks"] = 1  # a rank's results that vanished
+
+    cur = edit_report(run(tmp_path, "cur"), tmp_path / "edited.json", drop)
+    code, data = compare_json(capsys, str(base), str(cur))
+    assert code == 1
+    assert rows(data, "regression") == {("fixed", "allocator_peak_bytes"), ("fixed", "num_ranks")}
+    assert {r["note"] for r in data["rows"] if r["verdict"] == "regression"} == {
+        "missing in current", "ranks with a result: fewer than the baseline's"}
+    code, data = compare_json(capsys, str(base), str(cur), "--ignore", "allocator_peak_bytes", "--ignore", "coverage")
+    assert code == 0
+
+
+def test_nan_in_the_current_report_is_a_regression(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = run(tmp_path, "base")
+
+    def nan(d: dict) -> None:
+        next(p for p in d["policies"] if p["policy"] == "legacy")["workspace_delta_bytes"]["avg"] = float("nan")
+
+    cur = edit_report(run(tmp_path, "cur"), tmp_path / "nan.json", nan)
+    assert "NaN" in cur.read_text()
+    code, data = compare_json(capsys, str(base), str(cur))
+    assert code == 1
+    regressed = [r for r in data["rows"] if r["verdict"] == "regression"]
+    assert {(r["policy"], r["metric"], r["note"]) for r in regressed} == {
+        ("legacy", "workspace_delta_avg_bytes", "NaN or infinity in current"),
+        ("legacy", "workspace_delta_max_bytes", "NaN or infinity in current")}
+    # the same NaN in the baseline leaves the metric uncompared, never an improvement
+    code, data = compare_json(capsys, str(cur), str(base))
+    assert code == 0 and data["num_improvements"] == 0
+    assert ("legacy", "workspace_delta_avg_bytes") in rows(data, "not compared")
+
+
+def test_problems_in_the_current_runs_records_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = run(tmp_path, "base")
+    for name, damage, says in (
+            ("deleted", lambda p: p.unlink(), "missing-rank"),
+            ("truncated", lambda p: p.write_text(p.read_text()[:200]), "truncated"),
+            ("newer", lambda p: p.write_text(p.read_text().replace(f'"schema_version": {SCHEMA_VERSION}',
+                                                                   f'"schema_version": {SCHEMA_VERSION + 1}', 1)),
+             "newer-schema")):
+        cur = run(tmp_path, name)
+        damage(rank_record_path(cur, 1))
+        collect(cur)  # collected after the damage: the report itself carries the problem
+        code, data = compare_json(capsys, str(base), str(cur))
+        assert code == 2 and "the current run's records have 1 problem(s)" in data["exit_reason"], name
+        assert says in data["exit_reason"], (name, data["exit_reason"])
+
+
+def test_a_report_json_that_is_not_its_records_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = run(tmp_path, "base")
+    cur = run(tmp_path, "cur")
+    shutil.copy(rank_record_path(cur, 1), tmp_path / "saved.json")
+    rank_record_path(cur, 1).unlink()  # deleted after collect: report.json still looks complete
+    assert main(["compare", str(base), str(cur)]) == 2
+    assert "its records are now" in capsys.readouterr().err
+    shutil.copy(tmp_path / "saved.json", rank_record_path(cur, 1))
+    assert main(["compare", str(base), str(cur)]) == 0  # restored: the same generation again
+    md = (cur / "report.md").read_text()
+    (cur / "report.md").write_text(md.replace("# generation: ", "# generation: other-run@0000", 1))
+    assert main(["compare", str(base), str(cur)]) == 2
+    assert "a mixed set of outputs" in capsys.readouterr().err
 
 
 def test_report_json_files_and_same_name_changed_hash(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -107,6 +235,43 @@ def test_report_json_files_and_same_name_changed_hash(tmp_path: Path, capsys: py
     assert any(r["policy"] == "lower-bound" and r["note"] == "policy not in baseline" for r in data["rows"])
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Hardware
+
+
+def test_a_cpu_run_against_a_gpu_baseline_is_shown_not_gated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """CPU RSS against GPU NVML and CPU timings against GPU ones say nothing about a regression (issue #16)."""
+    gpu = run(tmp_path, "gpu")
+    slow = {p: {"experts_us": 90_000.0, "experts_tflops": 0.03, "workspace_delta_bytes": 3 * 2**20} for p in ("legacy", "fixed")}
+    cpu = run(tmp_path, "cpu", overrides={0: slow, 1: slow}, device_kind="cpu")
+    code, data = compare_json(capsys, str(gpu), str(cpu))
+    assert code == 0
+    note = data["hardware_note"]
+    assert note.startswith("different hardware: baseline NVIDIA H200 (cuda), current x86_64 (cpu)")
+    assert "measured memory (RSS vs NVML)" in note and "not gated" in note
+    assert ("fixed", "experts_us") in rows(data, "not gated")
+    assert ("fixed", "workspace_delta_avg_bytes") in rows(data, "not gated")
+    assert ("fixed", "contract_total_bytes") in rows(data, "unchanged")  # computed bytes are still gated
+    assert main(["compare", str(gpu), str(cpu)]) == 0
+    out = capsys.readouterr().out
+    assert sum(1 for line in out.splitlines() if line.startswith("different hardware:")) == 1
+    assert main(["compare", str(gpu), str(cpu), "--gate-across-hardware"]) == 1
+    capsys.readouterr()
+
+
+def test_outcome_to_nothing_reads_n_a(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = run(tmp_path, "base")
+    cur = edit_report(run(tmp_path, "cur"), tmp_path / "edited.json",
+                      lambda d: next(p for p in d["policies"] if p["policy"] == "fixed").update(outcome=None))
+    assert main(["compare", str(base), str(cur)]) == 1
+    out = capsys.readouterr().out
+    assert "fit -> n/a" in out and "None" not in out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors and options
+
+
 def test_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = run(tmp_path, "base")
     assert main(["compare", str(tmp_path / "missing"), str(base)]) == 2
@@ -118,9 +283,12 @@ def test_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "neither report.json nor run.json" in capsys.readouterr().err
 
     corrupt = tmp_path / "corrupt.json"
-    corrupt.write_text('{"report_schema_version": 1, "kind": "run", "polic')
+    corrupt.write_text('{"report_schema_version": 2, "kind": "run", "polic')
     assert main(["compare", str(base), str(corrupt)]) == 2
     assert "corrupt JSON" in capsys.readouterr().err
+    corrupt.write_bytes(b"\xff\xfe\x00garbage")
+    assert main(["compare", str(base), str(corrupt)]) == 2
+    assert "not UTF-8" in capsys.readouterr().err
 
     assert main(["compare", str(base), str(base), "--threshold", "wall_time=5"]) == 2
     err = capsys.readouterr().err
@@ -136,29 +304,40 @@ def test_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert not (other / "report.json").exists()
 
 
-def test_parse_thresholds() -> None:
+def test_parse_thresholds_and_options() -> None:
     thresholds = parse_thresholds(["time=25", "experts_us=5%", "max_error=0.05"])
     assert thresholds["dispatch_us"] == 25.0 and thresholds["combine_us"] == 25.0
     assert thresholds["experts_us"] == 5.0 and thresholds["max_error"] == 0.05
     assert thresholds["workspace_delta_avg_bytes"] == 2.0
     with pytest.raises(CompareError, match="compared exactly"):
         parse_thresholds(["outcome=1"])
+    options = parse_options([], ["time", "policy:legacy", "cell:x", "outcome"])
+    assert "dispatch_us" not in options.thresholds and {"policy:legacy", "cell:x", "outcome"} <= options.ignored
+    with pytest.raises(CompareError, match="unknown metric or group"):
+        parse_options([], ["policy:"])
 
 
 def test_run_against_matrix_is_an_error(tmp_path: Path) -> None:
+    from harness.report.matrix import collect_matrix
+    from harness.scenario.matrix import load_matrix
+    from harness.scenario.schema import REPO_DIR
+
     base = load_report(run(tmp_path, "base"))
-    matrix = {"report_schema_version": 1, "kind": "matrix", "cells": []}
+    matrix = load_matrix(REPO_DIR / "scenarios/matrix/cpu-ci.yaml")
+    result = collect_matrix(tmp_path / "matrix", matrix.cells(), matrix=matrix)
     with pytest.raises(CompareError, match="cannot compare a run report"):
-        compare_reports(base, matrix)
+        compare_reports(base, result.report)
 
 
-def test_newer_report_schema_is_an_error(tmp_path: Path) -> None:
+def test_older_and_newer_report_schemas_are_errors(tmp_path: Path) -> None:
     path = run(tmp_path, "base") / "report.json"
     data = json.loads(path.read_text())
-    data["report_schema_version"] = 99
-    path.write_text(json.dumps(data))
-    with pytest.raises(CompareError, match="newer than this harness reads"):
-        load_report(path)
+    for version, says in ((99, "newer than this harness reads"), (1, "older than this harness reads")):
+        data["report_schema_version"] = version
+        edited = tmp_path / f"v{version}.json"
+        edited.write_text(json.dumps(data))
+        with pytest.raises(CompareError, match=says):
+            load_report(edited)
 
 
 def test_matrices_compare_per_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -183,7 +362,17 @@ def test_matrices_compare_per_cell(tmp_path: Path, capsys: pytest.CaptureFixture
     # a cell whose run vanished: its results are gone, which must not pass the gate
     code, data = compare_json(capsys, base, str(tmp_path / "gone"))
     assert code == 1
-    gone = [r for r in data["rows"] if r["verdict"] == "regression"]
-    assert {(r["cell"], r["metric"], r["note"]) for r in gone} == {
-        (second.name, "outcome", "no result in current")}
-    assert any("has errors" in w for w in data["warnings"])
+    gone = {(r["cell"], r["metric"], r["note"]) for r in data["rows"] if r["verdict"] == "regression"}
+    assert gone == {(second.name, "outcome", "no result in current")}
+    assert main(["compare", base, str(tmp_path / "gone"), "--ignore", f"cell:{second.name}"]) == 0
+    capsys.readouterr()
+    # a cell missing from the combined report altogether
+    edited = edit_report(tmp_path / "same", tmp_path / "fewer.json", lambda d: d.update(cells=d["cells"][:1]))
+    code, data = compare_json(capsys, base, str(edited))
+    assert code == 1 and rows(data, "regression") == {("", "cell")}
+    # records written for one rank replaced under a cell: the matrix report is stale against them
+    write_record(rank_record_path(tmp_path / "same" / first.name, 1),
+                 rank_record(first.scenario, 1, run_id="20251130-052000-synthetic", device_kind="cpu",
+                             overrides={"fixed": {"experts_us": 1.0}}))
+    assert main(["compare", base, str(tmp_path / "same")]) == 2
+    assert "its records are now" in capsys.readouterr().err

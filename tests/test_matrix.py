@@ -14,6 +14,7 @@ from report_records import write_run
 from harness.cli import main
 from harness.report.collect import REPORT_FILES
 from harness.report.matrix import collect_matrix
+from harness.report.model import MatrixReport
 from harness.scenario.matrix import MatrixError, is_matrix_file, load_matrix
 from harness.scenario.schema import REPO_DIR, ScenarioError
 from harness.core.contract import fixed_shapes, legacy_shapes
@@ -135,31 +136,33 @@ def test_collect_matrix_goes_on_past_a_failed_cell(tmp_path: Path) -> None:
 
     result = collect_matrix(matrix_dir, cells, matrix=matrix)
     report = result.report
-    assert result.exit_code == 2 and report["status"] == "FAILED"
+    assert isinstance(report, MatrixReport)
+    assert result.exit_code == 2 and report.status == "FAILED"
     for name in REPORT_FILES:
         assert (matrix_dir / name).is_file()
     assert (matrix_dir / ok_cell.name / "report.json").is_file()  # each cell keeps its own report
-    assert [c["exit_code"] for c in report["cells"]] == [0, 2, 2]
-    assert (report["num_valid"], report["num_combinations"]) == (3, 4)
-    assert [s["name"] for s in report["skipped"]] == ["K128-I64_D1_T32"]
-    assert {(p["cell"], p["kind"]) for p in report["problems"]} == {
+    assert [c.report.exit_code for c in report.cells] == [0, 2, 2]
+    assert (report.num_valid, report.num_combinations) == (3, 4)
+    assert [s.name for s in report.skipped] == ["K128-I64_D1_T32"]
+    assert {(p.cell, p.kind) for p in report.problems} == {
         (failed_cell.name, "rank-failure"), (never_ran.name, "missing-cell")}
     # the healthy cell's numbers are all there; the cell that never ran still has its planned contracts
-    ok = report["cells"][0]
-    legacy = next(p for p in ok["policies"] if p["policy"] == "legacy")
-    assert legacy["contract_total_bytes"] == legacy_shapes(ok_cell.scenario.sizing_args()).total_bytes
-    assert report["cells"][2]["planned_contracts"]["fixed"] == fixed_shapes(never_ran.scenario.sizing_args()).total_bytes
-    assert report["cells"][2]["scenario"]["num_dispatchers"] == 8
+    ok = report.cells[0]
+    legacy = ok.report.policy("legacy")
+    assert legacy is not None and legacy.contract_total_bytes == legacy_shapes(ok_cell.scenario.sizing_args()).total_bytes
+    assert report.cells[2].planned_contracts["fixed"] == fixed_shapes(never_ran.scenario.sizing_args()).total_bytes
+    assert report.cells[2].report.scenario.num_dispatchers == 8
 
     md = (matrix_dir / "report.md").read_text()
     assert "3 of 4 combinations valid" in md and "missing-cell" in md and "died: exit code -9" in md
     assert "Skipped combinations (1 of 4)" in md and md.rstrip().splitlines()[-1].startswith("**FAILED (exit 2)")
+    assert f"# generation: {report.generation}" in md
     page = (matrix_dir / "report.html").read_text()
     assert 'id="plot-workspace-vs-d"><img' in page
     root = ET.parse(matrix_dir / "junit.xml").getroot()
     assert [s.get("name") for s in root.findall("testsuite")] == [c.name for c in cells]
-    # 2 ranks x 2 policies x 3 checks in the first cell; 1 rank's in the second plus its failure; the third: 1 error
-    assert int(root.get("tests")) == 12 + 6 + 1 + 1 and int(root.get("errors")) == 2
+    # 2 ranks x 2 policies x 4 checks in the first cell; 1 rank's in the second plus its failure; the third: 1 error
+    assert int(root.get("tests")) == 16 + 8 + 1 + 1 and int(root.get("errors")) == 2
 
     # `harness collect MATRIX_DIR` re-collects from matrix.json and writes the same bytes
     before = {name: (matrix_dir / name).read_bytes() for name in REPORT_FILES}
@@ -173,6 +176,32 @@ def test_collect_matrix_all_pass(tmp_path: Path) -> None:
     for cell in matrix.cells():
         write_run(tmp_path / cell.name, cell.scenario, device_kind="cpu")
     result = collect_matrix(tmp_path, matrix.cells(), matrix=matrix)
-    assert result.exit_code == 0, result.report["exit_reason"]
-    assert result.report["exit_reason"] == "all 2 cells passed (24 checks, 0 skipped)"
-    assert "| cell | model | D | E | T | policy |" in (tmp_path / "report.md").read_text()
+    assert result.exit_code == 0, result.report.exit_reason
+    assert result.report.exit_reason == "all 2 cells passed (32 checks, 0 skipped)"
+    assert "| cell | model | D | E | T | policy | outcome |" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "/tmp/abs", "..", "a/b", "", "x" * 300, "nul\x00"])
+def test_an_unsafe_cell_name_in_matrix_json_is_refused(tmp_path: Path, name: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """matrix.json is read back from the run directory: a cell name must stay one directory below it."""
+    matrix = load_matrix(REPO_DIR / "scenarios/matrix/cpu-ci.yaml")
+    matrix_dir = tmp_path / "deep" / "matrix"
+    for cell in matrix.cells():
+        write_run(matrix_dir / cell.name, cell.scenario, device_kind="cpu")
+    collect_matrix(matrix_dir, matrix.cells(), matrix=matrix)
+    data = json.loads((matrix_dir / "matrix.json").read_text())
+    data["cells"][1]["name"] = name
+    (matrix_dir / "matrix.json").write_text(json.dumps(data))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert main(["collect", str(matrix_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a safe directory name" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written anywhere
+
+
+def test_a_corrupt_matrix_json_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "matrix.json").write_bytes(b"\xff\xfe" + b"[" * 100_000)
+    assert main(["collect", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read the matrix manifest" in err and len(err.strip().splitlines()) == 1

@@ -14,9 +14,10 @@ import pytest
 from report_records import make_scenario, write_run
 
 from harness.report.collect import collect
+from harness.report.markdown import GIB, MIB
 from harness.report.matrix import collect_matrix
+from harness.report.model import parse_report
 from harness.scenario.matrix import load_matrix
-from harness.report.markdown import GIB, MIB, byte_unit, resolve_pointer
 from harness.scenario.schema import REPO_DIR
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -59,16 +60,28 @@ def parse_page(html: str) -> _Page:
     return page
 
 
+def resolve_pointer(data: dict, pointer: str):
+    """The value at a JSON pointer ("/policies/0/workspace_delta_bytes/avg") of report.json's data."""
+    value = data
+    for part in pointer.strip("/").split("/"):
+        value = value[int(part)] if isinstance(value, list) else value[part]
+    return value
+
+
 def assert_shown_equals_report(page: _Page, report: dict) -> int:
     """Every numeric cell's data-value is report.json's value, and its text is that value at display precision."""
-    unit, _ = byte_unit(report)
+    from harness.report.markdown import byte_unit
+
+    unit, _ = byte_unit(parse_report(report, where="report.json"))
     scale = GIB if unit == "GiB" else MIB
     assert page.cells, "no numeric cells in the page"
     for pointer, raw, text in page.cells:
         value = resolve_pointer(report, pointer)
         assert json.loads(raw) == value, pointer
         shown = float(text)
-        if "bytes" in pointer:  # .4g of GiB or MiB: within half a unit of the fourth significant digit
+        if pointer.endswith("baseline_bytes"):  # MiB with one decimal, whatever the table's unit
+            assert shown == pytest.approx(value / MIB, abs=0.051), (pointer, text, value)
+        elif "bytes" in pointer:  # .4g of GiB or MiB: within half a unit of the fourth significant digit
             assert shown == pytest.approx(value / scale, rel=6e-4, abs=1e-12), (pointer, text, value)
         elif "error" in pointer:  # .3g
             assert shown == pytest.approx(value, rel=6e-3), (pointer, text, value)
@@ -98,10 +111,20 @@ def assert_real_pngs(page: _Page, expected: int) -> None:
 
 @pytest.fixture(scope="module")
 def run_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """4 GPU ranks under a memory budget that leaves ~2.9 MiB for a workspace: legacy (4 MiB) OOMs as expected."""
     scenario = make_scenario(parallel={"num_dispatchers": 8, "num_ranks": 4, "num_local_experts": 4, "max_tokens_per_rank": 32},
-                             policies=["legacy", "fixed", "lower-bound"])
-    run_dir = write_run(tmp_path_factory.mktemp("html") / "run", scenario, overrides={3: {"legacy": {"status": "oom"}}})
-    return run_dir, collect(run_dir).report
+                             policies=["legacy", "fixed", "lower-bound"], memory={"budget_gb": 1.003},
+                             expect={"outcomes": {"legacy": "oom", "fixed": "fit"}, "memory_tolerance_pct": 1.0})
+    overrides = {rank: {"legacy": {"status": "oom"}} for rank in range(4)}
+    run_dir = write_run(tmp_path_factory.mktemp("html") / "run", scenario, overrides=overrides)
+    return run_dir, collect(run_dir).report.model_dump(mode="json")
+
+
+@pytest.fixture(scope="module")
+def cpu_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    scenario = make_scenario(parallel={"num_dispatchers": 4, "num_ranks": 2, "num_local_experts": 4, "max_tokens_per_rank": 32})
+    run_dir = write_run(tmp_path_factory.mktemp("cpu") / "run", scenario, device_kind="cpu")
+    return run_dir, collect(run_dir).report.model_dump(mode="json")
 
 
 @pytest.fixture(scope="module")
@@ -111,15 +134,37 @@ def matrix_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]
     first, second = matrix.cells()
     write_run(matrix_dir / first.name, first.scenario, device_kind="cpu")
     write_run(matrix_dir / second.name, second.scenario, device_kind="cpu", failed_ranks={0: "died: exit code -9"})
-    return matrix_dir, collect_matrix(matrix_dir, matrix.cells(), matrix=matrix).report
+    return matrix_dir, collect_matrix(matrix_dir, matrix.cells(), matrix=matrix).report.model_dump(mode="json")
 
 
 def test_page_numbers_equal_report_json(run_report: tuple[Path, dict]) -> None:
     run_dir, report = run_report
     page = parse_page((run_dir / "report.html").read_text())
-    # 3 policies x 15 numeric columns less the n/a cells, plus the per-rank table
+    # 3 policies x 15 numeric columns less the n/a cells, plus the baselines and the per-rank table
     assert assert_shown_equals_report(page, json.loads((run_dir / "report.json").read_text())) > 60
     assert_real_pngs(page, 2)
+
+
+def test_page_marks_oom_budget_other_and_outcome(run_report: tuple[Path, dict]) -> None:
+    run_dir, report = run_report
+    text = (run_dir / "report.html").read_text()
+    assert f'<meta name="harness-generation" content="{report["generation"]}">' in text
+    assert "oom (expected oom): pass" in text and '<td class="oom">oom (expected oom): pass</td>' in text
+    assert "OOM marked in red; the red line is the memory budget (0.9341 GiB) less the baseline in use" in text
+    assert "the red line is the memory budget" in text.split('id="plot-breakdown"')[1]
+    note = text.split('id="other-note">')[1].split("</p>")[0]
+    assert "CUDA context" in note and "NCCL" in note and "caching allocator" in note
+    assert 'id="baselines"' in text and "each GPU&#x27;s memory" in text
+
+
+def test_cpu_page_says_cpu_memory(cpu_report: tuple[Path, dict]) -> None:
+    run_dir, _ = cpu_report
+    text = (run_dir / "report.html").read_text()
+    header = text.split('id="header">')[1].split("</pre>")[0]
+    assert "each rank&#x27;s CPU memory" in header and "GPU" not in header
+    assert "CPU memory is sized for D" in text and "GPU memory" not in text
+    assert "the interpreter" in text.split('id="other-note">')[1].split("</p>")[0]
+    assert "no memory budget in this scenario" in text
 
 
 def test_matrix_page_numbers_equal_report_json(matrix_report: tuple[Path, dict]) -> None:
@@ -164,11 +209,11 @@ def check_in_browser(chromium: str, tmp_path: Path, report_dir: Path, report: di
     ARTIFACTS_DIR.mkdir(exist_ok=True)
     shot = ARTIFACTS_DIR / shot_name
     shot.unlink(missing_ok=True)
-    taken = run_chromium(chromium, tmp_path / "profile-shot", f"--screenshot={shot}", "--window-size=1280,2000",
+    taken = run_chromium(chromium, tmp_path / "profile-shot", f"--screenshot={shot}", "--window-size=1280,2600",
                          "--hide-scrollbars", url)
     assert taken.returncode == 0, taken.stderr[-2000:]
     width, height = png_size(shot.read_bytes())
-    assert (width, height) == (1280, 2000) and shot.stat().st_size > 50_000
+    assert (width, height) == (1280, 2600) and shot.stat().st_size > 50_000
     print(f"screenshot: {shot}")
     return shot
 

@@ -1,119 +1,106 @@
-"""Renderings of a report dict (harness.report.collect.build_report, harness.report.matrix.build_matrix_report): Markdown, JUnit
-XML and the terminal summary. HTML lives in harness.report.html.
+"""Renderings of a typed report (harness.report.model): Markdown, JUnit XML and the terminal summary. HTML lives
+in harness.report.html.
 
-Every number shown is formatted here from the report dict, never recomputed, so report.json and each rendering
-agree. `policy_table` is the one definition of the per-policy table: fixed columns, a units row and a row naming
+Every number shown is formatted here from the report, never recomputed, so report.json and each rendering agree.
+`policy_table` is the one definition of the per-policy table: unique column headers, a units row and a row naming
 the aggregation over ranks (nccl-tests style); Markdown, HTML and the terminal all draw it.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable
 
-from harness.core.records import write_text_atomic  # noqa: F401 - collect writes its outputs through it
+from harness.report.model import (
+    Aggregate,
+    CheckFailure,
+    MatrixReport,
+    PolicySummary,
+    Problem,
+    RankEntry,
+    Report,
+    RunReport,
+    ScenarioInfo,
+)
 
 GIB = 2**30
+MIB = 2**20
 MAX_LISTED = 50  # failed checks listed in Markdown; junit.xml and report.json hold all of them
 MAX_PROBLEMS_LISTED = 200  # problems listed in Markdown/HTML/terminal (a 1024-rank run that died whole stays readable)
+RANK_TABLE_MAX = 64  # per-rank rows in report.md and report.html; report.json holds every rank
 
-
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# report.json
-
-
-def render_json(report: dict[str, Any]) -> str:
-    """report.json text: indented like `json.dump(indent=1)`, but one line per rank.
-
-    A 1024-rank report holds ~600k values; indenting each with the pure-Python encoder costs a second, while
-    one compact line per rank goes through the C encoder and still diffs well in a committed baseline.
-    """
-    return _json_text(report, 0, None) + "\n"
-
-
-_ONE_LINE_PER_ITEM = ("ranks",)
-
-
-def _json_text(value: Any, level: int, key: str | None) -> str:
-    pad, end = " " * (level + 1), " " * level
-    if isinstance(value, dict) and value:
-        items = [f"{pad}{json.dumps(k)}: {_json_text(v, level + 1, k)}" for k, v in value.items()]
-        return "{\n" + ",\n".join(items) + "\n" + end + "}"
-    if isinstance(value, list) and value and key in _ONE_LINE_PER_ITEM:
-        return "[\n" + ",\n".join(pad + json.dumps(v) for v in value) + "\n" + end + "]"
-    if isinstance(value, list) and value:
-        return "[\n" + ",\n".join(pad + _json_text(v, level + 1, None) for v in value) + "\n" + end + "]"
-    return json.dumps(value)
-
+NA = "n/a"  # the one spelling of "no value": no rank has the figure, or it does not apply
 
 # ---------------------------------------------------------------------------------------------------------------
-# Formatting: bytes are stored, GiB are shown.
-
-
-MIB = 2**20
+# Formatting: bytes are stored, GiB or MiB are shown.
 
 
 def fmt_gib(value: float | int | None) -> str:
-    return "n/a" if value is None else f"{value / GIB:.4g}"
+    return NA if value is None else f"{value / GIB:.4g}"
 
 
 def fmt_mib(value: float | int | None) -> str:
-    return "n/a" if value is None else f"{value / MIB:.4g}"
+    return NA if value is None else f"{value / MIB:.4g}"
 
 
-def byte_unit(report: dict[str, Any]) -> tuple[str, Callable[[Any], str]]:
+def byte_unit(report: Report) -> tuple[str, Callable[[Any], str]]:
     """GiB, or MiB when every contract is below 1 GiB (CPU scenarios): 0.0009766 GiB helps no reader.
 
     The unit is chosen from the report alone, so it is the same on every rendering, and the units row names it.
     """
-    if report["kind"] == "matrix":
-        summaries = [p for c in report["cells"] for p in c["policies"]]
-    else:
-        summaries = report["policies"]
-    largest = max((p.get("contract_total_bytes") or 0 for p in summaries), default=0)
+    largest = max((p.contract_total_bytes or 0 for p in _all_summaries(report)), default=0)
     return ("MiB", fmt_mib) if 0 < largest < GIB else ("GiB", fmt_gib)
 
 
+def _all_summaries(report: Report) -> list[PolicySummary]:
+    if isinstance(report, MatrixReport):
+        return [p for c in report.cells for p in c.report.policies]
+    return list(report.policies)
+
+
 def fmt_ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
+    return NA if value is None else f"{value:.2f}"
 
 
 def fmt_error(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3g}"
+    return NA if value is None else f"{value:.3g}"
 
 
 def fmt_us(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f}"
+    return NA if value is None else f"{value:.1f}"
 
 
 def fmt_rate(value: float | None) -> str:
     # Four significant digits: 1027 TFLOP/s on an H200 and 0.01234 on a CPU both stay readable.
-    return "n/a" if value is None else f"{value:.4g}"
+    return NA if value is None else f"{value:.4g}"
 
 
 def fmt_int(value: int | None) -> str:
-    return "n/a" if value is None else str(value)
+    return NA if value is None else str(value)
+
+
+def fmt_baseline_mib(value: float | int | None) -> str:
+    # Baselines are GBs on a GPU, while their differences that matter are MiB: one decimal of MiB shows both.
+    return NA if value is None else f"{value / MIB:.1f}"
 
 
 def fmt_time(unix_s: float | None) -> str:
     """A timestamp taken from a record, in UTC; never "now", so a second collect writes the same bytes."""
     if unix_s is None:
-        return "n/a"
+        return NA
     return datetime.datetime.fromtimestamp(unix_s, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def resolve_pointer(report: dict[str, Any], pointer: str) -> Any:
-    """The value at a JSON pointer ("/policies/0/workspace_delta_bytes/avg"); the HTML test uses it too."""
-    value: Any = report
-    for part in pointer.strip("/").split("/"):
-        value = value[int(part)] if isinstance(value, list) else value[part]
-    return value
+def outcome_text(summary: PolicySummary) -> str:
+    """Outcome against the expectation at a glance: `oom (expected oom): pass`."""
+    outcome = summary.outcome or "no result"
+    if summary.expected_outcome is None:
+        return f"{outcome} (no expectation)"
+    verdict = {"pass": "pass", "fail": "FAIL", "error": "ERROR", "skip": "skip"}[summary.expectation]
+    return f"{outcome} (expected {summary.expected_outcome}): {verdict}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -122,70 +109,100 @@ def resolve_pointer(report: dict[str, Any], pointer: str) -> Any:
 
 @dataclass(frozen=True, kw_only=True)
 class Column:
-    header: str
+    header: str  # unique within the table
     unit: str
-    aggregation: str  # how ranks are combined: "min", "avg", "max", "count", or "" when the value is per scenario
-    key: str  # path under a policy summary, "/"-separated
-    fmt: Callable[[Any], str]
+    aggregation: str  # how ranks are combined: "min", "avg", "max", "count", "any rank", or "" per scenario
+    field: str  # the PolicySummary attribute
+    agg: str | None = None  # the Aggregate attribute (min/avg/max) when the field is an Aggregate
+    fmt: Callable[[Any], str] = str
     numeric: bool = True
+
+    def value(self, summary: PolicySummary) -> Any:
+        value = getattr(summary, self.field)
+        if self.agg is not None:
+            return getattr(value, self.agg) if isinstance(value, Aggregate) else None
+        return value
+
+    def pointer(self, prefix: str) -> str:
+        """Where report.json holds the value: the page's data-json, for the browser test."""
+        return f"{prefix}/{self.field}" + (f"/{self.agg}" if self.agg else "")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Cell:
     text: str
-    pointer: str | None = None  # JSON pointer into the report, for numeric cells
+    pointer: str | None = None  # JSON pointer into report.json, for numeric cells
     value: Any = None
     numeric: bool = False  # right-aligned, also when it shows n/a
+    css: str = ""  # HTML class: "fail", "oom", ...
 
 
-def policy_columns(report: dict[str, Any]) -> list[Column]:
+def memory_unit(report: Report, unit: str) -> str:
     method = _memory_method(report)
+    return {"nvml": f"{unit} NVML", "rss": f"{unit} RSS"}.get(method or "", unit)
+
+
+def policy_columns(report: Report) -> list[Column]:
     unit, fmt_bytes = byte_unit(report)
-    measured_unit = {"nvml": f"{unit} NVML", "rss": f"{unit} RSS"}.get(method or "", unit)
+    measured = memory_unit(report, unit)
     return [
-        Column(header="policy", unit="", aggregation="", key="policy", fmt=str, numeric=False),
-        Column(header="contract", unit=unit, aggregation="", key="contract_total_bytes", fmt=fmt_bytes),
-        Column(header="lower bound", unit=unit, aggregation="", key="lower_bound_bytes", fmt=fmt_bytes),
-        Column(header="x fixed", unit="ratio", aggregation="", key="ratio_to_fixed", fmt=fmt_ratio),
-        Column(header="ws delta", unit=measured_unit, aggregation="min", key="workspace_delta_bytes/min", fmt=fmt_bytes),
-        Column(header="ws delta", unit=measured_unit, aggregation="avg", key="workspace_delta_bytes/avg", fmt=fmt_bytes),
-        Column(header="ws delta", unit=measured_unit, aggregation="max", key="workspace_delta_bytes/max", fmt=fmt_bytes),
-        Column(header="alloc peak", unit=unit, aggregation="max", key="allocator_allocated_peak_bytes/max", fmt=fmt_bytes),
-        Column(header="OOM", unit="ranks", aggregation="count", key="num_oom", fmt=fmt_int),
-        Column(header="max error", unit="rel", aggregation="max", key="max_rel_error/max", fmt=fmt_error),
-        Column(header="dispatch", unit="us", aggregation="max", key="dispatch_us/max", fmt=fmt_us),
-        Column(header="experts", unit="us", aggregation="max", key="experts_us/max", fmt=fmt_us),
-        Column(header="combine", unit="us", aggregation="max", key="combine_us/max", fmt=fmt_us),
-        Column(header="experts", unit="TFLOP/s", aggregation="min", key="experts_tflops/min", fmt=fmt_rate),
-        Column(header="dispatch busbw", unit="GB/s", aggregation="min", key="dispatch_busbw_gbps/min", fmt=fmt_rate),
-        Column(header="combine busbw", unit="GB/s", aggregation="min", key="combine_busbw_gbps/min", fmt=fmt_rate),
+        Column(header="policy", unit="", aggregation="", field="policy", numeric=False),
+        Column(header="outcome", unit="vs expected", aggregation="any rank", field="outcome", numeric=False),
+        Column(header="contract", unit=unit, aggregation="", field="contract_total_bytes", fmt=fmt_bytes),
+        Column(header="lower bound", unit=unit, aggregation="", field="lower_bound_bytes", fmt=fmt_bytes),
+        Column(header="x fixed", unit="ratio", aggregation="", field="ratio_to_fixed", fmt=fmt_ratio),
+        Column(header="ws delta min", unit=measured, aggregation="min", field="workspace_delta_bytes", agg="min", fmt=fmt_bytes),
+        Column(header="ws delta avg", unit=measured, aggregation="avg", field="workspace_delta_bytes", agg="avg", fmt=fmt_bytes),
+        Column(header="ws delta max", unit=measured, aggregation="max", field="workspace_delta_bytes", agg="max", fmt=fmt_bytes),
+        Column(header="alloc peak", unit=unit, aggregation="max", field="allocator_allocated_peak_bytes", agg="max", fmt=fmt_bytes),
+        Column(header="OOM", unit="ranks", aggregation="count", field="num_oom", fmt=fmt_int),
+        Column(header="max error", unit="rel", aggregation="max", field="max_rel_error", agg="max", fmt=fmt_error),
+        Column(header="dispatch time", unit="us", aggregation="max", field="dispatch_us", agg="max", fmt=fmt_us),
+        Column(header="experts time", unit="us", aggregation="max", field="experts_us", agg="max", fmt=fmt_us),
+        Column(header="combine time", unit="us", aggregation="max", field="combine_us", agg="max", fmt=fmt_us),
+        Column(header="experts rate", unit="TFLOP/s", aggregation="min", field="experts_tflops", agg="min", fmt=fmt_rate),
+        Column(header="dispatch busbw", unit="GB/s", aggregation="min", field="dispatch_busbw_gbps", agg="min", fmt=fmt_rate),
+        Column(header="combine busbw", unit="GB/s", aggregation="min", field="combine_busbw_gbps", agg="min", fmt=fmt_rate),
     ]
 
 
 MATRIX_LEAD_COLUMNS = ("cell", "model", "D", "E", "T")
 
 
-def _lookup(summary: dict[str, Any], key: str) -> tuple[bool, Any]:
-    value: Any = summary
-    for part in key.split("/"):
-        if value is None:
-            return False, None
-        value = value.get(part)
-    return value is not None, value
-
-
-def _summary_row(summary: dict[str, Any], pointer: str, columns: list[Column]) -> list[Cell]:
+def _summary_row(summary: PolicySummary, prefix: str, columns: list[Column]) -> list[Cell]:
     row = []
     for column in columns:
-        present, value = _lookup(summary, column.key)
-        if column.numeric and present:
-            row.append(Cell(text=column.fmt(value), pointer=f"{pointer}/{column.key}", value=value, numeric=True))
+        if column.field == "outcome":
+            row.append(Cell(text=outcome_text(summary), css=_outcome_css(summary)))
+            continue
+        value = column.value(summary)
+        if column.numeric and value is not None:
+            row.append(Cell(text=column.fmt(value), pointer=column.pointer(prefix), value=value, numeric=True))
         else:
-            row.append(Cell(text=column.fmt(value) if present else "n/a", numeric=column.numeric))
+            row.append(Cell(text=column.fmt(value) if value is not None else NA, numeric=column.numeric))
     return row
 
 
-def policy_table(report: dict[str, Any]) -> tuple[list[str], list[str], list[str], list[list[Cell]]]:
+def _outcome_css(summary: PolicySummary) -> str:
+    if summary.expectation in ("fail", "error"):
+        return "fail"
+    return "oom" if summary.outcome == "oom" else ""
+
+
+def _matrix_lead(i: int, s: ScenarioInfo, name: str) -> list[Cell]:
+    model = s.model_preset or (f"K={s.hidden_size} I={s.intermediate_size}" if s.hidden_size else NA)
+    return [
+        Cell(text=name), Cell(text=model),
+        Cell(text=fmt_int(s.num_dispatchers), pointer=f"/cells/{i}/report/scenario/num_dispatchers",
+             value=s.num_dispatchers, numeric=True),
+        Cell(text=fmt_int(s.num_local_experts), pointer=f"/cells/{i}/report/scenario/num_local_experts",
+             value=s.num_local_experts, numeric=True),
+        Cell(text=fmt_int(s.max_tokens_per_rank), pointer=f"/cells/{i}/report/scenario/max_tokens_per_rank",
+             value=s.max_tokens_per_rank, numeric=True),
+    ]
+
+
+def policy_table(report: Report) -> tuple[list[str], list[str], list[str], list[list[Cell]]]:
     """headers, units, aggregations, rows; a matrix report gets leading cell/model/D/E/T columns."""
     columns = policy_columns(report)
     headers = [c.header for c in columns]
@@ -193,119 +210,161 @@ def policy_table(report: dict[str, Any]) -> tuple[list[str], list[str], list[str
     aggregations = [c.aggregation or "-" for c in columns]
     aggregations[0] = "over ranks"
     rows: list[list[Cell]] = []
-    if report["kind"] == "matrix":
-        headers = list(MATRIX_LEAD_COLUMNS) + headers
-        units = ["", "", "", "", ""] + units
-        aggregations = ["", "", "", "", ""] + aggregations
-        for i, cell in enumerate(report["cells"]):
-            s = cell["scenario"]
-            lead = [
-                Cell(text=cell["name"]),
-                Cell(text=str(s.get("model_preset") or f"K={s.get('hidden_size')} I={s.get('intermediate_size')}")),
-                Cell(text=fmt_int(s.get("num_dispatchers")), pointer=f"/cells/{i}/scenario/num_dispatchers",
-                     value=s.get("num_dispatchers")),
-                Cell(text=fmt_int(s.get("num_local_experts")), pointer=f"/cells/{i}/scenario/num_local_experts",
-                     value=s.get("num_local_experts")),
-                Cell(text=fmt_int(s.get("max_tokens_per_rank")), pointer=f"/cells/{i}/scenario/max_tokens_per_rank",
-                     value=s.get("max_tokens_per_rank")),
-            ]
-            if not cell["policies"]:
-                rows.append(lead + [Cell(text=f"no results: {cell['exit_reason']}")] + [Cell(text="") for _ in columns[1:]])
-            for j, summary in enumerate(cell["policies"]):
-                rows.append(lead + _summary_row(summary, f"/cells/{i}/policies/{j}", columns))
+    if isinstance(report, MatrixReport):
+        lead = len(MATRIX_LEAD_COLUMNS)
+        headers, units, aggregations = list(MATRIX_LEAD_COLUMNS) + headers, [""] * lead + units, [""] * lead + aggregations
+        for i, cell in enumerate(report.cells):
+            lead_cells = _matrix_lead(i, cell.report.scenario, cell.name)
+            if not cell.report.policies:
+                rows.append(lead_cells + [Cell(text=f"no results: {cell.report.exit_reason}")]
+                            + [Cell(text="") for _ in columns[1:]])
+            for j, summary in enumerate(cell.report.policies):
+                rows.append(lead_cells + _summary_row(summary, f"/cells/{i}/report/policies/{j}", columns))
     else:
-        for j, summary in enumerate(report["policies"]):
+        for j, summary in enumerate(report.policies):
             rows.append(_summary_row(summary, f"/policies/{j}", columns))
     return headers, units, aggregations, rows
 
 
-def _memory_method(report: dict[str, Any]) -> str | None:
-    if report["kind"] == "matrix":
-        return next((c["scenario"].get("memory_method") for c in report["cells"] if c["scenario"].get("memory_method")), None)
-    return report["scenario"].get("memory_method")
+def _memory_method(report: Report) -> str | None:
+    if isinstance(report, MatrixReport):
+        return next((c.report.scenario.memory_method for c in report.cells if c.report.scenario.memory_method), None)
+    return report.scenario.memory_method
+
+
+def table_legend(report: Report) -> str:
+    """What the columns mean, for Markdown and the terminal (HTML says the same with markup)."""
+    one_rank = isinstance(report, RunReport) and report.scenario.num_ranks == 1
+    return ("Row 2 gives the units, row 3 how ranks are aggregated; report.json holds the bytes these are rendered "
+            "from. outcome = fit or oom on any rank, against the scenario's expectation; ws delta = measured "
+            "workspace delta; x fixed = contract / fixed contract; n/a = no rank has the figure"
+            + (" (bus bandwidth with one physical rank: nothing crosses a link)." if one_rank else "."))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-rank memory baselines (the baseline check)
+
+
+def baseline_table(report: RunReport) -> tuple[list[str], list[str], list[list[Cell]]]:
+    """Headers, units and rows of each policy's memory baseline per rank, with the rank's spread and check."""
+    policies = [p.policy for p in report.policies]
+    method = report.scenario.memory_method or ""
+    headers = ["rank", *[f"{p} baseline" for p in policies], "spread", "check"]
+    units = ["", *[f"MiB {method.upper()}".strip()] * len(policies), "MiB", f"allowed {fmt_baseline_mib(report.scenario.baseline_rounding_bytes)} MiB"]
+    rows = []
+    for i, rank in enumerate(report.ranks[:RANK_TABLE_MAX]):
+        cells = [Cell(text=str(rank.rank), pointer=f"/ranks/{i}/rank", value=rank.rank, numeric=True)]
+        values = []
+        for name in policies:
+            j = next((k for k, e in enumerate(rank.policies) if e.policy == name), None)
+            value = rank.policies[j].baseline_bytes if j is not None else None
+            if value is None:
+                cells.append(Cell(text=NA, numeric=True))
+                continue
+            values.append(value)
+            cells.append(Cell(text=fmt_baseline_mib(value), pointer=f"/ranks/{i}/policies/{j}/baseline_bytes",
+                              value=value, numeric=True))
+        cells.append(Cell(text=fmt_baseline_mib(max(values) - min(values)) if values else NA, numeric=True))
+        cells.append(_rank_baseline_verdict(rank))
+        rows.append(cells)
+    return headers, units, rows
+
+
+def _rank_baseline_verdict(rank: RankEntry) -> Cell:
+    outcomes = [e.checks.baseline.outcome for e in rank.policies]
+    verdict = "fail" if "fail" in outcomes else ("pass" if "pass" in outcomes else "skip")
+    return Cell(text=verdict, css=verdict if verdict != "pass" else "")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Header lines (shared by Markdown, HTML and the terminal)
 
 
-def _versions_line(versions: dict[str, Any]) -> list[str]:
-    names = (("harness", "harness"), ("python", "python"), ("torch", "torch"), ("cuda", "CUDA"), ("nccl", "NCCL"),
-             ("driver", "driver"), ("ray", "Ray"))
-    first = " | ".join(f"{label} {versions.get(key) or 'n/a'}" for key, label in names)
-    second = f"vLLM source: {versions.get('vllm_source') or 'none'} | vLLM kernels: {versions.get('vllm_kernels') or 'none'}"
-    return [first, second]
+def _versions_lines(report: Report) -> list[str]:
+    v = report.versions
+    if v is None:
+        return ["versions: unknown (no records)"]
+    names = (("harness", v.harness), ("python", v.python), ("torch", v.torch), ("CUDA", v.cuda), ("NCCL", v.nccl),
+             ("driver", v.driver), ("Ray", v.ray))
+    first = " | ".join(f"{label} {value or NA}" for label, value in names)
+    return [first, f"vLLM source: {v.vllm_source or 'none'} | vLLM kernels: {v.vllm_kernels or 'none'}"]
 
 
-def _hardware_line(hw: dict[str, Any]) -> str:
-    if not hw:
+def _hardware_line(report: Report) -> str:
+    hw = report.hardware
+    if not hw.num_ranks_reported and not hw.nodes:
         return "hardware: unknown (no records)"
-    names = ", ".join(hw.get("device_names") or []) or "unknown device"
-    total = hw.get("device_total_bytes")
-    memory = f" ({fmt_gib(total['max'])} GiB)" if total else ""
-    caps = f", sm {', '.join(hw['device_capabilities'])}" if hw.get("device_capabilities") else ""
-    expected = hw.get("num_ranks_expected")
-    of = f" of {expected} launched" if expected is not None else ""
-    nodes = ", ".join(hw.get("nodes") or [])
-    launcher = f"; launcher {hw['launcher']}" if hw.get("launcher") else ""
-    return (f"hardware: {hw.get('num_ranks_reported', 0)} rank(s) reported{of} on {hw.get('num_nodes', 0)} node(s) "
-            f"[{nodes}]: {names}{memory} ({hw.get('device_kind') or 'n/a'}{caps}){launcher}")
+    names = ", ".join(hw.device_names) or "unknown device"
+    memory = f" ({fmt_gib(hw.device_total_bytes.max)} GiB)" if hw.device_total_bytes else ""
+    caps = f", sm {', '.join(hw.device_capabilities)}" if hw.device_capabilities else ""
+    of = f" of {hw.num_ranks_expected} launched" if hw.num_ranks_expected is not None else ""
+    launcher = f"; launcher {hw.launcher}" if hw.launcher else ""
+    return (f"hardware: {hw.num_ranks_reported} rank(s) reported{of} on {hw.num_nodes} node(s) "
+            f"[{', '.join(hw.nodes)}]: {names}{memory} ({hw.device_kind or NA}{caps}){launcher}")
 
 
-def _shape_line(s: dict[str, Any]) -> str:
-    if s.get("hidden_size") is None:
-        return f"D={s.get('num_dispatchers')} P={s.get('num_ranks')} (shapes unknown: the scenario could not be parsed)"
-    model = s.get("model_preset") or "explicit shapes"
-    return (f"model {model}: D={s['num_dispatchers']} P={s['num_ranks']} E={s['num_local_experts']} "
-            f"T={s['max_tokens_per_rank']} M={s['M']} K={s['hidden_size']} I={s['intermediate_size']} N={s['N']} "
-            f"top_k={s['top_k']} experts={s['num_experts']} {s['workspace_dtype']}; routing {s['routing']}, "
-            f"{s['num_tokens_per_dispatcher']} tokens per dispatcher")
+def _shape_line(s: ScenarioInfo) -> str:
+    if s.hidden_size is None:
+        return f"D={s.num_dispatchers} P={s.num_ranks} (shapes unknown: the scenario could not be parsed)"
+    return (f"model {s.model_preset or 'explicit shapes'}: D={s.num_dispatchers} P={s.num_ranks} "
+            f"E={s.num_local_experts} T={s.max_tokens_per_rank} M={s.M} K={s.hidden_size} I={s.intermediate_size} "
+            f"N={s.N} top_k={s.top_k} experts={s.num_experts} {s.workspace_dtype}; routing {s.routing}, "
+            f"{s.num_tokens_per_dispatcher} tokens per dispatcher")
 
 
-def _emulation_line(s: dict[str, Any]) -> str:
-    if s.get("emulated"):
-        return (f"D={s.get('num_dispatchers')} is EMULATED on P={s.get('num_ranks')} physical rank(s): buffers and "
-                "workspaces are sized for D (each GPU's memory equals a real D-rank deployment's); traffic flows among P")
-    return f"D={s.get('num_dispatchers')} is real: one physical rank per dispatcher (not emulated)"
+def _emulation_line(s: ScenarioInfo, device_kind: str | None) -> str:
+    if s.emulated:
+        memory = "each rank's CPU memory" if device_kind == "cpu" else "each GPU's memory"
+        return (f"D={s.num_dispatchers} is EMULATED on P={s.num_ranks} physical rank(s): buffers and workspaces are "
+                f"sized for D ({memory} equals a real D-rank deployment's); traffic flows among P")
+    return f"D={s.num_dispatchers} is real: one physical rank per dispatcher (not emulated)"
 
 
-def _measurement_line(s: dict[str, Any]) -> str:
-    return (f"measurement: {s.get('measurement_method') or 'n/a'}; {s.get('memory_label') or 'no memory measured'}; "
-            f"experts backend {s.get('experts_backend') or 'n/a'}; comm {s.get('comm_backend') or 'n/a'}; "
-            f"memory tolerance {s.get('memory_tolerance_pct', 'n/a')}%")
+def _measurement_line(s: ScenarioInfo) -> str:
+    tolerance = NA if s.memory_tolerance_pct is None else f"{s.memory_tolerance_pct:g}%"
+    rounding = NA if s.baseline_rounding_bytes is None else f"{fmt_baseline_mib(s.baseline_rounding_bytes)} MiB"
+    return (f"measurement: {s.measurement_method or NA}; {s.memory_label or 'no memory measured'}; experts backend "
+            f"{s.experts_backend or NA}; comm {s.comm_backend or NA}; memory tolerance {tolerance}; "
+            f"baselines equal within {rounding}")
 
 
-def header_lines(report: dict[str, Any]) -> list[str]:
-    """The `#` header: versions, hardware, scenario parameters, emulation, measurement method."""
-    lines = _versions_line(report.get("versions") or {})
-    for name, values in sorted((report.get("version_mismatches") or {}).items()):
-        lines.append(f"WARNING: ranks disagree on {name}: {', '.join(values)}")
-    lines.append(_hardware_line(report.get("hardware") or {}))
-    if report["kind"] == "matrix":
-        lines.append(f"matrix: {report['name']} ({report.get('path') or 'inline'}): {report['num_valid']} of "
-                     f"{report['num_combinations']} combinations valid, {len(report['cells'])} cell(s) run")
-        for key, values in report.get("axes", {}).items():
-            lines.append(f"  axis {key}: {', '.join(_short(v) for v in values)}")
-        emulated = [c["name"] for c in report["cells"] if c["scenario"].get("emulated")]
-        if emulated:
-            lines.append(f"D is EMULATED (fewer physical ranks than dispatchers) in: {', '.join(emulated)}")
-        return lines
-    s = report["scenario"]
-    if s.get("name") is None and s.get("hash") is None:
+def _matrix_header(report: MatrixReport) -> list[str]:
+    lines = [f"matrix: {report.name} ({report.path or 'inline'}): {report.num_valid} of {report.num_combinations} "
+             f"combinations valid, {len(report.cells)} cell(s) run"]
+    lines += [f"  axis {key}: {', '.join(_short(v) for v in values)}" for key, values in report.axes.items()]
+    emulated = [c.name for c in report.cells if c.report.scenario.emulated]
+    if emulated:
+        lines.append(f"D is EMULATED (fewer physical ranks than dispatchers) in: {', '.join(emulated)}")
+    return lines
+
+
+def _run_header(report: RunReport) -> list[str]:
+    s = report.scenario
+    lines = []
+    if s.name is None and s.hash is None:
         lines.append("scenario: unknown (no readable run.json and no readable record)")
     else:
-        lines.append(f"scenario: {s.get('name')} (hash {s.get('hash')}) {s.get('path') or ''}".rstrip())
-    if s.get("num_dispatchers") is not None:
-        lines.append(_shape_line(s))
-        lines.append(_emulation_line(s))
+        lines.append(f"scenario: {s.name} (hash {s.hash}) {s.path or ''}".rstrip())
+    if s.num_dispatchers is not None:
+        lines += [_shape_line(s), _emulation_line(s, report.hardware.device_kind)]
     lines.append(_measurement_line(s))
-    expected = s.get("expected_outcomes")
-    if expected:
-        lines.append("expected: " + ", ".join(f"{k} {v}" for k, v in expected.items()))
-    lines.append(f"run: {report.get('run_id')}; started {fmt_time(report.get('started_at'))}; "
-                 f"last rank finished {fmt_time(report.get('finished_at'))}")
-    if report.get("scenario_problem"):
-        lines.append(f"WARNING: {report['scenario_problem']}")
+    if s.expected_outcomes:
+        lines.append("expected: " + ", ".join(f"{k} {v}" for k, v in s.expected_outcomes.items()))
+    lines.append(f"run: {report.run_id}; started {fmt_time(report.started_at)}; "
+                 f"last rank finished {fmt_time(report.finished_at)}")
+    if report.scenario_problem:
+        lines.append(f"WARNING: {report.scenario_problem}")
+    return lines
+
+
+def header_lines(report: Report) -> list[str]:
+    """The `#` header: versions, hardware, scenario parameters, emulation, measurement method, generation."""
+    lines = _versions_lines(report)
+    lines += [f"WARNING: ranks disagree on {name}: {', '.join(values)}"
+              for name, values in sorted(report.version_mismatches.items())]
+    lines.append(_hardware_line(report))
+    lines += _matrix_header(report) if isinstance(report, MatrixReport) else _run_header(report)
+    lines.append(f"generation: {report.generation}")
     return lines
 
 
@@ -313,14 +372,28 @@ def _short(value: Any) -> str:
     return "[" + ", ".join(map(str, value)) + "]" if isinstance(value, list) else str(value)
 
 
-def footer_line(report: dict[str, Any]) -> str:
-    return f"{report['status']} (exit {report['exit_code']}): {report['exit_reason']}"
+def footer_line(report: Report) -> str:
+    return f"{report.status} (exit {report.exit_code}): {report.exit_reason}"
 
 
-def title_line(report: dict[str, Any]) -> str:
-    if report["kind"] == "matrix":
-        return f"MoE workspace matrix report: {report['name']}"
-    return f"MoE workspace report: {report['scenario'].get('name') or report.get('run_id') or 'unknown run'}"
+def title_line(report: Report) -> str:
+    if isinstance(report, MatrixReport):
+        return f"MoE workspace matrix report: {report.name}"
+    return f"MoE workspace report: {report.scenario.name or report.run_id or 'unknown run'}"
+
+
+def checks_line(report: Report) -> str:
+    c = report.checks
+    return f"checks: {c.num_pass} passed, {c.num_fail} failed, {c.num_error} errors, {c.num_skip} skipped"
+
+
+def problem_row(p: Problem, matrix: bool) -> list[str]:
+    row = [p.kind, "" if p.rank is None else str(p.rank), p.path or "", p.cause]
+    return ([p.cell or ""] + row) if matrix else row
+
+
+def failure_row(f: CheckFailure, matrix: bool) -> list[str]:
+    return ([f.cell or ""] if matrix else []) + [str(f.rank), f.policy, f.check, f.outcome, f.message]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -338,62 +411,71 @@ def _md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def render_markdown(report: dict[str, Any]) -> str:
+def _md_listing(report: Report) -> list[str]:
+    """Problems and failed checks, each table capped; report.json and junit.xml hold all of them."""
+    matrix = isinstance(report, MatrixReport)
+    lead = ["cell"] if matrix else []
+    out: list[str] = []
+    if report.problems:
+        out += [f"### Problems ({len(report.problems)})", ""]
+        out += _md_table(lead + ["kind", "rank", "file", "cause"],
+                         [problem_row(p, matrix) for p in report.problems[:MAX_PROBLEMS_LISTED]])
+        if len(report.problems) > MAX_PROBLEMS_LISTED:
+            out.append(f"\n... and {len(report.problems) - MAX_PROBLEMS_LISTED} more in report.json and junit.xml")
+        out.append("")
+    if report.check_failures:
+        out += [f"### Failed checks ({len(report.check_failures)})", ""]
+        out += _md_table(lead + ["rank", "policy", "check", "outcome", "message"],
+                         [failure_row(f, matrix) for f in report.check_failures[:MAX_LISTED]])
+        if len(report.check_failures) > MAX_LISTED:
+            out.append(f"\n... and {len(report.check_failures) - MAX_LISTED} more in report.json and junit.xml")
+        out.append("")
+    return out
+
+
+def _md_baselines(report: RunReport) -> list[str]:
+    if not any(e.baseline_bytes is not None for r in report.ranks for e in r.policies):
+        return []
+    headers, units, rows = baseline_table(report)
+    out = ["### Memory baselines per rank", ""]
+    out += _md_table(headers, [units] + [[c.text for c in row] for row in rows])
+    if len(report.ranks) > RANK_TABLE_MAX:
+        out.append(f"\n... and {len(report.ranks) - RANK_TABLE_MAX} more ranks in report.json")
+    out += ["", "Each policy is measured from the memory in use when it starts (its baseline). The baseline check "
+                "fails when a policy's baseline differs from the rank's first policy's by more than the allocator's "
+                "rounding (the units row): one-time setup inside a policy's window would inflate its peak.", ""]
+    return out
+
+
+def _md_matrix_cells(report: MatrixReport) -> list[str]:
+    out = ["### Cells", ""]
+    out += _md_table(["cell", "status", "exit", "checks passed", "failed", "errors", "reason"],
+                     [[c.name, c.report.status, str(c.report.exit_code), str(c.report.checks.num_pass),
+                       str(c.report.checks.num_fail), str(c.report.checks.num_error), c.report.exit_reason]
+                      for c in report.cells])
+    out.append("")
+    if report.skipped:
+        out += [f"### Skipped combinations ({len(report.skipped)} of {report.num_combinations})", ""]
+        out += _md_table(["combination", "reason"], [[s.name, s.reason] for s in report.skipped])
+        out.append("")
+    return out
+
+
+def render_markdown(report: Report) -> str:
     """report.md: for a Buildkite annotation or a GitHub step summary."""
     out = [f"## {title_line(report)}", "", "```"]
     out += [f"# {line}" for line in header_lines(report)]
     out += ["```", ""]
     headers, units, aggregations, rows = policy_table(report)
     out += _md_table(headers, [units, aggregations] + [[c.text for c in row] for row in rows])
-    out.append("")
-    out.append("Row 2 gives the units, row 3 how ranks are aggregated; report.json holds the bytes these are "
-               "rendered from. ws delta = measured workspace delta; x fixed = contract / fixed contract.")
-    out.append("")
-
-    if report["kind"] == "matrix":
-        out += _md_matrix_sections(report)
-    problems = report["problems"]
-    if problems:
-        out += [f"### Problems ({len(problems)})", ""]
-        out += _md_table(["kind", "rank", "file", "cause"] if report["kind"] == "run" else ["cell", "kind", "rank", "file", "cause"],
-                         [_problem_row(p, report["kind"]) for p in problems[:MAX_PROBLEMS_LISTED]])
-        if len(problems) > MAX_PROBLEMS_LISTED:
-            out.append(f"\n... and {len(problems) - MAX_PROBLEMS_LISTED} more in report.json and junit.xml")
-        out.append("")
-    failures = report["check_failures"]
-    if failures:
-        out += [f"### Failed checks ({len(failures)})", ""]
-        shown = failures[:MAX_LISTED]
-        lead = ["cell"] if report["kind"] == "matrix" else []
-        out += _md_table(lead + ["rank", "policy", "check", "outcome", "message"],
-                         [([f["cell"]] if lead else []) + [str(f["rank"]), f["policy"], f["check"], f["outcome"], f["message"]]
-                          for f in shown])
-        if len(failures) > len(shown):
-            out.append(f"\n... and {len(failures) - len(shown)} more in report.json and junit.xml")
-        out.append("")
-    if report["kind"] == "matrix" and report.get("skipped"):
-        out += [f"### Skipped combinations ({len(report['skipped'])} of {report['num_combinations']})", ""]
-        out += _md_table(["combination", "reason"], [[s["name"], s["reason"]] for s in report["skipped"]])
-        out.append("")
-    c = report["checks"]
-    out.append(f"checks: {c['num_pass']} passed, {c['num_fail']} failed, {c['num_error']} errors, {c['num_skip']} skipped")
-    out.append("")
-    out.append(f"**{footer_line(report)}**")
+    out += ["", table_legend(report), ""]
+    if isinstance(report, MatrixReport):
+        out += _md_matrix_cells(report)
+    else:
+        out += _md_baselines(report)
+    out += _md_listing(report)
+    out += [checks_line(report), "", f"**{footer_line(report)}**"]
     return "\n".join(out) + "\n"
-
-
-def _problem_row(p: dict[str, Any], kind: str) -> list[str]:
-    row = [p["kind"], "" if p["rank"] is None else str(p["rank"]), p["path"] or "", p["cause"]]
-    return ([p.get("cell", "")] + row) if kind == "matrix" else row
-
-
-def _md_matrix_sections(report: dict[str, Any]) -> list[str]:
-    out = ["### Cells", ""]
-    out += _md_table(["cell", "status", "exit", "checks passed", "failed", "errors", "reason"],
-                     [[c["name"], c["status"], str(c["exit_code"]), str(c["checks"]["num_pass"]), str(c["checks"]["num_fail"]),
-                       str(c["checks"]["num_error"]), c["exit_reason"]] for c in report["cells"]])
-    out.append("")
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -408,46 +490,52 @@ def _suite_counts(suite: ET.Element) -> None:
     suite.set("skipped", str(sum(1 for c in cases if c.find("skipped") is not None)))
 
 
-def _add_run_cases(suite: ET.Element, report: dict[str, Any], prefix: str) -> None:
-    for rank in report["ranks"]:
-        for entry in rank["policies"]:
-            for check, result in entry["checks"].items():
-                case = ET.SubElement(suite, "testcase", classname=f"{prefix}.rank-{rank['rank']:05d}.{entry['policy']}", name=check)
-                outcome = result["outcome"]
-                if outcome == "fail":
-                    ET.SubElement(case, "failure", message=result["message"], type=check).text = result["message"]
-                elif outcome == "error":
-                    ET.SubElement(case, "error", message=result["message"], type=check).text = result["message"]
-                elif outcome == "skip":
-                    ET.SubElement(case, "skipped", message=result["message"])
+def _add_run_cases(suite: ET.Element, report: RunReport, prefix: str) -> None:
+    for rank in report.ranks:
+        for entry in rank.policies:
+            for check, result in entry.checks.items():
+                case = ET.SubElement(suite, "testcase", classname=f"{prefix}.rank-{rank.rank:05d}.{entry.policy}", name=check)
+                if result.outcome == "fail":
+                    ET.SubElement(case, "failure", message=result.message, type=check).text = result.message
+                elif result.outcome == "error":
+                    ET.SubElement(case, "error", message=result.message, type=check).text = result.message
+                elif result.outcome == "skip":
+                    ET.SubElement(case, "skipped", message=result.message)
                 else:
-                    ET.SubElement(case, "system-out").text = result["message"]
-    for problem in report["problems"]:
-        if problem["kind"] == "policy-error":
+                    ET.SubElement(case, "system-out").text = result.message
+    for problem in report.problems:
+        if problem.kind == "policy-error":
             continue  # already an <error> on that rank's checks
-        where = f"rank-{problem['rank']:05d}" if problem["rank"] is not None else (problem["path"] or "run")
-        case = ET.SubElement(suite, "testcase", classname=f"{prefix}.problems", name=f"{where} {problem['kind']}")
-        ET.SubElement(case, "error", message=problem["cause"], type=problem["kind"]).text = problem["cause"]
+        where = f"rank-{problem.rank:05d}" if problem.rank is not None else (problem.path or "run")
+        case = ET.SubElement(suite, "testcase", classname=f"{prefix}.problems", name=f"{where} {problem.kind}")
+        ET.SubElement(case, "error", message=problem.cause, type=problem.kind).text = problem.cause
 
 
-def render_junit(report: dict[str, Any]) -> str:
+def _properties(suite: ET.Element, values: dict[str, Any]) -> None:
+    props = ET.SubElement(suite, "properties")
+    for name, value in values.items():
+        ET.SubElement(props, "property", name=name, value=str(value))
+
+
+def render_junit(report: Report) -> str:
     """junit.xml: one testcase per rank x policy x check, and one erroring testcase per problem."""
     root = ET.Element("testsuites", name=title_line(report))
-    if report["kind"] == "matrix":
-        for cell in report["cells"]:
-            suite = ET.SubElement(root, "testsuite", name=cell["name"])
-            props = ET.SubElement(suite, "properties")
-            ET.SubElement(props, "property", name="scenario_hash", value=str(cell["scenario"].get("hash")))
-            _add_run_cases(suite, cell, cell["name"])
+    if isinstance(report, MatrixReport):
+        for cell in report.cells:
+            suite = ET.SubElement(root, "testsuite", name=cell.name)
+            _properties(suite, {"generation": report.generation, "cell_generation": cell.report.generation,
+                                "scenario_hash": cell.report.scenario.hash})
+            _add_run_cases(suite, cell.report, cell.name)
             _suite_counts(suite)
     else:
-        name = str(report["scenario"].get("name"))
-        suite = ET.SubElement(root, "testsuite", name=name)
-        props = ET.SubElement(suite, "properties")
-        for key in ("hash", "num_dispatchers", "num_ranks", "num_local_experts", "max_tokens_per_rank", "emulated"):
-            ET.SubElement(props, "property", name=f"scenario.{key}", value=str(report["scenario"].get(key)))
-        ET.SubElement(props, "property", name="run_id", value=str(report.get("run_id")))
-        _add_run_cases(suite, report, name)
+        s = report.scenario
+        suite = ET.SubElement(root, "testsuite", name=str(s.name))
+        _properties(suite, {"generation": report.generation, "scenario.hash": s.hash,
+                            "scenario.num_dispatchers": s.num_dispatchers, "scenario.num_ranks": s.num_ranks,
+                            "scenario.num_local_experts": s.num_local_experts,
+                            "scenario.max_tokens_per_rank": s.max_tokens_per_rank, "scenario.emulated": s.emulated,
+                            "run_id": report.run_id})
+        _add_run_cases(suite, report, str(s.name))
         _suite_counts(suite)
     for attr in ("tests", "failures", "errors", "skipped"):
         root.set(attr, str(sum(int(s.get(attr, "0")) for s in root.findall("testsuite"))))
@@ -459,7 +547,7 @@ def render_junit(report: dict[str, Any]) -> str:
 # Terminal
 
 
-def render_summary(report: dict[str, Any]) -> Any:
+def render_summary(report: Report) -> Any:
     """A rich renderable for `harness collect` / `harness run`: header, the policy table, problems, footer."""
     from rich.console import Group
     from rich.table import Table
@@ -470,21 +558,20 @@ def render_summary(report: dict[str, Any]) -> Any:
     headers, units, aggregations, rows = policy_table(report)
     table = Table(title_justify="left")
     for header in headers:
-        table.add_column(header, justify="left" if header in ("policy", "cell", "model") else "right")
+        table.add_column(header, justify="left" if header in ("policy", "outcome", "cell", "model") else "right")
     table.add_row(*units, style="dim")
     table.add_row(*aggregations, style="dim")
     for row in rows:
         table.add_row(*(c.text for c in row))
     parts.append(table)
-    for p in report["problems"][:MAX_PROBLEMS_LISTED]:
-        where = f"[{p['cell']}] " if p.get("cell") else ""
-        parts.append(Text(f"{where}{p['kind']}: {p['cause']}", style="red"))
-    if len(report["problems"]) > MAX_PROBLEMS_LISTED:
-        parts.append(Text(f"... and {len(report['problems']) - MAX_PROBLEMS_LISTED} more problems in report.json"))
-    for f in report["check_failures"][:MAX_LISTED]:
-        where = f"[{f['cell']}] " if f.get("cell") else ""
-        parts.append(Text(f"{where}rank {f['rank']} {f['policy']} {f['check']} {f['outcome']}: {f['message']}", style="yellow"))
-    if len(report["check_failures"]) > MAX_LISTED:
-        parts.append(Text(f"... and {len(report['check_failures']) - MAX_LISTED} more failed checks in report.json"))
-    parts.append(Text(footer_line(report), style="bold green" if report["exit_code"] == 0 else "bold red"))
+    for p in report.problems[:MAX_PROBLEMS_LISTED]:
+        parts.append(Text(f"{f'[{p.cell}] ' if p.cell else ''}{p.kind}: {p.cause}", style="red"))
+    if len(report.problems) > MAX_PROBLEMS_LISTED:
+        parts.append(Text(f"... and {len(report.problems) - MAX_PROBLEMS_LISTED} more problems in report.json"))
+    for f in report.check_failures[:MAX_LISTED]:
+        where = f"[{f.cell}] " if f.cell else ""
+        parts.append(Text(f"{where}rank {f.rank} {f.policy} {f.check} {f.outcome}: {f.message}", style="yellow"))
+    if len(report.check_failures) > MAX_LISTED:
+        parts.append(Text(f"... and {len(report.check_failures) - MAX_LISTED} more failed checks in report.json"))
+    parts.append(Text(footer_line(report), style="bold green" if report.exit_code == 0 else "bold red"))
     return Group(*parts)
