@@ -57,6 +57,7 @@ from harness.core.records import (
 from harness.report.model import (
     Aggregate,
     Check,
+    CheckOutcome,
     CheckCounts,
     CheckFailure,
     Checks,
@@ -677,7 +678,7 @@ def _policy_summary(policy: str, ranks: list[RankEntry], contracts: dict[str, An
     )
 
 
-def _policy_expectation(outcome: Outcome | None, expected: str | None) -> Any:
+def _policy_expectation(outcome: Outcome | None, expected: str | None) -> CheckOutcome:
     if expected is None:
         return "skip"
     if outcome is None or outcome == "error":

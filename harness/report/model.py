@@ -26,7 +26,6 @@ from harness.core.records import Breakdown, OomRecord, Versions
 REPORT_SCHEMA_VERSION = 2  # 2: the typed model (generation, baseline check, timing spreads, outcome per policy)
 
 CheckName = Literal["expectation", "correctness", "memory", "baseline"]
-CHECK_NAMES: tuple[CheckName, ...] = ("expectation", "correctness", "memory", "baseline")
 CheckOutcome = Literal["pass", "fail", "skip", "error"]
 Outcome = Literal["fit", "oom", "error"]
 ProblemKind = Literal[
