@@ -169,7 +169,9 @@ def test_cpu_page_says_cpu_memory(cpu_report: tuple[Path, dict]) -> None:
 
 def test_matrix_page_numbers_equal_report_json(matrix_report: tuple[Path, dict]) -> None:
     matrix_dir, report = matrix_report
-    page = parse_page((matrix_dir / "report.html").read_text())
+    text = (matrix_dir / "report.html").read_text()
+    assert "the interpreter" in text.split('id="other-note">')[1].split("</p>")[0]  # a CPU matrix: RSS, not NVML
+    page = parse_page(text)
     assert_shown_equals_report(page, json.loads((matrix_dir / "report.json").read_text()))
     assert_real_pngs(page, 2)
 

@@ -47,7 +47,7 @@ from harness.report.model import MatrixCell, MatrixReport, Report, RunReport
 PER_RANK_BARS_MAX = 64
 BREAKDOWN_RANKS_MAX = 16
 BREAKDOWN_PARTS = ("weights", "dispatch", "common", "ws2", "combine", "ballast", "other")
-OTHER_LABEL = "other (context, NCCL, allocator cache)"
+OTHER_LABEL = {"cuda": "other (context, NCCL, allocator cache)", "cpu": "other (interpreter, libraries, heap)"}
 OOM_COLOR = "#c00000"
 
 _CSS = """
@@ -223,7 +223,8 @@ def _average_parts(bars: list[dict[str, float]]) -> dict[str, float]:
     return {part: sum(b[part] for b in bars) / len(bars) for part in BREAKDOWN_PARTS}
 
 
-def plot_breakdown(labels: list[str], bars: list[dict[str, float]], title: str, budget: int | None = None) -> str | None:
+def plot_breakdown(labels: list[str], bars: list[dict[str, float]], title: str, budget: int | None = None,
+                   device_kind: str | None = None) -> str | None:
     if not bars:
         return None
     fig = _new_figure(min(18.0, 3.5 + 0.55 * len(bars)), 4.4)
@@ -236,7 +237,8 @@ def plot_breakdown(labels: list[str], bars: list[dict[str, float]], title: str, 
         # "other" can be negative on CPU RSS (pages returned to the OS): a stacked bar cannot show that, so it is
         # drawn as zero; the tables keep the number.
         heights = [max(bar[part], 0.0) / scale for bar in bars]
-        ax.bar(xs, heights, 0.7, bottom=bottoms, color=color, label=OTHER_LABEL if part == "other" else part,
+        label = OTHER_LABEL["cpu" if device_kind == "cpu" else "cuda"] if part == "other" else part
+        ax.bar(xs, heights, 0.7, bottom=bottoms, color=color, label=label,
                edgecolor="white", linewidth=0.5)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     if budget is not None:
@@ -311,7 +313,7 @@ def plot_workspace_against_d(report: MatrixReport) -> str | None:
     ax.yaxis.set_major_formatter(plain)
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: ""))
     ax.set_xlabel("D (num_dispatchers)")
-    ax.set_ylabel(f"workspace per GPU ({unit})")
+    ax.set_ylabel(f"workspace per {'rank' if report.hardware.device_kind == 'cpu' else 'GPU'} ({unit})")
     ax.set_title("workspace against D per policy", fontsize=11)
     ax.grid(alpha=0.3, which="both")
     if ax.get_legend_handles_labels()[0]:
@@ -441,7 +443,7 @@ def _figure(png: str | None, caption: str, fig_id: str) -> str:
 
 
 def _other_note(report: Report) -> str:
-    cpu = isinstance(report, RunReport) and report.hardware.device_kind == "cpu"
+    cpu = report.hardware.device_kind == "cpu"
     where = ("the process's RSS less the harness's own allocations: the interpreter, torch's libraries and the "
              "heap's free but resident pages" if cpu else
              "the process's device memory (NVML) less the harness's own allocations: the CUDA context (hundreds of "
@@ -460,7 +462,8 @@ def _run_body(report: RunReport) -> list[str]:
         _figure(plot_workspace_per_rank(report), f"per rank: contract (hatched) vs measured (solid); OOM marked in "
                 f"red; {budget_text}", "plot-per-rank"),
         _figure(plot_breakdown(labels, bars, f"breakdown of the exact allocations ({how})",
-                               budget if report.scenario.memory_method == "nvml" else None),
+                               budget if report.scenario.memory_method == "nvml" else None,
+                               report.hardware.device_kind),
                 f"breakdown: weights, dispatch, common, ws2, combine, ballast, other ({how})"
                 + ("; the red line is the memory budget" if budget and report.scenario.memory_method == "nvml" else ""),
                 "plot-breakdown"),
@@ -481,7 +484,8 @@ def _matrix_body(report: MatrixReport) -> list[str]:
     return [
         _figure(plot_workspace_against_d(report), "workspace against D per policy (contract solid, measured average "
                 "dashed)", "plot-workspace-vs-d"),
-        _figure(plot_breakdown(labels, bars, "breakdown per cell and policy (average over ranks)"),
+        _figure(plot_breakdown(labels, bars, "breakdown per cell and policy (average over ranks)",
+                               device_kind=report.hardware.device_kind),
                 "breakdown of the exact allocations per cell and policy", "plot-breakdown"),
         _other_note(report),
         _cells_html(report),
