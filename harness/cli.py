@@ -176,7 +176,7 @@ def cmd_compare(ns: argparse.Namespace) -> int:
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:
-    from harness.bench.main import bench_command
+    from harness.bench.command import bench_command
 
     return bench_command(ns)
 

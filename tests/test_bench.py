@@ -9,41 +9,52 @@ from pathlib import Path
 
 import yaml
 
+from harness.bench.command import command_line
+from harness.bench.markdown import render_markdown
+from harness.bench.records import BenchReport, CpuCost
+from harness.cli import build_parser
 from scenario_utils import TINY
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _bench(tmp_path: Path, bench: dict) -> tuple[subprocess.CompletedProcess, dict]:
+def _bench(tmp_path: Path, bench: dict, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
     data = dict(TINY, name="tiny-bench", bench=bench)
     path = tmp_path / "tiny-bench.yaml"
     path.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "harness", "bench", str(path), "--no-cpu-costs", "--json",
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    done = subprocess.run([sys.executable, "-m", "harness", "bench", str(path), "--no-cpu-costs", "--out", str(out),
+                           *extra], cwd=ROOT, capture_output=True, text=True, timeout=240)
     return done, json.loads((out / "bench.json").read_text())
 
 
 def test_bench_reports_every_variant_per_rank_and_passes_low_thresholds(tmp_path):
-    done, data = _bench(tmp_path, {"iterations": 3, "experts_ratio_min": 0.01, "comm_busbw_ratio_min": 0.001})
+    done, data = _bench(tmp_path, {"iterations": 3, "experts_ratio_min": 0.01, "comm_busbw_ratio_min": 0.001}, "--json")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads(done.stdout) == data["report"]  # --json: stdout is the report alone, progress on stderr
+    assert "rank 0: ready" in done.stderr and "rank 1: fixed ok; record so far written" in done.stderr
     report, ranks = data["report"], data["ranks"]
     assert report["ok"] is True and report["num_ranks"] == 2 and len(ranks) == 2
     for rank in ranks:
+        assert rank["complete"] is True and rank["scenario_hash"] == report["scenario_hash"]
         assert [p["policy"] for p in rank["policies"]] == ["legacy", "fixed"]
         for policy in rank["policies"]:
             names = {v["name"] for v in policy["variants"]}
             assert names == {"dispatch:harness", "a2a:raw-dispatch", "experts:harness", "experts:raw-reference",
                              "combine:harness", "a2a:raw-combine"}
             assert all(v["num_samples"] == 2 and v["median_us"] > 0 for v in policy["variants"])  # first dropped
+            assert all(v["min_us"] <= v["median_us"] <= v["max_us"] for v in policy["variants"])
             # The harness's experts step and the raw reference compute the same math on the valid rows.
             assert policy["max_rel_error"] < 0.06
             assert policy["dispatch_bytes"] > 0 and policy["combine_bytes"] > 0
     summary = {p["policy"]: p for p in report["policies"]}
     assert summary["fixed"]["experts_ratio_min"] > 0 and summary["legacy"]["comm_ratio_min"] > 0
     assert report["legacy_over_fixed_experts_time"] > 0
+    assert report["command"][:3] == ["harness", "bench", str(tmp_path / "tiny-bench.yaml")]
+    assert "--no-cpu-costs" in report["command"] and "--json" in report["command"]
     markdown = (tmp_path / "out" / "bench.md").read_text()
     assert markdown.rstrip().endswith("OK") and "# command: harness bench" in markdown
+    assert "## Per rank" in markdown and "2 rank(s), experts backend reference" in markdown
 
 
 def test_bench_below_a_scenario_threshold_exits_1_and_names_it(tmp_path):
@@ -51,4 +62,28 @@ def test_bench_below_a_scenario_threshold_exits_1_and_names_it(tmp_path):
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     failures = data["report"]["failures"]
     assert any("experts step at" in f and "bench.experts_ratio_min = 50.0" in f for f in failures)
+    assert "bench: 2 rank(s) on cpu" in done.stdout and "rank 1: ready" in done.stdout  # progress as it goes
     assert (tmp_path / "out" / "bench.md").read_text().rstrip().endswith("FAILED")
+
+
+def test_command_line_comes_from_the_arguments_and_leaves_them_as_they_were():
+    ns = build_parser().parse_args(["bench", "smoke", "--num-ranks", "2", "--cpu-only", "--out", "x"])
+    before = dict(vars(ns))
+    assert command_line(ns) == ["harness", "bench", "smoke", "--out", "x", "--num-ranks", "2", "--cpu-only"]
+    assert vars(ns) == before
+
+
+def test_cpu_only_report_has_no_empty_rank_tables():
+    report = BenchReport(
+        run_id="20261130-000000-bench-smoke", scenario_hash="b847df0681b13f14", scenario_name="smoke", num_ranks=0,
+        experts_backend=None, versions=None, device_name=None, command=["harness", "bench", "--cpu-only"],
+        thresholds={"bench.experts_ratio_min": 0.5}, policies=[], legacy_over_fixed_experts_time=None,
+        cpu_costs=[CpuCost(name="plan (in process)", median_s=0.01, samples_s=[0.01], target_s=0.05,
+                           within_target=True)],
+        failures=[], ok=True,
+    )
+    markdown = render_markdown(report, [])
+    assert "CPU-side costs only (--cpu-only): no ranks ran" in markdown
+    for absent in ("0 rank(s)", "None", "## Per rank", "## Ratios", "legacy / fixed"):
+        assert absent not in markdown, absent
+    assert "| plan (in process) | 0.010 | 0.05 | ok |" in markdown and markdown.rstrip().endswith("OK")

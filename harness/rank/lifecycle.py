@@ -232,7 +232,7 @@ def _correctness(setup: RankSetup, combined: torch.Tensor) -> Correctness:
 # `agree`, so all ranks take the same branch before the next collective, and the run goes on to the next policy.
 
 
-def _allocate_workspace(setup: RankSetup, shapes: WorkspaceShapes) -> Workspace:
+def allocate_workspace(setup: RankSetup, shapes: WorkspaceShapes) -> Workspace:
     s = setup.scenario
     return Workspace.allocate(
         shapes, setup.accountant, dtype=getattr(torch, s.model.workspace_dtype), num_local_experts=s.num_local_experts,
@@ -289,7 +289,7 @@ def _allocate(setup: RankSetup, state: PolicyState, baseline: Baseline) -> None:
     """Allocate the policy's workspace as vLLM's modular kernel does; measure what the device shows for it."""
     device = setup.device
     try:
-        state.workspace = _allocate_workspace(setup, state.shapes)
+        state.workspace = allocate_workspace(setup, state.shapes)
         synchronize(device)
         state.workspace_delta_bytes = setup.probe.used_bytes() - baseline.used_bytes
         if device.type == "cuda":
@@ -541,7 +541,7 @@ def warm_up(setup: RankSetup) -> Literal["full", "comm-only", "failed"]:
     shapes = policy_shapes("lower-bound", setup.scenario.sizing_args())
     state = PolicyState(policy="warm-up", shapes=shapes, snapshot=SnapshotRecorder(setup.device, enabled=False))
     try:
-        state.workspace = _allocate_workspace(setup, shapes)
+        state.workspace = allocate_workspace(setup, shapes)
     except Exception as exc:  # noqa: BLE001 - an OOM here only makes the warm-up smaller
         state.own = StageFailure.of("workspace", exc)
     state.failed = agree(state.own, setup.device)

@@ -1,0 +1,108 @@
+"""The harness's CPU-side costs, measured from the outside: plan latency, the time from starting `harness run` to
+the first rank ready (local and Ray), and the collector on 1024 rank records. Each probe reports as it goes."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harness.bench.records import CpuCost
+
+CPU_TARGETS_S = {
+    "plan (in process)": 0.05,
+    "harness plan (command)": 3.0,
+    "run to first rank ready (local)": 20.0,
+    "run to first rank ready (ray)": 40.0,
+    "collect 1024 rank records": 2.0,
+}
+SUBPROCESS_TIMEOUT_S = 300.0
+Progress = Callable[[str], None]
+
+
+def time_call(fn: Callable[[], Any], *, repeat: int) -> list[float]:
+    """Wall-clock seconds of `repeat` calls."""
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _harness_s(args: list[str], *, cwd: Path) -> float:
+    """Seconds a `harness ARGS` subprocess takes; RuntimeError naming the command when it fails."""
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=SUBPROCESS_TIMEOUT_S, check=False)
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"harness {' '.join(args)} exited {done.returncode}: {done.stderr.strip()[-400:]}")
+    return time.perf_counter() - t0
+
+
+def _first_ready_s(run_dir: Path, command_started_at: float) -> float:
+    """Seconds from starting the `harness run` command (interpreter, imports, Ray start included) to the first
+    rank's ready_at."""
+    from harness.core.records import RankRecord, read_record
+
+    ready = [r.ready_at for p in sorted((run_dir / "ranks").glob("rank-*.json"))
+             if isinstance(r := read_record(p), RankRecord) and r.ready_at is not None]
+    if not ready:
+        raise RuntimeError(f"{run_dir}: no rank reported ready")
+    return min(ready) - command_started_at
+
+
+def _probe(name: str, samples: list[float], progress: Progress) -> list[float]:
+    progress(f"{name}: {statistics.median(samples):.3f} s (median of {len(samples)}, target {CPU_TARGETS_S[name]} s)")
+    return samples
+
+
+def _run_to_ready(launcher: str, repeats: int, repo: Path, tmp: Path, progress: Progress) -> list[float]:
+    samples = []
+    for i in range(repeats):
+        progress(f"run to first rank ready ({launcher}): harness run smoke {i + 1}/{repeats}")
+        out = tmp / f"{launcher}-{i}"
+        started_at = time.time()
+        _harness_s(["run", "smoke", "--launcher", launcher, "--out", str(out)], cwd=repo)
+        samples.append(_first_ready_s(out, started_at))
+    return samples
+
+
+def cpu_costs(*, repeats: int = 3, with_ray: bool = True, progress: Progress = lambda line: None) -> list[CpuCost]:
+    """Every probe of CPU_TARGETS_S that can run here; `progress` gets a line before and after each."""
+    from harness.scenario.schema import REPO_DIR, load_scenario
+    from harness.sizing.plan import make_plan
+
+    pr = load_scenario("deepseek-v3-dp32-pr55579")
+    results: dict[str, list[float]] = {}
+    progress("plan (in process): 20 calls")
+    results["plan (in process)"] = _probe("plan (in process)", time_call(lambda: make_plan(pr), repeat=20), progress)
+    progress(f"harness plan (command): {repeats} runs")
+    results["harness plan (command)"] = _probe("harness plan (command)", [
+        _harness_s(["plan", "deepseek-v3-dp32-pr55579", "--json"], cwd=REPO_DIR) for _ in range(repeats)], progress)
+    with tempfile.TemporaryDirectory() as tmp:
+        for launcher in ("local", "ray") if with_ray else ("local",):
+            name = f"run to first rank ready ({launcher})"
+            samples = _run_to_ready(launcher, repeats if launcher == "local" else 1, REPO_DIR, Path(tmp), progress)
+            results[name] = _probe(name, samples, progress)
+    bench_collect = REPO_DIR / "benchmarks" / "bench_collect.py"
+    if bench_collect.exists():
+        progress("collect 1024 rank records: benchmarks/bench_collect.py")
+        done = subprocess.run([sys.executable, str(bench_collect), "--repeats", "3", "--json"], capture_output=True,
+                              text=True, timeout=SUBPROCESS_TIMEOUT_S * 2, cwd=REPO_DIR, check=False)
+        if done.returncode in (0, 1) and done.stdout.strip():
+            samples = json.loads(done.stdout.strip().splitlines()[-1])["timings_s"]
+            results["collect 1024 rank records"] = _probe("collect 1024 rank records", samples, progress)
+        else:
+            progress(f"collect 1024 rank records: skipped (bench_collect.py exited {done.returncode})")
+    return [
+        CpuCost(name=name, median_s=statistics.median(v), samples_s=v, target_s=CPU_TARGETS_S[name],
+                within_target=statistics.median(v) <= CPU_TARGETS_S[name])
+        for name, v in results.items()
+    ]

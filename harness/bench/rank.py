@@ -1,0 +1,218 @@
+"""The bench's rank side: the same setup and warm-up as `harness run`, then per policy allocate -> prepare ->
+iterate -> judge, every variant interleaved round by round (A B C ... A B C ...) so clock and thermal drift hit
+every variant alike:
+
+    dispatch:harness     quantize + pack + counts + all_to_all_single + unpack into (E, M, K)
+    a2a:raw-dispatch     raw_comm.raw_dispatch
+    experts:harness      the backend's step on the policy's workspace views (what `harness run` times)
+    experts:raw-*        raw_kernels.raw_experts
+    combine:harness      gather + all_to_all_single + weighted sum
+    a2a:raw-combine      raw_comm.raw_combine
+
+Every step that can fail on some ranks ends in harness.rank.distributed.agree, as in harness.rank.lifecycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.bench.raw_comm import raw_combine, raw_dispatch
+from harness.bench.raw_kernels import max_rel_error_on_valid_rows, raw_experts
+from harness.bench.records import BENCH_POLICIES, BenchPolicy, BenchRankRecord, VariantStats
+from harness.core.environment import collect_hardware, collect_versions
+from harness.core.events import Done, PolicyDone, PolicyStarted, RankEvent, Ready
+from harness.rank.combine import combine
+from harness.rank.dispatch import DispatchHandle, dispatch
+from harness.rank.distributed import RankInfo, StageFailure, agree, init_rank, shutdown_rank
+from harness.rank.experts import Workspace, useful_flops
+from harness.rank.lifecycle import RankSetup, allocate_workspace, setup_rank, warm_up
+from harness.rank.memory import release_cached
+from harness.rank.timing import StageTimer, stats_drop_first
+from harness.scenario.schema import Scenario
+from harness.sizing.plan import policy_shapes
+
+H200_FP8_DENSE_TFLOPS = 1979.0  # vendor datasheet, dense (no sparsity)
+Variant = tuple[str, Callable[[], Any], bool]  # name, run once, is a collective
+
+
+def bench_policies(scenario: Scenario) -> list[str]:
+    """The scenario's policies the bench compares (legacy and fixed: the fix changes memory, not speed)."""
+    return [p for p in scenario.policies if p in BENCH_POLICIES] or list(BENCH_POLICIES)
+
+
+@dataclass(kw_only=True)
+class BenchState:
+    """What one policy's bench steps build up on this rank."""
+
+    policy: str
+    workspace: Workspace | None = None
+    own: StageFailure | None = None
+    failed: dict[int, StageFailure] = field(default_factory=dict)
+    handle: DispatchHandle | None = None
+    variants: list[Variant] = field(default_factory=list)
+    raw_name: str | None = None
+    rel_error: float | None = None
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+
+def _guarded(state: BenchState, stage: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - an OOM or a kernel's error: agreed by the caller, recorded
+        state.own = state.own or StageFailure.of(stage, exc)
+        return None
+
+
+def _allocate(setup: RankSetup, state: BenchState) -> None:
+    shapes = policy_shapes(state.policy, setup.scenario.sizing_args())
+    state.workspace = _guarded(state, "workspace", lambda: allocate_workspace(setup, shapes))
+    state.failed = agree(state.own, setup.device)
+
+
+def _prepare(setup: RankSetup, state: BenchState) -> None:
+    """One dispatch (its splits serve the raw all-to-alls), the raw kernel, and the harness step against it."""
+    b, workspace = setup.buffers, state.workspace
+    assert workspace is not None
+
+    def harness_experts() -> torch.Tensor:
+        return setup.backend.apply(expert_x=b.expert_x, expert_x_scale=b.expert_x_scale,
+                                   expert_num_tokens=b.expert_num_tokens, weights=setup.weights, workspace=workspace)
+
+    def cross_check() -> None:
+        state.handle = dispatch(setup.tokens, setup.routing, setup.layout, b, setup.quantize)
+        state.raw_name, raw = raw_experts(setup, workspace)
+        # Experts first: raw-vllm writes the same views the harness step uses, so compare before reuse.
+        counts = [int(c) for c in b.expert_num_tokens.tolist()]
+        harness_out = harness_experts().clone()
+        state.rel_error = max_rel_error_on_valid_rows(harness_out, raw(), counts)
+        handles = {"handle": state.handle}
+
+        def harness_dispatch() -> None:
+            handles["handle"] = dispatch(setup.tokens, setup.routing, setup.layout, b, setup.quantize)
+
+        state.variants = [
+            ("dispatch:harness", harness_dispatch, True),
+            ("a2a:raw-dispatch", raw_dispatch(b, state.handle), True),
+            ("experts:harness", harness_experts, False),
+            (state.raw_name, raw, False),
+            ("combine:harness", lambda: combine(workspace.out, handles["handle"], setup.layout, b), True),
+            ("a2a:raw-combine", raw_combine(b, state.handle), True),
+        ]
+
+    _guarded(state, "prepare", cross_check)
+    state.failed = agree(state.own, setup.device)
+
+
+def _iterate(setup: RankSetup, state: BenchState, num_rounds: int) -> None:
+    """num_rounds interleaved rounds of every variant; the ranks agree after each round."""
+    device = setup.device
+    timer = StageTimer(device)
+    state.samples = {name: [] for name, _, _ in state.variants}
+    for _ in range(num_rounds):
+        for name, fn, collective in state.variants:
+            if collective:  # start every rank together, so the time is the exchange, not the skew
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                torch.distributed.barrier()
+            started = timer.start()
+            _guarded(state, name, fn)
+            timer.stop(name, started)
+            state.samples[name].append(timer.elapsed_us()[name])
+        state.failed = agree(state.own, device)
+        if state.failed:
+            return
+
+
+def _failed_policy(state: BenchState) -> BenchPolicy:
+    kinds = {f.kind for f in state.failed.values()}
+    status = "oom" if kinds == {"oom"} else "error"
+    error = None
+    if status == "error":
+        rank = min(r for r, f in state.failed.items() if f.kind == "error")
+        error = f"rank {rank}: {state.failed[rank].stage}: {state.failed[rank].message}"
+    return BenchPolicy(policy=state.policy, status=status, variants=[], experts_raw_variant=None,
+                       experts_ratio=None, comm_ratio=None, experts_tflops=None, experts_tflops_fraction_of_peak=None,
+                       raw_a2a_busbw_gbps=None, harness_comm_busbw_gbps=None, dispatch_bytes=0, combine_bytes=0,
+                       max_rel_error=None, error=error)
+
+
+def _judge(setup: RankSetup, state: BenchState) -> BenchPolicy:
+    """Medians per variant, raw / harness ratios, TFLOP/s and bus bandwidths (nccl-tests' all-to-all factor)."""
+    assert state.handle is not None and state.raw_name is not None
+    stats = [VariantStats(name=name, **asdict(stats_drop_first(state.samples[name]))) for name, _, _ in state.variants]
+    by = {v.name: v.median_us for v in stats}
+    layout = setup.layout
+    flops = useful_flops(setup.buffers.expert_num_tokens, hidden_size=layout.hidden_size,
+                         intermediate_size=setup.scenario.model.intermediate_size or 0)
+    tflops = flops / (by["experts:harness"] * 1e6)
+    bus = (layout.num_ranks - 1) / layout.num_ranks
+    dispatch_bytes = state.handle.num_send_rows * layout.row_bytes
+    combine_bytes = state.handle.num_recv_rows * layout.hidden_size * 2
+    raw_comm_us = by["a2a:raw-dispatch"] + by["a2a:raw-combine"]
+    harness_comm_us = by["dispatch:harness"] + by["combine:harness"]
+    comm_bytes = dispatch_bytes + combine_bytes
+    return BenchPolicy(
+        policy=state.policy, status="ok", variants=stats, experts_raw_variant=state.raw_name,
+        experts_ratio=by[state.raw_name] / by["experts:harness"], comm_ratio=raw_comm_us / harness_comm_us,
+        experts_tflops=tflops,
+        experts_tflops_fraction_of_peak=tflops / H200_FP8_DENSE_TFLOPS if setup.device.type == "cuda" else None,
+        raw_a2a_busbw_gbps=comm_bytes / (raw_comm_us * 1e3) * bus,
+        harness_comm_busbw_gbps=comm_bytes / (harness_comm_us * 1e3) * bus,
+        dispatch_bytes=dispatch_bytes, combine_bytes=combine_bytes, max_rel_error=state.rel_error,
+    )
+
+
+def bench_policy(setup: RankSetup, policy: str, num_rounds: int) -> BenchPolicy:
+    """Interleave every variant `num_rounds` times on one policy's workspace: allocate -> prepare -> iterate -> judge."""
+    release_cached(setup.device)
+    state = BenchState(policy=policy)
+    _allocate(setup, state)
+    if not state.failed:
+        _prepare(setup, state)
+    if not state.failed:
+        _iterate(setup, state, num_rounds)
+    result = _failed_policy(state) if state.failed else _judge(setup, state)
+    if state.workspace is not None:
+        state.workspace.release(setup.accountant)
+    state.workspace = None
+    state.variants.clear()
+    release_cached(setup.device)
+    return result
+
+
+def bench_rank_main(scenario: Scenario, info: RankInfo, run_dir: Path,
+                    progress: Callable[[RankEvent], None] | None = None) -> BenchRankRecord:
+    """The bench counterpart of harness.rank.lifecycle.rank_main: same setup and warm-up, then bench_policy per
+    policy, with the record so far sent after each."""
+    device = init_rank(info)
+    try:
+        setup = setup_rank(scenario, info, device, run_dir, 0)
+        warm_up(setup)
+        if progress:
+            progress(setup.event(Ready, backend=setup.backend.name))
+        fields = dict(
+            run_id=info.run_id, scenario_name=scenario.name or "", scenario_hash=scenario.scenario_hash,
+            rank=info.rank, num_ranks=info.world_size, comm_backend=info.comm_backend,
+            experts_backend=setup.backend.name, versions=collect_versions(
+                vllm_kernels=setup.backend.kernels if setup.backend.name == "vllm-ops" else None),
+            hardware=collect_hardware(device), num_rounds=scenario.bench.iterations,
+        )
+        results: list[BenchPolicy] = []
+        for policy in bench_policies(scenario):
+            if progress:
+                progress(setup.event(PolicyStarted, policy=policy))
+            results.append(bench_policy(setup, policy, scenario.bench.iterations))
+            if progress:
+                so_far = BenchRankRecord(**fields, policies=list(results), complete=False)
+                progress(setup.event(PolicyDone, policy=policy, status=results[-1].status,
+                                     record=so_far.model_dump(mode="json")))
+        if progress:
+            progress(setup.event(Done))
+        return BenchRankRecord(**fields, policies=results)
+    finally:
+        shutdown_rank()

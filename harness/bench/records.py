@@ -1,0 +1,96 @@
+"""What `harness bench` measures and writes: per-rank records, the aggregated report, bench.json. Frozen, typed and
+versioned like every record, sharing their header (harness.core.records.RunHeader / RankHeader)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from harness.core.records import Hardware, RankHeader, Record, RunHeader, Versions
+
+BENCH_POLICIES = ("legacy", "fixed")
+
+
+class VariantStats(Record):
+    """One variant's samples in microseconds, the first round dropped."""
+
+    name: str  # "experts:harness", "experts:raw-vllm", "a2a:raw-dispatch", ...
+    median_us: float
+    min_us: float
+    max_us: float
+    num_samples: int
+
+
+class BenchPolicy(Record):
+    policy: str
+    status: Literal["ok", "oom", "error"]
+    variants: list[VariantStats]
+    experts_raw_variant: str | None
+    experts_ratio: float | None  # raw / harness
+    comm_ratio: float | None  # (raw dispatch + raw combine) / (harness dispatch + harness combine)
+    experts_tflops: float | None
+    experts_tflops_fraction_of_peak: float | None
+    raw_a2a_busbw_gbps: float | None
+    harness_comm_busbw_gbps: float | None
+    dispatch_bytes: int
+    combine_bytes: int
+    max_rel_error: float | None  # the harness step's output against the raw kernel's, on the valid rows
+    error: str | None = None  # status "error": what was raised, here or on the ranks that stopped the policy
+
+
+class BenchRankRecord(RankHeader):
+    record_kind: Literal["bench-rank"] = "bench-rank"
+    scenario_name: str
+    num_ranks: int
+    comm_backend: str
+    experts_backend: str
+    versions: Versions
+    hardware: Hardware
+    policies: list[BenchPolicy]
+    num_rounds: int
+    complete: bool = True  # False: the record so far, sent after a policy; the final record replaces it
+
+
+class CpuCost(Record):
+    name: str
+    median_s: float
+    samples_s: list[float]
+    target_s: float
+    within_target: bool
+
+
+class BenchPolicySummary(Record):
+    policy: str
+    num_ranks_ok: int
+    experts_raw_variant: str | None
+    experts_ratio_min: float | None
+    experts_ratio_median: float | None
+    comm_ratio_min: float | None
+    experts_tflops_min: float | None
+    experts_tflops_max: float | None
+    fraction_of_fp8_peak_max: float | None
+    harness_comm_busbw_gbps_min: float | None
+    raw_a2a_busbw_gbps_max: float | None
+    max_rel_error: float | None
+
+
+class BenchReport(RunHeader):
+    record_kind: Literal["bench"] = "bench"
+    scenario_name: str
+    num_ranks: int  # ranks whose record the report aggregates; 0 with --cpu-only
+    experts_backend: str | None
+    versions: Versions | None
+    device_name: str | None
+    command: list[str]
+    thresholds: dict[str, float]
+    policies: list[BenchPolicySummary]
+    legacy_over_fixed_experts_time: float | None  # expected ~1: the fix changes memory, not speed
+    cpu_costs: list[CpuCost]
+    failures: list[str]
+    ok: bool
+
+
+class BenchFile(Record):
+    """bench.json: the report and the per-rank records it aggregates."""
+
+    report: BenchReport
+    ranks: list[BenchRankRecord]
