@@ -369,6 +369,9 @@ class _Context:
     cur_nan: frozenset[tuple[str | None, str, str]]
 
 
+NO_SPREAD = "no per-stage min/max in the records: threshold alone"
+
+
 def _stage_noise(metric: Metric, base: PolicySummary, cur: PolicySummary) -> tuple[float | None, str]:
     """The larger relative spread (%) of the metric's stage in the two runs, or None (threshold alone) and why."""
     if metric.stage is None:
@@ -376,7 +379,7 @@ def _stage_noise(metric: Metric, base: PolicySummary, cur: PolicySummary) -> tup
     spreads: list[StageSpread | None] = [base.timing_spread, cur.timing_spread]
     values = [s.of(metric.stage, rate=metric.group == "throughput") if s is not None else None for s in spreads]
     if any(v is None for v in values):
-        return None, "no per-stage min/max in the records: threshold alone"
+        return None, NO_SPREAD
     return 100.0 * max(v for v in values if v is not None), ""
 
 
@@ -627,6 +630,11 @@ def _fmt_threshold(row: Row) -> str:
     return f"{row.threshold:g}" + ("" if row.threshold_kind == "abs" else "%")
 
 
+def _short_note(note: str) -> str:
+    """A row's note in the table: the spread fallback is said once above the table, not on every row."""
+    return "; ".join(part for part in note.split("; ") if part != NO_SPREAD)
+
+
 def render_comparison(comparison: Comparison) -> Any:
     """A rich renderable: what changed beyond its threshold (and what could not be compared), then the footer."""
     from rich.console import Group as RichGroup
@@ -644,6 +652,8 @@ def render_comparison(comparison: Comparison) -> Any:
     if comparison.hardware_note:
         parts.append(Text(comparison.hardware_note, style="yellow"))
     parts += [Text(f"WARNING: {w}", style="yellow") for w in comparison.warnings]
+    if any(NO_SPREAD in r.note for r in comparison.rows):
+        parts.append(Text(f"timings and throughputs: {NO_SPREAD} (records of an older harness)", style="yellow"))
     shown = [r for r in comparison.rows if r.verdict in ("regression", "improvement", "not gated")
              or (r.verdict == "not compared" and r.metric in ("policy", "cell", "outcome"))]
     if shown:
@@ -655,7 +665,7 @@ def render_comparison(comparison: Comparison) -> Any:
             style = {"regression": "red", "improvement": "green", "not gated": "dim"}.get(r.verdict, "yellow")
             table.add_row(*(([r.cell or ""] if lead else []) + [
                 r.policy, r.metric, _fmt_value(r.metric, r.baseline), _fmt_value(r.metric, r.current), _fmt_change(r),
-                _fmt_threshold(r), r.verdict, r.note]), style=style)
+                _fmt_threshold(r), r.verdict, _short_note(r.note)]), style=style)
         parts.append(table)
     else:
         parts.append(Text("nothing changed beyond its threshold"))
