@@ -21,9 +21,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cli_utils import REPO_DIR, harness_env
+from vllm_cache_utils import forge_entry
 from harness.sizing.vllm_source import locate
+from harness.sizing.vllm_source.cache import PINNED_WHEELS
 from harness.sizing.vllm_source.evaluate import SourceTree
 from harness.sizing.vllm_source.interpreter import StandIn, Unevaluable
 
@@ -221,6 +224,84 @@ def test_hostile_tree_audit_runs_nothing_and_writes_nothing(tmp_path):
     assert "not a regular file" in unparsed["fifo_moe.py"] and "not a regular file" in unparsed["zero_moe.py"]
     assert "over the 1048576 bytes read of one file" in unparsed["huge_moe.py"]
     assert "SyntaxError: too many nested parentheses" in unparsed["deep_moe.py"]
+
+
+# --- a hostile tree planted in the cache, reached by a plain `harness plan` ---------------------------------------
+
+
+def plan_scenario(path: Path, version: str) -> Path:
+    """The PR case with a vllm==version policy, which `harness plan` sizes from that release's cached source."""
+    scenario = yaml.safe_load((REPO_DIR / "scenarios" / "deepseek-v3-dp32-pr55579.yaml").read_text())
+    scenario["policies"] = ["fixed", f"vllm=={version}"]
+    scenario["expect"]["outcomes"] = {"fixed": "fit", f"vllm=={version}": "fit"}
+    path.write_text(yaml.safe_dump(scenario))
+    return path
+
+
+def plant(cache: Path, version: str, canary: Path, *, wheel_sha256: str) -> Path:
+    """The hostile tree as the cache entry of release `version`, with a manifest and RECORD that agree with it."""
+    planted = hostile_tree(cache.parent / f"planted-{version}", canary)
+    package = planted / FUSED_MOE
+    for name in ("fifo_moe.py", "zero_moe.py", "huge_moe.py", "deep_moe.py"):
+        (package / name).unlink()
+    # The class `vllm==X` sizes with, hostile as the others.
+    cutlass = HOSTILE_EXPERTS.split("class WalksSubclasses")[1].split("class ReachesModuleGlobals")[0]
+    (package / "hostile_moe.py").write_text(
+        (package / "hostile_moe.py").read_text()
+        + "\n\nclass CutlassBatchedExpertsFp8" + cutlass.replace("SIGNATURE", SIGNATURE).replace("{canary}", str(canary))
+    )
+    files = {p.relative_to(planted).as_posix(): p.read_bytes() for p in planted.rglob("*") if p.is_file()}
+    entry = cache / "vllm" / version / "release"
+    forge_entry(entry, files, kind="release", version=version, wheel_sha256=wheel_sha256)
+    return entry
+
+
+def run_plan(scenario: Path, cache: Path, workdir: Path) -> subprocess.CompletedProcess:
+    env = harness_env() | {"HARNESS_CACHE_DIR": str(cache)}
+    return subprocess.run(
+        [sys.executable, "-m", "harness", "plan", str(scenario)], cwd=workdir, env=env, capture_output=True,
+        text=True, timeout=AUDIT_BOUND_S, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("claims", ["the pinned wheel", "another wheel"])
+def test_planted_entry_of_a_pinned_release_is_refused(tmp_path, claims):
+    """A self-consistent forgery of vllm 0.30.0's entry: its RECORD (or its wheel hash) is not the pinned one."""
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    pinned = PINNED_WHEELS["0.30.0"].wheel_sha256
+    entry = plant(tmp_path / "cache", "0.30.0", canary, wheel_sha256=pinned if claims == "the pinned wheel" else "e" * 64)
+    scenario = plan_scenario(tmp_path / "scenario.yaml", "0.30.0")
+    before = snapshot(tmp_path)
+    completed = run_plan(scenario, tmp_path / "cache", tmp_path)
+    assert snapshot(tmp_path) == before and list(canary.iterdir()) == []
+    assert completed.returncode == 2, completed.stdout + completed.stderr
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in completed.stderr, completed.stderr
+    assert f"cache entry {entry} " in lines[0] and f"delete {entry} (rm -r)" in lines[0]
+    why = "holds a RECORD that is not vllm 0.30.0's" if claims == "the pinned wheel" else f"claims wheel sha256 {'e' * 64}"
+    assert why in lines[0]
+
+
+def test_planted_entry_outside_the_pins_runs_nothing(tmp_path):
+    """A release the harness has no pin for is trusted through the cache's ownership and permissions; what such an
+    entry holds is still only read, never run."""
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    entry = plant(tmp_path / "cache", "9.9.9", canary, wheel_sha256="e" * 64)
+    scenario = plan_scenario(tmp_path / "scenario.yaml", "9.9.9")
+    before = snapshot(tmp_path)
+    completed = run_plan(scenario, tmp_path / "cache", tmp_path)
+    assert snapshot(tmp_path) == before and list(canary.iterdir()) == []
+    assert completed.returncode == 2 and len(completed.stderr.strip().splitlines()) == 1, completed.stderr
+    assert "vllm 9.9.9: CutlassBatchedExpertsFp8 in model_executor/layers/fused_moe/hostile_moe.py was not evaluated" in (
+        completed.stderr
+    )
+    assert "dunder attributes are outside the subset" in completed.stderr
+    # Writable by anyone: refused before anything is read.
+    (entry / "manifest.json").chmod(0o666)
+    completed = run_plan(scenario, tmp_path / "cache", tmp_path)
+    assert completed.returncode == 2 and "manifest.json, which anyone may write" in completed.stderr
 
 
 # --- the budget's edges, one limit at a time --------------------------------------------------------------------

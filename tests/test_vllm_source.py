@@ -7,7 +7,9 @@ Tests marked vllm_wheel fetch real vLLM wheels with pip into a cache shared acro
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import math
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+import harness.sizing.vllm_source.cache as cache_module
 import harness.sizing.vllm_source.sources as sources_module
 from harness.sizing.vllm_source import (
     CONSISTENT,
@@ -170,7 +173,7 @@ def test_second_locate_reuses_the_cache(cache_dir, monkeypatch):
     def no_pip(*args, **kwargs):
         raise AssertionError("pip ran although the release is cached")
 
-    monkeypatch.setattr(sources_module.subprocess, "run", no_pip)
+    monkeypatch.setattr(cache_module.subprocess, "run", no_pip)
     second = locate(version="0.30.0", cache_dir=cache_dir)
     assert second == first
     assert manifest.stat().st_mtime_ns == mtime_before
@@ -183,6 +186,14 @@ def test_wheel_file_and_ops_library(tmp_path, ds_v3_args):
     with pytest.raises(VllmSourceError, match=r"vllm 0\.30\.0 .*no compiled ops library.*torch==2\.13\.0"):
         ops_library(kept)
     (wheel,) = (tmp_path / "vllm" / "0.30.0" / "wheel").glob("vllm-0.30.0-*.whl")
+    # The download was checked against the index's published sha256, which is the one the harness pinned.
+    pinned = cache_module.PINNED_WHEELS["0.30.0"]
+    assert cache_module.sha256_file(wheel) == pinned.wheel_sha256
+    manifest = cache_module.CacheManifest.model_validate_json((kept.root / "manifest.json").read_text())
+    assert (manifest.wheel_sha256, manifest.record.sha256) == (pinned.wheel_sha256, pinned.record_sha256)
+    assert manifest.wheel_sha256_checked_against == "index" and manifest.schema_version == 3
+    cutlass_file = next(f for f in manifest.hashes if f.path.endswith("experts/cutlass_moe.py"))
+    assert cutlass_file.sha256 == cache_module.sha256_file(kept.root / cutlass_file.path)
 
     from_wheel = locate(wheel=wheel, cache_dir=tmp_path, with_ops=True)
     assert from_wheel.kind == "wheel" and from_wheel.version == "0.30.0"
@@ -444,10 +455,17 @@ def test_garbage_wheel(tmp_path):
         locate(wheel=wheel, cache_dir=tmp_path / "cache")
 
 
-def make_wheel(path: Path, members: dict[str, bytes]) -> Path:
+def make_wheel(path: Path, members: dict[str, bytes], *, record: bool = True) -> Path:
+    """A wheel as pip builds one: the members, then a .dist-info/RECORD of their sha256 (urlsafe base64) and sizes."""
+    lines = []
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         for name, data in members.items():
             archive.writestr(name, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            lines.append(f"{name},sha256={digest},{len(data)}")
+        dist_info = next((n.split("/")[0] for n in members if n.endswith(".dist-info/METADATA")), None)
+        if record and dist_info is not None:
+            archive.writestr(f"{dist_info}/RECORD", "\n".join([*lines, f"{dist_info}/RECORD,,"]) + "\n")
     return path
 
 
@@ -749,3 +767,146 @@ def tree_activation(name: str):
     from harness.sizing.vllm_source.interpreter import Activation
 
     return Activation(name)
+
+
+# --- the cache: fetched against the index's hash, checked on every use ----------------------------------------------
+
+CUTLASS_FILE = f"{FUSED_MOE}/cutlass_moe.py"
+
+
+@pytest.fixture
+def wheel_entry(tmp_path, synthetic_tree) -> tuple[Path, Path, Path]:
+    """A synthetic wheel extracted into a fresh cache: (the wheel, the cache directory, the entry)."""
+    members = {"vllm-0.9.9.dist-info/METADATA": METADATA}
+    for path in (synthetic_tree / FUSED_MOE).rglob("*.py"):
+        members[path.relative_to(synthetic_tree).as_posix()] = path.read_bytes()
+    wheel = make_wheel(tmp_path / "vllm-0.9.9-cp38-abi3-linux_x86_64.whl", members)
+    cache = tmp_path / "cache"
+    return wheel, cache, locate(wheel=wheel, cache_dir=cache).root
+
+
+def _swap_for_link(root: Path) -> None:
+    (root / CUTLASS_FILE).unlink()
+    (root / CUTLASS_FILE).symlink_to(root / FUSED_MOE / "utils.py")
+
+
+def _bad_field(root: Path) -> None:
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["hashes"][0]["sha256"] = "not-a-hash"
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+TAMPERING = {
+    "a changed file": (
+        lambda root: (root / CUTLASS_FILE).write_text((root / CUTLASS_FILE).read_text() + "# changed\n"),
+        f"holds {CUTLASS_FILE}, which changed after extraction",
+    ),
+    "an extra file": (
+        lambda root: (root / FUSED_MOE / "planted.py").write_text("x = 1\n"),
+        f"holds {FUSED_MOE}/planted.py, which its manifest does not list",
+    ),
+    "a missing file": (lambda root: (root / CUTLASS_FILE).unlink(), f"lacks {CUTLASS_FILE}, which its manifest lists"),
+    "a file swapped for a link": (_swap_for_link, f"holds {CUTLASS_FILE}, which is not a regular file"),
+    "a garbage manifest": (
+        lambda root: (root / "manifest.json").write_bytes(b"\xff\xfe{" * 20),
+        "has a manifest.json that cannot be read (UnicodeDecodeError)",
+    ),
+    "a manifest with a bad field": (_bad_field, "has a manifest that does not parse (hashes.0.sha256: String should"),
+    "no manifest": (lambda root: (root / "manifest.json").unlink(), "has no manifest.json"),
+    "a file anyone may write": (lambda root: (root / CUTLASS_FILE).chmod(0o666), "which anyone may write"),
+}
+
+
+@pytest.mark.parametrize("tampering", list(TAMPERING))
+def test_tampered_entry_is_refused(wheel_entry, tampering):
+    wheel, cache, root = wheel_entry
+    tamper, says = TAMPERING[tampering]
+    tamper(root)
+    with pytest.raises(VllmSourceError) as raised:
+        locate(wheel=wheel, cache_dir=cache)
+    message = str(raised.value)
+    assert says in message, message
+    assert message.startswith(f"cache entry {root} ") and f"delete {root} (rm -r)" in message
+    assert len(message.splitlines()) == 1
+
+
+def test_consistent_forgery_of_a_wheel_entry_is_refused(wheel_entry):
+    """Files, RECORD and manifest rewritten to agree, as by someone who read cache.py: the wheel's own RECORD
+    still tells."""
+    from vllm_cache_utils import entry_files, forge_entry
+
+    wheel, cache, root = wheel_entry
+    files = entry_files(root) | {CUTLASS_FILE: b"class Planted:\n    pass\n"}
+    forge_entry(root, files, kind="wheel", version="0.9.9", wheel_sha256=cache_module.sha256_file(wheel))
+    with pytest.raises(VllmSourceError, match=rf"^cache entry {root} was not extracted from {wheel}; .* delete"):
+        locate(wheel=wheel, cache_dir=cache)
+
+
+def test_entry_of_an_older_schema_is_extracted_again(wheel_entry):
+    wheel, cache, root = wheel_entry
+    (root / "manifest.json").write_text(json.dumps({"schema": 1, "version": "0.9.9", "files": []}))
+    (root / CUTLASS_FILE).write_text("planted = 1\n")
+    assert locate(wheel=wheel, cache_dir=cache).root == root
+    assert (root / CUTLASS_FILE).read_text() == textwrap.dedent(SYNTHETIC_MODULES["cutlass_moe.py"])
+    assert json.loads((root / "manifest.json").read_text())["schema_version"] == 3
+
+
+def test_wheel_member_that_does_not_match_its_record(tmp_path, synthetic_tree):
+    members = {"vllm-0.9.9.dist-info/METADATA": METADATA, CUTLASS_FILE: b"x = 1\n"}
+    wheel = make_wheel(tmp_path / "vllm-0.9.9-cp38-abi3-linux_x86_64.whl", members)
+    with zipfile.ZipFile(wheel, "a") as archive:
+        archive.writestr(f"{FUSED_MOE}/added_later.py", b"y = 2\n")  # in the zip, not in its RECORD
+    with pytest.raises(VllmSourceError, match=rf"{FUSED_MOE}/added_later.py does not match the wheel's RECORD"):
+        locate(wheel=wheel, cache_dir=tmp_path / "cache")
+    without_record = make_wheel(tmp_path / "vllm-0.9.8-cp38-abi3-linux_x86_64.whl", members, record=False)
+    with pytest.raises(VllmSourceError, match=r"is not a valid wheel: it has no vllm-\*\.dist-info/RECORD"):
+        locate(wheel=without_record, cache_dir=tmp_path / "cache")
+    assert not list((tmp_path / "cache").rglob("*.py"))
+
+
+def test_kept_wheel_that_is_not_the_published_one_is_refused(tmp_path):
+    kept = tmp_path / "vllm" / "0.30.0" / "wheel"
+    kept.mkdir(parents=True)
+    members = {"vllm-0.30.0.dist-info/METADATA": METADATA.replace(b"0.9.9", b"0.30.0"), CUTLASS_FILE: b"x = 1\n"}
+    planted = make_wheel(kept / "vllm-0.30.0-cp38-abi3-manylinux_2_28_x86_64.whl", members)
+    with pytest.raises(VllmSourceError) as raised:
+        locate(version="0.30.0", cache_dir=tmp_path)
+    pinned = cache_module.PINNED_WHEELS["0.30.0"].wheel_sha256
+    assert f"kept wheel {planted} has sha256 {cache_module.sha256_file(planted)}, not vllm==0.30.0's {pinned}" in str(
+        raised.value
+    )
+    assert f"delete {planted}" in str(raised.value)
+    assert not (tmp_path / "vllm" / "0.30.0" / "release").exists()
+
+
+def test_pinned_release_whose_index_hash_changed_is_not_downloaded(tmp_path, monkeypatch):
+    """Fault injection: the index (or a mirror in front of it) answers another hash for a pinned release."""
+    monkeypatch.setattr(cache_module, "published_sha256", lambda version, scratch: "0" * 64)
+    with pytest.raises(VllmSourceError) as raised:
+        locate(version="0.30.0", cache_dir=tmp_path)
+    pinned = cache_module.PINNED_WHEELS["0.30.0"].wheel_sha256
+    assert str(raised.value) == (
+        f"the index publishes sha256 {'0' * 64} for vllm==0.30.0, not the {pinned} the harness pinned; refusing the "
+        "download"
+    )
+    assert not (tmp_path / "vllm").exists() or not any((tmp_path / "vllm").rglob("*"))
+
+
+@pytest.mark.vllm_wheel
+@pytest.mark.parametrize("version", ["0.29.0", "0.30.0"])
+def test_published_hashes_are_the_pinned_ones(tmp_path, version):
+    published = cache_module.published_sha256(version, tmp_path / "target")
+    assert published == cache_module.PINNED_WHEELS[version].wheel_sha256
+    assert not (tmp_path / "target").exists()
+
+
+def test_older_harness_code_accepts_the_entries(wheel_entry):
+    """Code from before the hashes reads `schema` 1, the `layer_files` mark and `files` as paths; it keeps
+    accepting the new entries, so a shared cache is not re-extracted back and forth."""
+    _, _, root = wheel_entry
+    data = json.loads((root / "manifest.json").read_text())
+    assert data["schema"] == 1 and data["layer_files"] is True and data["schema_version"] == 3
+    assert data["files"] and all(isinstance(path, str) and (root / path).is_file() for path in data["files"])
+    older_fields = ("version", "kind", "origin", "wheel_name", "wheel_sha256", "wheel_bytes", "torch_requirement",
+                    "ops_library_in_wheel", "ops_extracted")  # fmt: skip
+    assert set(older_fields) <= set(data)

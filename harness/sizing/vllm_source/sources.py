@@ -1,12 +1,13 @@
 """Find a vLLM source to read: an installed package, a wheel file, a source tree, or a release number.
 
-Nothing here imports vLLM. A release is fetched with `pip download --no-deps` into the cache; only the
-fused-MoE python sources (and, on request, the compiled ops library) are extracted, and the ~300 MB wheel is
-deleted afterwards unless asked to keep it. A small manifest lets the next call reuse the extraction.
+Nothing here imports vLLM. A release is fetched with `pip download --require-hashes` into the cache, checked
+against the index's published sha256 (cache.py); only the fused-MoE python sources (and, on request, the compiled
+ops library) are extracted, and the ~300 MB wheel is deleted afterwards unless asked to keep it. A manifest of
+every file's sha256 lets the next call reuse the extraction after checking it.
 
     <cache>/vllm/<version>/release/          a release fetched by number
     <cache>/vllm/<version>/wheel-<sha12>/    a wheel file the user handed us
-        manifest.json
+        manifest.json, vllm-X.Y.Z.dist-info/RECORD     (cache.py: what is checked on every use)
         vllm/model_executor/layers/fused_moe/**.py
         vllm/_version.py
         vllm/envs.py, vllm/distributed/device_communicators/all2all.py, vllm/config/{parallel,scheduler}.py
@@ -17,22 +18,32 @@ deleted afterwards unless asked to keep it. A small manifest lets the next call 
 from __future__ import annotations
 
 import ast
-import hashlib
+import contextlib
 import importlib.metadata
 import importlib.util
-import json
 import os
 import re
 import shutil
-import subprocess
 import sys
-import time
-import zipfile
-import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
+
+from harness.sizing.vllm_source.cache import (
+    DAMAGED_ZIP_ERRORS,
+    CacheError,
+    CacheManifest,
+    WheelOrigin,
+    check_kept_wheel,
+    download_release,
+    extract_wheel,
+    load_entry,
+    open_wheel,
+    serves,
+    sha256_file,
+)
 
 FUSED_MOE_DIR = "vllm/model_executor/layers/fused_moe"
 VERSION_FILE = "vllm/_version.py"
@@ -47,16 +58,7 @@ LAYER_FILES = (
     "vllm/config/parallel.py",
     "vllm/config/scheduler.py",
 )
-MANIFEST_NAME = "manifest.json"
-MANIFEST_SCHEMA = 1
-# An extraction that also took LAYER_FILES says so; one without the mark (older harness code) is extracted again.
-# A mark rather than a schema bump: code that predates it still accepts the newer entries, so the two never
-# re-extract each other's work in a shared cache.
-LAYER_FILES_MARK = "layer_files"
-
-# Any local python can fetch the Linux x86-64 wheel: vLLM ships one cp38-abi3 wheel per release.
-PIP_PLATFORM_ARGS = ("--platform", "manylinux_2_28_x86_64", "--python-version", "3.12", "--implementation", "cp")
-PIP_TIMEOUT_S = 900
+# An entry made before LAYER_FILES were extracted has no hashes either (cache.py): it is extracted again.
 
 SOURCE_FLAGS_HINT = "pass --vllm-version X.Y.Z, --vllm-wheel FILE or --vllm-src DIR"
 
@@ -257,69 +259,16 @@ def _find_ops_library(root: Path) -> Path | None:
 # --- wheels and releases ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Manifest:
-    """What one extraction holds; lets a later call reuse it without the wheel."""
-
-    version: str | None
-    kind: str
-    origin: str
-    wheel_name: str
-    wheel_sha256: str
-    wheel_bytes: int
-    torch_requirement: str | None
-    files: tuple[str, ...]
-    ops_library_in_wheel: str | None  # the member name, known even when not extracted
-    ops_extracted: bool
-
-    def to_json(self) -> dict:
-        return {
-            "schema": MANIFEST_SCHEMA,
-            LAYER_FILES_MARK: True,
-            "version": self.version,
-            "kind": self.kind,
-            "origin": self.origin,
-            "wheel_name": self.wheel_name,
-            "wheel_sha256": self.wheel_sha256,
-            "wheel_bytes": self.wheel_bytes,
-            "torch_requirement": self.torch_requirement,
-            "files": list(self.files),
-            "ops_library_in_wheel": self.ops_library_in_wheel,
-            "ops_extracted": self.ops_extracted,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> _Manifest:
-        return cls(
-            version=data["version"],
-            kind=data["kind"],
-            origin=data["origin"],
-            wheel_name=data["wheel_name"],
-            wheel_sha256=data["wheel_sha256"],
-            wheel_bytes=int(data["wheel_bytes"]),
-            torch_requirement=data["torch_requirement"],
-            files=tuple(data["files"]),
-            ops_library_in_wheel=data["ops_library_in_wheel"],
-            ops_extracted=bool(data["ops_extracted"]),
-        )
-
-
-def _read_manifest(directory: Path) -> _Manifest | None:
-    """The manifest of a complete extraction, or None when absent, stale or damaged."""
-    path = directory / MANIFEST_NAME
+@contextlib.contextmanager
+def _cache_errors() -> Iterator[None]:
+    """The cache's one-line refusals, as the VllmSourceError every caller of locate handles."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("schema") != MANIFEST_SCHEMA or data.get(LAYER_FILES_MARK) is not True:
-            return None
-        manifest = _Manifest.from_json(data)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not all((directory / name).is_file() for name in manifest.files):
-        return None
-    return manifest
+        yield
+    except CacheError as error:
+        raise VllmSourceError(str(error)) from None
 
 
-def _source_from_manifest(directory: Path, manifest: _Manifest) -> VllmSource:
+def _source_from_manifest(directory: Path, manifest: CacheManifest) -> VllmSource:
     ops = None
     if manifest.ops_extracted and manifest.ops_library_in_wheel:
         ops = directory / manifest.ops_library_in_wheel
@@ -333,13 +282,6 @@ def _source_from_manifest(directory: Path, manifest: _Manifest) -> VllmSource:
     )
 
 
-def _manifest_serves(manifest: _Manifest | None, *, with_ops: bool) -> bool:
-    if manifest is None:
-        return False
-    # A wheel without an ops library cannot do better on a second try, so it still serves with_ops.
-    return not with_ops or manifest.ops_extracted or manifest.ops_library_in_wheel is None
-
-
 def _check_version_text(version: str) -> str:
     try:
         Version(version)
@@ -348,39 +290,60 @@ def _check_version_text(version: str) -> str:
     return version
 
 
-def _locate_release(version: str, cache: Path, *, with_ops: bool, keep_wheel: bool) -> VllmSource:
+def _locate_release(version: str, cache_dir: Path, *, with_ops: bool, keep_wheel: bool) -> VllmSource:
     version = _check_version_text(version.strip())
-    version_dir = cache / "vllm" / version
+    version_dir = cache_dir / "vllm" / version
     directory = version_dir / "release"
-    manifest = _read_manifest(directory)
-    if _manifest_serves(manifest, with_ops=with_ops):
-        return _source_from_manifest(directory, manifest)
+    with _cache_errors():
+        manifest = load_entry(directory)
+        if manifest is not None and (manifest.kind != "release" or not _same_version(manifest.version, version)):
+            raise CacheError(
+                f"cache entry {directory} holds {manifest.kind} {manifest.version}, not release {version}; it is "
+                f"refused: delete {directory} (rm -r) and run again to fetch it afresh"
+            )
+        if serves(manifest, with_ops=with_ops):
+            return _source_from_manifest(directory, manifest)
+        manifest = _fetch_release(version, version_dir, with_ops=with_ops, keep_wheel=keep_wheel)
+    return _source_from_manifest(directory, manifest)
+
+
+def _same_version(found: str | None, asked: str) -> bool:
+    """PEP 440 equality: pip resolves vllm==0.30 to 0.30.0."""
+    try:
+        return found is not None and Version(found) == Version(asked)
+    except InvalidVersion:
+        return False
+
+
+def _fetch_release(version: str, version_dir: Path, *, with_ops: bool, keep_wheel: bool) -> CacheManifest:
+    """Download (or reuse the kept wheel), check its sha256 against the index, and extract it."""
+    directory = version_dir / "release"
     kept_dir = version_dir / "wheel"
     kept = sorted(kept_dir.glob("vllm-*.whl"))
     # Each process downloads into its own directory: ranks of one node may ask for the same release at once.
     download_dir = version_dir / f"download-{os.getpid()}"
     try:
-        wheel_path = kept[0] if kept else _download_release(version, download_dir)
-        manifest = _extract_wheel(
-            wheel_path,
-            directory,
-            kind="release",
-            origin=f"vllm=={version} from the package index ({wheel_path.name})",
-            with_ops=with_ops,
-        )
+        if kept:
+            wheel_path, sha256 = kept[0], check_kept_wheel(kept[0], version, download_dir / "pip-report-target")
+        else:
+            wheel_path, sha256 = download_release(version, download_dir)
+        wheel_version, torch_requirement = _read_wheel_metadata(wheel_path)
+        if not _same_version(wheel_version, version):
+            raise VllmSourceError(
+                f"pip returned {wheel_path.name} for vllm=={version}, but its METADATA says version {wheel_version}"
+            )
+        origin = WheelOrigin(
+            kind="release", origin=f"vllm=={version} from the package index ({wheel_path.name})", sha256=sha256,
+            checked_against="index", version=wheel_version, torch_requirement=torch_requirement,
+        )  # fmt: skip
+        manifest = _extract(wheel_path, directory, origin, with_ops=with_ops)
         if keep_wheel and not kept:
             kept_dir.mkdir(parents=True, exist_ok=True)
             os.replace(wheel_path, kept_dir / wheel_path.name)
     finally:
         shutil.rmtree(download_dir, ignore_errors=True)
         _remove_if_empty(version_dir)  # a release that does not exist leaves nothing behind
-    # PEP 440 equality: pip resolves vllm==0.30 to 0.30.0.
-    if manifest.version is None or Version(manifest.version) != Version(version):
-        shutil.rmtree(directory, ignore_errors=True)
-        raise VllmSourceError(
-            f"pip returned {wheel_path.name} for vllm=={version}, but its METADATA says version {manifest.version}"
-        )
-    return _source_from_manifest(directory, manifest)
+    return manifest
 
 
 def _remove_if_empty(directory: Path) -> None:
@@ -390,93 +353,57 @@ def _remove_if_empty(directory: Path) -> None:
         pass
 
 
-def _download_release(version: str, download_dir: Path) -> Path:
-    """`pip download --no-deps vllm==X` into download_dir."""
-    download_dir.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
-        "--disable-pip-version-check", *PIP_PLATFORM_ARGS, "-d", str(download_dir), f"vllm=={version}",
-    ]  # fmt: skip
-    # Minutes on a slow link, with pip's own output captured: say what is happening, and how it went.
-    print(f"harness: downloading vllm=={version} with pip (a wheel of about 300 MB, once per release; cached in "
-          f"{download_dir.parent.parent})", file=sys.stderr, flush=True)
-    started = time.monotonic()
-    try:
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        raise VllmSourceError(f"downloading vllm=={version} with pip took over {PIP_TIMEOUT_S} s; gave up") from None
-    except OSError as error:
-        raise VllmSourceError(f"could not run pip to download vllm=={version}: {error}") from None
-    found = sorted(download_dir.glob("vllm-*.whl"))  # this process's own directory: any vllm wheel is the one
-    if completed.returncode != 0 or not found:
-        raise VllmSourceError(f"could not download vLLM release {version}: {_pip_failure(completed)}")
-    print(f"harness: downloaded {found[0].name} ({found[0].stat().st_size / 2**20:.0f} MiB in "
-          f"{time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
-    return found[0]
-
-
-def _pip_failure(completed: subprocess.CompletedProcess) -> str:
-    """pip's own ERROR lines, which say e.g. which versions exist; else the tail of its output."""
-    text = (completed.stderr or "") + "\n" + (completed.stdout or "")
-    errors = [line.strip() for line in text.splitlines() if line.strip().startswith("ERROR:")]
-    if errors:
-        return "; ".join(line.removeprefix("ERROR:").strip() for line in errors)
-    tail = [line.strip() for line in text.splitlines() if line.strip()][-3:]
-    return " / ".join(tail) or f"pip exited with status {completed.returncode} and printed nothing"
-
-
-def _locate_wheel(wheel: Path, cache: Path, *, with_ops: bool) -> VllmSource:
+def _locate_wheel(wheel: Path, cache_dir: Path, *, with_ops: bool) -> VllmSource:
     wheel = wheel.expanduser()
     if not wheel.is_file():
         raise VllmSourceError(f"--vllm-wheel {wheel}: no such file")
-    sha256 = _sha256(wheel)
-    version = _read_wheel_metadata(wheel)[0]
-    directory = cache / "vllm" / (version or "unknown") / f"wheel-{sha256[:12]}"
-    manifest = _read_manifest(directory)
-    if _manifest_serves(manifest, with_ops=with_ops) and manifest.wheel_sha256 == sha256:
-        return _source_from_manifest(directory, manifest)
-    manifest = _extract_wheel(
-        wheel, directory, kind="wheel", origin=f"wheel {wheel.resolve()}", with_ops=with_ops, sha256=sha256
-    )
+    with _cache_errors():
+        sha256 = sha256_file(wheel)
+        version, torch_requirement = _read_wheel_metadata(wheel)
+        directory = cache_dir / "vllm" / (version or "unknown") / f"wheel-{sha256[:12]}"
+        manifest = load_entry(directory, wheel=wheel)
+        if manifest is not None and manifest.wheel_sha256 != sha256:
+            raise CacheError(
+                f"cache entry {directory} was made from another wheel than {wheel}; it is refused: delete "
+                f"{directory} (rm -r) and run again"
+            )
+        if not serves(manifest, with_ops=with_ops):
+            origin = WheelOrigin(
+                kind="wheel", origin=f"wheel {wheel.resolve()}", sha256=sha256, checked_against="file",
+                version=version, torch_requirement=torch_requirement,
+            )  # fmt: skip
+            manifest = _extract(wheel, directory, origin, with_ops=with_ops)
     return _source_from_manifest(directory, manifest)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def _extract(wheel: Path, directory: Path, origin: WheelOrigin, *, with_ops: bool) -> CacheManifest:
+    if not any(name.startswith(FUSED_MOE_DIR + "/") for name in _wheel_names(wheel)):
+        raise VllmSourceError(f"{wheel} is not a vLLM wheel with fused-MoE sources: it has no {FUSED_MOE_DIR}/*.py")
+    return extract_wheel(
+        wheel, directory, origin, wanted=_wanted_member, ops_names=OPS_LIBRARY_NAMES, with_ops=with_ops
+    )
 
 
-# What zipfile raises, on reading a member, for a truncated or corrupted archive (CRC, inflate, unknown method).
-_DAMAGED_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, RuntimeError, NotImplementedError)
+def _wheel_names(wheel: Path) -> list[str]:
+    with open_wheel(wheel) as archive:
+        return archive.namelist()
 
 
-def _open_wheel(wheel: Path) -> zipfile.ZipFile:
-    try:
-        return zipfile.ZipFile(wheel)
-    except (zipfile.BadZipFile, OSError, ValueError) as error:
-        raise VllmSourceError(f"{wheel} is not a readable wheel (a wheel is a zip archive): {error}") from None
-
-
-def _metadata_member(archive: zipfile.ZipFile) -> str | None:
-    for name in archive.namelist():
-        if re.fullmatch(r"vllm-[^/]+\.dist-info/METADATA", name):
-            return name
-    return None
+def _metadata_member(names: list[str]) -> str | None:
+    return next((name for name in names if re.fullmatch(r"vllm-[^/]+\.dist-info/METADATA", name)), None)
 
 
 def _read_wheel_metadata(wheel: Path) -> tuple[str | None, str | None]:
     """(version, torch requirement) from the wheel's METADATA."""
-    with _open_wheel(wheel) as archive:
-        member = _metadata_member(archive)
+    with open_wheel(wheel) as archive:
+        member = _metadata_member(archive.namelist())
         if member is None:
-            raise VllmSourceError(f"{wheel} is not a vLLM wheel: it has no vllm-*.dist-info/METADATA")
+            raise CacheError(f"{wheel} is not a vLLM wheel: it has no vllm-*.dist-info/METADATA")
         try:
-            text = archive.read(member).decode("utf-8", errors="replace")
-        except (*_DAMAGED_ZIP_ERRORS, OSError) as error:
-            raise VllmSourceError(f"{wheel} is damaged: cannot read {member}: {error}") from None
+            with archive.open(member) as handle:
+                text = handle.read(1 << 20).decode("utf-8", errors="replace")
+        except (*DAMAGED_ZIP_ERRORS, OSError) as error:
+            raise CacheError(f"{wheel} is damaged: cannot read {member}: {error}") from None
     version = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Version:")), None)
     return version, _torch_requirement(text.splitlines())
 
@@ -487,64 +414,3 @@ def _wanted_member(name: str) -> bool:
     if name == VERSION_FILE or name in LAYER_FILES:
         return True
     return name.startswith(FUSED_MOE_DIR + "/") and name.endswith(".py")
-
-
-def _extract_wheel(
-    wheel: Path, directory: Path, *, kind: str, origin: str, with_ops: bool, sha256: str | None = None
-) -> _Manifest:
-    """Extract the fused-MoE sources (and the ops library if asked) into directory, atomically."""
-    version, torch_requirement = _read_wheel_metadata(wheel)
-    sha256 = sha256 or _sha256(wheel)
-    staging = directory.with_name(f"{directory.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
-        with _open_wheel(wheel) as archive:
-            names = set(archive.namelist())
-            members = sorted(name for name in names if _wanted_member(name))
-            if not any(name.startswith(FUSED_MOE_DIR + "/") for name in members):
-                raise VllmSourceError(
-                    f"{wheel} is not a vLLM wheel with fused-MoE sources: it has no {FUSED_MOE_DIR}/*.py"
-                )
-            ops_member = next((name for name in OPS_LIBRARY_NAMES if name in names), None)
-            if with_ops and ops_member is not None:
-                members.append(ops_member)
-            for name in members:
-                target = staging / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with archive.open(name) as source_handle, target.open("wb") as target_handle:
-                    shutil.copyfileobj(source_handle, target_handle, 1 << 22)
-        manifest = _Manifest(
-            version=version,
-            kind=kind,
-            origin=origin,
-            wheel_name=wheel.name,
-            wheel_sha256=sha256,
-            wheel_bytes=wheel.stat().st_size,
-            torch_requirement=torch_requirement,
-            files=tuple(members),
-            ops_library_in_wheel=ops_member,
-            ops_extracted=with_ops and ops_member is not None,
-        )
-        (staging / MANIFEST_NAME).write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
-        # Another process may have finished the same extraction meanwhile: keep and use it rather than
-        # deleting files it may be reading.
-        winner = _read_manifest(directory)
-        if winner is not None and winner.wheel_sha256 == sha256 and _manifest_serves(winner, with_ops=with_ops):
-            return winner
-        shutil.rmtree(directory, ignore_errors=True)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.replace(staging, directory)
-        except OSError:
-            winner = _read_manifest(directory)
-            if winner is None or not _manifest_serves(winner, with_ops=with_ops):
-                raise
-            manifest = winner
-    except _DAMAGED_ZIP_ERRORS as error:
-        # zipfile reports a truncated or corrupted member only when it is read.
-        raise VllmSourceError(f"{wheel} is damaged: {type(error).__name__}: {error}") from None
-    except OSError as error:
-        raise VllmSourceError(f"could not extract {wheel} into {directory}: {error}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return manifest
