@@ -444,6 +444,18 @@ def test_a_mixed_set_of_outputs_is_detected_and_rewritten(tmp_path: Path, capsys
     assert "stale output" not in capsys.readouterr().out  # consistent now
 
 
+def test_an_output_that_cannot_be_written_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = write_run(tmp_path / "run", four_rank_scenario())
+    (run_dir / "report.md").mkdir()  # something in the way of an output
+    result = collect(run_dir)
+    assert result.exit_code == 2 and result.write_error is not None
+    assert "cannot write the reports into" in result.write_error and "report.md" in result.write_error
+    assert not list(run_dir.glob(".*.tmp"))  # the failed write left no temporary file
+    assert main(["collect", str(run_dir)]) == 2
+    out = capsys.readouterr().out
+    assert "ERROR (exit 2): cannot write the reports" in out and "Traceback" not in out
+
+
 def test_outputs_follow_the_umask(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", four_rank_scenario())
     old = os.umask(0o022)

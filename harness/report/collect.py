@@ -832,10 +832,11 @@ class CollectResult:
     report: Report
     outputs: tuple[Path, ...] = ()
     notes: tuple[str, ...] = ()  # outputs of another generation that were rewritten
+    write_error: str | None = None  # the outputs could not be written (one line); the exit code is then 2
 
     @property
     def exit_code(self) -> int:
-        return self.report.exit_code
+        return EXIT_ERROR if self.write_error else self.report.exit_code
 
     @property
     def status(self) -> str:
@@ -843,9 +844,15 @@ class CollectResult:
 
     def summary_table(self) -> Any:
         """A rich renderable: the header, the per-policy table with its units row, problems, and the footer."""
+        from rich.console import Group
+        from rich.text import Text
+
         from harness.report.markdown import render_summary
 
-        return render_summary(self.report)
+        summary = render_summary(self.report)
+        if self.write_error is None:
+            return summary
+        return Group(summary, Text(f"ERROR (exit 2): {self.write_error}", style="bold red"))
 
 
 def collect(run_dir: Path, *, write: bool = True, scenario_hint: Scenario | None = None) -> CollectResult:
@@ -857,5 +864,16 @@ def collect(run_dir: Path, *, write: bool = True, scenario_hint: Scenario | None
     report = build_report(load_run(run_dir), scenario_hint=scenario_hint)
     if not (write and run_dir.is_dir()):
         return CollectResult(run_dir=run_dir, report=report)
-    outputs, notes = write_report(run_dir, report)
-    return CollectResult(run_dir=run_dir, report=report, outputs=outputs, notes=notes)
+    return write_outputs(run_dir, report)
+
+
+def write_outputs(out_dir: Path, report: Report) -> CollectResult:
+    """write_report, with a failure to write (a read-only directory, a directory where report.md goes, a full
+    disk) turned into the result's one-line `write_error` and exit code 2 instead of an exception."""
+    try:
+        outputs, notes = write_report(out_dir, report)
+    except OSError as exc:
+        where = Path(exc.filename).name if exc.filename else out_dir
+        return CollectResult(run_dir=out_dir, report=report,
+                             write_error=f"cannot write the reports into {out_dir}: {where}: {exc.strerror}")
+    return CollectResult(run_dir=out_dir, report=report, outputs=outputs, notes=notes)

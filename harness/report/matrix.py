@@ -25,7 +25,7 @@ from harness.report.collect import (
     collect,
     generation_of,
     read_contained,
-    write_report,
+    write_outputs,
 )
 from harness.report.model import (
     Aggregate,
@@ -102,8 +102,7 @@ def collect_matrix(matrix_dir: Path, cells: Sequence[ScenarioCell], *, matrix: M
                  for s in (matrix.skipped() if matrix else [])],
         num_combinations=matrix.expansion().num_combinations if matrix else len(cells),
     )
-    outputs, notes = write_report(matrix_dir, report)
-    return CollectResult(run_dir=matrix_dir, report=report, outputs=outputs, notes=notes)
+    return write_outputs(matrix_dir, report)
 
 
 def _read_matrix_manifest(matrix_dir: Path) -> tuple[dict[str, Any], list[ScenarioCell]]:
@@ -158,8 +157,7 @@ def recollect_matrix(matrix_dir: Path, *, write: bool = True,
                           f"{str(exc).splitlines()[0]}") from None
     if not write:
         return CollectResult(run_dir=matrix_dir, report=report)
-    outputs, notes = write_report(matrix_dir, report)
-    return CollectResult(run_dir=matrix_dir, report=report, outputs=outputs, notes=notes)
+    return write_outputs(matrix_dir, report)
 
 
 def _matrix_exit(cells: list[MatrixCell], counts: CheckCounts, problems: list[Problem]) -> tuple[int, str]:
