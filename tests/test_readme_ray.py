@@ -198,7 +198,8 @@ def test_readme_ray_job_submit_runs_verbatim_with_token_auth(token_head: Head, t
     assert report["exit_code"] == 0 and report["scenario"]["name"] == _DEFAULT.name
     manifest = read_record(run_dir / "run.json")
     assert manifest.launcher == "ray"  # type: ignore[union-attr]
-    assert sorted(rank_files(run_dir)) == list(range(_DEFAULT.parallel.num_ranks))
+    files = rank_files(run_dir)
+    assert sorted(files.records) == list(range(_DEFAULT.parallel.num_ranks)) and not files.failures
     assert "…" not in job.stdout
     print(f"README ray job submit (token auth): submit -> report in {wall_s:.1f} s")
 
