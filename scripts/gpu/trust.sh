@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue #14's GPU evidence on 2 H200s: every policy measured from the same warmed state, and lower-bound's live set
+# confirmed by NVML. Runs with the package importable (pip install -e . or PYTHONPATH=.), no Ray or vLLM needed:
+#
+#   bash scripts/gpu/trust.sh OUT_DIR torch-cutlass
+#   bash scripts/gpu/trust.sh OUT_DIR vllm-ops /path/to/vllm/_C_stable_libtorch.abi3.so
+#
+# 1. The PR case (scenarios/deepseek-v3-dp32-pr55579.yaml) on 2 ranks, the experts backend given: the records show
+#    each policy's baseline (equal within the allocator rounding they state) and legacy's peak delta = its
+#    workspace + what every policy adds on top (scripts/gpu/trust_summary.py prints both and checks them).
+# 2. scenarios/live-set-below-fixed.yaml on 1 GPU (N/2 < K < N): lower-bound's NVML workspace delta equals its
+#    live set (1.5 GiB), below fixed's 1.75 GiB.
+# Each run's directory holds its records and report; OUT_DIR/trust-summary.txt the verdicts.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+OUT=${1:?usage: trust.sh OUT_DIR torch-cutlass|vllm-ops [OPS_LIBRARY]}
+BACKEND=${2:?usage: trust.sh OUT_DIR torch-cutlass|vllm-ops [OPS_LIBRARY]}
+OPS=${3:-}
+BACKEND_ARGS=(--experts-backend "$BACKEND")
+case "$BACKEND" in
+torch-cutlass) ;;
+vllm-ops)
+    [[ -f "$OPS" ]] || { echo "trust.sh: vllm-ops needs the ops library file as \$3, got '${OPS}'" >&2; exit 2; }
+    BACKEND_ARGS+=(--vllm-ops-library "$OPS") ;;
+*) echo "trust.sh: backend must be torch-cutlass or vllm-ops, got '$BACKEND'" >&2; exit 2 ;;
+esac
+mkdir -p "$OUT"
+LOG="$OUT/commands.log"
+
+h() {  # run `harness ARGS`, keep its output next to the runs, log the command and its exit code
+    local start=$SECONDS name=$1
+    shift
+    python3 -m harness "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    grep -E "^(OK|FAILED|harness: )" "$OUT/$name.log" | tail -n 5
+    echo "exit $rc ($((SECONDS - start)) s; CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-all}): harness $*" | tee -a "$LOG"
+}
+
+PR="$OUT/2xh200-pr55579-$BACKEND-trust"
+LIVE="$OUT/1xh200-live-set-below-fixed-$BACKEND"
+nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv > "$OUT/nvidia-smi-before.csv" 2>&1
+h pr55579 run scenarios/deepseek-v3-dp32-pr55579.yaml --num-ranks 2 "${BACKEND_ARGS[@]}" --out "$PR"
+CUDA_VISIBLE_DEVICES=0 h live-set run scenarios/live-set-below-fixed.yaml "${BACKEND_ARGS[@]}" --out "$LIVE"
+python3 scripts/gpu/trust_summary.py "$PR" "$LIVE" | tee "$OUT/trust-summary.txt"
