@@ -252,3 +252,39 @@ def test_the_comm_paths_view_is_the_same_layout():
     old = deepep.deepep_low_latency_bytes(max_tokens_per_rank=2048, hidden_size=5120, num_experts=448,
                                           combine_variant="bf16")  # fmt: skip
     assert old.msg_combine_bytes == 10240 and old.total_bytes == ll(2048, 448, layout=deepep.BF16_COMBINE).size_hint_bytes
+
+
+# --- harness run: the components the rank allocates, measured against the prediction ---------------------------------
+
+
+def test_rank_setup_allocates_the_predicted_weights_and_dispatch_output():
+    """The weights and the batched dispatch output the rank allocates are the layer model's bytes exactly; the
+    measured step covers them (RSS here, NVML on a GPU)."""
+    import torch
+
+    from harness.rank.dispatch import DispatchBuffers, DispatchLayout
+    from harness.rank.experts import make_weights
+    from harness.rank.lifecycle import _measured_step, _tensor_bytes
+    from harness.rank.memory import Accountant, MemoryProbe
+    from harness.sizing.layer import run_predictions
+
+    scenario = load_scenario(SCENARIOS / "smoke.yaml")
+    predicted = run_predictions(scenario)
+    E, K, I = scenario.num_local_experts, scenario.model.hidden_size, scenario.model.intermediate_size
+    D, P, T = scenario.parallel.num_dispatchers, scenario.parallel.num_ranks, scenario.parallel.max_tokens_per_rank
+    device = torch.device("cpu")
+    accountant, probe = Accountant(device), MemoryProbe(device, use_nvml=False)
+    weights, step = _measured_step(probe, accountant, lambda: make_weights(
+        rank=0, num_local_experts=E, hidden_size=K, intermediate_size=I, seed=0, device=device,
+        accountant=accountant))  # fmt: skip
+    component = step.component("expert-weights", predicted, step.allocated_bytes)
+    assert component.predicted_bytes == component.allocated_bytes == accountant.bytes_of("weights")
+    assert step.num_tensors == 4
+    layout = DispatchLayout(num_ranks=P, rank=0, num_local_experts=E, max_slots_per_expert=T * D, hidden_size=K,
+                            top_k=scenario.model.top_k, max_tokens=T * (D // P), num_buffer_tokens=T * (D // P))  # fmt: skip
+    buffers, step = _measured_step(probe, accountant, lambda: DispatchBuffers.allocate(layout, accountant,
+                                                                                       out_dtype=torch.bfloat16))
+    output = step.component("dispatch-quant", predicted, _tensor_bytes(buffers.expert_x, buffers.expert_x_scale))
+    assert output.predicted_bytes == output.allocated_bytes == E * T * D * (K + 4)
+    assert output.step_allocated_bytes == accountant.bytes_of("dispatch") + accountant.bytes_of("combine")
+    assert predicted["deepep-rdma"].bytes == ll(T, E * D, hidden=K, ranks=D).size_hint_bytes

@@ -193,6 +193,24 @@ class PolicyResult(Record):
     failed_ranks: list[int] | None = None
 
 
+class ComponentMemory(Record):
+    """One buffer of the layer that the rank allocated, against the layer model's prediction for it.
+
+    A step (making the weights, allocating the dispatch buffers) is measured as a whole: `step_allocated_bytes` is
+    everything it asked the allocator for, and the NVML (or RSS) delta and the allocator's reserved delta cover
+    the whole step, after cached blocks were released. `allocated_bytes` is this component's part of the step.
+    """
+
+    name: str  # harness.scenario.schema.LAYER_COMPONENTS: expert-weights, dispatch-quant, deepep-rdma, ...
+    predicted_bytes: int  # harness.sizing.layer's bytes for the component at this scenario's shapes
+    prediction_source: str
+    allocated_bytes: int
+    step_allocated_bytes: int
+    measured_delta_bytes: int  # NVML device used (GPU) or process RSS (CPU) over the step
+    reserved_delta_bytes: int | None = None  # torch's caching allocator (GPU)
+    within_rounding: bool  # the device shows the step's bytes, up to the allocator's rounding
+
+
 class RankRecord(RankHeader):
     record_kind: Literal["rank"] = "rank"
     scenario_name: str
@@ -218,6 +236,8 @@ class RankRecord(RankHeader):
     # workspace did not fit on some rank: dispatch alone), "failed" (a step raised; the policies record the
     # error themselves). None in records from before the warm-up pass.
     warmup: Literal["full", "comm-only", "failed"] | None = None
+    # The layer components the setup allocated, each measured (absent in records from before the layer model).
+    components: list[ComponentMemory] = []
 
 
 class RankFailure(RankHeader):

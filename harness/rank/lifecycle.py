@@ -28,7 +28,8 @@ from harness.core.contract import WorkspaceShapes
 from harness.core.environment import collect_hardware, collect_versions
 from harness.core.events import Done, PolicyDone, PolicyStarted, RankEvent, Ready
 from harness.core.records import (
-    Breakdown, ContractBytes, Correctness, MemoryMeasurement, OomRecord, PolicyResult, RankRecord, Throughput, Timings,
+    Breakdown, ComponentMemory, ContractBytes, Correctness, MemoryMeasurement, OomRecord, PolicyResult, RankRecord,
+    Throughput, Timings,
 )
 from harness.rank.combine import combine
 from harness.rank.dispatch import DispatchBuffers, DispatchHandle, DispatchLayout, dispatch
@@ -38,13 +39,14 @@ from harness.rank.experts import (
 )
 from harness.rank.experts.reference import expert_forward
 from harness.rank.memory import (
-    Accountant, MemoryProbe, PeakSampler, SnapshotRecorder, apply_budget, baseline_rounding_bytes,
+    RSS_ROUNDING_BYTES, Accountant, MemoryProbe, PeakSampler, SnapshotRecorder, apply_budget, baseline_rounding_bytes,
     free_and_total_bytes, free_bytes_from_message, release_cached, requested_bytes_from_message, synchronize,
 )
 from harness.rank.quant import quantize_per_channel, quantize_per_token
 from harness.rank.route import Routing, route
 from harness.rank.timing import StageTimer, stats_drop_first
 from harness.scenario.schema import Scenario
+from harness.sizing.layer import Prediction, run_predictions
 from harness.sizing.plan import policy_shapes
 
 Progress = Callable[[RankEvent], None]
@@ -100,6 +102,7 @@ class RankSetup:
     probe: MemoryProbe
     external_bytes: int  # device memory in use before this process allocated anything (other processes)
     run_dir: Path
+    components: list[ComponentMemory] = field(default_factory=list)  # the layer's buffers set up, measured
 
     @property
     def quantize(self) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
@@ -510,17 +513,74 @@ def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir
     if s.memory.ballast_bytes:
         # Never paged in on CPU: it only stands for memory a deployment would hold.
         accountant.alloc("ballast", (s.memory.ballast_bytes,), torch.uint8, touch=False)
-    weights = make_weights(rank=info.rank, num_local_experts=E, hidden_size=K, intermediate_size=I, seed=s.seed,
-                           device=device, accountant=accountant)
-    buffers = DispatchBuffers.allocate(layout, accountant, out_dtype=getattr(torch, s.model.workspace_dtype))
+    predicted = run_predictions(s)
+    weights, weights_step = _measured_step(probe, accountant, lambda: make_weights(
+        rank=info.rank, num_local_experts=E, hidden_size=K, intermediate_size=I, seed=s.seed, device=device,
+        accountant=accountant))  # fmt: skip
+    buffers, buffers_step = _measured_step(probe, accountant, lambda: DispatchBuffers.allocate(
+        layout, accountant, out_dtype=getattr(torch, s.model.workspace_dtype)))  # fmt: skip
+    components = [
+        weights_step.component("expert-weights", predicted, weights_step.allocated_bytes),
+        buffers_step.component("dispatch-quant", predicted, _tensor_bytes(buffers.expert_x, buffers.expert_x_scale)),
+    ]
     num_tokens = s.num_tokens_on_rank(info.rank)
     tokens = make_tokens(seed=s.seed, rank=info.rank, num_tokens=num_tokens, hidden_size=K, device=device)
     return RankSetup(
         scenario=s, info=info, device=device, layout=layout, tokens=tokens,
         routing=make_routing(s, info.rank, num_tokens).to(device),
         weights=weights, buffers=buffers, backend=backend, accountant=accountant, probe=probe,
-        external_bytes=external_bytes, run_dir=run_dir,
+        external_bytes=external_bytes, run_dir=run_dir, components=components,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Step:
+    """What one setup step allocated, and what the device showed for it."""
+
+    allocated_bytes: int  # the accountant's growth: every tensor the step kept
+    measured_delta_bytes: int
+    reserved_delta_bytes: int | None
+    num_tensors: int
+    device_type: str
+
+    def component(self, name: str, predicted: dict[str, Prediction], allocated_bytes: int) -> ComponentMemory:
+        """The step's bytes as one layer component; rounding: the caching allocator's 2 MiB blocks (and a 20 MiB
+        segment for a small tensor) per tensor on GPU, with NVML showing exactly what it reserved; RSS within
+        RSS_ROUNDING_BYTES plus 1% on CPU."""
+        if self.device_type == "cuda":
+            slack = self.num_tensors * 20 * 2**20
+            within = (self.measured_delta_bytes == self.reserved_delta_bytes
+                      and 0 <= self.measured_delta_bytes - self.allocated_bytes <= slack)  # fmt: skip
+        else:
+            within = abs(self.measured_delta_bytes - self.allocated_bytes) <= (
+                RSS_ROUNDING_BYTES + self.allocated_bytes // 100)
+        return ComponentMemory(
+            name=name, predicted_bytes=predicted[name].bytes, prediction_source=predicted[name].source,
+            allocated_bytes=allocated_bytes, step_allocated_bytes=self.allocated_bytes,
+            measured_delta_bytes=self.measured_delta_bytes, reserved_delta_bytes=self.reserved_delta_bytes,
+            within_rounding=within,
+        )  # fmt: skip
+
+
+def _measured_step(probe: MemoryProbe, accountant: Accountant, allocate: Callable[[], Any]) -> tuple[Any, _Step]:
+    """Run one allocating setup step and measure it: cached blocks (the step's temporaries) released on both
+    sides, so the device delta is what the step kept."""
+    device = probe.device
+    release_cached(device)
+    used, kept = probe.used_bytes(), accountant.total_bytes
+    reserved = int(torch.cuda.memory_reserved(device)) if device.type == "cuda" else None
+    tensors_before = accountant.num_tensors
+    value = allocate()
+    synchronize(device)
+    release_cached(device)
+    reserved_delta = int(torch.cuda.memory_reserved(device)) - reserved if reserved is not None else None
+    return value, _Step(allocated_bytes=accountant.total_bytes - kept, measured_delta_bytes=probe.used_bytes() - used,
+                        reserved_delta_bytes=reserved_delta, num_tensors=accountant.num_tensors - tensors_before,
+                        device_type=device.type)  # fmt: skip
+
+
+def _tensor_bytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 
@@ -587,6 +647,7 @@ def _record_fields(setup: RankSetup, *, started: float, ready_at: float, vllm_de
         versions=collect_versions(vllm_source=vllm_desc,
                                   vllm_kernels=backend.kernels if backend.name == "vllm-ops" else None),
         hardware=collect_hardware(setup.device), started_at=started, ready_at=ready_at, warmup=warmup,
+        components=list(setup.components),
     ))
 
 

@@ -74,6 +74,7 @@ class Accountant:
         self.touch_cpu_pages = touch_cpu_pages
         self._bytes: dict[str, int] = defaultdict(int)
         self._untouched_bytes = 0  # CPU ballast: counted against the budget, never paged in
+        self.num_tensors = 0  # allocated so far (the rounding a measured step may show is per tensor)
 
     def alloc(self, category: str, shape: tuple[int, ...], dtype: torch.dtype, *, touch: bool = True) -> torch.Tensor:
         """An uninitialised tensor on the device, counted under `category`.
@@ -101,6 +102,7 @@ class Accountant:
         else:
             tensor = torch.empty(shape, dtype=dtype, device=self.device)
         self._bytes[category] += num_bytes
+        self.num_tensors += 1
         return tensor
 
     def release(self, category: str, tensor: torch.Tensor) -> None:

@@ -606,3 +606,30 @@ def plan_or_error(scenario: Scenario, version: str, **kwargs) -> LayerPlan | str
         return plan_layer(scenario, version, **kwargs)
     except VllmSourceError as error:
         return str(error)
+
+
+# --- what `harness run` allocates of the layer, predicted without a release (GPU hosts have no registry) -------------
+
+
+@dataclass(frozen=True)
+class Prediction:
+    bytes: int
+    source: str
+
+
+def run_predictions(scenario: Scenario) -> dict[str, Prediction]:
+    """The layer model's bytes for the components `harness run` allocates at this scenario's shapes: the FP8
+    per-token weights, the batched dispatch output (vLLM's fp8 copy of the receive and its per-token scales, the
+    harness's expert_x and expert_x_scale) and DeepEP low-latency's RDMA buffer for T, K and E x D experts."""
+    spec = scenario.layer.model_copy(update={"quant": "fp8-per-token"})
+    layout = layout_of(scenario.model_copy(update={"layer": spec}))
+    rows = layout.E * layout.D * layout.T
+    rdma = deepep.LowLatencyLayout(num_max_dispatch_tokens_per_rank=layout.T, hidden=layout.K, num_ranks=layout.D,
+                                   num_experts=layout.num_physical_experts, layout=spec.deepep_layout)  # fmt: skip
+    return {
+        "expert-weights": Prediction(weights_component(layout).bytes or 0, "layer model: E x (2I*K + K*I) fp8 "
+                                     "+ per-channel f32 scales (E, 2I), (E, K)"),
+        "dispatch-quant": Prediction(rows * layout.K + rows * 4, "layer model: vLLM's fp8 copy of the batched "
+                                     "receive (E*D*T, K) + per-token f32 scales (E*D*T, 1)"),
+        "deepep-rdma": Prediction(rdma.size_hint_bytes, f"DeepEP size hint: {rdma.formula()}"),
+    }
