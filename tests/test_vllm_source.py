@@ -613,6 +613,7 @@ SUBSET_MODULES = {
 
         class ExpertsBase:
             SCALE = 3
+            DOUBLE_SCALE = SCALE * 2  # a class attribute computed from an earlier one, in the class's own scope
 
             @staticmethod
             def activation_format():
@@ -675,7 +676,8 @@ SUBSET_MODULES = {
                 first, *rest = dims
                 assert isinstance(first, int) and isinstance(activation, str)
                 assert getattr(self, "missing", None) is None and hasattr(self, "slots") and not hasattr(self, "nope")
-                assert self.kind() == "batched" and self.SCALE == 3 and DOUBLE_BLOCK == 2 * BLOCK
+                assert self.kind() == "batched" and self.SCALE == 3 and self.DOUBLE_SCALE == 6
+                assert DOUBLE_BLOCK == 2 * BLOCK
                 assert padded(rows) == cdiv(rows, BLOCK) * BLOCK == math.prod((cdiv(rows, BLOCK), BLOCK))
                 assert activation.is_gated and activation.value == "silu"
                 act = self.adjust_N_for_activation(N, activation)

@@ -274,6 +274,7 @@ class _Frame:
     locals: dict[str, object] = field(default_factory=dict)
     local_names: frozenset[str] = frozenset()
     first_argument: object = None  # self or cls, for super()
+    class_scope: Any = None  # the class whose body an attribute's value is written in: it sees the earlier ones
 
 
 _PLAIN_TYPES = (int, float, bool, str, type(None))
@@ -562,6 +563,10 @@ class Interpreter:
             return value
         if name in frame.local_names:
             raise Unevaluable(f"reads the local name {name!r} before it is assigned")
+        if frame.class_scope is not None:
+            binding = self.program.class_binding(frame.class_scope, name)
+            if binding is not None and binding.kind == "value":
+                return self._class_value(frame.class_scope, binding)
         return self.global_value(frame.file, name)
 
     def _expr_attribute(self, node: ast.Attribute, frame: _Frame) -> object:
@@ -889,7 +894,7 @@ class Interpreter:
         if name in instance.attributes:
             return instance.attributes[name]
         if found is not None:
-            return self._eval(found[1].node, _Frame(None, owner_file(found[0])))
+            return self._class_value(found[0], found[1])
         raise MissingAttribute(f"reads self.{name}, which the stand-in self does not carry")
 
     def _class_attribute(self, cls: Any, name: str, receiver: ClassObject) -> object:
@@ -899,7 +904,7 @@ class Interpreter:
         owner, binding = found
         if binding.kind == "function":
             return self._bind(Function(owner_file(owner), binding.node, owner, _method_kind(binding.node)), receiver)
-        return self._eval(binding.node, _Frame(None, owner_file(owner)))
+        return self._class_value(owner, binding)
 
     def _super_attribute(self, proxy: SuperProxy, name: str) -> object:
         receiver_cls = proxy.receiver.cls
@@ -912,8 +917,12 @@ class Interpreter:
             if binding.kind == "function":
                 function = Function(owner_file(owner), binding.node, owner, _method_kind(binding.node))
                 return self._bind(function, proxy.receiver)
-            return self._eval(binding.node, _Frame(None, owner_file(owner)))
+            return self._class_value(owner, binding)
         raise MissingAttribute(f"reads super().{name}, which no parsed base class defines")
+
+    def _class_value(self, owner: Any, binding: Binding) -> object:
+        """A class attribute's value (`BLOCK = 128` in the class body), computed when first read."""
+        return self._eval(binding.node, _Frame(None, owner_file(owner), class_scope=owner))
 
     def _lookup(self, cls: Any, name: str) -> tuple[Any, Binding] | None:
         for owner in self.program.mro(cls):
