@@ -346,6 +346,9 @@ EDGES = """
             equal += a == b
         return equal
 
+    def rounds(digits):
+        return round(12345, digits)
+
     def dunder(value):
         return value.__class__
 
@@ -386,6 +389,7 @@ def edges(tmp_path_factory) -> tuple[SourceTree, str]:
         ("nest", 8, 9, "nests containers 9 deep, over the size budget of 8"),
         ("wide", 14, 15, "builds a value of 1025 nodes, over the size budget of 1024"),
         ("recurse", 31, 32, "calls nested deeper than 32"),
+        ("rounds", -400, -401, "round() to -401 digits; at most 400 either way"),  # 10**(10**18) inside Python
     ],
 )
 def test_budget_edges(edges, function, inside, past, says):
@@ -398,7 +402,7 @@ def test_budget_edges(edges, function, inside, past, says):
 
 def _parameter(function: str) -> str:
     return {"power": "exponent", "shift": "bits", "repeat": "count", "concat": "count", "nest": "depth",
-            "wide": "extra", "recurse": "depth"}[function]  # fmt: skip
+            "wide": "extra", "recurse": "depth", "rounds": "digits"}[function]  # fmt: skip
 
 
 def test_step_budget_bounds_loops_and_comparisons(edges):

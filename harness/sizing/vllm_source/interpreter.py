@@ -1326,6 +1326,13 @@ def _range(interp: Interpreter, *args) -> range:
     return range(*args)
 
 
+def _round(value: object, digits: object) -> int | float:
+    # round(5, -10**18) makes Python compute 10**(10**18) first: digits beyond a float's range mean nothing.
+    if digits is not None and abs(_expect(digits, int)) > 400:
+        raise Unevaluable(f"round() to {digits} digits; at most 400 either way")
+    return round(_expect(value, (int, float)), digits)
+
+
 def _cdiv(interp: Interpreter, a: object, b: object) -> int:
     return -(_expect(a, int) // -_expect(b, int))
 
@@ -1372,8 +1379,10 @@ BUILTINS: dict[str, Builtin] = {
     "bool": Builtin("bool", lambda interp, value=False: interp._truth(value), bool),
     "str": Builtin("str", lambda interp, value="": str(_expect(value, (*_PLAIN_TYPES, DType))), str),
     "abs": Builtin("abs", lambda interp, value: abs(_expect(value, (int, float)))),
-    "round": Builtin("round", lambda interp, value, digits=None: round(_expect(value, (int, float)), digits)),
-    "divmod": Builtin("divmod", lambda interp, a, b: divmod(_expect(a, (int, float)), _expect(b, (int, float)))),
+    "round": Builtin("round", lambda interp, value, digits=None: _round(value, digits)),
+    "divmod": Builtin("divmod", lambda interp, a, b: tuple(
+        interp.check_value(part) for part in divmod(_expect(a, (int, float)), _expect(b, (int, float)))
+    )),  # fmt: skip
     "pow": Builtin("pow", _pow),
     "len": Builtin("len", lambda interp, value: len(_expect(value, (str, tuple, list, dict, range)))),
     "tuple": Builtin("tuple", lambda interp, iterable=(): tuple(_items(interp, iterable)), tuple),
