@@ -202,13 +202,32 @@ def load_entry(directory: Path, *, wheel: Path | None = None) -> CacheManifest |
     schema (extract again). Raises CacheError, one line, for an entry that fails a check.
 
     wheel: for an entry of a user's wheel file, that file; its RECORD must be the one the entry was made from.
+    An entry that another process replaced while it was being checked is checked again (see _install).
     """
+    for _ in range(3):
+        try:
+            before = directory.lstat()
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise _refused(directory, f"cannot be read ({error})") from None
+        try:
+            return _load_entry_once(directory, before, wheel)
+        except CacheError:
+            if _same_directory(directory, before):
+                raise
+    raise CacheError(f"cache entry {directory} kept being replaced while it was checked; run again")
+
+
+def _same_directory(directory: Path, before: os.stat_result) -> bool:
     try:
-        info = directory.lstat()
-    except FileNotFoundError:
-        return None
-    except OSError as error:
-        raise _refused(directory, f"cannot be read ({error})") from None
+        after = directory.lstat()
+    except OSError:
+        return False
+    return (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
+
+
+def _load_entry_once(directory: Path, info: os.stat_result, wheel: Path | None) -> CacheManifest | None:
     if not stat.S_ISDIR(info.st_mode):
         raise _refused(directory, "is not a directory")
     _check_owner(directory, directory, info)
@@ -484,23 +503,32 @@ def _extract_member(
 
 
 def _install(staging: Path, directory: Path, manifest: CacheManifest, *, with_ops: bool) -> CacheManifest:
-    """Move the finished extraction into place with one rename; keep another process's identical one."""
-    try:
-        winner = load_entry(directory)
-    except CacheError:
-        winner = None  # a damaged or stale entry is what this extraction replaces
-    if winner is not None and winner.wheel_sha256 == manifest.wheel_sha256 and serves(winner, with_ops=with_ops):
-        return winner
-    shutil.rmtree(directory, ignore_errors=True)
+    """Move the finished extraction into place with one rename, which never overwrites an entry.
+
+    Ranks of one node may extract the same wheel at once: the first rename wins and the others use its entry. An
+    entry that does not serve (stale, damaged, without the ops library) is renamed aside first, then removed;
+    a process that was checking it sees the directory change and checks the new one (load_entry).
+    """
     directory.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.replace(staging, directory)
-    except OSError:
-        winner = load_entry(directory)
-        if winner is None or not serves(winner, with_ops=with_ops):
-            raise
-        return winner
-    return manifest
+    aside = directory.with_name(f"{directory.name}.replaced-{os.getpid()}")
+    for _ in range(3):
+        try:
+            os.rename(staging, directory)  # fails when a non-empty directory is there
+            return manifest
+        except OSError:
+            pass
+        try:
+            winner = load_entry(directory)
+        except CacheError:
+            winner = None  # damaged: this extraction replaces it
+        if winner is not None and winner.wheel_sha256 == manifest.wheel_sha256 and serves(winner, with_ops=with_ops):
+            return winner
+        try:
+            os.rename(directory, aside)
+        except FileNotFoundError:
+            continue  # another process moved it meanwhile
+        shutil.rmtree(aside, ignore_errors=True)
+    raise CacheError(f"could not install {directory}: other processes kept replacing it; run again")
 
 
 # --- fetching a release ------------------------------------------------------------------------------------------
