@@ -176,20 +176,7 @@ class RayLauncher:
                                   detail=message)
                 return sink.outcome(error=message)
             log = _ProgressLog.remote()
-            runtime_env = actor_runtime_env()
-            for rank in range(plan.num_ranks):
-                actors.append(
-                    _RankActor.options(
-                        num_cpus=plan.num_cpus_per_rank,
-                        num_gpus=1 if plan.device_type == "cuda" else 0,
-                        scheduling_strategy=PlacementGroupSchedulingStrategy(
-                            placement_group=pg, placement_group_bundle_index=rank
-                        ),
-                        runtime_env=runtime_env,
-                        max_restarts=0,
-                        max_task_retries=0,
-                    ).remote(rank)
-                )
+            actors.extend(_rank_actors(plan, pg))
             wheres = self._start(plan, sink, actors)
             if wheres is None:
                 return sink.outcome(error=f"rank actors did not start: {sink.failures[min(sink.failures)].cause}")
@@ -288,6 +275,22 @@ class RayLauncher:
             + f" in all); the cluster has {_format_resources(total)} in all and {_format_resources(available)} "
             f"available now, on {len(nodes)} node(s) [{per_node}]"
         )
+
+
+def _rank_actors(plan: LaunchPlan, pg: PlacementGroup) -> list[Any]:
+    """One actor per rank, each in its own bundle of the placement group, never restarted."""
+    runtime_env = actor_runtime_env()
+    return [
+        _RankActor.options(
+            num_cpus=plan.num_cpus_per_rank,
+            num_gpus=1 if plan.device_type == "cuda" else 0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank),
+            runtime_env=runtime_env,
+            max_restarts=0,
+            max_task_retries=0,
+        ).remote(rank)
+        for rank in range(plan.num_ranks)
+    ]
 
 
 def actor_runtime_env() -> dict[str, Any]:

@@ -315,6 +315,21 @@ def _error(message: str) -> int:
     return EXIT_ERROR
 
 
+def _write_manifest(scenario: Scenario, *, run_dir: Path, run_id: str, scenario_path: Path | None,
+                    launcher: LauncherName, command: list[str]) -> None:
+    """run.json, first: what was launched, by what, how."""
+    from harness.core.environment import collect_versions
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_record(run_dir / "run.json", RunManifest(
+        run_id=run_id, scenario_name=scenario.name or "", scenario_hash=scenario.scenario_hash,
+        scenario=scenario.model_dump(mode="json"),
+        scenario_path=str(scenario_path) if scenario_path is not None else None,
+        num_ranks=scenario.parallel.num_ranks, launcher=launcher, command=command, started_at=time.time(),
+        versions=collect_versions(),
+    ))
+
+
 def run_scenario(
     scenario: Scenario,
     *,
@@ -327,7 +342,6 @@ def run_scenario(
 ) -> int:
     """Launch one scenario into run_dir, collect it and print the summary; return the exit code."""
     from harness.report.collect import collect
-    from harness.core.environment import collect_versions
     from harness.rank.lifecycle import can_run, rank_main, resolve_device
 
     resources = launcher.resources()
@@ -337,21 +351,8 @@ def run_scenario(
         return _error(f"{scenario.name} cannot run on {resources.description}: {reason}")
 
     started = time.monotonic()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    manifest = RunManifest(
-        run_id=run_id,
-        scenario_name=scenario.name or "",
-        scenario_hash=scenario.scenario_hash,
-        scenario=scenario.model_dump(mode="json"),
-        scenario_path=str(scenario_path) if scenario_path is not None else None,
-        num_ranks=scenario.parallel.num_ranks,
-        launcher=launcher.name,
-        command=command,
-        started_at=time.time(),
-        versions=collect_versions(),
-    )
-    write_record(run_dir / "run.json", manifest)
-
+    _write_manifest(scenario, run_dir=run_dir, run_id=run_id, scenario_path=scenario_path, launcher=launcher.name,
+                    command=command)
     plan = LaunchPlan(scenario=scenario, run_id=run_id, run_dir=run_dir, device_type=device_type,
                       entry=RankEntry(main=rank_main, record_model=RankRecord, policies=tuple(scenario.policies)))
     console.print(
