@@ -251,7 +251,8 @@ def test_the_comm_paths_view_is_the_same_layout():
     assert view.layout_bytes == ll(2048, 448).total_bytes
     old = deepep.deepep_low_latency_bytes(max_tokens_per_rank=2048, hidden_size=5120, num_experts=448,
                                           combine_variant="bf16")  # fmt: skip
-    assert old.msg_combine_bytes == 10240 and old.total_bytes == ll(2048, 448, layout=deepep.BF16_COMBINE).size_hint_bytes
+    assert old.msg_combine_bytes == 10240
+    assert old.total_bytes == ll(2048, 448, layout=deepep.BF16_COMBINE).size_hint_bytes
 
 
 # --- harness run: the components the rank allocates, measured against the prediction ---------------------------------
@@ -281,7 +282,8 @@ def test_rank_setup_allocates_the_predicted_weights_and_dispatch_output():
     assert component.predicted_bytes == component.allocated_bytes == accountant.bytes_of("weights")
     assert step.num_tensors == 4
     layout = DispatchLayout(num_ranks=P, rank=0, num_local_experts=E, max_slots_per_expert=T * D, hidden_size=K,
-                            top_k=scenario.model.top_k, max_tokens=T * (D // P), num_buffer_tokens=T * (D // P))  # fmt: skip
+                            top_k=scenario.model.top_k, max_tokens=T * (D // P),
+                            num_buffer_tokens=T * (D // P))  # fmt: skip
     buffers, step = _measured_step(probe, accountant, lambda: DispatchBuffers.allocate(layout, accountant,
                                                                                        out_dtype=torch.bfloat16))
     output = step.component("dispatch-quant", predicted, _tensor_bytes(buffers.expert_x, buffers.expert_x_scale))

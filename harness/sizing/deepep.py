@@ -215,7 +215,8 @@ def deepep_low_latency_bytes(*, max_tokens_per_rank: int, hidden_size: int, num_
                              combine_variant: CombineVariant = "logfmt") -> DeepEpLowLatencyBytes:
     """DeepEP LL's buffer for T = max_tokens_per_rank tokens of K = hidden_size over num_experts global experts."""
     layout = LowLatencyLayout(num_max_dispatch_tokens_per_rank=max_tokens_per_rank, hidden=hidden_size,
-                              num_ranks=1, num_experts=num_experts, layout=_VARIANT_LAYOUT[combine_variant])  # fmt: skip
+                              num_ranks=1, num_experts=num_experts,
+                              layout=_VARIANT_LAYOUT[combine_variant])  # fmt: skip
     return DeepEpLowLatencyBytes(
         max_tokens_per_rank=max_tokens_per_rank, hidden_size=hidden_size, num_experts=num_experts,
         combine_variant=combine_variant, msg_dispatch_bytes=layout.dispatch_msg_bytes,

@@ -331,7 +331,7 @@ def comm_components(layout: Layout, files: ReleaseFiles) -> list[LayerComponent]
     args = read_deepep_args(layout, files)
     if isinstance(args, str):
         return [_unevaluated(name, args) for name in ("deepep-nvl", "deepep-workspace", "deepep-rdma")]
-    failed = [r for r in (*args.handle_args.values(), args.buffer_size_mb, args.moe_num_experts) if not r.ok]
+    failed = [r for r in (args.moe_num_experts, args.buffer_size_mb, *args.handle_args.values()) if not r.ok]
     if failed:
         return [_unevaluated(name, failed[0].reason) for name in ("deepep-nvl", "deepep-workspace", "deepep-rdma")]
     def hint(**kwargs: object) -> int:

@@ -239,8 +239,9 @@ def _slice_value(
     depth: int = 0,
 ) -> object:
     """Evaluate expression, binding each free name (or self.attr) to the value of its last assignment before
-    before_line in the function (or anywhere in the class for self.attr), recursively; module-level helpers
-    (determine_expert_counts) are the release's own, interpreted."""
+    before_line in the function (or anywhere in the class for self.attr), recursively. A name unpacked from a
+    module-level helper's tuple (`a, b, c = determine_expert_counts(...)`) is followed into that helper's return
+    expression, with its parameters bound to the call's arguments: only what the value depends on is read."""
     if depth > 8:
         raise Unevaluable("follows assignments more than 8 deep")
     scope = dict(names)
@@ -250,6 +251,10 @@ def _slice_value(
             assignment = _last_assignment(function, inner.id, before_line)
             if assignment is not None:
                 target, value = assignment
+                helper = _helper_element(files, target, value, inner.id)
+                if helper is not None:
+                    scope[inner.id] = _slice_helper(files, helper, value, function, parents, names, depth)
+                    continue
                 result = _slice_value(files, value, value.lineno, function, parents, names, depth + 1)
                 scope.update(_unpack(target, result, inner.id))
         elif _is_self_attribute(inner) and function is not None:
@@ -262,6 +267,43 @@ def _slice_value(
     if self_attributes:
         scope["self"] = StandIn("self", **self_attributes)
     return run_expression(files, LAYER_FILE, expression, scope)
+
+
+def _helper_element(files: ReleaseFiles, target: ast.expr, value: ast.expr,
+                    name: str) -> tuple[ast.FunctionDef, ast.expr] | None:  # fmt: skip
+    """(helper, the expression it returns at name's position) for `..., name, ... = helper(...)`, where helper is
+    a module-level function of layer.py with a single `return (tuple)`; None otherwise."""
+    if not (isinstance(target, ast.Tuple) and isinstance(value, ast.Call) and isinstance(value.func, ast.Name)):
+        return None
+    module = files.module(LAYER_FILE)
+    helper = next((n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == value.func.id), None) \
+        if module is not None else None  # fmt: skip
+    if helper is None:
+        return None
+    returns = [n for n in ast.walk(helper) if isinstance(n, ast.Return)]
+    position = next((i for i, e in enumerate(target.elts) if isinstance(e, ast.Name) and e.id == name), None)
+    if len(returns) != 1 or not isinstance(returns[0].value, ast.Tuple) or position is None:
+        return None
+    elements = returns[0].value.elts
+    return (helper, elements[position]) if len(elements) == len(target.elts) else None
+
+
+def _slice_helper(files: ReleaseFiles, helper: tuple[ast.FunctionDef, ast.expr], call: ast.expr,
+                  caller: ast.FunctionDef | None, parents: dict[ast.AST, ast.AST], names: dict[str, object],
+                  depth: int) -> object:  # fmt: skip
+    function, element = helper
+    assert isinstance(call, ast.Call)
+    params = [a.arg for a in function.args.args]
+    arguments = dict(zip(params, call.args)) | {k.arg: k.value for k in call.keywords if k.arg}
+    bound: dict[str, object] = {}
+    free = {n.id for n in ast.walk(element) if isinstance(n, ast.Name)}
+    needed = set(free)
+    for inner in ast.walk(function):  # the helper's own assignments to those names may need more parameters
+        if isinstance(inner, ast.Assign) and any(_binds(t, n) for t in inner.targets for n in free):
+            needed |= {n.id for n in ast.walk(inner.value) if isinstance(n, ast.Name)}
+    for param in needed & set(arguments):
+        bound[param] = _slice_value(files, arguments[param], call.lineno, caller, parents, names, depth + 1)
+    return _slice_value(files, element, element.lineno, function, parents, bound, depth + 1)
 
 
 def _is_self_attribute(node: ast.AST) -> bool:
