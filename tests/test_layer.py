@@ -290,3 +290,48 @@ def test_rank_setup_allocates_the_predicted_weights_and_dispatch_output():
     assert output.predicted_bytes == output.allocated_bytes == E * T * D * (K + 4)
     assert output.step_allocated_bytes == accountant.bytes_of("dispatch") + accountant.bytes_of("combine")
     assert predicted["deepep-rdma"].bytes == ll(T, E * D, hidden=K, ranks=D).size_hint_bytes
+
+
+@pytest.mark.vllm_wheel
+def test_a_hostile_tree_ends_unevaluated_quickly(cache_dir, tmp_path):
+    """The layer readers run the release's code only in the budgeted interpreter: an endless manager, a recursive
+    expert-count helper and an escape attempt end as unevaluated components, and nothing is written."""
+    import time
+
+    release = locate(version="0.33.0", cache_dir=cache_dir)
+    tree = tmp_path / "tree"
+    shutil.copytree(release.root / "vllm", tree / "vllm")
+    all2all = tree / "vllm/distributed/device_communicators/all2all.py"
+    text = all2all.read_text()
+    marker = '        """max_num_tokens_per_dp_rank : the maximum number of tokens a DP rank'
+    assert text.count(marker) == 1
+    all2all.write_text(text.replace(marker, "        while True:\n            pass\n" + marker))
+    started = time.monotonic()
+    plan = plan_layer_from(load_scenario(CASE_57894), locate(src=tree))
+    assert time.monotonic() - started < 60  # the interpreter's step budget, on a loaded 2-core machine
+    rdma = plan.component("deepep-rdma")
+    assert rdma is not None and rdma.verdicts == ["unevaluated"] and rdma.bytes is None
+    assert "_make_all2all_kwargs" in rdma.detail and "step" in rdma.detail, rdma.detail
+    layer = tree / "vllm/model_executor/layers/fused_moe/layer.py"
+    text = layer.read_text()
+    helper = "    global_num_experts = num_experts + num_redundant_experts\n"
+    assert text.count(helper) == 1
+    escape = "().__class__.__subclasses__()[0]('touch " + str(tmp_path / "pwned") + "')"
+    layer.write_text(text.replace(helper, f"    global_num_experts = {escape}\n"))
+    plan = plan_layer_from(load_scenario(CASE_57894), locate(src=tree))
+    rdma = plan.component("deepep-rdma")
+    assert rdma is not None and rdma.verdicts == ["unevaluated"] and "__class__" in rdma.detail, rdma.detail
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_the_committed_audit_table_is_the_one_in_the_docs():
+    """docs/vllm-sources.md carries results/audit/layer-audit.md verbatim, and the table is what the JSON says."""
+    from harness.sizing.layer_audit import LayerAudit, audit_markdown
+
+    root = SCENARIOS.parent
+    table = (root / "results/audit/layer-audit.md").read_text()
+    assert table in (root / "docs/vllm-sources.md").read_text()
+    audit = LayerAudit.model_validate_json((root / "results/audit/layer-audit.json").read_text())
+    assert audit_markdown(audit) == table
+    assert [r.vllm_version for r in audit.releases][:1] == ["0.22.0"] and audit.releases[-1].vllm_version == "0.33.0"
+    assert len(audit.releases) >= 15 and all(r.error is None for r in audit.releases)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import math
+from copy import deepcopy
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -453,11 +454,13 @@ def manager_kwargs(
         return size_hint(**kwargs)
 
     buffer = StandIn("deep_ep.Buffer", get_low_latency_rdma_size_hint=Builtin("get_low_latency_rdma_size_hint", hint))
-    function = _with_standin_modules(method, ("deep_ep", "envs"))
+    if not method.args.args:
+        return ManagerKwargs(ref=where, reason=f"{manager}._make_all2all_kwargs takes no self")
     self_name = method.args.args[0].arg
     bound = {**arguments, self_name: StandIn(f"{manager} self", **self_attributes),
              "deep_ep": StandIn("deep_ep", Buffer=buffer), "envs": StandIn("envs", **env_values)}  # fmt: skip
     try:
+        function = _with_standin_modules(method, ("deep_ep", "envs"))
         result = Interpreter(files.tree).call(Function(file, function), (), bound)
     except (Unevaluable, RecursionError) as error:
         return ManagerKwargs(ref=where, reason=f"{manager}._make_all2all_kwargs {error}")
@@ -468,15 +471,13 @@ def manager_kwargs(
 
 def _with_standin_modules(method: ast.FunctionDef, modules: tuple[str, ...]) -> ast.FunctionDef:
     """A copy of method whose imports of `modules` are gone and which takes them as keyword-only parameters."""
-    copy = ast.parse(ast.unparse(method)).body[0]
-    assert isinstance(copy, ast.FunctionDef)
+    copy = deepcopy(method)
     copy.body = [
         statement for statement in copy.body
         if not (isinstance(statement, ast.Import) and all(a.name in modules and not a.asname for a in statement.names))
     ] or [ast.Pass()]  # fmt: skip
     copy.args.kwonlyargs += [ast.arg(arg=name) for name in modules]
     copy.args.kw_defaults += [None for _ in modules]
-    ast.increment_lineno(copy, method.lineno - copy.lineno)
     return ast.fix_missing_locations(copy)
 
 
