@@ -10,8 +10,9 @@ May import: harness.core, harness.scenario, harness.sizing, harness.rank, harnes
 Launchers: one process per rank, each rank's record back to the driver, every wait bounded.
 
     harness run ──> Launcher.launch(LaunchPlan, RunSink)
-                      local  torch.multiprocessing (spawn); records come back over a multiprocessing queue
-                      ray    one placement-group bundle and one actor per rank; records come back as Ray objects
+                      local  torch.multiprocessing (spawn); events and records come back over a pipe per rank
+                      ray    one placement-group bundle and one actor per rank; events through a progress actor,
+                             final records as Ray objects
                     in every rank: rank_entry() -> the RankEntry's main(scenario, RankInfo, run_dir, progress)
                     on the driver: RunSink validates every event (harness.core.events), writes the record so far
                     after each policy (PolicyDone) and the final record the moment they arrive, both to
@@ -23,7 +24,8 @@ Launchers only build `RankInfo`s; `harness.rank.distributed.init_rank` is the on
 Bounds (scenario.launch): the placement and the actors' start within `placement_timeout_s`; once one rank has
 ended (record, error or death) the others get `collective_timeout_s` more, since every rank does the same
 collectives; nothing runs past `rank_timeout_s` from the launch. A rank that died is told from a hung one by its
-exit (the process's exit code, its closed pipe, Ray's actor error), never by how long it was silent.
+exit (the process's exit code, its closed pipe, Ray's actor error), never by how long it was silent. SIGTERM to
+the driver is handled as Ctrl-C is (`sigterm_as_interrupt`): records so far kept, ranks stopped, nothing left.
 
 Fault injection, for tests of those bounds: HARNESS_INJECT_FAULT="rank=1,kind=die,after=ready" makes rank 1
 call os._exit(1) when it reports "ready"; kind=hang makes it sleep instead. `after` is "start" (before joining

@@ -4,9 +4,10 @@
     route.py   quant.py, dispatch.py   experts/ (one module per backend), views of the     combine.py
                                        policy's workspace buffers (core.contract)
 
-around them: `distributed` (RankInfo, the one rendezvous init_rank), `memory` (NVML, allocator, RSS, budgets, OOM
-snapshots), `timing` (CUDA events) and `lifecycle` (set up once, then allocate / iterate / measure / judge per
-policy; returns the rank's RankRecord).
+around them: `distributed` (RankInfo, the one rendezvous init_rank, `agree`: every rank takes the same branch
+after a step that failed on some), `memory` (NVML, allocator, RSS, budgets, OOM snapshots), `timing` (CUDA events,
+median/min/max) and `lifecycle` (set up and warm up once, then baseline / allocate / iterate / measure / judge per
+policy, the record so far after each; returns the rank's RankRecord).
 
 Letters (shared/DESIGN.md §1): T tokens per rank, D dispatchers, M = T*D slots per expert, E local experts,
 K hidden size, I intermediate size (N = 2I).

@@ -314,8 +314,9 @@ def _run_stage(setup: RankSetup, state: PolicyState, stage: str, fn: Callable[[]
 def _one_pass(setup: RankSetup, state: PolicyState, timer: StageTimer) -> None:
     """dispatch -> experts -> combine once on state.workspace; ranks agree after the experts and after combine.
 
-    Dispatch raises only before its first collective or after its last, so a failure inside it leaves every
-    rank at the same collective: the agreement that follows.
+    A failure in dispatch after its collectives (an expert past M slots), in the experts (OOM, a kernel's error)
+    or in combine after its all-to-all leaves every rank at the same next collective: the agreement. Dispatch's
+    capacity checks before its first collective cannot fail for a validated scenario (routing.num_tokens <= T).
     """
     b, workspace = setup.buffers, state.workspace
     assert workspace is not None
