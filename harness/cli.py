@@ -197,6 +197,8 @@ _VERSION_HELP = "vLLM release X.Y.Z: fetched into the cache (pip download --no-d
 _WHEEL_HELP = "a vLLM wheel file (.whl) to read the release from, instead of downloading one"
 _SRC_HELP = "a vLLM source tree (the repository root or its vllm/ directory) to read the release from"
 _OPS_HELP = "vLLM's compiled ops library file itself (vllm/_C_stable_libtorch.abi3.so or vllm/_C.abi3.so)"
+_KERNELS_HELP = ("the vLLM release whose compiled ops the vllm-ops backend runs (or 'installed'); with "
+                 "--vllm-ops-library, the release that file is")
 _CACHE_HELP = "cache of downloaded vLLM releases (default: HARNESS_CACHE_DIR, else ~/.cache/moe-harness)"
 _JSON_HELP = "print one JSON object instead of tables"
 
@@ -237,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Ray placement of the rank bundles (default: the scenario's, PACK)")
     p.add_argument("--num-ranks", type=int, default=None, help="override parallel.num_ranks")
     p.add_argument("--policies", default=None, help="comma-separated override of policies")
+    p.add_argument("--kernels", default=None, metavar="X.Y.Z|installed", help=_KERNELS_HELP
+                   + "; on a matrix with a vllm.kernels axis, run only that release's cells")
     p.add_argument("--vllm-version", default=None, help=_VERSION_HELP + "; its ops for the vllm-ops backend")
     p.add_argument("--vllm-wheel", type=Path, default=None, help=_WHEEL_HELP)
     p.add_argument("--vllm-src", type=Path, default=None, help=_SRC_HELP)
@@ -272,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help=_DEVICE_HELP)
     p.add_argument("--num-ranks", type=int, default=None, help="override parallel.num_ranks")
     p.add_argument("--policies", default=None, help="comma-separated override of policies (legacy, fixed)")
+    p.add_argument("--kernels", default=None, metavar="X.Y.Z|installed", help=_KERNELS_HELP)
     p.add_argument("--vllm-version", default=None, help=_VERSION_HELP + "; its ops for the vllm-ops backend")
     p.add_argument("--vllm-wheel", type=Path, default=None, help=_WHEEL_HELP)
     p.add_argument("--vllm-src", type=Path, default=None, help=_SRC_HELP)

@@ -36,6 +36,9 @@ class _RaisesOnRank:
             raise self.exc
         return self.inner.apply(**kwargs)  # type: ignore[attr-defined]
 
+    def scratch_bytes(self, workspace: object) -> int:
+        return self.inner.scratch_bytes(workspace)  # type: ignore[attr-defined]
+
 
 def _policies_with_a_failing_backend(info, scenario_data: dict, run_dir: str) -> list[dict]:
     from harness.rank.distributed import init_rank

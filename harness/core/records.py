@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 SCHEMA_VERSION = 1
 
@@ -124,6 +124,9 @@ class Breakdown(Record):
     combine_bytes: int
     ballast_bytes: int
     other_bytes: int  # context, NCCL, allocator slack; on CPU the interpreter and libraries
+    # The experts backend's own temporaries at most (its chunking bounds them), counted apart from `other` so a
+    # budget verdict that depends on the backend says so.
+    scratch_bytes: int = 0
 
 
 class OomRecord(Record):
@@ -166,6 +169,39 @@ class Throughput(Record):
     combine_bytes: int
 
 
+STAGES = ("dispatch", "gemm1", "activation", "quant", "gemm2", "combine")
+Stage = Literal["dispatch", "gemm1", "activation", "quant", "gemm2", "combine"]
+
+
+class StageCheck(Record):
+    """One stage of the data path checked against the reference applied to the previous stage's actual output.
+
+    Rows are global rows of the batched (E*M) view (row = expert * M + slot), except for combine, whose rows are
+    this rank's tokens. Experts are local expert indices (0..E-1) on this rank.
+    """
+
+    stage: Stage
+    rows: Literal["all", "sampled"]  # every valid row, or sampled rows of every expert (first and last included)
+    num_rows_checked: int
+    num_rows_wrong: int
+    # Rows not judged: the stage's input was not finite there (an earlier stage's divergence explains it).
+    num_rows_unjudged: int = 0
+    max_rel_error: float  # per row max |got - ref| / max |ref|, the maximum over the checked rows
+    tolerance: float
+    first_wrong_row: int | None = None
+    first_wrong_expert: int | None = None
+    first_wrong_slot: int | None = None
+    wrong_experts: list[int] = Field(default_factory=list)
+
+    @property
+    def diverged(self) -> bool:
+        return self.num_rows_wrong > 0
+
+    @property
+    def fraction_wrong(self) -> float:
+        return self.num_rows_wrong / self.num_rows_checked if self.num_rows_checked else 0.0
+
+
 class Correctness(Record):
     max_abs_error: float
     max_rel_error: float  # max |out - ref| / max |ref| over the rank's tokens
@@ -173,6 +209,22 @@ class Correctness(Record):
     num_checked_tokens: int
     within_tolerance: bool
     tolerance: float
+    stages: list[StageCheck] = Field(default_factory=list)  # in data-path order
+    first_diverging_stage: Stage | None = None
+    check_us: float | None = None  # wall time of the whole check on this rank (its own work, not the data path)
+
+
+class KernelsRecord(Record):
+    """The experts kernels that ran on this rank and, for vLLM's ops, which library exactly."""
+
+    backend: str  # "vllm-ops", "torch-cutlass", "reference"
+    description: str  # e.g. "vLLM 0.30.0 _C_stable_libtorch.abi3.so" or "torch 2.11.0 _scaled_grouped_mm"
+    release: str | None = None  # the vLLM release whose ops ran, when known
+    release_from: str | None = None  # how the release is known: "release", "wheel", "src", "installed", "given", "cache"
+    library: str | None = None  # path of the ops library as loaded on this rank
+    library_sha256: str | None = None
+    library_bytes: int | None = None
+    torch_requirement: str | None = None  # the release's torch pin, e.g. "torch==2.13.0"
 
 
 class PolicyResult(Record):
@@ -238,6 +290,8 @@ class RankRecord(RankHeader):
     warmup: Literal["full", "comm-only", "failed"] | None = None
     # The layer components the setup allocated, each measured (absent in records from before the layer model).
     components: list[ComponentMemory] = []
+    # The experts kernels that ran: the backend and, for vLLM's ops, the release, file, sha256 and size.
+    kernels: KernelsRecord | None = None
 
 
 class RankFailure(RankHeader):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import json
 import os
 import sys
 import time
@@ -76,12 +77,13 @@ def scenario_overrides(ns: argparse.Namespace) -> dict[str, Any]:
         overrides["parallel.num_ranks"] = ns.num_ranks
     if ns.policies is not None:
         overrides["policies"] = [p.strip() for p in ns.policies.split(",") if p.strip()]
-    # vllm.* holds at most one source, so a source given here replaces the scenario's.
-    for flag, key in (("vllm_version", "version"), ("vllm_wheel", "wheel"), ("vllm_src", "src"),
-                      ("vllm_ops_library", "ops_library")):
-        value = getattr(ns, flag, None)
-        if value is not None:
-            overrides["vllm"] = {key: str(value)}
+    # vllm.* holds at most one source, so a source given here replaces the scenario's (--kernels X.Y.Z with
+    # --vllm-ops-library names a file and its release together).
+    vllm = {key: str(getattr(ns, flag)) for flag, key in (
+        ("kernels", "kernels"), ("vllm_version", "version"), ("vllm_wheel", "wheel"), ("vllm_src", "src"),
+        ("vllm_ops_library", "ops_library")) if getattr(ns, flag, None) is not None}
+    if vllm:
+        overrides["vllm"] = vllm
     return overrides
 
 
@@ -89,7 +91,7 @@ def _flag(key: str) -> str:
     return {
         "experts_backend": "--experts-backend", "device": "--device",
         "launch.placement_strategy": "--placement-strategy", "parallel.num_ranks": "--num-ranks",
-        "policies": "--policies", "vllm": "--vllm-*",
+        "policies": "--policies", "vllm": "--kernels/--vllm-*",
     }[key]
 
 
@@ -169,7 +171,7 @@ def command_line(ns: argparse.Namespace) -> list[str]:
     if ns.scenario is not None:
         argv.append(str(ns.scenario))
     for name in ("launcher", "address", "out", "experts_backend", "device", "placement_strategy", "num_ranks",
-                 "policies", "vllm_version", "vllm_wheel", "vllm_src", "cache_dir"):
+                 "policies", "kernels", "vllm_version", "vllm_wheel", "vllm_src", "vllm_ops_library", "cache_dir"):
         value = getattr(ns, name, None)
         if value is not None:
             argv += [f"--{name.replace('_', '-')}", str(value)]
@@ -366,9 +368,15 @@ def run_scenario(
         num_policies=len(scenario.policies),
     )
     sink = RunSink.for_plan(plan, listener=progress)
+    kernels_problem = kernels_on_driver(scenario, console)
     try:
-        with progress.shown(), sigterm_as_interrupt():
-            outcome = launcher.launch(plan, sink)
+        if kernels_problem is not None:
+            # No rank starts: each would fail the same way. The cause lands in the records as one line per rank.
+            sink.fail_pending(kernels_problem)
+            outcome = sink.outcome()
+        else:
+            with progress.shown(), sigterm_as_interrupt():
+                outcome = launcher.launch(plan, sink)
     except KeyboardInterrupt:
         # The command layer prints "harness: interrupted" once; this line says where the finished work is.
         print(f"harness: the records that arrived are in {run_dir} (`harness collect {run_dir}` reports them)",
@@ -385,6 +393,25 @@ def run_scenario(
     if not outcome.ok:
         return EXIT_ERROR
     return result.exit_code
+
+
+def kernels_on_driver(scenario: Scenario, console: Console) -> str | None:
+    """Locate (fetching into the cache if needed) the vLLM ops library the ranks will load, before they start.
+
+    Returns why the kernels cannot be had, in one line, or None. The ranks resolve the same library from the
+    cache and record its sha256; loading it is theirs to try (the driver may have no GPU).
+    """
+    from harness.sizing.vllm_source import VllmSourceError
+    from harness.sizing.vllm_source.kernels import needs_kernels, resolve_kernels
+
+    if not needs_kernels(scenario):
+        return None
+    try:
+        kernels = resolve_kernels(scenario.vllm)
+    except VllmSourceError as exc:
+        return f"kernels unavailable: {str(exc).splitlines()[0]}"
+    console.print(f"kernels: {kernels.describe()} from {kernels.origin}", highlight=False, markup=False)
+    return None
 
 
 def _dry_run(scenario: Scenario, *, launcher_name: LauncherName, ns: argparse.Namespace, run_dir: Path,
@@ -487,10 +514,11 @@ def _run_matrix(ns: argparse.Namespace, path: Path, overrides: dict[str, Any], *
     from harness.scenario.matrix import load_matrix
 
     matrix = load_matrix(path)
-    cells = list(matrix.cells())
+    cells = kernels_cells(matrix, overrides)
     scenarios = [override_scenario(c.scenario, overrides, label=f"{path} cell {c.name}") for c in cells]
     run_id = make_run_id(matrix.name or path.stem)
     run_dir = choose_run_dir(ns.out, run_id)
+    _same_matrix(run_dir, matrix.name)
     launcher_name = resolve_launcher_name(ns, scenarios[0] if scenarios else None)
     console.print(f"matrix {path.name}: {matrix.expansion().summary()} cells, into {run_dir}", highlight=False,
                   markup=False)
@@ -503,6 +531,10 @@ def _run_matrix(ns: argparse.Namespace, path: Path, overrides: dict[str, Any], *
     try:
         for cell, scenario in zip(cells, scenarios):
             console.rule(f"cell {cell.name}")
+            if (run_dir / cell.name / "run.json").exists():
+                console.print(f"cell {cell.name}: already run in {run_dir / cell.name}; kept (remove it to run it "
+                              "again)", highlight=False, markup=False)
+                continue
             try:
                 code = run_scenario(
                     scenario, launcher=launcher, run_dir=run_dir / cell.name, run_id=f"{run_id}-{cell.name}",
@@ -513,7 +545,37 @@ def _run_matrix(ns: argparse.Namespace, path: Path, overrides: dict[str, Any], *
             console.print(f"cell {cell.name}: exit code {code}", highlight=False, markup=False)
     finally:
         launcher.close()
-    result = collect_matrix(run_dir, cells, matrix=matrix)
+    result = collect_matrix(run_dir, list(matrix.cells()), matrix=matrix)  # every cell, run now or earlier
     console.print(result.summary_table())
     console.print(f"results: {run_dir}", highlight=False, markup=False)
     return result.exit_code
+
+
+def kernels_cells(matrix: Any, overrides: dict[str, Any]) -> list[Any]:
+    """The cells to run: all, or with --kernels X on a matrix whose axes include vllm.kernels, X's cells only.
+
+    That lets each release of a kernels matrix run in its own call (one ops library per GPU machine) into one
+    matrix directory (--out); `harness collect DIR` then reports every cell, and names the ones not run yet.
+    """
+    cells = list(matrix.cells())
+    wanted = overrides.get("vllm", {}).get("kernels")
+    if wanted is None or "vllm.kernels" not in matrix.axes:
+        return cells
+    chosen = [c for c in cells if c.axis_values.get("vllm.kernels") == wanted]
+    if not chosen:
+        values = ", ".join(str(v) for v in matrix.axes["vllm.kernels"])
+        raise ScenarioError(f"{matrix.path}: --kernels {wanted}: the matrix's vllm.kernels axis has {values}")
+    return chosen
+
+
+def _same_matrix(run_dir: Path, name: str | None) -> None:
+    """A matrix directory given again with --out must hold this matrix (its cells are added to it)."""
+    manifest = run_dir / "matrix.json"
+    if not manifest.exists():
+        return
+    try:
+        existing = json.loads(manifest.read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        raise LaunchError(f"--out {run_dir}: matrix.json is unreadable; give a new directory") from None
+    if existing != name:
+        raise LaunchError(f"--out {run_dir} holds matrix {existing!r}, not {name!r}; give a new directory")

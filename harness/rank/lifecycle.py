@@ -5,7 +5,8 @@ measure memory and time, check correctness, and free the workspace before the ne
     rank_main
       setup_rank          weights, comm buffers, backend, tokens and routing (shared by every policy)
       warm_up             one full pass on a live-set workspace, freed before the first baseline
-      measure_policy      per policy: _baseline -> _allocate -> _iterate (_one_pass x n) -> _measure -> _judge
+      measure_policy      per policy: _baseline -> _allocate -> _iterate (_one_pass x n) -> _measure ->
+                          _correctness (one checked pass, harness.rank.check) -> _judge
                           every step that can fail on some ranks ends in distributed.agree
       PolicyDone event    the record so far, after every policy; the final record at the end
 
@@ -14,7 +15,6 @@ Launchers (harness.launch.local, harness.launch.ray_launcher) only build RankInf
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,26 +31,26 @@ from harness.core.records import (
     Breakdown, ComponentMemory, ContractBytes, Correctness, MemoryMeasurement, OomRecord, PolicyResult, RankRecord,
     Throughput, Timings,
 )
+from harness.rank.check import CheckedPass
 from harness.rank.combine import combine
 from harness.rank.dispatch import DispatchBuffers, DispatchHandle, DispatchLayout, dispatch
 from harness.rank.distributed import RankInfo, StageFailure, agree, init_rank, shutdown_rank
 from harness.rank.experts import (
-    ExpertsBackend, ExpertWeights, Workspace, generate_expert, make_weights, select_backend, useful_flops,
+    ExpertsBackend, ExpertWeights, Workspace, kernels_record, make_weights, select_backend, useful_flops,
 )
-from harness.rank.experts.reference import expert_forward
 from harness.rank.memory import (
     RSS_ROUNDING_BYTES, Accountant, MemoryProbe, PeakSampler, SnapshotRecorder, apply_budget, baseline_rounding_bytes,
     free_and_total_bytes, free_bytes_from_message, release_cached, requested_bytes_from_message, synchronize,
 )
-from harness.rank.quant import quantize_per_channel, quantize_per_token
+from harness.rank.quant import quantize_per_token
 from harness.rank.route import Routing, route
 from harness.rank.timing import StageTimer, stats_drop_first
 from harness.scenario.schema import Scenario
 from harness.sizing.layer import Prediction, run_predictions
 from harness.sizing.plan import policy_shapes
+from harness.sizing.vllm_source.kernels import KernelsLibrary, needs_kernels, resolve_kernels
 
 Progress = Callable[[RankEvent], None]
-MAX_CHECKED_TOKENS = 64
 
 
 def resolve_device(scenario: Scenario, num_gpus: int) -> Literal["cuda", "cpu"]:
@@ -103,6 +103,7 @@ class RankSetup:
     external_bytes: int  # device memory in use before this process allocated anything (other processes)
     run_dir: Path
     components: list[ComponentMemory] = field(default_factory=list)  # the layer's buffers set up, measured
+    kernels: KernelsLibrary | None = None  # the vLLM ops library the backend loads, if it loads one
 
     @property
     def quantize(self) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
@@ -116,86 +117,20 @@ class RankSetup:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The correctness check, in one spot (`_correctness` is its only caller; harness.rank.check will replace it).
+# The correctness check (harness.rank.check): one checked pass after the measured ones, outside the memory window.
 
 
-def _slot_errors(setup: RankSetup) -> int:
-    """Slots whose content does not match what the senders routed to this rank's experts, plus count errors."""
-    s, layout, buffers = setup.scenario, setup.layout, setup.buffers
-    E, M, P, K = layout.num_local_experts, layout.max_slots_per_expert, layout.num_ranks, layout.hidden_size
-    counts = buffers.expert_num_tokens.cpu().tolist()
-    num_tokens = max(s.num_tokens_on_rank(r) for r in range(P))  # key stride: src * num_tokens + token
-    expected_keys: list[list[int]] = [[] for _ in range(E)]
-    quantized: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    for src in range(P):
-        ids = make_routing(s, src, s.num_tokens_on_rank(src)).topk_ids
-        token, _slot = torch.nonzero(torch.div(ids, E, rounding_mode="floor") == layout.rank, as_tuple=True)
-        local = torch.remainder(ids[token, _slot], E)
-        for e in range(E):
-            expected_keys[e].extend((src * num_tokens + token[local == e]).tolist())
-        if token.numel():
-            x = make_tokens(seed=s.seed, rank=src, num_tokens=s.num_tokens_on_rank(src), hidden_size=K,
-                            device=setup.device)
-            quantized[src] = setup.quantize(x)  # the same kernel the sender used
-    num_wrong = 0
-    src_all = buffers.expert_src.cpu()
-    for e in range(E):
-        n = counts[e]
-        got = src_all[e, :n]
-        got_keys = sorted((got[:, 0].to(torch.int64) * num_tokens + got[:, 1]).tolist())
-        want = sorted(expected_keys[e])
-        if len(want) != n:
-            num_wrong += abs(len(want) - n) + min(len(want), n)
-            continue
-        num_wrong += sum(1 for a, b in zip(got_keys, want) if a != b)
-        for j in range(n):  # payload: FP8 bytes and scale of slot j equal the sender's quantized token
-            src, tok = int(got[j, 0]), int(got[j, 1])
-            q, sc = quantized[src]
-            same = torch.equal(buffers.expert_x[e, j].view(torch.uint8), q[tok].view(torch.uint8)) and bool(
-                buffers.expert_x_scale[e, j, 0] == sc[tok, 0]
-            )
-            num_wrong += 0 if same else 1
-    return num_wrong
-
-
-def reference_output(setup: RankSetup, token_index: torch.Tensor) -> torch.Tensor:
-    """The MoE output of the chosen tokens in one process, float32: sum_k w_k * expert_k(x), experts regenerated.
-
-    The same math as the batched path (FP8 tokens and weights, per-token FP8 activation), without the batched
-    layout, the all-to-all or any workspace. Returns (len(token_index), K) float32.
-    """
+def source_inputs(setup: RankSetup) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
+    """src rank -> (its tokens (n, K) bf16, its top-k ids (n, top_k)), regenerated from the seeds for the check."""
     s = setup.scenario
-    K, I = setup.layout.hidden_size, s.model.intermediate_size or 0
-    q, scale = quantize_per_token(setup.tokens.index_select(0, token_index))
-    ids = setup.routing.topk_ids.index_select(0, token_index).cpu()
-    w = setup.routing.topk_weights.index_select(0, token_index)
-    out = torch.zeros((len(token_index), K), dtype=torch.float32, device=setup.device)
-    for g in sorted(set(ids.reshape(-1).tolist())):
-        rows, slots = torch.nonzero(ids == g, as_tuple=True)
-        f1, f2 = generate_expert(seed=s.seed, global_expert=g, hidden_size=K, intermediate_size=I, device=setup.device)
-        q1, s1 = quantize_per_channel(f1.unsqueeze(0))
-        q2, s2 = quantize_per_channel(f2.unsqueeze(0))
-        rows_d = rows.to(setup.device)
-        y = expert_forward(q.index_select(0, rows_d), scale.index_select(0, rows_d), q1[0], s1[0], q2[0], s2[0])
-        out.index_add_(0, rows_d, y * w[rows_d, slots.to(setup.device)].unsqueeze(1))
-    return out
 
+    def inputs(src: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = s.num_tokens_on_rank(src)
+        tokens = make_tokens(seed=s.seed, rank=src, num_tokens=n, hidden_size=setup.layout.hidden_size,
+                             device=setup.device)
+        return tokens, make_routing(s, src, n).topk_ids
 
-def _check_output(setup: RankSetup, combined: torch.Tensor, num_wrong_slots: int) -> Correctness:
-    n = combined.shape[0]
-    num_checked = min(n, MAX_CHECKED_TOKENS)
-    tolerance = setup.scenario.expect.max_error
-    if num_checked == 0:
-        return Correctness(max_abs_error=0.0, max_rel_error=0.0, num_wrong_slots=num_wrong_slots,
-                           num_checked_tokens=0, within_tolerance=num_wrong_slots == 0, tolerance=tolerance)
-    index = torch.linspace(0, n - 1, num_checked, device=setup.device).round().to(torch.int64).unique()
-    ref = reference_output(setup, index)
-    got = combined.index_select(0, index).float()
-    abs_err = float((got - ref).abs().max())
-    rel_err = abs_err / max(float(ref.abs().max()), 1e-30)
-    ok = math.isfinite(rel_err) and rel_err <= tolerance and num_wrong_slots == 0
-    return Correctness(max_abs_error=abs_err, max_rel_error=rel_err, num_wrong_slots=num_wrong_slots,
-                       num_checked_tokens=int(index.numel()), within_tolerance=ok, tolerance=tolerance)
+    return inputs
 
 
 def _contract(shapes: WorkspaceShapes) -> ContractBytes:
@@ -225,9 +160,14 @@ def _oom_record(setup: RankSetup, policy: str, stage: str, exc: BaseException, r
                      budget_bytes=budget, message=message[:500], snapshot_file=snapshot_file)
 
 
-def _correctness(setup: RankSetup, combined: torch.Tensor) -> Correctness:
-    """The correctness check of one policy's (or the warm-up's) last combine: the one spot it is called from."""
-    return _check_output(setup, combined, _slot_errors(setup))
+def _correctness(setup: RankSetup, state: PolicyState) -> Correctness | None:
+    """One checked pass on state.workspace (the stage hooks see the views while they are live), then the check's
+    verdict; None when a step failed on some rank (state says which, as for a timed pass)."""
+    checked = CheckedPass(setup, source_inputs(setup))
+    _one_pass(setup, state, StageTimer(setup.device), checked=checked)
+    if state.failed:
+        return None
+    return _run_stage(setup, state, "check", lambda: checked.correctness(state.combined))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -281,6 +221,7 @@ class PolicyState:
     samples: dict[str, list[float]] = field(default_factory=lambda: {"dispatch": [], "experts": [], "combine": []})
     handle: DispatchHandle | None = None
     combined: torch.Tensor | None = None
+    correctness: Correctness | None = None
 
     def fail(self, setup: RankSetup, stage: str, exc: Exception, requested_bytes: int | None = None) -> None:
         self.own = StageFailure.of(stage, exc)
@@ -311,8 +252,10 @@ def _run_stage(setup: RankSetup, state: PolicyState, stage: str, fn: Callable[[]
         return None
 
 
-def _one_pass(setup: RankSetup, state: PolicyState, timer: StageTimer) -> None:
+def _one_pass(setup: RankSetup, state: PolicyState, timer: StageTimer, *, checked: CheckedPass | None = None) -> None:
     """dispatch -> experts -> combine once on state.workspace; ranks agree after the experts and after combine.
+
+    `checked`: the correctness check's pass (its hooks run between the stages; nothing of it is timed).
 
     A failure in dispatch after its collectives (an expert past M slots), in the experts (OOM, a kernel's error)
     or in combine after its all-to-all leaves every rank at the same next collective: the agreement. Dispatch's
@@ -324,11 +267,13 @@ def _one_pass(setup: RankSetup, state: PolicyState, timer: StageTimer) -> None:
     state.handle = _run_stage(setup, state, "dispatch", lambda: dispatch(
         setup.tokens, setup.routing, setup.layout, b, setup.quantize))
     timer.stop("dispatch", t0)
+    if state.own is None and checked is not None:
+        _run_stage(setup, state, "check", checked.after_dispatch)
     if state.own is None:
         t1 = timer.start()
         expert_out = _run_stage(setup, state, "experts", lambda: setup.backend.apply(
             expert_x=b.expert_x, expert_x_scale=b.expert_x_scale, expert_num_tokens=b.expert_num_tokens,
-            weights=setup.weights, workspace=workspace))
+            weights=setup.weights, workspace=workspace, hooks=checked))
         timer.stop("experts", t1)
     state.failed = agree(state.own, setup.device)
     if state.failed:
@@ -336,6 +281,8 @@ def _one_pass(setup: RankSetup, state: PolicyState, timer: StageTimer) -> None:
     t2 = timer.start()
     state.combined = _run_stage(setup, state, "combine", lambda: combine(expert_out, state.handle, setup.layout, b))
     timer.stop("combine", t2)
+    if state.own is None and checked is not None:
+        _run_stage(setup, state, "check", lambda: checked.after_combine(state.combined, state.handle))
     state.failed = agree(state.own, setup.device)
 
 
@@ -374,11 +321,12 @@ def _measure(setup: RankSetup, state: PolicyState, baseline: Baseline, sampler: 
         allocator_rounding_bytes=baseline_rounding_bytes(device),
     )
     tracked = acc.total_bytes - acc.untouched_bytes
+    scratch = setup.backend.scratch_bytes(state.workspace) if state.workspace is not None else 0
     peak = sampler.process_peak_bytes if sampler.process_peak_bytes else sampler.peak_bytes - setup.external_bytes
     breakdown = Breakdown(
         weights_bytes=acc.bytes_of("weights"), dispatch_bytes=acc.bytes_of("dispatch"),
         common_bytes=acc.bytes_of("common"), ws2_bytes=acc.bytes_of("ws2"), combine_bytes=acc.bytes_of("combine"),
-        ballast_bytes=acc.bytes_of("ballast"), other_bytes=max(0, peak - tracked),
+        ballast_bytes=acc.bytes_of("ballast"), other_bytes=max(0, peak - tracked - scratch), scratch_bytes=scratch,
     )
     return memory, breakdown
 
@@ -419,7 +367,7 @@ def _judge(setup: RankSetup, state: PolicyState, memory: MemoryMeasurement, brea
         assert state.handle is not None and state.combined is not None
         timings = _timings(state)
         throughput = _throughput(setup, timings, state.handle)
-        correctness = _correctness(setup, state.combined)
+        correctness = state.correctness
     outcome = "oom" if status == "oom" else "fit"
     return PolicyResult(
         policy=state.policy, status=status, contract=_contract(state.shapes), memory=memory, breakdown=breakdown,
@@ -449,6 +397,8 @@ def measure_policy(setup: RankSetup, policy: str, progress: Progress | None) -> 
             _iterate(setup, state)
         synchronize(setup.device)
     memory, breakdown = _measure(setup, state, baseline, sampler)
+    if not state.failed and state.own is None:
+        state.correctness = _correctness(setup, state)  # after the window: the check's temporaries are not the policy's
     result = _judge(setup, state, memory, breakdown)
     counts = [int(c) for c in setup.buffers.expert_num_tokens.tolist()]
     if state.workspace is not None:
@@ -479,23 +429,6 @@ def _throughput(setup: RankSetup, timings: Timings, handle: DispatchHandle) -> T
     )
 
 
-def resolve_ops_library(scenario: Scenario) -> tuple[str | None, str | None]:
-    """(ops library path, description of the vLLM source) for the vllm-ops backend, if the scenario names one."""
-    v = scenario.vllm
-    if v.ops_library:
-        return v.ops_library, f"ops library {v.ops_library}"
-    if not (v.version or v.wheel or v.src):
-        if scenario.experts_backend != "vllm-ops":
-            return None, None
-    from harness.sizing.vllm_source import locate
-
-    source = locate(
-        version=v.version, wheel=Path(v.wheel) if v.wheel else None, src=Path(v.src) if v.src else None, with_ops=True
-    )
-    desc = f"{source.kind} {source.version or ''} ({source.origin})".strip()
-    return (str(source.ops_library) if source.ops_library else None), desc
-
-
 def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir: Path, external_bytes: int) -> RankSetup:
     s = scenario
     E, K, I = s.num_local_experts, s.model.hidden_size or 0, s.model.intermediate_size or 0
@@ -505,8 +438,8 @@ def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir
         top_k=s.model.top_k or 1, max_tokens=T * (D // P),
         num_buffer_tokens=max(s.num_tokens_on_rank(r) for r in range(P)),
     )
-    ops_library, _ = resolve_ops_library(s) if s.experts_backend in ("vllm-ops", "auto") else (None, None)
-    backend = select_backend(s.experts_backend, device, vllm_ops_library=ops_library)
+    kernels = resolve_kernels(s.vllm) if needs_kernels(s) else None
+    backend = select_backend(s.experts_backend, device, kernels=kernels)
     budget = s.memory.budget_bytes
     apply_budget(device, budget)
     accountant = Accountant(device, budget_bytes=budget)
@@ -530,7 +463,7 @@ def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir
         scenario=s, info=info, device=device, layout=layout, tokens=tokens,
         routing=make_routing(s, info.rank, num_tokens).to(device),
         weights=weights, buffers=buffers, backend=backend, accountant=accountant, probe=probe,
-        external_bytes=external_bytes, run_dir=run_dir, components=components,
+        external_bytes=external_bytes, run_dir=run_dir, components=components, kernels=kernels,
     )
 
 
@@ -615,10 +548,8 @@ def warm_up(setup: RankSetup) -> Literal["full", "comm-only", "failed"]:
             result = "failed"
     else:
         _one_pass(setup, state, StageTimer(setup.device))
-        if state.failed:
+        if state.failed or _correctness(setup, state) is None:
             result = "failed"
-        else:
-            _correctness(setup, state.combined)  # type: ignore[arg-type]
     if state.workspace is not None:
         state.workspace.release(setup.accountant)
     state.workspace = state.combined = state.handle = None
@@ -637,7 +568,7 @@ class _RecordFields:
                           expert_num_tokens=counts or [], complete=complete)
 
 
-def _record_fields(setup: RankSetup, *, started: float, ready_at: float, vllm_desc: str | None,
+def _record_fields(setup: RankSetup, *, started: float, ready_at: float,
                    warmup: Literal["full", "comm-only", "failed"]) -> _RecordFields:
     s, info, backend = setup.scenario, setup.info, setup.backend
     return _RecordFields(fields=dict(
@@ -645,8 +576,9 @@ def _record_fields(setup: RankSetup, *, started: float, ready_at: float, vllm_de
         scenario=s.model_dump(mode="json"), rank=info.rank, num_ranks=info.world_size,
         num_dispatchers=s.parallel.num_dispatchers, emulated=s.emulated, comm_backend=info.comm_backend,
         experts_backend=backend.name, measurement_method="same-baseline",
-        versions=collect_versions(vllm_source=vllm_desc,
+        versions=collect_versions(vllm_source=setup.kernels.origin if setup.kernels else None,
                                   vllm_kernels=backend.kernels if backend.name == "vllm-ops" else None),
+        kernels=kernels_record(backend, setup.kernels),
         hardware=collect_hardware(setup.device), started_at=started, ready_at=ready_at, warmup=warmup,
         components=list(setup.components),
     ))
@@ -663,10 +595,9 @@ def rank_main(scenario: Scenario, info: RankInfo, run_dir: Path, progress: Progr
     try:
         probe = MemoryProbe(device)
         external = probe.used_bytes() if probe.method == "nvml" else 0
-        _, vllm_desc = resolve_ops_library(scenario) if scenario.experts_backend == "vllm-ops" else (None, None)
         setup = setup_rank(scenario, info, device, run_dir, external)
         warmup = warm_up(setup)
-        fields = _record_fields(setup, started=started, ready_at=time.time(), vllm_desc=vllm_desc, warmup=warmup)
+        fields = _record_fields(setup, started=started, ready_at=time.time(), warmup=warmup)
         if progress:
             progress(setup.event(Ready, backend=setup.backend.name))
         results: list[PolicyResult] = []

@@ -19,7 +19,9 @@ Exit codes (also the report's `exit_code`):
 
 Checks, per rank x policy (docs/reports.md says how to read them):
     expectation  expected outcome ("fit" | "oom") against the actual one; skipped without an expectation
-    correctness  max_rel_error <= expect.max_error and no wrongly routed slot; skipped when the policy OOMed
+    correctness  max_rel_error <= expect.max_error, no wrongly routed slot and no diverging stage (each stage of the
+                 data path within expect.stage_tolerance); or, for a kernels release in expect.wrong_kernels, the
+                 first diverging stage (and first wrong row) stated there; skipped when the policy OOMed
     memory       workspace delta within expect.memory_tolerance_pct of the allocated contract (common + ws2)
     baseline     the policy's memory baseline equals the rank's first policy's within the allocator's rounding,
                  so every policy was measured from the same warmed state
@@ -44,6 +46,7 @@ from harness.core.contract import fixed_shapes, live_set_bytes
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from harness.core.records import (
     SCHEMA_VERSION,
+    Correctness,
     MemoryMeasurement,
     PolicyResult,
     RankFailure,
@@ -51,6 +54,7 @@ from harness.core.records import (
     Record,
     RecordError,
     RunManifest,
+    StageCheck,
     Timings,
     parse_record,
 )
@@ -74,7 +78,7 @@ from harness.report.model import (
     ScenarioInfo,
     StageSpread,
 )
-from harness.scenario.schema import Scenario, ScenarioError, parse_scenario
+from harness.scenario.schema import Scenario, ScenarioError, WrongKernels, parse_scenario
 
 REPORT_FILES = ("report.json", "report.md", "junit.xml", "report.html")
 DEFAULT_MEMORY_TOLERANCE_PCT = 2.0
@@ -326,6 +330,9 @@ class Judging:
     memory_tolerance_pct: float
     max_error: float
     max_error_source: str  # "expect.max_error" or, when the scenario is unreadable, the record's own number
+    # Kernels releases expected to be wrong, and how (expect.wrong_kernels); the stages' tolerances.
+    wrong_kernels: dict[str, WrongKernels] = field(default_factory=dict)
+    stage_tolerance: dict[str, float] = field(default_factory=dict)
 
 
 def _pct(value: float, reference: float) -> float:
@@ -348,7 +355,9 @@ def _expectation_check(result: PolicyResult, expected: str | None) -> Check:
     return Check(outcome="fail", message=f"expected {expected}, got {actual}{detail}")
 
 
-def _correctness_check(result: PolicyResult, judging: Judging) -> Check:
+def _correctness_check(result: PolicyResult, judging: Judging, release: str | None) -> Check:
+    """Pass when the end-to-end error, the slots and every stage are within tolerance, or when the kernels that
+    ran (`release`) are expected to be wrong and are wrong exactly as expected (expect.wrong_kernels)."""
     if result.status == "oom":
         return Check(outcome="skip", message="policy OOMed")
     if result.status == "error":
@@ -356,11 +365,59 @@ def _correctness_check(result: PolicyResult, judging: Judging) -> Check:
     c = result.correctness
     if c is None:
         return Check(outcome="skip", message="no correctness result recorded")
-    within = c.max_rel_error <= judging.max_error and c.num_wrong_slots == 0
+    diverged = _first_diverging(c, judging)
+    within = c.max_rel_error <= judging.max_error and c.num_wrong_slots == 0 and diverged is None
     message = (f"max rel error {c.max_rel_error:.3g} (tolerance {judging.max_error:.3g}, {judging.max_error_source}), "
                f"max abs error {c.max_abs_error:.3g}, {c.num_wrong_slots} wrong slots of {c.num_checked_tokens} "
-               "checked tokens")
-    return Check(outcome="pass" if within else "fail", message=message)
+               "checked tokens" + (f"; check {c.check_us / 1e6:.3g} s" if c.check_us is not None else ""))
+    divergence = describe_divergence(diverged) if diverged is not None else None
+    want = judging.wrong_kernels.get(release) if release is not None else None
+    if want is None:
+        return Check(outcome="pass" if within else "fail",
+                     message=f"{divergence}; {message}" if divergence else message)
+    wanted = want.stage + (f" from row {want.first_wrong_row}" if want.first_wrong_row is not None else "")
+    why = f" ({want.reason})" if want.reason else ""
+    if diverged is not None and diverged.stage == want.stage and (
+            want.first_wrong_row is None or diverged.first_wrong_row == want.first_wrong_row):
+        return Check(outcome="pass",
+                     message=f"vLLM {release} kernels wrong as expected at {wanted}{why}: {divergence}; {message}")
+    found = divergence or "every stage within tolerance"
+    return Check(outcome="fail",
+                 message=f"vLLM {release} kernels were expected wrong at {wanted}{why}, found {found}; {message}")
+
+
+def _first_diverging(c: Correctness, judging: Judging) -> StageCheck | None:
+    """The first stage, in data-path order, with a wrong row or an error over the scenario's stage tolerance."""
+    for stage in c.stages:
+        tolerance = judging.stage_tolerance.get(stage.stage, stage.tolerance)
+        if stage.num_rows_wrong > 0 or stage.max_rel_error > tolerance:
+            return stage
+    return None
+
+
+def describe_divergence(stage: StageCheck) -> str:
+    """A diverging stage in words: rows wrong and their share, experts, the first wrong row, the largest error."""
+    where = "tokens" if stage.stage == "combine" else "rows"
+    text = (f"first diverging stage {stage.stage}: {stage.num_rows_wrong} of {stage.num_rows_checked} "
+            f"{'sampled ' if stage.rows == 'sampled' else ''}{where} wrong ({stage.fraction_wrong:.1%})")
+    if stage.wrong_experts:
+        text += f", local experts {_ranges(stage.wrong_experts)}"
+    if stage.first_wrong_row is not None:
+        slot = (f" (expert {stage.first_wrong_expert}, slot {stage.first_wrong_slot})"
+                if stage.first_wrong_expert is not None else "")
+        text += f", first wrong {'token' if stage.stage == 'combine' else 'row'} {stage.first_wrong_row}{slot}"
+    return text + f", max row error {stage.max_rel_error:.3g} (tolerance {stage.tolerance:.3g})"
+
+
+def _ranges(values: list[int]) -> str:
+    """[4, 5, 6, 7, 9] -> "4-7, 9"."""
+    groups: list[list[int]] = []
+    for v in sorted(values):
+        if groups and groups[-1][1] == v - 1:
+            groups[-1][1] = v
+        else:
+            groups.append([v, v])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in groups)
 
 
 def _memory_check(result: PolicyResult, tolerance_pct: float) -> Check:
@@ -385,8 +442,8 @@ def _memory_check(result: PolicyResult, tolerance_pct: float) -> Check:
 
 
 def evaluate_checks(result: PolicyResult, *, expected_outcome: str | None, judging: Judging,
-                    baseline: Check, stopped_by_oom_on: list[int] | None = None) -> Checks:
-    """The four checks of one rank x policy.
+                    baseline: Check, stopped_by_oom_on: list[int] | None = None, release: str | None = None) -> Checks:
+    """The four checks of one rank x policy. `release`: the vLLM release whose kernels ran on the rank, if known.
 
     `stopped_by_oom_on`: the ranks that ran out of memory when this rank's status is "error" because of them. The
     ranks stop a policy together, so the others record an error that is not theirs: their expectation,
@@ -397,7 +454,7 @@ def evaluate_checks(result: PolicyResult, *, expected_outcome: str | None, judgi
                                              "judged on those ranks")
         return Checks(expectation=skip, correctness=skip, memory=skip, baseline=baseline)
     return Checks(expectation=_expectation_check(result, expected_outcome),
-                  correctness=_correctness_check(result, judging),
+                  correctness=_correctness_check(result, judging, release),
                   memory=_memory_check(result, judging.memory_tolerance_pct), baseline=baseline)
 
 
@@ -568,6 +625,8 @@ def _rank_policy(record: RankRecord, result: PolicyResult, checks: Checks, expec
         combine_busbw_gbps=tp.combine_busbw_gbps if bus and tp else None,
         max_rel_error=c.max_rel_error if c else None, max_abs_error=c.max_abs_error if c else None,
         num_wrong_slots=c.num_wrong_slots if c else None, oom=result.oom, error=result.error, checks=checks,
+        first_diverging_stage=c.first_diverging_stage if c else None, check_us=c.check_us if c else None,
+        stages=list(c.stages) if c else [],
     )
 
 
@@ -591,7 +650,8 @@ def _judge_rank(record: RankRecord, judging: Judging, oom_ranks: dict[str, list[
         expected = judging.expected.get(result.policy) if judging.expected else result.expected_outcome
         stopped = oom_ranks.get(result.policy) if result.status == "error" else None
         checks = evaluate_checks(result, expected_outcome=expected, judging=judging,
-                                 baseline=baselines.get(result.policy, no_baseline), stopped_by_oom_on=stopped)
+                                 baseline=baselines.get(result.policy, no_baseline), stopped_by_oom_on=stopped,
+                                 release=record.kernels.release if record.kernels else None)
         entries.append(_rank_policy(record, result, checks, expected, stopped))
         for name, check in checks.items():
             if check.outcome in ("fail", "error"):
@@ -606,7 +666,7 @@ def _judge_rank(record: RankRecord, judging: Judging, oom_ranks: dict[str, list[
         rank=record.rank, hostname=hw.hostname, node_ip=hw.node_ip, device_name=hw.device_name,
         device_uuid=hw.device_uuid, device_total_bytes=hw.device_total_bytes, started_at=record.started_at,
         ready_at=record.ready_at, finished_at=record.finished_at, expert_num_tokens=list(record.expert_num_tokens),
-        policies=entries, failure=_failure_text(failure) if failure else None,
+        policies=entries, failure=_failure_text(failure) if failure else None, kernels=record.kernels,
         lost_policies=[p for p in scenario_policies if p not in done],
     ))
 
@@ -697,7 +757,9 @@ def _widest(spreads: list[StageSpread]) -> StageSpread:
 def _judging(scenario: Scenario | None, records: tuple[RankRecord, ...]) -> Judging:
     if scenario is not None:
         return Judging(expected=dict(scenario.expect.outcomes), memory_tolerance_pct=scenario.expect.memory_tolerance_pct,
-                       max_error=scenario.expect.max_error, max_error_source="expect.max_error")
+                       max_error=scenario.expect.max_error, max_error_source="expect.max_error",
+                       wrong_kernels=dict(scenario.expect.wrong_kernels),
+                       stage_tolerance=scenario.expect.stage_tolerance.model_dump())
     # No readable scenario: the tolerance the ranks were given is all there is; say where it came from.
     tolerances = [p.correctness.tolerance for r in records for p in r.policies if p.correctness]
     return Judging(expected={}, memory_tolerance_pct=DEFAULT_MEMORY_TOLERANCE_PCT,

@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
-from harness.core.records import Breakdown, OomRecord, Versions
+from harness.core.records import Breakdown, KernelsRecord, OomRecord, StageCheck, Versions
 
 REPORT_SCHEMA_VERSION = 2  # 2: the typed model (generation, baseline check, timing spreads, outcome per policy)
 
@@ -169,6 +169,10 @@ class RankPolicy(ReportModel):
     oom: OomRecord | None
     error: str | None
     checks: Checks
+    # The correctness check's stages (harness.rank.check), the first that diverged, and the check's own time.
+    first_diverging_stage: str | None = None
+    check_us: float | None = None
+    stages: list[StageCheck] = []
 
 
 class RankEntry(ReportModel):
@@ -184,6 +188,7 @@ class RankEntry(ReportModel):
     expert_num_tokens: list[int]
     policies: list[RankPolicy]
     failure: str | None = None  # the launcher's failure record when the rank died after these policies
+    kernels: KernelsRecord | None = None  # the experts kernels that ran: for vLLM's ops, release, sha256, size
     lost_policies: list[str] = []  # policies of the scenario this rank has no result for
 
     def policy(self, name: str) -> RankPolicy | None:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from harness.scenario.presets import PRESETS
 from harness.scenario.fields import describe_field
 from harness.core.contract import BUILTIN_POLICIES, RELEASE_POLICY_PREFIX, SizingArgs
+from harness.core.records import STAGES, Stage
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 SCENARIOS_DIR = REPO_DIR / "scenarios"
@@ -37,6 +38,7 @@ GPU_MEMORY_BYTES: dict[str, int] = {
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 RELEASE_POLICY_RE = re.compile(r"^vllm==\d+\.\d+\.\d+([.\-+]?\w+)*$")
+RELEASE_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+([.\-+]?\w+)*$")
 
 
 class ScenarioError(Exception):
@@ -154,12 +156,57 @@ class MemorySpec(_Strict):
         return int(self.ballast_gb * 1e9)
 
 
+# --- kernels: the correctness check's stages and the kernels expected to be wrong (issue 17) ---------------------
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+
+class StageTolerances(_Strict):
+    """Per-row error each stage of the correctness check allows: max |got - ref| / max |ref| over a row.
+
+    The defaults follow the number formats: a bf16 result is within 2^-8 of its float32 value (gemm1, gemm2,
+    activation and combine allow 2^-6); FP8 e4m3 rounds to within 16/448 = 0.036 of a row's largest value (quant
+    allows 2^-4). A row computed from the wrong inputs is off by order 1.
+    """
+
+    dispatch: NonNegativeFloat = Field(0.0, description="slots hold the sent FP8 bytes and scales exactly")
+    gemm1: NonNegativeFloat = Field(0.015625, description="mm1_out vs the reference GEMM1 of the actual input")
+    activation: NonNegativeFloat = Field(0.015625, description="act_out vs silu(gate) * up of the actual mm1_out")
+    quant: NonNegativeFloat = Field(0.0625, description="dequantized quant_out vs the actual act_out")
+    gemm2: NonNegativeFloat = Field(0.015625, description="mm2_out and out vs the reference GEMM2 of quant_out")
+    combine: NonNegativeFloat = Field(0.015625, description="tokens vs the weighted sum of the rows that came back")
+
+
+class WrongKernels(_Strict):
+    """How a kernels release is expected to be wrong: the correctness check must find exactly this."""
+
+    stage: Stage = Field(description="the first stage that diverges: " + ", ".join(STAGES))
+    first_wrong_row: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="global row of the (E*M) view where it starts (combine: token); unset: any"
+    )
+    reason: str = Field("", description="why, e.g. the upstream issue and the fix")
+
+
 class ExpectSpec(_Strict):
     """What the run should find; a run whose findings differ fails."""
 
     outcomes: dict[str, Literal["fit", "oom"]] = Field(default_factory=dict, description="policy -> fit | oom")
     memory_tolerance_pct: PositiveFloat = Field(2.0, description="measured workspace delta vs contract, percent")
     max_error: PositiveFloat = Field(0.06, description="combined output vs reference, max relative error")
+    stage_tolerance: StageTolerances = Field(
+        default_factory=StageTolerances, description="per-stage row error of the correctness check"
+    )
+    wrong_kernels: dict[str, WrongKernels] = Field(
+        default_factory=dict,
+        description="vLLM release -> how its kernels are expected to be wrong (the run passes when they are)",
+    )
+
+    @field_validator("wrong_kernels")
+    @classmethod
+    def _release_keys(cls, value: dict[str, WrongKernels]) -> dict[str, WrongKernels]:
+        bad = [k for k in value if not RELEASE_VERSION_RE.match(k)]
+        if bad:
+            raise ValueError(f"expect.wrong_kernels keys are vLLM releases like 0.26.0, got {bad}")
+        return value
 
 
 class BenchSpec(_Strict):
@@ -186,22 +233,47 @@ class LaunchSpec(_Strict):
 
 
 class VllmSpec(_Strict):
-    """Where the vllm-ops backend and release policies get vLLM from; at most one field."""
+    """Where the vllm-ops backend gets vLLM's compiled ops (the kernels) from; at most one source.
 
-    version: str | None = Field(None, description="a release, downloaded into the cache: 0.26.0")
+    vllm.kernels names the release whose ops run, independently of the sizing policies (`vllm==X.Y.Z`
+    policies read their own release). It may go with vllm.ops_library: the file is used and recorded as
+    that release's library (for a machine without registry access).
+    """
+
+    kernels: str | None = Field(
+        None, description="the release whose compiled ops run: 0.30.0 (cache or registry), or installed"
+    )
+    version: str | None = Field(None, description="a release, downloaded into the cache: 0.26.0 (as vllm.kernels)")
     wheel: str | None = Field(None, description="a vLLM wheel file")
     src: str | None = Field(None, description="a vLLM source tree or installed package directory")
     ops_library: str | None = Field(None, description="vLLM's compiled ops library file itself")
 
+    @field_validator("kernels")
+    @classmethod
+    def _kernels_form(cls, value: str | None) -> str | None:
+        if value is not None and value != "installed" and not RELEASE_VERSION_RE.match(value):
+            raise ValueError(f"vllm.kernels {value!r} is not a release (X.Y.Z) or 'installed'")
+        return value
+
     @model_validator(mode="after")
     def _at_most_one(self) -> VllmSpec:
-        """At most one of vllm.version, vllm.wheel, vllm.src, vllm.ops_library."""
-        given = [n for n in ("version", "wheel", "src", "ops_library") if getattr(self, n)]
+        """At most one of vllm.kernels, vllm.version, vllm.wheel, vllm.src, vllm.ops_library.
+        vllm.kernels X.Y.Z may go with vllm.ops_library: the file is that release's library."""
+        given = [n for n in ("kernels", "version", "wheel", "src", "ops_library") if getattr(self, n)]
+        if given == ["kernels", "ops_library"] and self.kernels != "installed":
+            return self
         if len(given) > 1:
             raise ValueError(
-                f"give at most one of vllm.version, vllm.wheel, vllm.src, vllm.ops_library (got {', '.join(given)})"
+                "give at most one of vllm.kernels, vllm.version, vllm.wheel, vllm.src, vllm.ops_library, or "
+                f"vllm.kernels X.Y.Z with vllm.ops_library (got {', '.join(given)})"
             )
         return self
+
+    @property
+    def kernels_release(self) -> str | None:
+        """The release the scenario names for its kernels (vllm.kernels or vllm.version), if any."""
+        named = self.kernels or self.version
+        return named if named and named != "installed" else None
 
 
 LAYER_VERDICTS = ("consistent", "double-count", "over-allocated", "under-sized", "over-cap", "unevaluated")

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import torch
 
+from harness.core.records import KernelsRecord
+from harness.sizing.vllm_source.kernels import KernelsLibrary
 from harness.rank.experts.base import (
     BackendUnavailable,
     ExpertWeights,
     ExpertsBackend,
+    StageHooks,
     Workspace,
     expert_seed,
     generate_expert,
@@ -35,17 +38,20 @@ __all__ = [
     "BackendUnavailable",
     "ExpertWeights",
     "ExpertsBackend",
+    "StageHooks",
     "Workspace",
     "expert_seed",
     "generate_expert",
     "make_weights",
     "useful_flops",
+    "kernels_record",
     "select_backend",
 ]
 
 
-def select_backend(name: str, device: torch.device, *, vllm_ops_library: str | None = None) -> ExpertsBackend:
-    """The backend `name` for this device; "auto" tries vllm-ops, then torch-cutlass (sm90+), then reference.
+def select_backend(name: str, device: torch.device, *, kernels: KernelsLibrary | None = None) -> ExpertsBackend:
+    """The backend `name` for this device; "auto" tries vllm-ops (when `kernels` names a library), then
+    torch-cutlass (sm90+), then reference.
 
     Raises BackendUnavailable when an explicitly named backend cannot run here.
     """
@@ -58,13 +64,13 @@ def select_backend(name: str, device: torch.device, *, vllm_ops_library: str | N
     if name == "torch-cutlass":
         return TorchCutlassExperts.create(device)
     if name == "vllm-ops":
-        return VllmOpsExperts.create(device, library=vllm_ops_library)
+        return VllmOpsExperts.create(device, kernels=kernels)
     if name != "auto":
         raise BackendUnavailable(f"experts backend {name!r} is not one of auto, reference, torch-cutlass, vllm-ops")
     if device.type == "cuda":
-        if vllm_ops_library is not None:
+        if kernels is not None:
             try:
-                return VllmOpsExperts.create(device, library=vllm_ops_library)
+                return VllmOpsExperts.create(device, kernels=kernels)
             except BackendUnavailable:
                 pass
         try:
@@ -72,3 +78,14 @@ def select_backend(name: str, device: torch.device, *, vllm_ops_library: str | N
         except BackendUnavailable:
             pass
     return ReferenceExperts()
+
+
+def kernels_record(backend: ExpertsBackend, kernels: KernelsLibrary | None) -> KernelsRecord:
+    """What ran on this rank: the backend and, when it ran vLLM's ops, which release and which file exactly."""
+    if backend.name != "vllm-ops" or kernels is None:
+        return KernelsRecord(backend=backend.name, description=backend.kernels)
+    return KernelsRecord(
+        backend=backend.name, description=kernels.describe(), release=kernels.release,
+        release_from=kernels.release_from, library=str(kernels.path), library_sha256=kernels.sha256,
+        library_bytes=kernels.num_bytes, torch_requirement=kernels.torch_requirement,
+    )

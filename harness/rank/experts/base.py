@@ -183,19 +183,49 @@ class Workspace:
         accountant.release("ws2", self.ws2)
 
 
+class StageHooks(Protocol):
+    """Called by a backend between its stages, while the views named in each method are live.
+
+    The views overlap (module docstring of harness.rank.experts), so each hook is the only moment its pair of
+    views can be compared: a stage's output against the reference applied to its actual input. A hook must not
+    write to the workspace. act_scale is (E*M, 1) float32, the per-token scales of quant_out.
+    """
+
+    def after_activation(self, workspace: Workspace) -> None:
+        """mm1_out (GEMM1's output) and act_out (the activation's) are both live."""
+        ...
+
+    def after_quant(self, workspace: Workspace, act_scale: torch.Tensor) -> None:
+        """act_out and quant_out (with act_scale) are both live."""
+        ...
+
+    def after_gemm2(self, workspace: Workspace, act_scale: torch.Tensor) -> None:
+        """quant_out (with act_scale) and mm2_out are both live."""
+        ...
+
+    def after_out(self, workspace: Workspace) -> None:
+        """mm2_out and out (the copy combine reads) are both live."""
+        ...
+
+
 class ExpertsBackend(Protocol):
     name: str
     kernels: str  # what ran: "torch 2.11.0 _scaled_grouped_mm", "vllm 0.26.0 _C_stable_libtorch.abi3.so", ...
 
     def apply(
         self, *, expert_x: torch.Tensor, expert_x_scale: torch.Tensor, expert_num_tokens: torch.Tensor,
-        weights: ExpertWeights, workspace: Workspace,
+        weights: ExpertWeights, workspace: Workspace, hooks: StageHooks | None = None,
     ) -> torch.Tensor:
         """Run the experts on the batched buffer; return workspace.out (E, M, K) bf16.
 
         expert_x (E, M, K) fp8, expert_x_scale (E, M, 1) float32, expert_num_tokens (E,) int32.
-        Rows past expert_num_tokens[e] are padding; their outputs are unspecified.
+        Rows past expert_num_tokens[e] are padding; their outputs are unspecified. `hooks`, when given, is
+        called between the stages (the correctness check); the timed iterations pass none.
         """
+        ...
+
+    def scratch_bytes(self, workspace: Workspace) -> int:
+        """The most bytes of temporaries `apply` allocates beyond the workspace and weights (its chunking bounds it)."""
         ...
 
 

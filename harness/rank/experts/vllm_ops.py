@@ -11,39 +11,41 @@ from pathlib import Path
 
 import torch
 
-from harness.rank.experts.base import BackendUnavailable, ExpertWeights, Workspace
+from harness.sizing.vllm_source.kernels import KernelsLibrary
+from harness.rank.experts.base import BackendUnavailable, ExpertWeights, StageHooks, Workspace
 
 REQUIRED_OPS = ("get_cutlass_batched_moe_mm_data", "cutlass_moe_mm", "silu_and_mul", "dynamic_per_token_scaled_fp8_quant")
 _LOADED: dict[str, str] = {}
 
 
-def load_ops_library(library: str | Path, *, torch_requirement: str | None = None) -> None:
-    """Load vLLM's ops library once per process; BackendUnavailable names the versions when it does not fit."""
-    path = str(Path(library).resolve())
+def load_ops_library(kernels: KernelsLibrary) -> None:
+    """Load vLLM's ops library once per process; BackendUnavailable says in one line why it does not load."""
+    path = str(kernels.path.resolve())
     if path in _LOADED:
         return
     if not Path(path).exists():
-        raise BackendUnavailable(f"vLLM ops library {path} does not exist")
+        raise BackendUnavailable(f"kernels {kernels.describe()}: {path} does not exist")
     try:
         torch.ops.load_library(path)
     except OSError as exc:
-        needs = f" The library was built for {torch_requirement}." if torch_requirement else ""
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        pin = f"; the release pins {kernels.torch_requirement}" if kernels.torch_requirement else ""
         raise BackendUnavailable(
-            f"cannot load vLLM ops library {path} into torch {torch.__version__} (CUDA {torch.version.cuda}): "
-            f"{exc}.{needs} Use the vLLM release whose torch pin matches this torch."
+            f"kernels {kernels.describe()} do not load into torch {torch.__version__} (CUDA {torch.version.cuda}): "
+            f"{first_line}{pin}"
         ) from None
     missing = [op for op in REQUIRED_OPS if not hasattr(torch.ops._C, op)]
     if missing:
-        raise BackendUnavailable(f"vLLM ops library {path} lacks {', '.join(missing)}")
-    _LOADED[path] = path
+        raise BackendUnavailable(f"kernels {kernels.describe()} lack {', '.join(missing)}")
+    _LOADED[path] = kernels.sha256
 
 
 class VllmOpsExperts:
     name = "vllm-ops"
 
-    def __init__(self, device: torch.device, library: str):
+    def __init__(self, device: torch.device, kernels: KernelsLibrary):
         self.device = device
-        self.library = library
+        self.library = kernels
         self._aux: dict[tuple[int, int, int, int], tuple[torch.Tensor, ...]] = {}
 
     def _aux_tensors(self, E: int, M: int, K: int, I: int) -> tuple[torch.Tensor, ...]:
@@ -63,16 +65,16 @@ class VllmOpsExperts:
         return self._aux[key]
 
     @staticmethod
-    def create(device: torch.device, *, library: str | None, torch_requirement: str | None = None) -> VllmOpsExperts:
+    def create(device: torch.device, *, kernels: KernelsLibrary | None) -> VllmOpsExperts:
         if device.type != "cuda":
             raise BackendUnavailable("vllm-ops needs a CUDA GPU: vLLM's CUTLASS MoE ops have no CPU kernels")
-        if library is None:
+        if kernels is None:
             raise BackendUnavailable(
-                "vllm-ops needs vLLM's ops library: give vllm.version / --vllm-version, a wheel, a source tree, "
-                "or install vLLM"
+                "vllm-ops needs vLLM's ops library: give vllm.kernels / --kernels X.Y.Z, a wheel, a source tree, "
+                "a library file (--vllm-ops-library), or install vLLM"
             )
-        load_ops_library(library, torch_requirement=torch_requirement)
-        return VllmOpsExperts(device, library)
+        load_ops_library(kernels)
+        return VllmOpsExperts(device, kernels)
 
     def quantize_per_token(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """vLLM's per-token FP8 kernel, for the dispatch side (vLLM quantizes in prepare() with it too)."""
@@ -84,11 +86,16 @@ class VllmOpsExperts:
 
     @property
     def kernels(self) -> str:
-        return f"vLLM ops {Path(self.library).name} ({self.library})"
+        return self.library.describe()
+
+    def scratch_bytes(self, workspace: Workspace) -> int:
+        """The auxiliary tensors: offsets (int32 and int64), problem sizes, strides, the (E*M, 1) scales."""
+        E, M = workspace.num_local_experts, workspace.max_slots_per_expert
+        return 4 * E + 8 * E + 2 * 4 * 3 * E + 3 * 8 * E + 4 * E * M
 
     def apply(
         self, *, expert_x: torch.Tensor, expert_x_scale: torch.Tensor, expert_num_tokens: torch.Tensor,
-        weights: ExpertWeights, workspace: Workspace,
+        weights: ExpertWeights, workspace: Workspace, hooks: StageHooks | None = None,
     ) -> torch.Tensor:
         ops = torch.ops._C
         ws = workspace
@@ -102,10 +109,19 @@ class VllmOpsExperts:
         a1q_scale = expert_x_scale.reshape(E * M, 1)
         ops.cutlass_moe_mm(ws.mm1_out, a1q, weights.w1, a1q_scale, weights.w1_scale, offsets, problem_sizes1,
                            strides_k, strides_k, strides_2i, True, True)
+        # Over the whole (E*M, 2I) view, padding included, as vLLM's apply_moe_activation does.
         ops.silu_and_mul(ws.act_out, ws.mm1_out)
+        if hooks is not None:
+            hooks.after_activation(ws)
         ops.dynamic_per_token_scaled_fp8_quant(ws.quant_out, ws.act_out, act_scale, None)
+        if hooks is not None:
+            hooks.after_quant(ws, act_scale)
         ops.cutlass_moe_mm(ws.mm2_out, ws.quant_out, weights.w2, act_scale, weights.w2_scale, offsets, problem_sizes2,
                            strides_i, strides_i, strides_k, True, True)
+        if hooks is not None:
+            hooks.after_gemm2(ws, act_scale)
         out = ws.out
         out.copy_(ws.mm2_out.view(E, M, K))
+        if hooks is not None:
+            hooks.after_out(ws)
         return out

@@ -303,6 +303,9 @@ def _locate_release(version: str, cache_dir: Path, *, with_ops: bool, keep_wheel
             )
         if serves(manifest, with_ops=with_ops):
             return _source_from_manifest(directory, manifest)
+        # An ops library extracted earlier stays: re-extracting (an older entry, a sizing-only reader) must not
+        # drop the kernels, which would cost the next kernels run a 300 MB download.
+        with_ops = with_ops or _find_ops_library(directory) is not None
         manifest = _fetch_release(version, version_dir, with_ops=with_ops, keep_wheel=keep_wheel)
     return _source_from_manifest(directory, manifest)
 
@@ -368,6 +371,7 @@ def _locate_wheel(wheel: Path, cache_dir: Path, *, with_ops: bool) -> VllmSource
                 f"{directory} (rm -r) and run again"
             )
         if not serves(manifest, with_ops=with_ops):
+            with_ops = with_ops or _find_ops_library(directory) is not None  # keep the kernels extracted earlier
             origin = WheelOrigin(
                 kind="wheel", origin=f"wheel {wheel.resolve()}", sha256=sha256, checked_against="file",
                 version=version, torch_requirement=torch_requirement,

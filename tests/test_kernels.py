@@ -1,0 +1,238 @@
+"""The per-stage correctness check catches real divergences and names them; kernels are chosen and recorded.
+
+The divergent backends are the reference experts with one stage changed the way real kernels go wrong (vLLM
+0.26.0's silu_and_mul reads row r mod 2^32/2I, vLLM #42860; an expert fed another expert's weights). They run
+through the real rank lifecycle on a real gloo group, so the check sees exactly what a run sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from distributed_utils import parallel_launch
+from harness.core.records import KernelsRecord, PolicyResult
+from harness.rank.experts.base import ExpertWeights, Workspace
+from harness.rank.experts.reference import ReferenceExperts, Spans, silu_and_mul
+from harness.report.collect import collect
+from harness.scenario.schema import ScenarioError, VllmSpec
+from harness.sizing.vllm_source import VllmSourceError
+from harness.sizing.vllm_source.kernels import file_sha256, release_of_library, resolve_kernels
+from report_records import rank_record, write_run
+from scenario_utils import tiny
+
+WRAP_ROWS = 40  # the emulated 32-bit offset wraps here: row r reads row r mod 40 (expert 1, slot 8 with M = 32)
+
+
+class WrappingActivation(ReferenceExperts):
+    """silu_and_mul over the whole (E*M, 2I) view with the row offset computed modulo WRAP_ROWS rows, as vLLM
+    0.26.0's kernel computes `blockIdx.x * 2 * d` in 32 bits (it wraps at 2^32 / 2I rows)."""
+
+    def activation(self, ws: Workspace, spans: Spans) -> None:
+        rows = torch.arange(ws.mm1_out.shape[0]) % WRAP_ROWS
+        ws.act_out.copy_(silu_and_mul(ws.mm1_out.index_select(0, rows)))
+
+
+class SwappedWeights(ReferenceExperts):
+    """GEMM1 of local expert 2 multiplies by expert 3's weights (a wrong expert offset in a grouped GEMM)."""
+
+    def gemm1(self, ws: Workspace, spans: Spans, expert_x: torch.Tensor, expert_x_scale: torch.Tensor,
+              weights: ExpertWeights) -> None:
+        swapped = weights.w1.clone(), weights.w1_scale.clone()
+        swapped[0][2], swapped[1][2] = weights.w1[3], weights.w1_scale[3]
+        super().gemm1(ws, spans, expert_x, expert_x_scale,
+                      dataclasses.replace(weights, w1=swapped[0], w1_scale=swapped[1]))
+
+
+BACKENDS = {"wrapping-activation": WrappingActivation, "swapped-weights": SwappedWeights,
+            "reference": ReferenceExperts}
+ONE_RANK = {"parallel.num_ranks": 1, "parallel.num_dispatchers": 4, "parallel.num_local_experts": 4,
+            "parallel.max_tokens_per_rank": 8, "policies": ["fixed"]}
+
+
+def _measure_with(info, scenario_data: dict, backend: str):
+    from harness.rank.lifecycle import measure_policy, setup_rank
+    from harness.scenario.schema import parse_scenario
+
+    setup = setup_rank(parse_scenario(scenario_data), info, torch.device("cpu"), Path("/tmp"), 0)
+    setup = dataclasses.replace(setup, backend=BACKENDS[backend]())
+    result, counts = measure_policy(setup, "fixed", None)
+    return result.model_dump(mode="json"), counts
+
+
+def _run(backend: str) -> tuple[PolicyResult, list[int], int]:
+    scenario = tiny(**ONE_RANK)
+    ((result, counts),) = parallel_launch(1, _measure_with, scenario.model_dump(mode="json"), backend)
+    return PolicyResult.model_validate(result), counts, scenario.parallel.max_tokens_per_rank * 4
+
+
+def test_activation_wrong_past_a_row_is_named_with_its_row_experts_and_share():
+    result, counts, M = _run("wrapping-activation")
+    c = result.correctness
+    assert c is not None and not c.within_tolerance
+    assert c.first_diverging_stage == "activation"
+    stages = {s.stage: s for s in c.stages}
+    # What the bug makes wrong: every valid row at or past WRAP_ROWS, and nothing before it.
+    valid = [e * M + j for e, n in enumerate(counts) for j in range(n)]
+    wrong = [r for r in valid if r >= WRAP_ROWS]
+    assert wrong, f"the routing left no valid row past {WRAP_ROWS}: counts {counts}"
+    act = stages["activation"]
+    assert act.rows == "all" and act.num_rows_checked == len(valid)
+    assert act.num_rows_wrong == len(wrong)
+    assert act.first_wrong_row == wrong[0]
+    assert (act.first_wrong_expert, act.first_wrong_slot) == (wrong[0] // M, wrong[0] % M)
+    assert act.wrong_experts == sorted({r // M for r in wrong})
+    assert act.fraction_wrong == pytest.approx(len(wrong) / len(valid))
+    assert act.max_rel_error > 10 * act.tolerance
+    # The stages before it agree, and the ones after it agree with the wrong activation they were given.
+    for name in ("dispatch", "gemm1", "quant", "gemm2", "combine"):
+        assert not stages[name].diverged, stages[name]
+    assert c.max_rel_error > c.tolerance  # and the combined output is wrong end to end
+    assert c.check_us is not None and c.check_us > 0
+
+
+def test_a_gemm_fed_the_wrong_weights_is_isolated_to_gemm1_and_its_expert():
+    result, counts, M = _run("swapped-weights")
+    c = result.correctness
+    assert c is not None and not c.within_tolerance and c.first_diverging_stage == "gemm1"
+    stages = {s.stage: s for s in c.stages}
+    g = stages["gemm1"]
+    assert counts[2] > 0 and g.rows == "sampled"
+    assert g.wrong_experts == [2]
+    assert g.num_rows_wrong == min(counts[2], 16)  # every sampled row of expert 2, first and last included
+    assert g.first_wrong_row == 2 * M and (g.first_wrong_expert, g.first_wrong_slot) == (2, 0)
+    assert not stages["dispatch"].diverged
+    for name in ("activation", "quant", "gemm2", "combine"):  # each judged on the actual output before it
+        assert not stages[name].diverged, stages[name]
+
+
+def _correctness_verdict(tmp_path: Path, result: PolicyResult, *, release: str, expect: dict) -> tuple[Any, Any]:
+    """A one-rank run directory whose record holds `result`, as run with `release`'s kernels: its report and the
+    correctness check collect judged."""
+    scenario = tiny(**ONE_RANK, **{"expect.wrong_kernels": expect})
+    run_dir = write_run(tmp_path / f"run-{len(list(tmp_path.iterdir()))}", scenario, device_kind="cpu")
+    record = rank_record(scenario, 0, run_id="20251130-052000-synthetic", device_kind="cpu")
+    kernels = KernelsRecord(backend="vllm-ops", description=f"vLLM {release} (test)", release=release,
+                            release_from="given", library_sha256="0" * 64, library_bytes=1)
+    synthetic = record.policies[0]  # its memory and timings: this test is about the correctness verdict
+    record = record.model_copy(update={
+        "policies": [synthetic.model_copy(update={"correctness": result.correctness})], "kernels": kernels})
+    (run_dir / "ranks" / "rank-00000.json").write_text(record.model_dump_json())
+    report = collect(run_dir, write=False).report
+    return report, report.ranks[0].policies[0].checks.correctness
+
+
+def test_collect_passes_kernels_wrong_as_expected_and_fails_them_otherwise(tmp_path):
+    wrong, counts, M = _run("wrapping-activation")
+    first = wrong.correctness.stages[2].first_wrong_row  # activation
+    expect = {"0.26.0": {"stage": "activation", "first_wrong_row": first, "reason": "vLLM #42860"}}
+
+    report, check = _correctness_verdict(tmp_path, wrong, release="0.26.0", expect=expect)
+    assert check.outcome == "pass", check
+    assert "wrong as expected at activation from row" in check.message and "vLLM #42860" in check.message
+    assert f"first wrong row {first} (expert {first // M}, slot {first % M})" in check.message
+    assert report.ranks[0].kernels.release == "0.26.0"
+    assert report.ranks[0].policies[0].first_diverging_stage == "activation"
+
+    # The same wrong output under a release not expected to be wrong fails, naming the stage.
+    report, check = _correctness_verdict(tmp_path, wrong, release="0.30.0", expect=expect)
+    assert check.outcome == "fail" and "first diverging stage activation" in check.message
+    assert report.exit_code == 1
+
+    # A wrong row other than the one stated is not "as expected".
+    moved = {"0.26.0": dict(expect["0.26.0"], first_wrong_row=first + 1)}
+    assert _correctness_verdict(tmp_path, wrong, release="0.26.0", expect=moved)[1].outcome == "fail"
+
+    # Kernels expected wrong that came out right fail too: the expectation is what the scenario guards.
+    right, _, _ = _run("reference")
+    _, check = _correctness_verdict(tmp_path, right, release="0.26.0", expect=expect)
+    assert check.outcome == "fail"
+    assert "expected wrong at activation" in check.message and "every stage within tolerance" in check.message
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Choosing and recording the kernels (the ops libraries of real releases in the cache; see tests/test_vllm_source.py)
+
+
+def _cached_library(version: str) -> Path:
+    from harness.sizing.vllm_source import locate, ops_library
+
+    return ops_library(locate(version=version, with_ops=True))
+
+
+def test_a_release_by_number_names_its_library_hash_size_and_torch_pin():
+    lib = resolve_kernels(VllmSpec(kernels="0.30.0"))
+    path = _cached_library("0.30.0")
+    assert lib.path == path and lib.release == "0.30.0" and lib.release_from == "release"
+    assert lib.num_bytes == path.stat().st_size and lib.sha256 == file_sha256(path)
+    assert lib.torch_requirement == "torch==2.13.0"
+    assert lib.describe() == f"vLLM 0.30.0 _C_stable_libtorch.abi3.so (sha256 {lib.sha256[:12]}, {lib.num_bytes} B)"
+    assert resolve_kernels(VllmSpec(version="0.30.0")) == lib  # vllm.version means the same
+
+
+def test_a_library_file_gets_its_release_from_the_cache_or_from_the_scenario(tmp_path):
+    path = _cached_library("0.26.0")
+    found = resolve_kernels(VllmSpec(ops_library=str(path)))
+    assert (found.release, found.release_from, found.torch_requirement) == ("0.26.0", "cache", "torch==2.11.0")
+    assert release_of_library(found.sha256, found.num_bytes) == ("0.26.0", "torch==2.11.0")
+
+    # A copy outside the cache, on a machine whose cache does not know it: the release is what the user says.
+    copy = tmp_path / "lib.so"
+    copy.write_bytes(path.read_bytes()[:4096])
+    stated = resolve_kernels(VllmSpec(kernels="0.26.0", ops_library=str(copy)), cache_dir=tmp_path / "empty")
+    assert (stated.release, stated.release_from, stated.num_bytes) == ("0.26.0", "given", 4096)
+    unknown = resolve_kernels(VllmSpec(ops_library=str(copy)), cache_dir=tmp_path / "empty")
+    assert unknown.release is None and "release unknown" in unknown.describe()
+
+
+def test_a_library_stated_to_be_another_release_than_the_cache_knows_is_refused():
+    path = _cached_library("0.30.0")
+    with pytest.raises(VllmSourceError, match=r"is vLLM 0\.30\.0's library .* not 0\.26\.0's as vllm\.kernels says"):
+        resolve_kernels(VllmSpec(kernels="0.26.0", ops_library=str(path)))
+    with pytest.raises(VllmSourceError, match=r"vllm\.ops_library /nonexistent/lib\.so: no such file"):
+        resolve_kernels(VllmSpec(ops_library="/nonexistent/lib.so"))
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"kernels": "latest"}, "vllm.kernels: vllm.kernels 'latest' is not a release (X.Y.Z) or 'installed'"),
+    ({"kernels": "0.30.0", "version": "0.26.0"}, "give at most one of vllm.kernels, vllm.version"),
+    ({"kernels": "installed", "ops_library": "/x.so"}, "got kernels, ops_library"),
+])
+def test_kernels_fields_are_validated_with_one_line(data, message):
+    with pytest.raises(ScenarioError) as info:
+        tiny(**{f"vllm.{k}": v for k, v in data.items()})
+    assert message in str(info.value) and len(str(info.value).splitlines()) == 1
+
+
+def test_expected_wrong_kernels_are_validated():
+    with pytest.raises(ScenarioError, match=r"expect.wrong_kernels keys are vLLM releases like 0.26.0"):
+        tiny(**{"expect.wrong_kernels": {"latest": {"stage": "activation"}}})
+    with pytest.raises(ScenarioError, match=r"expect\.wrong_kernels\.0\.26\.0\.stage"):
+        tiny(**{"expect.wrong_kernels": {"0.26.0": {"stage": "silu"}}})
+
+
+def test_re_extracting_a_release_keeps_its_ops_library(tmp_path):
+    """An entry written by older harness code re-extracts the wheel; the kernels extracted before stay."""
+    import json
+
+    from harness.sizing.vllm_source import locate
+    from test_vllm_source import make_wheel
+
+    wheel = make_wheel(tmp_path / "vllm-0.9.9-cp38-abi3-linux_x86_64.whl", {
+        "vllm-0.9.9.dist-info/METADATA": b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.9.9\n",
+        "vllm/model_executor/layers/fused_moe/__init__.py": b"",
+        "vllm/_C_stable_libtorch.abi3.so": b"\x7fELF not really",
+    })
+    cache = tmp_path / "cache"
+    with_ops = locate(wheel=wheel, cache_dir=cache, with_ops=True)
+    assert with_ops.ops_library is not None and with_ops.ops_library.read_bytes() == b"\x7fELF not really"
+    manifest = with_ops.root / "manifest.json"
+    older = {k: v for k, v in json.loads(manifest.read_text()).items() if k != "schema_version"}
+    manifest.write_text(json.dumps(older))
+    again = locate(wheel=wheel, cache_dir=cache)  # without with_ops: a reader of the sizing code only
+    assert again.ops_library == with_ops.ops_library and again.ops_library.is_file()
+    assert json.loads(manifest.read_text())["ops_extracted"] is True
