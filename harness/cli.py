@@ -265,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "cell:NAME; what the baseline has and the current run lacks is a regression unless ignored")
     p.add_argument("--gate-across-hardware", action="store_true",
                    help="gate timings, throughputs and RSS-vs-NVML memory even when the two ran on different hardware")
+    p.add_argument("--gate-cpu-timings", action="store_true",
+                   help="gate the timings and throughputs of two CPU runs too (shown, not gated, by default)")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
     p.set_defaults(func=cmd_compare, parser=p)
 

@@ -92,7 +92,8 @@ def policy_result(scenario: Scenario, policy: str, rank: int, *, status: str = "
                   workspace_delta_bytes: int | None = None, within_tolerance: bool = True,
                   max_rel_error: float | None = None, experts_us: float | None = None,
                   experts_tflops: float | None = None, device_kind: str = "cuda", baseline_bytes: int | None = None,
-                  num_wrong_slots: int = 0, timing_spread: float | None = 0.04) -> PolicyResult:
+                  num_wrong_slots: int = 0, timing_spread: float | None = 0.04,
+                  failed_ranks: list[int] | None = None) -> PolicyResult:
     c = contract(scenario, policy)
     baseline = 1_000_000_000 + rank if baseline_bytes is None else baseline_bytes
     gpu = device_kind == "cuda"
@@ -108,9 +109,10 @@ def policy_result(scenario: Scenario, policy: str, rank: int, *, status: str = "
                           message=f"CUDA out of memory. Tried to allocate {c.common_bytes / 2**30:.2f} GiB"))
     if status == "stopped":  # harness.rank.lifecycle's record on the ranks that did not OOM when another rank did
         return PolicyResult(policy=policy, status="error", contract=c, memory=unmeasured,
-                            error="skipped: rank(s) [1] ran out of memory for this policy")
+                            error="skipped: rank(s) [1] ran out of memory for this policy", failed_ranks=failed_ranks)
     if status == "error":
-        return PolicyResult(policy=policy, status="error", contract=c, error="RuntimeError: kernel not found")
+        return PolicyResult(policy=policy, status="error", contract=c, error="RuntimeError: kernel not found",
+                            failed_ranks=failed_ranks)
     delta = workspace_delta_for(scenario, policy, rank) if workspace_delta_bytes is None else workspace_delta_bytes
     return PolicyResult(
         policy=policy, status="ok", contract=c,
@@ -139,7 +141,8 @@ def policy_result(scenario: Scenario, policy: str, rank: int, *, status: str = "
 
 
 def rank_record(scenario: Scenario, rank: int, *, run_id: str, overrides: dict[str, dict[str, Any]] | None = None,
-                device_kind: str = "cuda", num_nodes: int = 1) -> RankRecord:
+                device_kind: str = "cuda", num_nodes: int = 1, complete: bool = True,
+                warmup: str | None = "full") -> RankRecord:
     """One rank's record; `overrides` maps a policy to policy_result keyword arguments."""
     overrides = overrides or {}
     ranks_per_node = max(1, scenario.parallel.num_ranks // num_nodes)
@@ -159,7 +162,7 @@ def rank_record(scenario: Scenario, rank: int, *, run_id: str, overrides: dict[s
         policies=[policy_result(scenario, p, rank, device_kind=device_kind, **overrides.get(p, {}))
                   for p in scenario.policies],
         started_at=STARTED_AT + rank, finished_at=STARTED_AT + 60.0 + rank,
-        expert_num_tokens=[8] * scenario.num_local_experts,
+        expert_num_tokens=[8] * scenario.num_local_experts, complete=complete, warmup=warmup,  # type: ignore[arg-type]
     )
 
 

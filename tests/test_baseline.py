@@ -2,7 +2,8 @@
 
 Two runs of `harness run smoke`, back to back on this machine, are the inputs of every test here (issue #14):
     - the fresh run against results/baselines/cpu-smoke: memory, error and outcome match (times depend on the
-      machine, so `--ignore time --ignore throughput`);
+      machine, so `--ignore time --ignore throughput`), the memory bytes and errors to the byte;
+    - the two runs against each other with the plain `harness compare`: exit 0 (CPU timings are shown, not gated);
     - the same with one policy deleted from the current report, or one value set to NaN: exit 1.
 """
 
@@ -47,7 +48,7 @@ def test_fresh_cpu_smoke_run_matches_the_committed_baseline(two_runs: tuple[Path
     _, fresh = two_runs
     code, result = compare(BASELINE, fresh, "--ignore", "time", "--ignore", "throughput")
     assert code == 0, json.dumps(result, indent=1)[-3000:]
-    assert result["num_regressions"] == 0 and result["hardware_note"] is None
+    assert result["num_regressions"] == 0
     compared = {(r["policy"], r["metric"]) for r in result["rows"] if r["verdict"] == "unchanged"}
     for policy in ("legacy", "fixed", "lower-bound"):
         for metric in ("outcome", "num_ranks", "contract_total_bytes", "workspace_delta_avg_bytes", "max_error"):
@@ -56,12 +57,28 @@ def test_fresh_cpu_smoke_run_matches_the_committed_baseline(two_runs: tuple[Path
 
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
+def test_back_to_back_smoke_runs_pass_the_default_gate(two_runs: tuple[Path, Path]) -> None:
+    """The plain `harness compare` of two runs on this machine: exit 0. Their timings are shown, not gated: on a
+    shared CPU host they move by tens of percent (and one policy's every sample threefold) from run to run."""
+    first, second = two_runs
+    code, result = compare(first, second)
+    assert code == 0, json.dumps([r for r in result["rows"] if r["verdict"] == "regression"], indent=1)
+    assert result["hardware_note"].startswith("CPU runs: timings and throughputs")
+    timing = [r for r in result["rows"] if r["metric"] in ("dispatch_us", "experts_us", "combine_us")]
+    assert len(timing) == 3 * 3 and {r["verdict"] for r in timing} == {"not gated"}
+    gated = {(r["policy"], r["metric"]) for r in result["rows"] if r["verdict"] == "unchanged"}
+    for policy in ("legacy", "fixed", "lower-bound"):
+        for metric in ("outcome", "num_ranks", "contract_total_bytes", "workspace_delta_avg_bytes", "max_error"):
+            assert (policy, metric) in gated, (policy, metric)
+
+
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
 def test_a_deleted_policy_or_a_nan_fails_the_gate(two_runs: tuple[Path, Path], tmp_path: Path) -> None:
     first, second = two_runs
     report = json.loads((second / "report.json").read_text())
     deleted = dict(report, policies=[p for p in report["policies"] if p["policy"] != "fixed"])
     (tmp_path / "deleted.json").write_text(json.dumps(deleted))
-    code, result = compare(first, tmp_path / "deleted.json", "--ignore", "time", "--ignore", "throughput")
+    code, result = compare(first, tmp_path / "deleted.json")
     assert code == 1
     assert [(r["policy"], r["note"]) for r in result["rows"] if r["verdict"] == "regression"] == [
         ("fixed", "policy not in current")]
@@ -69,7 +86,7 @@ def test_a_deleted_policy_or_a_nan_fails_the_gate(two_runs: tuple[Path, Path], t
     nan = json.loads((second / "report.json").read_text())
     nan["policies"][0]["max_rel_error"]["max"] = float("nan")
     (tmp_path / "nan.json").write_text(json.dumps(nan))  # json.dumps writes a bare NaN
-    code, result = compare(first, tmp_path / "nan.json", "--ignore", "time", "--ignore", "throughput")
+    code, result = compare(first, tmp_path / "nan.json")
     assert code == 1
     assert [(r["policy"], r["metric"], r["note"]) for r in result["rows"] if r["verdict"] == "regression"] == [
         ("legacy", "max_error", "NaN or infinity in current")]

@@ -361,15 +361,59 @@ def test_ranks_stopped_by_another_ranks_oom(tmp_path: Path) -> None:
     report = run_report(result)
     assert result.exit_code == 0, report.exit_reason  # stopping together is not an error
     legacy = policy(report, "legacy")
-    assert (legacy.outcome, legacy.num_oom, legacy.num_stopped_by_oom, legacy.num_error) == ("oom", 1, 3, 0)
+    assert (legacy.outcome, legacy.num_oom, legacy.num_stopped, legacy.num_error) == ("oom", 1, 3, 0)
     assert legacy.workspace_delta_bytes is None  # nothing ran to the end, so nothing is aggregated
     rank0 = report.ranks[0].policies[0]
-    assert rank0.stopped_by_oom_on_ranks == [1]
+    assert rank0.stopped_by_ranks == [1]
     assert {c.outcome for name, c in rank0.checks.items() if name != "baseline"} == {"skip"}
     # expected fit instead: the OOMed rank fails its expectation, the stopped ones are skipped
     result = collect(write_run(tmp_path / "fit", four_rank_scenario(), overrides=overrides))
     assert result.exit_code == 1
     assert [(f.rank, f.check) for f in run_report(result).check_failures] == [(1, "expectation")]
+
+
+def test_one_ranks_error_stops_the_others_without_counting_them(tmp_path: Path) -> None:
+    """A DispatchError on rank 1 ends the policy on every rank at once (failed_ranks [1]): one policy-error problem,
+    the other ranks' checks skipped, the policy's outcome an error."""
+    overrides = {rank: {"fixed": {"status": "error" if rank == 1 else "stopped", "failed_ranks": [1]}} for rank in range(4)}
+    result = collect(write_run(tmp_path / "run", four_rank_scenario(), overrides=overrides))
+    report = run_report(result)
+    assert result.exit_code == 2
+    assert kinds(report) == [("policy-error", 1)]
+    fixed = policy(report, "fixed")
+    assert (fixed.outcome, fixed.num_error, fixed.num_stopped, fixed.expectation) == ("error", 1, 3, "error")
+    stopped = report.ranks[0].policy("fixed")
+    assert stopped is not None and stopped.stopped_by_ranks == [1]
+    assert stopped.checks.expectation.outcome == "skip" and "rank(s) [1] ran out of memory or raised" in \
+        stopped.checks.expectation.message
+
+
+def test_a_record_so_far_without_a_final_one_is_named(tmp_path: Path) -> None:
+    scenario = four_rank_scenario()
+    run_dir = write_run(tmp_path / "run", scenario)
+    partial = rank_record(scenario, 2, run_id="20251130-052000-synthetic", complete=False)
+    write_record(rank_record_path(run_dir, 2), partial.model_copy(update={"policies": partial.policies[:1]}))
+    report = run_report(collect(run_dir))
+    assert report.exit_code == 2
+    (problem,) = report.problems
+    assert (problem.kind, problem.rank) == ("incomplete", 2)
+    assert "written after 1 finished policy(ies), the final record never came" in problem.cause
+    assert report.ranks[2].lost_policies == ["fixed"] and report.ranks[2].complete is False
+
+
+def test_the_header_says_how_the_ranks_warmed_up(tmp_path: Path) -> None:
+    scenario = four_rank_scenario()
+    run_dir = write_run(tmp_path / "run", scenario)
+    collect(run_dir)
+    assert "# warm-up pass: full on every rank" in (run_dir / "report.md").read_text()
+    for rank in (1, 3):
+        old = rank_record(scenario, rank, run_id="20251130-052000-synthetic", warmup=None,
+                          overrides={"fixed": {"baseline_bytes": 2 * 10**9}})
+        write_record(rank_record_path(run_dir, rank), old)
+    report = run_report(collect(run_dir))
+    assert "# warm-up pass: full on rank(s) 0, 2; none on rank(s) 1, 3" in (run_dir / "report.md").read_text()
+    assert {(f.rank, f.check) for f in report.check_failures} == {(1, "baseline"), (3, "baseline")}
+    assert all("no warm-up pass recorded" in f.message for f in report.check_failures)
 
 
 def test_policy_error_exits_2(tmp_path: Path) -> None:

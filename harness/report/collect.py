@@ -442,15 +442,15 @@ def _memory_check(result: PolicyResult, tolerance_pct: float) -> Check:
 
 
 def evaluate_checks(result: PolicyResult, *, expected_outcome: str | None, judging: Judging,
-                    baseline: Check, stopped_by_oom_on: list[int] | None = None, release: str | None = None) -> Checks:
+                    baseline: Check, stopped_by: list[int] | None = None, release: str | None = None) -> Checks:
     """The four checks of one rank x policy. `release`: the vLLM release whose kernels ran on the rank, if known.
 
-    `stopped_by_oom_on`: the ranks that ran out of memory when this rank's status is "error" because of them. The
+    `stopped_by`: the other ranks whose OOM or error stopped this rank's policy (its status is then "error"). The
     ranks stop a policy together, so the others record an error that is not theirs: their expectation,
-    correctness and memory checks are skipped, and the expectation is judged on the ranks that did run out.
+    correctness and memory checks are skipped, and the policy is judged on the ranks that failed.
     """
-    if stopped_by_oom_on:
-        skip = Check(outcome="skip", message=f"policy stopped: rank(s) {stopped_by_oom_on} ran out of memory; "
+    if stopped_by:
+        skip = Check(outcome="skip", message=f"policy stopped: rank(s) {stopped_by} ran out of memory or raised; "
                                              "judged on those ranks")
         return Checks(expectation=skip, correctness=skip, memory=skip, baseline=baseline)
     return Checks(expectation=_expectation_check(result, expected_outcome),
@@ -465,6 +465,14 @@ def baseline_rounding(memory: MemoryMeasurement | None) -> int | None:
     if memory.allocator_rounding_bytes is not None:
         return memory.allocator_rounding_bytes
     return BASELINE_ROUNDING_BYTES.get(memory.method)
+
+
+_WARMUP_HINT = {
+    None: "no warm-up pass recorded: a record of an older harness, whose first policy's window held one-time setup",
+    "full": "after a full warm-up pass",
+    "comm-only": "the warm-up pass was comm-only on this rank: its workspace did not fit",
+    "failed": "the warm-up pass failed on this rank",
+}
 
 
 def baseline_checks(record: RankRecord) -> dict[str, Check]:
@@ -495,7 +503,7 @@ def baseline_checks(record: RankRecord) -> dict[str, Check]:
             checks[policy] = Check(outcome="fail", message=(
                 f"baseline {memory.baseline_bytes} B is {diff:+d} B ({diff / 2**20:+.1f} MiB) from {first}'s "
                 f"{reference.baseline_bytes} B, beyond the {rounding} B of {memory.method} rounding: the policies "
-                "did not start from the same state (one-time setup inside a policy's window?)"))
+                f"did not start from the same state ({_WARMUP_HINT[record.warmup]})"))
     return checks
 
 
@@ -608,7 +616,7 @@ def _rank_policy(record: RankRecord, result: PolicyResult, checks: Checks, expec
     # Bus bandwidth is algbw x (P-1)/P: with one physical rank nothing crosses a link, and 0 would read as "slow".
     bus = tp is not None and record.num_ranks > 1
     return RankPolicy(
-        policy=result.policy, status=result.status, expected_outcome=expected, stopped_by_oom_on_ranks=stopped,  # type: ignore[arg-type]
+        policy=result.policy, status=result.status, expected_outcome=expected, stopped_by_ranks=stopped,  # type: ignore[arg-type]
         contract_total_bytes=result.contract.total_bytes,
         contract_allocated_bytes=result.contract.common_bytes + result.contract.ws2_bytes,
         # A policy that did not run to the end measured no workspace: its record's 0 is the allocation that failed.
@@ -648,9 +656,9 @@ def _judge_rank(record: RankRecord, judging: Judging, oom_ranks: dict[str, list[
         if result.policy not in judged.policy_order:
             judged.policy_order.append(result.policy)
         expected = judging.expected.get(result.policy) if judging.expected else result.expected_outcome
-        stopped = oom_ranks.get(result.policy) if result.status == "error" else None
+        stopped = _stopped_by(record.rank, result, oom_ranks)
         checks = evaluate_checks(result, expected_outcome=expected, judging=judging,
-                                 baseline=baselines.get(result.policy, no_baseline), stopped_by_oom_on=stopped,
+                                 baseline=baselines.get(result.policy, no_baseline), stopped_by=stopped,
                                  release=record.kernels.release if record.kernels else None)
         entries.append(_rank_policy(record, result, checks, expected, stopped))
         for name, check in checks.items():
@@ -661,14 +669,30 @@ def _judge_rank(record: RankRecord, judging: Judging, oom_ranks: dict[str, list[
             judged.problems.append(Problem(kind="policy-error", rank=record.rank, path=f"ranks/rank-{record.rank:05d}.json",
                                            cause=f"rank {record.rank}, policy {result.policy}: {result.error or 'raised'}"))
     done = {p.policy for p in record.policies}
+    if not record.complete and failure is None:
+        judged.problems.append(Problem(
+            kind="incomplete", rank=record.rank, path=f"ranks/rank-{record.rank:05d}.json",
+            cause=f"rank {record.rank}: its record is the one written after {len(done)} finished policy(ies), the "
+                  "final record never came, and no failure record says why"))
     hw = record.hardware
     judged.ranks.append(RankEntry(
         rank=record.rank, hostname=hw.hostname, node_ip=hw.node_ip, device_name=hw.device_name,
         device_uuid=hw.device_uuid, device_total_bytes=hw.device_total_bytes, started_at=record.started_at,
         ready_at=record.ready_at, finished_at=record.finished_at, expert_num_tokens=list(record.expert_num_tokens),
         policies=entries, failure=_failure_text(failure) if failure else None, kernels=record.kernels,
-        lost_policies=[p for p in scenario_policies if p not in done],
+        lost_policies=[p for p in scenario_policies if p not in done], complete=record.complete, warmup=record.warmup,
     ))
+
+
+def _stopped_by(rank: int, result: PolicyResult, oom_ranks: dict[str, list[int]]) -> list[int] | None:
+    """The other ranks whose OOM or error stopped this rank's policy (the ranks stop a policy together); None when
+    this rank's own status is its own doing."""
+    if result.status != "error":
+        return None
+    if result.failed_ranks is not None:
+        others = [r for r in result.failed_ranks if r != rank]
+        return others if rank not in result.failed_ranks and others else None
+    return oom_ranks.get(result.policy)  # records before failed_ranks: only another rank's OOM stopped a policy
 
 
 def _failure_text(failure: RankFailure) -> str:
@@ -680,8 +704,8 @@ def _failure_problems(loaded: LoadedRun, scenario_policies: list[str]) -> list[P
     finished = {r.rank: [p.policy for p in r.policies] for r in loaded.records}
     problems = []
     for f in loaded.failures:
-        done = finished.get(f.rank, [])
-        lost = [p for p in scenario_policies if p not in done]
+        done = finished.get(f.rank, [])  # what the records on disk hold, not what the launcher believed
+        lost = [p for p in scenario_policies if p not in done] if scenario_policies else list(f.lost_policies)
         kept = f"; finished {', '.join(done)}" if done else ""
         gone = f"; lost {', '.join(lost)}" if lost else ""
         problems.append(Problem(kind="rank-failure", rank=f.rank, path=f"ranks/rank-{f.rank:05d}.failed.json",
@@ -694,7 +718,7 @@ def _policy_summary(policy: str, ranks: list[RankEntry], contracts: dict[str, An
     entries = [p for r in ranks for p in r.policies if p.policy == policy]
     contract = contracts.get(policy)
     num_oom = sum(1 for e in entries if e.status == "oom")
-    num_stopped = sum(1 for e in entries if e.stopped_by_oom_on_ranks)
+    num_stopped = sum(1 for e in entries if e.stopped_by_ranks)
     num_error = sum(1 for e in entries if e.status == "error") - num_stopped
     outcome: Outcome | None = None
     if entries:
@@ -714,7 +738,7 @@ def _policy_summary(policy: str, ranks: list[RankEntry], contracts: dict[str, An
         lower_bound_bytes=live_set_bytes(scenario.sizing_args()) if scenario else None,
         fixed_total_bytes=fixed_total,
         ratio_to_fixed=contract.total_bytes / fixed_total if contract and fixed_total else None,
-        num_ranks=len(entries), num_ok=len(ran), num_oom=num_oom, num_stopped_by_oom=num_stopped,
+        num_ranks=len(entries), num_ok=len(ran), num_oom=num_oom, num_stopped=num_stopped,
         num_error=num_error, outcome=outcome, expected_outcome=expected,  # type: ignore[arg-type]
         expectation=_policy_expectation(outcome, expected),
         baseline_bytes=_agg(e.baseline_bytes for e in entries),

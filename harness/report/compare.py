@@ -28,6 +28,8 @@ Rules (docs/reports.md, "compare"):
     per-stage min/max fall back to the threshold alone, and the row says so.
   - Different hardware in the two headers (device kind or name): timings, throughputs, and memory measured
     differently (CPU RSS against GPU NVML) are shown but not gated unless `--gate-across-hardware`.
+  - Two CPU runs: timings and throughputs are wall-clock of the reference path on a shared host, where another
+    process can slow one policy's every sample threefold; they are shown, not gated, unless `--gate-cpu-timings`.
 
 Exit codes: 0 no regression; 1 a regression; 2 error (unreadable or inconsistent input, a run against a matrix,
 problems in the current run's records, scenarios that differ in both hash and name).
@@ -140,12 +142,14 @@ class Options:
     thresholds: dict[str, float]  # the gated metrics (ignored ones are absent)
     ignored: frozenset[str] = frozenset()  # metric names, "outcome", "num_ranks", "policy:X", "cell:X"
     gate_across_hardware: bool = False
+    gate_cpu_timings: bool = False
 
     def ignores(self, what: str) -> bool:
         return what in self.ignored
 
 
-def parse_options(specs: list[str], ignore: list[str] | None = None, *, gate_across_hardware: bool = False) -> Options:
+def parse_options(specs: list[str], ignore: list[str] | None = None, *, gate_across_hardware: bool = False,
+                  gate_cpu_timings: bool = False) -> Options:
     """Default thresholds with `METRIC=PCT` / `GROUP=PCT` overrides, less what `ignore` names; CompareError says
     what is allowed."""
     thresholds = parse_thresholds(specs, ignore)
@@ -159,7 +163,8 @@ def parse_options(specs: list[str], ignore: list[str] | None = None, *, gate_acr
             ignored.update(n for n, m in METRICS.items() if m.group == name)
             if name == "coverage":
                 ignored.add("num_ranks")
-    return Options(thresholds=thresholds, ignored=frozenset(ignored), gate_across_hardware=gate_across_hardware)
+    return Options(thresholds=thresholds, ignored=frozenset(ignored), gate_across_hardware=gate_across_hardware,
+                   gate_cpu_timings=gate_cpu_timings)
 
 
 def parse_thresholds(specs: list[str], ignore: list[str] | None = None) -> dict[str, float]:
@@ -365,6 +370,7 @@ class _Context:
     options: Options
     cross_hardware: bool
     cross_memory: bool  # the two measured memory differently (nvml vs rss)
+    cpu_timings: bool  # both ran on CPUs: wall-clock timings of the reference path on a shared host
     base_nan: frozenset[tuple[str | None, str, str]]
     cur_nan: frozenset[tuple[str | None, str, str]]
 
@@ -393,11 +399,15 @@ def _metric_row(cell: str | None, policy: str, metric: Metric, base: PolicySumma
         return Row(**common, change_pct=None, change_abs=None, verdict="regression", note="NaN or infinity in current")
     if (cell, policy, metric.field) in ctx.base_nan:
         return Row(**common, change_pct=None, change_abs=None, verdict="not compared", note="NaN or infinity in baseline")
-    ungated = (metric.group in ("time", "throughput") and ctx.cross_hardware) or (metric.measured_memory and ctx.cross_memory)
+    timing = metric.group in ("time", "throughput")
+    across = not ctx.options.gate_across_hardware and (
+        (timing and ctx.cross_hardware) or (metric.measured_memory and ctx.cross_memory))
+    on_cpu = timing and ctx.cpu_timings and not ctx.options.gate_cpu_timings
     noise, why = _stage_noise(metric, base, cur)
     verdict, pct, diff, note = compare_metric(metric, b, c, threshold, noise)
-    if ungated and not ctx.options.gate_across_hardware and verdict in ("regression", "improvement", "unchanged"):
-        verdict, note = "not gated", "different hardware" + (f"; {note}" if note else "")
+    if (across or on_cpu) and verdict in ("regression", "improvement", "unchanged"):
+        reason = "different hardware" if across else "CPU timing"
+        verdict, note = "not gated", reason + (f"; {note}" if note else "")
     elif why and b is not None and c is not None:
         note = f"{note}; {why}" if note else why
     return Row(**common, change_pct=pct, change_abs=diff, verdict=verdict, note=note)
@@ -520,6 +530,7 @@ class Comparison:
             "baseline": self.baseline_path, "current": self.current_path, "warnings": list(self.warnings),
             "hardware_note": self.hardware_note, "hints": self.hints(),
             "ignored": sorted(self.options.ignored), "gate_across_hardware": self.options.gate_across_hardware,
+            "gate_cpu_timings": self.options.gate_cpu_timings,
             "thresholds": {name: {"value": value, "kind": METRICS[name].threshold_kind,
                                   "worse_when": METRICS[name].worse_when}
                            for name, value in self.options.thresholds.items()},
@@ -573,8 +584,9 @@ def compare_reports(baseline: Report | LoadedReport, current: Report | LoadedRep
         warnings.append(f"the baseline report has errors ({base.report.exit_reason}): its aggregates may miss ranks")
     warnings += [f"NaN or infinity in the current report at {p}" for p in cur.non_finite_elsewhere]
     cross, cross_memory = _cross_hardware(base.report, cur.report)
-    ctx = _Context(options=options, cross_hardware=cross, cross_memory=cross_memory, base_nan=base.non_finite,
-                   cur_nan=cur.non_finite)
+    cpu_timings = base.report.hardware.device_kind == cur.report.hardware.device_kind == "cpu"
+    ctx = _Context(options=options, cross_hardware=cross, cross_memory=cross_memory, cpu_timings=cpu_timings,
+                   base_nan=base.non_finite, cur_nan=cur.non_finite)
     if isinstance(base.report, RunReport) and isinstance(cur.report, RunReport):
         warning = _scenario_check("", base.report, cur.report)
         warnings += [warning] if warning else []
@@ -589,6 +601,11 @@ def compare_reports(baseline: Report | LoadedReport, current: Report | LoadedRep
             "shown, not gated (--gate-across-hardware gates them)"
         note = (f"different hardware: baseline {_hardware_text(base.report.hardware)}, current "
                 f"{_hardware_text(cur.report.hardware)}: {what} are {gated}")
+    elif cpu_timings:
+        gated = "gated (--gate-cpu-timings)" if options.gate_cpu_timings else \
+            "shown, not gated (--gate-cpu-timings gates them)"
+        note = ("CPU runs: timings and throughputs are wall-clock of the reference path on a shared host, beyond "
+                f"what the runs' spread captures: {gated}")
     return Comparison(baseline_path=baseline_path, current_path=current_path, kind=base.report.kind, options=options,
                       rows=tuple(rows), warnings=tuple(warnings), hardware_note=note)
 
@@ -681,7 +698,8 @@ def compare_command(ns: argparse.Namespace) -> int:
 
     try:
         options = parse_options(list(ns.threshold or []), list(getattr(ns, "ignore", None) or []),
-                                gate_across_hardware=bool(getattr(ns, "gate_across_hardware", False)))
+                                gate_across_hardware=bool(getattr(ns, "gate_across_hardware", False)),
+                                gate_cpu_timings=bool(getattr(ns, "gate_cpu_timings", False)))
         baseline = load_report(ns.baseline)
         current = load_report(ns.current)
         comparison = compare_reports(baseline, current, options=options, baseline_path=str(ns.baseline),

@@ -328,6 +328,22 @@ def _measurement_line(s: ScenarioInfo) -> str:
             f"baselines equal within {rounding}")
 
 
+def _warmup_line(report: RunReport) -> str:
+    """Whether every policy could start from the same warmed state (the baseline check says whether it did)."""
+    by_kind: dict[str, list[int]] = {}
+    for rank in report.ranks:
+        by_kind.setdefault(rank.warmup or "none", []).append(rank.rank)
+    if set(by_kind) == {"none"}:
+        return "warm-up pass: none recorded (records of an older harness)"
+    if len(by_kind) == 1:
+        return f"warm-up pass: {next(iter(by_kind))} on every rank"
+    return "warm-up pass: " + "; ".join(f"{kind} on rank(s) {_rank_list(ranks)}" for kind, ranks in sorted(by_kind.items()))
+
+
+def _rank_list(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:16])) + (f" and {len(ranks) - 16} more" if len(ranks) > 16 else "")
+
+
 def _matrix_header(report: MatrixReport) -> list[str]:
     lines = [f"matrix: {report.name} ({report.path or 'inline'}): {report.num_valid} of {report.num_combinations} "
              f"combinations valid, {len(report.cells)} cell(s) run"]
@@ -348,6 +364,8 @@ def _run_header(report: RunReport) -> list[str]:
     if s.num_dispatchers is not None:
         lines += [_shape_line(s), _emulation_line(s, report.hardware.device_kind)]
     lines.append(_measurement_line(s))
+    if report.ranks:
+        lines.append(_warmup_line(report))
     if s.expected_outcomes:
         lines.append("expected: " + ", ".join(f"{k} {v}" for k, v in s.expected_outcomes.items()))
     lines.append(f"run: {report.run_id}; started {fmt_time(report.started_at)}; "

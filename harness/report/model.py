@@ -43,7 +43,7 @@ ProblemKind = Literal[
     "no-manifest",
     "policy-error",  # a policy raised on a rank (not an OOM, not stopped by another rank's OOM)
     "missing-cell",  # a matrix cell with no run directory
-    "stale-outputs",  # reports in the directory from another generation than the records (collect rewrites them)
+    "incomplete",  # a rank's record so far (written after a policy) with no final record and no failure record
 ]
 
 
@@ -146,7 +146,7 @@ class RankPolicy(ReportModel):
     policy: str
     status: Literal["ok", "oom", "error"]
     expected_outcome: Literal["fit", "oom"] | None
-    stopped_by_oom_on_ranks: list[int] | None
+    stopped_by_ranks: list[int] | None
     contract_total_bytes: int
     contract_allocated_bytes: int  # common + ws2: what the workspace allocates
     workspace_delta_bytes: int | None
@@ -190,6 +190,8 @@ class RankEntry(ReportModel):
     failure: str | None = None  # the launcher's failure record when the rank died after these policies
     kernels: KernelsRecord | None = None  # the experts kernels that ran: for vLLM's ops, release, sha256, size
     lost_policies: list[str] = []  # policies of the scenario this rank has no result for
+    complete: bool = True  # False: the record written after a policy, not the rank's final one
+    warmup: Literal["full", "comm-only", "failed"] | None = None  # the rank's warm-up pass; None: none recorded
 
     def policy(self, name: str) -> RankPolicy | None:
         return next((p for p in self.policies if p.policy == name), None)
@@ -210,7 +212,7 @@ class PolicySummary(ReportModel):
     num_ranks: int
     num_ok: int
     num_oom: int
-    num_stopped_by_oom: int
+    num_stopped: int
     num_error: int
     outcome: Outcome | None  # None: no rank has a result
     expected_outcome: Literal["fit", "oom"] | None
