@@ -8,6 +8,7 @@ through the real rank lifecycle on a real gloo group, so the check sees exactly 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +237,67 @@ def test_re_extracting_a_release_keeps_its_ops_library(tmp_path):
     again = locate(wheel=wheel, cache_dir=cache)  # without with_ops: a reader of the sizing code only
     assert again.ops_library == with_ops.ops_library and again.ops_library.is_file()
     assert json.loads(manifest.read_text())["ops_extracted"] is True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A kernels matrix run one release per call into one directory, and kernels that cannot be had, through the CLI
+
+
+# The smoke scenario's shapes (their workspaces are large enough for RSS to resolve), one policy, one pass.
+SMALL = {"parallel": {"num_dispatchers": 4, "num_ranks": 2, "num_local_experts": 8, "max_tokens_per_rank": 128},
+         "model": {"hidden_size": 512, "intermediate_size": 256, "num_experts": 32, "top_k": 4},
+         "policies": ["fixed"], "device": "cpu", "iterations": 1, "warmup": 0,
+         "expect": {"outcomes": {"fixed": "fit"}, "memory_tolerance_pct": 2.0}}
+
+
+def _matrix_file(tmp_path: Path) -> Path:
+    import yaml
+
+    path = tmp_path / "kernels-cpu.yaml"
+    path.write_text(yaml.safe_dump({"matrix": {"name": "kernels-cpu", "base": dict(SMALL, name="small"),
+                                               "axes": {"vllm.kernels": ["0.26.0", "0.30.0"]}}}))
+    return path
+
+
+@pytest.mark.timeout(600)
+def test_a_kernels_matrix_runs_one_release_per_call_into_one_directory(tmp_path):
+    from cli_utils import run_harness
+
+    matrix, out = _matrix_file(tmp_path), tmp_path / "matrix"
+    first = run_harness("run", str(matrix), "--kernels", "0.26.0", "--out", str(out), timeout_s=300)
+    cells = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert cells == ["K512-I256_D4_T128_kernels-0.26.0"], first.stdout[-2000:] + first.stderr[-2000:]
+    # The other release's cell is named as not run, in one line; the run is incomplete, so exit 2.
+    assert first.returncode == 2
+    report = json.loads((out / "report.json").read_text())
+    (missing,) = [p for p in report["problems"] if p["kind"] == "missing-cell"]
+    assert missing["cell"] == "K512-I256_D4_T128_kernels-0.30.0" and "\n" not in missing["cause"]
+
+    kept = (out / cells[0] / "run.json").read_text()
+    second = run_harness("run", str(matrix), "--kernels", "0.30.0", "--out", str(out), timeout_s=300)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
+    assert (out / cells[0] / "run.json").read_text() == kept  # the first call's cell, kept as it was
+    again = run_harness("collect", str(out))
+    assert again.returncode == 0, again.stdout[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    assert [c["name"] for c in report["cells"]] == ["K512-I256_D4_T128_kernels-0.26.0", "K512-I256_D4_T128_kernels-0.30.0"]
+    assert all(c["report"]["exit_code"] == 0 for c in report["cells"])
+
+    wrong = run_harness("run", str(matrix), "--kernels", "0.29.0", "--out", str(tmp_path / "other"))
+    assert wrong.returncode == 2
+    assert "--kernels 0.29.0: the matrix's vllm.kernels axis has 0.26.0, 0.30.0" in wrong.stderr
+    assert len(wrong.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(300)
+def test_kernels_that_cannot_be_had_end_the_run_in_one_line_per_rank(tmp_path):
+    import yaml
+    from cli_utils import run_harness
+
+    scenario = tmp_path / "small.yaml"
+    scenario.write_text(yaml.safe_dump(dict(SMALL, name="small")))
+    done = run_harness("run", str(scenario), "--kernels", "0.26.0", "--vllm-ops-library", "/nonexistent/lib.so",
+                       "--out", str(tmp_path / "run"))
+    assert done.returncode == 2
+    causes = [json.loads(p.read_text())["cause"] for p in sorted((tmp_path / "run" / "ranks").glob("*.failed.json"))]
+    assert causes == ["kernels unavailable: vllm.ops_library /nonexistent/lib.so: no such file"] * 2

@@ -19,6 +19,9 @@ from harness.rank.experts.base import BackendUnavailable, ExpertWeights, StageHo
 from harness.rank.quant import quantize_per_token
 
 SCRATCH_BOUND_BYTES = 512 * 2**20  # temporaries of one chunk, all stages' blocks cached at once
+# What torch's grouped GEMM allocates for itself per call (CUTLASS arguments and workspace, kilobytes for a few
+# groups); an allowance in the reported scratch, not a measured figure.
+GEMM_LIBRARY_ALLOWANCE_BYTES = 16 * 2**20
 ROW_ALIGN = 128  # row blocks start 16-byte aligned for the fp8 rows and their float32 scales
 
 
@@ -74,12 +77,13 @@ class TorchCutlassExperts:
         return f"torch {torch.__version__} _scaled_grouped_mm (CUTLASS)"
 
     def scratch_bytes(self, workspace: Workspace) -> int:
-        """The chunk bound plus the (E, M) float32 activation scales, which live across stages."""
+        """The chunk's temporaries, the (E, M) float32 activation scales (they live across stages) and the GEMM
+        library's allowance."""
         ws = workspace
         E, M, K, I = ws.num_local_experts, ws.max_slots_per_expert, ws.hidden_size, ws.intermediate_size
         rows = min(rows_per_chunk(M, K, I), E * M)
         chunk_rows = max(min(rows // M, E) * M, M) if rows >= M else rows
-        return chunk_rows * scratch_bytes_per_row(K, I) + 4 * E * M
+        return chunk_rows * scratch_bytes_per_row(K, I) + 4 * E * M + GEMM_LIBRARY_ALLOWANCE_BYTES
 
     def apply(
         self, *, expert_x: torch.Tensor, expert_x_scale: torch.Tensor, expert_num_tokens: torch.Tensor,
