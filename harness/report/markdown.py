@@ -465,6 +465,45 @@ def _md_baselines(report: RunReport) -> list[str]:
     return out
 
 
+def correctness_rows(report: Report) -> list[list[str]]:
+    """Per (cell,) rank x policy that ran the check: the kernels, the first diverging stage and where, the verdict."""
+    runs = [(c.name, c.report) for c in report.cells] if isinstance(report, MatrixReport) else [(None, report)]
+    rows = []
+    for cell, run in runs:
+        for rank in run.ranks[:RANK_TABLE_MAX]:
+            kernels = rank.kernels.release or rank.kernels.backend if rank.kernels else "-"
+            for e in rank.policies:
+                if not e.stages:
+                    continue
+                stage = next((s for s in e.stages if s.stage == e.first_diverging_stage), None)
+                where = "-"
+                if stage is not None and stage.first_wrong_row is not None:
+                    slot = f" (expert {stage.first_wrong_expert}, slot {stage.first_wrong_slot})" \
+                        if stage.first_wrong_expert is not None else ""
+                    where = f"{stage.first_wrong_row}{slot}"
+                wrong = f"{stage.num_rows_wrong} of {stage.num_rows_checked} ({stage.fraction_wrong:.1%})" \
+                    if stage is not None else "0"
+                check_s = f"{e.check_us / 1e6:.3g}" if e.check_us is not None else "-"
+                rows.append(([cell] if cell is not None else []) + [
+                    str(rank.rank), e.policy, str(kernels), e.first_diverging_stage or "none", wrong, where, check_s,
+                    e.checks.correctness.outcome])
+    return rows
+
+
+def _md_correctness(report: Report) -> list[str]:
+    rows = correctness_rows(report)
+    if not rows:
+        return []
+    lead = ["cell"] if isinstance(report, MatrixReport) else []
+    out = ["### Correctness by stage", ""]
+    out += _md_table(lead + ["rank", "policy", "kernels", "first diverging stage", "rows wrong",
+                             "first wrong row", "check s", "verdict"], rows)
+    out += ["", "Each stage of the data path (dispatch, gemm1, activation, quant, gemm2, combine) is checked against "
+                "the reference applied to the previous stage's actual output (docs/kernels.md). A release in the "
+                "scenario's expect.wrong_kernels passes when it is wrong exactly as stated.", ""]
+    return out
+
+
 def _md_matrix_cells(report: MatrixReport) -> list[str]:
     out = ["### Cells", ""]
     out += _md_table(["cell", "status", "exit", "checks passed", "failed", "errors", "reason"],
@@ -491,6 +530,7 @@ def render_markdown(report: Report) -> str:
         out += _md_matrix_cells(report)
     else:
         out += _md_baselines(report)
+    out += _md_correctness(report)
     out += _md_listing(report)
     out += [checks_line(report), "", f"**{footer_line(report)}**"]
     return "\n".join(out) + "\n"
