@@ -46,7 +46,7 @@ from harness.report.model import MatrixCell, MatrixReport, Report, RunReport
 
 PER_RANK_BARS_MAX = 64
 BREAKDOWN_RANKS_MAX = 16
-BREAKDOWN_PARTS = ("weights", "dispatch", "common", "ws2", "combine", "ballast", "other")
+BREAKDOWN_PARTS = ("weights", "dispatch", "common", "ws2", "combine", "ballast", "scratch", "other")
 OTHER_LABEL = {"cuda": "other (context, NCCL, allocator cache)", "cpu": "other (interpreter, libraries, heap)"}
 OOM_COLOR = "#c00000"
 
@@ -78,7 +78,7 @@ img { max-width: 100%; border: 1px solid #eee; }
 
 _COLORS = {"legacy": "#d62728", "fixed": "#2ca02c", "lower-bound": "#1f77b4"}
 _FALLBACK_COLORS = ("#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
-_PART_COLORS = ("#8c8c8c", "#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#d9d9d9")
+_PART_COLORS = ("#8c8c8c", "#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#e377c2", "#d9d9d9")
 
 
 def _scale(report: Report) -> tuple[str, int]:
@@ -216,7 +216,8 @@ def _breakdown_bars(report: RunReport) -> tuple[list[str], list[dict[str, float]
 
 def _parts(b: Any) -> dict[str, float]:
     return {"weights": b.weights_bytes, "dispatch": b.dispatch_bytes, "common": b.common_bytes, "ws2": b.ws2_bytes,
-            "combine": b.combine_bytes, "ballast": b.ballast_bytes, "other": b.other_bytes}
+            "combine": b.combine_bytes, "ballast": b.ballast_bytes, "scratch": b.scratch_bytes,
+            "other": b.other_bytes}
 
 
 def _average_parts(bars: list[dict[str, float]]) -> dict[str, float]:
@@ -238,6 +239,7 @@ def plot_breakdown(labels: list[str], bars: list[dict[str, float]], title: str, 
         # drawn as zero; the tables keep the number.
         heights = [max(bar[part], 0.0) / scale for bar in bars]
         label = OTHER_LABEL["cpu" if device_kind == "cpu" else "cuda"] if part == "other" else part
+        label = "scratch (the experts backend's temporaries, at most)" if part == "scratch" else label
         ax.bar(xs, heights, 0.7, bottom=bottoms, color=color, label=label,
                edgecolor="white", linewidth=0.5)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
