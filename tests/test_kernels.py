@@ -307,3 +307,27 @@ def test_kernels_that_cannot_be_had_end_the_run_in_one_line_per_rank(tmp_path):
     assert done.returncode == 2
     causes = [json.loads(p.read_text())["cause"] for p in sorted((tmp_path / "run" / "ranks").glob("*.failed.json"))]
     assert causes == ["kernels unavailable: vllm.ops_library /nonexistent/lib.so: no such file"] * 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch-cutlass's footprint: chunks cover every row once and stay under the stated bound whatever M is
+
+
+@pytest.mark.parametrize("E, M", [(16, 8192), (8, 262144), (4, 524288), (3, 1040), (64, 16)])
+def test_torch_cutlass_chunks_cover_every_row_once_within_the_scratch_bound(E, M):
+    from harness.rank.experts import torch_cutlass as tc
+
+    K, I = 7168, 2048  # DeepSeek-V3: at the default tokens whole-expert chunks made 20 GB of temporaries
+    rows = tc.rows_per_chunk(M, K, I)
+    covered = torch.zeros((E, M), dtype=torch.int32)
+    for e0, e1, r0, r1 in tc.chunks(E, M, rows):
+        assert (e1 - e0) * (r1 - r0) <= rows
+        assert r0 % tc.ROW_ALIGN == 0  # row blocks start aligned
+        covered[e0:e1, r0:r1] += 1
+    assert bool((covered == 1).all())
+    chunk_rows = max((e1 - e0) * (r1 - r0) for e0, e1, r0, r1 in tc.chunks(E, M, rows))
+    assert chunk_rows * tc.scratch_bytes_per_row(K, I) <= tc.SCRATCH_BOUND_BYTES
+    ws = type("W", (), {"num_local_experts": E, "max_slots_per_expert": M, "hidden_size": K, "intermediate_size": I})
+    reported = tc.TorchCutlassExperts(torch.device("cpu")).scratch_bytes(ws)  # type: ignore[arg-type]
+    assert reported == chunk_rows * tc.scratch_bytes_per_row(K, I) + 4 * E * M + tc.GEMM_LIBRARY_ALLOWANCE_BYTES
+    assert reported < 2**30 + 4 * E * M  # not 20 GB: the bound holds at any M
