@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 
@@ -42,23 +43,36 @@ def _print_error(message: str) -> int:
     return EXIT_ERROR
 
 
+def _plan_matrix(matrix: Any, ns: argparse.Namespace) -> int:
+    from harness.sizing.plan import matrix_plan_json, matrix_plan_lines, plan_matrix
+
+    cells = plan_matrix(matrix, cache_dir=ns.cache_dir)
+    if ns.json:
+        print(json.dumps(matrix_plan_json(matrix, cells), indent=1))
+    else:
+        print("\n".join(matrix_plan_lines(matrix, cells)))
+    return EXIT_OK
+
+
 def cmd_plan(ns: argparse.Namespace) -> int:
     """Workspace per sizing policy; with releases (--vllm-version or vllm==X.Y.Z policies) the whole layer per
     release, a budget's fit/OOM per release, and exit 1 when the scenario's layer.expect is not met."""
-    from harness.core.console import make_console
-
+    from harness.scenario.matrix import Matrix, load_input
+    from harness.scenario.schema import GPU_MEMORY_BYTES, ScenarioError
     from harness.sizing.plan import (
         layer_expectation_failures, layer_notes, layer_versions, make_layer_plans, make_plan, plan_json,
         plan_summary, render_layer_plan, render_plan,
     )  # fmt: skip
-    from harness.scenario.schema import GPU_MEMORY_BYTES, ScenarioError, load_scenario
 
     if ns.gpu is not None and ns.gpu not in GPU_MEMORY_BYTES:
         return _print_error(f"--gpu {ns.gpu!r} is not a known GPU; allowed: {', '.join(GPU_MEMORY_BYTES)}")
     if ns.budget_gb is not None and not 0 < ns.budget_gb < 1e6:
         return _print_error(f"--budget-gb {ns.budget_gb} is not a budget in GB; allowed: above 0, below 1e6")
     try:
-        scenario = load_scenario(ns.scenario)
+        loaded = load_input(ns.scenario)
+        if isinstance(loaded, Matrix):
+            return _plan_matrix(loaded, ns)
+        scenario = loaded
         rows = make_plan(scenario, cache_dir=ns.cache_dir)
         gpu = ns.gpu or scenario.memory.budget_gpu
         budget = int(ns.budget_gb * 1e9) if ns.budget_gb else (GPU_MEMORY_BYTES[ns.gpu] if ns.gpu else
@@ -80,6 +94,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         data["layer_expectation_failures"] = failures
         print(json.dumps(data, indent=1))
         return EXIT_FAILED if failures else EXIT_OK
+    from harness.core.console import make_console  # rich: only once the input is good, so a refusal stays quick
+
     console = make_console()
     console.print(render_plan(scenario, rows))
     console.print(plan_summary(rows))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from harness.scenario.dotted import set_dotted
 from harness.scenario.schema import Scenario, parse_scenario
 
 TINY: dict[str, Any] = {
@@ -23,9 +24,5 @@ def tiny(**overrides: Any) -> Scenario:
     """TINY with dotted overrides: tiny(**{"parallel.num_ranks": 4})."""
     data = copy.deepcopy(TINY)
     for dotted, value in overrides.items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        set_dotted(data, dotted, value)
     return parse_scenario(data, path="<test>")

@@ -88,7 +88,7 @@ def test_schema_prints_markdown_with_every_top_level_field():
     assert result.stdout.startswith("# Scenario file reference\n")
     for name in Scenario.model_fields:
         assert f"| `{name}` |" in result.stdout, name
-    assert "| `parallel.max_tokens_per_rank` | integer > 0 | **required** |" in result.stdout
+    assert "| `parallel.max_tokens_per_rank` | integer > 0, <= 262144 | **required** |" in result.stdout
     assert "one of `uniform`, `skewed`, `worst-case`" in result.stdout
 
 

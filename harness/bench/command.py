@@ -58,7 +58,7 @@ def _run_ranks(scenario: Scenario, *, run_id: str, out: Path, num_gpus: int,
     """The rank-side bench on local processes: the records, or an exit code when it could not run."""
     from harness.launch.local import LocalLauncher
     from harness.launch.run import RunProgress, choose_run_dir
-    from harness.rank.lifecycle import can_run, resolve_device
+    from harness.scenario.fit import can_run, resolve_device
 
     device_type = resolve_device(scenario, num_gpus)
     reason = can_run(scenario, device_type=device_type, num_gpus=num_gpus)

@@ -51,9 +51,9 @@ from harness.core.events import (
     Event, EventError, Failed, Placed, PolicyDone, RankEvent, RecordWritten, parse_event,
 )
 from harness.core.records import RankFailure, RankRecord, rank_record_path, write_json_atomic, write_record
-from harness.rank.distributed import RankInfo, apply_safe_env
 
 if TYPE_CHECKING:
+    from harness.rank.distributed import RankInfo
     from harness.scenario.schema import Scenario
 
 FAULT_ENV = "HARNESS_INJECT_FAULT"
@@ -129,6 +129,8 @@ class LaunchPlan:
         return self.scenario.launch.collective_timeout_s
 
     def rank_info(self, rank: int, *, master_addr: str, master_port: int, device_index: int) -> RankInfo:
+        from harness.rank.distributed import RankInfo  # torch: only once a launch begins
+
         return RankInfo(
             rank=rank,
             world_size=self.num_ranks,
@@ -428,6 +430,8 @@ def rank_entry(scenario: Scenario, info: RankInfo, run_dir: Path, emit: Callable
     It returns once the data is on its way out of this process, so a record so far survives a crash right
     after. Exceptions propagate: the launcher reports them as the rank's failure.
     """
+    from harness.rank.distributed import apply_safe_env
+
     apply_safe_env()
     fault = parse_fault_spec(os.environ.get(FAULT_ENV))
     if fault is not None and fault.rank != info.rank:

@@ -1,7 +1,9 @@
 """`harness run`: launch a scenario (or a matrix of them) on local processes or a Ray cluster, then report.
 
     scenario file (or the default) + CLI overrides ──> parse_scenario (same errors as the file's own)
-    results/<run-id>/run.json                          written first: what was launched, by what, how
+    --out (or results/<run-id>)                        checked: new, or an empty writable directory
+    this machine (local launcher)                      can_run: ranks vs cores/GPUs, memory per rank; no torch yet
+    results/<run-id>/run.json                          claimed atomically, then written first
     launcher.launch()                                  ranks/rank-NNNNN.json as each record reaches the driver
     harness.report.collect.collect(run_dir)                   report.{json,md,html}, junit.xml; its exit code
 
@@ -12,9 +14,6 @@ any rank that died, hung or never started.
 from __future__ import annotations
 
 import argparse
-import copy
-import datetime
-import json
 import os
 import sys
 import time
@@ -22,9 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -37,8 +35,15 @@ from harness.launch import (
     FAULT_ENV, LaunchError, Launcher, LaunchPlan, RankEntry, RunSink, describe_failure, parse_fault_spec,
     sigterm_as_interrupt,
 )
+from harness.launch.rundir import choose_run_dir, claim_run_dir, holds_matrix, make_run_id
 from harness.core.records import RankRecord, RunManifest, write_record
+from harness.scenario.dotted import DottedKeyError, set_dotted
+from harness.scenario.fit import Machine, can_run, resolve_device
 from harness.scenario.schema import SCENARIOS_DIR, Scenario, ScenarioError, parse_scenario, resolve_scenario_path
+from harness.scenario.source import display, read_yaml_file
+
+if TYPE_CHECKING:
+    from harness.scenario.matrix import Matrix
 
 PACKAGED_DEFAULTS_DIR = Path(__file__).resolve().parents[1] / "defaults"  # package data, for non-editable installs
 
@@ -51,7 +56,6 @@ def _embedded(name: str) -> Path:
 
 DEFAULT_CPU_SCENARIO = _embedded("smoke.yaml")
 DEFAULT_GPU_SCENARIO = _embedded("deepseek-v3-dp32-pr55579.yaml")
-RESULTS_DIR = Path("results")
 
 LauncherName = Literal["local", "ray"]
 
@@ -97,15 +101,12 @@ def _flag(key: str) -> str:
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any], *, path: Path | str, name: str | None) -> Scenario:
     """Set dotted keys in raw scenario data and validate it again, so a bad override reads like a bad file."""
-    data = copy.deepcopy(data)
+    data = dict(data)  # set_dotted copies what it sets; the caller's top level stays as it was
     for dotted, value in overrides.items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ScenarioError(f"{path}: {part} is not a mapping; cannot apply {_flag(dotted)}")
-        node[leaf] = value
+        try:
+            set_dotted(data, dotted, value)
+        except DottedKeyError as exc:
+            raise ScenarioError(f"{display(path)}: {exc}; cannot apply {_flag(dotted)}") from None
     if "policies" in overrides:
         # --policies narrows the run: expectations about policies left out no longer apply.
         outcomes = data.get("expect", {}).get("outcomes")
@@ -117,14 +118,13 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any], *, path: Pa
     return parse_scenario(data, path=label)
 
 
-def load_with_overrides(path: Path, overrides: dict[str, Any]) -> Scenario:
-    from harness.scenario.schema import load_scenario
-
-    scenario = load_scenario(path)  # the file's own errors first, with the file's name
+def load_with_overrides(path: Path, overrides: dict[str, Any], *, data: Any = None) -> Scenario:
+    """The scenario file (already read: `data`) with the command line's overrides; the file's own errors first."""
+    data = read_yaml_file(path) if data is None else data
+    scenario = parse_scenario(data, path=path)
     if not overrides:
         return scenario
-    raw = yaml.safe_load(path.read_text())
-    return apply_overrides(raw, overrides, path=path, name=scenario.name)
+    return apply_overrides(data, overrides, path=path, name=scenario.name)
 
 
 def override_scenario(scenario: Scenario, overrides: dict[str, Any], *, label: str) -> Scenario:
@@ -140,29 +140,24 @@ def default_scenario_path(num_gpus: int) -> Path:
 
 
 def local_gpu_count() -> int:
-    import torch
+    """GPUs on this machine, from NVML (no torch import): what the default scenario and device "auto" go by."""
+    from harness.launch.machine import local_machine
 
-    return torch.cuda.device_count()
-
-
-def make_run_id(name: str, *, now: datetime.datetime | None = None) -> str:
-    """'YYYYmmdd-HHMMSS-<name>' in UTC."""
-    now = now or datetime.datetime.now(datetime.timezone.utc)
-    return f"{now:%Y%m%d-%H%M%S}-{name}"
+    return local_machine().num_gpus
 
 
-def choose_run_dir(out: Path | None, run_id: str) -> Path:
-    """--out as given (it must not hold a run already), else results/<run-id> (made unique)."""
-    if out is not None:
-        if (out / "run.json").exists() or (out / "ranks").exists():
-            raise LaunchError(f"--out {out} already holds a run; give a new directory")
-        return out.resolve()
-    run_dir = RESULTS_DIR / run_id
-    suffix = 2
-    while run_dir.exists():
-        run_dir = RESULTS_DIR / f"{run_id}-{suffix}"
-        suffix += 1
-    return run_dir.resolve()  # absolute: ranks on other nodes and in other working directories get it as is
+def reasons_not_here(scenarios: list[Scenario], launcher_name: LauncherName) -> list[str | None]:
+    """Why each scenario cannot run on this machine (None: it can), probed without torch and before any rank.
+
+    Local launcher only: a Ray cluster's resources are known once connected, and run_scenario checks them there.
+    """
+    if launcher_name != "local":
+        return [None] * len(scenarios)
+    from harness.launch.machine import local_machine
+
+    machine = local_machine()
+    reasons = [can_run(s, device_type=resolve_device(s, machine.num_gpus), machine=machine) for s in scenarios]
+    return [f"cannot run on {machine.description}: {r}" if r else None for r in reasons]
 
 
 def command_line(ns: argparse.Namespace) -> list[str]:
@@ -342,13 +337,17 @@ def run_scenario(
     command: list[str],
     console: Console,
 ) -> int:
-    """Launch one scenario into run_dir, collect it and print the summary; return the exit code."""
+    """Launch one scenario into run_dir (claimed by the caller), collect it and print the summary; return the exit
+    code."""
     from harness.report.collect import collect
-    from harness.rank.lifecycle import can_run, rank_main, resolve_device
+    from harness.rank.lifecycle import rank_main
 
     resources = launcher.resources()
     device_type = resolve_device(scenario, resources.num_gpus)
-    reason = can_run(scenario, device_type=device_type, num_gpus=resources.num_gpus)
+    # Counts as the launcher sees them (torch's GPUs, Ray's CPUs and GPUs); memory was checked before the launcher.
+    machine = Machine(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus, description=resources.description,
+                      shared=launcher.name == "local")
+    reason = can_run(scenario, device_type=device_type, machine=machine)
     if reason is not None:
         return _error(f"{scenario.name} cannot run on {resources.description}: {reason}")
 
@@ -433,8 +432,6 @@ def _dry_run(scenario: Scenario, *, launcher_name: LauncherName, ns: argparse.Na
             bundle = f"{{{gpu}CPU: {launch.cpus_per_rank}}}"
         placement = f"{scenario.parallel.num_ranks} bundles of {bundle}, {launch.placement_strategy}"
     else:
-        from harness.rank.lifecycle import resolve_device
-
         where = "this machine"
         device = resolve_device(scenario, local_gpu_count())
         placement = f"{scenario.parallel.num_ranks} spawned processes, rendezvous 127.0.0.1"
@@ -454,6 +451,12 @@ def run_command(ns: argparse.Namespace) -> int:
         return _error(str(exc))
 
 
+def _read_input(path: Path) -> tuple[Any, bool]:
+    """The file's YAML data, read once through the bounded reader, and whether it is a matrix file."""
+    data = read_yaml_file(path)
+    return data, isinstance(data, dict) and "matrix" in data
+
+
 def _run_command(ns: argparse.Namespace) -> int:
     parse_fault_spec(os.environ.get(FAULT_ENV))  # a malformed test hook fails here, not inside a rank
     if ns.num_ranks is not None and ns.num_ranks < 1:
@@ -463,12 +466,14 @@ def _run_command(ns: argparse.Namespace) -> int:
     command = command_line(ns)
 
     path = resolve_scenario_path(ns.scenario) if ns.scenario is not None else None
+    scenario: Scenario | None = None
     if path is not None:
-        from harness.scenario.matrix import is_matrix_file
+        data, is_matrix = _read_input(path)
+        if is_matrix:
+            from harness.scenario.matrix import matrix_from_data
 
-        if is_matrix_file(path):
-            return _run_matrix(ns, path, overrides, console=console, command=command)
-    scenario = load_with_overrides(path, overrides) if path is not None else None
+            return _run_matrix(ns, matrix_from_data(data, path), overrides, console=console, command=command)
+        scenario = load_with_overrides(path, overrides, data=data)
     launcher_name = resolve_launcher_name(ns, scenario)
 
     launcher: Launcher | None = None
@@ -486,6 +491,9 @@ def _run_command(ns: argparse.Namespace) -> int:
             console.print(f"no scenario given: running {path.name} ({num_gpus} GPU(s) found)", highlight=False, markup=False)
         run_id = make_run_id(scenario.name or "run")
         run_dir = choose_run_dir(ns.out, run_id)
+        reason = reasons_not_here([scenario], launcher_name)[0]
+        if reason is not None:
+            raise LaunchError(f"{display(path)}: {reason}")
         if ns.dry_run:
             try:
                 _dry_run(scenario, launcher_name=launcher_name, ns=ns, run_dir=run_dir, console=console)
@@ -496,30 +504,38 @@ def _run_command(ns: argparse.Namespace) -> int:
                     return _error(str(exc))
                 raise
             return EXIT_OK
-        if launcher is None:
-            launcher = make_launcher(launcher_name, address=ns.address, num_cpus=cluster_cpus_for([scenario]))
-        return run_scenario(
-            scenario, launcher=launcher, run_dir=run_dir, run_id=run_id, scenario_path=path, command=command,
-            console=console,
-        )
+        # Claimed before the launcher starts (and torch is imported): a --out that cannot be made is refused now.
+        claim = claim_run_dir(run_dir, run_id, exact=ns.out is not None)
+        try:
+            if launcher is None:
+                launcher = make_launcher(launcher_name, address=ns.address, num_cpus=cluster_cpus_for([scenario]))
+            return run_scenario(
+                scenario, launcher=launcher, run_dir=claim.path, run_id=run_id, scenario_path=path,
+                command=command, console=console,
+            )
+        finally:
+            claim.release()
     finally:
         if launcher is not None:
             launcher.close()
 
 
-def _run_matrix(ns: argparse.Namespace, path: Path, overrides: dict[str, Any], *, console: Console,
+def _run_matrix(ns: argparse.Namespace, matrix: Matrix, overrides: dict[str, Any], *, console: Console,
                 command: list[str]) -> int:
     """Each cell into <run_dir>/<cell.name>/, one after another, past failed cells; then collect_matrix."""
     from harness.report.matrix import collect_matrix
-    from harness.scenario.matrix import load_matrix
 
-    matrix = load_matrix(path)
+    path = matrix.path
     cells = kernels_cells(matrix, overrides)
-    scenarios = [override_scenario(c.scenario, overrides, label=f"{path} cell {c.name}") for c in cells]
+    scenarios = [override_scenario(c.scenario, overrides, label=f"{display(path)} cell {c.name}") for c in cells]
     run_id = make_run_id(matrix.name or path.stem)
-    run_dir = choose_run_dir(ns.out, run_id)
-    _same_matrix(run_dir, matrix.name)
+    # --out may name this matrix's directory again: each call adds its cells (a kernels matrix, release by release).
+    run_dir = choose_run_dir(ns.out, run_id, matrix_name=matrix.name)
     launcher_name = resolve_launcher_name(ns, scenarios[0] if scenarios else None)
+    # A cell this machine cannot hold is reported and passed over, as a cell that fails is; none: refused.
+    not_here = reasons_not_here(scenarios, launcher_name)
+    if all(not_here):
+        raise LaunchError(f"{display(path)}: no cell can run here; cell {cells[0].name}: {not_here[0]}")
     console.print(f"matrix {path.name}: {matrix.expansion().summary()} cells, into {run_dir}", highlight=False,
                   markup=False)
     if ns.dry_run:
@@ -527,28 +543,46 @@ def _run_matrix(ns: argparse.Namespace, path: Path, overrides: dict[str, Any], *
             console.rule(f"cell {cell.name}")
             _dry_run(scenario, launcher_name=launcher_name, ns=ns, run_dir=run_dir / cell.name, console=console)
         return EXIT_OK
-    launcher = make_launcher(launcher_name, address=ns.address, num_cpus=cluster_cpus_for(scenarios))
+    claim = claim_run_dir(run_dir, run_id, exact=ns.out is not None, reuse=holds_matrix(run_dir))
+    run_dir = claim.path
+    launcher: Launcher | None = None
     try:
-        for cell, scenario in zip(cells, scenarios):
-            console.rule(f"cell {cell.name}")
-            if (run_dir / cell.name / "run.json").exists():
-                console.print(f"cell {cell.name}: already run in {run_dir / cell.name}; kept (remove it to run it "
-                              "again)", highlight=False, markup=False)
-                continue
-            try:
-                code = run_scenario(
-                    scenario, launcher=launcher, run_dir=run_dir / cell.name, run_id=f"{run_id}-{cell.name}",
-                    scenario_path=path, command=command, console=console,
-                )
-            except (ScenarioError, LaunchError) as exc:
-                code = _error(f"cell {cell.name}: {exc}")
-            console.print(f"cell {cell.name}: exit code {code}", highlight=False, markup=False)
+        launcher = make_launcher(launcher_name, address=ns.address, num_cpus=cluster_cpus_for(scenarios))
+        _run_cells(cells, scenarios, not_here, launcher=launcher, run_dir=run_dir, run_id=run_id, path=path,
+                   command=command, console=console)
     finally:
-        launcher.close()
+        if launcher is not None:
+            launcher.close()
+        claim.release()
     result = collect_matrix(run_dir, list(matrix.cells()), matrix=matrix)  # every cell, run now or earlier
     console.print(result.summary_table())
     console.print(f"results: {run_dir}", highlight=False, markup=False)
     return result.exit_code
+
+
+def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str | None], *, launcher: Launcher,
+               run_dir: Path, run_id: str, path: Path, command: list[str], console: Console) -> None:
+    """The cells one after another, each claimed in the matrix directory; past a cell that fails or cannot run."""
+    for cell, scenario, reason in zip(cells, scenarios, not_here):
+        console.rule(f"cell {cell.name}")
+        if (run_dir / cell.name / "run.json").exists():
+            console.print(f"cell {cell.name}: already run in {run_dir / cell.name}; kept (remove it to run it "
+                          "again)", highlight=False, markup=False)
+            continue
+        try:
+            if reason is not None:
+                raise LaunchError(reason)
+            cell_claim = claim_run_dir(run_dir / cell.name, f"{run_id}-{cell.name}")
+            try:
+                code = run_scenario(
+                    scenario, launcher=launcher, run_dir=cell_claim.path, run_id=f"{run_id}-{cell.name}",
+                    scenario_path=path, command=command, console=console,
+                )
+            finally:
+                cell_claim.release()
+        except (ScenarioError, LaunchError) as exc:
+            code = _error(f"cell {cell.name}: {exc}")
+        console.print(f"cell {cell.name}: exit code {code}", highlight=False, markup=False)
 
 
 def kernels_cells(matrix: Any, overrides: dict[str, Any]) -> list[Any]:
@@ -566,16 +600,3 @@ def kernels_cells(matrix: Any, overrides: dict[str, Any]) -> list[Any]:
         values = ", ".join(str(v) for v in matrix.axes["vllm.kernels"])
         raise ScenarioError(f"{matrix.path}: --kernels {wanted}: the matrix's vllm.kernels axis has {values}")
     return chosen
-
-
-def _same_matrix(run_dir: Path, name: str | None) -> None:
-    """A matrix directory given again with --out must hold this matrix (its cells are added to it)."""
-    manifest = run_dir / "matrix.json"
-    if not manifest.exists():
-        return
-    try:
-        existing = json.loads(manifest.read_text()).get("name")
-    except (OSError, ValueError, AttributeError):
-        raise LaunchError(f"--out {run_dir}: matrix.json is unreadable; give a new directory") from None
-    if existing != name:
-        raise LaunchError(f"--out {run_dir} holds matrix {existing!r}, not {name!r}; give a new directory")

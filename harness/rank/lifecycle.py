@@ -53,23 +53,6 @@ from harness.sizing.vllm_source.kernels import KernelsLibrary, needs_kernels, re
 Progress = Callable[[RankEvent], None]
 
 
-def resolve_device(scenario: Scenario, num_gpus: int) -> Literal["cuda", "cpu"]:
-    """The scenario's device; "auto" takes GPUs when there is one per physical rank."""
-    if scenario.device == "auto":
-        return "cuda" if num_gpus >= scenario.parallel.num_ranks else "cpu"
-    return scenario.device
-
-
-def can_run(scenario: Scenario, *, device_type: str, num_gpus: int) -> str | None:
-    """Why this scenario cannot run with these resources, or None. Never touches a GPU itself."""
-    P = scenario.parallel.num_ranks
-    if device_type == "cuda" and num_gpus < P:
-        return f"the scenario needs {P} GPUs (one per physical rank), {num_gpus} are available"
-    if device_type == "cpu" and scenario.experts_backend in ("torch-cutlass", "vllm-ops"):
-        return f"experts_backend {scenario.experts_backend} needs GPUs; use reference or auto on CPU"
-    return None
-
-
 def make_tokens(*, seed: int, rank: int, num_tokens: int, hidden_size: int, device: torch.device) -> torch.Tensor:
     """This rank's hidden states (num_tokens, K) bf16, seeded by (seed, rank) so any rank can regenerate them."""
     g = torch.Generator(device=device)

@@ -13,8 +13,10 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from harness.scenario import limits as L
 from harness.scenario.fields import describe_type
-from harness.scenario.schema import Scenario
+from harness.scenario.fit import CPU_RANK_OVERHEAD_BYTES, GPU_RANK_OVERHEAD_BYTES, MAX_RANKS_PER_CPU
+from harness.scenario.schema import MAX_PROBLEMS_SHOWN, VERSION_TEXT, Scenario
 
 REGENERATE = "harness schema > docs/scenario-schema.md"
 
@@ -74,6 +76,49 @@ def _doc(model: type[BaseModel]) -> str:
     return "" if doc == BaseModel.__doc__ else " ".join(line.strip() for line in doc.strip().splitlines())
 
 
+def _limits() -> list[str]:
+    """The limits every input is checked against before anything runs (harness.scenario.limits, .fit)."""
+    mib = 2**20
+    return [
+        "## Limits",
+        "",
+        "`harness plan` and `harness run` check every input against these before anything heavy happens (before",
+        "torch is imported, before a rank is spawned). A refusal is one line naming the file, the field, the value",
+        f"(shortened to {L.MAX_SHOWN_CHARS} characters) and what is allowed, with exit code 2; at most "
+        f"{MAX_PROBLEMS_SHOWN} problems are listed.",
+        "",
+        "| what | limit |",
+        "|---|---|",
+        f"| file | a regular file after symlinks (not a directory, FIFO or device; those are never opened), at most "
+        f"{L.MAX_FILE_BYTES} bytes, UTF-8, no control characters but tab and newline |",
+        f"| YAML nesting | at most {L.MAX_YAML_DEPTH} levels, aliases included once expanded |",
+        f"| YAML size | at most {L.MAX_YAML_NODES} values once aliases are expanded; at most {L.MAX_YAML_ALIASES} "
+        "aliases; no recursive alias |",
+        "| YAML keys | each key once per mapping (a repeated key is refused, not overwritten) |",
+        f"| integers | at most {L.MAX_INT_DIGITS} digits, then the field's range; `true`, `\"512\"` and `512.0` "
+        "are not integers |",
+        "| numbers | finite: `.inf` and `.nan` are refused; an integer is taken as a number |",
+        f"| strings | at most {L.MAX_STRING_CHARS} characters, no control characters (NUL included) |",
+        f"| `name` | {L.NAME_PATTERN_TEXT}, at most {L.MAX_NAME_CHARS} characters (it names the run directory; a "
+        "name taken from the file name has other characters replaced by `-`) |",
+        f"| release versions | `vllm==`{VERSION_TEXT}, at most {L.MAX_POLICY_CHARS} characters in all |",
+        f"| matrix | at most {L.MAX_MATRIX_AXES} axes of at most {L.MAX_AXIS_VALUES} values, and at most "
+        f"{L.MAX_MATRIX_CELLS} cells: the product of the axis lengths, checked before any cell is built; at most "
+        f"{L.MAX_MATRIX_OVERRIDES} overrides; `matrix.name` at most {L.MAX_MATRIX_NAME_CHARS} characters |",
+        f"| ranks on this machine (`harness run`, local) | CPU: at most {MAX_RANKS_PER_CPU} ranks per core this "
+        "process may use; GPU: one rank per GPU (NVML, within CUDA_VISIBLE_DEVICES) |",
+        "| ranks on a Ray cluster | `num_ranks` x `launch.cpus_per_rank` at most the cluster's CPUs; one GPU per "
+        "rank on cuda |",
+        f"| memory per rank (`harness run`, local) | estimated from the shapes: weights, dispatch and combine "
+        f"buffers, tokens and the process ({CPU_RANK_OVERHEAD_BYTES // mib} MiB on CPU, "
+        f"{GPU_RANK_OVERHEAD_BYTES // mib} MiB on GPU); CPU: plus the largest workspace, times the ranks, at most "
+        "the available RAM (and the cgroup's limit); GPU: plus the ballast, at most the GPU's total memory and the "
+        "budget (a workspace past it is an OOM the run records) |",
+        "| `--out` | a new path, or an empty directory this user may write; claimed atomically, so a second run "
+        "given the same `--out` at once is refused, naming the first |",
+    ]
+
+
 def schema_markdown() -> str:
     """The Markdown reference of the scenario file format, from harness.scenario.schema.Scenario."""
     sections = _nested_models(Scenario)
@@ -81,13 +126,15 @@ def schema_markdown() -> str:
     out = [
         "# Scenario file reference",
         "",
-        "Generated from `harness/scenario.py` by `harness schema`; do not edit by hand.",
+        "Generated from `harness/scenario/schema.py` by `harness schema`; do not edit by hand.",
         f"Regenerate with `{REGENERATE}`.",
         "",
         "A scenario is a YAML mapping. Unknown keys are errors, every size is checked before anything runs, and",
         "no check touches a GPU. Letters follow shared/DESIGN.md: T tokens per rank, D dispatchers, M = T * D,",
         "E local experts, K hidden size, I intermediate size (N = 2I). `harness plan FILE` validates a file and",
         "prints the workspace each policy would allocate.",
+        "",
+        *_limits(),
     ]
     for name, model in sections:
         title = f"`{name}`" if name else "Top level"

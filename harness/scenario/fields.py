@@ -73,10 +73,10 @@ def describe_type(
         text = _SCALARS.get(annotation, getattr(annotation, "__name__", str(annotation)))
     sizes = [c for c in constraints if c.startswith(("at least", "at most"))]
     bounds = [c for c in constraints if c not in sizes]
-    return ", ".join([" ".join([text, *bounds]), *sizes])
+    return ", ".join([" ".join([text, *bounds[:1]]), *bounds[1:], *sizes])
 
 
-def describe_field(field: FieldInfo) -> str:
-    """Type and meaning of one field, for messages: `integer > 0: T, per-dispatcher token capacity`."""
+def describe_field(field: FieldInfo, *, with_description: bool = True) -> str:
+    """Type and meaning of one field, for messages: `integer > 0, <= 262144: T, per-dispatcher token capacity`."""
     text = describe_type(field.annotation, field.metadata)
-    return f"{text}: {field.description}" if field.description else text
+    return f"{text}: {field.description}" if field.description and with_description else text

@@ -13,7 +13,8 @@
 
 Cells are the cartesian product of the axes, in the order the axes are written. Each is validated with
 `parse_scenario`; a combination the schema rejects (E x D cannot hold the experts, D not a multiple of P, ...)
-is skipped with its reason and counted, "N of M valid", as vLLM's test matrices do.
+is skipped with its reason and counted, "N of M valid", as vLLM's test matrices do. The product of the axis
+lengths is checked against MAX_MATRIX_CELLS before any cell is built.
 
 `harness run MATRIX.yaml` (harness.launch.run) runs each cell into MATRIX_DIR/<cell.name>/ and then calls
 `collect_matrix`, which collects every cell (writing the cell's own reports), goes on past a cell that failed or
@@ -23,19 +24,25 @@ never ran, and writes one combined report.json/md/html and junit.xml into MATRIX
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import json
+import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin
-from collections.abc import Sequence
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from harness.core.records import write_json_atomic
-from harness.scenario.schema import REPO_DIR, Scenario, ScenarioError, parse_scenario, resolve_scenario_path
+from harness.scenario import limits as L
+from harness.scenario.dotted import DottedKeyError, get_dotted, set_dotted
+from harness.scenario.limits import shown, shown_text
+from harness.scenario.schema import (
+    REPO_DIR, Scenario, ScenarioError, format_errors, is_safe_name, parse_scenario, resolve_scenario_path, safe_name,
+)
+from harness.scenario.source import display, read_yaml_file
 
 MATRIX_MANIFEST = "matrix.json"
 MATRIX_MANIFEST_VERSION = 1
@@ -46,14 +53,14 @@ class MatrixError(ScenarioError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
 
 class MatrixOverride(_Strict):
     """Set `set`'s dotted fields in every cell whose fields equal `when`'s (all of them; empty: every cell)."""
 
-    when: dict[str, Any] = Field(default_factory=dict)
-    set_fields: dict[str, Any] = Field(alias="set", min_length=1)
+    when: dict[str, Any] = Field(default_factory=dict, max_length=L.MAX_MATRIX_AXES)
+    set_fields: dict[str, Any] = Field(alias="set", min_length=1, max_length=L.MAX_MATRIX_AXES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,16 +92,24 @@ class MatrixExpansion:
 
 
 class Matrix(_Strict):
-    name: str | None = None
-    description: str = ""
+    name: str | None = Field(None, max_length=L.MAX_MATRIX_NAME_CHARS)
+    description: str = Field("", max_length=L.MAX_DESCRIPTION_CHARS)
     base: dict[str, Any] | None = None
-    base_file: str | None = None
-    axes: dict[str, list[Any]] = Field(min_length=1)
-    overrides: list[MatrixOverride] = Field(default_factory=list)
+    base_file: str | None = Field(None, min_length=1, max_length=L.MAX_PATH_CHARS)
+    axes: dict[str, list[Any]] = Field(min_length=1, max_length=L.MAX_MATRIX_AXES)
+    overrides: list[MatrixOverride] = Field(default_factory=list, max_length=L.MAX_MATRIX_OVERRIDES)
 
     _path: Path = PrivateAttr(default=Path("<matrix>"))
     _base_data: dict[str, Any] = PrivateAttr(default_factory=dict)
     _expansion: MatrixExpansion | None = PrivateAttr(default=None)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str | None) -> str | None:
+        if value is not None and not is_safe_name(value, L.MAX_MATRIX_NAME_CHARS):
+            raise ValueError(f"{shown(value)} cannot name a matrix directory; allowed: {L.NAME_PATTERN_TEXT}, at "
+                             f"most {L.MAX_MATRIX_NAME_CHARS} characters")
+        return value
 
     @model_validator(mode="after")
     def _one_base(self) -> Matrix:
@@ -102,7 +117,16 @@ class Matrix(_Strict):
             raise ValueError("give exactly one of matrix.base (an inline scenario) or matrix.base_file (a path)")
         for key, values in self.axes.items():
             if not values:
-                raise ValueError(f"matrix.axes.{key}: give at least one value")
+                raise ValueError(f"matrix.axes.{shown_text(key, 60)}: give at least one value")
+            if len(values) > L.MAX_AXIS_VALUES:
+                raise ValueError(f"matrix.axes.{shown_text(key, 60)}: {len(values)} values; allowed: at most "
+                                 f"{L.MAX_AXIS_VALUES}")
+        # The product of the lengths, before any cell exists: 8 axes of 30 values are 6.6e11 cells.
+        num_cells = math.prod(len(values) for values in self.axes.values())
+        if num_cells > L.MAX_MATRIX_CELLS:
+            lengths = " x ".join(str(len(values)) for values in self.axes.values())
+            raise ValueError(f"matrix.axes: {lengths} values make {num_cells} cells; allowed: at most "
+                             f"{L.MAX_MATRIX_CELLS} cells in one matrix (split it into several)")
         return self
 
     @property
@@ -129,30 +153,30 @@ class Matrix(_Strict):
 
 def _read_yaml(path: Path) -> Any:
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise MatrixError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise MatrixError(f"{path}: YAML syntax error{where}: {getattr(exc, 'problem', None) or exc}") from None
+        return read_yaml_file(path, what="matrix or scenario file")
+    except ScenarioError as exc:
+        raise MatrixError(str(exc)) from None
+
+
+def _is_matrix_data(data: Any) -> bool:
+    return isinstance(data, dict) and "matrix" in data
 
 
 def is_matrix_file(path: str | Path) -> bool:
     """True for a YAML file whose top level is `matrix:` (a scenario file has `model:`, `parallel:`, ...)."""
     try:
-        resolved = resolve_scenario_path(path)
+        return _is_matrix_data(read_yaml_file(resolve_scenario_path(path)))
     except ScenarioError:
-        return False
-    if resolved.suffix not in (".yaml", ".yml") or not resolved.is_file():
-        return False
-    try:
-        data = yaml.safe_load(resolved.read_text())
-    except (OSError, yaml.YAMLError):
         return False  # load_scenario or load_matrix will say what is wrong with it
-    return isinstance(data, dict) and "matrix" in data
+
+
+def load_input(name_or_path: str | Path) -> Scenario | Matrix:
+    """A scenario or a matrix file, read once: what `harness plan` and `harness run` take."""
+    path = resolve_scenario_path(name_or_path)
+    data = read_yaml_file(path)
+    if _is_matrix_data(data):
+        return matrix_from_data(data, path)
+    return parse_scenario(data, path=path)
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:
@@ -178,7 +202,7 @@ def check_field_path(key: str) -> str | None:
         fields = current.model_fields
         where = ".".join(parts[:i]) or "the top level"
         if part not in fields:
-            return f"unknown scenario field {key!r}: {where} has {', '.join(sorted(fields))}"
+            return f"unknown scenario field {shown(key)}: {shown_text(where, 80)} has {', '.join(sorted(fields))}"
         annotation = fields[part].annotation
         if i == len(parts) - 1:
             return None
@@ -186,7 +210,7 @@ def check_field_path(key: str) -> str | None:
             return None  # expect.outcomes.<policy>: any key
         model = _model_in(annotation)
         if model is None:
-            return f"{'.'.join(parts[: i + 1])!r} is a value, not a section: {key!r} goes too deep"
+            return f"{shown('.'.join(parts[: i + 1]))} is a value, not a section: {shown(key)} goes too deep"
         current = model
     return None
 
@@ -197,81 +221,78 @@ def _format_matrix_error(path: Path, error: dict[str, Any]) -> str:
     if error["type"] == "extra_forbidden":
         allowed = sorted(Matrix.model_fields) if len(loc) == 2 else sorted(("when", "set"))
         allowed = [("set" if a == "set_fields" else a) for a in allowed]
-        return f"{path}: unknown key {where!r}; allowed here: {', '.join(sorted(allowed))}"
+        return f"{path}: unknown key {shown_text(where, 80)!r}; allowed here: {', '.join(sorted(allowed))}"
     if error["type"] == "missing":
         return f"{path}: missing field {where!r}"
     message = error["msg"].removeprefix("Value error, ")
-    if error["type"] == "value_error":
-        return f"{path}: {message}"
-    return f"{path}: {where}: {message} (got {error.get('input')!r})"
+    if error["type"] == "value_error":  # a field's own check names the field; a check across fields names them
+        return f"{path}: {shown_text(where, 80)}: {message}" if error["loc"] else f"{path}: {message}"
+    return f"{path}: {shown_text(where, 80)}: {message} (got {shown(error.get('input'))})"
 
 
 def load_matrix(path: str | Path) -> Matrix:
     """Read and validate a matrix file; raise MatrixError (a ScenarioError) naming the file and the field."""
     resolved = resolve_scenario_path(path)
-    data = _read_yaml(resolved)
-    if not isinstance(data, dict) or "matrix" not in data:
-        raise MatrixError(f"{resolved}: a matrix file has one top-level key `matrix:` (got {sorted(data) if isinstance(data, dict) else type(data).__name__})")
-    extra = sorted(set(data) - {"matrix"})
-    if extra:
-        raise MatrixError(f"{resolved}: unknown top-level key(s) {', '.join(map(repr, extra))}; a matrix file has only `matrix:`")
-    body = data["matrix"]
-    if not isinstance(body, dict):
-        raise MatrixError(f"{resolved}: matrix: a mapping with base or base_file, axes, and optionally overrides")
-    try:
-        matrix = Matrix.model_validate(body)
-    except ValidationError as exc:
-        raise MatrixError("\n".join(_format_matrix_error(resolved, e) for e in exc.errors())) from None
-    problems = [f"{resolved}: matrix.axes: {why}" for key in matrix.axes if (why := check_field_path(key))]
+    return matrix_from_data(_read_yaml(resolved), resolved)
+
+
+def _check_keys(matrix: Matrix, where: str) -> None:
+    problems = [f"{where}: matrix.axes: {why}" for key in matrix.axes if (why := check_field_path(key))]
     for i, override in enumerate(matrix.overrides):
         for section, keys in (("when", override.when), ("set", override.set_fields)):
-            problems += [f"{resolved}: matrix.overrides.{i}.{section}: {why}" for key in keys if (why := check_field_path(key))]
+            problems += [f"{where}: matrix.overrides.{i}.{section}: {why}" for key in keys
+                         if (why := check_field_path(key))]
     if problems:
-        raise MatrixError("\n".join(problems))
+        raise MatrixError("\n".join(problems[:10]))
 
+
+def _base_data(matrix: Matrix, resolved: Path, where: str) -> dict[str, Any]:
     if matrix.base_file is not None:
         base_path = (resolved.parent / matrix.base_file).resolve()
-        if not base_path.is_file():
-            raise MatrixError(f"{resolved}: matrix.base_file: {matrix.base_file!r} does not exist (looked at {base_path})")
+        if not base_path.exists():
+            raise MatrixError(f"{where}: matrix.base_file: {shown(matrix.base_file)} does not exist (looked at "
+                              f"{display(base_path)})")
         base = _read_yaml(base_path)
     else:
         base = matrix.base
     if not isinstance(base, dict):
-        raise MatrixError(f"{resolved}: matrix.base{'_file' if matrix.base_file else ''}: a scenario mapping, got {type(base).__name__}")
-    if matrix.name is None:
-        matrix = matrix.model_copy(update={"name": resolved.stem})  # rebuilt, never mutated: the model is frozen
+        raise MatrixError(f"{where}: matrix.base{'_file' if matrix.base_file else ''}: a scenario mapping, got "
+                          f"{type(base).__name__}")
+    return base
+
+
+def matrix_from_data(data: Any, resolved: Path) -> Matrix:
+    """Validate a matrix file's parsed data, read its base, expand its cells; MatrixError on any problem."""
+    where = display(resolved)
+    if not _is_matrix_data(data):
+        got = shown(sorted(map(str, data))) if isinstance(data, dict) else type(data).__name__
+        raise MatrixError(f"{where}: a matrix file has one top-level key `matrix:` (got {got})")
+    extra = sorted(str(k) for k in set(data) - {"matrix"})
+    if extra:
+        raise MatrixError(f"{where}: unknown top-level key(s) {shown(extra)}; a matrix file has only `matrix:`")
+    body = data["matrix"]
+    if not isinstance(body, dict):
+        raise MatrixError(f"{where}: matrix: a mapping with base or base_file, axes, and optionally overrides")
+    try:
+        matrix = Matrix.model_validate(body)
+    except ValidationError as exc:
+        raise MatrixError(format_errors(where, exc.errors(), _format_matrix_error)) from None
+    _check_keys(matrix, where)
+    base = _base_data(matrix, resolved, where)
+    if matrix.name is None:  # rebuilt, never mutated: the model is frozen
+        matrix = matrix.model_copy(update={"name": safe_name(resolved.stem, L.MAX_MATRIX_NAME_CHARS)})
     matrix._path = resolved  # private attributes: not part of the frozen, validated fields
     matrix._base_data = base
     expansion = matrix.expansion()
     if not expansion.cells:
-        reasons = "; ".join(f"{s.name}: {s.reason}" for s in expansion.skipped[:5])
-        raise MatrixError(f"{resolved}: none of the {expansion.num_combinations} combinations is a valid scenario: {reasons}")
+        first = expansion.skipped[0]
+        raise MatrixError(f"{where}: none of the {expansion.num_combinations} combinations is a valid scenario; "
+                          f"the first, {first.name}: {first.reason.splitlines()[0]}")
     return matrix
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Expansion
-
-
-def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = data
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
-    node[parts[-1]] = copy.deepcopy(value)
-
-
-def _get_dotted(data: dict[str, Any], key: str) -> Any:
-    node: Any = data
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9.+-]+")
@@ -284,7 +305,8 @@ _AXIS_LABELS = {
 
 
 def _safe(text: str) -> str:
-    return _UNSAFE.sub("-", text.replace("==", "-")).strip("-") or "x"
+    """A piece of a cell name: letters, digits, '.', '+', '-'; never starting with '.' (no '..' component)."""
+    return _UNSAFE.sub("-", text[:200].replace("==", "-")).strip("-").lstrip(".+") or "x"
 
 
 def _label(key: str, value: Any) -> str:
@@ -302,11 +324,15 @@ def cell_name(data: dict[str, Any], axis_values: dict[str, Any], axes: dict[str,
     model = data.get("model") or {}
     preset = model.get("preset") if isinstance(model, dict) else None
     parts = [_safe(str(preset)) if preset else _safe(f"K{model.get('hidden_size')}-I{model.get('intermediate_size')}")]
-    parts.append(f"D{_get_dotted(data, 'parallel.num_dispatchers')}")
-    parts.append(f"T{_get_dotted(data, 'parallel.max_tokens_per_rank')}")
+    parts.append(_safe(f"D{get_dotted(data, 'parallel.num_dispatchers')}"))
+    parts.append(_safe(f"T{get_dotted(data, 'parallel.max_tokens_per_rank')}"))
     fixed_in_name = {"model.preset", "parallel.num_dispatchers", "parallel.max_tokens_per_rank"}
     parts += [_label(k, v) for k, v in axis_values.items() if k not in fixed_in_name and len(axes[k]) > 1]
-    return "_".join(parts)
+    name = "_".join(parts)
+    if len(name) > L.MAX_CELL_NAME_CHARS:  # keep it a short path component, unique through a hash of the whole
+        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+        name = f"{name[: L.MAX_CELL_NAME_CHARS - 9]}-{digest}"
+    return name
 
 
 def _expand(matrix: Matrix) -> MatrixExpansion:
@@ -314,16 +340,22 @@ def _expand(matrix: Matrix) -> MatrixExpansion:
     cells: list[MatrixCell] = []
     skipped: list[SkippedCell] = []
     used: dict[str, int] = {}
-    combinations = list(itertools.product(*(matrix.axes[k] for k in keys)))
-    for combo in combinations:
+    num_combinations = 0
+    # Matrix's validator has capped the product at MAX_MATRIX_CELLS; iterate, never materialise the product.
+    for combo in itertools.product(*(matrix.axes[k] for k in keys)):
+        num_combinations += 1
         axis_values = dict(zip(keys, combo))
         data = copy.deepcopy(matrix._base_data)
-        for key, value in axis_values.items():
-            _set_dotted(data, key, value)
-        for override in matrix.overrides:
-            if all(_get_dotted(data, k) == v for k, v in override.when.items()):
-                for key, value in override.set_fields.items():
-                    _set_dotted(data, key, value)
+        try:
+            for key, value in axis_values.items():
+                set_dotted(data, key, value)
+            for override in matrix.overrides:
+                if all(get_dotted(data, k) == v for k, v in override.when.items()):
+                    for key, value in override.set_fields.items():
+                        set_dotted(data, key, value)
+        except DottedKeyError as exc:
+            skipped.append(SkippedCell(name=f"cell-{num_combinations}", axis_values=axis_values, reason=str(exc)))
+            continue
         name = cell_name(data, axis_values, matrix.axes)
         if name in used:  # two combinations that only differ in characters the name drops
             used[name] += 1
@@ -331,7 +363,8 @@ def _expand(matrix: Matrix) -> MatrixExpansion:
         else:
             used[name] = 1
         data["name"] = f"{matrix.name}.{name}"
-        data["description"] = f"matrix {matrix.name}, cell {name}" + (f": {matrix.description}" if matrix.description else "")
+        description = f"matrix {matrix.name}, cell {name}" + (f": {matrix.description}" if matrix.description else "")
+        data["description"] = description[: L.MAX_DESCRIPTION_CHARS]
         label = f"{matrix._path}[{name}]"
         try:
             scenario = parse_scenario(data, path=label)
@@ -340,7 +373,7 @@ def _expand(matrix: Matrix) -> MatrixExpansion:
             skipped.append(SkippedCell(name=name, axis_values=axis_values, reason=reason))
             continue
         cells.append(MatrixCell(name=name, scenario=scenario, axis_values=axis_values))
-    return MatrixExpansion(cells=tuple(cells), skipped=tuple(skipped), num_combinations=len(combinations))
+    return MatrixExpansion(cells=tuple(cells), skipped=tuple(skipped), num_combinations=num_combinations)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -356,6 +389,7 @@ def write_matrix_manifest(matrix_dir: Path, cells: Sequence[MatrixCell], *, matr
 
     harness.launch.run may write it before running the first cell; collect_matrix writes it (again) in any case.
     """
+    from harness.core.records import write_json_atomic  # pydantic records: not needed to read and check input
     data = {
         "schema_version": MATRIX_MANIFEST_VERSION,
         "record_kind": "matrix",

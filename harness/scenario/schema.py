@@ -8,19 +8,22 @@ separate question, answered by `harness.rank.lifecycle.can_run`.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from harness.scenario.presets import PRESETS
-from harness.scenario.fields import describe_field
 from harness.core.contract import BUILTIN_POLICIES, RELEASE_POLICY_PREFIX, SizingArgs
 from harness.core.records import STAGES, Stage
+from harness.scenario import limits as L
+from harness.scenario.fields import describe_field
+from harness.scenario.limits import shown
+from harness.scenario.presets import PRESETS
+from harness.scenario.source import ScenarioError, display, read_yaml_file
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 SCENARIOS_DIR = REPO_DIR / "scenarios"
@@ -35,28 +38,65 @@ GPU_MEMORY_BYTES: dict[str, int] = {
     "H200-141GB": 143771 * 2**20,
 }
 
-PositiveInt = Annotated[int, Field(gt=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-RELEASE_POLICY_RE = re.compile(r"^vllm==\d+\.\d+\.\d+([.\-+]?\w+)*$")
-RELEASE_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+([.\-+]?\w+)*$")
+
+def Count(maximum: int) -> Any:
+    """An integer > 0 and <= maximum; strict: `true`, "512" and 512.0 are not integers."""
+    return Annotated[int, Field(gt=0, le=maximum)]
 
 
-class ScenarioError(Exception):
-    """A scenario that cannot be loaded; the message names the file, the field, the value and what is allowed."""
+def Amount(maximum: float) -> Any:
+    """A finite number > 0 and <= maximum (an integer is taken as a number, a string or a boolean is not)."""
+    return Annotated[float, Field(gt=0, le=maximum)]
+
+
+Path_ = Annotated[str, Field(min_length=1, max_length=L.MAX_PATH_CHARS)]
+
+# X.Y.Z and an optional suffix (rc1, .post1, +cu130): checked in linear time, without a backtracking pattern.
+_VERSION_HEAD = re.compile(r"\d{1,4}\.\d{1,4}\.\d{1,4}")
+_VERSION_SUFFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.+-")
+MAX_VERSION_SUFFIX_CHARS = 24
+VERSION_TEXT = f"X.Y.Z (numbers of at most 4 digits) and at most {MAX_VERSION_SUFFIX_CHARS} of [A-Za-z0-9.+-]"
+_SAFE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-")
+
+
+def is_release_version(text: str) -> bool:
+    """'0.30.0', '0.9.2rc1', '0.10.1+cu128': the version part of a release policy or of vllm.version."""
+    head = _VERSION_HEAD.match(text)
+    if head is None:
+        return False
+    suffix = text[head.end():]
+    return len(suffix) <= MAX_VERSION_SUFFIX_CHARS and all(ch in _VERSION_SUFFIX_CHARS for ch in suffix)
+
+
+def is_release_policy_name(policy: str) -> bool:
+    return policy.startswith(RELEASE_POLICY_PREFIX) and is_release_version(policy.removeprefix(RELEASE_POLICY_PREFIX))
+
+
+def is_safe_name(name: str, max_chars: int = L.MAX_NAME_CHARS) -> bool:
+    """A name usable as one path component: no '/', no '..', no control characters, not too long."""
+    return 0 < len(name) <= max_chars and name[0].isascii() and name[0].isalnum() and set(name) <= _SAFE_NAME_CHARS
+
+
+def safe_name(text: str, max_chars: int = L.MAX_NAME_CHARS) -> str:
+    """`text` made into a safe name: other characters become '-', at most max_chars ('run' when nothing is left)."""
+    cleaned = "".join(ch if ch in _SAFE_NAME_CHARS else "-" for ch in text[: max_chars * 2])
+    cleaned = cleaned.lstrip("._+-")[:max_chars].rstrip(".")
+    return cleaned or "run"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    # strict: a YAML `true`, "512" or 512.0 is not an integer; allow_inf_nan: .inf and .nan are not numbers.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
     """The MoE layer's shapes. `preset` fills any field left out."""
 
     preset: str | None = Field(None, description=f"fills any shape left out: {', '.join(PRESETS)}")
-    hidden_size: PositiveInt | None = Field(None, description="K")
-    intermediate_size: PositiveInt | None = Field(None, description="I; GEMM1 outputs N = 2I")
-    num_experts: PositiveInt | None = Field(None, description="routed experts of the model")
-    top_k: PositiveInt | None = Field(None, description="distinct experts each token picks")
+    hidden_size: Count(L.MAX_HIDDEN_SIZE) | None = Field(None, description="K")
+    intermediate_size: Count(L.MAX_INTERMEDIATE_SIZE) | None = Field(None, description="I; GEMM1 outputs N = 2I")
+    num_experts: Count(L.MAX_NUM_EXPERTS) | None = Field(None, description="routed experts of the model")
+    top_k: Count(L.MAX_TOP_K) | None = Field(None, description="distinct experts each token picks")
     activation: Literal["silu", "gelu"] | None = Field(
         None, description="gated, on GEMM1's (gate, up) halves; default the preset's, else silu"
     )
@@ -71,7 +111,7 @@ class ModelSpec(_Strict):
     @classmethod
     def _known_preset(cls, value: str | None) -> str | None:
         if value is not None and value not in PRESETS:
-            raise ValueError(f"unknown preset {value!r}; allowed: {', '.join(sorted(PRESETS))}")
+            raise ValueError(f"unknown preset {shown(value)}; allowed: {', '.join(sorted(PRESETS))}")
         return value
 
     @model_validator(mode="after")
@@ -96,10 +136,13 @@ class ModelSpec(_Strict):
 class ParallelSpec(_Strict):
     """The EP+DP layout: D dispatchers (emulated by P <= D physical ranks), E local experts, T tokens each."""
 
-    num_dispatchers: PositiveInt = Field(description="D, the EP/DP world size whose memory is reproduced")
-    num_ranks: PositiveInt = Field(1, description="P, physical ranks (one GPU each); D/P dispatchers each")
-    num_local_experts: PositiveInt | None = Field(None, description="E; default num_experts / D")
-    max_tokens_per_rank: PositiveInt = Field(description="T, per-dispatcher token capacity")
+    num_dispatchers: Count(L.MAX_NUM_DISPATCHERS) = Field(
+        description="D, the EP/DP world size whose memory is reproduced")
+    num_ranks: Count(L.MAX_NUM_RANKS) = Field(
+        1, description="P, physical ranks (one GPU each); D/P dispatchers each; `harness run` also checks them "
+        "against the machine")
+    num_local_experts: Count(L.MAX_NUM_EXPERTS) | None = Field(None, description="E; default num_experts / D")
+    max_tokens_per_rank: Count(L.MAX_TOKENS_PER_RANK) = Field(description="T, per-dispatcher token capacity")
 
 
 class RoutingSpec(_Strict):
@@ -108,23 +151,27 @@ class RoutingSpec(_Strict):
     kind: Literal["uniform", "skewed", "worst-case"] = Field(
         "uniform", description="skewed: Zipf popularity over experts; worst-case: every token picks expert 0"
     )
-    num_tokens: PositiveInt | None = Field(None, description="tokens per dispatcher; default T")
-    zipf_exponent: PositiveFloat = Field(1.2, description="skewed: expert popularity ~ 1/rank^s")
-    idle_ranks: list[Annotated[int, Field(ge=0)]] = Field(
-        default_factory=list, description="physical ranks that hold no tokens (DP ranks without requests)"
+    num_tokens: Count(L.MAX_TOKENS_PER_RANK) | None = Field(None, description="tokens per dispatcher; default T")
+    zipf_exponent: Amount(L.MAX_ZIPF_EXPONENT) = Field(1.2, description="skewed: expert popularity ~ 1/rank^s")
+    idle_ranks: list[Annotated[int, Field(ge=0, lt=L.MAX_NUM_RANKS)]] = Field(
+        default_factory=list, max_length=L.MAX_NUM_RANKS,
+        description="physical ranks that hold no tokens (DP ranks without requests)",
     )
 
 
 class MemorySpec(_Strict):
     """How memory is measured, and a budget or ballast that emulates a smaller GPU or a loaded one."""
 
-    budget_gb: PositiveFloat | None = Field(None, description="device memory the process may use, in GB (1e9 B)")
+    budget_gb: Amount(L.MAX_MEMORY_GB) | None = Field(
+        None, description="device memory the process may use, in GB (1e9 B)")
     budget_gpu: str | None = Field(None, description=f"a named GPU to emulate: {', '.join(GPU_MEMORY_BYTES)}")
-    ballast_gb: Annotated[float, Field(ge=0)] = Field(0.0, description="stands for weights + KV cache, GB")
+    ballast_gb: Annotated[float, Field(ge=0, le=L.MAX_MEMORY_GB)] = Field(
+        0.0, description="stands for weights + KV cache, GB")
     method: Literal["same-baseline"] = Field(
         "same-baseline", description="every policy measured from one baseline: weights and comm buffers up, cache empty"
     )
-    sample_interval_ms: PositiveFloat = Field(1.0, description="period of the peak-memory sampler")
+    sample_interval_ms: Annotated[float, Field(ge=L.MIN_SAMPLE_INTERVAL_MS, le=L.MAX_SAMPLE_INTERVAL_MS)] = Field(
+        1.0, description="period of the peak-memory sampler (a shorter one would spin)")
     snapshot_on_oom: bool = Field(
         True, description="with a budget on GPU: dump a CUDA allocator snapshot next to the records on OOM"
     )
@@ -133,7 +180,7 @@ class MemorySpec(_Strict):
     @classmethod
     def _known_gpu(cls, value: str | None) -> str | None:
         if value is not None and value not in GPU_MEMORY_BYTES:
-            raise ValueError(f"unknown GPU {value!r}; allowed: {', '.join(GPU_MEMORY_BYTES)}")
+            raise ValueError(f"unknown GPU {shown(value)}; allowed: {', '.join(GPU_MEMORY_BYTES)}")
         return value
 
     @model_validator(mode="after")
@@ -157,7 +204,7 @@ class MemorySpec(_Strict):
 
 
 # --- kernels: the correctness check's stages and the kernels expected to be wrong (issue 17) ---------------------
-NonNegativeFloat = Annotated[float, Field(ge=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0, le=L.MAX_RATIO)]
 
 
 class StageTolerances(_Strict):
@@ -180,45 +227,47 @@ class WrongKernels(_Strict):
     """How a kernels release is expected to be wrong: the correctness check must find exactly this."""
 
     stage: Stage = Field(description="the first stage that diverges: " + ", ".join(STAGES))
-    first_wrong_row: Annotated[int, Field(ge=0)] | None = Field(
+    first_wrong_row: Annotated[int, Field(ge=0, le=L.MAX_ROW_INDEX)] | None = Field(
         None, description="global row of the (E*M) view where it starts (combine: token); unset: any"
     )
-    reason: str = Field("", description="why, e.g. the upstream issue and the fix")
+    reason: str = Field("", max_length=L.MAX_DESCRIPTION_CHARS, description="why, e.g. the upstream issue and the fix")
 
 
 class ExpectSpec(_Strict):
     """What the run should find; a run whose findings differ fails."""
 
-    outcomes: dict[str, Literal["fit", "oom"]] = Field(default_factory=dict, description="policy -> fit | oom")
-    memory_tolerance_pct: PositiveFloat = Field(2.0, description="measured workspace delta vs contract, percent")
-    max_error: PositiveFloat = Field(0.06, description="combined output vs reference, max relative error")
+    outcomes: dict[str, Literal["fit", "oom"]] = Field(
+        default_factory=dict, max_length=L.MAX_POLICIES, description="policy -> fit | oom")
+    memory_tolerance_pct: Amount(L.MAX_PERCENT) = Field(
+        2.0, description="measured workspace delta vs contract, percent")
+    max_error: Amount(L.MAX_RATIO) = Field(0.06, description="combined output vs reference, max relative error")
     stage_tolerance: StageTolerances = Field(
         default_factory=StageTolerances, description="per-stage row error of the correctness check"
     )
     wrong_kernels: dict[str, WrongKernels] = Field(
-        default_factory=dict,
+        default_factory=dict, max_length=L.MAX_POLICIES,
         description="vLLM release -> how its kernels are expected to be wrong (the run passes when they are)",
     )
 
     @field_validator("wrong_kernels")
     @classmethod
     def _release_keys(cls, value: dict[str, WrongKernels]) -> dict[str, WrongKernels]:
-        bad = [k for k in value if not RELEASE_VERSION_RE.match(k)]
+        bad = [k for k in value if not is_release_version(k)]
         if bad:
-            raise ValueError(f"expect.wrong_kernels keys are vLLM releases like 0.26.0, got {bad}")
+            raise ValueError(f"expect.wrong_kernels keys are vLLM releases like 0.26.0, got {shown(bad)}")
         return value
 
 
 class BenchSpec(_Strict):
     """Thresholds of `harness bench`: the harness's own stages against the raw kernels and collectives."""
 
-    experts_ratio_min: PositiveFloat = Field(
+    experts_ratio_min: Amount(L.MAX_RATIO) = Field(
         0.95, description="harness experts TFLOP/s over the raw kernels', at least"
     )
-    comm_busbw_ratio_min: PositiveFloat = Field(
+    comm_busbw_ratio_min: Amount(L.MAX_RATIO) = Field(
         0.90, description="harness dispatch bus bandwidth over raw all_to_all_single's, at least"
     )
-    iterations: PositiveInt = Field(20, description="timed iterations per measurement")
+    iterations: Count(L.MAX_ITERATIONS) = Field(20, description="timed iterations per measurement")
 
 
 class LaunchSpec(_Strict):
@@ -226,10 +275,13 @@ class LaunchSpec(_Strict):
 
     launcher: Literal["local", "ray"] = Field("local", description="`harness run --launcher` overrides it")
     placement_strategy: Literal["PACK", "SPREAD"] = Field("PACK", description="Ray placement group strategy")
-    cpus_per_rank: PositiveInt = Field(1, description="CPUs in each rank's Ray bundle")
-    placement_timeout_s: PositiveFloat = Field(60.0, description="wait for the Ray placement group at most this")
-    rank_timeout_s: PositiveFloat = Field(900.0, description="a rank still running after this ends the run, partial")
-    collective_timeout_s: PositiveFloat = Field(60.0, description="timeout of each torch.distributed collective")
+    cpus_per_rank: Count(L.MAX_CPUS_PER_RANK) = Field(1, description="CPUs in each rank's Ray bundle")
+    placement_timeout_s: Amount(L.MAX_TIMEOUT_S) = Field(
+        60.0, description="wait for the Ray placement group at most this")
+    rank_timeout_s: Amount(L.MAX_TIMEOUT_S) = Field(
+        900.0, description="a rank still running after this ends the run, partial")
+    collective_timeout_s: Amount(L.MAX_TIMEOUT_S) = Field(
+        60.0, description="timeout of each torch.distributed collective")
 
 
 class VllmSpec(_Strict):
@@ -243,16 +295,24 @@ class VllmSpec(_Strict):
     kernels: str | None = Field(
         None, description="the release whose compiled ops run: 0.30.0 (cache or registry), or installed"
     )
-    version: str | None = Field(None, description="a release, downloaded into the cache: 0.26.0 (as vllm.kernels)")
-    wheel: str | None = Field(None, description="a vLLM wheel file")
-    src: str | None = Field(None, description="a vLLM source tree or installed package directory")
-    ops_library: str | None = Field(None, description="vLLM's compiled ops library file itself")
+    version: str | None = Field(
+        None, description=f"a release, downloaded into the cache: 0.26.0 (as vllm.kernels); {VERSION_TEXT}")
+    wheel: Path_ | None = Field(None, description="a vLLM wheel file")
+    src: Path_ | None = Field(None, description="a vLLM source tree or installed package directory")
+    ops_library: Path_ | None = Field(None, description="vLLM's compiled ops library file itself")
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str | None) -> str | None:
+        if value is not None and not is_release_version(value):
+            raise ValueError(f"{shown(value)} is not a release version; allowed: {VERSION_TEXT}")
+        return value
 
     @field_validator("kernels")
     @classmethod
     def _kernels_form(cls, value: str | None) -> str | None:
-        if value is not None and value != "installed" and not RELEASE_VERSION_RE.match(value):
-            raise ValueError(f"vllm.kernels {value!r} is not a release (X.Y.Z) or 'installed'")
+        if value is not None and value != "installed" and not is_release_version(value):
+            raise ValueError(f"vllm.kernels {shown(value)} is not a release ({VERSION_TEXT}) or 'installed'")
         return value
 
     @model_validator(mode="after")
@@ -297,20 +357,20 @@ class LayerSpec(_Strict):
     quant: Literal["fp8-per-token", "fp8-block", "bf16", "wna16"] = Field(
         "fp8-per-token", description="weights and dispatched activations; wna16: int4 weights, group 128, bf16 acts"
     )
-    num_redundant_experts: Annotated[int, Field(ge=0)] = Field(
+    num_redundant_experts: Annotated[int, Field(ge=0, le=L.MAX_NUM_EXPERTS)] = Field(
         0, description="EPLB's redundant experts; num_local_experts x D must equal num_experts + this"
     )
-    deepep_buffer_size_mb: PositiveInt | None = Field(
+    deepep_buffer_size_mb: Count(L.MAX_BUFFER_MB) | None = Field(
         None, description="VLLM_DEEPEP_BUFFER_SIZE_MB; default: the release's (envs.py)"
     )
-    gpus_per_node: PositiveInt = Field(8, description="DeepEP high-throughput uses RDMA when D exceeds this")
+    gpus_per_node: Count(L.MAX_GPUS_PER_NODE) = Field(8, description="DeepEP high-throughput uses RDMA when D exceeds this")
     deepep_layout: Literal["logfmt-combine", "bf16-combine"] = Field(
         "logfmt-combine",
         description="DeepEP's low-latency message layout: logfmt-combine from DeepEP c5facf5 on (the commits "
         "vLLM 0.22.0+ pin), bf16-combine before it",
     )
     expect: dict[str, dict[str, list[str]]] = Field(
-        default_factory=dict,
+        default_factory=dict, max_length=L.MAX_POLICIES,
         description="release X.Y.Z -> component -> verdicts `harness plan` must find (else exit 1); components: "
         + ", ".join(LAYER_COMPONENTS),
     )
@@ -320,14 +380,14 @@ class LayerSpec(_Strict):
     def _known_expectations(cls, value: dict[str, dict[str, list[str]]]) -> dict[str, dict[str, list[str]]]:
         for release, components in value.items():
             if not re.match(r"^\d+\.\d+\.\d+$", release):
-                raise ValueError(f"layer.expect key {release!r} is not a release X.Y.Z")
+                raise ValueError(f"layer.expect key {shown(release)} is not a release X.Y.Z")
             for component, verdicts in components.items():
                 if component not in LAYER_COMPONENTS:
-                    raise ValueError(f"layer.expect.{release}: unknown component {component!r}; allowed: "
+                    raise ValueError(f"layer.expect.{release}: unknown component {shown(component)}; allowed: "
                                      f"{', '.join(LAYER_COMPONENTS)}")  # fmt: skip
                 unknown = [v for v in verdicts if v not in LAYER_VERDICTS]
                 if unknown:
-                    raise ValueError(f"layer.expect.{release}.{component}: unknown verdicts {unknown}; allowed: "
+                    raise ValueError(f"layer.expect.{release}.{component}: unknown verdicts {shown(unknown)}; allowed: "
                                      f"{', '.join(LAYER_VERDICTS)}")  # fmt: skip
         return value
 
@@ -335,13 +395,16 @@ class LayerSpec(_Strict):
 class Scenario(_Strict):
     """One experiment: a model, a layout, the sizing policies to measure and what they should do."""
 
-    name: str | None = Field(None, description="default: the file name without .yaml")
-    description: str = Field("", description="one line, shown by `harness scenarios`")
+    name: str | None = Field(
+        None, description=f"names the run directory: {L.NAME_PATTERN_TEXT}, at most {L.MAX_NAME_CHARS} characters; "
+        "default: the file name without .yaml (other characters become -)")
+    description: str = Field(
+        "", description=f"one line of at most {L.MAX_DESCRIPTION_CHARS} characters, shown by `harness scenarios`")
     model: ModelSpec
     parallel: ParallelSpec
     routing: RoutingSpec = RoutingSpec()
     policies: list[str] = Field(
-        default_factory=lambda: ["legacy", "fixed"], min_length=1,
+        default_factory=lambda: ["legacy", "fixed"], min_length=1, max_length=L.MAX_POLICIES,
         description=f"sizing policies measured in this order: {', '.join(BUILTIN_POLICIES)}, or "
         f"{RELEASE_POLICY_PREFIX}X.Y.Z (that release's own workspace_shapes)",
     )
@@ -350,24 +413,49 @@ class Scenario(_Strict):
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when there is a GPU per rank")
     vllm: VllmSpec = VllmSpec()
-    iterations: PositiveInt = Field(3, description="measured iterations of the data path per policy")
-    warmup: Annotated[int, Field(ge=0)] = Field(1, description="iterations per policy before measuring")
-    seed: int = Field(0, description="global seed; routing, tokens and weights derive theirs from it")
+    iterations: Count(L.MAX_ITERATIONS) = Field(3, description="measured iterations of the data path per policy")
+    warmup: Annotated[int, Field(ge=0, le=L.MAX_ITERATIONS)] = Field(
+        1, description="iterations per policy before measuring")
+    seed: Annotated[int, Field(ge=0, le=L.MAX_SEED)] = Field(
+        0, description="global seed; routing, tokens and weights derive theirs from it")
     memory: MemorySpec = MemorySpec()
     expect: ExpectSpec = ExpectSpec()
     bench: BenchSpec = BenchSpec()
     launch: LaunchSpec = LaunchSpec()
     layer: LayerSpec = LayerSpec()
 
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str | None) -> str | None:
+        if value is not None and not is_safe_name(value):
+            raise ValueError(
+                f"{shown(value)} ({len(value)} characters) cannot name a run directory; allowed: "
+                f"{L.NAME_PATTERN_TEXT}, at most {L.MAX_NAME_CHARS} characters"
+            )
+        return value
+
+    @field_validator("description")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        value = value.strip()  # a YAML block scalar (`>`) ends in a newline
+        if len(value) > L.MAX_DESCRIPTION_CHARS or "\n" in value or "\t" in value:
+            raise ValueError(
+                f"{shown(value)} ({len(value)} characters) is not one line of text; allowed: one line of at most "
+                f"{L.MAX_DESCRIPTION_CHARS} characters"
+            )
+        return value
+
     @field_validator("policies")
     @classmethod
     def _known_policies(cls, value: list[str]) -> list[str]:
         for policy in value:
-            if policy not in BUILTIN_POLICIES and not RELEASE_POLICY_RE.match(policy):
+            if policy not in BUILTIN_POLICIES and not (
+                len(policy) <= L.MAX_POLICY_CHARS and is_release_policy_name(policy)
+            ):
                 allowed = ", ".join(BUILTIN_POLICIES) + f", {RELEASE_POLICY_PREFIX}X.Y.Z"
-                raise ValueError(f"unknown policy {policy!r}; allowed: {allowed}")
+                raise ValueError(f"unknown policy {shown(policy)}; allowed: {allowed}")
         if len(set(value)) != len(value):
-            raise ValueError(f"policies repeat a name: {value}")
+            raise ValueError(f"policies repeat a name: {shown(value)}")
         return value
 
     @model_validator(mode="after")
@@ -390,6 +478,7 @@ class Scenario(_Strict):
             )
         if p.num_local_experts is None:
             if m.num_experts % D:
+                # num_experts <= MAX_NUM_EXPERTS bounds this scan.
                 divisors = [d for d in range(P, m.num_experts + 1) if m.num_experts % d == 0 and d % P == 0]
                 raise ValueError(
                     f"model.num_experts ({m.num_experts}) does not divide over parallel.num_dispatchers ({D}); "
@@ -501,8 +590,11 @@ class Scenario(_Strict):
         )
 
 
+MAX_PROBLEMS_SHOWN = 10
+
+
 def _format_loc(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(part) for part in loc) if loc else "(top level)"
+    return ".".join(L.shown_text(str(part), 40) for part in loc) if loc else "(top level)"
 
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
@@ -527,6 +619,15 @@ def _expected(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
     return f" ({describe_field(field)})" if field is not None else ""
 
 
+def _allowed(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """"; allowed: integer > 0, <= 4096" for the field at `loc` or the nearest field above it (a list item's)."""
+    for end in range(len(loc), 0, -1):
+        field = getattr(_model_at(model, loc[:end]), "model_fields", {}).get(loc[end - 1])
+        if field is not None:
+            return f"; allowed: {describe_field(field, with_description=False)}"
+    return ""
+
+
 def _format_error(path: Path | str, error: dict[str, Any]) -> str:
     loc = tuple(error["loc"])
     where = _format_loc(loc)
@@ -540,11 +641,20 @@ def _format_error(path: Path | str, error: dict[str, Any]) -> str:
     message = error["msg"].removeprefix("Value error, ")
     if kind == "value_error":
         return f"{path}: {message}" if not loc else f"{path}: {where}: {message}"
-    return f"{path}: {where}: {message} (got {value!r})"
+    return f"{path}: {where}: {message} (got {shown(value)}){_allowed(Scenario, loc)}"
+
+
+def format_errors(path: Path | str, errors: list[Any], format_one: Any) -> str:
+    """One line per problem, at most MAX_PROBLEMS_SHOWN of them."""
+    lines = [format_one(path, e) for e in errors[:MAX_PROBLEMS_SHOWN]]
+    if len(errors) > MAX_PROBLEMS_SHOWN:
+        lines.append(f"{path}: ... and {len(errors) - MAX_PROBLEMS_SHOWN} more problems")
+    return "\n".join(lines)
 
 
 def parse_scenario(data: Any, *, path: Path | str = "<scenario>") -> Scenario:
     """Validate already-parsed YAML data; raise ScenarioError with one line per problem."""
+    source, path = path, display(path)
     if data is None:
         raise ScenarioError(
             f"{path}: the file is empty; a scenario is a YAML mapping with at least model: and parallel:"
@@ -553,47 +663,60 @@ def parse_scenario(data: Any, *, path: Path | str = "<scenario>") -> Scenario:
         kind = {list: "a YAML list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
         raise ScenarioError(
             f"{path}: a scenario is a YAML mapping of keys (model:, parallel:, ...), "
-            f"got {kind.get(type(data), type(data).__name__)}: {data!r:.80}"
+            f"got {kind.get(type(data), type(data).__name__)}: {shown(data)}"
+        )
+    if "matrix" in data and "model" not in data:
+        raise ScenarioError(
+            f"{path}: is a matrix file (top-level `matrix:`), not a scenario; `harness plan` and `harness run` "
+            "take it as it is"
         )
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError("\n".join(_format_error(path, e) for e in exc.errors())) from None
+        raise ScenarioError(format_errors(path, exc.errors(), _format_error)) from None
     if scenario.name is None:
-        scenario = scenario.model_copy(update={"name": Path(str(path)).stem})
+        scenario = scenario.model_copy(update={"name": safe_name(Path(str(source)).stem)})
     return scenario
+
+
+def _exists(path: Path) -> bool:
+    """Path.exists, with a name too long (or otherwise unusable) taken as absent rather than raised."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def scenario_names() -> list[str]:
+    """Names `harness run NAME` takes: scenarios/*.yaml and scenarios/matrix/*.yaml, without .yaml."""
+    paths = list(SCENARIOS_DIR.glob("*.yaml")) + list(SCENARIOS_DIR.glob("matrix/*.yaml"))
+    return sorted(str(p.relative_to(SCENARIOS_DIR).with_suffix("")) for p in paths)
 
 
 def resolve_scenario_path(name_or_path: str | Path) -> Path:
     """A path, or a bare name looked up in scenarios/ (with or without .yaml)."""
+    text = str(name_or_path)
+    if len(text) > L.MAX_PATH_CHARS or "\0" in text:
+        raise ScenarioError(f"{display(text)}: not a usable file name ({len(text)} characters); allowed: a path of at "
+                            f"most {L.MAX_PATH_CHARS} characters without NUL")
     path = Path(name_or_path)
-    if path.exists():
+    if _exists(path) or path.is_symlink():
         return path
     for candidate in (SCENARIOS_DIR / path, SCENARIOS_DIR / f"{path}.yaml"):
-        if candidate.exists():
+        if _exists(candidate):
             return candidate
-    raise ScenarioError(f"{name_or_path}: no such scenario file (looked in . and {SCENARIOS_DIR})")
+    close = difflib.get_close_matches(path.stem if path.suffix in (".yaml", ".yml") else text, scenario_names(), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ScenarioError(
+        f"{display(text)}: no such scenario file (looked in . and {SCENARIOS_DIR}){hint} "
+        "`harness scenarios` lists them"
+    )
 
 
 def load_scenario(name_or_path: str | Path) -> Scenario:
     """Read and validate a scenario YAML file."""
     path = resolve_scenario_path(name_or_path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        # The mark is where YAML noticed; the context mark is often where the mistake is (an unclosed bracket).
-        context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
-        if context and context_mark:
-            problem += f" ({context} that starts at line {context_mark.line + 1}, column {context_mark.column + 1})"
-        raise ScenarioError(f"{path}: YAML syntax error{where}: {problem}") from None
-    return parse_scenario(data, path=path)
+    return parse_scenario(read_yaml_file(path), path=path)
 
 
 def list_scenarios() -> list[Path]:

@@ -1,4 +1,9 @@
-"""`harness plan`: the workspace each sizing policy would allocate per GPU, without running anything."""
+"""`harness plan`: the workspace each sizing policy would allocate per GPU, without running anything.
+
+It takes a scenario or a matrix file (every valid cell planned, the skipped ones listed with their reason). The
+input is validated first (harness.scenario: bounded reading, strict types, size limits), so every number here is
+a bounded exact int; nothing is allocated and torch is never imported.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.scenario.matrix import Matrix
 from harness.scenario.schema import Scenario
 from harness.core.contract import BUILTIN_POLICIES, SizingArgs, WorkspaceShapes, builtin_shapes, fixed_shapes, is_release_policy
 
@@ -206,4 +212,31 @@ def layer_notes(plan: Any) -> list[str]:
         gpu = b.gpu or f"{b.budget_bytes / GIB:.2f} GiB"
         lines.append(f"{gpu}: {b.outcome.upper()}" + (f" ({b.breaking_component}): " if b.breaking_component else ": ")
                      + b.reason)  # fmt: skip
+    return lines
+
+
+# --- matrix files: every valid cell --------------------------------------------------------------------------------
+
+
+def plan_matrix(matrix: Matrix, *, cache_dir: Path | None = None) -> list[tuple[str, Scenario, list[PlanRow]]]:
+    """(cell name, scenario, rows) for every valid cell of a matrix, in axis order."""
+    return [(c.name, c.scenario, make_plan(c.scenario, cache_dir=cache_dir)) for c in matrix.cells()]
+
+
+def matrix_plan_json(matrix: Matrix, cells: list[tuple[str, Scenario, list[PlanRow]]]) -> dict[str, Any]:
+    return {
+        "matrix": matrix.name,
+        "num_combinations": matrix.expansion().num_combinations,
+        "cells": [{"cell": name, **plan_json(scenario, rows)} for name, scenario, rows in cells],
+        "skipped": [{"cell": s.name, "reason": s.reason} for s in matrix.skipped()],
+    }
+
+
+def matrix_plan_lines(matrix: Matrix, cells: list[tuple[str, Scenario, list[PlanRow]]]) -> list[str]:
+    """One line per cell: its layout and each policy's workspace; then the skipped combinations."""
+    lines = [f"matrix {matrix.name} ({matrix.path.name}): {matrix.expansion().summary()} cells; "
+             f"`harness run {matrix.path}` runs them all"]
+    for name, scenario, rows in cells:
+        lines.append(f"cell {name}: {scenario.summary()}\n    {plan_summary(rows)}")
+    lines += [f"skipped {s.name}: {s.reason}" for s in matrix.skipped()]
     return lines

@@ -1,0 +1,192 @@
+"""The output directory of `harness run`: checked before anything runs, claimed atomically when the run starts.
+
+    choose_run_dir(out, run_id)   --out as given (a new path, or an empty writable directory; for a matrix, also
+                                  that matrix's own directory, to add cells to it), else results/<run-id>;
+                                  creates nothing, so --dry-run and refusals write nothing
+    claim_run_dir(run_dir)        mkdir (never exist_ok for results/<run-id>) and an O_EXCL claim file: of two
+                                  runs given the same --out at once, the second is refused, naming the first.
+                                  Done before the launcher starts (and before torch is imported), so a --out
+                                  this user cannot create is refused at once. RunDirClaim.release() at the end
+                                  removes the claim file, and the directory too when the run wrote nothing.
+
+Directories and files are created with the default modes, so they follow the user's umask.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.launch import LaunchError
+from harness.scenario.matrix import MATRIX_MANIFEST
+from harness.scenario.schema import safe_name
+from harness.scenario.limits import shown as shown_value
+from harness.scenario.source import display
+
+RESULTS_DIR = Path("results")
+CLAIM_FILE = ".harness-run"  # who writes this directory: "pid 123 on host since 2026-..., run <run-id>"
+MAX_CLAIM_BYTES = 4096
+MAX_MANIFEST_BYTES = 64 * 2**20  # matrix.json: every cell's scenario, 1024 cells at most
+CLAIM_READ_ATTEMPTS, CLAIM_READ_INTERVAL_S = 20, 0.05  # up to 1 s for the owner to write its one line
+
+
+def make_run_id(name: str, *, now: datetime.datetime | None = None) -> str:
+    """'YYYYmmdd-HHMMSS-<name>' in UTC; the name made a safe path component whatever it holds."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    return f"{now:%Y%m%d-%H%M%S}-{safe_name(name)}"
+
+
+def _claim_owner(run_dir: Path) -> str:
+    """The claim file's line; its owner writes it right after creating the file, so an empty one is re-read."""
+    text = ""
+    for _ in range(CLAIM_READ_ATTEMPTS):
+        try:
+            with open(run_dir / CLAIM_FILE, "rb") as f:
+                text = f.read(MAX_CLAIM_BYTES).decode("utf-8", "replace").strip()
+        except OSError:
+            text = ""
+        if text:
+            return display(text)
+        time.sleep(CLAIM_READ_INTERVAL_S)
+    return "a run that is still starting"
+
+
+def _entries(directory: Path) -> list[str]:
+    with os.scandir(directory) as it:
+        return [entry.name for entry in it]
+
+
+def holds_matrix(directory: Path) -> bool:
+    return (directory / MATRIX_MANIFEST).is_file()
+
+
+def _matrix_name(directory: Path) -> object:
+    """The name in a matrix directory's matrix.json, read within bounds; LaunchError when it cannot be read."""
+    path = directory / MATRIX_MANIFEST
+    try:
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise ValueError("too big")
+        return json.loads(path.read_text(encoding="utf-8")).get("name")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        raise LaunchError(f"--out {display(directory)}: {MATRIX_MANIFEST} is unreadable; give a new directory") from None
+
+
+def _check_existing_dir(out: Path, matrix_name: str | None) -> None:
+    shown = display(out)
+    entries = _entries(out)
+    if CLAIM_FILE in entries:
+        raise LaunchError(f"--out {shown} is being written by another run ({_claim_owner(out)}); give another "
+                          "directory")
+    if matrix_name is not None and holds_matrix(out):  # this matrix's directory again: its cells are added
+        existing = _matrix_name(out)
+        if existing != matrix_name:
+            raise LaunchError(f"--out {shown} holds matrix {shown_value(existing)}, not {matrix_name!r}; give a "
+                              "new directory")
+        return
+    if "run.json" in entries or "ranks" in entries:
+        raise LaunchError(f"--out {shown} already holds a run; give a new directory")
+    if entries:
+        raise LaunchError(f"--out {shown} is not empty ({len(entries)} entries); allowed: a new or empty directory")
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise LaunchError(f"--out {shown} is not writable by this user; allowed: a writable directory")
+
+
+def check_out_dir(out: Path, *, matrix_name: str | None = None) -> None:
+    """Refuse an --out that is a file, a non-empty or read-only directory, or under one; create nothing.
+
+    With matrix_name: a directory holding that matrix (matrix.json) is taken too, to add cells to it.
+    """
+    shown = display(out)
+    try:
+        if out.is_dir():
+            return _check_existing_dir(out, matrix_name)
+        if out.exists() or out.is_symlink():
+            raise LaunchError(f"--out {shown} exists and is not a directory; allowed: a new or empty directory")
+        parent = out.absolute().parent
+        while not parent.exists():
+            parent = parent.parent
+    except OSError as exc:  # a name too long, a loop of links
+        raise LaunchError(f"--out {shown}: not a usable path ({exc.strerror})") from None
+    if not parent.is_dir():
+        raise LaunchError(f"--out {shown}: {display(parent)} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise LaunchError(f"--out {shown}: cannot create it, {display(parent)} is not writable by this user")
+
+
+def choose_run_dir(out: Path | None, run_id: str, *, matrix_name: str | None = None) -> Path:
+    """--out as given (checked: new, or an empty writable directory), else results/<run-id> (made unique)."""
+    if out is not None:
+        check_out_dir(out, matrix_name=matrix_name)
+        return out.resolve()
+    run_dir = RESULTS_DIR / run_id
+    suffix = 2
+    while run_dir.exists():
+        run_dir = RESULTS_DIR / f"{run_id}-{suffix}"
+        suffix += 1
+    return run_dir.resolve()  # absolute: ranks on other nodes and in other working directories get it as is
+
+
+def _write_claim(run_dir: Path, run_id: str, *, reuse: bool) -> None:
+    """O_EXCL: exactly one run creates the claim file; the others are refused, naming its owner."""
+    try:
+        fd = os.open(run_dir / CLAIM_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    except FileExistsError:
+        raise LaunchError(f"--out {display(run_dir)} is being written by another run ({_claim_owner(run_dir)}); "
+                          "give another directory") from None
+    except OSError as exc:
+        raise LaunchError(f"--out {display(run_dir)}: cannot write in it ({exc.strerror})") from None
+    since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(f"pid {os.getpid()} on {socket.gethostname()} since {since}, run {run_id}\n")
+    others = [name for name in _entries(run_dir) if name != CLAIM_FILE]
+    if others and not reuse:  # written between the check and the claim: not ours to mix with
+        (run_dir / CLAIM_FILE).unlink(missing_ok=True)
+        raise LaunchError(f"--out {display(run_dir)} is not empty ({len(others)} entries); allowed: a new or empty "
+                          "directory")
+
+
+@dataclass(frozen=True)
+class RunDirClaim:
+    path: Path
+    created: bool  # this run made the directory (else it took one given as --out)
+
+    def release(self) -> None:
+        """The run is over: remove the claim file, and the directory when this run made it and wrote nothing."""
+        try:
+            (self.path / CLAIM_FILE).unlink(missing_ok=True)
+            if self.created and not _entries(self.path):
+                self.path.rmdir()
+        except OSError:
+            pass  # left as it is: a claim file left behind names the run that made it
+
+
+def claim_run_dir(run_dir: Path, run_id: str, *, exact: bool = True, reuse: bool = False) -> RunDirClaim:
+    """Create run_dir (or take it empty) and claim it.
+
+    exact=False (results/<run-id>): a directory that appeared meanwhile is skipped for the next free suffix.
+    reuse=True: the directory may hold files already (a matrix directory that gets more cells).
+    """
+    candidate, suffix = run_dir, 2
+    while True:
+        try:
+            candidate.mkdir(parents=True)
+            created = True
+            break
+        except FileExistsError:
+            if exact:
+                created = False  # an existing --out: the claim file decides
+                break
+            candidate = run_dir.with_name(f"{run_dir.name}-{suffix}")
+            suffix += 1
+        except OSError as exc:
+            raise LaunchError(f"--out {display(candidate)}: cannot create it ({exc.strerror})") from None
+    if created is False and not candidate.is_dir():
+        raise LaunchError(f"--out {display(candidate)} exists and is not a directory; allowed: a new or empty "
+                          "directory")
+    _write_claim(candidate, run_id, reuse=reuse)
+    return RunDirClaim(candidate, created)
