@@ -312,7 +312,7 @@ class VllmSpec(_Strict):
     @classmethod
     def _kernels_form(cls, value: str | None) -> str | None:
         if value is not None and value != "installed" and not is_release_version(value):
-            raise ValueError(f"vllm.kernels {shown(value)} is not a release ({VERSION_TEXT}) or 'installed'")
+            raise ValueError(f"vllm.kernels {shown(value)} is not a release (X.Y.Z) or 'installed'")
         return value
 
     @model_validator(mode="after")
