@@ -27,7 +27,7 @@ def load_ops_library(kernels: KernelsLibrary) -> None:
         raise BackendUnavailable(f"kernels {kernels.describe()}: {path} does not exist")
     try:
         torch.ops.load_library(path)
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:  # dlopen's undefined symbols; the dispatcher's registration errors
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         pin = f"; the release pins {kernels.torch_requirement}" if kernels.torch_requirement else ""
         raise BackendUnavailable(
