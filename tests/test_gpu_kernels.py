@@ -206,7 +206,7 @@ def test_silu_and_mul_past_2p32_elements_is_wrong_exactly_where_42860_says(relea
         try:
             wrong, first = pool.submit(_silu_and_mul_rows_wrong, str(ops_libraries()[release]), num_rows, d).result(
                 timeout=scenario.launch.rank_timeout_s)
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:
             pytest.skip(f"vLLM {release}'s library does not load into torch {torch.__version__}: {exc}")
     expected = scenario.expect.wrong_kernels.get(release)
     if expected is None:
