@@ -210,16 +210,17 @@ NonNegativeFloat = Annotated[float, Field(ge=0, le=L.MAX_RATIO)]
 class StageTolerances(_Strict):
     """Per-row error each stage of the correctness check allows: max |got - ref| / max |ref| over a row.
 
-    The defaults follow the number formats: a bf16 result is within 2^-8 of its float32 value (gemm1, gemm2,
-    activation and combine allow 2^-6); FP8 e4m3 rounds to within 16/448 = 0.036 of a row's largest value (quant
-    allows 2^-4). A row computed from the wrong inputs is off by order 1.
+    The defaults follow the number formats: a bf16 result is within 2^-8 of its float32 value (activation and
+    combine allow 2^-6); FP8 e4m3 rounds to within 16/448 = 0.036 of a row's largest value (quant allows 2^-4);
+    FP8 GEMMs on tensor cores may accumulate with about 14 bits (fast accumulation: up to about 2% for K = 4096 in
+    the DeepSeek-V3 report), so gemm1 and gemm2 allow 2^-4. A row computed from the wrong inputs is off by order 1.
     """
 
     dispatch: NonNegativeFloat = Field(0.0, description="slots hold the sent FP8 bytes and scales exactly")
-    gemm1: NonNegativeFloat = Field(0.015625, description="mm1_out vs the reference GEMM1 of the actual input")
+    gemm1: NonNegativeFloat = Field(0.0625, description="mm1_out vs the reference GEMM1 of the actual input")
     activation: NonNegativeFloat = Field(0.015625, description="act_out vs silu(gate) * up of the actual mm1_out")
     quant: NonNegativeFloat = Field(0.0625, description="dequantized quant_out vs the actual act_out")
-    gemm2: NonNegativeFloat = Field(0.015625, description="mm2_out and out vs the reference GEMM2 of quant_out")
+    gemm2: NonNegativeFloat = Field(0.0625, description="mm2_out and out vs the reference GEMM2 of quant_out")
     combine: NonNegativeFloat = Field(0.015625, description="tokens vs the weighted sum of the rows that came back")
 
 
