@@ -253,7 +253,11 @@ def test_re_extracting_a_release_keeps_its_ops_library(tmp_path):
 SMALL = {"parallel": {"num_dispatchers": 4, "num_ranks": 2, "num_local_experts": 8, "max_tokens_per_rank": 128},
          "model": {"hidden_size": 512, "intermediate_size": 256, "num_experts": 32, "top_k": 4},
          "policies": ["fixed"], "device": "cpu", "iterations": 1, "warmup": 0,
-         "expect": {"outcomes": {"fixed": "fit"}, "memory_tolerance_pct": 2.0}}
+         "expect": {"outcomes": {"fixed": "fit"}, "memory_tolerance_pct": 2.0},
+         "launch": {"rank_timeout_s": 120.0}}
+# One `harness run` of one cell: the ranks' own bound, plus 60 s to start the interpreter and ranks and 60 s to
+# collect, on a loaded 2-core machine.
+RUN_BOUND_S = SMALL["launch"]["rank_timeout_s"] + 120
 
 
 def _matrix_file(tmp_path: Path) -> Path:
@@ -265,12 +269,12 @@ def _matrix_file(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(4 * RUN_BOUND_S)  # three runs and a collect
 def test_a_kernels_matrix_runs_one_release_per_call_into_one_directory(tmp_path):
     from cli_utils import run_harness
 
     matrix, out = _matrix_file(tmp_path), tmp_path / "matrix"
-    first = run_harness("run", str(matrix), "--kernels", "0.26.0", "--out", str(out), timeout_s=300)
+    first = run_harness("run", str(matrix), "--kernels", "0.26.0", "--out", str(out), timeout_s=RUN_BOUND_S)
     cells = sorted(p.name for p in out.iterdir() if p.is_dir())
     assert cells == ["K512-I256_D4_T128_kernels-0.26.0"], first.stdout[-2000:] + first.stderr[-2000:]
     # The other release's cell is named as not run, in one line; the run is incomplete, so exit 2.
@@ -280,7 +284,7 @@ def test_a_kernels_matrix_runs_one_release_per_call_into_one_directory(tmp_path)
     assert missing["cell"] == "K512-I256_D4_T128_kernels-0.30.0" and "\n" not in missing["cause"]
 
     kept = (out / cells[0] / "run.json").read_text()
-    second = run_harness("run", str(matrix), "--kernels", "0.30.0", "--out", str(out), timeout_s=300)
+    second = run_harness("run", str(matrix), "--kernels", "0.30.0", "--out", str(out), timeout_s=RUN_BOUND_S)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
     assert (out / cells[0] / "run.json").read_text() == kept  # the first call's cell, kept as it was
     again = run_harness("collect", str(out))
@@ -289,13 +293,14 @@ def test_a_kernels_matrix_runs_one_release_per_call_into_one_directory(tmp_path)
     assert [c["name"] for c in report["cells"]] == ["K512-I256_D4_T128_kernels-0.26.0", "K512-I256_D4_T128_kernels-0.30.0"]
     assert all(c["report"]["exit_code"] == 0 for c in report["cells"])
 
-    wrong = run_harness("run", str(matrix), "--kernels", "0.29.0", "--out", str(tmp_path / "other"))
+    wrong = run_harness("run", str(matrix), "--kernels", "0.29.0", "--out", str(tmp_path / "other"),
+                        timeout_s=RUN_BOUND_S)
     assert wrong.returncode == 2
     assert "--kernels 0.29.0: the matrix's vllm.kernels axis has 0.26.0, 0.30.0" in wrong.stderr
     assert len(wrong.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(RUN_BOUND_S)
 def test_kernels_that_cannot_be_had_end_the_run_in_one_line_per_rank(tmp_path):
     import yaml
     from cli_utils import run_harness
@@ -303,7 +308,7 @@ def test_kernels_that_cannot_be_had_end_the_run_in_one_line_per_rank(tmp_path):
     scenario = tmp_path / "small.yaml"
     scenario.write_text(yaml.safe_dump(dict(SMALL, name="small")))
     done = run_harness("run", str(scenario), "--kernels", "0.26.0", "--vllm-ops-library", "/nonexistent/lib.so",
-                       "--out", str(tmp_path / "run"))
+                       "--out", str(tmp_path / "run"), timeout_s=RUN_BOUND_S)
     assert done.returncode == 2
     causes = [json.loads(p.read_text())["cause"] for p in sorted((tmp_path / "run" / "ranks").glob("*.failed.json"))]
     assert causes == ["kernels unavailable: vllm.ops_library /nonexistent/lib.so: no such file"] * 2
