@@ -8,8 +8,10 @@
     release_shapes("X.Y.Z", SizingArgs)            -> WorkspaceShapes of CutlassBatchedExpertsFp8 ("vllm==X.Y.Z")
     run_audit(argparse.Namespace)                  -> exit code of `harness vllm audit`
     ops_library(source)                            -> the compiled ops library for the vllm-ops backend
+    resolve_kernels(VllmSpec)                      -> KernelsLibrary: the library a scenario's kernels name, its
+                                                      release, sha256 and size   (harness.sizing.vllm_source.kernels)
 
-See docs/vllm-sources.md.
+See docs/vllm-sources.md and docs/kernels.md.
 """
 
 from harness.sizing.vllm_source.auditor import (
