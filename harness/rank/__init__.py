@@ -6,8 +6,10 @@
 
 around them: `distributed` (RankInfo, the one rendezvous init_rank, `agree`: every rank takes the same branch
 after a step that failed on some), `memory` (NVML, allocator, RSS, budgets, OOM snapshots), `timing` (CUDA events,
-median/min/max) and `lifecycle` (set up and warm up once, then baseline / allocate / iterate / measure / judge per
-policy, the record so far after each; returns the rank's RankRecord).
+median/min/max), `check` (the correctness check: one checked pass whose stage hooks compare each stage with the
+reference applied to the previous stage's actual output, naming the first that diverges) and `lifecycle` (set up
+and warm up once, then baseline / allocate / iterate / measure / check / judge per policy, the record so far after
+each; returns the rank's RankRecord).
 
 Letters (shared/DESIGN.md §1): T tokens per rank, D dispatchers, M = T*D slots per expert, E local experts,
 K hidden size, I intermediate size (N = 2I).
