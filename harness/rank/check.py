@@ -13,8 +13,10 @@ a single-process reference.
 
 Rows are global rows of the batched (E*M) view (row = e * M + slot) and "valid" means slot < expert_num_tokens[e];
 combine's rows are this rank's tokens. Sampled rows are spread evenly over each expert's valid rows and include
-its first and last. The workspace views overlap, so the backends call `StageChecker`'s hooks at the moments two
-views coexist (harness.rank.experts.base.StageHooks); the timed iterations run without hooks.
+its first and last. The workspace views overlap, so the backends call the hooks (harness.rank.experts.base.
+StageHooks) at the moments two views coexist; the timed iterations run without hooks. harness.rank.lifecycle runs
+one checked pass per policy with a `CheckedPass` (after_dispatch, the hooks, after_combine, then `correctness`),
+which hands the comparisons to a `StageChecker`.
 
 Every comparison runs on the device in chunks of at most CHECK_CHUNK_BYTES of float32 temporaries. Per-stage
 statistics (wrong rows, first wrong row, largest error, wrong rows per expert) accumulate on the device and are
