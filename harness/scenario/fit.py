@@ -49,11 +49,18 @@ class Machine:
 class RankMemory:
     """Estimated bytes of one rank, by what holds them."""
 
-    setup_bytes: int  # weights, dispatch and combine buffers, tokens: allocated before the first policy
+    weights_bytes: int  # FP8 w1, w2 and their float32 scales
+    buffers_bytes: int  # dispatch and combine buffers, allocated once at full capacity
+    tokens_bytes: int  # the rank's hidden states and routing
     ballast_bytes: int
     workspace_bytes: int  # the largest workspace among the scenario's policies
     transient_bytes: int  # one expert's float weights while they are generated, the reference's float rows
     process_bytes: int
+
+    @property
+    def setup_bytes(self) -> int:
+        """What a rank holds before its first policy (ballast aside)."""
+        return self.weights_bytes + self.buffers_bytes + self.tokens_bytes
 
     def on(self, device_type: DeviceType) -> int:
         """What must fit: on CPU everything that is paged in (ballast is not); on GPU all but the workspace."""
@@ -93,7 +100,7 @@ def estimate_rank_memory(scenario: Scenario, device_type: DeviceType) -> RankMem
     if device_type == "cpu" and s.memory.budget_bytes is not None:
         workspace = min(workspace, max(0, s.memory.budget_bytes - weights - dispatch - combine))
     return RankMemory(
-        setup_bytes=weights + dispatch + combine + tokens,
+        weights_bytes=weights, buffers_bytes=dispatch + combine, tokens_bytes=tokens,
         ballast_bytes=s.memory.ballast_bytes,
         workspace_bytes=workspace,
         transient_bytes=3 * I * K * 4 + (4 * M * (2 * I + K) if device_type == "cpu" else 0),
