@@ -6,13 +6,16 @@ exits 2 with the same message on stderr and no traceback).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cli_utils import run_harness
+from cli_utils import REPO_DIR, harness_env, run_harness
 
-from harness.scenario.schema import ScenarioError, load_scenario
+from harness.scenario.schema import SCENARIOS_DIR, ScenarioError, load_scenario
 
 GOOD = """\
 model:
@@ -161,3 +164,27 @@ def test_every_problem_is_reported_at_once(tmp_path):
     assert all(line.startswith(f"{path}: ") for line in lines)
     assert any("parallel.num_dispatchers" in line and "(got 0)" in line for line in lines)
     assert any("unknown key 'bogus'" in line for line in lines)
+
+
+def test_plan_takes_a_matrix_file_and_plans_every_cell() -> None:
+    result = run_harness("plan", "scenarios/matrix/cpu-ci.yaml")
+    assert result.returncode == 0, result.stderr
+    assert "matrix cpu-ci (cpu-ci.yaml): 2 of 2 valid cells" in result.stdout
+    assert "cell K512-I256_D2_T128:" in result.stdout and "cell K512-I256_D4_T128:" in result.stdout
+    assert "missing field" not in result.stdout + result.stderr
+    data = json.loads(run_harness("plan", "scenarios/matrix/cpu-ci.yaml", "--json").stdout)
+    assert [c["cell"] for c in data["cells"]] == ["K512-I256_D2_T128", "K512-I256_D4_T128"]
+    assert data["cells"][1]["sizing"]["D"] == 4 and data["skipped"] == []
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_a_mistyped_name_gets_a_suggestion_without_importing_torch(command: str) -> None:
+    # -X importtime lists every module imported: a refusal must come before torch (and any rank).
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness", command, "smoek"], cwd=REPO_DIR,
+                            env=harness_env(), capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 2
+    message = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    assert message == [f"harness: error: smoek: no such scenario file (looked in . and {SCENARIOS_DIR}); did you "
+                       "mean 'smoke'? `harness scenarios` lists them"]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "torch" not in imported and "harness.rank.lifecycle" not in imported
