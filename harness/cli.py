@@ -57,6 +57,7 @@ def _plan_matrix(matrix: Any, ns: argparse.Namespace) -> int:
 def cmd_plan(ns: argparse.Namespace) -> int:
     """Workspace per sizing policy; with releases (--vllm-version or vllm==X.Y.Z policies) the whole layer per
     release, a budget's fit/OOM per release, and exit 1 when the scenario's layer.expect is not met."""
+    from harness.scenario.limits import shown
     from harness.scenario.matrix import Matrix, load_input
     from harness.scenario.schema import GPU_MEMORY_BYTES, ScenarioError
     from harness.sizing.plan import (
@@ -65,7 +66,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     )  # fmt: skip
 
     if ns.gpu is not None and ns.gpu not in GPU_MEMORY_BYTES:
-        return _print_error(f"--gpu {ns.gpu!r} is not a known GPU; allowed: {', '.join(GPU_MEMORY_BYTES)}")
+        return _print_error(f"--gpu {shown(ns.gpu)} is not a known GPU; allowed: {', '.join(GPU_MEMORY_BYTES)}")
     if ns.budget_gb is not None and not 0 < ns.budget_gb < 1e6:
         return _print_error(f"--budget-gb {ns.budget_gb} is not a budget in GB; allowed: above 0, below 1e6")
     try:

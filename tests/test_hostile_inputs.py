@@ -111,6 +111,10 @@ def _make(case: Case, directory: Path) -> Path:
             f.truncate(make["sparse_bytes"])
     elif "mapping_keys" in make:
         path.write_text(BASE_TEXT + "x: {" + ", ".join(f"k{i}: 1" for i in range(make["mapping_keys"])) + "}\n")
+    elif "matrix_base_keys" in make:
+        keys = ", ".join(f"k{i}: 1" for i in range(make["matrix_base_keys"]))
+        seeds = ", ".join(str(i) for i in range(make["matrix_cells"]))
+        path.write_text(f"matrix:\n  base: {{x: {{{keys}}}}}\n  axes:\n    seed: [{seeds}]\n")
     else:
         path.write_text("".join((BASE_TEXT if piece == "$BASE" else piece) * count for piece, count in make["text"]))
     return path

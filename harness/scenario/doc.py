@@ -103,8 +103,9 @@ def _limits() -> list[str]:
         "name taken from the file name has other characters replaced by `-`) |",
         f"| release versions | `vllm==`{VERSION_TEXT}, at most {L.MAX_POLICY_CHARS} characters in all |",
         f"| matrix | at most {L.MAX_MATRIX_AXES} axes of at most {L.MAX_AXIS_VALUES} values, and at most "
-        f"{L.MAX_MATRIX_CELLS} cells: the product of the axis lengths, checked before any cell is built; at most "
-        f"{L.MAX_MATRIX_OVERRIDES} overrides; `matrix.name` at most {L.MAX_MATRIX_NAME_CHARS} characters |",
+        f"{L.MAX_MATRIX_CELLS} cells: the product of the axis lengths, checked before any cell is built, and at "
+        f"most {L.MAX_MATRIX_VALUES} values in all (cells x the base's values); at most {L.MAX_MATRIX_OVERRIDES} "
+        f"overrides; `matrix.name` at most {L.MAX_MATRIX_NAME_CHARS} characters |",
         f"| ranks on this machine (`harness run`, local) | CPU: at most {MAX_RANKS_PER_CPU} ranks per core this "
         "process may use; GPU: one rank per GPU (NVML, within CUDA_VISIBLE_DEVICES) |",
         "| ranks on a Ray cluster | `num_ranks` x `launch.cpus_per_rank` at most the cluster's CPUs; one GPU per "

@@ -56,6 +56,7 @@ MAX_SAMPLE_INTERVAL_MS = 60_000.0
 MAX_MATRIX_AXES = 16
 MAX_AXIS_VALUES = 1_024
 MAX_MATRIX_CELLS = 1_024
+MAX_MATRIX_VALUES = 1_000_000  # cells x the base's values: every cell starts as a copy of the base (~60 values)
 MAX_MATRIX_OVERRIDES = 64
 MAX_MATRIX_NAME_CHARS = 64  # the matrix name prefixes every cell's scenario name
 MAX_CELL_NAME_CHARS = 128

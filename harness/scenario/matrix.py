@@ -261,6 +261,28 @@ def _base_data(matrix: Matrix, resolved: Path, where: str) -> dict[str, Any]:
     return base
 
 
+def _num_values(data: Any) -> int:
+    """Values in parsed YAML data (mappings count keys and values), walked without recursion."""
+    count, stack = 0, [data]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if isinstance(node, dict):
+            stack += list(node.keys()) + list(node.values())
+        elif isinstance(node, list):
+            stack += node
+    return count
+
+
+def _check_work(matrix: Matrix, base: dict[str, Any], where: str) -> None:
+    """Every cell starts as a copy of the base: bound cells x base values before building any."""
+    num_cells = math.prod(len(values) for values in matrix.axes.values())
+    num_values = _num_values(base)  # the reader bounded the base to MAX_YAML_NODES values
+    if num_cells * num_values > L.MAX_MATRIX_VALUES:
+        raise MatrixError(f"{where}: matrix: {num_cells} cells of a base of {num_values} values are "
+                          f"{num_cells * num_values} values to build; allowed: at most {L.MAX_MATRIX_VALUES}")
+
+
 def matrix_from_data(data: Any, resolved: Path) -> Matrix:
     """Validate a matrix file's parsed data, read its base, expand its cells; MatrixError on any problem."""
     where = display(resolved)
@@ -279,6 +301,7 @@ def matrix_from_data(data: Any, resolved: Path) -> Matrix:
         raise MatrixError(format_errors(where, exc.errors(), _format_matrix_error)) from None
     _check_keys(matrix, where)
     base = _base_data(matrix, resolved, where)
+    _check_work(matrix, base, where)
     if matrix.name is None:  # rebuilt, never mutated: the model is frozen
         matrix = matrix.model_copy(update={"name": safe_name(resolved.stem, L.MAX_MATRIX_NAME_CHARS)})
     matrix._path = resolved  # private attributes: not part of the frozen, validated fields
