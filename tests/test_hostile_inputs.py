@@ -111,6 +111,10 @@ def _make(case: Case, directory: Path) -> Path:
             f.truncate(make["sparse_bytes"])
     elif "mapping_keys" in make:
         path.write_text(BASE_TEXT + "x: {" + ", ".join(f"k{i}: 1" for i in range(make["mapping_keys"])) + "}\n")
+    elif "matrix_base_loop" in make:
+        (directory / "loop-a.yaml").symlink_to("loop-b.yaml")
+        (directory / "loop-b.yaml").symlink_to("loop-a.yaml")
+        path.write_text("matrix:\n  base_file: loop-a.yaml\n  axes:\n    seed: [1]\n")
     elif "matrix_base_keys" in make:
         keys = ", ".join(f"k{i}: 1" for i in range(make["matrix_base_keys"]))
         seeds = ", ".join(str(i) for i in range(make["matrix_cells"]))

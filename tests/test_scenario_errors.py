@@ -188,3 +188,10 @@ def test_a_mistyped_name_gets_a_suggestion_without_importing_torch(command: str)
                        "mean 'smoke'? `harness scenarios` lists them"]
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
     assert "torch" not in imported and "harness.rank.lifecycle" not in imported
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_a_name_longer_than_a_file_name_is_one_line(command: str) -> None:
+    result = run_harness(command, "n" * 300)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "no such scenario file" in result.stderr

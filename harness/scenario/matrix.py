@@ -28,6 +28,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -248,8 +249,9 @@ def _check_keys(matrix: Matrix, where: str) -> None:
 
 def _base_data(matrix: Matrix, resolved: Path, where: str) -> dict[str, Any]:
     if matrix.base_file is not None:
-        base_path = (resolved.parent / matrix.base_file).resolve()
-        if not base_path.exists():
+        # Not resolved: a loop of links or a name too long is the reader's one-line refusal, never an exception here.
+        base_path = Path(os.path.normpath(resolved.parent.absolute() / matrix.base_file))
+        if not os.path.lexists(base_path):
             raise MatrixError(f"{where}: matrix.base_file: {shown(matrix.base_file)} does not exist (looked at "
                               f"{display(base_path)})")
         base = _read_yaml(base_path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -681,11 +682,9 @@ def parse_scenario(data: Any, *, path: Path | str = "<scenario>") -> Scenario:
 
 
 def _exists(path: Path) -> bool:
-    """Path.exists, with a name too long (or otherwise unusable) taken as absent rather than raised."""
-    try:
-        return path.exists()
-    except (OSError, ValueError):
-        return False
+    """Something is at `path` (a dangling link too: the reader says so); a name too long or a loop of links is
+    taken as nothing there, never raised."""
+    return os.path.lexists(path)
 
 
 def scenario_names() -> list[str]:
@@ -701,7 +700,7 @@ def resolve_scenario_path(name_or_path: str | Path) -> Path:
         raise ScenarioError(f"{display(text)}: not a usable file name ({len(text)} characters); allowed: a path of at "
                             f"most {L.MAX_PATH_CHARS} characters without NUL")
     path = Path(name_or_path)
-    if _exists(path) or path.is_symlink():
+    if _exists(path):
         return path
     for candidate in (SCENARIOS_DIR / path, SCENARIOS_DIR / f"{path}.yaml"):
         if _exists(candidate):
