@@ -346,8 +346,9 @@ def _label(key: str, value: Any) -> str:
 
 def cell_name(data: dict[str, Any], axis_values: dict[str, Any], axes: dict[str, list[Any]]) -> str:
     """e.g. "deepseek-v3_D32_T256": the model, D and T always, then every other axis that varies."""
-    model = data.get("model") or {}
-    preset = model.get("preset") if isinstance(model, dict) else None
+    model = data.get("model")
+    model = model if isinstance(model, dict) else {}  # not a mapping: the cell is skipped with the schema's reason
+    preset = model.get("preset")
     parts = [_safe(str(preset)) if preset else _safe(f"K{model.get('hidden_size')}-I{model.get('intermediate_size')}")]
     parts.append(_safe(f"D{get_dotted(data, 'parallel.num_dispatchers')}"))
     parts.append(_safe(f"T{get_dotted(data, 'parallel.max_tokens_per_rank')}"))
