@@ -1,7 +1,11 @@
-"""Scenarios are pure data: the schema, the model presets and the expansion of regression matrices.
+"""Scenarios are pure data: reading them safely, the schema, the model presets and the expansion of matrices.
 
-Owns: `schema` (the pydantic Scenario; every check that needs no GPU), `presets` (model shapes, DESIGN.md §9),
-`matrix` (a matrix file -> valid cells and the skipped ones, "N of M valid") and `doc` (the schema reference).
+Owns: `source` (bounded reading: regular files only, size, UTF-8, a YAML loader that limits nesting, aliases,
+integer digits and refuses duplicate keys), `limits` (every input limit, and bounded formatting of values for
+messages), `schema` (the pydantic Scenario; every check that needs no GPU), `presets` (model shapes, DESIGN.md §9),
+`dotted` (the one setter of dotted keys), `matrix` (a matrix file -> valid cells and the skipped ones, "N of M
+valid", the cell count capped first), `fit` (can a machine with these resources run it: a reason or None, from
+resources given as data), `fields` and `doc` (the schema reference, limits included).
 
 May import: harness.core. Validation never touches a GPU (STYLE.md guideline 5).
 """
