@@ -35,12 +35,23 @@ def _cgroup_free_bytes() -> int | None:
     return max(0, int(limit) - current)
 
 
-def _available_ram_bytes() -> int | None:
-    import psutil
+def _meminfo_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (what psutil reports), or None where there is none."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
-    available = int(psutil.virtual_memory().available)
+
+def _available_ram_bytes() -> int | None:
+    """RAM this machine can give its ranks: MemAvailable, within the cgroup's limit; None when unknown."""
+    available = _meminfo_available_bytes()
     cgroup = _cgroup_free_bytes()
-    return min(available, cgroup) if cgroup is not None else available
+    known = [b for b in (available, cgroup) if b is not None]
+    return min(known) if known else None
 
 
 def _num_visible(num_devices: int) -> int:
