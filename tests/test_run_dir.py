@@ -138,3 +138,15 @@ def test_two_runs_given_the_same_out_at_once(tmp_path: Path) -> None:
     assert message.count("\n") == 1 and "being written by another run" in message, message
     assert f"pid {winner.pid} on " in message, message
     assert (out / "report.json").exists() and not (out / CLAIM_FILE).exists(), "the claim ends with the run"
+
+
+def test_a_ray_job_without_out_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    # Inside `ray job submit` (its supervisor sets RAY_JOB_CONFIG_JSON_ENV_VAR in the driver) results/ would be in
+    # Ray's temporary copy of the working directory, deleted with the job: the run must name --out instead.
+    env = harness_env() | {"RAY_JOB_CONFIG_JSON_ENV_VAR": "{}"}
+    run = subprocess.run([sys.executable, "-m", "harness", "run", "smoke"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 2, run.stdout + run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "give --out an absolute path" in lines[0] and "Traceback" not in run.stderr
+    assert not any(tmp_path.iterdir()), "nothing written"

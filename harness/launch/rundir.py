@@ -31,6 +31,8 @@ from harness.scenario.source import display
 RESULTS_DIR = Path("results")
 CLAIM_FILE = ".harness-run"  # who writes this directory: "pid 123 on host since 2026-..., run <run-id>"
 MAX_CLAIM_BYTES = 4096
+# Ray's job supervisor sets this in the driver of every `ray job submit` job (ray/_private/runtime_env/constants.py).
+RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 MAX_MANIFEST_BYTES = 64 * 2**20  # matrix.json: every cell's scenario, 1024 cells at most
 CLAIM_READ_ATTEMPTS, CLAIM_READ_INTERVAL_S = 20, 0.05  # up to 1 s for the owner to write its one line
 
@@ -123,6 +125,11 @@ def choose_run_dir(out: Path | None, run_id: str, *, matrix_name: str | None = N
     if out is not None:
         check_out_dir(out, matrix_name=matrix_name)
         return out.resolve()
+    if RAY_JOB_ENV in os.environ:
+        # A job's working directory is Ray's temporary copy of --working-dir, deleted when the job ends.
+        raise LaunchError("inside a `ray job submit` job results/ is Ray's temporary copy of the working directory, "
+                          "deleted when the job ends: give --out an absolute path on the head node "
+                          "(README: Running on a Ray cluster)")
     run_dir = RESULTS_DIR / run_id
     suffix = 2
     while run_dir.exists():
