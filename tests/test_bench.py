@@ -16,6 +16,8 @@ from harness.cli import build_parser
 from scenario_utils import TINY
 
 ROOT = Path(__file__).resolve().parent.parent
+SUB_STAGES = {"dispatch.quantize", "dispatch.layout", "dispatch.pack", "dispatch.exchange", "dispatch.unpack",
+              "combine.expert-reduce", "combine.exchange", "combine.token-reduce"}
 
 
 def _bench(tmp_path: Path, bench: dict, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -41,7 +43,10 @@ def test_bench_reports_every_variant_per_rank_and_passes_low_thresholds(tmp_path
         for policy in rank["policies"]:
             names = {v["name"] for v in policy["variants"]}
             assert names == {"dispatch:harness", "a2a:raw-dispatch", "experts:harness", "experts:raw-reference",
-                             "combine:harness", "a2a:raw-combine"}
+                             "combine:harness", "a2a:raw-combine", *SUB_STAGES}
+            # On CPU the only raw collective is gloo's all_to_all_single: the ratio is taken against it.
+            assert (policy["comm_raw_dispatch_variant"], policy["comm_raw_combine_variant"]) == (
+                "a2a:raw-dispatch", "a2a:raw-combine")
             assert all(v["num_samples"] == 2 and v["median_us"] > 0 for v in policy["variants"])  # first dropped
             assert all(v["min_us"] <= v["median_us"] <= v["max_us"] for v in policy["variants"])
             # The harness's experts step and the raw reference compute the same math on the valid rows.

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from distributed_utils import parallel_launch
-from harness.rank.dispatch import DispatchBuffers, DispatchError, DispatchLayout, dispatch
+from harness.rank.comm import create_comm
+from harness.rank.dispatch import DispatchError, DispatchLayout, dispatch
 from harness.rank.experts import Workspace, make_weights
 from harness.rank.experts.reference import ReferenceExperts
 from harness.rank.memory import Accountant
@@ -157,7 +158,8 @@ def test_dispatch_experts_combine_on_gloo(case):
 def _overflow(info):
     layout = DispatchLayout(num_ranks=1, rank=0, num_local_experts=2, max_slots_per_expert=4, hidden_size=16,
                             top_k=1, max_tokens=4)
-    buffers = DispatchBuffers.allocate(layout, Accountant(torch.device("cpu")), out_dtype=torch.bfloat16)
+    buffers = create_comm("gloo", layout, Accountant(torch.device("cpu")), device=torch.device("cpu"),
+                          out_dtype=torch.bfloat16)
     tokens = torch.randn(5, 16).to(torch.bfloat16)
     routing = route(kind="uniform", num_tokens=5, num_experts=2, top_k=1, seed=0)
     try:

@@ -263,7 +263,8 @@ def test_rank_setup_allocates_the_predicted_weights_and_dispatch_output():
     measured step covers them (RSS here, NVML on a GPU)."""
     import torch
 
-    from harness.rank.dispatch import DispatchBuffers, DispatchLayout
+    from harness.rank.comm import create_comm
+    from harness.rank.dispatch import DispatchLayout
     from harness.rank.experts import make_weights
     from harness.rank.lifecycle import _measured_step, _tensor_bytes
     from harness.rank.memory import Accountant, MemoryProbe
@@ -284,8 +285,8 @@ def test_rank_setup_allocates_the_predicted_weights_and_dispatch_output():
     layout = DispatchLayout(num_ranks=P, rank=0, num_local_experts=E, max_slots_per_expert=T * D, hidden_size=K,
                             top_k=scenario.model.top_k, max_tokens=T * (D // P),
                             num_buffer_tokens=T * (D // P))  # fmt: skip
-    buffers, step = _measured_step(probe, accountant, lambda: DispatchBuffers.allocate(layout, accountant,
-                                                                                       out_dtype=torch.bfloat16))
+    buffers, step = _measured_step(probe, accountant, lambda: create_comm(
+        "gloo", layout, accountant, device=device, out_dtype=torch.bfloat16))  # fmt: skip
     output = step.component("dispatch-quant", predicted, _tensor_bytes(buffers.expert_x, buffers.expert_x_scale))
     assert output.predicted_bytes == output.allocated_bytes == E * T * D * (K + 4)
     assert output.step_allocated_bytes == accountant.bytes_of("dispatch") + accountant.bytes_of("combine")

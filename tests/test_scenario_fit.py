@@ -6,7 +6,8 @@ import pytest
 import torch
 from scenario_utils import tiny
 
-from harness.rank.dispatch import DispatchBuffers, DispatchLayout
+from harness.rank.comm import create_comm
+from harness.rank.dispatch import DispatchLayout
 from harness.rank.experts import make_weights
 from harness.rank.memory import Accountant
 from harness.scenario.fit import (
@@ -28,7 +29,8 @@ def _allocated_bytes(s: Scenario) -> int:
     accountant = Accountant(torch.device("cpu"))
     make_weights(rank=0, num_local_experts=E, hidden_size=K, intermediate_size=I, seed=s.seed,
                  device=torch.device("cpu"), accountant=accountant)
-    DispatchBuffers.allocate(layout, accountant, out_dtype=getattr(torch, s.model.workspace_dtype))
+    create_comm("gloo", layout, accountant, device=torch.device("cpu"),  # what a CPU rank's comm="auto" takes
+                out_dtype=getattr(torch, s.model.workspace_dtype))
     return accountant.total_bytes
 
 

@@ -2,12 +2,12 @@
 iterate -> judge, every variant interleaved round by round (A B C ... A B C ...) so clock and thermal drift hit
 every variant alike:
 
-    dispatch:harness     quantize + pack + counts + all_to_all_single + unpack into (E, M, K)
-    a2a:raw-dispatch     raw_comm.raw_dispatch
+    dispatch:harness     the comm backend's dispatch, with its sub-stages (dispatch.quantize ... dispatch.unpack)
+    *:raw-dispatch       raw_comm: every raw collective that works here, on the same bytes per peer
     experts:harness      the backend's step on the policy's workspace views (what `harness run` times)
     experts:raw-*        raw_kernels.raw_experts
-    combine:harness      gather + all_to_all_single + weighted sum
-    a2a:raw-combine      raw_comm.raw_combine
+    combine:harness      the comm backend's combine, with its sub-stages (combine.expert-reduce ...)
+    *:raw-combine        raw_comm, likewise
 
 Every step that can fail on some ranks ends in harness.rank.distributed.agree, as in harness.rank.lifecycle.
 """
@@ -21,13 +21,11 @@ from typing import Any
 
 import torch
 
-from harness.bench.raw_comm import raw_combine, raw_dispatch
+from harness.bench.raw_comm import CommVariants, comm_variants, reserve_symmetric_heap
 from harness.bench.raw_kernels import max_rel_error_on_valid_rows, raw_experts
 from harness.bench.records import BENCH_POLICIES, BenchPolicy, BenchRankRecord, VariantStats
 from harness.core.environment import collect_hardware, collect_versions
 from harness.core.events import Done, PolicyDone, PolicyStarted, RankEvent, Ready
-from harness.rank.combine import combine
-from harness.rank.dispatch import DispatchHandle, dispatch
 from harness.rank.distributed import RankInfo, StageFailure, agree, init_rank, shutdown_rank
 from harness.rank.experts import Workspace, useful_flops
 from harness.rank.lifecycle import RankSetup, allocate_workspace, setup_rank, warm_up
@@ -53,7 +51,8 @@ class BenchState:
     workspace: Workspace | None = None
     own: StageFailure | None = None
     failed: dict[int, StageFailure] = field(default_factory=dict)
-    handle: DispatchHandle | None = None
+    comm: CommVariants | None = None
+    timer: StageTimer | None = None
     variants: list[Variant] = field(default_factory=list)
     raw_name: str | None = None
     rel_error: float | None = None
@@ -84,24 +83,20 @@ def _prepare(setup: RankSetup, state: BenchState) -> None:
                                    expert_num_tokens=b.expert_num_tokens, weights=setup.weights, workspace=workspace)
 
     def cross_check() -> None:
-        state.handle = dispatch(setup.tokens, setup.routing, setup.layout, b, setup.quantize)
+        state.timer = StageTimer(setup.device)
+        state.comm = comm_variants(setup, workspace.out, state.timer)  # one dispatch first: its splits size the raw
         state.raw_name, raw = raw_experts(setup, workspace)
         # Experts first: raw-vllm writes the same views the harness step uses, so compare before reuse.
         counts = [int(c) for c in b.expert_num_tokens.tolist()]
         harness_out = harness_experts().clone()
         state.rel_error = max_rel_error_on_valid_rows(harness_out, raw(), counts)
-        handles = {"handle": state.handle}
-
-        def harness_dispatch() -> None:
-            handles["handle"] = dispatch(setup.tokens, setup.routing, setup.layout, b, setup.quantize)
-
+        comm = [name for name, _ in state.comm.variants]
+        split = comm.index("combine:harness")
         state.variants = [
-            ("dispatch:harness", harness_dispatch, True),
-            ("a2a:raw-dispatch", raw_dispatch(b, state.handle), True),
+            *((name, fn, True) for name, fn in state.comm.variants[:split]),
             ("experts:harness", harness_experts, False),
             (state.raw_name, raw, False),
-            ("combine:harness", lambda: combine(workspace.out, handles["handle"], setup.layout, b), True),
-            ("a2a:raw-combine", raw_combine(b, state.handle), True),
+            *((name, fn, True) for name, fn in state.comm.variants[split:]),
         ]
 
     _guarded(state, "prepare", cross_check)
@@ -111,7 +106,7 @@ def _prepare(setup: RankSetup, state: BenchState) -> None:
 def _iterate(setup: RankSetup, state: BenchState, num_rounds: int) -> None:
     """num_rounds interleaved rounds of every variant; the ranks agree after each round."""
     device = setup.device
-    timer = StageTimer(device)
+    timer = state.timer or StageTimer(device)
     state.samples = {name: [] for name, _, _ in state.variants}
     for _ in range(num_rounds):
         for name, fn, collective in state.variants:
@@ -122,7 +117,8 @@ def _iterate(setup: RankSetup, state: BenchState, num_rounds: int) -> None:
             started = timer.start()
             _guarded(state, name, fn)
             timer.stop(name, started)
-            state.samples[name].append(timer.elapsed_us()[name])
+            for mark, us in timer.elapsed_us().items():  # the variant and its sub-stages (dispatch.pack, ...)
+                state.samples.setdefault(mark, []).append(us)
         state.failed = agree(state.own, device)
         if state.failed:
             return
@@ -143,22 +139,24 @@ def _failed_policy(state: BenchState) -> BenchPolicy:
 
 def _judge(setup: RankSetup, state: BenchState) -> BenchPolicy:
     """Medians per variant, raw / harness ratios, TFLOP/s and bus bandwidths (nccl-tests' all-to-all factor)."""
-    assert state.handle is not None and state.raw_name is not None
-    stats = [VariantStats(name=name, **asdict(stats_drop_first(state.samples[name]))) for name, _, _ in state.variants]
+    assert state.comm is not None and state.raw_name is not None
+    assert state.comm.dispatch is not None and state.comm.combine is not None
+    stats = [VariantStats(name=name, **asdict(stats_drop_first(values))) for name, values in state.samples.items()]
     by = {v.name: v.median_us for v in stats}
     layout = setup.layout
     flops = useful_flops(setup.buffers.expert_num_tokens, hidden_size=layout.hidden_size,
                          intermediate_size=setup.scenario.model.intermediate_size or 0)
     tflops = flops / (by["experts:harness"] * 1e6)
     bus = (layout.num_ranks - 1) / layout.num_ranks
-    dispatch_bytes = state.handle.num_send_rows * layout.row_bytes
-    combine_bytes = state.handle.num_recv_rows * layout.hidden_size * 2
-    raw_comm_us = by["a2a:raw-dispatch"] + by["a2a:raw-combine"]
+    dispatch_bytes, combine_bytes = state.comm.dispatch.send_bytes, state.comm.combine.send_bytes
+    comm_ratio, raw_dispatch_name, raw_combine_name = state.comm.ratio(by)
+    raw_comm_us = by[raw_dispatch_name] + by[raw_combine_name]
     harness_comm_us = by["dispatch:harness"] + by["combine:harness"]
     comm_bytes = dispatch_bytes + combine_bytes
     return BenchPolicy(
         policy=state.policy, status="ok", variants=stats, experts_raw_variant=state.raw_name,
-        experts_ratio=by[state.raw_name] / by["experts:harness"], comm_ratio=raw_comm_us / harness_comm_us,
+        experts_ratio=by[state.raw_name] / by["experts:harness"], comm_ratio=comm_ratio,
+        comm_raw_dispatch_variant=raw_dispatch_name, comm_raw_combine_variant=raw_combine_name,
         experts_tflops=tflops,
         experts_tflops_fraction_of_peak=tflops / H200_FP8_DENSE_TFLOPS if setup.device.type == "cuda" else None,
         raw_a2a_busbw_gbps=comm_bytes / (raw_comm_us * 1e3) * bus,
@@ -191,13 +189,15 @@ def bench_rank_main(scenario: Scenario, info: RankInfo, run_dir: Path,
     policy, with the record so far sent after each."""
     device = init_rank(info)
     try:
+        if device.type == "cuda":
+            reserve_symmetric_heap(scenario)
         setup = setup_rank(scenario, info, device, run_dir, 0)
         warm_up(setup)
         if progress:
             progress(setup.event(Ready, backend=setup.backend.name))
         fields = dict(
             run_id=info.run_id, scenario_name=scenario.name or "", scenario_hash=scenario.scenario_hash,
-            rank=info.rank, num_ranks=info.world_size, comm_backend=info.comm_backend,
+            rank=info.rank, num_ranks=info.world_size, comm_backend=setup.comm_record.backend,
             experts_backend=setup.backend.name, versions=collect_versions(
                 vllm_kernels=setup.backend.kernels if setup.backend.name == "vllm-ops" else None),
             hardware=collect_hardware(device), num_rounds=scenario.bench.iterations,

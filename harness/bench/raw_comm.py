@@ -1,37 +1,168 @@
-"""The raw collectives the bench sets against the harness's dispatch and combine: all_to_all_single of the same
-payloads with the same splits, and nothing else.
+"""The raw collectives the bench sets against the harness's dispatch and combine, and those two with their
+sub-stages; every raw collective that works here moves the same bytes per peer as the harness did:
 
-    a2a:raw-dispatch     the FP8 rows and their words, as dispatch sends them
-    a2a:raw-combine      the bf16 expert outputs, as combine sends them back
+    dispatch:harness        the comm backend's dispatch; its sub-stages appear as dispatch.quantize,
+                            dispatch.layout, dispatch.pack, dispatch.exchange, dispatch.unpack
+    combine:harness         likewise: combine.expert-reduce, combine.exchange, combine.token-reduce
+    a2a:raw-dispatch        NCCL (gloo on CPU) all_to_all_single of the dispatch's bytes, same per-peer splits
+    a2a:raw-combine         the same for combine's bytes
+    vdev:raw-dispatch       NVSHMEM all_to_all_vdev of the same rows, splits on the device   (CUDA + NVSHMEM)
+    vdev:raw-combine
+    vdev2d:raw-dispatch     NVSHMEM all_to_all_vdev_2d of the same rows per (peer, expert)  (and E <= 16)
+
+The comm ratio divides the fastest raw dispatch plus the fastest raw combine by the harness's dispatch plus
+combine: the fastest collective on the machine, not the backend's own.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
-if TYPE_CHECKING:
-    from harness.rank.dispatch import DispatchBuffers, DispatchHandle
+from harness.rank.comm import DispatchHandle, Stages
+from harness.rank.comm.symm_mem import MAX_LOCAL_EXPERTS, META_WORDS, SymmMemComm, nvshmem_available
+from harness.rank.combine import combine
+from harness.rank.dispatch import dispatch
+from harness.rank.timing import StageTimer
+
+RAW_DISPATCH = ("a2a:raw-dispatch", "vdev:raw-dispatch", "vdev2d:raw-dispatch")
+RAW_COMBINE = ("a2a:raw-combine", "vdev:raw-combine")
 
 
-def raw_dispatch(buffers: DispatchBuffers, handle: DispatchHandle) -> Callable[[], None]:
-    b, num_send, num_recv = buffers, handle.num_send_rows, handle.num_recv_rows
+@dataclass(frozen=True, kw_only=True)
+class PeerBytes:
+    """What one exchange moves: rows of `row_bytes` per peer, as this rank sends and receives them."""
 
-    def run() -> None:
-        for recv, send in ((b.recv_x, b.send_x), (b.recv_meta, b.send_meta)):
-            dist.all_to_all_single(recv[:num_recv], send[:num_send],
-                                   output_split_sizes=handle.recv_splits, input_split_sizes=handle.send_splits)
+    row_bytes: int
+    send_rows: list[int]
+    recv_rows: list[int]
+    send_rows_per_expert: list[int] | None = None  # (peer, local expert) rank-major, for the 2d variant
 
-    return run
+    @property
+    def send_bytes(self) -> int:
+        return sum(self.send_rows) * self.row_bytes
 
 
-def raw_combine(buffers: DispatchBuffers, handle: DispatchHandle) -> Callable[[], None]:
-    b, num_send, num_recv = buffers, handle.num_send_rows, handle.num_recv_rows
+@dataclass
+class CommVariants:
+    """Closures the bench interleaves, named as in the module docstring, and the bytes they move."""
 
-    def run() -> None:
-        dist.all_to_all_single(b.combine_recv[:num_send], b.combine_send[:num_recv],
-                               output_split_sizes=handle.send_splits, input_split_sizes=handle.recv_splits)
+    variants: list[tuple[str, Callable[[], Any]]] = field(default_factory=list)
+    dispatch: PeerBytes | None = None
+    combine: PeerBytes | None = None
+    handle: DispatchHandle | None = None
 
-    return run
+    def ratio(self, median_us: dict[str, float]) -> tuple[float, str, str]:
+        """(fastest raw dispatch + fastest raw combine) / (harness dispatch + harness combine), and the names."""
+        raw_d = min((n for n in RAW_DISPATCH if n in median_us), key=median_us.__getitem__)
+        raw_c = min((n for n in RAW_COMBINE if n in median_us), key=median_us.__getitem__)
+        harness = median_us["dispatch:harness"] + median_us["combine:harness"]
+        return (median_us[raw_d] + median_us[raw_c]) / harness, raw_d, raw_c
+
+
+def _peer_bytes(setup: Any, handle: DispatchHandle) -> tuple[PeerBytes, PeerBytes]:
+    """The harness's own per-peer rows of one dispatch and its combine (one host read, outside the timing)."""
+    comm, L = setup.buffers, setup.layout
+    K, P, E, C = L.hidden_size, L.num_ranks, L.num_local_experts, L.buffer_tokens
+    out_bytes = comm.combine_recv.element_size() * K
+    if isinstance(comm, SymmMemComm):
+        per_expert = comm.in_splits.tolist()
+        received = comm.out_splits_offsets[0].view(E, P).sum(0).tolist()
+        sent = [sum(per_expert[r * E:(r + 1) * E]) for r in range(P)]
+        return (PeerBytes(row_bytes=K + 4 * META_WORDS, send_rows=sent, recv_rows=received,
+                          send_rows_per_expert=per_expert),
+                PeerBytes(row_bytes=out_bytes, send_rows=[C] * P, recv_rows=[C] * P))
+    st = handle.state
+    send, recv = list(st["send_splits"]), list(st["recv_splits"])  # type: ignore[call-overload]
+    per_expert = [s // E + (1 if e < s % E else 0) for s in send for e in range(E)]
+    return (PeerBytes(row_bytes=comm.fmt.row_bytes, send_rows=send, recv_rows=recv, send_rows_per_expert=per_expert),
+            PeerBytes(row_bytes=out_bytes, send_rows=recv, recv_rows=send))
+
+
+def _raw_a2a(pb: PeerBytes, device: torch.device) -> Callable[[], None]:
+    send = torch.zeros(sum(pb.send_rows) * pb.row_bytes, dtype=torch.uint8, device=device)
+    recv = torch.zeros(sum(pb.recv_rows) * pb.row_bytes, dtype=torch.uint8, device=device)
+    in_splits = [r * pb.row_bytes for r in pb.send_rows]
+    out_splits = [r * pb.row_bytes for r in pb.recv_rows]
+    return lambda: dist.all_to_all_single(recv, send, output_split_sizes=out_splits, input_split_sizes=in_splits)
+
+
+def _raw_vdev(pb: PeerBytes, device: torch.device, capacity_rows: int) -> Callable[[], None]:
+    import torch.distributed._symmetric_memory as symm_mem
+
+    P = len(pb.send_rows)
+    group = dist.group.WORLD.group_name  # type: ignore[union-attr]
+    send = symm_mem.empty((capacity_rows, pb.row_bytes), dtype=torch.uint8, device=device).zero_()
+    recv = symm_mem.empty((capacity_rows * P, pb.row_bytes), dtype=torch.uint8, device=device)
+    splits = symm_mem.empty((P,), dtype=torch.int64, device=device).copy_(torch.tensor(pb.send_rows))
+    out = symm_mem.empty((2, P), dtype=torch.int64, device=device)
+    for t in (send, recv, splits, out):
+        symm_mem.rendezvous(t, group)
+    return lambda: torch.ops.symm_mem.all_to_all_vdev(send, recv, splits, out, group)
+
+
+def _raw_vdev_2d(pb: PeerBytes, device: torch.device, capacity_rows: int, num_experts: int) -> Callable[[], None]:
+    import torch.distributed._symmetric_memory as symm_mem
+
+    assert pb.send_rows_per_expert is not None
+    P = len(pb.send_rows)
+    group = dist.group.WORLD.group_name  # type: ignore[union-attr]
+    send = symm_mem.empty((capacity_rows, pb.row_bytes), dtype=torch.uint8, device=device).zero_()
+    recv = symm_mem.empty((capacity_rows * P + num_experts, pb.row_bytes), dtype=torch.uint8, device=device)
+    splits = symm_mem.empty((P * num_experts,), dtype=torch.int64, device=device)
+    splits.copy_(torch.tensor(pb.send_rows_per_expert))
+    out = symm_mem.empty((2, P * num_experts), dtype=torch.int64, device=device)
+    for t in (send, recv, splits, out):
+        symm_mem.rendezvous(t, group)
+    return lambda: torch.ops.symm_mem.all_to_all_vdev_2d(send, recv, splits, out, group, major_align=1)
+
+
+def _max_over_ranks(value: int, device: torch.device) -> int:
+    """Symmetric buffers have one size on every rank: the largest any rank needs."""
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def comm_variants(setup: Any, expert_out: torch.Tensor, timer: StageTimer) -> CommVariants:
+    """Build the comm variants for one policy: one harness dispatch (for the splits), then raw buffers."""
+    device, L = setup.device, setup.layout
+    handle = dispatch(setup.tokens, setup.routing, L, setup.buffers, setup.quantize)
+    d_bytes, c_bytes = _peer_bytes(setup, handle)
+    cv = CommVariants(dispatch=d_bytes, combine=c_bytes, handle=handle)
+
+    def harness_dispatch() -> None:
+        cv.handle = dispatch(setup.tokens, setup.routing, L, setup.buffers, setup.quantize, stages=Stages(timer))
+
+    def harness_combine() -> None:
+        assert cv.handle is not None
+        combine(expert_out, cv.handle, L, setup.buffers, stages=Stages(timer))
+
+    cv.variants += [("dispatch:harness", harness_dispatch), ("a2a:raw-dispatch", _raw_a2a(d_bytes, device))]
+    if device.type == "cuda" and nvshmem_available():
+        d_rows = _max_over_ranks(max(sum(d_bytes.send_rows), 1), device)
+        c_rows = _max_over_ranks(max(sum(c_bytes.send_rows), 1), device)
+        cv.variants.append(("vdev:raw-dispatch", _raw_vdev(d_bytes, device, d_rows)))
+        if L.num_local_experts <= MAX_LOCAL_EXPERTS:
+            cv.variants.append(("vdev2d:raw-dispatch", _raw_vdev_2d(d_bytes, device, d_rows, L.num_local_experts)))
+        combine_raw = [("vdev:raw-combine", _raw_vdev(c_bytes, device, c_rows))]
+    else:
+        combine_raw = []
+    cv.variants += [("combine:harness", harness_combine), ("a2a:raw-combine", _raw_a2a(c_bytes, device)),
+                    *combine_raw]
+    return cv
+
+
+def reserve_symmetric_heap(scenario: Any) -> None:
+    """Size NVSHMEM's heap (fixed when NVSHMEM starts, at the first symmetric allocation) for the symm-mem
+    backend's buffers and the raw variants' together: the batched buffer, and four pair-sized row buffers."""
+    p, K = scenario.parallel, scenario.model.hidden_size
+    num_tokens = max(scenario.num_tokens_on_rank(r) for r in range(p.num_ranks))
+    rows = scenario.num_local_experts * p.max_tokens_per_rank * p.num_dispatchers
+    rows += 4 * num_tokens * scenario.model.top_k * p.num_ranks
+    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(rows * (K + 4 * META_WORDS) + 2**30))

@@ -13,7 +13,7 @@ BENCH_POLICIES = ("legacy", "fixed")
 class VariantStats(Record):
     """One variant's samples in microseconds, the first round dropped."""
 
-    name: str  # "experts:harness", "experts:raw-vllm", "a2a:raw-dispatch", ...
+    name: str  # "experts:harness", "experts:raw-vllm", "a2a:raw-dispatch", "dispatch.pack" (a sub-stage), ...
     median_us: float
     min_us: float
     max_us: float
@@ -26,7 +26,8 @@ class BenchPolicy(Record):
     variants: list[VariantStats]
     experts_raw_variant: str | None
     experts_ratio: float | None  # raw / harness
-    comm_ratio: float | None  # (raw dispatch + raw combine) / (harness dispatch + harness combine)
+    # (fastest raw dispatch + fastest raw combine) / (harness dispatch + harness combine), same bytes per peer
+    comm_ratio: float | None
     experts_tflops: float | None
     experts_tflops_fraction_of_peak: float | None
     raw_a2a_busbw_gbps: float | None
@@ -35,13 +36,15 @@ class BenchPolicy(Record):
     combine_bytes: int
     max_rel_error: float | None  # the harness step's output against the raw kernel's, on the valid rows
     error: str | None = None  # status "error": what was raised, here or on the ranks that stopped the policy
+    comm_raw_dispatch_variant: str | None = None  # the fastest raw collective for dispatch's bytes
+    comm_raw_combine_variant: str | None = None  # and for combine's
 
 
 class BenchRankRecord(RankHeader):
     record_kind: Literal["bench-rank"] = "bench-rank"
     scenario_name: str
     num_ranks: int
-    comm_backend: str
+    comm_backend: str  # the dispatch/combine backend: symm-mem, nccl or gloo
     experts_backend: str
     versions: Versions
     hardware: Hardware

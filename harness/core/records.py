@@ -127,6 +127,21 @@ class Breakdown(Record):
     # The experts backend's own temporaries at most (its chunking bounds them), counted apart from `other` so a
     # budget verdict that depends on the backend says so.
     scratch_bytes: int = 0
+    # The comm region: DeepEP low-latency's buffer for the same T, K and experts, as vLLM's batched path holds it
+    # (CommRecord has the figures); 0 when the scenario has none. Records before the comm category read 0.
+    comm_bytes: int = 0
+
+
+class CommRecord(Record):
+    """Which comm backend carried the run, why, and its buffers on this rank."""
+
+    backend: Literal["symm-mem", "nccl", "gloo"]
+    choice: str  # why: "named by the scenario", or how auto chose
+    deepep_ll_bytes: int  # DeepEP low-latency's buffer for the same T, K and global experts (harness.sizing.deepep)
+    deepep_combine_variant: str  # which DeepEP message layout the figure assumes
+    comm_bytes: int  # the comm category: deepep_ll_bytes, or 0 when memory.comm_buffer is "none" or the
+    # scenario's layer.all2all is not deepep-low-latency
+    harness_bytes: int  # the send/receive staging the harness itself allocated (counted in dispatch and combine)
 
 
 class OomRecord(Record):
@@ -270,7 +285,7 @@ class RankRecord(RankHeader):
     num_ranks: int
     num_dispatchers: int
     emulated: bool
-    comm_backend: Literal["nccl", "gloo"]
+    comm_backend: Literal["nccl", "gloo", "symm-mem"]  # the dispatch/combine backend (CommRecord says why)
     experts_backend: str
     measurement_method: Literal["same-baseline"]  # every policy from one baseline, in one process
     versions: Versions
@@ -280,6 +295,7 @@ class RankRecord(RankHeader):
     finished_at: float
     ready_at: float | None = None  # group joined, weights and comm buffers up, warm-up done: the first policy starts
     expert_num_tokens: list[int]  # received per local expert, last iteration of the first policy that ran
+    comm: CommRecord | None = None  # the comm backend's choice and buffers (absent in older records)
     # False: the record so far, sent after a policy finished; the final record (True) replaces it. A rank that
     # failed later leaves complete=False and a RankFailure naming the policies lost.
     complete: bool = True

@@ -75,6 +75,8 @@ def scenario_overrides(ns: argparse.Namespace) -> dict[str, Any]:
         overrides["experts_backend"] = ns.experts_backend
     if ns.device is not None:
         overrides["device"] = ns.device
+    if getattr(ns, "comm", None) is not None:
+        overrides["comm"] = ns.comm
     if getattr(ns, "placement_strategy", None) is not None:
         overrides["launch.placement_strategy"] = ns.placement_strategy
     if ns.num_ranks is not None:
@@ -93,7 +95,7 @@ def scenario_overrides(ns: argparse.Namespace) -> dict[str, Any]:
 
 def _flag(key: str) -> str:
     return {
-        "experts_backend": "--experts-backend", "device": "--device",
+        "experts_backend": "--experts-backend", "comm": "--comm", "device": "--device",
         "launch.placement_strategy": "--placement-strategy", "parallel.num_ranks": "--num-ranks",
         "policies": "--policies", "vllm": "--kernels/--vllm-*",
     }[key]

@@ -8,7 +8,8 @@ a single-process reference.
     activation  act_out  vs silu(gate) * up of the actual mm1_out                       every valid row
     quant       dequant(quant_out, act_scale) vs the actual act_out                    every valid row
     gemm2       mm2_out and out vs dequant(quant_out) @ dequant(w2[e])^T                sampled, every expert
-    combine     the rank's tokens vs sum_k w_k * (the expert rows that came back)       every token
+    combine     the rank's tokens vs the sum of the rows that came back (one per rank,     every token
+                each that rank's weighted sum of the token's expert rows: comm.combine_terms)
     output      the rank's tokens vs a reference that regenerates the experts          sampled tokens
 
 Rows are global rows of the batched (E*M) view (row = e * M + slot) and "valid" means slot < expert_num_tokens[e];
@@ -37,7 +38,8 @@ from typing import Any, Protocol
 import torch
 
 from harness.core.records import STAGES, Correctness, StageCheck
-from harness.rank.dispatch import DispatchBuffers, DispatchHandle, DispatchLayout
+from harness.rank.comm import Comm
+from harness.rank.dispatch import DispatchHandle, DispatchLayout
 from harness.rank.experts.base import ExpertsBackend, ExpertWeights, Workspace, generate_expert
 from harness.rank.experts.reference import expert_forward, silu_and_mul
 from harness.rank.quant import dequantize, quantize_per_channel, quantize_per_token
@@ -287,10 +289,10 @@ class StageChecker:
     # -- combine --------------------------------------------------------------------------------------------
 
     def check_combine(self, combined: torch.Tensor, returned: torch.Tensor, topk_weights: torch.Tensor) -> None:
-        """combined (n, K) bf16 against sum_k w[t, k] * returned[t * top_k + k] in float32.
+        """combined (n, K) bf16 against sum_k w[t, k] * returned[t * W + k] in float32.
 
-        returned (n * top_k, K) bf16: the expert rows that came back, in (token, slot) order; topk_weights (n,
-        top_k) float32. A row's error is relative to max over K of sum_k |w_k x_k| (no cancellation in it).
+        returned (n * W, K) bf16: the rows that came back, W per token in token order; topk_weights (n, W)
+        float32 (0 on padding). A row's error is relative to max over K of sum_k |w_k x_k| (no cancellation in it).
         """
         with self.timer:
             stats = self.stats["combine"]
@@ -349,7 +351,7 @@ class CheckSetup(Protocol):
     tokens: torch.Tensor
     routing: Routing
     weights: ExpertWeights
-    buffers: DispatchBuffers
+    buffers: Comm
     backend: ExpertsBackend
 
     @property
@@ -387,6 +389,7 @@ class CheckedPass:
                 q, scale = setup.quantize(tokens.to(setup.device))  # the same kernel the sender used
                 sources.append((ids.to(setup.device), q, scale))
         checker.check_dispatch(b.expert_src, sources, setup.layout.rank)
+        checker.stats["dispatch"].num_wrong += b.batched.overflow  # slot indices past M, sunk instead of written
 
     def _checker(self) -> StageChecker:
         assert self.checker is not None, "after_dispatch comes first"
@@ -405,9 +408,10 @@ class CheckedPass:
         self._checker().after_out(workspace)
 
     def after_combine(self, combined: torch.Tensor, handle: DispatchHandle) -> None:
-        """combined (n, K): the rank's tokens; buffers.combine_ordered holds the rows that came back for them."""
-        returned = self.setup.buffers.combine_ordered[: handle.num_send_rows]
-        self._checker().check_combine(combined, returned, handle.topk_weights)
+        """combined (n, K): the rank's tokens, against the rows that came back for them (the comm backend's
+        combine_terms: each rank's weighted partial sum of the token's expert rows)."""
+        returned, weights = self.setup.buffers.combine_terms(handle)
+        self._checker().check_combine(combined, returned, weights)
 
     def correctness(self, combined: torch.Tensor) -> Correctness:
         """Every stage's result (one read-back), the end-to-end error and the check's own time."""

@@ -28,12 +28,13 @@ from harness.core.contract import WorkspaceShapes
 from harness.core.environment import collect_hardware, collect_versions
 from harness.core.events import Done, PolicyDone, PolicyStarted, RankEvent, Ready
 from harness.core.records import (
-    Breakdown, ComponentMemory, ContractBytes, Correctness, MemoryMeasurement, OomRecord, PolicyResult, RankRecord,
-    Throughput, Timings,
+    Breakdown, CommRecord, ComponentMemory, ContractBytes, Correctness, MemoryMeasurement, OomRecord, PolicyResult,
+    RankRecord, Throughput, Timings,
 )
 from harness.rank.check import CheckedPass
 from harness.rank.combine import combine
-from harness.rank.dispatch import DispatchBuffers, DispatchHandle, DispatchLayout, dispatch
+from harness.rank.comm import Comm, create_comm, resolve_comm
+from harness.rank.dispatch import DispatchHandle, DispatchLayout, dispatch
 from harness.rank.distributed import RankInfo, StageFailure, agree, init_rank, shutdown_rank
 from harness.rank.experts import (
     ExpertsBackend, ExpertWeights, Workspace, kernels_record, make_weights, select_backend, useful_flops,
@@ -46,6 +47,7 @@ from harness.rank.quant import quantize_per_token
 from harness.rank.route import Routing, route
 from harness.rank.timing import StageTimer, stats_drop_first
 from harness.scenario.schema import Scenario
+from harness.sizing.deepep import deepep_low_latency_bytes
 from harness.sizing.layer import Prediction, run_predictions
 from harness.sizing.plan import policy_shapes
 from harness.sizing.vllm_source.kernels import KernelsLibrary, needs_kernels, resolve_kernels
@@ -79,7 +81,8 @@ class RankSetup:
     tokens: torch.Tensor
     routing: Routing
     weights: ExpertWeights
-    buffers: DispatchBuffers
+    buffers: Comm  # the comm backend: its batched buffers (expert_x, ...) and its send/receive buffers
+    comm_record: CommRecord
     backend: ExpertsBackend
     accountant: Accountant
     probe: MemoryProbe
@@ -310,6 +313,7 @@ def _measure(setup: RankSetup, state: PolicyState, baseline: Baseline, sampler: 
         weights_bytes=acc.bytes_of("weights"), dispatch_bytes=acc.bytes_of("dispatch"),
         common_bytes=acc.bytes_of("common"), ws2_bytes=acc.bytes_of("ws2"), combine_bytes=acc.bytes_of("combine"),
         ballast_bytes=acc.bytes_of("ballast"), other_bytes=max(0, peak - tracked - scratch), scratch_bytes=scratch,
+        comm_bytes=acc.bytes_of("comm"),
     )
     return memory, breakdown
 
@@ -395,8 +399,7 @@ def _throughput(setup: RankSetup, timings: Timings, handle: DispatchHandle) -> T
     layout, P = setup.layout, setup.layout.num_ranks
     flops = useful_flops(setup.buffers.expert_num_tokens, hidden_size=layout.hidden_size,
                          intermediate_size=setup.scenario.model.intermediate_size or 0)
-    dispatch_bytes = handle.num_send_rows * layout.row_bytes
-    combine_bytes = handle.num_recv_rows * layout.hidden_size * 2
+    dispatch_bytes, combine_bytes = handle.dispatch_bytes, handle.combine_bytes
     bus = (P - 1) / P  # nccl-tests' all-to-all bus factor: the self-send crosses no link
 
     def gbps(num_bytes: int, us: float) -> float:
@@ -410,6 +413,34 @@ def _throughput(setup: RankSetup, timings: Timings, handle: DispatchHandle) -> T
         combine_busbw_gbps=gbps(combine_bytes, timings.combine_us) * bus,
         dispatch_bytes=dispatch_bytes, combine_bytes=combine_bytes,
     )
+
+
+def _setup_comm(s: Scenario, layout: DispatchLayout, probe: MemoryProbe, accountant: Accountant,
+                predicted: dict[str, Prediction]) -> tuple[tuple[Comm, CommRecord], list[ComponentMemory]]:
+    """The comm backend with every buffer at full capacity, then the comm region: with memory.comm_buffer
+    deepep-ll (the default) and layer.all2all deepep-low-latency (also the default), one allocation of what DeepEP
+    low-latency holds for the same T, K and global experts (E x D, the redundant ones included: vLLM issue
+    #57894) in the scenario's layer.deepep_layout, so the GPU's memory includes that cost. The harness's own
+    send/receive staging counts under dispatch and combine. Each step is measured as a layer component."""
+    device = probe.device
+    name, choice = resolve_comm(s.comm, device_type=device.type, num_local_experts=layout.num_local_experts,
+                                num_ranks=layout.num_ranks)
+    comm, comm_step = _measured_step(probe, accountant, lambda: create_comm(
+        name, layout, accountant, device=device, out_dtype=getattr(torch, s.model.workspace_dtype)))  # fmt: skip
+    components = [comm_step.component("dispatch-quant", predicted, _tensor_bytes(comm.expert_x, comm.expert_x_scale))]
+    deepep = deepep_low_latency_bytes(
+        max_tokens_per_rank=s.parallel.max_tokens_per_rank, hidden_size=layout.hidden_size,
+        num_experts=s.sizing_args().num_global_experts,
+        combine_variant="bf16" if s.layer.deepep_layout == "bf16-combine" else "logfmt",
+    )
+    if s.memory.comm_buffer == "deepep-ll" and s.layer.all2all == "deepep-low-latency":
+        _, region_step = _measured_step(probe, accountant, lambda: accountant.alloc(
+            "comm", (deepep.total_bytes,), torch.uint8))  # fmt: skip
+        components.append(region_step.component("deepep-rdma", predicted, region_step.allocated_bytes))
+    record = CommRecord(backend=name, choice=choice, deepep_ll_bytes=deepep.total_bytes,  # type: ignore[arg-type]
+                        deepep_combine_variant=deepep.combine_variant, harness_bytes=comm.harness_bytes,
+                        comm_bytes=accountant.bytes_of("comm"))
+    return (comm, record), components
 
 
 def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir: Path, external_bytes: int) -> RankSetup:
@@ -434,19 +465,15 @@ def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir
     weights, weights_step = _measured_step(probe, accountant, lambda: make_weights(
         rank=info.rank, num_local_experts=E, hidden_size=K, intermediate_size=I, seed=s.seed, device=device,
         accountant=accountant))  # fmt: skip
-    buffers, buffers_step = _measured_step(probe, accountant, lambda: DispatchBuffers.allocate(
-        layout, accountant, out_dtype=getattr(torch, s.model.workspace_dtype)))  # fmt: skip
-    components = [
-        weights_step.component("expert-weights", predicted, weights_step.allocated_bytes),
-        buffers_step.component("dispatch-quant", predicted, _tensor_bytes(buffers.expert_x, buffers.expert_x_scale)),
-    ]
+    (buffers, comm_record), components = _setup_comm(s, layout, probe, accountant, predicted)
+    components.insert(0, weights_step.component("expert-weights", predicted, weights_step.allocated_bytes))
     num_tokens = s.num_tokens_on_rank(info.rank)
     tokens = make_tokens(seed=s.seed, rank=info.rank, num_tokens=num_tokens, hidden_size=K, device=device)
     return RankSetup(
         scenario=s, info=info, device=device, layout=layout, tokens=tokens,
         routing=make_routing(s, info.rank, num_tokens).to(device),
-        weights=weights, buffers=buffers, backend=backend, accountant=accountant, probe=probe,
-        external_bytes=external_bytes, run_dir=run_dir, components=components, kernels=kernels,
+        weights=weights, buffers=buffers, comm_record=comm_record, backend=backend, accountant=accountant,
+        probe=probe, external_bytes=external_bytes, run_dir=run_dir, components=components, kernels=kernels,
     )
 
 
@@ -557,7 +584,8 @@ def _record_fields(setup: RankSetup, *, started: float, ready_at: float,
     return _RecordFields(fields=dict(
         run_id=info.run_id, scenario_name=s.name or "", scenario_hash=s.scenario_hash,
         scenario=s.model_dump(mode="json"), rank=info.rank, num_ranks=info.world_size,
-        num_dispatchers=s.parallel.num_dispatchers, emulated=s.emulated, comm_backend=info.comm_backend,
+        num_dispatchers=s.parallel.num_dispatchers, emulated=s.emulated,
+        comm_backend=setup.comm_record.backend, comm=setup.comm_record,
         experts_backend=backend.name, measurement_method="same-baseline",
         versions=collect_versions(vllm_source=setup.kernels.origin if setup.kernels else None,
                                   vllm_kernels=backend.kernels if backend.name == "vllm-ops" else None),

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-CATEGORIES = ("weights", "dispatch", "common", "ws2", "combine", "ballast")
+CATEGORIES = ("weights", "dispatch", "comm", "common", "ws2", "combine", "ballast")
 _TRIED_RE = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")
 _FREE_RE = re.compile(r"of which ([\d.]+) (B|KiB|MiB|GiB|TiB) is free")
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
@@ -103,6 +103,13 @@ class Accountant:
             tensor = torch.empty(shape, dtype=dtype, device=self.device)
         self._bytes[category] += num_bytes
         self.num_tensors += 1
+        return tensor
+
+    def adopt(self, category: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Count a tensor allocated elsewhere (a symmetric-memory buffer) under `category`; returns it."""
+        if category not in CATEGORIES:
+            raise ValueError(f"category {category!r} is not one of {', '.join(CATEGORIES)}")
+        self._bytes[category] += tensor.numel() * tensor.element_size()
         return tensor
 
     def release(self, category: str, tensor: torch.Tensor) -> None:

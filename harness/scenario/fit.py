@@ -29,7 +29,11 @@ MAX_RANKS_PER_CPU = 4
 CPU_RANK_OVERHEAD_BYTES = 300 * 2**20
 # A CUDA context and NCCL's buffers, which the rank cannot do without.
 GPU_RANK_OVERHEAD_BYTES = 2**30
-META_WORDS = 4  # int32 words per dispatched row, as harness.rank.dispatch sends them
+# torch's all_to_all_vdev_2d, symm-mem's dispatch (torch/csrc/distributed/c10d/symm_mem/nvshmem_extension.cu): one
+# 32-thread tile per local expert in a 512-thread block, one warp-scan lane per rank; its rendezvous needs 2 ranks.
+SYMM_MEM_MAX_LOCAL_EXPERTS = 16
+SYMM_MEM_MAX_RANKS = 32
+SYMM_MEM_META_BYTES = 16  # scale, token, source rank, weight per dispatched pair (harness.rank.comm.symm_mem)
 GIB = 2**30
 
 
@@ -82,8 +86,47 @@ def _largest_workspace_bytes(scenario: Scenario) -> int:
     return max(builtin_shapes(policy, args).total_bytes for policy in BUILTIN_POLICIES)
 
 
+def comm_reason(comm: str, *, device_type: DeviceType, num_local_experts: int, num_ranks: int) -> str | None:
+    """Why comm backend `comm` (not auto) cannot carry a run on `device_type` ranks with this layout, or None;
+    from the data alone (whether NVSHMEM works is asked at the rank: harness.rank.comm.symm_mem)."""
+    if comm == "gloo" and device_type != "cpu":
+        return "comm gloo runs on CPU ranks (device cpu); use nccl or symm-mem on GPUs"
+    if comm in ("nccl", "symm-mem") and device_type != "cuda":
+        return f"comm {comm} needs GPU ranks (device cuda); use gloo on CPU"
+    if comm == "symm-mem" and num_ranks < 2:
+        return "comm symm-mem needs at least 2 ranks (torch's symmetric memory rendezvous); use nccl on one GPU"
+    if comm == "symm-mem" and num_local_experts > SYMM_MEM_MAX_LOCAL_EXPERTS:
+        return (f"comm symm-mem writes the batched buffer with torch's all_to_all_vdev_2d, which takes at most "
+                f"{SYMM_MEM_MAX_LOCAL_EXPERTS} local experts; parallel.num_local_experts is {num_local_experts}")
+    if comm == "symm-mem" and num_ranks > SYMM_MEM_MAX_RANKS:
+        return (f"comm symm-mem: all_to_all_vdev_2d takes at most {SYMM_MEM_MAX_RANKS} ranks; "
+                f"parallel.num_ranks is {num_ranks}")
+    return None
+
+
+def _comm_buffers_bytes(s: Scenario, device_type: DeviceType) -> tuple[int, int]:
+    """(dispatch, combine) bytes of the comm backend a rank would allocate (harness.rank.comm.create_comm): the
+    batched buffers with their sink row, and the backend's staging. auto on GPUs is taken as symm-mem where the
+    data allow it. DeepEP's comm region is not here: it is harness.sizing.deepep's, above this layer."""
+    E, K, P = s.num_local_experts, s.model.hidden_size or 0, s.parallel.num_ranks
+    M, k = s.parallel.max_tokens_per_rank * s.parallel.num_dispatchers, s.model.top_k or 1
+    C, out_bytes = max(s.num_tokens_on_rank(r) for r in range(P)), DTYPE_BYTES[s.model.workspace_dtype]
+    batched = (E * M + 1) * (4 + 8) + 8 + E * 4  # scales, (source, token), the overflow count, expert_num_tokens
+    comm = s.comm
+    if comm == "auto":
+        data_ok = comm_reason("symm-mem", device_type=device_type, num_local_experts=E, num_ranks=P) is None
+        comm = "symm-mem" if data_ok else ("nccl" if device_type == "cuda" else "gloo")
+    if comm == "symm-mem":
+        staging = C * k * (K + SYMM_MEM_META_BYTES) + 3 * P * E * 8 + E * M * SYMM_MEM_META_BYTES
+        return E * M * K + batched + staging, (P * C + C) * K * out_bytes
+    meta_bytes = -(-4 * (3 + (k + 1) // 2 + k) // 16) * 16  # harness.rank.comm.base.RowFormat
+    row, sent = K + meta_bytes, C * min(P, k)
+    staging = (sent + P * C) * row + 2 * P * 2 * 8
+    return (E * M + 1) * K + batched + staging, (sent + C) * K * out_bytes
+
+
 def estimate_rank_memory(scenario: Scenario, device_type: DeviceType) -> RankMemory:
-    """Bytes rank 0 would hold, from the shapes of harness.rank (experts.make_weights, DispatchBuffers.allocate)."""
+    """Bytes rank 0 would hold, from the shapes of harness.rank (experts.make_weights, comm.create_comm)."""
     s = scenario
     E, K, I = s.num_local_experts, s.model.hidden_size or 0, s.model.intermediate_size or 0
     D, P, T = s.parallel.num_dispatchers, s.parallel.num_ranks, s.parallel.max_tokens_per_rank
@@ -91,10 +134,8 @@ def estimate_rank_memory(scenario: Scenario, device_type: DeviceType) -> RankMem
     out_bytes = DTYPE_BYTES[s.model.workspace_dtype]
     buffer_tokens = max(s.num_tokens_on_rank(r) for r in range(P))
     send_rows = buffer_tokens * top_k
-    recv_rows = min(P * send_rows, E * M)
     weights = E * (3 * I * K) + E * (2 * I + K) * 4  # fp8 w1 (E, 2I, K), w2 (E, K, I); float32 scales
-    dispatch = (send_rows + recv_rows) * (K + 4 * META_WORDS) + E * M * (K + 4 + 8) + E * 4
-    combine = (recv_rows + 2 * send_rows + buffer_tokens) * K * out_bytes
+    dispatch, combine = _comm_buffers_bytes(s, device_type)
     tokens = buffer_tokens * K * out_bytes + send_rows * (8 + 4)
     workspace = _largest_workspace_bytes(s)
     if device_type == "cpu" and s.memory.budget_bytes is not None:
@@ -118,6 +159,11 @@ def _count_reason(scenario: Scenario, machine: Machine, device_type: DeviceType)
         return f"the scenario needs {P} GPUs (one per physical rank), {machine.num_gpus} are available"
     if device_type == "cpu" and scenario.experts_backend in ("torch-cutlass", "vllm-ops"):
         return f"experts_backend {scenario.experts_backend} needs GPUs; use reference or auto on CPU"
+    if scenario.comm != "auto":
+        reason = comm_reason(scenario.comm, device_type=device_type, num_local_experts=scenario.num_local_experts,
+                             num_ranks=P)
+        if reason is not None:
+            return reason
     if device_type == "cpu" and machine.shared and P > MAX_RANKS_PER_CPU * machine.num_cpus:
         return (f"parallel.num_ranks ({P}) CPU ranks on {machine.num_cpus} CPU core(s); allowed: at most "
                 f"{MAX_RANKS_PER_CPU} ranks per core ({MAX_RANKS_PER_CPU * machine.num_cpus} here)")

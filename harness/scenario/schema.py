@@ -173,6 +173,11 @@ class MemorySpec(_Strict):
     )
     sample_interval_ms: Annotated[float, Field(ge=L.MIN_SAMPLE_INTERVAL_MS, le=L.MAX_SAMPLE_INTERVAL_MS)] = Field(
         1.0, description="period of the peak-memory sampler (a shorter one would spin)")
+    comm_buffer: Literal["deepep-ll", "none"] = Field(
+        "deepep-ll", description="deepep-ll: hold DeepEP low-latency's buffer for the same T, K and experts, as "
+        "vLLM's batched path does (when layer.all2all is deepep-low-latency), counted as comm; none: only the "
+        "harness's own send/receive buffers"
+    )
     snapshot_on_oom: bool = Field(
         True, description="with a budget on GPU: dump a CUDA allocator snapshot next to the records on OOM"
     )
@@ -414,6 +419,10 @@ class Scenario(_Strict):
         "auto", description="auto: vllm-ops when its ops library is at hand, then torch-cutlass (sm90+), else reference"
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when there is a GPU per rank")
+    comm: Literal["auto", "symm-mem", "nccl", "gloo"] = Field(
+        "auto", description="dispatch/combine backend; auto: symm-mem where NVSHMEM works, E <= 16 and P >= 2, "
+        "else nccl on GPUs, gloo on CPUs"
+    )
     vllm: VllmSpec = VllmSpec()
     iterations: Count(L.MAX_ITERATIONS) = Field(3, description="measured iterations of the data path per policy")
     warmup: Annotated[int, Field(ge=0, le=L.MAX_ITERATIONS)] = Field(
@@ -468,6 +477,7 @@ class Scenario(_Strict):
         - top_k is at most num_experts and at most the experts on the physical ranks, E x P.
         - routing.num_tokens is at most max_tokens_per_rank; routing.idle_ranks are ranks below num_ranks.
         - expect.outcomes names only policies of the scenario.
+        - comm nccl and symm-mem need device cuda or auto; comm gloo needs cpu or auto.
         """
         p, m = self.parallel, self.model
         D, P = p.num_dispatchers, p.num_ranks
@@ -513,6 +523,10 @@ class Scenario(_Strict):
         bad_idle = [r for r in self.routing.idle_ranks if r >= P]
         if bad_idle:
             raise ValueError(f"routing.idle_ranks {bad_idle} are not ranks of parallel.num_ranks ({P}): allowed 0..{P - 1}")
+        if self.device == "cpu" and self.comm in ("nccl", "symm-mem"):
+            raise ValueError(f"comm {self.comm} needs GPU ranks, but device is cpu; allowed on cpu: gloo, auto")
+        if self.device == "cuda" and self.comm == "gloo":
+            raise ValueError("comm gloo runs on CPU ranks, but device is cuda; allowed on cuda: symm-mem, nccl, auto")
         unknown = sorted(set(self.expect.outcomes) - set(self.policies))
         if unknown:
             raise ValueError(f"expect.outcomes names {unknown}, which are not in policies {self.policies}")

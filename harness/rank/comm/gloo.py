@@ -1,0 +1,9 @@
+"""gloo: the packed-row path (collective.CollectiveComm) on CPU ranks, for CI and machines without GPUs."""
+
+from __future__ import annotations
+
+from harness.rank.comm.collective import CollectiveComm
+
+
+class GlooComm(CollectiveComm):
+    name = "gloo"

@@ -1,0 +1,194 @@
+"""Comm backends: one packed row per (token, destination rank), one exchange, every slot traced to its sender, the
+combined output against a single-process reference; the DeepEP low-latency sizing; the comm choice as data and
+on the command line. CPU tests run real gloo groups; the symm-mem and nccl exactness tests need 2 GPUs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from distributed_utils import parallel_launch
+from harness.rank.comm import CommUnavailable, RowFormat, resolve_comm
+from harness.scenario.schema import ScenarioError
+from harness.sizing.deepep import deepep_low_latency_bytes
+from scenario_utils import tiny
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_deepep_low_latency_bytes_follow_the_layout_by_hand():
+    # DeepSeek-V3 shapes, T = 128, 256 experts. msg_dispatch = 16 + max(2*7168, 7168 + 4*56) = 14352 bytes.
+    bf16 = deepep_low_latency_bytes(max_tokens_per_rank=128, hidden_size=7168, num_experts=256,
+                                    combine_variant="bf16")
+    assert (bf16.msg_dispatch_bytes, bf16.msg_combine_bytes) == (14352, 14336)
+    assert bf16.send_bytes == 256 * 128 * 14336 and bf16.recv_bytes == 256 * 128 * 14352
+    assert bf16.signal_bytes == 1024
+    assert bf16.layout_bytes == 2 * (469_762_048 + 470_286_336 + 1024) == 1_880_098_816
+    # vLLM passes DeepEP's size hint: the layout rounded up to 128 bytes, plus 128 when already aligned.
+    assert bf16.total_bytes == 1_880_098_816 + 128
+    logfmt = deepep_low_latency_bytes(max_tokens_per_rank=128, hidden_size=7168, num_experts=256)
+    assert logfmt.msg_combine_bytes == 14336 + 224  # per-128 min/max pairs ride with the bf16 row
+    assert logfmt.layout_bytes == 2 * (2 * 477_102_080 + 1024) == 1_908_410_368
+
+
+def test_row_format_packs_payload_and_words_in_16_byte_rows():
+    eight = RowFormat(hidden_size=7168, top_k=8)
+    # scale, token, rank, 8 int16 ids in 4 words, 8 float32 weights: 15 words = 60 bytes -> 64
+    assert (eight.meta_words, eight.meta_bytes, eight.row_bytes) == (15, 64, 7232)
+    three = RowFormat(hidden_size=64, top_k=3)
+    assert (three.id_words, three.meta_words, three.row_bytes) == (2, 8, 96)
+
+
+def test_auto_and_named_comm_choices():
+    assert resolve_comm("auto", device_type="cpu", num_local_experts=64, num_ranks=2)[0] == "gloo"
+    name, why = resolve_comm("auto", device_type="cuda", num_local_experts=64, num_ranks=2)
+    assert name == "nccl" and "at most 16 local experts" in why and "64" in why
+    with pytest.raises(CommUnavailable, match="comm nccl needs GPU ranks"):
+        resolve_comm("nccl", device_type="cpu", num_local_experts=8, num_ranks=2)
+    with pytest.raises(CommUnavailable, match="comm gloo runs on CPU ranks"):
+        resolve_comm("gloo", device_type="cuda", num_local_experts=8, num_ranks=2)
+    with pytest.raises(CommUnavailable, match="comm symm-mem needs GPU ranks"):
+        resolve_comm("symm-mem", device_type="cpu", num_local_experts=8, num_ranks=2)
+
+
+def test_scenario_comm_field_is_validated_as_data():
+    assert tiny().comm == "auto"
+    with pytest.raises(ScenarioError, match="comm nccl needs GPU ranks, but device is cpu; allowed on cpu: gloo, auto"):
+        tiny(comm="nccl")
+    with pytest.raises(ScenarioError, match="comm gloo runs on CPU ranks, but device is cuda"):
+        tiny(comm="gloo", device="cuda")
+    with pytest.raises(ScenarioError, match="comm: Input should be 'auto', 'symm-mem', 'nccl' or 'gloo'"):
+        tiny(comm="mpi")
+
+
+def test_run_with_a_gpu_comm_on_cpu_is_one_line_and_exit_2(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "harness", "run", "smoke", "--comm", "symm-mem", "--out",
+                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "comm symm-mem needs GPU ranks (device cuda); use gloo on CPU" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def _exchange(info: Any, scenario_data: dict) -> dict:
+    """One dispatch and combine through the rank's real setup; expert e's output is its global id + 1 times its
+    dequantized input, so the combined output has a closed form per token."""
+    import torch.distributed as dist
+
+    from harness.rank.combine import combine
+    from harness.rank.dispatch import dispatch
+    from harness.rank.check import CheckedPass
+    from harness.rank.lifecycle import setup_rank, source_inputs
+    from harness.rank.quant import dequantize
+    from harness.scenario.schema import parse_scenario
+
+    scenario = parse_scenario(scenario_data)
+    setup = setup_rank(scenario, info, info.device, Path("/tmp"), 0)
+    comm, L = setup.buffers, setup.layout
+    calls = []
+    real = dist.all_to_all_single
+    dist.all_to_all_single = lambda *a, **kw: (calls.append(1), real(*a, **kw))[1]  # counts, then does the real one
+    try:
+        if info.device.type == "cuda" and comm.name == "symm-mem":
+            torch.cuda.set_sync_debug_mode("error")  # any host read inside dispatch or combine raises
+        handle = dispatch(setup.tokens, setup.routing, L, comm, setup.quantize)
+        dispatch_calls = len(calls)
+        checked = CheckedPass(setup, source_inputs(setup))
+        E = L.num_local_experts
+        factor = (info.rank * E + torch.arange(E, device=info.device) + 1).float().view(E, 1, 1)
+        expert_out = (dequantize(comm.expert_x.float(), comm.expert_x_scale) * factor).to(torch.bfloat16)
+        combined = combine(expert_out, handle, L, comm)
+        out = combined.float()
+    finally:
+        if info.device.type == "cuda":
+            torch.cuda.set_sync_debug_mode(0)
+        dist.all_to_all_single = real
+    checked.after_dispatch()  # the run's own check: every slot against what its sender quantized
+    checked.after_combine(combined, handle)  # each token against the rows that came back for it
+    stages = {c.stage: c for c in checked._checker().results()}
+    q, scale = setup.quantize(setup.tokens)
+    ids, weights = setup.routing.topk_ids, setup.routing.topk_weights
+    ref = dequantize(q, scale) * (weights * (ids + 1).float()).sum(1, keepdim=True)
+    token = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
+    distinct_rows = int(torch.unique(token * L.num_ranks + ids // E).numel())  # (token, destination rank) pairs
+    return {
+        "backend": comm.name, "wrong_slots": stages["dispatch"].num_rows_wrong,
+        "wrong_combined": stages["combine"].num_rows_wrong, "num_tokens": int(setup.tokens.shape[0]),
+        "max_abs_ref": float(ref.abs().max()) if ref.numel() else 0.0,
+        "max_abs_err": float((out - ref).abs().max()) if ref.numel() else 0.0,
+        "dispatch_bytes": handle.dispatch_bytes, "distinct_rows": distinct_rows, "pairs": int(ids.numel()),
+        "row_bytes": RowFormat(hidden_size=L.hidden_size, top_k=L.top_k).row_bytes,
+        "host_syncs": handle.num_host_syncs, "dispatch_collectives": dispatch_calls,
+        "counts": comm.expert_num_tokens.tolist(), "comm": setup.comm_record.model_dump(),
+        "comm_bytes": setup.accountant.bytes_of("comm"),
+    }
+
+
+CASES = {
+    "D = P = 2, uniform": {},
+    "2 ranks emulating D = 4, skewed": {"parallel.num_dispatchers": 4, "parallel.num_local_experts": 4,
+                                        "routing.kind": "skewed", "routing.zipf_exponent": 2.0},
+    "D = P = 3, top_k 3 (odd: int16 ids padded)": {"parallel.num_ranks": 3, "parallel.num_dispatchers": 3,
+                                                  "parallel.num_local_experts": 6, "model.num_experts": 18,
+                                                  "model.top_k": 3},
+    "4 ranks, worst case fills expert 0 to M": {"parallel.num_ranks": 4, "parallel.num_dispatchers": 4,
+                                               "parallel.num_local_experts": 4, "routing.kind": "worst-case"},
+    "2 ranks, rank 1 holds no tokens": {"routing.idle_ranks": [1]},
+}
+
+
+def _check(results: list[dict], scenario: Any, backend: str) -> None:
+    M = scenario.parallel.max_tokens_per_rank * scenario.parallel.num_dispatchers
+    assert sum(sum(r["counts"]) for r in results) == sum(r["pairs"] for r in results)  # every pair landed once
+    for r in results:
+        assert r["backend"] == backend and r["wrong_slots"] == 0 and r["wrong_combined"] == 0
+        assert max(r["counts"]) <= M
+        if r["num_tokens"]:
+            assert r["max_abs_ref"] > 0
+            assert r["max_abs_err"] <= 1e-2 * r["max_abs_ref"], r  # bf16 expert rows and partial sums
+        comm = r["comm"]  # tiny's layer is DeepEP low-latency: the rank holds exactly DeepEP's buffer as comm
+        assert comm["comm_bytes"] == r["comm_bytes"] == comm["deepep_ll_bytes"] > 0 and comm["harness_bytes"] > 0
+    if scenario.routing.kind == "worst-case":
+        assert results[0]["counts"][0] == M
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gloo_sends_one_row_per_token_and_rank_and_traces_every_slot(case):
+    scenario = tiny(**CASES[case])
+    results = parallel_launch(scenario.parallel.num_ranks, _exchange, scenario.model_dump(mode="json"))
+    _check(results, scenario, "gloo")
+    for r in results:
+        # One row per (token, destination rank), payload and words together: exactly those bytes, one exchange of
+        # rows after the fixed-size count exchange, and one host read (the split sizes).
+        assert r["dispatch_bytes"] == r["distinct_rows"] * r["row_bytes"]
+        assert r["distinct_rows"] < r["pairs"] or scenario.model.top_k == 1 or r["num_tokens"] == 0
+        assert (r["dispatch_collectives"], r["host_syncs"]) == (2, 1)
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.parametrize("comm", ["symm-mem", "nccl"])
+@pytest.mark.parametrize("case", ["D = P = 2, uniform", "2 ranks emulating D = 4, skewed"])
+def test_gpu_comm_is_exact(comm, case):
+    from harness.rank.comm.symm_mem import nvshmem_available
+
+    if comm == "symm-mem" and not nvshmem_available():
+        pytest.skip("NVSHMEM is not available to this torch build")
+    scenario = tiny(**CASES[case], device="cuda", comm=comm)
+    results = parallel_launch(2, _exchange, scenario.model_dump(mode="json"), device_type="cuda")
+    _check(results, scenario, comm)
+    for r in results:
+        if comm == "symm-mem":  # a row per (token, slot) straight into the batched buffer; nothing read on the host
+            assert r["dispatch_bytes"] == r["pairs"] * (scenario.model.hidden_size + 16)
+            assert r["host_syncs"] == 0
+        else:
+            assert r["dispatch_bytes"] == r["distinct_rows"] * r["row_bytes"]
