@@ -192,3 +192,44 @@ def test_gpu_comm_is_exact(comm, case):
             assert r["host_syncs"] == 0
         else:
             assert r["dispatch_bytes"] == r["distinct_rows"] * r["row_bytes"]
+
+
+def test_symm_mem_bag_table_holds_each_tokens_slots_and_reduces_like_a_plain_sum():
+    """symm-mem's combine table, built on CPU from received words as the NVSHMEM exchange leaves them: every
+    (source rank, token)'s slots and weights, padding that reads a row of the same bag with weight 0, and the
+    weighted embedding_bag over it equal to a plain per-token sum."""
+    import types
+
+    import torch.nn.functional as F
+
+    from harness.rank.comm import DispatchLayout
+    from harness.rank.comm.symm_mem import SymmMemComm
+
+    E, M, P, C, K, top_k = 3, 6, 2, 4, 8, 2
+    layout = DispatchLayout(num_ranks=P, rank=0, num_local_experts=E, max_slots_per_expert=M, hidden_size=K,
+                            top_k=top_k, max_tokens=C)
+    counts = [4, 0, 3]  # expert 1 received nothing; slots past a count hold stale words
+    routed = {0: [(0, 0), (0, 2), (1, 1), (1, 3)], 2: [(0, 2), (1, 1), (1, 0)]}  # (source rank, token) per slot
+    meta = torch.randint(-9, 9, (E * M, 4), dtype=torch.int32)  # stale garbage everywhere first
+    weight = {}
+    for e, sources in routed.items():
+        for j, (src, tok) in enumerate(sources):
+            w = torch.tensor([0.25 * (e + 1) + 0.1 * j], dtype=torch.float32)
+            weight[(e, j)] = float(w)
+            meta[e * M + j] = torch.tensor([0, tok, src, int(w.view(torch.int32))], dtype=torch.int32)
+    shim = types.SimpleNamespace(layout=layout, expert_meta=meta)
+    valid = (torch.arange(M).unsqueeze(0) < torch.tensor(counts).unsqueeze(1)).reshape(-1)
+    bags = SymmMemComm._bags(shim, valid)  # type: ignore[arg-type]
+    table, weights, empty = bags["bag_table"], bags["bag_weights"], bags["empty_bags"].squeeze(1)
+    assert table.shape == weights.shape == (P * C, min(top_k, E))
+    expert_out = torch.randn(E * M, K)
+    partial = F.embedding_bag(table, expert_out, mode="sum", per_sample_weights=weights)
+    partial.masked_fill_(empty.unsqueeze(1), 0)
+    for src in range(P):
+        for tok in range(C):
+            slots = [(e, j) for e, sources in routed.items() for j, s in enumerate(sources) if s == (src, tok)]
+            want = sum((weight[s] * expert_out[s[0] * M + s[1]] for s in slots), torch.zeros(K))
+            assert bool(empty[src * C + tok]) == (not slots)
+            assert torch.allclose(partial[src * C + tok], want, atol=1e-6), (src, tok, slots)
+            row = set(table[src * C + tok].tolist())
+            assert {e * M + j for e, j in slots} <= row and (not slots or row <= {e * M + j for e, j in slots})

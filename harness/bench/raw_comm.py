@@ -92,9 +92,17 @@ def _raw_a2a(pb: PeerBytes, device: torch.device) -> Callable[[], None]:
     return lambda: dist.all_to_all_single(recv, send, output_split_sizes=out_splits, input_split_sizes=in_splits)
 
 
-def _raw_vdev(pb: PeerBytes, device: torch.device, capacity_rows: int) -> Callable[[], None]:
+def _nvshmem(device: torch.device) -> Any:
+    """torch's symmetric memory on NVSHMEM (the default CUDA backend has no all_to_all_vdev: "NYI")."""
     import torch.distributed._symmetric_memory as symm_mem
 
+    if symm_mem.get_backend(device) != "NVSHMEM":
+        symm_mem.set_backend("NVSHMEM")
+    return symm_mem
+
+
+def _raw_vdev(pb: PeerBytes, device: torch.device, capacity_rows: int) -> Callable[[], None]:
+    symm_mem = _nvshmem(device)
     P = len(pb.send_rows)
     group = dist.group.WORLD.group_name  # type: ignore[union-attr]
     send = symm_mem.empty((capacity_rows, pb.row_bytes), dtype=torch.uint8, device=device).zero_()
@@ -107,8 +115,7 @@ def _raw_vdev(pb: PeerBytes, device: torch.device, capacity_rows: int) -> Callab
 
 
 def _raw_vdev_2d(pb: PeerBytes, device: torch.device, capacity_rows: int, num_experts: int) -> Callable[[], None]:
-    import torch.distributed._symmetric_memory as symm_mem
-
+    symm_mem = _nvshmem(device)
     assert pb.send_rows_per_expert is not None
     P = len(pb.send_rows)
     group = dist.group.WORLD.group_name  # type: ignore[union-attr]
@@ -144,7 +151,7 @@ def comm_variants(setup: Any, expert_out: torch.Tensor, timer: StageTimer) -> Co
         combine(expert_out, cv.handle, L, setup.buffers, stages=Stages(timer))
 
     cv.variants += [("dispatch:harness", harness_dispatch), ("a2a:raw-dispatch", _raw_a2a(d_bytes, device))]
-    if device.type == "cuda" and nvshmem_available():
+    if device.type == "cuda" and nvshmem_available() and L.num_ranks > 1:  # rendezvous needs two ranks
         d_rows = _max_over_ranks(max(sum(d_bytes.send_rows), 1), device)
         c_rows = _max_over_ranks(max(sum(c_bytes.send_rows), 1), device)
         cv.variants.append(("vdev:raw-dispatch", _raw_vdev(d_bytes, device, d_rows)))

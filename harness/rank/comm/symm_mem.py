@@ -11,8 +11,9 @@ Dispatch, per rank:
     unpack     expert_num_tokens from the received splits; scales and sources copied out of the words
 
 Combine: the expert side reduces the weighted outputs of each (source rank, token) into one bf16 row (a weighted
-embedding_bag over the slots, fixed (P*C, K) output), one equal-split all_to_all_single sends C rows to each
-rank (fixed sizes: no host read), and the token's rank sums the P rows of each token in float32.
+embedding_bag over a dense (P*C, min(top_k, E)) table of its slots, fixed size), one equal-split
+all_to_all_single sends C rows to each rank (fixed sizes: no host read), and the token's rank sums the P rows of
+each token in float32.
 
 Limits of torch's kernels (torch/csrc/distributed/c10d/symm_mem/nvshmem_extension.cu): all_to_all_vdev_2d takes
 at most 16 local experts (one 32-thread tile each in a 512-thread block) and 32 ranks. Empty experts still get
@@ -49,6 +50,21 @@ def nvshmem_available() -> bool:
         return bool(torch.cuda.is_available() and symm_mem.is_nvshmem_available())
     except (ImportError, RuntimeError):
         return False
+
+
+def _describe(**tensors: torch.Tensor) -> str:
+    return ", ".join(f"{name} {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for name, t in tensors.items())
+
+
+def _vdev_2d(send: torch.Tensor, recv: torch.Tensor, in_splits: torch.Tensor, out_splits_offsets: torch.Tensor,
+             group_name: str, major_align: int) -> None:
+    """torch.ops.symm_mem.all_to_all_vdev_2d; a failure names every argument's shape and dtype."""
+    try:
+        torch.ops.symm_mem.all_to_all_vdev_2d(send, recv, in_splits, out_splits_offsets, group_name,
+                                              major_align=major_align)
+    except RuntimeError as exc:
+        args = _describe(input=send, out=recv, in_splits=in_splits, out_splits_offsets=out_splits_offsets)
+        raise RuntimeError(f"all_to_all_vdev_2d({args}, major_align={major_align}): {exc}") from exc
 
 
 class SymmMemComm(Comm):
@@ -110,11 +126,8 @@ class SymmMemComm(Comm):
             topk_weights.reshape(-1).index_select(0, order).float().view(torch.int32),
         ], dim=1))
         stages.lap("dispatch.pack")
-        ops = torch.ops.symm_mem
-        ops.all_to_all_vdev_2d(self.send_x, self.recv_x, self.in_splits, self.out_splits_offsets, self.group_name,
-                               major_align=M)
-        ops.all_to_all_vdev_2d(self.send_meta, self.expert_meta, self.in_splits, self.out_splits_offsets,
-                               self.group_name, major_align=M)
+        _vdev_2d(self.send_x, self.recv_x, self.in_splits, self.out_splits_offsets, self.group_name, M)
+        _vdev_2d(self.send_meta, self.expert_meta, self.in_splits, self.out_splits_offsets, self.group_name, M)
         stages.lap("dispatch.exchange")
         bags = self._unpack()
         stages.lap("dispatch.unpack")
@@ -127,30 +140,45 @@ class SymmMemComm(Comm):
     def _unpack(self) -> dict[str, torch.Tensor]:
         """Counts, scales and sources out of the received words; the bags combine reduces (all on the device)."""
         L, b = self.layout, self.batched
-        E, M, P, C = L.num_local_experts, L.max_slots_per_expert, L.num_ranks, L.buffer_tokens
+        E, M, P = L.num_local_experts, L.max_slots_per_expert, L.num_ranks
         counts = self.out_splits_offsets[0].view(E, P).sum(1)  # received splits are (expert, source rank)
         b.overflow.add_((counts > M).sum())
         b.expert_num_tokens.copy_(counts)
         meta = self.expert_meta
         b.expert_x_scale.view(-1).copy_(meta[:, 0].view(torch.float32))
-        b.expert_src.view(-1, 2).copy_(meta[:, [2, 1]])
+        b.expert_src.view(-1, 2).copy_(torch.stack([meta[:, 2], meta[:, 1]], dim=1))
         valid = (torch.arange(M, device=meta.device).unsqueeze(0) < counts.unsqueeze(1)).reshape(-1)
-        key = torch.where(valid, meta[:, 2].to(torch.int64) * C + meta[:, 1], P * C)
-        slots = torch.sort(key, stable=True).indices  # valid slots grouped by (source rank, token); the rest last
-        per_bag = torch.zeros(P * C + 1, dtype=torch.int64, device=meta.device).index_add_(0, key, torch.ones_like(key))
-        offsets = torch.zeros(P * C + 1, dtype=torch.int64, device=meta.device)
-        torch.cumsum(per_bag[: P * C], 0, out=offsets[1:])
-        return {"bag_slots": slots, "bag_offsets": offsets,
-                "bag_weights": meta[:, 3].view(torch.float32).index_select(0, slots)}
+        return self._bags(valid)
+
+    def _bags(self, valid: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A dense (P*C, W) table of each (source rank, token)'s slots on this rank, W = min(top_k, E) (a token
+        picks each expert once), with their weights; unused cells repeat the bag's first slot with weight 0, so
+        combine reads only rows the experts wrote. Fixed sizes, no host read."""
+        L, meta = self.layout, self.expert_meta
+        E, M, P, C = L.num_local_experts, L.max_slots_per_expert, L.num_ranks, L.buffer_tokens
+        B, W, device = P * C, min(L.top_k, E), meta.device
+        key = torch.where(valid, meta[:, 2].to(torch.int64) * C + meta[:, 1], B)  # bag (source, token), or none
+        order = torch.sort(key, stable=True).indices
+        sorted_key = key.index_select(0, order)
+        per_bag = torch.zeros(B + 1, dtype=torch.int64, device=device).index_add_(0, key, torch.ones_like(key))
+        start = torch.cumsum(per_bag, 0) - per_bag
+        position = torch.arange(E * M, device=device) - start.index_select(0, sorted_key)
+        cell = torch.where((sorted_key < B) & (position < W), sorted_key * W + position, B * W)  # B*W: a sink
+        first = order.index_select(0, start[:B].clamp(max=E * M - 1))  # an empty bag's is masked in combine
+        table = torch.cat([first.repeat_interleave(W), first.new_zeros(1)]).index_copy_(0, cell, order)
+        weights = torch.zeros(B * W + 1, dtype=torch.float32, device=device)
+        weights.index_copy_(0, cell, meta[:, 3].view(torch.float32).index_select(0, order))
+        return {"bag_table": table[: B * W].view(B, W), "bag_weights": weights[: B * W].view(B, W),
+                "empty_bags": (per_bag[:B] == 0).unsqueeze(1)}
 
     def combine(self, expert_out: torch.Tensor, handle: DispatchHandle, stages: Stages) -> torch.Tensor:
         L, st = self.layout, handle.state
         E, M, K, P, C = L.num_local_experts, L.max_slots_per_expert, L.hidden_size, L.num_ranks, L.buffer_tokens
         n = handle.num_tokens
         stages.begin()
-        # Bags past the last offset (the unused slots) are ignored: include_last_offset closes bag P*C - 1 there.
-        partial = F.embedding_bag(st["bag_slots"], expert_out.reshape(E * M, K), st["bag_offsets"], mode="sum",
-                                  per_sample_weights=st["bag_weights"].to(expert_out.dtype), include_last_offset=True)
+        partial = F.embedding_bag(st["bag_table"], expert_out.reshape(E * M, K), mode="sum",
+                                  per_sample_weights=st["bag_weights"].to(expert_out.dtype))  # (P*C, K)
+        partial.masked_fill_(st["empty_bags"], 0)  # tokens that sent nothing here: their cells point anywhere
         stages.lap("combine.expert-reduce")
         dist.all_to_all_single(self.combine_recv, partial)  # C rows to each rank: row s*C + t is its token t
         stages.lap("combine.exchange")
