@@ -3,6 +3,7 @@
     [route] -> [quant + dispatch] -> [experts: GEMM1 -> silu_and_mul -> quant -> GEMM2] -> [combine]
     route.py   quant.py, dispatch.py   experts/ (one module per backend), views of the     combine.py
                                        policy's workspace buffers (core.contract)
+               comm/ (one module per comm backend: symm-mem, nccl, gloo) under dispatch and combine
 
 around them: `distributed` (RankInfo, the one rendezvous init_rank, `agree`: every rank takes the same branch
 after a step that failed on some), `memory` (NVML, allocator, RSS, budgets, OOM snapshots), `timing` (CUDA events,
