@@ -145,9 +145,9 @@ class CollectiveComm(Comm):
         valid = ids >= 0
         key = torch.where(valid, ids, E).reshape(-1)
         # Expert-major, and within an expert in (source rank, token) order: the rows arrive in that order.
-        pairs = torch.sort(key, stable=True).indices[:num_pairs]
+        sorted_key, pairs = torch.sort(key, stable=True)
+        pairs, pair_expert = pairs[:num_pairs], sorted_key[:num_pairs]
         pair_row = torch.div(pairs, k, rounding_mode="floor")
-        pair_expert = key.index_select(0, pairs)
         counts = torch.zeros(E, dtype=torch.int64, device=device).index_add_(0, pair_expert, torch.ones_like(pairs))
         slot = torch.arange(num_pairs, device=device) - _exclusive_cumsum(counts).index_select(0, pair_expert)
         fits = slot < M
@@ -157,7 +157,8 @@ class CollectiveComm(Comm):
         payload = self.recv_rows[:num_recv].view(torch.int64)[:, : fmt.payload_words]
         as_words(b.expert_x_flat).index_copy_(0, slot_index, payload.index_select(0, pair_row))
         b.expert_x_scale_flat.index_copy_(0, slot_index, meta[:, 0].view(torch.float32).index_select(0, pair_row))
-        b.expert_src_flat.index_copy_(0, slot_index, meta[:, [2, 1]].index_select(0, pair_row))
+        source = torch.stack([meta[:, 2], meta[:, 1]], dim=1)  # (rank, token); a list index would copy from the host
+        b.expert_src_flat.index_copy_(0, slot_index, source.index_select(0, pair_row))
         b.expert_num_tokens.copy_(counts.clamp(max=M))
         # Bags for combine: each received row's slots, in row order.
         slot_of_pair = torch.zeros(num_recv * k, dtype=torch.int64, device=device)
