@@ -24,6 +24,22 @@ kernels-0.26.0 | kernels-0.27.1 | kernels-0.33.0)
 comm)
     bash scripts/gpu/comm.sh "$RUNS/comm"
     ;;
+comm-short)
+    # What fitted the session's last device minutes: the benches that carry issue #18's ratio and sub-stages,
+    # most telling first (each bench also checks every slot and the output against the reference).
+    mkdir -p "$RUNS/comm"
+    for args in "qwen3-30b-a3b-dp8-skewed --comm symm-mem" "qwen3-30b-a3b-dp2 --comm nccl" \
+                "qwen3-30b-a3b-dp8-skewed --comm nccl" "deepseek-v3-dp32-pr55579 --num-ranks 2 --comm symm-mem"; do
+        name=$(echo "$args" | tr ' ' '_' | tr -d '-')
+        start=$SECONDS
+        # shellcheck disable=SC2086
+        python3 -m harness bench $args --policies fixed --no-cpu-costs --out "$RUNS/comm/$name" \
+            > "$RUNS/comm/$name.log" 2>&1
+        echo "exit $? ($((SECONDS - start)) s): harness bench $args --policies fixed --no-cpu-costs" | tee -a "$RUNS/comm/commands.log"
+        sed -n '/^## Ratios/,/^$/p' "$RUNS/comm/$name/bench.md" 2>/dev/null | head -n 12
+        [ -n "${OUT:-}" ] && tar -czf "$OUT/runs.tgz" -C "$RUNS" comm
+    done
+    ;;
 *)
     echo "evidence.sh: unknown step $STEP" >&2
     exit 2
