@@ -83,7 +83,9 @@ def _rank_record(info, scenario_data: dict, run_dir: str) -> dict:
 
 def test_lower_bound_allocates_its_live_set_where_it_is_below_fixed(tmp_path: Path) -> None:
     # N/2 < K < N (I=64, N=128, K=96): fixed's two buffers need N + K per row, the live set max(N + N/2, 2K).
-    scenario = tiny(**{"model.hidden_size": 96, "model.intermediate_size": 64, "parallel.max_tokens_per_rank": 64,
+    # T=1024 makes the live set 6 MiB, so the memory check's 2% (123 KiB) is far above RSS's page-sized noise from
+    # the interpreter's own allocations (a 384 KiB live set at T=64 once measured 8 KiB over, on a loaded machine).
+    scenario = tiny(**{"model.hidden_size": 96, "model.intermediate_size": 64, "parallel.max_tokens_per_rank": 1024,
                        "policies": ["fixed", "lower-bound"]})
     args = scenario.sizing_args()
     live, fixed = live_set_bytes(args), fixed_shapes(args).total_bytes
@@ -95,7 +97,7 @@ def test_lower_bound_allocates_its_live_set_where_it_is_below_fixed(tmp_path: Pa
         assert lb.status == "ok" and lb.contract.total_bytes == live
         assert (lb.breakdown.common_bytes, lb.breakdown.ws2_bytes) == (live, 0)  # one arena, exactly the live set
         assert lb.contract.common_bytes + lb.contract.ws2_bytes == live
-        assert abs(lb.memory.workspace_delta_bytes - live) <= 0.02 * live  # RSS sees it, to the page
+        assert abs(lb.memory.workspace_delta_bytes - live) <= 0.02 * live  # the scenarios' memory tolerance
         assert by["fixed"].memory.workspace_delta_bytes > lb.memory.workspace_delta_bytes
         # The views moving inside the arena never overwrite live data: the same output as fixed's two buffers.
         assert lb.correctness.within_tolerance
