@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -120,3 +121,21 @@ def cpu_load(num_processes: int = 1) -> Iterator[None]:
         for proc in burners:
             proc.kill()
             proc.wait(10)
+
+
+def end_ray_session(proc: subprocess.Popen) -> None:
+    """`ray stop` for one head only: SIGTERM to its `ray start --block` process group (GCS, raylet, dashboard),
+    then SIGKILL to what is left. Plain `ray stop` would end every Ray instance of this user on the machine."""
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # `ray start --block` may exit before its children
+    except ProcessLookupError:
+        pass

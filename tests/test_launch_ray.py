@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launch_helpers import REPO_DIR, cpu_load, harness_env, rank_files, report_policies, run_cli, tiny_scenario
+from launch_helpers import (REPO_DIR, cpu_load, end_ray_session, harness_env, rank_files, report_policies, run_cli,
+                            tiny_scenario)
 
 from harness.core.records import read_record
 from harness.launch import FAULT_ENV
@@ -275,27 +276,9 @@ def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
                 time.sleep(0.5)
         yield url, env
     finally:
-        _end_session(head)
+        end_ray_session(head)
         log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def _end_session(proc: subprocess.Popen) -> None:
-    """SIGTERM to the session's process group (Ray's processes shut down cleanly), then SIGKILL to what is left."""
-    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            pass
-    # `ray start --block` itself may exit before its raylet and GCS: make sure none of the group survives.
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def test_ray_job_submit_runs_the_same_command(ray_head: tuple[str, dict[str, str]], tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from launch_helpers import REPO_DIR, rank_files
+from launch_helpers import REPO_DIR, end_ray_session, rank_files
 
 from harness.core.records import read_record
 from harness.launch.run import DEFAULT_CPU_SCENARIO
@@ -112,7 +111,7 @@ def token_head(tmp_path: Path) -> Iterator[Head]:
         yield Head(url=url, env=env, home=home)
     finally:
         _stop_jobs(url, env)
-        _end_session(head)
+        end_ray_session(head)
         log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
@@ -137,26 +136,6 @@ def _stop_jobs(url: str, env: dict[str, str]) -> None:
               "[c.stop_job(j.submission_id) for j in c.list_jobs() if not j.status.is_terminal()]")
     subprocess.run([sys.executable, "-c", script, url], env={**env, "RAY_AUTH_MODE": "token"},
                    capture_output=True, timeout=60, check=False)
-
-
-def _end_session(proc: subprocess.Popen) -> None:
-    """`ray stop` for this head only: SIGTERM to its process group (GCS, raylet, dashboard), then SIGKILL.
-
-    Plain `ray stop` would end every Ray instance of this user on the machine, other engineers' included.
-    """
-    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # `ray start --block` may exit before its children
-    except ProcessLookupError:
-        pass
 
 
 def _job_status(head: Head, submission_id: str) -> str:

@@ -386,10 +386,14 @@ class Interpreter:
         return None
 
     def _exec(self, node: ast.stmt, frame: _Frame) -> object:
+        return self._visit(node, frame, _STATEMENTS)
+
+    def _visit(self, node: ast.AST, frame: _Frame, handlers: dict[type, Any]) -> object:
+        """One step: charged to the budget, nesting bounded, an error located at the node's file and line."""
         self.charge()
         self.nesting += 1
         try:
-            handler = _STATEMENTS.get(type(node))
+            handler = handlers.get(type(node))
             if handler is None:
                 raise _outside(node, frame)
             if self.nesting > self.budget.max_nesting:
@@ -534,20 +538,7 @@ class Interpreter:
     # --- expressions -------------------------------------------------------------------------------------------
 
     def _eval(self, node: ast.expr, frame: _Frame) -> object:
-        self.charge()
-        self.nesting += 1
-        try:
-            handler = _EXPRESSIONS.get(type(node))
-            if handler is None:
-                raise _outside(node, frame)
-            if self.nesting > self.budget.max_nesting:
-                raise Unevaluable(f"code nested deeper than {self.budget.max_nesting} AST nodes")
-            return handler(self, node, frame)
-        except Unevaluable as error:
-            error.locate(frame.file, getattr(node, "lineno", None))
-            raise
-        finally:
-            self.nesting -= 1
+        return self._visit(node, frame, _EXPRESSIONS)
 
     def _expr_constant(self, node: ast.Constant, frame: _Frame) -> object:
         if not isinstance(node.value, _PLAIN_TYPES):
