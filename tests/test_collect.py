@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from report_records import make_scenario, policy_result, rank_record, read_json, workspace_delta_for, write_run
+from report_records import make_scenario, policy_result, rank_record, workspace_delta_for, write_run
 
 from harness.cli import main
 from harness.core.contract import fixed_shapes, live_set_bytes

@@ -27,7 +27,6 @@ import math
 import os
 import re
 import resource
-import shutil
 import socket
 import subprocess
 import sys

@@ -134,7 +134,7 @@ def test_two_runs_given_the_same_out_at_once(tmp_path: Path) -> None:
     # Exit 1 is a run that completed and found a check failed (CPU memory figures on a loaded machine): it ran.
     finished = [(run, out_text) for run, out_text, _ in results if run.returncode in (0, 1)]
     assert len(refused) == 1 and len(finished) == 1, [(r.returncode, e[-2000:]) for r, _, e in results]
-    (loser, message), (winner, _) = refused[0], finished[0]
+    (_, message), (winner, _) = refused[0], finished[0]
     assert message.count("\n") == 1 and "being written by another run" in message, message
     assert f"pid {winner.pid} on " in message, message
     assert (out / "report.json").exists() and not (out / CLAIM_FILE).exists(), "the claim ends with the run"

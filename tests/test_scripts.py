@@ -47,7 +47,7 @@ def test_an_up_to_date_environment_is_reused_as_it_is(tmp_path: Path):
     (venv / ".harness-stamp").write_text(_stamp(tmp_path))
     (venv / "kept").write_text("a rebuild would remove this")
     # `import harness` must work inside the environment (an editable install does that; PYTHONPATH here).
-    done = _bash(f"harness_venv venv '.[test]' pin; command -v python", tmp_path, PYTHONPATH=str(REPO_DIR))
+    done = _bash("harness_venv venv '.[test]' pin; command -v python", tmp_path, PYTHONPATH=str(REPO_DIR))
     assert done.returncode == 0, done.stderr
     assert "reusing venv" in done.stderr
     assert done.stdout.strip() == str(venv / "bin" / "python")  # activated

@@ -725,7 +725,7 @@ def subset_tree(tmp_path) -> Path:
 
 def test_interpreter_subset(subset_tree, ds_v3_args):
     classes = by_name(audit(locate(src=subset_tree), ds_v3_args))
-    E, M, N, K, T = 16, 8192, 4096, 7168, 256
+    E, M, K, T = 16, 8192, 7168, 256
     for name in ("EveryConstruct", "UsesSuper"):
         audited = classes[name]
         assert audited.verdict == CONSISTENT, f"{name}: {audited.reason}"
