@@ -103,7 +103,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     if scenario.emulated:
         console.print(
             f"D={scenario.parallel.num_dispatchers} is emulated on {scenario.parallel.num_ranks} physical rank(s): "
-            "each GPU's memory equals a real D-rank deployment's."
+            "each rank's memory (a GPU's, on GPUs) equals a real D-rank deployment's."
         )
     for plan in layers:
         console.print(render_layer_plan(plan))

@@ -31,6 +31,14 @@ def test_plan_prints_the_pr_case():
     assert "D=32 is emulated on 1 physical rank(s)" in out
 
 
+def test_plan_of_a_small_scenario_reads_in_mib():
+    # smoke's workspaces are 8 and 32 MiB: "0.007812 GiB" was what the plan printed before.
+    result = run_harness("plan", "smoke")
+    assert result.returncode == 0, result.stderr
+    assert "legacy 32 MiB (4x fixed); fixed 8 MiB (1x fixed); lower-bound 8 MiB (1x fixed)" in result.stdout
+    assert "GiB" not in result.stdout
+
+
 def test_plan_json_gives_bytes_as_ints():
     result = run_harness("plan", PR_CASE, "--json")
     assert result.returncode == 0, result.stderr

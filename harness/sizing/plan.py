@@ -16,6 +16,7 @@ from harness.scenario.schema import Scenario
 from harness.core.contract import BUILTIN_POLICIES, SizingArgs, WorkspaceShapes, builtin_shapes, fixed_shapes, is_release_policy
 
 GIB = 2**30
+MIB = 2**20
 
 
 def policy_shapes(policy: str, args: SizingArgs, *, cache_dir: Path | None = None) -> WorkspaceShapes:
@@ -102,8 +103,23 @@ def format_gib(num_bytes: int) -> str:
     return f"{gib:.4g}"
 
 
+def size_unit(largest_bytes: int) -> tuple[str, int]:
+    """The unit a plan shows its sizes in: GiB from 1 GiB up, MiB below (a CPU smoke plan reads 8 MiB, not 0.007812)."""
+    return ("GiB", GIB) if largest_bytes >= GIB else ("MiB", MIB)
+
+
+def format_size(num_bytes: int, unit_bytes: int) -> str:
+    """Up to four significant digits in the given unit: 3.5, 112, 0.5."""
+    return f"{num_bytes / unit_bytes:.4g}"
+
+
 def plan_summary(rows: list[PlanRow]) -> str:
-    return "; ".join(f"{r.shapes.policy} {format_gib(r.shapes.total_bytes)} GiB ({r.ratio_to_fixed:g}x fixed)" for r in rows)
+    parts = []
+    for r in rows:
+        unit, unit_bytes = size_unit(r.shapes.total_bytes)
+        parts.append(f"{r.shapes.policy} {format_size(r.shapes.total_bytes, unit_bytes)} {unit} "
+                     f"({r.ratio_to_fixed:g}x fixed)")
+    return "; ".join(parts)
 
 
 def render_plan(scenario: Scenario, rows: list[PlanRow]) -> Any:
@@ -121,7 +137,8 @@ def render_plan(scenario: Scenario, rows: list[PlanRow]) -> Any:
         ("common", "right"), ("ws2 size", "right"), ("total", "right"), ("x fixed", "right"), ("source", "left"),
     ):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    table.add_row("", "elements", "elements", "elements", "GiB", "GiB", "GiB", "", "", style="dim")
+    unit, unit_bytes = size_unit(max((row.shapes.total_bytes for row in rows), default=0))
+    table.add_row("", "elements", "elements", "elements", unit, unit, unit, "", "", style="dim")
     for row in rows:
         s = row.shapes
         table.add_row(
@@ -129,9 +146,9 @@ def render_plan(scenario: Scenario, rows: list[PlanRow]) -> Any:
             format_shape(s.ws13),
             format_shape(s.ws2),
             format_shape(s.out),
-            format_gib(s.common_bytes),
-            format_gib(s.ws2_bytes),
-            format_gib(s.total_bytes),
+            format_size(s.common_bytes, unit_bytes),
+            format_size(s.ws2_bytes, unit_bytes),
+            format_size(s.total_bytes, unit_bytes),
             f"{row.ratio_to_fixed:.2f}",
             s.source,
         )
