@@ -59,7 +59,9 @@ def tiny_scenario(tmp_path: Path, name: str = "tiny", *, num_ranks: int = 2, **l
         "device": "cpu",
         "iterations": 2,
         "warmup": 1,
-        "launch": {"collective_timeout_s": 10, "rank_timeout_s": 120, "placement_timeout_s": 30, **launch},
+        # The placement bound is generous: a test with a CPU-heavy neighbour (cpu_load) on 2 cores saw Ray actors take
+        # over 30 s to start. The fault bounds under test are the collective and rank timeouts, not this one.
+        "launch": {"collective_timeout_s": 10, "rank_timeout_s": 180, "placement_timeout_s": 120, **launch},
     }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
