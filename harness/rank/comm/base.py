@@ -3,6 +3,7 @@ handle dispatch gives combine, the packed row format, and sub-stage timing marks
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -181,7 +182,7 @@ class Stages:
             self._last = self.timer.start()
 
 
-class Comm:
+class Comm(abc.ABC):
     """A comm backend: quantize-dispatch into the batched buffers and combine back, with its buffers allocated
     once at full capacity. Subclasses set `name` and implement `dispatch` and `combine`."""
 
@@ -209,16 +210,18 @@ class Comm:
     def expert_num_tokens(self) -> torch.Tensor:
         return self.batched.expert_num_tokens
 
+    @abc.abstractmethod
     def dispatch(self, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  quantize: Quantize, stages: Stages) -> DispatchHandle:
-        raise NotImplementedError
+        """Quantize `tokens` (n, K) and send each to the ranks of its `topk_ids` (n, top_k) experts."""
 
+    @abc.abstractmethod
     def combine(self, expert_out: torch.Tensor, handle: DispatchHandle, stages: Stages) -> torch.Tensor:
-        raise NotImplementedError
+        """Bring the experts' (E, M, K) rows back and return the weighted sum per token, (n, K)."""
 
+    @abc.abstractmethod
     def combine_terms(self, handle: DispatchHandle) -> tuple[torch.Tensor, torch.Tensor]:
         """For the correctness check, after a combine: the rows that came back for this rank's tokens, W per token
         in token order, (n * W, K), and their weights (n, W) float32 (0 on padding), so that the combined output
         is sum_k weights[t, k] * rows[t * W + k]. Here each row is one rank's weighted sum of the token's expert
         rows, so W is the ranks a token went to (padded), and every weight is 1."""
-        raise NotImplementedError
