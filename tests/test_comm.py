@@ -139,6 +139,9 @@ CASES = {
     "4 ranks, worst case fills expert 0 to M": {"parallel.num_ranks": 4, "parallel.num_dispatchers": 4,
                                                "parallel.num_local_experts": 4, "routing.kind": "worst-case"},
     "2 ranks, rank 1 holds no tokens": {"routing.idle_ranks": [1]},
+    "1 rank emulating D = 4, skewed": {"parallel.num_ranks": 1, "parallel.num_dispatchers": 4,
+                                       "parallel.num_local_experts": 16, "routing.kind": "skewed",
+                                       "routing.zipf_exponent": 2.0},
 }
 
 
@@ -192,6 +195,18 @@ def test_gpu_comm_is_exact(comm, case):
             assert r["host_syncs"] == 0
         else:
             assert r["dispatch_bytes"] == r["distinct_rows"] * r["row_bytes"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA GPU")
+def test_gpu_nccl_on_one_gpu_is_exact():
+    """The one-GPU deployment (P = 1 emulating D = 4 dispatchers, skewed): nccl's rows all come back to the rank
+    itself, and every slot and token still matches its sender and the closed form."""
+    case = "1 rank emulating D = 4, skewed"
+    scenario = tiny(**CASES[case], device="cuda", comm="nccl")
+    results = parallel_launch(1, _exchange, scenario.model_dump(mode="json"), device_type="cuda")
+    _check(results, scenario, "nccl")
+    assert results[0]["dispatch_bytes"] == results[0]["distinct_rows"] * results[0]["row_bytes"]
 
 
 def test_symm_mem_bag_table_holds_each_tokens_slots_and_reduces_like_a_plain_sum():
