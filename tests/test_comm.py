@@ -212,12 +212,11 @@ def test_gpu_nccl_on_one_gpu_is_exact():
 def test_symm_mem_bag_table_holds_each_tokens_slots_and_reduces_like_a_plain_sum():
     """symm-mem's combine table, built on CPU from received words as the NVSHMEM exchange leaves them: every
     (source rank, token)'s slots and weights, padding that reads a row of the same bag with weight 0, and the
-    weighted embedding_bag over it equal to a plain per-token sum."""
+    weighted bag sum over it (harness.rank.comm.fused) equal to a plain per-token sum."""
     import types
 
-    import torch.nn.functional as F
-
     from harness.rank.comm import DispatchLayout
+    from harness.rank.comm.fused import bag_sum
     from harness.rank.comm.symm_mem import SymmMemComm
 
     E, M, P, C, K, top_k = 3, 6, 2, 4, 8, 2
@@ -235,11 +234,12 @@ def test_symm_mem_bag_table_holds_each_tokens_slots_and_reduces_like_a_plain_sum
     shim = types.SimpleNamespace(layout=layout, expert_meta=meta)
     valid = (torch.arange(M).unsqueeze(0) < torch.tensor(counts).unsqueeze(1)).reshape(-1)
     bags = SymmMemComm._bags(shim, valid)  # type: ignore[arg-type]
-    table, weights, empty = bags["bag_table"], bags["bag_weights"], bags["empty_bags"].squeeze(1)
+    table, weights = bags["bag_table"], bags["bag_weights"]
     assert table.shape == weights.shape == (P * C, min(top_k, E))
+    empty = (weights == 0).all(1)
     expert_out = torch.randn(E * M, K)
-    partial = F.embedding_bag(table, expert_out, mode="sum", per_sample_weights=weights)
-    partial.masked_fill_(empty.unsqueeze(1), 0)
+    expert_out.view(E, M, K)[~valid.view(E, M)] = float("nan")  # stale slots: a cell that reads one poisons its bag
+    partial = bag_sum(table, weights, expert_out, impl="torch")
     for src in range(P):
         for tok in range(C):
             slots = [(e, j) for e, sources in routed.items() for j, s in enumerate(sources) if s == (src, tok)]

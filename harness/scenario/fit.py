@@ -121,7 +121,7 @@ def _comm_buffers_bytes(s: Scenario, device_type: DeviceType) -> tuple[int, int]
         return E * M * K + batched + staging, (P * C + C) * K * out_bytes
     meta_bytes = -(-4 * (3 + (k + 1) // 2 + k) // 16) * 16  # harness.rank.comm.base.RowFormat
     row, sent = K + meta_bytes, C * min(P, k)
-    staging = (sent + P * C) * row + 2 * P * 2 * 8
+    staging = (sent + P * C) * row + 2 * P * 8
     return (E * M + 1) * K + batched + staging, (sent + C) * K * out_bytes
 
 

@@ -10,8 +10,8 @@ Dispatch, per rank:
                straight into the batched buffer, expert e at rows [e*M, e*M + count): it *is* expert_x (E, M, K)
     unpack     expert_num_tokens from the received splits; scales and sources copied out of the words
 
-Combine: the expert side reduces the weighted outputs of each (source rank, token) into one bf16 row (a weighted
-embedding_bag over a dense (P*C, min(top_k, E)) table of its slots, fixed size), one equal-split
+Combine: the expert side reduces the weighted outputs of each (source rank, token) into one bf16 row (fused.bag_sum
+over a dense (P*C, min(top_k, E)) table of its slots, fixed size), one equal-split
 all_to_all_single sends C rows to each rank (fixed sizes: no host read), and the token's rank sums the P rows of
 each token in float32.
 
@@ -29,11 +29,11 @@ import os
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from harness.rank.comm.base import (
     BatchedBuffers, Comm, DispatchHandle, DispatchLayout, Quantize, Stages, as_words,
 )
+from harness.rank.comm.fused import bag_sum
 from harness.rank.memory import Accountant
 from harness.scenario.fit import SYMM_MEM_MAX_LOCAL_EXPERTS, SYMM_MEM_META_BYTES
 
@@ -168,17 +168,15 @@ class SymmMemComm(Comm):
         table = torch.cat([first.repeat_interleave(W), first.new_zeros(1)]).index_copy_(0, cell, order)
         weights = torch.zeros(B * W + 1, dtype=torch.float32, device=device)
         weights.index_copy_(0, cell, meta[:, 3].view(torch.float32).index_select(0, order))
-        return {"bag_table": table[: B * W].view(B, W), "bag_weights": weights[: B * W].view(B, W),
-                "empty_bags": (per_bag[:B] == 0).unsqueeze(1)}
+        return {"bag_table": table[: B * W].view(B, W), "bag_weights": weights[: B * W].view(B, W)}
 
     def combine(self, expert_out: torch.Tensor, handle: DispatchHandle, stages: Stages) -> torch.Tensor:
         L, st = self.layout, handle.state
         E, M, K, P, C = L.num_local_experts, L.max_slots_per_expert, L.hidden_size, L.num_ranks, L.buffer_tokens
         n = handle.num_tokens
         stages.begin()
-        partial = F.embedding_bag(st["bag_table"], expert_out.reshape(E * M, K), mode="sum",
-                                  per_sample_weights=st["bag_weights"].to(expert_out.dtype))  # (P*C, K)
-        partial.masked_fill_(st["empty_bags"], 0)  # tokens that sent nothing here: their cells point anywhere
+        # (P*C, K); a token that sent nothing here has only zero weights: a zero row, its cells never read
+        partial = bag_sum(st["bag_table"], st["bag_weights"], expert_out.reshape(E * M, K))
         stages.lap("combine.expert-reduce")
         dist.all_to_all_single(self.combine_recv, partial)  # C rows to each rank: row s*C + t is its token t
         stages.lap("combine.exchange")

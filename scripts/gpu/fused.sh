@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The comm path's row kernels on one GPU: their tests (compiled Triton against torch and float64), the gpu-marked
+# comm tests, and the kernel-level profile of dispatch + combine (benchmarks/profile_comm.py).
+#   bash scripts/gpu/device.sh fused     -> .gpu/runs/fused/
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+RUNS=${1:?runs directory}/fused
+mkdir -p "$RUNS"
+for t in tests/test_fused.py tests/test_comm.py; do
+    start=$SECONDS
+    name=$(basename "$t" .py)
+    timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --junitxml="$RUNS/$name.xml" "$t" > "$RUNS/$name.log" 2>&1
+    echo "exit $? ($((SECONDS - start)) s): pytest -q -rs -m gpu $t" | tee -a "$RUNS/commands.log"
+    tail -n 6 "$RUNS/$name.log"
+done
+bash scripts/gpu/profile.sh "$RUNS"
