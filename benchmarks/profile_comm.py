@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda = torch.cuda.is_available()
     data = load_scenario(args.scenario).model_dump(mode="json")
-    num_local = data["model"]["num_experts"]
+    # The experts of the scenario's P ranks on one (the harness's --num-ranks 1 keeps the experts per rank fixed
+    # only where P is 1 already).
+    num_local = data["parallel"]["num_local_experts"] * data["parallel"]["num_ranks"]
     for key, value in {"parallel.num_ranks": 1, "parallel.num_local_experts": num_local,
                        "device": "cuda" if cuda else "cpu", "comm": args.comm or ("nccl" if cuda else "gloo"),
                        "experts_backend": "reference" if not cuda else data["experts_backend"]}.items():
