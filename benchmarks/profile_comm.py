@@ -76,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
                 one_round(Stages())
             if cuda:
                 torch.cuda.synchronize()
+        averages = prof.key_averages()
+        cpu_events = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)
+        cpu_us = sum(e.self_cpu_time_total for e in averages) / args.iters
+        cpu_top = [{"name": e.key[:80], "calls_per_round": e.count / args.iters,
+                    "cpu_us_per_round": e.self_cpu_time_total / args.iters} for e in cpu_events[:12]]
         attr = "self_device_time_total" if cuda else "self_cpu_time_total"
         events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0]
         events.sort(key=lambda e: getattr(e, attr), reverse=True)
@@ -89,12 +94,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{scenario.name}: comm {comm.name}, {setup.tokens.shape[0]} tokens, E={E}, M={M}, K={K}, "
           f"top_k={L.top_k}, device {torch.cuda.get_device_name(device) if cuda else 'cpu'}, torch {torch.__version__}")
     print("sub-stage medians (us): " + ", ".join(f"{k} {v:.1f}" for k, v in medians.items()))
+    print(f"host time in torch ops: {cpu_us:.1f} us per round; the most:")
+    for e in cpu_top:
+        print(f"  {e['cpu_us_per_round']:9.1f} us {e['calls_per_round']:5.1f} calls  {e['name']}")
     print(f"{'us/round':>10} {'calls':>6} {'share':>6}  kernel")
     for k in kernels:
         print(f"{k['us_per_round']:10.1f} {k['calls_per_round']:6.1f} {k['share']:6.1%}  {k['name']}")
     if args.out:
         args.out.write_text(json.dumps({"scenario": scenario.name, "comm": comm.name, "torch": torch.__version__,
-                                        "stages_us": medians, "kernels": kernels}, indent=1))
+                                        "stages_us": medians, "host_us_per_round": cpu_us,
+                                        "host_ops": cpu_top, "kernels": kernels}, indent=1))
     return 0
 
 

@@ -14,3 +14,13 @@ for t in tests/test_fused.py tests/test_comm.py; do
     tail -n 6 "$RUNS/$name.log"
 done
 bash scripts/gpu/profile.sh "$RUNS"
+for args in "qwen3-30b-a3b-dp2 --num-ranks 1" "deepseek-v3-dp32-pr55579"; do
+    name=1xh200-$(echo "$args" | cut -d' ' -f1)-nccl-bench
+    start=$SECONDS
+    # shellcheck disable=SC2086
+    timeout 200 python3 -m harness bench $args --comm nccl --policies fixed --no-cpu-costs --out "$RUNS/$name" \
+        > "$RUNS/$name.log" 2>&1
+    echo "exit $? ($((SECONDS - start)) s): harness bench $args --comm nccl --policies fixed --no-cpu-costs" | tee -a "$RUNS/commands.log"
+    grep -E "^\| 0 \| fixed \| (dispatch|combine|a2a)" "$RUNS/$name/bench.md" | cut -c1-70
+    sed -n '/^## Ratios/,/^$/p' "$RUNS/$name/bench.md" | sed -n 5p
+done

@@ -9,9 +9,9 @@ Dispatch, per rank:
     pack       one row per (token, destination rank): FP8 payload, scale, source, that rank's local expert ids
                and weights (base.RowFormat)
     exchange   one all_to_all_single of the rows
-    unpack     each row placed once per local expert it picked (fused.place_rows: the row is read once): slot j
-               of expert e is the j-th pair for e in (source rank, token) order; expert_num_tokens stays on the
-               device
+    unpack     each row placed once per local expert it picked (fused.place_rows: the row is read once); on CPU
+               slot j of expert e is the j-th pair for e in (source rank, token) order, on GPU slots are taken
+               with atomics (any order; every slot records its source); expert_num_tokens stays on the device
 
 Combine: the expert side reduces each received row's weighted expert outputs into one bf16 row (fused.bag_sum
 over a dense (rows, top_k) table of its slots, float32 accumulation), sends it back on the same splits, and the
@@ -27,7 +27,7 @@ import torch.distributed as dist
 from harness.rank.comm.base import (
     BatchedBuffers, Comm, DispatchHandle, DispatchLayout, Quantize, RowFormat, Stages, as_words,
 )
-from harness.rank.comm.fused import bag_sum, place_rows
+from harness.rank.comm.fused import bag_sum, pack_rows, place_rows
 from harness.rank.memory import Accountant
 
 
@@ -70,7 +70,8 @@ class CollectiveComm(Comm):
         send_splits, recv_splits = torch.stack([self.send_counts, self.recv_counts]).tolist()
         num_send, num_recv = sum(send_splits), sum(recv_splits)
         stages.lap("dispatch.layout")
-        self._pack(q, scale, topk_ids, topk_weights, order[:num_send])
+        pack_rows(as_words(q), scale, topk_ids, topk_weights, order[:num_send], self.send_rows[:num_send], fmt=fmt,
+                  num_ranks=L.num_ranks, num_local_experts=L.num_local_experts, rank=L.rank)
         stages.lap("dispatch.pack")
         dist.all_to_all_single(self.recv_rows[:num_recv], self.send_rows[:num_send],
                                output_split_sizes=recv_splits, input_split_sizes=send_splits)
@@ -103,60 +104,24 @@ class CollectiveComm(Comm):
         order.scatter_(0, target, torch.arange(n * P, device=device))
         return member, position, order
 
-    def _pack(self, q: torch.Tensor, scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-              selected: torch.Tensor) -> None:
-        """Write one row per selected (token, destination) into self.send_rows, in the selected order."""
-        L, fmt = self.layout, self.fmt
-        P, E, k = L.num_ranks, L.num_local_experts, L.top_k
-        num_send = selected.numel()
-        token = torch.div(selected, P, rounding_mode="floor")
-        dst = selected % P
-        rows = self.send_rows[:num_send]
-        torch.index_select(as_words(q), 0, token, out=rows.view(torch.int64)[:, : fmt.payload_words])
-        ids = topk_ids.index_select(0, token)
-        here = torch.div(ids, E, rounding_mode="floor") == dst.unsqueeze(1)
-        local = torch.where(here, ids % E, -1).to(torch.int16)
-        if k % 2:  # int16 ids travel as int32 pairs
-            local = torch.cat([local, local.new_full((num_send, 1), -1)], dim=1)
-        weights = torch.where(here, topk_weights.index_select(0, token), 0.0).float()
-        meta = torch.cat([
-            scale.reshape(-1).index_select(0, token).view(torch.int32).unsqueeze(1),
-            token.to(torch.int32).unsqueeze(1),
-            torch.full((num_send, 1), L.rank, dtype=torch.int32, device=q.device),
-            local.view(torch.int32), weights.view(torch.int32),
-        ], dim=1)
-        words = rows.view(torch.int32)
-        start = L.hidden_size // 4
-        words[:, start: start + fmt.meta_words].copy_(meta)
-
     def _unpack(self, num_recv: int) -> dict[str, torch.Tensor]:
         """Place every received (row, local expert) pair into its slot; return the dense bags combine reduces."""
         L, fmt, b = self.layout, self.fmt, self.batched
         E, M, k = L.num_local_experts, L.max_slots_per_expert, L.top_k
-        device = self.recv_rows.device
         words = self.recv_rows[:num_recv].view(torch.int32)
         meta = words[:, L.hidden_size // 4: L.hidden_size // 4 + fmt.meta_words]
         ids = meta[:, 3: 3 + fmt.id_words].contiguous().view(torch.int16)[:, :k].to(torch.int64)
         weights = meta[:, 3 + fmt.id_words: 3 + fmt.id_words + k].contiguous().view(torch.float32)
-        key = torch.where(ids >= 0, ids, E).reshape(-1)  # E: the pair's expert lives on another rank
-        # Expert-major, and within an expert in (source rank, token) order: the rows arrive in that order.
-        sorted_key, pairs = torch.sort(key, stable=True)
-        counts = torch.zeros(E + 1, dtype=torch.int64, device=device).index_add_(0, key, torch.ones_like(key))
-        rank_in_expert = torch.arange(key.numel(), device=device) - _exclusive_cumsum(counts).index_select(0, sorted_key)
-        fits = (sorted_key < E) & (rank_in_expert < M)
-        sink = E * M  # the row past E*M
-        slots = torch.empty_like(key).scatter_(0, pairs, torch.where(fits, sorted_key * M + rank_in_expert, sink))
-        slots = slots.view(num_recv, k)
-        b.overflow.add_((counts[:E] - M).clamp(min=0).sum())
-        b.expert_num_tokens.copy_(counts[:E].clamp(max=M))
         assert b.expert_x_flat is not None and b.expert_x_scale_flat is not None and b.expert_src_flat is not None
         source = torch.stack([meta[:, 2], meta[:, 1]], dim=1)  # (rank, token); a list index would copy from the host
-        place_rows(self.recv_rows[:num_recv].view(torch.int64)[:, : fmt.payload_words], slots,
-                   meta[:, 0].view(torch.float32), source, x_flat=as_words(b.expert_x_flat),
-                   x_scale_flat=b.expert_x_scale_flat, x_src_flat=b.expert_src_flat, sink=sink)
+        counts, table, bag_weights = place_rows(
+            self.recv_rows[:num_recv].view(torch.int64)[:, : fmt.payload_words], ids, weights,
+            meta[:, 0].view(torch.float32), source, x_flat=as_words(b.expert_x_flat),
+            x_scale_flat=b.expert_x_scale_flat, x_src_flat=b.expert_src_flat, max_slots=M, num_experts=E)
+        b.overflow.add_((counts - M).clamp(min=0).sum())
+        b.expert_num_tokens.copy_(counts.clamp(max=M))
         # Bags for combine: row r's slots, weight 0 where the pair is elsewhere (or past M: counted as overflow).
-        placed = slots != sink
-        return {"bag_table": torch.where(placed, slots, 0), "bag_weights": torch.where(placed, weights, 0.0)}
+        return {"bag_table": table, "bag_weights": bag_weights}
 
     # ---------------------------------------------------------------- combine
     def combine(self, expert_out: torch.Tensor, handle: DispatchHandle, stages: Stages) -> torch.Tensor:

@@ -2,7 +2,9 @@
 
     bag_sum      out[r] = sum_w weights[r, w] * src[table[r, w]], float32 accumulation; a zero weight is
                  skipped, so a padding cell never reads its row (an unwritten slot may hold anything)
-    place_rows   every received row written once into each batched slot it fills, with its scale and source
+    pack_rows    one send row per (token, destination rank): payload and base.RowFormat's words in one pass
+    place_rows   every received row given a slot of each local expert it picked and written there (read once),
+                 with its scale and source; the combine bags come out of it
 
 Each has a torch form (any device; the CPU ranks and the reference) and a Triton form (CUDA tensors, where Triton
 is importable). `impl` picks: "auto" takes Triton on CUDA tensors and torch elsewhere; "triton" and "torch" force
@@ -20,11 +22,13 @@ import os
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
+
+from harness.rank.comm.base import RowFormat
 
 Impl = Literal["auto", "triton", "torch"]
 _BLOCK_SUM = 1024  # elements of a row one bag_sum program reduces
 _BLOCK_WORDS = 512  # int64 words of a row one place_rows step moves (4 KiB)
+_TORCH_CHUNK_BYTES = 64 * 2**20  # float32 terms the torch form of bag_sum holds at once
 
 
 @functools.cache
@@ -69,27 +73,60 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
         tl.store(out + r * out_stride + offs, acc.to(out.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def place_rows_kernel(rows, row_stride, slots, sink, scales, sources, x, x_stride, x_scale, x_src,
-                          NUM_WORDS: tl.constexpr, k: tl.constexpr, BLOCK: tl.constexpr):
+    def place_rows_kernel(rows, row_stride, ids, weights, scales, sources, counts, table, bag_weights,
+                          x, x_stride, x_scale, x_src, M,
+                          NUM_WORDS: tl.constexpr, k: tl.constexpr, KP2: tl.constexpr, BLOCK: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
-        scale = tl.load(scales + r)
-        src_rank = tl.load(sources + 2 * r)
-        src_token = tl.load(sources + 2 * r + 1)
-        for j in tl.static_range(k):
-            slot = tl.load(slots + r * k + j)
-            if slot != sink:
-                tl.store(x_scale + slot, scale)
-                tl.store(x_src + 2 * slot, src_rank)
-                tl.store(x_src + 2 * slot + 1, src_token)
-        for start in tl.static_range(0, NUM_WORDS, BLOCK):  # a row is a few KiB: unrolled
+        j = tl.arange(0, KP2)
+        expert = tl.load(ids + r * k + j, mask=j < k, other=-1).to(tl.int64)
+        valid = expert >= 0
+        slot = tl.atomic_add(counts + expert, 1, mask=valid).to(tl.int64)  # the slot this pair takes
+        fits = valid & (slot < M)
+        dst = tl.where(fits, expert * M + slot, -1)
+        tl.store(table + r * k + j, tl.where(fits, dst, 0), mask=j < k)
+        tl.store(bag_weights + r * k + j, tl.where(fits, tl.load(weights + r * k + j, mask=fits, other=0.0), 0.0),
+                 mask=j < k)
+        tl.store(x_scale + dst, tl.zeros([KP2], tl.float32) + tl.load(scales + r), mask=fits)
+        tl.store(x_src + 2 * dst, tl.zeros([KP2], tl.int32) + tl.load(sources + 2 * r), mask=fits)
+        tl.store(x_src + 2 * dst + 1, tl.zeros([KP2], tl.int32) + tl.load(sources + 2 * r + 1), mask=fits)
+        for start in tl.static_range(0, NUM_WORDS, BLOCK):  # a row is a few KiB: read once, written k times
             offs = start + tl.arange(0, BLOCK)
             mask = offs < NUM_WORDS
             words = tl.load(rows + r * row_stride + offs, mask=mask)
-            for j in tl.static_range(k):
-                slot = tl.load(slots + r * k + j)
-                tl.store(x + slot * x_stride + offs, words, mask=mask & (slot != sink))
+            for i in tl.static_range(k):
+                d = tl.sum(tl.where(j == i, dst, 0))  # pair i's slot row, -1 when it has none here
+                tl.store(x + d * x_stride + offs, words, mask=mask & (d >= 0))
 
-    return {"bag_sum": bag_sum_kernel, "place_rows": place_rows_kernel, "cdiv": triton.cdiv}
+    @triton.jit
+    def pack_rows_kernel(q, q_stride, scale, topk_ids, topk_weights, selected, rows, row_words, P, E, rank,
+                         PAYLOAD_WORDS: tl.constexpr, ID_WORDS: tl.constexpr, k: tl.constexpr, KP2: tl.constexpr,
+                         BLOCK: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64)
+        flat = tl.load(selected + i)
+        token = flat // P
+        dest = flat % P
+        row64 = rows + i * row_words  # the row as int64 words
+        for start in tl.static_range(0, PAYLOAD_WORDS, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < PAYLOAD_WORDS
+            tl.store(row64 + offs, tl.load(q + token * q_stride + offs, mask=mask), mask=mask)
+        meta = row64.to(tl.pointer_type(tl.int32)) + 2 * PAYLOAD_WORDS  # the int32 words after the payload
+        tl.store(meta, tl.load(scale + token).to(tl.int32, bitcast=True))
+        tl.store(meta + 1, token.to(tl.int32))
+        tl.store(meta + 2, rank.to(tl.int32))
+        j = tl.arange(0, KP2)
+        expert = tl.load(topk_ids + token * k + j, mask=j < k, other=-1).to(tl.int64)
+        here = (expert >= 0) & (expert // E == dest)
+        local = tl.where(here, expert % E, -1).to(tl.int32)
+        for h in tl.static_range(ID_WORDS):  # int16 ids in pairs, low half first (little-endian), -1 padding
+            lo = tl.sum(tl.where(j == 2 * h, local, 0))
+            hi = tl.sum(tl.where(j == 2 * h + 1, local, 0)) if 2 * h + 1 < k else -1
+            tl.store(meta + 3 + h, (lo & 0xFFFF) | (hi << 16))
+        weight = tl.load(topk_weights + token * k + j, mask=j < k, other=0.0).to(tl.float32)
+        tl.store(meta + 3 + ID_WORDS + j, tl.where(here, weight, 0.0).to(tl.int32, bitcast=True), mask=j < k)
+
+    return {"bag_sum": bag_sum_kernel, "place_rows": place_rows_kernel, "pack_rows": pack_rows_kernel,
+            "cdiv": triton.cdiv}
 
 
 def _built() -> dict[str, Any]:
@@ -110,13 +147,15 @@ def bag_sum(table: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, *, ou
     if R == 0:
         return out
     if not _use_triton(impl, table, weights, src, out):
-        used = weights != 0
-        safe = torch.where(used, table, 0)  # a padding cell's index may be anything: read row 0 at weight 0
-        if src.is_cuda:  # embedding_bag's CUDA kernel: float accumulation, weights in the rows' dtype
-            out.copy_(F.embedding_bag(safe, src, mode="sum", per_sample_weights=weights.to(src.dtype)))
-        else:  # float32 products and sum on CPU (CPU embedding_bag rounds each product to bf16)
-            terms = src.index_select(0, safe.reshape(-1)).view(R, W, K).float() * weights.unsqueeze(-1)
-            out.copy_(terms.masked_fill_(~used.unsqueeze(-1), 0).sum(1))
+        # float32 products and sums (embedding_bag would round each weight to the rows' dtype), in row chunks
+        # that keep the float32 terms near _TORCH_CHUNK_BYTES
+        chunk = max(1, _TORCH_CHUNK_BYTES // max(1, 4 * W * K))
+        for start in range(0, R, chunk):
+            t, w = table[start: start + chunk], weights[start: start + chunk]
+            used = w != 0
+            safe = torch.where(used, t, 0)  # a padding cell's index may be anything: read row 0 at weight 0
+            terms = src.index_select(0, safe.reshape(-1)).view(*t.shape, K).float() * w.float().unsqueeze(-1)
+            out[start: start + chunk].copy_(terms.masked_fill_(~used.unsqueeze(-1), 0).sum(1))
         return out
     assert src.stride(1) == 1 and out.stride(1) == 1
     k = _built()
@@ -126,25 +165,89 @@ def bag_sum(table: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, *, ou
     return out
 
 
-def place_rows(payload: torch.Tensor, slots: torch.Tensor, scales: torch.Tensor, sources: torch.Tensor, *,
-               x_flat: torch.Tensor, x_scale_flat: torch.Tensor, x_src_flat: torch.Tensor, sink: int,
-               impl: Impl = "auto") -> None:
-    """Write received row r into every slot slots[r, j] != sink: its payload (R, words) int64 into x_flat's row,
-    its scale (R,) float32 into x_scale_flat, its (source rank, token) (R, 2) int32 into x_src_flat."""
-    R, k = slots.shape
+def place_rows(payload: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor,
+               sources: torch.Tensor, *, x_flat: torch.Tensor, x_scale_flat: torch.Tensor, x_src_flat: torch.Tensor,
+               max_slots: int, num_experts: int, impl: Impl = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Give every received (row r, pair j) with a local expert ids[r, j] >= 0 the next slot of that expert, and
+    write the row there: payload (R, words) int64 into x_flat's row e*M + slot, scales (R,) float32 into
+    x_scale_flat, (source rank, token) sources (R, 2) int32 into x_src_flat. A pair past M slots is not written.
+
+    Returns (counts (E,) int32: pairs per expert, M exceeded where it overflowed; table (R, k) int64: each
+    pair's slot row, 0 where none; bag weights (R, k) float32: weights[r, j] where placed, else 0).
+
+    Slot order: the torch form gives each expert its pairs in row order; the Triton form takes slots with
+    atomics, so the order within an expert may differ between runs (each slot still records its source).
+    """
+    R, k = ids.shape
+    E, M = num_experts, max_slots
+    counts = torch.zeros(E, dtype=torch.int32, device=ids.device)
     if R == 0:
-        return
-    if not _use_triton(impl, payload, slots, x_flat):
-        flat = slots.reshape(-1)
-        keep = flat != sink
-        row = torch.arange(R, device=slots.device).repeat_interleave(k)[keep]
-        slot = flat[keep]
+        return counts, ids.new_zeros((0, k)), weights.new_zeros((0, k))
+    if not _use_triton(impl, payload, ids, x_flat):
+        key = torch.where(ids >= 0, ids, E).reshape(-1)  # E: the pair's expert lives on another rank
+        sorted_key, pairs = torch.sort(key, stable=True)  # expert-major, row order within
+        per_expert = torch.zeros(E + 1, dtype=torch.int64, device=ids.device).index_add_(0, key, torch.ones_like(key))
+        rank_in_expert = torch.arange(key.numel(), device=ids.device) - (
+            torch.cumsum(per_expert, 0) - per_expert).index_select(0, sorted_key)
+        fits = (sorted_key < E) & (rank_in_expert < M)
+        dst = torch.empty_like(key).scatter_(0, pairs, torch.where(fits, sorted_key * M + rank_in_expert, -1))
+        placed = dst >= 0
+        row = torch.div(torch.arange(key.numel(), device=ids.device), k, rounding_mode="floor")[placed]
+        slot = dst[placed]
         x_flat.index_copy_(0, slot, payload.index_select(0, row))
         x_scale_flat.index_copy_(0, slot, scales.index_select(0, row))
         x_src_flat.index_copy_(0, slot, sources.index_select(0, row))
-        return
+        counts.copy_(per_expert[:E])
+        placed = placed.view(R, k)
+        return counts, torch.where(placed, dst.view(R, k), 0), torch.where(placed, weights, 0.0)
     assert payload.stride(1) == 1 and x_flat.is_contiguous() and sources.is_contiguous()
     assert x_src_flat.is_contiguous() and x_scale_flat.is_contiguous()
+    table = torch.empty((R, k), dtype=torch.int64, device=ids.device)
+    bag_weights = torch.empty((R, k), dtype=torch.float32, device=ids.device)
     _built()["place_rows"][(R,)](
-        payload, payload.stride(0), slots.contiguous(), sink, scales.contiguous(), sources, x_flat,
-        x_flat.stride(0), x_scale_flat, x_src_flat, NUM_WORDS=payload.shape[1], k=k, BLOCK=_BLOCK_WORDS)
+        payload, payload.stride(0), ids.contiguous(), weights.float().contiguous(), scales.contiguous(), sources,
+        counts, table, bag_weights, x_flat, x_flat.stride(0), x_scale_flat, x_src_flat, M,
+        NUM_WORDS=payload.shape[1], k=k, KP2=triton_next_power_of_2(k), BLOCK=_BLOCK_WORDS)
+    return counts, table, bag_weights
+
+
+def triton_next_power_of_2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def pack_rows(q_words: torch.Tensor, scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+              selected: torch.Tensor, rows: torch.Tensor, *, fmt: RowFormat, num_ranks: int, num_local_experts: int,
+              rank: int, impl: Impl = "auto") -> None:
+    """Write send row i for selected[i] = token * P + destination: the token's FP8 payload (q_words (n, K/8)
+    int64), then base.RowFormat's words (scale, token, this rank, the destination's local expert ids as int16
+    pairs, their weights; -1 and 0 where a top-k slot is on another rank). rows: (len(selected), row_bytes) uint8.
+    """
+    P, E, k = num_ranks, num_local_experts, fmt.top_k
+    num_send = selected.numel()
+    if num_send == 0:
+        return
+    if not _use_triton(impl, q_words, selected, rows):
+        token = torch.div(selected, P, rounding_mode="floor")
+        dst = selected % P
+        torch.index_select(q_words, 0, token, out=rows.view(torch.int64)[:, : fmt.payload_words])
+        ids = topk_ids.index_select(0, token)
+        here = torch.div(ids, E, rounding_mode="floor") == dst.unsqueeze(1)
+        local = torch.where(here, ids % E, -1).to(torch.int16)
+        if k % 2:  # int16 ids travel as int32 pairs
+            local = torch.cat([local, local.new_full((num_send, 1), -1)], dim=1)
+        weights = torch.where(here, topk_weights.index_select(0, token), 0.0).float()
+        meta = torch.cat([
+            scale.reshape(-1).index_select(0, token).view(torch.int32).unsqueeze(1),
+            token.to(torch.int32).unsqueeze(1),
+            torch.full((num_send, 1), rank, dtype=torch.int32, device=rows.device),
+            local.view(torch.int32), weights.view(torch.int32),
+        ], dim=1)
+        start = fmt.hidden_size // 4
+        rows.view(torch.int32)[:, start: start + fmt.meta_words].copy_(meta)
+        return
+    assert q_words.stride(1) == 1 and rows.is_contiguous() and fmt.row_bytes % 8 == 0
+    _built()["pack_rows"][(num_send,)](
+        q_words, q_words.stride(0), scale.reshape(-1).float().contiguous(), topk_ids.contiguous(),
+        topk_weights.float().contiguous(), selected.contiguous(), rows.view(torch.int64), fmt.row_bytes // 8, P, E,
+        rank, PAYLOAD_WORDS=fmt.payload_words, ID_WORDS=fmt.id_words, k=k, KP2=triton_next_power_of_2(k),
+        BLOCK=_BLOCK_WORDS)
