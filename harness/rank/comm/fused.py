@@ -113,7 +113,7 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
         meta = row64.to(tl.pointer_type(tl.int32)) + 2 * PAYLOAD_WORDS  # the int32 words after the payload
         tl.store(meta, tl.load(scale + token).to(tl.int32, bitcast=True))
         tl.store(meta + 1, token.to(tl.int32))
-        tl.store(meta + 2, rank.to(tl.int32))
+        tl.store(meta + 2, (token * 0 + rank).to(tl.int32))  # rank may come in as a constant (Triton: 1)
         j = tl.arange(0, KP2)
         expert = tl.load(topk_ids + token * k + j, mask=j < k, other=-1).to(tl.int64)
         here = (expert >= 0) & (expert // E == dest)
