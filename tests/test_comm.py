@@ -234,6 +234,14 @@ def test_symm_mem_bag_table_holds_each_tokens_slots_and_reduces_like_a_plain_sum
     shim = types.SimpleNamespace(layout=layout, expert_meta=meta)
     valid = (torch.arange(M).unsqueeze(0) < torch.tensor(counts).unsqueeze(1)).reshape(-1)
     bags = SymmMemComm._bags(shim, valid)  # type: ignore[arg-type]
+    # A counted slot whose words name no (source rank, token) of this layout joins no bag (no index past the table).
+    bad = meta.clone()
+    bad[2 * M + 3] = torch.tensor([0, C + 5, P + 7, int(torch.tensor([9.0]).view(torch.int32))], dtype=torch.int32)
+    bad_valid = valid.clone()
+    bad_valid[2 * M + 3] = True
+    bad_bags = SymmMemComm._bags(types.SimpleNamespace(layout=layout, expert_meta=bad), bad_valid)  # type: ignore[arg-type]
+    assert torch.equal(bad_bags["bag_table"], bags["bag_table"]) and torch.equal(bad_bags["bag_weights"],
+                                                                                   bags["bag_weights"])
     table, weights = bags["bag_table"], bags["bag_weights"]
     assert table.shape == weights.shape == (P * C, min(top_k, E))
     empty = (weights == 0).all(1)

@@ -157,7 +157,12 @@ class SymmMemComm(Comm):
         L, meta = self.layout, self.expert_meta
         E, M, P, C = L.num_local_experts, L.max_slots_per_expert, L.num_ranks, L.buffer_tokens
         B, W, device = P * C, min(L.top_k, E), meta.device
-        key = torch.where(valid, meta[:, 2].to(torch.int64) * C + meta[:, 1], B)  # bag (source, token), or none
+        # A slot's words name its bag (source rank, token). Words out of range (never from a correct exchange) put
+        # the slot in no bag: its row is then missing from the combined output and the combine check reports the
+        # token wrong, where an index past the bag table would stop the rank with a device-side assert.
+        source, token = meta[:, 2].to(torch.int64), meta[:, 1].to(torch.int64)
+        named = valid & (source >= 0) & (source < P) & (token >= 0) & (token < C)
+        key = torch.where(named, source * C + token, B)  # bag (source, token), or none
         order = torch.sort(key, stable=True).indices
         sorted_key = key.index_select(0, order)
         per_bag = torch.zeros(B + 1, dtype=torch.int64, device=device).index_add_(0, key, torch.ones_like(key))
