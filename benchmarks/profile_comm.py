@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         cpu_top = [{"name": e.key[:80], "calls_per_round": e.count / args.iters,
                     "cpu_us_per_round": e.self_cpu_time_total / args.iters} for e in cpu_events[:12]]
         attr = "self_device_time_total" if cuda else "self_cpu_time_total"
-        events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0]
+        # On a GPU only the kernels and copies themselves (an aten op's row repeats its kernels' time).
+        kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+        events = [e for e in averages if getattr(e, attr, 0) > 0 and (not cuda or e.device_type == kind)]
         events.sort(key=lambda e: getattr(e, attr), reverse=True)
         total = sum(getattr(e, attr) for e in events) or 1
         kernels = [{"name": e.key[:110], "calls_per_round": e.count / args.iters,
