@@ -28,7 +28,7 @@ from harness.rank.comm.base import RowFormat
 Impl = Literal["auto", "triton", "torch"]
 _BLOCK_SUM = 1024  # elements of a row one bag_sum program reduces
 _BLOCK_WORDS = 512  # int64 words of a row one place_rows step moves (4 KiB)
-_TORCH_CHUNK_BYTES = 64 * 2**20  # float32 terms the torch form of bag_sum holds at once
+_TORCH_CHUNK_BYTES = 64 * 2**20  # float32 sums the torch form of bag_sum holds at once
 
 
 @functools.cache
@@ -147,15 +147,18 @@ def bag_sum(table: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, *, ou
     if R == 0:
         return out
     if not _use_triton(impl, table, weights, src, out):
-        # float32 products and sums (embedding_bag would round each weight to the rows' dtype), in row chunks
-        # that keep the float32 terms near _TORCH_CHUNK_BYTES
-        chunk = max(1, _TORCH_CHUNK_BYTES // max(1, 4 * W * K))
-        for start in range(0, R, chunk):
-            t, w = table[start: start + chunk], weights[start: start + chunk]
-            used = w != 0
-            safe = torch.where(used, t, 0)  # a padding cell's index may be anything: read row 0 at weight 0
-            terms = src.index_select(0, safe.reshape(-1)).view(*t.shape, K).float() * w.float().unsqueeze(-1)
-            out[start: start + chunk].copy_(terms.masked_fill_(~used.unsqueeze(-1), 0).sum(1))
+        # Column by column, only the cells with a weight: float32 products and sums (embedding_bag would round
+        # each weight to the rows' dtype and multiply a padding cell's row, NaN included, by 0).
+        # Row chunks bound the float32 sums (a GPU without Triton takes this form too).
+        step = max(1, _TORCH_CHUNK_BYTES // (4 * K))
+        for r0 in range(0, R, step):
+            t, wts = table[r0: r0 + step], weights[r0: r0 + step]
+            acc = torch.zeros((t.shape[0], K), dtype=torch.float32, device=src.device)
+            for w in range(W):
+                rows = torch.nonzero(wts[:, w] != 0).squeeze(1)
+                terms = src.index_select(0, t[:, w].index_select(0, rows)).float()
+                acc.index_add_(0, rows, terms.mul_(wts[:, w].index_select(0, rows).float().unsqueeze(1)))
+            out[r0: r0 + step].copy_(acc)
         return out
     assert src.stride(1) == 1 and out.stride(1) == 1
     k = _built()
