@@ -104,6 +104,10 @@ class SymmMemComm(Comm):
                          harness_bytes=harness_bytes)
         self.recv_x = recv_x
         self.expert_meta.zero_()  # slots past expert_num_tokens are never read, but start them defined
+        # A peer's first exchange may write into this rank's symmetric buffers: not before they are set up here.
+        self._fence = torch.zeros(1, dtype=torch.int32, device=device)
+        torch.cuda.synchronize(device)
+        dist.barrier()
 
     def dispatch(self, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  quantize: Quantize, stages: Stages) -> DispatchHandle:
@@ -126,8 +130,13 @@ class SymmMemComm(Comm):
             topk_weights.reshape(-1).index_select(0, order).float().view(torch.int32),
         ], dim=1))
         stages.lap("dispatch.pack")
+        # Each exchange ends in a stream-ordered fence (a one-element all_reduce: no host read), so that no rank
+        # starts the next use of the shared split buffers, or reads what it received, while a peer's transfer is
+        # still running. Without them a counted slot once held words no sender wrote (docs/comm.md).
         _vdev_2d(self.send_x, self.recv_x, self.in_splits, self.out_splits_offsets, self.group_name, M)
+        dist.all_reduce(self._fence)
         _vdev_2d(self.send_meta, self.expert_meta, self.in_splits, self.out_splits_offsets, self.group_name, M)
+        dist.all_reduce(self._fence)
         stages.lap("dispatch.exchange")
         bags = self._unpack()
         stages.lap("dispatch.unpack")
