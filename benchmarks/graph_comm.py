@@ -109,12 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, data, args.iters, queue)) for r in range(2)]
+    # Daemons, ended after a bounded wait: on 2 x H200 the ranks printed their results and then did not exit
+    # (shutdown after NVSHMEM use), which held the parent until the step's timeout.
+    procs = [ctx.Process(target=_rank, args=(r, port, data, args.iters, queue), daemon=True) for r in range(2)]
     for proc in procs:
         proc.start()
     results = sorted((queue.get(timeout=600) for _ in procs), key=lambda r: r["rank"])
     for proc in procs:
-        proc.join(timeout=60)
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.terminate()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)} x 2, scenario {args.scenario}")
     for r in results:
         print(json.dumps(r))
