@@ -6,11 +6,5 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${1:?runs directory}/comm2
 mkdir -p "$RUNS"
-for t in tests/test_fused.py tests/test_comm.py; do
-    start=$SECONDS
-    name=$(basename "$t" .py)
-    timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --junitxml="$RUNS/$name.xml" "$t" > "$RUNS/$name.log" 2>&1
-    echo "exit $? ($((SECONDS - start)) s): pytest -q -rs -m gpu $t" | tee -a "$RUNS/commands.log"
-    tail -n 6 "$RUNS/$name.log"
-done
+bash scripts/gpu/comm-tests.sh "$RUNS"
 bash scripts/gpu/comm.sh "$RUNS"

@@ -7,11 +7,7 @@ cd "$(dirname "$0")/../.."
 RUNS=${1:?runs directory}/final
 mkdir -p "$RUNS"
 log() { echo "exit $1 ($2 s): $3" | tee -a "$RUNS/commands.log"; }
-for t in tests/test_fused.py tests/test_comm.py; do
-    start=$SECONDS; name=$(basename "$t" .py)
-    timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --junitxml="$RUNS/$name.xml" "$t" > "$RUNS/$name.log" 2>&1
-    log $? $((SECONDS - start)) "pytest -q -rs -m gpu $t"; tail -n 3 "$RUNS/$name.log"
-done
+bash scripts/gpu/comm-tests.sh "$RUNS"
 for case in qwen3-30b-a3b-dp8-skewed deepseek-v3-dp32-pr55579; do
     start=$SECONDS
     timeout 240 python3 benchmarks/graph_comm.py "$case" --out "$RUNS/graph-$case.json" > "$RUNS/graph-$case.log" 2>&1
