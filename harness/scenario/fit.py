@@ -117,7 +117,7 @@ def _comm_buffers_bytes(s: Scenario, device_type: DeviceType) -> tuple[int, int]
         data_ok = comm_reason("symm-mem", device_type=device_type, num_local_experts=E, num_ranks=P) is None
         comm = "symm-mem" if data_ok else ("nccl" if device_type == "cuda" else "gloo")
     if comm == "symm-mem":
-        staging = C * k * (K + SYMM_MEM_META_BYTES) + 3 * P * E * 8 + E * M * SYMM_MEM_META_BYTES
+        staging = C * k * (K + SYMM_MEM_META_BYTES) + 5 * P * E * 8 + E * M * SYMM_MEM_META_BYTES
         return E * M * K + batched + staging, (P * C + C) * K * out_bytes
     meta_bytes = -(-4 * (3 + (k + 1) // 2 + k) // 16) * 16  # harness.rank.comm.base.RowFormat
     row, sent = K + meta_bytes, C * min(P, k)

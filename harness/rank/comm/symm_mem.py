@@ -76,7 +76,7 @@ class SymmMemComm(Comm):
 
         E, M, K = layout.num_local_experts, layout.max_slots_per_expert, layout.hidden_size
         C, P, k = layout.buffer_tokens, layout.num_ranks, layout.top_k
-        symmetric_bytes = C * k * (K + 4 * META_WORDS) + E * M * (K + 4 * META_WORDS) + 3 * P * E * 8
+        symmetric_bytes = C * k * (K + 4 * META_WORDS) + E * M * (K + 4 * META_WORDS) + 5 * P * E * 8
         # NVSHMEM sizes its heap when it starts (at the first symmetric allocation).
         os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(symmetric_bytes + _HEAP_MARGIN_BYTES))
         if symm_mem.get_backend(device) != "NVSHMEM":
@@ -91,23 +91,25 @@ class SymmMemComm(Comm):
         self.send_x = symmetric("dispatch", (C * k, K), torch.uint8)
         self.send_meta = symmetric("dispatch", (C * k, META_WORDS), torch.int32)
         self.in_splits = symmetric("dispatch", (P * E,), torch.int64)
+        # One (splits, offsets) pad per exchange. torch's allToAllV_2d ends by overwriting the offsets row with the
+        # receive offsets, and the next exchange's first kernel has peers write source offsets into that row with
+        # no barrier before it: with one pad for both exchanges, a peer already in the second could write its
+        # source offsets before this rank's first kernel overwrote them, and the second would then read receive
+        # offsets as source offsets (torch/csrc/distributed/c10d/symm_mem/nvshmem_extension.cu).
         self.out_splits_offsets = symmetric("dispatch", (2, P * E), torch.int64)
+        self.meta_splits_offsets = symmetric("dispatch", (2, P * E), torch.int64)
         self.expert_meta = symmetric("dispatch", (E * M, META_WORDS), torch.int32)
         self.combine_recv = accountant.alloc("combine", (P * C, K), out_dtype)
         harness_bytes = sum(t.nbytes for t in (self.send_x, self.send_meta, self.in_splits, self.out_splits_offsets,
-                                               self.expert_meta, self.combine_recv))
+                                               self.meta_splits_offsets, self.expert_meta, self.combine_recv))
         recv_x = symmetric("dispatch", (E * M, K), torch.uint8)  # the batched buffer itself
-        for tensor in (self.send_x, self.send_meta, self.in_splits, self.out_splits_offsets, self.expert_meta,
-                       recv_x):
+        for tensor in (self.send_x, self.send_meta, self.in_splits, self.out_splits_offsets, self.meta_splits_offsets,
+                       self.expert_meta, recv_x):
             symm_mem.rendezvous(tensor, self.group_name)  # collective, once: the timed path finds the handles cached
         super().__init__(layout, BatchedBuffers.allocate(layout, accountant, out_dtype=out_dtype, expert_x=recv_x),
                          harness_bytes=harness_bytes)
         self.recv_x = recv_x
         self.expert_meta.zero_()  # slots past expert_num_tokens are never read, but start them defined
-        # A peer's first exchange may write into this rank's symmetric buffers: not before they are set up here.
-        self._fence = torch.zeros(1, dtype=torch.int32, device=device)
-        torch.cuda.synchronize(device)
-        dist.barrier()
 
     def dispatch(self, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  quantize: Quantize, stages: Stages) -> DispatchHandle:
@@ -130,13 +132,8 @@ class SymmMemComm(Comm):
             topk_weights.reshape(-1).index_select(0, order).float().view(torch.int32),
         ], dim=1))
         stages.lap("dispatch.pack")
-        # Each exchange ends in a stream-ordered fence (a one-element all_reduce: no host read), so that no rank
-        # starts the next use of the shared split buffers, or reads what it received, while a peer's transfer is
-        # still running. Without them a counted slot once held words no sender wrote (docs/comm.md).
         _vdev_2d(self.send_x, self.recv_x, self.in_splits, self.out_splits_offsets, self.group_name, M)
-        dist.all_reduce(self._fence)
-        _vdev_2d(self.send_meta, self.expert_meta, self.in_splits, self.out_splits_offsets, self.group_name, M)
-        dist.all_reduce(self._fence)
+        _vdev_2d(self.send_meta, self.expert_meta, self.in_splits, self.meta_splits_offsets, self.group_name, M)
         stages.lap("dispatch.exchange")
         bags = self._unpack()
         stages.lap("dispatch.unpack")
