@@ -239,7 +239,8 @@ def test_symm_mem_bag_table_holds_each_tokens_slots_and_reduces_like_a_plain_sum
     bad[2 * M + 3] = torch.tensor([0, C + 5, P + 7, int(torch.tensor([9.0]).view(torch.int32))], dtype=torch.int32)
     bad_valid = valid.clone()
     bad_valid[2 * M + 3] = True
-    bad_bags = SymmMemComm._bags(types.SimpleNamespace(layout=layout, expert_meta=bad), bad_valid)  # type: ignore[arg-type]
+    bad_shim = types.SimpleNamespace(layout=layout, expert_meta=bad)
+    bad_bags = SymmMemComm._bags(bad_shim, bad_valid)  # type: ignore[arg-type]
     assert torch.equal(bad_bags["bag_table"], bags["bag_table"]) and torch.equal(bad_bags["bag_weights"],
                                                                                    bags["bag_weights"])
     table, weights = bags["bag_table"], bags["bag_weights"]
@@ -256,3 +257,72 @@ def test_symm_mem_bag_table_holds_each_tokens_slots_and_reduces_like_a_plain_sum
             assert torch.allclose(partial[src * C + tok], want, atol=1e-6), (src, tok, slots)
             row = set(table[src * C + tok].tolist())
             assert {e * M + j for e, j in slots} <= row and (not slots or row <= {e * M + j for e, j in slots})
+
+
+def _vdev_2d_one_rank(calls: list, send, recv, in_splits, out_splits_offsets, group_name, major_align):
+    """all_to_all_vdev_2d's documented result on a one-rank group (torch's nvshmem_extension.cu): expert e's rows,
+    in send order, at recv rows [e * major_align, ...); row 0 of the pad the received splits, row 1 the receive
+    offsets. Records which tensors each call was given."""
+    calls.append((send, recv, in_splits, out_splits_offsets))
+    start = 0
+    for e, count in enumerate(in_splits.tolist()):
+        recv[e * major_align: e * major_align + count] = send[start: start + count]
+        start += count
+    out_splits_offsets[0] = in_splits
+    out_splits_offsets[1] = torch.arange(in_splits.numel()) * major_align
+
+
+def test_symm_mem_dispatch_fills_the_batched_buffer_and_gives_each_exchange_its_own_pad(monkeypatch):
+    """symm-mem's dispatch on CPU with all_to_all_vdev_2d's one-rank result in place of the NVSHMEM kernel: every
+    slot holds its token's FP8 row, scale and source, the counts are the routing's, and the rows exchange and the
+    words exchange get different (splits, offsets) pads (torch's pull kernel rewrites the offsets row of its pad
+    at its end, while a faster peer's next exchange writes into that row: one pad for both can mix them)."""
+    import types
+
+    import harness.rank.comm.symm_mem as sm
+    from harness.rank.comm import BatchedBuffers, DispatchLayout, Stages
+    from harness.rank.memory import Accountant
+    from harness.rank.quant import quantize_per_token
+
+    E, M, K, k, n = 4, 16, 32, 2, 12
+    layout = DispatchLayout(num_ranks=1, rank=0, num_local_experts=E, max_slots_per_expert=M, hidden_size=K,
+                            top_k=k, max_tokens=n)
+    comm = object.__new__(sm.SymmMemComm)
+    comm.layout, comm.group_name = layout, "test"
+    comm.send_x = torch.zeros((n * k, K), dtype=torch.uint8)
+    comm.send_meta = torch.zeros((n * k, 4), dtype=torch.int32)
+    comm.in_splits = torch.zeros(E, dtype=torch.int64)
+    comm.out_splits_offsets = torch.zeros((2, E), dtype=torch.int64)
+    comm.meta_splits_offsets = torch.zeros((2, E), dtype=torch.int64)
+    comm.recv_x = torch.zeros((E * M, K), dtype=torch.uint8)
+    comm.expert_meta = torch.zeros((E * M, 4), dtype=torch.int32)
+    comm.combine_recv = torch.zeros((n, K), dtype=torch.bfloat16)
+    comm.batched = BatchedBuffers.allocate(layout, Accountant(torch.device("cpu")), out_dtype=torch.bfloat16,
+                                           expert_x=comm.recv_x)
+    calls: list = []
+    monkeypatch.setattr(sm, "_vdev_2d", lambda *a: _vdev_2d_one_rank(calls, *a))
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randn((n, K), generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(n)])
+    weights = torch.rand((n, k), generator=g)
+    handle = comm.dispatch(tokens, ids, weights, quantize_per_token, Stages())
+    assert len(calls) == 2 and calls[0][3] is not calls[1][3]  # rows and words: a pad each
+    assert calls[0][3] is comm.out_splits_offsets and calls[1][3] is comm.meta_splits_offsets
+    q, scale = quantize_per_token(tokens)
+    counts = torch.bincount(ids.reshape(-1), minlength=E)
+    assert torch.equal(comm.expert_num_tokens.long(), counts) and handle.num_host_syncs == 0
+    seen = set()
+    for e in range(E):
+        for j in range(int(counts[e])):
+            rank, token = comm.expert_src[e, j].tolist()
+            assert rank == 0 and e in ids[token].tolist() and (e, token) not in seen
+            seen.add((e, token))
+            assert torch.equal(comm.expert_x[e, j].view(torch.uint8), q[token].view(torch.uint8))
+            assert comm.expert_x_scale[e, j, 0] == scale[token, 0]
+    assert len(seen) == n * k
+    table, bag_weights = handle.state["bag_table"], handle.state["bag_weights"]
+    for token in range(n):  # the token's bag: its k slots with its k weights
+        cells = {(int(table[token, c]), round(float(bag_weights[token, c]), 6)) for c in range(table.shape[1])}
+        want = {(int(ids[token, c]) * M + [t for (e, t) in sorted(seen) if e == int(ids[token, c])].index(token),
+                 round(float(weights[token, c]), 6)) for c in range(k)}
+        assert cells == want

@@ -170,7 +170,8 @@ def bag_sum(table: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, *, ou
 
 def place_rows(payload: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor,
                sources: torch.Tensor, *, x_flat: torch.Tensor, x_scale_flat: torch.Tensor, x_src_flat: torch.Tensor,
-               max_slots: int, num_experts: int, impl: Impl = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               max_slots: int, num_experts: int,
+               impl: Impl = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Give every received (row r, pair j) with a local expert ids[r, j] >= 0 the next slot of that expert, and
     write the row there: payload (R, words) int64 into x_flat's row e*M + slot, scales (R,) float32 into
     x_scale_flat, (source rank, token) sources (R, 2) int32 into x_src_flat. A pair past M slots is not written.
