@@ -95,7 +95,8 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
             words = tl.load(rows + r * row_stride + offs, mask=mask)
             for i in tl.static_range(k):
                 d = tl.sum(tl.where(j == i, dst, 0))  # pair i's slot row, -1 when it has none here
-                tl.store(x + d * x_stride + offs, words, mask=mask & (d >= 0))
+                if d >= 0:
+                    tl.store(x + d * x_stride + offs, words, mask=mask)
 
     @triton.jit
     def pack_rows_kernel(q, q_stride, scale, topk_ids, topk_weights, selected, rows, row_words, P, E, rank,
