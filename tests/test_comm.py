@@ -155,6 +155,8 @@ def _check(results: list[dict], scenario: Any, backend: str) -> None:
             assert r["max_abs_ref"] > 0
             assert r["max_abs_err"] <= 1e-2 * r["max_abs_ref"], r  # bf16 expert rows and partial sums
         comm = r["comm"]  # tiny's layer is DeepEP low-latency: the rank holds exactly DeepEP's buffer as comm
+        # what moved the rows: Triton's kernels on a GPU (the image has Triton), torch's ops on CPU ranks
+        assert comm["row_kernels"].startswith("triton ") if backend != "gloo" else comm["row_kernels"] == "torch"
         assert comm["comm_bytes"] == r["comm_bytes"] == comm["deepep_ll_bytes"] > 0 and comm["harness_bytes"] > 0
     if scenario.routing.kind == "worst-case":
         assert results[0]["counts"][0] == M

@@ -142,6 +142,7 @@ class CommRecord(Record):
     comm_bytes: int  # the comm category: deepep_ll_bytes, or 0 when memory.comm_buffer is "none" or the
     # scenario's layer.all2all is not deepep-low-latency
     harness_bytes: int  # the send/receive staging the harness itself allocated (counted in dispatch and combine)
+    row_kernels: str = "torch"  # what moved the rows (harness.rank.comm.fused): "triton <version>" or "torch"
 
 
 class OomRecord(Record):

@@ -33,7 +33,7 @@ from harness.core.records import (
 )
 from harness.rank.check import CheckedPass
 from harness.rank.combine import combine
-from harness.rank.comm import Comm, create_comm, resolve_comm
+from harness.rank.comm import Comm, create_comm, resolve_comm, row_kernels
 from harness.rank.dispatch import DispatchHandle, DispatchLayout, dispatch
 from harness.rank.distributed import RankInfo, StageFailure, agree, init_rank, shutdown_rank
 from harness.rank.experts import (
@@ -439,7 +439,7 @@ def _setup_comm(s: Scenario, layout: DispatchLayout, probe: MemoryProbe, account
         components.append(region_step.component("deepep-rdma", predicted, region_step.allocated_bytes))
     record = CommRecord(backend=name, choice=choice, deepep_ll_bytes=deepep.total_bytes,  # type: ignore[arg-type]
                         deepep_combine_variant=deepep.combine_variant, harness_bytes=comm.harness_bytes,
-                        comm_bytes=accountant.bytes_of("comm"))
+                        comm_bytes=accountant.bytes_of("comm"), row_kernels=row_kernels(device))
     return (comm, record), components
 
 

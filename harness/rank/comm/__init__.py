@@ -21,6 +21,7 @@ import torch
 from harness.rank.comm.base import (
     BatchedBuffers, Comm, DispatchError, DispatchHandle, DispatchLayout, Quantize, RowFormat, Stages, as_words,
 )
+from harness.rank.comm.fused import row_kernels
 from harness.rank.memory import Accountant
 from harness.scenario.fit import comm_reason
 
@@ -29,7 +30,7 @@ COMM_CHOICES = ("auto", "symm-mem", "nccl", "gloo")
 __all__ = [
     "COMM_CHOICES", "BatchedBuffers", "Comm", "CommUnavailable", "DispatchError", "DispatchHandle",
     "DispatchLayout", "Quantize", "RowFormat", "Stages", "as_words", "create_comm", "resolve_comm",
-    "unavailable_reason",
+    "row_kernels", "unavailable_reason",
 ]
 
 

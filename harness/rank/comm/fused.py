@@ -40,6 +40,16 @@ def triton_available() -> bool:
     return True
 
 
+def row_kernels(device: torch.device) -> str:
+    """What moves the rows on `device` under impl="auto": "triton <version>" on CUDA where Triton imports, else
+    "torch" (the records name it)."""
+    if device.type == "cuda" and triton_available():
+        import triton
+
+        return f"triton {triton.__version__}"
+    return "torch"
+
+
 def _use_triton(impl: Impl, *tensors: torch.Tensor) -> bool:
     if impl == "torch":
         return False
