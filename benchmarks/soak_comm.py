@@ -20,6 +20,7 @@ import traceback
 import uuid
 from pathlib import Path
 
+import torch
 import torch.multiprocessing as mp
 
 from harness.rank.distributed import RankInfo, free_port, init_rank, shutdown_rank
@@ -47,7 +48,8 @@ def _rank(info: RankInfo, data: dict, rounds: int, seed: int, run_id: str, queue
 def run_soak(data: dict, *, rounds: int, seed: int, timeout_s: float) -> list[dict]:
     """Run the soak on the scenario's ranks in spawned processes; each rank's SoakRecord (or {"error": ...})."""
     scenario = parse_scenario(data, path=data["name"])
-    P, cuda = scenario.parallel.num_ranks, scenario.device == "cuda"
+    P = scenario.parallel.num_ranks
+    cuda = scenario.device == "cuda" or (scenario.device == "auto" and torch.cuda.is_available())
     for key, value in NO_MULTICAST.items():
         os.environ.setdefault(key, value)
     ctx = mp.get_context("spawn")

@@ -46,8 +46,16 @@ def test_row_format_packs_payload_and_words_in_16_byte_rows():
 
 def test_auto_and_named_comm_choices():
     assert resolve_comm("auto", device_type="cpu", num_local_experts=64, num_ranks=2)[0] == "gloo"
+    from harness.rank.comm.symm_mem import nvshmem_available
+
+    # symm-mem pulls with its own kernel: any number of local experts (torch's all_to_all_vdev_2d took 16)
     name, why = resolve_comm("auto", device_type="cuda", num_local_experts=64, num_ranks=2)
-    assert name == "nccl" and "at most 16 local experts" in why and "64" in why
+    if nvshmem_available():
+        assert name == "symm-mem" and "NVSHMEM works" in why
+    else:
+        assert name == "nccl" and "needs NVSHMEM" in why and "is_nvshmem_available() is False" in why
+    name, why = resolve_comm("auto", device_type="cuda", num_local_experts=8, num_ranks=1)
+    assert name == "nccl" and "needs at least 2 ranks" in why
     with pytest.raises(CommUnavailable, match="comm nccl needs GPU ranks"):
         resolve_comm("nccl", device_type="cpu", num_local_experts=8, num_ranks=2)
     with pytest.raises(CommUnavailable, match="comm gloo runs on CPU ranks"):
@@ -261,70 +269,53 @@ def test_symm_mem_bag_table_holds_each_tokens_slots_and_reduces_like_a_plain_sum
             assert {e * M + j for e, j in slots} <= row and (not slots or row <= {e * M + j for e, j in slots})
 
 
-def _vdev_2d_one_rank(calls: list, send, recv, in_splits, out_splits_offsets, group_name, major_align):
-    """all_to_all_vdev_2d's documented result on a one-rank group (torch's nvshmem_extension.cu): expert e's rows,
-    in send order, at recv rows [e * major_align, ...); row 0 of the pad the received splits, row 1 the receive
-    offsets. Records which tensors each call was given."""
-    calls.append((send, recv, in_splits, out_splits_offsets))
-    start = 0
-    for e, count in enumerate(in_splits.tolist()):
-        recv[e * major_align: e * major_align + count] = send[start: start + count]
-        start += count
-    out_splits_offsets[0] = in_splits
-    out_splits_offsets[1] = torch.arange(in_splits.numel()) * major_align
-
-
-def test_symm_mem_dispatch_fills_the_batched_buffer_and_gives_each_exchange_its_own_pad(monkeypatch):
-    """symm-mem's dispatch on CPU with all_to_all_vdev_2d's one-rank result in place of the NVSHMEM kernel: every
-    slot holds its token's FP8 row, scale and source, the counts are the routing's, and the rows exchange and the
-    words exchange get different (splits, offsets) pads (torch's pull kernel rewrites the offsets row of its pad
-    at its end, while a faster peer's next exchange writes into that row: one pad for both can mix them)."""
-    import types
-
+def test_symm_mem_dispatch_pulls_each_chunk_into_the_batched_buffer_with_send_buffers_in_turn(monkeypatch):
+    """symm-mem's dispatch on CPU, one rank standing in for P = 2 (the "peer" maps the same send buffers, and the
+    (counts, offsets) exchange returns what this rank sends to rank 0's experts from both): every slot holds its
+    token's FP8 row, scale and source, the counts are the routing's, the exchange reads nothing on the host, and
+    successive dispatches pack into the two send buffers in turn (a peer may still be reading the last one)."""
     import harness.rank.comm.symm_mem as sm
     from harness.rank.comm import BatchedBuffers, DispatchLayout, Stages
+    from harness.rank.comm.fused import PeerRows
     from harness.rank.memory import Accountant
     from harness.rank.quant import quantize_per_token
 
-    E, M, K, k, n = 4, 16, 32, 2, 12
-    layout = DispatchLayout(num_ranks=1, rank=0, num_local_experts=E, max_slots_per_expert=M, hidden_size=K,
+    P, E, M, K, k, n = 2, 4, 32, 32, 2, 12
+    layout = DispatchLayout(num_ranks=P, rank=0, num_local_experts=E, max_slots_per_expert=M, hidden_size=K,
                             top_k=k, max_tokens=n)
     comm = object.__new__(sm.SymmMemComm)
-    comm.layout, comm.group_name = layout, "test"
-    comm.send_x = torch.zeros((n * k, K), dtype=torch.uint8)
-    comm.send_meta = torch.zeros((n * k, 4), dtype=torch.int32)
-    comm.in_splits = torch.zeros(E, dtype=torch.int64)
-    comm.out_splits_offsets = torch.zeros((2, E), dtype=torch.int64)
-    comm.meta_splits_offsets = torch.zeros((2, E), dtype=torch.int64)
+    comm.layout, comm.group_name, comm._round = layout, "test", 0
+    comm.send_x = torch.zeros((2, n * k, K), dtype=torch.uint8)
+    comm.send_meta = torch.zeros((2, n * k, 4), dtype=torch.int32)
+    comm.meta_out = torch.zeros((P, 2, E), dtype=torch.int64)
+    comm.meta_in = torch.zeros((P, 2, E), dtype=torch.int64)
     comm.recv_x = torch.zeros((E * M, K), dtype=torch.uint8)
     comm.expert_meta = torch.zeros((E * M, 4), dtype=torch.int32)
-    comm.combine_recv = torch.zeros((n, K), dtype=torch.bfloat16)
+    comm.combine_recv = torch.zeros((P * n, K), dtype=torch.bfloat16)
     comm.batched = BatchedBuffers.allocate(layout, Accountant(torch.device("cpu")), out_dtype=torch.bfloat16,
                                            expert_x=comm.recv_x)
-    calls: list = []
-    monkeypatch.setattr(sm, "_vdev_2d", lambda *a: _vdev_2d_one_rank(calls, *a))
+    comm.peers = [PeerRows.of([comm.send_x[b]] * P, [comm.send_meta[b]] * P, torch.device("cpu")) for b in range(2)]
+    # both "ranks" send what this one sends to rank 0: row 0 of meta_out, to every receiver row
+    monkeypatch.setattr(sm.dist, "all_to_all_single", lambda out, inp: out.copy_(inp[0:1].expand_as(out)))
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randn((n, K), generator=g).to(torch.bfloat16)
-    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(n)])
-    weights = torch.rand((n, k), generator=g)
-    handle = comm.dispatch(tokens, ids, weights, quantize_per_token, Stages())
-    assert len(calls) == 2 and calls[0][3] is not calls[1][3]  # rows and words: a pad each
-    assert calls[0][3] is comm.out_splits_offsets and calls[1][3] is comm.meta_splits_offsets
-    q, scale = quantize_per_token(tokens)
-    counts = torch.bincount(ids.reshape(-1), minlength=E)
-    assert torch.equal(comm.expert_num_tokens.long(), counts) and handle.num_host_syncs == 0
-    seen = set()
-    for e in range(E):
-        for j in range(int(counts[e])):
-            rank, token = comm.expert_src[e, j].tolist()
-            assert rank == 0 and e in ids[token].tolist() and (e, token) not in seen
-            seen.add((e, token))
-            assert torch.equal(comm.expert_x[e, j].view(torch.uint8), q[token].view(torch.uint8))
-            assert comm.expert_x_scale[e, j, 0] == scale[token, 0]
-    assert len(seen) == n * k
-    table, bag_weights = handle.state["bag_table"], handle.state["bag_weights"]
-    for token in range(n):  # the token's bag: its k slots with its k weights
-        cells = {(int(table[token, c]), round(float(bag_weights[token, c]), 6)) for c in range(table.shape[1])}
-        want = {(int(ids[token, c]) * M + [t for (e, t) in sorted(seen) if e == int(ids[token, c])].index(token),
-                 round(float(weights[token, c]), 6)) for c in range(k)}
-        assert cells == want
+    for round_index in range(3):
+        tokens = torch.randn((n, K), generator=g).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(P * E, generator=g)[:k] for _ in range(n)])
+        weights = torch.rand((n, k), generator=g)
+        handle = comm.dispatch(tokens, ids, weights, quantize_per_token, Stages())
+        assert comm._round == round_index + 1 and handle.num_host_syncs == 0
+        q, scale = quantize_per_token(tokens)
+        counts = torch.bincount(ids.reshape(-1), minlength=P * E)[:E]  # this rank's experts, from one sender
+        assert torch.equal(comm.expert_num_tokens.long(), P * counts)
+        for e in range(E):
+            routed = [t for t in range(n) if e in ids[t].tolist()]
+            for p in range(P):  # rank p's chunk follows the chunks of the ranks below it, in token order
+                for j, token in enumerate(routed):
+                    slot = p * len(routed) + j
+                    assert comm.expert_src[e, slot].tolist() == [0, token]
+                    assert torch.equal(comm.expert_x[e, slot].view(torch.uint8), q[token].view(torch.uint8))
+                    assert comm.expert_x_scale[e, slot, 0] == scale[token, 0]
+        first = int(torch.sort(ids.reshape(-1), stable=True).indices[0]) // k  # the first pair packed
+        assert torch.equal(comm.send_x[round_index % 2, 0], q[first].view(torch.uint8))
+        table, bag_weights = handle.state["bag_table"], handle.state["bag_weights"]
+        assert table.shape == (P * n, min(k, E))

@@ -71,8 +71,8 @@ def _peer_bytes(setup: Any, handle: DispatchHandle) -> tuple[PeerBytes, PeerByte
     K, P, E, C = L.hidden_size, L.num_ranks, L.num_local_experts, L.buffer_tokens
     out_bytes = comm.combine_recv.element_size() * K
     if isinstance(comm, SymmMemComm):
-        per_expert = comm.in_splits.tolist()
-        received = comm.out_splits_offsets[0].view(E, P).sum(0).tolist()
+        per_expert = comm.meta_out[:, 0].reshape(-1).tolist()  # (counts, send offsets) per destination rank
+        received = comm.meta_in[:, 0].sum(1).tolist()
         sent = [sum(per_expert[r * E:(r + 1) * E]) for r in range(P)]
         return (PeerBytes(row_bytes=K + 4 * META_WORDS, send_rows=sent, recv_rows=received,
                           send_rows_per_expert=per_expert),

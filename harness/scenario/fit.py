@@ -29,10 +29,9 @@ MAX_RANKS_PER_CPU = 4
 CPU_RANK_OVERHEAD_BYTES = 300 * 2**20
 # A CUDA context and NCCL's buffers, which the rank cannot do without.
 GPU_RANK_OVERHEAD_BYTES = 2**30
-# torch's all_to_all_vdev_2d, symm-mem's dispatch (torch/csrc/distributed/c10d/symm_mem/nvshmem_extension.cu): one
-# 32-thread tile per local expert in a 512-thread block, one warp-scan lane per rank; its rendezvous needs 2 ranks.
+# torch's all_to_all_vdev_2d (torch/csrc/distributed/c10d/symm_mem/nvshmem_extension.cu), which `harness bench`
+# times as a raw collective: one 32-thread tile per local expert in a 512-thread block.
 SYMM_MEM_MAX_LOCAL_EXPERTS = 16
-SYMM_MEM_MAX_RANKS = 32
 SYMM_MEM_META_BYTES = 16  # scale, token, source rank, weight per dispatched pair (harness.rank.comm.symm_mem)
 GIB = 2**30
 
@@ -95,12 +94,6 @@ def comm_reason(comm: str, *, device_type: DeviceType, num_local_experts: int, n
         return f"comm {comm} needs GPU ranks (device cuda); use gloo on CPU"
     if comm == "symm-mem" and num_ranks < 2:
         return "comm symm-mem needs at least 2 ranks (torch's symmetric memory rendezvous); use nccl on one GPU"
-    if comm == "symm-mem" and num_local_experts > SYMM_MEM_MAX_LOCAL_EXPERTS:
-        return (f"comm symm-mem writes the batched buffer with torch's all_to_all_vdev_2d, which takes at most "
-                f"{SYMM_MEM_MAX_LOCAL_EXPERTS} local experts; parallel.num_local_experts is {num_local_experts}")
-    if comm == "symm-mem" and num_ranks > SYMM_MEM_MAX_RANKS:
-        return (f"comm symm-mem: all_to_all_vdev_2d takes at most {SYMM_MEM_MAX_RANKS} ranks; "
-                f"parallel.num_ranks is {num_ranks}")
     return None
 
 
@@ -117,7 +110,8 @@ def _comm_buffers_bytes(s: Scenario, device_type: DeviceType) -> tuple[int, int]
         data_ok = comm_reason("symm-mem", device_type=device_type, num_local_experts=E, num_ranks=P) is None
         comm = "symm-mem" if data_ok else ("nccl" if device_type == "cuda" else "gloo")
     if comm == "symm-mem":
-        staging = C * k * (K + SYMM_MEM_META_BYTES) + 5 * P * E * 8 + E * M * SYMM_MEM_META_BYTES
+        # two send buffers of rows and words, (counts, send offsets) out and in, the received words
+        staging = 2 * C * k * (K + SYMM_MEM_META_BYTES) + 4 * P * E * 8 + E * M * SYMM_MEM_META_BYTES
         return E * M * K + batched + staging, (P * C + C) * K * out_bytes
     meta_bytes = -(-4 * (3 + (k + 1) // 2 + k) // 16) * 16  # harness.rank.comm.base.RowFormat
     row, sent = K + meta_bytes, C * min(P, k)

@@ -3,8 +3,8 @@
     tokens (n, K) bf16 -quantize-layout-pack-exchange-unpack-> expert_x (E, M, K) fp8, scales, expert_num_tokens
     out (n, K) bf16 <-token-reduce-exchange-expert-reduce-- expert_out (E, M, K) bf16 (the experts' `out`)
 
-    symm-mem  torch NVSHMEM symmetric memory: splits on the device, no host read, all_to_all_vdev_2d writes
-              expert-major straight into the batched buffer (at most 16 local experts)        symm_mem.py
+    symm-mem  torch NVSHMEM symmetric memory: counts on the device, no host read; each rank pulls its chunks
+              from the peers' mapped send buffers straight into the batched buffer (one node)  symm_mem.py
     nccl      one packed row per (token, destination rank) over all_to_all_single; one host read of the
               split sizes per dispatch                                                       nccl.py
     gloo      the same packed rows on CPU ranks                                              gloo.py
@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from harness.rank.comm.base import (
-    BatchedBuffers, Comm, DispatchError, DispatchHandle, DispatchLayout, Quantize, RowFormat, Stages, as_words,
+    BatchedBuffers, Comm, CommUnavailable, DispatchError, DispatchHandle, DispatchLayout, Quantize, RowFormat,
+    Stages, as_words,
 )
 from harness.rank.comm.fused import row_kernels
 from harness.rank.memory import Accountant
@@ -32,10 +33,6 @@ __all__ = [
     "DispatchLayout", "Quantize", "RowFormat", "Stages", "as_words", "create_comm", "resolve_comm",
     "row_kernels", "unavailable_reason",
 ]
-
-
-class CommUnavailable(Exception):
-    """The comm backend a scenario names cannot run with this device and layout; the message says why."""
 
 
 def unavailable_reason(name: str, *, device_type: str, num_local_experts: int, num_ranks: int) -> str | None:
@@ -70,7 +67,7 @@ def resolve_comm(name: str, *, device_type: str, num_local_experts: int, num_ran
         return "gloo", "auto: CPU ranks"
     reason = unavailable_reason("symm-mem", **args)
     if reason is None:
-        return "symm-mem", "auto: NVSHMEM works and the layout fits all_to_all_vdev_2d (no host read per dispatch)"
+        return "symm-mem", "auto: NVSHMEM works and there are peers (no host read per dispatch)"
     return "nccl", f"auto: not symm-mem because {reason.removeprefix('comm symm-mem ')}"
 
 

@@ -23,6 +23,11 @@ class DispatchError(Exception):
     """A configuration error in what a rank was asked to dispatch."""
 
 
+
+class CommUnavailable(Exception):
+    """The comm backend a scenario names cannot run with this device and layout; the message says why."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class DispatchLayout:
     """Sizes of one rank's dispatch, in the letters of shared/DESIGN.md."""

@@ -4,21 +4,33 @@ Dispatch, per rank:
 
     quantize   tokens (n, K) bf16 -> FP8 (n, K) + scales (n, 1)
     layout     (token, slot) pairs sorted by global expert (destination rank, then its local expert, token
-               order within); per-expert counts into the symmetric in_splits, on the device
-    pack       the pairs' FP8 rows and their words (scale, token, source rank, weight) into symmetric send buffers
-    exchange   all_to_all_vdev_2d with major_align = M, twice (rows, words): the receiver pulls each expert's rows
-               straight into the batched buffer, expert e at rows [e*M, e*M + count): it *is* expert_x (E, M, K)
-    unpack     expert_num_tokens from the received splits; scales and sources copied out of the words
+               order within); per-expert counts and their send offsets, on the device
+    pack       the pairs' FP8 rows and their words (scale, token, source rank, weight) into this round's symmetric
+               send buffers (two of each, used in turn)
+    exchange   one fixed-size all_to_all_single of (counts, send offsets) for each rank's experts; then every rank
+               pulls each (peer, local expert) chunk from the peer's send buffers, which NVSHMEM maps into its
+               address space, straight into the batched buffer: expert e at rows [e*M, e*M + count)
+               (fused.pull_rows, one Triton kernel)
+    unpack     expert_num_tokens from the received counts; scales and sources copied out of the words
+
+Why not torch's all_to_all_vdev_2d, which does this exchange: in torch 2.11 its pull kernel has block 0 overwrite
+the source-offsets row with the receive offsets while other blocks may still be reading it, with no grid-wide
+barrier in between (torch/csrc/distributed/c10d/symm_mem/nvshmem_extension.cu). A block that reads late pulls
+its chunk from the wrong place. benchmarks/soak_comm.py saw it on 2 x H200: 36 of 4000 rank-rounds with wrong
+rows, every one at the start of an expert whose first peer sent nothing. Later torch sources write the offsets in
+a separate kernel. docs/comm.md has the record.
+
+Ordering without barriers: a peer's send buffer is read after the (counts, offsets) exchange, which the peer
+joins only after packing it (stream order); and the peer packs that buffer again two dispatches later, after a
+later exchange that this rank joins only after its pull (stream order again). So two send buffers used in turn
+make back-to-back dispatches safe with or without a combine between them.
 
 Combine: the expert side reduces the weighted outputs of each (source rank, token) into one bf16 row (fused.bag_sum
 over a dense (P*C, min(top_k, E)) table of its slots, fixed size), one equal-split
 all_to_all_single sends C rows to each rank (fixed sizes: no host read), and the token's rank sums the P rows of
 each token in float32.
 
-Limits of torch's kernels (torch/csrc/distributed/c10d/symm_mem/nvshmem_extension.cu): all_to_all_vdev_2d takes
-at most 16 local experts (one 32-thread tile each in a 512-thread block) and 32 ranks. Empty experts still get
-their M rows (the kernel pads an empty bin to major_align), so every expert starts at e*M.
-
+The peers' buffers are reachable only within one node (NVLink): setup refuses ranks whose peers are not mapped.
 Never touched without CUDA and NVSHMEM: harness.rank.comm.unavailable_reason answers from the layout
 (harness.scenario.fit.comm_reason) and the torch build alone.
 """
@@ -31,13 +43,13 @@ import torch
 import torch.distributed as dist
 
 from harness.rank.comm.base import (
-    BatchedBuffers, Comm, DispatchHandle, DispatchLayout, Quantize, Stages, as_words,
+    BatchedBuffers, Comm, CommUnavailable, DispatchHandle, DispatchLayout, Quantize, Stages, as_words,
 )
-from harness.rank.comm.fused import bag_sum
+from harness.rank.comm.fused import PeerRows, bag_sum, pull_rows
 from harness.rank.memory import Accountant
 from harness.scenario.fit import SYMM_MEM_MAX_LOCAL_EXPERTS, SYMM_MEM_META_BYTES
 
-MAX_LOCAL_EXPERTS = SYMM_MEM_MAX_LOCAL_EXPERTS  # "Number of experts must be smaller than NUM_TILES" (16)
+MAX_LOCAL_EXPERTS = SYMM_MEM_MAX_LOCAL_EXPERTS  # torch's all_to_all_vdev_2d (the raw collective bench times)
 META_WORDS = SYMM_MEM_META_BYTES // 4  # scale, token, source rank, weight: 16 bytes a pair
 _HEAP_MARGIN_BYTES = 256 * 2**20
 
@@ -52,21 +64,6 @@ def nvshmem_available() -> bool:
         return False
 
 
-def _describe(**tensors: torch.Tensor) -> str:
-    return ", ".join(f"{name} {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for name, t in tensors.items())
-
-
-def _vdev_2d(send: torch.Tensor, recv: torch.Tensor, in_splits: torch.Tensor, out_splits_offsets: torch.Tensor,
-             group_name: str, major_align: int) -> None:
-    """torch.ops.symm_mem.all_to_all_vdev_2d; a failure names every argument's shape and dtype."""
-    try:
-        torch.ops.symm_mem.all_to_all_vdev_2d(send, recv, in_splits, out_splits_offsets, group_name,
-                                              major_align=major_align)
-    except RuntimeError as exc:
-        args = _describe(input=send, out=recv, in_splits=in_splits, out_splits_offsets=out_splits_offsets)
-        raise RuntimeError(f"all_to_all_vdev_2d({args}, major_align={major_align}): {exc}") from exc
-
-
 class SymmMemComm(Comm):
     name = "symm-mem"
 
@@ -76,66 +73,82 @@ class SymmMemComm(Comm):
 
         E, M, K = layout.num_local_experts, layout.max_slots_per_expert, layout.hidden_size
         C, P, k = layout.buffer_tokens, layout.num_ranks, layout.top_k
-        symmetric_bytes = C * k * (K + 4 * META_WORDS) + E * M * (K + 4 * META_WORDS) + 5 * P * E * 8
+        symmetric_bytes = 2 * C * k * (K + 4 * META_WORDS)
         # NVSHMEM sizes its heap when it starts (at the first symmetric allocation).
         os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(symmetric_bytes + _HEAP_MARGIN_BYTES))
         if symm_mem.get_backend(device) != "NVSHMEM":
             symm_mem.set_backend("NVSHMEM")
         self.group_name = dist.group.WORLD.group_name
 
-        def symmetric(category: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        def symmetric(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
             tensor = symm_mem.empty(shape, dtype=dtype, device=device)
-            accountant.adopt(category, tensor)
+            accountant.adopt("dispatch", tensor)
             return tensor
 
-        self.send_x = symmetric("dispatch", (C * k, K), torch.uint8)
-        self.send_meta = symmetric("dispatch", (C * k, META_WORDS), torch.int32)
-        self.in_splits = symmetric("dispatch", (P * E,), torch.int64)
-        # One (splits, offsets) pad per exchange. torch's allToAllV_2d ends by overwriting the offsets row with the
-        # receive offsets, and the next exchange's first kernel has peers write source offsets into that row with
-        # no barrier before it: with one pad for both exchanges, a peer already in the second could write its
-        # source offsets before this rank's first kernel overwrote them, and the second would then read receive
-        # offsets as source offsets (torch/csrc/distributed/c10d/symm_mem/nvshmem_extension.cu).
-        self.out_splits_offsets = symmetric("dispatch", (2, P * E), torch.int64)
-        self.meta_splits_offsets = symmetric("dispatch", (2, P * E), torch.int64)
-        self.expert_meta = symmetric("dispatch", (E * M, META_WORDS), torch.int32)
+        self.send_x = symmetric((2, C * k, K), torch.uint8)  # two send buffers, used in turn (module docstring)
+        self.send_meta = symmetric((2, C * k, META_WORDS), torch.int32)
+        self.meta_out = accountant.alloc("dispatch", (P, 2, E), torch.int64)  # (counts, send offsets) per rank
+        self.meta_in = accountant.alloc("dispatch", (P, 2, E), torch.int64)
+        self.expert_meta = accountant.alloc("dispatch", (E * M, META_WORDS), torch.int32)
         self.combine_recv = accountant.alloc("combine", (P * C, K), out_dtype)
-        harness_bytes = sum(t.nbytes for t in (self.send_x, self.send_meta, self.in_splits, self.out_splits_offsets,
-                                               self.meta_splits_offsets, self.expert_meta, self.combine_recv))
-        recv_x = symmetric("dispatch", (E * M, K), torch.uint8)  # the batched buffer itself
-        for tensor in (self.send_x, self.send_meta, self.in_splits, self.out_splits_offsets, self.meta_splits_offsets,
-                       self.expert_meta, recv_x):
-            symm_mem.rendezvous(tensor, self.group_name)  # collective, once: the timed path finds the handles cached
+        harness_bytes = sum(t.nbytes for t in (self.send_x, self.send_meta, self.meta_out, self.meta_in,
+                                               self.expert_meta, self.combine_recv))
+        recv_x = accountant.alloc("dispatch", (E * M, K), torch.uint8)  # the batched buffer itself
+        self.peers = self._map_peers(layout.rank, P)
         super().__init__(layout, BatchedBuffers.allocate(layout, accountant, out_dtype=out_dtype, expert_x=recv_x),
                          harness_bytes=harness_bytes)
         self.recv_x = recv_x
         self.expert_meta.zero_()  # slots past expert_num_tokens are never read, but start them defined
+        self._round = 0
+
+    def _map_peers(self, rank: int, P: int) -> list[PeerRows]:
+        """Each send buffer of every rank as this GPU reaches it (collective, once: rendezvous)."""
+        import torch.distributed._symmetric_memory as symm_mem
+
+        views = []
+        for tensor in (self.send_x, self.send_meta):
+            handle = symm_mem.rendezvous(tensor, self.group_name)
+            try:
+                views.append([tensor if p == rank else handle.get_buffer(p, tuple(tensor.shape), tensor.dtype)
+                              for p in range(P)])
+            except RuntimeError as exc:
+                raise CommUnavailable(f"comm symm-mem: this GPU cannot map its peers' buffers (NVSHMEM reaches "
+                                      f"peers by load/store only within one node): {str(exc).splitlines()[0]}; "
+                                      "use nccl") from exc
+        device = self.send_x.device
+        return [PeerRows.of([v[b] for v in views[0]], [v[b] for v in views[1]], device) for b in range(2)]
 
     def dispatch(self, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  quantize: Quantize, stages: Stages) -> DispatchHandle:
         L = self.layout
-        n, k, M = tokens.shape[0], L.top_k, L.max_slots_per_expert
+        n, k, M, E, P = tokens.shape[0], L.top_k, L.max_slots_per_expert, L.num_local_experts, L.num_ranks
         L.check_tokens(n)  # the invariant that keeps every expert's rows inside its M (see module docstring)
         stages.begin()
         q, scale = quantize(tokens)
         stages.lap("dispatch.quantize")
-        flat = topk_ids.reshape(-1)  # global expert = rank * E + local: the rank-major order of in_splits
+        flat = topk_ids.reshape(-1)  # global expert = rank * E + local: rank-major order
         order = torch.sort(flat, stable=True).indices
         token = torch.div(order, k, rounding_mode="floor")
-        self.in_splits.zero_().index_add_(0, flat, torch.ones_like(flat))
+        counts = torch.zeros(P * E, dtype=torch.int64, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
+        self.meta_out[:, 0].copy_(counts.view(P, E))
+        self.meta_out[:, 1].copy_((torch.cumsum(counts, 0) - counts).view(P, E))
         stages.lap("dispatch.layout")
+        b = self._round % 2
+        self._round += 1
         num_pairs = n * k
-        torch.index_select(as_words(q), 0, token, out=self.send_x.view(torch.int64)[:num_pairs])
-        self.send_meta[:num_pairs].copy_(torch.stack([
+        torch.index_select(as_words(q), 0, token, out=self.send_x[b].view(torch.int64)[:num_pairs])
+        self.send_meta[b, :num_pairs].copy_(torch.stack([
             scale.reshape(-1).index_select(0, token).view(torch.int32), token.to(torch.int32),
             torch.full_like(token, L.rank, dtype=torch.int32),
             topk_weights.reshape(-1).index_select(0, order).float().view(torch.int32),
         ], dim=1))
         stages.lap("dispatch.pack")
-        _vdev_2d(self.send_x, self.recv_x, self.in_splits, self.out_splits_offsets, self.group_name, M)
-        _vdev_2d(self.send_meta, self.expert_meta, self.in_splits, self.meta_splits_offsets, self.group_name, M)
+        dist.all_to_all_single(self.meta_in, self.meta_out)  # after this, every peer's buffer b is packed
+        received, src_off = self.meta_in[:, 0], self.meta_in[:, 1]  # (P, E): from rank p for local expert e
+        dst_off = torch.arange(E, device=flat.device) * M + (torch.cumsum(received, 0) - received)
+        pull_rows(self.peers[b], received, src_off, dst_off, self.recv_x, self.expert_meta, max_rows=L.buffer_tokens)
         stages.lap("dispatch.exchange")
-        bags = self._unpack()
+        bags = self._unpack(received.sum(0))
         stages.lap("dispatch.unpack")
         return DispatchHandle(
             num_tokens=n, topk_weights=topk_weights, dispatch_bytes=num_pairs * (L.hidden_size + 4 * META_WORDS),
@@ -143,11 +156,10 @@ class SymmMemComm(Comm):
             state=bags,
         )
 
-    def _unpack(self) -> dict[str, torch.Tensor]:
+    def _unpack(self, counts: torch.Tensor) -> dict[str, torch.Tensor]:
         """Counts, scales and sources out of the received words; the bags combine reduces (all on the device)."""
         L, b = self.layout, self.batched
-        E, M, P = L.num_local_experts, L.max_slots_per_expert, L.num_ranks
-        counts = self.out_splits_offsets[0].view(E, P).sum(1)  # received splits are (expert, source rank)
+        M = L.max_slots_per_expert
         b.overflow.add_((counts > M).sum())
         b.expert_num_tokens.copy_(counts)
         meta = self.expert_meta
