@@ -54,10 +54,11 @@ CUDA_VISIBLE_DEVICES=0 h 1xh200-pr55579-symm-mem run deepseek-v3-dp32-pr55579 --
  h 1xh200-pr55579-nccl-bench bench deepseek-v3-dp32-pr55579 --comm nccl --policies fixed --no-cpu-costs) &
 wait
 
-echo "== 2 GPUs: the real DP2 case (E=64: symm-mem says why it cannot, nccl runs)"
-h 2xh200-qwen3-dp2-symm-mem run qwen3-30b-a3b-dp2 --comm symm-mem --policies fixed
-h 2xh200-qwen3-dp2-nccl run qwen3-30b-a3b-dp2 --comm nccl --policies fixed
-h 2xh200-qwen3-dp2-nccl-bench bench qwen3-30b-a3b-dp2 --comm nccl --policies fixed --no-cpu-costs
+echo "== 2 GPUs: the real DP2 case (E=64), both backends"
+for comm in symm-mem nccl; do
+    h "2xh200-qwen3-dp2-$comm" run qwen3-30b-a3b-dp2 --comm "$comm" --policies fixed
+    h "2xh200-qwen3-dp2-$comm-bench" bench qwen3-30b-a3b-dp2 --comm "$comm" --policies fixed --no-cpu-costs
+done
 
 echo "== 2 GPUs: skewed routing (run and bench), the PR case on two ranks (bench; its run is in harness run's checks)"
 for comm in symm-mem nccl; do
