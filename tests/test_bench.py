@@ -92,3 +92,26 @@ def test_cpu_only_report_has_no_empty_rank_tables():
     for absent in ("0 rank(s)", "None", "## Per rank", "## Ratios", "legacy / fixed"):
         assert absent not in markdown, absent
     assert "| plan (in process) | 0.010 | 0.05 | ok |" in markdown and markdown.rstrip().endswith("OK")
+
+
+@pytest.mark.parametrize("num_ranks", [2, 3, 4, 8, 16])
+def test_raw_vdev_pads_each_peer_to_what_torchs_blocks_divide(num_ranks):
+    """torch 2.11's all_to_all_vdev splits a peer's bytes evenly over its blocks and asserts they divide (a
+    device-side assert seen on 2 x H200 with 2064-byte rows): every split, in 64-byte rows, is a multiple of the
+    blocks per peer for the send buffer's size, covers the peer's bytes, and adds less than one 64-byte row per
+    block; the splits fit the buffer."""
+    import random
+
+    from harness.bench.raw_comm import PeerBytes, vdev_blocks_per_peer, vdev_rows
+
+    rng = random.Random(num_ranks)
+    for _ in range(300):
+        row_bytes = rng.choice([2064, 7184, 4096, 96, 2112])
+        rows = [rng.randint(0, 20000) for _ in range(num_ranks)]
+        capacity, splits = vdev_rows(PeerBytes(row_bytes=row_bytes, send_rows=rows, recv_rows=rows), max(sum(rows), 1))
+        per_peer = vdev_blocks_per_peer(capacity * 64, num_ranks)
+        assert sum(splits) <= capacity
+        for r, s in zip(rows, splits):
+            assert s % per_peer == 0 and 0 <= s * 64 - r * row_bytes < 64 * per_peer
+    assert [vdev_blocks_per_peer(b, 2) for b in (2**19, 2**20, 3 * 2**20, 2**23)] == [4, 8, 16, 32]
+    assert vdev_blocks_per_peer(2**23, 16) == 1 and vdev_blocks_per_peer(2**23, 32) == 1

@@ -101,13 +101,40 @@ def _nvshmem(device: torch.device) -> Any:
     return symm_mem
 
 
+_VDEV_ROW_BYTES = 64  # the unit all_to_all_vdev moves here
+
+
+def vdev_blocks_per_peer(input_bytes: int, num_ranks: int) -> int:
+    """How many blocks torch 2.11's allToAllV gives each peer (nvshmem_extension.cu: 8 to 64 blocks by input size,
+    at most 16 or 8 past 8 ranks, split evenly over the peers). It asserts that each peer's bytes divide evenly
+    over them, so the raw variant pads each peer's bytes up to a multiple of 64 B times this (under 2 KiB)."""
+    mib = 2**20
+    blocks = 8 if input_bytes < mib else 16 if input_bytes < 2 * mib else 32 if input_bytes < 4 * mib else 64
+    if num_ranks > 8:
+        blocks = min(blocks, 16 if num_ranks <= 16 else 8)
+    return max(blocks // num_ranks, 1)
+
+
+def vdev_rows(pb: PeerBytes, capacity_rows: int) -> tuple[int, list[int]]:
+    """(capacity, per-peer send splits) in _VDEV_ROW_BYTES rows for all_to_all_vdev: each peer's bytes padded up
+    to what its blocks divide evenly (vdev_blocks_per_peer)."""
+    P = len(pb.send_rows)
+    base = -(-capacity_rows * pb.row_bytes // _VDEV_ROW_BYTES)
+    per_peer = vdev_blocks_per_peer(base * _VDEV_ROW_BYTES, P)
+    while vdev_blocks_per_peer((base + P * per_peer) * _VDEV_ROW_BYTES, P) != per_peer:  # room for the padding
+        per_peer = vdev_blocks_per_peer((base + P * per_peer) * _VDEV_ROW_BYTES, P)
+    unit = _VDEV_ROW_BYTES * per_peer
+    return base + P * per_peer, [-(-rows * pb.row_bytes // unit) * per_peer for rows in pb.send_rows]
+
+
 def _raw_vdev(pb: PeerBytes, device: torch.device, capacity_rows: int) -> Callable[[], None]:
     symm_mem = _nvshmem(device)
     P = len(pb.send_rows)
     group = dist.group.WORLD.group_name  # type: ignore[union-attr]
-    send = symm_mem.empty((capacity_rows, pb.row_bytes), dtype=torch.uint8, device=device).zero_()
-    recv = symm_mem.empty((capacity_rows * P, pb.row_bytes), dtype=torch.uint8, device=device)
-    splits = symm_mem.empty((P,), dtype=torch.int64, device=device).copy_(torch.tensor(pb.send_rows))
+    capacity, send_rows = vdev_rows(pb, capacity_rows)
+    send = symm_mem.empty((capacity, _VDEV_ROW_BYTES), dtype=torch.uint8, device=device).zero_()
+    recv = symm_mem.empty((capacity * P, _VDEV_ROW_BYTES), dtype=torch.uint8, device=device)
+    splits = symm_mem.empty((P,), dtype=torch.int64, device=device).copy_(torch.tensor(send_rows))
     out = symm_mem.empty((2, P), dtype=torch.int64, device=device)
     for t in (send, recv, splits, out):
         symm_mem.rendezvous(t, group)
