@@ -8,7 +8,7 @@ sub-stages; every raw collective that works here moves the same bytes per peer a
     a2a:raw-combine         the same for combine's bytes
     vdev:raw-dispatch       NVSHMEM all_to_all_vdev of the same rows, splits on the device   (CUDA + NVSHMEM)
     vdev:raw-combine
-    vdev2d:raw-dispatch     NVSHMEM all_to_all_vdev_2d of the same rows per (peer, expert)  (and E <= 16)
+    vdev2d:raw-dispatch     NVSHMEM all_to_all_vdev_2d of the same rows per (peer, expert)  (and E <= 16: its limit)
 
 The comm ratio divides the fastest raw dispatch plus the fastest raw combine by the harness's dispatch plus
 combine: the fastest collective on the machine, not the backend's own.

@@ -420,7 +420,7 @@ class Scenario(_Strict):
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when there is a GPU per rank")
     comm: Literal["auto", "symm-mem", "nccl", "gloo"] = Field(
-        "auto", description="dispatch/combine backend; auto: symm-mem where NVSHMEM works, E <= 16 and P >= 2, "
+        "auto", description="dispatch/combine backend; auto: symm-mem where NVSHMEM works and P >= 2, "
         "else nccl on GPUs, gloo on CPUs"
     )
     vllm: VllmSpec = VllmSpec()
