@@ -93,13 +93,17 @@ def test_a_deleted_policy_or_a_nan_fails_the_gate(two_runs: tuple[Path, Path], t
 
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
-def test_a_fresh_run_gives_the_baselines_numbers_to_the_byte(two_runs: tuple[Path, Path]) -> None:
-    """Memory bytes, errors and outcomes are deterministic on CPU (seeded routing and weights, the harness's own
-    mappings for RSS). The committed baseline was re-made after the comm row kernels (third session): the allocator
-    peaks fell by exactly the 32 B of the smaller count buffers, legacy's RSS delta moved by one 4096 B page, and
+def test_a_fresh_run_gives_the_baselines_numbers_to_the_byte_and_rss_to_the_page(two_runs: tuple[Path, Path]) -> None:
+    """Allocator bytes, errors and outcomes are deterministic on CPU (seeded routing and weights); the RSS delta
+    of a workspace is exact to the page: RSS counts 4096 B pages, and one page of the process's own heap can fall
+    inside or outside the measured window from run to run (seen in the fourth session: legacy 33579008 and
+    33583104 B, fixed 8392704 and 8396800 B, in back-to-back runs of the same code), so it may differ from the
+    baseline by at most one page, a 0.012 % window on legacy's 32 MiB. The committed baseline was re-made after the
+    comm row kernels (third session): the allocator peaks fell by exactly the 32 B of the smaller count buffers, and
     contracts, outcomes and errors stayed those of the smoke report from before the package move (issue #13)."""
     from harness.report.compare import load_report
 
+    page = 4096
     fresh, committed = load_report(two_runs[0]).report, load_report(BASELINE).report
     assert fresh.kind == committed.kind == "run"
     for mine in fresh.policies:  # type: ignore[union-attr]
@@ -107,9 +111,12 @@ def test_a_fresh_run_gives_the_baselines_numbers_to_the_byte(two_runs: tuple[Pat
         assert theirs is not None, mine.policy
         assert (mine.outcome, mine.num_oom, mine.contract_total_bytes, mine.lower_bound_bytes) == (
             theirs.outcome, theirs.num_oom, theirs.contract_total_bytes, theirs.lower_bound_bytes)
-        for figure in ("workspace_delta_bytes", "allocator_allocated_peak_bytes", "max_rel_error", "max_abs_error"):
+        for figure in ("allocator_allocated_peak_bytes", "max_rel_error", "max_abs_error"):
             got, want = getattr(mine, figure), getattr(theirs, figure)
             assert (got.min, got.max) == (want.min, want.max), (mine.policy, figure)
+        got, want = mine.workspace_delta_bytes, theirs.workspace_delta_bytes
+        assert abs(got.min - want.min) <= page and abs(got.max - want.max) <= page, (mine.policy, got, want)
+        assert got.min % page == 0 and got.max % page == 0  # RSS moves in whole pages
 
 
 def test_compare_flags_a_doubled_workspace_against_the_baseline(tmp_path: Path) -> None:
