@@ -34,7 +34,7 @@ import torch
 from harness.core.environment import collect_hardware, collect_versions
 from harness.core.records import Hardware, RankHeader, Record, Versions
 from harness.rank.combine import combine
-from harness.rank.comm import DispatchLayout
+from harness.rank.comm import DispatchHandle, DispatchLayout
 from harness.rank.dispatch import dispatch
 from harness.rank.lifecycle import RankSetup
 from harness.rank.quant import dequantize
@@ -105,8 +105,11 @@ def _first(mask: torch.Tensor) -> int:
     return int(torch.nonzero(mask.reshape(-1))[0, 0])
 
 
-def check_round(setup: RankSetup, round_index: int, sources: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                handle, combined: torch.Tensor) -> tuple[list[SoakFault], int]:
+Inputs = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # per rank: tokens, topk_ids, topk_weights
+
+
+def check_round(setup: RankSetup, round_index: int, sources: Inputs, handle: DispatchHandle,
+                combined: torch.Tensor) -> tuple[list[SoakFault], int]:
     """The round's four checks on this rank (module docstring); returns the faults and the slots checked.
     sources[s] = (tokens, topk_ids, topk_weights) of rank s on this rank's device."""
     L, comm, device, kind = setup.layout, setup.buffers, setup.device, round_kind(round_index)
@@ -114,7 +117,7 @@ def check_round(setup: RankSetup, round_index: int, sources: list[tuple[torch.Te
     G, rank = P * E, L.rank
     faults: list[SoakFault] = []
 
-    def fault(check, detail: str) -> None:
+    def fault(check: Literal["counts", "slots", "partials", "output"], detail: str) -> None:
         faults.append(SoakFault(round=round_index, kind=kind, check=check, detail=detail))
 
     quantized = [setup.quantize(tokens) for tokens, _, _ in sources]
@@ -183,12 +186,15 @@ def check_round(setup: RankSetup, round_index: int, sources: list[tuple[torch.Te
     return faults, slots
 
 
-def run_round(setup: RankSetup, round_index: int, *, seed: int, factors: torch.Tensor | None = None):
+def run_round(setup: RankSetup, round_index: int, *, seed: int,
+              factors: torch.Tensor | None = None) -> tuple[Inputs, DispatchHandle, torch.Tensor]:
     """One unchecked round: every rank's inputs (on this device), the dispatch handle and the combined output."""
     L, device, comm = setup.layout, setup.device, setup.buffers
     factors = expert_factors(L, device) if factors is None else factors
-    sources = [tuple(t.to(device) for t in round_inputs(L, seed=seed, round_index=round_index, src=s))
-               for s in range(L.num_ranks)]
+    sources: Inputs = []
+    for s in range(L.num_ranks):
+        tokens, ids, weights = round_inputs(L, seed=seed, round_index=round_index, src=s)
+        sources.append((tokens.to(device), ids.to(device), weights.to(device)))
     tokens, ids, weights = sources[L.rank]
     handle = dispatch(tokens, Routing(topk_ids=ids, topk_weights=weights), L, comm, setup.quantize)
     expert_out = (dequantize(comm.expert_x.float(), comm.expert_x_scale) * factors.view(-1, 1, 1))

@@ -23,7 +23,9 @@ a separate kernel. docs/comm.md has the record.
 Ordering without barriers: a peer's send buffer is read after the (counts, offsets) exchange, which the peer
 joins only after packing it (stream order); and the peer packs that buffer again two dispatches later, after a
 later exchange that this rank joins only after its pull (stream order again). So two send buffers used in turn
-make back-to-back dispatches safe with or without a combine between them.
+make back-to-back dispatches safe with or without a combine between them. A CUDA graph captures one of the two:
+replaying a whole round stays ordered (combine's exchange waits for every pull of the round), replaying dispatch
+alone back to back would not be.
 
 Combine: the expert side reduces the weighted outputs of each (source rank, token) into one bf16 row (fused.bag_sum
 over a dense (P*C, min(top_k, E)) table of its slots, fixed size), one equal-split
