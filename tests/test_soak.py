@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from distributed_utils import parallel_launch
+from harness.rank.lifecycle import dispatch_layout
 from harness.rank.soak import ROUND_KINDS, SoakRecord, round_inputs
 from scenario_utils import tiny
 
@@ -20,18 +21,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from soak_comm import run_soak  # noqa: E402
 
 
-def _layout(scenario: Any, rank: int):
-    from harness.rank.comm import DispatchLayout
-
-    s = scenario
-    D, P, T = s.parallel.num_dispatchers, s.parallel.num_ranks, s.parallel.max_tokens_per_rank
-    return DispatchLayout(num_ranks=P, rank=rank, num_local_experts=s.num_local_experts, max_slots_per_expert=T * D,
-                          hidden_size=s.model.hidden_size, top_k=s.model.top_k, max_tokens=T * (D // P),
-                          num_buffer_tokens=max(s.num_tokens_on_rank(r) for r in range(P)))
-
-
 def test_round_inputs_cover_every_kind_and_are_the_same_on_every_rank():
-    L = _layout(tiny(**{"parallel.num_dispatchers": 4}), 0)
+    L = dispatch_layout(tiny(**{"parallel.num_dispatchers": 4}), 0)
     C, G = L.buffer_tokens, L.num_ranks * L.num_local_experts
     seen = {}
     for i in range(len(ROUND_KINDS)):
@@ -55,7 +46,7 @@ def test_soak_on_gloo_ranks_checks_every_routed_pair_and_token():
         mode="json")
     rounds = 2 * len(ROUND_KINDS)
     records = [SoakRecord.model_validate(r) for r in run_soak(data, rounds=rounds, seed=1, timeout_s=120)]
-    L0 = _layout(tiny(**{"parallel.num_dispatchers": 4, "parallel.num_local_experts": 4, "model.top_k": 3}), 0)
+    L0 = dispatch_layout(tiny(**{"parallel.num_dispatchers": 4, "parallel.num_local_experts": 4, "model.top_k": 3}), 0)
     E = L0.num_local_experts
     for rec in records:
         assert (rec.comm, rec.row_kernels, rec.rounds, rec.rounds_failed, rec.faults) == ("gloo", "torch", rounds, 0, [])

@@ -443,15 +443,22 @@ def _setup_comm(s: Scenario, layout: DispatchLayout, probe: MemoryProbe, account
     return (comm, record), components
 
 
+def dispatch_layout(scenario: Scenario, rank: int) -> DispatchLayout:
+    """Rank `rank`'s dispatch layout: M = T * D slots per local expert, T * D/P tokens of its own at most, every
+    buffer sized for the most tokens any rank holds."""
+    s = scenario
+    D, P, T = s.parallel.num_dispatchers, s.parallel.num_ranks, s.parallel.max_tokens_per_rank
+    return DispatchLayout(
+        num_ranks=P, rank=rank, num_local_experts=s.num_local_experts, max_slots_per_expert=T * D,
+        hidden_size=s.model.hidden_size or 0, top_k=s.model.top_k or 1, max_tokens=T * (D // P),
+        num_buffer_tokens=max(s.num_tokens_on_rank(r) for r in range(P)),
+    )
+
+
 def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir: Path, external_bytes: int) -> RankSetup:
     s = scenario
     E, K, I = s.num_local_experts, s.model.hidden_size or 0, s.model.intermediate_size or 0
-    D, P, T = s.parallel.num_dispatchers, s.parallel.num_ranks, s.parallel.max_tokens_per_rank
-    layout = DispatchLayout(
-        num_ranks=P, rank=info.rank, num_local_experts=E, max_slots_per_expert=T * D, hidden_size=K,
-        top_k=s.model.top_k or 1, max_tokens=T * (D // P),
-        num_buffer_tokens=max(s.num_tokens_on_rank(r) for r in range(P)),
-    )
+    layout = dispatch_layout(s, info.rank)
     kernels = resolve_kernels(s.vllm) if needs_kernels(s) else None
     backend = select_backend(s.experts_backend, device, kernels=kernels)
     budget = s.memory.budget_bytes
