@@ -1,8 +1,10 @@
 """Fresh CPU runs of the smoke scenario through the real CLI: against the committed baseline, and against each other.
 
-Two runs of `harness run smoke`, back to back on this machine, are the inputs of every test here (issue #14):
+Two runs of `harness run smoke`, back to back on this machine, are the inputs of every test here:
     - the fresh run against results/baselines/cpu-smoke: memory, error and outcome match (times depend on the
-      machine, so `--ignore time --ignore throughput`), the memory bytes and errors to the byte;
+      machine, so `--ignore time --ignore throughput`); allocator bytes to the byte, errors within float32
+      reordering (the baseline was made on another CPU);
+    - the two runs against each other: allocator bytes and errors to the byte;
     - the two runs against each other with the plain `harness compare`: exit 0 (CPU timings are shown, not gated);
     - the same with one policy deleted from the current report, or one value set to NaN: exit 1.
 """
@@ -92,31 +94,74 @@ def test_a_deleted_policy_or_a_nan_fails_the_gate(two_runs: tuple[Path, Path], t
         ("legacy", "max_error", "NaN or infinity in current")]
 
 
+def float32_reorder_bound(num_terms: int) -> float:
+    """gamma_n = n*u / (1 - n*u), u = 2^-24: how far a float32 sum of n products may move, relative to the sum of
+    their magnitudes, when another CPU sums them in another order (another SIMD width or GEMM blocking; Higham,
+    Accuracy and Stability of Numerical Algorithms, Thm 3.1)."""
+    u = 2.0 ** -24
+    return num_terms * u / (1 - num_terms * u)
+
+
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
-def test_a_fresh_run_gives_the_baselines_numbers_to_the_byte_and_rss_to_the_page(two_runs: tuple[Path, Path]) -> None:
-    """Allocator bytes, errors and outcomes are deterministic on CPU (seeded routing and weights); the RSS delta
-    of a workspace is exact to the page: RSS counts 4096 B pages, and one page of the process's own heap can fall
-    inside or outside the measured window from run to run (seen in the fourth session: legacy 33579008 and
-    33583104 B, fixed 8392704 and 8396800 B, in back-to-back runs of the same code), so it may differ from the
-    baseline by at most one page, a 0.012 % window on legacy's 32 MiB. The committed baseline was re-made after the
-    comm row kernels (third session): the allocator peaks fell by exactly the 32 B of the smaller count buffers, and
-    contracts, outcomes and errors stayed those of the smoke report from before the package move (issue #13)."""
+def test_back_to_back_runs_agree_to_the_byte_and_rss_to_the_page(two_runs: tuple[Path, Path]) -> None:
+    """On one machine the same code gives the same allocator bytes, errors and outcomes, exactly (seeded routing
+    and weights, the same float32 kernels). The RSS delta of a workspace is exact to the page: RSS counts 4096 B
+    pages, and one page of the process's own heap can fall inside or outside the measured window from run to run
+    (legacy 33579008 and 33583104 B, fixed 8392704 and 8396800 B were seen back to back)."""
     from harness.report.compare import load_report
 
-    page = 4096
-    fresh, committed = load_report(two_runs[0]).report, load_report(BASELINE).report
-    assert fresh.kind == committed.kind == "run"
-    for mine in fresh.policies:  # type: ignore[union-attr]
-        theirs = committed.policy(mine.policy)  # type: ignore[union-attr]
+    first, second = (load_report(run).report for run in two_runs)
+    for mine in first.policies:  # type: ignore[union-attr]
+        theirs = second.policy(mine.policy)  # type: ignore[union-attr]
         assert theirs is not None, mine.policy
         assert (mine.outcome, mine.num_oom, mine.contract_total_bytes, mine.lower_bound_bytes) == (
             theirs.outcome, theirs.num_oom, theirs.contract_total_bytes, theirs.lower_bound_bytes)
         for figure in ("allocator_allocated_peak_bytes", "max_rel_error", "max_abs_error"):
             got, want = getattr(mine, figure), getattr(theirs, figure)
             assert (got.min, got.max) == (want.min, want.max), (mine.policy, figure)
-        got, want = mine.workspace_delta_bytes, theirs.workspace_delta_bytes
-        assert abs(got.min - want.min) <= page and abs(got.max - want.max) <= page, (mine.policy, got, want)
-        assert got.min % page == 0 and got.max % page == 0  # RSS moves in whole pages
+        _assert_within_a_page(mine, theirs)
+
+
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
+def test_a_fresh_run_gives_the_baselines_bytes_and_its_errors_within_float32_reordering(
+        two_runs: tuple[Path, Path]) -> None:
+    """Against the committed baseline, made on another x86-64 CPU: allocator bytes, contracts and outcomes to the
+    byte (they do not depend on the arithmetic), RSS to the page (as above), and the error figures within what
+    float32 allows when the GEMMs sum in another order.
+
+    The error figure is max |out - ref| / max |ref|, where out and ref both come from float32 GEMMs whose longest
+    sum has n = max(K, I) products (smoke: K = 512). Each may move by gamma_n of max |ref| on another CPU, so the
+    figure may move by 2 * gamma_n (6.1e-5 at n = 512); max_abs_error by 2 * gamma_n * max |ref|. Two CPUs gave
+    0.019127551516 and 0.019127434083 (1.2e-7 apart). A real change of the data path moves the figure by far more:
+    one FP8 step of an activation is 2^-4 relative."""
+    from harness.report.compare import load_report
+
+    fresh, committed = load_report(two_runs[0]).report, load_report(BASELINE).report
+    assert fresh.kind == committed.kind == "run"
+    scenario = json.loads((BASELINE / "run.json").read_text())["scenario"]
+    n = max(scenario["model"]["hidden_size"], scenario["model"]["intermediate_size"])
+    bound = 2 * float32_reorder_bound(n)
+    for mine in fresh.policies:  # type: ignore[union-attr]
+        theirs = committed.policy(mine.policy)  # type: ignore[union-attr]
+        assert theirs is not None, mine.policy
+        assert (mine.outcome, mine.num_oom, mine.contract_total_bytes, mine.lower_bound_bytes) == (
+            theirs.outcome, theirs.num_oom, theirs.contract_total_bytes, theirs.lower_bound_bytes)
+        got, want = mine.allocator_allocated_peak_bytes, theirs.allocator_allocated_peak_bytes
+        assert (got.min, got.max) == (want.min, want.max), mine.policy
+        rel_got, rel_want = mine.max_rel_error, theirs.max_rel_error
+        assert abs(rel_got.max - rel_want.max) <= bound and abs(rel_got.min - rel_want.min) <= bound, (
+            mine.policy, rel_got, rel_want, bound)
+        abs_got, abs_want = mine.max_abs_error, theirs.max_abs_error
+        ref_scale = abs_want.max / rel_want.max if rel_want.max > 0 else 0.0  # max |ref| of the worst rank
+        assert abs(abs_got.max - abs_want.max) <= bound * ref_scale, (mine.policy, abs_got, abs_want)
+        _assert_within_a_page(mine, theirs)
+
+
+def _assert_within_a_page(mine, theirs) -> None:  # type: ignore[no-untyped-def]
+    page = 4096
+    got, want = mine.workspace_delta_bytes, theirs.workspace_delta_bytes
+    assert abs(got.min - want.min) <= page and abs(got.max - want.max) <= page, (mine.policy, got, want)
+    assert got.min % page == 0 and got.max % page == 0  # RSS moves in whole pages
 
 
 def test_compare_flags_a_doubled_workspace_against_the_baseline(tmp_path: Path) -> None:
