@@ -6,7 +6,7 @@ One rank's data path mirrors vLLM's modular kernel:
      topk ids    all_to_all_single       writes into views of the policy's workspaces          all_to_all back
      + weights   (nccl / gloo)           (ws13/common, ws2, out aliasing common)               weighted sum
 
-Letters (shared/DESIGN.md §1):
+Letters (docs/design.md, terms and letters):
     T  per-rank token capacity (max_tokens_per_rank)
     D  number of dispatch ranks (num_dispatchers); may be emulated by P <= D physical ranks
     M  per-expert slots in the batched buffer, M = T * D

@@ -56,7 +56,7 @@ def versions() -> Versions:
 
 
 # Release policies without downloading the releases: 0.29.0 and earlier double-count (legacy), later ones are fixed
-# (shared/DESIGN.md §7). Synthetic records only need the right bytes.
+# (docs/vllm-sources.md). Synthetic records only need the right bytes.
 def _synthetic_policy(policy: str) -> str:
     if not policy.startswith("vllm=="):
         return policy

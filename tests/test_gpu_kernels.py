@@ -164,7 +164,7 @@ def test_torch_cutlass_row_chunks_give_the_references_rows_within_the_scratch_bo
             assert torch.cuda.max_memory_allocated() - before <= backend.scratch_bytes(ws)
         outs[name] = out.clone()
         ws.release(acc)
-    # The bound every run applies to FP8 experts (expect.max_error's default, DESIGN.md: 3e-2 to 6e-2 as in vLLM's
+    # The bound every run applies to FP8 experts (expect.max_error's default, docs/design.md: 3e-2 to 6e-2 as in vLLM's
     # tests). On the H200, expert 0 (1040 rows, row-chunked) measured 0.0300 against the reference: 0.03 was too tight.
     max_error = ExpectSpec.model_fields["max_error"].default
     for e, n in enumerate(counts.tolist()):

@@ -175,7 +175,7 @@ def test_55579_workspace_per_release(cache_dir, version, verdicts, total):
     plan = plan_layer(load_scenario(CASE_55579), version, cache_dir=cache_dir)
     workspace = plan.component("workspace")
     assert workspace is not None and workspace.verdicts == verdicts and workspace.bytes == total
-    assert workspace.needed_bytes == 3758096384  # the batched CUTLASS live set, DESIGN.md §2
+    assert workspace.needed_bytes == 3758096384  # the batched CUTLASS live set, docs/design.md
 
 
 @pytest.mark.vllm_wheel

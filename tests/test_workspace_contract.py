@@ -1,4 +1,4 @@
-"""The workspace contract of shared/DESIGN.md §2, locked to the byte.
+"""The workspace contract of docs/design.md, locked to the byte.
 
 Expected bytes are written out here from the design's formulas, independently of harness.core.contract:
 

@@ -29,7 +29,7 @@ RawKernel = Callable[[], torch.Tensor]
 def raw_torch(setup: RankSetup, workspace: Workspace) -> RawKernel:
     b, w, out = setup.buffers, setup.weights, workspace.out
     E, M = b.expert_x.shape[:2]
-    I = w.w2.shape[2]  # noqa: E741 - the letter of shared/DESIGN.md
+    I = w.w2.shape[2]  # noqa: E741 - the letter of docs/design.md
     x_scale = b.expert_x_scale.reshape(E, M)
     w1t, w2t = w.w1.transpose(-2, -1), w.w2.transpose(-2, -1)
 

@@ -1,7 +1,7 @@
 """The shared vocabulary: what every other package speaks, so none of them needs another.
 
 Owns: the workspace contract of the batched-experts format (`contract`: sizing policies, SizingArgs, shapes and
-bytes, DESIGN.md §2), the typed and versioned records that cross processes and files (`records`), the progress
+bytes, docs/design.md), the typed and versioned records that cross processes and files (`records`), the progress
 events that share their header (`events`), the version and hardware probes stamped into them (`environment`) and
 the exit codes (`exits`).
 

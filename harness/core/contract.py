@@ -1,4 +1,4 @@
-"""The workspace contract of vLLM's batched-experts format (shared/DESIGN.md §2).
+"""The workspace contract of vLLM's batched-experts format (docs/design.md, the workspace contract).
 
 vLLM's modular kernel asks the experts object for `workspace_shapes(M, N, K, ...)` and allocates, per GPU,
 
@@ -46,7 +46,7 @@ class SizingArgs:
     workspace_dtype: str = "bfloat16"
 
     @property
-    def M(self) -> int:  # noqa: N802 - the letter of shared/DESIGN.md
+    def M(self) -> int:  # noqa: N802 - the letter of docs/design.md
         return self.max_tokens_per_rank * self.num_dispatchers
 
     @property

@@ -131,7 +131,7 @@ def schema_markdown() -> str:
         f"Regenerate with `{REGENERATE}`.",
         "",
         "A scenario is a YAML mapping. Unknown keys are errors, every size is checked before anything runs, and",
-        "no check touches a GPU. Letters follow shared/DESIGN.md: T tokens per rank, D dispatchers, M = T * D,",
+        "no check touches a GPU. Letters follow docs/design.md: T tokens per rank, D dispatchers, M = T * D,",
         "E local experts, K hidden size, I intermediate size (N = 2I). `harness plan FILE` validates a file and",
         "prints the workspace each policy would allocate.",
         "",

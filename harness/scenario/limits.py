@@ -27,7 +27,7 @@ MAX_NAME_CHARS = 200  # a scenario name becomes a directory name (255 bytes at m
 MAX_DESCRIPTION_CHARS = 500
 NAME_PATTERN_TEXT = "letters, digits and . _ + -, starting with a letter or digit"
 
-# Scenario sizes. Large enough for every model of DESIGN.md §9 at 4x its size, small enough that every product
+# Scenario sizes. Large enough for every model preset at 4x its size, small enough that every product
 # of them the plan computes (E * T * D * max(2I, K) * 2 bytes) stays an exact Python int and a short message.
 MAX_HIDDEN_SIZE = 65_536  # K
 MAX_INTERMEDIATE_SIZE = 131_072  # I

@@ -1,4 +1,4 @@
-"""Model presets: the MoE shapes of real models, from their configs (shared/DESIGN.md §9)."""
+"""Model presets: the MoE shapes of real models, from their configs (docs/adding-a-model-or-backend.md)."""
 
 from __future__ import annotations
 

@@ -548,7 +548,7 @@ class Scenario(_Strict):
                 )
         return self
 
-    # Derived quantities, in the letters of shared/DESIGN.md.
+    # Derived quantities, in the letters of docs/design.md.
     @property
     def num_local_experts(self) -> int:
         assert self.parallel.num_local_experts is not None

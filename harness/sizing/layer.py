@@ -119,7 +119,7 @@ class LayerPlan(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class Layout:
-    """The scenario's layer in the letters of DESIGN.md, for one GPU."""
+    """The scenario's layer in the letters of docs/design.md, for one GPU."""
 
     T: int
     D: int
@@ -154,7 +154,7 @@ def layout_of(scenario: Scenario) -> Layout:
     the routed experts are EPLB's redundant ones (the schema checks a given layer.num_redundant_experts)."""
     spec = scenario.layer
     args = scenario.sizing_args()
-    I = args.intermediate_size  # noqa: E741 - the letter of DESIGN.md
+    I = args.intermediate_size  # noqa: E741 - the letter of docs/design.md
     routed = int(scenario.model.num_experts)  # type: ignore[arg-type]
     return Layout(
         T=args.max_tokens_per_rank, D=args.num_dispatchers, E=args.num_local_experts, K=args.K, I=I,

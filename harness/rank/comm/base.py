@@ -30,7 +30,7 @@ class CommUnavailable(Exception):
 
 @dataclass(frozen=True, kw_only=True)
 class DispatchLayout:
-    """Sizes of one rank's dispatch, in the letters of shared/DESIGN.md."""
+    """Sizes of one rank's dispatch, in the letters of docs/design.md."""
 
     num_ranks: int  # P
     rank: int
