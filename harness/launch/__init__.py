@@ -19,7 +19,7 @@ Launchers: one process per rank, each rank's record back to the driver, every wa
                     ranks/rank-NNNNN.json, and a RankFailure (ranks/rank-NNNNN.failed.json) naming the finished
                     and lost policies for each rank that died, hung, raised or never started
 
-Launchers only build `RankInfo`s; `harness.rank.distributed.init_rank` is the one rendezvous (docs/design.md, conventions).
+Launchers only build `RankInfo`s; `harness.rank.distributed.init_rank` is the one rendezvous (docs/design.md).
 
 Bounds (scenario.launch): the placement and the actors' start within `placement_timeout_s`; once one rank has
 ended (record, error or death) the others get `collective_timeout_s` more, since every rank does the same

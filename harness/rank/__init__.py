@@ -12,7 +12,7 @@ reference applied to the previous stage's actual output, naming the first that d
 and warm up once, then baseline / allocate / iterate / measure / check / judge per policy, the record so far after
 each; returns the rank's RankRecord).
 
-Letters (docs/design.md, terms and letters): T tokens per rank, D dispatchers, M = T*D slots per expert, E local experts,
+Letters (docs/design.md): T tokens per rank, D dispatchers, M = T*D slots per expert, E local experts,
 K hidden size, I intermediate size (N = 2I).
 
 May import: harness.core, harness.scenario, harness.sizing.

@@ -75,7 +75,7 @@ class ReferenceExperts:
         M = ws.max_slots_per_expert
         counts = [int(c) for c in expert_num_tokens.tolist()]
         spans = [(e, e * M, e * M + n) for e, n in enumerate(counts) if n]
-        # Stage by stage over all experts: the views overlap (docs/design.md, the live set), as in the batched CUTLASS path.
+        # Stage by stage over all experts: the views overlap (docs/design.md), as in the batched CUTLASS path.
         self.gemm1(ws, spans, expert_x, expert_x_scale, weights)
         self.activation(ws, spans)
         if hooks is not None:

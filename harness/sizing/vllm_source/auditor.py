@@ -1,6 +1,6 @@
 """Audit a vLLM's batched-experts classes: does `workspace_shapes` count the dispatchers twice?
 
-Verdict rule (docs/design.md, the workspace contract). The prepare/finalize hands the experts M = T·D slots per expert, so the token
+Verdict rule (docs/design.md). The prepare/finalize hands the experts M = T·D slots per expert, so the token
 dimension of ws13 and ws2 must be M. Each class is evaluated for the scenario, then with D doubled and with T
 doubled (everything else fixed), and each buffer's element count is compared:
 
