@@ -177,7 +177,7 @@ def test_verdicts_come_from_the_numbers_not_the_records_flags(tmp_path: Path) ->
 
 
 def test_unequal_baselines_fail_the_baseline_check(tmp_path: Path) -> None:
-    """Legacy runs first; 572 MB of one-time setup inside its window lifts fixed's baseline (issue #14 item 1)."""
+    """Legacy runs first; 572 MB of one-time setup inside its window lifts fixed's baseline."""
     scenario = four_rank_scenario()
     rounding = BASELINE_ROUNDING_BYTES["nvml"]
     overrides = {0: {"legacy": {"baseline_bytes": 6_526_271_488}, "fixed": {"baseline_bytes": 7_098_793_984}},

@@ -240,7 +240,7 @@ def test_report_json_files_and_same_name_changed_hash(tmp_path: Path, capsys: py
 
 
 def test_a_cpu_run_against_a_gpu_baseline_is_shown_not_gated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """CPU RSS against GPU NVML and CPU timings against GPU ones say nothing about a regression (issue #16)."""
+    """CPU RSS against GPU NVML and CPU timings against GPU ones say nothing about a regression."""
     gpu = run(tmp_path, "gpu")
     slow = {p: {"experts_us": 90_000.0, "experts_tflops": 0.03, "workspace_delta_bytes": 3 * 2**20} for p in ("legacy", "fixed")}
     cpu = run(tmp_path, "cpu", overrides={0: slow, 1: slow}, device_kind="cpu")

@@ -1,4 +1,4 @@
-"""The hostile-input corpus of issue #15 through the real CLI: `harness plan` and `harness run` refuse every input.
+"""The hostile-input corpus through the real CLI: `harness plan` and `harness run` refuse every input.
 
 tests/hostile/ holds the corpus: one small file per input (its header says the category, what it tries and a
 fragment the refusal must contain), and generated.yaml for inputs that cannot be literal files (FIFOs, devices,

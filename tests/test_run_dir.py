@@ -19,7 +19,7 @@ from harness.launch.rundir import CLAIM_FILE, check_out_dir, choose_run_dir, cla
 from harness.scenario.schema import is_safe_name, parse_scenario
 
 # Everything before the claim is torch-free input checking: a refusal takes one interpreter start (about 0.3 s
-# idle, 2 s at a load of 12 on 2 cores), so 5 s (issue #15's bound for any refusal) leaves a margin.
+# idle, 2 s at a load of 12 on 2 cores), so 5 s (the bound for any refusal) leaves a margin.
 REFUSAL_TIMEOUT_S = 5.0
 
 

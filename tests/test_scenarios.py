@@ -16,7 +16,7 @@ SCENARIO_PATHS = sorted(SCENARIOS_DIR.glob("*.yaml"))
 PLAN_LINE = re.compile(r"^# `harness plan`: legacy .*? \((\d+) B\), fixed .*? \((\d+) B\), .*; (\d+)x\.$", re.MULTILINE)
 
 
-def test_the_issue_8_scenarios_are_here():
+def test_the_model_and_budget_scenarios_are_here():
     names = {p.name for p in SCENARIO_PATHS}
     assert {
         "deepseek-v3-dp32-pr55579-h100-budget.yaml", "deepseek-v3-dp32-pr55579-ballast.yaml",

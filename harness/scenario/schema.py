@@ -209,7 +209,7 @@ class MemorySpec(_Strict):
         return int(self.ballast_gb * 1e9)
 
 
-# --- kernels: the correctness check's stages and the kernels expected to be wrong (issue 17) ---------------------
+# --- kernels: the correctness check's stages and the kernels expected to be wrong -------------------------------------
 NonNegativeFloat = Annotated[float, Field(ge=0, le=L.MAX_RATIO)]
 
 

@@ -5,7 +5,7 @@ Dispatch, per rank:
     quantize   tokens (n, K) bf16 -> FP8 (n, K) + scales (n, 1)
     layout     (token, slot) pairs sorted by global expert (destination rank, then its local expert, token
                order within); per-expert counts and their send offsets, on the device
-    pack       the pairs' FP8 rows and their words (scale, token, source rank, weight) into this round's symmetric
+    pack       the pairs' FP8 rows and their words (scale, token, source rank, weight) into this dispatch's symmetric
                send buffers (two of each, used in turn)
     exchange   one fixed-size all_to_all_single of (counts, send offsets) for each rank's experts; then every rank
                pulls each (peer, local expert) chunk from the peer's send buffers, which NVSHMEM maps into its
