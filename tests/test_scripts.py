@@ -71,3 +71,46 @@ def test_bench_output_is_ignored_and_committed_benches_are_kept():
     for path, ignored in paths.items():
         done = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO_DIR, timeout=30, check=False)
         assert done.returncode == (0 if ignored else 1), path
+
+
+DEVICE_SH = REPO_DIR / "scripts" / "gpu" / "device.sh"
+
+
+def _device_steps() -> list[str]:
+    """The steps device.sh accepts (its STEPS line)."""
+    import re
+
+    match = re.search(r'^STEPS="([^"]+)"$', DEVICE_SH.read_text(), flags=re.MULTILINE)
+    assert match, "device.sh names its steps in one STEPS=\"...\" line"
+    return match.group(1).split()
+
+
+def test_every_gpu_script_is_a_documented_step_of_the_device_runner():
+    steps = _device_steps()
+    scripts = sorted(p.stem for p in (REPO_DIR / "scripts" / "gpu").glob("*.sh") if p != DEVICE_SH)
+    assert scripts == sorted(steps), "every scripts/gpu/*.sh is a step of device.sh, and every step has its script"
+    header = DEVICE_SH.read_text().split("set -uo pipefail")[0]
+    for step in steps:
+        assert f"#   {step} " in header, f"device.sh's header lists step {step} with what it runs"
+        text = (REPO_DIR / "scripts" / "gpu" / f"{step}.sh").read_text()
+        own = text.split("set -uo pipefail")[0]
+        assert own.startswith(f"#!/usr/bin/env bash\n# Step {step}: "), step
+        for label in ("# Runs:", "# Needs:", "# Writes:"):
+            assert label in own, f"{step}.sh's header says {label[2:]}"
+        done = subprocess.run(["bash", "-n", str(REPO_DIR / "scripts" / "gpu" / f"{step}.sh")],
+                              capture_output=True, text=True, timeout=30, check=False)
+        assert done.returncode == 0, done.stderr
+
+
+def test_the_device_runner_refuses_an_unknown_step_before_touching_anything(tmp_path: Path):
+    import shutil
+
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts" / "gpu").mkdir(parents=True)
+    shutil.copy(DEVICE_SH, checkout / "scripts" / "gpu" / "device.sh")
+    for args in (["diag"], []):
+        done = subprocess.run(["bash", str(checkout / "scripts" / "gpu" / "device.sh"), *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=30, check=False)
+        assert done.returncode == 2
+        assert done.stderr.strip() == f"device.sh: step '{''.join(args)}' is not one of: {' '.join(_device_steps())}"
+        assert not (checkout / ".gpu").exists()  # refused before any setup

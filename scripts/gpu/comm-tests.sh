@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# The comm path's gpu-marked tests (tests/test_fused.py: the row kernels compiled against torch and float64;
-# tests/test_comm.py: exactness of every backend on the GPUs here), each with a log and JUnit XML.
-#   bash scripts/gpu/comm-tests.sh OUT_DIR      (the fused, comm2 and final steps call it)
+# Step comm-tests: the comm path's gpu-marked tests, each with a log and JUnit XML.
+#
+#   bash scripts/gpu/device.sh comm-tests            (or: bash scripts/gpu/comm-tests.sh OUT_DIR)
+#
+# Runs:   tests/test_fused.py (the row kernels compiled by Triton, against torch and float64) and tests/test_comm.py
+#         (every backend exact on the GPUs here; the 2-GPU tests skip with a reason on one GPU).
+# Needs:  1 or 2 GPUs, pytest, Triton.
+# Writes: OUT_DIR/test_fused.{log,xml}, OUT_DIR/test_comm.{log,xml}, OUT_DIR/commands.log.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${1:?usage: comm-tests.sh OUT_DIR}

@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
-# GPU evidence of the comm backends (issue #18): `harness run` and `harness bench` with every comm backend that
-# works on the machine, for the PR case (1 and 2 GPUs), the real DP2 case (qwen3-30b-a3b-dp2) and a skewed case
-# (qwen3-30b-a3b-dp8-skewed). Needs 2 GPUs; about 3.5 minutes on 2xH200 (each command starts its ranks, NCCL and
-# NVSHMEM afresh: 15-30 s). COMM_GPU_TESTS=1 adds the 2-GPU exactness tests of tests/test_comm.py. The package
-# must be importable with its dependencies (pydantic, nvidia-ml-py, rich, PyYAML); this script puts the checkout on
-# PYTHONPATH.
+# Step comm: the comm backends end to end, `harness run` and `harness bench` with every backend that works here.
 #
-#   bash scripts/gpu/comm.sh OUT_DIR
+#   bash scripts/gpu/device.sh comm                  (or: bash scripts/gpu/comm.sh OUT_DIR)
 #
-# Writes OUT_DIR/<case>/ (records, reports, bench.json/bench.md), OUT_DIR/logs/<case>.log (each command's
-# whole output) and OUT_DIR/commands.log. For each command it prints the exit code and the lines that matter:
-# the verdict, the bench ratios and sub-stage medians, or the end of the log (the exception, with shapes and
-# dtypes for a failed symm-mem op). Exit 1 from bench means "below a scenario threshold" (the 0.9 target), not a
-# crash; 2 is an error.
+# Runs:   the PR case (deepseek-v3-dp32-pr55579) on 1 and 2 GPUs, the DP2 case (qwen3-30b-a3b-dp2) and the skewed
+#         case (qwen3-30b-a3b-dp8-skewed), each with symm-mem and nccl; COMM_GPU_TESTS=1 adds the gpu-marked
+#         exactness tests of tests/test_comm.py. About 3.5 minutes on 2 x H200 (each command starts its ranks,
+#         NCCL and NVSHMEM afresh: 15-30 s).
+# Needs:  2 GPUs; the package importable with pydantic, nvidia-ml-py, rich and PyYAML (this script puts the
+#         checkout on PYTHONPATH); no vLLM.
+# Writes: OUT_DIR/<case>/ (records, reports, bench.json, bench.md), OUT_DIR/logs/<case>.log, OUT_DIR/commands.log.
+#         Per command it prints the exit code and the verdict, the bench ratios and sub-stage medians, or the end
+#         of the log. Exit 1 from bench means below a scenario threshold (the 0.9 target), not a crash; 2 an error.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: bash scripts/gpu/comm.sh OUT_DIR}

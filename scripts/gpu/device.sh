@@ -1,19 +1,38 @@
 #!/usr/bin/env bash
-# Prepare a bare H200 machine that reaches no registry, then run one evidence step.
+# The one device runner: prepare a bare GPU machine that reaches no registry, then run one named step.
 #
-#   bash scripts/gpu/device.sh STEP [ARGS...]      STEP is scripts/gpu/STEP.sh; its runs go under .gpu/runs/
+#   bash scripts/gpu/device.sh STEP [ARGS...]
 #
-# What it expects beside the checkout (ignored by git, brought by the caller):
+# Steps (scripts/gpu/STEP.sh; each file's header says what it runs, what it needs and what it writes):
+#   comm          harness run + bench of every comm backend: PR case (1, 2 GPUs), DP2, skewed    needs 2 GPUs
+#   comm-tests    the comm path's gpu-marked tests (tests/test_fused.py, tests/test_comm.py)   1 or 2 GPUs
+#   input-checks  harness run's machine checks: what the GPUs cannot hold is refused in one line  1 or 2 GPUs
+#   kernels       vLLM's ops from releases: GPU tests, the #42860 scenario and matrix cell     VERSION[=LIB] ...
+#   layer         the layer's components and workspaces, allocated and measured                 1 GPU [BACKEND [LIB]]
+#   profile       kernel-level profiles of dispatch + combine (benchmarks/profile_comm.py)      1 GPU
+#   records       the runs committed under results/h200/ and results/bench/                     local (2 GPUs) | ray
+#   soak          many checked comm rounds per backend, then the comm gpu tests                 2 GPUs [ROUNDS [TESTS]]
+#   trust         every policy from the same baseline; lower-bound's live set seen by NVML      2 GPUs BACKEND [LIB]
+#
+# Every step's output goes to .gpu/runs/STEP/ (its first argument), and with $OUT set (the device tool) everything
+# under .gpu/runs comes back as $OUT/runs.tgz. Beside the checkout (ignored by git, brought by the caller):
 #   .whl/*.whl              pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions,
 #                           nvidia-ml-py (cp312), installed once into .gpu/site
 #   .gpu/x*/vllm-V.so.xz    vLLM ops libraries (vllm/_C_stable_libtorch.abi3.so of release V, xz-compressed to fit
-#                           the transfer), decompressed once into .gpu/lib/vllm-V.so
+#                           the transfer), decompressed once into .gpu/lib/vllm-V.so (what `kernels V` loads)
 # Ignored paths stay on a machine between calls, so libraries brought in different calls add up in .gpu/lib.
 # Every process keeps NVLink multicast off (NCCL, torch symmetric memory, NVSHMEM).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+STEPS="comm comm-tests input-checks kernels layer profile records soak trust"
+step=${1:-}
+if [[ -z "$step" || " $STEPS " != *" $step "* || ! -f "scripts/gpu/$step.sh" ]]; then
+    echo "device.sh: step '$step' is not one of: $STEPS" >&2
+    exit 2
+fi
+shift
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-mkdir -p .gpu/site .gpu/lib .gpu/runs
+mkdir -p .gpu/site .gpu/lib ".gpu/runs/$step"
 if [ -d .whl ] && [ ! -f .gpu/site/.installed ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .gpu/site .whl/*.whl \
         && touch .gpu/site/.installed
@@ -26,8 +45,7 @@ for xz in .gpu/x*/vllm-*.so.xz; do
 done
 echo "device.sh: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sort | uniq -c | tr -s ' ')"
 echo "device.sh: torch $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)'); libraries: $(cd .gpu/lib && ls)"
-step=$1; shift
-bash "scripts/gpu/$step.sh" "$PWD/.gpu/runs" "$@"
+bash "scripts/gpu/$step.sh" "$PWD/.gpu/runs/$step" "$@"
 rc=$?
 # Everything a step wrote comes back as one archive (the transfer returns at most 8 files).
 if [ -n "${OUT:-}" ]; then tar -czf "$OUT/runs.tgz" -C .gpu runs && ls -la "$OUT"; fi

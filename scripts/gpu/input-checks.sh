@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Issue #15's GPU evidence: `harness run` checks a scenario against this machine's GPUs (NVML, no torch) before
-# anything starts, refuses what they cannot hold in one line, and still runs what they can.
+# Step input-checks: `harness run` checks a scenario against this machine's GPUs (NVML, no torch) before anything
+# starts, refuses what they cannot hold in one line, and still runs what they can.
 #
-#   bash scripts/gpu/input-checks.sh OUT_DIR          (or: bash scripts/gpu/device.sh input-checks)
+#   bash scripts/gpu/device.sh input-checks          (or: bash scripts/gpu/input-checks.sh OUT_DIR)
 #
-# 1. The machine as `harness run` sees it: GPUs and their memory from NVML, CPUs, RAM (no torch import).
-# 2. --dry-run of the PR case: accepted, device cuda.
-# 3. 200 GB of ballast: more than an H200 holds before the first workspace; refused, exit 2, nothing written.
-# 4. More ranks than GPUs (--num-ranks 4 --device cuda on 2 GPUs; 2 ranks under CUDA_VISIBLE_DEVICES=0): refused.
-# 5. A small run on one GPU end to end (the run directory claimed, released, the report written): exit 0 or 1.
-# OUT_DIR/commands.log lists each command with its exit code and wall time; OUT_DIR/input-checks.txt the verdicts.
+# Runs:   1. the machine as `harness run` sees it: GPUs and their memory from NVML, CPUs, RAM (no torch import);
+#         2. --dry-run of the PR case: accepted, device cuda;
+#         3. 200 GB of ballast, more than an H200 holds before the first workspace: refused, exit 2, nothing written;
+#         4. more ranks than GPUs (--num-ranks 4 on 2 GPUs; 2 ranks under CUDA_VISIBLE_DEVICES=0): refused;
+#         5. a small run on one GPU end to end (the run directory claimed, released, the report written): exit 0 or 1.
+# Needs:  1 GPU (2 for the ranks-per-GPU checks), nvidia-ml-py; no vLLM.
+# Writes: OUT_DIR/commands.log (each command, its exit code and wall time), OUT_DIR/input-checks.txt (the verdicts;
+#         exit 1 when one failed), one log and run directory per command.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1

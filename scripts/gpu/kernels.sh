@@ -1,29 +1,29 @@
 #!/usr/bin/env bash
-# Issue #17's GPU evidence: vLLM's own kernels from several releases, and vLLM #42860 caught and named.
-# Runs with the package importable (PYTHONPATH=. is set here), pytest for the GPU tests, no Ray or vLLM needed:
+# Step kernels: vLLM's own compiled ops from several releases, and vLLM #42860 caught and named.
 #
-#   bash scripts/gpu/kernels.sh OUT_DIR VERSION=LIBFILE [VERSION=LIBFILE ...]
-#   e.g. bash scripts/gpu/kernels.sh /tmp/out 0.26.0=/libs/0.26.0/_C_stable_libtorch.abi3.so \
-#                                             0.30.0=/libs/0.30.0/_C_stable_libtorch.abi3.so
+#   bash scripts/gpu/device.sh kernels VERSION[=LIBFILE] ...  (or: scripts/gpu/kernels.sh OUT_DIR VERSION[=LIBFILE] ...)
+#   e.g. bash scripts/gpu/device.sh kernels 0.26.0 0.30.0      (LIBFILE defaults to .gpu/lib/vllm-VERSION.so)
 #
 # LIBFILE is the release's vllm/_C_stable_libtorch.abi3.so (harness.sizing.vllm_source.locate(version=...,
-# with_ops=True) puts it in the cache on a machine with registry access). For each release given:
-# 1. tests/test_gpu_kernels.py (-m gpu): every backend and that release's kernels against the reference on tiny
-#    shapes, and its silu_and_mul just past 2^32 elements -> OUT_DIR/gpu-tests-VERSION.{log,xml}
-# 2. scenarios/vllm-42860-silu-and-mul-2p32.yaml with its kernels -> OUT_DIR/1xh200-42860-VERSION/
-# 3. its cell of scenarios/matrix/kernels-42860.yaml (the default-tokens case) -> OUT_DIR/1xh200-kernels-42860/
-#    A cell whose release is not given says so in one line and is not run. Calls with other releases into the
-#    same OUT_DIR add their cells; `harness collect OUT_DIR/1xh200-kernels-42860` reports the cells there (the
-#    script runs it last). Only the library given travels: one per call fits the GPU machine's carry limit.
-# 4. scenarios/deepseek-v3-dp64-default-tokens.yaml on 2 GPUs when there are 2 -> OUT_DIR/2xh200-dp64-default-tokens-VERSION/
-# OUT_DIR/commands.log lists every command with its exit code and time; OUT_DIR/libraries.txt each library's size
-# and sha256 (the records carry them too). The libraries themselves are never copied into OUT_DIR.
+# with_ops=True) puts it in the cache on a machine with registry access).
+# Runs:   for each release given,
+#   1. tests/test_gpu_kernels.py (-m gpu): every backend and that release's kernels against the reference on tiny
+#      shapes, and its silu_and_mul just past 2^32 elements -> OUT_DIR/gpu-tests-VERSION.{log,xml};
+#   2. scenarios/vllm-42860-silu-and-mul-2p32.yaml with its kernels -> OUT_DIR/1xh200-42860-VERSION/;
+#   3. its cell of scenarios/matrix/kernels-42860.yaml (the default-tokens case) -> OUT_DIR/1xh200-kernels-42860/.
+#      A cell whose release is not given says so in one line and is not run; calls with other releases into the
+#      same OUT_DIR add their cells, and `harness collect OUT_DIR/1xh200-kernels-42860` (run last) reports them;
+#   4. scenarios/deepseek-v3-dp64-default-tokens.yaml on 2 GPUs when there are 2
+#      -> OUT_DIR/2xh200-dp64-default-tokens-VERSION/.
+# Needs:  1 GPU (2 for step 4), pytest, the libraries (one per call fits the GPU machine's carry limit); no Ray.
+# Writes: the directories above, OUT_DIR/commands.log (every command, exit code, time) and OUT_DIR/libraries.txt
+#         (each library's size and sha256; the records carry them too). The libraries are never copied to OUT_DIR.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-USAGE="usage: kernels.sh OUT_DIR VERSION=LIBFILE [VERSION=LIBFILE ...]"
+USAGE="usage: kernels.sh OUT_DIR VERSION[=LIBFILE] [VERSION[=LIBFILE] ...]"
 OUT=${1:?$USAGE}
 shift
 [[ $# -ge 1 ]] || { echo "kernels.sh: give at least one VERSION=LIBFILE; $USAGE" >&2; exit 2; }
@@ -35,6 +35,7 @@ MATRIX_DIR="$OUT/1xh200-kernels-42860"
 
 declare -A LIBS=()
 for pair in "$@"; do
+    [[ "$pair" == *=* ]] || pair="$pair=$PWD/.gpu/lib/vllm-$pair.so"  # a bare VERSION: the library device.sh unpacked
     version=${pair%%=*}
     file=${pair#*=}
     if [[ "$pair" != *=* || -z "$version" || ! -f "$file" ]]; then

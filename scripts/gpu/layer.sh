@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Issue #19's GPU evidence on one H200: the layer components `harness run` allocates (expert weights, the batched
-# dispatch output) against the layer model's prediction, measured by NVML and the caching allocator, plus each
-# policy's workspace (contract against its NVML delta). Runs with the package importable (pip install -e . or
-# PYTHONPATH=.); no Ray, no vLLM and no registry needed:
+# Step layer: the layer components `harness run` allocates (expert weights, the batched dispatch output) against
+# the layer model's prediction, measured by NVML and the caching allocator, plus each policy's workspace (contract
+# against its NVML delta).
 #
-#   bash scripts/gpu/layer.sh OUT_DIR                 # torch-cutlass experts
-#   bash scripts/gpu/layer.sh OUT_DIR vllm-ops /path/to/vllm/_C_stable_libtorch.abi3.so
+#   bash scripts/gpu/device.sh layer [torch-cutlass]                      (or: bash scripts/gpu/layer.sh OUT_DIR ...)
+#   bash scripts/gpu/device.sh layer vllm-ops .gpu/lib/vllm-0.30.0.so
 #
-# 1. scenarios/vllm-57894-eplb-deepep-ll.yaml (K=5120, 28 local experts of 384 + 64, D=16 emulated, T=2048).
-# 2. scenarios/deepseek-v3-dp32-pr55579.yaml (the PR case: D=32 emulated, E=16, T=256; legacy 112 GiB, fixed 3.5).
-# OUT_DIR/layer-summary.txt lists every component (predicted, allocated, NVML delta, reserved delta, within the
-# allocator's rounding) and every policy's workspace; the script exits 1 when one is off.
+# Runs:   1. scenarios/vllm-57894-eplb-deepep-ll.yaml (K=5120, 28 local experts of 384 + 64, D=16 emulated, T=2048);
+#         2. scenarios/deepseek-v3-dp32-pr55579.yaml (D=32 emulated, E=16, T=256; legacy 112 GiB, fixed 3.5).
+# Needs:  1 GPU; the package importable; no Ray, no vLLM (but the ops library for vllm-ops), no registry.
+# Writes: OUT_DIR/layer-summary.txt (every component: predicted, allocated, NVML delta, reserved delta, within the
+#         allocator's rounding; every policy's workspace; exit 1 when one is off), each run's directory and log.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1

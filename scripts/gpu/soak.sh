@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# The comm soak on 2 GPUs (benchmarks/soak_comm.py): many checked rounds per backend and shape, then the
-# gpu-marked tests of the comm path (test_fused, test_soak, test_comm).
-#   bash scripts/gpu/device.sh soak [ROUNDS] [TEST_REPEATS]
+# Step soak: many checked dispatch + combine rounds per backend and shape (benchmarks/soak_comm.py), then the
+# gpu-marked tests of the comm path.
+#
+#   bash scripts/gpu/device.sh soak [ROUNDS] [TEST_REPEATS]     (or: bash scripts/gpu/soak.sh OUT_DIR ...)
+#
+# Runs:   symm-mem on tiny and smoke shapes (ROUNDS, default 1500, and half that), nccl on smoke (a fifth), symm-mem
+#         on the DP2 and skewed cases (60 rounds), then tests/test_fused.py, tests/test_soak.py and tests/test_comm.py
+#         (-m gpu) TEST_REPEATS times (default 1). Every round checks counts, every slot and the output.
+# Needs:  2 GPUs, pytest, Triton.
+# Writes: OUT_DIR/<case>.{json,log} (each soak's faults and rounds), OUT_DIR/tests-N.{log,xml}, OUT_DIR/commands.log.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-RUNS=${1:?runs directory}/soak
+RUNS=${1:?usage: soak.sh OUT_DIR [ROUNDS] [TEST_REPEATS]}
 ROUNDS=${2:-1500}
 mkdir -p "$RUNS"
 soak() {  # NAME LIMIT_S SCENARIO ARGS...
@@ -26,6 +33,6 @@ for i in $(seq 1 "${3:-1}"); do
     timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/test_fused.py tests/test_soak.py \
         tests/test_comm.py --junitxml="$RUNS/tests-$i.xml" > "$RUNS/tests-$i.log" 2>&1
     echo "exit $? ($((SECONDS - start)) s): pytest -q -rs -m gpu tests/test_fused.py tests/test_soak.py" \
-        "tests/test_comm.py (round $i)" | tee -a "$RUNS/commands.log"
+        "tests/test_comm.py (repeat $i)" | tee -a "$RUNS/commands.log"
     tail -n 6 "$RUNS/tests-$i.log"
 done

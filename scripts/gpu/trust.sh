@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Issue #14's GPU evidence on 2 H200s: every policy measured from the same warmed state, and lower-bound's live set
-# confirmed by NVML. Runs with the package importable (pip install -e . or PYTHONPATH=.), no Ray or vLLM needed:
+# Step trust: every policy measured from the same warmed state, and lower-bound's live set confirmed by NVML.
 #
-#   bash scripts/gpu/trust.sh OUT_DIR torch-cutlass
-#   bash scripts/gpu/trust.sh OUT_DIR vllm-ops /path/to/vllm/_C_stable_libtorch.abi3.so
+#   bash scripts/gpu/device.sh trust torch-cutlass                        (or: bash scripts/gpu/trust.sh OUT_DIR ...)
+#   bash scripts/gpu/device.sh trust vllm-ops .gpu/lib/vllm-0.30.0.so
 #
-# 1. The PR case (scenarios/deepseek-v3-dp32-pr55579.yaml) on 2 ranks, the experts backend given: the records show
-#    each policy's baseline (equal within the allocator rounding they state) and legacy's peak delta = its
-#    workspace + what every policy adds on top (scripts/gpu/trust_summary.py prints both and checks them).
-# 2. scenarios/live-set-below-fixed.yaml on 1 GPU (N/2 < K < N): lower-bound's NVML workspace delta equals its
-#    live set (1.5 GiB), below fixed's 1.75 GiB.
-# Each run's directory holds its records and report; OUT_DIR/trust-summary.txt the verdicts.
+# Runs:   1. the PR case (scenarios/deepseek-v3-dp32-pr55579.yaml) on 2 ranks with the experts backend given: the
+#            records show each policy's baseline (equal within the allocator rounding they state) and legacy's peak
+#            delta = its workspace + what every policy adds on top (scripts/gpu/trust_summary.py checks both);
+#         2. scenarios/live-set-below-fixed.yaml on 1 GPU (N/2 < K < N): lower-bound's NVML workspace delta equals
+#            its live set (1.5 GiB), below fixed's 1.75 GiB.
+# Needs:  2 GPUs; the package importable; no Ray; for vllm-ops the ops library file.
+# Writes: each run's directory (records and report), OUT_DIR/trust-summary.txt (the verdicts; exit 1 when one
+#         fails), OUT_DIR/commands.log.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1

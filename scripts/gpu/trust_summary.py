@@ -1,4 +1,4 @@
-"""Print what issue #14's GPU evidence shows, from a run directory's rank records (scripts/gpu/trust.sh calls it).
+"""Print what the trust step shows, from a run directory's rank records (scripts/gpu/trust.sh calls it).
 
 Per rank and policy: the baseline, the NVML workspace delta against the contract, and the whole policy's peak
 delta. Then two verdicts, each within the allocator rounding the records state:

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# The GPU runs whose records are committed under results/h200/ and results/bench/. Re-run on an H200 host with
-# the package importable (pip install -e . or PYTHONPATH=.):
+# Step records: the GPU runs whose records are committed under results/h200/ and results/bench/.
 #
-#   VLLM_OPS_LIBRARY=/path/to/vllm/_C_stable_libtorch.abi3.so bash scripts/h200-evidence.sh local
-#   bash scripts/h200-evidence.sh ray
+#   bash scripts/gpu/device.sh records local         (or: bash scripts/gpu/records.sh OUT_DIR local|ray)
+#   bash scripts/gpu/device.sh records ray
 #
-# `local` needs 2 GPUs: single-GPU scenarios run two at a time (one chain per GPU, CUDA_VISIBLE_DEVICES), then
-# the two-rank scenarios use both. VLLM_OPS_LIBRARY is vLLM 0.26.0's ops library (its torch pin, 2.11.0, matches
-# the H200 image); `harness run --vllm-version 0.26.0` finds the same file on a machine that reaches the registry.
-# The release policies (vllm==0.29.0 / 0.30.0) read HARNESS_CACHE_DIR, filled by `harness plan` beforehand.
-# `ray` starts two Ray nodes on this host, one GPU each, and runs through the Ray launcher.
+# Runs:   local: single-GPU scenarios two at a time (one chain per GPU, CUDA_VISIBLE_DEVICES), then the two-rank
+#         scenarios on both GPUs, with torch-cutlass and vLLM 0.26.0's ops; ray: two Ray nodes on this host, one GPU
+#         each, through the Ray launcher, and the torch-cutlass benches.
+# Needs:  2 GPUs; VLLM_OPS_LIBRARY, vLLM 0.26.0's ops library (its torch pin, 2.11.0, matches the H200 image;
+#         default .gpu/lib/vllm-0.26.0.so); the release policies (vllm==0.29.0 / 0.30.0) read HARNESS_CACHE_DIR,
+#         filled by `harness plan` on a machine with registry access; ray needs Ray.
+# Writes: OUT_DIR/h200/<run>/ and OUT_DIR/bench/<run>/, the same names as under results/, and
+#         OUT_DIR/h200/commands.log; copy a run into results/ to commit it.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${RESULTS_DIR:-results}
-OPS=${VLLM_OPS_LIBRARY:-}
+OUT=${1:?usage: records.sh OUT_DIR local|ray}
+OPS=${VLLM_OPS_LIBRARY:-$PWD/.gpu/lib/vllm-0.26.0.so}
 mkdir -p "$OUT/h200" "$OUT/bench"
 LOG="$OUT/h200/commands.log"
 
@@ -29,7 +31,7 @@ h() {  # run `harness ARGS`, log the command and its exit code
     rm -f "$log"
 }
 
-case "${1:-}" in
+case "${2:-}" in
 local)
     {
         export CUDA_VISIBLE_DEVICES=0
@@ -72,7 +74,7 @@ ray)
     h bench deepseek-v3-dp32-pr55579 --num-ranks 2 --experts-backend torch-cutlass --no-cpu-costs --out "$OUT/bench/2xh200-pr55579-torch-cutlass"
     ;;
 *)
-    echo "usage: bash scripts/h200-evidence.sh local|ray" >&2
+    echo "usage: bash scripts/gpu/records.sh OUT_DIR local|ray" >&2
     exit 2
     ;;
 esac
