@@ -24,7 +24,8 @@ sys.path.insert(0, str(REPO_DIR / "tests"))
 
 from report_records import make_scenario, write_run  # noqa: E402
 
-from harness.report.collect import REPORT_FILES, collect  # noqa: E402
+from harness.report.collect import collect  # noqa: E402
+from harness.report.write import REPORT_FILES  # noqa: E402
 
 TARGET_S = 2.0
 

@@ -16,14 +16,9 @@ from report_records import make_scenario, policy_result, rank_record, workspace_
 from harness.cli import main
 from harness.core.contract import fixed_shapes, live_set_bytes
 from harness.core.records import SCHEMA_VERSION, rank_record_path, write_record
-from harness.report.collect import (
-    BASELINE_ROUNDING_BYTES,
-    REPORT_FILES,
-    Judging,
-    collect,
-    evaluate_checks,
-    output_generations,
-)
+from harness.report.checks import BASELINE_ROUNDING_BYTES, Judging, evaluate_checks
+from harness.report.collect import collect
+from harness.report.write import REPORT_FILES, output_generations
 from harness.report.model import Check, PolicySummary, RunReport
 
 MiB = 2**20

@@ -12,7 +12,7 @@ import yaml
 from report_records import write_run
 
 from harness.cli import main
-from harness.report.collect import REPORT_FILES
+from harness.report.write import REPORT_FILES
 from harness.report.matrix import collect_matrix
 from harness.report.model import MatrixReport
 from harness.scenario.matrix import MatrixError, is_matrix_file, load_matrix

@@ -47,7 +47,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
-from harness.report.collect import MAX_RECORD_BYTES, collect, output_generations, read_contained
+from harness.report.collect import collect
+from harness.report.load import MAX_RECORD_BYTES, read_contained
+from harness.report.write import output_generations
 from harness.report.model import (
     Aggregate,
     HardwareInfo,

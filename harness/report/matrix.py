@@ -17,16 +17,9 @@ from typing import Any
 
 from harness.core.contract import BUILTIN_POLICIES, builtin_shapes
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
-from harness.report.collect import (
-    MAX_RECORD_BYTES,
-    CollectResult,
-    LoadedRun,
-    build_report,
-    collect,
-    generation_of,
-    read_contained,
-    write_outputs,
-)
+from harness.report.build import build_report, generation_of
+from harness.report.collect import CollectResult, collect, write_outputs
+from harness.report.load import MAX_RECORD_BYTES, LoadedRun, read_contained
 from harness.report.model import (
     Aggregate,
     CheckCounts,

@@ -1,0 +1,238 @@
+"""Reading one run directory back, contained and bounded: run.json and ranks/*.json into typed records.
+
+    read_contained()   the bytes of a regular file inside the run directory, under a size limit, or why not
+    load_run()         the manifest, the rank records and failures (sorted by rank), every bad file as a Problem
+    invalid_value()    the first NaN, infinity or negative size in a record
+
+Only canonical file names are read (ranks/rank-00001.json, never rank-1.json); nothing is read through a link out
+of the run directory, nor anything that is not a regular file; no bad file raises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.core.records import RankFailure, RankRecord, Record, RecordError, RunManifest, parse_record
+from harness.report.model import Problem, ProblemKind
+
+MAX_RECORD_BYTES = 64 * 2**20  # a rank record is kilobytes; anything this large is not one
+MAX_RANK_FILES = 1 << 20
+
+_RANK_FILE_RE = re.compile(r"^rank-(\d{5,})(\.failed)?\.json$")
+# Fields of a record that are signed by nature: a delta can be negative (RSS returned to the OS), so can "other".
+_SIGNED_FIELDS = frozenset({"delta_bytes", "workspace_delta_bytes", "other_bytes", "started_at", "finished_at",
+                            "ready_at", "at"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadedRun:
+    """A run directory read back: the manifest, readable records sorted by rank, and every problem found."""
+
+    run_dir: Path
+    manifest: RunManifest | None
+    records: tuple[RankRecord, ...]
+    failures: tuple[RankFailure, ...]
+    problems: tuple[Problem, ...]
+    input_hash: str  # sha256 over every input file's name and bytes: the generation's content part
+
+
+@dataclass
+class _Inputs:
+    """What load_run gathers step by step."""
+
+    run_dir: Path
+    root: Path  # run_dir resolved: nothing outside it is read
+    problems: list[Problem] = field(default_factory=list)
+    digests: list[tuple[str, str]] = field(default_factory=list)  # (relative path, sha256 of the bytes)
+    unreadable_ranks: set[int] = field(default_factory=set)
+
+    def problem(self, kind: ProblemKind, cause: str, *, rank: int | None = None, path: str | None = None) -> None:
+        self.problems.append(Problem(kind=kind, cause=cause, rank=rank, path=path))
+
+
+def read_contained(root: Path, path: Path, *, limit: int = MAX_RECORD_BYTES) -> bytes | tuple[ProblemKind, str]:
+    """The bytes of a regular file inside `root` (resolved), or (problem kind, cause): a link out of the directory,
+    a FIFO or device (which would block or never end), a file over `limit`, or one that cannot be read."""
+    try:
+        real = path.resolve(strict=True)
+    except FileNotFoundError:
+        return "missing", "missing"
+    except (OSError, RuntimeError) as exc:  # a link loop
+        return "outside", f"cannot resolve: {exc}"
+    if not real.is_relative_to(root):
+        return "outside", f"a link to {real}, outside the run directory: not read"
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        return "corrupt", f"cannot open: {exc.strerror}"
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return "outside", "not a regular file: not read"
+        if info.st_size > limit:
+            return "corrupt", f"{info.st_size} bytes, more than a record can be ({limit}): not read"
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        return "corrupt", f"cannot read: {exc.strerror}"
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        return "corrupt", f"more than {limit} bytes: not read"
+    return data
+
+
+def _read_record_file(inputs: _Inputs, rel: str, *, rank: int | None) -> Record | None:
+    """One record file: read contained, hashed, parsed; a Problem instead of any exception."""
+    data = read_contained(inputs.root, inputs.run_dir / rel)
+    if isinstance(data, tuple):
+        kind, cause = data
+        if kind != "missing":
+            inputs.digests.append((rel, kind))
+        inputs.problem(kind, f"{rel}: {cause}", rank=rank, path=rel)
+        return None
+    inputs.digests.append((rel, hashlib.sha256(data).hexdigest()))
+    try:
+        record = parse_record(data, where=rel)
+    except RecordError as exc:
+        inputs.problem(exc.reason if exc.reason != "unreadable" else "corrupt", str(exc), rank=rank, path=rel)
+        return None
+    invalid = invalid_value(record) if _may_hold_invalid(data) else None
+    if invalid is not None:
+        inputs.problem("invalid", f"{rel}: {invalid}", rank=rank, path=rel)
+        return None
+    return record
+
+
+_NEGATIVE_NUMBER_RE = re.compile(rb"[:\[,]\s*-[0-9]")
+
+
+def _may_hold_invalid(data: bytes) -> bool:
+    """A cheap look at the bytes: only a record holding NaN, Infinity or a negative number needs the full walk."""
+    return b"NaN" in data or b"Infinity" in data or _NEGATIVE_NUMBER_RE.search(data) is not None
+
+
+def invalid_value(record: Record) -> str | None:
+    """The first NaN, infinity or negative size in a record, named by its field path; None when it has none."""
+    for where, value in _leaves(record.model_dump(), ()):
+        name = where[-1] if where else ""
+        path = ".".join(str(p) for p in where)
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{path} is {value}: a record holds finite numbers only"
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            sized = isinstance(name, int) or name.endswith(("_bytes", "_us", "_gbps", "_tflops")) or name.startswith("num_")
+            if sized and name not in _SIGNED_FIELDS:
+                return f"{path} is {value}: sizes, counts and times are >= 0"
+    return None
+
+
+def _leaves(value: Any, where: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], Any]]:
+    if isinstance(value, dict):
+        if where and where[-1] == "scenario":
+            return  # the scenario is checked by its own schema
+        for key, item in value.items():
+            yield from _leaves(item, (*where, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _leaves(item, (*where, i))
+    else:
+        yield where, value
+
+
+def _load_manifest(inputs: _Inputs) -> RunManifest | None:
+    if not (inputs.run_dir / "run.json").exists() and not (inputs.run_dir / "run.json").is_symlink():
+        inputs.problem("no-manifest", "run.json is missing: cannot tell how many ranks were launched", path="run.json")
+        return None
+    loaded = _read_record_file(inputs, "run.json", rank=None)
+    if loaded is None or isinstance(loaded, RunManifest):
+        return loaded
+    inputs.problem("mismatch", f"run.json holds a {loaded.record_kind!r} record, not the run manifest",  # type: ignore[attr-defined]
+                   path="run.json")
+    return None
+
+
+def _scan_ranks_dir(inputs: _Inputs) -> list[tuple[int, bool, str]]:
+    """(rank, is_failure, relative path) of every canonical file in ranks/; anything else there is a problem."""
+    ranks_dir = inputs.run_dir / "ranks"
+    if not ranks_dir.is_dir():
+        return []
+    if not ranks_dir.resolve().is_relative_to(inputs.root):
+        inputs.problem("outside", f"ranks/ is a link to {ranks_dir.resolve()}, outside the run directory: not read",
+                       path="ranks/")
+        return []
+    found: list[tuple[int, bool, str]] = []
+    with os.scandir(ranks_dir) as entries:
+        names = sorted(entry.name for _, entry in zip(range(MAX_RANK_FILES), entries))
+    for name in names:
+        rel = f"ranks/{name}"
+        match = _RANK_FILE_RE.match(name)
+        if match is None or name != f"rank-{int(match.group(1)):05d}{match.group(2) or ''}.json":
+            why = ("a temporary file left by a writer that was stopped" if name.endswith(".tmp") else
+                   "not a canonical rank-NNNNN[.failed].json name (five digits at least, no extra zeros)")
+            inputs.problem("unexpected-file", f"{rel}: {why}; not read", path=rel)
+            continue
+        found.append((int(match.group(1)), match.group(2) is not None, rel))
+    return found
+
+
+def _check_rank_record(inputs: _Inputs, record: Record, rank: int, is_failure: bool, rel: str,
+                       manifest: RunManifest | None) -> bool:
+    """Whether a parsed rank file belongs here: its kind, rank, run and scenario; a mismatch problem if not."""
+    expected = RankFailure if is_failure else RankRecord
+    cause = None
+    if not isinstance(record, expected):
+        cause = f"{rel}: holds a {record.record_kind!r} record"  # type: ignore[attr-defined]
+    elif record.rank != rank:
+        cause = f"{rel}: the record says rank {record.rank}, the file name says {rank}"
+    elif manifest is not None and record.run_id != manifest.run_id:
+        cause = f"{rel}: run_id {record.run_id!r} is not this run's ({manifest.run_id!r})"
+    elif isinstance(record, RankRecord) and manifest is not None and record.scenario_hash != manifest.scenario_hash:
+        cause = (f"{rel}: scenario hash {record.scenario_hash} differs from the run's {manifest.scenario_hash}; "
+                 "left out of the aggregates")
+    if cause is not None:
+        inputs.unreadable_ranks.add(rank)
+        inputs.problem("mismatch", cause, rank=rank, path=rel)
+        return False
+    if manifest is not None and rank >= manifest.num_ranks:
+        inputs.problem("mismatch", f"{rel}: rank {rank} is outside the {manifest.num_ranks} ranks run.json names",
+                       rank=rank, path=rel)
+    return True
+
+
+def load_run(run_dir: Path) -> LoadedRun:
+    """Read run.json and ranks/*.json inside `run_dir`; never raises for a bad file, it becomes a Problem."""
+    run_dir = Path(run_dir)
+    inputs = _Inputs(run_dir=run_dir, root=run_dir.resolve())
+    manifest = _load_manifest(inputs)
+    records: dict[int, RankRecord] = {}
+    failures: dict[int, RankFailure] = {}
+    for rank, is_failure, rel in _scan_ranks_dir(inputs):
+        record = _read_record_file(inputs, rel, rank=rank)
+        if record is None:
+            inputs.unreadable_ranks.add(rank)
+        elif _check_rank_record(inputs, record, rank, is_failure, rel, manifest):
+            if isinstance(record, RankFailure):
+                failures[rank] = record
+            else:
+                records[rank] = record  # type: ignore[assignment]
+    if manifest is not None:
+        for rank in sorted(set(range(manifest.num_ranks)) - set(records) - set(failures) - inputs.unreadable_ranks):
+            rel = f"ranks/rank-{rank:05d}.json"
+            inputs.problem("missing-rank", f"rank {rank}: no record and no failure record ({rel} is missing)",
+                           rank=rank, path=rel)
+    if not records:
+        inputs.problem("no-records", "no readable rank records in ranks/", path="ranks/")
+    digest = hashlib.sha256(json.dumps(sorted(inputs.digests)).encode()).hexdigest()
+    return LoadedRun(
+        run_dir=run_dir, manifest=manifest, records=tuple(records[r] for r in sorted(records)),
+        failures=tuple(failures[r] for r in sorted(failures)), problems=tuple(inputs.problems), input_hash=digest,
+    )

@@ -1,0 +1,63 @@
+"""Writing one report as one generation: report.json, report.md, junit.xml and report.html, each atomic.
+
+    write_report()        report.json first, then the renderings of the same report; stray temporaries removed
+    output_generations()  the generation each output in a directory carries, to tell a half-rewritten set
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from harness.core.records import write_text_atomic
+from harness.report.html import render_html
+from harness.report.load import read_contained
+from harness.report.markdown import render_junit, render_markdown
+from harness.report.model import Report
+
+REPORT_FILES = ("report.json", "report.md", "junit.xml", "report.html")
+
+
+_GENERATION_RE = {
+    "report.json": re.compile(r'"generation": "([^"]+)"'),
+    "report.md": re.compile(r"^# generation: (\S+)$", re.M),
+    "junit.xml": re.compile(r'<property name="generation" value="([^"]+)"'),
+    "report.html": re.compile(r'<meta name="harness-generation" content="([^"]+)"'),
+}
+
+
+def output_generations(out_dir: Path) -> dict[str, str | None]:
+    """The generation each of the four outputs in `out_dir` carries (None: absent, unreadable or unstamped)."""
+    root = Path(out_dir).resolve()
+    found: dict[str, str | None] = {}
+    for name, pattern in _GENERATION_RE.items():
+        data = read_contained(root, Path(out_dir) / name, limit=256 * 2**20)
+        match = pattern.search(data.decode("utf-8", "replace")) if isinstance(data, bytes) else None
+        found[name] = match.group(1) if match else None
+    return found
+
+
+def _remove_stray_temporaries(out_dir: Path) -> None:
+    """Temporary files of an earlier collect that was killed mid-write (atomic writes clean up on any exception,
+    not on SIGKILL); only this collect's own names."""
+    for name in REPORT_FILES:
+        for tmp in out_dir.glob(f".{name}.*.tmp"):
+            if tmp.is_file() and not tmp.is_symlink():
+                tmp.unlink(missing_ok=True)
+
+
+def write_report(out_dir: Path, report: Report) -> tuple[tuple[Path, ...], tuple[str, ...]]:
+    """report.json first (machine-readable first), then the renderings of the same report; every write atomic.
+
+    Returns the paths written and notes on what was replaced: outputs of another generation (a collect that was
+    killed between writes, or records that changed since) are detected and rewritten.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stray_temporaries(out_dir)
+    before = output_generations(out_dir)
+    notes = tuple(f"{name} was of generation {gen}; rewritten as {report.generation}"
+                  for name, gen in before.items() if gen is not None and gen != report.generation)
+    texts = {"report.json": report.to_json_text(), "report.md": render_markdown(report),
+             "junit.xml": render_junit(report), "report.html": render_html(report)}
+    paths = tuple(write_text_atomic(out_dir / name, texts[name]) for name in REPORT_FILES)
+    return paths, notes
