@@ -89,7 +89,7 @@ def timings(dispatch_us: float, experts_us: float, combine_us: float, spread: fl
 
 
 def policy_result(scenario: Scenario, policy: str, rank: int, *, status: str = "ok",
-                  workspace_delta_bytes: int | None = None, within_tolerance: bool = True,
+                  workspace_delta_bytes: int | None = None,
                   max_rel_error: float | None = None, experts_us: float | None = None,
                   experts_tflops: float | None = None, device_kind: str = "cuda", baseline_bytes: int | None = None,
                   num_wrong_slots: int = 0, timing_spread: float | None = 0.04,
@@ -134,9 +134,7 @@ def policy_result(scenario: Scenario, policy: str, rank: int, *, status: str = "
                               combine_busbw_gbps=240.0 - rank % 100, dispatch_bytes=1_000_000, combine_bytes=2_000_000),
         correctness=Correctness(max_abs_error=0.002 * (rank + 1),
                                 max_rel_error=max_rel_error if max_rel_error is not None else 0.01 + 0.001 * (rank % 10),
-                                num_wrong_slots=num_wrong_slots, num_checked_tokens=32,
-                                within_tolerance=within_tolerance,
-                                tolerance=0.06),
+                                num_wrong_slots=num_wrong_slots, num_checked_tokens=32, tolerance=0.06),
     )
 
 

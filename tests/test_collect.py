@@ -15,7 +15,7 @@ from report_records import make_scenario, policy_result, rank_record, workspace_
 
 from harness.cli import main
 from harness.core.contract import fixed_shapes, live_set_bytes
-from harness.core.records import SCHEMA_VERSION, rank_record_path, write_record
+from harness.core.records import SCHEMA_VERSION, RecordError, parse_record, rank_record_path, read_record, write_record
 from harness.report.checks import BASELINE_ROUNDING_BYTES, Judging, evaluate_checks
 from harness.report.collect import collect
 from harness.report.write import REPORT_FILES, output_generations
@@ -149,17 +149,51 @@ def test_expected_oom_passes_and_says_so(tmp_path: Path) -> None:
     assert "| legacy | oom (expected oom): pass |" in (run_dir / "report.md").read_text()
 
 
+def _as_version_1(run_dir: Path, flags: dict[tuple[int, str], bool]) -> None:
+    """Rewrite a run's records as version 1 ones, carrying the verdicts a rank made then: within_tolerance and
+    first_diverging_stage on each correctness, expectation_met on each policy; `flags` sets (rank, policy)'s."""
+    run_json = run_dir / "run.json"
+    run_json.write_text(run_json.read_text().replace(f'"schema_version": {SCHEMA_VERSION}', '"schema_version": 1', 1))
+    for path in sorted((run_dir / "ranks").glob("rank-*.json")):
+        data = json.loads(path.read_text())
+        data["schema_version"] = 1
+        for p in data["policies"]:
+            claim = flags.get((data["rank"], p["policy"]), True)
+            p["expectation_met"] = claim
+            if p.get("correctness") is not None:
+                p["correctness"].update(within_tolerance=claim, first_diverging_stage=None)
+        path.write_text(json.dumps(data))
+
+
+def test_a_version_1_record_loads_without_the_verdicts_it_carried(tmp_path: Path) -> None:
+    """Version 1 records carried the rank's own verdicts; they load, the verdicts dropped. A current record
+    holding one is corrupt, named by its field."""
+    scenario = four_rank_scenario()
+    run_dir = write_run(tmp_path / "run", scenario)
+    current = read_record(rank_record_path(run_dir, 0))
+    _as_version_1(run_dir, {})
+    old = json.loads(rank_record_path(run_dir, 0).read_text())
+    assert old["policies"][0]["correctness"]["within_tolerance"] is True and old["policies"][0]["expectation_met"]
+    loaded = read_record(rank_record_path(run_dir, 0))
+    assert loaded.model_dump(exclude={"schema_version"}) == current.model_dump(exclude={"schema_version"})
+    assert loaded.schema_version == 1
+    old["schema_version"] = SCHEMA_VERSION
+    with pytest.raises(RecordError, match=r"^rank\.json: corrupt: policies\.0\.correctness\.within_tolerance: Extra inputs"):
+        parse_record(json.dumps(old).encode(), where="rank.json")
+
+
 def test_verdicts_come_from_the_numbers_not_the_records_flags(tmp_path: Path) -> None:
-    """A record that claims within_tolerance with max_rel_error 50 and 1000 wrong slots is a failed check; one
-    that claims failure with good numbers passes."""
+    """Version 1 records carried the rank's verdicts: one that claims within_tolerance with max_rel_error 50 and
+    1000 wrong slots is a failed check; one that claims failure with good numbers passes."""
     scenario = four_rank_scenario()
     contract = policy_result(scenario, "fixed", 0).contract
     too_big = int((contract.common_bytes + contract.ws2_bytes) * 1.05)  # the tolerance is 1 %
-    overrides = {1: {"fixed": {"within_tolerance": True, "max_rel_error": 50.0, "num_wrong_slots": 1000}},
-                 2: {"legacy": {"within_tolerance": True, "max_rel_error": 0.07}},  # just over expect.max_error 0.06
-                 0: {"fixed": {"within_tolerance": False}},  # good numbers, a pessimistic flag
+    overrides = {1: {"fixed": {"max_rel_error": 50.0, "num_wrong_slots": 1000}},
+                 2: {"legacy": {"max_rel_error": 0.07}},  # just over expect.max_error 0.06
                  3: {"fixed": {"workspace_delta_bytes": too_big}}}
-    result = collect(write_run(tmp_path / "run", scenario, overrides=overrides))
+    run_dir = write_run(tmp_path / "run", scenario, overrides=overrides)
+    _as_version_1(run_dir, {(0, "fixed"): False})  # good numbers, a pessimistic flag; every other flag claims success
+    result = collect(run_dir)
     report = run_report(result)
     assert result.exit_code == 1
     assert {(f.rank, f.policy, f.check) for f in report.check_failures} == {

@@ -23,6 +23,7 @@ from harness.core.records import rank_record_path, read_record
 from harness.launch import FAULT_ENV, LaunchError, parse_fault_spec
 from harness.launch.local import TERMINATE_GRACE_S
 from harness.launch.run import make_run_id
+from verdicts import collected_checks
 
 # Bounds are the scenario's own (launch.collective_timeout_s) or the launcher's (TERMINATE_GRACE_S) plus this
 # margin for the driver itself on a loaded 2-core machine: its 0.2 s poll, reading a pipe, writing a record,
@@ -71,10 +72,11 @@ def test_rank_killed_after_its_first_policy_keeps_both_ranks_first_results(tmp_p
     assert "harness: rank 1 on" in run.stderr and "died: exit code 1" in run.stderr
     assert "finished: legacy (kept in its record); lost: fixed, lower-bound" in run.stderr
     files = rank_files(out)
+    checks = collected_checks(out)
     for rank in (0, 1):  # both ranks' legacy results survive, in records marked as records so far
         record = files.records[rank]
         assert not record.complete and [p.policy for p in record.policies] == ["legacy"]
-        assert record.policies[0].status == "ok" and record.policies[0].correctness.within_tolerance
+        assert record.policies[0].status == "ok" and checks[rank, "legacy"].correctness.outcome == "pass"
     dead = files.failures[1]
     assert dead.cause == "died: exit code 1"  # told by its exit, not by a timeout
     assert dead.finished_policies == ["legacy"] and dead.lost_policies == ["fixed", "lower-bound"]

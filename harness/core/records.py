@@ -24,7 +24,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-SCHEMA_VERSION = 1
+# 2: a rank records facts only; the verdicts of version 1 (Correctness.within_tolerance and first_diverging_stage,
+# PolicyResult.expectation_met) are made by the collector (harness.report.checks). A version 1 record still loads:
+# those three fields are read and dropped (_drop_verdicts).
+SCHEMA_VERSION = 2
+# The rank's own verdicts in version 1 records, per policy and per policy's correctness.
+_V1_POLICY_VERDICTS = ("expectation_met",)
+_V1_CORRECTNESS_VERDICTS = ("within_tolerance", "first_diverging_stage")
 
 
 RecordProblem = Literal["missing", "unreadable", "truncated", "corrupt", "newer-schema"]
@@ -223,10 +229,8 @@ class Correctness(Record):
     max_rel_error: float  # max |out - ref| / max |ref| over the rank's tokens
     num_wrong_slots: int  # expert slots whose token does not match what was routed there
     num_checked_tokens: int
-    within_tolerance: bool
-    tolerance: float
+    tolerance: float  # expect.max_error as the rank was given it (the collector judges against the scenario's)
     stages: list[StageCheck] = Field(default_factory=list)  # in data-path order
-    first_diverging_stage: Stage | None = None
     check_us: float | None = None  # wall time of the whole check on this rank (its own work, not the data path)
 
 
@@ -252,8 +256,7 @@ class PolicyResult(Record):
     timings: Timings | None = None
     throughput: Throughput | None = None
     correctness: Correctness | None = None
-    expected_outcome: Literal["fit", "oom"] | None = None
-    expectation_met: bool | None = None
+    expected_outcome: Literal["fit", "oom"] | None = None  # expect.outcomes as the rank was given it
     oom: OomRecord | None = None
     error: str | None = None  # status "error": what was raised, on this rank or (stopped) on the ranks named
     # Ranks whose own OOM or error ended this policy; every rank stops the policy together (they agree before the
@@ -420,6 +423,23 @@ def parse_record(data: bytes, *, where: str) -> RankRecord | RankFailure | RunMa
     return _validate_record(loaded, where)
 
 
+def _drop_verdicts(data: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 rank record without the verdicts it carried (the collector makes every verdict); anything
+    malformed is left as it is, for validation to name."""
+    policies = data.get("policies")
+    if not isinstance(policies, list):
+        return data
+    kept = []
+    for policy in policies:
+        if isinstance(policy, dict):
+            policy = {k: v for k, v in policy.items() if k not in _V1_POLICY_VERDICTS}
+            correctness = policy.get("correctness")
+            if isinstance(correctness, dict):
+                policy["correctness"] = {k: v for k, v in correctness.items() if k not in _V1_CORRECTNESS_VERDICTS}
+        kept.append(policy)
+    return {**data, "policies": kept}
+
+
 def _validate_record(data: Any, where: str) -> RankRecord | RankFailure | RunManifest:
     if not isinstance(data, dict):
         raise RecordError(f"{where}: corrupt: expected a JSON object")
@@ -435,6 +455,8 @@ def _validate_record(data: Any, where: str) -> RankRecord | RankFailure | RunMan
     model = _KINDS.get(kind) if isinstance(kind, str) else None
     if model is None:
         raise RecordError(f"{where}: corrupt: record_kind {str(kind)[:40]!r} is not one of {', '.join(_KINDS)}")
+    if version < 2 and model is RankRecord:
+        data = _drop_verdicts(data)
     try:
         return model.model_validate(data)  # type: ignore[return-value]
     except ValidationError as exc:

@@ -1,12 +1,13 @@
 """One rank's lifecycle: join the group, set up weights and comm buffers, warm up once, then for every sizing
 policy allocate the workspace the way vLLM's modular kernel does, run route -> dispatch -> experts -> combine,
-measure memory and time, check correctness, and free the workspace before the next policy.
+measure memory and time, check correctness, and free the workspace before the next policy. A rank records facts:
+every verdict on them (expectation, tolerance, memory, baseline) is the collector's (harness.report.checks).
 
     rank_main
       setup_rank          weights, comm buffers, backend, tokens and routing (shared by every policy)
       warm_up             one full pass on a live-set workspace, freed before the first baseline
       measure_policy      per policy: _baseline -> _allocate -> _iterate (_one_pass x n) -> _measure ->
-                          _correctness (one checked pass, harness.rank.check) -> _judge
+                          _correctness (one checked pass, harness.rank.check) -> _result
                           every step that can fail on some ranks ends in distributed.agree
       PolicyDone event    the record so far, after every policy; the final record at the end
 
@@ -157,7 +158,7 @@ def _correctness(setup: RankSetup, state: PolicyState) -> Correctness | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# One policy, step by step: allocate -> iterate -> measure -> judge. Every step that may fail on some ranks ends in
+# One policy, step by step: allocate -> iterate -> measure -> record. Every step that may fail on some ranks ends in
 # `agree`, so all ranks take the same branch before the next collective, and the run goes on to the next policy.
 
 
@@ -338,8 +339,8 @@ def _stopped_message(failed: dict[int, StageFailure]) -> str:
     return f"stopped: rank(s) {ranks} failed; rank {ranks[0]}: {first.stage}: {first.message}"
 
 
-def _judge(setup: RankSetup, state: PolicyState, memory: MemoryMeasurement, breakdown: Breakdown) -> PolicyResult:
-    """Status, timings, throughput and correctness of the policy, and whether its outcome was the expected one."""
+def _result(setup: RankSetup, state: PolicyState, memory: MemoryMeasurement, breakdown: Breakdown) -> PolicyResult:
+    """Status, timings, throughput and correctness of the policy: facts only (the collector judges them)."""
     expected = setup.scenario.expect.outcomes.get(state.policy)
     status: Literal["ok", "oom", "error"] = "ok"
     error = None
@@ -355,17 +356,15 @@ def _judge(setup: RankSetup, state: PolicyState, memory: MemoryMeasurement, brea
         timings = _timings(state)
         throughput = _throughput(setup, timings, state.handle)
         correctness = state.correctness
-    outcome = "oom" if status == "oom" else "fit"
     return PolicyResult(
         policy=state.policy, status=status, contract=_contract(state.shapes), memory=memory, breakdown=breakdown,
         timings=timings, throughput=throughput, correctness=correctness, expected_outcome=expected,
-        expectation_met=None if expected is None or status == "error" else outcome == expected, oom=state.oom,
-        error=error, failed_ranks=sorted(state.failed) if state.failed else None,
+        oom=state.oom, error=error, failed_ranks=sorted(state.failed) if state.failed else None,
     )
 
 
 def measure_policy(setup: RankSetup, policy: str, progress: Progress | None) -> tuple[PolicyResult, list[int]]:
-    """Allocate one policy's workspace, run the data path on it, measure memory and time, judge the result.
+    """Allocate one policy's workspace, run the data path on it, measure memory and time, record the result.
 
     Returns the result and the expert_num_tokens (E,) of the last pass. The workspace is freed and the cache
     released before returning, so the next policy starts from the same baseline.
@@ -386,7 +385,7 @@ def measure_policy(setup: RankSetup, policy: str, progress: Progress | None) -> 
     memory, breakdown = _measure(setup, state, baseline, sampler)
     if not state.failed and state.own is None:
         state.correctness = _correctness(setup, state)  # after the window: the check's temporaries are not the policy's
-    result = _judge(setup, state, memory, breakdown)
+    result = _result(setup, state, memory, breakdown)
     counts = [int(c) for c in setup.buffers.expert_num_tokens.tolist()]
     if state.workspace is not None:
         state.workspace.release(setup.accountant)

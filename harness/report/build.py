@@ -23,8 +23,10 @@ from harness.report.checks import (
     baseline_rounding,
     evaluate_checks,
     exit_of,
+    first_diverging,
     judging_of,
     policy_expectation,
+    stopped_by,
 )
 from harness.report.load import LoadedRun
 from harness.report.model import (
@@ -150,9 +152,10 @@ def _spread(t: Timings | None) -> StageSpread | None:
 
 
 def _rank_policy(record: RankRecord, result: PolicyResult, checks: Checks, expected: str | None,
-                 stopped: list[int] | None) -> RankPolicy:
+                 stopped: list[int] | None, judging: Judging) -> RankPolicy:
     mem: MemoryMeasurement | None = result.memory
     t, tp, c = result.timings, result.throughput, result.correctness
+    diverged = first_diverging(c, judging) if c else None
     # Bus bandwidth is algbw x (P-1)/P: with one physical rank nothing crosses a link, and 0 would read as "slow".
     bus = tp is not None and record.num_ranks > 1
     return RankPolicy(
@@ -173,7 +176,7 @@ def _rank_policy(record: RankRecord, result: PolicyResult, checks: Checks, expec
         combine_busbw_gbps=tp.combine_busbw_gbps if bus and tp else None,
         max_rel_error=c.max_rel_error if c else None, max_abs_error=c.max_abs_error if c else None,
         num_wrong_slots=c.num_wrong_slots if c else None, oom=result.oom, error=result.error, checks=checks,
-        first_diverging_stage=c.first_diverging_stage if c else None, check_us=c.check_us if c else None,
+        first_diverging_stage=diverged.stage if diverged else None, check_us=c.check_us if c else None,
         stages=list(c.stages) if c else [],
     )
 
@@ -196,11 +199,11 @@ def _judge_rank(record: RankRecord, judging: Judging, oom_ranks: dict[str, list[
         if result.policy not in judged.policy_order:
             judged.policy_order.append(result.policy)
         expected = judging.expected.get(result.policy) if judging.expected else result.expected_outcome
-        stopped = _stopped_by(record.rank, result, oom_ranks)
+        stopped = stopped_by(record.rank, result, oom_ranks)
         checks = evaluate_checks(result, expected_outcome=expected, judging=judging,
                                  baseline=baselines.get(result.policy, no_baseline), stopped_by=stopped,
                                  release=record.kernels.release if record.kernels else None)
-        entries.append(_rank_policy(record, result, checks, expected, stopped))
+        entries.append(_rank_policy(record, result, checks, expected, stopped, judging))
         for name, check in checks.items():
             if check.outcome in ("fail", "error"):
                 judged.failures.append(CheckFailure(rank=record.rank, policy=result.policy, check=name,
@@ -222,17 +225,6 @@ def _judge_rank(record: RankRecord, judging: Judging, oom_ranks: dict[str, list[
         policies=entries, failure=_failure_text(failure) if failure else None, kernels=record.kernels,
         lost_policies=[p for p in scenario_policies if p not in done], complete=record.complete, warmup=record.warmup,
     ))
-
-
-def _stopped_by(rank: int, result: PolicyResult, oom_ranks: dict[str, list[int]]) -> list[int] | None:
-    """The other ranks whose OOM or error stopped this rank's policy (the ranks stop a policy together); None when
-    this rank's own status is its own doing."""
-    if result.status != "error":
-        return None
-    if result.failed_ranks is not None:
-        others = [r for r in result.failed_ranks if r != rank]
-        return others if rank not in result.failed_ranks and others else None
-    return oom_ranks.get(result.policy)  # records before failed_ranks: only another rank's OOM stopped a policy
 
 
 def _failure_text(failure: RankFailure) -> str:

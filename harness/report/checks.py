@@ -2,6 +2,7 @@
 
     Judging / judging_of()  what the checks compare against: the scenario's expectations and tolerances
     evaluate_checks()       expectation, correctness and memory of one rank x policy (the baseline check given)
+    stopped_by()            the other ranks whose OOM or error stopped a rank's policy (its checks are then skipped)
     baseline_checks()       per policy of one rank: its memory baseline against the rank's first policy's
     first_diverging()       the first stage of the data path beyond its tolerance
     policy_expectation()    a policy's outcome over all ranks against the expected one
@@ -171,6 +172,17 @@ def evaluate_checks(result: PolicyResult, *, expected_outcome: str | None, judgi
     return Checks(expectation=_expectation_check(result, expected_outcome),
                   correctness=_correctness_check(result, judging, release),
                   memory=_memory_check(result, judging.memory_tolerance_pct), baseline=baseline)
+
+
+def stopped_by(rank: int, result: PolicyResult, oom_ranks: dict[str, list[int]]) -> list[int] | None:
+    """The other ranks whose OOM or error stopped this rank's policy (the ranks stop a policy together); None when
+    this rank's own status is its own doing."""
+    if result.status != "error":
+        return None
+    if result.failed_ranks is not None:
+        others = [r for r in result.failed_ranks if r != rank]
+        return others if rank not in result.failed_ranks and others else None
+    return oom_ranks.get(result.policy)  # records before failed_ranks: only another rank's OOM stopped a policy
 
 
 def baseline_rounding(memory: MemoryMeasurement | None) -> int | None:
