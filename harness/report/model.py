@@ -267,7 +267,7 @@ class ScenarioInfo(ReportModel):
     comm_backend: str | None = None
     memory_method: Literal["nvml", "rss"] | None = None
     memory_label: str | None = None
-    baseline_rounding_bytes: int | None = None  # the baseline check's allowance (see collect.baseline_rounding)
+    baseline_rounding_bytes: int | None = None  # the baseline check's allowance (see checks.baseline_rounding)
     memory_budget_bytes: int | None = None  # memory.budget_gb / budget_gpu: device memory the process may use
     ballast_bytes: int | None = None
 
