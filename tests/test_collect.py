@@ -18,8 +18,8 @@ from harness.core.contract import fixed_shapes, live_set_bytes
 from harness.core.records import SCHEMA_VERSION, RecordError, parse_record, rank_record_path, read_record, write_record
 from harness.report.checks import BASELINE_ROUNDING_BYTES, Judging, evaluate_checks
 from harness.report.collect import collect
-from harness.report.write import REPORT_FILES, output_generations
 from harness.report.model import Check, PolicySummary, RunReport
+from harness.report.write import REPORT_FILES, output_generations
 
 MiB = 2**20
 

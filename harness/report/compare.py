@@ -49,7 +49,6 @@ from typing import Any, Literal
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from harness.report.collect import collect
 from harness.report.load import MAX_RECORD_BYTES, read_contained
-from harness.report.write import output_generations
 from harness.report.model import (
     Aggregate,
     HardwareInfo,
@@ -61,6 +60,7 @@ from harness.report.model import (
     StageSpread,
     parse_report,
 )
+from harness.report.write import output_generations
 
 Verdict = Literal["regression", "improvement", "unchanged", "not compared", "not gated"]
 Group = Literal["memory", "error", "time", "throughput", "coverage"]
