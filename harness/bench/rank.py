@@ -33,6 +33,7 @@ from harness.rank.memory import release_cached
 from harness.rank.timing import StageTimer, stats_drop_first
 from harness.scenario.schema import Scenario
 from harness.sizing.plan import policy_shapes
+from harness.sizing.vllm_source.kernels import KernelsLibrary
 
 H200_FP8_DENSE_TFLOPS = 1979.0  # vendor datasheet, dense (no sparsity)
 Variant = tuple[str, Callable[[], Any], bool]  # name, run once, is a collective
@@ -184,14 +185,15 @@ def bench_policy(setup: RankSetup, policy: str, num_rounds: int) -> BenchPolicy:
 
 
 def bench_rank_main(scenario: Scenario, info: RankInfo, run_dir: Path,
-                    progress: Callable[[RankEvent], None] | None = None) -> BenchRankRecord:
-    """The bench counterpart of harness.rank.lifecycle.rank_main: same setup and warm-up, then bench_policy per
-    policy, with the record so far sent after each."""
+                    progress: Callable[[RankEvent], None] | None = None, *,
+                    kernels: KernelsLibrary | None = None) -> BenchRankRecord:
+    """The bench counterpart of harness.rank.lifecycle.rank_main: same setup and warm-up (with the kernels the
+    driver resolved), then bench_policy per policy, with the record so far sent after each."""
     device = init_rank(info)
     try:
         if device.type == "cuda":
             reserve_symmetric_heap(scenario)
-        setup = setup_rank(scenario, info, device, run_dir, 0)
+        setup = setup_rank(scenario, info, device, run_dir, 0, kernels=kernels)
         warm_up(setup)
         if progress:
             progress(setup.event(Ready, backend=setup.backend.name))

@@ -11,25 +11,17 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import socket
 import time
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from harness.core.events import Placed
-from harness.launch import (
-    POLL_INTERVAL_S,
-    ClusterResources,
-    LaunchOutcome,
-    LaunchPlan,
-    RankEntry,
-    RankWatch,
-    RunSink,
-    exit_cause,
-    format_exception,
-    hostname,
-    rank_entry,
-)
+from harness.launch.contract import ClusterResources, LaunchOutcome, LaunchPlan, RankEntry
+from harness.launch.deadlines import POLL_INTERVAL_S, RankWatch, exit_cause
+from harness.launch.rank_side import format_exception, rank_entry
+from harness.launch.sink import RunSink
 from harness.rank.distributed import RankInfo, apply_safe_env, free_port
 
 if TYPE_CHECKING:
@@ -79,7 +71,7 @@ class LocalLauncher:
         apply_safe_env()  # children inherit the environment; rank_entry applies it again
         ctx = mp.get_context("spawn")
         port = free_port("127.0.0.1")
-        node = hostname()
+        node = socket.gethostname()
         procs: dict[int, BaseProcess] = {}
         pipes: dict[int, Connection] = {}
         try:

@@ -34,18 +34,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 import harness
 from harness.core.events import Placed, Placing
 from harness.rank.distributed import SAFE_NCCL_ENV, RankInfo, apply_safe_env, free_port
-from harness.launch import (
-    FAULT_ENV,
-    POLL_INTERVAL_S,
-    ClusterResources,
-    LaunchError,
-    LaunchOutcome,
-    LaunchPlan,
-    RankWatch,
-    RunSink,
-    RankEntry,
-    rank_entry,
-)
+from harness.launch.contract import ClusterResources, LaunchError, LaunchOutcome, LaunchPlan, RankEntry
+from harness.launch.deadlines import POLL_INTERVAL_S, RankWatch
+from harness.launch.faults import FAULT_ENV
+from harness.launch.rank_side import rank_entry
+from harness.launch.sink import RunSink
 
 if TYPE_CHECKING:
     from harness.scenario.schema import Scenario

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.launch import LaunchError
+from harness.launch.contract import LaunchError
 from harness.scenario.matrix import MATRIX_MANIFEST
 from harness.scenario.schema import safe_name
 from harness.scenario.limits import shown as shown_value

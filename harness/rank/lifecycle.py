@@ -11,7 +11,8 @@ every verdict on them (expectation, tolerance, memory, baseline) is the collecto
                           every step that can fail on some ranks ends in distributed.agree
       PolicyDone event    the record so far, after every policy; the final record at the end
 
-Launchers (harness.launch.local, harness.launch.ray_launcher) only build RankInfos and call `rank_main`.
+Launchers (harness.launch.local, harness.launch.ray_launcher) only build RankInfos and call `rank_main`, with
+the kernels the driver resolved once for every rank.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from harness.scenario.schema import Scenario
 from harness.sizing.deepep import deepep_low_latency_bytes
 from harness.sizing.layer import Prediction, run_predictions
 from harness.sizing.plan import policy_shapes
-from harness.sizing.vllm_source.kernels import KernelsLibrary, needs_kernels, resolve_kernels
+from harness.sizing.vllm_source.kernels import KernelsLibrary
 
 Progress = Callable[[RankEvent], None]
 
@@ -454,11 +455,13 @@ def dispatch_layout(scenario: Scenario, rank: int) -> DispatchLayout:
     )
 
 
-def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir: Path, external_bytes: int) -> RankSetup:
+def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir: Path, external_bytes: int, *,
+               kernels: KernelsLibrary | None = None) -> RankSetup:
+    """Everything the policies share. `kernels` is the ops library the driver resolved for the scenario
+    (harness.launch.run.scenario_kernels), handed over as it is: a rank never locates or fetches a release."""
     s = scenario
     E, K, I = s.num_local_experts, s.model.hidden_size or 0, s.model.intermediate_size or 0
     layout = dispatch_layout(s, info.rank)
-    kernels = resolve_kernels(s.vllm) if needs_kernels(s) else None
     backend = select_backend(s.experts_backend, device, kernels=kernels)
     budget = s.memory.budget_bytes
     apply_budget(device, budget)
@@ -601,8 +604,10 @@ def _record_fields(setup: RankSetup, *, started: float, ready_at: float,
     ))
 
 
-def rank_main(scenario: Scenario, info: RankInfo, run_dir: Path, progress: Progress | None = None) -> RankRecord:
+def rank_main(scenario: Scenario, info: RankInfo, run_dir: Path, progress: Progress | None = None, *,
+              kernels: KernelsLibrary | None = None) -> RankRecord:
     """Run every policy of `scenario` on this rank and return its record. Joins and leaves the process group.
+    `kernels`: the vLLM ops library the driver resolved (harness.launch.contract.RankEntry.kernels), or None.
 
     After every policy the record so far (complete=False) goes to the driver in a PolicyDone event, so a later
     fault loses nothing that finished.
@@ -612,7 +617,7 @@ def rank_main(scenario: Scenario, info: RankInfo, run_dir: Path, progress: Progr
     try:
         probe = MemoryProbe(device)
         external = probe.used_bytes() if probe.method == "nvml" else 0
-        setup = setup_rank(scenario, info, device, run_dir, external)
+        setup = setup_rank(scenario, info, device, run_dir, external, kernels=kernels)
         warmup = warm_up(setup)
         fields = _record_fields(setup, started=started, ready_at=time.time(), warmup=warmup)
         if progress:
