@@ -152,10 +152,50 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
     return run_audit(ns)
 
 
-def cmd_run(ns: argparse.Namespace) -> int:
-    from harness.launch.run import run_command
+def recorded_command(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> list[str]:
+    """The subcommand as a user would type it, derived from the parsed arguments (never sys.argv): every argument
+    of `parser` whose value differs from its default, in the parser's own spelling, so none can be left out.
 
-    return run_command(ns)
+    ["harness", "run", "smoke", "--comm", "gloo", "--dry-run"]; re-parsed, it gives the same namespace.
+    """
+    positionals: list[str] = []
+    options: list[str] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction) or action.dest == argparse.SUPPRESS:
+            continue
+        value = getattr(ns, action.dest, action.default)
+        if value == action.default:
+            continue
+        if not action.option_strings:
+            positionals += [str(v) for v in (value if isinstance(value, list) else [value])]
+            continue
+        flag = max(action.option_strings, key=len)  # the long spelling
+        if action.nargs == 0:  # store_true, store_false, store_const
+            options.append(flag)
+            continue
+        for item in value if isinstance(action, argparse._AppendAction) else [value]:
+            text = str(item)
+            options += [f"{flag}={text}"] if text.startswith("-") else [flag, text]  # "-x" would read as a flag
+    return parser.prog.split() + positionals + options
+
+
+def _scenario_overrides(ns: argparse.Namespace) -> Any:
+    """The scenario fields the command line sets (harness.launch.overrides.ScenarioOverrides)."""
+    import dataclasses
+
+    from harness.launch.overrides import ScenarioOverrides
+
+    return ScenarioOverrides(**{f.name: getattr(ns, f.name, None) for f in dataclasses.fields(ScenarioOverrides)})
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    from harness.launch.run import RunRequest, run_command
+
+    return run_command(RunRequest(
+        scenario=ns.scenario, launcher=ns.launcher, address=ns.address, out=ns.out,
+        overrides=_scenario_overrides(ns), cache_dir=ns.cache_dir, dry_run=ns.dry_run,
+        command=tuple(recorded_command(ns.parser, ns)),
+    ))
 
 
 def cmd_collect(ns: argparse.Namespace) -> int:
@@ -193,9 +233,12 @@ def cmd_compare(ns: argparse.Namespace) -> int:
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:
-    from harness.bench.command import bench_command
+    from harness.bench.command import BenchRequest, bench_command
 
-    return bench_command(ns)
+    return bench_command(BenchRequest(
+        scenario=ns.scenario, overrides=_scenario_overrides(ns), out=ns.out, json=ns.json, cpu_only=ns.cpu_only,
+        no_cpu_costs=ns.no_cpu_costs, command=tuple(recorded_command(ns.parser, ns)),
+    ))
 
 
 def cmd_schema(ns: argparse.Namespace) -> int:

@@ -7,9 +7,9 @@ default results/bench/<run-id>/ (ignored by git; the committed GPU benches keep 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -22,22 +22,24 @@ from harness.bench.records import BenchFile, BenchRankRecord, BenchReport, CpuCo
 from harness.core.console import make_console
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from harness.core.records import write_record, write_text_atomic
-from harness.launch import LaunchError, LaunchPlan, RankEntry, RunSink, describe_failure, sigterm_as_interrupt
+from harness.launch.contract import LaunchError
+from harness.launch.overrides import ScenarioOverrides
+from harness.launch.sink import describe_failure
 from harness.scenario.schema import Scenario, ScenarioError
 
-_VALUE_OPTIONS = ("out", "experts_backend", "device", "num_ranks", "policies", "vllm_version", "vllm_wheel",
-                  "vllm_src", "vllm_ops_library")
-_FLAGS = ("cpu_only", "no_cpu_costs", "json")
 
+@dataclass(frozen=True, kw_only=True)
+class BenchRequest:
+    """One `harness bench`: the scenario and its overrides, what to measure, where to write, and the command that
+    asked for it (recorded in bench.json)."""
 
-def command_line(ns: argparse.Namespace) -> list[str]:
-    """The `harness bench` command as a user would type it, from the parsed arguments (never sys.argv)."""
-    argv = ["harness", "bench"] + ([str(ns.scenario)] if ns.scenario is not None else [])
-    for name in _VALUE_OPTIONS:
-        value = getattr(ns, name, None)
-        if value is not None:
-            argv += [f"--{name.replace('_', '-')}", str(value)]
-    return argv + [f"--{name.replace('_', '-')}" for name in _FLAGS if getattr(ns, name, False)]
+    scenario: str | None = None  # a file, or a name in scenarios/; None: the embedded default
+    overrides: ScenarioOverrides = ScenarioOverrides()
+    out: Path | None = None
+    json: bool = False
+    cpu_only: bool = False
+    no_cpu_costs: bool = False
+    command: tuple[str, ...] = ("harness", "bench")
 
 
 def _error(message: str) -> int:
@@ -45,19 +47,21 @@ def _error(message: str) -> int:
     return EXIT_ERROR
 
 
-def _load(ns: argparse.Namespace, num_gpus: int) -> Scenario:
-    from harness.launch.run import default_scenario_path, load_with_overrides, scenario_overrides
+def _load(request: BenchRequest, num_gpus: int) -> Scenario:
+    from harness.launch.overrides import default_scenario_path, load_with_overrides
     from harness.scenario.schema import resolve_scenario_path
 
-    path = resolve_scenario_path(ns.scenario) if ns.scenario else default_scenario_path(num_gpus)
-    return load_with_overrides(path, scenario_overrides(ns))
+    path = resolve_scenario_path(request.scenario) if request.scenario else default_scenario_path(num_gpus)
+    return load_with_overrides(path, request.overrides.dotted())
 
 
 def _run_ranks(scenario: Scenario, *, run_id: str, out: Path, num_gpus: int,
                console: Console) -> list[BenchRankRecord] | int:
-    """The rank-side bench on local processes: the records, or an exit code when it could not run."""
+    """The rank-side bench on local processes (harness.launch.run.run_ranks): the records, or an exit code when it
+    could not run."""
     from harness.launch.local import LocalLauncher
-    from harness.launch.run import RunProgress, choose_run_dir
+    from harness.launch.rundir import choose_run_dir
+    from harness.launch.run import RanksRequest, run_ranks
     from harness.scenario.fit import can_run, resolve_device
 
     device_type = resolve_device(scenario, num_gpus)
@@ -65,26 +69,22 @@ def _run_ranks(scenario: Scenario, *, run_id: str, out: Path, num_gpus: int,
     if reason is not None:
         return _error(f"{scenario.name} cannot run here: {reason}")
     policies = tuple(bench_policies(scenario))
-    plan = LaunchPlan(scenario=scenario, run_id=run_id, run_dir=choose_run_dir(out / "ranks-run", run_id),
-                      device_type=device_type,
-                      entry=RankEntry(main=bench_rank_main, record_model=BenchRankRecord, policies=policies))
-    console.print(f"{run_id}: {scenario.summary()}\nbench: {plan.num_ranks} rank(s) on {device_type}, policies "
-                  f"{', '.join(policies)}, {scenario.bench.iterations} interleaved rounds each", highlight=False,
-                  markup=False)
-    progress = RunProgress(console=console, title=f"{scenario.name}: bench", num_ranks=plan.num_ranks,
-                           num_policies=len(policies))
-    sink = RunSink.for_plan(plan, listener=progress)
+    console.print(f"{run_id}: {scenario.summary()}\nbench: {scenario.parallel.num_ranks} rank(s) on {device_type}, "
+                  f"policies {', '.join(policies)}, {scenario.bench.iterations} interleaved rounds each",
+                  highlight=False, markup=False)
+    request = RanksRequest(scenario=scenario, run_id=run_id, run_dir=choose_run_dir(out / "ranks-run", run_id),
+                           device_type=device_type, main=bench_rank_main, record_model=BenchRankRecord,
+                           policies=policies, title=f"{scenario.name}: bench")
     launcher = LocalLauncher()
     try:
-        with progress.shown(), sigterm_as_interrupt():
-            outcome = launcher.launch(plan, sink)
+        ran = run_ranks(request, launcher=launcher, console=console)
     finally:
         launcher.close()
-    if not outcome.ok:
-        for failure in outcome.failures:
+    if not ran.ok:
+        for failure in ran.outcome.failures:
             print(f"harness: {describe_failure(failure)}", file=sys.stderr)
-        return _error(outcome.error) if outcome.error else EXIT_ERROR
-    return [sink.records[r] for r in sorted(sink.records)]
+        return _error(ran.outcome.error) if ran.outcome.error else EXIT_ERROR
+    return list(ran.records.values())
 
 
 def _report(scenario: Scenario, *, run_id: str, command: list[str], records: list[BenchRankRecord],
@@ -104,34 +104,35 @@ def _report(scenario: Scenario, *, run_id: str, command: list[str], records: lis
     )
 
 
-def bench_command(ns: argparse.Namespace) -> int:
+def bench_command(request: BenchRequest) -> int:
     """Entry of `harness bench`: 0 at or above the thresholds, 1 below one, 2 on errors."""
-    from harness.launch.run import local_gpu_count, make_run_id
+    from harness.launch.rundir import make_run_id
+    from harness.launch.run import local_gpu_count
     from harness.scenario.schema import REPO_DIR
 
-    console = make_console(stderr=ns.json)  # with --json, stdout holds the report alone; progress goes to stderr
+    console = make_console(stderr=request.json)  # with --json, stdout holds the report alone; progress goes to stderr
     num_gpus = local_gpu_count()
     try:
-        scenario = _load(ns, num_gpus)
+        scenario = _load(request, num_gpus)
     except (ScenarioError, LaunchError) as exc:
         return _error(str(exc))
     run_id = make_run_id(f"bench-{scenario.name}")
-    out: Path = ns.out or (REPO_DIR / "results" / "bench" / run_id)
+    out: Path = request.out or (REPO_DIR / "results" / "bench" / run_id)
     records: list[BenchRankRecord] = []
-    if not ns.cpu_only:
+    if not request.cpu_only:
         ran = _run_ranks(scenario, run_id=run_id, out=out, num_gpus=num_gpus, console=console)
         if isinstance(ran, int):
             return ran
         records = ran
     costs: list[CpuCost] = []
-    if not ns.no_cpu_costs:
+    if not request.no_cpu_costs:
         console.print("bench: CPU-side costs (each probe runs the real commands)", highlight=False, markup=False)
         costs = cpu_costs(progress=lambda line: console.print(f"bench: {line}", highlight=False, markup=False))
-    report = _report(scenario, run_id=run_id, command=command_line(ns), records=records, costs=costs)
+    report = _report(scenario, run_id=run_id, command=list(request.command), records=records, costs=costs)
     write_record(out / "bench.json", BenchFile(report=report, ranks=records))
     markdown = render_markdown(report, records)
     write_text_atomic(out / "bench.md", markdown)
-    if ns.json:
+    if request.json:
         print(json.dumps(report.model_dump(mode="json"), indent=1))
     else:
         console.print(markdown, markup=False, highlight=False)

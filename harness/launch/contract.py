@@ -17,6 +17,11 @@ if TYPE_CHECKING:
 DeviceType = Literal["cuda", "cpu"]
 
 
+def comm_backend_for(device_type: DeviceType) -> Literal["nccl", "gloo"]:
+    """The process group's backend: on CPU "cpu:gloo,cuda:nccl" fails, so one backend, chosen by the device."""
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
 class LaunchError(Exception):
     """The launch itself failed (no cluster, placement not satisfied, bad fault spec): exit code 2."""
 
@@ -63,8 +68,7 @@ class LaunchPlan:
 
     @property
     def comm_backend(self) -> Literal["nccl", "gloo"]:
-        # On CPU "cpu:gloo,cuda:nccl" fails (DESIGN.md §5): one backend, chosen by the device.
-        return "nccl" if self.device_type == "cuda" else "gloo"
+        return comm_backend_for(self.device_type)
 
     @property
     def placement_strategy(self) -> Literal["PACK", "SPREAD"]:
