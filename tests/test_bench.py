@@ -10,10 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.bench.command import command_line
 from harness.bench.markdown import render_markdown
 from harness.bench.records import BenchReport, CpuCost
-from harness.cli import build_parser
 from scenario_utils import TINY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,13 +68,6 @@ def test_bench_below_a_scenario_threshold_exits_1_and_names_it(tmp_path):
     assert any("experts step at" in f and "bench.experts_ratio_min = 50.0" in f for f in failures)
     assert "bench: 2 rank(s) on cpu" in done.stdout and "rank 1: ready" in done.stdout  # progress as it goes
     assert (tmp_path / "out" / "bench.md").read_text().rstrip().endswith("FAILED")
-
-
-def test_command_line_comes_from_the_arguments_and_leaves_them_as_they_were():
-    ns = build_parser().parse_args(["bench", "smoke", "--num-ranks", "2", "--cpu-only", "--out", "x"])
-    before = dict(vars(ns))
-    assert command_line(ns) == ["harness", "bench", "smoke", "--out", "x", "--num-ranks", "2", "--cpu-only"]
-    assert vars(ns) == before
 
 
 def test_cpu_only_report_has_no_empty_rank_tables():

@@ -1,6 +1,6 @@
 """The local launcher and `harness run`, as subprocesses of the real CLI on real gloo groups (CPU).
 
-Faults come from the launchers' test hook HARNESS_INJECT_FAULT (harness/launch/__init__.py); every run is bounded
+Faults come from the launchers' test hook HARNESS_INJECT_FAULT (harness/launch/faults.py); every run is bounded
 by a subprocess timeout and its wall time is asserted against the scenario's bounds.
 """
 
@@ -22,7 +22,7 @@ from harness.core.events import PolicyDone, PolicyStarted, Ready
 from harness.core.records import rank_record_path, read_record
 from harness.launch import FAULT_ENV, LaunchError, parse_fault_spec
 from harness.launch.local import TERMINATE_GRACE_S
-from harness.launch.run import make_run_id
+from harness.launch.rundir import make_run_id
 from verdicts import collected_checks
 
 # Bounds are the scenario's own (launch.collective_timeout_s) or the launcher's (TERMINATE_GRACE_S) plus this
@@ -41,7 +41,8 @@ def test_default_run_is_smoke_on_cpu_with_a_record_per_rank(tmp_path: Path) -> N
     assert "no scenario given: running smoke.yaml" in run.stdout
     manifest = read_record(out / "run.json")
     assert manifest.record_kind == "run" and manifest.scenario_name == "smoke" and manifest.launcher == "local"
-    assert manifest.num_ranks == 2 and manifest.command[:2] == ["harness", "run"]
+    # The recorded command is the one that ran, every option set (here --launcher and --out) included.
+    assert manifest.num_ranks == 2 and manifest.command == ["harness", "run", "--launcher", "local", "--out", str(out)]
     files = rank_files(out)
     assert sorted(files.records) == [0, 1] and not files.failures
     records = files.records.values()

@@ -26,7 +26,7 @@ import pytest
 from launch_helpers import REPO_DIR, end_ray_session, rank_files
 
 from harness.core.records import read_record
-from harness.launch.run import DEFAULT_CPU_SCENARIO
+from harness.launch.overrides import DEFAULT_CPU_SCENARIO
 from harness.rank.distributed import free_port
 from harness.scenario.schema import load_scenario
 
