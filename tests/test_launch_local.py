@@ -6,6 +6,8 @@ by a subprocess timeout and its wall time is asserted against the scenario's bou
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import signal
@@ -16,12 +18,16 @@ from pathlib import Path
 
 import pytest
 from launch_helpers import REPO_DIR, cpu_load, harness_env, rank_files, report_policies, run_cli, tiny_scenario
+from pydantic import BaseModel
+from rich.console import Console
+from scenario_utils import tiny
 
 from harness.cli import main as cli_main
 from harness.core.events import PolicyDone, PolicyStarted, Ready
 from harness.core.records import rank_record_path, read_record
 from harness.launch import FAULT_ENV, LaunchError, parse_fault_spec
-from harness.launch.local import TERMINATE_GRACE_S
+from harness.launch.local import TERMINATE_GRACE_S, LocalLauncher
+from harness.launch.run import RanksRequest, run_ranks
 from harness.launch.rundir import make_run_id
 from verdicts import collected_checks
 
@@ -338,3 +344,66 @@ def test_matrix_runs_every_cell_past_a_failed_one(tmp_path: Path) -> None:
     assert rank_files(cells[0]).ranks == [0, 1]
     report = json.loads((out / "report.json").read_text())
     assert len(json.dumps(report)) > 0 and (out / "junit.xml").exists()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The kernels: resolved once on the driver, handed to every rank in the RankEntry.
+
+
+class _KernelsSeen(BaseModel):
+    rank: int
+    path: str | None
+    sha256: str | None
+    origin: str | None
+
+
+def _report_kernels(scenario, info, run_dir, progress, *, kernels=None) -> _KernelsSeen:
+    """A rank entry that reports the kernels it was handed, and nothing else (no process group)."""
+    return _KernelsSeen(rank=info.rank, path=str(kernels.path) if kernels else None,
+                        sha256=kernels.sha256 if kernels else None, origin=kernels.origin if kernels else None)
+
+
+def _ranks_request(tmp_path: Path, ops_library: Path) -> RanksRequest:
+    scenario = tiny(**{"parallel.num_ranks": 2, "experts_backend": "vllm-ops", "vllm.ops_library": str(ops_library)})
+    return RanksRequest(scenario=scenario, run_id=make_run_id("kernels"), run_dir=tmp_path / "run", device_type="cpu",
+                        main=_report_kernels, record_model=_KernelsSeen, policies=(), title="kernels")
+
+
+def test_every_rank_gets_the_kernels_the_driver_resolved(tmp_path: Path) -> None:
+    library = tmp_path / "_C.abi3.so"
+    library.write_bytes(b"not a real library: only its bytes and sha256 travel")
+    console = Console(file=io.StringIO(), width=200)
+    launcher = LocalLauncher()
+    try:
+        ran = run_ranks(_ranks_request(tmp_path, library), launcher=launcher, console=console)
+    finally:
+        launcher.close()
+    assert ran.ok and sorted(ran.records) == [0, 1]
+    sha256 = hashlib.sha256(library.read_bytes()).hexdigest()
+    for rank, seen in ran.records.items():
+        assert (seen.rank, seen.path, seen.sha256, seen.origin) == (rank, str(library.resolve()), sha256,
+                                                                    f"file {library.resolve()}")
+    assert f"kernels: vLLM (release unknown) {library.name} (sha256 {sha256[:12]}" in console.file.getvalue()
+
+
+def test_kernels_that_cannot_be_had_start_no_rank_and_fail_each_in_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "absent.so"
+    launcher = LocalLauncher()
+    try:
+        ran = run_ranks(_ranks_request(tmp_path, missing), launcher=launcher,
+                        console=Console(file=io.StringIO(), width=200))
+    finally:
+        launcher.close()
+    assert not ran.ok and ran.records == {}
+    assert [(f.rank, f.cause) for f in ran.outcome.failures] == [
+        (r, f"kernels unavailable: vllm.ops_library {missing}: no such file") for r in (0, 1)]
+    assert sorted(p.name for p in (tmp_path / "run" / "ranks").iterdir()) == [
+        "rank-00000.failed.json", "rank-00001.failed.json"]
+
+
+def test_no_rank_module_resolves_kernels_itself():
+    """The ranks take the driver's KernelsLibrary: nothing on the rank side locates or fetches a release."""
+    harness_dir = Path(__file__).resolve().parents[1] / "harness"
+    rank_side = [*sorted((harness_dir / "rank").rglob("*.py")), harness_dir / "bench" / "rank.py",
+                 harness_dir / "launch" / "rank_side.py"]
+    assert [p.name for p in rank_side if "resolve_kernels" in p.read_text()] == []
