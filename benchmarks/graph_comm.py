@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 
 from harness.rank.combine import combine
 from harness.rank.dispatch import dispatch
+from harness.launch.run import scenario_kernels
 from harness.rank.distributed import RankInfo, free_port, init_rank, shutdown_rank
 from harness.rank.lifecycle import setup_rank
 from harness.scenario.dotted import set_dotted
@@ -44,14 +45,14 @@ def _median_us(fn, iters: int) -> float:
     return statistics.median(times)
 
 
-def _rank(rank: int, port: int, data: dict, iters: int, queue) -> None:
+def _rank(rank: int, port: int, data: dict, kernels, iters: int, queue) -> None:
     info = RankInfo(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, comm_backend="nccl",
                     device_type="cuda", device_index=rank)
     result: dict = {"rank": rank}
     try:
         device = init_rank(info)
         scenario = parse_scenario(data, path=data["name"])
-        setup = setup_rank(scenario, info, device, Path("/tmp"), 0)
+        setup = setup_rank(scenario, info, device, Path("/tmp"), 0, kernels=kernels)
         comm, L = setup.buffers, setup.layout
         E, M, K = L.num_local_experts, L.max_slots_per_expert, L.hidden_size
         gen = torch.Generator(device=device).manual_seed(rank)
@@ -106,12 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
         os.environ.setdefault(key, "0" if key == "NCCL_NVLS_ENABLE" else "1")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    kernels = scenario_kernels(parse_scenario(data, path=data["name"]))  # once, here, as `harness run`'s driver does
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
     # Daemons, ended after a bounded wait: on 2 x H200 the ranks printed their results and then did not exit
     # (shutdown after NVSHMEM use), which held the parent until the step's timeout.
-    procs = [ctx.Process(target=_rank, args=(r, port, data, args.iters, queue), daemon=True) for r in range(2)]
+    procs = [ctx.Process(target=_rank, args=(r, port, data, kernels, args.iters, queue), daemon=True) for r in range(2)]
     for proc in procs:
         proc.start()
     results = sorted((queue.get(timeout=600) for _ in procs), key=lambda r: r["rank"])

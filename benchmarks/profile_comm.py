@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from harness.launch.run import scenario_kernels
 from harness.rank.combine import combine
 from harness.rank.comm import Stages
 from harness.rank.dispatch import dispatch
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                     comm_backend="nccl" if cuda else "gloo", device_type="cuda" if cuda else "cpu")
     device = init_rank(info)
     try:
-        setup = setup_rank(scenario, info, device, Path("/tmp"), 0)
+        setup = setup_rank(scenario, info, device, Path("/tmp"), 0, kernels=scenario_kernels(scenario))
         comm, L = setup.buffers, setup.layout
         E, M, K = L.num_local_experts, L.max_slots_per_expert, L.hidden_size
         expert_out = torch.randn((E, M, K), device=device).to(torch.bfloat16)

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from harness.launch.run import scenario_kernels
 from harness.rank.distributed import RankInfo, free_port, init_rank, shutdown_rank
 from harness.rank.lifecycle import setup_rank
 from harness.rank.soak import soak
@@ -32,10 +33,10 @@ from harness.scenario.schema import ScenarioError, load_scenario, parse_scenario
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def _rank(info: RankInfo, data: dict, rounds: int, seed: int, run_id: str, queue) -> None:
+def _rank(info: RankInfo, data: dict, kernels, rounds: int, seed: int, run_id: str, queue) -> None:
     try:
         device = init_rank(info)
-        setup = setup_rank(parse_scenario(data, path=data["name"]), info, device, Path("/tmp"), 0)
+        setup = setup_rank(parse_scenario(data, path=data["name"]), info, device, Path("/tmp"), 0, kernels=kernels)
         queue.put((info.rank, soak(setup, rounds=rounds, seed=seed, run_id=run_id).model_dump(mode="json")))
     except Exception:  # noqa: BLE001 - the rank's failure goes back to the parent
         queue.put((info.rank, {"error": traceback.format_exc()[-3000:]}))
@@ -49,6 +50,7 @@ def run_soak(data: dict, *, rounds: int, seed: int, timeout_s: float) -> list[di
     """Run the soak on the scenario's ranks in spawned processes; each rank's SoakRecord (or {"error": ...})."""
     scenario = parse_scenario(data, path=data["name"])
     P = scenario.parallel.num_ranks
+    kernels = scenario_kernels(scenario)  # once, here, as `harness run`'s driver does
     cuda = scenario.device == "cuda" or (scenario.device == "auto" and torch.cuda.is_available())
     for key, value in NO_MULTICAST.items():
         os.environ.setdefault(key, value)
@@ -60,7 +62,7 @@ def run_soak(data: dict, *, rounds: int, seed: int, timeout_s: float) -> list[di
                         comm_backend="nccl" if cuda else "gloo", device_type="cuda" if cuda else "cpu",
                         device_index=rank if cuda else 0, collective_timeout_s=min(timeout_s, 120.0))
         # daemons, ended after a bounded wait: ranks that used NVSHMEM have been seen not to exit after shutdown
-        procs.append(ctx.Process(target=_rank, args=(info, data, rounds, seed, run_id, queue), daemon=True))
+        procs.append(ctx.Process(target=_rank, args=(info, data, kernels, rounds, seed, run_id, queue), daemon=True))
         procs[-1].start()
     results: dict[int, dict] = {}
     try:
