@@ -13,8 +13,9 @@ A scenario's `vllm` section names the kernels (harness.scenario.schema.VllmSpec)
 
 `resolve_kernels` returns a KernelsLibrary: the path, the release when known and how it is known, the sha256
 and size of the file, and the release's torch pin. The driver resolves it before any rank starts (so a release is
-fetched once, and a missing library is one line, not a failure per rank); each rank resolves it again from its
-cache and records what it loaded. Nothing here loads or imports the library.
+fetched once, and a missing library is one line, not a failure per rank) and hands the result to every rank
+(harness.launch.contract.RankEntry.kernels), which loads it and records it. Nothing here loads or imports the
+library.
 """
 
 from __future__ import annotations
