@@ -6,9 +6,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+
+if TYPE_CHECKING:
+    from harness.launch.overrides import ScenarioOverrides
 
 
 class _Parser(argparse.ArgumentParser):
@@ -179,8 +182,8 @@ def recorded_command(parser: argparse.ArgumentParser, ns: argparse.Namespace) ->
     return parser.prog.split() + positionals + options
 
 
-def _scenario_overrides(ns: argparse.Namespace) -> Any:
-    """The scenario fields the command line sets (harness.launch.overrides.ScenarioOverrides)."""
+def _scenario_overrides(ns: argparse.Namespace) -> ScenarioOverrides:
+    """The scenario fields the command line sets: each ScenarioOverrides field from the option of its name."""
     import dataclasses
 
     from harness.launch.overrides import ScenarioOverrides

@@ -1,6 +1,7 @@
 """`harness bench`: the harness's own cost against raw kernels and raw collectives, and its CPU-side costs.
 
-    command      the `harness bench` command: launch, CPU costs, aggregate, write bench.json / bench.md
+    command      the `harness bench` command (a BenchRequest): the ranks through harness.launch.run.run_ranks,
+                 CPU costs, aggregate, write bench.json / bench.md
     rank         the rank side: setup and warm-up as `harness run`, then per policy allocate -> prepare ->
                  iterate (variants interleaved round by round) -> judge
     raw_kernels  the raw experts kernels (vLLM ops, torch grouped GEMM, the reference math)

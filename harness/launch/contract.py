@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from harness.core.records import RankFailure
     from harness.rank.distributed import RankInfo
     from harness.scenario.schema import Scenario
     from harness.sizing.vllm_source.kernels import KernelsLibrary
