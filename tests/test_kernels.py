@@ -339,3 +339,41 @@ def test_torch_cutlass_chunks_cover_every_row_once_within_the_scratch_bound(E, M
     reported = tc.TorchCutlassExperts(torch.device("cpu")).scratch_bytes(ws)  # type: ignore[arg-type]
     assert reported == chunk_rows * tc.scratch_bytes_per_row(K, I) + 4 * E * M + tc.GEMM_LIBRARY_ALLOWANCE_BYTES
     assert reported < 2**30 + 4 * E * M  # not 20 GB: the bound holds at any M
+
+
+def test_a_node_without_the_drivers_file_fetches_nothing_it_cannot_name(tmp_path):
+    """A library given as a file has no release a node could fetch: the node's refusal names the path and the way
+    out, in one line."""
+    from dataclasses import replace
+
+    from harness.sizing.vllm_source.kernels import KernelsLibrary, on_this_node
+    from harness.sizing.vllm_source.sources import VllmSourceError
+
+    here = tmp_path / "lib.so"
+    here.write_bytes(b"\0" * 64)
+    given = KernelsLibrary(path=here, release="0.30.0", release_from="given", sha256="ab" * 32, num_bytes=64,
+                           torch_requirement=None, origin=f"file {here}")
+    assert on_this_node(given) is given  # the driver's path exists here: used as it is
+    with pytest.raises(VllmSourceError) as err:
+        on_this_node(replace(given, path=tmp_path / "elsewhere" / "lib.so"))
+    message = str(err.value)
+    assert "\n" not in message and "is not on this node" in message and "vllm.kernels: X.Y.Z" in message
+
+
+@pytest.mark.vllm_wheel
+def test_a_node_without_the_drivers_file_fetches_the_same_release_and_checks_its_sha256(tmp_path):
+    """On a node where the driver's path does not exist, the release is taken from this node's cache and accepted
+    only with the driver's sha256 and size."""
+    from dataclasses import replace
+
+    from harness.scenario.schema import VllmSpec
+    from harness.sizing.vllm_source.kernels import on_this_node, resolve_kernels
+    from harness.sizing.vllm_source.sources import VllmSourceError
+
+    drivers = resolve_kernels(VllmSpec(kernels="0.30.0"))
+    remote = replace(drivers, path=tmp_path / "driver-cache" / drivers.path.name)
+    local = on_this_node(remote)
+    assert local.path == drivers.path and (local.sha256, local.num_bytes) == (drivers.sha256, drivers.num_bytes)
+    with pytest.raises(VllmSourceError) as err:
+        on_this_node(replace(remote, sha256="0" * 64))
+    assert "the driver's has 000000000000" in str(err.value) and drivers.sha256[:12] in str(err.value)

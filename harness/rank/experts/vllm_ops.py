@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from harness.sizing.vllm_source.kernels import KernelsLibrary
+from harness.sizing.vllm_source.kernels import KernelsLibrary, on_this_node
+from harness.sizing.vllm_source.sources import VllmSourceError
 from harness.rank.experts.base import BackendUnavailable, ExpertWeights, StageHooks, Workspace
 
 REQUIRED_OPS = ("get_cutlass_batched_moe_mm_data", "cutlass_moe_mm", "silu_and_mul", "dynamic_per_token_scaled_fp8_quant")
@@ -73,6 +74,10 @@ class VllmOpsExperts:
                 "vllm-ops needs vLLM's ops library: give vllm.kernels / --kernels X.Y.Z, a wheel, a source tree, "
                 "a library file (--vllm-ops-library), or install vLLM"
             )
+        try:
+            kernels = on_this_node(kernels)
+        except VllmSourceError as exc:
+            raise BackendUnavailable(str(exc)) from None
         load_ops_library(kernels)
         return VllmOpsExperts(device, kernels)
 

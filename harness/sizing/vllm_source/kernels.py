@@ -14,8 +14,10 @@ A scenario's `vllm` section names the kernels (harness.scenario.schema.VllmSpec)
 `resolve_kernels` returns a KernelsLibrary: the path, the release when known and how it is known, the sha256
 and size of the file, and the release's torch pin. The driver resolves it before any rank starts (so a release is
 fetched once, and a missing library is one line, not a failure per rank) and hands the result to every rank
-(harness.launch.contract.RankEntry.kernels), which loads it and records it. Nothing here loads or imports the
-library.
+(harness.launch.contract.RankEntry.kernels), which loads it and records it. On a node where the driver's path
+does not exist (a multi-node Ray cluster, each node with its own cache), `on_this_node` fetches the same release
+into that node's cache and accepts it only with the driver's sha256: the driver's decision, materialised locally.
+Nothing here loads or imports the library.
 """
 
 from __future__ import annotations
@@ -72,6 +74,25 @@ def resolve_kernels(vllm: VllmSpec, *, cache_dir: Path | None = None) -> Kernels
         sha256=file_sha256(path), num_bytes=path.stat().st_size, torch_requirement=source.torch_requirement,
         origin=source.origin,
     )
+
+
+def on_this_node(kernels: KernelsLibrary, *, cache_dir: Path | None = None) -> KernelsLibrary:
+    """The driver's `kernels` as a file on this node: its own path where it exists, else the same release fetched
+    into this node's cache, which must have the driver's sha256. Raises VllmSourceError with one line."""
+    if kernels.path.is_file():
+        return kernels
+    if kernels.release is None or kernels.release_from != "release":
+        raise VllmSourceError(
+            f"kernels {kernels.describe()}: {kernels.path} is not on this node; name the release (vllm.kernels: "
+            "X.Y.Z) so every node fetches it into its own cache, or put the file at the same path on every node"
+        )
+    local = resolve_kernels(VllmSpec(kernels=kernels.release), cache_dir=cache_dir)
+    if (local.sha256, local.num_bytes) != (kernels.sha256, kernels.num_bytes):
+        raise VllmSourceError(
+            f"kernels vLLM {kernels.release}: this node's copy {local.path} has sha256 {local.sha256[:12]} "
+            f"({local.num_bytes} B), the driver's has {kernels.sha256[:12]} ({kernels.num_bytes} B)"
+        )
+    return local
 
 
 def _given_file(path: Path, stated: str | None, cache_dir: Path | None) -> KernelsLibrary:
