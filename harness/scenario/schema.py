@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from harness.core.contract import BUILTIN_POLICIES, RELEASE_POLICY_PREFIX, SizingArgs
 from harness.core.records import STAGES, Stage
 from harness.scenario import limits as L
+from harness.scenario.deployment import DeploymentSpec
 from harness.scenario.fields import describe_field
 from harness.scenario.limits import shown
 from harness.scenario.presets import PRESETS
@@ -434,6 +435,9 @@ class Scenario(_Strict):
     bench: BenchSpec = BenchSpec()
     launch: LaunchSpec = LaunchSpec()
     layer: LayerSpec = LayerSpec()
+    deployment: DeploymentSpec = Field(
+        DeploymentSpec(), description="the `vllm serve` settings `harness plan --vllm-version --gpu` sizes the whole deployment "
+        "with (docs/deployment-memory.md); unset: the scenario's model preset and layout")
 
     @field_validator("name")
     @classmethod
@@ -590,6 +594,8 @@ class Scenario(_Strict):
         if self.layer == LayerSpec():
             # A scenario without a layer block hashes as it did before the block existed: baselines stay comparable.
             del data["layer"]
+        if self.deployment == DeploymentSpec():
+            del data["deployment"]  # likewise for scenarios without a deployment section
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @property

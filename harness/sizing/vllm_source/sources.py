@@ -57,6 +57,7 @@ LAYER_FILES = (
     "vllm/distributed/device_communicators/all2all.py",
     "vllm/config/parallel.py",
     "vllm/config/scheduler.py",
+    "vllm/config/cache.py",  # gpu_memory_utilization's default (harness.sizing.release_defaults)
 )
 # An entry made before LAYER_FILES were extracted has no hashes either (cache.py): it is extracted again.
 

@@ -1,0 +1,121 @@
+"""The serve defaults a release takes when a flag is left out, read from its source with the AST where the harness
+has the file, else from a documented table (labelled `table`). Nothing is imported or exec'd.
+
+    gpu_memory_utilization          config/cache.py   CacheConfig.gpu_memory_utilization = Field(default=...)
+    all2all_backend                 config/parallel.py ParallelConfig.all2all_backend
+    max_num_batched_tokens (batched DP MoE)  config/scheduler.py DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP
+    max_num_batched_tokens, max_num_seqs (vllm serve on a GPU)  engine/arg_utils.py get_batch_defaults: table
+    CUDA-graph memory estimate on/off  envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from harness.sizing.vllm_source.layer_source import ReleaseFiles, env_default
+
+CACHE_FILE = "vllm/config/cache.py"
+PARALLEL_FILE = "vllm/config/parallel.py"
+SCHEDULER_FILE = "vllm/config/scheduler.py"
+CUDAGRAPH_ENV = "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
+
+
+@dataclass(frozen=True)
+class Default:
+    value: object
+    source: str  # "config/scheduler.py:43" or "table: ..."
+
+    @property
+    def from_source(self) -> bool:
+        return not self.source.startswith("table")
+
+
+def _release_key(version: str | None) -> tuple[int, ...]:
+    head = (version or "0.0.0").split("+")[0].split("rc")[0]
+    try:
+        return tuple(int(p) for p in head.split(".")[:3])
+    except ValueError:
+        return (0, 0, 0)
+
+
+def class_default(files: ReleaseFiles, file: str, class_name: str, attribute: str) -> Default | None:
+    """`attribute: T = LITERAL`, `= Field(default=LITERAL, ...)` or `= field(default=LITERAL)` in the class body."""
+    module = files.module(file)
+    if module is None:
+        return None
+    for node in module.body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.target.id == attribute:
+                    value = _literal(item.value, node)
+                    if value is not None:
+                        return Default(value, f"{file.removeprefix('vllm/')}:{item.lineno}")
+    return None
+
+
+def _literal(node: ast.expr | None, cls: ast.ClassDef) -> object:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("Field", "field"):
+        for keyword in node.keywords:
+            if keyword.arg == "default":
+                return _literal(keyword.value, cls)
+    if isinstance(node, ast.Name):  # a ClassVar of the same class: default=DEFAULT_MAX_NUM_SEQS
+        for item in cls.body:
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.target.id == node.id:
+                return _literal(item.value, cls)
+    return None
+
+
+def gpu_memory_utilization(files: ReleaseFiles, version: str | None) -> Default:
+    read = class_default(files, CACHE_FILE, "CacheConfig", "gpu_memory_utilization")
+    if read is not None and isinstance(read.value, float):
+        return read
+    if _release_key(version) >= (0, 25, 0):
+        return Default(0.92, "table: config/cache.py Field(default=0.92) in v0.25.0 and v0.30.0 (file not in this "
+                             "extraction)")  # fmt: skip
+    return Default(0.9, "table: config/cache.py default 0.9 before 0.25.0 (file not in this extraction)")
+
+
+def all2all_backend(files: ReleaseFiles) -> Default:
+    read = class_default(files, PARALLEL_FILE, "ParallelConfig", "all2all_backend")
+    if read is not None and isinstance(read.value, str):
+        return read
+    return Default("allgather_reducescatter", "table: config/parallel.py ParallelConfig.all2all_backend")
+
+
+def uses_batched_dp_moe(all2all: str, enable_ep: bool, dp: int) -> bool:
+    """ParallelConfig.use_batched_dp_moe (config/parallel.py): the batched DP MoE path."""
+    return all2all in ("deepep_low_latency", "nixl_ep") and enable_ep and dp > 1
+
+
+def max_num_batched_tokens(files: ReleaseFiles, *, batched_dp: bool, gpu_bytes: int, gpu: str | None) -> Default:
+    """The default token budget of one step: batched DP MoE's constant, else arg_utils' per-GPU table for the API
+    server (>= 70 GiB and not an A100: 8192; else 2048)."""
+    if batched_dp:
+        read = class_default(files, SCHEDULER_FILE, "SchedulerConfig", "DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP")
+        if read is not None and isinstance(read.value, int):
+            return read
+        return Default(256, "table: SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP")
+    if _large_gpu(gpu_bytes, gpu):
+        return Default(8192, "table: engine/arg_utils.py get_batch_defaults, OPENAI_API_SERVER, >= 70 GiB non-A100")
+    return Default(2048, "table: engine/arg_utils.py get_batch_defaults, OPENAI_API_SERVER, other GPUs")
+
+
+def max_num_seqs(gpu_bytes: int, gpu: str | None) -> Default:
+    if _large_gpu(gpu_bytes, gpu):
+        return Default(1024, "table: engine/arg_utils.py get_batch_defaults, OPENAI_API_SERVER, >= 70 GiB non-A100")
+    return Default(256, "table: engine/arg_utils.py get_batch_defaults, OPENAI_API_SERVER, other GPUs")
+
+
+def _large_gpu(gpu_bytes: int, gpu: str | None) -> bool:
+    return gpu_bytes >= 70 * 2**30 and not (gpu or "").upper().startswith("A100")
+
+
+def estimates_cudagraphs(files: ReleaseFiles) -> Default:
+    """Whether the profile subtracts a CUDA-graph estimate from the KV cache (envs.py's default of the switch)."""
+    read = env_default(files, CUDAGRAPH_ENV)
+    if read.ok:
+        return Default(bool(read.value), str(read.ref))
+    return Default(False, f"table: {CUDAGRAPH_ENV} absent from envs.py ({read.reason})")
