@@ -72,6 +72,10 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         return _print_error(f"--gpu {shown(ns.gpu)} is not a known GPU; allowed: {', '.join(GPU_MEMORY_BYTES)}")
     if ns.budget_gb is not None and not 0 < ns.budget_gb < 1e6:
         return _print_error(f"--budget-gb {ns.budget_gb} is not a budget in GB; allowed: above 0, below 1e6")
+    if getattr(ns, "serve", None) is not None or ns.scenario is None:
+        from harness.sizing.deployment_cli import plan_serve_command
+
+        return plan_serve_command(ns)
     try:
         loaded = load_input(ns.scenario)
         if isinstance(loaded, Matrix):
@@ -92,12 +96,20 @@ def cmd_plan(ns: argparse.Namespace) -> int:
             return _print_error(str(exc))
         raise
     failures = layer_expectation_failures(scenario, layers)
+    from harness.sizing.deployment_cli import scenario_deployments
+
+    deployments = scenario_deployments(scenario, layers, ns, budget) if layers and budget else ([], "")
+    if isinstance(deployments, int):
+        return deployments
+    failed_verdicts = [p for p in deployments[0] if p.verdict.outcome != "starts"] if ns.fail_on_verdict else []
+    code = EXIT_FAILED if failures or failed_verdicts else EXIT_OK
     if ns.json:
         data = plan_json(scenario, rows)
         data["layers"] = [plan.model_dump(mode="json") for plan in layers]
         data["layer_expectation_failures"] = failures
+        data["deployments"] = [plan.model_dump(mode="json") for plan in deployments[0]]
         print(json.dumps(data, indent=1))
-        return EXIT_FAILED if failures else EXIT_OK
+        return code
     from harness.core.console import make_console  # rich: only once the input is good, so a refusal stays quick
 
     console = make_console()
@@ -115,7 +127,10 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     if layers:
         console.print(f"FAILED: {'; '.join(failures)}" if failures else
                       "OK: every layer expectation of the scenario holds" if scenario.layer.expect else "")  # fmt: skip
-    return EXIT_FAILED if failures else EXIT_OK
+    from harness.sizing.deployment_cli import print_deployments
+
+    print_deployments(console, *deployments)
+    return code
 
 
 def cmd_scenarios(ns: argparse.Namespace) -> int:
@@ -273,8 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
                                 help="what to do; `harness COMMAND --help` for its options")
 
-    p = sub.add_parser("plan", help="workspace bytes per GPU for each sizing policy")
-    p.add_argument("scenario", help="scenario file or name in scenarios/")
+    p = sub.add_parser("plan", help="workspace bytes per GPU for each sizing policy; with `-- vllm serve ...` the "
+                       "whole deployment")
+    p.add_argument("scenario", nargs="?", default=None,
+                   help="scenario file or name in scenarios/; or none and `-- vllm serve MODEL FLAGS` at the end")
+    p.add_argument("--fail-on-verdict", action="store_true",
+                   help="exit 1 when a release's deployment does not start (oom, fails, refused); default: exit 0")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
     p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP + "; for vllm==X.Y.Z policies")
     p.add_argument("--vllm-version", action="append", default=None, metavar="X.Y.Z",
@@ -378,7 +397,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    serve = None
+    if argv[:1] == ["plan"] and "--" in argv:  # `harness plan ... -- vllm serve MODEL FLAGS`
+        cut = argv.index("--")
+        argv, serve = argv[:cut], argv[cut + 1:]
     ns, extras = build_parser().parse_known_args(argv)
+    if serve is not None:
+        ns.serve = serve
     if extras:  # refused by the subcommand's own parser, so a close option can be suggested
         ns.parser.error(f"unrecognized arguments: {' '.join(extras)}")
     try:

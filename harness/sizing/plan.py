@@ -227,8 +227,13 @@ def layer_notes(plan: Any) -> list[str]:
     if plan.budget is not None:
         b = plan.budget
         gpu = b.gpu or f"{b.budget_bytes / GIB:.2f} GiB"
-        lines.append(f"{gpu}: {b.outcome.upper()}" + (f" ({b.breaking_component}): " if b.breaking_component else ": ")
-                     + b.reason)  # fmt: skip
+        if b.outcome == "fit":
+            # One MoE layer's buffers against the whole GPU says nothing about the deployment: never "FIT".
+            lines.append(f"{gpu}, this MoE layer alone (not the deployment): {b.reason}; the deployment's verdict "
+                         "needs the model's every layer and the KV cache (docs/deployment-memory.md)")
+        else:
+            lines.append(f"{gpu}: {b.outcome.upper()}" + (f" ({b.breaking_component}): " if b.breaking_component
+                                                          else ": ") + b.reason)  # fmt: skip
     return lines
 
 
