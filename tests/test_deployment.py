@@ -4,12 +4,10 @@ cache, the verdict per release, and the published startup logs it is checked aga
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
 import pytest
-import yaml
 from cli_utils import run_harness
 
 from harness.scenario.schema import GPU_MEMORY_BYTES, ScenarioError, load_scenario, parse_scenario
@@ -19,7 +17,6 @@ from harness.sizing.model_config import ModelConfigError, load_model
 from harness.sizing.serve_args import ServeArgsError, parse_serve
 
 GIB = 2**30
-LOGS = Path(__file__).resolve().parent / "data" / "startup_logs"
 H200 = GPU_MEMORY_BYTES["H200-141GB"]
 
 
@@ -149,8 +146,8 @@ def test_pr_case_does_not_start_on_0_29_0_and_starts_on_0_30_0(cache_dir):
     # 61 layers' weights with 16 local experts (256 redundant over D=32), FP8 block-quantized
     assert 55 * GIB < fixed.group_bytes("weights") < 60 * GIB
     available = fixed.requested_bytes - fixed.non_kv_bytes
-    assert fixed.kv_num_blocks == available // (64 * 61 * 576 * 2)
-    assert fixed.kv_tokens == fixed.kv_num_blocks * 64 and fixed.kv_tokens >= fixed.max_model_len
+    assert fixed.kv_num_blocks == available // (16 * 61 * 576 * 2)
+    assert fixed.kv_tokens == fixed.kv_num_blocks * 16 and fixed.kv_tokens >= fixed.max_model_len
     assert fixed.verdict.text == (f"starts: {fixed.kv_tokens} tokens of KV cache, {fixed.concurrency:.2f}x "
                                   f"concurrency at 163840 tokens")  # fmt: skip
     (buys,) = what_it_buys([legacy, fixed])
@@ -186,26 +183,3 @@ def test_layer_line_never_says_fit(cache_dir):
     assert "FIT" not in result.stdout
     assert "this MoE layer alone (not the deployment)" in result.stdout
     assert "OOM at moe-workspace" in result.stdout
-
-
-# --- published startup logs -----------------------------------------------------------------------------------------
-
-CASES = sorted(LOGS.glob("*.yaml"))
-
-
-@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
-def test_published_startup_log_weights(path):
-    """Weights within 1% of vLLM's "Model loading took X GiB" (docs/deployment-memory.md lists the error per case)."""
-    from harness.sizing.deployment import Resolved, sharding_of  # noqa: F401
-
-    case = yaml.safe_load(path.read_text())
-    model, spec, _ = parse_serve(case["serve"])
-    facts = load_model(model)
-    tp, dp = spec.tensor_parallel_size, spec.data_parallel_size or 1
-    ep = bool(spec.enable_expert_parallel) and tp * dp > 1
-    local = math.ceil((facts.num_routed_experts + (spec.num_redundant_experts or 0)) / (tp * dp)) if ep else \
-        facts.num_routed_experts  # fmt: skip
-    predicted = sum(w.bytes for w in weight_lines(facts, Sharding(tp=tp, moe_tp=1 if ep else tp * dp,
-                                                                  local_experts=local)))  # fmt: skip
-    logged = case["figures"]["model_loading_gib"] * GIB
-    assert abs(predicted - logged) / logged < 0.01, f"{path.stem}: {predicted / GIB:.4f} GiB vs {logged / GIB:.4f}"

@@ -30,19 +30,26 @@ from harness.core.records import Record
 from harness.scenario.deployment import DeploymentSpec
 from harness.sizing import release_defaults as defaults
 from harness.sizing.deployment_weights import Sharding, routed_experts_bytes, weight_lines
-from harness.sizing.kv_cache import default_block_size, kv_cache, kv_shape
+from harness.sizing.kv_cache import DEFAULT_BLOCK_SIZE, kv_cache, kv_shape
 from harness.sizing.model_config import ModelFacts, pad_vocab
 
 DEPLOYMENT_PLAN_SCHEMA = 1
 GIB = 2**30
-# Non-torch memory the profile sees grow after the worker's first snapshot: cuBLAS/cuDNN workspaces and, with
-# more than one rank, NCCL's buffers and the custom all-reduce's IPC buffers. Basis: vLLM's own
-# "non_torch_memory takes X GiB" lines of the published logs in tests/data/startup_logs/ (0.1 to 0.6 GiB).
-NON_TORCH_SINGLE_BYTES = int(0.15 * GIB)
-NON_TORCH_MULTI_BYTES = int(0.5 * GIB)
-# CUDA graphs: the profiler's estimate of the graph pool (captured sizes x the per-graph buffers); basis: the
-# "CUDA graph memory" figures of published 0.2x logs, 0.3 to 1.1 GiB for the models sized here.
-CUDAGRAPH_BYTES = int(0.5 * GIB)
+# Estimates, each with its basis: vLLM 0.19.0's own profiler figures in the 14 published H100 startup logs of
+# tests/data/startup_logs/ (llm-d-planner's validation runs; docs/deployment-memory.md lists them).
+# Non-torch memory the profile sees grow after the worker's first snapshot: cuBLAS workspaces on one GPU
+# ("non-torch forward increase memory" 0.24-0.27 GiB at TP 1), NCCL and the custom all-reduce's buffers with
+# more ranks (2.06-2.13 GiB at TP 2 and 4).
+NON_TORCH_SINGLE_BYTES = int(0.25 * GIB)
+NON_TORCH_MULTI_BYTES = int(2.1 * GIB)
+# The profiler's CUDA-graph estimate ("Estimated CUDA graph memory: X GiB total"): 0.57-1.69 GiB, mean 0.94.
+CUDAGRAPH_BYTES = 1 * GIB
+# The profile run's torch peak falls in its dummy sampler pass: f32 logits of (max_num_seqs, vocab), a few copies
+# (logits, probabilities, sorted), and some (N, hidden) buffers of the forward pass still held. The two
+# coefficients are a least-squares fit to five published runs of models outside the test set (CodeLlama-7b,
+# granite-3.1-2b and -8b, phi-2, phi-4; vLLM 0.19.0 on an H100, N = 8192, 1024 sequences; residuals within 0.06 GiB).
+SAMPLER_BYTES_PER_LOGIT = 10.9  # per (sequence, vocab entry): about 2.7 f32 copies
+HIDDEN_BUFFERS = 6.3  # (N, hidden) activation-dtype buffers
 
 Kind = Literal["exact", "release", "estimate"]
 
@@ -132,9 +139,11 @@ class Resolved:
 
 
 def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None, *, gpu_bytes: int,
-            gpu: str | None, local_experts: int | None = None, origin: str = "flag") -> Resolved:  # fmt: skip
-    """Defaults filled from the release (files: a ReleaseFiles) or its documented table; `origin` names where the
-    given settings came from (flag or scenario)."""
+            gpu: str | None, local_experts: int | None = None, origin: str = "flag",
+            cudagraph_estimate: bool | None = None) -> Resolved:  # fmt: skip
+    """Defaults filled from the release (files: its ReleaseFiles) or, where it does not say or no release is at
+    hand (files None), the documented table; `origin` names where the given settings came from (flag, scenario);
+    cudagraph_estimate: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS as the environment sets it, when known."""
     settings: list[Setting] = []
 
     def pick(name: str, given: object, default: defaults.Default | None = None) -> object:
@@ -149,8 +158,10 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     dp = int(pick("data_parallel_size", spec.data_parallel_size or 1))
     ep = bool(pick("enable_expert_parallel", spec.enable_expert_parallel or False)) and tp * dp > 1
     all2all = str(pick("all2all_backend", spec.all2all_backend, defaults.all2all_backend(files)))
-    moe_backend = str(pick("moe_backend", spec.moe_backend, defaults.Default("cutlass", "table: the layer model's "
-                                                                            "default experts family")))  # fmt: skip
+    backend_default = defaults.Default("cutlass", "table: the layer model's experts family for FP8 checkpoints") if \
+        facts.quant_method else defaults.Default("triton", "table: unquantized MoE runs the Triton experts (\"Using "
+                                                 "TRITON backend for Unquantized MoE\")")  # fmt: skip
+    moe_backend = str(pick("moe_backend", spec.moe_backend, backend_default))
     utilization = float(pick("gpu_memory_utilization", spec.gpu_memory_utilization,  # type: ignore[arg-type]
                              defaults.gpu_memory_utilization(files, version)))  # fmt: skip
     max_len_default = defaults.Default(facts.max_position_embeddings or 0, f"{facts.ref('max_position_embeddings')}")
@@ -163,8 +174,8 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         seqs_default = defaults.Default(tokens, f"{seqs_default.source}, capped at max_num_batched_tokens")
     seqs = int(pick("max_num_seqs", spec.max_num_seqs, seqs_default))  # type: ignore[arg-type]
     block = int(pick("block_size", spec.block_size, defaults.Default(
-        default_block_size(facts), "table: FlashMLA pages of 64 (MLA)" if facts.is_mla else "table: "
-        "CacheConfig.DEFAULT_BLOCK_SIZE 16")))  # type: ignore[arg-type]  # fmt: skip
+        DEFAULT_BLOCK_SIZE, "table: CacheConfig.DEFAULT_BLOCK_SIZE 16 (FlashAttention, and FlashAttention MLA "
+        "on Hopper; --block-size 64 for FlashMLA)")))  # type: ignore[arg-type]  # fmt: skip
     kv_dtype = str(pick("kv_cache_dtype", spec.kv_cache_dtype))
     redundant = spec.num_redundant_experts or 0
     if facts.is_moe and ep:
@@ -177,7 +188,9 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     else:
         computed = facts.num_routed_experts
     settings.append(Setting(name="num_redundant_experts", value=redundant, source=origin))
-    estimate = defaults.estimates_cudagraphs(files)
+    estimate = defaults.estimates_cudagraphs(files, version)
+    if cudagraph_estimate is not None:
+        estimate = defaults.Default(cudagraph_estimate, f"{defaults.CUDAGRAPH_ENV}={int(cudagraph_estimate)}")
     cudagraph = bool(estimate.value) and not spec.enforce_eager
     settings.append(Setting(name="cudagraph_memory_estimate", value=cudagraph,
                             source="--enforce-eager" if spec.enforce_eager else estimate.source))  # fmt: skip
@@ -269,7 +282,8 @@ def _eplb(r: Resolved) -> bool:
 
 def profile_lines(facts: ModelFacts, r: Resolved, layer_plan) -> list[DeploymentLine]:
     """The profile run's torch peak beyond the weights and the held-once buffers: a dummy forward of
-    max_num_batched_tokens tokens (per DP rank) and the dummy sampler over max_num_seqs logits."""
+    max_num_batched_tokens tokens (per DP rank) and the dummy sampler over max_num_seqs logits; the larger of the
+    two phases (the published logs show the peak TP-invariant: the sampler's)."""
     N, K, d, tp = r.max_num_batched_tokens, facts.hidden_size, facts.dtype_bytes, r.tp  # noqa: N806
     lines = []
     if layer_plan is not None:
@@ -288,12 +302,15 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan) -> list[Deployment
     mlp = 3 * N * dense_I * d
     if facts.is_moe:
         mlp = max(mlp, N * facts.num_routed_experts * 4 + N * facts.top_k * 12)  # router logits, top-k ids/weights
-    hidden = 4 * N * K * d
-    logits = 2 * min(r.max_num_seqs, N) * pad_vocab(facts.vocab_size, 1) * 4
+    forward = 4 * N * K * d + max(attn, mlp)
+    reqs = min(r.max_num_seqs, N)
+    sampler = int(SAMPLER_BYTES_PER_LOGIT * reqs * pad_vocab(facts.vocab_size, 1) + HIDDEN_BUFFERS * N * K * d)
+    phase = "the dummy sampler" if sampler >= forward else "the forward pass"
     lines.append(DeploymentLine(
-        group="profile-peak", name="activations", bytes=hidden + max(attn, mlp) + logits, kind="estimate",
-        source=f"estimate: N={N} tokens: 4 x (N, {K}) hidden/residual + max(attention {attn} B, MLP {mlp} B) "
-        f"+ 2 f32 copies of ({min(r.max_num_seqs, N)}, vocab) logits"))  # fmt: skip
+        group="profile-peak", name="activations", bytes=max(forward, sampler), kind="estimate",
+        source=f"estimate: peak in {phase}: max(forward 4 x (N={N}, {K}) + max(attention, MLP) = {forward} B, sampler "
+        f"{SAMPLER_BYTES_PER_LOGIT} B x ({reqs}, vocab) logits + {HIDDEN_BUFFERS} x (N, {K}) = {sampler} B); basis: "
+        "docs/deployment-memory.md"))  # fmt: skip
     return lines
 
 

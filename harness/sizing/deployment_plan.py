@@ -67,17 +67,33 @@ def plan_release(facts: ModelFacts, spec: DeploymentSpec, version: str, *, gpu: 
                  cache_dir: Path | None = None, base: Scenario | None = None,
                  local_experts: int | None = None, origin: str = "flag") -> DeploymentPlan:  # fmt: skip
     """One release's plan; raises VllmSourceError when the release cannot be had."""
-    from harness.sizing.layer import _tree, plan_layer_from
-    from harness.sizing.vllm_source.layer_source import ReleaseFiles
     from harness.sizing.vllm_source.sources import locate
 
     source = locate(version=version, cache_dir=cache_dir)
-    files = ReleaseFiles(source, _tree(source))
-    r = resolve(facts, spec, files, source.version, gpu_bytes=total_bytes, gpu=gpu, local_experts=local_experts,
-                origin=origin)  # fmt: skip
+    return plan_source(facts, spec, source, gpu=gpu, total_bytes=total_bytes, base=base, local_experts=local_experts,
+                       origin=origin)  # fmt: skip
+
+
+def plan_source(facts: ModelFacts, spec: DeploymentSpec, source, *, gpu: str | None, total_bytes: int,
+                base: Scenario | None = None, local_experts: int | None = None, origin: str = "flag",
+                version: str | None = None, cudagraph_estimate: bool | None = None) -> DeploymentPlan:  # fmt: skip
+    """The plan from a VllmSource (its defaults and its MoE layer), or from none: a dense model needs no release
+    (defaults from the documented table, for `version`)."""
+    files = layer_plan = None
+    if source is not None:
+        from harness.sizing.layer import _tree, plan_layer_from
+        from harness.sizing.vllm_source.layer_source import ReleaseFiles
+
+        files = ReleaseFiles(source, _tree(source))
+        version = source.version
+    r = resolve(facts, spec, files, version, gpu_bytes=total_bytes, gpu=gpu, local_experts=local_experts,
+                origin=origin, cudagraph_estimate=cudagraph_estimate)  # fmt: skip
     layer = layer_scenario(facts, r, base)
-    layer_plan = plan_layer_from(layer, source) if layer is not None else None
-    return plan_deployment(facts, r, layer_plan, version=source.version, gpu=gpu, total_bytes=total_bytes)
+    if layer is not None:
+        if source is None:
+            raise ValueError(f"{facts.name} is an MoE model: its layer's workspace is read from a release")
+        layer_plan = plan_layer_from(layer, source)
+    return plan_deployment(facts, r, layer_plan, version=version, gpu=gpu, total_bytes=total_bytes)
 
 
 def plan_serve(model: str, spec: DeploymentSpec, versions: list[str], *, gpu: str | None, total_bytes: int,

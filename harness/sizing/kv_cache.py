@@ -18,8 +18,9 @@ from harness.sizing.deployment_weights import kv_heads_per_rank
 from harness.sizing.model_config import ModelFacts
 
 KV_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
-MLA_BLOCK_SIZE = 64  # FlashMLA's page size: vLLM sets block_size 64 for MLA on Hopper (platforms/cuda.py)
-DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE
+# CacheConfig.DEFAULT_BLOCK_SIZE. MLA on Hopper runs FlashAttention MLA first (16-token pages: DeepSeek-V2-Lite's
+# published 0.19.0 log has 94097 blocks for 1,505,552 tokens); FlashMLA needs 64 (--block-size 64).
+DEFAULT_BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,6 @@ def kv_shape(facts: ModelFacts, tp: int, kv_cache_dtype: str = "auto") -> KvShap
         formula = (f"{layers} layers x 2 x {kv} KV heads per GPU (of {facts.num_key_value_heads}, TP {tp}) x "
                    f"{facts.head_dim} head_dim x {width} B ({dtype})")  # fmt: skip
     return KvShape(per_layer * layers, per_layer, layers, dtype, formula)
-
-
-def default_block_size(facts: ModelFacts) -> int:
-    return MLA_BLOCK_SIZE if facts.is_mla else DEFAULT_BLOCK_SIZE
 
 
 @dataclass(frozen=True)

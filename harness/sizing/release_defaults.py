@@ -39,9 +39,10 @@ def _release_key(version: str | None) -> tuple[int, ...]:
         return (0, 0, 0)
 
 
-def class_default(files: ReleaseFiles, file: str, class_name: str, attribute: str) -> Default | None:
-    """`attribute: T = LITERAL`, `= Field(default=LITERAL, ...)` or `= field(default=LITERAL)` in the class body."""
-    module = files.module(file)
+def class_default(files: ReleaseFiles | None, file: str, class_name: str, attribute: str) -> Default | None:
+    """`attribute: T = LITERAL`, `= Field(default=LITERAL, ...)` or `= field(default=LITERAL)` in the class body;
+    None without a release (files None) or when the file does not say."""
+    module = files.module(file) if files is not None else None
     if module is None:
         return None
     for node in module.body:
@@ -68,7 +69,7 @@ def _literal(node: ast.expr | None, cls: ast.ClassDef) -> object:
     return None
 
 
-def gpu_memory_utilization(files: ReleaseFiles, version: str | None) -> Default:
+def gpu_memory_utilization(files: ReleaseFiles | None, version: str | None) -> Default:
     read = class_default(files, CACHE_FILE, "CacheConfig", "gpu_memory_utilization")
     if read is not None and isinstance(read.value, float):
         return read
@@ -78,7 +79,7 @@ def gpu_memory_utilization(files: ReleaseFiles, version: str | None) -> Default:
     return Default(0.9, "table: config/cache.py default 0.9 before 0.25.0 (file not in this extraction)")
 
 
-def all2all_backend(files: ReleaseFiles) -> Default:
+def all2all_backend(files: ReleaseFiles | None) -> Default:
     read = class_default(files, PARALLEL_FILE, "ParallelConfig", "all2all_backend")
     if read is not None and isinstance(read.value, str):
         return read
@@ -90,7 +91,7 @@ def uses_batched_dp_moe(all2all: str, enable_ep: bool, dp: int) -> bool:
     return all2all in ("deepep_low_latency", "nixl_ep") and enable_ep and dp > 1
 
 
-def max_num_batched_tokens(files: ReleaseFiles, *, batched_dp: bool, gpu_bytes: int, gpu: str | None) -> Default:
+def max_num_batched_tokens(files: ReleaseFiles | None, *, batched_dp: bool, gpu_bytes: int, gpu: str | None) -> Default:
     """The default token budget of one step: batched DP MoE's constant, else arg_utils' per-GPU table for the API
     server (>= 70 GiB and not an A100: 8192; else 2048)."""
     if batched_dp:
@@ -113,8 +114,12 @@ def _large_gpu(gpu_bytes: int, gpu: str | None) -> bool:
     return gpu_bytes >= 70 * 2**30 and not (gpu or "").upper().startswith("A100")
 
 
-def estimates_cudagraphs(files: ReleaseFiles) -> Default:
+def estimates_cudagraphs(files: ReleaseFiles | None, version: str | None = None) -> Default:
     """Whether the profile subtracts a CUDA-graph estimate from the KV cache (envs.py's default of the switch)."""
+    if files is None:
+        on = _release_key(version) >= (0, 21, 0)
+        return Default(on, f"table: {CUDAGRAPH_ENV} is off in 0.19.0 (its startup log asks to set it) and on by "
+                           f"default from 0.21.0")
     read = env_default(files, CUDAGRAPH_ENV)
     if read.ok:
         return Default(bool(read.value), str(read.ref))

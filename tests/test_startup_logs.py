@@ -1,0 +1,148 @@
+"""The deployment model against vLLM itself: published startup logs (tests/data/startup_logs/*.yaml), each with
+its URL, release, command, GPU, the figures vLLM printed, and the model's config facts (harness/defaults/models/).
+
+Targets (docs/deployment-memory.md lists the error per case):
+- weights within 1% of "Model loading took X GiB" on every case, at most 0.9% mean;
+- KV bytes per token exact: the logged token count is what the logged KV memory holds at those bytes per token;
+- the KV cache ("Available KV cache memory") within 2% on every case that prints the profiler's breakdown, at most
+  0.5% mean. Where the model misses, the case is a strict expected failure naming why: the target is not moved.
+
+Cases of MoE models read their layer's workspace from a release (0.29.0's experts classes: the logs' 0.19.0 is not
+offered by the package index on this platform), so they are marked vllm_wheel.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.scenario.deployment import DeploymentSpec
+from harness.sizing.deployment_plan import plan_source
+from harness.sizing.deployment_weights import Sharding, weight_lines
+from harness.sizing.kv_cache import kv_shape
+from harness.sizing.model_config import load_model
+from harness.sizing.serve_args import parse_serve
+
+GIB = 2**30
+LOGS = Path(__file__).resolve().parent / "data" / "startup_logs"
+CASES = {p.stem: yaml.safe_load(p.read_text()) for p in sorted(LOGS.glob("*.yaml"))}
+LAYER_RELEASE = "0.29.0"
+# Cases the model misses, and why (docs/deployment-memory.md); each is a strict xfail, so a fix shows up.
+KV_MISSES = {
+    "qwen3-30b-a3b-tp1-h100": "vLLM's profile peak is 0.40 GiB above the estimate; the MoE workspace is 0.29.0's "
+                              "TritonExperts.workspace_shapes (0.19.0 is not fetchable here), what 0.19.0 holds "
+                              "beyond it is not read",
+}  # fmt: skip
+MEAN_KV_MISS = "the mean KV error is 0.60% against the 0.5% target, Qwen3-30B-A3B's +2.69% included"
+
+
+def _spec(case: dict) -> tuple[str, DeploymentSpec]:
+    model, spec, _ = parse_serve(case["serve"])
+    given = {k: case["settings"][k] for k in ("max_num_batched_tokens", "max_num_seqs") if k in case["settings"]}
+    return model, spec.model_copy(update=given)
+
+
+def _predicted_weights(case: dict) -> int:
+    model, spec = _spec(case)
+    facts = load_model(model)
+    tp, dp = spec.tensor_parallel_size, spec.data_parallel_size or 1
+    ep = bool(spec.enable_expert_parallel) and tp * dp > 1
+    local = math.ceil(facts.num_routed_experts / (tp * dp)) if ep else facts.num_routed_experts
+    return sum(w.bytes for w in weight_lines(facts, Sharding(tp=tp, moe_tp=1 if ep else tp * dp, local_experts=local)))
+
+
+def _weights_error(name: str) -> float:
+    logged = CASES[name]["figures"]["model_loading_gib"] * GIB
+    return (_predicted_weights(CASES[name]) - logged) / logged
+
+
+def _kv_cases() -> list[str]:
+    return [n for n, c in CASES.items() if "non_kv_gib" in c["figures"]]
+
+
+def _needs_release(name: str) -> bool:
+    return load_model(_spec(CASES[name])[0]).is_moe
+
+
+def _kv_error(name: str, cache_dir: Path) -> float:
+    from harness.sizing.vllm_source import locate
+
+    case = CASES[name]
+    model, spec = _spec(case)
+    facts = load_model(model)
+    source = locate(version=LAYER_RELEASE, cache_dir=cache_dir) if facts.is_moe else None
+    plan = plan_source(facts, spec, source, gpu=case["gpu"], total_bytes=round(case["figures"]["gpu_total_gib"] * GIB),
+                       version=case["vllm_version"], cudagraph_estimate=case["settings"]["cudagraph_memory_estimate"])  # fmt: skip
+    logged = case["figures"]["available_kv_cache_gib"] * GIB
+    return (plan.requested_bytes - plan.non_kv_bytes - logged) / logged
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    import os
+
+    explicit = os.environ.get("HARNESS_CACHE_DIR")
+    return Path(explicit) if explicit else Path.home() / ".cache" / "moe-harness"
+
+
+def test_at_least_eight_cases_with_moe_ones():
+    assert len(CASES) >= 8
+    assert sum(load_model(_spec(c)[0]).is_moe for c in CASES.values()) >= 4
+    for name, case in CASES.items():
+        assert case["url"].startswith("https://github.com/"), name
+        assert {"vllm_version", "gpu", "model", "serve", "figures"} <= set(case), name
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_weights_within_one_percent(name):
+    assert abs(_weights_error(name)) < 0.01, f"{name}: {_weights_error(name):+.2%}"
+
+
+def test_weights_mean_error():
+    errors = [abs(_weights_error(n)) for n in CASES]
+    assert sum(errors) / len(errors) <= 0.009, f"mean {sum(errors) / len(errors):.3%}"
+
+
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if "kv_cache_tokens" in c["figures"]])
+def test_kv_bytes_per_token_exact(name):
+    """The logged tokens are what the logged KV memory (printed to 0.01 GiB) holds at the model's bytes per token, in
+    blocks of 16; and, where logged, tokens = num_gpu_blocks x 16 and the concurrency is tokens / max_model_len."""
+    case = CASES[name]
+    model, spec = _spec(case)
+    shape = kv_shape(load_model(model), spec.tensor_parallel_size, spec.kv_cache_dtype)
+    figures, block = case["figures"], 16
+    tokens = figures["kv_cache_tokens"]
+    low, high = (figures["available_kv_cache_gib"] - 0.005) * GIB, (figures["available_kv_cache_gib"] + 0.005) * GIB
+    page = block * shape.bytes_per_token
+    assert low // page * block <= tokens <= high // page * block, (name, shape.bytes_per_token)
+    assert tokens % block == 0
+    if figures.get("num_gpu_blocks"):
+        assert figures["num_gpu_blocks"] * block == tokens
+    max_len = figures.get("max_model_len") or spec.max_model_len
+    assert round(tokens / max_len, 2) == pytest.approx(figures["max_concurrency"], abs=0.011)
+
+
+def _kv_params() -> list:
+    params = []
+    for name in _kv_cases():
+        marks = [pytest.mark.vllm_wheel] if _needs_release(name) else []
+        if name in KV_MISSES:
+            marks.append(pytest.mark.xfail(strict=True, reason=KV_MISSES[name]))
+        params.append(pytest.param(name, marks=marks, id=name))
+    return params
+
+
+@pytest.mark.parametrize("name", _kv_params())
+def test_kv_cache_within_two_percent(name, cache_dir):
+    error = _kv_error(name, cache_dir)
+    assert abs(error) < 0.02, f"{name}: {error:+.2%}"
+
+
+@pytest.mark.vllm_wheel
+@pytest.mark.xfail(strict=True, reason=MEAN_KV_MISS)
+def test_kv_cache_mean_error(cache_dir):
+    errors = [abs(_kv_error(n, cache_dir)) for n in _kv_cases()]
+    assert sum(errors) / len(errors) <= 0.005, f"mean {sum(errors) / len(errors):.3%}"
