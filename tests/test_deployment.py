@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from cli_utils import run_harness
 
-from harness.scenario.schema import GPU_MEMORY_BYTES, ScenarioError, load_scenario, parse_scenario
+from harness.scenario.schema import ScenarioError, load_scenario, parse_scenario
 from harness.sizing.deployment_weights import Sharding, weight_lines
 from harness.sizing.kv_cache import kv_cache, kv_shape
 from harness.sizing.model_config import ModelConfigError, load_model
 from harness.sizing.serve_args import ServeArgsError, parse_serve
 
 GIB = 2**30
-H200 = GPU_MEMORY_BYTES["H200-141GB"]
+H200 = round(139.81 * GIB)  # what vLLM sees: torch.cuda.mem_get_info's total (harness.sizing.deployment)
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ memory is left for it), `starts` (N tokens, W x concurrency at L tokens).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import platform
 from dataclasses import dataclass
@@ -50,6 +51,23 @@ CUDAGRAPH_BYTES = 1 * GIB
 # granite-3.1-2b and -8b, phi-2, phi-4; vLLM 0.19.0 on an H100, N = 8192, 1024 sequences; residuals within 0.06 GiB).
 SAMPLER_BYTES_PER_LOGIT = 10.9  # per (sequence, vocab entry): about 2.7 f32 copies
 HIDDEN_BUFFERS = 6.3  # (N, hidden) activation-dtype buffers
+
+# What vLLM divides by: torch.cuda.mem_get_info's total, a few hundred MiB under NVML's (GPU_MEMORY_BYTES), as
+# vLLM and torch print it (to 0.01 GiB). Other GPUs fall back to NVML's total, labelled so.
+DEVICE_TOTAL_GIB: dict[str, tuple[float, str]] = {
+    "H100-80GB": (79.19, "vLLM 0.19.0's worker snapshot total_memory=79.19GiB (llm-d-planner's H100 logs)"),
+    "H200-141GB": (139.81, "torch's 'GPU has a total capacity of 139.81 GiB' and vLLM's total_gpu_memory (139.81GiB) on "
+                   "H200"),
+}
+
+
+def device_total(gpu: str, nvml_bytes: int) -> tuple[int, str]:
+    """(bytes, source) of the total vLLM sees on this GPU."""
+    if gpu in DEVICE_TOTAL_GIB:
+        gib, source = DEVICE_TOTAL_GIB[gpu]
+        return round(gib * GIB), f"table: {source}"
+    return nvml_bytes, "table: NVML's total (vLLM sees torch.cuda.mem_get_info's, a few hundred MiB less)"
+
 
 Kind = Literal["exact", "release", "estimate"]
 
@@ -226,6 +244,11 @@ def plan_deployment(facts: ModelFacts, r: Resolved, layer_plan, *, version: str 
                                     kind="estimate", source=f"estimate: the profiler's graph-pool estimate "
                                     f"({_setting_source(r, 'cudagraph_memory_estimate')} on); basis: published "
                                     "logs (docs/deployment-memory.md)"))  # fmt: skip
+    table = DEVICE_TOTAL_GIB.get(gpu or "")
+    total_source = device_total(gpu or "", total_bytes)[1] if table and round(table[0] * GIB) == total_bytes else \
+        "given: --budget-gb, or the GPU's NVML total"  # fmt: skip
+    r = dataclasses.replace(r, settings=(*r.settings, Setting(name="gpu_total_bytes", value=total_bytes,
+                                                                 source=total_source)))  # fmt: skip
     requested = int(total_bytes * r.utilization)
     non_kv = sum(line.bytes for line in lines)
     shape = kv_shape(facts, r.tp, r.kv_cache_dtype)

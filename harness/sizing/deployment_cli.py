@@ -21,13 +21,16 @@ def _error(message: str) -> int:
     return EXIT_ERROR
 
 
-def _budget(ns) -> tuple[str | None, int | None]:
+def _budget(ns, scenario_gpu: str | None = None) -> tuple[str | None, int | None]:
+    """The GPU and the total vLLM sees on it: --budget-gb as given, a named GPU's mem_get_info total."""
     from harness.scenario.schema import GPU_MEMORY_BYTES
+    from harness.sizing.deployment import device_total
 
     if ns.budget_gb:
         return None, int(ns.budget_gb * 1e9)
-    if ns.gpu:
-        return ns.gpu, GPU_MEMORY_BYTES[ns.gpu]
+    gpu = ns.gpu or scenario_gpu
+    if gpu:
+        return gpu, device_total(gpu, GPU_MEMORY_BYTES[gpu])[0]
     return None, None
 
 
@@ -81,10 +84,9 @@ def scenario_deployments(scenario, layers: list[Any], ns, budget: int) -> tuple[
     from harness.sizing.model_config import ModelConfigError
 
     versions = [p.vllm_version for p in layers if p.vllm_version]
-    gpu = ns.gpu or scenario.memory.budget_gpu
+    gpu, total = _budget(ns, scenario.memory.budget_gpu)
     try:
-        return plan_scenario(scenario, versions, gpu=None if ns.budget_gb else gpu, total_bytes=budget,
-                             cache_dir=ns.cache_dir), ""  # fmt: skip
+        return plan_scenario(scenario, versions, gpu=gpu, total_bytes=total or budget, cache_dir=ns.cache_dir), ""
     except (ModelConfigError, ValueError) as error:
         return [], f"no deployment verdict: {error}"
 
