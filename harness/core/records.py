@@ -310,6 +310,9 @@ class RankRecord(RankHeader):
     warmup: Literal["full", "comm-only", "failed"] | None = None
     # The layer components the setup allocated, each measured (absent in records from before the layer model).
     components: list[ComponentMemory] = []
+    # memory.deployment_ballast: the rest of the deployment held as ballast (ballast-weights, ballast-kv-cache),
+    # each against the deployment model's bytes, measured like the components.
+    ballast: list[ComponentMemory] = []
     # The experts kernels that ran: the backend and, for vLLM's ops, the release, file, sha256 and size.
     kernels: KernelsRecord | None = None
 

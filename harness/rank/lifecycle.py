@@ -91,6 +91,7 @@ class RankSetup:
     external_bytes: int  # device memory in use before this process allocated anything (other processes)
     run_dir: Path
     components: list[ComponentMemory] = field(default_factory=list)  # the layer's buffers set up, measured
+    ballast: list[ComponentMemory] = field(default_factory=list)  # memory.deployment_ballast's parts, measured
     kernels: KernelsLibrary | None = None  # the vLLM ops library the backend loads, if it loads one
 
     @property
@@ -470,6 +471,7 @@ def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir
     if s.memory.ballast_bytes:
         # Never paged in on CPU: it only stands for memory a deployment would hold.
         accountant.alloc("ballast", (s.memory.ballast_bytes,), torch.uint8, touch=False)
+    ballast = _deployment_ballast(s, device, probe, accountant) if s.memory.deployment_ballast else []
     predicted = run_predictions(s)
     weights, weights_step = _measured_step(probe, accountant, lambda: make_weights(
         rank=info.rank, num_local_experts=E, hidden_size=K, intermediate_size=I, seed=s.seed, device=device,
@@ -483,6 +485,7 @@ def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir
         routing=make_routing(s, info.rank, num_tokens).to(device),
         weights=weights, buffers=buffers, comm_record=comm_record, backend=backend, accountant=accountant,
         probe=probe, external_bytes=external_bytes, run_dir=run_dir, components=components, kernels=kernels,
+        ballast=ballast,
     )
 
 
@@ -530,6 +533,24 @@ def _measured_step(probe: MemoryProbe, accountant: Accountant, allocate: Callabl
     return value, _Step(allocated_bytes=accountant.total_bytes - kept, measured_delta_bytes=probe.used_bytes() - used,
                         reserved_delta_bytes=reserved_delta, num_tensors=accountant.num_tensors - tensors_before,
                         device_type=device.type)  # fmt: skip
+
+
+def _deployment_ballast(s: Scenario, device: torch.device, probe: MemoryProbe, accountant: Accountant) -> list[ComponentMemory]:
+    """The rest of the deployment as ballast, one measured step per part: every other layer's weights and the KV
+    cache, sized by the deployment model on this device's total (GPU: mem_get_info's, as vLLM; CPU: the budget, else
+    the RAM). Touched on CPU, so RSS shows each part as NVML shows a cudaMalloc."""
+    from harness.sizing.deployment_ballast import ballast_parts
+
+    if device.type == "cpu" and accountant.budget_bytes is None:
+        raise ValueError("memory.deployment_ballast on CPU ranks needs memory.budget_gb: the KV cache is sized on it")
+    total = free_and_total_bytes(device, accountant)[1] or 0
+    parts = ballast_parts(s, total)
+    predicted = {p.name: Prediction(p.bytes, p.source) for p in parts}
+    measured = []
+    for part in parts:
+        _, step = _measured_step(probe, accountant, lambda n=part.bytes: accountant.alloc("ballast", (n,), torch.uint8))
+        measured.append(step.component(part.name, predicted, step.allocated_bytes))
+    return measured
 
 
 def _tensor_bytes(*tensors: torch.Tensor) -> int:
@@ -600,7 +621,7 @@ def _record_fields(setup: RankSetup, *, started: float, ready_at: float,
                                   vllm_kernels=backend.kernels if backend.name == "vllm-ops" else None),
         kernels=kernels_record(backend, setup.kernels),
         hardware=collect_hardware(setup.device), started_at=started, ready_at=ready_at, warmup=warmup,
-        components=list(setup.components),
+        components=list(setup.components), ballast=list(setup.ballast),
     ))
 
 

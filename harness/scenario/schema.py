@@ -179,6 +179,10 @@ class MemorySpec(_Strict):
         "vLLM's batched path does (when layer.all2all is deepep-low-latency), counted as comm; none: only the "
         "harness's own send/receive buffers"
     )
+    deployment_ballast: bool = Field(
+        False, description="hold the rest of the deployment as ballast: every other layer's weights and the KV cache "
+        "at gpu_memory_utilization, predicted from the scenario's model and deployment section (docs/deployment-memory.md)"
+    )
     snapshot_on_oom: bool = Field(
         True, description="with a budget on GPU: dump a CUDA allocator snapshot next to the records on OOM"
     )
@@ -534,6 +538,14 @@ class Scenario(_Strict):
         unknown = sorted(set(self.expect.outcomes) - set(self.policies))
         if unknown:
             raise ValueError(f"expect.outcomes names {unknown}, which are not in policies {self.policies}")
+        return self
+
+    @model_validator(mode="after")
+    def _deployment_ballast(self) -> Scenario:
+        """- memory.deployment_ballast on CPU ranks needs a budget: the deployment is sized on it, not on the RAM."""
+        if self.memory.deployment_ballast and self.device == "cpu" and self.memory.budget_bytes is None:
+            raise ValueError("memory.deployment_ballast on device cpu needs memory.budget_gb or memory.budget_gpu: the "
+                             "deployment's KV cache is sized on that total")
         return self
 
     @model_validator(mode="after")

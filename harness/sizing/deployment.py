@@ -227,12 +227,13 @@ def sharding_of(facts: ModelFacts, r: Resolved) -> Sharding:
 
 
 def plan_deployment(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | None, gpu: str | None,
-                    total_bytes: int) -> DeploymentPlan:  # fmt: skip
-    """layer_plan: the MoE layer's LayerPlan for this release at the deployment's layout (None for dense)."""
+                    total_bytes: int, layer_lines: list[DeploymentLine] = ()) -> DeploymentPlan:  # fmt: skip
+    """layer_plan: the MoE layer's LayerPlan for this release at the deployment's layout (None for dense, or
+    without a release: then `layer_lines` give the MoE layer's buffers)."""
     sharding = sharding_of(facts, r)
     lines = [DeploymentLine(group="weights", name=w.name, bytes=w.bytes, kind="exact", source=w.source)
              for w in weight_lines(facts, sharding)]  # fmt: skip
-    lines += held_once_lines(facts, r, sharding, layer_plan)
+    lines += list(layer_lines) + held_once_lines(facts, r, sharding, layer_plan)
     lines += profile_lines(facts, r, layer_plan)
     multi = r.tp * r.dp > 1
     lines.append(DeploymentLine(

@@ -32,7 +32,10 @@ class Default:
 
 
 def _release_key(version: str | None) -> tuple[int, ...]:
-    head = (version or "0.0.0").split("+")[0].split("rc")[0]
+    """(X, Y, Z); no version (no release at hand) reads the table's latest row."""
+    if version is None:
+        return (10**6,)
+    head = version.split("+")[0].split("rc")[0]
     try:
         return tuple(int(p) for p in head.split(".")[:3])
     except ValueError:

@@ -6,6 +6,7 @@
 # Steps (scripts/gpu/STEP.sh; each file's header says what it runs, what it needs and what it writes):
 #   comm          harness run + bench of every comm backend: PR case (1, 2 GPUs), DP2, skewed    needs 2 GPUs
 #   comm-tests    the comm path's gpu-marked tests (tests/test_fused.py, tests/test_comm.py)   1 or 2 GPUs
+#   deployment    the PR case inside its deployment (ballast): legacy OOMs, fixed fits, NVML    1 GPU (H200)
 #   input-checks  harness run's machine checks: what the GPUs cannot hold is refused in one line  1 or 2 GPUs
 #   kernels       vLLM's ops from releases: GPU tests, the #42860 scenario and matrix cell     VERSION[=LIB] ...
 #   layer         the layer's components and workspaces, allocated and measured                 1 GPU [BACKEND [LIB]]
@@ -24,7 +25,7 @@
 # Every process keeps NVLink multicast off (NCCL, torch symmetric memory, NVSHMEM).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-STEPS="comm comm-tests input-checks kernels layer profile records soak trust"
+STEPS="comm comm-tests deployment input-checks kernels layer profile records soak trust"
 step=${1:-}
 if [[ -z "$step" || " $STEPS " != *" $step "* || ! -f "scripts/gpu/$step.sh" ]]; then
     echo "device.sh: step '$step' is not one of: $STEPS" >&2

@@ -1,0 +1,83 @@
+"""memory.deployment_ballast: `harness run` holds the rest of the deployment (every other layer's weights, the
+buffers held once, the runtime estimates and the KV cache at gpu_memory_utilization) so a policy runs out of
+memory where the deployment would. On CPU ranks with small shapes: each part allocated to the byte of the
+deployment model's prediction and seen by RSS; the legacy workspace no longer fits, the fixed one does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from cli_utils import run_harness
+
+from harness.scenario.schema import ScenarioError, load_scenario, parse_scenario
+from harness.sizing.deployment_ballast import BALLAST_PARTS, ballast_parts, deployment_plan_without_release
+
+BUDGET_BYTES = 360_000_000
+TINY_CONFIG = {  # a one-layer Mixtral-shaped model: 32 experts of hidden 512, intermediate 256
+    "architectures": ["MixtralForCausalLM"], "hidden_size": 512, "intermediate_size": 256, "num_local_experts": 32,
+    "num_experts_per_tok": 2, "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 2,
+    "vocab_size": 1024, "tie_word_embeddings": False, "max_position_embeddings": 4096, "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+def _scenario(tmp_path: Path) -> Path:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY_CONFIG))
+    data = {
+        "name": "ballast-cpu",
+        "model": {"hidden_size": 512, "intermediate_size": 256, "num_experts": 32, "top_k": 2},
+        "parallel": {"num_dispatchers": 16, "num_ranks": 1, "num_local_experts": 2, "max_tokens_per_rank": 64},
+        "policies": ["legacy", "fixed"], "device": "cpu", "comm": "gloo", "iterations": 1, "warmup": 1,
+        "layer": {"all2all": "none"},
+        "memory": {"budget_gb": BUDGET_BYTES / 1e9, "deployment_ballast": True, "comm_buffer": "none"},
+        "deployment": {"model": str(model), "data_parallel_size": 1, "enable_expert_parallel": False,
+                       "max_num_seqs": 1, "enforce_eager": True, "gpu_memory_utilization": 0.95,
+                       "max_model_len": 1024},
+        "expect": {"outcomes": {"legacy": "oom", "fixed": "fit"}},
+    }  # fmt: skip
+    path = tmp_path / "ballast-cpu.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_ballast_parts_add_up_to_the_deployment(tmp_path):
+    scenario = load_scenario(_scenario(tmp_path))
+    parts = {p.name: p for p in ballast_parts(scenario, BUDGET_BYTES)}
+    assert list(parts) == list(BALLAST_PARTS)
+    plan = deployment_plan_without_release(scenario, BUDGET_BYTES)
+    assert parts["ballast-kv-cache"].bytes == plan.kv_cache_bytes > 0
+    assert parts["ballast-kv-cache"].bytes == plan.kv_num_blocks * 16 * plan.kv_bytes_per_token
+    # every weight of the one layer (32 experts unsharded, attention, embeddings) less the run's 2 FP8 experts
+    own = 2 * (2 * 256 * 512 + 512 * 256) + 2 * (2 * 256 + 512) * 4
+    assert parts["ballast-weights"].bytes == plan.group_bytes("weights") - own
+    assert parts["ballast-runtime"].bytes == plan.group_bytes("non-torch") + plan.line("activations").bytes
+    # what the run adds (its layer's weights, each policy's workspace) brings the process to the requested memory
+    assert sum(p.bytes for p in parts.values()) + own + plan.line("moe-workspace").bytes <= plan.requested_bytes
+
+
+def test_cpu_run_holds_the_ballast_and_legacy_runs_out(tmp_path):
+    out = tmp_path / "run"
+    result = run_harness("run", str(_scenario(tmp_path)), "--out", str(out), timeout_s=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    (record_path,) = sorted((out / "ranks").glob("rank-*.json"))
+    record = json.loads(record_path.read_text())
+    expected = {p.name: p.bytes for p in ballast_parts(parse_scenario(record["scenario"]), BUDGET_BYTES)}
+    ballast = {b["name"]: b for b in record["ballast"]}
+    assert list(ballast) == list(BALLAST_PARTS)
+    for name, part in ballast.items():
+        assert part["allocated_bytes"] == part["predicted_bytes"] == expected[name], name
+        assert part["within_rounding"], part
+    assert ballast["ballast-runtime"]["measured_delta_bytes"] >= ballast["ballast-runtime"]["allocated_bytes"] - 4 * 2**20
+    assert "legacy" in result.stdout and "oom (expected oom): pass" in result.stdout
+    assert "fit (expected fit): pass" in result.stdout
+
+
+def test_cpu_ballast_needs_a_budget(tmp_path):
+    data = yaml.safe_load(_scenario(tmp_path).read_text())
+    del data["memory"]["budget_gb"]
+    with pytest.raises(ScenarioError, match="memory.deployment_ballast on device cpu needs memory.budget_gb"):
+        parse_scenario(data)
