@@ -38,7 +38,7 @@ CASES = [
     BadCase(
         id="unknown-top-level-key",
         text=GOOD + "polices: [legacy]\n",
-        says=("unknown key 'polices'", "allowed here: bench, comm, description, device, expect", "policies"),
+        says=("unknown key 'polices'", "allowed here: bench, comm, deployment, description, device, expect", "policies"),
     ),
     BadCase(
         id="unknown-nested-key",

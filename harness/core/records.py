@@ -310,7 +310,7 @@ class RankRecord(RankHeader):
     warmup: Literal["full", "comm-only", "failed"] | None = None
     # The layer components the setup allocated, each measured (absent in records from before the layer model).
     components: list[ComponentMemory] = []
-    # memory.deployment_ballast: the rest of the deployment held as ballast (ballast-weights, ballast-kv-cache),
+    # memory.deployment_ballast: the rest of the deployment held as ballast (harness.sizing.deployment_ballast),
     # each against the deployment model's bytes, measured like the components.
     ballast: list[ComponentMemory] = []
     # The experts kernels that ran: the backend and, for vLLM's ops, the release, file, sha256 and size.

@@ -608,6 +608,8 @@ class Scenario(_Strict):
             del data["layer"]
         if self.deployment == DeploymentSpec():
             del data["deployment"]  # likewise for scenarios without a deployment section
+        if not self.memory.deployment_ballast:
+            del data["memory"]["deployment_ballast"]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @property
