@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.core.backends import COMM, EXPERTS
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 
 if TYPE_CHECKING:
@@ -266,12 +267,8 @@ def cmd_schema(ns: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_BACKENDS = ["auto", "reference", "torch-cutlass", "vllm-ops"]
-_BACKEND_HELP = ("experts implementation: vllm-ops (vLLM's compiled CUTLASS ops), torch-cutlass (torch's FP8 "
-                 "grouped GEMM, sm90+), reference (fp32 oracle, any device); default: the scenario's; auto: "
-                 "vllm-ops when its ops library is at hand, then torch-cutlass, else reference")
-_COMM_HELP = ("dispatch/combine backend: symm-mem (NVSHMEM, no host read), nccl, gloo (CPU), or auto "
-              "(symm-mem where it can run); default: the scenario's comm")
+_BACKEND_HELP = f"experts implementation: {EXPERTS.help_text()}; default: the scenario's experts_backend"
+_COMM_HELP = f"dispatch/combine backend: {COMM.help_text()}; default: the scenario's comm"
 _DEVICE_HELP = "where ranks run, overriding the scenario's device (auto: cuda when there is a GPU per rank, else cpu)"
 _VERSION_HELP = "vLLM release X.Y.Z: fetched into the cache (pip download --no-deps) unless already there"
 _WHEEL_HELP = "a vLLM wheel file (.whl) to read the release from, instead of downloading one"
@@ -317,9 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Ray GCS address HOST:6379 to join (default: RAY_ADDRESS, else a new local cluster)")
     p.add_argument("--out", type=Path, default=None,
                    help="run directory, must not hold a run (default results/<run-id>); absolute in a Ray job")
-    p.add_argument("--experts-backend", choices=_BACKENDS, default=None, help=_BACKEND_HELP)
+    p.add_argument("--experts-backend", choices=EXPERTS.choices, default=None, help=_BACKEND_HELP)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help=_DEVICE_HELP)
-    p.add_argument("--comm", choices=["auto", "symm-mem", "nccl", "gloo"], default=None, help=_COMM_HELP)
+    p.add_argument("--comm", choices=COMM.choices, default=None, help=_COMM_HELP)
     p.add_argument("--placement-strategy", choices=["PACK", "SPREAD"], default=None,
                    help="Ray placement of the rank bundles (default: the scenario's, PACK)")
     p.add_argument("--num-ranks", type=int, default=None, help="override parallel.num_ranks")
@@ -359,9 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scenario", nargs="?", default=None, help="default: smoke on CPU, the PR case on a GPU")
     p.add_argument("--json", action="store_true", help="print the bench report as JSON")
     p.add_argument("--out", type=Path, default=None, help="directory for bench.json and bench.md")
-    p.add_argument("--experts-backend", choices=_BACKENDS, default=None, help=_BACKEND_HELP)
+    p.add_argument("--experts-backend", choices=EXPERTS.choices, default=None, help=_BACKEND_HELP)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help=_DEVICE_HELP)
-    p.add_argument("--comm", choices=["auto", "symm-mem", "nccl", "gloo"], default=None, help=_COMM_HELP)
+    p.add_argument("--comm", choices=COMM.choices, default=None, help=_COMM_HELP)
     p.add_argument("--num-ranks", type=int, default=None, help="override parallel.num_ranks")
     p.add_argument("--policies", default=None, help="comma-separated override of policies (legacy, fixed)")
     p.add_argument("--kernels", default=None, metavar="X.Y.Z|installed", help=_KERNELS_HELP)

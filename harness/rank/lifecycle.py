@@ -48,6 +48,7 @@ from harness.rank.memory import (
 from harness.rank.quant import quantize_per_token
 from harness.rank.route import Routing, route
 from harness.rank.timing import StageTimer, stats_drop_first
+from harness.scenario.fit import backend_query
 from harness.scenario.schema import Scenario
 from harness.sizing.deepep import deepep_low_latency_bytes
 from harness.sizing.layer import Prediction, run_predictions
@@ -463,7 +464,7 @@ def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir
     s = scenario
     E, K, I = s.num_local_experts, s.model.hidden_size or 0, s.model.intermediate_size or 0
     layout = dispatch_layout(s, info.rank)
-    backend = select_backend(s.experts_backend, device, kernels=kernels)
+    backend = select_backend(s.experts_backend, device, backend_query(s, device.type), kernels=kernels)
     budget = s.memory.budget_bytes
     apply_budget(device, budget)
     accountant = Accountant(device, budget_bytes=budget)

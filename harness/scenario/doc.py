@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from harness.core.backends import KINDS
 from harness.scenario import limits as L
 from harness.scenario.fields import describe_type
 from harness.scenario.fit import CPU_RANK_OVERHEAD_BYTES, GPU_RANK_OVERHEAD_BYTES, MAX_RANKS_PER_CPU
@@ -120,6 +121,31 @@ def _limits() -> list[str]:
     ]
 
 
+def _backends() -> list[str]:
+    """The backends of harness.core.backends: what each field can name and where each can run."""
+    out = [
+        "## Backends",
+        "",
+        "What `experts_backend` and `comm` can name (harness/core/backends.py declares them). `harness run`",
+        "checks the named backends against the resolved device and the layout before any rank starts; a rank",
+        "then asks what only it can tell (compute capability, NVSHMEM, the ops library). `auto` takes the first",
+        "backend of its order that passes both.",
+        "",
+        "| field | name | devices | supports | auto order | description |",
+        "|---|---|---|---|---|---|",
+    ]
+    for kind in KINDS:
+        for b in kind.backends:
+            limits = [f"at least {b.min_ranks} ranks"] if b.min_ranks > 1 else []
+            limits += [f"{what} {', '.join(values)}" for what, values in (
+                ("model.activation", b.activations), ("model.quant_dtype", b.quant_dtypes),
+                ("model.workspace_dtype", b.workspace_dtypes)) if values is not None]
+            place = "never" if b.auto_rank is None else str(1 + kind.auto_order.index(b))
+            out.append(f"| `{kind.field}` | `{b.name}` | {', '.join(b.devices)} | {_cell('; '.join(limits) or 'any')} "
+                       f"| {place} | {_cell(b.description)} |")
+    return out
+
+
 def schema_markdown() -> str:
     """The Markdown reference of the scenario file format, from harness.scenario.schema.Scenario."""
     sections = _nested_models(Scenario)
@@ -136,6 +162,8 @@ def schema_markdown() -> str:
         "prints the workspace each policy would allocate.",
         "",
         *_limits(),
+        "",
+        *_backends(),
     ]
     for name, model in sections:
         title = f"`{name}`" if name else "Top level"

@@ -15,12 +15,13 @@ OOM the run records (often the expected outcome), so it is not counted there.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
+from harness.core.backends import COMM, EXPERTS, BackendQuery, DeviceType
 from harness.core.contract import BUILTIN_POLICIES, DTYPE_BYTES, builtin_shapes
 from harness.scenario.schema import Scenario
 
-DeviceType = Literal["cuda", "cpu"]
+__all__ = ["DeviceType", "Machine", "RankMemory", "backend_query", "backends_reason", "can_run",
+           "estimate_rank_memory", "resolve_device"]
 
 # Ranks per CPU core a local CPU run may start: the CI machine runs 8 ranks on 2 cores (scenarios/smoke-8ranks).
 MAX_RANKS_PER_CPU = 4
@@ -85,30 +86,33 @@ def _largest_workspace_bytes(scenario: Scenario) -> int:
     return max(builtin_shapes(policy, args).total_bytes for policy in BUILTIN_POLICIES)
 
 
-def comm_reason(comm: str, *, device_type: DeviceType, num_local_experts: int, num_ranks: int) -> str | None:
-    """Why comm backend `comm` (not auto) cannot carry a run on `device_type` ranks with this layout, or None;
-    from the data alone (whether NVSHMEM works is asked at the rank: harness.rank.comm.symm_mem)."""
-    if comm == "gloo" and device_type != "cpu":
-        return "comm gloo runs on CPU ranks (device cpu); use nccl or symm-mem on GPUs"
-    if comm in ("nccl", "symm-mem") and device_type != "cuda":
-        return f"comm {comm} needs GPU ranks (device cuda); use gloo on CPU"
-    if comm == "symm-mem" and num_ranks < 2:
-        return "comm symm-mem needs at least 2 ranks (torch's symmetric memory rendezvous); use nccl on one GPU"
-    return None
+def backend_query(scenario: Scenario, device_type: DeviceType) -> BackendQuery:
+    """What the backends' declarations (harness.core.backends) are asked about, for `device_type` ranks."""
+    m = scenario.model
+    return BackendQuery(device_type=device_type, num_ranks=scenario.parallel.num_ranks,
+                        num_local_experts=scenario.num_local_experts, activation=m.activation or "silu",
+                        workspace_dtype=m.workspace_dtype, quant_dtype=m.quant_dtype)
+
+
+def backends_reason(scenario: Scenario, device_type: DeviceType) -> str | None:
+    """Why the scenario's experts_backend or comm cannot run on `device_type` ranks, or None: the one check of
+    the backends' declarations. What only a rank can tell (NVSHMEM, sm90, an ops library) is asked there."""
+    query = backend_query(scenario, device_type)
+    return EXPERTS.reason(scenario.experts_backend, query) or COMM.reason(scenario.comm, query)
 
 
 def _comm_buffers_bytes(s: Scenario, device_type: DeviceType) -> tuple[int, int]:
     """(dispatch, combine) bytes of the comm backend a rank would allocate (harness.rank.comm.create_comm): the
-    batched buffers with their sink row, and the backend's staging. auto on GPUs is taken as symm-mem where the
-    data allow it. DeepEP's comm region is not here: it is harness.sizing.deepep's, above this layer."""
+    batched buffers with their sink row, and the backend's staging. auto is taken as the first backend of its
+    order that the data allow (symm-mem on 2 GPUs or more). DeepEP's comm region is not here: it is harness.sizing.deepep's, above this layer."""
     E, K, P = s.num_local_experts, s.model.hidden_size or 0, s.parallel.num_ranks
     M, k = s.parallel.max_tokens_per_rank * s.parallel.num_dispatchers, s.model.top_k or 1
     C, out_bytes = max(s.num_tokens_on_rank(r) for r in range(P)), DTYPE_BYTES[s.model.workspace_dtype]
     batched = (E * M + 1) * (4 + 8) + 8 + E * 4  # scales, (source, token), the overflow count, expert_num_tokens
     comm = s.comm
     if comm == "auto":
-        data_ok = comm_reason("symm-mem", device_type=device_type, num_local_experts=E, num_ranks=P) is None
-        comm = "symm-mem" if data_ok else ("nccl" if device_type == "cuda" else "gloo")
+        candidates = COMM.auto_candidates(backend_query(s, device_type))
+        comm = candidates[0].name if candidates else comm
     if comm == "symm-mem":
         # two send buffers of rows and words, (counts, send offsets) out and in, the received words
         staging = 2 * C * k * (K + SYMM_MEM_META_BYTES) + 4 * P * E * 8 + E * M * SYMM_MEM_META_BYTES
@@ -151,13 +155,9 @@ def _count_reason(scenario: Scenario, machine: Machine, device_type: DeviceType)
     P = scenario.parallel.num_ranks
     if device_type == "cuda" and machine.num_gpus < P:
         return f"the scenario needs {P} GPUs (one per physical rank), {machine.num_gpus} are available"
-    if device_type == "cpu" and scenario.experts_backend in ("torch-cutlass", "vllm-ops"):
-        return f"experts_backend {scenario.experts_backend} needs GPUs; use reference or auto on CPU"
-    if scenario.comm != "auto":
-        reason = comm_reason(scenario.comm, device_type=device_type, num_local_experts=scenario.num_local_experts,
-                             num_ranks=P)
-        if reason is not None:
-            return reason
+    reason = backends_reason(scenario, device_type)
+    if reason is not None:
+        return reason
     if device_type == "cpu" and machine.shared and P > MAX_RANKS_PER_CPU * machine.num_cpus:
         return (f"parallel.num_ranks ({P}) CPU ranks on {machine.num_cpus} CPU core(s); allowed: at most "
                 f"{MAX_RANKS_PER_CPU} ranks per core ({MAX_RANKS_PER_CPU * machine.num_cpus} here)")

@@ -13,13 +13,18 @@ Stages run over all experts before the next starts: the views overlap, so per-ex
 overwrite live data.
 
 Backends: `reference` (fp32 dequantize + matmul, any device; the CPU default and the oracle),
-`torch-cutlass` (torch._scaled_grouped_mm, sm90+), `vllm-ops` (vLLM's compiled CUTLASS ops).
+`torch-cutlass` (torch._scaled_grouped_mm, sm90+), `vllm-ops` (vLLM's compiled CUTLASS ops). Each is declared in
+harness.core.backends.EXPERTS (devices, what it supports, auto's order, help text) and bound to its class here in
+IMPLEMENTATIONS; the class's `create(device, kernels=...)` is its runtime probe, raising BackendUnavailable.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
+from harness.core.backends import AUTO, EXPERTS, BackendQuery
 from harness.core.records import KernelsRecord
 from harness.sizing.vllm_source.kernels import KernelsLibrary
 from harness.rank.experts.base import (
@@ -33,9 +38,13 @@ from harness.rank.experts.base import (
     make_weights,
     useful_flops,
 )
+from harness.rank.experts.reference import ReferenceExperts
+from harness.rank.experts.torch_cutlass import TorchCutlassExperts
+from harness.rank.experts.vllm_ops import VllmOpsExperts
 
 __all__ = [
     "BackendUnavailable",
+    "IMPLEMENTATIONS",
     "ExpertWeights",
     "ExpertsBackend",
     "StageHooks",
@@ -49,35 +58,42 @@ __all__ = [
 ]
 
 
-def select_backend(name: str, device: torch.device, *, kernels: KernelsLibrary | None = None) -> ExpertsBackend:
-    """The backend `name` for this device; "auto" tries vllm-ops (when `kernels` names a library), then
-    torch-cutlass (sm90+), then reference.
+class ExpertsImplementation(Protocol):
+    """A backend class: `create` probes what only this process can tell and raises BackendUnavailable."""
 
-    Raises BackendUnavailable when an explicitly named backend cannot run here.
+    name: str
+
+    @staticmethod
+    def create(device: torch.device, *, kernels: KernelsLibrary | None = None) -> ExpertsBackend: ...
+
+
+# The class of every backend harness.core.backends.EXPERTS declares, by its name.
+IMPLEMENTATIONS: dict[str, ExpertsImplementation] = {
+    cls.name: cls for cls in (ReferenceExperts, TorchCutlassExperts, VllmOpsExperts)  # type: ignore[misc]
+}
+
+
+def select_backend(name: str, device: torch.device, query: BackendQuery, *,
+                   kernels: KernelsLibrary | None = None) -> ExpertsBackend:
+    """The backend `name` for this device and scenario (`query`, harness.scenario.fit.backend_query).
+
+    A named backend must pass its declaration (harness.core.backends.EXPERTS) and then its runtime probe; auto
+    takes the first of its order that passes both (vllm-ops when `kernels` names a library, then torch-cutlass
+    on sm90+, then reference). Raises BackendUnavailable with the reason.
     """
-    from harness.rank.experts.reference import ReferenceExperts
-    from harness.rank.experts.torch_cutlass import TorchCutlassExperts
-    from harness.rank.experts.vllm_ops import VllmOpsExperts
-
-    if name == "reference":
-        return ReferenceExperts()
-    if name == "torch-cutlass":
-        return TorchCutlassExperts.create(device)
-    if name == "vllm-ops":
-        return VllmOpsExperts.create(device, kernels=kernels)
-    if name != "auto":
-        raise BackendUnavailable(f"experts backend {name!r} is not one of auto, reference, torch-cutlass, vllm-ops")
-    if device.type == "cuda":
-        if kernels is not None:
-            try:
-                return VllmOpsExperts.create(device, kernels=kernels)
-            except BackendUnavailable:
-                pass
+    if name != AUTO:
+        reason = EXPERTS.reason(name, query)
+        if reason is not None:
+            raise BackendUnavailable(reason)
+        return IMPLEMENTATIONS[name].create(device, kernels=kernels)
+    skipped: list[str] = []
+    for backend in EXPERTS.auto_candidates(query):
         try:
-            return TorchCutlassExperts.create(device)
-        except BackendUnavailable:
-            pass
-    return ReferenceExperts()
+            return IMPLEMENTATIONS[backend.name].create(device, kernels=kernels)
+        except BackendUnavailable as exc:
+            skipped.append(f"{backend.name}: {exc}")
+    raise BackendUnavailable(EXPERTS.reason(AUTO, query)
+                             or f"experts_backend auto: none of its order runs here ({'; '.join(skipped)})")
 
 
 def kernels_record(backend: ExpertsBackend, kernels: KernelsLibrary | None) -> KernelsRecord:

@@ -10,11 +10,16 @@ per-token quantization). The rank's correctness check and the bench's raw refere
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from harness.rank.experts.base import ExpertWeights, StageHooks, Workspace
 from harness.rank.quant import dequantize, quantize_per_token
+
+if TYPE_CHECKING:
+    from harness.sizing.vllm_source.kernels import KernelsLibrary
 
 Spans = list[tuple[int, int, int]]  # (local expert, first row, end row) of the valid rows in the (E*M) view
 
@@ -54,6 +59,11 @@ def expert_forward(
 
 class ReferenceExperts:
     name = "reference"
+
+    @staticmethod
+    def create(device: torch.device, *, kernels: KernelsLibrary | None = None) -> ReferenceExperts:
+        """Any device (harness.core.backends declares cpu and cuda); nothing to probe."""
+        return ReferenceExperts()
 
     @property
     def kernels(self) -> str:

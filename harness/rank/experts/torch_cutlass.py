@@ -10,6 +10,8 @@ large), which bounds the backend's temporaries by SCRATCH_BOUND_BYTES whatever M
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from collections.abc import Iterator
 
 import torch
@@ -17,6 +19,9 @@ import torch.nn.functional as F
 
 from harness.rank.experts.base import BackendUnavailable, ExpertWeights, StageHooks, Workspace
 from harness.rank.quant import quantize_per_token
+
+if TYPE_CHECKING:
+    from harness.sizing.vllm_source.kernels import KernelsLibrary
 
 SCRATCH_BOUND_BYTES = 512 * 2**20  # temporaries of one chunk, all stages' blocks cached at once
 # What torch's grouped GEMM allocates for itself per call (CUTLASS arguments and workspace, kilobytes for a few
@@ -62,9 +67,9 @@ class TorchCutlassExperts:
         self.device = device
 
     @staticmethod
-    def create(device: torch.device) -> TorchCutlassExperts:
-        if device.type != "cuda":
-            raise BackendUnavailable("torch-cutlass needs a CUDA GPU (torch._scaled_grouped_mm has no CPU kernel)")
+    def create(device: torch.device, *, kernels: KernelsLibrary | None = None) -> TorchCutlassExperts:
+        """The runtime probe on a CUDA device (harness.core.backends declares the device; select_backend checks
+        it first): compute capability 9.0 or newer, and a torch with _scaled_grouped_mm."""
         major, minor = torch.cuda.get_device_capability(device)
         if major < 9:
             raise BackendUnavailable(f"torch-cutlass needs compute capability 9.0 or newer, this GPU has {major}.{minor}")
