@@ -14,6 +14,7 @@ import torch
 
 from distributed_utils import parallel_launch
 from harness.rank.comm import CommUnavailable, RowFormat, resolve_comm
+from harness.scenario.fit import can_run
 from harness.scenario.schema import ScenarioError
 from harness.sizing.deepep import deepep_low_latency_bytes
 from scenario_utils import tiny
@@ -51,27 +52,28 @@ def test_auto_and_named_comm_choices():
     # symm-mem pulls with its own kernel: any number of local experts (torch's all_to_all_vdev_2d took 16)
     name, why = resolve_comm("auto", device_type="cuda", num_local_experts=64, num_ranks=2)
     if nvshmem_available():
-        assert name == "symm-mem" and "NVSHMEM works" in why
+        assert name == "symm-mem" and why.startswith("auto: symm-mem, the first of symm-mem, nccl, gloo")
     else:
         assert name == "nccl" and "needs NVSHMEM" in why and "is_nvshmem_available() is False" in why
     name, why = resolve_comm("auto", device_type="cuda", num_local_experts=8, num_ranks=1)
     assert name == "nccl" and "needs at least 2 ranks" in why
-    with pytest.raises(CommUnavailable, match="comm nccl needs GPU ranks"):
+    with pytest.raises(CommUnavailable, match="comm nccl needs GPUs"):
         resolve_comm("nccl", device_type="cpu", num_local_experts=8, num_ranks=2)
-    with pytest.raises(CommUnavailable, match="comm gloo runs on CPU ranks"):
+    with pytest.raises(CommUnavailable, match="comm gloo needs CPU ranks"):
         resolve_comm("gloo", device_type="cuda", num_local_experts=8, num_ranks=2)
-    with pytest.raises(CommUnavailable, match="comm symm-mem needs GPU ranks"):
+    with pytest.raises(CommUnavailable, match="comm symm-mem needs GPUs"):
         resolve_comm("symm-mem", device_type="cpu", num_local_experts=8, num_ranks=2)
 
 
-def test_scenario_comm_field_is_validated_as_data():
+def test_scenario_comm_field_is_validated_as_data_and_fitted_to_the_device():
     assert tiny().comm == "auto"
-    with pytest.raises(ScenarioError, match="comm nccl needs GPU ranks, but device is cpu; allowed on cpu: gloo, auto"):
-        tiny(comm="nccl")
-    with pytest.raises(ScenarioError, match="comm gloo runs on CPU ranks, but device is cuda"):
-        tiny(comm="gloo", device="cuda")
     with pytest.raises(ScenarioError, match="comm: Input should be 'auto', 'symm-mem', 'nccl' or 'gloo'"):
         tiny(comm="mpi")
+    # well formed, but not for the scenario's device: the fit check says so before any rank starts
+    assert can_run(tiny(comm="nccl"), device_type="cpu") == (
+        "comm nccl needs GPUs (device cuda); allowed on 2 cpu ranks: auto, gloo")
+    assert can_run(tiny(comm="gloo", device="cuda"), device_type="cuda", num_gpus=2) == (
+        "comm gloo needs CPU ranks (device cpu); allowed on 2 cuda ranks: auto, symm-mem, nccl")
 
 
 def test_run_with_a_gpu_comm_on_cpu_is_one_line_and_exit_2(tmp_path):
@@ -79,7 +81,7 @@ def test_run_with_a_gpu_comm_on_cpu_is_one_line_and_exit_2(tmp_path):
                            str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "comm symm-mem needs GPU ranks (device cuda); use gloo on CPU" in lines[0]
+    assert len(lines) == 1 and "comm symm-mem needs GPUs (device cuda); allowed on 2 cpu ranks: auto, gloo" in lines[0]
     assert not (tmp_path / "out").exists()
 
 
