@@ -34,7 +34,7 @@ each token in float32.
 
 The peers' buffers are reachable only within one node (NVLink): setup refuses ranks whose peers are not mapped.
 Never touched without CUDA and NVSHMEM: harness.rank.comm.unavailable_reason answers from the layout
-(harness.scenario.fit.comm_reason) and the torch build alone.
+(its declaration, harness.core.backends.COMM) and the torch build alone.
 """
 
 from __future__ import annotations
