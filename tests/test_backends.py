@@ -97,9 +97,10 @@ def test_each_declared_reason_reads_as_one_line_naming_field_value_and_what_is_a
     assert COMM.reason("symm-mem", GPU2) is None and COMM.reason("mpi", GPU2) == (
         "comm 'mpi' is not one of auto, symm-mem, nccl, gloo")
     gelu = BackendQuery(device_type="cpu", num_ranks=2, num_local_experts=8, activation="gelu")
-    assert EXPERTS.reason("reference", gelu) == "experts_backend reference computes silu only, not model.activation gelu"
-    assert EXPERTS.reason(AUTO, gelu) == ("experts_backend auto: none of vllm-ops, torch-cutlass, reference can run "
-                                          "this: experts_backend reference computes silu only, not model.activation gelu")
+    silu_only = "experts_backend reference computes silu only, not model.activation gelu"
+    assert EXPERTS.reason("reference", gelu) == silu_only
+    assert EXPERTS.reason(AUTO, gelu) == (
+        f"experts_backend auto: none of vllm-ops, torch-cutlass, reference can run this: {silu_only}")
     e5m2 = BackendQuery(device_type="cuda", num_ranks=2, num_local_experts=8, quant_dtype="float8_e5m2")
     assert EXPERTS.reason("torch-cutlass", e5m2) == (
         "experts_backend torch-cutlass takes model.quant_dtype float8_e4m3fn only, not float8_e5m2")

@@ -104,7 +104,8 @@ def backends_reason(scenario: Scenario, device_type: DeviceType) -> str | None:
 def _comm_buffers_bytes(s: Scenario, device_type: DeviceType) -> tuple[int, int]:
     """(dispatch, combine) bytes of the comm backend a rank would allocate (harness.rank.comm.create_comm): the
     batched buffers with their sink row, and the backend's staging. auto is taken as the first backend of its
-    order that the data allow (symm-mem on 2 GPUs or more). DeepEP's comm region is not here: it is harness.sizing.deepep's, above this layer."""
+    order that the data allow (symm-mem on 2 GPUs or more). DeepEP's comm region is not here: it is
+    harness.sizing.deepep's, above this layer."""
     E, K, P = s.num_local_experts, s.model.hidden_size or 0, s.parallel.num_ranks
     M, k = s.parallel.max_tokens_per_rank * s.parallel.num_dispatchers, s.model.top_k or 1
     C, out_bytes = max(s.num_tokens_on_rank(r) for r in range(P)), DTYPE_BYTES[s.model.workspace_dtype]

@@ -12,8 +12,9 @@
               on GPUs, gloo on CPUs
 
 base.py holds the shared types (layout, row format, batched buffers, handle, sub-stage marks); collective.py the
-all_to_all_single path nccl and gloo share. Every buffer is allocated once at full capacity. Each backend is declared in harness.core.backends.COMM (devices, layouts, auto's order, help text) and bound to its
-class here in IMPLEMENTATIONS, with the runtime probe only a rank can answer (NVSHMEM in the torch build).
+all_to_all_single path nccl and gloo share. Every buffer is allocated once at full capacity. Each backend is
+declared in harness.core.backends.COMM (devices, layouts, auto's order, help text) and bound to its class here in
+IMPLEMENTATIONS, with the runtime probe only a rank can answer (NVSHMEM in the torch build).
 """
 
 from __future__ import annotations
