@@ -16,7 +16,8 @@ PR_CASE = "scenarios/deepseek-v3-dp32-pr55579.yaml"
     ((), "harness: error: the following arguments are required: command; see `harness --help`"),
     (("rnu",), "harness: error: argument command: invalid choice: 'rnu' (choose from 'plan', 'scenarios', 'run', "
                "'collect', 'compare', 'bench', 'schema', 'vllm'); did you mean 'run'? See `harness --help`."),
-    (("plan",), "harness plan: error: the following arguments are required: scenario; see `harness plan --help`"),
+    (("plan",), "harness: error: plan needs a scenario, or `-- vllm serve MODEL FLAGS` after the options; see "
+                "`harness plan --help`"),
     (("plan", PR_CASE, "--jsn"),
      "harness plan: error: unrecognized arguments: --jsn; did you mean '--json'? See `harness plan --help`."),
     (("run", "--num-ranks", "two"),
