@@ -63,7 +63,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     release, a budget's fit/OOM per release, and exit 1 when the scenario's layer.expect is not met."""
     from harness.scenario.limits import shown
     from harness.scenario.matrix import Matrix, load_input
-    from harness.scenario.schema import GPU_MEMORY_BYTES, ScenarioError
+    from harness.scenario.schema import ScenarioError
+    from harness.scenario.sections import GPU_MEMORY_BYTES
     from harness.sizing.plan import (
         layer_expectation_failures, layer_notes, layer_versions, make_layer_plans, make_plan, plan_json,
         plan_summary, render_layer_plan, render_plan,
@@ -138,7 +139,8 @@ def cmd_scenarios(ns: argparse.Namespace) -> int:
     from harness.core.console import make_console
     from rich.table import Table
 
-    from harness.scenario.schema import SCENARIOS_DIR, ScenarioError, list_scenarios, load_scenario
+    from harness.scenario.schema import ScenarioError, list_scenarios, load_scenario
+    from harness.scenario.sections import SCENARIOS_DIR
 
     table = Table(title=f"scenarios in {SCENARIOS_DIR}", title_justify="left")
     table.add_column("file")

@@ -335,7 +335,7 @@ def test_parse_thresholds_and_options() -> None:
 def test_run_against_matrix_is_an_error(tmp_path: Path) -> None:
     from harness.report.matrix import collect_matrix
     from harness.scenario.matrix import load_matrix
-    from harness.scenario.schema import REPO_DIR
+    from harness.scenario.sections import REPO_DIR
 
     base = load_report(run(tmp_path, "base"))
     matrix = load_matrix(REPO_DIR / "scenarios/matrix/cpu-ci.yaml")
@@ -358,7 +358,7 @@ def test_older_and_newer_report_schemas_are_errors(tmp_path: Path) -> None:
 def test_matrices_compare_per_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from harness.report.matrix import collect_matrix
     from harness.scenario.matrix import load_matrix
-    from harness.scenario.schema import REPO_DIR
+    from harness.scenario.sections import REPO_DIR
 
     matrix = load_matrix(REPO_DIR / "scenarios/matrix/cpu-ci.yaml")
     first, second = matrix.cells()

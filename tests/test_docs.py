@@ -37,8 +37,8 @@ _TEMPLATE = re.compile(r"[<>*{}…]|\.\.\.|NNN|X\.Y\.Z|\bX\b|\bOUT\b|\bSTEP\b|\b
 _OUT = re.compile(r"--out[ =]+(\S+)")
 # The pydantic models whose fields docs name as dotted keys: the scenario (model.preset) and the records
 # (memory.allocator_rounding_bytes, kernels.release).
-FIELD_MODULES = ("harness/scenario/schema.py", "harness/scenario/deployment.py", "harness/scenario/matrix.py",
-                 "harness/core/records.py",
+FIELD_MODULES = ("harness/scenario/schema.py", "harness/scenario/sections.py", "harness/scenario/deployment.py",
+                 "harness/scenario/matrix.py", "harness/core/records.py",
                  "harness/report/model.py", "harness/bench/records.py")
 MATRIX_ROOT = "matrix"  # a matrix file's one top-level key (`matrix.name`); its fields are Matrix's
 _FILE_SUFFIXES = (".md", ".json", ".yaml", ".yml", ".py", ".xml", ".html", ".txt", ".so", ".log", ".toml",

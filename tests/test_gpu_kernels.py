@@ -134,7 +134,7 @@ def test_vllm_kernels_agree_with_the_reference_at_every_stage(tmp_path, release)
 def test_torch_cutlass_row_chunks_give_the_references_rows_within_the_scratch_bound(monkeypatch):
     from harness.core.contract import SizingArgs, fixed_shapes
     from harness.rank.experts import make_weights
-    from harness.scenario.schema import ExpectSpec
+    from harness.scenario.sections import ExpectSpec
     from harness.rank.experts import torch_cutlass
     from harness.rank.experts.base import Workspace
     from harness.rank.experts.reference import ReferenceExperts

@@ -20,7 +20,8 @@ from harness.core.records import KernelsRecord, PolicyResult
 from harness.rank.experts.base import ExpertWeights, Workspace
 from harness.rank.experts.reference import ReferenceExperts, Spans, silu_and_mul
 from harness.report.collect import collect
-from harness.scenario.schema import ScenarioError, VllmSpec
+from harness.scenario.schema import ScenarioError
+from harness.scenario.sections import VllmSpec
 from harness.sizing.vllm_source import VllmSourceError
 from harness.sizing.vllm_source.kernels import file_sha256, release_of_library, resolve_kernels
 from report_records import rank_record, write_run
@@ -366,7 +367,7 @@ def test_a_node_without_the_drivers_file_fetches_the_same_release_and_checks_its
     only with the driver's sha256 and size."""
     from dataclasses import replace
 
-    from harness.scenario.schema import VllmSpec
+    from harness.scenario.sections import VllmSpec
     from harness.sizing.vllm_source.kernels import on_this_node, resolve_kernels
     from harness.sizing.vllm_source.sources import VllmSourceError
 

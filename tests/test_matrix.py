@@ -16,7 +16,8 @@ from harness.report.write import REPORT_FILES
 from harness.report.matrix import collect_matrix
 from harness.report.model import MatrixReport
 from harness.scenario.matrix import MatrixError, is_matrix_file, load_matrix
-from harness.scenario.schema import REPO_DIR, ScenarioError
+from harness.scenario.schema import ScenarioError
+from harness.scenario.sections import REPO_DIR
 from harness.core.contract import fixed_shapes, legacy_shapes
 
 BASE = {

@@ -18,7 +18,7 @@ from harness.report.markdown import GIB, MIB
 from harness.report.matrix import collect_matrix
 from harness.report.model import parse_report
 from harness.scenario.matrix import load_matrix
-from harness.scenario.schema import REPO_DIR
+from harness.scenario.sections import REPO_DIR
 
 TESTS_DIR = Path(__file__).resolve().parent
 ARTIFACTS_DIR = TESTS_DIR / "artifacts"  # git-ignored; CI keeps it as a build artifact

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from cli_utils import REPO_DIR, harness_env, run_harness
 
-from harness.scenario.schema import SCENARIOS_DIR, ScenarioError, load_scenario
+from harness.scenario.schema import ScenarioError, load_scenario
+from harness.scenario.sections import SCENARIOS_DIR
 
 GOOD = """\
 model:

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from harness.sizing.plan import make_plan
-from harness.scenario.schema import SCENARIOS_DIR, load_scenario
+from harness.scenario.schema import load_scenario
+from harness.scenario.sections import SCENARIOS_DIR
 
 SCENARIO_PATHS = sorted(SCENARIOS_DIR.glob("*.yaml"))
 # "# `harness plan`: legacy 112 GiB (120259084288 B), fixed 3.5 GiB (3758096384 B), lower-bound 3.5 GiB; 32x."
@@ -57,7 +58,7 @@ def test_ballast_and_budget_cases_separate_the_policies():
 
 def test_packaged_default_scenarios_equal_the_scenario_files():
     """harness/defaults/ ships the embedded defaults with a non-editable install; they must not drift."""
-    from harness.scenario.schema import REPO_DIR
+    from harness.scenario.sections import REPO_DIR
 
     for name in ("smoke.yaml", "deepseek-v3-dp32-pr55579.yaml"):
         packaged = REPO_DIR / "harness" / "defaults" / name

@@ -108,7 +108,7 @@ def bench_command(request: BenchRequest) -> int:
     """Entry of `harness bench`: 0 at or above the thresholds, 1 below one, 2 on errors."""
     from harness.launch.rundir import make_run_id
     from harness.launch.run import local_gpu_count
-    from harness.scenario.schema import REPO_DIR
+    from harness.scenario.sections import REPO_DIR
 
     console = make_console(stderr=request.json)  # with --json, stdout holds the report alone; progress goes to stderr
     num_gpus = local_gpu_count()

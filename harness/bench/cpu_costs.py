@@ -76,7 +76,8 @@ def _run_to_ready(launcher: str, repeats: int, repo: Path, tmp: Path, progress: 
 
 def cpu_costs(*, repeats: int = 3, with_ray: bool = True, progress: Progress = lambda line: None) -> list[CpuCost]:
     """Every probe of CPU_TARGETS_S that can run here; `progress` gets a line before and after each."""
-    from harness.scenario.schema import REPO_DIR, load_scenario
+    from harness.scenario.schema import load_scenario
+    from harness.scenario.sections import REPO_DIR
     from harness.sizing.plan import make_plan
 
     pr = load_scenario("deepseek-v3-dp32-pr55579")

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.scenario.dotted import DottedKeyError, set_dotted
-from harness.scenario.schema import SCENARIOS_DIR, Scenario, ScenarioError, parse_scenario
+from harness.scenario.schema import Scenario, ScenarioError, parse_scenario
+from harness.scenario.sections import SCENARIOS_DIR
 from harness.scenario.source import display, read_yaml_file
 
 PACKAGED_DEFAULTS_DIR = Path(__file__).resolve().parents[1] / "defaults"  # package data, for non-editable installs

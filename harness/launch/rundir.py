@@ -24,7 +24,7 @@ from pathlib import Path
 
 from harness.launch.contract import LaunchError
 from harness.scenario.matrix import MATRIX_MANIFEST
-from harness.scenario.schema import safe_name
+from harness.scenario.sections import safe_name
 from harness.scenario.limits import shown as shown_value
 from harness.scenario.source import display
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from harness.core.records import Correctness, MemoryMeasurement, PolicyResult, RankRecord, StageCheck
 from harness.report.model import Check, CheckCounts, CheckOutcome, Checks, Outcome, Problem
-from harness.scenario.schema import Scenario, WrongKernels
+from harness.scenario.schema import Scenario
+from harness.scenario.sections import WrongKernels
 
 DEFAULT_MEMORY_TOLERANCE_PCT = 2.0
 DEFAULT_MAX_ERROR = 0.06

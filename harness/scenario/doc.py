@@ -17,7 +17,8 @@ from harness.core.backends import KINDS
 from harness.scenario import limits as L
 from harness.scenario.fields import describe_type
 from harness.scenario.fit import CPU_RANK_OVERHEAD_BYTES, GPU_RANK_OVERHEAD_BYTES, MAX_RANKS_PER_CPU
-from harness.scenario.schema import MAX_PROBLEMS_SHOWN, VERSION_TEXT, Scenario
+from harness.scenario.schema import MAX_PROBLEMS_SHOWN, Scenario
+from harness.scenario.sections import VERSION_TEXT
 
 REGENERATE = "harness schema > docs/scenario-schema.md"
 

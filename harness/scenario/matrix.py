@@ -40,9 +40,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from harness.scenario import limits as L
 from harness.scenario.dotted import DottedKeyError, get_dotted, set_dotted
 from harness.scenario.limits import shown, shown_text
-from harness.scenario.schema import (
-    REPO_DIR, Scenario, ScenarioError, format_errors, is_safe_name, parse_scenario, resolve_scenario_path, safe_name,
-)
+from harness.scenario.schema import Scenario, ScenarioError, format_errors, parse_scenario, resolve_scenario_path
+from harness.scenario.sections import REPO_DIR, is_safe_name, safe_name
 from harness.scenario.source import display, read_yaml_file
 
 MATRIX_MANIFEST = "matrix.json"

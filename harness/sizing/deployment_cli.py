@@ -23,7 +23,7 @@ def _error(message: str) -> int:
 
 def _budget(ns, scenario_gpu: str | None = None) -> tuple[str | None, int | None]:
     """The GPU and the total vLLM sees on it: --budget-gb as given, a named GPU's mem_get_info total."""
-    from harness.scenario.schema import GPU_MEMORY_BYTES
+    from harness.scenario.sections import GPU_MEMORY_BYTES
     from harness.sizing.deployment import device_total
 
     if ns.budget_gb:

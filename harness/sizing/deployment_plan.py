@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.scenario.deployment import DeploymentSpec
-from harness.scenario.schema import LayerSpec, Scenario, parse_scenario
+from harness.scenario.schema import Scenario, parse_scenario
+from harness.scenario.sections import LayerSpec
 from harness.sizing.deployment import GIB, DeploymentPlan, Resolved, plan_deployment, resolve
 from harness.sizing.model_config import ModelFacts, load_model
 

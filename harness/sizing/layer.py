@@ -30,7 +30,8 @@ from typing import Literal
 import harness
 from harness.core.contract import SizingArgs, live_set_bytes
 from harness.core.records import Record
-from harness.scenario.schema import LayerSpec, Scenario
+from harness.scenario.schema import Scenario
+from harness.scenario.sections import LayerSpec
 from harness.sizing import deepep
 from harness.sizing.vllm_source.auditor import DOUBLE_COUNT, audit
 from harness.sizing.vllm_source.evaluate import Evaluation, ParsedClass, SourceTree, standin_attributes

@@ -266,7 +266,8 @@ class _ScenarioUnavailable(Exception):
 def _sizing_from_scenario(scenario: str | Path | None) -> SizingArgs:
     # Imported here: the scenario module pulls in pydantic and yaml, which the audit itself does not need.
     try:
-        from harness.scenario.schema import SCENARIOS_DIR, ScenarioError, load_scenario
+        from harness.scenario.schema import ScenarioError, load_scenario
+        from harness.scenario.sections import SCENARIOS_DIR
     except ImportError as error:
         raise _ScenarioUnavailable(f"cannot load scenarios: harness.scenario.schema is unavailable ({error})") from None
 

@@ -26,7 +26,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.scenario.schema import Scenario, VllmSpec
+from harness.scenario.schema import Scenario
+from harness.scenario.sections import VllmSpec
 from harness.sizing.vllm_source.cache import sha256_file as file_sha256
 from harness.sizing.vllm_source.sources import VllmSourceError, default_cache_dir, locate, ops_library
 
