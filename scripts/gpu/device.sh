@@ -11,7 +11,7 @@
 #   kernels       vLLM's ops from releases: GPU tests, the #42860 scenario and matrix cell     VERSION[=LIB] ...
 #   layer         the layer's components and workspaces, allocated and measured                 1 GPU [BACKEND [LIB]]
 #   profile       kernel-level profiles of dispatch + combine (benchmarks/profile_comm.py)      1 GPU
-#   records       the runs committed under results/h200/ and results/bench/                     local (2 GPUs) | ray
+#   records       the runs committed under results/h200/ and results/bench/         one-gpu | local (2 GPUs) | ray
 #   soak          many checked comm rounds per backend, then the comm gpu tests                 2 GPUs [ROUNDS [TESTS]]
 #   trust         every policy from the same baseline; lower-bound's live set seen by NVML      2 GPUs BACKEND [LIB]
 #
@@ -21,6 +21,9 @@
 #                           nvidia-ml-py (cp312), installed once into .gpu/site
 #   .gpu/x*/vllm-V.so.xz    vLLM ops libraries (vllm/_C_stable_libtorch.abi3.so of release V, xz-compressed to fit
 #                           the transfer), decompressed once into .gpu/lib/vllm-V.so (what `kernels V` loads)
+#   .gpu/x*/cache-*.tar.xz  cache entries of releases (HARNESS_CACHE_DIR) without their ops library, e.g.
+#                           tar -cJf .gpu/x/cache-0.29.0-0.30.0.tar.xz -C ~/.cache/moe-harness --exclude='*.so' \
+#                               --exclude=wheel vllm/0.29.0 vllm/0.30.0
 # Ignored paths stay on a machine between calls, so libraries brought in different calls add up in .gpu/lib.
 # Every process keeps NVLink multicast off (NCCL, torch symmetric memory, NVSHMEM).
 set -uo pipefail
@@ -43,6 +46,20 @@ for xz in .gpu/x*/vllm-*.so.xz; do
     [ -f "$xz" ] || continue
     lib=".gpu/lib/$(basename "$xz" .xz)"
     [ -s "$lib" ] || python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$xz" "$lib"
+done
+# Cached releases (the release policies vllm==X.Y.Z read them): .gpu/x*/cache-*.tar.xz holds cache entries without
+# their ops library; the library decompressed above goes back where the entry's manifest lists it, so the entry
+# verifies as it did where it was made.
+for tarball in .gpu/x*/cache-*.tar.xz; do
+    [ -f "$tarball" ] || continue
+    mkdir -p .gpu/cache && tar -xJf "$tarball" -C .gpu/cache
+    for entry in .gpu/cache/vllm/*/release; do
+        version=$(basename "$(dirname "$entry")")
+        [ -f ".gpu/lib/vllm-$version.so" ] && [ ! -s "$entry/vllm/_C_stable_libtorch.abi3.so" ] &&
+            grep -q '"ops_extracted": true' "$entry/manifest.json" &&
+            cp ".gpu/lib/vllm-$version.so" "$entry/vllm/_C_stable_libtorch.abi3.so"
+    done
+    export HARNESS_CACHE_DIR="$PWD/.gpu/cache"
 done
 echo "device.sh: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sort | uniq -c | tr -s ' ')"
 echo "device.sh: torch $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)'); libraries: $(cd .gpu/lib && ls)"

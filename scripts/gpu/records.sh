@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Step records: the GPU runs whose records are committed under results/h200/ and results/bench/.
 #
-#   bash scripts/gpu/device.sh records local         (or: bash scripts/gpu/records.sh OUT_DIR local|ray)
+#   bash scripts/gpu/device.sh records one-gpu       (or: bash scripts/gpu/records.sh OUT_DIR one-gpu|local|ray)
+#   bash scripts/gpu/device.sh records local
 #   bash scripts/gpu/device.sh records ray
 #
-# Runs:   local: single-GPU scenarios two at a time (one chain per GPU, CUDA_VISIBLE_DEVICES), then the two-rank
+# Runs:   one-gpu: every one-GPU run the README, the docs and the H200 baselines rest on, with vLLM 0.30.0's ops
+#         (VLLM_OPS_LIBRARY, default .gpu/lib/vllm-0.30.0.so) or torch-cutlass, on GPU 0, one after another;
+#         local: single-GPU scenarios two at a time (one chain per GPU, CUDA_VISIBLE_DEVICES), then the two-rank
 #         scenarios on both GPUs, with torch-cutlass and vLLM 0.26.0's ops; ray: two Ray nodes on this host, one GPU
 #         each, through the Ray launcher, and the torch-cutlass benches.
 # Needs:  2 GPUs; VLLM_OPS_LIBRARY, vLLM 0.26.0's ops library (its torch pin, 2.11.0, matches the H200 image;
@@ -15,7 +18,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${1:?usage: records.sh OUT_DIR local|ray}
+OUT=${1:?usage: records.sh OUT_DIR one-gpu|local|ray}
 OPS=${VLLM_OPS_LIBRARY:-$PWD/.gpu/lib/vllm-0.26.0.so}
 mkdir -p "$OUT/h200" "$OUT/bench"
 LOG="$OUT/h200/commands.log"
@@ -32,6 +35,20 @@ h() {  # run `harness ARGS`, log the command and its exit code
 }
 
 case "${2:-}" in
+one-gpu)
+    export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+    OPS=${VLLM_OPS_LIBRARY:-$PWD/.gpu/lib/vllm-0.30.0.so}
+    K=(--experts-backend vllm-ops --vllm-ops-library "$OPS" --kernels 0.30.0)
+    h run deepseek-v3-dp32-pr55579 "${K[@]}" --out "$OUT/h200/1xh200-pr55579-vllm-ops"
+    h run deepseek-v3-dp32-pr55579-h100-budget "${K[@]}" --out "$OUT/h200/1xh200-pr55579-h100-budget"
+    h run deepseek-v3-dp32-pr55579-ballast "${K[@]}" --out "$OUT/h200/1xh200-pr55579-ballast"
+    h run deepseek-v3-dp32-pr55579 --experts-backend torch-cutlass --out "$OUT/h200/1xh200-pr55579-torch-cutlass"
+    h run kimi-k2-dp32 "${K[@]}" --out "$OUT/h200/1xh200-kimi-k2-dp32"
+    h run qwen3-235b-a22b-dp16 "${K[@]}" --out "$OUT/h200/1xh200-qwen3-235b-a22b-dp16"
+    h run deepseek-v3-dp32-default-tokens "${K[@]}" --out "$OUT/h200/1xh200-dp32-default-tokens-vllm-ops"
+    h run vllm-57894-eplb-deepep-ll --experts-backend torch-cutlass --out "$OUT/h200/1xh200-vllm-57894"
+    h run scenarios/matrix/nightly-releases.yaml "${K[@]}" --out "$OUT/h200/1xh200-matrix-nightly-releases"
+    ;;
 local)
     {
         export CUDA_VISIBLE_DEVICES=0
@@ -74,7 +91,7 @@ ray)
     h bench deepseek-v3-dp32-pr55579 --num-ranks 2 --experts-backend torch-cutlass --no-cpu-costs --out "$OUT/bench/2xh200-pr55579-torch-cutlass"
     ;;
 *)
-    echo "usage: bash scripts/gpu/records.sh OUT_DIR local|ray" >&2
+    echo "usage: bash scripts/gpu/records.sh OUT_DIR one-gpu|local|ray" >&2
     exit 2
     ;;
 esac
