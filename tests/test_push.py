@@ -1,0 +1,211 @@
+"""symm-mem's device-side kernels (harness.rank.comm.push): each Triton form against its torch form, the fused
+quantize bit for bit against harness.rank.quant, and the whole push protocol on CPU stand-ins: P ranks' buffers,
+signal pads and epochs as plain tensors of one process, each phase run for every rank in turn (what the flags
+order on the GPU), with every slot traced to its sender. On CPU the Triton forms run in Triton's interpreter."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # Triton reads it when first imported: nothing in the tests imports it earlier
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from harness.rank.comm import push  # noqa: E402
+from harness.rank.comm.push import COMBINED, CONSUMED, FLAG_BASE, NUM_PHASES, READY, Mapped, PushFormat  # noqa: E402
+from harness.rank.quant import quantize_per_token  # noqa: E402
+
+pytest.importorskip("triton", reason="Triton is not installed (pip install -e '.[test]' brings it)")
+
+
+@pytest.fixture(params=["interpreter", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    if request.param == "interpreter":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("a CUDA GPU is here: Triton compiles for it (the cuda cases) instead of interpreting")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    return torch.device("cuda")
+
+
+def _routing(n: int, G: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(G, generator=g)[:k] for _ in range(n)]) if n else torch.zeros((0, k))
+    weights = torch.rand((n, k), generator=g) + 0.5
+    return ids.to(torch.int64), weights / weights.sum(1, keepdim=True)
+
+
+def _tokens(n: int, K: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((n, K), generator=g) * torch.exp(2 * torch.randn((n, 1), generator=g))
+    if n > 2:
+        x[1] = 0.0  # an all-zero row: the scale's clamp
+        x[2, :5] = torch.tensor([448.0 * 3, -1e-30, 2.0**-140, 1e-8, -0.0])  # a max, subnormals, signed zero
+    return x.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("n, E, P, k", [(300, 4, 3, 5), (257, 16, 1, 8), (1, 2, 2, 2)])
+def test_route_layout_triton_equals_torch(device, n, E, P, k):
+    ids, _ = _routing(n, E * P, k, seed=n)
+    ref = push.route_layout_torch(ids, num_local_experts=E, num_ranks=P)
+    pos = torch.full((n, k), -7, dtype=torch.int32, device=device)
+    row_index = torch.full((n, P), -7, dtype=torch.int32, device=device)
+    counts = torch.full((E * P + P,), -7, dtype=torch.int32, device=device)
+    push.route_layout(ids.to(device), pos, row_index, counts, num_local_experts=E, num_ranks=P, impl="triton")
+    assert torch.equal(pos.cpu(), ref[0]) and torch.equal(row_index.cpu(), ref[1]) and torch.equal(counts.cpu(), ref[2])
+    # What the layout means: the j-th pair for expert g in token order has position j; rows count tokens per rank
+    for g in range(E * P):
+        t, j = torch.nonzero(ids == g, as_tuple=True)
+        assert ref[0][t, j].tolist() == list(range(t.numel()))
+    assert ref[2][E * P:].tolist() == [int(((ids // E) == d).any(1).sum()) for d in range(P)]
+
+
+@pytest.mark.parametrize("K", [7168, 96])
+def test_fused_quantize_is_bit_equal_to_the_torch_quantize(device, K):
+    n, E, P, k = 9, 2, 2, 3
+    x = _tokens(n, K, seed=K)
+    ids, weights = _routing(n, E * P, k, seed=1)
+    fmt = PushFormat(hidden_size=K, top_k=k)
+    pos, row_index, counts = push.route_layout_torch(ids, num_local_experts=E, num_ranks=P)
+    out = {}
+    for impl in ("triton", "torch"):
+        bufs = [torch.full((P * n, fmt.row_bytes), 0xAB, dtype=torch.uint8, device=device) for _ in range(P)]
+        push.quantize_push(x.to(device), None, ids.to(device), weights.to(device), pos.to(device),
+                           row_index.to(device), Mapped.of(bufs, device), fmt=fmt, rank=1, capacity=n,
+                           num_local_experts=E, impl=impl)
+        out[impl] = [b.cpu() for b in bufs]
+    q, scale = quantize_per_token(x)
+    for d in range(P):
+        for impl in ("triton", "torch"):
+            rows = out[impl][d][n:]  # rank 1's rows on d
+            for t in range(n):
+                r = int(row_index[t, d])
+                if r < 0:
+                    continue
+                assert torch.equal(rows[r, :K], q[t].view(torch.uint8)), (impl, d, t)
+                words = rows[r, K: K + 4 * fmt.meta_words].view(torch.int32)
+                assert words[0].view(torch.float32).item() == scale[t, 0].item()
+                assert int(words[1]) == t
+            assert (out[impl][d][:n] == 0xAB).all()  # rank 0's region untouched
+        used = slice(0, K + 4 * fmt.meta_words)  # the padding after the words is not written by the Triton form
+        assert torch.equal(out["triton"][d][:, used], out["torch"][d][:, used])
+
+
+class StandIn:
+    """One rank's buffers of the push path, as symm_mem.SymmMemComm allocates them, on one device."""
+
+    def __init__(self, rank: int, *, P: int, E: int, M: int, C: int, fmt: PushFormat, device: torch.device):
+        K, k = fmt.hidden_size, fmt.top_k
+        self.rank = rank
+        self.recv_rows = torch.full((P * C, fmt.row_bytes), 0xCD, dtype=torch.uint8, device=device)
+        self.recv_counts = torch.zeros((P, E + 1), dtype=torch.int32, device=device)
+        self.combine_recv = torch.full((P * C, K), float("nan"), dtype=torch.bfloat16, device=device)
+        self.pad = torch.zeros(FLAG_BASE + NUM_PHASES * P, dtype=torch.int32, device=device)
+        self.pos = torch.zeros((C, k), dtype=torch.int32, device=device)
+        self.row_index = torch.zeros((C, P), dtype=torch.int32, device=device)
+        self.counts = torch.zeros(E * P + P, dtype=torch.int32, device=device)
+        self.base = torch.zeros((P, E), dtype=torch.int32, device=device)
+        self.x = torch.zeros((E * M, K), dtype=torch.uint8, device=device)
+        self.x_scale = torch.zeros(E * M, dtype=torch.float32, device=device)
+        self.x_src = torch.full((E * M, 2), -1, dtype=torch.int32, device=device)
+        self.num_tokens = torch.zeros(E, dtype=torch.int32, device=device)
+        self.overflow = torch.zeros(1, dtype=torch.int64, device=device)
+        self.table = torch.zeros((P * C, k), dtype=torch.int64, device=device)
+        self.table_w = torch.zeros((P * C, k), dtype=torch.float32, device=device)
+        self.tok = torch.zeros(P * C, dtype=torch.int32, device=device)
+        self.epoch = torch.zeros(1, dtype=torch.int32, device=device)
+        self.status = torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def _protocol_round(ranks: list[StandIn], inputs, expert_out, *, E, M, C, fmt, impl, device):
+    """One dispatch + combine over the stand-ins: each phase for every rank, in the order the flags allow."""
+    P = len(ranks)
+    rows = Mapped.of([r.recv_rows for r in ranks], device)
+    counts = Mapped.of([r.recv_counts for r in ranks], device)
+    pads = Mapped.of([r.pad for r in ranks], device)
+    combine = Mapped.of([r.combine_recv for r in ranks], device)
+    kw = {"impl": impl}
+    for r, (x, ids, w) in zip(ranks, inputs):
+        push.wait(r.pad, CONSUMED, num_ranks=P, epoch=r.epoch, status=r.status, bump=True, lag=1, **kw)
+        push.route_layout(ids, r.pos, r.row_index, r.counts, num_local_experts=E, num_ranks=P, **kw)
+        push.quantize_push(x, None, ids, w, r.pos, r.row_index, rows, fmt=fmt, rank=r.rank, capacity=C,
+                           num_local_experts=E, **kw)
+        push.signal(pads, READY, rank=r.rank, epoch=r.epoch, counts=r.counts, recv_counts=counts,
+                    num_local_experts=E, **kw)
+    for r in ranks:
+        push.wait(r.pad, READY, num_ranks=P, epoch=r.epoch, status=r.status, **kw)
+        push.expert_base(r.recv_counts, r.base, r.num_tokens, r.overflow, max_slots=M, **kw)
+        push.expand(r.recv_rows, r.recv_counts, r.base, x_flat=r.x, x_scale_flat=r.x_scale, x_src_flat=r.x_src,
+                    table=r.table, table_w=r.table_w, tok=r.tok, fmt=fmt, max_slots=M, **kw)
+        push.signal(pads, CONSUMED, rank=r.rank, epoch=r.epoch, **kw)
+    for r in ranks:
+        push.reduce_push(expert_out[r.rank], r.recv_counts, r.table, r.table_w, r.tok, combine, rank=r.rank, **kw)
+        push.signal(pads, COMBINED, rank=r.rank, epoch=r.epoch, **kw)
+    outs = []
+    for r, (x, _, _) in zip(ranks, inputs):
+        push.wait(r.pad, COMBINED, num_ranks=P, epoch=r.epoch, status=r.status, **kw)
+        out = torch.full((x.shape[0], fmt.hidden_size), float("nan"), dtype=torch.bfloat16, device=device)
+        outs.append(push.token_reduce(r.combine_recv, r.row_index, out, **kw))
+    return outs
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_push_protocol_on_stand_ins_traces_every_slot_and_combines(device, impl):
+    P, E, k, K, C = 3, 2, 3, 64, 12
+    M = 2 * C  # room for every source's pairs of one expert in the hot round below
+    fmt = PushFormat(hidden_size=K, top_k=k)
+    ranks = [StandIn(r, P=P, E=E, M=M, C=C, fmt=fmt, device=device) for r in range(P)]
+    for round_index, sizes in enumerate([(12, 5, 0), (3, 12, 7)]):  # an idle rank, then a full one
+        inputs = []
+        for s, n in enumerate(sizes):
+            ids, w = _routing(n, E * P, k, seed=10 * round_index + s)
+            inputs.append((_tokens(n, K, seed=s).to(device), ids.to(device), w.to(device)))
+        g = torch.Generator().manual_seed(round_index)
+        expert_out = [torch.randn((E * M, K), generator=g).to(torch.bfloat16).to(device) for _ in range(P)]
+        outs = _protocol_round(ranks, inputs, expert_out, E=E, M=M, C=C, fmt=fmt, impl=impl, device=device)
+        for r in ranks:
+            assert int(r.status) == 0 and int(r.epoch) == round_index + 1 and int(r.overflow) == 0
+            for e in range(E):
+                g_id = r.rank * E + e
+                pairs = [(s, t) for s, (_, ids, _) in enumerate(inputs) for t in range(ids.shape[0])
+                         if (ids[t] == g_id).any()]
+                assert int(r.num_tokens[e]) == len(pairs)
+                # deterministic offsets: sources in rank order, tokens in order within a source
+                got = [tuple(v) for v in r.x_src[e * M: e * M + len(pairs)].tolist()]
+                assert got == pairs, (impl, r.rank, e)
+                for slot, (s, t) in enumerate(pairs):
+                    q, scale = quantize_per_token(inputs[s][0][t: t + 1].cpu())
+                    assert torch.equal(r.x[e * M + slot].cpu(), q[0].view(torch.uint8))
+                    assert r.x_scale[e * M + slot].item() == scale.item()
+        for s, (x, ids, w) in enumerate(inputs):
+            ref = torch.zeros((x.shape[0], K), dtype=torch.float64)
+            for t in range(x.shape[0]):
+                for j in range(k):
+                    d, e = divmod(int(ids[t, j]), E)
+                    rr = ranks[d]
+                    slot = next(i for i in range(M) if tuple(rr.x_src[e * M + i].tolist()) == (s, t))
+                    ref[t] += float(w[t, j]) * expert_out[d][e * M + slot].double().cpu()
+            err = (outs[s].double().cpu() - ref).abs()
+            # per rank a bf16 partial, then the bf16 sum of P of them: a few bf16 roundings of the magnitude
+            assert (err <= 2.0**-6 * ref.abs() + 2.0**-6).all(), (impl, s, float(err.max()))
+
+
+def test_wait_reports_a_missing_flag_instead_of_hanging(device):
+    """A peer that never signalled: the wait gives up after its polls and names the peer in the status bits."""
+    P = 3
+    pad = torch.zeros(FLAG_BASE + NUM_PHASES * P, dtype=torch.int32, device=device)
+    epoch = torch.tensor([4], dtype=torch.int32, device=device)
+    pad[FLAG_BASE + READY * P: FLAG_BASE + READY * P + P] = torch.tensor([4, 3, 5], dtype=torch.int32)
+    for impl in ("triton", "torch"):
+        status = torch.zeros(1, dtype=torch.int32, device=device)
+        push.wait(pad, READY, num_ranks=P, epoch=epoch, status=status, max_spins=3, impl=impl)
+        assert int(status) == 0b010, impl  # peer 1 is an epoch behind
+        status.zero_()
+        push.wait(pad, READY, num_ranks=P, epoch=epoch, status=status, lag=1, max_spins=3, impl=impl)
+        assert int(status) == 0, impl
+    e = epoch.clone()
+    push.wait(pad, CONSUMED, num_ranks=P, epoch=e, status=status, bump=True, lag=1, max_spins=2, impl="triton")
+    assert int(e) == 5 and int(status) == 0b111  # nothing consumed epoch 4 yet
