@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from harness.bench.markdown import render_markdown
@@ -51,8 +52,15 @@ def test_bench_reports_every_variant_per_rank_and_passes_low_thresholds(tmp_path
             # The harness's experts step and the raw reference compute the same math on the valid rows.
             assert policy["max_rel_error"] < 0.06
             assert policy["dispatch_bytes"] > 0 and policy["combine_bytes"] > 0
+            # The yardstick: bytes on every device; on CPU ranks no probe and no graph, so the bound is n/a
+            y = policy["comm_yardstick"]
+            assert y["timing"] == "eager" and y["hbm_gbps"] is None and y["bound_ratio"] is None
+            assert y["dispatch_local_bytes"] == y["received_pairs"] * (TINY["model"]["hidden_size"] + 4) > 0
+            assert policy["comm_graph_error"] == "CPU ranks: no CUDA graphs" and policy["kernels"] == []
     summary = {p["policy"]: p for p in report["policies"]}
     assert summary["fixed"]["experts_ratio_min"] > 0 and summary["legacy"]["comm_ratio_min"] > 0
+    assert summary["fixed"]["comm_bound_ratio_min"] is None  # n/a on CPU: not gating
+    assert "## Comm yardstick" in (tmp_path / "out" / "bench.md").read_text()
     assert report["legacy_over_fixed_experts_time"] > 0
     assert report["command"][:3] == ["harness", "bench", str(tmp_path / "tiny-bench.yaml")]
     assert "--no-cpu-costs" in report["command"] and "--json" in report["command"]
@@ -86,24 +94,30 @@ def test_cpu_only_report_has_no_empty_rank_tables():
     assert "| plan (in process) | 0.010 | 0.05 | ok |" in markdown and markdown.rstrip().endswith("OK")
 
 
-@pytest.mark.parametrize("num_ranks", [2, 3, 4, 8, 16])
-def test_raw_vdev_pads_each_peer_to_what_torchs_blocks_divide(num_ranks):
-    """torch 2.11's all_to_all_vdev splits a peer's bytes evenly over its blocks and asserts they divide (a
-    device-side assert seen on 2 x H200 with 2064-byte rows): every split, in 64-byte rows, is a multiple of the
-    blocks per peer for the send buffer's size, covers the peer's bytes, and adds less than one 64-byte row per
-    block; the splits fit the buffer."""
-    import random
+def test_yardstick_counts_minimal_local_and_anchor_bytes_and_the_bound():
+    """Two ranks of 2 experts each, K = 256, top-2: token 0 picks experts 0 and 1 (both on rank 0: no remote row),
+    token 1 picks 1 and 2 (one remote row to rank 1), token 2 picks 2 and 3 (one remote row). The bound adds the
+    remote bytes over the link and the local bytes over HBM; off CUDA (no probe) it is None, not a failure."""
+    from harness.bench.yardstick import distinct_remote_rows, yardstick
 
-    from harness.bench.raw_comm import PeerBytes, vdev_blocks_per_peer, vdev_rows
-
-    rng = random.Random(num_ranks)
-    for _ in range(300):
-        row_bytes = rng.choice([2064, 7184, 4096, 96, 2112])
-        rows = [rng.randint(0, 20000) for _ in range(num_ranks)]
-        capacity, splits = vdev_rows(PeerBytes(row_bytes=row_bytes, send_rows=rows, recv_rows=rows), max(sum(rows), 1))
-        per_peer = vdev_blocks_per_peer(capacity * 64, num_ranks)
-        assert sum(splits) <= capacity
-        for r, s in zip(rows, splits):
-            assert s % per_peer == 0 and 0 <= s * 64 - r * row_bytes < 64 * per_peer
-    assert [vdev_blocks_per_peer(b, 2) for b in (2**19, 2**20, 3 * 2**20, 2**23)] == [4, 8, 16, 32]
-    assert vdev_blocks_per_peer(2**23, 16) == 1 and vdev_blocks_per_peer(2**23, 32) == 1
+    ids = torch.tensor([[0, 1], [1, 2], [2, 3]])
+    assert distinct_remote_rows(ids, rank=0, num_local_experts=2, num_ranks=2) == 2
+    assert distinct_remote_rows(ids, rank=1, num_local_experts=2, num_ranks=2) == 2  # tokens 0 and 1 go to rank 0
+    K = 256
+    args = dict(topk_ids=ids, rank=0, num_ranks=2, num_local_experts=2, hidden_size=K, received_pairs=5,
+                moved_row_bytes=K + 48, out_bytes=2, dispatch_us=10.0, combine_us=20.0, timing="graph")
+    y = yardstick(**args, hbm_gbps=4000.0, link_gbps=400.0)
+    assert (y.remote_rows, y.selections, y.received_pairs) == (2, 6, 5)
+    assert y.dispatch_min_remote_bytes == 2 * (K + 4 + 2 * 2) and y.combine_min_remote_bytes == 2 * 2 * K
+    assert y.dispatch_local_bytes == 5 * (K + 4) and y.combine_local_bytes == 5 * 2 * K
+    assert y.dispatch_moved_bytes == 2 * (K + 48)
+    assert y.anchor_dispatch_bytes == 6 * (K + 2 * 4 + 16) and y.anchor_combine_bytes == 6 * 2 * K
+    bound_d = (2 * (K + 8) / 400.0 + 5 * (K + 4) / 4000.0) / 1e3  # bytes / (GB/s) = ns; / 1e3 = us
+    bound_c = (4 * K / 400.0 + 10 * K / 4000.0) / 1e3
+    assert y.dispatch_bound_us == pytest.approx(bound_d) and y.combine_bound_us == pytest.approx(bound_c)
+    assert y.bound_ratio == pytest.approx((bound_d + bound_c) / 30.0)
+    one = yardstick(**{**args, "num_ranks": 1, "num_local_experts": 4}, hbm_gbps=4000.0, link_gbps=None)
+    assert one.remote_rows == 0 and one.dispatch_bound_us == pytest.approx(5 * (K + 4) / 4000.0 / 1e3)
+    cpu = yardstick(**args, hbm_gbps=None, link_gbps=None)
+    assert cpu.bound_ratio is None and cpu.dispatch_bound_us is None and cpu.dispatch_local_bytes > 0
+    assert yardstick(**args, hbm_gbps=4000.0, link_gbps=None).bound_ratio is None  # P = 2 needs the link probe

@@ -117,10 +117,10 @@ def test_soak_script_refuses_a_bad_override_in_one_line():
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 @pytest.mark.parametrize("comm", ["symm-mem", "nccl"])
 def test_soak_on_two_gpus_finds_no_fault(comm):
-    from harness.rank.comm.symm_mem import nvshmem_available
+    from harness.rank.comm.symm_mem import symm_mem_available
 
-    if comm == "symm-mem" and not nvshmem_available():
-        pytest.skip("NVSHMEM is not available to this torch build")
+    if comm == "symm-mem" and not symm_mem_available():
+        pytest.skip("torch's symmetric memory is not available here")
     data = tiny(**{"parallel.num_dispatchers": 4, "parallel.num_local_experts": 4, "routing.kind": "skewed"},
                 device="cuda", comm=comm).model_dump(mode="json")
     records = [SoakRecord.model_validate(r) for r in run_soak(data, rounds=200, seed=2, timeout_s=240)]

@@ -98,7 +98,7 @@ def _report(scenario: Scenario, *, run_id: str, command: list[str], records: lis
         versions=first.versions if first else None, device_name=first.hardware.device_name if first else None,
         command=command,
         thresholds={"bench.experts_ratio_min": scenario.bench.experts_ratio_min,
-                    "bench.comm_busbw_ratio_min": scenario.bench.comm_busbw_ratio_min},
+                    "bench.comm_bound_ratio_min": scenario.bench.comm_bound_ratio_min},
         policies=summaries, legacy_over_fixed_experts_time=ratio, cpu_costs=costs, failures=failures + over,
         ok=not failures and not over,
     )

@@ -5,6 +5,14 @@ from __future__ import annotations
 
 from harness.bench.records import BenchRankRecord, BenchReport
 
+# Published figures of the EP kernels at the decode shape (128 tokens per rank, hidden 7168, top-8, FP8 dispatch,
+# BF16 combine): reference rows, measured elsewhere on other machines; (kernel, hardware, dispatch us, combine us).
+ANCHORS = (
+    ("DeepEP low-latency", "EP8 H800", 77.0, 114.0),
+    ("pplx-kernels", "EP8 H100 NVLink", 83.6, 102.3),
+    ("NCCL EP LL (BF16, about)", "8xH100", 65.0, 79.0),
+)
+
 
 def _f(x: float | None, fmt: str) -> str:
     return "n/a" if x is None else format(x, fmt)
@@ -42,18 +50,66 @@ def _ratios(report: BenchReport) -> list[str]:
     if not report.policies:
         return []
     lines = ["", "## Ratios (raw / harness; 1.0 = the harness adds nothing), aggregated over ranks", "",
-             "| policy | ranks | raw experts | experts ratio (min) | comm ratio (min) | TFLOP/s (min..max) | "
+             "| policy | ranks | raw experts | experts ratio (min) | comm bound ratio (min) | comm timing | "
+             "raw-collective ratio (min, diagnostic) | TFLOP/s (min..max) | "
              "of FP8 peak (max) | harness busbw (min) | raw busbw (max) | max rel err |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-             "| | | | | | TFLOP/s | | GB/s | GB/s | |"]
+             "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+             "| | | | | | | | TFLOP/s | | GB/s | GB/s | |"]
     for s in report.policies:
         lines.append(
             f"| {s.policy} | {s.num_ranks_ok} | {s.experts_raw_variant or 'n/a'} | {_f(s.experts_ratio_min, '.3f')} | "
-            f"{_f(s.comm_ratio_min, '.3f')} | {_f(s.experts_tflops_min, '.1f')}..{_f(s.experts_tflops_max, '.1f')} | "
+            f"{_f(s.comm_bound_ratio_min, '.3f')} | {s.comm_timing or 'n/a'} | {_f(s.comm_ratio_min, '.3f')} | {_f(s.experts_tflops_min, '.1f')}..{_f(s.experts_tflops_max, '.1f')} | "
             f"{_f(s.fraction_of_fp8_peak_max, '.2%')} | {_f(s.harness_comm_busbw_gbps_min, '.1f')} | "
             f"{_f(s.raw_a2a_busbw_gbps_max, '.1f')} | {_f(s.max_rel_error, '.4f')} |")
     lines += ["", f"legacy / fixed experts time: {_f(report.legacy_over_fixed_experts_time, '.3f')} "
               "(the fix changes memory, not speed: expected about 1)"]
+    return lines
+
+
+def _mb(b: int) -> str:
+    return f"{b / 1e6:.2f}"
+
+
+def _yardstick(records: list[BenchRankRecord]) -> list[str]:
+    rows, probes, kernels = [], [], []
+    for r in records:
+        for p in r.policies:
+            y = p.comm_yardstick
+            if y is None:
+                continue
+            for stage, us, bound, mn, moved, local, anchor in (
+                    ("dispatch", y.dispatch_us, y.dispatch_bound_us, y.dispatch_min_remote_bytes,
+                     y.dispatch_moved_bytes, y.dispatch_local_bytes, y.anchor_dispatch_bytes),
+                    ("combine", y.combine_us, y.combine_bound_us, y.combine_min_remote_bytes, y.combine_moved_bytes,
+                     y.combine_local_bytes, y.anchor_combine_bytes)):
+                eager = next((v.median_us for v in p.variants if v.name == f"{stage}:harness"), None)
+                rows.append(f"| {r.rank} | {p.policy} | {stage} | {y.timing} | {us:.1f} | {_f(eager, '.1f')} | "
+                            f"{_f(bound, '.1f')} | {_f(None if bound is None else bound / us, '.3f')} | {_mb(mn)} | "
+                            f"{_mb(moved)} | {_mb(local)} | {_mb(anchor)} |")
+            probes.append(f"| {r.rank} | {p.policy} | {_f(y.hbm_gbps, '.0f')} | {_f(y.link_gbps, '.0f')} | "
+                          f"{y.remote_rows} | {y.selections} | {y.received_pairs} | {_f(y.bound_ratio, '.3f')} |"
+                          + (f" {p.comm_graph_error} |" if p.comm_graph_error else " |"))
+            for k in p.kernels[:12]:
+                kernels.append(f"| {r.rank} | {p.policy} | {k.name[:80]} | {k.calls_per_round:g} | "
+                               f"{k.us_per_round:.1f} |")
+    if not rows:
+        return []
+    lines = ["", "## Comm yardstick (bound = minimal remote bytes / link + local bytes / HBM; ratio = bound / "
+             "measured)", "",
+             "| rank | policy | stage | timing | measured | eager | bound | ratio | min remote | moved | local | "
+             "anchor (per selection) |",
+             "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+             "| | | | | us | us | us | | MB | MB | MB | MB |", *rows,
+             "", "| rank | policy | HBM probe | link probe | remote rows | selections | slots received | "
+             "ratio | graph |", "|---:|---|---:|---:|---:|---:|---:|---:|---|", "| | | GB/s | GB/s | | | | | |",
+             *probes]
+    if kernels:
+        lines += ["", "## Kernels per dispatch + combine (torch.profiler device events)", "",
+                  "| rank | policy | kernel | calls | GPU time |", "|---:|---|---|---:|---:|", "| | | | | us |",
+                  *kernels]
+    lines += ["", "## Reference: published EP kernels at the decode shape (128 tokens per rank, K = 7168, top-8)", "",
+              "| kernel | hardware | dispatch | combine |", "|---|---|---:|---:|", "| | | us | us |",
+              *(f"| {name} | {hw} | {d:g} | {c:g} |" for name, hw, d, c in ANCHORS)]
     return lines
 
 
@@ -67,7 +123,7 @@ def _cpu_costs(report: BenchReport) -> list[str]:
 
 
 def render_markdown(report: BenchReport, records: list[BenchRankRecord]) -> str:
-    lines = [*_header(report), *_per_rank(records), *_ratios(report), *_cpu_costs(report), ""]
+    lines = [*_header(report), *_per_rank(records), *_ratios(report), *_yardstick(records), *_cpu_costs(report), ""]
     lines += [f"- FAILED: {failure}" for failure in report.failures]
     lines += ["", "OK" if report.ok else "FAILED", ""]
     return "\n".join(lines)

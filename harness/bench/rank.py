@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
-from harness.bench.raw_comm import CommVariants, comm_variants, reserve_symmetric_heap
+from harness.bench.raw_comm import CommVariants, comm_variants
 from harness.bench.raw_kernels import max_rel_error_on_valid_rows, raw_experts
-from harness.bench.records import BENCH_POLICIES, BenchPolicy, BenchRankRecord, VariantStats
+from harness.bench.records import BENCH_POLICIES, BenchPolicy, BenchRankRecord, KernelTime, VariantStats
+from harness.bench.yardstick import hbm_probe_gbps, kernel_times, link_probe_gbps, yardstick
 from harness.core.environment import collect_hardware, collect_versions
 from harness.core.events import Done, PolicyDone, PolicyStarted, RankEvent, Ready
 from harness.rank.distributed import RankInfo, StageFailure, agree, init_rank, shutdown_rank
@@ -58,6 +59,16 @@ class BenchState:
     raw_name: str | None = None
     rel_error: float | None = None
     samples: dict[str, list[float]] = field(default_factory=dict)
+    received_pairs: int = 0  # (token, expert) slots this rank's experts received in one dispatch
+    kernels: list[KernelTime] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Probes:
+    """This run's copy-probe bandwidths (harness.bench.yardstick), measured once before the policies."""
+
+    hbm_gbps: float | None
+    link_gbps: float | None
 
 
 def _guarded(state: BenchState, stage: str, fn: Callable[[], Any]) -> Any:
@@ -89,6 +100,7 @@ def _prepare(setup: RankSetup, state: BenchState) -> None:
         state.raw_name, raw = raw_experts(setup, workspace)
         # Experts first: raw-vllm writes the same views the harness step uses, so compare before reuse.
         counts = [int(c) for c in b.expert_num_tokens.tolist()]
+        state.received_pairs = sum(counts)
         harness_out = harness_experts().clone()
         state.rel_error = max_rel_error_on_valid_rows(harness_out, raw(), counts)
         comm = [name for name, _ in state.comm.variants]
@@ -125,6 +137,23 @@ def _iterate(setup: RankSetup, state: BenchState, num_rounds: int) -> None:
             return
 
 
+def _profile(setup: RankSetup, state: BenchState) -> None:
+    """Per-kernel GPU time of a few dispatch + combine rounds: the graphs' replays where they exist, else eager."""
+    cv = state.comm
+    assert cv is not None
+    fn = cv.replay
+    if fn is None:
+        named = dict(cv.variants)
+        fn = lambda: (named["dispatch:harness"](), named["combine:harness"]())  # noqa: E731
+    if setup.device.type == "cuda":
+        torch.cuda.synchronize(setup.device)
+        torch.distributed.barrier()
+    state.kernels = _guarded(state, "profile", lambda: kernel_times(fn, setup.device, rounds=5)) or []
+    if state.timer is not None:
+        state.timer.elapsed_us()  # the eager rounds' sub-stage marks: not samples
+    state.failed = agree(state.own, setup.device)
+
+
 def _failed_policy(state: BenchState) -> BenchPolicy:
     kinds = {f.kind for f in state.failed.values()}
     status = "oom" if kinds == {"oom"} else "error"
@@ -138,8 +167,9 @@ def _failed_policy(state: BenchState) -> BenchPolicy:
                        max_rel_error=None, error=error)
 
 
-def _judge(setup: RankSetup, state: BenchState) -> BenchPolicy:
-    """Medians per variant, raw / harness ratios, TFLOP/s and bus bandwidths (nccl-tests' all-to-all factor)."""
+def _judge(setup: RankSetup, state: BenchState, probes: Probes) -> BenchPolicy:
+    """Medians per variant, the yardstick (bound / measured, graph replays where they ran), raw / harness ratios,
+    TFLOP/s and bus bandwidths (nccl-tests' all-to-all factor)."""
     assert state.comm is not None and state.raw_name is not None
     assert state.comm.dispatch is not None and state.comm.combine is not None
     stats = [VariantStats(name=name, **asdict(stats_drop_first(values))) for name, values in state.samples.items()]
@@ -154,6 +184,15 @@ def _judge(setup: RankSetup, state: BenchState) -> BenchPolicy:
     raw_comm_us = by[raw_dispatch_name] + by[raw_combine_name]
     harness_comm_us = by["dispatch:harness"] + by["combine:harness"]
     comm_bytes = dispatch_bytes + combine_bytes
+    graph = "dispatch:graph" in by and "combine:graph" in by
+    timing = "graph" if graph else "eager"
+    stick = yardstick(
+        topk_ids=setup.routing.topk_ids, rank=layout.rank, num_ranks=layout.num_ranks,
+        num_local_experts=layout.num_local_experts, hidden_size=layout.hidden_size,
+        received_pairs=state.received_pairs, moved_row_bytes=state.comm.dispatch.row_bytes,
+        out_bytes=setup.buffers.combine_recv.element_size(), hbm_gbps=probes.hbm_gbps, link_gbps=probes.link_gbps,
+        dispatch_us=by[f"dispatch:{'graph' if graph else 'harness'}"],
+        combine_us=by[f"combine:{'graph' if graph else 'harness'}"], timing=timing)
     return BenchPolicy(
         policy=state.policy, status="ok", variants=stats, experts_raw_variant=state.raw_name,
         experts_ratio=by[state.raw_name] / by["experts:harness"], comm_ratio=comm_ratio,
@@ -163,10 +202,11 @@ def _judge(setup: RankSetup, state: BenchState) -> BenchPolicy:
         raw_a2a_busbw_gbps=comm_bytes / (raw_comm_us * 1e3) * bus,
         harness_comm_busbw_gbps=comm_bytes / (harness_comm_us * 1e3) * bus,
         dispatch_bytes=dispatch_bytes, combine_bytes=combine_bytes, max_rel_error=state.rel_error,
+        comm_yardstick=stick, comm_graph_error=state.comm.graph_error, kernels=state.kernels,
     )
 
 
-def bench_policy(setup: RankSetup, policy: str, num_rounds: int) -> BenchPolicy:
+def bench_policy(setup: RankSetup, policy: str, num_rounds: int, probes: Probes) -> BenchPolicy:
     """Interleave every variant `num_rounds` times on one policy's workspace: allocate -> prepare -> iterate -> judge."""
     release_cached(setup.device)
     state = BenchState(policy=policy)
@@ -175,7 +215,9 @@ def bench_policy(setup: RankSetup, policy: str, num_rounds: int) -> BenchPolicy:
         _prepare(setup, state)
     if not state.failed:
         _iterate(setup, state, num_rounds)
-    result = _failed_policy(state) if state.failed else _judge(setup, state)
+    if not state.failed:
+        _profile(setup, state)
+    result = _failed_policy(state) if state.failed else _judge(setup, state, probes)
     if state.workspace is not None:
         state.workspace.release(setup.accountant)
     state.workspace = None
@@ -191,10 +233,11 @@ def bench_rank_main(scenario: Scenario, info: RankInfo, run_dir: Path,
     driver resolved), then bench_policy per policy, with the record so far sent after each."""
     device = init_rank(info)
     try:
-        if device.type == "cuda":
-            reserve_symmetric_heap(scenario)
         setup = setup_rank(scenario, info, device, run_dir, 0, kernels=kernels)
         warm_up(setup)
+        probes = Probes(hbm_gbps=hbm_probe_gbps(device),
+                        link_gbps=link_probe_gbps(device, info.rank, info.world_size))
+        release_cached(device)
         if progress:
             progress(setup.event(Ready, backend=setup.backend.name))
         fields = dict(
@@ -208,7 +251,7 @@ def bench_rank_main(scenario: Scenario, info: RankInfo, run_dir: Path,
         for policy in bench_policies(scenario):
             if progress:
                 progress(setup.event(PolicyStarted, policy=policy))
-            results.append(bench_policy(setup, policy, scenario.bench.iterations))
+            results.append(bench_policy(setup, policy, scenario.bench.iterations, probes))
             if progress:
                 so_far = BenchRankRecord(**fields, policies=list(results), complete=False)
                 progress(setup.event(PolicyDone, policy=policy, status=results[-1].status,

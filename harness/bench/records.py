@@ -20,6 +20,38 @@ class VariantStats(Record):
     num_samples: int
 
 
+class KernelTime(Record):
+    """One kernel's GPU time per round, from torch.profiler's device events."""
+
+    name: str
+    calls_per_round: float
+    us_per_round: float
+
+
+class CommYardstick(Record):
+    """The same yardstick for every comm backend (harness.bench.yardstick): bytes, bandwidths, bound, ratio."""
+
+    timing: Literal["graph", "eager"]  # what dispatch_us / combine_us are: CUDA-graph replays, or eager calls
+    hbm_gbps: float | None  # device-to-device copy probe, (read + write) / time; None on CPU
+    link_gbps: float | None  # peer copy probe, one way; None at P = 1 and on CPU
+    remote_rows: int  # (token, distinct remote rank) pairs this rank sends
+    selections: int  # (token, top-k selection) pairs of this rank
+    received_pairs: int  # (token, expert) slots this rank's experts received
+    dispatch_min_remote_bytes: int
+    combine_min_remote_bytes: int
+    dispatch_local_bytes: int  # every slot written: FP8 row + scale
+    combine_local_bytes: int  # every expert output read
+    dispatch_moved_bytes: int  # the backend's own rows on the link
+    combine_moved_bytes: int
+    anchor_dispatch_bytes: int  # DeepEP's count: every selection, (K + K/128 * 4 + 16) bytes
+    anchor_combine_bytes: int  # every selection, 2K
+    dispatch_us: float
+    combine_us: float
+    dispatch_bound_us: float | None
+    combine_bound_us: float | None
+    bound_ratio: float | None  # (dispatch + combine bound) / (dispatch + combine measured); None: n/a here
+
+
 class BenchPolicy(Record):
     policy: str
     status: Literal["ok", "oom", "error"]
@@ -38,6 +70,10 @@ class BenchPolicy(Record):
     error: str | None = None  # status "error": what was raised, here or on the ranks that stopped the policy
     comm_raw_dispatch_variant: str | None = None  # the fastest raw collective for dispatch's bytes
     comm_raw_combine_variant: str | None = None  # and for combine's
+    # the yardstick (gates); comm_ratio above stays as a diagnostic
+    comm_yardstick: CommYardstick | None = None
+    comm_graph_error: str | None = None  # why dispatch/combine did not capture in a CUDA graph, where they did not
+    kernels: list[KernelTime] = []  # per kernel GPU time of one replayed (or eager) dispatch + combine
 
 
 class BenchRankRecord(RankHeader):
@@ -67,13 +103,19 @@ class BenchPolicySummary(Record):
     experts_raw_variant: str | None
     experts_ratio_min: float | None
     experts_ratio_median: float | None
-    comm_ratio_min: float | None
+    comm_ratio_min: float | None  # the raw-collective ratio: a diagnostic, not gating
     experts_tflops_min: float | None
     experts_tflops_max: float | None
     fraction_of_fp8_peak_max: float | None
     harness_comm_busbw_gbps_min: float | None
     raw_a2a_busbw_gbps_max: float | None
     max_rel_error: float | None
+    comm_bound_ratio_min: float | None = None  # bound / measured dispatch + combine, the smallest over ranks
+    comm_timing: str | None = None  # "graph" or "eager"
+    dispatch_us_max: float | None = None  # the yardstick's measured dispatch, the slowest rank
+    combine_us_max: float | None = None
+    dispatch_bound_us_max: float | None = None
+    combine_bound_us_max: float | None = None
 
 
 class BenchReport(RunHeader):

@@ -129,7 +129,7 @@ def _backends() -> list[str]:
         "",
         "What `experts_backend` and `comm` can name (harness/core/backends.py declares them). `harness run`",
         "checks the named backends against the resolved device and the layout before any rank starts; a rank",
-        "then asks what only it can tell (compute capability, NVSHMEM, the ops library). `auto` takes the first",
+        "then asks what only it can tell (compute capability, symmetric memory, the ops library). `auto` takes the first",
         "backend of its order that passes both.",
         "",
         "| field | name | devices | supports | auto order | description |",

@@ -30,10 +30,6 @@ MAX_RANKS_PER_CPU = 4
 CPU_RANK_OVERHEAD_BYTES = 300 * 2**20
 # A CUDA context and NCCL's buffers, which the rank cannot do without.
 GPU_RANK_OVERHEAD_BYTES = 2**30
-# torch's all_to_all_vdev_2d (torch/csrc/distributed/c10d/symm_mem/nvshmem_extension.cu), which `harness bench`
-# times as a raw collective: one 32-thread tile per local expert in a 512-thread block.
-SYMM_MEM_MAX_LOCAL_EXPERTS = 16
-SYMM_MEM_META_BYTES = 16  # scale, token, source rank, weight per dispatched pair (harness.rank.comm.symm_mem)
 GIB = 2**30
 
 
@@ -96,7 +92,7 @@ def backend_query(scenario: Scenario, device_type: DeviceType) -> BackendQuery:
 
 def backends_reason(scenario: Scenario, device_type: DeviceType) -> str | None:
     """Why the scenario's experts_backend or comm cannot run on `device_type` ranks, or None: the one check of
-    the backends' declarations. What only a rank can tell (NVSHMEM, sm90, an ops library) is asked there."""
+    the backends' declarations. What only a rank can tell (symmetric memory, sm90, an ops library) is asked there."""
     query = backend_query(scenario, device_type)
     return EXPERTS.reason(scenario.experts_backend, query) or COMM.reason(scenario.comm, query)
 
@@ -115,9 +111,11 @@ def _comm_buffers_bytes(s: Scenario, device_type: DeviceType) -> tuple[int, int]
         candidates = COMM.auto_candidates(backend_query(s, device_type))
         comm = candidates[0].name if candidates else comm
     if comm == "symm-mem":
-        # two send buffers of rows and words, (counts, send offsets) out and in, the received words
-        staging = 2 * C * k * (K + SYMM_MEM_META_BYTES) + 4 * P * E * 8 + E * M * SYMM_MEM_META_BYTES
-        return E * M * K + batched + staging, (P * C + C) * K * out_bytes
+        # harness.rank.comm.symm_mem: received rows (push.PushFormat), counts, the route layout, the combine table
+        row = K + -(-4 * (2 + 3 * k) // 16) * 16
+        staging = (P * C * row + P * (E + 1) * 4 + C * k * 4 + C * P * 4 + (E * P + P) * 4 + P * E * 4
+                   + P * C * (k * 12 + 4) + 8)
+        return (E * M + 1) * K + batched + staging, (P * C + C) * K * out_bytes
     meta_bytes = -(-4 * (3 + (k + 1) // 2 + k) // 16) * 16  # harness.rank.comm.base.RowFormat
     row, sent = K + meta_bytes, C * min(P, k)
     staging = (sent + P * C) * row + 2 * P * 8

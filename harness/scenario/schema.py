@@ -227,6 +227,8 @@ class Scenario(_Strict):
             del data["deployment"]  # likewise for scenarios without a deployment section
         if not self.memory.deployment_ballast:
             del data["memory"]["deployment_ballast"]
+        if self.bench.comm_bound_ratio_min == BenchSpec.model_fields["comm_bound_ratio_min"].default:
+            del data["bench"]["comm_bound_ratio_min"]  # likewise for the comm yardstick's threshold at its default
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @property

@@ -3,18 +3,18 @@
     tokens (n, K) bf16 -quantize-layout-pack-exchange-unpack-> expert_x (E, M, K) fp8, scales, expert_num_tokens
     out (n, K) bf16 <-token-reduce-exchange-expert-reduce-- expert_out (E, M, K) bf16 (the experts' `out`)
 
-    symm-mem  torch NVSHMEM symmetric memory: counts on the device, no host read; each rank pulls its chunks
-              from the peers' mapped send buffers straight into the batched buffer (one node)  symm_mem.py
+    symm-mem  torch symmetric memory (CUDA backend): rows and counts pushed into the peers' buffers by Triton
+              kernels, release/acquire flags, no host read, captures in a CUDA graph; P >= 1, one node  symm_mem.py
     nccl      one packed row per (token, destination rank) over all_to_all_single; one host read of the
               split sizes per dispatch                                                       nccl.py
     gloo      the same packed rows on CPU ranks                                              gloo.py
-    auto      the first of symm-mem, nccl, gloo that can run: symm-mem on 2+ GPUs with NVSHMEM, else nccl
-              on GPUs, gloo on CPUs
+    auto      the first of symm-mem, nccl, gloo that can run: symm-mem on GPUs with torch's symmetric memory,
+              else nccl on GPUs, gloo on CPUs
 
 base.py holds the shared types (layout, row format, batched buffers, handle, sub-stage marks); collective.py the
 all_to_all_single path nccl and gloo share. Every buffer is allocated once at full capacity. Each backend is
 declared in harness.core.backends.COMM (devices, layouts, auto's order, help text) and bound to its class here in
-IMPLEMENTATIONS, with the runtime probe only a rank can answer (NVSHMEM in the torch build).
+IMPLEMENTATIONS, with the runtime probe only a rank can answer (torch's symmetric memory on CUDA).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from harness.rank.comm.base import (
 from harness.rank.comm.fused import row_kernels
 from harness.rank.comm.gloo import GlooComm
 from harness.rank.comm.nccl import NcclComm
-from harness.rank.comm.symm_mem import SymmMemComm, nvshmem_available
+from harness.rank.comm.symm_mem import SymmMemComm, symm_mem_available
 from harness.rank.memory import Accountant
 
 __all__ = [
@@ -46,11 +46,10 @@ def _no_probe() -> str | None:
     return None
 
 
-def _nvshmem_reason() -> str | None:
-    if nvshmem_available():
+def _symm_mem_reason() -> str | None:
+    if symm_mem_available():
         return None
-    return ("comm symm-mem needs NVSHMEM: torch.distributed._symmetric_memory.is_nvshmem_available() is False here "
-            "(install nvidia-nvshmem-cu13 for a CUDA 13 torch)")
+    return "comm symm-mem needs torch's symmetric memory on CUDA, which this torch build or machine lacks"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +63,7 @@ class CommImplementation:
 
 # The implementation of every backend harness.core.backends.COMM declares, by its name.
 IMPLEMENTATIONS: dict[str, CommImplementation] = {
-    "symm-mem": CommImplementation(cls=SymmMemComm, runtime_reason=_nvshmem_reason, create=lambda layout, acc, dt, dev:
+    "symm-mem": CommImplementation(cls=SymmMemComm, runtime_reason=_symm_mem_reason, create=lambda layout, acc, dt, dev:
                                    SymmMemComm(layout, acc, out_dtype=dt, device=dev)),
     "nccl": CommImplementation(cls=NcclComm, create=lambda layout, acc, dt, dev: NcclComm(layout, acc, out_dtype=dt)),
     "gloo": CommImplementation(cls=GlooComm, create=lambda layout, acc, dt, dev: GlooComm(layout, acc, out_dtype=dt)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -158,7 +158,8 @@ class BatchedBuffers:
 class DispatchHandle:
     """What combine needs to send results back and reduce them; produced by a backend's dispatch.
 
-    `state` holds the backend's own device tensors (bag indices, splits); only that backend reads it.
+    `state` is the backend's own frozen dataclass (collective.CollectiveState, symm_mem.SymmMemState): what its
+    combine reads of the dispatch; only that backend reads it.
     """
 
     num_tokens: int
@@ -166,7 +167,7 @@ class DispatchHandle:
     dispatch_bytes: int  # bytes this rank put on the wire in dispatch (its own rank's share included)
     combine_bytes: int  # bytes this rank puts on the wire in combine
     num_host_syncs: int  # device-to-host reads the dispatch needed (0: none; the splits read counts 1)
-    state: dict[str, Any] = field(default_factory=dict)
+    state: Any = None
 
 
 @dataclass
@@ -192,6 +193,7 @@ class Comm(abc.ABC):
     once at full capacity. Subclasses set `name` and implement `dispatch` and `combine`."""
 
     name: str = ""
+    graph_capturable: bool = False  # dispatch and combine read nothing on the host and keep their shapes
 
     def __init__(self, layout: DispatchLayout, batched: BatchedBuffers, *, harness_bytes: int):
         self.layout = layout

@@ -21,6 +21,8 @@ ranks this moves 2 rows per token each way where a row per (token, slot) moved 8
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
@@ -34,6 +36,18 @@ from harness.rank.memory import Accountant
 def _exclusive_cumsum(counts: torch.Tensor) -> torch.Tensor:
     """Along the first dimension."""
     return torch.cumsum(counts, 0) - counts
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveState:
+    """What the collective path's combine reads of its dispatch (DispatchHandle.state)."""
+
+    send_splits: list[int]  # rows sent to each rank (host ints: all_to_all_single's split sizes)
+    recv_splits: list[int]  # rows received from each rank
+    token_table: torch.Tensor  # (n, P) int64: token t's row for rank d in the send order (0 where none)
+    token_weights: torch.Tensor  # (n, P) float32: 1 where token t went to rank d
+    bag_table: torch.Tensor  # (rows received, top_k) int64: each received row's slot rows
+    bag_weights: torch.Tensor  # (rows received, top_k) float32: their weights, 0 where none
 
 
 class CollectiveComm(Comm):
@@ -82,8 +96,9 @@ class CollectiveComm(Comm):
             num_tokens=n, topk_weights=topk_weights, dispatch_bytes=num_send * fmt.row_bytes,
             combine_bytes=num_recv * L.hidden_size * self.combine_recv.element_size(), num_host_syncs=1,
             # Token side of combine: token t's row for rank d came back at `position[t, d]` (send order).
-            state={"send_splits": send_splits, "recv_splits": recv_splits,
-                   "token_table": torch.where(member, position, 0), "token_weights": member.float(), **bags},
+            state=CollectiveState(send_splits=send_splits, recv_splits=recv_splits,
+                                  token_table=torch.where(member, position, 0), token_weights=member.float(),
+                                  bag_table=bags[0], bag_weights=bags[1]),
         )
 
     def _plan(self, topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -104,7 +119,7 @@ class CollectiveComm(Comm):
         order.scatter_(0, target, torch.arange(n * P, device=device))
         return member, position, order
 
-    def _unpack(self, num_recv: int) -> dict[str, torch.Tensor]:
+    def _unpack(self, num_recv: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Place every received (row, local expert) pair into its slot; return the dense bags combine reduces."""
         L, fmt, b = self.layout, self.fmt, self.batched
         E, M, k = L.num_local_experts, L.max_slots_per_expert, L.top_k
@@ -121,25 +136,27 @@ class CollectiveComm(Comm):
         b.overflow.add_((counts - M).clamp(min=0).sum())
         b.expert_num_tokens.copy_(counts.clamp(max=M))
         # Bags for combine: row r's slots, weight 0 where the pair is elsewhere (or past M: counted as overflow).
-        return {"bag_table": table, "bag_weights": bag_weights}
+        return table, bag_weights
 
     # ---------------------------------------------------------------- combine
     def combine(self, expert_out: torch.Tensor, handle: DispatchHandle, stages: Stages) -> torch.Tensor:
         L, st = self.layout, handle.state
+        assert isinstance(st, CollectiveState)
         E, M, K = L.num_local_experts, L.max_slots_per_expert, L.hidden_size
-        send_splits, recv_splits = st["send_splits"], st["recv_splits"]
+        send_splits, recv_splits = st.send_splits, st.recv_splits
         stages.begin()
-        partial = bag_sum(st["bag_table"], st["bag_weights"], expert_out.reshape(E * M, K))
+        partial = bag_sum(st.bag_table, st.bag_weights, expert_out.reshape(E * M, K))
         stages.lap("combine.expert-reduce")
         back = self.combine_recv[: sum(send_splits)]
         dist.all_to_all_single(back, partial, output_split_sizes=send_splits, input_split_sizes=recv_splits)
         stages.lap("combine.exchange")
-        out = bag_sum(st["token_table"], st["token_weights"], back, out=self.batched.combine_out[: handle.num_tokens])
+        out = bag_sum(st.token_table, st.token_weights, back, out=self.batched.combine_out[: handle.num_tokens])
         stages.lap("combine.token-reduce")
         return out
 
     def combine_terms(self, handle: DispatchHandle) -> tuple[torch.Tensor, torch.Tensor]:
         st, n = handle.state, handle.num_tokens
-        back = self.combine_recv[: sum(st["send_splits"])]
-        table = st["token_table"]  # (n, P): W = P here, weight 0 where the token did not go
-        return back.index_select(0, table.reshape(-1)) if n else back[:0], st["token_weights"]
+        assert isinstance(st, CollectiveState)
+        back = self.combine_recv[: sum(st.send_splits)]
+        table = st.token_table  # (n, P): W = P here, weight 0 where the token did not go
+        return back.index_select(0, table.reshape(-1)) if n else back[:0], st.token_weights

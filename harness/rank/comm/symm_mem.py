@@ -1,218 +1,184 @@
-"""symm-mem: torch's NVSHMEM symmetric memory; the splits never leave the device.
+"""symm-mem: torch's symmetric memory (its CUDA backend), rows and counts pushed into the peers' buffers by
+Triton kernels, ordered by release/acquire flags on the signal pads; nothing is read on the host, every shape is
+fixed, so a dispatch and a combine each capture in a CUDA graph. Runs at any P >= 1 on GPUs of one node (at
+P = 1 every "peer" is the rank itself: the same kernels, local stores).
 
-Dispatch, per rank:
+Dispatch, per rank (harness.rank.comm.push has the kernels):
 
-    quantize   tokens (n, K) bf16 -> FP8 (n, K) + scales (n, 1)
-    layout     (token, slot) pairs sorted by global expert (destination rank, then its local expert, token
-               order within); per-expert counts and their send offsets, on the device
-    pack       the pairs' FP8 rows and their words (scale, token, source rank, weight) into this dispatch's symmetric
-               send buffers (two of each, used in turn)
-    exchange   one fixed-size all_to_all_single of (counts, send offsets) for each rank's experts; then every rank
-               pulls each (peer, local expert) chunk from the peer's send buffers, which NVSHMEM maps into its
-               address space, straight into the batched buffer: expert e at rows [e*M, e*M + count)
-               (fused.pull_rows, one Triton kernel)
-    unpack     expert_num_tokens from the received counts; scales and sources copied out of the words
+    layout     wait until every peer has consumed this rank's rows of the previous dispatch (its CONSUMED
+               flag; the epoch advances here); route_layout: each pair's position among this rank's pairs for
+               its expert (token order) and each token's row index per destination rank, no sort
+    pack       quantize_push: each bf16 token read once, FP8 and its scale computed (bit-equal to
+               harness.rank.quant.quantize_per_token), one row per (token, destination rank) stored straight
+               into the destination's receive buffer at [this rank, row index]; then per destination, this
+               rank's counts into its count buffer and a release store of the epoch into its READY flag
+    exchange   wait (acquire) for every peer's READY flag of this epoch
+    unpack     expert_base: each (source, expert)'s first slot, sources in rank order (expert_num_tokens, the
+               overflow count); expand: every received row read once and written to slot base + position of each
+               local expert it picked (deterministic: slot j of expert e is the j-th pair for e in (source rank,
+               token) order), with scale and source; then CONSUMED to every source
 
-Why not torch's all_to_all_vdev_2d, which does this exchange: in torch 2.11 its pull kernel has block 0 overwrite
-the source-offsets row with the receive offsets while other blocks may still be reading it, with no grid-wide
-barrier in between (torch/csrc/distributed/c10d/symm_mem/nvshmem_extension.cu). A block that reads late pulls
-its chunk from the wrong place. benchmarks/soak_comm.py saw it on 2 x H200: 36 of 4000 rank-rounds with wrong
-rows, every one at the start of an expert whose first peer sent nothing. Later torch sources write the offsets in
-a separate kernel. docs/comm.md has the record.
+Combine: reduce_push sums each received row's weighted expert outputs (float32) into one bf16 partial and pushes
+it into the source's combine buffer at [this rank, token]; COMBINED to every rank; wait for every COMBINED of
+this epoch; token_reduce sums each token's partials from the ranks it went to, in rank order.
 
-Ordering without barriers: a peer's send buffer is read after the (counts, offsets) exchange, which the peer
-joins only after packing it (stream order); and the peer packs that buffer again two dispatches later, after a
-later exchange that this rank joins only after its pull (stream order again). So two send buffers used in turn
-make back-to-back dispatches safe with or without a combine between them. A CUDA graph captures one of the two:
-replaying a whole round stays ordered (combine's exchange waits for every pull of the round), replaying dispatch
-alone back to back would not be.
-
-Combine: the expert side reduces the weighted outputs of each (source rank, token) into one bf16 row (fused.bag_sum
-over a dense (P*C, min(top_k, E)) table of its slots, fixed size), one equal-split
-all_to_all_single sends C rows to each rank (fixed sizes: no host read), and the token's rank sums the P rows of
-each token in float32.
+Why this order is safe (docs/comm.md has the argument in full): a flag store is a release at system scope after
+a CTA barrier, issued in a kernel that runs after the kernels whose stores it publishes (stream order); a wait
+is an acquire load at system scope, and the kernels after it read only what the flags it saw published. Writes
+into a peer's buffer wait for that peer's release of the previous contents: CONSUMED for the receive rows and
+counts; for the combine buffer, the peer's READY of the same epoch, which the peer issues after its previous
+token_reduce. So any sequence of dispatches, with or without combines between them, and graph replays of
+either, stay ordered.
 
 The peers' buffers are reachable only within one node (NVLink): setup refuses ranks whose peers are not mapped.
-Never touched without CUDA and NVSHMEM: harness.rank.comm.unavailable_reason answers from the layout
-(its declaration, harness.core.backends.COMM) and the torch build alone.
 """
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from harness.rank.comm import push
 from harness.rank.comm.base import (
-    BatchedBuffers, Comm, CommUnavailable, DispatchHandle, DispatchLayout, Quantize, Stages, as_words,
+    BatchedBuffers, Comm, CommUnavailable, DispatchError, DispatchHandle, DispatchLayout, Quantize, Stages,
 )
-from harness.rank.comm.fused import PeerRows, bag_sum, pull_rows
+from harness.rank.comm.push import COMBINED, CONSUMED, FLAG_BASE, NUM_PHASES, READY, Mapped, PushFormat
 from harness.rank.memory import Accountant
-from harness.scenario.fit import SYMM_MEM_MAX_LOCAL_EXPERTS, SYMM_MEM_META_BYTES
-
-MAX_LOCAL_EXPERTS = SYMM_MEM_MAX_LOCAL_EXPERTS  # torch's all_to_all_vdev_2d (the raw collective bench times)
-META_WORDS = SYMM_MEM_META_BYTES // 4  # scale, token, source rank, weight: 16 bytes a pair
-_HEAP_MARGIN_BYTES = 256 * 2**20
+from harness.rank.quant import quantize_per_token
 
 
-def nvshmem_available() -> bool:
-    """Whether this torch build can use NVSHMEM here (a library check; no GPU is touched)."""
+def symm_mem_available() -> bool:
+    """Whether torch's symmetric memory can run here (CUDA and the module; no GPU is touched)."""
     try:
-        import torch.distributed._symmetric_memory as symm_mem
-
-        return bool(torch.cuda.is_available() and symm_mem.is_nvshmem_available())
-    except (ImportError, RuntimeError):
+        import torch.distributed._symmetric_memory  # noqa: F401
+    except ImportError:
         return False
+    return torch.cuda.is_available()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SymmMemState:
+    """What symm-mem's combine reads of its dispatch (DispatchHandle.state)."""
+
+    row_index: torch.Tensor  # (n, P) int32: each token's row index among those sent to rank d, -1 where none
 
 
 class SymmMemComm(Comm):
     name = "symm-mem"
+    graph_capturable = True
 
     def __init__(self, layout: DispatchLayout, accountant: Accountant, *, out_dtype: torch.dtype,
                  device: torch.device):
         import torch.distributed._symmetric_memory as symm_mem
 
+        if out_dtype != torch.bfloat16:
+            raise CommUnavailable(f"comm symm-mem combines bf16 rows; the workspace dtype is {out_dtype}")
         E, M, K = layout.num_local_experts, layout.max_slots_per_expert, layout.hidden_size
-        C, P, k = layout.buffer_tokens, layout.num_ranks, layout.top_k
-        symmetric_bytes = 2 * C * k * (K + 4 * META_WORDS)
-        # NVSHMEM sizes its heap when it starts (at the first symmetric allocation).
-        os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(symmetric_bytes + _HEAP_MARGIN_BYTES))
-        if symm_mem.get_backend(device) != "NVSHMEM":
-            symm_mem.set_backend("NVSHMEM")
-        self.group_name = dist.group.WORLD.group_name
+        C, P, k, rank = layout.buffer_tokens, layout.num_ranks, layout.top_k, layout.rank
+        self.fmt = fmt = PushFormat(hidden_size=K, top_k=k)
+        group = dist.group.WORLD.group_name  # type: ignore[union-attr]
 
-        def symmetric(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        def symmetric(shape: tuple[int, ...], dtype: torch.dtype, kind: str) -> tuple[torch.Tensor, Mapped, object]:
             tensor = symm_mem.empty(shape, dtype=dtype, device=device)
-            accountant.adopt("dispatch", tensor)
-            return tensor
-
-        self.send_x = symmetric((2, C * k, K), torch.uint8)  # two send buffers, used in turn (module docstring)
-        self.send_meta = symmetric((2, C * k, META_WORDS), torch.int32)
-        self.meta_out = accountant.alloc("dispatch", (P, 2, E), torch.int64)  # (counts, send offsets) per rank
-        self.meta_in = accountant.alloc("dispatch", (P, 2, E), torch.int64)
-        self.expert_meta = accountant.alloc("dispatch", (E * M, META_WORDS), torch.int32)
-        self.combine_recv = accountant.alloc("combine", (P * C, K), out_dtype)
-        harness_bytes = sum(t.nbytes for t in (self.send_x, self.send_meta, self.meta_out, self.meta_in,
-                                               self.expert_meta, self.combine_recv))
-        recv_x = accountant.alloc("dispatch", (E * M, K), torch.uint8)  # the batched buffer itself
-        self.peers = self._map_peers(layout.rank, P)
-        super().__init__(layout, BatchedBuffers.allocate(layout, accountant, out_dtype=out_dtype, expert_x=recv_x),
-                         harness_bytes=harness_bytes)
-        self.recv_x = recv_x
-        self.expert_meta.zero_()  # slots past expert_num_tokens are never read, but start them defined
-        self._round = 0
-
-    def _map_peers(self, rank: int, P: int) -> list[PeerRows]:
-        """Each send buffer of every rank as this GPU reaches it (collective, once: rendezvous)."""
-        import torch.distributed._symmetric_memory as symm_mem
-
-        views = []
-        for tensor in (self.send_x, self.send_meta):
-            handle = symm_mem.rendezvous(tensor, self.group_name)
+            accountant.adopt(kind, tensor)
+            handle = symm_mem.rendezvous(tensor, group)
             try:
-                views.append([tensor if p == rank else handle.get_buffer(p, tuple(tensor.shape), tensor.dtype)
-                              for p in range(P)])
+                peers = [tensor if p == rank else handle.get_buffer(p, tuple(shape), dtype) for p in range(P)]
             except RuntimeError as exc:
-                raise CommUnavailable(f"comm symm-mem: this GPU cannot map its peers' buffers (NVSHMEM reaches "
-                                      f"peers by load/store only within one node): {str(exc).splitlines()[0]}; "
+                raise CommUnavailable(f"comm symm-mem: this GPU cannot map its peers' buffers (peers are reached "
+                                      f"by load/store only within one node): {str(exc).splitlines()[0]}; "
                                       "use nccl") from exc
-        device = self.send_x.device
-        return [PeerRows.of([v[b] for v in views[0]], [v[b] for v in views[1]], device) for b in range(2)]
+            return tensor, Mapped.of(peers, device), handle
+
+        self.recv_rows, self.rows, handle = symmetric((P * C, fmt.row_bytes), torch.uint8, "dispatch")
+        self.recv_counts, self.counts_of, _ = symmetric((P, E + 1), torch.int32, "dispatch")
+        self.combine_recv, self.partials_of, _ = symmetric((P * C, K), out_dtype, "combine")
+        words = FLAG_BASE + NUM_PHASES * P
+        if 4 * words > symm_mem.get_signal_pad_size():
+            raise CommUnavailable(f"comm symm-mem: {P} ranks need {4 * words} B of signal pad; torch's is "
+                                  f"{symm_mem.get_signal_pad_size()} (symm_mem.set_signal_pad_size)")
+        pads = [handle.get_signal_pad(p, (words,), torch.int32) for p in range(P)]  # type: ignore[attr-defined]
+        self.pad, self.pads = pads[rank], Mapped.of(pads, device)
+        a = accountant.alloc
+        self.pos = a("dispatch", (C, k), torch.int32)
+        self.row_index = a("dispatch", (C, P), torch.int32)
+        self.counts = a("dispatch", (E * P + P,), torch.int32)
+        self.base = a("dispatch", (P, E), torch.int32)
+        self.table = a("dispatch", (P * C, k), torch.int64)
+        self.table_w = a("dispatch", (P * C, k), torch.float32)
+        self.tok = a("dispatch", (P * C,), torch.int32)
+        self.epoch = a("dispatch", (1,), torch.int32)
+        self.status = a("dispatch", (1,), torch.int32)
+        local = (self.pos, self.row_index, self.counts, self.base, self.table, self.table_w, self.tok, self.epoch,
+                 self.status)
+        harness_bytes = sum(t.nbytes for t in (self.recv_rows, self.recv_counts, self.combine_recv, *local))
+        super().__init__(layout, BatchedBuffers.allocate(layout, accountant, out_dtype=out_dtype),
+                         harness_bytes=harness_bytes)
+        for t in (self.recv_counts, self.epoch, self.status, self.table_w):
+            t.zero_()
+        self.pad[FLAG_BASE:].zero_()
+        torch.cuda.synchronize(device)
+        dist.barrier()  # every rank's flags and counts are zero before any rank signals
 
     def dispatch(self, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  quantize: Quantize, stages: Stages) -> DispatchHandle:
-        L = self.layout
-        n, k, M, E, P = tokens.shape[0], L.top_k, L.max_slots_per_expert, L.num_local_experts, L.num_ranks
-        L.check_tokens(n)  # the invariant that keeps every expert's rows inside its M (see module docstring)
+        L, b, fmt = self.layout, self.batched, self.fmt
+        n, P, E = tokens.shape[0], L.num_ranks, L.num_local_experts
+        L.check_tokens(n)  # the invariant that keeps every expert's rows inside its M
+        assert b.expert_x_flat is not None and b.expert_x_scale_flat is not None and b.expert_src_flat is not None
         stages.begin()
-        q, scale = quantize(tokens)
-        stages.lap("dispatch.quantize")
-        flat = topk_ids.reshape(-1)  # global expert = rank * E + local: rank-major order
-        order = torch.sort(flat, stable=True).indices
-        token = torch.div(order, k, rounding_mode="floor")
-        counts = torch.zeros(P * E, dtype=torch.int64, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
-        self.meta_out[:, 0].copy_(counts.view(P, E))
-        self.meta_out[:, 1].copy_((torch.cumsum(counts, 0) - counts).view(P, E))
+        push.wait(self.pad, CONSUMED, num_ranks=P, epoch=self.epoch, status=self.status, bump=True, lag=1)
+        push.route_layout(topk_ids, self.pos, self.row_index, self.counts, num_local_experts=E, num_ranks=P)
         stages.lap("dispatch.layout")
-        b = self._round % 2
-        self._round += 1
-        num_pairs = n * k
-        torch.index_select(as_words(q), 0, token, out=self.send_x[b].view(torch.int64)[:num_pairs])
-        self.send_meta[b, :num_pairs].copy_(torch.stack([
-            scale.reshape(-1).index_select(0, token).view(torch.int32), token.to(torch.int32),
-            torch.full_like(token, L.rank, dtype=torch.int32),
-            topk_weights.reshape(-1).index_select(0, order).float().view(torch.int32),
-        ], dim=1))
+        if quantize is quantize_per_token:  # fused: each bf16 token read once
+            x, scale = tokens, None
+        else:  # another quantize kernel (vLLM's): its FP8 rows and scales, pushed as they are
+            x, scale = quantize(tokens)
+            x = x.view(torch.uint8)
+        push.quantize_push(x, scale, topk_ids, topk_weights, self.pos, self.row_index, self.rows, fmt=fmt,
+                           rank=L.rank, capacity=L.buffer_tokens, num_local_experts=E)
+        push.signal(self.pads, READY, rank=L.rank, epoch=self.epoch, counts=self.counts, recv_counts=self.counts_of,
+                    num_local_experts=E)
         stages.lap("dispatch.pack")
-        dist.all_to_all_single(self.meta_in, self.meta_out)  # after this, every peer's buffer b is packed
-        received, src_off = self.meta_in[:, 0], self.meta_in[:, 1]  # (P, E): from rank p for local expert e
-        dst_off = torch.arange(E, device=flat.device) * M + (torch.cumsum(received, 0) - received)
-        pull_rows(self.peers[b], received, src_off, dst_off, self.recv_x, self.expert_meta, max_rows=L.buffer_tokens)
+        push.wait(self.pad, READY, num_ranks=P, epoch=self.epoch, status=self.status)
         stages.lap("dispatch.exchange")
-        bags = self._unpack(received.sum(0))
+        push.expert_base(self.recv_counts, self.base, b.expert_num_tokens, b.overflow, max_slots=L.max_slots_per_expert)
+        push.expand(self.recv_rows, self.recv_counts, self.base, x_flat=b.expert_x_flat,
+                    x_scale_flat=b.expert_x_scale_flat, x_src_flat=b.expert_src_flat, table=self.table,
+                    table_w=self.table_w, tok=self.tok, fmt=fmt, max_slots=L.max_slots_per_expert)
+        push.signal(self.pads, CONSUMED, rank=L.rank, epoch=self.epoch)
         stages.lap("dispatch.unpack")
+        rows_sent = n * L.max_ranks_per_token  # an upper bound: the exact figure would need a host read
         return DispatchHandle(
-            num_tokens=n, topk_weights=topk_weights, dispatch_bytes=num_pairs * (L.hidden_size + 4 * META_WORDS),
-            combine_bytes=self.combine_recv.numel() * self.combine_recv.element_size(), num_host_syncs=0,
-            state=bags,
+            num_tokens=n, topk_weights=topk_weights, dispatch_bytes=rows_sent * fmt.row_bytes,
+            combine_bytes=rows_sent * L.hidden_size * self.combine_recv.element_size(), num_host_syncs=0,
+            state=SymmMemState(row_index=self.row_index[:n]),
         )
-
-    def _unpack(self, counts: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Counts, scales and sources out of the received words; the bags combine reduces (all on the device)."""
-        L, b = self.layout, self.batched
-        M = L.max_slots_per_expert
-        b.overflow.add_((counts > M).sum())
-        b.expert_num_tokens.copy_(counts)
-        meta = self.expert_meta
-        b.expert_x_scale.view(-1).copy_(meta[:, 0].view(torch.float32))
-        b.expert_src.view(-1, 2).copy_(torch.stack([meta[:, 2], meta[:, 1]], dim=1))
-        valid = (torch.arange(M, device=meta.device).unsqueeze(0) < counts.unsqueeze(1)).reshape(-1)
-        return self._bags(valid)
-
-    def _bags(self, valid: torch.Tensor) -> dict[str, torch.Tensor]:
-        """A dense (P*C, W) table of each (source rank, token)'s slots on this rank, W = min(top_k, E) (a token
-        picks each expert once), with their weights; unused cells repeat the bag's first slot with weight 0, so
-        combine reads only rows the experts wrote. Fixed sizes, no host read."""
-        L, meta = self.layout, self.expert_meta
-        E, M, P, C = L.num_local_experts, L.max_slots_per_expert, L.num_ranks, L.buffer_tokens
-        B, W, device = P * C, min(L.top_k, E), meta.device
-        # A slot's words name its bag (source rank, token). Words out of range (never from a correct exchange) put
-        # the slot in no bag: its row is then missing from the combined output and the combine check reports the
-        # token wrong, where an index past the bag table would stop the rank with a device-side assert.
-        source, token = meta[:, 2].to(torch.int64), meta[:, 1].to(torch.int64)
-        named = valid & (source >= 0) & (source < P) & (token >= 0) & (token < C)
-        key = torch.where(named, source * C + token, B)  # bag (source, token), or none
-        order = torch.sort(key, stable=True).indices
-        sorted_key = key.index_select(0, order)
-        per_bag = torch.zeros(B + 1, dtype=torch.int64, device=device).index_add_(0, key, torch.ones_like(key))
-        start = torch.cumsum(per_bag, 0) - per_bag
-        position = torch.arange(E * M, device=device) - start.index_select(0, sorted_key)
-        cell = torch.where((sorted_key < B) & (position < W), sorted_key * W + position, B * W)  # B*W: a sink
-        first = order.index_select(0, start[:B].clamp(max=E * M - 1))  # an empty bag's is masked in combine
-        table = torch.cat([first.repeat_interleave(W), first.new_zeros(1)]).index_copy_(0, cell, order)
-        weights = torch.zeros(B * W + 1, dtype=torch.float32, device=device)
-        weights.index_copy_(0, cell, meta[:, 3].view(torch.float32).index_select(0, order))
-        return {"bag_table": table[: B * W].view(B, W), "bag_weights": weights[: B * W].view(B, W)}
 
     def combine(self, expert_out: torch.Tensor, handle: DispatchHandle, stages: Stages) -> torch.Tensor:
         L, st = self.layout, handle.state
-        E, M, K, P, C = L.num_local_experts, L.max_slots_per_expert, L.hidden_size, L.num_ranks, L.buffer_tokens
-        n = handle.num_tokens
+        assert isinstance(st, SymmMemState)
+        E, M, K = L.num_local_experts, L.max_slots_per_expert, L.hidden_size
         stages.begin()
-        # (P*C, K); a token that sent nothing here has only zero weights: a zero row, its cells never read
-        partial = bag_sum(st["bag_table"], st["bag_weights"], expert_out.reshape(E * M, K))
+        push.reduce_push(expert_out.reshape(E * M, K), self.recv_counts, self.table, self.table_w, self.tok,
+                         self.partials_of, rank=L.rank)
+        push.signal(self.pads, COMBINED, rank=L.rank, epoch=self.epoch)
         stages.lap("combine.expert-reduce")
-        dist.all_to_all_single(self.combine_recv, partial)  # C rows to each rank: row s*C + t is its token t
+        push.wait(self.pad, COMBINED, num_ranks=L.num_ranks, epoch=self.epoch, status=self.status)
         stages.lap("combine.exchange")
-        out = self.batched.combine_out[:n]
-        if n:
-            out.copy_(torch.sum(self.combine_recv.view(P, C, K)[:, :n], dim=0, dtype=torch.float32))
+        out = push.token_reduce(self.combine_recv, st.row_index, self.batched.combine_out[: handle.num_tokens])
         stages.lap("combine.token-reduce")
         return out
 
     def combine_terms(self, handle: DispatchHandle) -> tuple[torch.Tensor, torch.Tensor]:
-        L, n = self.layout, handle.num_tokens
+        L, n, st = self.layout, handle.num_tokens, handle.state
+        assert isinstance(st, SymmMemState)
+        late = int(self.status.item())
+        if late:
+            raise DispatchError(f"rank {L.rank}: a wait for peers {[p for p in range(L.num_ranks) if late >> p & 1]} "
+                                "ran past its spin budget (a peer stopped or fell behind)")
         P, C, K = L.num_ranks, L.buffer_tokens, L.hidden_size
         rows = self.combine_recv.view(P, C, K)[:, :n].transpose(0, 1).reshape(n * P, K)
-        return rows, torch.ones((n, P), dtype=torch.float32, device=rows.device)
+        return rows, (st.row_index >= 0).float()
