@@ -220,3 +220,82 @@ def test_gpu_comm_on_one_gpu_is_exact(comm):
     _check(results, scenario, comm)
     if comm == "nccl":
         assert results[0]["dispatch_bytes"] == results[0]["distinct_rows"] * results[0]["row_bytes"]
+
+
+def _graph_exchange(info: Any, scenario_data: dict, delay_cycles: int) -> dict:
+    """symm-mem's dispatch and combine eager, then each captured in a CUDA graph (rank r sleeping r * delay_cycles
+    on the GPU before its dispatch and after it, so the flags must order the peers) and replayed: the slots, the
+    counts and the combined output of every replay equal the eager ones bit for bit."""
+    from harness.rank.combine import combine
+    from harness.rank.dispatch import dispatch
+    from harness.rank.lifecycle import setup_rank
+    from harness.rank.quant import dequantize
+    from harness.scenario.schema import parse_scenario
+
+    scenario = parse_scenario(scenario_data)
+    setup = setup_rank(scenario, info, info.device, Path("/tmp"), 0)
+    comm, L = setup.buffers, setup.layout
+    E = L.num_local_experts
+    factor = (info.rank * E + torch.arange(E, device=info.device) + 1).float().view(E, 1, 1)
+    expert_out = torch.empty_like(comm.expert_x, dtype=torch.bfloat16)
+    out = torch.empty((setup.tokens.shape[0], L.hidden_size), dtype=torch.bfloat16, device=info.device)
+    held: dict[str, Any] = {}
+
+    def delay() -> None:
+        if delay_cycles and info.rank:
+            torch.cuda._sleep(info.rank * delay_cycles)
+
+    def first() -> None:
+        delay()
+        held["handle"] = dispatch(setup.tokens, setup.routing, L, comm, setup.quantize)
+        expert_out.copy_((dequantize(comm.expert_x.float(), comm.expert_x_scale) * factor).to(torch.bfloat16))
+
+    def second() -> None:
+        delay()
+        out.copy_(combine(expert_out, held["handle"], L, comm))
+
+    def snapshot() -> list[torch.Tensor]:
+        n = comm.expert_num_tokens.clone()
+        return [n, comm.expert_x.view(torch.uint8).clone(), comm.expert_x_scale.clone(), comm.expert_src.clone(),
+                out.clone()]
+
+    first()
+    second()
+    torch.cuda.synchronize()
+    eager = snapshot()
+    graphs = []
+    for fn in (first, second):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graphs.append(graph)
+    mismatches = []
+    for replay in range(5):
+        comm.expert_x.view(torch.uint8).fill_(0xEE)  # poison: a replay must write every valid slot again
+        out.fill_(float("nan"))
+        for graph in graphs:
+            graph.replay()
+        torch.cuda.synchronize()
+        got = snapshot()
+        counts = eager[0].tolist()
+        for name, a, b in zip(("counts", "x", "scale", "src", "out"), eager, got):
+            if name in ("x", "scale", "src"):  # slots past a count hold nothing
+                a = torch.cat([a[e, :c].reshape(-1) for e, c in enumerate(counts)])
+                b = torch.cat([b[e, :c].reshape(-1) for e, c in enumerate(counts)])
+            if not torch.equal(a.view(torch.uint8) if a.dtype.is_floating_point else a,
+                               b.view(torch.uint8) if b.dtype.is_floating_point else b):
+                mismatches.append(f"replay {replay}: {name}")
+    return {"mismatches": mismatches, "status": int(comm.status.item()), "pairs": int(sum(eager[0].tolist()))}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_ranks", [1, pytest.param(2, marks=pytest.mark.skipif(_gpus() < 2,
+                                                                                  reason="needs 2 CUDA GPUs"))])
+@pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA GPU")
+def test_gpu_symm_mem_graph_replay_equals_eager_bit_for_bit_with_rank_delays(num_ranks):
+    case = "1 rank emulating D = 4, skewed" if num_ranks == 1 else "2 ranks emulating D = 4, skewed"
+    scenario = tiny(**CASES[case], device="cuda", comm="symm-mem")
+    results = parallel_launch(num_ranks, _graph_exchange, scenario.model_dump(mode="json"), 20_000_000,
+                              device_type="cuda")
+    for r in results:
+        assert r["mismatches"] == [] and r["status"] == 0 and r["pairs"] > 0, r

@@ -13,7 +13,7 @@ import torch
 if not torch.cuda.is_available():  # Triton reads it when first imported: nothing in the tests imports it earlier
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from harness.rank.comm import push  # noqa: E402
+import harness.rank.comm.push as push  # noqa: E402
 from harness.rank.comm.push import COMBINED, CONSUMED, FLAG_BASE, NUM_PHASES, READY, Mapped, PushFormat  # noqa: E402
 from harness.rank.quant import quantize_per_token  # noqa: E402
 

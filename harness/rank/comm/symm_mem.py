@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from harness.rank.comm import push
+import harness.rank.comm.push as push
 from harness.rank.comm.base import (
     BatchedBuffers, Comm, CommUnavailable, DispatchError, DispatchHandle, DispatchLayout, Quantize, Stages,
 )
@@ -96,9 +96,9 @@ class SymmMemComm(Comm):
         self.recv_counts, self.counts_of, _ = symmetric((P, E + 1), torch.int32, "dispatch")
         self.combine_recv, self.partials_of, _ = symmetric((P * C, K), out_dtype, "combine")
         words = FLAG_BASE + NUM_PHASES * P
-        if 4 * words > symm_mem.get_signal_pad_size():
+        if 4 * words > handle.signal_pad_size:  # type: ignore[attr-defined]
             raise CommUnavailable(f"comm symm-mem: {P} ranks need {4 * words} B of signal pad; torch's is "
-                                  f"{symm_mem.get_signal_pad_size()} (symm_mem.set_signal_pad_size)")
+                                  f"{handle.signal_pad_size} (symm_mem.set_signal_pad_size)")  # type: ignore[attr-defined]
         pads = [handle.get_signal_pad(p, (words,), torch.int32) for p in range(P)]  # type: ignore[attr-defined]
         self.pad, self.pads = pads[rank], Mapped.of(pads, device)
         a = accountant.alloc
