@@ -21,7 +21,8 @@ LOG="$OUT/commands.log"
 T0=$SECONDS
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))" \
     | tee "$OUT/environment.txt"
-git log -1 --format='commit %H' 2>/dev/null | tee -a "$OUT/environment.txt"
+# the commit of the code that ran: COMMIT beside the copy (brought by the caller), else the checkout's
+{ [ -f COMMIT ] && echo "commit $(cat COMMIT)" || git log -1 --format='commit %H'; } | tee -a "$OUT/environment.txt"
 
 start=$SECONDS
 timeout 300 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_push.py tests/test_fused.py \
