@@ -77,7 +77,7 @@ def test_fused_quantize_is_bit_equal_to_the_torch_quantize(device, K):
                            row_index.to(device), Mapped.of(bufs, device), fmt=fmt, rank=1, capacity=n,
                            num_local_experts=E, impl=impl)
         out[impl] = [b.cpu() for b in bufs]
-    q, scale = quantize_per_token(x)
+    q, scale = (t.cpu() for t in quantize_per_token(x.to(device)))  # torch's quantize on the same device
     for d in range(P):
         for impl in ("triton", "torch"):
             rows = out[impl][d][n:]  # rank 1's rows on d
@@ -177,7 +177,7 @@ def test_push_protocol_on_stand_ins_traces_every_slot_and_combines(device, impl)
                 got = [tuple(v) for v in r.x_src[e * M: e * M + len(pairs)].tolist()]
                 assert got == pairs, (impl, r.rank, e)
                 for slot, (s, t) in enumerate(pairs):
-                    q, scale = quantize_per_token(inputs[s][0][t: t + 1].cpu())
+                    q, scale = (v.cpu() for v in quantize_per_token(inputs[s][0][t: t + 1]))  # on the device
                     assert torch.equal(r.x[e * M + slot].cpu(), q[0].view(torch.uint8))
                     assert r.x_scale[e * M + slot].item() == scale.item()
         for s, (x, ids, w) in enumerate(inputs):

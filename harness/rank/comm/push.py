@@ -42,9 +42,11 @@ READY, CONSUMED, COMBINED = 0, 1, 2
 NUM_PHASES = 3
 FLAG_BASE = 256  # words below it are left to torch's own symmetric-memory barrier (channel * P + rank)
 DEFAULT_MAX_SPINS = 1 << 26  # a wait past this many polls (seconds on NVLink) gives up and sets the status
-_BLOCK_T = 256  # tokens one route_layout step reads
+_BLOCK_T = 1024  # tokens one route_layout step reads
 _BLOCK_SUM = 1024  # elements of a row one reduce program sums
-_MIN_SCALE = 1e-12  # harness.rank.quant's clamp
+# torch on CUDA computes `amax / FP8_MAX` (a Python scalar divisor) as amax * float32(1 / FP8_MAX)
+# (aten's div_true_kernel_cuda); on CPU it divides. The fused quantize does what torch does on the tensor's device.
+INV_FP8_MAX = float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(FP8_MAX, dtype=torch.float32))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,17 +108,23 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
         tl.store(counts + pid, running)
 
     @triton.jit
-    def quantize_push_kernel(x, x_stride, scale_in, ids, weights, pos, row_index, rows_ptrs, me, C, E, P,
-                             K: tl.constexpr, ROW_BYTES: tl.constexpr, QUANTIZE: tl.constexpr,
-                             BLOCK_K: tl.constexpr, K_TOP: tl.constexpr, KP2: tl.constexpr):
+    def quantize_push_kernel(x, x_stride, scale_in, inv_fp8_max, ids, weights, pos, row_index, rows_ptrs, me, C,
+                             E, P, K: tl.constexpr, ROW_BYTES: tl.constexpr, QUANTIZE: tl.constexpr,
+                             RECIPROCAL: tl.constexpr, BLOCK_W: tl.constexpr, K_TOP: tl.constexpr,
+                             KP2: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
-        offs = tl.arange(0, BLOCK_K)
-        m = offs < K
-        if QUANTIZE:  # harness.rank.quant.quantize_per_token, operation for operation (IEEE division)
-            v = tl.load(x + t * x_stride + offs, mask=m, other=0.0).to(tl.float32)
-            amax = tl.max(tl.abs(v), axis=0)
-            scale = tl.maximum(tl.div_rn(amax, tl.full([], 448.0, tl.float32)), 1e-12)
-            q = tl.div_rn(v, tl.zeros([BLOCK_K], tl.float32) + scale)
+        w4 = tl.arange(0, BLOCK_W)  # the row as int32 words of 4 FP8 bytes: 4-byte stores, not 1-byte ones
+        wm = w4 < K // 4
+        if QUANTIZE:  # harness.rank.quant.quantize_per_token, operation for operation
+            byte = tl.arange(0, 4)
+            offs = w4[:, None] * 4 + byte[None, :]
+            v = tl.load(x + t * x_stride + offs, mask=wm[:, None], other=0.0).to(tl.float32)
+            amax = tl.max(tl.max(tl.abs(v), axis=1), axis=0)
+            if RECIPROCAL:  # torch on CUDA divides by a Python scalar as a product with its float32 reciprocal
+                scale = tl.maximum(amax * inv_fp8_max, 1e-12)
+            else:
+                scale = tl.maximum(tl.div_rn(amax, tl.full([], 448.0, tl.float32)), 1e-12)
+            q = tl.div_rn(v, tl.zeros([BLOCK_W, 4], tl.float32) + scale)  # IEEE division, as torch's tensor / tensor
             q = tl.minimum(tl.maximum(q, -448.0), 448.0)
             # float8_e4m3fn bits, round to nearest even as torch's cast, in integer arithmetic: the interpreter
             # (whose float8 cast rounds otherwise) and the GPU then agree bit for bit
@@ -127,9 +135,10 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
             whole = sub.to(tl.int32)
             frac = sub - whole.to(tl.float32)
             sub_bits = whole + ((frac > 0.5) | ((frac == 0.5) & ((whole & 1) == 1))).to(tl.int32)
-            payload = (((bits >> 24) & 0x80) | tl.where(mag < (121 << 23), sub_bits, normal)).to(tl.uint8)
-        else:  # already quantized (another quantize kernel ran): FP8 bytes and their scale
-            payload = tl.load(x.to(tl.pointer_type(tl.uint8)) + t * x_stride + offs, mask=m)
+            code = ((bits >> 24) & 0x80) | tl.where(mag < (121 << 23), sub_bits, normal)
+            payload = tl.sum(code << (8 * byte[None, :]), axis=1)  # little-endian: byte 0 lowest
+        else:  # already quantized (another quantize kernel ran): its FP8 bytes as int32 words, and its scale
+            payload = tl.load(x + t * x_stride + w4, mask=wm)
             scale = tl.load(scale_in + t)
         j = tl.arange(0, KP2)
         jm = j < K_TOP
@@ -139,9 +148,9 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
         for d in range(0, P):
             r = tl.load(row_index + t * P + d)
             if r >= 0:
-                row = tl.load(rows_ptrs + d).to(tl.pointer_type(tl.uint8)) + (me * C + r).to(tl.int64) * ROW_BYTES
-                tl.store(row + offs, payload, mask=m)
-                meta = (row + K).to(tl.pointer_type(tl.int32))
+                row = tl.load(rows_ptrs + d).to(tl.pointer_type(tl.int32)) + (me * C + r).to(tl.int64) * (ROW_BYTES // 4)
+                tl.store(row + w4, payload, mask=wm)
+                meta = row + K // 4
                 tl.store(meta, scale.to(tl.int32, bitcast=True))
                 tl.store(meta + 1, t.to(tl.int32))
                 here = (g >= 0) & (g // E == d)
@@ -315,7 +324,7 @@ def route_layout(ids: torch.Tensor, pos: torch.Tensor, row_index: torch.Tensor, 
         counts.copy_(c)
         return
     kernels()["route_layout"][(E * P + P,)](ids.contiguous(), n, pos, row_index, counts, E * P, E, P,
-                                            K_TOP=k, KP2=next_pow2(k), BLOCK_T=_BLOCK_T)
+                                            K_TOP=k, KP2=next_pow2(k), BLOCK_T=_BLOCK_T, num_warps=8)
 
 
 def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor, weights: torch.Tensor,
@@ -352,12 +361,15 @@ def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor
             out[:, K: K + 4 * fmt.meta_words] = words.contiguous().view(torch.uint8)
             dst.index_copy_(0, rank * C + r.index_select(0, sel), out)
         return
+    assert K % 4 == 0 and x.stride(1) == 1
     if scale is None:
-        assert x.dtype == torch.bfloat16 and x.stride(1) == 1
+        assert x.dtype == torch.bfloat16
+    else:
+        x = x.view(torch.uint8).view(torch.int32)  # the FP8 bytes as words of 4
     kernels()["quantize_push"][(n,)](
-        x, x.stride(0), scale if scale is not None else x, ids.contiguous(), weights.float().contiguous(), pos,
-        row_index, rows.ptrs, rank, C, E, P, K=K, ROW_BYTES=fmt.row_bytes, QUANTIZE=scale is None,
-        BLOCK_K=next_pow2(K), K_TOP=k, KP2=next_pow2(k), num_warps=8)
+        x, x.stride(0), scale if scale is not None else x, INV_FP8_MAX, ids.contiguous(), weights.float().contiguous(),
+        pos, row_index, rows.ptrs, rank, C, E, P, K=K, ROW_BYTES=fmt.row_bytes, QUANTIZE=scale is None,
+        RECIPROCAL=x.is_cuda, BLOCK_W=next_pow2(K // 4), K_TOP=k, KP2=next_pow2(k), num_warps=8)
 
 
 def signal(pads: Mapped, phase: int, *, rank: int, epoch: torch.Tensor, counts: torch.Tensor | None = None,

@@ -20,7 +20,8 @@ Dispatch, per rank (harness.rank.comm.push has the kernels):
 
 Combine: reduce_push sums each received row's weighted expert outputs (float32) into one bf16 partial and pushes
 it into the source's combine buffer at [this rank, token]; COMBINED to every rank; wait for every COMBINED of
-this epoch; token_reduce sums each token's partials from the ranks it went to, in rank order.
+this epoch; token_reduce sums each token's partials from the ranks it went to, in rank order (at P = 1 the one
+partial is the sum: the combine buffer is returned as it is).
 
 Why this order is safe (docs/comm.md has the argument in full): a flag store is a release at system scope after
 a CTA barrier, issued in a kernel that runs after the kernels whose stores it publishes (stream order); a wait
@@ -168,7 +169,10 @@ class SymmMemComm(Comm):
         stages.lap("combine.expert-reduce")
         push.wait(self.pad, COMBINED, num_ranks=L.num_ranks, epoch=self.epoch, status=self.status)
         stages.lap("combine.exchange")
-        out = push.token_reduce(self.combine_recv, st.row_index, self.batched.combine_out[: handle.num_tokens])
+        if L.num_ranks == 1:  # one partial per token, already its sum: the combine buffer is the output
+            out = self.combine_recv[: handle.num_tokens]
+        else:
+            out = push.token_reduce(self.combine_recv, st.row_index, self.batched.combine_out[: handle.num_tokens])
         stages.lap("combine.token-reduce")
         return out
 
