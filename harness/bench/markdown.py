@@ -58,7 +58,8 @@ def _ratios(report: BenchReport) -> list[str]:
     for s in report.policies:
         lines.append(
             f"| {s.policy} | {s.num_ranks_ok} | {s.experts_raw_variant or 'n/a'} | {_f(s.experts_ratio_min, '.3f')} | "
-            f"{_f(s.comm_bound_ratio_min, '.3f')} | {s.comm_timing or 'n/a'} | {_f(s.comm_ratio_min, '.3f')} | {_f(s.experts_tflops_min, '.1f')}..{_f(s.experts_tflops_max, '.1f')} | "
+            f"{_f(s.comm_bound_ratio_min, '.3f')} | {s.comm_timing or 'n/a'} | {_f(s.comm_ratio_min, '.3f')} | "
+            f"{_f(s.experts_tflops_min, '.1f')}..{_f(s.experts_tflops_max, '.1f')} | "
             f"{_f(s.fraction_of_fp8_peak_max, '.2%')} | {_f(s.harness_comm_busbw_gbps_min, '.1f')} | "
             f"{_f(s.raw_a2a_busbw_gbps_max, '.1f')} | {_f(s.max_rel_error, '.4f')} |")
     lines += ["", f"legacy / fixed experts time: {_f(report.legacy_over_fixed_experts_time, '.3f')} "

@@ -114,7 +114,7 @@ def _comm_buffers_bytes(s: Scenario, device_type: DeviceType) -> tuple[int, int]
         # harness.rank.comm.symm_mem: received rows (push.PushFormat), counts, the route layout, the combine table
         row = K + -(-4 * (2 + 3 * k) // 16) * 16
         staging = (P * C * row + P * (E + 1) * 4 + C * k * 4 + C * P * 4 + (E * P + P) * 4 + P * E * 4
-                   + P * C * (k * 12 + 4) + 8)
+                   + P * C * (k * 12 + 4) + 8 + 2 * -(-C // 16) * (E * P + P) * 4)
         return (E * M + 1) * K + batched + staging, (P * C + C) * K * out_bytes
     meta_bytes = -(-4 * (3 + (k + 1) // 2 + k) // 16) * 16  # harness.rank.comm.base.RowFormat
     row, sent = K + meta_bytes, C * min(P, k)

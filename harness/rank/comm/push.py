@@ -1,8 +1,8 @@
 """Device-side kernels of symm-mem's path: rows and counts pushed into the peers' buffers, release/acquire flags.
 
     route_layout   (n, k) topk ids -> each pair's position among this rank's pairs for its expert (token order),
-                   each token's row index per destination rank (token order), and the counts; one program per
-                   global expert and per destination, no sort, no host read
+                   each token's row index per destination rank (token order), and the counts; in 16-token chunks
+                   (count, scan over chunks, place), no sort, no host read
     quantize_push  one program per token: the bf16 row read once, FP8 and its scale computed (bit-equal to
                    harness.rank.quant.quantize_per_token), and one row per destination rank written straight into
                    that rank's receive buffer (PushFormat: payload, scale, token, the destination's local expert
@@ -42,7 +42,7 @@ READY, CONSUMED, COMBINED = 0, 1, 2
 NUM_PHASES = 3
 FLAG_BASE = 256  # words below it are left to torch's own symmetric-memory barrier (channel * P + rank)
 DEFAULT_MAX_SPINS = 1 << 26  # a wait past this many polls (seconds on NVLink) gives up and sets the status
-_BLOCK_T = 1024  # tokens one route_layout step reads
+_BLOCK_T = 16  # tokens of one route_layout chunk (its place kernel compares every pair of the chunk: (16 k)^2)
 _BLOCK_SUM = 1024  # elements of a row one reduce program sums
 # torch on CUDA computes `amax / FP8_MAX` (a Python scalar divisor) as amax * float32(1 / FP8_MAX)
 # (aten's div_true_kernel_cuda); on CPU it divides. The fused quantize does what torch does on the tensor's device.
@@ -85,27 +85,55 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
     import triton.language as tl
 
     @triton.jit
-    def route_layout_kernel(ids, n, pos, row_index, counts, G, E, P,
-                            K_TOP: tl.constexpr, KP2: tl.constexpr, BLOCK_T: tl.constexpr):
-        pid = tl.program_id(0)
+    def route_count_kernel(ids, n, chunk_hist, G, E, P, W, K_TOP: tl.constexpr, KP2: tl.constexpr,
+                           BLOCK_T: tl.constexpr, BINS: tl.constexpr, PP2: tl.constexpr):
+        """Chunk c's pairs per global expert and tokens per destination rank: chunk_hist[c] (G + P,)."""
+        c = tl.program_id(0)
+        t = c * BLOCK_T + tl.arange(0, BLOCK_T)
         j = tl.arange(0, KP2)
-        running = tl.full([], 0, tl.int32)
-        for t0 in range(0, n, BLOCK_T):
-            t = t0 + tl.arange(0, BLOCK_T)
-            cell = (t < n)[:, None] & (j < K_TOP)[None, :]
-            g = tl.load(ids + t[:, None] * K_TOP + j[None, :], mask=cell, other=-1)
-            if pid < G:  # a global expert: the position of each pair that picked it
-                match = cell & (g == pid)
-            else:  # a destination rank: the row index of each token that goes there
-                match = cell & (g >= 0) & (g // E == pid - G)
-            hit = tl.max(match.to(tl.int32), axis=1)
-            place = running + tl.cumsum(hit, axis=0) - hit
-            if pid < G:
-                tl.store(pos + t[:, None] * K_TOP + j[None, :], place[:, None] + 0 * j[None, :], mask=match)
-            else:
-                tl.store(row_index + t * P + (pid - G), tl.where(hit > 0, place, -1), mask=t < n)
-            running += tl.sum(hit, axis=0)
-        tl.store(counts + pid, running)
+        cell = (t < n)[:, None] & (j < K_TOP)[None, :]
+        g = tl.load(ids + t[:, None] * K_TOP + j[None, :], mask=cell, other=-1)
+        cell = cell & (g >= 0)
+        hist = tl.histogram(tl.reshape(tl.where(cell, g, G).to(tl.int32), (BLOCK_T * KP2,)), BINS)  # bin G: none
+        bins = tl.arange(0, BINS)
+        tl.store(chunk_hist + c * W + bins, hist, mask=bins < G)
+        d = tl.arange(0, PP2)
+        member = tl.max(((tl.where(cell, g // E, -1)[:, :, None] == d[None, None, :])).to(tl.int32), axis=1)
+        tl.store(chunk_hist + c * W + G + d, tl.sum(member, axis=0), mask=d < P)
+
+    @triton.jit
+    def route_scan_kernel(chunk_hist, chunk_base, counts, NC, W, NCP2: tl.constexpr):
+        """Per column (a global expert, then a destination rank): each chunk's first place, the column's total."""
+        col = tl.program_id(0)
+        c = tl.arange(0, NCP2)
+        v = tl.load(chunk_hist + c * W + col, mask=c < NC, other=0)
+        tl.store(chunk_base + c * W + col, tl.cumsum(v, axis=0) - v, mask=c < NC)
+        tl.store(counts + col, tl.sum(v, axis=0))
+
+    @triton.jit
+    def route_place_kernel(ids, n, chunk_base, pos, row_index, G, E, P, W, K_TOP: tl.constexpr,
+                           KP2: tl.constexpr, BLOCK_T: tl.constexpr, PP2: tl.constexpr):
+        """Each pair's place: its chunk's first place for the expert plus the earlier tokens of the chunk that
+        picked it (a token picks an expert once); each token's row index per destination likewise."""
+        c = tl.program_id(0)
+        t = c * BLOCK_T + tl.arange(0, BLOCK_T)
+        j = tl.arange(0, KP2)
+        cell = (t < n)[:, None] & (j < K_TOP)[None, :]
+        g = tl.load(ids + t[:, None] * K_TOP + j[None, :], mask=cell, other=-1)
+        cell = cell & (g >= 0)
+        flat_g = tl.reshape(tl.where(cell, g, -1), (BLOCK_T * KP2,))
+        flat_t = tl.reshape(t[:, None] + 0 * j[None, :], (BLOCK_T * KP2,))
+        flat_j = tl.reshape(0 * t[:, None] + j[None, :], (BLOCK_T * KP2,))
+        ok = flat_g >= 0
+        earlier = (flat_g[:, None] == flat_g[None, :]) & (flat_t[None, :] < flat_t[:, None]) & ok[None, :]
+        place = tl.load(chunk_base + c * W + flat_g, mask=ok, other=0) + tl.sum(earlier.to(tl.int32), axis=1)
+        tl.store(pos + flat_t * K_TOP + flat_j, place, mask=ok)
+        d = tl.arange(0, PP2)
+        member = tl.max(((tl.where(cell, g // E, -1)[:, :, None] == d[None, None, :])).to(tl.int32), axis=1)
+        first = tl.load(chunk_base + c * W + G + d, mask=d < P, other=0)
+        index = first[None, :] + tl.cumsum(member, axis=0) - member
+        tl.store(row_index + t[:, None] * P + d[None, :], tl.where(member > 0, index, -1),
+                 mask=(t < n)[:, None] & (d < P)[None, :])
 
     @triton.jit
     def quantize_push_kernel(x, x_stride, scale_in, inv_fp8_max, ids, weights, pos, row_index, rows_ptrs, me, C,
@@ -148,7 +176,8 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
         for d in range(0, P):
             r = tl.load(row_index + t * P + d)
             if r >= 0:
-                row = tl.load(rows_ptrs + d).to(tl.pointer_type(tl.int32)) + (me * C + r).to(tl.int64) * (ROW_BYTES // 4)
+                row = tl.load(rows_ptrs + d).to(tl.pointer_type(tl.int32))
+                row += (me * C + r).to(tl.int64) * (ROW_BYTES // 4)
                 tl.store(row + w4, payload, mask=wm)
                 meta = row + K // 4
                 tl.store(meta, scale.to(tl.int32, bitcast=True))
@@ -311,20 +340,37 @@ def _triton(impl: str, *tensors: torch.Tensor) -> bool:
     return _use_triton(impl, *tensors)  # type: ignore[arg-type]
 
 
+def route_chunks(capacity: int) -> int:
+    """Chunks of route_layout's scratch for `capacity` tokens."""
+    return max(1, -(-capacity // _BLOCK_T))
+
+
 def route_layout(ids: torch.Tensor, pos: torch.Tensor, row_index: torch.Tensor, counts: torch.Tensor, *,
-                 num_local_experts: int, num_ranks: int, impl: str = "auto") -> None:
+                 num_local_experts: int, num_ranks: int, scratch: torch.Tensor | None = None,
+                 impl: str = "auto") -> None:
     """Fill pos (C, k), row_index (C, P) and counts (G + P,) int32 for ids (n, k) int64 (route_layout_torch
-    says what each holds); rows past n are left as they are."""
+    says what each holds); rows past n are left as they are. scratch: (2, route_chunks(C), G + P) int32 (each
+    chunk's counts and first places), allocated here when not given. Three kernels in token chunks: count, scan
+    over chunks, place."""
     n, k = ids.shape
     E, P = num_local_experts, num_ranks
+    G, W = E * P, E * P + P
     if not _triton(impl, ids, pos):
         p, r, c = route_layout_torch(ids, num_local_experts=E, num_ranks=P)
         pos[:n].copy_(p)
         row_index[:n].copy_(r)
         counts.copy_(c)
         return
-    kernels()["route_layout"][(E * P + P,)](ids.contiguous(), n, pos, row_index, counts, E * P, E, P,
-                                            K_TOP=k, KP2=next_pow2(k), BLOCK_T=_BLOCK_T, num_warps=8)
+    NC = route_chunks(n)
+    if scratch is None:
+        scratch = torch.empty((2, NC, W), dtype=torch.int32, device=ids.device)
+    hist, base = scratch[0], scratch[1]
+    ids = ids.contiguous()
+    shape = dict(K_TOP=k, KP2=next_pow2(k), BLOCK_T=_BLOCK_T, PP2=next_pow2(P))
+    kern = kernels()
+    kern["route_count"][(NC,)](ids, n, hist, G, E, P, W, BINS=next_pow2(G + 1), **shape)
+    kern["route_scan"][(W,)](hist, base, counts, NC, W, NCP2=next_pow2(NC))
+    kern["route_place"][(NC,)](ids, n, base, pos, row_index, G, E, P, W, **shape)
 
 
 def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor, weights: torch.Tensor,
@@ -369,7 +415,8 @@ def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor
     kernels()["quantize_push"][(n,)](
         x, x.stride(0), scale if scale is not None else x, INV_FP8_MAX, ids.contiguous(), weights.float().contiguous(),
         pos, row_index, rows.ptrs, rank, C, E, P, K=K, ROW_BYTES=fmt.row_bytes, QUANTIZE=scale is None,
-        RECIPROCAL=x.is_cuda, BLOCK_W=next_pow2(K // 4), K_TOP=k, KP2=next_pow2(k), num_warps=8)
+        RECIPROCAL=x.is_cuda, BLOCK_W=next_pow2(K // 4), K_TOP=k, KP2=next_pow2(k),
+        num_warps=8 if K >= 4096 else 4)
 
 
 def signal(pads: Mapped, phase: int, *, rank: int, epoch: torch.Tensor, counts: torch.Tensor | None = None,

@@ -97,23 +97,25 @@ class SymmMemComm(Comm):
         self.recv_counts, self.counts_of, _ = symmetric((P, E + 1), torch.int32, "dispatch")
         self.combine_recv, self.partials_of, _ = symmetric((P * C, K), out_dtype, "combine")
         words = FLAG_BASE + NUM_PHASES * P
-        if 4 * words > handle.signal_pad_size:  # type: ignore[attr-defined]
+        pad_bytes = int(handle.signal_pad_size)  # type: ignore[attr-defined]
+        if 4 * words > pad_bytes:
             raise CommUnavailable(f"comm symm-mem: {P} ranks need {4 * words} B of signal pad; torch's is "
-                                  f"{handle.signal_pad_size} (symm_mem.set_signal_pad_size)")  # type: ignore[attr-defined]
+                                  f"{pad_bytes} (symm_mem.set_signal_pad_size)")
         pads = [handle.get_signal_pad(p, (words,), torch.int32) for p in range(P)]  # type: ignore[attr-defined]
         self.pad, self.pads = pads[rank], Mapped.of(pads, device)
         a = accountant.alloc
         self.pos = a("dispatch", (C, k), torch.int32)
         self.row_index = a("dispatch", (C, P), torch.int32)
         self.counts = a("dispatch", (E * P + P,), torch.int32)
+        self.route_scratch = a("dispatch", (2, push.route_chunks(C), E * P + P), torch.int32)
         self.base = a("dispatch", (P, E), torch.int32)
         self.table = a("dispatch", (P * C, k), torch.int64)
         self.table_w = a("dispatch", (P * C, k), torch.float32)
         self.tok = a("dispatch", (P * C,), torch.int32)
         self.epoch = a("dispatch", (1,), torch.int32)
         self.status = a("dispatch", (1,), torch.int32)
-        local = (self.pos, self.row_index, self.counts, self.base, self.table, self.table_w, self.tok, self.epoch,
-                 self.status)
+        local = (self.pos, self.row_index, self.counts, self.route_scratch, self.base, self.table, self.table_w,
+                 self.tok, self.epoch, self.status)
         harness_bytes = sum(t.nbytes for t in (self.recv_rows, self.recv_counts, self.combine_recv, *local))
         super().__init__(layout, BatchedBuffers.allocate(layout, accountant, out_dtype=out_dtype),
                          harness_bytes=harness_bytes)
@@ -131,7 +133,8 @@ class SymmMemComm(Comm):
         assert b.expert_x_flat is not None and b.expert_x_scale_flat is not None and b.expert_src_flat is not None
         stages.begin()
         push.wait(self.pad, CONSUMED, num_ranks=P, epoch=self.epoch, status=self.status, bump=True, lag=1)
-        push.route_layout(topk_ids, self.pos, self.row_index, self.counts, num_local_experts=E, num_ranks=P)
+        push.route_layout(topk_ids, self.pos, self.row_index, self.counts, num_local_experts=E, num_ranks=P,
+                          scratch=self.route_scratch)
         stages.lap("dispatch.layout")
         if quantize is quantize_per_token:  # fused: each bf16 token read once
             x, scale = tokens, None
