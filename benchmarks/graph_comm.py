@@ -6,7 +6,7 @@ Builds each rank as `harness run` does (harness.rank.lifecycle.setup_rank) with 
 N eager rounds (CUDA events, medians), captures one round in a CUDA graph and times N replays, and checks that a
 replay's combined output equals the eager one bit for bit (symm-mem's path has no atomics, so it is
 deterministic). symm-mem reads nothing on the host and has fixed shapes, which is what capture needs; whether
-torch's NVSHMEM ops capture is what this finds out. A development measurement: `harness bench` is the record.
+the round captures is what this finds out. A development measurement: `harness bench` replays graphs itself.
 """
 
 from __future__ import annotations
