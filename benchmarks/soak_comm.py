@@ -1,13 +1,14 @@
 """Soak a comm backend: many checked dispatch + combine rounds on real ranks (harness.rank.soak).
 
     PYTHONPATH=. python3 benchmarks/soak_comm.py SCENARIO [--comm C] [--ranks P] [--rounds N] [--set KEY=VALUE ...]
-                                                [--seed S] [--out FILE.json]
+                                                [--seed S] [--graph [--delay-cycles N]] [--out FILE.json]
 
 Builds each rank as `harness run` does (harness.rank.lifecycle.setup_rank), on GPUs (one per rank, NCCL group)
 when the scenario's device is cuda and on gloo ranks otherwise, then runs N rounds with fresh inputs and routing
 each, checking counts, every slot, every returned partial and the output on every rank. Prints one line per rank
 and writes the SoakRecords; exit 0 when no round failed, 1 when one did, 2 on bad arguments. A development tool
-for faults too rare for one test run; tests/test_soak.py runs it on gloo ranks.
+for faults too rare for one test run; tests/test_soak.py runs it on gloo ranks. --graph replays each round from
+CUDA graphs (symm-mem), every rank at its capacity, with per-rank GPU sleeps of N cycles (harness.rank.soak).
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ from harness.scenario.schema import ScenarioError, load_scenario, parse_scenario
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def _rank(info: RankInfo, data: dict, kernels, rounds: int, seed: int, run_id: str, queue) -> None:
+def _rank(info: RankInfo, data: dict, kernels, rounds: int, seed: int, run_id: str, graph: bool,
+          delay_cycles: int, queue) -> None:
     try:
         device = init_rank(info)
         setup = setup_rank(parse_scenario(data, path=data["name"]), info, device, Path("/tmp"), 0, kernels=kernels)
-        queue.put((info.rank, soak(setup, rounds=rounds, seed=seed, run_id=run_id).model_dump(mode="json")))
+        record = soak(setup, rounds=rounds, seed=seed, run_id=run_id, graph=graph, delay_cycles=delay_cycles)
+        queue.put((info.rank, record.model_dump(mode="json")))
     except Exception:  # noqa: BLE001 - the rank's failure goes back to the parent
         queue.put((info.rank, {"error": traceback.format_exc()[-3000:]}))
     try:
@@ -46,7 +49,8 @@ def _rank(info: RankInfo, data: dict, kernels, rounds: int, seed: int, run_id: s
         pass
 
 
-def run_soak(data: dict, *, rounds: int, seed: int, timeout_s: float) -> list[dict]:
+def run_soak(data: dict, *, rounds: int, seed: int, timeout_s: float, graph: bool = False,
+             delay_cycles: int = 0) -> list[dict]:
     """Run the soak on the scenario's ranks in spawned processes; each rank's SoakRecord (or {"error": ...})."""
     scenario = parse_scenario(data, path=data["name"])
     P = scenario.parallel.num_ranks
@@ -62,7 +66,8 @@ def run_soak(data: dict, *, rounds: int, seed: int, timeout_s: float) -> list[di
                         comm_backend="nccl" if cuda else "gloo", device_type="cuda" if cuda else "cpu",
                         device_index=rank if cuda else 0, collective_timeout_s=min(timeout_s, 120.0))
         # daemons, ended after a bounded wait: ranks that used NVSHMEM have been seen not to exit after shutdown
-        procs.append(ctx.Process(target=_rank, args=(info, data, kernels, rounds, seed, run_id, queue), daemon=True))
+        procs.append(ctx.Process(target=_rank, args=(info, data, kernels, rounds, seed, run_id, graph, delay_cycles,
+                                                     queue), daemon=True))
         procs[-1].start()
     results: dict[int, dict] = {}
     try:
@@ -87,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a dotted scenario override")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the ranks")
+    p.add_argument("--graph", action="store_true", help="replay each round from CUDA graphs (symm-mem on GPUs)")
+    p.add_argument("--delay-cycles", type=int, default=20_000_000, help="graph mode: rank r sleeps r x N cycles")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     try:
@@ -102,12 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     except (ScenarioError, ValueError) as exc:
         print(f"soak_comm: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
-    records = run_soak(data, rounds=args.rounds, seed=args.seed, timeout_s=args.timeout)
+    if args.delay_cycles < 0:
+        print(f"soak_comm: --delay-cycles {args.delay_cycles}: must be >= 0", file=sys.stderr)
+        return 2
+    records = run_soak(data, rounds=args.rounds, seed=args.seed, timeout_s=args.timeout, graph=args.graph,
+                       delay_cycles=args.delay_cycles)
     for r in records:
         if "error" in r:
             print(f"error: {r['error']}")
         else:
-            print(f"rank {r['rank']}: {r['comm']} ({r['row_kernels']}), {r['rounds']} rounds, {r['rounds_failed']} "
+            print(f"rank {r['rank']}: {r['comm']} ({r['row_kernels']}, {r['mode']}), {r['rounds']} rounds, "
+                  f"{r['rounds_failed']} "
                   f"failed, {r['slots_checked']} slots and {r['tokens_checked']} tokens checked, {r['wall_s']:.1f} s")
             for f in r["faults"]:
                 print(f"  round {f['round']} ({f['kind']}) {f['check']}: {f['detail']}")

@@ -127,3 +127,30 @@ def test_soak_on_two_gpus_finds_no_fault(comm):
     for rec in records:
         assert (rec.comm, rec.rounds, rec.rounds_failed, rec.faults) == (comm, 200, 0, []), rec.faults
         assert rec.row_kernels.startswith("triton ") and rec.slots_checked > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_ranks", [1, pytest.param(2, marks=pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"))])
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graph_soak_with_rank_delays_finds_no_fault(num_ranks):
+    """symm-mem's rounds replayed from CUDA graphs, fresh inputs copied in before each replay, rank r sleeping on
+    the GPU before its dispatch and its combine (r x, then (P - 1 - r) x 5e6 cycles): every round checked."""
+    data = tiny(**{"parallel.num_ranks": num_ranks, "parallel.num_dispatchers": 4,
+                   "parallel.num_local_experts": 16 // num_ranks, "routing.kind": "skewed"},
+                device="cuda", comm="symm-mem").model_dump(mode="json")
+    records = [SoakRecord.model_validate(r) for r in run_soak(data, rounds=100, seed=3, timeout_s=240, graph=True,
+                                                              delay_cycles=5_000_000)]
+    for rec in records:
+        assert (rec.mode, rec.rounds, rec.rounds_failed, rec.faults) == ("graph", 100, 0, []), rec.faults
+        assert rec.slots_checked > 0 and rec.delay_cycles == 5_000_000
+
+
+def test_graph_soak_is_refused_where_nothing_captures():
+    done = subprocess.run([sys.executable, "benchmarks/soak_comm.py", "smoke", "--graph", "--delay-cycles", "-1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == "soak_comm: --delay-cycles -1: must be >= 0"
+    data = tiny(**{"parallel.num_ranks": 2}).model_dump(mode="json")  # gloo ranks: no CUDA graphs
+    records = run_soak(data, rounds=2, seed=0, timeout_s=120, graph=True)
+    assert all("graph mode needs a comm backend that captures on a GPU, not gloo on cpu" in r["error"]
+               for r in records), records

@@ -21,6 +21,12 @@ before normalising, factors in [1, 2)). Per round the rank checks:
 
 A failed check is a SoakFault naming the round, its kind and the first wrong item; the rank's SoakRecord crosses
 the process boundary (benchmarks/soak_comm.py runs it on 2 GPUs or on gloo ranks).
+
+Graph mode (a backend that captures: symm-mem): every rank holds C tokens each round (a graph has fixed shapes),
+fresh values and routing copied into static inputs before each replay; dispatch (with the expert step) and
+combine are captured twice, rank r sleeping r x delay cycles on the GPU before each in one pair and
+(P - 1 - r) x delay in the other, the pairs replayed in turn, so each rank is sometimes early and sometimes late
+and only the flags keep the round ordered.
 """
 
 from __future__ import annotations
@@ -68,20 +74,22 @@ class SoakRecord(RankHeader):
     faults: list[SoakFault]
     faults_dropped: int
     wall_s: float
+    mode: Literal["eager", "graph"] = "eager"
+    delay_cycles: int = 0  # graph mode: the per-rank GPU sleep unit
 
 
 def round_kind(round_index: int) -> RoundKind:
     return ROUND_KINDS[round_index % len(ROUND_KINDS)]
 
 
-def round_inputs(layout: DispatchLayout, *, seed: int, round_index: int,
-                 src: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def round_inputs(layout: DispatchLayout, *, seed: int, round_index: int, src: int,
+                 full: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rank `src`'s tokens (n, K) bf16, topk_ids (n, top_k) int64 and topk_weights (n, top_k) float32 in round
-    `round_index`, on CPU; the same on every rank."""
+    `round_index`, on CPU; the same on every rank. `full`: n = C whatever the kind (graph mode)."""
     L, kind = layout, round_kind(round_index)
     G, k, C = L.num_ranks * L.num_local_experts, L.top_k, L.buffer_tokens
     g = torch.Generator().manual_seed((seed * 1_000_003 + round_index) * 4099 + src)
-    if kind == "full":
+    if kind == "full" or full:
         n = C
     elif kind == "idle" and src == round_index % L.num_ranks:
         n = 0
@@ -202,15 +210,82 @@ def run_round(setup: RankSetup, round_index: int, *, seed: int,
     return sources, handle, combined
 
 
-def soak(setup: RankSetup, *, rounds: int, seed: int, run_id: str | None = None) -> SoakRecord:
-    """`rounds` dispatch + combine rounds through setup's comm, each checked (check_round)."""
+class GraphRounds:
+    """Graph mode (module docstring): static inputs, two captured (dispatch + experts, combine) pairs with
+    opposite per-rank delays, replayed in turn."""
+
+    def __init__(self, setup: RankSetup, *, delay_cycles: int):
+        L, device, comm = setup.layout, setup.device, setup.buffers
+        C, K, k, P, r = L.buffer_tokens, L.hidden_size, L.top_k, L.num_ranks, L.rank
+        self.setup = setup
+        self.tokens = torch.zeros((C, K), dtype=torch.bfloat16, device=device)
+        self.ids = torch.zeros((C, k), dtype=torch.int64, device=device)
+        self.ids.copy_(torch.arange(C * k, device=device).view(C, k) % (P * L.num_local_experts))
+        self.weights = torch.full((C, k), 1.0 / k, dtype=torch.float32, device=device)
+        self.out = torch.zeros((C, K), dtype=torch.bfloat16, device=device)
+        factors = expert_factors(L, device).view(-1, 1, 1)
+        routing = Routing(topk_ids=self.ids, topk_weights=self.weights)
+        held: dict[str, DispatchHandle] = {}
+
+        def first(cycles: int) -> None:
+            if cycles:
+                torch.cuda._sleep(cycles)
+            held["handle"] = dispatch(self.tokens, routing, L, comm, setup.quantize)
+            expert_out = dequantize(comm.expert_x.float(), comm.expert_x_scale) * factors
+            self.expert_out.copy_(expert_out.to(torch.bfloat16))
+
+        def second(cycles: int) -> None:
+            if cycles:
+                torch.cuda._sleep(cycles)
+            self.out.copy_(combine(self.expert_out, held["handle"], L, comm))
+
+        self.expert_out = torch.zeros_like(comm.expert_x, dtype=torch.bfloat16)
+        first(0)
+        second(0)  # eager once: kernels built before capture
+        torch.cuda.synchronize(device)
+        self.pairs = []
+        for cycles in (r * delay_cycles, (P - 1 - r) * delay_cycles):
+            pair = []
+            for fn in (first, second):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    fn(cycles)
+                pair.append(graph)
+            self.pairs.append(pair)
+        self.handle = held["handle"]
+
+    def run(self, round_index: int, *, seed: int) -> tuple[Inputs, DispatchHandle, torch.Tensor]:
+        L, device = self.setup.layout, self.setup.device
+        sources: Inputs = []
+        for s in range(L.num_ranks):
+            tokens, ids, weights = round_inputs(L, seed=seed, round_index=round_index, src=s, full=True)
+            sources.append((tokens.to(device), ids.to(device), weights.to(device)))
+        tokens, ids, weights = sources[L.rank]
+        self.tokens.copy_(tokens)
+        self.ids.copy_(ids)
+        self.weights.copy_(weights)
+        for graph in self.pairs[round_index % 2]:
+            graph.replay()
+        return sources, self.handle, self.out
+
+
+def soak(setup: RankSetup, *, rounds: int, seed: int, run_id: str | None = None, graph: bool = False,
+         delay_cycles: int = 0) -> SoakRecord:
+    """`rounds` dispatch + combine rounds through setup's comm, each checked (check_round); `graph`: replayed
+    from CUDA graphs with per-rank delays (GraphRounds)."""
     L, device, comm = setup.layout, setup.device, setup.buffers
+    if graph and not (device.type == "cuda" and comm.graph_capturable):
+        raise ValueError(f"graph mode needs a comm backend that captures on a GPU, not {comm.name} on {device.type}")
     factors = expert_factors(L, device)
+    replays = GraphRounds(setup, delay_cycles=delay_cycles) if graph else None
     faults: list[SoakFault] = []
     failed = slots = tokens_checked = 0
     start = time.perf_counter()
     for i in range(rounds):
-        sources, handle, combined = run_round(setup, i, seed=seed, factors=factors)
+        if replays is not None:
+            sources, handle, combined = replays.run(i, seed=seed)
+        else:
+            sources, handle, combined = run_round(setup, i, seed=seed, factors=factors)
         found, checked = check_round(setup, i, sources, handle, combined)
         slots += checked
         tokens_checked += int(sources[L.rank][1].shape[0])
@@ -222,5 +297,6 @@ def soak(setup: RankSetup, *, rounds: int, seed: int, run_id: str | None = None)
         versions=collect_versions(), hardware=collect_hardware(device), comm=comm.name,
         row_kernels=setup.comm_record.row_kernels, rounds=rounds, rounds_failed=failed, slots_checked=slots,
         tokens_checked=tokens_checked, faults=faults[:MAX_FAULTS_KEPT],
-        faults_dropped=max(0, len(faults) - MAX_FAULTS_KEPT), wall_s=wall,
+        faults_dropped=max(0, len(faults) - MAX_FAULTS_KEPT), wall_s=wall, mode="graph" if graph else "eager",
+        delay_cycles=delay_cycles if graph else 0,
     )
