@@ -224,8 +224,10 @@ def test_gpu_comm_on_one_gpu_is_exact(comm):
 
 def _graph_exchange(info: Any, scenario_data: dict, delay_cycles: int) -> dict:
     """symm-mem's dispatch and combine eager, then each captured in a CUDA graph (rank r sleeping r * delay_cycles
-    on the GPU before its dispatch and after it, so the flags must order the peers) and replayed: the slots, the
-    counts and the combined output of every replay equal the eager ones bit for bit."""
+    on the GPU before each, so the flags must order the peers) and replayed: first on other tokens (so a replay
+    that wrote nothing would leave their results, not the eager ones), then on the eager pass's tokens again,
+    whose slots, counts and combined output must equal the eager ones bit for bit. The expert step runs eagerly
+    between the two replays (the graphs hold the comm calls alone)."""
     from harness.rank.combine import combine
     from harness.rank.dispatch import dispatch
     from harness.rank.lifecycle import setup_rank
@@ -238,7 +240,7 @@ def _graph_exchange(info: Any, scenario_data: dict, delay_cycles: int) -> dict:
     E = L.num_local_experts
     factor = (info.rank * E + torch.arange(E, device=info.device) + 1).float().view(E, 1, 1)
     expert_out = torch.empty_like(comm.expert_x, dtype=torch.bfloat16)
-    out = torch.empty((setup.tokens.shape[0], L.hidden_size), dtype=torch.bfloat16, device=info.device)
+    tokens = setup.tokens.clone()  # the graphs' static input
     held: dict[str, Any] = {}
 
     def delay() -> None:
@@ -247,19 +249,22 @@ def _graph_exchange(info: Any, scenario_data: dict, delay_cycles: int) -> dict:
 
     def first() -> None:
         delay()
-        held["handle"] = dispatch(setup.tokens, setup.routing, L, comm, setup.quantize)
+        held["handle"] = dispatch(tokens, setup.routing, L, comm, setup.quantize)
+
+    def experts() -> None:
         expert_out.copy_((dequantize(comm.expert_x.float(), comm.expert_x_scale) * factor).to(torch.bfloat16))
 
     def second() -> None:
         delay()
-        out.copy_(combine(expert_out, held["handle"], L, comm))
+        held["out"] = combine(expert_out, held["handle"], L, comm)
 
     def snapshot() -> list[torch.Tensor]:
         n = comm.expert_num_tokens.clone()
         return [n, comm.expert_x.view(torch.uint8).clone(), comm.expert_x_scale.clone(), comm.expert_src.clone(),
-                out.clone()]
+                held["out"].clone()]
 
     first()
+    experts()
     second()
     torch.cuda.synchronize()
     eager = snapshot()
@@ -269,12 +274,15 @@ def _graph_exchange(info: Any, scenario_data: dict, delay_cycles: int) -> dict:
         with torch.cuda.graph(graph):
             fn()
         graphs.append(graph)
-    mismatches = []
-    for replay in range(5):
+    mismatches, differs = [], 0
+    other = (setup.tokens.float() * -2.0).to(torch.bfloat16)
+    for replay in range(6):
+        again = replay % 2 == 1  # even replays on the other tokens, odd ones on the eager pass's
+        tokens.copy_(setup.tokens if again else other)
         comm.expert_x.view(torch.uint8).fill_(0xEE)  # poison: a replay must write every valid slot again
-        out.fill_(float("nan"))
-        for graph in graphs:
-            graph.replay()
+        graphs[0].replay()
+        experts()
+        graphs[1].replay()
         torch.cuda.synchronize()
         got = snapshot()
         counts = eager[0].tolist()
@@ -282,10 +290,13 @@ def _graph_exchange(info: Any, scenario_data: dict, delay_cycles: int) -> dict:
             if name in ("x", "scale", "src"):  # slots past a count hold nothing
                 a = torch.cat([a[e, :c].reshape(-1) for e, c in enumerate(counts)])
                 b = torch.cat([b[e, :c].reshape(-1) for e, c in enumerate(counts)])
-            if not torch.equal(a.view(torch.uint8) if a.dtype.is_floating_point else a,
-                               b.view(torch.uint8) if b.dtype.is_floating_point else b):
+            same = torch.equal(a.view(torch.uint8) if a.dtype.is_floating_point else a,
+                               b.view(torch.uint8) if b.dtype.is_floating_point else b)
+            if again and not same:
                 mismatches.append(f"replay {replay}: {name}")
-    return {"mismatches": mismatches, "status": int(comm.status.item()), "pairs": int(sum(eager[0].tolist()))}
+            differs += int(not again and name in ("x", "out") and not same)
+    return {"mismatches": mismatches, "status": int(comm.status.item()), "pairs": int(sum(eager[0].tolist())),
+            "other_differs": differs}
 
 
 @pytest.mark.gpu
@@ -299,3 +310,4 @@ def test_gpu_symm_mem_graph_replay_equals_eager_bit_for_bit_with_rank_delays(num
                               device_type="cuda")
     for r in results:
         assert r["mismatches"] == [] and r["status"] == 0 and r["pairs"] > 0, r
+        assert r["other_differs"] == 6, r  # each replay on the other tokens really changed the slots and the output
