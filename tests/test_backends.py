@@ -91,9 +91,10 @@ def test_each_declared_reason_reads_as_one_line_naming_field_value_and_what_is_a
     assert COMM.reason("nccl", CPU2) == "comm nccl needs GPUs (device cuda); allowed on 2 cpu ranks: auto, gloo"
     assert COMM.reason("gloo", GPU2) == (
         "comm gloo needs CPU ranks (device cpu); allowed on 2 cuda ranks: auto, symm-mem, nccl")
-    assert COMM.reason("symm-mem", GPU1) == (
-        "comm symm-mem needs at least 2 ranks (torch's symmetric memory rendezvous), parallel.num_ranks is 1; "
-        "allowed on 1 cuda rank: auto, nccl")
+    assert COMM.reason("symm-mem", GPU1) is None  # torch's CUDA symmetric memory runs at world size 1
+    fp16 = BackendQuery(device_type="cuda", num_ranks=1, num_local_experts=8, workspace_dtype="float16")
+    assert COMM.reason("symm-mem", fp16) == (  # its push kernels combine bf16 rows
+        "comm symm-mem takes model.workspace_dtype bfloat16 only, not float16; allowed on 1 cuda rank: auto, nccl")
     assert COMM.reason("symm-mem", GPU2) is None and COMM.reason("mpi", GPU2) == (
         "comm 'mpi' is not one of auto, symm-mem, nccl, gloo")
     gelu = BackendQuery(device_type="cpu", num_ranks=2, num_local_experts=8, activation="gelu")
@@ -112,7 +113,7 @@ def test_each_declared_reason_reads_as_one_line_naming_field_value_and_what_is_a
 def test_auto_orders_are_the_declared_ones():
     assert [b.name for b in EXPERTS.auto_order] == ["vllm-ops", "torch-cutlass", "reference"]
     assert [b.name for b in COMM.auto_order] == ["symm-mem", "nccl", "gloo"]
-    assert [b.name for b in COMM.auto_candidates(GPU1)] == ["nccl"]
+    assert [b.name for b in COMM.auto_candidates(GPU1)] == ["symm-mem", "nccl"]  # one GPU too
     assert [b.name for b in COMM.auto_candidates(CPU2)] == ["gloo"]
     assert [b.name for b in EXPERTS.auto_candidates(CPU2)] == ["reference"]
 

@@ -11,7 +11,7 @@ equal):
     experts_backend  reference      cpu, cuda  silu, fp8 e4m3               3rd   nothing
     experts_backend  torch-cutlass  cuda       silu, fp8 e4m3               2nd   sm90+, torch._scaled_grouped_mm
     experts_backend  vllm-ops       cuda       silu, fp8 e4m3               1st   vLLM's ops library at hand, loads
-    comm             symm-mem       cuda       any layout                   1st   torch's symmetric memory on CUDA
+    comm             symm-mem       cuda       bf16 workspace               1st   torch's symmetric memory on CUDA
     comm             nccl           cuda       any layout                   2nd   nothing
     comm             gloo           cpu        any layout                   3rd   nothing
 
@@ -175,7 +175,7 @@ EXPERTS = BackendKind("experts_backend", (
 ))
 
 COMM = BackendKind("comm", (
-    Backend(field="comm", name="symm-mem", devices=("cuda",), auto_rank=0,
+    Backend(field="comm", name="symm-mem", devices=("cuda",), auto_rank=0, workspace_dtypes=("bfloat16",),
             description="torch's symmetric memory with Triton push kernels, no host read per dispatch, "
                         "graph-capturable; one node"),
     Backend(field="comm", name="nccl", devices=("cuda",), auto_rank=1,

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# GPU evidence of the comm yardstick and symm-mem's device-side path on one GPU (P = 1): the kernels compiled
-# (tests marked gpu: the push kernels, the row kernels, the one-GPU exactness and graph-replay tests), then
-# `harness bench` of the PR case, qwen3-30b-a3b-dp2 on one rank and the decode shape on one rank with symm-mem
-# (graph-replayed), the PR case with nccl (eager: it reads its splits on the host), and `harness run` of the PR
-# case with symm-mem (the checked pass). Run through scripts/gpu/device.sh:
+# Step comm-graph: the comm yardstick and symm-mem's device-side path on one GPU (P = 1).
 #
-#   bash scripts/gpu/device.sh comm-graph [quick]     # quick: the tests and the PR-case bench only
+#   bash scripts/gpu/device.sh comm-graph [quick]      (or: bash scripts/gpu/comm-graph.sh OUT_DIR [quick])
 #
-# Writes OUT_DIR/<case>/ (bench.json, bench.md or the run's records), OUT_DIR/logs/<case>.log and
-# OUT_DIR/commands.log; prints each command's exit code and the yardstick lines. Exit 1 from bench means below a
-# scenario threshold; 2 an error.
+# Runs:   the gpu-marked tests of tests/test_push.py and tests/test_fused.py (the kernels compiled) and the
+#         one-GPU exactness and graph-replay tests of tests/test_comm.py; then `harness bench` of the PR case,
+#         qwen3-30b-a3b-dp2 on one rank and decode-128-deepseek-v3 on one rank with symm-mem (graph-replayed),
+#         the PR case with nccl (eager: it reads its splits on the host), and `harness run` of the PR case with
+#         symm-mem (the checked pass). quick: the tests and the PR-case bench only.
+# Needs:  1 GPU, pytest, Triton; experts backend torch-cutlass (sm90+).
+# Writes: OUT_DIR/<case>/ (bench.json, bench.md or the run's records), OUT_DIR/logs/<case>.log,
+#         OUT_DIR/commands.log, OUT_DIR/environment.txt; prints each command's exit code and the yardstick
+#         lines. Exit 1 from bench means below a scenario threshold; 2 an error.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: bash scripts/gpu/comm-graph.sh OUT_DIR [quick]}

@@ -5,6 +5,7 @@
 #
 # Steps (scripts/gpu/STEP.sh; each file's header says what it runs, what it needs and what it writes):
 #   comm          harness run + bench of every comm backend: PR case (1, 2 GPUs), DP2, skewed    needs 2 GPUs
+#   comm-graph    the comm yardstick on one GPU: push-kernel tests, graph-replayed benches       1 GPU [quick]
 #   comm-tests    the comm path's gpu-marked tests (tests/test_fused.py, tests/test_comm.py)   1 or 2 GPUs
 #   deployment    the PR case inside its deployment (ballast): legacy OOMs, fixed fits, NVML    1 GPU (H200)
 #   input-checks  harness run's machine checks: what the GPUs cannot hold is refused in one line  1 or 2 GPUs
@@ -28,7 +29,7 @@
 # Every process keeps NVLink multicast off (NCCL, torch symmetric memory, NVSHMEM).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-STEPS="comm comm-tests deployment input-checks kernels layer profile records soak trust"
+STEPS="comm comm-graph comm-tests deployment input-checks kernels layer profile records soak trust"
 step=${1:-}
 if [[ -z "$step" || " $STEPS " != *" $step "* || ! -f "scripts/gpu/$step.sh" ]]; then
     echo "device.sh: step '$step' is not one of: $STEPS" >&2
