@@ -16,19 +16,9 @@ if not torch.cuda.is_available():  # Triton reads it when first imported: nothin
 import harness.rank.comm.push as push  # noqa: E402
 from harness.rank.comm.push import COMBINED, CONSUMED, FLAG_BASE, NUM_PHASES, READY, Mapped, PushFormat  # noqa: E402
 from harness.rank.quant import quantize_per_token  # noqa: E402
+from test_fused import device  # noqa: E402,F401  (the interpreter on CPU, compiled on a GPU)
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install -e '.[test]' brings it)")
-
-
-@pytest.fixture(params=["interpreter", pytest.param("cuda", marks=pytest.mark.gpu)])
-def device(request):
-    if request.param == "interpreter":
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            pytest.skip("a CUDA GPU is here: Triton compiles for it (the cuda cases) instead of interpreting")
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    return torch.device("cuda")
 
 
 def _routing(n: int, G: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

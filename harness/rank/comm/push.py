@@ -85,21 +85,38 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
     import triton.language as tl
 
     @triton.jit
-    def route_count_kernel(ids, n, chunk_hist, G, E, P, W, K_TOP: tl.constexpr, KP2: tl.constexpr,
-                           BLOCK_T: tl.constexpr, BINS: tl.constexpr, PP2: tl.constexpr):
-        """Chunk c's pairs per global expert and tokens per destination rank: chunk_hist[c] (G + P,)."""
+    def route_chunk_kernel(ids, n, chunk_hist, chunk_base, pos, row_index, G, E, P, W, K_TOP: tl.constexpr,
+                           KP2: tl.constexpr, BLOCK_T: tl.constexpr, PP2: tl.constexpr, BINS: tl.constexpr,
+                           PLACE: tl.constexpr):
+        """Chunk c of BLOCK_T tokens. Count (PLACE False): its pairs per global expert and tokens per destination
+        rank, chunk_hist[c] (G + P,). Place (PLACE True, after the scan): each pair's place, its chunk's first
+        place for the expert plus the earlier tokens of the chunk that picked it (a token picks an expert once),
+        and each token's row index per destination likewise."""
         c = tl.program_id(0)
         t = c * BLOCK_T + tl.arange(0, BLOCK_T)
         j = tl.arange(0, KP2)
         cell = (t < n)[:, None] & (j < K_TOP)[None, :]
         g = tl.load(ids + t[:, None] * K_TOP + j[None, :], mask=cell, other=-1)
         cell = cell & (g >= 0)
-        hist = tl.histogram(tl.reshape(tl.where(cell, g, G).to(tl.int32), (BLOCK_T * KP2,)), BINS)  # bin G: none
-        bins = tl.arange(0, BINS)
-        tl.store(chunk_hist + c * W + bins, hist, mask=bins < G)
         d = tl.arange(0, PP2)
         member = tl.max(((tl.where(cell, g // E, -1)[:, :, None] == d[None, None, :])).to(tl.int32), axis=1)
-        tl.store(chunk_hist + c * W + G + d, tl.sum(member, axis=0), mask=d < P)
+        if not PLACE:
+            hist = tl.histogram(tl.reshape(tl.where(cell, g, G).to(tl.int32), (BLOCK_T * KP2,)), BINS)  # G: none
+            bins = tl.arange(0, BINS)
+            tl.store(chunk_hist + c * W + bins, hist, mask=bins < G)
+            tl.store(chunk_hist + c * W + G + d, tl.sum(member, axis=0), mask=d < P)
+        else:
+            flat_g = tl.reshape(tl.where(cell, g, -1), (BLOCK_T * KP2,))
+            flat_t = tl.reshape(t[:, None] + 0 * j[None, :], (BLOCK_T * KP2,))
+            flat_j = tl.reshape(0 * t[:, None] + j[None, :], (BLOCK_T * KP2,))
+            ok = flat_g >= 0
+            earlier = (flat_g[:, None] == flat_g[None, :]) & (flat_t[None, :] < flat_t[:, None]) & ok[None, :]
+            place = tl.load(chunk_base + c * W + flat_g, mask=ok, other=0) + tl.sum(earlier.to(tl.int32), axis=1)
+            tl.store(pos + flat_t * K_TOP + flat_j, place, mask=ok)
+            first = tl.load(chunk_base + c * W + G + d, mask=d < P, other=0)
+            index = first[None, :] + tl.cumsum(member, axis=0) - member
+            tl.store(row_index + t[:, None] * P + d[None, :], tl.where(member > 0, index, -1),
+                     mask=(t < n)[:, None] & (d < P)[None, :])
 
     @triton.jit
     def route_scan_kernel(chunk_hist, chunk_base, counts, NC, W, NCP2: tl.constexpr):
@@ -109,31 +126,6 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
         v = tl.load(chunk_hist + c * W + col, mask=c < NC, other=0)
         tl.store(chunk_base + c * W + col, tl.cumsum(v, axis=0) - v, mask=c < NC)
         tl.store(counts + col, tl.sum(v, axis=0))
-
-    @triton.jit
-    def route_place_kernel(ids, n, chunk_base, pos, row_index, G, E, P, W, K_TOP: tl.constexpr,
-                           KP2: tl.constexpr, BLOCK_T: tl.constexpr, PP2: tl.constexpr):
-        """Each pair's place: its chunk's first place for the expert plus the earlier tokens of the chunk that
-        picked it (a token picks an expert once); each token's row index per destination likewise."""
-        c = tl.program_id(0)
-        t = c * BLOCK_T + tl.arange(0, BLOCK_T)
-        j = tl.arange(0, KP2)
-        cell = (t < n)[:, None] & (j < K_TOP)[None, :]
-        g = tl.load(ids + t[:, None] * K_TOP + j[None, :], mask=cell, other=-1)
-        cell = cell & (g >= 0)
-        flat_g = tl.reshape(tl.where(cell, g, -1), (BLOCK_T * KP2,))
-        flat_t = tl.reshape(t[:, None] + 0 * j[None, :], (BLOCK_T * KP2,))
-        flat_j = tl.reshape(0 * t[:, None] + j[None, :], (BLOCK_T * KP2,))
-        ok = flat_g >= 0
-        earlier = (flat_g[:, None] == flat_g[None, :]) & (flat_t[None, :] < flat_t[:, None]) & ok[None, :]
-        place = tl.load(chunk_base + c * W + flat_g, mask=ok, other=0) + tl.sum(earlier.to(tl.int32), axis=1)
-        tl.store(pos + flat_t * K_TOP + flat_j, place, mask=ok)
-        d = tl.arange(0, PP2)
-        member = tl.max(((tl.where(cell, g // E, -1)[:, :, None] == d[None, None, :])).to(tl.int32), axis=1)
-        first = tl.load(chunk_base + c * W + G + d, mask=d < P, other=0)
-        index = first[None, :] + tl.cumsum(member, axis=0) - member
-        tl.store(row_index + t[:, None] * P + d[None, :], tl.where(member > 0, index, -1),
-                 mask=(t < n)[:, None] & (d < P)[None, :])
 
     @triton.jit
     def quantize_push_kernel(x, x_stride, scale_in, inv_fp8_max, ids, weights, pos, row_index, rows_ptrs, me, C,
@@ -350,8 +342,8 @@ def route_layout(ids: torch.Tensor, pos: torch.Tensor, row_index: torch.Tensor, 
                  impl: str = "auto") -> None:
     """Fill pos (C, k), row_index (C, P) and counts (G + P,) int32 for ids (n, k) int64 (route_layout_torch
     says what each holds); rows past n are left as they are. scratch: (2, route_chunks(C), G + P) int32 (each
-    chunk's counts and first places), allocated here when not given. Three kernels in token chunks: count, scan
-    over chunks, place."""
+    chunk's counts and first places), allocated here when not given. In token chunks: count, scan over chunks,
+    place."""
     n, k = ids.shape
     E, P = num_local_experts, num_ranks
     G, W = E * P, E * P + P
@@ -366,11 +358,12 @@ def route_layout(ids: torch.Tensor, pos: torch.Tensor, row_index: torch.Tensor, 
         scratch = torch.empty((2, NC, W), dtype=torch.int32, device=ids.device)
     hist, base = scratch[0], scratch[1]
     ids = ids.contiguous()
-    shape = dict(K_TOP=k, KP2=next_pow2(k), BLOCK_T=_BLOCK_T, PP2=next_pow2(P))
+    args = (ids, n, hist, base, pos, row_index, G, E, P, W)
+    shape = dict(K_TOP=k, KP2=next_pow2(k), BLOCK_T=_BLOCK_T, PP2=next_pow2(P), BINS=next_pow2(G + 1))
     kern = kernels()
-    kern["route_count"][(NC,)](ids, n, hist, G, E, P, W, BINS=next_pow2(G + 1), **shape)
+    kern["route_chunk"][(NC,)](*args, **shape, PLACE=False)
     kern["route_scan"][(W,)](hist, base, counts, NC, W, NCP2=next_pow2(NC))
-    kern["route_place"][(NC,)](ids, n, base, pos, row_index, G, E, P, W, **shape)
+    kern["route_chunk"][(NC,)](*args, **shape, PLACE=True)
 
 
 def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor, weights: torch.Tensor,
