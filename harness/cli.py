@@ -168,6 +168,8 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
         return run_layer_audit(ns)
     if ns.releases is not None or ns.out is not None:
         return _print_error("--releases and --out go with --layer")
+    if ns.junit is not None and not ns.sweep:
+        return _print_error("--junit goes with --sweep")
     from harness.sizing.vllm_source import run_audit
 
     return run_audit(ns)
@@ -391,6 +393,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--releases", default=None, metavar="A..B|X,Y",
                    help="with --layer: releases to audit; A..B takes every release the registry offers between them")
     p.add_argument("--out", type=Path, default=None, help="with --layer: write layer-audit.json and .md here")
+    p.add_argument("--sweep", action="store_true",
+                   help="every batched-experts class over a grid of D, local experts, T, (K, I), activations, "
+                        "quantization, num_dispatchers unset and EPLB (docs/vllm-sources.md)")
+    p.add_argument("--junit", type=Path, default=None, metavar="FILE",
+                   help="with --sweep: write JUnit XML, one testcase per (class, point group)")
     p.set_defaults(func=cmd_vllm_audit, parser=p)
     return parser
 

@@ -240,14 +240,22 @@ def _sizing_json(args: SizingArgs) -> dict:
 
 def run_audit(ns: argparse.Namespace) -> int:
     """`harness vllm audit`: 0 when no class double-counts, 1 when one does, 2 on errors (one line on stderr)."""
+    sweeping = getattr(ns, "sweep", False)
+    if sweeping and getattr(ns, "scenario", None) is not None:
+        print("error: --scenario does not go with --sweep (the sweep takes its own grid)", file=sys.stderr)
+        return EXIT_ERROR
     try:
-        args = _sizing_from_scenario(getattr(ns, "scenario", None))
+        args = None if sweeping else _sizing_from_scenario(getattr(ns, "scenario", None))
         source = locate(
             version=getattr(ns, "vllm_version", None),
             wheel=_optional_path(getattr(ns, "vllm_wheel", None)),
             src=_optional_path(getattr(ns, "vllm_src", None)),
             cache_dir=_optional_path(getattr(ns, "cache_dir", None)),
         )
+        if sweeping:
+            from harness.sizing.vllm_source.sweep_report import run_sweep
+
+            return run_sweep(ns, source)
         result = audit(source, args)
     except (VllmSourceError, _ScenarioUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -1,0 +1,219 @@
+"""The sweep's outputs: a compact table (points grouped into boxes), JSON, and JUnit XML for a CI job.
+
+    harness vllm audit --sweep [--vllm-version X.Y.Z | --vllm-wheel FILE | --vllm-src DIR] [--json] [--junit FILE]
+        exit 0: no class double-counts or is under-sized; 1: one is; 2: bad input (one line on stderr)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from harness.core.exits import EXIT_ERROR, EXIT_OK
+from harness.sizing.vllm_source.sweep import (
+    AXES,
+    CONSISTENT,
+    DOUBLE,
+    FAILING,
+    GRID_D,
+    GRID_E,
+    GRID_KI,
+    GRID_T,
+    OVER,
+    REFUSED,
+    UNDER,
+    UNEVALUATED,
+    UNSUPPORTED,
+    ClassSweep,
+    SweepResult,
+    groups,
+    sweep,
+)
+
+EXIT_FAILED = 1
+SWEEP_SCHEMA = 1
+MAX_ROWS_PER_CLASS = 8  # the rest is in --json and --junit
+STYLE = {DOUBLE: "bold red", UNDER: "bold red", OVER: "yellow", UNEVALUATED: "yellow", REFUSED: "dim",
+         UNSUPPORTED: "dim"}  # fmt: skip
+
+
+def verdict_line(result: ClassSweep) -> str:
+    """The class's one verdict, with the points that produced it."""
+    verdict = result.verdict
+    if verdict == CONSISTENT:
+        judged = sum(o.status == CONSISTENT for o in result.outcomes.values())
+        rest = len(result.outcomes) - judged
+        return "consistent everywhere" + (f" it takes ({rest} points refused, unsupported or unevaluated)"
+                                          if rest else "")  # fmt: skip
+    if verdict == UNEVALUATED:
+        reasons = sorted({o.detail for o in result.outcomes.values() if o.status in (UNEVALUATED, UNSUPPORTED)})
+        return "unevaluated: " + (reasons[0] if reasons else "no point evaluated")
+    found = [(o, points, box) for o, points, box in groups(result) if o.status == verdict]
+    where = "; ".join(box_text(box, result) for _, _, box in found[:3]) + (" ..." if len(found) > 3 else "")
+    count = sum(len(points) for _, points, _ in found)
+    if verdict == DOUBLE:
+        return f"double-counts at {count} points: {where}"
+    if verdict == UNDER:
+        return f"under-sized against the class's live set at {count} points: {where}"
+    worst = max(o.ratio or 1 for o, _, _ in found)
+    return f"over-allocated by up to x{worst:.3g} at {count} points: {where}"
+
+
+def box_text(box: dict[str, tuple], result: ClassSweep) -> str:
+    """`D=2..256, T=any, ...`: each axis whose values are not all those the class was swept at."""
+    seen = {axis: sorted({getattr(p, axis) for p in result.outcomes}) for axis in AXES}
+    parts = []
+    for axis in AXES:
+        if axis == "I":
+            continue
+        values = list(box[axis])
+        if axis == "K":
+            pairs = sorted({(k, i) for k in box["K"] for i in box["I"]})
+            if len(pairs) == len({(p.K, p.I) for p in result.outcomes}):
+                continue
+            parts.append("(K,I)=" + ",".join(f"({k},{i})" for k, i in pairs))
+            continue
+        if values == seen[axis]:
+            continue
+        parts.append(f"{axis}={_values_text(values, seen[axis])}")
+    return ", ".join(parts) or "every point"
+
+
+def _values_text(values: list, domain: list) -> str:
+    if len(values) == 1:
+        return str(values[0])
+    if all(isinstance(v, int) for v in values):
+        start, end = domain.index(values[0]), domain.index(values[-1])
+        if domain[start : end + 1] == values and len(values) > 2:
+            return f"{values[0]}..{values[-1]}"
+    if all(isinstance(v, str) for v in values) and all(v.endswith("_no_mul") for v in values):
+        gated = [v for v in domain if v.endswith("_no_mul")]
+        if values == gated:
+            return "every non-gated"
+    if all(isinstance(v, str) for v in values) and not any(v.endswith("_no_mul") for v in values):
+        if values == [v for v in domain if not v.endswith("_no_mul")] and len(values) > 2:
+            return "every gated"
+    return "{" + ",".join(str(v) for v in values) + "}"
+
+
+def print_sweep(result: SweepResult, *, file=None) -> None:
+    from rich.table import Table
+
+    from harness.core.console import make_console
+
+    console = make_console(file=file if file is not None else sys.stdout, highlight=False)
+    console.print(f"# {result.label} ({result.origin}): --sweep over D={_axis(GRID_D)} E={_axis(GRID_E)} "
+                  f"T={_axis(GRID_T)} (K,I)={' '.join(f'({k},{i})' for k, i in GRID_KI)}; "
+                  f"activations: {', '.join(result.activations)}")  # fmt: skip
+    table = Table(show_lines=True)
+    for column, justify in (("class", "left"), ("verdict", "left"), ("points", "right"), ("where", "left"),
+                            ("what", "left")):  # fmt: skip
+        table.add_column(column, justify=justify, overflow="fold")
+    for cls in result.classes:
+        rows = [g for g in groups(cls) if g[0].status not in (CONSISTENT, UNSUPPORTED)]
+        shown = rows[:MAX_ROWS_PER_CLASS]
+        counts = _counts(cls)
+        table.add_row(cls.name, verdict_line(cls), str(len(cls.outcomes)), counts, f"live set: {cls.live_set}",
+                      style=STYLE.get(cls.verdict, ""))  # fmt: skip
+        for outcome, points, box in shown:
+            table.add_row("", outcome.status, str(len(points)), box_text(box, cls), outcome.detail,
+                          style=STYLE.get(outcome.status, ""))  # fmt: skip
+        if len(rows) > len(shown):
+            table.add_row("", "", "", f"... {len(rows) - len(shown)} more groups in --json", "", style="dim")
+    console.print(table)
+    for file, why in result.unparsed.items():
+        console.print(f"  unparsed: {file}: {why}")
+    if result.failed:
+        names = ", ".join(f"{c.name} ({c.verdict})" for c in result.failed)
+        console.print(f"FAILED: {len(result.failed)} of {len(result.classes)} batched classes: {names}")
+    else:
+        console.print(f"OK: none of {len(result.classes)} batched classes double-counts or is under-sized")
+
+
+def _axis(values: tuple) -> str:
+    return "{" + ",".join(str(v) for v in values) + "}"
+
+
+def _counts(cls: ClassSweep) -> str:
+    counts: dict[str, int] = {}
+    for outcome in cls.outcomes.values():
+        counts[outcome.status] = counts.get(outcome.status, 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+
+
+def sweep_json(result: SweepResult) -> dict:
+    return {
+        "schema_version": SWEEP_SCHEMA,
+        "vllm_version": result.version,
+        "source": result.label,
+        "origin": result.origin,
+        "activations": list(result.activations),
+        "grid": {"D": list(GRID_D), "E": list(GRID_E), "T": list(GRID_T), "K_I": [list(p) for p in GRID_KI]},
+        "failed": [c.name for c in result.failed],
+        "unparsed": result.unparsed,
+        "classes": [
+            {
+                "name": c.name,
+                "file": c.file,
+                "verdict": c.verdict,
+                "summary": verdict_line(c),
+                "live_set": c.live_set,
+                "points": len(c.outcomes),
+                "groups": [
+                    {"status": o.status, "detail": o.detail, "ratio": o.ratio, "points": len(points),
+                     "where": {axis: list(values) for axis, values in box.items()}}
+                    for o, points, box in groups(c)
+                ],  # fmt: skip
+            }
+            for c in result.classes
+        ],
+    }
+
+
+def write_junit(result: SweepResult, path: Path) -> None:
+    """One testcase per (class, point group): a failure for a double count or under-size, skipped for points
+    the class refuses, does not take, or that were not evaluated."""
+    suite = ET.Element("testsuite", name=f"harness vllm audit --sweep ({result.label})")
+    failures = skipped = cases = 0
+    for cls in result.classes:
+        for outcome, points, box in groups(cls):
+            cases += 1
+            case = ET.SubElement(suite, "testcase", classname=f"{result.label}.{cls.name}",
+                                 name=f"{outcome.status}: {box_text(box, cls)}")  # fmt: skip
+            message = f"{cls.name} ({cls.file}) {outcome.status} at {len(points)} points: {outcome.detail}"
+            if outcome.status in FAILING:
+                failures += 1
+                ET.SubElement(case, "failure", message=message, type=outcome.status).text = box_text(box, cls)
+            elif outcome.status in (UNEVALUATED, REFUSED, UNSUPPORTED):
+                skipped += 1
+                ET.SubElement(case, "skipped", message=message)
+            elif outcome.status == OVER:
+                ET.SubElement(case, "system-out").text = message
+    suite.set("tests", str(cases))
+    suite.set("failures", str(failures))
+    suite.set("skipped", str(skipped))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def run_sweep(ns: argparse.Namespace, source) -> int:
+    """The sweep of a located source: 0, 1 on a double count or under-size, 2 when the JUnit file cannot be
+    written."""
+    from harness.sizing.vllm_source.auditor import _source_tree
+
+    result = sweep(_source_tree(source))
+    junit = getattr(ns, "junit", None)
+    if junit is not None:
+        try:
+            write_junit(result, Path(junit))
+        except OSError as error:
+            print(f"error: --junit {junit}: cannot be written ({error.strerror or error})", file=sys.stderr)
+            return EXIT_ERROR
+    if getattr(ns, "json", False):
+        print(json.dumps(sweep_json(result), indent=1))
+    else:
+        print_sweep(result)
+    return EXIT_FAILED if result.failed else EXIT_OK

@@ -1,0 +1,344 @@
+"""The live set of a batched-experts class: the views its apply() takes of workspace13 and workspace2.
+
+    cls.apply(output, hidden_states, w1, w2, ..., workspace13, workspace2, ...)
+        --Tracer walks the AST statement by statement--> every `_resize_cache(workspaceX[.view(dtype)], shape)`
+        that the method, or a parsed helper it hands the workspace to, takes; each view needs prod(shape) elements
+        of the buffer's dtype from the buffer's start (vLLM's own `_resize_cache` asserts exactly that).
+
+The tracer is the interpreter of interpreter.py in a tolerant mode: what it cannot follow (a kernel launch, a
+torch call, a flag only known on a GPU) becomes an opaque value, a statement that needs one is skipped and the
+names it binds become unknown, and a condition it cannot decide has both branches traced with their views marked
+undecided. Nothing is guessed into a view: a shape that depends on an unknown value is not recorded, and a whole
+workspace handed to code the tracer cannot follow (a library kernel that sizes its own scratch) makes that buffer's
+live set "not derived". A `raise` or a failed `assert` on a decided path is the class refusing the point.
+
+    trace_apply(program, cls, attributes, arguments)  -> ViewTrace (views, escapes, refusal)
+    trace_constructor(program, cls, attributes, kwargs) -> the refusal of __init__, or None
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from harness.sizing.vllm_source.interpreter import (
+    DEFAULT_BUDGET,
+    FORMAT_ENUM_STANDIN,
+    AssertFailed,
+    Budget,
+    Builtin,
+    BoundMethod,
+    DType,
+    FakeTensor,
+    Function,
+    Interpreter,
+    MissingAttribute,
+    Program,
+    StandIn,
+    SuperProxy,
+    Unevaluable,
+    _Missing,
+)
+
+RESIZE_HELPER = "_resize_cache"
+WORKSPACES = ("workspace13", "workspace2")
+
+
+class Opaque(StandIn):
+    """Something the tracer cannot follow (a kernel, a torch call, a platform flag): it can be passed along and
+    called, never computed with."""
+
+
+class WorkspaceTensor(FakeTensor):
+    """A workspace buffer (whole) or a view of it, in the dtype it is viewed in."""
+
+    def __init__(self, buffer: str, shape: tuple[int, ...], dtype: DType, *, whole: bool) -> None:
+        super().__init__(shape, dtype)
+        self.buffer = buffer
+        self.whole = whole
+
+
+@dataclass(frozen=True)
+class View:
+    buffer: str  # "workspace13" | "workspace2"
+    shape: tuple[int, ...]
+    itemsize: int
+    line: int | None
+    decided: bool  # False: under a condition the tracer could not decide
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+
+@dataclass
+class ViewTrace:
+    views: list[View] = field(default_factory=list)
+    escapes: dict[str, str] = field(default_factory=dict)  # buffer -> where it went whole
+    refusal: str | None = None  # the raise or failed assert the method reached on a decided path
+    error: str | None = None  # the trace itself stopped (budget), nothing is derived
+
+    def need_bytes(self, buffer: str) -> int | None:
+        """The bytes of buffer the decided views need; None when not derived (escaped, or no decided view while
+        undecided ones exist)."""
+        if self.error or buffer in self.escapes:
+            return None
+        decided = [v.nbytes for v in self.views if v.buffer == buffer and v.decided]
+        undecided = [v for v in self.views if v.buffer == buffer and not v.decided]
+        if not decided and undecided:
+            return None
+        return max(decided, default=0)
+
+    def why_not_derived(self, buffer: str) -> str:
+        if self.error:
+            return self.error
+        if buffer in self.escapes:
+            return self.escapes[buffer]
+        return f"{buffer} is viewed only under conditions the tracer could not decide"
+
+
+class _Refused(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Tracer(Interpreter):
+    """The interpreter, tolerant of what it cannot follow, recording the workspace views (module docstring)."""
+
+    def __init__(self, program: Program, budget: Budget = DEFAULT_BUDGET) -> None:
+        super().__init__(program, budget)
+        self.trace = ViewTrace()
+        self.undecided = 0
+        self.line: int | None = None
+
+    # --- values the tracer holds ---------------------------------------------------------------------------
+
+    def check_value(self, value: object, *, what: str = "a value") -> object:
+        if isinstance(value, Opaque):
+            return value
+        return super().check_value(value, what=what)
+
+    def _truth(self, value: object) -> bool:
+        if isinstance(value, Opaque):
+            raise Unevaluable(f"tests the truth of {value.path}, which the tracer does not follow")
+        return super()._truth(value)
+
+    def _compare(self, op: ast.cmpop, left: object, right: object) -> bool:
+        for side in (left, right):
+            if isinstance(side, Opaque):
+                raise Unevaluable(f"compares {side.path}, which the tracer does not follow")
+        return super()._compare(op, left, right)
+
+    def _resolve_global(self, file: str, name: str) -> object:
+        if name == "FusedMoEActivationFormat":
+            # modular_kernel.py defines it as an Enum of 1-tuples; the importing files see the stand-in's strings.
+            return FORMAT_ENUM_STANDIN
+        try:
+            return super()._resolve_global(file, name)
+        except MissingAttribute:
+            raise
+        except Unevaluable as error:
+            if self._over_budget():
+                raise
+            return Opaque(f"{name} ({error.reason})")
+
+    def get_attribute(self, value: object, name: str) -> object:
+        if isinstance(value, WorkspaceTensor) and name == "view":
+            return Builtin("Tensor.view", lambda interp, *args, **kwargs: self._view(value, args, kwargs))
+        if isinstance(value, Opaque):
+            return Opaque(f"{value.path}.{name}")
+        if isinstance(value, SuperProxy) and name == "__init__":
+            return self._super_init(value)
+        try:
+            return super().get_attribute(value, name)
+        except MissingAttribute as error:
+            if name.startswith("__"):
+                raise
+            return Opaque(f".{name} ({error.reason})")
+
+    def _super_init(self, proxy: SuperProxy) -> object:
+        """super().__init__: the next __init__ in the receiver's MRO after the caller's class."""
+        mro = self.program.mro(proxy.receiver.cls)
+        keys = [c.key for c in mro]
+        after = mro[keys.index(proxy.owner.key) + 1 :] if proxy.owner.key in keys else []
+        for owner in after:
+            binding = self.program.class_binding(owner, "__init__")
+            if binding is not None and isinstance(binding.node, ast.FunctionDef):
+                return BoundMethod(Function(owner.file, binding.node, owner, "method"), proxy.receiver)
+        return Opaque("super().__init__ (a base outside the parsed files)")
+
+    def _view(self, tensor: WorkspaceTensor, args: tuple, kwargs: dict) -> WorkspaceTensor:
+        dtype = kwargs.get("dtype", args[0] if len(args) == 1 else None)
+        if not isinstance(dtype, DType) or (args and kwargs):
+            raise Unevaluable(f"views {tensor.buffer} other than as another dtype")
+        elements = math.prod(tensor.shape) * tensor.dtype.itemsize // dtype.itemsize
+        return WorkspaceTensor(tensor.buffer, (elements,), dtype, whole=tensor.whole)
+
+    def _call(self, callee, args, kwargs, node, frame):
+        if isinstance(callee, Function) and callee.name == RESIZE_HELPER and callee.owner is None:
+            return self._resize(list(args) + list(kwargs.values()))
+        if isinstance(callee, Opaque):
+            for value in (*args, *kwargs.values()):
+                if isinstance(value, WorkspaceTensor) and value.whole:
+                    self.trace.escapes.setdefault(
+                        value.buffer, f"{value.buffer} is handed whole to {callee.path} (line {self.line})"
+                    )
+            return Opaque(f"the result of {callee.path}")
+        return super()._call(callee, args, kwargs, node, frame)
+
+    def _resize(self, args: list) -> object:
+        if len(args) != 2:
+            raise Unevaluable(f"calls {RESIZE_HELPER} with {len(args)} arguments")
+        tensor, shape = args
+        if isinstance(shape, int):
+            shape = (shape,)
+        if not isinstance(shape, (tuple, list)) or not all(isinstance(d, int) for d in shape):
+            raise Unevaluable(f"{RESIZE_HELPER} to a shape the tracer cannot compute")
+        shape = tuple(int(d) for d in shape)
+        if isinstance(tensor, WorkspaceTensor):
+            self.trace.views.append(View(tensor.buffer, shape, tensor.dtype.itemsize, self.line, self.undecided == 0))
+            return WorkspaceTensor(tensor.buffer, shape, tensor.dtype, whole=False)
+        if isinstance(tensor, FakeTensor):
+            return FakeTensor(shape, tensor.dtype)
+        return Opaque(f"a {RESIZE_HELPER} view")
+
+    # --- statements ----------------------------------------------------------------------------------------
+
+    def _over_budget(self) -> bool:
+        return self.steps > self.budget.max_steps
+
+    def _exec(self, node: ast.stmt, frame) -> object:
+        previous = self.line
+        self.line = getattr(node, "lineno", previous)
+        try:
+            if isinstance(node, ast.If):
+                return self._traced_if(node, frame)
+            try:
+                return super()._exec(node, frame)
+            except _Refused:
+                raise
+            except Unevaluable as error:
+                if self._over_budget() or "nested deeper" in error.reason or "calls nested" in error.reason:
+                    raise
+                refused = isinstance(node, ast.Raise) or isinstance(error, AssertFailed)
+                if refused and self.undecided == 0:
+                    raise _Refused(str(error)) from None
+                self._forget(node, frame, error)
+                return None
+        finally:
+            self.line = previous
+
+    def _traced_if(self, node: ast.If, frame) -> object:
+        try:
+            test = self._truth(self._eval(node.test, frame))
+        except Unevaluable as error:
+            if self._over_budget():
+                raise
+            self.undecided += 1
+            try:
+                for branch in (node.body, node.orelse):
+                    self._exec_block(branch, frame)  # a return in either branch is not taken as the result
+            finally:
+                self.undecided -= 1
+            self._forget(node, frame, error)
+            return None
+        return self._exec_block(node.body if test else node.orelse, frame)
+
+    def _forget(self, node: ast.stmt, frame, error: Unevaluable) -> None:
+        """The names a skipped statement binds are unknown from here on; a whole workspace it uses went where the
+        tracer cannot see how much of it is used (an assert only reads)."""
+        for inner in ast.walk(node):
+            value = frame.locals.get(inner.id) if isinstance(inner, ast.Name) else None
+            if isinstance(value, WorkspaceTensor) and value.whole and not isinstance(node, (ast.Assert, ast.If)):
+                self.trace.escapes.setdefault(
+                    value.buffer, f"{value.buffer} is used at line {self.line} in code the tracer cannot follow ({error})"
+                )
+            if isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Store):
+                frame.locals[inner.id] = _Missing(
+                    Unevaluable(f"depends on {inner.id}, which the tracer could not compute ({error})")
+                )
+
+
+def trace_apply(
+    program: Program,
+    cls: object,
+    attributes: Mapping[str, object],
+    arguments: Mapping[str, object],
+    *,
+    budget: Budget = DEFAULT_BUDGET,
+) -> ViewTrace:
+    """cls.apply(**arguments) traced on a stand-in self; parameters not in arguments are opaque."""
+    tracer = Tracer(program, budget)
+    try:
+        instance = tracer.instance(cls, attributes)
+        method = tracer.get_attribute(instance, "apply")
+        if not isinstance(method, BoundMethod):
+            tracer.trace.error = "apply is not a method of the class"
+            return tracer.trace
+        kwargs = _by_parameter(method.function, arguments)
+        tracer.call(method, (), kwargs)
+    except _Refused as refusal:
+        tracer.trace.refusal = refusal.reason
+    except (Unevaluable, RecursionError) as error:
+        tracer.trace.error = f"apply could not be traced: {error}"
+    return tracer.trace
+
+
+def trace_constructor(
+    program: Program, cls: object, attributes: Mapping[str, object], kwargs: Mapping[str, object]
+) -> str | None:
+    """The raise or failed assert cls.__init__(**kwargs) reaches on a decided path; None when it reaches none."""
+    tracer = Tracer(program)
+    try:
+        instance = tracer.instance(cls, attributes)
+        init = _init_function(program, cls)
+        if init is not None:
+            tracer.call(BoundMethod(init, instance), (), _by_parameter(init, kwargs))
+    except _Refused as refusal:
+        return refusal.reason
+    except (Unevaluable, RecursionError):
+        return None
+    return None
+
+
+def init_parameter_default(program: Program, cls: object, name: str) -> str | None:
+    """`None` when cls.__init__ (through its parsed bases) takes `name` with a default of None; else why not."""
+    init = _init_function(program, cls)
+    if init is not None:
+        owner, spec = init.owner, init.node.args
+        positional = [*spec.posonlyargs, *spec.args]
+        defaults = dict(zip([a.arg for a in positional[len(positional) - len(spec.defaults) :]], spec.defaults))
+        defaults.update({a.arg: d for a, d in zip(spec.kwonlyargs, spec.kw_defaults) if d is not None})
+        if name not in {a.arg for a in (*positional, *spec.kwonlyargs)}:
+            return f"{owner.name}.__init__ takes no {name}"
+        default = defaults.get(name)
+        if isinstance(default, ast.Constant) and default.value is None:
+            return None
+        return f"{owner.name}.__init__ requires {name}"
+    return f"no parsed __init__ takes {name}"
+
+
+def _init_function(program: Program, cls: object) -> Function | None:
+    """The __init__ the class runs (the interpreter does not read dunders by attribute, so it is looked up here)."""
+    for owner in program.mro(cls):
+        binding = program.class_binding(owner, "__init__")
+        if binding is not None and isinstance(binding.node, ast.FunctionDef):
+            return Function(owner.file, binding.node, owner, "method")
+    return None
+
+
+def _by_parameter(function: Function, arguments: Mapping[str, object]) -> dict[str, object]:
+    """Keyword arguments for a method's parameters: the given ones, opaque for the rest without a default."""
+    spec = function.node.args
+    positional = [*spec.posonlyargs, *spec.args]
+    with_default = {a.arg for a in positional[len(positional) - len(spec.defaults) :]}
+    with_default |= {a.arg for a, d in zip(spec.kwonlyargs, spec.kw_defaults) if d is not None}
+    names = [a.arg for a in (*positional[1:], *spec.kwonlyargs)]
+    return {
+        name: arguments[name] if name in arguments else Opaque(f"the argument {name}")
+        for name in names
+        if name in arguments or name not in with_default
+    }
