@@ -1,0 +1,174 @@
+"""`harness vllm audit --sweep` on real vLLM releases, and on source trees with a regression planted in them.
+
+The trees are copies of the cached 0.30.0 wheel's files, edited at test time; nothing of vLLM is committed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from harness.sizing.vllm_source import locate
+from harness.sizing.vllm_source.auditor import _source_tree
+from harness.sizing.vllm_source.sweep import (
+    CONSISTENT,
+    DOUBLE,
+    OVER,
+    REFUSED,
+    UNDER,
+    UNSUPPORTED,
+    GRID_D,
+    boxes,
+    sweep,
+)
+from harness.sizing.vllm_source.sources import default_cache_dir
+from tests.cli_utils import run_harness
+
+CUTLASS = "CutlassBatchedExpertsFp8"
+TRITON = "BatchedTritonExperts"
+CUTLASS_FILE = "vllm/model_executor/layers/fused_moe/experts/cutlass_moe.py"
+BATCHED_FILE = "vllm/model_executor/layers/fused_moe/experts/fused_batched_moe.py"
+
+
+@pytest.fixture(scope="module")
+def sweeps() -> dict:
+    found = {}
+    for version in ("0.29.0", "0.30.0"):
+        found[version] = sweep(_source_tree(locate(version=version, cache_dir=default_cache_dir())))
+    return found
+
+
+def by_name(result) -> dict:
+    return {c.name: c for c in result.classes}
+
+
+def judged(cls, status=None):
+    """The points the class takes (not refused or unsupported), or those of one status."""
+    return [p for p, o in cls.outcomes.items() if (o.status == status if status else o.status not in
+                                                   (REFUSED, UNSUPPORTED))]  # fmt: skip
+
+
+@pytest.mark.vllm_wheel
+def test_0_29_0_double_counts_at_every_point_with_d_at_least_2(sweeps):
+    cutlass = by_name(sweeps["0.29.0"])[CUTLASS]
+    assert cutlass.verdict == DOUBLE and cutlass.failed
+    taken = judged(cutlass)
+    assert {p.D for p in taken} == set(GRID_D)
+    for point in taken:
+        outcome = cutlass.outcomes[point]
+        if point.D >= 2:
+            assert outcome.status == DOUBLE, (point, outcome)
+            assert "M·D" in outcome.detail
+        else:
+            assert outcome.status == CONSISTENT, (point, outcome)
+    # Every layout axis of the full product is covered by the double count.
+    doubled = judged(cutlass, DOUBLE)
+    assert {p.E for p in doubled} == {1, 8, 16, 64} and {p.T for p in doubled} == {1, 256, 8192}
+    assert {p.experts for p in doubled} == {"E·D", "EPLB"}
+    assert len({p.activation for p in doubled}) >= 7  # every gated activation the class takes
+    # The legacy total is the harness's legacy formula at the PR point (x32 the fixed one at D = 32).
+    pr = next(p for p in doubled if (p.D, p.E, p.T, p.K, p.activation) == (32, 16, 256, 7168, "silu"))
+    assert cutlass.outcomes[pr].total_bytes == 112 * 2**30
+    assert [c.name for c in sweeps["0.29.0"].failed] == [CUTLASS]
+
+
+@pytest.mark.vllm_wheel
+def test_0_30_0_is_consistent_everywhere(sweeps):
+    cutlass = by_name(sweeps["0.30.0"])[CUTLASS]
+    assert cutlass.verdict == CONSISTENT and not cutlass.failed
+    taken = judged(cutlass)
+    assert len(taken) > 300
+    assert all(cutlass.outcomes[p].status == CONSISTENT for p in taken)
+    # The live set was derived from apply()'s views, and the workspace is exactly that at every traced point.
+    assert cutlass.live_set.startswith("derived from apply() views")
+    pr = next(p for p in taken if (p.D, p.E, p.T, p.K, p.activation) == (32, 16, 256, 7168, "silu"))
+    assert cutlass.outcomes[pr].total_bytes == int(3.5 * 2**30)
+    assert "sized to apply()'s views" in cutlass.outcomes[pr].detail
+    # Non-gated activations: the class says it does not take them.
+    assert all(o.status == UNSUPPORTED for p, o in cutlass.outcomes.items() if p.activation.endswith("_no_mul"))
+    assert sweeps["0.30.0"].failed == []
+
+
+@pytest.mark.vllm_wheel
+def test_batched_deep_gemm_over_allocates_its_unused_ws2(sweeps):
+    # BatchedDeepGemmExperts sizes ws2 (E, M, N/2) but its apply() never views workspace2.
+    deep_gemm = by_name(sweeps["0.30.0"])["BatchedDeepGemmExperts"]
+    assert deep_gemm.verdict == OVER and not deep_gemm.failed
+    ratios = {p.K: o.ratio for p, o in deep_gemm.outcomes.items() if o.status == OVER}
+    # K < N: ws13 = (E, M, N) beside ws2 (E, M, N/2): x1.5; K = 7168 > N: (K + N/2) / K.
+    assert ratios[512] == pytest.approx(1.5) and ratios[7168] == pytest.approx((7168 + 2048) / 7168)
+
+
+def planted_tree(tmp_path: Path, file: str, old: str, new: str) -> Path:
+    """A copy of the cached 0.30.0 files with `old` replaced by `new` in file (exactly once)."""
+    source = locate(version="0.30.0", cache_dir=default_cache_dir())
+    root = tmp_path / "vllm-src"
+    shutil.copytree(source.root / "vllm", root / "vllm")
+    path = root / file
+    text = path.read_text()
+    assert text.count(old) == 1, f"{old!r} is not in {file} exactly once"
+    path.write_text(text.replace(old, new))
+    return root
+
+
+@pytest.mark.vllm_wheel
+def test_planted_num_dp_regression_fails_with_class_and_points(tmp_path):
+    # Put the double count back: the token dim of ws13 becomes M * num_dispatchers again.
+    root = planted_tree(tmp_path, CUTLASS_FILE, "workspace1 = (experts_per_worker, M, max(N, K))",
+                        "workspace1 = (experts_per_worker, M * self.num_dispatchers, max(N, K))")
+    junit = tmp_path / "sweep.xml"
+    completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(root), "--junit", str(junit))
+    assert completed.returncode == 1, completed.stderr
+    assert f"FAILED: 1 of 7 batched classes: {CUTLASS} (double-count)" in completed.stdout
+    assert "double-counts at" in completed.stdout and "D=2..256" in completed.stdout
+    suite = ET.parse(junit).getroot()
+    failures = [case for case in suite.iter("testcase") if case.find("failure") is not None]
+    assert failures and all(CUTLASS in case.get("classname") for case in failures)
+    assert all(case.get("name").startswith("double-count: D=2..256") for case in failures)
+    assert suite.get("failures") == str(len(failures))
+
+
+@pytest.mark.vllm_wheel
+def test_planted_non_gated_sized_as_gated_is_under_sized(tmp_path):
+    # BatchedTritonExperts' workspace_shapes halves N for every activation, the *_no_mul ones too.
+    old = """        max_num_tokens = self.max_num_tokens
+        activation_out_dim = self.adjust_N_for_activation(N, activation)
+        workspace13 = (num_experts, max_num_tokens * num_dp, max(K, N))"""
+    root = planted_tree(tmp_path, BATCHED_FILE, old, old.replace("self.adjust_N_for_activation(N, activation)",
+                                                                 "N // 2"))  # fmt: skip
+    result = sweep(_source_tree(locate(src=root)))
+    triton = by_name(result)[TRITON]
+    assert triton.verdict == UNDER and [c.name for c in result.failed] == [TRITON]
+    under = judged(triton, UNDER)
+    assert under and all(p.activation.endswith("_no_mul") for p in under)
+    assert {p.D for p in under} == {1, 32}  # the sub-grid apply() is traced on
+    assert all(triton.outcomes[p].detail == "apply() views workspace2 to x2 of its size" for p in under)
+    # Gated activations are untouched.
+    assert all(o.status == CONSISTENT for p, o in triton.outcomes.items() if not p.activation.endswith("_no_mul"))
+    completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(root))
+    assert completed.returncode == 1
+    assert f"{TRITON} (under-sized)" in completed.stdout
+
+
+def test_boxes_cover_each_point_once():
+    from harness.sizing.vllm_source.sweep import Point
+
+    points = [Point(d, "set", "E·D", "bf16", "silu", k, 2048, e, 1) for d in (1, 2, 8) for k in (512, 3072)
+              for e in (1, 8)]  # fmt: skip
+    points.remove(Point(1, "set", "E·D", "bf16", "silu", 512, 2048, 1, 1))
+    found = boxes(points)
+    covered = [p for p in points for box in found if all(getattr(p, a) in box[a] for a in box)]
+    assert sorted(covered) == sorted(points)  # a cover, each point in one box
+    assert len(found) <= 3
+
+
+def test_sweep_input_errors(tmp_path):
+    completed = run_harness("vllm", "audit", "--junit", str(tmp_path / "x.xml"))
+    assert completed.returncode == 2 and completed.stderr.strip().count("\n") == 0
+    assert "--junit goes with --sweep" in completed.stderr
+    completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(tmp_path / "missing"))
+    assert completed.returncode == 2 and "no such directory" in completed.stderr
+    assert completed.stderr.strip().count("\n") == 0
