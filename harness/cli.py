@@ -166,10 +166,14 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
         from harness.sizing.layer_audit import run_layer_audit
 
         return run_layer_audit(ns)
-    if ns.releases is not None or ns.out is not None:
-        return _print_error("--releases and --out go with --layer")
     if ns.junit is not None and not ns.sweep:
         return _print_error("--junit goes with --sweep")
+    if ns.sweep and ns.releases is not None:
+        from harness.sizing.vllm_source.sweep_report import run_sweep_releases
+
+        return run_sweep_releases(ns)
+    if ns.releases is not None or ns.out is not None:
+        return _print_error("--releases and --out go with --layer or --sweep --releases")
     from harness.sizing.vllm_source import run_audit
 
     return run_audit(ns)
@@ -391,8 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer", action="store_true",
                    help="the whole-layer audit: every experts class and all-to-all kind of the curated cases")
     p.add_argument("--releases", default=None, metavar="A..B|X,Y",
-                   help="with --layer: releases to audit; A..B takes every release the registry offers between them")
-    p.add_argument("--out", type=Path, default=None, help="with --layer: write layer-audit.json and .md here")
+                   help="with --layer or --sweep: releases to audit; A..B takes every release the registry offers "
+                        "between them")
+    p.add_argument("--out", type=Path, default=None, help="with --layer (or --sweep --releases): write layer-audit (sweep-audit).json and .md here")
     p.add_argument("--sweep", action="store_true",
                    help="every batched-experts class over a grid of D, local experts, T, (K, I), activations, "
                         "quantization, num_dispatchers unset and EPLB (docs/vllm-sources.md)")

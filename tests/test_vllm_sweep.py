@@ -5,6 +5,7 @@ The trees are copies of the cached 0.30.0 wheel's files, edited at test time; no
 
 from __future__ import annotations
 
+import re
 import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -172,3 +173,21 @@ def test_sweep_input_errors(tmp_path):
     completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(tmp_path / "missing"))
     assert completed.returncode == 2 and "no such directory" in completed.stderr
     assert completed.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.vllm_wheel
+@pytest.mark.parametrize("version", ["0.21.0", "0.15.0"])
+def test_releases_without_a_manylinux_2_28_wheel_are_found(tmp_path, version):
+    # 0.21.0 ships only manylinux_2_24, 0.15.0 only manylinux_2_31: the index's sha256 is had for both (a dry run
+    # reads the wheel's metadata, it does not download the wheel).
+    from harness.sizing.vllm_source.cache import published_sha256
+
+    assert re.fullmatch(r"[0-9a-f]{64}", published_sha256(version, tmp_path / "scratch"))
+
+
+@pytest.mark.vllm_wheel
+def test_a_release_the_index_does_not_have_says_so(tmp_path):
+    from harness.sizing.vllm_source.cache import CacheError, published_sha256
+
+    with pytest.raises(CacheError, match=r"^the package index has no vllm==0\.1\.9999 "):
+        published_sha256("0.1.9999", tmp_path / "scratch")

@@ -20,7 +20,6 @@ crosses it) or refused (a component over a library cap). See docs/layer-memory.m
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import platform
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from harness.scenario.schema import Scenario
 from harness.scenario.sections import LayerSpec
 from harness.sizing import deepep
 from harness.sizing.vllm_source.auditor import DOUBLE_COUNT, audit
-from harness.sizing.vllm_source.evaluate import Evaluation, ParsedClass, SourceTree, standin_attributes
+from harness.sizing.vllm_source.evaluate import Evaluation, ParsedClass, SourceTree, source_tree, standin_attributes
 from harness.sizing.vllm_source.interpreter import DTYPES, Activation, Builtin, StandIn, Unevaluable
 from harness.sizing.vllm_source.layer_source import (
     BUFFER_ENV,
@@ -53,7 +52,7 @@ from harness.sizing.vllm_source.layer_source import (
     moe_num_experts,
     quant_call,
 )
-from harness.sizing.vllm_source.sources import VllmSource, VllmSourceError, locate
+from harness.sizing.vllm_source.sources import VllmSource, VllmSourceError, locate_release
 
 LAYER_PLAN_SCHEMA = 1
 GIB = 2**30
@@ -177,7 +176,7 @@ def plan_layer(
     gpu: str | None = None,
 ) -> LayerPlan:
     """Every component of the scenario's layer under vLLM `version` (a release, fetched into the cache)."""
-    source = locate(version=version, cache_dir=cache_dir)
+    source = locate_release(version, cache_dir=cache_dir)
     return plan_layer_from(scenario, source, budget_bytes=budget_bytes, gpu=gpu)
 
 
@@ -523,14 +522,8 @@ def workspace_component(layout: Layout, source: VllmSource, class_name: str) -> 
     )  # fmt: skip
 
 
-@functools.lru_cache(maxsize=8)
-def _cached_tree(source: VllmSource) -> SourceTree:
-    return SourceTree(source)
-
-
 def _tree(source: VllmSource) -> SourceTree:
-    """Parsed once per process for a release or wheel extraction; a source tree users edit is read again."""
-    return _cached_tree(source) if source.kind in ("release", "wheel") else SourceTree(source)
+    return source_tree(source)
 
 
 def experts_attributes(layout: Layout) -> dict[str, object]:

