@@ -336,3 +336,44 @@ def test_the_committed_audit_table_is_the_one_in_the_docs():
     assert audit_markdown(audit) == table
     assert [r.vllm_version for r in audit.releases][:1] == ["0.22.0"] and audit.releases[-1].vllm_version == "0.33.0"
     assert len(audit.releases) >= 15 and all(r.error is None for r in audit.releases)
+
+
+# --- the hidden size DeepEP sees, and declared redundant experts ---------------------------------------------------
+
+HIDDEN_2880 = {
+    "name": "hidden-2880", "description": "hidden 2880 (GPT-OSS) over DeepEP low-latency",
+    "model": {"hidden_size": 2880, "intermediate_size": 2880, "num_experts": 128, "top_k": 4},
+    "parallel": {"num_dispatchers": 8, "num_ranks": 1, "num_local_experts": 16, "max_tokens_per_rank": 256},
+    "policies": ["fixed"],
+    "layer": {"all2all": "deepep-low-latency", "moe_backend": "triton", "quant": "bf16"},
+}  # fmt: skip
+
+
+@pytest.mark.vllm_wheel
+def test_deepep_ll_hidden_is_rounded_up_as_vllm_does(cache_dir):
+    # vLLM rounds 2880 up to 3072 (DeepEPLLPrepareAndFinalize.SUPPORTED_HIDDEN_SIZES) before sizing the buffer.
+    plan = plan_layer(parse_scenario(HIDDEN_2880), "0.30.0", cache_dir=cache_dir)
+    rdma = plan.component("deepep-rdma")
+    assert rdma.bytes == 817_890_432
+    assert ll(256, 128, hidden=2880, ranks=8).size_hint_bytes == 766_510_208  # what the layer's own K would give
+    assert "hidden=3072" in rdma.detail and rdma.verdicts == ["consistent"]
+    recv = plan.component("dispatch-recv")
+    assert recv.facts["x_bytes"] == 16 * 8 * 256 * 3072 * 2  # (E, D*T, 3072) bf16
+
+
+def test_declared_redundant_experts_are_respected_or_refused():
+    base = {"model": {"hidden_size": 5120, "intermediate_size": 2048, "num_experts": 384, "top_k": 8},
+            "parallel": {"num_dispatchers": 16, "max_tokens_per_rank": 2048, "num_local_experts": 48}}  # fmt: skip
+    # E x D = 768 slots for 384 experts: an explicit 0 contradicts it, and says so with both numbers.
+    with pytest.raises(ScenarioError, match=r"= 768 must equal model.num_experts \(384\) \+ layer.num_redundant_"
+                                            r"experts \(0\) = 384"):
+        parse_scenario({**base, "layer": {"num_redundant_experts": 0}})
+    from harness.sizing.layer import layout_of
+
+    assert layout_of(parse_scenario(base)).num_redundant_experts == 384  # unset: derived from E x D
+    exact = {**base, "parallel": {**base["parallel"], "num_local_experts": 24}}
+    assert layout_of(parse_scenario({**exact, "layer": {"num_redundant_experts": 0}})).num_redundant_experts == 0
+    # Unset and an explicit 0 hash alike (as before the field could be unset).
+    with_zero = parse_scenario({**exact, "layer": {"num_redundant_experts": 0, "moe_backend": "triton"}})
+    unset = parse_scenario({**exact, "layer": {"moe_backend": "triton"}})
+    assert with_zero.scenario_hash == unset.scenario_hash

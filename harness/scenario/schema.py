@@ -169,7 +169,7 @@ class Scenario(_Strict):
     def _layer(self) -> Scenario:
         """- with EPLB, num_local_experts x D holds the routed and the redundant experts exactly."""
         layer, m, p = self.layer, self.model, self.parallel
-        if layer.num_redundant_experts:
+        if layer.num_redundant_experts is not None:
             physical = m.num_experts + layer.num_redundant_experts  # type: ignore[operator]
             slots = self.num_local_experts * p.num_dispatchers
             if slots != physical:
@@ -223,6 +223,8 @@ class Scenario(_Strict):
         if self.layer == LayerSpec():
             # A scenario without a layer block hashes as it did before the block existed: baselines stay comparable.
             del data["layer"]
+        elif data["layer"].get("num_redundant_experts") is None:
+            data["layer"]["num_redundant_experts"] = 0  # unset hashes as the 0 it used to default to
         if self.deployment == DeploymentSpec():
             del data["deployment"]  # likewise for scenarios without a deployment section
         if not self.memory.deployment_ballast:

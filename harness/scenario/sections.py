@@ -369,8 +369,9 @@ class LayerSpec(_Strict):
     quant: Literal["fp8-per-token", "fp8-block", "bf16", "wna16"] = Field(
         "fp8-per-token", description="weights and dispatched activations; wna16: int4 weights, group 128, bf16 acts"
     )
-    num_redundant_experts: Annotated[int, Field(ge=0, le=L.MAX_NUM_EXPERTS)] = Field(
-        0, description="EPLB's redundant experts; num_local_experts x D must equal num_experts + this"
+    num_redundant_experts: Annotated[int, Field(ge=0, le=L.MAX_NUM_EXPERTS)] | None = Field(
+        None, description="EPLB's redundant experts; num_local_experts x D must equal num_experts + this "
+        "(0 included); unset: num_local_experts x D - num_experts"
     )
     deepep_buffer_size_mb: Count(L.MAX_BUFFER_MB) | None = Field(
         None, description="VLLM_DEEPEP_BUFFER_SIZE_MB; default: the release's (envs.py)"

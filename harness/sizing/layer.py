@@ -19,6 +19,7 @@ crosses it) or refused (a component over a library cap). See docs/layer-memory.m
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
 import platform
@@ -156,10 +157,13 @@ def layout_of(scenario: Scenario) -> Layout:
     args = scenario.sizing_args()
     I = args.intermediate_size  # noqa: E741 - the letter of docs/design.md
     routed = int(scenario.model.num_experts)  # type: ignore[arg-type]
+    # A declared count is the user's (the schema checked it against E x D); only an unset one is derived.
+    declared = spec.num_redundant_experts
+    redundant = declared if declared is not None else args.num_local_experts * args.num_dispatchers - routed
     return Layout(
         T=args.max_tokens_per_rank, D=args.num_dispatchers, E=args.num_local_experts, K=args.K, I=I,
         top_k=args.top_k, num_routed_experts=routed,
-        num_redundant_experts=args.num_local_experts * args.num_dispatchers - routed, spec=spec, args=args,
+        num_redundant_experts=redundant, spec=spec, args=args,
     )  # fmt: skip
 
 
@@ -279,6 +283,7 @@ class DeepEPArgs:
     use_fp8_dispatch: Read
     moe_num_experts: Read
     buffer_size_mb: Read
+    hidden: int = 0  # the hidden size DeepEP sees: K rounded up to a supported size (deepep_ll_hidden)
 
 
 def read_deepep_args(layout: Layout, files: ReleaseFiles) -> DeepEPArgs | str:
@@ -288,8 +293,9 @@ def read_deepep_args(layout: Layout, files: ReleaseFiles) -> DeepEPArgs | str:
     branch = deepep_ll_branch(files)
     if branch is None:
         return "no prepare/finalize factory branch on `use_deepep_ll_kernels` that builds all_to_all_args in fused_moe/"
+    hidden = deepep_ll_hidden(files, layout.K)
     moe = StandIn(
-        "moe", max_num_tokens=layout.T, hidden_dim=layout.K, num_experts=num_experts.value,
+        "moe", max_num_tokens=layout.T, hidden_dim=hidden, num_experts=num_experts.value,
         num_local_experts=layout.E, experts_per_token=layout.top_k, num_logical_experts=layout.num_routed_experts,
     )  # fmt: skip
     manager = StandIn("all2all_manager", world_size=layout.D, dp_world_size=layout.D, rank=0)
@@ -302,7 +308,32 @@ def read_deepep_args(layout: Layout, files: ReleaseFiles) -> DeepEPArgs | str:
     env = env_default(files, BUFFER_ENV)
     if layout.spec.deepep_buffer_size_mb is not None:
         env = Read(value=layout.spec.deepep_buffer_size_mb, ref=None)
-    return DeepEPArgs(handle, tokens, use_fp8, num_experts, env)
+    return DeepEPArgs(handle, tokens, use_fp8, num_experts, env, hidden)
+
+
+DEEPEP_LL_FILE = "vllm/model_executor/layers/fused_moe/prepare_finalize/deepep_ll.py"
+DEEPEP_LL_CLASS = "DeepEPLLPrepareAndFinalize"
+
+
+def deepep_ll_hidden(files: ReleaseFiles, hidden: int) -> int:
+    """The hidden size vLLM hands DeepEP low-latency: the layer's rounded up to the smallest of the release's
+    DeepEPLLPrepareAndFinalize.SUPPORTED_HIDDEN_SIZES (read with ast) that holds it (maybe_roundup_layer_hidden_size;
+    e.g. 2880 -> 3072). The layer's own size where the release has no such list or none is large enough."""
+    parsed = files.tree.modules.get(DEEPEP_LL_FILE)
+    if parsed is None:
+        return hidden
+    for node in parsed.tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == DEEPEP_LL_CLASS:
+            for statement in node.body:
+                if (isinstance(statement, ast.Assign) and any(isinstance(t, ast.Name) and
+                        t.id == "SUPPORTED_HIDDEN_SIZES" for t in statement.targets)):  # fmt: skip
+                    try:
+                        sizes = ast.literal_eval(statement.value)
+                    except ValueError:
+                        return hidden
+                    larger = sorted(s for s in sizes if isinstance(s, int) and s >= hidden)
+                    return larger[0] if larger else hidden
+    return hidden
 
 
 def _use_fp8_dispatch(layout: Layout, files: ReleaseFiles, branch) -> Read:
@@ -409,7 +440,7 @@ def _rdma_component(layout: Layout, run, args: DeepEPArgs) -> LayerComponent:
     asked = run.size_hint_calls[-1]
     tokens = args.max_tokens_per_rank.value if args.max_tokens_per_rank.ok else layout.T
     # Dispatch runs with the layer's global (physical) experts: every routed expert and every replica.
-    needed = deepep.LowLatencyLayout(num_max_dispatch_tokens_per_rank=int(tokens), hidden=layout.K,  # type: ignore[arg-type]
+    needed = deepep.LowLatencyLayout(num_max_dispatch_tokens_per_rank=int(tokens), hidden=args.hidden or layout.K,  # type: ignore[arg-type]
                                      num_ranks=layout.D, num_experts=layout.num_physical_experts,
                                      layout=layout.spec.deepep_layout)  # fmt: skip
     routed_only = dataclasses.replace(needed, num_experts=layout.num_routed_experts)
@@ -418,7 +449,7 @@ def _rdma_component(layout: Layout, run, args: DeepEPArgs) -> LayerComponent:
         verdicts.append(UNDER_SIZED)
     if not deepep.rdma_bytes_fit(requested):
         verdicts.append(OVER_CAP)
-    max_tokens = deepep.max_tokens_under_cap(hidden=layout.K, num_ranks=layout.D, num_experts=int(asked["num_experts"]),  # type: ignore[arg-type]
+    max_tokens = deepep.max_tokens_under_cap(hidden=args.hidden or layout.K, num_ranks=layout.D, num_experts=int(asked["num_experts"]),  # type: ignore[arg-type]
                                              layout=layout.spec.deepep_layout)  # fmt: skip
     experts_ref = args.moe_num_experts.ref
     detail = (
@@ -458,7 +489,8 @@ def dispatch_components(layout: Layout, files: ReleaseFiles) -> list[LayerCompon
         return [_unevaluated("dispatch-recv", reason)]
     tokens, use_fp8 = int(args.max_tokens_per_rank.value), bool(args.use_fp8_dispatch.value)  # type: ignore[arg-type]
     recv = deepep.LowLatencyRecv(num_local_experts=layout.E, num_ranks=layout.D,
-                                 num_max_dispatch_tokens_per_rank=tokens, hidden=layout.K, use_fp8=use_fp8)  # fmt: skip
+                                 num_max_dispatch_tokens_per_rank=tokens, hidden=args.hidden or layout.K,
+                                 use_fp8=use_fp8)  # fmt: skip
     call = dispatch_call(files)
     components = [LayerComponent(
         name="dispatch-recv", bytes=recv.total_bytes, verdicts=[CONSISTENT],
