@@ -20,7 +20,7 @@ from pathlib import Path
 REPO_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_DIR))
 
-from harness.sizing.vllm_source.auditor import _source_tree  # noqa: E402
+from harness.sizing.vllm_source.evaluate import source_tree as _source_tree  # noqa: E402
 from harness.sizing.vllm_source.sources import locate  # noqa: E402
 from harness.sizing.vllm_source.sweep import sweep  # noqa: E402
 

@@ -169,9 +169,10 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
     if ns.junit is not None and not ns.sweep:
         return _print_error("--junit goes with --sweep")
     if ns.sweep and ns.releases is not None:
+        from harness.sizing.layer_audit import resolve_releases
         from harness.sizing.vllm_source.sweep_report import run_sweep_releases
 
-        return run_sweep_releases(ns)
+        return run_sweep_releases(ns, resolve_releases)
     if ns.releases is not None or ns.out is not None:
         return _print_error("--releases and --out go with --layer or --sweep --releases")
     from harness.sizing.vllm_source import run_audit

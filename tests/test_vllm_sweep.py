@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.sizing.vllm_source import locate
-from harness.sizing.vllm_source.auditor import _source_tree
+from harness.sizing.vllm_source.evaluate import source_tree as _source_tree
 from harness.sizing.vllm_source.sweep import (
     CONSISTENT,
     DOUBLE,

@@ -11,6 +11,7 @@ import json
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.core.exits import EXIT_ERROR, EXIT_OK
@@ -207,9 +208,9 @@ def write_junit(result: SweepResult, path: Path) -> None:
 def run_sweep(ns: argparse.Namespace, source) -> int:
     """The sweep of a located source: 0, 1 on a double count or under-size, 2 when the JUnit file cannot be
     written."""
-    from harness.sizing.vllm_source.auditor import _source_tree
+    from harness.sizing.vllm_source.evaluate import source_tree
 
-    result = sweep(_source_tree(source))
+    result = sweep(source_tree(source))
     junit = getattr(ns, "junit", None)
     if junit is not None:
         try:
@@ -280,12 +281,12 @@ def releases_json(results: list[SweepResult], errors: dict[str, str]) -> dict:
     }
 
 
-def run_sweep_releases(ns: argparse.Namespace) -> int:
+def run_sweep_releases(ns: argparse.Namespace, resolve_releases: Callable[[str], list[str]]) -> int:
     """`--sweep --releases A..B [--out DIR]`: the verdicts per release; 0 when every release was swept (the
-    verdicts are data here), 2 when one could not be had or on bad input."""
+    verdicts are data here), 2 when one could not be had or on bad input. resolve_releases: A..B -> versions
+    (harness.sizing.layer_audit's, passed in: that module sits above this one)."""
     from harness.core.records import write_json_atomic, write_text_atomic
-    from harness.sizing.layer_audit import resolve_releases
-    from harness.sizing.vllm_source.auditor import _source_tree
+    from harness.sizing.vllm_source.evaluate import source_tree
     from harness.sizing.vllm_source.sources import VllmSourceError, locate
 
     out = Path(ns.out) if ns.out is not None else None
@@ -304,7 +305,7 @@ def run_sweep_releases(ns: argparse.Namespace) -> int:
     for version in versions:
         print(f"sweeping vllm {version}", file=sys.stderr)
         try:
-            results.append(sweep(_source_tree(locate(version=version, cache_dir=ns.cache_dir))))
+            results.append(sweep(source_tree(locate(version=version, cache_dir=ns.cache_dir))))
         except VllmSourceError as error:
             errors[version] = str(error)
     table = releases_markdown(results, errors)
