@@ -88,7 +88,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         budget = int(ns.budget_gb * 1e9) if ns.budget_gb else (GPU_MEMORY_BYTES[ns.gpu] if ns.gpu else
                                                                scenario.memory.budget_bytes)  # fmt: skip
         layers = make_layer_plans(scenario, layer_versions(scenario, ns.vllm_version), cache_dir=ns.cache_dir,
-                                  budget_bytes=budget, gpu=gpu if not ns.budget_gb else None)  # fmt: skip
+                                  budget_bytes=budget, gpu=gpu if not ns.budget_gb else None,
+                                  wheel=ns.vllm_wheel, src=ns.vllm_src)  # fmt: skip
     except ScenarioError as exc:
         return _print_error(str(exc))
     except Exception as exc:  # a release whose source cannot be had
@@ -304,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP + "; for vllm==X.Y.Z policies")
     p.add_argument("--vllm-version", action="append", default=None, metavar="X.Y.Z",
                    help="also plan the whole EP MoE layer per GPU for this release (repeatable)")
+    p.add_argument("--vllm-wheel", type=Path, default=None, help="also plan the layer for this vLLM wheel file")
+    p.add_argument("--vllm-src", type=Path, default=None,
+                   help="also plan the layer for this vLLM source tree (the repository root or its vllm/ directory)")
     p.add_argument("--gpu", default=None, metavar="NAME",
                    help="fit or OOM of each release's layer on this GPU (default: the scenario's memory.budget_gpu)")
     p.add_argument("--budget-gb", type=float, default=None, help="fit or OOM against this many GB (1e9 B) instead")

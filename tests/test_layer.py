@@ -377,3 +377,21 @@ def test_declared_redundant_experts_are_respected_or_refused():
     with_zero = parse_scenario({**exact, "layer": {"num_redundant_experts": 0, "moe_backend": "triton"}})
     unset = parse_scenario({**exact, "layer": {"moe_backend": "triton"}})
     assert with_zero.scenario_hash == unset.scenario_hash
+
+
+@pytest.mark.vllm_wheel
+def test_plan_takes_a_source_tree_and_a_wheel_like_audit(cache_dir, tmp_path):
+    release = locate(version="0.30.0", cache_dir=cache_dir)
+    tree = tmp_path / "tree"
+    shutil.copytree(release.root / "vllm", tree / "vllm")
+    by_version = run_harness("plan", str(CASE_55579), "--vllm-version", "0.30.0", "--json")
+    by_tree = run_harness("plan", str(CASE_55579), "--vllm-src", str(tree), "--json")
+    assert by_version.returncode == by_tree.returncode == 0, by_tree.stderr
+    (from_release,) = json.loads(by_version.stdout)["layers"]
+    (from_tree,) = json.loads(by_tree.stdout)["layers"]
+    assert from_tree["vllm_version"] == "0.30.0"
+    assert [(c["name"], c["bytes"]) for c in from_tree["components"]] == \
+        [(c["name"], c["bytes"]) for c in from_release["components"]]  # fmt: skip
+    missing = run_harness("plan", str(CASE_55579), "--vllm-wheel", str(tmp_path / "none.whl"))
+    assert missing.returncode == 2 and "--vllm-wheel" in missing.stderr and "no such file" in missing.stderr
+    assert missing.stderr.strip().count("\n") == 0

@@ -189,5 +189,5 @@ def test_releases_without_a_manylinux_2_28_wheel_are_found(tmp_path, version):
 def test_a_release_the_index_does_not_have_says_so(tmp_path):
     from harness.sizing.vllm_source.cache import CacheError, published_sha256
 
-    with pytest.raises(CacheError, match=r"^the package index has no vllm==0\.1\.9999 "):
+    with pytest.raises(CacheError, match=r"^could not download vLLM release 0\.1\.9999: the package index has no vllm==0\.1\.9999 \(pip: "):
         published_sha256("0.1.9999", tmp_path / "scratch")

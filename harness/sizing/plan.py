@@ -167,14 +167,20 @@ def layer_versions(scenario: Scenario, versions: list[str] | None) -> list[str]:
 
 def make_layer_plans(
     scenario: Scenario, versions: list[str], *, cache_dir: Path | None = None, budget_bytes: int | None = None,
-    gpu: str | None = None,
+    gpu: str | None = None, wheel: Path | None = None, src: Path | None = None,
 ) -> list[Any]:
-    """One LayerPlan per release; raises VllmSourceError when a release cannot be had."""
-    from harness.sizing.layer import plan_layer
+    """One LayerPlan per release, then one for a wheel file and one for a source tree when given; raises
+    VllmSourceError when one cannot be had."""
+    from harness.sizing.layer import plan_layer, plan_layer_from
+    from harness.sizing.vllm_source.sources import locate
 
-    return [
+    plans = [
         plan_layer(scenario, version, cache_dir=cache_dir, budget_bytes=budget_bytes, gpu=gpu) for version in versions
     ]
+    for given in ({"wheel": wheel, "cache_dir": cache_dir}, {"src": src}):
+        if next(iter(given.values())) is not None:
+            plans.append(plan_layer_from(scenario, locate(**given), budget_bytes=budget_bytes, gpu=gpu))
+    return plans
 
 
 def layer_expectation_failures(scenario: Scenario, plans: list[Any]) -> list[str]:

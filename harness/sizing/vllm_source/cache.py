@@ -576,10 +576,13 @@ def _no_linux_wheel(version: str, pip_said: str) -> str:
         offered = all_registry_versions()
     except CacheError:
         return pip_said
+    failure = f"could not download vLLM release {version}"
     if version in offered:
-        return (f"vllm=={version} is on the package index, but has no Linux x86-64 wheel under any platform tag "
-                f"({LINUX_X86_64_TAGS[0]} .. {LINUX_X86_64_TAGS[-1]}); pass --vllm-wheel FILE or --vllm-src DIR")
-    return f"the package index has no vllm=={version} (pip: {pip_said.split(': ', 1)[-1]})"
+        return (f"{failure}: vllm=={version} is on the package index, but has no Linux x86-64 wheel under any "
+                f"platform tag ({LINUX_X86_64_TAGS[0]} .. {LINUX_X86_64_TAGS[-1]}); pass --vllm-wheel FILE or "
+                "--vllm-src DIR")
+    pip_reason = pip_said.split("): ", 1)[-1]  # after "(asking the index for its sha256)"
+    return f"{failure}: the package index has no vllm=={version} (pip: {pip_reason})"
 
 
 def all_registry_versions() -> list[str]:

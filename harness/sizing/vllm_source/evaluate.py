@@ -52,6 +52,8 @@ MAX_SOURCE_FILES = 2000
 MAX_SOURCE_FILE_BYTES = 1 << 20
 MAX_SOURCE_TREE_BYTES = 16 << 20
 
+MAX_KEPT_EVALUATIONS = 1 << 16  # a few MB of shapes at most
+
 MODULAR_KERNEL_STANDIN = {
     "FusedMoEActivationFormat": FORMAT_ENUM_STANDIN,
     "ExpertTokensMetadata": StandIn("mk.ExpertTokensMetadata"),
@@ -110,6 +112,10 @@ class SourceTree:
         self.classes_by_name: dict[str, list[ParsedClass]] = {}
         self._file_by_module: dict[str, str] = {}
         self._mro: dict[tuple[str, str], list[ParsedClass]] = {}
+        self._batched: list[ParsedClass] | None = None
+        # evaluate() is a pure function of (class, sizing arguments) on a tree that does not change: a matrix plan
+        # asks for the same point in many cells (T doubled in one cell is the next cell's T).
+        self._evaluations: dict[tuple[tuple[str, str], SizingArgs], Evaluation] = {}
         fused_moe = source.fused_moe_dir
         if not fused_moe.is_dir():
             raise VllmSourceError(f"{source.label}: no fused-MoE package at {fused_moe}")
@@ -214,6 +220,11 @@ class SourceTree:
 
     def batched_classes(self) -> list[ParsedClass]:
         """Every concrete class whose activation format is BatchedExperts, in file then line order."""
+        if self._batched is None:
+            self._batched = self._find_batched_classes()
+        return list(self._batched)
+
+    def _find_batched_classes(self) -> list[ParsedClass]:
         found = []
         for classes in self.classes_by_name.values():
             for cls in classes:
@@ -272,6 +283,15 @@ class SourceTree:
 
     def evaluate(self, cls: ParsedClass, args: SizingArgs, *, budget: Budget = DEFAULT_BUDGET) -> Evaluation:
         """cls.workspace_shapes on a stand-in self for these sizing arguments, interpreted from the AST."""
+        key = (cls.key, args)
+        if budget == DEFAULT_BUDGET and key in self._evaluations:
+            return self._evaluations[key]
+        evaluation = self._evaluate(cls, args, budget)
+        if budget == DEFAULT_BUDGET and len(self._evaluations) < MAX_KEPT_EVALUATIONS:
+            self._evaluations[key] = evaluation
+        return evaluation
+
+    def _evaluate(self, cls: ParsedClass, args: SizingArgs, budget: Budget) -> Evaluation:
         interpreter = Interpreter(self, budget)
         try:
             instance = interpreter.instance(cls, standin_attributes(args))
