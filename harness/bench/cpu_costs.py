@@ -22,6 +22,9 @@ CPU_TARGETS_S = {
     "run to first rank ready (ray)": 40.0,
     "collect 1024 rank records": 2.0,
 }
+# CPU seconds of `harness plan` on a 1024-cell matrix with release policies; its target is twice the CPU of a
+# 1-cell plan of the same releases, measured in the same probe (benchmarks/bench_plan_matrix.py).
+PLAN_MATRIX_PROBE = "harness plan 1024-cell release matrix (CPU)"
 SUBPROCESS_TIMEOUT_S = 300.0
 Progress = Callable[[str], None]
 
@@ -102,8 +105,30 @@ def cpu_costs(*, repeats: int = 3, with_ray: bool = True, progress: Progress = l
             results["collect 1024 rank records"] = _probe("collect 1024 rank records", samples, progress)
         else:
             progress(f"collect 1024 rank records: skipped (bench_collect.py exited {done.returncode})")
-    return [
+    costs = [
         CpuCost(name=name, median_s=statistics.median(v), samples_s=v, target_s=CPU_TARGETS_S[name],
                 within_target=statistics.median(v) <= CPU_TARGETS_S[name])
         for name, v in results.items()
     ]
+    plan_matrix = _plan_matrix_cost(REPO_DIR, progress)
+    return costs + ([plan_matrix] if plan_matrix is not None else [])
+
+
+def _plan_matrix_cost(repo: Path, progress: Progress) -> CpuCost | None:
+    """The 1024-cell plan's CPU against twice the 1-cell plan's; None when the releases are not at hand."""
+    script = repo / "benchmarks" / "bench_plan_matrix.py"
+    if not script.exists():
+        return None
+    progress(f"{PLAN_MATRIX_PROBE}: benchmarks/bench_plan_matrix.py (warm release cache)")
+    done = subprocess.run([sys.executable, str(script), "--repeats", "3", "--json"], capture_output=True, text=True,
+                          timeout=SUBPROCESS_TIMEOUT_S * 2, cwd=repo, check=False)  # fmt: skip
+    if done.returncode not in (0, 1) or not done.stdout.strip():
+        progress(f"{PLAN_MATRIX_PROBE}: skipped (bench_plan_matrix.py exited {done.returncode})")
+        return None
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    target = report["target_ratio"] * report["one_cell_cpu_s"]
+    progress(f"{PLAN_MATRIX_PROBE}: {report['matrix_cpu_s']:.2f} s (x{report['ratio']:.2f} the 1-cell plan's "
+             f"{report['one_cell_cpu_s']:.2f} s; target {target:.2f} s)")  # fmt: skip
+    return CpuCost(name=PLAN_MATRIX_PROBE, median_s=report["matrix_cpu_s"],
+                   samples_s=report["samples_cpu_s"][str(report["cells"])], target_s=target,
+                   within_target=report["meets_target"])  # fmt: skip
