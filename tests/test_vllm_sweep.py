@@ -147,8 +147,9 @@ def test_planted_non_gated_sized_as_gated_is_under_sized(tmp_path):
     assert under and all(p.activation.endswith("_no_mul") for p in under)
     assert {p.D for p in under} == {1, 32}  # the sub-grid apply() is traced on
     assert all(triton.outcomes[p].detail == "apply() views workspace2 to x2 of its size" for p in under)
-    # Gated activations are untouched.
-    assert all(o.status == CONSISTENT for p, o in triton.outcomes.items() if not p.activation.endswith("_no_mul"))
+    # Gated activations are untouched: consistent wherever the class takes them.
+    gated = [o.status for p, o in triton.outcomes.items() if not p.activation.endswith("_no_mul")]
+    assert set(gated) <= {CONSISTENT, REFUSED, UNSUPPORTED} and gated.count(CONSISTENT) > 300
     completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(root))
     assert completed.returncode == 1
     assert f"{TRITON} (under-sized)" in completed.stdout

@@ -76,16 +76,21 @@ class QuantFormat:
     name: str
     weight_key: str | None  # QuantKey names of quant_utils, as _supports_quant_scheme compares them
     activation_key: str | None
-    fp8: bool
+    dtype: str | None  # quant_config.quant_dtype: "float8_e4m3fn", "nvfp4" (a string in vLLM too) or None
     per_token: bool
     block: tuple[int, int] | None
 
+    @property
+    def fp8(self) -> bool:
+        return self.dtype == "float8_e4m3fn"
+
 
 QUANT_FORMATS = (
-    QuantFormat("fp8-per-token", "kFp8StaticChannelSym", "kFp8DynamicTokenSym", True, True, None),
-    QuantFormat("fp8-per-tensor", "kFp8StaticTensorSym", "kFp8DynamicTensorSym", True, False, None),
-    QuantFormat("fp8-block", "kFp8Static128BlockSym", "kFp8Dynamic128Sym", True, False, (128, 128)),
-    QuantFormat("bf16", None, None, False, False, None),
+    QuantFormat("fp8-per-token", "kFp8StaticChannelSym", "kFp8DynamicTokenSym", "float8_e4m3fn", True, None),
+    QuantFormat("fp8-per-tensor", "kFp8StaticTensorSym", "kFp8DynamicTensorSym", "float8_e4m3fn", False, None),
+    QuantFormat("fp8-block", "kFp8Static128BlockSym", "kFp8Dynamic128Sym", "float8_e4m3fn", False, (128, 128)),
+    QuantFormat("nvfp4", "kNvfp4Static", "kNvfp4Dynamic", "nvfp4", False, None),
+    QuantFormat("bf16", None, None, None, False, None),
 )
 DEFAULT_QUANT = QUANT_FORMATS[0]
 QUANT_BY_NAME = {q.name: q for q in QUANT_FORMATS}
@@ -220,11 +225,13 @@ def point_attributes(point: Point) -> dict[str, object]:
     quant = QUANT_BY_NAME[point.quant]
     fp8, f32 = DTYPES["float8_e4m3fn"], DTYPES["float32"]
     old = attributes["quant_config"]
+    quant_dtype = fp8 if quant.fp8 else quant.dtype  # nvfp4 is a string in vLLM's quant config too
     attributes["quant_config"] = StandIn(
         "self.quant_config", **{**old.attributes,
-        "quant_dtype": fp8 if quant.fp8 else None, "weight_quant_dtype": fp8 if quant.fp8 else None,
-        "use_fp8_w8a8": quant.fp8, "is_quantized": quant.fp8, "per_act_token_quant": quant.per_token,
-        "per_out_ch_quant": quant.per_token, "block_shape": list(quant.block) if quant.block else None},
+        "quant_dtype": quant_dtype, "weight_quant_dtype": quant_dtype, "use_fp8_w8a8": quant.fp8,
+        "use_nvfp4_w4a4": quant.dtype == "nvfp4", "is_quantized": quant.dtype is not None,
+        "per_act_token_quant": quant.per_token, "per_out_ch_quant": quant.per_token,
+        "block_shape": list(quant.block) if quant.block else None},
     )  # fmt: skip
     moe_config = attributes["moe_config"]
     if point.experts == "EPLB":
@@ -236,8 +243,8 @@ def point_attributes(point: Point) -> dict[str, object]:
         attributes["num_dispatchers"] = None
     E, M, K, N = args.num_local_experts, args.M, args.K, args.N
     attributes.update(
-        w1_scale=FakeTensor((E, N, 1), f32) if quant.fp8 else None,
-        w2_scale=FakeTensor((E, K, 1), f32) if quant.fp8 else None,
+        w1_scale=FakeTensor((E, N, 1), f32) if quant.dtype else None,
+        w2_scale=FakeTensor((E, K, 1), f32) if quant.dtype else None,
         w1_zp=None, w2_zp=None, w1_bias=None, w2_bias=None, per_act_token_quant=quant.per_token,
         per_out_ch_quant=quant.per_token, block_shape=list(quant.block) if quant.block else None,
         _permute_scratch=None,
@@ -250,19 +257,21 @@ def apply_arguments(point: Point, ws13: tuple[int, ...], ws2: tuple[int, ...]) -
     args = point.args()
     quant = QUANT_BY_NAME[point.quant]
     bf16, f32, i32 = DTYPES["bfloat16"], DTYPES["float32"], DTYPES["int32"]
-    act_dtype = DTYPES["float8_e4m3fn"] if quant.fp8 else bf16
+    act_dtype = DTYPES["float8_e4m3fn"] if quant.fp8 else DTYPES["uint8"] if quant.dtype else bf16
     E, M, K, N, T = args.num_local_experts, args.M, args.K, args.N, args.max_tokens_per_rank
+    packed = 2 if quant.dtype == "nvfp4" else 1  # nvfp4 packs two values a byte along the last dim
     return {
         "output": FakeTensor((E, M, K), bf16),
-        "hidden_states": FakeTensor((E, M, K), act_dtype),
-        "w1": FakeTensor((E, N, K), act_dtype),
-        "w2": FakeTensor((E, K, args.activation_out_dim), act_dtype),
+        # nvfp4 experts take bf16 hidden states and quantize them themselves (FlashInfer CuteDSL)
+        "hidden_states": FakeTensor((E, M, K), bf16) if packed == 2 else FakeTensor((E, M, K), act_dtype),
+        "w1": FakeTensor((E, N, K // packed), act_dtype),
+        "w2": FakeTensor((E, K, args.activation_out_dim // packed), act_dtype),
         "topk_weights": FakeTensor((T, TOP_K), f32),
         "topk_ids": FakeTensor((T, TOP_K), DTYPES["int64"]),
         "activation": Activation(point.activation),
         "global_num_experts": args.num_global_experts,
         "expert_map": None,
-        "a1q_scale": FakeTensor((E, M, 1), f32) if quant.fp8 else None,
+        "a1q_scale": FakeTensor((E, M, 1), f32) if quant.dtype else None,
         "a2_scale": None,
         "workspace13": WorkspaceTensor("workspace13", ws13, bf16, whole=True),
         "workspace2": WorkspaceTensor("workspace2", ws2, bf16, whole=True),

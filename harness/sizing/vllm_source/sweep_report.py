@@ -114,22 +114,26 @@ def print_sweep(result: SweepResult, *, file=None) -> None:
     console.print(f"# {result.label} ({result.origin}): --sweep over D={_axis(GRID_D)} E={_axis(GRID_E)} "
                   f"T={_axis(GRID_T)} (K,I)={' '.join(f'({k},{i})' for k, i in GRID_KI)}; "
                   f"activations: {', '.join(result.activations)}")  # fmt: skip
-    table = Table(show_lines=True)
-    for column, justify in (("class", "left"), ("verdict", "left"), ("points", "right"), ("where", "left"),
+    table = Table(show_lines=False)
+    for column, justify in (("class", "left"), ("outcome", "left"), ("points", "right"), ("where", "left"),
                             ("what", "left")):  # fmt: skip
         table.add_column(column, justify=justify, overflow="fold")
     for cls in result.classes:
         rows = [g for g in groups(cls) if g[0].status not in (CONSISTENT, UNSUPPORTED)]
         shown = rows[:MAX_ROWS_PER_CLASS]
-        counts = _counts(cls)
-        table.add_row(cls.name, verdict_line(cls), str(len(cls.outcomes)), counts, f"live set: {cls.live_set}",
-                      style=STYLE.get(cls.verdict, ""))  # fmt: skip
-        for outcome, points, box in shown:
+        table.add_row(cls.name, cls.verdict, str(len(cls.outcomes)), _counts(cls), f"live set: {cls.live_set}",
+                      style="bold " + STYLE.get(cls.verdict, "") if cls.verdict in FAILING else "bold",
+                      end_section=not shown)  # fmt: skip
+        for index, (outcome, points, box) in enumerate(shown):
+            last = index == len(shown) - 1 and len(rows) == len(shown)
             table.add_row("", outcome.status, str(len(points)), box_text(box, cls), outcome.detail,
-                          style=STYLE.get(outcome.status, ""))  # fmt: skip
+                          style=STYLE.get(outcome.status, ""), end_section=last)  # fmt: skip
         if len(rows) > len(shown):
-            table.add_row("", "", "", f"... {len(rows) - len(shown)} more groups in --json", "", style="dim")
+            table.add_row("", "", "", f"... {len(rows) - len(shown)} more groups in --json and --junit", "",
+                          style="dim", end_section=True)  # fmt: skip
     console.print(table)
+    for cls in result.classes:
+        console.print(f"{cls.name}: {verdict_line(cls)}", style=STYLE.get(cls.verdict, "") if cls.failed else "")
     for file, why in result.unparsed.items():
         console.print(f"  unparsed: {file}: {why}")
     if result.failed:

@@ -43,6 +43,7 @@ from harness.sizing.vllm_source.interpreter import (
 )
 
 RESIZE_HELPER = "_resize_cache"
+SHAPE_ATTRIBUTES = frozenset({"shape", "size", "dtype", "ndim", "dim", "numel"})  # read a buffer, use none of it
 WORKSPACES = ("workspace13", "workspace2")
 
 
@@ -148,6 +149,12 @@ class Tracer(Interpreter):
     def get_attribute(self, value: object, name: str) -> object:
         if isinstance(value, WorkspaceTensor) and name == "view":
             return Builtin("Tensor.view", lambda interp, *args, **kwargs: self._view(value, args, kwargs))
+        if isinstance(value, WorkspaceTensor) and value.whole and name not in SHAPE_ATTRIBUTES:
+            # .permute, .reshape, .narrow, ...: the buffer goes on in a form the tracer does not size.
+            self.trace.escapes.setdefault(
+                value.buffer, f"{value.buffer} is used as .{name}(...) at line {self.line}, which the tracer does not size"
+            )
+            return Opaque(f"{value.buffer}.{name}")
         if isinstance(value, Opaque):
             return Opaque(f"{value.path}.{name}")
         if isinstance(value, SuperProxy) and name == "__init__":
