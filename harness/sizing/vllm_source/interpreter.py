@@ -291,7 +291,6 @@ class Interpreter:
         self.call_depth = 0
         self._globals: dict[tuple[str, str], object] = {}
         self._resolving: set[tuple[str, str]] = set()
-        self._local_names: dict[int, frozenset[str]] = {}  # by id of a FunctionDef the program keeps alive
         self._shapes: dict[int, tuple[object, int, int]] = {}  # id -> (container, node count, depth)
 
     # --- entry points ------------------------------------------------------------------------------------------
@@ -955,9 +954,7 @@ class Interpreter:
     def _call_function(self, function: Function, args: list, kwargs: dict) -> object:
         if self.call_depth >= self.budget.max_call_depth:
             raise Unevaluable(f"calls nested deeper than {self.budget.max_call_depth}")
-        names = self._local_names.get(id(function.node))
-        if names is None:
-            names = self._local_names[id(function.node)] = local_names(function.node)
+        names = cached_local_names(function.node)
         frame = _Frame(function, function.file, {}, names)
         self._bind_arguments(function, args, kwargs, frame)
         if function.kind in (METHOD, CLASSMETHOD, PROPERTY, CACHED_PROPERTY) and args:
@@ -1159,6 +1156,23 @@ def _method_kind(node: ast.FunctionDef) -> str:
 
 def owner_file(cls: Any) -> str:
     return cls.file
+
+
+# local_names of every def evaluated in this process, by the node's id; the node is kept with its names so the id
+# cannot be reused while the entry lives. Parsed trees live as long (evaluate.source_tree), so this holds little.
+_LOCAL_NAMES: dict[int, tuple[ast.FunctionDef, frozenset[str]]] = {}
+MAX_CACHED_FUNCTIONS = 1 << 15
+
+
+def cached_local_names(function: ast.FunctionDef) -> frozenset[str]:
+    found = _LOCAL_NAMES.get(id(function))
+    if found is not None and found[0] is function:
+        return found[1]
+    if len(_LOCAL_NAMES) >= MAX_CACHED_FUNCTIONS:
+        _LOCAL_NAMES.clear()
+    names = local_names(function)
+    _LOCAL_NAMES[id(function)] = (function, names)
+    return names
 
 
 def local_names(function: ast.FunctionDef) -> frozenset[str]:

@@ -257,16 +257,34 @@ class Tracer(Interpreter):
     def _forget(self, node: ast.stmt, frame, error: Unevaluable) -> None:
         """The names a skipped statement binds are unknown from here on; a whole workspace it uses went where the
         tracer cannot see how much of it is used (an assert only reads)."""
-        for inner in ast.walk(node):
-            value = frame.locals.get(inner.id) if isinstance(inner, ast.Name) else None
-            if isinstance(value, WorkspaceTensor) and value.whole and not isinstance(node, (ast.Assert, ast.If)):
-                self.trace.escapes.setdefault(
-                    value.buffer, f"{value.buffer} is used at line {self.line} in code the tracer cannot follow ({error})"
-                )
-            if isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Store):
-                frame.locals[inner.id] = _Missing(
-                    Unevaluable(f"depends on {inner.id}, which the tracer could not compute ({error})")
-                )
+        loaded, stored = _statement_names(node)
+        if not isinstance(node, (ast.Assert, ast.If)):
+            for name in loaded:
+                value = frame.locals.get(name)
+                if isinstance(value, WorkspaceTensor) and value.whole:
+                    self.trace.escapes.setdefault(
+                        value.buffer,
+                        f"{value.buffer} is used at line {self.line} in code the tracer cannot follow ({error})",
+                    )
+        for name in stored:
+            frame.locals[name] = _Missing(Unevaluable(f"depends on {name}, which the tracer could not compute ({error})"))
+
+
+# The names each statement reads and binds, by the node's id (the node kept with them, see interpreter._LOCAL_NAMES).
+_NAMES: dict[int, tuple[ast.stmt, tuple[str, ...], tuple[str, ...]]] = {}
+
+
+def _statement_names(node: ast.stmt) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    found = _NAMES.get(id(node))
+    if found is not None and found[0] is node:
+        return found[1], found[2]
+    if len(_NAMES) >= 1 << 15:
+        _NAMES.clear()
+    names = [inner for inner in ast.walk(node) if isinstance(inner, ast.Name)]
+    loaded = tuple(dict.fromkeys(n.id for n in names if not isinstance(n.ctx, ast.Store)))
+    stored = tuple(dict.fromkeys(n.id for n in names if isinstance(n.ctx, ast.Store)))
+    _NAMES[id(node)] = (node, loaded, stored)
+    return loaded, stored
 
 
 def trace_apply(
