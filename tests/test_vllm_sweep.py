@@ -5,6 +5,7 @@ The trees are copies of the cached 0.30.0 wheel's files, edited at test time; no
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import xml.etree.ElementTree as ET
@@ -192,3 +193,17 @@ def test_a_release_the_index_does_not_have_says_so(tmp_path):
 
     with pytest.raises(CacheError, match=r"^could not download vLLM release 0\.1\.9999: the package index has no vllm==0\.1\.9999 \(pip: "):
         published_sha256("0.1.9999", tmp_path / "scratch")
+
+
+@pytest.mark.vllm_wheel
+def test_sweep_json_and_junit_of_0_30_0(tmp_path):
+    junit = tmp_path / "sweep.xml"
+    completed = run_harness("vllm", "audit", "--sweep", "--vllm-version", "0.30.0", "--json", "--junit", str(junit))
+    assert completed.returncode == 0, completed.stderr
+    data = json.loads(completed.stdout)
+    assert data["vllm_version"] == "0.30.0" and data["failed"] == []
+    cutlass = next(c for c in data["classes"] if c["name"] == CUTLASS)
+    assert cutlass["verdict"] == CONSISTENT and cutlass["summary"].startswith("consistent everywhere")
+    assert sum(g["points"] for g in cutlass["groups"]) == cutlass["points"]
+    suite = ET.parse(junit).getroot()
+    assert suite.get("failures") == "0" and int(suite.get("tests")) == sum(len(c["groups"]) for c in data["classes"])
