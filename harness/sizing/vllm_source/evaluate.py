@@ -425,6 +425,7 @@ def _call_arguments(method: object, args: SizingArgs) -> dict[str, object]:
         "global_num_experts": args.num_global_experts,
         "local_num_experts": args.num_local_experts,
         "expert_tokens_meta": None,
+        "expert_tokens_metadata": None,  # the name up to ~0.10
         "activation": Activation(args.activation),
         # Up to ~0.10 the batched classes read padded_M from aq.size(1) and the dtype from a.
         "a": FakeTensor((args.max_tokens_per_rank, args.K), bf16),

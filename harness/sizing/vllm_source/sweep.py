@@ -277,6 +277,8 @@ def apply_arguments(point: Point, ws13: tuple[int, ...], ws2: tuple[int, ...]) -
         "workspace2": WorkspaceTensor("workspace2", ws2, bf16, whole=True),
         "expert_tokens_meta": StandIn("expert_tokens_meta", expert_num_tokens=FakeTensor((E,), i32),
                                       expert_num_tokens_cpu=None),  # fmt: skip
+        "expert_tokens_metadata": StandIn("expert_tokens_metadata", expert_num_tokens=FakeTensor((E,), i32),
+                                          expert_num_tokens_cpu=None),  # the name up to ~0.10  # fmt: skip
         "apply_router_weight_on_input": False,
     }
 
