@@ -68,6 +68,10 @@ BASE_E, BASE_T = 16, 256  # where the activation, quantization, unset and EPLB s
 LIVE_D = (1, 32)
 FALLBACK_ACTIVATIONS = ("silu", "silu_no_mul")  # a release without MoEActivation (older ones pass strings)
 
+# The class the harness's batched CUTLASS live set (harness.core.contract) was derived for. Up to 0.10.0 the batched
+# path was CutlassExpertsFp8(use_batched_format=True), with mm2_out in workspace13 beside the output: another live
+# set, judged on its own views only.
+CUTLASS_BATCHED_NAMES = ("CutlassBatchedExpertsFp8",)
 QUANT_KEYS_MODULE = "vllm.model_executor.layers.quantization.utils.quant_utils"
 
 
@@ -280,7 +284,11 @@ def apply_arguments(point: Point, ws13: tuple[int, ...], ws2: tuple[int, ...]) -
         "expert_tokens_metadata": StandIn("expert_tokens_metadata", expert_num_tokens=FakeTensor((E,), i32),
                                           expert_num_tokens_cpu=None),  # the name up to ~0.10  # fmt: skip
         "apply_router_weight_on_input": False,
-    }
+        # Up to ~0.10 apply() took the scales and zero points as arguments.
+        "w1_scale": FakeTensor((E, N, 1), f32) if quant.dtype else None,
+        "w2_scale": FakeTensor((E, K, 1), f32) if quant.dtype else None,
+        "w1_zp": None, "w2_zp": None, "extra_expert_args": None,
+    }  # fmt: skip
 
 
 class _SweepProgram:
@@ -371,7 +379,9 @@ class _ClassEvaluator:
         if point.quant not in self.constructor:
             attributes = point_attributes(point)
             kwargs = {"moe_config": attributes["moe_config"], "quant_config": attributes["quant_config"],
-                      "max_num_tokens": point.T, "num_dispatchers": None}  # fmt: skip
+                      "max_num_tokens": point.T, "num_dispatchers": None,
+                      # older CutlassExpertsFp8 takes the batched format as a flag (standin_attributes)
+                      "use_batched_format": True, "max_experts_per_worker": point.E}  # fmt: skip
             self.constructor[point.quant] = trace_constructor(self.program, self.cls, attributes, kwargs)
         return self.constructor[point.quant]
 
@@ -465,8 +475,8 @@ def _d_growth(evaluator: _ClassEvaluator, point: Point, shapes) -> dict[str, flo
 
 
 def _harness_live_set(evaluator: _ClassEvaluator, point: Point, total: int) -> Outcome | None:
-    """CutlassBatchedExpertsFp8 at a gated activation against the live set of harness.core.contract."""
-    if evaluator.cls.name != "CutlassBatchedExpertsFp8" or point.activation.endswith("_no_mul"):
+    """The batched CUTLASS FP8 path at a gated activation against the live set of harness.core.contract."""
+    if evaluator.cls.name not in CUTLASS_BATCHED_NAMES or point.activation.endswith("_no_mul"):
         return None
     floor = live_set_bytes(point.args())
     if total < floor:

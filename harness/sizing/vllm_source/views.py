@@ -39,7 +39,6 @@ from harness.sizing.vllm_source.interpreter import (
     StandIn,
     SuperProxy,
     Unevaluable,
-    _Missing,
 )
 
 RESIZE_HELPER = "_resize_cache"
@@ -267,7 +266,9 @@ class Tracer(Interpreter):
                         f"{value.buffer} is used at line {self.line} in code the tracer cannot follow ({error})",
                     )
         for name in stored:
-            frame.locals[name] = _Missing(Unevaluable(f"depends on {name}, which the tracer could not compute ({error})"))
+            # Opaque, not missing: it can still be handed on (to a helper that sizes its views from other arguments),
+            # never computed with.
+            frame.locals[name] = Opaque(f"{name} (not computed: {error.reason})")
 
 
 # The names each statement reads and binds, by the node's id (the node kept with them, see interpreter._LOCAL_NAMES).
