@@ -170,6 +170,8 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
     if ns.junit is not None and not ns.sweep:
         return _print_error("--junit goes with --sweep")
     if ns.sweep and ns.releases is not None:
+        if ns.junit is not None:
+            return _print_error("--junit goes with --sweep of one source, not with --releases")
         from harness.sizing.layer_audit import resolve_releases
         from harness.sizing.vllm_source.sweep_report import run_sweep_releases
 

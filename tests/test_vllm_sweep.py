@@ -207,3 +207,14 @@ def test_sweep_json_and_junit_of_0_30_0(tmp_path):
     assert sum(g["points"] for g in cutlass["groups"]) == cutlass["points"]
     suite = ET.parse(junit).getroot()
     assert suite.get("failures") == "0" and int(suite.get("tests")) == sum(len(c["groups"]) for c in data["classes"])
+
+
+def test_sweep_flag_combinations_are_one_line_errors(tmp_path):
+    for args, message in (
+        (("--sweep", "--scenario", "smoke"), "--scenario does not go with --sweep"),
+        (("--sweep", "--releases", "0.29.0", "--junit", str(tmp_path / "x.xml")), "--junit goes with --sweep of one"),
+        (("--sweep", "--out", str(tmp_path)), "--releases and --out go with --layer or --sweep --releases"),
+    ):
+        completed = run_harness("vllm", "audit", *args)
+        assert completed.returncode == 2, args
+        assert message in completed.stderr and completed.stderr.strip().count("\n") == 0, completed.stderr
