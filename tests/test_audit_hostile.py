@@ -32,6 +32,7 @@ from harness.sizing.vllm_source.interpreter import StandIn, Unevaluable
 
 FUSED_MOE = "vllm/model_executor/layers/fused_moe"
 AUDIT_BOUND_S = 10.0  # the audit of a hostile source tree ends within 10 s, whatever the tree tries
+# The sweep (`--sweep`) ends within twice that: a method that runs out of its budget once is not evaluated again.
 
 MODULAR_KERNEL = """
     class FusedMoEActivationFormat:
@@ -430,3 +431,70 @@ def test_outside_the_subset(edges, function, arguments, says):
     with pytest.raises(Unevaluable) as raised:
         tree.call_function(file, function, arguments=arguments)
     assert says in str(raised.value)
+
+
+HOSTILE_APPLY = """
+    import os
+    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+
+
+    def _resize_cache(x, v):
+        return x
+
+
+    class EscapesInApply(mk.BatchedBase):
+        def workspace_shapes(SIGNATURE):
+            return ((local_num_experts, M, max(N, K)), (local_num_experts, M, N), (local_num_experts, M, K))
+
+        def apply(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts,
+                  expert_map, a1q_scale, a2_scale, workspace13, workspace2, expert_tokens_meta,
+                  apply_router_weight_on_input):
+            os.system("touch {canary}/apply")
+            hidden_states.__class__.__bases__[0].__subclasses__()
+            (lambda: open("{canary}/lambda", "w"))()
+            view = _resize_cache(workspace13, (hidden_states.size(0) * hidden_states.size(1), w1.size(1)))
+            while True:
+                view = _resize_cache(workspace2, (1,))
+"""
+
+
+def test_hostile_apply_is_traced_without_running_anything(tmp_path):
+    # The sweep's tracer is tolerant of what it cannot follow: it turns it into opaque values, and never runs it.
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    root = tmp_path / "vllm-src"
+    package = root / FUSED_MOE
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "modular_kernel.py").write_text(textwrap.dedent(MODULAR_KERNEL))
+    text = textwrap.dedent(HOSTILE_APPLY).replace("SIGNATURE", SIGNATURE).replace("{canary}", str(canary))
+    (package / "hostile_apply_moe.py").write_text(text)
+    before = snapshot(tmp_path)
+    completed = subprocess.run(
+        [sys.executable, "-m", "harness", "vllm", "audit", "--sweep", "--vllm-src", str(root), "--json"],
+        cwd=tmp_path, env=harness_env(), capture_output=True, text=True, timeout=2 * AUDIT_BOUND_S, check=False,
+    )  # fmt: skip
+    assert snapshot(tmp_path) == before and list(canary.iterdir()) == []
+    assert completed.returncode == 0, completed.stderr
+    (cls,) = json.loads(completed.stdout)["classes"]
+    assert cls["name"] == "EscapesInApply" and cls["verdict"] == "consistent"
+    # The endless loop ran out of the step budget on the first trace; the live set says so.
+    assert cls["live_set"].startswith("not derived: apply could not be traced: exceeded the step budget")
+
+
+def test_hostile_tree_sweep_runs_nothing_and_writes_nothing(tmp_path):
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    tree = hostile_tree(tmp_path / "vllm-src", canary)
+    env = harness_env() | {"HARNESS_CACHE_DIR": str(tmp_path / "cache"), "HOME": str(tmp_path / "home")}
+    before = snapshot(tmp_path)
+    completed = subprocess.run(
+        [sys.executable, "-m", "harness", "vllm", "audit", "--sweep", "--vllm-src", str(tree), "--json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=2 * AUDIT_BOUND_S, check=False,
+    )  # fmt: skip
+    assert snapshot(tmp_path) == before and list(canary.iterdir()) == []
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(completed.stdout)
+    assert {c["name"] for c in report["classes"]} == set(EXPECTED_REASONS)
+    assert all(c["verdict"] == "unevaluated" for c in report["classes"])
+    assert set(report["unparsed"]) >= {f"{FUSED_MOE}/fifo_moe.py", f"{FUSED_MOE}/huge_moe.py"}

@@ -34,7 +34,14 @@ from harness.scenario.schema import Scenario
 from harness.scenario.sections import LayerSpec
 from harness.sizing import deepep
 from harness.sizing.vllm_source.auditor import DOUBLE_COUNT, audit
-from harness.sizing.vllm_source.evaluate import Evaluation, ParsedClass, SourceTree, source_tree, standin_attributes
+from harness.sizing.vllm_source.evaluate import (
+    Evaluation,
+    ParsedClass,
+    SourceTree,
+    source_tree,
+    standin_attributes,
+    workspace_shapes_arguments,
+)
 from harness.sizing.vllm_source.interpreter import DTYPES, Activation, Builtin, StandIn, Unevaluable
 from harness.sizing.vllm_source.layer_source import (
     BUFFER_ENV,
@@ -165,6 +172,10 @@ def layout_of(scenario: Scenario) -> Layout:
         top_k=args.top_k, num_routed_experts=routed,
         num_redundant_experts=redundant, spec=spec, args=args,
     )  # fmt: skip
+
+
+# Up to 0.10.0 the batched CUTLASS path was CutlassExpertsFp8(use_batched_format=True).
+OLDER_CLASS_NAMES = {"CutlassBatchedExpertsFp8": "CutlassExpertsFp8"}
 
 
 def experts_class_name(layout: Layout) -> str:
@@ -522,6 +533,9 @@ def workspace_component(layout: Layout, source: VllmSource, class_name: str) -> 
     args = layout.args
     tree = _tree(source)
     classes = tree.class_named(class_name)
+    older = OLDER_CLASS_NAMES.get(class_name) if layout.batched else None
+    if not classes and older is not None and tree.class_named(older):
+        class_name, classes = older, tree.class_named(older)  # the stand-in asks it for the batched format
     if not classes:
         return _unevaluated("workspace", f"{source.label} has no experts class {class_name} under fused_moe/")
     cls = classes[0]
@@ -585,11 +599,7 @@ def evaluate_workspace(layout: Layout, tree: SourceTree, cls: ParsedClass) -> Ev
     if found is None:
         return Evaluation(None, None, None, "the class has no workspace_shapes")
     function = found[1]
-    by_name = {
-        "M": args.M, "N": args.N, "K": args.K, "topk": args.top_k, "top_k": args.top_k,
-        "global_num_experts": args.num_global_experts, "local_num_experts": args.num_local_experts,
-        "expert_tokens_meta": None, "activation": Activation(args.activation),
-    }  # fmt: skip
+    by_name = workspace_shapes_arguments(args)
     parameters = [a.arg for a in (*function.args.args[1:], *function.args.kwonlyargs)]
     missing = [p for p in parameters if p not in by_name]
     if missing and len(missing) > len(function.args.defaults) + len(function.args.kw_defaults):

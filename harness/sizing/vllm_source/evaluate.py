@@ -406,17 +406,11 @@ def standin_attributes(args: SizingArgs) -> dict[str, object]:
     }
 
 
-def _call_arguments(method: object, args: SizingArgs) -> dict[str, object]:
-    """workspace_shapes arguments by parameter name, across the signatures vLLM has used."""
-    if isinstance(method, BoundMethod):
-        function, skip = method.function, 1
-    elif isinstance(method, Function):
-        function, skip = method, 0
-    else:
-        raise Unevaluable("workspace_shapes is not a method of the class")
+def workspace_shapes_arguments(args: SizingArgs) -> dict[str, object]:
+    """workspace_shapes' arguments by parameter name, across the signatures vLLM has used (0.9 to 0.33)."""
     fp8 = DTYPES["float8_e4m3fn"]
     bf16 = DTYPES.get(args.workspace_dtype, DTYPES["bfloat16"])
-    by_name = {
+    return {
         "M": args.M,
         "N": args.N,
         "K": args.K,
@@ -431,6 +425,17 @@ def _call_arguments(method: object, args: SizingArgs) -> dict[str, object]:
         "a": FakeTensor((args.max_tokens_per_rank, args.K), bf16),
         "aq": FakeTensor((args.num_local_experts, args.M, args.K), fp8),
     }
+
+
+def _call_arguments(method: object, args: SizingArgs) -> dict[str, object]:
+    """workspace_shapes arguments by parameter name, across the signatures vLLM has used."""
+    if isinstance(method, BoundMethod):
+        function, skip = method.function, 1
+    elif isinstance(method, Function):
+        function, skip = method, 0
+    else:
+        raise Unevaluable("workspace_shapes is not a method of the class")
+    by_name = workspace_shapes_arguments(args)
     spec = function.node.args
     positional = [*spec.posonlyargs, *spec.args]
     with_default = {a.arg for a in positional[len(positional) - len(spec.defaults) :]}

@@ -72,6 +72,8 @@ FALLBACK_ACTIVATIONS = ("silu", "silu_no_mul")  # a release without MoEActivatio
 # path was CutlassExpertsFp8(use_batched_format=True), with mm2_out in workspace13 beside the output: another live
 # set, judged on its own views only.
 CUTLASS_BATCHED_NAMES = ("CutlassBatchedExpertsFp8",)
+# Reasons of an evaluation stopped by a budget (interpreter.Budget), not by what the point asks.
+BUDGET_REASONS = ("exceeded the step budget", "calls nested deeper", "nests deeper than", "nested deeper than")
 QUANT_KEYS_MODULE = "vllm.model_executor.layers.quantization.utils.quant_utils"
 
 
@@ -326,9 +328,14 @@ class _ClassEvaluator:
         self.support: dict[tuple[str, str], str | None] = {}
         self.constructor: dict[str, str | None] = {}
         self.quant = DEFAULT_QUANT.name  # the format of the full product: the first one the class takes
+        self.failed_trace: ViewTrace | None = None
+        self.exhausted: str | None = None
 
     def workspace(self, point: Point):
-        """(ws13, ws2, out) or the reason, memoized."""
+        """(ws13, ws2, out) or the reason, memoized; once an evaluation runs out of a budget, the class's other
+        points carry that reason without being evaluated (a hostile method costs one budget, not one per point)."""
+        if self.exhausted is not None:
+            return self.exhausted
         if point not in self.shapes:
             interpreter = Interpreter(self.program, DEFAULT_BUDGET)
             try:
@@ -343,6 +350,9 @@ class _ClassEvaluator:
                 self.shapes[point] = f"workspace_shapes {error}"
             except RecursionError:
                 self.shapes[point] = "workspace_shapes nests deeper than Python's own stack allows"
+            found = self.shapes[point]
+            if isinstance(found, str) and any(limit in found for limit in BUDGET_REASONS):
+                self.exhausted = found
         return self.shapes[point]
 
     def _static(self, method: str, arguments: tuple) -> bool | None:
@@ -386,7 +396,14 @@ class _ClassEvaluator:
         return self.constructor[point.quant]
 
     def live(self, point: Point, ws13, ws2) -> ViewTrace:
-        return trace_apply(self.program, self.cls, point_attributes(point), apply_arguments(point, ws13, ws2))
+        """apply()'s views at the point; once a trace runs out of budget the class is not traced again (a hostile
+        or huge apply() costs one budget per class, not one per point)."""
+        if self.failed_trace is not None:
+            return self.failed_trace
+        trace = trace_apply(self.program, self.cls, point_attributes(point), apply_arguments(point, ws13, ws2))
+        if trace.error is not None:
+            self.failed_trace = trace
+        return trace
 
 
 def sweep_class(tree: SourceTree, cls: ParsedClass, activations: tuple[str, ...]) -> ClassSweep:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -66,6 +67,31 @@ def verdict_line(result: ClassSweep) -> str:
         return f"under-sized against the class's live set at {count} points: {where}"
     worst = max(o.ratio or 1 for o, _, _ in found)
     return f"over-allocated by up to x{worst:.3g} at {count} points: {where}"
+
+
+def headline(result: ClassSweep) -> str:
+    """The verdict in a form that stays the same across releases whose grids differ only in detail (the
+    activations a release defines, line numbers): what the committed table folds releases by."""
+    verdict = result.verdict
+    judged = {p: o for p, o in result.outcomes.items() if o.status not in (REFUSED, UNSUPPORTED, UNEVALUATED)}
+    if verdict == DOUBLE:
+        doubled = [p for p, o in judged.items() if o.status == DOUBLE]
+        at_d = sorted({p.D for p in doubled})
+        everywhere = all(o.status == DOUBLE for p, o in judged.items() if p.D in at_d)
+        clean_d1 = all(o.status == CONSISTENT for p, o in judged.items() if p.D == 1)
+        where = f"every point it takes with D >= {at_d[0]}" if everywhere else f"points with D in {at_d}"
+        return f"double-counts at {where}" + ("; consistent at D = 1" if clean_d1 else "")
+    if verdict == UNDER:
+        under = [p for p, o in judged.items() if o.status == UNDER]
+        forms = sorted({"non-gated" if p.activation.endswith("_no_mul") else "gated" for p in under})
+        return f"under-sized at {len(under)} points ({' and '.join(forms)} activations)"
+    if verdict == OVER:
+        ratios = sorted({round(o.ratio, 2) for o in judged.values() if o.status == OVER and o.ratio})
+        return f"over-allocated by x{ratios[0]:g} to x{ratios[-1]:g} against apply()'s views" if len(ratios) > 1 \
+            else f"over-allocated by x{ratios[0]:g} against apply()'s views"
+    if verdict == CONSISTENT:
+        return "consistent everywhere it takes"
+    return re.sub(r" \([^()]* line \d+\)", "", verdict_line(result))
 
 
 def box_text(box: dict[str, tuple], result: ClassSweep) -> str:
@@ -244,13 +270,15 @@ def release_rows(results: list[SweepResult]) -> list[dict]:
         current: dict | None = None
         for result in results:
             cls = next((c for c in result.classes if c.name == name), None)
-            line = verdict_line(cls) if cls is not None else "(not in this release)"
-            if current is not None and current["verdict_line"] == line:
+            if cls is None:
+                current = None  # a release without the class ends a run
+                continue
+            line = headline(cls)
+            if current is not None and current["verdict_line"] == line and current["file"] == cls.file:
                 current["last"] = result.version
                 continue
             current = {"class": name, "first": result.version, "last": result.version, "verdict_line": line,
-                       "verdict": cls.verdict if cls is not None else None,
-                       "file": cls.file if cls is not None else None}  # fmt: skip
+                       "verdict": cls.verdict, "file": cls.file}  # fmt: skip
             rows.append(current)
     return rows
 
@@ -265,12 +293,15 @@ def releases_markdown(results: list[SweepResult], errors: dict[str, str]) -> str
         "quantization formats each class takes, num_dispatchers unset, EPLB (`harness vllm audit --sweep`, "
         "docs/vllm-sources.md).",
         "",
-        "| experts class | releases | verdict |",
-        "|---|---|---|",
+        "The verdicts with the points that produced them are in sweep-audit.json (`summary`), per release.",
+        "",
+        "| experts class | releases | file | verdict |",
+        "|---|---|---|---|",
     ]
     for row in release_rows(results):
         span = row["first"] if row["first"] == row["last"] else f"{row['first']}-{row['last']}"
-        lines.append(f"| {row['class']} | {span} | {row['verdict_line'].replace('|', '/')} |")
+        file = row["file"].split("fused_moe/", 1)[-1]
+        lines.append(f"| {row['class']} | {span} | {file} | {row['verdict_line'].replace('|', '/')} |")
     return "\n".join(lines) + "\n"
 
 

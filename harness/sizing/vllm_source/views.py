@@ -146,6 +146,10 @@ class Tracer(Interpreter):
             return Opaque(f"{name} ({error.reason})")
 
     def get_attribute(self, value: object, name: str) -> object:
+        if isinstance(value, SuperProxy) and name == "__init__":
+            return self._super_init(value)
+        if name.startswith("__"):
+            return super().get_attribute(value, name)  # refuses dunders, as the interpreter does
         if isinstance(value, WorkspaceTensor) and name == "view":
             return Builtin("Tensor.view", lambda interp, *args, **kwargs: self._view(value, args, kwargs))
         if isinstance(value, WorkspaceTensor) and value.whole and name not in SHAPE_ATTRIBUTES:
@@ -156,13 +160,9 @@ class Tracer(Interpreter):
             return Opaque(f"{value.buffer}.{name}")
         if isinstance(value, Opaque):
             return Opaque(f"{value.path}.{name}")
-        if isinstance(value, SuperProxy) and name == "__init__":
-            return self._super_init(value)
         try:
             return super().get_attribute(value, name)
         except MissingAttribute as error:
-            if name.startswith("__"):
-                raise
             return Opaque(f".{name} ({error.reason})")
 
     def _super_init(self, proxy: SuperProxy) -> object:
