@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from harness.sizing.vllm_source import locate
 from harness.sizing.vllm_source.evaluate import source_tree as _source_tree
@@ -218,3 +219,19 @@ def test_sweep_flag_combinations_are_one_line_errors(tmp_path):
         completed = run_harness("vllm", "audit", *args)
         assert completed.returncode == 2, args
         assert message in completed.stderr and completed.stderr.strip().count("\n") == 0, completed.stderr
+
+
+def test_the_committed_sweep_table():
+    """results/audit/sweep-audit.{json,md}: every release from the first with the batched CUTLASS path, and the
+    verdicts the sweep gives on the pinned ones."""
+    root = Path(__file__).resolve().parent.parent / "results" / "audit"
+    data = json.loads((root / "sweep-audit.json").read_text())
+    versions = [r["vllm_version"] for r in data["releases"]]
+    assert versions[0] == "0.9.2" and versions[-1] == "0.33.0" and len(versions) >= 40 and not data["not_swept"]
+    verdicts = {r["vllm_version"]: {c["name"]: c["verdict"] for c in r["classes"]} for r in data["releases"]}
+    assert verdicts["0.9.2"]["CutlassExpertsFp8"] == DOUBLE
+    split = [v for v in versions if Version("0.10.1") <= Version(v) <= Version("0.29.0")]
+    assert len(split) >= 30 and all(verdicts[v][CUTLASS] == DOUBLE for v in split)
+    assert all(verdicts[v][CUTLASS] == CONSISTENT for v in ("0.30.0", "0.31.0", "0.32.0", "0.33.0"))
+    table = (root / "sweep-audit.md").read_text()
+    assert f"| {CUTLASS} | 0.30.0-0.33.0 | experts/cutlass_moe.py | consistent everywhere it takes |" in table
