@@ -404,7 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--releases", default=None, metavar="A..B|X,Y",
                    help="with --layer or --sweep: releases to audit; A..B takes every release the registry offers "
                         "between them")
-    p.add_argument("--out", type=Path, default=None, help="with --layer (or --sweep --releases): write layer-audit (sweep-audit).json and .md here")
+    p.add_argument("--out", type=Path, default=None,
+                   help="with --layer (or --sweep --releases): write layer-audit (sweep-audit).json and .md here")
     p.add_argument("--sweep", action="store_true",
                    help="every batched-experts class over a grid of D, local experts, T, (K, I), activations, "
                         "quantization, num_dispatchers unset and EPLB (docs/vllm-sources.md)")

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.sizing.vllm_source.evaluate import ParsedClass, SourceTree
+from harness.sizing.vllm_source.evaluate import ParsedClass, SourceTree, source_tree
 from harness.sizing.vllm_source.interpreter import Builtin, Function, Interpreter, StandIn, Unevaluable
 from harness.sizing.vllm_source.sources import FUSED_MOE_DIR, VllmSource
 
@@ -80,7 +80,7 @@ class ReleaseFiles:
     def tree(self) -> SourceTree:
         """The fused-MoE package as the interpreter's program (module bindings, classes, MROs)."""
         if self._tree is None:
-            self._tree = SourceTree(self.source)
+            self._tree = source_tree(self.source)  # the process's one parse of a release (evaluate.source_tree)
         return self._tree
 
     def module(self, file: str) -> ast.Module | None:
