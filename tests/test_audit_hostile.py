@@ -162,14 +162,20 @@ EXPECTED_REASONS = {
 }
 
 
-def hostile_tree(root: Path, canary: Path) -> Path:
-    """A vLLM source tree of hostile classes, plus files that hang or blow up whoever reads them."""
+def fused_moe_package(root: Path, canary: Path, experts: str, file: str) -> Path:
+    """root/vllm/.../fused_moe holding the modular kernel's stand-in and `experts` (SIGNATURE, {canary} filled)."""
     package = root / FUSED_MOE
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "modular_kernel.py").write_text(textwrap.dedent(MODULAR_KERNEL))
-    text = textwrap.dedent(HOSTILE_EXPERTS).replace("SIGNATURE", SIGNATURE).replace("{canary}", str(canary))
-    (package / "hostile_moe.py").write_text(text)
+    text = textwrap.dedent(experts).replace("SIGNATURE", SIGNATURE).replace("{canary}", str(canary))
+    (package / file).write_text(text)
+    return package
+
+
+def hostile_tree(root: Path, canary: Path) -> Path:
+    """A vLLM source tree of hostile classes, plus files that hang or blow up whoever reads them."""
+    package = fused_moe_package(root, canary, HOSTILE_EXPERTS, "hostile_moe.py")
     # Files no reader may open blindly: a FIFO (a read blocks forever) and a link to /dev/zero (never ends).
     os.mkfifo(package / "fifo_moe.py")
     (package / "zero_moe.py").symlink_to("/dev/zero")
@@ -463,12 +469,7 @@ def test_hostile_apply_is_traced_without_running_anything(tmp_path):
     canary = tmp_path / "canary"
     canary.mkdir()
     root = tmp_path / "vllm-src"
-    package = root / FUSED_MOE
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "modular_kernel.py").write_text(textwrap.dedent(MODULAR_KERNEL))
-    text = textwrap.dedent(HOSTILE_APPLY).replace("SIGNATURE", SIGNATURE).replace("{canary}", str(canary))
-    (package / "hostile_apply_moe.py").write_text(text)
+    fused_moe_package(root, canary, HOSTILE_APPLY, "hostile_apply_moe.py")
     before = snapshot(tmp_path)
     completed = subprocess.run(
         [sys.executable, "-m", "harness", "vllm", "audit", "--sweep", "--vllm-src", str(root), "--json"],
