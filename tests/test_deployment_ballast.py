@@ -81,3 +81,27 @@ def test_cpu_ballast_needs_a_budget(tmp_path):
     del data["memory"]["budget_gb"]
     with pytest.raises(ScenarioError, match="memory.deployment_ballast on device cpu needs memory.budget_gb"):
         parse_scenario(data)
+
+
+def _held_after_setup(info, scenario_path: str) -> dict:
+    import psutil
+    import torch
+
+    from harness.rank.lifecycle import setup_rank
+
+    rss = psutil.Process().memory_info().rss
+    setup = setup_rank(load_scenario(scenario_path), info, torch.device("cpu"), Path("/tmp"), 0)
+    return {"rss_growth": psutil.Process().memory_info().rss - rss,
+            "held": sum(t.numel() * t.element_size() for t in setup.ballast_tensors),
+            "parts": sum(c.allocated_bytes for c in setup.ballast)}
+
+
+def test_the_ballast_stays_allocated_after_setup(tmp_path):
+    """The ballast must still be held when the policies run: a dropped tensor's memory goes back (on CPU its
+    mapping is unmapped and RSS falls; on a GPU torch's allocator hands the cached block to the next workspace), and
+    a policy would fit where the deployment runs out."""
+    from distributed_utils import parallel_launch
+
+    (result,) = parallel_launch(1, _held_after_setup, str(_scenario(tmp_path)), timeout_s=300)
+    assert result["held"] == result["parts"] > 300_000_000
+    assert result["rss_growth"] >= result["parts"]  # every part's pages are still in RSS

@@ -94,6 +94,9 @@ class RankSetup:
     components: list[ComponentMemory] = field(default_factory=list)  # the layer's buffers set up, measured
     ballast: list[ComponentMemory] = field(default_factory=list)  # memory.deployment_ballast's parts, measured
     kernels: KernelsLibrary | None = None  # the vLLM ops library the backend loads, if it loads one
+    # The ballast itself, held for the rank's life: a dropped tensor goes back to torch's caching allocator, whose
+    # cached block the next allocation (a policy's workspace) would reuse, so the ballast would hold nothing.
+    ballast_tensors: tuple[torch.Tensor, ...] = ()
 
     @property
     def quantize(self) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
@@ -469,10 +472,11 @@ def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir
     apply_budget(device, budget)
     accountant = Accountant(device, budget_bytes=budget)
     probe = MemoryProbe(device)
+    held: list[torch.Tensor] = []
     if s.memory.ballast_bytes:
         # Never paged in on CPU: it only stands for memory a deployment would hold.
-        accountant.alloc("ballast", (s.memory.ballast_bytes,), torch.uint8, touch=False)
-    ballast = _deployment_ballast(s, device, probe, accountant) if s.memory.deployment_ballast else []
+        held.append(accountant.alloc("ballast", (s.memory.ballast_bytes,), torch.uint8, touch=False))
+    ballast = _deployment_ballast(s, device, probe, accountant, held) if s.memory.deployment_ballast else []
     predicted = run_predictions(s)
     weights, weights_step = _measured_step(probe, accountant, lambda: make_weights(
         rank=info.rank, num_local_experts=E, hidden_size=K, intermediate_size=I, seed=s.seed, device=device,
@@ -486,7 +490,7 @@ def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir
         routing=make_routing(s, info.rank, num_tokens).to(device),
         weights=weights, buffers=buffers, comm_record=comm_record, backend=backend, accountant=accountant,
         probe=probe, external_bytes=external_bytes, run_dir=run_dir, components=components, kernels=kernels,
-        ballast=ballast,
+        ballast=ballast, ballast_tensors=tuple(held),
     )
 
 
@@ -536,10 +540,11 @@ def _measured_step(probe: MemoryProbe, accountant: Accountant, allocate: Callabl
                         device_type=device.type)  # fmt: skip
 
 
-def _deployment_ballast(s: Scenario, device: torch.device, probe: MemoryProbe, accountant: Accountant) -> list[ComponentMemory]:
+def _deployment_ballast(s: Scenario, device: torch.device, probe: MemoryProbe, accountant: Accountant,
+                        held: list[torch.Tensor]) -> list[ComponentMemory]:
     """The rest of the deployment as ballast, one measured step per part: every other layer's weights and the KV
     cache, sized by the deployment model on this device's total (GPU: mem_get_info's, as vLLM; CPU: the budget, else
-    the RAM). Touched on CPU, so RSS shows each part as NVML shows a cudaMalloc."""
+    the RAM). Touched on CPU, so RSS shows each part as NVML shows a cudaMalloc. Each part's tensor joins `held`."""
     from harness.sizing.deployment_ballast import ballast_parts
 
     if device.type == "cpu" and accountant.budget_bytes is None:
@@ -549,7 +554,9 @@ def _deployment_ballast(s: Scenario, device: torch.device, probe: MemoryProbe, a
     predicted = {p.name: Prediction(p.bytes, p.source) for p in parts}
     measured = []
     for part in parts:
-        _, step = _measured_step(probe, accountant, lambda n=part.bytes: accountant.alloc("ballast", (n,), torch.uint8))
+        tensor, step = _measured_step(probe, accountant,
+                                      lambda n=part.bytes: accountant.alloc("ballast", (n,), torch.uint8))
+        held.append(tensor)
         measured.append(step.component(part.name, predicted, step.allocated_bytes))
     return measured
 
