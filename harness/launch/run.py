@@ -220,10 +220,11 @@ def run_scenario(
     command: list[str],
     console: Console,
     on_collected: Callable[[RunReport], None] | None = None,
+    plots: bool = True,
 ) -> int:
     """Launch one scenario into run_dir (claimed by the caller), collect it and print the summary; return the exit
     code. `on_collected` gets the collected report (a matrix's combined report reuses it instead of reading the
-    records again)."""
+    records again). `plots=False`: a matrix's cell, whose report.html draws no figure (the matrix's page does)."""
     from harness.rank.lifecycle import rank_main
     from harness.report.collect import collect
     from harness.report.model import RunReport
@@ -261,7 +262,7 @@ def run_scenario(
         print(f"harness: error: {outcome.error}", file=sys.stderr)
     for failure in outcome.failures:
         print(f"harness: {describe_failure(failure)}", file=sys.stderr)
-    result = collect(run_dir)
+    result = collect(run_dir, plots=plots)
     if on_collected is not None and isinstance(result.report, RunReport):
         on_collected(result.report)
     console.print(result.summary_table())
@@ -440,7 +441,7 @@ def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str |
                 code = run_scenario(
                     scenario, launcher=launcher, run_dir=cell_claim.path, run_id=f"{run_id}-{cell.name}",
                     scenario_path=path, command=command, console=console,
-                    on_collected=lambda report, name=cell.name: collected.__setitem__(name, report),
+                    on_collected=lambda report, name=cell.name: collected.__setitem__(name, report), plots=False,
                 )
             finally:
                 cell_claim.release()

@@ -71,23 +71,25 @@ class CollectResult:
         return Group(summary, Text(f"ERROR (exit 2): {self.write_error}", style="bold red"))
 
 
-def collect(run_dir: Path, *, write: bool = True, scenario_hint: Scenario | None = None) -> CollectResult:
+def collect(run_dir: Path, *, write: bool = True, scenario_hint: Scenario | None = None,
+            plots: bool = True) -> CollectResult:
     """Aggregate one run directory's records; write the four reports into it unless `write` is False.
 
     Never raises for bad records; a run directory that does not exist yields an error report that is not written.
+    `plots=False`: report.html without its matplotlib figures (harness.report.write.write_report).
     """
     run_dir = Path(run_dir)
     report = build_report(load_run(run_dir), scenario_hint=scenario_hint)
     if not (write and run_dir.is_dir()):
         return CollectResult(run_dir=run_dir, report=report)
-    return write_outputs(run_dir, report)
+    return write_outputs(run_dir, report, plots=plots)
 
 
-def write_outputs(out_dir: Path, report: Report) -> CollectResult:
+def write_outputs(out_dir: Path, report: Report, *, plots: bool = True) -> CollectResult:
     """write_report, with a failure to write (a read-only directory, a directory where report.md goes, a full
     disk) turned into the result's one-line `write_error` and exit code 2 instead of an exception."""
     try:
-        outputs, notes = write_report(out_dir, report)
+        outputs, notes = write_report(out_dir, report, plots=plots)
     except OSError as exc:
         where = Path(exc.filename).name if exc.filename else out_dir
         return CollectResult(run_dir=out_dir, report=report,

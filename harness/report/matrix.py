@@ -76,10 +76,10 @@ def _cell_report(matrix_dir: Path, cell: ScenarioCell, *, write: bool | Literal[
     name = check_cell_name(cell.name, str(matrix_dir / MATRIX_MANIFEST))
     cell_dir = matrix_dir / name
     if cell_dir.is_dir() and not cell_dir.is_symlink():
-        report = collect(cell_dir, scenario_hint=cell.scenario, write=write is True).report
+        report = collect(cell_dir, scenario_hint=cell.scenario, write=write is True, plots=False).report
         assert isinstance(report, RunReport)
         if write == "stale" and set(output_generations(cell_dir).values()) != {report.generation}:
-            write_outputs(cell_dir, report)
+            write_outputs(cell_dir, report, plots=False)
     else:
         what = "is a link, not read" if cell_dir.is_symlink() else "no run directory (the cell's run did not start)"
         missing = Problem(kind="missing-cell", path=f"{name}/", cause=f"cell {name}: {what}")
