@@ -2,7 +2,8 @@
 
     run.json + ranks/rank-NNNNN.json (+ rank-NNNNN.failed.json)
         -> load.load_run()        read inside the run directory only; every bad file becomes a Problem
-        -> build.build_report()   judge every rank x policy (checks), aggregate: a RunReport (harness.report.model)
+        -> build.RunFold          judge every rank x policy (checks) as its record is read, aggregate, drop the
+                                  record: a RunReport (harness.report.model); build.collect_report streams the two
         -> write.write_report()   report.json, report.md, junit.xml, report.html, all stamped with one generation
 
 Collect trusts nothing a record says about itself beyond its measured facts: every verdict is made from the
@@ -33,8 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.exits import EXIT_ERROR
-from harness.report.build import build_report
-from harness.report.load import load_run
+from harness.report.build import collect_report
 from harness.report.model import Report
 from harness.report.write import write_report
 from harness.scenario.schema import Scenario
@@ -79,7 +79,7 @@ def collect(run_dir: Path, *, write: bool = True, scenario_hint: Scenario | None
     `plots=False`: report.html without its matplotlib figures (harness.report.write.write_report).
     """
     run_dir = Path(run_dir)
-    report = build_report(load_run(run_dir), scenario_hint=scenario_hint)
+    report = collect_report(run_dir, scenario_hint=scenario_hint)
     if not (write and run_dir.is_dir()):
         return CollectResult(run_dir=run_dir, report=report)
     return write_outputs(run_dir, report, plots=plots)

@@ -276,10 +276,11 @@ def matrix_body(report: MatrixReport) -> list[str]:
     bars: list[dict[str, float]] = []
     total = sum(1 for c in report.cells for p in c.report.policies if any(
         e.policy == p.policy and e.breakdown is not None for r in c.report.ranks for e in r.policies))
+    short = short_cell_names(report)
     for cell in report.cells:
         if len(bars) >= BREAKDOWN_BARS_MAX:
             break
-        cell_labels, cell_bars = matrix_breakdown(cell)
+        cell_labels, cell_bars = matrix_breakdown(cell, short[cell.name])
         labels += cell_labels
         bars += cell_bars
     labels, bars = labels[:BREAKDOWN_BARS_MAX], bars[:BREAKDOWN_BARS_MAX]
@@ -292,19 +293,32 @@ def matrix_body(report: MatrixReport) -> list[str]:
                          "the most values", "plot-heatmaps") if heatmaps else "",
         figure(plot_breakdown(labels, bars, f"breakdown per cell and policy (average over ranks){shown}",
                                device_kind=report.hardware.device_kind),
-                f"breakdown of the exact allocations per cell and policy{shown}", "plot-breakdown"),
+                f"breakdown of the exact allocations per cell and policy{shown}; each cell named by what differs "
+                "from the other cells' names", "plot-breakdown"),
         other_note(report),
         cells_html(report),
     ]
 
 
-def matrix_breakdown(cell: MatrixCell) -> tuple[list[str], list[dict[str, float]]]:
+def short_cell_names(report: MatrixReport) -> dict[str, str]:
+    """Each cell's name less the parts every cell's name shares ("K512-I256_D2_T128" -> "D2"): tick labels that fit
+    under a bar without collapsing the plot."""
+    parts = [cell.name.split("_") for cell in report.cells]
+    common = set.intersection(*(set(p) for p in parts)) if len(parts) > 1 else set()
+    out = {}
+    for cell, tokens in zip(report.cells, parts):
+        name = "_".join(t for t in tokens if t not in common) or cell.name
+        out[cell.name] = name if len(name) <= 28 else name[:25] + "..."
+    return out
+
+
+def matrix_breakdown(cell: MatrixCell, label: str | None = None) -> tuple[list[str], list[dict[str, float]]]:
     labels, bars = [], []
     for summary in cell.report.policies:
         found = [breakdown_parts(e.breakdown) for r in cell.report.ranks for e in r.policies
                  if e.policy == summary.policy and e.breakdown is not None]
         if found:
-            labels.append(f"{cell.name}\n{summary.policy}")
+            labels.append(f"{label or cell.name}\n{summary.policy}")
             bars.append(average_parts(found))
     return labels, bars
 
