@@ -160,8 +160,9 @@ def _plot_d_bands(report: MatrixReport, series: dict[tuple[str, str], list[tuple
     return png_base64(fig)
 
 
-def _heatmap_grid(report: MatrixReport) -> tuple[str, list[str], list[int], list[MatrixCell]] | None:
-    """The axis with the most values besides D (the rows), its values, the Ds (the columns), and the cells."""
+def _heatmap_grid(report: MatrixReport) -> tuple[str, list[str], int, list[int], list[MatrixCell]] | None:
+    """The axis with the most values besides D (the rows), its first HEATMAP_ROWS_MAX values and how many it has,
+    the Ds (the columns), and the cells that have a D."""
     varying = varying_axes(report)
     cells = [c for c in report.cells if c.report.scenario.num_dispatchers is not None]
     if not varying or not cells:
@@ -174,8 +175,8 @@ def _heatmap_grid(report: MatrixReport) -> tuple[str, list[str], list[int], list
             if label not in seen:
                 seen.append(label)
     row_axis = max(varying, key=lambda k: len(values[k]))
-    ds = sorted({c.report.scenario.num_dispatchers for c in cells})  # type: ignore[type-var]
-    return row_axis, values[row_axis][:HEATMAP_ROWS_MAX], ds, cells  # type: ignore[return-value]
+    ds = sorted({d for c in cells if (d := c.report.scenario.num_dispatchers) is not None})
+    return row_axis, values[row_axis][:HEATMAP_ROWS_MAX], len(values[row_axis]), ds, cells
 
 
 def _axis_label(value: Any) -> str:
@@ -183,7 +184,7 @@ def _axis_label(value: Any) -> str:
     return text if len(text) <= 24 else text[:21] + "..."
 
 
-def _short_bytes(value: float, scale: int, unit: str) -> str:
+def _short_bytes(value: float, scale: int) -> str:
     v = value / scale
     return f"{v:.3g}" if v < 1000 else f"{v:.0f}"
 
@@ -199,19 +200,19 @@ def plot_heatmaps(report: MatrixReport) -> str | None:
     grid = _heatmap_grid(report)
     if grid is None:
         return None
-    row_axis, rows, ds, cells = grid
+    row_axis, rows, num_rows, ds, cells = grid
     policies = sorted({p.policy for c in cells for p in c.report.policies} | {p for c in cells for p in c.planned_contracts})
     drawn = policies[:POLICIES_DRAWN_MAX]
     unit, scale = byte_scale(report)
     row_of = {label: i for i, label in enumerate(rows)}
     col_of = {d: j for j, d in enumerate(ds)}
     contracts: dict[str, list[list[list[float]]]] = {p: [[[] for _ in ds] for _ in rows] for p in drawn}
-    passed = [[[] for _ in ds] for _ in rows]  # type: list[list[list[float]]]
+    passed: list[list[list[float]]] = [[[] for _ in ds] for _ in rows]
     for c in cells:
         i = row_of.get(_axis_label(c.axis_values.get(row_axis)))
         if i is None:
             continue
-        j = col_of[c.report.scenario.num_dispatchers]  # type: ignore[index]
+        j = col_of[c.report.scenario.num_dispatchers or 0]
         passed[i][j].append(1.0 if c.report.exit_code == 0 else 0.0)
         for policy in drawn:
             summary = c.report.policy(policy)
@@ -240,7 +241,7 @@ def plot_heatmaps(report: MatrixReport) -> str | None:
                               norm=LogNorm(vmin=finite.min() / scale, vmax=max(finite.max(), finite.min() * 1.01) / scale))
             fig.colorbar(image, ax=ax, label=f"contract ({unit}), median", shrink=0.9)
             ax.set_title(policy, fontsize=10)
-            texts = [[_short_bytes(v, scale, unit) if np.isfinite(v) else "" for v in row] for row in data]
+            texts = [[_short_bytes(v, scale) if np.isfinite(v) else "" for v in row] for row in data]
         else:
             image = ax.imshow(share, aspect="auto", cmap="RdYlGn", vmin=0.0, vmax=1.0)
             fig.colorbar(image, ax=ax, label="share of cells that passed", shrink=0.9)
@@ -259,8 +260,8 @@ def plot_heatmaps(report: MatrixReport) -> str | None:
                     if text:
                         ax.text(j, i, text, ha="center", va="center", fontsize=6, color="white",
                                 bbox={"boxstyle": "round,pad=0.1", "facecolor": "black", "alpha": 0.35, "linewidth": 0})
-    fig.suptitle(f"over D x {row_axis} (median over the other axes){' (first %d values)' % HEATMAP_ROWS_MAX if len(rows) == HEATMAP_ROWS_MAX else ''}",
-                 fontsize=11)
+    first = f" (its first {len(rows)} of {num_rows} values)" if num_rows > len(rows) else ""
+    fig.suptitle(f"over D x {row_axis}{first} (median over the other axes)", fontsize=11)
     return png_base64(fig)
 
 
