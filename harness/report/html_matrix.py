@@ -255,11 +255,13 @@ def plot_heatmaps(report: MatrixReport) -> str | None:
         else:
             ax.set_yticklabels([])
         if labelled:
+            values = data / scale if k < len(panels) else share
             for i, row in enumerate(texts):
                 for j, text in enumerate(row):
-                    if text:
-                        ax.text(j, i, text, ha="center", va="center", fontsize=6, color="white",
-                                bbox={"boxstyle": "round,pad=0.1", "facecolor": "black", "alpha": 0.35, "linewidth": 0})
+                    if text:  # dark text on a light square, light on a dark one (no box: a box per text is slow)
+                        r, g, b, _ = image.cmap(image.norm(values[i, j]))
+                        ax.text(j, i, text, ha="center", va="center", fontsize=6,
+                                color="black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white")
     first = f" (its first {len(rows)} of {num_rows} values)" if num_rows > len(rows) else ""
     fig.suptitle(f"over D x {row_axis}{first} (median over the other axes)", fontsize=11)
     return png_base64(fig)
