@@ -37,10 +37,21 @@ if ! command -v chromium >/dev/null 2>&1; then
     fi
 fi
 
+# Every vLLM wheel download appends a line to the cache's downloads.log (harness.sizing.vllm_source.cache): on a warm
+# cache (~/.cache/moe-harness persists between CI runs on one machine) a run adds none.
+DOWNLOAD_LOG="${HARNESS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/moe-harness}/downloads.log"
+logged_downloads() { if [ -f "$DOWNLOAD_LOG" ]; then wc -l < "$DOWNLOAD_LOG"; else echo 0; fi; }
+downloads_before="$(logged_downloads)"
+
 set +e
 python -m pytest -q -p no:cacheprovider --timeout="$TEST_TIMEOUT_S" "$@"
 rc=$?
 set -e
+downloads=$(( $(logged_downloads) - downloads_before ))
+echo "scripts/test.sh: $downloads vLLM wheel download(s) during this run (counted in $DOWNLOAD_LOG)"
+if [ "$downloads" -gt 0 ]; then
+    tail -n "$downloads" "$DOWNLOAD_LOG" | sed 's/^/scripts\/test.sh:   /'
+fi
 if [ "$rc" -eq 5 ]; then
     echo "scripts/test.sh: pytest collected no tests; that is a failure, not a pass" >&2
     exit 1

@@ -11,7 +11,8 @@
 # machine's own torch). When the stamp matches, the environment is used as it is, in about a second: the
 # editable install follows source changes by itself, and only a change of pyproject.toml (dependencies, entry
 # points) or of Python needs a reinstall. Anything else, or `fresh`, removes VENV and builds it anew (minutes);
-# the stamp is written last, so an interrupted install is never taken for a good one.
+# the stamp is written last, so an interrupted install is never taken for a good one. A build ends with one line
+# saying how long it took and how many bytes pip fetched (its cache's growth: what it downloaded).
 #
 # Needs PYTHON (the interpreter to build from) and the repository root as the working directory.
 
@@ -32,6 +33,19 @@ harness_venv_torch_choice() {  # TORCH mode -> where torch comes from on this ma
   fi
 }
 
+harness_pip_cache_bytes() {  # the bytes in pip's cache, where what pip downloads lands; 0 without one
+  local dir
+  dir="$("$PYTHON" -m pip cache dir 2>/dev/null)" && [ -d "$dir" ] || { echo 0; return 0; }
+  du -sb "$dir" 2>/dev/null | cut -f1 || echo 0
+}
+
+harness_venv_summary() {  # VENV SECONDS CACHE_BYTES_BEFORE CACHE_BYTES_AFTER -> the install step's one line
+  local grew=$(( $4 - $3 ))
+  [ "$grew" -ge 0 ] || grew=0
+  echo "$(basename "$0"): built $1 in $2 s; pip fetched $(( grew / 1048576 )) MiB ($grew bytes: its cache grew" \
+       "from $3 to $4; a package already in pip's cache is not fetched again)" >&2
+}
+
 harness_venv() {
   local venv="$1" target="$2" fresh="${4:-}" torch_choice stamp
   export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -45,6 +59,8 @@ harness_venv() {
     return 0
   fi
   echo "$(basename "$0"): building $venv (a few minutes; later runs reuse it while pyproject.toml and Python stay the same)" >&2
+  local started=$SECONDS cache_before
+  cache_before="$(harness_pip_cache_bytes)"
   rm -rf "$venv"
   if [ "${torch_choice#the machine}" != "$torch_choice" ]; then
     # A GPU machine usually has a CUDA torch already; see it from the venv and keep it when it is new enough.
@@ -60,4 +76,5 @@ harness_venv() {
   fi
   python -m pip install -q -e "$target"
   printf '%s\n' "$stamp" > "$venv/.harness-stamp"
+  harness_venv_summary "$venv" "$(( SECONDS - started ))" "$cache_before" "$(harness_pip_cache_bytes)"
 }

@@ -668,3 +668,33 @@ def test_records_of_real_gloo_ranks(tmp_path: Path) -> None:
     assert legacy.outcome == "oom" and legacy.num_oom == 2
     assert report.scenario.memory_label == "CPU memory (process RSS)"
     assert "MiB RSS" in (run_dir / "report.md").read_text()
+
+
+def test_streamed_collect_equals_the_report_of_the_loaded_run(tmp_path: Path) -> None:
+    """collect folds each record as it is read and drops it (build.RunFold through load_run's sink); the report is
+    the one build_report makes from every record held at once, for each kind of run the folding treats apart."""
+    from harness.report.build import build_report, collect_report
+    from harness.report.load import load_run
+
+    scenario = four_rank_scenario()
+    stopped = {rank: {"legacy": {"status": "oom" if rank == 3 else "stopped"}} for rank in range(4)}
+    runs = {
+        # rank 0's legacy was stopped by rank 3's OOM, from a record without failed_ranks: judged once all are read
+        "stopped-by-a-later-oom": write_run(tmp_path / "a", scenario, overrides=stopped),
+        "a-failed-rank": write_run(tmp_path / "b", scenario, failed_ranks={1: "died: exit code -9"}),
+        "no-manifest": write_run(tmp_path / "c", scenario, manifest=False),
+        "mixed": write_run(tmp_path / "d", scenario, overrides={2: {"fixed": {"max_rel_error": 0.5}}},
+                           failed_ranks={3: "hung"}, num_nodes=2),
+    }
+    unreadable = write_run(tmp_path / "e", scenario)
+    manifest = json.loads((unreadable / "run.json").read_text())
+    manifest["scenario"]["parallel"]["num_dispatchers"] = -1  # run.json's scenario no longer parses
+    (unreadable / "run.json").write_text(json.dumps(manifest))
+    runs["unparsable-scenario"] = unreadable
+    for name, run_dir in runs.items():
+        streamed = collect_report(run_dir)
+        assert streamed == build_report(load_run(run_dir)), name
+        assert streamed.ranks and [r.rank for r in streamed.ranks] == sorted(r.rank for r in streamed.ranks), name
+    report = collect_report(runs["stopped-by-a-later-oom"])
+    assert report.ranks[0].policy("legacy").stopped_by_ranks == [3]  # type: ignore[union-attr]
+    assert collect_report(runs["unparsable-scenario"]).scenario_problem is not None

@@ -23,6 +23,10 @@ def test_cpu_ci_matrix_runs_every_cell_and_writes_one_report(tmp_path):
     assert report["num_valid"] == len(report["cells"]) >= 2
     for cell in report["cells"]:
         assert (out / cell["name"] / "report.json").exists()
+        # the combined report holds the report the cell was collected into when it finished, written once
+        assert json.loads((out / cell["name"] / "report.json").read_text()) == cell["report"]
+        page = (out / cell["name"] / "report.html").read_text()
+        assert 'id="plots-in-matrix"' in page and "<img" not in page  # the matrix's page plots the cells
         ranks = sorted((out / cell["name"] / "ranks").glob("rank-*.json"))
         assert len(ranks) == 2  # both gloo ranks of every cell recorded
     assert (out / "junit.xml").exists() and (out / "report.html").exists()

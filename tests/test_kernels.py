@@ -175,6 +175,7 @@ def _cached_library(version: str) -> Path:
     return ops_library(locate(version=version, with_ops=True))
 
 
+@pytest.mark.vllm_wheel
 def test_a_release_by_number_names_its_library_hash_size_and_torch_pin():
     lib = resolve_kernels(VllmSpec(kernels="0.30.0"))
     path = _cached_library("0.30.0")
@@ -185,6 +186,7 @@ def test_a_release_by_number_names_its_library_hash_size_and_torch_pin():
     assert resolve_kernels(VllmSpec(version="0.30.0")) == lib  # vllm.version means the same
 
 
+@pytest.mark.vllm_wheel
 def test_a_library_file_gets_its_release_from_the_cache_or_from_the_scenario(tmp_path):
     path = _cached_library("0.26.0")
     found = resolve_kernels(VllmSpec(ops_library=str(path)))
@@ -200,6 +202,7 @@ def test_a_library_file_gets_its_release_from_the_cache_or_from_the_scenario(tmp
     assert unknown.release is None and "release unknown" in unknown.describe()
 
 
+@pytest.mark.vllm_wheel
 def test_a_library_stated_to_be_another_release_than_the_cache_knows_is_refused():
     path = _cached_library("0.30.0")
     with pytest.raises(VllmSourceError, match=r"is vLLM 0\.30\.0's library .* not 0\.26\.0's as vllm\.kernels says"):
@@ -273,6 +276,7 @@ def _matrix_file(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.vllm_wheel  # each cell's ranks load the release's ops library, from the shared cache
 @pytest.mark.timeout(4 * RUN_BOUND_S)  # three runs and a collect
 def test_a_kernels_matrix_runs_one_release_per_call_into_one_directory(tmp_path):
     from cli_utils import run_harness

@@ -182,6 +182,48 @@ def test_collect_matrix_all_pass(tmp_path: Path) -> None:
     assert "| cell | model | D | E | T | policy | outcome |" in (tmp_path / "report.md").read_text()
 
 
+def test_collect_matrix_reuses_the_reports_the_cells_were_collected_into(tmp_path: Path) -> None:
+    """harness run collects each cell as it finishes; the combined report takes those reports and reads no record
+    again, and the cells' own reports are not written a second time."""
+    from harness.report.collect import collect
+
+    matrix = load_matrix(REPO_DIR / "scenarios/matrix/cpu-ci.yaml")
+    first, second = matrix.cells()
+    for cell in (first, second):
+        write_run(tmp_path / cell.name, cell.scenario, device_kind="cpu")
+    ran = collect(tmp_path / first.name).report  # what run_scenario collected and wrote for the first cell
+    written = {name: (tmp_path / first.name / name).read_bytes() for name in REPORT_FILES}
+    for record in (tmp_path / first.name / "ranks").iterdir():
+        record.unlink()  # reading the records again would now find none: the cell would be an error
+
+    result = collect_matrix(tmp_path, matrix.cells(), matrix=matrix, collected={first.name: ran})
+    report = result.report
+    assert isinstance(report, MatrixReport) and result.exit_code == 0, report.exit_reason
+    assert report.cells[0].report == ran and len(report.cells[0].report.ranks) == 2
+    assert {name: (tmp_path / first.name / name).read_bytes() for name in REPORT_FILES} == written
+    # the cell no call collected is collected here, and its reports written since it had none
+    assert report.cells[1].report.checks.num_pass == 16 and (tmp_path / second.name / "report.json").is_file()
+
+
+def test_a_kept_cell_is_rewritten_only_when_its_reports_are_stale(tmp_path: Path) -> None:
+    matrix = load_matrix(REPO_DIR / "scenarios/matrix/cpu-ci.yaml")
+    first, second = matrix.cells()
+    for cell in (first, second):
+        write_run(tmp_path / cell.name, cell.scenario, device_kind="cpu")
+    collect_matrix(tmp_path, matrix.cells(), matrix=matrix)
+    kept_md = tmp_path / first.name / "report.md"
+    kept_md.write_text(kept_md.read_text() + "kept as written\n")  # same generation: a later call leaves it
+    write_run(tmp_path / second.name, second.scenario, device_kind="cpu", run_id="20251130-060000-again")
+    stale = json.loads((tmp_path / second.name / "report.json").read_text())["generation"]
+
+    report = collect_matrix(tmp_path, matrix.cells(), matrix=matrix).report
+    assert kept_md.read_text().endswith("kept as written\n")
+    assert stale != report.cells[1].report.generation  # the records changed: that cell's reports are rewritten
+    assert json.loads((tmp_path / second.name / "report.json").read_text())["generation"] == \
+        report.cells[1].report.generation
+    assert f"# generation: {report.cells[1].report.generation}" in (tmp_path / second.name / "report.md").read_text()
+
+
 @pytest.mark.parametrize("name", ["../../escaped", "/tmp/abs", "..", "a/b", "", "x" * 300, "nul\x00"])
 def test_an_unsafe_cell_name_in_matrix_json_is_refused(tmp_path: Path, name: str,
                                                        capsys: pytest.CaptureFixture[str]) -> None:

@@ -230,3 +230,63 @@ def test_run_report_in_chromium(chromium: str, tmp_path: Path, run_report: tuple
 def test_matrix_report_in_chromium(chromium: str, tmp_path: Path, matrix_report: tuple[Path, dict]) -> None:
     matrix_dir, report = matrix_report
     check_in_browser(chromium, tmp_path, matrix_dir, report, "report-matrix.png", 2)
+
+
+@pytest.fixture(scope="module")
+def large_matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """80 cells of one rank (D x T x K), one of them failing a check: past every cap of the matrix page."""
+    from harness.scenario.matrix import matrix_from_data
+
+    tmp = tmp_path_factory.mktemp("large")
+    base = {"model": {"hidden_size": 128, "intermediate_size": 64, "num_experts": 16, "top_k": 1},
+            "parallel": {"num_dispatchers": 1, "num_ranks": 1, "max_tokens_per_rank": 16},
+            "policies": ["legacy", "fixed", "lower-bound"], "device": "cpu",
+            "expect": {"outcomes": {"legacy": "fit", "fixed": "fit"}, "memory_tolerance_pct": 1.0}}
+    axes = {"parallel.num_dispatchers": [1, 2, 4, 8, 16], "parallel.max_tokens_per_rank": [16, 32, 64, 128],
+            "model.hidden_size": [128, 256, 512, 1024]}
+    matrix = matrix_from_data({"matrix": {"name": "large", "base": base, "axes": axes}}, tmp / "large.yaml")
+    cells = matrix.cells()
+    assert len(cells) == 80
+    matrix_dir = tmp / "matrix"
+    for cell in cells:
+        overrides = {0: {"fixed": {"max_rel_error": 0.5}}} if cell is cells[-1] else None
+        write_run(matrix_dir / cell.name, cell.scenario, device_kind="cpu", overrides=overrides)
+    return matrix_dir, collect_matrix(matrix_dir, cells, matrix=matrix).report.model_dump(mode="json")
+
+
+def test_a_large_matrix_page_is_bounded(large_matrix: tuple[Path, dict]) -> None:
+    from harness.report.html_matrix import CELL_ROWS_MAX
+    from harness.report.markdown import MATRIX_ROWS_MAX
+
+    matrix_dir, report = large_matrix
+    text = (matrix_dir / "report.html").read_text()
+    page = parse_page(text)
+    assert_shown_equals_report(page, json.loads((matrix_dir / "report.json").read_text()))
+    assert_real_pngs(page, 3)  # workspace against D (bands), the heatmaps, the breakdown: not one per cell
+    assert 'id="plot-heatmaps"' in text and 'id="plot-workspace-vs-d"' in text
+    cells_table = text.split("<h2>Cells (79 of 80 passed)</h2>")[1].split("</table>")[0]
+    assert cells_table.count("<tr>") == 1 + CELL_ROWS_MAX  # the header row and the capped rows
+    failing = report["cells"][-1]["name"]
+    assert cells_table.index(failing) < cells_table.index(report["cells"][0]["name"])  # the failing cell first
+    assert "16 more cells in report.json and the cells&#x27; own reports." in text
+    policy_rows = text.split('id="policy-table"')[1].split("</table>")[0]
+    shown = -(-MATRIX_ROWS_MAX // 3)  # whole cells, three policies each, until the rows reach the cap
+    assert f"... {(80 - shown) * 3} more rows ({80 - shown} cells) in report.json" in policy_rows
+    assert "the first 24 of 240" in text
+    md = (matrix_dir / "report.md").read_text()
+    assert "... and 16 more cells in report.json" in md and "in 64 of 80 cells:" in md
+    assert len(md) < 60_000 and len(text) < 1_500_000
+
+
+def test_a_matrix_cell_page_draws_no_figure(large_matrix: tuple[Path, dict]) -> None:
+    matrix_dir, report = large_matrix
+    cell_page = (matrix_dir / report["cells"][0]["name"] / "report.html").read_text()
+    assert parse_page(cell_page).images == [] and 'id="plots-in-matrix"' in cell_page
+    cell_report = json.loads((matrix_dir / report["cells"][0]["name"] / "report.json").read_text())
+    assert assert_shown_equals_report(parse_page(cell_page), cell_report) > 10
+
+
+@pytest.mark.browser
+def test_large_matrix_report_in_chromium(chromium: str, tmp_path: Path, large_matrix: tuple[Path, dict]) -> None:
+    matrix_dir, report = large_matrix
+    check_in_browser(chromium, tmp_path, matrix_dir, report, "report-matrix-large.png", 3)

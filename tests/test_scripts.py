@@ -114,3 +114,17 @@ def test_the_device_runner_refuses_an_unknown_step_before_touching_anything(tmp_
         assert done.returncode == 2
         assert done.stderr.strip() == f"device.sh: step '{''.join(args)}' is not one of: {' '.join(_device_steps())}"
         assert not (checkout / ".gpu").exists()  # refused before any setup
+
+
+def test_a_build_says_how_long_it_took_and_what_pip_fetched(tmp_path: Path):
+    cache = tmp_path / "pip-cache"
+    (cache / "http").mkdir(parents=True)
+    (cache / "http" / "a").write_bytes(b"x" * 4096)
+    done = _bash('before="$(harness_pip_cache_bytes)"; head -c 3145728 /dev/zero > "$PIP_CACHE_DIR/http/b"; '
+                 'harness_venv_summary venv 75 "$before" "$(harness_pip_cache_bytes)"', tmp_path,
+                 PIP_CACHE_DIR=str(cache))
+    assert done.returncode == 0, done.stderr
+    line = done.stderr.strip()
+    assert "built venv in 75 s; pip fetched 3 MiB (3145728 bytes: its cache grew from " in line, line
+    no_cache = _bash("harness_pip_cache_bytes", tmp_path, PIP_CACHE_DIR=str(tmp_path / "none"))
+    assert no_cache.stdout.strip() == "0"

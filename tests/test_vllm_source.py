@@ -180,12 +180,11 @@ def test_second_locate_reuses_the_cache(cache_dir, monkeypatch):
 
 
 @pytest.mark.vllm_wheel
-def test_wheel_file_and_ops_library(tmp_path, ds_v3_args):
-    kept = locate(version="0.30.0", cache_dir=tmp_path, keep_wheel=True)
-    assert kept.ops_library is None
-    with pytest.raises(VllmSourceError, match=r"vllm 0\.30\.0 .*no compiled ops library.*torch==2\.13\.0"):
-        ops_library(kept)
-    (wheel,) = (tmp_path / "vllm" / "0.30.0" / "wheel").glob("vllm-0.30.0-*.whl")
+def test_wheel_file_and_ops_library(cache_dir, tmp_path, ds_v3_args, monkeypatch):
+    """The release's wheel file, verified and kept in the shared cache: fetched at most once per cache, then read
+    from there (a second run downloads nothing)."""
+    kept = locate(version="0.30.0", cache_dir=cache_dir, keep_wheel=True)
+    (wheel,) = (cache_dir / "vllm" / "0.30.0" / "wheel").glob("vllm-0.30.0-*.whl")
     # The download was checked against the index's published sha256, which is the one the harness pinned.
     pinned = cache_module.PINNED_WHEELS["0.30.0"]
     assert cache_module.sha256_file(wheel) == pinned.wheel_sha256
@@ -195,6 +194,18 @@ def test_wheel_file_and_ops_library(tmp_path, ds_v3_args):
     cutlass_file = next(f for f in manifest.hashes if f.path.endswith("experts/cutlass_moe.py"))
     assert cutlass_file.sha256 == cache_module.sha256_file(kept.root / cutlass_file.path)
 
+    def no_pip(*args, **kwargs):
+        raise AssertionError("pip ran although the release and its wheel are cached")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(cache_module.subprocess, "run", no_pip)
+        assert locate(version="0.30.0", cache_dir=cache_dir, keep_wheel=True) == kept
+
+    # The kept file is a wheel like any other: a sizing-only entry of it has no ops library, one with_ops has it.
+    sized = locate(wheel=wheel, cache_dir=tmp_path)
+    assert sized.ops_library is None
+    with pytest.raises(VllmSourceError, match=r"vllm 0\.30\.0 .*no compiled ops library.*torch==2\.13\.0"):
+        ops_library(sized)
     from_wheel = locate(wheel=wheel, cache_dir=tmp_path, with_ops=True)
     assert from_wheel.kind == "wheel" and from_wheel.version == "0.30.0"
     assert from_wheel.torch_requirement == "torch==2.13.0"
@@ -213,6 +224,9 @@ def test_release_that_does_not_exist(tmp_path):
     assert "0.0.999" in message and "could not download" in message
     assert "Traceback" not in message
     assert not (tmp_path / "vllm" / "0.0.999").exists()
+    # The attempt is logged where scripts/test.sh counts downloads: one line, naming the release.
+    (line,) = (tmp_path / cache_module.DOWNLOAD_LOG_NAME).read_text().splitlines()
+    assert json.loads(line)["version"] == "0.0.999"
 
 
 @pytest.mark.vllm_wheel

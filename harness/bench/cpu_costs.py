@@ -1,5 +1,6 @@
 """The harness's CPU-side costs, measured from the outside: plan latency, the time from starting `harness run` to
-the first rank ready (local and Ray), and the collector on 1024 rank records. Each probe reports as it goes."""
+the first rank ready (local and Ray), the collector on 1024 rank records, and matrix collects (the same records as
+one run and as 64 cells; a 1024-cell matrix). Each probe reports as it goes."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ CPU_TARGETS_S = {
 # CPU seconds of `harness plan` on a 1024-cell matrix with release policies; its target is twice the CPU of a
 # 1-cell plan of the same releases, measured in the same probe (benchmarks/bench_plan_matrix.py).
 PLAN_MATRIX_PROBE = "harness plan 1024-cell release matrix (CPU)"
+# CPU seconds of collecting 1024 records as 64 cells of 16 (target: 3 x the same records as one run, measured in the
+# same probe) and of a 1024-cell matrix's reports (target 60 s): benchmarks/bench_matrix_collect.py.
+MATRIX_SPLIT_PROBE = "collect 1024 records as 64 cells of 16 (CPU)"
+MATRIX_CELLS_PROBE = "collect a 1024-cell matrix (CPU)"
 SUBPROCESS_TIMEOUT_S = 300.0
 Progress = Callable[[str], None]
 
@@ -111,7 +116,7 @@ def cpu_costs(*, repeats: int = 3, with_ray: bool = True, progress: Progress = l
         for name, v in results.items()
     ]
     plan_matrix = _plan_matrix_cost(REPO_DIR, progress)
-    return costs + ([plan_matrix] if plan_matrix is not None else [])
+    return costs + ([plan_matrix] if plan_matrix is not None else []) + _matrix_collect_costs(REPO_DIR, progress)
 
 
 def _plan_matrix_cost(repo: Path, progress: Progress) -> CpuCost | None:
@@ -132,3 +137,26 @@ def _plan_matrix_cost(repo: Path, progress: Progress) -> CpuCost | None:
     return CpuCost(name=PLAN_MATRIX_PROBE, median_s=report["matrix_cpu_s"],
                    samples_s=report["samples_cpu_s"][str(report["cells"])], target_s=target,
                    within_target=report["meets_target"])  # fmt: skip
+
+
+def _matrix_collect_costs(repo: Path, progress: Progress) -> list[CpuCost]:
+    """The matrix collect targets, from one run of benchmarks/bench_matrix_collect.py; none when it is absent."""
+    script = repo / "benchmarks" / "bench_matrix_collect.py"
+    if not script.exists():
+        return []
+    progress(f"{MATRIX_SPLIT_PROBE}, {MATRIX_CELLS_PROBE}: benchmarks/bench_matrix_collect.py")
+    done = subprocess.run([sys.executable, str(script), "--repeats", "1", "--json"], capture_output=True, text=True,
+                          timeout=SUBPROCESS_TIMEOUT_S * 2, cwd=repo, check=False)
+    if done.returncode not in (0, 1) or not done.stdout.strip():
+        progress(f"matrix collect: skipped (bench_matrix_collect.py exited {done.returncode})")
+        return []
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    split_target = r["ratio_target"] * r["one_run_cpu_s"]
+    progress(f"{MATRIX_SPLIT_PROBE}: {r['split_cpu_s']:.2f} s (x{r['ratio']:.2f} the one run's {r['one_run_cpu_s']:.2f} s)")
+    progress(f"{MATRIX_CELLS_PROBE}: {r['cells_cpu_s']:.1f} s (target {r['cells_target_s']:g} s)")
+    return [
+        CpuCost(name=MATRIX_SPLIT_PROBE, median_s=r["split_cpu_s"], samples_s=r["samples_cpu_s"]["split"],
+                target_s=split_target, within_target=r["split_cpu_s"] <= split_target),
+        CpuCost(name=MATRIX_CELLS_PROBE, median_s=r["cells_cpu_s"], samples_s=r["samples_cpu_s"]["many"],
+                target_s=r["cells_target_s"], within_target=r["cells_cpu_s"] <= r["cells_target_s"]),
+    ]

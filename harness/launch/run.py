@@ -45,6 +45,7 @@ from harness.scenario.schema import Scenario, ScenarioError, resolve_scenario_pa
 from harness.scenario.source import display, read_yaml_file
 
 if TYPE_CHECKING:
+    from harness.report.model import RunReport
     from harness.scenario.matrix import Matrix
     from harness.sizing.vllm_source.kernels import KernelsLibrary
 
@@ -218,11 +219,15 @@ def run_scenario(
     scenario_path: Path | None,
     command: list[str],
     console: Console,
+    on_collected: Callable[[RunReport], None] | None = None,
+    plots: bool = True,
 ) -> int:
     """Launch one scenario into run_dir (claimed by the caller), collect it and print the summary; return the exit
-    code."""
-    from harness.report.collect import collect
+    code. `on_collected` gets the collected report (a matrix's combined report reuses it instead of reading the
+    records again). `plots=False`: a matrix's cell, whose report.html draws no figure (the matrix's page does)."""
     from harness.rank.lifecycle import rank_main
+    from harness.report.collect import collect
+    from harness.report.model import RunReport
 
     resources = launcher.resources()
     device_type = resolve_device(scenario, resources.num_gpus)
@@ -257,7 +262,9 @@ def run_scenario(
         print(f"harness: error: {outcome.error}", file=sys.stderr)
     for failure in outcome.failures:
         print(f"harness: {describe_failure(failure)}", file=sys.stderr)
-    result = collect(run_dir)
+    result = collect(run_dir, plots=plots)
+    if on_collected is not None and isinstance(result.report, RunReport):
+        on_collected(result.report)
     console.print(result.summary_table())
     console.print(f"results: {run_dir}  ({time.monotonic() - started:.1f} s)", highlight=False, markup=False)
     if not outcome.ok:
@@ -401,21 +408,25 @@ def _run_matrix(request: RunRequest, matrix: Matrix, overrides: dict[str, Any], 
     launcher: Launcher | None = None
     try:
         launcher = make_launcher(launcher_name, address=request.address, num_cpus=cluster_cpus_for(scenarios))
-        _run_cells(cells, scenarios, not_here, launcher=launcher, run_dir=run_dir, run_id=run_id, path=path,
-                   command=command, console=console)
+        collected = _run_cells(cells, scenarios, not_here, launcher=launcher, run_dir=run_dir, run_id=run_id,
+                               path=path, command=command, console=console)
     finally:
         if launcher is not None:
             launcher.close()
         claim.release()
-    result = collect_matrix(run_dir, list(matrix.cells()), matrix=matrix)  # every cell, run now or earlier
+    # Every cell, run now (its report as collected when it finished) or earlier (collected here).
+    result = collect_matrix(run_dir, list(matrix.cells()), matrix=matrix, collected=collected)
     console.print(result.summary_table())
     console.print(f"results: {run_dir}", highlight=False, markup=False)
     return result.exit_code
 
 
 def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str | None], *, launcher: Launcher,
-               run_dir: Path, run_id: str, path: Path, command: list[str], console: Console) -> None:
-    """The cells one after another, each claimed in the matrix directory; past a cell that fails or cannot run."""
+               run_dir: Path, run_id: str, path: Path, command: list[str], console: Console) -> dict[str, RunReport]:
+    """The cells one after another, each claimed in the matrix directory; past a cell that fails or cannot run.
+
+    Returns the report each cell that ran was collected into, by cell name."""
+    collected: dict[str, RunReport] = {}
     for cell, scenario, reason in zip(cells, scenarios, not_here):
         console.rule(f"cell {cell.name}")
         if (run_dir / cell.name / "run.json").exists():
@@ -430,12 +441,14 @@ def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str |
                 code = run_scenario(
                     scenario, launcher=launcher, run_dir=cell_claim.path, run_id=f"{run_id}-{cell.name}",
                     scenario_path=path, command=command, console=console,
+                    on_collected=lambda report, name=cell.name: collected.__setitem__(name, report), plots=False,
                 )
             finally:
                 cell_claim.release()
         except (ScenarioError, LaunchError) as exc:
             code = _error(f"cell {cell.name}: {exc}")
         console.print(f"cell {cell.name}: exit code {code}", highlight=False, markup=False)
+    return collected
 
 
 def kernels_cells(matrix: Any, overrides: dict[str, Any]) -> list[Any]:

@@ -1,6 +1,8 @@
 """Aggregation: a loaded run's records, judged by harness.report.checks, into the typed RunReport.
 
     build_report()    every number any rendering shows, in base units, with the verdicts, the problems and the exit
+    collect_report()  the same, streamed from the run directory: each record judged and folded as it is read, then
+                      dropped (RunFold), so memory is the report's, not the records' (about 27 of 65 KB a rank)
     generation_of()   the stamp every output of one collect carries: the run and its exact inputs
 
 A rank whose policy was stopped because another rank ran out of memory (status "error"; the ranks stop a policy
@@ -12,11 +14,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from harness.core.contract import fixed_shapes, live_set_bytes
 from harness.core.exits import EXIT_OK
-from harness.core.records import SCHEMA_VERSION, MemoryMeasurement, PolicyResult, RankFailure, RankRecord, Timings
+from harness.core.records import (
+    SCHEMA_VERSION, MemoryMeasurement, PolicyResult, RankFailure, RankRecord, RunManifest, Timings,
+)
 from harness.report.checks import (
     Judging,
     baseline_checks,
@@ -28,7 +33,7 @@ from harness.report.checks import (
     policy_expectation,
     stopped_by,
 )
-from harness.report.load import LoadedRun
+from harness.report.load import LoadedRun, load_run
 from harness.report.model import (
     Aggregate,
     Check,
@@ -61,9 +66,8 @@ def _agg(values: Iterable[float | int | None]) -> Aggregate | None:
     return Aggregate(min=min(present), avg=sum(present) / len(present), max=max(present), num_ranks=len(present))
 
 
-def _scenario_of(loaded: LoadedRun, hint: Scenario | None) -> tuple[Scenario | None, dict[str, Any] | None, str | None]:
-    """The run's scenario (parsed), its raw dict, and why it could not be parsed."""
-    raw = loaded.manifest.scenario if loaded.manifest else (loaded.records[0].scenario if loaded.records else None)
+def _scenario_of(raw: dict[str, Any] | None, hint: Scenario | None) -> tuple[Scenario | None, dict[str, Any] | None, str | None]:
+    """The run's scenario (parsed) from run.json's (else the first record's) raw dict, and why it could not be."""
     if raw is None and hint is not None:
         return hint, hint.model_dump(mode="json"), None
     if raw is None:
@@ -74,8 +78,9 @@ def _scenario_of(loaded: LoadedRun, hint: Scenario | None) -> tuple[Scenario | N
         return None, raw, str(exc)
 
 
-def _scenario_info(loaded: LoadedRun, scenario: Scenario | None, raw: dict[str, Any] | None) -> ScenarioInfo:
-    m, first = loaded.manifest, (loaded.records[0] if loaded.records else None)
+def _scenario_info(m: RunManifest | None, first: RankRecord | None, memory: MemoryMeasurement | None,
+                   scenario: Scenario | None, raw: dict[str, Any] | None) -> ScenarioInfo:
+    """`first`: the lowest rank's record; `memory`: the first memory measurement of any rank, in rank order."""
     fields: dict[str, Any] = {
         "name": m.scenario_name if m else (first.scenario_name if first else (scenario.name if scenario else None)),
         "hash": m.scenario_hash if m else (first.scenario_hash if first else (scenario.scenario_hash if scenario else None)),
@@ -98,7 +103,6 @@ def _scenario_info(loaded: LoadedRun, scenario: Scenario | None, raw: dict[str, 
         fields.update(num_dispatchers=first.num_dispatchers, num_ranks=first.num_ranks, emulated=first.emulated,
                       policies=[p.policy for p in first.policies])
     if first is not None:
-        memory = next((p.memory for r in loaded.records for p in r.policies if p.memory is not None), None)
         fields.update(measurement_method=first.measurement_method, experts_backend=first.experts_backend,
                       comm_backend=first.comm_backend, memory_method=memory.method if memory else None,
                       memory_label=memory.label if memory else None,
@@ -106,33 +110,91 @@ def _scenario_info(loaded: LoadedRun, scenario: Scenario | None, raw: dict[str, 
     return ScenarioInfo(**fields)
 
 
-def _versions(loaded: LoadedRun) -> tuple[Any, dict[str, list[str]]]:
-    """The lowest rank's versions, and every field on which ranks disagree (a mixed cluster is worth a warning)."""
-    sources = [r.versions for r in loaded.records]
-    if not sources and loaded.manifest is not None and loaded.manifest.versions is not None:
-        sources = [loaded.manifest.versions]
-    if not sources:
-        return None, {}
-    mismatches: dict[str, list[str]] = {}
-    for name in type(sources[0]).model_fields:
-        distinct = sorted({str(getattr(v, name)) for v in sources})
-        if len(distinct) > 1:
-            mismatches[name] = distinct
-    return sources[0], mismatches
+@dataclass
+class _Running:
+    """min/avg/max over ranks of a value, folded one rank at a time (the sum in rank order, as _agg adds)."""
+
+    count: int = 0
+    total: float = 0
+    low: float | None = None
+    high: float | None = None
+
+    def add(self, value: float | int | None) -> None:
+        if value is None:
+            return
+        self.count += 1
+        self.total += value
+        self.low = value if self.low is None else min(self.low, value)
+        self.high = value if self.high is None else max(self.high, value)
+
+    def aggregate(self) -> Aggregate | None:
+        if not self.count:
+            return None
+        return Aggregate(min=self.low, avg=self.total / self.count, max=self.high, num_ranks=self.count)
 
 
-def _hardware(loaded: LoadedRun) -> HardwareInfo:
-    records = loaded.records
-    hostnames = sorted({r.hardware.hostname for r in records} | {f.node for f in loaded.failures})
-    return HardwareInfo(
-        device_kind=records[0].hardware.device_kind if records else None,
-        device_names=sorted({r.hardware.device_name for r in records}),
-        device_total_bytes=_agg(r.hardware.device_total_bytes for r in records),
-        device_capabilities=sorted({r.hardware.device_capability for r in records if r.hardware.device_capability}),
-        num_ranks_expected=loaded.manifest.num_ranks if loaded.manifest else None,
-        num_ranks_reported=len(records), num_rank_failures=len(loaded.failures), num_nodes=len(hostnames),
-        nodes=hostnames, launcher=loaded.manifest.launcher if loaded.manifest else None,
-    )
+@dataclass
+class _Seen:
+    """What the run-wide sections need from the records, folded as each is read."""
+
+    first: RankRecord | None = None
+    memory: MemoryMeasurement | None = None
+    contracts: dict[str, Any] = field(default_factory=dict)  # policy -> the lowest rank's contract
+    oom_ranks: dict[str, list[int]] = field(default_factory=dict)
+    version_values: dict[str, set[str]] = field(default_factory=dict)
+    hostnames: set[str] = field(default_factory=set)
+    device_names: set[str] = field(default_factory=set)
+    capabilities: set[str] = field(default_factory=set)
+    device_total: _Running = field(default_factory=_Running)
+    num_records: int = 0
+    started_at: float | None = None
+    finished_at: float | None = None
+    finished_policies: dict[int, list[str]] = field(default_factory=dict)  # failed ranks only: what they finished
+
+    def add(self, record: RankRecord, failed: bool) -> None:
+        if self.first is None:
+            self.first = record
+        if self.memory is None:
+            self.memory = next((p.memory for p in record.policies if p.memory is not None), None)
+        own = {p.policy: p.contract for p in record.policies}
+        for policy, contract in own.items():
+            self.contracts.setdefault(policy, contract)  # records come in rank order: the lowest rank wins
+        for p in record.policies:
+            if p.status == "oom":
+                self.oom_ranks.setdefault(p.policy, []).append(record.rank)
+        for name in type(record.versions).model_fields:
+            self.version_values.setdefault(name, set()).add(str(getattr(record.versions, name)))
+        hw = record.hardware
+        self.hostnames.add(hw.hostname)
+        self.device_names.add(hw.device_name)
+        if hw.device_capability:
+            self.capabilities.add(hw.device_capability)
+        self.device_total.add(hw.device_total_bytes)
+        self.num_records += 1
+        self.started_at = record.started_at if self.started_at is None else min(self.started_at, record.started_at)
+        if record.finished_at is not None:
+            self.finished_at = record.finished_at if self.finished_at is None else max(self.finished_at,
+                                                                                       record.finished_at)
+        if failed:
+            self.finished_policies[record.rank] = [p.policy for p in record.policies]
+
+    def versions(self, manifest: RunManifest | None) -> tuple[Any, dict[str, list[str]]]:
+        """The lowest rank's versions, and every field on which ranks disagree (a mixed cluster is worth a warning)."""
+        if self.first is None:
+            return (manifest.versions, {}) if manifest is not None and manifest.versions is not None else (None, {})
+        return self.first.versions, {name: sorted(values) for name, values in self.version_values.items()
+                                     if len(values) > 1}
+
+    def hardware(self, manifest: RunManifest | None, failures: tuple[RankFailure, ...]) -> HardwareInfo:
+        hostnames = sorted(self.hostnames | {f.node for f in failures})
+        return HardwareInfo(
+            device_kind=self.first.hardware.device_kind if self.first else None,
+            device_names=sorted(self.device_names), device_total_bytes=self.device_total.aggregate(),
+            device_capabilities=sorted(self.capabilities),
+            num_ranks_expected=manifest.num_ranks if manifest else None,
+            num_ranks_reported=self.num_records, num_rank_failures=len(failures), num_nodes=len(hostnames),
+            nodes=hostnames, launcher=manifest.launcher if manifest else None,
+        )
 
 
 def _spread(t: Timings | None) -> StageSpread | None:
@@ -231,12 +293,13 @@ def _failure_text(failure: RankFailure) -> str:
     return f"{failure.cause}" + (f" ({failure.detail})" if failure.detail else "")
 
 
-def _failure_problems(loaded: LoadedRun, scenario_policies: list[str]) -> list[Problem]:
-    """One problem per failed rank, naming what it finished before it failed and what was lost."""
-    finished = {r.rank: [p.policy for p in r.policies] for r in loaded.records}
+def _failure_problems(failures: tuple[RankFailure, ...], finished: dict[int, list[str]],
+                      scenario_policies: list[str]) -> list[Problem]:
+    """One problem per failed rank, naming what it finished before it failed (`finished`: the policies its record
+    on disk holds, not what the launcher believed) and what was lost."""
     problems = []
-    for f in loaded.failures:
-        done = finished.get(f.rank, [])  # what the records on disk hold, not what the launcher believed
+    for f in failures:
+        done = finished.get(f.rank, [])
         lost = [p for p in scenario_policies if p not in done] if scenario_policies else list(f.lost_policies)
         kept = f"; finished {', '.join(done)}" if done else ""
         gone = f"; lost {', '.join(lost)}" if lost else ""
@@ -304,55 +367,112 @@ def _widest(spreads: list[StageSpread]) -> StageSpread:
 
 
 
-def _judge(loaded: LoadedRun, scenario: Scenario | None) -> _Judged:
-    judging = judging_of(scenario, loaded.records)
-    scenario_policies = list(scenario.policies) if scenario else []
-    judged = _Judged(policy_order=list(scenario_policies))
-    oom_ranks: dict[str, list[int]] = {}
-    for record in loaded.records:
-        for result in record.policies:
-            if result.status == "oom":
-                oom_ranks.setdefault(result.policy, []).append(record.rank)
-    failures = {f.rank: f for f in loaded.failures}
-    for record in loaded.records:
-        _judge_rank(record, judging, oom_ranks, judged, failures.get(record.rank), scenario_policies)
-    judged.problems += _failure_problems(loaded, scenario_policies)
-    return judged
-
-
 def _problem_order(p: Problem) -> tuple[int, str, str]:
     return (p.rank if p.rank is not None else -1, p.path or "", p.kind)
 
 
+def _needs_every_rank(record: RankRecord) -> bool:
+    """A record whose verdict waits for every rank's: a policy stopped by another rank, from a harness that did not
+    yet record which ranks (failed_ranks); any rank's OOM then explains it (checks.stopped_by)."""
+    return any(p.status == "error" and p.failed_ranks is None for p in record.policies)
+
+
+class RunFold:
+    """A RecordSink (harness.report.load): each record judged into its RankEntry and folded into the run's
+    aggregates as it is read, then dropped; `report()` assembles the RunReport.
+
+    Kept until the end, and only then judged: the few records of _needs_every_rank, and every record of a run
+    whose scenario cannot be read (its tolerance is then the records' own, known once all are read)."""
+
+    def __init__(self, scenario_hint: Scenario | None = None) -> None:
+        self.hint = scenario_hint
+        self.manifest: RunManifest | None = None
+        self.failures: dict[int, RankFailure] = {}
+        self.scenario: Scenario | None = None
+        self.raw: dict[str, Any] | None = None
+        self.scenario_problem: str | None = None
+        self.judging: Judging | None = None
+        self.seen = _Seen()
+        self.judged = _Judged()
+        self.kept: list[RankRecord] = []
+
+    def _resolve(self, raw: dict[str, Any] | None, records: Iterable[RankRecord]) -> None:
+        self.scenario, self.raw, self.scenario_problem = _scenario_of(raw, self.hint)
+        self.judging = judging_of(self.scenario, tuple(records))
+        self.judged.policy_order = list(self.scenario.policies) if self.scenario else []
+
+    def begin(self, manifest: RunManifest | None, failures: dict[int, RankFailure]) -> None:
+        self.manifest, self.failures = manifest, failures
+        if manifest is not None:
+            scenario, _, _ = _scenario_of(manifest.scenario, self.hint)
+            if scenario is not None:
+                self._resolve(manifest.scenario, ())
+
+    def add(self, record: RankRecord) -> None:
+        self.seen.add(record, failed=record.rank in self.failures)
+        if self.judging is None or _needs_every_rank(record):
+            self.kept.append(record)
+        else:
+            self._judge(record)
+
+    def _judge(self, record: RankRecord) -> None:
+        assert self.judging is not None
+        _judge_rank(record, self.judging, self.seen.oom_ranks, self.judged, self.failures.get(record.rank),
+                    list(self.scenario.policies) if self.scenario else [])
+
+    def report(self, loaded: LoadedRun) -> RunReport:
+        """The RunReport, once load_run has handed over every record (`loaded`: its problems and input hash)."""
+        if self.judging is None:
+            raw = self.manifest.scenario if self.manifest else (self.kept[0].scenario if self.kept else None)
+            self._resolve(raw, self.kept)
+        for record in self.kept:
+            self._judge(record)
+        judged, seen, scenario, manifest = self.judged, self.seen, self.scenario, self.manifest
+        if self.kept:  # judged out of rank order: put the ranks and their failed checks back in it
+            judged.ranks.sort(key=lambda r: r.rank)
+            judged.failures.sort(key=lambda f: f.rank)
+        scenario_policies = list(scenario.policies) if scenario else []
+        judged.problems += _failure_problems(loaded.failures, seen.finished_policies, scenario_policies)
+        contracts = seen.contracts
+        fixed_total = fixed_shapes(scenario.sizing_args()).total_bytes if scenario else (
+            contracts["fixed"].total_bytes if "fixed" in contracts else None)
+        expected = dict(scenario.expect.outcomes) if scenario else {}
+        summaries = [_policy_summary(p, judged.ranks, contracts, scenario, fixed_total, expected.get(p))
+                     for p in judged.policy_order]
+        counts = CheckCounts.of([c.outcome for r in judged.ranks for e in r.policies for _, c in e.checks.items()])
+        problems = sorted([*loaded.problems, *judged.problems], key=_problem_order)
+        exit_code, reason = exit_of(counts, problems)
+        run_id = manifest.run_id if manifest else (seen.first.run_id if seen.first else None)
+        versions, mismatches = seen.versions(manifest)
+        info = _scenario_info(manifest, seen.first, seen.memory, scenario, self.raw)
+        input_hash = loaded.input_hash if (seen.num_records or manifest or not self.hint) else \
+            hashlib.sha256(self.hint.model_dump_json().encode()).hexdigest()
+        return RunReport(
+            record_schema_version=SCHEMA_VERSION, run_id=run_id, generation=generation_of(run_id, input_hash),
+            scenario_name=info.name, scenario_hash=info.hash, status="OK" if exit_code == EXIT_OK else "FAILED",
+            exit_code=exit_code, exit_reason=reason, command=list(manifest.command) if manifest else None,
+            started_at=manifest.started_at if manifest else seen.started_at, finished_at=seen.finished_at,
+            scenario=info, scenario_problem=self.scenario_problem, versions=versions, version_mismatches=mismatches,
+            hardware=seen.hardware(manifest, loaded.failures), policies=summaries, checks=counts,
+            check_failures=judged.failures, problems=problems, ranks=judged.ranks,
+        )
+
+
 def build_report(loaded: LoadedRun, *, scenario_hint: Scenario | None = None) -> RunReport:
-    """The report of one run: every number any rendering shows, in base units, with the verdicts judged here.
+    """The report of one run already loaded with its records: every number any rendering shows, in base units,
+    with the verdicts judged here.
 
     `scenario_hint` describes the run when neither run.json nor any record does (a matrix cell that never ran).
     """
-    scenario, raw, scenario_problem = _scenario_of(loaded, scenario_hint)
-    judged = _judge(loaded, scenario)
-    contracts = {p.policy: p.contract for r in reversed(loaded.records) for p in r.policies}  # lowest rank wins
-    fixed_total = fixed_shapes(scenario.sizing_args()).total_bytes if scenario else (
-        contracts["fixed"].total_bytes if "fixed" in contracts else None)
-    expected = dict(scenario.expect.outcomes) if scenario else {}
-    summaries = [_policy_summary(p, judged.ranks, contracts, scenario, fixed_total, expected.get(p))
-                 for p in judged.policy_order]
-    counts = CheckCounts.of([c.outcome for r in judged.ranks for e in r.policies for _, c in e.checks.items()])
-    problems = sorted([*loaded.problems, *judged.problems], key=_problem_order)
-    exit_code, reason = exit_of(counts, problems)
-    manifest, records = loaded.manifest, loaded.records
-    run_id = manifest.run_id if manifest else (records[0].run_id if records else None)
-    versions, mismatches = _versions(loaded)
-    info = _scenario_info(loaded, scenario, raw)
-    input_hash = loaded.input_hash if (records or manifest or not scenario_hint) else \
-        hashlib.sha256(scenario_hint.model_dump_json().encode()).hexdigest()
-    return RunReport(
-        record_schema_version=SCHEMA_VERSION, run_id=run_id, generation=generation_of(run_id, input_hash),
-        scenario_name=info.name, scenario_hash=info.hash, status="OK" if exit_code == EXIT_OK else "FAILED",
-        exit_code=exit_code, exit_reason=reason, command=list(manifest.command) if manifest else None,
-        started_at=manifest.started_at if manifest else min((r.started_at for r in records), default=None),
-        finished_at=max((r.finished_at for r in records), default=None), scenario=info,
-        scenario_problem=scenario_problem, versions=versions, version_mismatches=mismatches,
-        hardware=_hardware(loaded), policies=summaries, checks=counts, check_failures=judged.failures,
-        problems=problems, ranks=judged.ranks,
-    )
+    fold = RunFold(scenario_hint)
+    fold.begin(loaded.manifest, {f.rank: f for f in loaded.failures})
+    for record in loaded.records:
+        fold.add(record)
+    return fold.report(loaded)
+
+
+def collect_report(run_dir: Path, *, scenario_hint: Scenario | None = None) -> RunReport:
+    """build_report(load_run(run_dir)), streamed: no more than one record in memory at a time (plus the few that
+    RunFold keeps), the same report."""
+    fold = RunFold(scenario_hint)
+    return fold.report(load_run(run_dir, sink=fold))

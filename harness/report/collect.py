@@ -2,7 +2,8 @@
 
     run.json + ranks/rank-NNNNN.json (+ rank-NNNNN.failed.json)
         -> load.load_run()        read inside the run directory only; every bad file becomes a Problem
-        -> build.build_report()   judge every rank x policy (checks), aggregate: a RunReport (harness.report.model)
+        -> build.RunFold          judge every rank x policy (checks) as its record is read, aggregate, drop the
+                                  record: a RunReport (harness.report.model); build.collect_report streams the two
         -> write.write_report()   report.json, report.md, junit.xml, report.html, all stamped with one generation
 
 Collect trusts nothing a record says about itself beyond its measured facts: every verdict is made from the
@@ -33,8 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.exits import EXIT_ERROR
-from harness.report.build import build_report
-from harness.report.load import load_run
+from harness.report.build import collect_report
 from harness.report.model import Report
 from harness.report.write import write_report
 from harness.scenario.schema import Scenario
@@ -71,23 +71,25 @@ class CollectResult:
         return Group(summary, Text(f"ERROR (exit 2): {self.write_error}", style="bold red"))
 
 
-def collect(run_dir: Path, *, write: bool = True, scenario_hint: Scenario | None = None) -> CollectResult:
+def collect(run_dir: Path, *, write: bool = True, scenario_hint: Scenario | None = None,
+            plots: bool = True) -> CollectResult:
     """Aggregate one run directory's records; write the four reports into it unless `write` is False.
 
     Never raises for bad records; a run directory that does not exist yields an error report that is not written.
+    `plots=False`: report.html without its matplotlib figures (harness.report.write.write_report).
     """
     run_dir = Path(run_dir)
-    report = build_report(load_run(run_dir), scenario_hint=scenario_hint)
+    report = collect_report(run_dir, scenario_hint=scenario_hint)
     if not (write and run_dir.is_dir()):
         return CollectResult(run_dir=run_dir, report=report)
-    return write_outputs(run_dir, report)
+    return write_outputs(run_dir, report, plots=plots)
 
 
-def write_outputs(out_dir: Path, report: Report) -> CollectResult:
+def write_outputs(out_dir: Path, report: Report, *, plots: bool = True) -> CollectResult:
     """write_report, with a failure to write (a read-only directory, a directory where report.md goes, a full
     disk) turned into the result's one-line `write_error` and exit code 2 instead of an exception."""
     try:
-        outputs, notes = write_report(out_dir, report)
+        outputs, notes = write_report(out_dir, report, plots=plots)
     except OSError as exc:
         where = Path(exc.filename).name if exc.filename else out_dir
         return CollectResult(run_dir=out_dir, report=report,

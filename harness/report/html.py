@@ -23,7 +23,7 @@ from harness.report.html_base import (
     failures_html, figure, new_figure, num_cell, other_note, plot_breakdown, png_base64, policy_color,
     policy_table_html, problems_html, table, td,
 )
-from harness.report.html_matrix import matrix_body
+from harness.report.html_matrix import cell_plots_note, matrix_body
 from harness.report.markdown import (
     GIB, NA, RANK_TABLE_MAX, Cell, baseline_table, byte_unit, checks_line, fmt_error, fmt_us, footer_line,
     header_lines, title_line,
@@ -199,8 +199,9 @@ def _run_body(report: RunReport) -> list[str]:
     ]
 
 
-def render_html(report: Report) -> str:
-    """report.html for a run or a matrix report."""
+def render_html(report: Report, *, plots: bool = True) -> str:
+    """report.html for a run or a matrix report. `plots=False` (a matrix cell's page) draws no figure: matplotlib
+    costs about 0.2 s a figure, which a matrix would pay per cell; the matrix's page plots every cell."""
     status_class = "ok" if report.exit_code == 0 else "failed"
     parts = [
         "<!DOCTYPE html>",
@@ -222,7 +223,13 @@ def render_html(report: Report) -> str:
               "against the scenario's expectation; ws delta = measured workspace delta; x fixed = contract / fixed "
               "contract; n/a = no rank has the figure (bus bandwidth with one physical rank: nothing crosses a "
               "link).</p>", "<h2>Plots</h2>"]
-    parts += matrix_body(report) if isinstance(report, MatrixReport) else _run_body(report)
+    if isinstance(report, MatrixReport):
+        parts += matrix_body(report)
+    elif plots:
+        parts += _run_body(report)
+    else:
+        parts += [cell_plots_note(), other_note(report), _baselines_html(report), "<h2>Per rank</h2>",
+                  _rank_table_html(report)]
     parts += [problems_html(report), failures_html(report), f'<p id="checks">{esc(checks_line(report))}</p>',
               f'<p class="status {status_class}" id="status">{esc(footer_line(report))}</p>', "</body></html>"]
     return "\n".join(p for p in parts if p) + "\n"

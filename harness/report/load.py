@@ -1,7 +1,8 @@
 """Reading one run directory back, contained and bounded: run.json and ranks/*.json into typed records.
 
     read_contained()   the bytes of a regular file inside the run directory, under a size limit, or why not
-    load_run()         the manifest, the rank records and failures (sorted by rank), every bad file as a Problem
+    load_run()         the manifest, the rank records and failures (sorted by rank), every bad file as a Problem;
+                       with a RecordSink, each record is handed over as it is read and not kept (collect streams)
     invalid_value()    the first NaN, infinity or negative size in a record
 
 Only canonical file names are read (ranks/rank-00001.json, never rank-1.json); nothing is read through a link out
@@ -19,7 +20,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from harness.core.records import RankFailure, RankRecord, Record, RecordError, RunManifest, parse_record
 from harness.report.model import Problem, ProblemKind
@@ -43,6 +44,14 @@ class LoadedRun:
     failures: tuple[RankFailure, ...]
     problems: tuple[Problem, ...]
     input_hash: str  # sha256 over every input file's name and bytes: the generation's content part
+
+
+class RecordSink(Protocol):
+    """Takes a run's rank records one at a time, in rank order, after run.json and every failure record were read."""
+
+    def begin(self, manifest: RunManifest | None, failures: dict[int, RankFailure]) -> None: ...
+
+    def add(self, record: RankRecord) -> None: ...
 
 
 @dataclass
@@ -208,28 +217,43 @@ def _check_rank_record(inputs: _Inputs, record: Record, rank: int, is_failure: b
     return True
 
 
-def load_run(run_dir: Path) -> LoadedRun:
-    """Read run.json and ranks/*.json inside `run_dir`; never raises for a bad file, it becomes a Problem."""
+def load_run(run_dir: Path, *, sink: RecordSink | None = None) -> LoadedRun:
+    """Read run.json and ranks/*.json inside `run_dir`; never raises for a bad file, it becomes a Problem.
+
+    With `sink`, each rank record goes to sink.add as it is read (failure records first, then the records by
+    rank) and the LoadedRun holds none: memory stays one record, not the run (54 KB a record otherwise)."""
     run_dir = Path(run_dir)
     inputs = _Inputs(run_dir=run_dir, root=run_dir.resolve())
     manifest = _load_manifest(inputs)
     records: dict[int, RankRecord] = {}
+    record_ranks: set[int] = set()
     failures: dict[int, RankFailure] = {}
-    for rank, is_failure, rel in _scan_ranks_dir(inputs):
+    begun = False
+    # Failure records first (a handful), so a sink judging each rank as it comes knows which ranks failed.
+    for rank, is_failure, rel in sorted(_scan_ranks_dir(inputs), key=lambda found: (not found[1], found[0])):
+        if not is_failure and sink is not None and not begun:
+            sink.begin(manifest, failures)
+            begun = True
         record = _read_record_file(inputs, rel, rank=rank)
         if record is None:
             inputs.unreadable_ranks.add(rank)
         elif _check_rank_record(inputs, record, rank, is_failure, rel, manifest):
             if isinstance(record, RankFailure):
                 failures[rank] = record
+            elif sink is not None:
+                record_ranks.add(rank)
+                sink.add(record)  # type: ignore[arg-type]
             else:
+                record_ranks.add(rank)
                 records[rank] = record  # type: ignore[assignment]
+    if sink is not None and not begun:
+        sink.begin(manifest, failures)
     if manifest is not None:
-        for rank in sorted(set(range(manifest.num_ranks)) - set(records) - set(failures) - inputs.unreadable_ranks):
+        for rank in sorted(set(range(manifest.num_ranks)) - record_ranks - set(failures) - inputs.unreadable_ranks):
             rel = f"ranks/rank-{rank:05d}.json"
             inputs.problem("missing-rank", f"rank {rank}: no record and no failure record ({rel} is missing)",
                            rank=rank, path=rel)
-    if not records:
+    if not record_ranks:
         inputs.problem("no-records", "no readable rank records in ranks/", path="ranks/")
     digest = hashlib.sha256(json.dumps(sorted(inputs.digests)).encode()).hexdigest()
     return LoadedRun(

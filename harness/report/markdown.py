@@ -31,6 +31,7 @@ MIB = 2**20
 MAX_LISTED = 50  # failed checks listed in Markdown; junit.xml and report.json hold all of them
 MAX_PROBLEMS_LISTED = 200  # problems listed in Markdown/HTML/terminal (a 1024-rank run that died whole stays readable)
 RANK_TABLE_MAX = 64  # per-rank rows in report.md and report.html; report.json holds every rank
+MATRIX_ROWS_MAX = 64  # a matrix's rows per table (cell x policy, cells, correctness); report.json holds all
 
 NA = "n/a"  # the one spelling of "no value": no rank has the figure, or it does not apply
 
@@ -214,6 +215,11 @@ def policy_table(report: Report) -> tuple[list[str], list[str], list[str], list[
         lead = len(MATRIX_LEAD_COLUMNS)
         headers, units, aggregations = list(MATRIX_LEAD_COLUMNS) + headers, [""] * lead + units, [""] * lead + aggregations
         for i, cell in enumerate(report.cells):
+            if len(rows) >= MATRIX_ROWS_MAX:
+                left = sum(max(1, len(c.report.policies)) for c in report.cells[i:])
+                rows.append([Cell(text=f"... {left} more rows ({len(report.cells) - i} cells) in report.json and "
+                                       "the cells' own reports")] + [Cell(text="") for _ in headers[1:]])
+                break
             lead_cells = _matrix_lead(i, cell.report.scenario, cell.name)
             if not cell.report.policies:
                 rows.append(lead_cells + [Cell(text=f"no results: {cell.report.exit_reason}")]
@@ -350,7 +356,9 @@ def _matrix_header(report: MatrixReport) -> list[str]:
     lines += [f"  axis {key}: {', '.join(_short(v) for v in values)}" for key, values in report.axes.items()]
     emulated = [c.name for c in report.cells if c.report.scenario.emulated]
     if emulated:
-        lines.append(f"D is EMULATED (fewer physical ranks than dispatchers) in: {', '.join(emulated)}")
+        named = ", ".join(emulated[:8]) + (f" and {len(emulated) - 8} more" if len(emulated) > 8 else "")
+        lines.append(f"D is EMULATED (fewer physical ranks than dispatchers) in {len(emulated)} of "
+                     f"{len(report.cells)} cells: {named}")
     return lines
 
 
@@ -468,8 +476,11 @@ def _md_baselines(report: RunReport) -> list[str]:
 def correctness_rows(report: Report) -> list[list[str]]:
     """Per (cell,) rank x policy that ran the check: the kernels, the first diverging stage and where, the verdict."""
     runs = [(c.name, c.report) for c in report.cells] if isinstance(report, MatrixReport) else [(None, report)]
-    rows = []
+    rows: list[list[str]] = []
     for cell, run in runs:
+        if cell is not None and len(rows) >= MATRIX_ROWS_MAX:
+            rows.append([f"... more in {cell}/report.md and the later cells' reports"] + [""] * (len(rows[0]) - 1))
+            break
         for rank in run.ranks[:RANK_TABLE_MAX]:
             kernels = rank.kernels.release or rank.kernels.backend if rank.kernels else "-"
             for e in rank.policies:
@@ -505,15 +516,22 @@ def _md_correctness(report: Report) -> list[str]:
 
 
 def _md_matrix_cells(report: MatrixReport) -> list[str]:
-    out = ["### Cells", ""]
+    """The cells that did not pass first, then the others, up to MATRIX_ROWS_MAX."""
+    shown = sorted(report.cells, key=lambda c: c.report.exit_code == 0)[:MATRIX_ROWS_MAX]
+    passed = sum(1 for c in report.cells if c.report.exit_code == 0)
+    out = [f"### Cells ({passed} of {len(report.cells)} passed)", ""]
     out += _md_table(["cell", "status", "exit", "checks passed", "failed", "errors", "reason"],
                      [[c.name, c.report.status, str(c.report.exit_code), str(c.report.checks.num_pass),
                        str(c.report.checks.num_fail), str(c.report.checks.num_error), c.report.exit_reason]
-                      for c in report.cells])
+                      for c in shown])
+    if len(report.cells) > len(shown):
+        out.append(f"\n... and {len(report.cells) - len(shown)} more cells in report.json and the cells' own reports")
     out.append("")
     if report.skipped:
         out += [f"### Skipped combinations ({len(report.skipped)} of {report.num_combinations})", ""]
-        out += _md_table(["combination", "reason"], [[s.name, s.reason] for s in report.skipped])
+        out += _md_table(["combination", "reason"], [[s.name, s.reason] for s in report.skipped[:MATRIX_ROWS_MAX]])
+        if len(report.skipped) > MATRIX_ROWS_MAX:
+            out.append(f"\n... and {len(report.skipped) - MATRIX_ROWS_MAX} more in report.json")
         out.append("")
     return out
 

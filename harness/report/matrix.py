@@ -1,7 +1,9 @@
-"""The combined report of a regression matrix: every cell collected (its own reports written), then one report.
+"""The combined report of a regression matrix: every cell collected once (its own reports written), then one report.
 
-harness.scenario.matrix expands a matrix file into cells; harness.launch.run runs them; this module collects them,
-goes on past a cell that failed or never ran, and writes one report.json/md/html and junit.xml into MATRIX_DIR.
+harness.scenario.matrix expands a matrix file into cells; harness.launch.run runs them and collects each as it
+finishes; this module builds the combined report from those cells' typed reports (reading only the cells no call
+collected), goes on past a cell that failed or never ran, and writes one report.json/md/html and junit.xml into
+MATRIX_DIR. The combined report renders from the cells' summaries; no record is read for it.
 A cell's name becomes a directory under MATRIX_DIR, so one read back from matrix.json must be a safe single path
 component: anything else is refused before any file is read or written.
 """
@@ -11,9 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from harness.core.contract import BUILTIN_POLICIES, builtin_shapes
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
@@ -30,6 +32,7 @@ from harness.report.model import (
     RunReport,
     SkippedCombination,
 )
+from harness.report.write import output_generations
 from harness.scenario.matrix import (
     MATRIX_MANIFEST,
     MATRIX_MANIFEST_VERSION,
@@ -59,33 +62,50 @@ def _planned_contracts(scenario: Scenario) -> dict[str, int]:
     return {p: builtin_shapes(p, args).total_bytes for p in scenario.policies if p in BUILTIN_POLICIES}
 
 
-def _cell_report(matrix_dir: Path, cell: ScenarioCell, *, write: bool) -> MatrixCell:
+def matrix_cell(cell: ScenarioCell, report: RunReport) -> MatrixCell:
+    """A cell of the combined report from the cell's collected report (the one its own report.json holds)."""
+    name = check_cell_name(cell.name, MATRIX_MANIFEST)
+    return MatrixCell(name=name, dir=f"{name}/", axis_values=jsonable(cell.axis_values),
+                      planned_contracts=_planned_contracts(cell.scenario), report=report)
+
+
+def _cell_report(matrix_dir: Path, cell: ScenarioCell, *, write: bool | Literal["stale"]) -> MatrixCell:
+    """Collect one cell. write="stale": write its reports only when they are not all of this generation (a cell
+    run by an earlier call keeps its files; one whose records changed since, or whose reports are missing, gets
+    them rewritten)."""
     name = check_cell_name(cell.name, str(matrix_dir / MATRIX_MANIFEST))
     cell_dir = matrix_dir / name
     if cell_dir.is_dir() and not cell_dir.is_symlink():
-        report = collect(cell_dir, scenario_hint=cell.scenario, write=write).report
+        report = collect(cell_dir, scenario_hint=cell.scenario, write=write is True, plots=False).report
         assert isinstance(report, RunReport)
+        if write == "stale" and set(output_generations(cell_dir).values()) != {report.generation}:
+            write_outputs(cell_dir, report, plots=False)
     else:
         what = "is a link, not read" if cell_dir.is_symlink() else "no run directory (the cell's run did not start)"
         missing = Problem(kind="missing-cell", path=f"{name}/", cause=f"cell {name}: {what}")
         loaded = LoadedRun(run_dir=cell_dir, manifest=None, records=(), failures=(), problems=(missing,),
                            input_hash="")
         report = build_report(loaded, scenario_hint=cell.scenario)
-    return MatrixCell(name=name, dir=f"{name}/", axis_values=jsonable(cell.axis_values),
-                      planned_contracts=_planned_contracts(cell.scenario), report=report)
+    return matrix_cell(cell, report)
 
 
-def collect_matrix(matrix_dir: Path, cells: Sequence[ScenarioCell], *, matrix: Matrix | None = None) -> CollectResult:
-    """Collect every cell (writing its own reports), then write the combined report into `matrix_dir`.
+def collect_matrix(matrix_dir: Path, cells: Sequence[ScenarioCell], *, matrix: Matrix | None = None,
+                   collected: Mapping[str, RunReport] | None = None) -> CollectResult:
+    """The combined report of every cell, written into `matrix_dir`; each cell collected once.
 
-    A cell that failed, ran partly or never ran is reported with its problems; the others are still collected.
+    `collected` maps a cell's name to the report its run already collected and wrote (harness run collects each
+    cell as it finishes): that report is used as it is, no record is read again. Any other cell (run by an earlier
+    call, or never) is collected here; its own reports are written only when they are missing or of another
+    generation. A cell that failed, ran partly or never ran is reported with its problems; the others still are.
     Pass `matrix` to have the skipped combinations and "N of M valid" in the report.
     """
     matrix_dir = Path(matrix_dir)
     matrix_dir.mkdir(parents=True, exist_ok=True)
     write_matrix_manifest(matrix_dir, cells, matrix=matrix)
+    collected = collected or {}
     report = build_matrix_report(
-        [_cell_report(matrix_dir, cell, write=True) for cell in cells],
+        [matrix_cell(cell, collected[cell.name]) if cell.name in collected
+         else _cell_report(matrix_dir, cell, write="stale") for cell in cells],
         run_id=matrix_dir.name,
         name=(matrix.name if matrix else None) or matrix_dir.name,
         description=matrix.description if matrix else "",

@@ -46,11 +46,12 @@ def _remove_stray_temporaries(out_dir: Path) -> None:
                 tmp.unlink(missing_ok=True)
 
 
-def write_report(out_dir: Path, report: Report) -> tuple[tuple[Path, ...], tuple[str, ...]]:
+def write_report(out_dir: Path, report: Report, *, plots: bool = True) -> tuple[tuple[Path, ...], tuple[str, ...]]:
     """report.json first (machine-readable first), then the renderings of the same report; every write atomic.
 
     Returns the paths written and notes on what was replaced: outputs of another generation (a collect that was
-    killed between writes, or records that changed since) are detected and rewritten.
+    killed between writes, or records that changed since) are detected and rewritten. `plots=False` draws no
+    matplotlib figure in report.html (a matrix cell's page: the matrix's page plots the cells).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_stray_temporaries(out_dir)
@@ -58,6 +59,6 @@ def write_report(out_dir: Path, report: Report) -> tuple[tuple[Path, ...], tuple
     notes = tuple(f"{name} was of generation {gen}; rewritten as {report.generation}"
                   for name, gen in before.items() if gen is not None and gen != report.generation)
     texts = {"report.json": report.to_json_text(), "report.md": render_markdown(report),
-             "junit.xml": render_junit(report), "report.html": render_html(report)}
+             "junit.xml": render_junit(report), "report.html": render_html(report, plots=plots)}
     paths = tuple(write_text_atomic(out_dir / name, texts[name]) for name in REPORT_FILES)
     return paths, notes

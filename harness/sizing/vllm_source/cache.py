@@ -2,7 +2,8 @@
 
     <cache>/vllm/<version>/release/          a release fetched by number
     <cache>/vllm/<version>/wheel-<sha12>/    a wheel file the user handed in
-    <cache>/vllm/<version>/wheel/            the release's wheel itself, kept on request
+    <cache>/vllm/<version>/wheel/            the release's wheel itself, kept on request (verified again on use)
+    <cache>/downloads.log                    one JSON line per download started: a CI run with a warm cache adds none
         manifest.json                        CacheManifest: the wheel's sha256, every file's sha256 and size
         vllm-X.Y.Z.dist-info/RECORD          the wheel's own list of its members' sha256
         vllm/...                             the extracted members
@@ -48,6 +49,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 from harness.core.records import Record
 
 MANIFEST_NAME = "manifest.json"
+DOWNLOAD_LOG_NAME = "downloads.log"
 # 3: every file's sha256 and the wheel's RECORD. A manifest without `schema_version` (older harness code, no
 # hashes) is extracted again. The fields older code reads (`schema` 1, `layer_files`, `files` as paths) stay as
 # they were, so that code accepts these entries too and the two never re-extract each other's work in a shared
@@ -599,6 +601,7 @@ def download_release(version: str, download_dir: Path) -> tuple[Path, str]:
     """`pip download --require-hashes vllm==X` into download_dir: (the wheel, its sha256), equal to the index's
     published hash and, for a pinned release, to the pin."""
     # Minutes on a slow link, with pip's own output captured: say what is happening, and how it went.
+    log_download(download_dir.parents[2], version)
     print(f"harness: downloading vllm=={version} with pip (a wheel of about 300 MB, once per release; cached in "
           f"{download_dir.parent.parent})", file=sys.stderr, flush=True)  # fmt: skip
     started = time.monotonic()
@@ -626,6 +629,18 @@ def download_release(version: str, download_dir: Path) -> tuple[Path, str]:
     print(f"harness: downloaded {found[0].name} ({found[0].stat().st_size / 2**20:.0f} MiB in "
           f"{time.monotonic() - started:.0f} s, sha256 as published)", file=sys.stderr, flush=True)  # fmt: skip
     return found[0], digest
+
+
+def log_download(cache_dir: Path, version: str) -> None:
+    """One JSON line in <cache>/downloads.log per wheel download started (scripts/test.sh counts them; the tests
+    refuse one from a test without the vllm_wheel mark). A log that cannot be written never stops the download."""
+    line = json.dumps({"version": version, "pid": os.getpid(), "at": round(time.time(), 3)})
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        with open(cache_dir / DOWNLOAD_LOG_NAME, "a", encoding="utf-8") as log:
+            log.write(line + "\n")
+    except OSError:
+        pass
 
 
 def check_kept_wheel(wheel: Path, version: str, scratch: Path) -> str:

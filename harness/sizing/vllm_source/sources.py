@@ -315,7 +315,10 @@ def _locate_release(version: str, cache_dir: Path, *, with_ops: bool, keep_wheel
                 f"cache entry {directory} holds {manifest.kind} {manifest.version}, not release {version}; it is "
                 f"refused: delete {directory} (rm -r) and run again to fetch it afresh"
             )
-        if serves(manifest, with_ops=with_ops):
+        # keep_wheel: the verified wheel file stays in the cache too (a caller that needs the file, not the tree),
+        # fetched once; later calls find it and download nothing.
+        wheel_kept = not keep_wheel or any((version_dir / "wheel").glob("vllm-*.whl"))
+        if serves(manifest, with_ops=with_ops) and wheel_kept:
             return _source_from_manifest(directory, manifest)
         # An ops library extracted earlier stays: re-extracting (an older entry, a sizing-only reader) must not
         # drop the kernels, which would cost the next kernels run a 300 MB download.
