@@ -16,7 +16,7 @@ from harness.report.write import REPORT_FILES
 from harness.report.matrix import collect_matrix
 from harness.report.model import MatrixReport
 from harness.scenario.matrix import MatrixError, is_matrix_file, load_matrix
-from harness.scenario.schema import ScenarioError
+from harness.scenario.schema import ScenarioError, parse_scenario
 from harness.scenario.sections import REPO_DIR
 from harness.core.contract import fixed_shapes, legacy_shapes
 
@@ -248,3 +248,29 @@ def test_a_corrupt_matrix_json_is_one_line(tmp_path: Path, capsys: pytest.Captur
     assert main(["collect", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "cannot read the matrix manifest" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_stored_scenario_of_an_older_harness_reads_its_default_redundant_experts_as_unset():
+    """Older harnesses wrote `layer.num_redundant_experts: 0` as their default ("derive them") into run.json and
+    matrix.json; such a record still loads, hashing as it did, while the same 0 in a scenario file is a declared 0
+    that contradicts E x D."""
+    from harness.scenario.schema import parse_stored_scenario
+
+    data = {"model": {"preset": "deepseek-v3"},
+            "parallel": {"num_dispatchers": 32, "num_ranks": 1, "num_local_experts": 16, "max_tokens_per_rank": 256},
+            "layer": {"all2all": "deepep-low-latency", "moe_backend": "deep_gemm", "num_redundant_experts": 0}}
+    with pytest.raises(ScenarioError, match=r"num_local_experts \(16\) x num_dispatchers \(32\) = 512"):
+        parse_scenario(data, path="declared.yaml")
+    stored = parse_stored_scenario(data, path="run.json scenario")
+    assert stored.layer.num_redundant_experts is None
+    assert json.loads(stored.canonical_json())["layer"]["num_redundant_experts"] == 0  # hashes as it was written
+    assert parse_stored_scenario(dict(data, parallel=dict(data["parallel"], num_local_experts=8)),
+                                 path="x").layer.num_redundant_experts == 0  # a consistent 0 stays declared
+
+
+def test_the_committed_h200_matrix_baseline_compares_with_itself():
+    from cli_utils import run_harness
+
+    baseline = REPO_DIR / "results" / "baselines" / "h200" / "1xh200-matrix-nightly-releases"
+    result = run_harness("compare", str(baseline), str(baseline))
+    assert result.returncode == 0, result.stdout[-1500:] + result.stderr[-1500:]

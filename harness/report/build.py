@@ -51,7 +51,7 @@ from harness.report.model import (
     ScenarioInfo,
     StageSpread,
 )
-from harness.scenario.schema import Scenario, ScenarioError, parse_scenario
+from harness.scenario.schema import Scenario, ScenarioError, parse_stored_scenario
 
 def generation_of(run_id: str | None, input_hash: str) -> str:
     """The stamp every output of one collect carries: which run, and which exact inputs."""
@@ -73,7 +73,7 @@ def _scenario_of(raw: dict[str, Any] | None, hint: Scenario | None) -> tuple[Sce
     if raw is None:
         return None, None, "no manifest and no records: the scenario is unknown"
     try:
-        return parse_scenario(dict(raw), path="run.json scenario"), raw, None
+        return parse_stored_scenario(dict(raw), path="run.json scenario"), raw, None
     except ScenarioError as exc:
         return None, raw, str(exc)
 

@@ -43,7 +43,7 @@ from harness.scenario.matrix import (
     write_matrix_manifest,
 )
 from harness.scenario.matrix import MatrixCell as ScenarioCell
-from harness.scenario.schema import Scenario, ScenarioError, parse_scenario
+from harness.scenario.schema import Scenario, ScenarioError, parse_stored_scenario
 
 _SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9._+-]{1,200}$")
 
@@ -132,7 +132,7 @@ def _read_matrix_manifest(matrix_dir: Path) -> tuple[dict[str, Any], list[Scenar
             raise MatrixError(f"{path}: schema version {data['schema_version']} is newer than this harness reads "
                               f"({MATRIX_MANIFEST_VERSION}); upgrade the harness to read it")
         cells = [ScenarioCell(name=check_cell_name(c["name"], str(path)), axis_values=c["axis_values"],
-                              scenario=parse_scenario(c["scenario"], path=f"{path}[{c['name']}]"))
+                              scenario=parse_stored_scenario(c["scenario"], path=f"{path}[{c['name']}]"))
                  for c in data["cells"]]
     except MatrixError:
         raise

@@ -24,10 +24,12 @@ from harness.scenario import limits as L
 from harness.scenario.deployment import DeploymentSpec
 from harness.scenario.fields import describe_field
 from harness.scenario.limits import shown
+from harness.scenario.presets import PRESETS
 from harness.scenario.source import ScenarioError, display, read_yaml_file
 
 from harness.scenario.sections import (
-    BenchSpec, CommName, Count, ExpectSpec, ExpertsBackendName, LaunchSpec, LayerSpec, MemorySpec, ModelSpec, ParallelSpec, RoutingSpec, SCENARIOS_DIR, VllmSpec, _Strict, is_release_policy_name, is_safe_name, safe_name,
+    BenchSpec, CommName, Count, ExpectSpec, ExpertsBackendName, LaunchSpec, LayerSpec, MemorySpec, ModelSpec,
+    ParallelSpec, RoutingSpec, SCENARIOS_DIR, VllmSpec, _Strict, is_release_policy_name, is_safe_name, safe_name,
 )
 
 
@@ -334,6 +336,23 @@ def parse_scenario(data: Any, *, path: Path | str = "<scenario>") -> Scenario:
     if scenario.name is None:
         scenario = scenario.model_copy(update={"name": safe_name(Path(str(source)).stem)})
     return scenario
+
+
+def parse_stored_scenario(data: Any, *, path: Path | str) -> Scenario:
+    """A scenario a run wrote (run.json, matrix.json), validated as parse_scenario does, read the way the harness
+    that wrote it meant it: `layer.num_redundant_experts: 0` where local experts x D exceeds the model's experts is
+    an older harness's default, which meant "derive them" (it hashes as unset does), not a declared 0."""
+    layer = data.get("layer") if isinstance(data, dict) else None
+    if isinstance(layer, dict) and layer.get("num_redundant_experts") == 0:
+        parallel, model = data.get("parallel") or {}, data.get("model") or {}
+        try:
+            local, dispatchers = int(parallel["num_local_experts"]), int(parallel["num_dispatchers"])
+            experts = int(model.get("num_experts") or PRESETS[model["preset"]].num_experts)
+        except (KeyError, TypeError, ValueError):
+            local = dispatchers = experts = 0
+        if local * dispatchers > experts > 0:
+            data = {**data, "layer": {**data["layer"], "num_redundant_experts": None}}
+    return parse_scenario(data, path=path)
 
 
 def _exists(path: Path) -> bool:
