@@ -41,297 +41,32 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass
 
-from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
-from harness.report.collect import collect
-from harness.report.load import MAX_RECORD_BYTES, read_contained
-from harness.report.model import (
-    Aggregate,
-    HardwareInfo,
-    MatrixReport,
-    PolicySummary,
-    Report,
-    ReportFormatError,
-    RunReport,
-    StageSpread,
-    parse_report,
+from harness.core.exits import EXIT_ERROR
+from harness.report.compare_load import LoadedReport, load_report
+from harness.report.compare_metrics import (
+    EXACT,
+    GROUPS,
+    METRICS,
+    NO_SPREAD,
+    OUTCOME_RANK,
+    CompareError,
+    Comparison,
+    Group,
+    Metric,
+    Options,
+    Row,
+    Verdict,
+    parse_options,
+    parse_thresholds,
 )
-from harness.report.write import output_generations
+from harness.report.compare_render import render_comparison
+from harness.report.model import HardwareInfo, MatrixReport, PolicySummary, Report, RunReport, StageSpread
 
-Verdict = Literal["regression", "improvement", "unchanged", "not compared", "not gated"]
-Group = Literal["memory", "error", "time", "throughput", "coverage"]
-GROUPS: tuple[Group, ...] = ("memory", "error", "time", "throughput", "coverage")
-OUTCOME_RANK = {"fit": 0, "oom": 1, "error": 2}  # higher is worse
-
-
-class CompareError(Exception):
-    """Input that cannot be compared; the message says which file and why, in one line."""
-
-
-def _min(a: Aggregate | None) -> float | None:
-    return None if a is None else a.min
-
-
-def _avg(a: Aggregate | None) -> float | None:
-    return None if a is None else a.avg
-
-
-def _max(a: Aggregate | None) -> float | None:
-    return None if a is None else a.max
-
-
-@dataclass(frozen=True, kw_only=True)
-class Metric:
-    name: str
-    field: str  # the PolicySummary field it reads (how a NaN found in report.json is traced to the metric)
-    get: Callable[[PolicySummary], float | None]
-    unit: Literal["bytes", "us", "rel", "TFLOP/s", "GB/s"]
-    group: Group
-    default_threshold: float
-    threshold_kind: Literal["pct", "abs"]
-    worse_when: Literal["higher", "lower"]
-    stage: Literal["dispatch", "experts", "combine"] | None = None  # timings and throughputs: whose spread counts
-    measured_memory: bool = False  # measured by NVML or RSS: not comparable across the two
-
-
-METRICS: dict[str, Metric] = {
-    m.name: m
-    for m in (
-        # The contract is computed, not measured: any change is real, so its threshold is zero.
-        Metric(name="contract_total_bytes", field="contract_total_bytes", get=lambda s: s.contract_total_bytes,
-               unit="bytes", group="memory", default_threshold=0.0, threshold_kind="pct", worse_when="higher"),
-        Metric(name="workspace_delta_avg_bytes", field="workspace_delta_bytes", get=lambda s: _avg(s.workspace_delta_bytes),
-               unit="bytes", group="memory", default_threshold=2.0, threshold_kind="pct", worse_when="higher",
-               measured_memory=True),
-        Metric(name="workspace_delta_max_bytes", field="workspace_delta_bytes", get=lambda s: _max(s.workspace_delta_bytes),
-               unit="bytes", group="memory", default_threshold=2.0, threshold_kind="pct", worse_when="higher",
-               measured_memory=True),
-        Metric(name="allocator_peak_bytes", field="allocator_allocated_peak_bytes",
-               get=lambda s: _max(s.allocator_allocated_peak_bytes), unit="bytes", group="memory",
-               default_threshold=2.0, threshold_kind="pct", worse_when="higher", measured_memory=True),
-        # Errors near zero make percentages meaningless (0.001 -> 0.002 is +100 %): compare absolutely.
-        Metric(name="max_error", field="max_rel_error", get=lambda s: _max(s.max_rel_error), unit="rel", group="error",
-               default_threshold=0.01, threshold_kind="abs", worse_when="higher"),
-        Metric(name="dispatch_us", field="dispatch_us", get=lambda s: _max(s.dispatch_us), unit="us", group="time",
-               default_threshold=10.0, threshold_kind="pct", worse_when="higher", stage="dispatch"),
-        Metric(name="experts_us", field="experts_us", get=lambda s: _max(s.experts_us), unit="us", group="time",
-               default_threshold=10.0, threshold_kind="pct", worse_when="higher", stage="experts"),
-        Metric(name="combine_us", field="combine_us", get=lambda s: _max(s.combine_us), unit="us", group="time",
-               default_threshold=10.0, threshold_kind="pct", worse_when="higher", stage="combine"),
-        Metric(name="experts_tflops", field="experts_tflops", get=lambda s: _min(s.experts_tflops), unit="TFLOP/s",
-               group="throughput", default_threshold=10.0, threshold_kind="pct", worse_when="lower", stage="experts"),
-        Metric(name="dispatch_busbw_gbps", field="dispatch_busbw_gbps", get=lambda s: _min(s.dispatch_busbw_gbps),
-               unit="GB/s", group="throughput", default_threshold=10.0, threshold_kind="pct", worse_when="lower",
-               stage="dispatch"),
-        Metric(name="combine_busbw_gbps", field="combine_busbw_gbps", get=lambda s: _min(s.combine_busbw_gbps),
-               unit="GB/s", group="throughput", default_threshold=10.0, threshold_kind="pct", worse_when="lower",
-               stage="combine"),
-    )
-}
-EXACT = ("outcome", "num_ranks")  # compared exactly; num_ranks is in the coverage group
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Options
-
-
-@dataclass(frozen=True, kw_only=True)
-class Options:
-    thresholds: dict[str, float]  # the gated metrics (ignored ones are absent)
-    ignored: frozenset[str] = frozenset()  # metric names, "outcome", "num_ranks", "policy:X", "cell:X"
-    gate_across_hardware: bool = False
-    gate_cpu_timings: bool = False
-
-    def ignores(self, what: str) -> bool:
-        return what in self.ignored
-
-
-def parse_options(specs: list[str], ignore: list[str] | None = None, *, gate_across_hardware: bool = False,
-                  gate_cpu_timings: bool = False) -> Options:
-    """Default thresholds with `METRIC=PCT` / `GROUP=PCT` overrides, less what `ignore` names; CompareError says
-    what is allowed."""
-    thresholds = parse_thresholds(specs, ignore)
-    ignored: set[str] = set()
-    for name in ignore or []:
-        if name.startswith(("policy:", "cell:")) and name.partition(":")[2]:
-            ignored.add(name)
-        elif name in METRICS or name in EXACT:
-            ignored.add(name)
-        elif name in GROUPS:
-            ignored.update(n for n, m in METRICS.items() if m.group == name)
-            if name == "coverage":
-                ignored.add("num_ranks")
-    return Options(thresholds=thresholds, ignored=frozenset(ignored), gate_across_hardware=gate_across_hardware,
-                   gate_cpu_timings=gate_cpu_timings)
-
-
-def parse_thresholds(specs: list[str], ignore: list[str] | None = None) -> dict[str, float]:
-    """Default thresholds with `METRIC=PCT` / `GROUP=PCT` overrides applied, without the metrics or groups in
-    `ignore`; CompareError names what is allowed."""
-    thresholds = {name: m.default_threshold for name, m in METRICS.items()}
-    allowed = (f"metrics: {', '.join([*EXACT, *METRICS])}; groups: {', '.join(GROUPS)}; or policy:NAME, cell:NAME")
-    for name in ignore or []:
-        if name.startswith(("policy:", "cell:")) and name.partition(":")[2]:
-            continue
-        if name not in METRICS and name not in GROUPS and name not in EXACT:
-            raise CompareError(f"--ignore {name!r}: unknown metric or group; allowed {allowed}")
-        for target in [name] if name in METRICS else [n for n, m in METRICS.items() if m.group == name]:
-            thresholds.pop(target, None)
-    for spec in specs:
-        name, sep, raw = spec.partition("=")
-        name = name.strip()
-        if not sep:
-            raise CompareError(f"--threshold {spec!r}: expected METRIC=PCT ({allowed})")
-        if name in EXACT:
-            raise CompareError(f"--threshold {name}: compared exactly, it takes no threshold")
-        if name not in METRICS and name not in GROUPS:
-            raise CompareError(f"--threshold {spec!r}: unknown metric {name!r}; allowed {allowed}")
-        try:
-            value = float(raw.strip().removesuffix("%"))
-        except ValueError:
-            raise CompareError(f"--threshold {spec!r}: {raw!r} is not a number") from None
-        if not math.isfinite(value) or value < 0:
-            raise CompareError(f"--threshold {spec!r}: the threshold must be a finite number >= 0")
-        for target in [name] if name in METRICS else [n for n, m in METRICS.items() if m.group == name]:
-            if target in thresholds:
-                thresholds[target] = value
-    return thresholds
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Inputs
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoadedReport:
-    """A report and where report.json held NaN or infinity: (cell or None, policy, PolicySummary field)."""
-
-    report: Report
-    non_finite: frozenset[tuple[str | None, str, str]] = frozenset()
-    non_finite_elsewhere: tuple[str, ...] = ()  # JSON paths of non-finite values outside the policy summaries
-    source: str = ""  # "report.json" or "records (collected in memory)"
-
-
-def _strip_non_finite(data: Any, path: tuple[Any, ...], found: list[tuple[Any, ...]]) -> Any:
-    """`data` with every NaN/infinity replaced by None, and an aggregate holding one by None as a whole."""
-    if isinstance(data, float) and not math.isfinite(data):
-        found.append(path)
-        return None
-    if isinstance(data, dict):
-        cleaned = {k: _strip_non_finite(v, (*path, k), found) for k, v in data.items()}
-        if {"min", "avg", "max", "num_ranks"} <= set(cleaned) and any(cleaned[k] is None for k in ("min", "avg", "max")):
-            return None
-        return cleaned
-    if isinstance(data, list):
-        return [_strip_non_finite(v, (*path, i), found) for i, v in enumerate(data)]
-    return data
-
-
-def _locate_non_finite(data: dict[str, Any], found: list[tuple[Any, ...]]) -> tuple[set[tuple[str | None, str, str]], list[str]]:
-    located: set[tuple[str | None, str, str]] = set()
-    elsewhere: list[str] = []
-    for path in found:
-        cell, rest = None, path
-        if len(path) > 3 and path[0] == "cells" and path[2] == "report":
-            cell, rest = data["cells"][path[1]].get("name"), path[3:]
-        if len(rest) >= 3 and rest[0] == "policies":
-            summaries = data["policies"] if cell is None else data["cells"][path[1]]["report"]["policies"]
-            located.add((cell, str(summaries[rest[1]].get("policy")), str(rest[2])))
-        else:
-            elsewhere.append("/".join(str(p) for p in path))
-    return located, elsewhere
-
-
-def _parse_report_file(path: Path) -> LoadedReport:
-    raw = read_contained(path.parent.resolve(), path, limit=4 * MAX_RECORD_BYTES)
-    if isinstance(raw, tuple):
-        raise CompareError(f"{path}: {'no such file or directory' if raw[0] == 'missing' else raw[1]}")
-    try:
-        data = json.loads(raw.decode("utf-8"))  # json reads NaN and Infinity: they are found below
-    except UnicodeDecodeError:
-        raise CompareError(f"{path}: corrupt: not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise CompareError(f"{path}: corrupt JSON ({exc.msg} at line {exc.lineno})") from None
-    except (ValueError, RecursionError) as exc:
-        raise CompareError(f"{path}: corrupt JSON ({type(exc).__name__})") from None
-    found: list[tuple[Any, ...]] = []
-    cleaned = _strip_non_finite(data, (), found)
-    try:
-        report = parse_report(cleaned, where=str(path))
-    except ReportFormatError as exc:
-        raise CompareError(str(exc)) from None
-    located, elsewhere = _locate_non_finite(data, found) if isinstance(data, dict) else (set(), [])
-    return LoadedReport(report=report, non_finite=frozenset(located), non_finite_elsewhere=tuple(elsewhere),
-                        source="report.json")
-
-
-def _collect_in_memory(directory: Path) -> Report:
-    from harness.report.matrix import recollect_matrix
-    from harness.scenario.matrix import MatrixError
-
-    if (directory / "run.json").exists() or (directory / "run.json").is_symlink():
-        return collect(directory, write=False).report
-    try:
-        return recollect_matrix(directory, write=False).report
-    except MatrixError as exc:
-        raise CompareError(str(exc)) from None
-
-
-def _check_generations(directory: Path, loaded: LoadedReport) -> None:
-    """report.json, its sibling reports and the records it came from must be one generation."""
-    generation = loaded.report.generation
-    for name, other in output_generations(directory).items():
-        if other is not None and other != generation:
-            raise CompareError(f"{directory}: {name} is of generation {other}, report.json of {generation}: a mixed "
-                               f"set of outputs; run `harness collect {directory}`")
-    has_records = any((directory / n).exists() for n in ("run.json", "matrix.json"))
-    if has_records:
-        fresh = _collect_in_memory(directory).generation
-        if fresh != generation:
-            raise CompareError(f"{directory}: report.json is of generation {generation} but its records are now "
-                               f"{fresh} (changed, deleted or added since it was collected); run `harness collect "
-                               f"{directory}`")
-
-
-def load_report(path: Path) -> LoadedReport:
-    """A report from a report.json file, a directory holding one (checked against its records and siblings), or a
-    run or matrix directory without one (collected in memory, nothing written)."""
-    path = Path(path)
-    if path.is_dir():
-        if (path / "report.json").exists():
-            loaded = _parse_report_file(path / "report.json")
-            _check_generations(path, loaded)
-            return loaded
-        if (path / "run.json").exists() or (path / "matrix.json").exists():
-            return LoadedReport(report=_collect_in_memory(path), source="records (collected in memory)")
-        raise CompareError(f"{path}: neither report.json nor run.json nor matrix.json here; run `harness collect "
-                           f"{path}` or give a report.json")
-    if not path.exists():
-        raise CompareError(f"{path}: no such file or directory")
-    return _parse_report_file(path)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Comparing
-
-
-@dataclass(frozen=True, kw_only=True)
-class Row:
-    cell: str | None
-    policy: str
-    metric: str
-    baseline: Any
-    current: Any
-    change_pct: float | None
-    change_abs: float | None
-    threshold: float | None
-    threshold_kind: str  # "pct", "abs" or "exact"
-    verdict: Verdict
-    note: str = ""
+__all__ = ["EXACT", "GROUPS", "METRICS", "CompareError", "Comparison", "Group", "LoadedReport", "Metric", "Options",
+           "Row", "Verdict", "compare_command", "compare_metric", "compare_outcome", "compare_reports", "load_report",
+           "parse_options", "parse_thresholds", "render_comparison"]
 
 
 def compare_metric(metric: Metric, baseline: float | None, current: float | None, threshold: float,
@@ -377,7 +112,6 @@ class _Context:
     cur_nan: frozenset[tuple[str | None, str, str]]
 
 
-NO_SPREAD = "no per-stage min/max in the records: threshold alone"
 
 
 def _stage_noise(metric: Metric, base: PolicySummary, cur: PolicySummary) -> tuple[float | None, str]:
@@ -492,64 +226,6 @@ def _current_problems(current: Report) -> None:
         raise CompareError(f"the current run's records have {len(problems)} problem(s): {shown}{more}")
 
 
-@dataclass(frozen=True, kw_only=True)
-class Comparison:
-    baseline_path: str
-    current_path: str
-    kind: str
-    options: Options
-    rows: tuple[Row, ...]
-    warnings: tuple[str, ...] = field(default=())
-    hardware_note: str | None = None  # the one line saying what was not gated across hardware
-
-    def count(self, verdict: Verdict) -> int:
-        return sum(1 for r in self.rows if r.verdict == verdict)
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_FAILED if self.count("regression") else EXIT_OK
-
-    @property
-    def status(self) -> str:
-        return "OK" if self.exit_code == EXIT_OK else "FAILED"
-
-    def exit_reason(self) -> str:
-        counts = [f"{self.count(v)} {label}" for v, label in (
-            ("regression", "regression(s)"), ("improvement", "improvement(s)"), ("unchanged", "unchanged"),
-            ("not compared", "not compared"), ("not gated", "not gated"))]
-        return ", ".join(counts)
-
-    def hints(self) -> list[str]:
-        groups = {METRICS[r.metric].group for r in self.rows if r.verdict == "regression" and r.metric in METRICS}
-        if groups & {"time", "throughput"}:
-            return ["hint: timings and throughputs depend on the machine and its load; `--ignore time --ignore "
-                    "throughput` leaves them out, `--threshold time=PCT` widens them"]
-        return []
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "status": self.status, "exit_code": self.exit_code, "exit_reason": self.exit_reason(), "kind": self.kind,
-            "baseline": self.baseline_path, "current": self.current_path, "warnings": list(self.warnings),
-            "hardware_note": self.hardware_note, "hints": self.hints(),
-            "ignored": sorted(self.options.ignored), "gate_across_hardware": self.options.gate_across_hardware,
-            "gate_cpu_timings": self.options.gate_cpu_timings,
-            "thresholds": {name: {"value": value, "kind": METRICS[name].threshold_kind,
-                                  "worse_when": METRICS[name].worse_when}
-                           for name, value in self.options.thresholds.items()},
-            "num_regressions": self.count("regression"), "num_improvements": self.count("improvement"),
-            "num_unchanged": self.count("unchanged"), "num_not_compared": self.count("not compared"),
-            "num_not_gated": self.count("not gated"),
-            "rows": [_row_json(r) for r in self.rows],
-        }
-
-
-def _row_json(row: Row) -> dict[str, Any]:
-    data = asdict(row)
-    for key in ("change_pct", "change_abs"):
-        if isinstance(data[key], float) and not math.isfinite(data[key]):
-            data[key] = None  # JSON has no infinity; a change from zero is stated in the note
-    return data
-
 
 def _compare_matrices(base: MatrixReport, cur: MatrixReport, ctx: _Context, warnings: list[str]) -> list[Row]:
     if base.name != cur.name:
@@ -611,87 +287,6 @@ def compare_reports(baseline: Report | LoadedReport, current: Report | LoadedRep
     return Comparison(baseline_path=baseline_path, current_path=current_path, kind=base.report.kind, options=options,
                       rows=tuple(rows), warnings=tuple(warnings), hardware_note=note)
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# Output
-
-
-def _fmt_value(metric: str, value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, str) or metric not in METRICS:
-        return str(value)
-    spec = METRICS[metric]
-    if spec.unit == "bytes":
-        return f"{value / 2**30:.4g} GiB" if abs(value) >= 2**30 else f"{value / 2**20:.4g} MiB"
-    if spec.unit == "rel":
-        return f"{value:.3g}"
-    return f"{value:.1f} {spec.unit}" if spec.unit == "us" else f"{value:.4g} {spec.unit}"
-
-
-def _fmt_change(row: Row) -> str:
-    if row.metric == "outcome":
-        return f"{row.baseline or 'n/a'} -> {row.current or 'n/a'}"
-    if row.metric in ("policy", "cell"):
-        return ""
-    if row.change_abs is None:
-        return "n/a"
-    if row.threshold_kind in ("abs", "exact") or row.change_pct is None:
-        return f"{row.change_abs:+.3g}"
-    if math.isinf(row.change_pct):
-        return "from zero"
-    return f"{row.change_pct:+.1f}%"
-
-
-def _fmt_threshold(row: Row) -> str:
-    if row.threshold is None:
-        return "exact"
-    return f"{row.threshold:g}" + ("" if row.threshold_kind == "abs" else "%")
-
-
-def _short_note(note: str) -> str:
-    """A row's note in the table: the spread fallback is said once above the table, not on every row."""
-    return "; ".join(part for part in note.split("; ") if part != NO_SPREAD)
-
-
-def render_comparison(comparison: Comparison) -> Any:
-    """A rich renderable: what changed beyond its threshold (and what could not be compared), then the footer."""
-    from rich.console import Group as RichGroup
-    from rich.table import Table
-    from rich.text import Text
-
-    parts: list[Any] = [Text(f"compare: {comparison.baseline_path} (baseline) vs {comparison.current_path} (current)",
-                             style="bold")]
-    thresholds = ", ".join(f"{n} {v:g}{'' if METRICS[n].threshold_kind == 'abs' else '%'}"
-                           for n, v in comparison.options.thresholds.items())
-    parts.append(Text(f"# thresholds: {thresholds}; outcome and num_ranks exact; timings and throughputs also beyond "
-                      "the runs' spread", style="dim"))
-    if comparison.options.ignored:
-        parts.append(Text(f"# ignored: {', '.join(sorted(comparison.options.ignored))}", style="dim"))
-    if comparison.hardware_note:
-        parts.append(Text(comparison.hardware_note, style="yellow"))
-    parts += [Text(f"WARNING: {w}", style="yellow") for w in comparison.warnings]
-    if any(NO_SPREAD in r.note for r in comparison.rows):
-        parts.append(Text(f"timings and throughputs: {NO_SPREAD} (records of an older harness)", style="yellow"))
-    shown = [r for r in comparison.rows if r.verdict in ("regression", "improvement", "not gated")
-             or (r.verdict == "not compared" and r.metric in ("policy", "cell", "outcome"))]
-    if shown:
-        table = Table(title="what changed", title_justify="left")
-        lead = ["cell"] if comparison.kind == "matrix" else []
-        for name in lead + ["policy", "metric", "baseline", "current", "change", "threshold", "verdict", "note"]:
-            table.add_column(name, justify="right" if name in ("baseline", "current", "change", "threshold") else "left")
-        for r in shown:
-            style = {"regression": "red", "improvement": "green", "not gated": "dim"}.get(r.verdict, "yellow")
-            table.add_row(*(([r.cell or ""] if lead else []) + [
-                r.policy, r.metric, _fmt_value(r.metric, r.baseline), _fmt_value(r.metric, r.current), _fmt_change(r),
-                _fmt_threshold(r), r.verdict, _short_note(r.note)]), style=style)
-        parts.append(table)
-    else:
-        parts.append(Text("nothing changed beyond its threshold"))
-    parts += [Text(h, style="yellow") for h in (comparison.hints() if comparison.exit_code else [])]
-    parts.append(Text(f"{comparison.status} (exit {comparison.exit_code}): {comparison.exit_reason()}",
-                      style="bold green" if comparison.exit_code == EXIT_OK else "bold red"))
-    return RichGroup(*parts)
 
 
 def compare_command(ns: argparse.Namespace) -> int:

@@ -1,0 +1,126 @@
+"""Reading the two sides of `harness compare`: report.json files (verified against the records they came from)
+or run and matrix directories collected in memory."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.report.collect import collect
+from harness.report.compare_metrics import CompareError
+from harness.report.load import MAX_RECORD_BYTES, read_contained
+from harness.report.model import Report, ReportFormatError, parse_report
+from harness.report.write import output_generations
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadedReport:
+    """A report and where report.json held NaN or infinity: (cell or None, policy, PolicySummary field)."""
+
+    report: Report
+    non_finite: frozenset[tuple[str | None, str, str]] = frozenset()
+    non_finite_elsewhere: tuple[str, ...] = ()  # JSON paths of non-finite values outside the policy summaries
+    source: str = ""  # "report.json" or "records (collected in memory)"
+
+
+def _strip_non_finite(data: Any, path: tuple[Any, ...], found: list[tuple[Any, ...]]) -> Any:
+    """`data` with every NaN/infinity replaced by None, and an aggregate holding one by None as a whole."""
+    if isinstance(data, float) and not math.isfinite(data):
+        found.append(path)
+        return None
+    if isinstance(data, dict):
+        cleaned = {k: _strip_non_finite(v, (*path, k), found) for k, v in data.items()}
+        if {"min", "avg", "max", "num_ranks"} <= set(cleaned) and any(cleaned[k] is None for k in ("min", "avg", "max")):
+            return None
+        return cleaned
+    if isinstance(data, list):
+        return [_strip_non_finite(v, (*path, i), found) for i, v in enumerate(data)]
+    return data
+
+
+def _locate_non_finite(data: dict[str, Any], found: list[tuple[Any, ...]]) -> tuple[set[tuple[str | None, str, str]], list[str]]:
+    located: set[tuple[str | None, str, str]] = set()
+    elsewhere: list[str] = []
+    for path in found:
+        cell, rest = None, path
+        if len(path) > 3 and path[0] == "cells" and path[2] == "report":
+            cell, rest = data["cells"][path[1]].get("name"), path[3:]
+        if len(rest) >= 3 and rest[0] == "policies":
+            summaries = data["policies"] if cell is None else data["cells"][path[1]]["report"]["policies"]
+            located.add((cell, str(summaries[rest[1]].get("policy")), str(rest[2])))
+        else:
+            elsewhere.append("/".join(str(p) for p in path))
+    return located, elsewhere
+
+
+def _parse_report_file(path: Path) -> LoadedReport:
+    raw = read_contained(path.parent.resolve(), path, limit=4 * MAX_RECORD_BYTES)
+    if isinstance(raw, tuple):
+        raise CompareError(f"{path}: {'no such file or directory' if raw[0] == 'missing' else raw[1]}")
+    try:
+        data = json.loads(raw.decode("utf-8"))  # json reads NaN and Infinity: they are found below
+    except UnicodeDecodeError:
+        raise CompareError(f"{path}: corrupt: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise CompareError(f"{path}: corrupt JSON ({exc.msg} at line {exc.lineno})") from None
+    except (ValueError, RecursionError) as exc:
+        raise CompareError(f"{path}: corrupt JSON ({type(exc).__name__})") from None
+    found: list[tuple[Any, ...]] = []
+    cleaned = _strip_non_finite(data, (), found)
+    try:
+        report = parse_report(cleaned, where=str(path))
+    except ReportFormatError as exc:
+        raise CompareError(str(exc)) from None
+    located, elsewhere = _locate_non_finite(data, found) if isinstance(data, dict) else (set(), [])
+    return LoadedReport(report=report, non_finite=frozenset(located), non_finite_elsewhere=tuple(elsewhere),
+                        source="report.json")
+
+
+def _collect_in_memory(directory: Path) -> Report:
+    from harness.report.matrix import recollect_matrix
+    from harness.scenario.matrix import MatrixError
+
+    if (directory / "run.json").exists() or (directory / "run.json").is_symlink():
+        return collect(directory, write=False).report
+    try:
+        return recollect_matrix(directory, write=False).report
+    except MatrixError as exc:
+        raise CompareError(str(exc)) from None
+
+
+def _check_generations(directory: Path, loaded: LoadedReport) -> None:
+    """report.json, its sibling reports and the records it came from must be one generation."""
+    generation = loaded.report.generation
+    for name, other in output_generations(directory).items():
+        if other is not None and other != generation:
+            raise CompareError(f"{directory}: {name} is of generation {other}, report.json of {generation}: a mixed "
+                               f"set of outputs; run `harness collect {directory}`")
+    has_records = any((directory / n).exists() for n in ("run.json", "matrix.json"))
+    if has_records:
+        fresh = _collect_in_memory(directory).generation
+        if fresh != generation:
+            raise CompareError(f"{directory}: report.json is of generation {generation} but its records are now "
+                               f"{fresh} (changed, deleted or added since it was collected); run `harness collect "
+                               f"{directory}`")
+
+
+def load_report(path: Path) -> LoadedReport:
+    """A report from a report.json file, a directory holding one (checked against its records and siblings), or a
+    run or matrix directory without one (collected in memory, nothing written)."""
+    path = Path(path)
+    if path.is_dir():
+        if (path / "report.json").exists():
+            loaded = _parse_report_file(path / "report.json")
+            _check_generations(path, loaded)
+            return loaded
+        if (path / "run.json").exists() or (path / "matrix.json").exists():
+            return LoadedReport(report=_collect_in_memory(path), source="records (collected in memory)")
+        raise CompareError(f"{path}: neither report.json nor run.json nor matrix.json here; run `harness collect "
+                           f"{path}` or give a report.json")
+    if not path.exists():
+        raise CompareError(f"{path}: no such file or directory")
+    return _parse_report_file(path)
+
