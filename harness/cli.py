@@ -364,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gate timings, throughputs and RSS-vs-NVML memory even when the two ran on different hardware")
     p.add_argument("--gate-cpu-timings", action="store_true",
                    help="gate the timings and throughputs of two CPU runs too (shown, not gated, by default)")
+    p.add_argument("--allow-failed-baseline", action="store_true",
+                   help="compare against a baseline that failed its own checks (refused, exit 2, by default)")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
     p.set_defaults(func=cmd_compare, parser=p)
 

@@ -30,8 +30,12 @@ Rules (docs/reports.md, "compare"):
     differently (CPU RSS against GPU NVML) are shown but not gated unless `--gate-across-hardware`.
   - Two CPU runs: timings and throughputs are wall-clock of the reference path on a shared host, where another
     process can slow one policy's every sample threefold; they are shown, not gated, unless `--gate-cpu-timings`.
+  - The current run's own verdicts first: every check it failed in collect (harness.report.checks) is a
+    regression, whatever the baseline says. A baseline that is not a passing run is an error unless
+    `--allow-failed-baseline`.
 
-Exit codes: 0 no regression; 1 a regression; 2 error (unreadable or inconsistent input, a run against a matrix,
+Exit codes: 0 no regression; 1 a regression or a failed check of the current run; 2 error (a baseline that is
+not a passing run, unreadable or inconsistent input, a run against a matrix,
 problems in the current run's records, scenarios that differ in both hash and name).
 """
 
@@ -43,7 +47,7 @@ import math
 import sys
 from dataclasses import dataclass
 
-from harness.core.exits import EXIT_ERROR
+from harness.core.exits import EXIT_ERROR, EXIT_OK
 from harness.report.compare_load import LoadedReport, load_report
 from harness.report.compare_metrics import (
     EXACT,
@@ -62,7 +66,7 @@ from harness.report.compare_metrics import (
     parse_thresholds,
 )
 from harness.report.compare_render import render_comparison
-from harness.report.model import HardwareInfo, MatrixReport, PolicySummary, Report, RunReport, StageSpread
+from harness.report.model import CheckFailure, HardwareInfo, MatrixReport, PolicySummary, Report, RunReport, StageSpread
 
 __all__ = ["EXACT", "GROUPS", "METRICS", "CompareError", "Comparison", "Group", "LoadedReport", "Metric", "Options",
            "Row", "Verdict", "compare_command", "compare_metric", "compare_outcome", "compare_reports", "load_report",
@@ -215,6 +219,43 @@ def _cross_hardware(base: Report, cur: Report) -> tuple[bool, bool]:
     return (b.device_kind, b.device_names) != (c.device_kind, c.device_names), b.device_kind != c.device_kind
 
 
+def _own_check_rows(current: Report, options: Options) -> list[Row]:
+    """The current run's own verdicts: every check it failed (the collector's, harness.report.checks) is a
+    regression whatever the baseline says, one row per cell x policy x check naming the ranks and the first message.
+    A policy or cell that `--ignore` names is left out, as everywhere else."""
+    cells = [(None, current)] if isinstance(current, RunReport) else [(c.name, c.report) for c in current.cells]
+    rows: list[Row] = []
+    for cell, report in cells:
+        if cell is not None and options.ignores(f"cell:{cell}"):
+            continue
+        grouped: dict[tuple[str, str], list[CheckFailure]] = {}
+        for failure in report.check_failures:
+            if failure.outcome == "fail" and not options.ignores(f"policy:{failure.policy}"):
+                grouped.setdefault((failure.policy, failure.check), []).append(failure)
+        for (policy, check), failures in grouped.items():
+            ranks = sorted({f.rank for f in failures})
+            shown = ", ".join(str(r) for r in ranks[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+            rows.append(Row(cell=cell, policy=policy, metric=f"check:{check}", baseline=None, current="fail",
+                            change_pct=None, change_abs=None, threshold=None, threshold_kind="exact",
+                            verdict="regression",
+                            note=f"the current run failed its own {check} check on rank(s) {shown}: "
+                                 f"{failures[0].message}"))
+    return rows
+
+
+def _baseline_passes(baseline: Report, options: Options, where: str) -> str | None:
+    """A baseline must be a passing run: one that failed its own checks (or had errors) is no reference. CompareError
+    unless --allow-failed-baseline, which turns it into the returned warning."""
+    if baseline.exit_code == EXIT_OK:
+        return None
+    if not options.allow_failed_baseline:
+        raise CompareError(f"the baseline {where} is not a passing run ({baseline.status}, exit {baseline.exit_code}: "
+                           f"{baseline.exit_reason}); compare against a passing baseline, or pass "
+                           "--allow-failed-baseline to compare against it anyway")
+    return (f"the baseline is not a passing run ({baseline.exit_reason}), compared anyway (--allow-failed-baseline): "
+            "its aggregates may miss ranks and its numbers may be wrong")
+
+
 def _current_problems(current: Report) -> None:
     """Problems in the current run's records make the comparison meaningless: exit 2, naming them.
 
@@ -258,8 +299,8 @@ def compare_reports(baseline: Report | LoadedReport, current: Report | LoadedRep
                            f"report ({current_path})")
     _current_problems(cur.report)
     warnings: list[str] = []
-    if base.report.exit_code == EXIT_ERROR:
-        warnings.append(f"the baseline report has errors ({base.report.exit_reason}): its aggregates may miss ranks")
+    failed_baseline = _baseline_passes(base.report, options, baseline_path)
+    warnings += [failed_baseline] if failed_baseline else []
     warnings += [f"NaN or infinity in the current report at {p}" for p in cur.non_finite_elsewhere]
     cross, cross_memory = _cross_hardware(base.report, cur.report)
     cpu_timings = base.report.hardware.device_kind == cur.report.hardware.device_kind == "cpu"
@@ -272,6 +313,7 @@ def compare_reports(baseline: Report | LoadedReport, current: Report | LoadedRep
     else:
         assert isinstance(base.report, MatrixReport) and isinstance(cur.report, MatrixReport)
         rows = _compare_matrices(base.report, cur.report, ctx, warnings)
+    rows = _own_check_rows(cur.report, options) + rows
     note = None
     if cross:
         what = "timings, throughputs" + (" and measured memory (RSS vs NVML)" if cross_memory else "")
@@ -296,7 +338,8 @@ def compare_command(ns: argparse.Namespace) -> int:
     try:
         options = parse_options(list(ns.threshold or []), list(getattr(ns, "ignore", None) or []),
                                 gate_across_hardware=bool(getattr(ns, "gate_across_hardware", False)),
-                                gate_cpu_timings=bool(getattr(ns, "gate_cpu_timings", False)))
+                                gate_cpu_timings=bool(getattr(ns, "gate_cpu_timings", False)),
+                                allow_failed_baseline=bool(getattr(ns, "allow_failed_baseline", False)))
         baseline = load_report(ns.baseline)
         current = load_report(ns.current)
         comparison = compare_reports(baseline, current, options=options, baseline_path=str(ns.baseline),

@@ -94,13 +94,14 @@ class Options:
     ignored: frozenset[str] = frozenset()  # metric names, "outcome", "num_ranks", "policy:X", "cell:X"
     gate_across_hardware: bool = False
     gate_cpu_timings: bool = False
+    allow_failed_baseline: bool = False  # compare against a baseline that failed its own checks (else exit 2)
 
     def ignores(self, what: str) -> bool:
         return what in self.ignored
 
 
 def parse_options(specs: list[str], ignore: list[str] | None = None, *, gate_across_hardware: bool = False,
-                  gate_cpu_timings: bool = False) -> Options:
+                  gate_cpu_timings: bool = False, allow_failed_baseline: bool = False) -> Options:
     """Default thresholds with `METRIC=PCT` / `GROUP=PCT` overrides, less what `ignore` names; CompareError says
     what is allowed."""
     thresholds = parse_thresholds(specs, ignore)
@@ -115,7 +116,7 @@ def parse_options(specs: list[str], ignore: list[str] | None = None, *, gate_acr
             if name == "coverage":
                 ignored.add("num_ranks")
     return Options(thresholds=thresholds, ignored=frozenset(ignored), gate_across_hardware=gate_across_hardware,
-                   gate_cpu_timings=gate_cpu_timings)
+                   gate_cpu_timings=gate_cpu_timings, allow_failed_baseline=allow_failed_baseline)
 
 
 def parse_thresholds(specs: list[str], ignore: list[str] | None = None) -> dict[str, float]:
@@ -196,7 +197,10 @@ class Comparison:
         counts = [f"{self.count(v)} {label}" for v, label in (
             ("regression", "regression(s)"), ("improvement", "improvement(s)"), ("unchanged", "unchanged"),
             ("not compared", "not compared"), ("not gated", "not gated"))]
-        return ", ".join(counts)
+        own = [f"{f'[{r.cell}] ' if r.cell else ''}{r.policy} {r.metric.removeprefix('check:')}"
+               for r in self.rows if r.metric.startswith("check:")]
+        failed = f"the current run failed its own checks ({', '.join(own)}); " if own else ""
+        return failed + ", ".join(counts)
 
     def hints(self) -> list[str]:
         groups = {METRICS[r.metric].group for r in self.rows if r.verdict == "regression" and r.metric in METRICS}
@@ -212,6 +216,7 @@ class Comparison:
             "hardware_note": self.hardware_note, "hints": self.hints(),
             "ignored": sorted(self.options.ignored), "gate_across_hardware": self.options.gate_across_hardware,
             "gate_cpu_timings": self.options.gate_cpu_timings,
+            "allow_failed_baseline": self.options.allow_failed_baseline,
             "thresholds": {name: {"value": value, "kind": METRICS[name].threshold_kind,
                                   "worse_when": METRICS[name].worse_when}
                            for name, value in self.options.thresholds.items()},
