@@ -35,7 +35,7 @@ from typing import Any
 
 from harness.core.exits import EXIT_ERROR
 from harness.report.build import collect_report
-from harness.report.model import Report
+from harness.report.model import Report, with_digest
 from harness.report.write import write_report
 from harness.scenario.schema import Scenario
 
@@ -88,6 +88,7 @@ def collect(run_dir: Path, *, write: bool = True, scenario_hint: Scenario | None
 def write_outputs(out_dir: Path, report: Report, *, plots: bool = True) -> CollectResult:
     """write_report, with a failure to write (a read-only directory, a directory where report.md goes, a full
     disk) turned into the result's one-line `write_error` and exit code 2 instead of an exception."""
+    report = with_digest(report)
     try:
         outputs, notes = write_report(out_dir, report, plots=plots)
     except OSError as exc:

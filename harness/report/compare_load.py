@@ -7,12 +7,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from harness.report.collect import collect
 from harness.report.compare_metrics import CompareError
-from harness.report.load import MAX_RECORD_BYTES, read_contained
-from harness.report.model import Report, ReportFormatError, parse_report
+from harness.report.load import MAX_RECORD_BYTES, input_hash, read_contained
+from harness.report.model import Report, ReportFormatError, RunReport, content_digest, parse_report
 from harness.report.write import output_generations
 
 
@@ -24,6 +24,9 @@ class LoadedReport:
     non_finite: frozenset[tuple[str | None, str, str]] = frozenset()
     non_finite_elsewhere: tuple[str, ...] = ()  # JSON paths of non-finite values outside the policy summaries
     source: str = ""  # "report.json" or "records (collected in memory)"
+    # report.json's content_digest: "verified" (it is what collect wrote), "absent" (an older harness's or another
+    # writer's report) or "changed" (edited after collect); "" for a report collected in memory.
+    digest: Literal["verified", "absent", "changed", ""] = ""
 
 
 def _strip_non_finite(data: Any, path: tuple[Any, ...], found: list[tuple[Any, ...]]) -> Any:
@@ -76,7 +79,18 @@ def _parse_report_file(path: Path) -> LoadedReport:
         raise CompareError(str(exc)) from None
     located, elsewhere = _locate_non_finite(data, found) if isinstance(data, dict) else (set(), [])
     return LoadedReport(report=report, non_finite=frozenset(located), non_finite_elsewhere=tuple(elsewhere),
-                        source="report.json")
+                        source="report.json", digest=_digest_state(data))
+
+
+def _digest_state(data: dict[str, Any]) -> Literal["verified", "absent", "changed"]:
+    """Whether report.json's data is what collect wrote: its content_digest recomputed over the rest."""
+    written = data.get("content_digest")
+    if written is None:
+        return "absent"
+    try:
+        return "verified" if content_digest(data) == written else "changed"
+    except (ValueError, TypeError):  # a NaN or infinity: collect writes strict JSON, so an edit put it there
+        return "changed"
 
 
 def _collect_in_memory(directory: Path) -> Report:
@@ -91,36 +105,75 @@ def _collect_in_memory(directory: Path) -> Report:
         raise CompareError(str(exc)) from None
 
 
-def _check_generations(directory: Path, loaded: LoadedReport) -> None:
-    """report.json, its sibling reports and the records it came from must be one generation."""
+def _check_siblings(directory: Path, loaded: LoadedReport) -> None:
+    """report.json and its sibling reports must be one generation."""
     generation = loaded.report.generation
     for name, other in output_generations(directory).items():
         if other is not None and other != generation:
             raise CompareError(f"{directory}: {name} is of generation {other}, report.json of {generation}: a mixed "
                                f"set of outputs; run `harness collect {directory}`")
-    has_records = any((directory / n).exists() for n in ("run.json", "matrix.json"))
-    if has_records:
-        fresh = _collect_in_memory(directory).generation
-        if fresh != generation:
-            raise CompareError(f"{directory}: report.json is of generation {generation} but its records are now "
-                               f"{fresh} (changed, deleted or added since it was collected); run `harness collect "
-                               f"{directory}`")
+
+
+def _records_unchanged(directory: Path, report: Report) -> bool:
+    """Whether the records under `directory` are still the ones `report` was collected from, by their bytes alone
+    (load.input_hash: no record is parsed); False when that cannot be told cheaply (the caller collects again)."""
+    if isinstance(report, RunReport):
+        return (directory / "run.json").exists() and \
+            report.generation.rpartition("@")[2] == input_hash(directory)[:16]
+    for cell in report.cells:
+        cell_dir = directory / cell.name
+        if cell_dir.is_symlink() or not cell_dir.is_dir() or not (cell_dir / "run.json").exists():
+            return False  # a cell that never ran is hashed from its scenario: collect again to tell
+        if cell.report.generation.rpartition("@")[2] != input_hash(cell_dir)[:16]:
+            return False
+    return True
+
+
+def _verified(directory: Path, loaded: LoadedReport) -> LoadedReport:
+    """A directory's report.json, checked before any number of it is used: one generation with its siblings, its
+    content digest (an edited report.json is refused), and its records' bytes (changed records are refused).
+
+    A report that verifies is used as it is (no record is parsed); one without a digest (an older harness's) is
+    replaced by the records collected in memory, so every number comes from the records."""
+    _check_siblings(directory, loaded)
+    generation = loaded.report.generation
+    if loaded.digest == "changed":
+        raise CompareError(f"{directory / 'report.json'}: report.json was changed after collect (its content digest "
+                           f"does not match its content): re-run `harness collect {directory}`")
+    if not any((directory / n).exists() for n in ("run.json", "matrix.json")):
+        return loaded
+    if loaded.digest == "verified" and _records_unchanged(directory, loaded.report):
+        return loaded
+    fresh = _collect_in_memory(directory)
+    if fresh.generation != generation:
+        raise CompareError(f"{directory}: report.json is of generation {generation} but its records are now "
+                           f"{fresh.generation} (changed, deleted or added since it was collected); run `harness "
+                           f"collect {directory}`")
+    return LoadedReport(report=fresh, source="records (collected in memory: report.json carries no content digest)")
+
+
+def _has_records(directory: Path) -> bool:
+    return any((directory / n).exists() or (directory / n).is_symlink() for n in ("run.json", "matrix.json"))
 
 
 def load_report(path: Path) -> LoadedReport:
-    """A report from a report.json file, a directory holding one (checked against its records and siblings), or a
-    run or matrix directory without one (collected in memory, nothing written)."""
+    """A report from a report.json file, a directory holding one (verified against its records and siblings), or
+    a run or matrix directory without one (collected in memory, nothing written). A report.json file inside a
+    run or matrix directory is that directory's."""
     path = Path(path)
+    if path.name == "report.json" and path.is_file() and _has_records(path.parent):
+        path = path.parent
     if path.is_dir():
         if (path / "report.json").exists():
-            loaded = _parse_report_file(path / "report.json")
-            _check_generations(path, loaded)
-            return loaded
-        if (path / "run.json").exists() or (path / "matrix.json").exists():
+            return _verified(path, _parse_report_file(path / "report.json"))
+        if _has_records(path):
             return LoadedReport(report=_collect_in_memory(path), source="records (collected in memory)")
         raise CompareError(f"{path}: neither report.json nor run.json nor matrix.json here; run `harness collect "
                            f"{path}` or give a report.json")
     if not path.exists():
         raise CompareError(f"{path}: no such file or directory")
-    return _parse_report_file(path)
-
+    loaded = _parse_report_file(path)
+    if loaded.digest == "changed":
+        raise CompareError(f"{path}: report.json was changed after collect (its content digest does not match its "
+                           "content): collect its run directory again, or compare the directory")
+    return loaded

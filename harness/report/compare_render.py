@@ -22,6 +22,19 @@ def _fmt_value(metric: str, value: Any) -> str:
     return f"{value:.1f} {spec.unit}" if spec.unit == "us" else f"{value:.4g} {spec.unit}"
 
 
+def _is_bytes(row: Row) -> bool:
+    return row.metric in METRICS and METRICS[row.metric].unit == "bytes"
+
+
+def _fmt_pair(row: Row) -> tuple[str, str]:
+    """Baseline and current as the table shows them; bytes that differ but round alike are shown exactly, so a
+    changed byte reads as bytes (33554432 B -> 33554433 B), not as 32 MiB -> 32 MiB."""
+    base, cur = _fmt_value(row.metric, row.baseline), _fmt_value(row.metric, row.current)
+    if _is_bytes(row) and base == cur and row.baseline != row.current:
+        return f"{int(row.baseline)} B", f"{int(row.current)} B"
+    return base, cur
+
+
 def _fmt_change(row: Row) -> str:
     if row.metric == "outcome":
         return f"{row.baseline or 'n/a'} -> {row.current or 'n/a'}"
@@ -33,6 +46,8 @@ def _fmt_change(row: Row) -> str:
         return f"{row.change_abs:+.3g}"
     if math.isinf(row.change_pct):
         return "from zero"
+    if _is_bytes(row) and f"{row.change_pct:+.1f}" in ("+0.0", "-0.0"):
+        return f"{row.change_abs:+.0f} B"
     return f"{row.change_pct:+.1f}%"
 
 
@@ -76,7 +91,7 @@ def render_comparison(comparison: Comparison) -> Any:
         for r in shown:
             style = {"regression": "red", "improvement": "green", "not gated": "dim"}.get(r.verdict, "yellow")
             table.add_row(*(([r.cell or ""] if lead else []) + [
-                r.policy, r.metric, _fmt_value(r.metric, r.baseline), _fmt_value(r.metric, r.current), _fmt_change(r),
+                r.policy, r.metric, *_fmt_pair(r), _fmt_change(r),
                 _fmt_threshold(r), r.verdict, _short_note(r.note)]), style=style)
         parts.append(table)
     else:

@@ -15,6 +15,7 @@ Readers use attributes, never string keys: a renamed field is a type error, not 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from typing import Literal
@@ -309,6 +310,7 @@ class RunReport(ReportModel):
     check_failures: list[CheckFailure]
     problems: list[Problem]
     ranks: list[RankEntry]
+    content_digest: str | None = None  # written by dump_json: sha256 of the rest (a hand edit shows)
 
     def policy(self, name: str) -> PolicySummary | None:
         return next((p for p in self.policies if p.policy == name), None)
@@ -353,6 +355,7 @@ class MatrixReport(ReportModel):
     check_failures: list[CheckFailure]
     problems: list[Problem]
     cells: list[MatrixCell]
+    content_digest: str | None = None  # written by dump_json: sha256 of the rest (a hand edit shows)
 
     def to_json_text(self) -> str:
         return dump_json(self)
@@ -363,9 +366,25 @@ Report = RunReport | MatrixReport
 
 def dump_json(report: Report) -> str:
     """report.json: indented, one line per rank (a 1024-rank report stays fast to write and diffable), and
-    strict JSON: `allow_nan=False` refuses a NaN that got past the models."""
+    strict JSON: `allow_nan=False` refuses a NaN that got past the models. The last field, content_digest, is
+    content_digest() of the rest, so a number edited by hand (the generation kept) is told from what collect wrote."""
     data = report.model_dump(mode="json")
+    data.pop("content_digest", None)
+    data["content_digest"] = content_digest(data)
     return _json_text(data, 0, None) + "\n"
+
+
+def with_digest(report: Report) -> Report:
+    """The report as report.json holds it: with its content_digest."""
+    return report.model_copy(update={"content_digest": content_digest(report.model_dump(mode="json"))})
+
+
+def content_digest(data: dict[str, object]) -> str:
+    """sha256 of report.json's data without its content_digest, as canonical JSON (sorted keys, no spaces):
+    the same for the data dump_json writes and for that text read back with json.loads."""
+    body = {k: v for k, v in data.items() if k != "content_digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 _ONE_LINE_PER_ITEM = ("ranks",)
