@@ -241,6 +241,9 @@ def cmd_collect(ns: argparse.Namespace) -> int:
     if not run_dir.is_dir():
         return _print_error(f"{run_dir}: no such run directory; `harness run` writes them under results/ "
                             "(or --out), each holding run.json and ranks/")
+    if not (run_dir / "run.json").is_file() and not (run_dir / "matrix.json").is_file():
+        return _print_error(f"{run_dir}: not a run or matrix directory (no run.json or matrix.json): collect writes "
+                            "its reports only into one; give the directory `harness run --out` wrote")
     if (run_dir / "matrix.json").exists() and not (run_dir / "run.json").exists():
         try:
             result = recollect_matrix(run_dir, progress=lambda line: print(line, file=sys.stderr, flush=True))

@@ -36,7 +36,7 @@ from typing import Any
 from harness.core.exits import EXIT_ERROR
 from harness.report.build import collect_report
 from harness.report.model import Report, with_digest
-from harness.report.write import write_report
+from harness.report.write import ForeignOutputError, write_report
 from harness.scenario.schema import Scenario
 
 
@@ -75,14 +75,21 @@ def collect(run_dir: Path, *, write: bool = True, scenario_hint: Scenario | None
             plots: bool = True) -> CollectResult:
     """Aggregate one run directory's records; write the four reports into it unless `write` is False.
 
-    Never raises for bad records; a run directory that does not exist yields an error report that is not written.
+    Never raises for bad records; a directory that is not a run directory (no run.json: an empty directory, a
+    matrix root, the parent of the runs) yields its report unwritten.
     `plots=False`: report.html without its matplotlib figures (harness.report.write.write_report).
     """
     run_dir = Path(run_dir)
     report = collect_report(run_dir, scenario_hint=scenario_hint)
-    if not (write and run_dir.is_dir()):
+    if not (write and is_run_dir(run_dir)):
         return CollectResult(run_dir=run_dir, report=report)
     return write_outputs(run_dir, report, plots=plots)
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run directory: it holds run.json (a regular file, not a link). collect writes into nothing else."""
+    manifest = Path(path) / "run.json"
+    return Path(path).is_dir() and manifest.is_file() and not manifest.is_symlink()
 
 
 def write_outputs(out_dir: Path, report: Report, *, plots: bool = True) -> CollectResult:
@@ -91,6 +98,8 @@ def write_outputs(out_dir: Path, report: Report, *, plots: bool = True) -> Colle
     report = with_digest(report)
     try:
         outputs, notes = write_report(out_dir, report, plots=plots)
+    except ForeignOutputError as exc:
+        return CollectResult(run_dir=out_dir, report=report, write_error=str(exc))
     except OSError as exc:
         where = Path(exc.filename).name if exc.filename else out_dir
         return CollectResult(run_dir=out_dir, report=report,

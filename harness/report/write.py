@@ -1,6 +1,7 @@
 """Writing one report as one generation: report.json, report.md, junit.xml and report.html, each atomic.
 
-    write_report()        report.json first, then the renderings of the same report; stray temporaries removed
+    write_report()        report.json first, then the renderings of the same report; stray temporaries removed;
+                          never over a file collect did not write (foreign_outputs)
     output_generations()  the generation each output in a directory carries, to tell a half-rewritten set
 """
 
@@ -46,6 +47,18 @@ def _remove_stray_temporaries(out_dir: Path) -> None:
                 tmp.unlink(missing_ok=True)
 
 
+class ForeignOutputError(Exception):
+    """A file where an output goes that collect did not write (it carries no generation stamp): not overwritten."""
+
+
+def foreign_outputs(out_dir: Path, generations: dict[str, str | None] | None = None) -> list[str]:
+    """The outputs' names in `out_dir` that exist but carry no generation stamp: a user's own report.md, say.
+    Every output collect writes carries one, so a file without it is not collect's to replace."""
+    generations = output_generations(out_dir) if generations is None else generations
+    return [name for name in REPORT_FILES
+            if generations.get(name) is None and ((out_dir / name).is_file() or (out_dir / name).is_symlink())]
+
+
 def write_report(out_dir: Path, report: Report, *, plots: bool = True) -> tuple[tuple[Path, ...], tuple[str, ...]]:
     """report.json first (machine-readable first), then the renderings of the same report; every write atomic.
 
@@ -54,8 +67,12 @@ def write_report(out_dir: Path, report: Report, *, plots: bool = True) -> tuple[
     matplotlib figure in report.html (a matrix cell's page: the matrix's page plots the cells).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stray_temporaries(out_dir)
     before = output_generations(out_dir)
+    foreign = foreign_outputs(out_dir, before)
+    if foreign:
+        raise ForeignOutputError(f"{out_dir / foreign[0]} exists and is not an output of collect (it carries no "
+                                 "generation stamp): not overwritten; move it away and collect again")
+    _remove_stray_temporaries(out_dir)
     notes = tuple(f"{name} was of generation {gen}; rewritten as {report.generation}"
                   for name, gen in before.items() if gen is not None and gen != report.generation)
     texts = {"report.json": report.to_json_text(), "report.md": render_markdown(report),
