@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -162,9 +164,16 @@ def cmd_scenarios(ns: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+OUTPUT_BYTES = 16 * 2**20  # what bench.json/md or layer-audit.json/md take at most, with room: checked before work
+
+
 def cmd_vllm_audit(ns: argparse.Namespace) -> int:
     if ns.layer:
+        from harness.core.records import probe_writable
         from harness.sizing.layer_audit import run_layer_audit
+
+        if ns.out is not None:
+            probe_writable(ns.out, need_bytes=OUTPUT_BYTES)  # before any release is fetched or audited
 
         return run_layer_audit(ns)
     if ns.junit is not None and not ns.sweep:
@@ -268,7 +277,10 @@ def cmd_compare(ns: argparse.Namespace) -> int:
 
 def cmd_bench(ns: argparse.Namespace) -> int:
     from harness.bench.command import BenchRequest, bench_command
+    from harness.core.records import probe_writable
 
+    if ns.out is not None:
+        probe_writable(ns.out, need_bytes=OUTPUT_BYTES)  # before any measuring
     return bench_command(BenchRequest(
         scenario=ns.scenario, overrides=_scenario_overrides(ns), out=ns.out, json=ns.json, cpu_only=ns.cpu_only,
         no_cpu_costs=ns.no_cpu_costs, command=tuple(recorded_command(ns.parser, ns)),
@@ -432,10 +444,40 @@ def main(argv: list[str] | None = None) -> int:
     if extras:  # refused by the subcommand's own parser, so a close option can be suggested
         ns.parser.error(f"unrecognized arguments: {' '.join(extras)}")
     try:
-        return int(ns.func(ns))
+        code = int(ns.func(ns))
+        sys.stdout.flush()  # here, not at exit: a full device under stdout is one line, not a traceback
+        return code
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM during a launch (harness.launch.Terminated)
         signum = int(getattr(exc, "signum", 2))  # SIGINT
         print("harness: interrupted" + (" (SIGTERM)" if signum != 2 else ""), file=sys.stderr)
         return 128 + signum
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader went away (`| head`): it has what it wanted
+        _drop_stdout()
         return EXIT_OK
+    except OSError as exc:  # the backstop: every filesystem or permission error, on every command
+        return _os_error(exc)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered for a closed pipe or a full device cannot be written, and
+    Python's flush at exit would say so in a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def _os_error(exc: OSError) -> int:
+    """One line naming the path and the errno text, exit 2: an infrastructure error, never read as a regression.
+    Results that finished before it were written by then (each output is written atomically when it is done)."""
+    _drop_stdout()
+    where = f"{exc.filename}: " if exc.filename else "writing the output: "
+    code = errno.errorcode.get(exc.errno or -1)
+    text = f"harness: error: {where}{exc.strerror or exc}" + (f" ({code})" if code else "")
+    try:
+        print(" ".join(text[:4096].split()), file=sys.stderr)
+    except OSError:
+        pass  # stderr is gone too: the exit code still says it
+    return EXIT_ERROR

@@ -348,7 +348,8 @@ def _run_command(request: RunRequest) -> int:
             scenario = load_with_overrides(path, overrides)
             console.print(f"no scenario given: running {path.name} ({num_gpus} GPU(s) found)", highlight=False, markup=False)
         run_id = make_run_id(scenario.name or "run")
-        run_dir = choose_run_dir(request.out, run_id)
+        start_s = scenario.launch.placement_timeout_s  # an empty claim older than this is no run still starting
+        run_dir = choose_run_dir(request.out, run_id, stale_after_s=start_s)
         reason = reasons_not_here([scenario], launcher_name)[0]
         if reason is not None:
             raise LaunchError(f"{display(path)}: {reason}")
@@ -363,7 +364,7 @@ def _run_command(request: RunRequest) -> int:
                 raise
             return EXIT_OK
         # Claimed before the launcher starts (and torch is imported): a --out that cannot be made is refused now.
-        claim = claim_run_dir(run_dir, run_id, exact=request.out is not None)
+        claim = claim_run_dir(run_dir, run_id, exact=request.out is not None, stale_after_s=start_s)
         try:
             if launcher is None:
                 launcher = make_launcher(launcher_name, address=request.address,
@@ -389,7 +390,8 @@ def _run_matrix(request: RunRequest, matrix: Matrix, overrides: dict[str, Any], 
     scenarios = [override_scenario(c.scenario, overrides, label=f"{display(path)} cell {c.name}") for c in cells]
     run_id = make_run_id(matrix.name or path.stem)
     # --out may name this matrix's directory again: each call adds its cells (a kernels matrix, release by release).
-    run_dir = choose_run_dir(request.out, run_id, matrix_name=matrix.name)
+    start_s = max((s.launch.placement_timeout_s for s in scenarios), default=60.0)
+    run_dir = choose_run_dir(request.out, run_id, matrix_name=matrix.name, stale_after_s=start_s)
     launcher_name = resolve_launcher_name(request, scenarios[0] if scenarios else None)
     # A cell this machine cannot hold is reported and passed over, as a cell that fails is; none: refused.
     not_here = reasons_not_here(scenarios, launcher_name)
@@ -403,7 +405,8 @@ def _run_matrix(request: RunRequest, matrix: Matrix, overrides: dict[str, Any], 
             _dry_run(scenario, launcher_name=launcher_name, request=request, run_dir=run_dir / cell.name,
                      console=console)
         return EXIT_OK
-    claim = claim_run_dir(run_dir, run_id, exact=request.out is not None, reuse=holds_matrix(run_dir))
+    claim = claim_run_dir(run_dir, run_id, exact=request.out is not None, reuse=holds_matrix(run_dir),
+                          stale_after_s=start_s)
     run_dir = claim.path
     launcher: Launcher | None = None
     try:

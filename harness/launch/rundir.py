@@ -17,11 +17,14 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.core.records import probe_writable
 from harness.launch.contract import LaunchError
 from harness.scenario.matrix import MATRIX_MANIFEST
 from harness.scenario.sections import safe_name
@@ -31,10 +34,13 @@ from harness.scenario.source import display
 RESULTS_DIR = Path("results")
 CLAIM_FILE = ".harness-run"  # who writes this directory: "pid 123 on host since 2026-..., run <run-id>"
 MAX_CLAIM_BYTES = 4096
+# Free space --out must have before a run starts: run.json and the rank records (tens of KiB a rank), the reports.
+RUN_DIR_MIN_FREE_BYTES = 8 * 2**20
 # Ray's job supervisor sets this in the driver of every `ray job submit` job (ray/_private/runtime_env/constants.py).
 RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 MAX_MANIFEST_BYTES = 64 * 2**20  # matrix.json: every cell's scenario, 1024 cells at most
 CLAIM_READ_ATTEMPTS, CLAIM_READ_INTERVAL_S = 20, 0.05  # up to 1 s for the owner to write its one line
+DEFAULT_START_S = 60.0  # launch.placement_timeout_s's default: how long a run may take to start its ranks
 
 
 def make_run_id(name: str, *, now: datetime.datetime | None = None) -> str:
@@ -55,7 +61,91 @@ def _claim_owner(run_dir: Path) -> str:
         if text:
             return display(text)
         time.sleep(CLAIM_READ_INTERVAL_S)
-    return "a run that is still starting"
+    return ""
+
+
+_CLAIM_RE = re.compile(r"^pid (\d+) on (\S+) since (\S+), run (\S+)$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True
+
+
+def _stale_claim(run_dir: Path, owner: str, stale_after_s: float) -> str | None:
+    """Why the claim in run_dir belongs to no live run (then it may be taken over), or None while it may.
+
+    A claim naming a pid on this host that is no longer running is stale; so is an empty claim (its writer died
+    between creating it and writing its line: a full disk) older than `stale_after_s`, the longest a run takes
+    to start. A claim of another host cannot be checked from here."""
+    match = _CLAIM_RE.match(owner)
+    if match is not None:
+        pid, host = int(match.group(1)), match.group(2)
+        if host == socket.gethostname() and not _pid_alive(pid):
+            return f"its claim names pid {pid} on {host}, which is no longer running"
+        return None
+    if owner:
+        return None  # a line of another writer: not ours to judge
+    try:
+        age = time.time() - (run_dir / CLAIM_FILE).stat().st_mtime
+    except OSError:
+        return None
+    if age > stale_after_s:
+        return (f"its claim file is empty and {age:.0f} s old (a run writes it at once; its writer stopped, e.g. "
+                f"on a full disk), beyond the {stale_after_s:g} s a run takes to start")
+    return None
+
+
+def _claimed_by_other(run_dir: Path, *, stale_after_s: float) -> str | None:
+    """None when run_dir's claim was stale and is removed now (one line says so), else the refusal: who holds it
+    and how to clear it."""
+    owner = _claim_owner(run_dir)
+    why = _stale_claim(run_dir, owner, stale_after_s)
+    shown = display(run_dir)
+    if why is not None:
+        (run_dir / CLAIM_FILE).unlink(missing_ok=True)
+        _clear_dead_run(run_dir, _CLAIM_RE.match(owner).group(4) if _CLAIM_RE.match(owner) else None)
+        print(f"harness: --out {shown}: {why}: taken over", file=sys.stderr, flush=True)
+        return None
+    match = _CLAIM_RE.match(owner)
+    if match is not None and match.group(2) != socket.gethostname():
+        how = (f"if that run is gone (check on {match.group(2)}), delete {display(run_dir / CLAIM_FILE)} to take "
+               "the directory over")
+    else:
+        how = f"if it is gone, delete {display(run_dir / CLAIM_FILE)} to take the directory over"
+    return (f"--out {shown} is being written by another run ({owner or 'a run that is still starting'}); give "
+            f"another directory, or {how}")
+
+
+def _clear_dead_run(run_dir: Path, run_id: str | None) -> None:
+    """What a run that was killed left in its directory, when run.json says it is that run's: its manifest, its
+    rank records and their temporaries (nothing else), so the directory can be run into again. A finished
+    run's directory (with a report.json) or another run's files are left alone."""
+    manifest = run_dir / "run.json"
+    if run_id is None or not manifest.is_file() or manifest.is_symlink() or (run_dir / "report.json").exists():
+        return
+    try:
+        if manifest.stat().st_size > MAX_MANIFEST_BYTES or json.loads(manifest.read_bytes()).get("run_id") != run_id:
+            return
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return
+    ranks = run_dir / "ranks"
+    if ranks.is_dir() and not ranks.is_symlink():
+        for entry in ranks.iterdir():
+            if re.fullmatch(r"(\.)?rank-\d{5,}(\.failed)?\.json(\.[^/]*\.tmp)?", entry.name) and entry.is_file():
+                entry.unlink(missing_ok=True)
+        if not any(ranks.iterdir()):
+            ranks.rmdir()
+    for entry in run_dir.glob(".run.json.*.tmp"):
+        entry.unlink(missing_ok=True)
+    manifest.unlink(missing_ok=True)
 
 
 def _entries(directory: Path) -> list[str]:
@@ -78,27 +168,30 @@ def _matrix_name(directory: Path) -> object:
         raise LaunchError(f"--out {display(directory)}: {MATRIX_MANIFEST} is unreadable; give a new directory") from None
 
 
-def _check_existing_dir(out: Path, matrix_name: str | None) -> None:
+def _check_existing_dir(out: Path, matrix_name: str | None, stale_after_s: float) -> None:
     shown = display(out)
     entries = _entries(out)
     if CLAIM_FILE in entries:
-        raise LaunchError(f"--out {shown} is being written by another run ({_claim_owner(out)}); give another "
-                          "directory")
+        refusal = _claimed_by_other(out, stale_after_s=stale_after_s)
+        if refusal is not None:
+            raise LaunchError(refusal)
+        entries = _entries(out)
     if matrix_name is not None and holds_matrix(out):  # this matrix's directory again: its cells are added
         existing = _matrix_name(out)
         if existing != matrix_name:
             raise LaunchError(f"--out {shown} holds matrix {shown_value(existing)}, not {matrix_name!r}; give a "
                               "new directory")
-        return
+        return _probe(out)
     if "run.json" in entries or "ranks" in entries:
         raise LaunchError(f"--out {shown} already holds a run; give a new directory")
     if entries:
         raise LaunchError(f"--out {shown} is not empty ({len(entries)} entries); allowed: a new or empty directory")
     if not os.access(out, os.W_OK | os.X_OK):
         raise LaunchError(f"--out {shown} is not writable by this user; allowed: a writable directory")
+    _probe(out)
 
 
-def check_out_dir(out: Path, *, matrix_name: str | None = None) -> None:
+def check_out_dir(out: Path, *, matrix_name: str | None = None, stale_after_s: float = DEFAULT_START_S) -> None:
     """Refuse an --out that is a file, a non-empty or read-only directory, or under one; create nothing.
 
     With matrix_name: a directory holding that matrix (matrix.json) is taken too, to add cells to it.
@@ -106,7 +199,7 @@ def check_out_dir(out: Path, *, matrix_name: str | None = None) -> None:
     shown = display(out)
     try:
         if out.is_dir():
-            return _check_existing_dir(out, matrix_name)
+            return _check_existing_dir(out, matrix_name, stale_after_s)
         if out.exists() or out.is_symlink():
             raise LaunchError(f"--out {shown} exists and is not a directory; allowed: a new or empty directory")
         parent = out.absolute().parent
@@ -118,12 +211,27 @@ def check_out_dir(out: Path, *, matrix_name: str | None = None) -> None:
         raise LaunchError(f"--out {shown}: {display(parent)} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise LaunchError(f"--out {shown}: cannot create it, {display(parent)} is not writable by this user")
+    _probe(out)
 
 
-def choose_run_dir(out: Path | None, run_id: str, *, matrix_name: str | None = None) -> Path:
-    """--out as given (checked: new, or an empty writable directory), else results/<run-id> (made unique)."""
+def _probe(out: Path) -> None:
+    """A file is written and removed where the run will write (root passes os.access on a read-only directory, and
+    no access check sees a read-only or full filesystem): refused before anything runs, not after."""
+    try:
+        probe_writable(out, need_bytes=RUN_DIR_MIN_FREE_BYTES)
+    except OSError as exc:
+        raise LaunchError(f"--out {display(out)}: cannot write the run's records there ({exc.strerror}); allowed: a "
+                          f"writable directory with {RUN_DIR_MIN_FREE_BYTES // 2**20} MiB free at least") from None
+
+
+def choose_run_dir(out: Path | None, run_id: str, *, matrix_name: str | None = None,
+                   stale_after_s: float = DEFAULT_START_S) -> Path:
+    """--out as given (checked: new, or an empty writable directory), else results/<run-id> (made unique).
+
+    `stale_after_s`: the longest the run takes to start (the scenario's launch.placement_timeout_s): an empty claim
+    older than that is no run still starting, and is taken over."""
     if out is not None:
-        check_out_dir(out, matrix_name=matrix_name)
+        check_out_dir(out, matrix_name=matrix_name, stale_after_s=stale_after_s)
         return out.resolve()
     if RAY_JOB_ENV in os.environ:
         # A job's working directory is Ray's temporary copy of --working-dir, deleted when the job ends.
@@ -138,18 +246,26 @@ def choose_run_dir(out: Path | None, run_id: str, *, matrix_name: str | None = N
     return run_dir.resolve()  # absolute: ranks on other nodes and in other working directories get it as is
 
 
-def _write_claim(run_dir: Path, run_id: str, *, reuse: bool) -> None:
+def _write_claim(run_dir: Path, run_id: str, *, reuse: bool, stale_after_s: float = DEFAULT_START_S) -> None:
     """O_EXCL: exactly one run creates the claim file; the others are refused, naming its owner."""
     try:
         fd = os.open(run_dir / CLAIM_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     except FileExistsError:
-        raise LaunchError(f"--out {display(run_dir)} is being written by another run ({_claim_owner(run_dir)}); "
-                          "give another directory") from None
+        refusal = _claimed_by_other(run_dir, stale_after_s=stale_after_s)
+        if refusal is not None:
+            raise LaunchError(refusal) from None
+        return _write_claim(run_dir, run_id, reuse=reuse, stale_after_s=stale_after_s)
     except OSError as exc:
         raise LaunchError(f"--out {display(run_dir)}: cannot write in it ({exc.strerror})") from None
     since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(f"pid {os.getpid()} on {socket.gethostname()} since {since}, run {run_id}\n")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(f"pid {os.getpid()} on {socket.gethostname()} since {since}, run {run_id}\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:  # a full disk: no empty claim is left behind to block the directory
+        (run_dir / CLAIM_FILE).unlink(missing_ok=True)
+        raise LaunchError(f"--out {display(run_dir)}: cannot write in it ({exc.strerror})") from None
     others = [name for name in _entries(run_dir) if name != CLAIM_FILE]
     if others and not reuse:  # written between the check and the claim: not ours to mix with
         (run_dir / CLAIM_FILE).unlink(missing_ok=True)
@@ -172,7 +288,8 @@ class RunDirClaim:
             pass  # left as it is: a claim file left behind names the run that made it
 
 
-def claim_run_dir(run_dir: Path, run_id: str, *, exact: bool = True, reuse: bool = False) -> RunDirClaim:
+def claim_run_dir(run_dir: Path, run_id: str, *, exact: bool = True, reuse: bool = False,
+                  stale_after_s: float = DEFAULT_START_S) -> RunDirClaim:
     """Create run_dir (or take it empty) and claim it.
 
     exact=False (results/<run-id>): a directory that appeared meanwhile is skipped for the next free suffix.
@@ -195,5 +312,5 @@ def claim_run_dir(run_dir: Path, run_id: str, *, exact: bool = True, reuse: bool
     if created is False and not candidate.is_dir():
         raise LaunchError(f"--out {display(candidate)} exists and is not a directory; allowed: a new or empty "
                           "directory")
-    _write_claim(candidate, run_id, reuse=reuse)
+    _write_claim(candidate, run_id, reuse=reuse, stale_after_s=stale_after_s)
     return RunDirClaim(candidate, created)
