@@ -233,7 +233,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
     return run_command(RunRequest(
         scenario=ns.scenario, launcher=ns.launcher, address=ns.address, out=ns.out,
-        overrides=_scenario_overrides(ns), cache_dir=ns.cache_dir, dry_run=ns.dry_run,
+        overrides=_scenario_overrides(ns), cache_dir=ns.cache_dir, dry_run=ns.dry_run, resume=ns.resume,
         command=tuple(recorded_command(ns.parser, ns)),
     ))
 
@@ -359,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-ops-library", type=Path, default=None, help=_OPS_HELP)
     p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP)
     p.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")
+    p.add_argument("--resume", action="store_true",
+                   help="a matrix into its interrupted --out again: finished cells kept, the interrupted one run again")
     p.set_defaults(func=cmd_run, parser=p)
 
     p = sub.add_parser("collect", help="turn per-rank records into report.{json,md,html} and junit.xml")

@@ -38,7 +38,7 @@ from harness.launch.overrides import (
     ScenarioOverrides, default_scenario_path, load_with_overrides, override_scenario,
 )
 from harness.launch.progress import RunProgress
-from harness.launch.rundir import choose_run_dir, claim_run_dir, holds_matrix, make_run_id
+from harness.launch.rundir import CLAIM_FILE, choose_run_dir, claim_run_dir, clear_interrupted, holds_matrix, make_run_id
 from harness.launch.sink import RunSink, describe_failure
 from harness.scenario.fit import Machine, can_run, resolve_device
 from harness.scenario.schema import Scenario, ScenarioError, resolve_scenario_path
@@ -63,6 +63,7 @@ class RunRequest:
     overrides: ScenarioOverrides = ScenarioOverrides()
     cache_dir: Path | None = None
     dry_run: bool = False
+    resume: bool = False  # a matrix into its --out again: finished cells kept, an interrupted one run again
     command: tuple[str, ...] = ("harness", "run")
 
 
@@ -331,6 +332,8 @@ def _run_command(request: RunRequest) -> int:
 
             return _run_matrix(request, matrix_from_data(data, path), overrides, console=console, command=command)
         scenario = load_with_overrides(path, overrides, data=data)
+    if request.resume:
+        raise LaunchError("--resume goes with a matrix file and its --out (a run is run again into a new --out)")
     launcher_name = resolve_launcher_name(request, scenario)
 
     launcher: Launcher | None = None
@@ -389,6 +392,9 @@ def _run_matrix(request: RunRequest, matrix: Matrix, overrides: dict[str, Any], 
     cells = kernels_cells(matrix, overrides)
     scenarios = [override_scenario(c.scenario, overrides, label=f"{display(path)} cell {c.name}") for c in cells]
     run_id = make_run_id(matrix.name or path.stem)
+    if request.resume and (request.out is None or not holds_matrix(request.out)):
+        raise LaunchError(f"--resume: --out {display(request.out) if request.out else '(none)'} holds no matrix.json; "
+                          "give the directory of the interrupted matrix")
     # --out may name this matrix's directory again: each call adds its cells (a kernels matrix, release by release).
     start_s = max((s.launch.placement_timeout_s for s in scenarios), default=60.0)
     run_dir = choose_run_dir(request.out, run_id, matrix_name=matrix.name, stale_after_s=start_s)
@@ -408,11 +414,16 @@ def _run_matrix(request: RunRequest, matrix: Matrix, overrides: dict[str, Any], 
     claim = claim_run_dir(run_dir, run_id, exact=request.out is not None, reuse=holds_matrix(run_dir),
                           stale_after_s=start_s)
     run_dir = claim.path
+    # matrix.json first: a matrix that is interrupted can be collected as one, or resumed (--resume)
+    from harness.scenario.matrix import write_matrix_manifest
+
+    write_matrix_manifest(run_dir, list(matrix.cells()), matrix=matrix)
     launcher: Launcher | None = None
     try:
         launcher = make_launcher(launcher_name, address=request.address, num_cpus=cluster_cpus_for(scenarios))
         collected = _run_cells(cells, scenarios, not_here, launcher=launcher, run_dir=run_dir, run_id=run_id,
-                               path=path, command=command, console=console)
+                               path=path, command=command, console=console, resume=request.resume,
+                               start_s=start_s)
     finally:
         if launcher is not None:
             launcher.close()
@@ -425,21 +436,34 @@ def _run_matrix(request: RunRequest, matrix: Matrix, overrides: dict[str, Any], 
 
 
 def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str | None], *, launcher: Launcher,
-               run_dir: Path, run_id: str, path: Path, command: list[str], console: Console) -> dict[str, RunReport]:
+               run_dir: Path, run_id: str, path: Path, command: list[str], console: Console, resume: bool = False,
+               start_s: float = 60.0) -> dict[str, RunReport]:
     """The cells one after another, each claimed in the matrix directory; past a cell that fails or cannot run.
 
-    Returns the report each cell that ran was collected into, by cell name."""
+    A cell that finished (collected, its claim released) is kept. One that was interrupted (run.json and a claim
+    left behind, or no report.json) is run again with `resume` (what the killed run left is replaced), else kept
+    and named. Returns the report each cell that ran was collected into, by cell name."""
     collected: dict[str, RunReport] = {}
     for cell, scenario, reason in zip(cells, scenarios, not_here):
         console.rule(f"cell {cell.name}")
-        if (run_dir / cell.name / "run.json").exists():
-            console.print(f"cell {cell.name}: already run in {run_dir / cell.name}; kept (remove it to run it "
-                          "again)", highlight=False, markup=False)
-            continue
+        cell_dir = run_dir / cell.name
+        if (cell_dir / "run.json").exists():
+            # finished: collected and released (a claim left behind is a run that was killed, collected or not)
+            if (cell_dir / "report.json").exists() and not (cell_dir / CLAIM_FILE).exists():
+                console.print(f"cell {cell.name}: already run in {cell_dir}; kept (remove it to run it again)",
+                              highlight=False, markup=False)
+                continue
+            if not resume:
+                console.print(f"cell {cell.name}: interrupted in {cell_dir} (its run was stopped before the end); "
+                              "kept: `--resume` runs it again", highlight=False, markup=False)
+                continue
         try:
             if reason is not None:
                 raise LaunchError(reason)
-            cell_claim = claim_run_dir(run_dir / cell.name, f"{run_id}-{cell.name}")
+            if resume and (cell_dir / "run.json").exists():
+                console.print(f"cell {cell.name}: interrupted; run again (--resume)", highlight=False, markup=False)
+                clear_interrupted(cell_dir, stale_after_s=start_s)
+            cell_claim = claim_run_dir(cell_dir, f"{run_id}-{cell.name}", stale_after_s=start_s)
             try:
                 code = run_scenario(
                     scenario, launcher=launcher, run_dir=cell_claim.path, run_id=f"{run_id}-{cell.name}",

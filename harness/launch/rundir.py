@@ -26,6 +26,7 @@ from pathlib import Path
 
 from harness.core.records import probe_writable
 from harness.launch.contract import LaunchError
+from harness.report.write import REPORT_FILES, output_generations
 from harness.scenario.matrix import MATRIX_MANIFEST
 from harness.scenario.sections import safe_name
 from harness.scenario.limits import shown as shown_value
@@ -124,12 +125,30 @@ def _claimed_by_other(run_dir: Path, *, stale_after_s: float) -> str | None:
             f"another directory, or {how}")
 
 
+def clear_interrupted(run_dir: Path, *, stale_after_s: float = DEFAULT_START_S) -> None:
+    """`harness run --resume`: what an interrupted run left in `run_dir` (run.json, no report.json), cleared so
+    it can run again; its claim, if any, must be stale (LaunchError naming it otherwise)."""
+    run_id = None
+    if (run_dir / CLAIM_FILE).exists():
+        refusal = _claimed_by_other(run_dir, stale_after_s=stale_after_s)  # clears a stale claim's run itself
+        if refusal is not None:
+            raise LaunchError(refusal)
+        return
+    try:
+        manifest = run_dir / "run.json"
+        if manifest.stat().st_size <= MAX_MANIFEST_BYTES:
+            run_id = json.loads(manifest.read_bytes()).get("run_id")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return
+    _clear_dead_run(run_dir, run_id if isinstance(run_id, str) else None)
+
+
 def _clear_dead_run(run_dir: Path, run_id: str | None) -> None:
     """What a run that was killed left in its directory, when run.json says it is that run's: its manifest, its
-    rank records and their temporaries (nothing else), so the directory can be run into again. A finished
-    run's directory (with a report.json) or another run's files are left alone."""
+    rank records, launch.json, OOM snapshots and their temporaries, and reports collected from them (stamped; nothing else), so the directory
+    can be run into again. Another run's files, and files collect did not write, are left alone."""
     manifest = run_dir / "run.json"
-    if run_id is None or not manifest.is_file() or manifest.is_symlink() or (run_dir / "report.json").exists():
+    if run_id is None or not manifest.is_file() or manifest.is_symlink():
         return
     try:
         if manifest.stat().st_size > MAX_MANIFEST_BYTES or json.loads(manifest.read_bytes()).get("run_id") != run_id:
@@ -143,8 +162,20 @@ def _clear_dead_run(run_dir: Path, run_id: str | None) -> None:
                 entry.unlink(missing_ok=True)
         if not any(ranks.iterdir()):
             ranks.rmdir()
-    for entry in run_dir.glob(".run.json.*.tmp"):
-        entry.unlink(missing_ok=True)
+    oom = run_dir / "oom"  # the ranks' memory snapshots at an OOM
+    if oom.is_dir() and not oom.is_symlink():
+        for entry in oom.glob("rank-*.pickle"):
+            entry.unlink(missing_ok=True)
+        if not any(oom.iterdir()):
+            oom.rmdir()
+    for pattern in (".run.json.*.tmp", "launch.json", ".launch.json.*.tmp"):  # launch.json: where each rank ran
+        for entry in run_dir.glob(pattern):
+            if entry.is_file():
+                entry.unlink(missing_ok=True)
+    stamped = output_generations(run_dir)  # reports a collect of the partial run wrote: collect's, stamped
+    for name in REPORT_FILES:
+        if stamped.get(name) is not None:
+            (run_dir / name).unlink(missing_ok=True)
     manifest.unlink(missing_ok=True)
 
 
