@@ -275,6 +275,29 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     return compare_command(ns)
 
 
+def cmd_status(ns: argparse.Namespace) -> int:
+    """`harness status DIR`: the recorded verdict (status.json) in one line, exiting with its code (0 pass, 1
+    failed checks, 2 errors); 2 when status.json is missing, unreadable or of another generation than report.json.
+    The CI one-liner for a Ray job, whose own exit code turns 2 into 1 (docs/launch.md)."""
+    from harness.report.status import STATUS_FILE, StatusError, read_status
+    from harness.report.write import output_generations
+
+    directory: Path = ns.run_dir
+    try:
+        status = read_status(directory)
+        report_generation = output_generations(directory).get("report.json")
+        if report_generation is not None and report_generation != status.generation:
+            raise StatusError(f"{directory / STATUS_FILE} is of generation {status.generation}, report.json of "
+                              f"{report_generation}; run `harness collect {directory}`")
+    except StatusError as exc:
+        return _print_error(str(exc))
+    if ns.json:
+        print(json.dumps(status.model_dump(mode="json")))
+    else:
+        print(f"{directory}: {status.status} (exit {status.exit_code}): {status.exit_reason}")
+    return status.exit_code
+
+
 def cmd_bench(ns: argparse.Namespace) -> int:
     from harness.bench.command import BenchRequest, bench_command
     from harness.core.records import probe_writable
@@ -385,6 +408,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare against a baseline that failed its own checks (refused, exit 2, by default)")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
     p.set_defaults(func=cmd_compare, parser=p)
+
+    p = sub.add_parser("status", help="a collected directory's recorded verdict; exits with it: 0 pass, 1 failed, 2 error")
+    p.add_argument("run_dir", type=Path, help="a run or matrix directory that collect wrote status.json into")
+    p.add_argument("--json", action="store_true", help="print status.json's content")
+    p.set_defaults(func=cmd_status, parser=p)
 
     p = sub.add_parser("bench", help="harness cost against raw kernels and raw all_to_all_single")
     p.add_argument("scenario", nargs="?", default=None, help="default: smoke on CPU, the PR case on a GPU")

@@ -109,7 +109,7 @@ def test_help_shows_usage_and_every_command():
     result = run_harness("--help")
     assert result.returncode == 0
     assert result.stdout.startswith("usage: harness ")
-    for command in ("plan", "scenarios", "run", "collect", "compare", "bench", "schema", "vllm"):
+    for command in ("plan", "scenarios", "run", "collect", "compare", "status", "bench", "schema", "vllm"):
         assert command in result.stdout
 
 

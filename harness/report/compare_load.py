@@ -13,6 +13,7 @@ from harness.report.collect import collect
 from harness.report.compare_metrics import CompareError
 from harness.report.load import MAX_RECORD_BYTES, input_hash, read_contained
 from harness.report.model import Report, ReportFormatError, RunReport, content_digest, parse_report
+from harness.report.status import STATUS_FILE, StatusError, read_status
 from harness.report.write import output_generations
 
 
@@ -114,6 +115,20 @@ def _check_siblings(directory: Path, loaded: LoadedReport) -> None:
                                f"set of outputs; run `harness collect {directory}`")
 
 
+def _check_status(directory: Path, report: Report) -> None:
+    """status.json, when there, must record the verdict report.json holds (CI reads the one, compare the other)."""
+    if not (directory / STATUS_FILE).exists():
+        return
+    try:
+        status = read_status(directory)
+    except StatusError as exc:
+        raise CompareError(str(exc)) from None
+    if (status.generation, status.exit_code) != (report.generation, report.exit_code):
+        raise CompareError(f"{directory / STATUS_FILE} records exit {status.exit_code} of generation "
+                           f"{status.generation}, report.json exit {report.exit_code} of {report.generation}: "
+                           f"run `harness collect {directory}`")
+
+
 def _records_unchanged(directory: Path, report: Report) -> bool:
     """Whether the records under `directory` are still the ones `report` was collected from, by their bytes alone
     (load.input_hash: no record is parsed); False when that cannot be told cheaply (the caller collects again)."""
@@ -136,6 +151,7 @@ def _verified(directory: Path, loaded: LoadedReport) -> LoadedReport:
     A report that verifies is used as it is (no record is parsed); one without a digest (an older harness's) is
     replaced by the records collected in memory, so every number comes from the records."""
     _check_siblings(directory, loaded)
+    _check_status(directory, loaded.report)
     generation = loaded.report.generation
     if loaded.digest == "changed":
         raise CompareError(f"{directory / 'report.json'}: report.json was changed after collect (its content digest "

@@ -1,4 +1,5 @@
-"""Writing one report as one generation: report.json, report.md, junit.xml and report.html, each atomic.
+"""Writing one report as one generation: report.json, report.md, junit.xml, report.html and status.json (the
+verdict alone, harness.report.status), each atomic.
 
     write_report()        report.json first, then the renderings of the same report; stray temporaries removed;
                           never over a file collect did not write (foreign_outputs)
@@ -15,8 +16,9 @@ from harness.report.html import render_html
 from harness.report.load import read_contained
 from harness.report.markdown import render_junit, render_markdown
 from harness.report.model import Report
+from harness.report.status import status_text
 
-REPORT_FILES = ("report.json", "report.md", "junit.xml", "report.html")
+REPORT_FILES = ("report.json", "report.md", "junit.xml", "report.html", "status.json")
 
 
 _GENERATION_RE = {
@@ -24,6 +26,7 @@ _GENERATION_RE = {
     "report.md": re.compile(r"^# generation: (\S+)$", re.M),
     "junit.xml": re.compile(r'<property name="generation" value="([^"]+)"'),
     "report.html": re.compile(r'<meta name="harness-generation" content="([^"]+)"'),
+    "status.json": re.compile(r'"generation": "([^"]+)"'),
 }
 
 
@@ -76,6 +79,7 @@ def write_report(out_dir: Path, report: Report, *, plots: bool = True) -> tuple[
     notes = tuple(f"{name} was of generation {gen}; rewritten as {report.generation}"
                   for name, gen in before.items() if gen is not None and gen != report.generation)
     texts = {"report.json": report.to_json_text(), "report.md": render_markdown(report),
-             "junit.xml": render_junit(report), "report.html": render_html(report, plots=plots)}
+             "junit.xml": render_junit(report), "report.html": render_html(report, plots=plots),
+             "status.json": status_text(report)}
     paths = tuple(write_text_atomic(out_dir / name, texts[name]) for name in REPORT_FILES)
     return paths, notes
