@@ -39,6 +39,7 @@ MAX_TOKENS_PER_RANK = 262_144  # T (vLLM's newer default is 8192)
 MAX_SEED = 2**32 - 1
 MAX_ITERATIONS = 10_000
 MAX_MEMORY_GB = 4_096.0  # budget or ballast, in GB; no device holds more
+MIN_BUDGET_BYTES = 2**20  # a budget below 1 MiB holds no workspace at all: a typo (or 4.9e-324), not a GPU
 MAX_TIMEOUT_S = 7 * 86_400.0
 MAX_CPUS_PER_RANK = 256
 MAX_BUFFER_MB = 1_048_576  # a DeepEP buffer of 1 TiB
@@ -86,6 +87,14 @@ def shown(value: Any) -> str:
     """repr() of a value for a message, at most about MAX_SHOWN_CHARS characters, whatever the value holds."""
     text = _SHORT.repr(value)
     return text if len(text) <= MAX_SHOWN_CHARS + 3 else text[:MAX_SHOWN_CHARS] + "..."
+
+
+def shown_key(key: str) -> str:
+    """A key for a message, quoted; ascii() when it holds anything but ASCII, so a look-alike ('mоdel' with a
+    Cyrillic o) reads differently from the key it imitates ('m\\u043edel' against 'model')."""
+    text = key[:MAX_SHOWN_CHARS + 1]
+    quoted = repr(text) if text.isascii() else ascii(text)
+    return quoted if len(key) <= MAX_SHOWN_CHARS else quoted[:MAX_SHOWN_CHARS] + "..."
 
 
 def shown_text(text: str, limit: int = 200) -> str:

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from harness.scenario import limits as L
 from harness.scenario.dotted import DottedKeyError, get_dotted, set_dotted
-from harness.scenario.limits import shown, shown_text
+from harness.scenario.limits import shown, shown_key, shown_text
 from harness.scenario.schema import Scenario, ScenarioError, format_errors, parse_scenario, resolve_scenario_path
 from harness.scenario.sections import REPO_DIR, is_safe_name, safe_name
 from harness.scenario.source import display, read_yaml_file
@@ -221,7 +221,7 @@ def _format_matrix_error(path: Path, error: dict[str, Any]) -> str:
     if error["type"] == "extra_forbidden":
         allowed = sorted(Matrix.model_fields) if len(loc) == 2 else sorted(("when", "set"))
         allowed = [("set" if a == "set_fields" else a) for a in allowed]
-        return f"{path}: unknown key {shown_text(where, 80)!r}; allowed here: {', '.join(sorted(allowed))}"
+        return f"{path}: unknown key {shown_key(where)}; allowed here: {', '.join(sorted(allowed))}"
     if error["type"] == "missing":
         return f"{path}: missing field {where!r}"
     message = error["msg"].removeprefix("Value error, ")

@@ -294,7 +294,7 @@ def _format_error(path: Path | str, error: dict[str, Any]) -> str:
     value = error.get("input")
     if kind == "extra_forbidden":
         allowed = _allowed_keys(Scenario, loc)
-        return f"{path}: unknown key {where!r}; allowed here: {', '.join(allowed)}"
+        return f"{path}: unknown key {L.shown_key(where)}; allowed here: {', '.join(allowed)}"
     if kind == "missing":
         return f"{path}: missing field {where!r}{_expected(Scenario, loc)}"
     message = error["msg"].removeprefix("Value error, ")

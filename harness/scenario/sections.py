@@ -192,9 +192,13 @@ class MemorySpec(_Strict):
 
     @model_validator(mode="after")
     def _one_budget(self) -> MemorySpec:
-        """memory.budget_gb and memory.budget_gpu exclude each other."""
+        """memory.budget_gb and memory.budget_gpu exclude each other; a budget is 1 MiB at least."""
         if self.budget_gb is not None and self.budget_gpu is not None:
             raise ValueError("give memory.budget_gb or memory.budget_gpu, not both")
+        if self.budget_gb is not None and self.budget_gb * 1e9 < L.MIN_BUDGET_BYTES:
+            # 4.9e-324 GB is a 0-byte budget: every allocation would fail, and the ranks with it
+            raise ValueError(f"memory.budget_gb {shown(self.budget_gb)} is {int(self.budget_gb * 1e9)} bytes; allowed: "
+                             f"at least {L.MIN_BUDGET_BYTES} bytes (1 MiB, {L.MIN_BUDGET_BYTES / 1e9:g} GB)")
         return self
 
     @property

@@ -24,7 +24,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from harness.scenario.limits import (
     MAX_FILE_BYTES, MAX_INT_DIGITS, MAX_STRING_CHARS, MAX_YAML_ALIASES, MAX_YAML_DEPTH, MAX_YAML_NODES, shown,
-    shown_text,
+    shown_key, shown_text,
 )
 
 
@@ -36,6 +36,9 @@ class ScenarioError(Exception):
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffe\uffff]")
 _CONTROL_IN_VALUE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ufffe\uffff]")  # tab and newline are allowed
 _INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_OCTAL_RE = re.compile(r"^[-+]?0[0-7_]+$")  # YAML 1.1 octal: a leading zero (0o17 and plain 0 are unambiguous)
+_SEXAGESIMAL_RE = re.compile(r"^[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?$")  # YAML 1.1 base 60: 1:30, 1:30.5
 _FILE_KINDS = (
     (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
@@ -137,7 +140,9 @@ class BoundedLoader(yaml.SafeLoader):
       expands exponentially wherever the data is walked), more than MAX_YAML_ALIASES aliases, recursive aliases;
     - strings over MAX_STRING_CHARS, control characters in a value (escapes like "\\0" included);
     - integers of more than MAX_INT_DIGITS digits (never converted, so never formatted);
-    - a key given twice in one mapping (PyYAML keeps the last one silently).
+    - a key given twice in one mapping (PyYAML keeps the last one silently), and merge keys (<<), which would
+      override keys past that rule;
+    - YAML 1.1 numbers that read as another number than written: octal `020` (16), base-60 `1:30.5` (90.5).
     """
 
     def __init__(self, stream: str) -> None:
@@ -205,6 +210,8 @@ class BoundedLoader(yaml.SafeLoader):
             if num_digits > MAX_INT_DIGITS:
                 raise self._refuse(f"an integer of {num_digits} digits; allowed: at most {MAX_INT_DIGITS} digits",
                                    node)
+        if node.style is None and node.tag in (_INT_TAG, _FLOAT_TAG):
+            self._refuse_yaml11_number(node)
         if len(value) > MAX_STRING_CHARS:
             raise self._refuse(f"a string of {len(value)} characters; allowed: at most {MAX_STRING_CHARS}", node)
         bad = _CONTROL_IN_VALUE.search(value)
@@ -212,6 +219,18 @@ class BoundedLoader(yaml.SafeLoader):
             raise self._refuse(f"control character U+{ord(bad.group()):04X} in {shown(value)}; allowed: printable "
                                "text", node)
         return self._sized(node, [])
+
+    def _refuse_yaml11_number(self, node: ScalarNode) -> None:
+        """YAML 1.1 forms that read as another number than the one written: `020` is octal 16, `1:30.5` is
+        sexagesimal 90.5. Nobody writing a scenario means those; quoting or the decimal says what is meant."""
+        value = node.value
+        if _OCTAL_RE.match(value):
+            raise self._refuse(f"{shown(value)} is a YAML 1.1 octal number (read as {int(value.replace('_', ''), 8)}),"
+                               f" not {int(value.replace('_', ''), 10)}; quote it or write the decimal", node)
+        if _SEXAGESIMAL_RE.match(value):
+            read = self.construct_object(node)
+            raise self._refuse(f"{shown(value)} is a YAML 1.1 base-60 number (read as {read}); quote it or write "
+                               "the decimal", node)
 
     def compose_sequence_node(self, anchor: str | None) -> Node:
         node = super().compose_sequence_node(anchor)
@@ -221,12 +240,16 @@ class BoundedLoader(yaml.SafeLoader):
         node = super().compose_mapping_node(anchor)
         seen: dict[tuple[str, str], ScalarNode] = {}
         for key, _ in node.value:
-            if isinstance(key, ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+            if isinstance(key, ScalarNode) and key.tag == "tag:yaml.org,2002:merge":
+                # `<<: *base` merges keys past the duplicate-key rule (a merged key is silently overridden)
+                raise self._refuse("a merge key (<<); allowed: each key written out (an anchor and alias may "
+                                   "stand for a whole value)", key)
+            if isinstance(key, ScalarNode):
                 first = seen.setdefault((key.tag, key.value), key)
                 if first is not key:
                     self._path.append(shown_text(key.value, 40))
                     raise self._refuse(
-                        f"duplicate key {shown(key.value)} (first at line {first.start_mark.line + 1}); "
+                        f"duplicate key {shown_key(key.value)} (first at line {first.start_mark.line + 1}); "
                         "allowed: each key once", key
                     )
         return self._sized(node, [part for pair in node.value for part in pair])
