@@ -12,7 +12,7 @@ from report_records import make_scenario, write_run
 
 from harness.cli import main
 from harness.report.collect import collect
-from harness.scenario.schema import REPO_DIR
+from harness.scenario.sections import REPO_DIR
 
 OOM_EXPECTED = {"outcomes": {"legacy": "oom", "fixed": "fit"}, "memory_tolerance_pct": 1.0}
 
