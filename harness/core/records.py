@@ -23,12 +23,16 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 # 2: a rank records facts only; the verdicts of version 1 (Correctness.within_tolerance and first_diverging_stage,
 # PolicyResult.expectation_met) are made by the collector (harness.report.checks). A version 1 record still loads:
 # those three fields are read and dropped (_drop_verdicts).
 SCHEMA_VERSION = 2
+MIN_SCHEMA_VERSION = 1
+# A cheap bound before validation; the scenario's own list (harness.scenario.limits.MAX_POLICIES at most) is
+# checked by the collector, which knows the scenario.
+MAX_RECORD_POLICIES = 64
 # The rank's own verdicts in version 1 records, per policy and per policy's correctness.
 _V1_POLICY_VERDICTS = ("expectation_met",)
 _V1_CORRECTNESS_VERDICTS = ("within_tolerance", "first_diverging_stage")
@@ -317,6 +321,16 @@ class RankRecord(RankHeader):
     # The experts kernels that ran: the backend and, for vLLM's ops, the release, file, sha256 and size.
     kernels: KernelsRecord | None = None
 
+    @field_validator("policies")
+    @classmethod
+    def _each_policy_once(cls, policies: list[PolicyResult]) -> list[PolicyResult]:
+        seen: set[str] = set()
+        for result in policies:
+            if result.policy in seen:
+                raise ValueError(f"policy {result.policy[:80]!r} is listed twice; each policy once")
+            seen.add(result.policy)
+        return policies
+
 
 class RankFailure(RankHeader):
     """Written by a launcher for a rank that died, hung or raised before its final record."""
@@ -343,6 +357,16 @@ class RunManifest(RunHeader):
     command: list[str]
     started_at: float
     versions: Versions | None = None
+    # scenario_digest(scenario) as the driver wrote it: an edit of the scenario here (a raised expect.max_error)
+    # shows. None in records from before it.
+    scenario_sha256: str | None = None
+
+
+def scenario_digest(scenario: dict[str, Any]) -> str:
+    """sha256 of a record's scenario as canonical JSON (sorted keys, no spaces)."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(scenario, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def rank_record_path(run_dir: Path, rank: int, *, failed: bool = False) -> Path:
@@ -471,8 +495,11 @@ def _validate_record(data: Any, where: str) -> RankRecord | RankFailure | RunMan
     if not isinstance(data, dict):
         raise RecordError(f"{where}: corrupt: expected a JSON object")
     version = data.get("schema_version")
-    if not isinstance(version, int):
+    if not isinstance(version, int) or isinstance(version, bool):
         raise RecordError(f"{where}: corrupt: no schema_version")
+    if version < MIN_SCHEMA_VERSION:
+        raise RecordError(f"{where}: corrupt: schema_version {version} is no version of these records; allowed: "
+                          f"{MIN_SCHEMA_VERSION} to {SCHEMA_VERSION}")
     if version > SCHEMA_VERSION:
         raise RecordError(
             f"{where}: schema version {version} is newer than this harness reads ({SCHEMA_VERSION}); "
@@ -484,8 +511,13 @@ def _validate_record(data: Any, where: str) -> RankRecord | RankFailure | RunMan
         raise RecordError(f"{where}: corrupt: record_kind {str(kind)[:40]!r} is not one of {', '.join(_KINDS)}")
     if version < 2 and model is RankRecord:
         data = _drop_verdicts(data)
+    policies = data.get("policies")
+    if isinstance(policies, list) and len(policies) > MAX_RECORD_POLICIES:  # before validating thousands of them
+        raise RecordError(f"{where}: corrupt: policies: {len(policies)} policies; allowed: at most "
+                          f"{MAX_RECORD_POLICIES}")
     try:
-        return model.model_validate(data)  # type: ignore[return-value]
+        # strict, as scenarios are: no "123" or 1.0 for a byte count, no false for a count
+        return model.model_validate(data, strict=True)  # type: ignore[return-value]
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])

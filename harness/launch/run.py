@@ -29,7 +29,7 @@ from rich.console import Console
 
 from harness.core.console import make_console
 from harness.core.exits import EXIT_ERROR, EXIT_OK
-from harness.core.records import RankRecord, RunManifest, write_record
+from harness.core.records import RankRecord, RunManifest, scenario_digest, write_record
 from harness.launch.contract import DeviceType, comm_backend_for, LaunchError, LaunchOutcome, LaunchPlan, RankEntry
 from harness.launch.deadlines import sigterm_as_interrupt
 from harness.launch.faults import FAULT_ENV, parse_fault_spec
@@ -202,9 +202,10 @@ def _write_manifest(scenario: Scenario, *, run_dir: Path, run_id: str, scenario_
     from harness.core.environment import collect_versions
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    data = scenario.model_dump(mode="json")
     write_record(run_dir / "run.json", RunManifest(
         run_id=run_id, scenario_name=scenario.name or "", scenario_hash=scenario.scenario_hash,
-        scenario=scenario.model_dump(mode="json"),
+        scenario=data, scenario_sha256=scenario_digest(data),
         scenario_path=str(scenario_path) if scenario_path is not None else None,
         num_ranks=scenario.parallel.num_ranks, launcher=launcher, command=command, started_at=time.time(),
         versions=collect_versions(),

@@ -26,6 +26,8 @@ from harness.report.checks import (
     Judging,
     baseline_checks,
     baseline_rounding,
+    contract_problems,
+    expected_contracts,
     evaluate_checks,
     exit_of,
     first_diverging,
@@ -395,6 +397,7 @@ class RunFold:
         self.seen = _Seen()
         self.judged = _Judged()
         self.kept: list[RankRecord] = []
+        self.contracts: dict[str, tuple[int, int, int]] | None = None  # legacy's and fixed's bytes, once known
 
     def _resolve(self, raw: dict[str, Any] | None, records: Iterable[RankRecord]) -> None:
         self.scenario, self.raw, self.scenario_problem = _scenario_of(raw, self.hint)
@@ -419,6 +422,9 @@ class RunFold:
         assert self.judging is not None
         _judge_rank(record, self.judging, self.seen.oom_ranks, self.judged, self.failures.get(record.rank),
                     list(self.scenario.policies) if self.scenario else [])
+        if self.contracts is None:
+            self.contracts = expected_contracts(self.scenario)
+        self.judged.problems += contract_problems(record, self.contracts)
 
     def report(self, loaded: LoadedRun) -> RunReport:
         """The RunReport, once load_run has handed over every record (`loaded`: its problems and input hash)."""

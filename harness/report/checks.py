@@ -6,6 +6,8 @@
     baseline_checks()       per policy of one rank: its memory baseline against the rank's first policy's
     first_diverging()       the first stage of the data path beyond its tolerance
     policy_expectation()    a policy's outcome over all ranks against the expected one
+    contract_problems()     a builtin policy's contract bytes in a record against the scenario's shapes
+                            (expected_contracts)
     exit_of()               the exit code and its one-line reason from the check counts and the problems
 
 The rank records facts (numbers, and the tolerances it checked rows against); every verdict is made here.
@@ -17,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+from harness.core.contract import BUILTIN_POLICIES, builtin_shapes
 from harness.core.records import Correctness, MemoryMeasurement, PolicyResult, RankRecord, StageCheck
 from harness.report.model import Check, CheckCounts, CheckOutcome, Checks, Outcome, Problem
 from harness.scenario.schema import Scenario
@@ -233,6 +236,37 @@ def baseline_checks(record: RankRecord) -> dict[str, Check]:
                 f"{reference.baseline_bytes} B, beyond the {rounding} B of {memory.method} rounding: the policies "
                 f"did not start from the same state ({_WARMUP_HINT[record.warmup]})"))
     return checks
+
+
+# legacy and fixed are vLLM's own formulas, stable across the records' history; lower-bound (the live set) was
+# refined after records still committed were made, so its figure in a record is its harness's, not checked here.
+RECOMPUTED_CONTRACTS = tuple(p for p in BUILTIN_POLICIES if p != "lower-bound")
+
+
+def expected_contracts(scenario: Scenario | None) -> dict[str, tuple[int, int, int]]:
+    """(common, ws2, total) bytes of legacy and fixed at the scenario's shapes (harness.core.contract)."""
+    if scenario is None:
+        return {}
+    args = scenario.sizing_args()
+    shapes = {p: builtin_shapes(p, args) for p in scenario.policies if p in RECOMPUTED_CONTRACTS}
+    return {p: (s.common_bytes, s.ws2_bytes, s.total_bytes) for p, s in shapes.items()}
+
+
+def contract_problems(record: RankRecord, expected: dict[str, tuple[int, int, int]]) -> list[Problem]:
+    """A builtin policy's contract (legacy, fixed) is computed, not measured: the record's bytes must be the ones
+    the scenario's shapes give (`expected`, from expected_contracts), else the record is not of this scenario or
+    was edited."""
+    problems = []
+    for result in record.policies:
+        want = expected.get(result.policy)
+        got = result.contract
+        if want is not None and (got.common_bytes, got.ws2_bytes, got.total_bytes) != want:
+            problems.append(Problem(
+                kind="mismatch", rank=record.rank, path=f"ranks/rank-{record.rank:05d}.json",
+                cause=f"rank {record.rank}, policy {result.policy}: contract common {got.common_bytes} B, ws2 "
+                      f"{got.ws2_bytes} B, total {got.total_bytes} B; the scenario's shapes give {want[0]}, "
+                      f"{want[1]}, {want[2]} B"))
+    return problems
 
 
 def policy_expectation(outcome: Outcome | None, expected: str | None) -> CheckOutcome:

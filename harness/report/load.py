@@ -23,8 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from harness.core.records import RankFailure, RankRecord, Record, RecordError, RunManifest, parse_record
+from harness.core.records import (
+    RankFailure, RankRecord, Record, RecordError, RunManifest, parse_record, scenario_digest,
+)
 from harness.report.model import Problem, ProblemKind
+from harness.scenario.limits import MAX_NUM_RANKS, MAX_POLICIES
 
 MAX_RECORD_BYTES = 64 * 2**20  # a rank record is kilobytes; anything this large is not one
 MAX_RANK_FILES = 1 << 20
@@ -227,7 +230,40 @@ def _check_rank_record(inputs: _Inputs, record: Record, rank: int, is_failure: b
     if manifest is not None and rank >= manifest.num_ranks:
         inputs.problem("mismatch", f"{rel}: rank {rank} is outside the {manifest.num_ranks} ranks run.json names",
                        rank=rank, path=rel)
+    if isinstance(record, RankRecord) and len(record.policies) > MAX_POLICIES:
+        inputs.unreadable_ranks.add(rank)
+        inputs.problem("mismatch", f"{rel}: {len(record.policies)} policies; allowed: at most {MAX_POLICIES} (the "
+                       "scenario's limit)", rank=rank, path=rel)
+        return False
+    if isinstance(record, RankRecord) and manifest is not None:
+        allowed = manifest.scenario.get("policies")
+        outside = [p.policy for p in record.policies if isinstance(allowed, list) and p.policy not in allowed]
+        if outside:
+            inputs.unreadable_ranks.add(rank)
+            inputs.problem("mismatch", f"{rel}: policy {outside[0][:80]!r} is not one of the scenario's "
+                           f"({', '.join(str(a) for a in allowed)}); left out of the aggregates", rank=rank, path=rel)
+            return False
+        if record.scenario != manifest.scenario:
+            inputs.unreadable_ranks.add(rank)
+            inputs.problem("mismatch", f"{rel}: its scenario differs from run.json's (one of the two was edited "
+                           "after the run); left out of the aggregates", rank=rank, path=rel)
+            return False
     return True
+
+
+def _check_manifest(inputs: _Inputs, manifest: RunManifest) -> RunManifest | None:
+    """run.json's own bounds and integrity: num_ranks within the scenario's limit (so no 10^8-rank set is built
+    from it), its scenario still the one it was written with (scenario_sha256, when the record has one)."""
+    if not 1 <= manifest.num_ranks <= MAX_NUM_RANKS:
+        inputs.problem("invalid", f"run.json: num_ranks {manifest.num_ranks}; allowed: 1 to {MAX_NUM_RANKS} (the "
+                       "scenario's limit)", path="run.json")
+        return None
+    if manifest.scenario_sha256 is not None and scenario_digest(manifest.scenario) != manifest.scenario_sha256:
+        inputs.problem("mismatch", "run.json: its scenario is not the one the run was started with (its "
+                       "scenario_sha256 does not match: edited after the run); not judged against it",
+                       path="run.json")
+        return None
+    return manifest
 
 
 def load_run(run_dir: Path, *, sink: RecordSink | None = None) -> LoadedRun:
@@ -238,6 +274,7 @@ def load_run(run_dir: Path, *, sink: RecordSink | None = None) -> LoadedRun:
     run_dir = Path(run_dir)
     inputs = _Inputs(run_dir=run_dir, root=run_dir.resolve())
     manifest = _load_manifest(inputs)
+    manifest = _check_manifest(inputs, manifest) if manifest is not None else None
     records: dict[int, RankRecord] = {}
     record_ranks: set[int] = set()
     failures: dict[int, RankFailure] = {}
@@ -261,7 +298,7 @@ def load_run(run_dir: Path, *, sink: RecordSink | None = None) -> LoadedRun:
                 records[rank] = record  # type: ignore[assignment]
     if sink is not None and not begun:
         sink.begin(manifest, failures)
-    if manifest is not None:
+    if manifest is not None:  # num_ranks is within MAX_NUM_RANKS here
         for rank in sorted(set(range(manifest.num_ranks)) - record_ranks - set(failures) - inputs.unreadable_ranks):
             rel = f"ranks/rank-{rank:05d}.json"
             inputs.problem("missing-rank", f"rank {rank}: no record and no failure record ({rel} is missing)",
