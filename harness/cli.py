@@ -169,7 +169,7 @@ OUTPUT_BYTES = 16 * 2**20  # what bench.json/md or layer-audit.json/md take at m
 
 def cmd_vllm_audit(ns: argparse.Namespace) -> int:
     if ns.layer:
-        from harness.core.records import probe_writable
+        from harness.core.files import probe_writable
         from harness.sizing.layer_audit import run_layer_audit
 
         if ns.out is not None:
@@ -300,7 +300,7 @@ def cmd_status(ns: argparse.Namespace) -> int:
 
 def cmd_bench(ns: argparse.Namespace) -> int:
     from harness.bench.command import BenchRequest, bench_command
-    from harness.core.records import probe_writable
+    from harness.core.files import probe_writable
 
     if ns.out is not None:
         probe_writable(ns.out, need_bytes=OUTPUT_BYTES)  # before any measuring

@@ -4,16 +4,17 @@ tests/hostile/ holds the corpus: one small file per input (its header says the c
 fragment the refusal must contain), and generated.yaml for inputs that cannot be literal files (FIFOs, devices,
 sockets, links, files of megabytes), made in a temporary directory here. Every input goes through both commands
 as a subprocess of the real CLI, and the test asserts, for each: exit code 2, exactly one line on stderr naming
-the problem, no traceback, nothing on stdout, done within TIMEOUT_S under an address-space limit of
+the problem, no traceback, nothing on stdout, done within CPU_LIMIT_S of CPU time under an address-space limit of
 ADDRESS_SPACE_BYTES, and no file created or removed anywhere under the temporary root (the working directory is
 four levels down, so a name climbing out with ../../../ stays inside it) nor in the repository's results/.
 
-Why 5 s and 1 GiB are safe on a loaded 2-core machine: they are the issue's own bounds, and both commands refuse
-before importing torch or spawning a rank. A refusal costs one interpreter start plus the imports of pydantic,
-PyYAML and rich: about 0.3 s and 60 MB on an idle machine, about 1.5 s at a load of 7 on 2 cores (measured while
-writing this test). An input the checks miss costs far more: `harness run` imports torch (1-2 s and more than
-1 GiB of address space, so it fails under the limit with a traceback) and starts ranks; that is what the bounds
-catch.
+The bounds are the child's own CPU time and memory (RLIMIT_CPU, RLIMIT_AS: the kernel stops it past either), not
+wall-clock time, so a loaded machine slows a case without failing it. Both commands refuse before importing torch
+or spawning a rank: a refusal costs one interpreter start plus the imports of pydantic, PyYAML and rich, about
+0.3 s of CPU and 60 MB. An input the checks miss costs far more: `harness run` imports torch (more than 1 GiB of
+address space, so it fails under the limit with a traceback) and starts ranks; a loop spends its CPU seconds. An
+input that blocks without spending CPU (a FIFO read) is caught by HANG_S of wall clock: the scenario's own bound
+on starting a run (launch.placement_timeout_s), far beyond any refusal under any load.
 
 Inputs whose header says `plan: accepted` are well formed, so `harness plan` (pure data) plans them, exit 0; only
 `harness run` refuses them, because this machine cannot hold them (ranks per core, memory per rank): the child
@@ -27,6 +28,7 @@ import math
 import os
 import re
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -42,11 +44,14 @@ import yaml
 from cli_utils import REPO_DIR, harness_env
 from scenario_utils import TINY
 
+from harness.scenario.schema import parse_scenario
+
 CORPUS_DIR = Path(__file__).resolve().parent / "hostile"
 GENERATED_SPEC = CORPUS_DIR / "generated.yaml"
 COMMANDS = ("plan", "run")
 CATEGORIES = {"hang", "memory", "traceback", "accepted", "outside", "matrix"}
-TIMEOUT_S = 5.0
+CPU_LIMIT_S = 5  # CPU seconds a refusal may spend (the kernel sends SIGXCPU past it)
+HANG_S = parse_scenario(TINY, path="<tiny>").launch.placement_timeout_s  # the scenario's own bound on starting
 ADDRESS_SPACE_BYTES = 2**30
 NUM_CPUS_SEEN = 2
 HEADER = re.compile(rb"^# (\w[\w-]*): (.*)$")
@@ -169,14 +174,15 @@ def _listing(root: Path) -> list[str]:
 
 
 def _child_limits() -> None:
-    """In the child before exec: the issue's memory bound, and the CPU count of the CI machine."""
+    """In the child before exec: the memory and CPU-time bounds, and the CPU count of the CI machine."""
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_BYTES, ADDRESS_SPACE_BYTES))
+    resource.setrlimit(resource.RLIMIT_CPU, (CPU_LIMIT_S, CPU_LIMIT_S + 1))
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:NUM_CPUS_SEEN])
 
 
 @dataclass(frozen=True, kw_only=True)
 class Outcome:
-    returncode: int | None  # None: still running after TIMEOUT_S (killed)
+    returncode: int | None  # None: still running after HANG_S without spending its CPU bound (blocked; killed)
     stdout: str
     stderr: str
     wall_s: float
@@ -202,7 +208,7 @@ def _run(case: Case, command: str, root: Path) -> Outcome:
     started = time.monotonic()
     try:
         proc = subprocess.run([sys.executable, "-m", "harness", *args], cwd=work, env=env, capture_output=True,
-                              encoding="utf-8", errors="replace", timeout=TIMEOUT_S, preexec_fn=_child_limits,
+                              encoding="utf-8", errors="replace", timeout=HANG_S, preexec_fn=_child_limits,
                               check=False)
         returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
     except subprocess.TimeoutExpired as exc:
@@ -242,8 +248,8 @@ def test_the_corpus_covers_every_category() -> None:
     assert not big, f"keep corpus files small; make big inputs in generated.yaml: {big}"
 
 
-# The first test builds the module fixture: every invocation, NUM_CPUS_SEEN at a time, each bounded by TIMEOUT_S.
-FIXTURE_BOUND_S = math.ceil(len(CASES) * len(COMMANDS) * TIMEOUT_S / NUM_CPUS_SEEN) + 60
+# The first test builds the module fixture: every invocation, NUM_CPUS_SEEN at a time, each bounded by HANG_S.
+FIXTURE_BOUND_S = math.ceil(len(CASES) * len(COMMANDS) * HANG_S / NUM_CPUS_SEEN) + 60
 
 
 @pytest.mark.timeout(FIXTURE_BOUND_S)
@@ -254,7 +260,8 @@ def test_hostile_input_is_refused(outcomes: dict[tuple[str, str], Outcome], case
     if outcome.skipped:
         pytest.skip(outcome.skipped)
     where = f"{case.category}: {case.what}\nstdout: {outcome.stdout[-2000:]}\nstderr: {outcome.stderr[-2000:]}"
-    assert outcome.returncode is not None, f"still running after {TIMEOUT_S} s; {where}"
+    assert outcome.returncode is not None, f"blocked: still running after {HANG_S} s; {where}"
+    assert outcome.returncode != -signal.SIGXCPU, f"spent more than {CPU_LIMIT_S} s of CPU; {where}"
     assert "Traceback" not in outcome.stderr, where
     assert not outcome.changed, f"created or removed {outcome.changed}; {where}"
     if command == "plan" and case.plan_accepted:

@@ -16,7 +16,6 @@ so a crash never leaves half a record.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import tempfile
@@ -407,29 +406,6 @@ def write_text_atomic(path: Path, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
-
-
-def probe_writable(directory: Path, *, need_bytes: int = 0) -> None:
-    """Before any measuring: write, sync and remove a probe file in `directory` (or, when it does not exist yet, in
-    its nearest existing parent: nothing is created) and check that `need_bytes` are free there. OSError naming the
-    path when the outputs could not be written (a read-only directory or filesystem, no permission, a full disk),
-    so the error comes before the work, not after it."""
-    directory = Path(directory).absolute()
-    while not directory.exists() and directory != directory.parent:
-        directory = directory.parent
-    if not directory.is_dir():
-        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(directory))
-    fd, probe = tempfile.mkstemp(prefix=".harness-probe.", suffix=".tmp", dir=directory)
-    try:
-        os.write(fd, b"\0" * 4096)  # a block: a full filesystem refuses it
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-        Path(probe).unlink(missing_ok=True)
-    free = os.statvfs(directory).f_bavail * os.statvfs(directory).f_frsize
-    if free < need_bytes:
-        raise OSError(errno.ENOSPC, f"No space left on device: {free} bytes free, the outputs need about "
-                                    f"{need_bytes}", str(directory))
 
 
 def write_json_atomic(path: Path, data: Any) -> Path:

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.core.records import probe_writable
+from harness.core.files import pid_alive, probe_writable
 from harness.launch.contract import LaunchError
 from harness.report.write import REPORT_FILES, output_generations
 from harness.scenario.matrix import MATRIX_MANIFEST
@@ -68,18 +68,6 @@ def _claim_owner(run_dir: Path) -> str:
 _CLAIM_RE = re.compile(r"^pid (\d+) on (\S+) since (\S+), run (\S+)$")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    except (OverflowError, ValueError):
-        return False
-    return True
-
-
 def _stale_claim(run_dir: Path, owner: str, stale_after_s: float) -> str | None:
     """Why the claim in run_dir belongs to no live run (then it may be taken over), or None while it may.
 
@@ -89,7 +77,7 @@ def _stale_claim(run_dir: Path, owner: str, stale_after_s: float) -> str | None:
     match = _CLAIM_RE.match(owner)
     if match is not None:
         pid, host = int(match.group(1)), match.group(2)
-        if host == socket.gethostname() and not _pid_alive(pid):
+        if host == socket.gethostname() and not pid_alive(pid):
             return f"its claim names pid {pid} on {host}, which is no longer running"
         return None
     if owner:

@@ -46,6 +46,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from harness.core.files import pid_alive
 from harness.core.records import Record
 
 MANIFEST_NAME = "manifest.json"
@@ -57,6 +58,7 @@ DOWNLOAD_LOG_NAME = "downloads.log"
 MANIFEST_SCHEMA = 3
 MAX_MANIFEST_BYTES = 4 << 20  # a release's manifest is about 40 kB
 MAX_RECORD_BYTES = 16 << 20  # a vLLM wheel's RECORD is about 0.5 MB
+MAX_MEMBER_BYTES = 1 << 30  # the largest member, the ops library, is about 80 MB (0.26.0 and 0.30.0)
 
 # Any local python can fetch the Linux x86-64 wheel: vLLM ships one cp38-abi3 wheel per release, under whichever
 # manylinux tag its build had (manylinux_2_28 from 0.22.0, manylinux_2_24 in 0.21.0, manylinux_2_31 in 0.15.0, ...):
@@ -436,6 +438,7 @@ def extract_wheel(
     against the wheel's RECORD; the manifest lists every file with its sha256."""
     staging = directory.with_name(f"{directory.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
+    remove_stale_staging(directory)
     try:
         with open_wheel(wheel) as archive:
             manifest = _extract_members(archive, wheel, staging, wheel_origin, wanted, ops_names, with_ops)
@@ -499,18 +502,59 @@ def safe_member(name: str) -> bool:
 def _extract_member(
     archive: zipfile.ZipFile, wheel: Path, staging: Path, name: str, record: dict[str, tuple[str, int]]
 ) -> CachedFile:
+    """One member, copied only as far as its RECORD line's size (and MAX_MEMBER_BYTES): a member the RECORD does
+    not list, one bigger than listed (in the zip's directory or as it streams) or over the cap is refused before
+    more than its declared size is written."""
+    if name not in record:
+        raise CacheError(f"{wheel} is damaged or altered: {name} is not in the wheel's RECORD")
+    want_sha256, want_size = record[name]
+    if want_size > MAX_MEMBER_BYTES:
+        raise CacheError(f"{wheel}: {name} is {want_size} bytes by its RECORD line; a member of a vLLM wheel is at "
+                         f"most {MAX_MEMBER_BYTES} bytes here")
+    if archive.getinfo(name).file_size != want_size:
+        raise CacheError(f"{wheel} is damaged or altered: {name} is {archive.getinfo(name).file_size} bytes in the "
+                         f"zip's directory, {want_size} by the wheel's RECORD")
     target = staging / name
     target.parent.mkdir(parents=True, exist_ok=True)
     digest, size = hashlib.sha256(), 0
     with archive.open(name) as source_handle, target.open("wb") as target_handle:
-        for block in iter(lambda: source_handle.read(1 << 22), b""):
-            digest.update(block)
+        while True:
+            block = source_handle.read(min(1 << 22, want_size - size + 1))  # one byte past the size shows a lie
+            if not block:
+                break
             size += len(block)
+            if size > want_size:
+                raise CacheError(f"{wheel} is damaged or altered: {name} holds more than the {want_size} bytes its "
+                                 "RECORD line says; not extracted")
+            digest.update(block)
             target_handle.write(block)
     listed = CachedFile(path=name, sha256=digest.hexdigest(), size_bytes=size)
-    if record.get(name) != (listed.sha256, listed.size_bytes):
+    if (want_sha256, want_size) != (listed.sha256, listed.size_bytes):
         raise CacheError(f"{wheel} is damaged or altered: {name} does not match the wheel's RECORD")
     return listed
+
+
+def remove_stale_staging(directory: Path) -> list[Path]:
+    """The `.partial-PID` and `.replaced-PID` folders next to `directory` whose process is gone (an extraction
+    that was killed): removed, so a killed extraction does not keep its hundreds of MB forever. A live process's
+    folder is left to it."""
+    removed = []
+    pattern = re.compile(re.escape(directory.name) + r"\.(partial|replaced)-(\d+)")
+    try:
+        siblings = list(directory.parent.iterdir()) if directory.parent.is_dir() else []
+    except OSError:
+        return removed
+    for sibling in siblings:
+        match = pattern.fullmatch(sibling.name)
+        if match is None or sibling.is_symlink() or not sibling.is_dir():
+            continue
+        pid = int(match.group(2))
+        if pid == os.getpid() or pid_alive(pid):
+            continue
+        shutil.rmtree(sibling, ignore_errors=True)
+        removed.append(sibling)
+    return removed
+
 
 
 def _install(staging: Path, directory: Path, manifest: CacheManifest, *, with_ops: bool) -> CacheManifest:
