@@ -79,7 +79,8 @@ def test_an_edited_scenario_in_run_json_is_refused(tmp_path: Path) -> None:
     # without the digest (an older record), the ranks' own copy of the scenario still tells
     _edit(manifest, lambda d: d.pop("scenario_sha256"))
     report = collect(run_dir, write=False).report
-    assert report.exit_code == 2 and any("its scenario differs from run.json's" in p.cause for p in report.problems)
+    assert report.exit_code == 2
+    assert any("run.json: its scenario differs from the one rank 0 ran" in p.cause for p in report.problems)
 
 
 def test_num_ranks_in_run_json_is_capped_by_the_scenario_limit(tmp_path: Path) -> None:

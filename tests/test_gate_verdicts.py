@@ -96,15 +96,29 @@ def test_a_failed_baseline_is_refused_in_one_line_unless_allowed(tmp_path: Path,
     assert any("not a passing run" in w for w in data["warnings"])
 
 
-def test_the_committed_failed_h200_run_does_not_pass(capsys) -> None:
-    """results/h200/1xh200-pr55579-vllm-ops: its own report is FAILED. As a baseline it is refused; as the current
-    run against itself (allowed as a baseline) it fails the gate on its own checks."""
-    run_dir = REPO_DIR / "results/h200/1xh200-pr55579-vllm-ops"
-    assert json.loads((run_dir / "report.json").read_text())["status"] == "FAILED"
-    assert main(["compare", str(run_dir), str(run_dir)]) == 2
+def test_a_real_run_that_failed_its_expectation_fails_the_gate(tmp_path: Path, capsys) -> None:
+    """A real `harness run` (TINY, two CPU ranks) whose scenario expects legacy to OOM: it fits, collect says
+    FAILED, and compare (the run against itself, allowed as a baseline) fails on the run's own check."""
+    import copy
+
+    import yaml
+    from cli_utils import run_harness
+    from scenario_utils import TINY
+
+    from harness.scenario.schema import parse_scenario
+
+    data = copy.deepcopy(TINY)
+    data["expect"] = {"outcomes": {"legacy": "oom", "fixed": "fit"}}
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(data))
+    bound_s = parse_scenario(data, path="<tiny>").launch.rank_timeout_s
+    out = tmp_path / "run"
+    ran = run_harness("run", str(tmp_path / "tiny.yaml"), "--out", str(out), timeout_s=bound_s + 60)
+    assert ran.returncode == 1, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert json.loads((out / "report.json").read_text())["status"] == "FAILED"
+    assert main(["compare", str(out), str(out)]) == 2
     assert "is not a passing run" in capsys.readouterr().err
-    code, data, _ = _compare(capsys, str(run_dir), str(run_dir), "--allow-failed-baseline")
-    assert code == 1 and _own_checks(data)
+    code, data_out, _ = _compare(capsys, str(out), str(out), "--allow-failed-baseline")
+    assert code == 1 and (None, "legacy", "check:expectation") in _own_checks(data_out)
 
 
 def test_the_committed_cpu_baseline_still_passes(capsys) -> None:

@@ -67,6 +67,7 @@ class _Inputs:
     problems: list[Problem] = field(default_factory=list)
     digests: list[tuple[str, str]] = field(default_factory=list)  # (relative path, sha256 of the bytes)
     unreadable_ranks: set[int] = field(default_factory=set)
+    scenario_differs: bool = False  # run.json's scenario is not the one a rank recorded (said once)
 
     def problem(self, kind: ProblemKind, cause: str, *, rank: int | None = None, path: str | None = None) -> None:
         self.problems.append(Problem(kind=kind, cause=cause, rank=rank, path=path))
@@ -243,11 +244,10 @@ def _check_rank_record(inputs: _Inputs, record: Record, rank: int, is_failure: b
             inputs.problem("mismatch", f"{rel}: policy {outside[0][:80]!r} is not one of the scenario's "
                            f"({', '.join(str(a) for a in allowed)}); left out of the aggregates", rank=rank, path=rel)
             return False
-        if record.scenario != manifest.scenario:
-            inputs.unreadable_ranks.add(rank)
-            inputs.problem("mismatch", f"{rel}: its scenario differs from run.json's (one of the two was edited "
-                           "after the run); left out of the aggregates", rank=rank, path=rel)
-            return False
+        if record.scenario != manifest.scenario and not inputs.scenario_differs:
+            inputs.scenario_differs = True  # said once, of run.json: the ranks ran the scenario they record
+            inputs.problem("mismatch", f"run.json: its scenario differs from the one rank {rank} ran ({rel}): "
+                           "edited after the run", path="run.json")
     return True
 
 
