@@ -87,7 +87,7 @@ def test_run_out_on_a_read_only_or_full_filesystem_is_refused_before_anything_ru
         if where == "read-only":  # access(2) sees a read-only filesystem; the probe write sees it too
             assert "is not writable by this user" in err or "Read-only file system" in err, err
         else:  # no access check sees a full disk: the probe write does
-            assert "cannot write the run's records there (No space left on device)" in err, err
+            assert "cannot create it (No space left on device)" in err, err
         assert "ranks up" not in result.stdout
 
 

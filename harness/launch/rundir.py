@@ -239,8 +239,9 @@ def _probe(out: Path) -> None:
     try:
         probe_writable(out, need_bytes=RUN_DIR_MIN_FREE_BYTES)
     except OSError as exc:
-        raise LaunchError(f"--out {display(out)}: cannot write the run's records there ({exc.strerror}); allowed: a "
-                          f"writable directory with {RUN_DIR_MIN_FREE_BYTES // 2**20} MiB free at least") from None
+        what = "cannot write the run's records there" if out.is_dir() else "cannot create it"
+        raise LaunchError(f"--out {display(out)}: {what} ({exc.strerror}); allowed: a writable directory with "
+                          f"{RUN_DIR_MIN_FREE_BYTES // 2**20} MiB free at least") from None
 
 
 def choose_run_dir(out: Path | None, run_id: str, *, matrix_name: str | None = None,
