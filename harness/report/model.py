@@ -20,7 +20,7 @@ import json
 from collections.abc import Iterator
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, JsonValue
+from pydantic import BaseModel, ConfigDict, JsonValue, field_validator
 
 from harness.core.records import Breakdown, KernelsRecord, OomRecord, StageCheck, Versions
 
@@ -331,6 +331,13 @@ class MatrixCell(ReportModel):
     axis_values: dict[str, JsonValue]
     planned_contracts: dict[str, int]  # builtin policies' contract bytes, known even for a cell that never ran
     report: RunReport
+
+    @field_validator("report")
+    @classmethod
+    def _no_digest_of_its_own(cls, report: RunReport) -> RunReport:
+        """The cell's report as its own report.json has it, less that file's digest: the matrix report's covers it,
+        and a cell read from disk and one collected just now give the same matrix report."""
+        return report if report.content_digest is None else report.model_copy(update={"content_digest": None})
 
 
 class MatrixReport(ReportModel):
