@@ -2,12 +2,15 @@
 
     probe_writable()   a file written and removed where outputs go, and the free space there: before any work
     pid_alive()        whether a process of this host is still running (a claim or a staging folder's owner)
+    remove_dead_staging()  NAME.<kind>-PID folders beside NAME whose process is gone, removed
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -49,3 +52,24 @@ def pid_alive(pid: int) -> bool:
     except (OverflowError, ValueError):  # beyond any pid
         return False
     return True
+
+
+def remove_dead_staging(directory: Path, kinds: tuple[str, ...]) -> list[Path]:
+    """The `<name>.<kind>-PID` folders next to `directory` (an extraction's staging, an entry renamed aside) whose
+    process is gone: removed, so a killed extraction does not keep its hundreds of MB forever. A live process's
+    folder is left to it; links and files are never touched."""
+    pattern = re.compile(re.escape(directory.name) + r"\.(" + "|".join(map(re.escape, kinds)) + r")-(\d+)")
+    removed = []
+    try:
+        siblings = list(directory.parent.iterdir()) if directory.parent.is_dir() else []
+    except OSError:
+        return removed
+    for sibling in siblings:
+        match = pattern.fullmatch(sibling.name)
+        if match is None or sibling.is_symlink() or not sibling.is_dir():
+            continue
+        pid = int(match.group(2))
+        if pid != os.getpid() and not pid_alive(pid):
+            shutil.rmtree(sibling, ignore_errors=True)
+            removed.append(sibling)
+    return removed

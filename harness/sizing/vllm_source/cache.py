@@ -46,7 +46,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from harness.core.files import pid_alive
+from harness.core.files import remove_dead_staging
 from harness.core.records import Record
 
 MANIFEST_NAME = "manifest.json"
@@ -438,7 +438,7 @@ def extract_wheel(
     against the wheel's RECORD; the manifest lists every file with its sha256."""
     staging = directory.with_name(f"{directory.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
-    remove_stale_staging(directory)
+    remove_dead_staging(directory, ("partial", "replaced"))  # what killed extractions left
     try:
         with open_wheel(wheel) as archive:
             manifest = _extract_members(archive, wheel, staging, wheel_origin, wanted, ops_names, with_ops)
@@ -511,9 +511,9 @@ def _extract_member(
     if want_size > MAX_MEMBER_BYTES:
         raise CacheError(f"{wheel}: {name} is {want_size} bytes by its RECORD line; a member of a vLLM wheel is at "
                          f"most {MAX_MEMBER_BYTES} bytes here")
-    if archive.getinfo(name).file_size != want_size:
-        raise CacheError(f"{wheel} is damaged or altered: {name} is {archive.getinfo(name).file_size} bytes in the "
-                         f"zip's directory, {want_size} by the wheel's RECORD")
+    if (in_zip := archive.getinfo(name).file_size) != want_size:
+        raise CacheError(f"{wheel} is damaged or altered: {name} is {in_zip} bytes in the zip's directory, {want_size} "
+                         "by the wheel's RECORD")
     target = staging / name
     target.parent.mkdir(parents=True, exist_ok=True)
     digest, size = hashlib.sha256(), 0
@@ -532,28 +532,6 @@ def _extract_member(
     if (want_sha256, want_size) != (listed.sha256, listed.size_bytes):
         raise CacheError(f"{wheel} is damaged or altered: {name} does not match the wheel's RECORD")
     return listed
-
-
-def remove_stale_staging(directory: Path) -> list[Path]:
-    """The `.partial-PID` and `.replaced-PID` folders next to `directory` whose process is gone (an extraction
-    that was killed): removed, so a killed extraction does not keep its hundreds of MB forever. A live process's
-    folder is left to it."""
-    removed = []
-    pattern = re.compile(re.escape(directory.name) + r"\.(partial|replaced)-(\d+)")
-    try:
-        siblings = list(directory.parent.iterdir()) if directory.parent.is_dir() else []
-    except OSError:
-        return removed
-    for sibling in siblings:
-        match = pattern.fullmatch(sibling.name)
-        if match is None or sibling.is_symlink() or not sibling.is_dir():
-            continue
-        pid = int(match.group(2))
-        if pid == os.getpid() or pid_alive(pid):
-            continue
-        shutil.rmtree(sibling, ignore_errors=True)
-        removed.append(sibling)
-    return removed
 
 
 
