@@ -41,7 +41,7 @@ def test_accountant_counts_exact_bytes_per_category_and_enforces_a_cpu_budget():
     except BudgetExceeded as exc:
         assert exc.requested_bytes == 9 * MB
         assert isinstance(exc, torch.OutOfMemoryError)  # one OOM path for GPU and CPU
-        assert "tried to allocate 9437184 bytes for common" in str(exc)
+        assert "Tried to allocate 9.00 MiB (9437184 bytes) for common" in str(exc)
     else:
         raise AssertionError("the budget was not enforced")
     acc.release("common", a)

@@ -164,6 +164,9 @@ class OomRecord(Record):
     budget_bytes: int | None
     message: str
     snapshot_file: str | None = None  # relative to the run directory
+    # What the policy's workspace held when the allocation failed (its first block, when the second failed); None:
+    # not a workspace OOM, or a record from before the field.
+    allocated_bytes: int | None = None
 
 
 class Timings(Record):

@@ -149,8 +149,9 @@ def _oom_record(setup: RankSetup, policy: str, stage: str, exc: BaseException, r
         if snapshot.dump(setup.run_dir / rel):
             snapshot_file = str(rel)
     budget = setup.scenario.memory.budget_bytes
+    allocated = getattr(exc, "allocated_bytes", 0) if stage == "workspace" else None
     return OomRecord(policy=policy, stage=stage, requested_bytes=requested, free_bytes=free, total_bytes=total,
-                     budget_bytes=budget, message=message[:500], snapshot_file=snapshot_file)
+                     budget_bytes=budget, message=message[:500], snapshot_file=snapshot_file, allocated_bytes=allocated)
 
 
 def _correctness(setup: RankSetup, state: PolicyState) -> Correctness | None:

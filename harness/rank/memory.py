@@ -57,6 +57,14 @@ def free_bytes_from_message(message: str) -> int | None:
     return _bytes_from(_FREE_RE, message)
 
 
+def _torch_size(num_bytes: int) -> str:
+    """A size as torch's OOM message writes it: two decimals in the largest unit it reaches ("56.00 GiB")."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        if num_bytes >= _UNITS[unit]:
+            return f"{num_bytes / _UNITS[unit]:.2f} {unit}"
+    return f"{num_bytes} B"
+
+
 def _cpu_mapped(shape: tuple[int, ...], dtype: torch.dtype, num_bytes: int) -> torch.Tensor:
     """A CPU tensor on its own anonymous mapping: its pages join RSS when touched and leave it when freed,
     as a cudaMalloc'd block shows in NVML. malloc would reuse freed heap memory and hide the growth."""
@@ -87,9 +95,11 @@ class Accountant:
         if self.device.type == "cpu" and self.budget_bytes is not None:
             in_use = self.total_bytes  # the CPU budget covers the harness's tensors
             if in_use + num_bytes > self.budget_bytes:
+                # torch's wording ("Tried to allocate 16.00 MiB"), so a CPU OOM reads like the GPU's it stands for.
                 raise BudgetExceeded(
-                    f"CPU budget exceeded: tried to allocate {num_bytes} bytes for {category} with "
-                    f"{in_use} bytes in use of a {self.budget_bytes}-byte budget",
+                    f"CPU budget exceeded: Tried to allocate {_torch_size(num_bytes)} ({num_bytes} bytes) for "
+                    f"{category} with {in_use} bytes in use of a {self.budget_bytes}-byte budget "
+                    f"({_torch_size(self.budget_bytes - in_use)} free)",
                     requested_bytes=num_bytes,
                     free_bytes=self.budget_bytes - in_use,
                 )

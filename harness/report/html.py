@@ -23,23 +23,22 @@ from harness.report.html_base import (
     failures_html, figure, new_figure, num_cell, other_note, plot_breakdown, png_base64, policy_color,
     policy_table_html, problems_html, table, td,
 )
+from harness.report.evidence import OOM_HEADERS, held_bytes, oom_entries, oom_table_rows
+from harness.report.evidence import workspace_room
 from harness.report.html_matrix import cell_plots_note, matrix_body
 from harness.report.markdown import (
-    GIB, NA, RANK_TABLE_MAX, Cell, baseline_table, byte_unit, checks_line, fmt_error, fmt_us, footer_line,
+    NA, RANK_TABLE_MAX, Cell, baseline_table, byte_unit, checks_line, fmt_error, fmt_us, footer_line,
     header_lines, title_line,
 )
+from harness.core.units import human_bytes
 from harness.report.model import MatrixReport, Report, RunReport
 
 PER_RANK_BARS_MAX = 64
 
 
 def _room_under_budget(report: RunReport) -> int | None:
-    """The memory budget less the lowest baseline in use: the most a workspace can take before it OOMs."""
-    budget = report.scenario.memory_budget_bytes
-    baselines = [p.baseline_bytes.min for p in report.policies if p.baseline_bytes is not None]
-    if budget is None or not baselines or report.scenario.memory_method != "nvml":
-        return None
-    return int(budget - min(baselines))
+    """The most a workspace can take before it OOMs, NVML or CPU (harness.report.evidence.workspace_room)."""
+    return workspace_room(report)
 
 
 def _oom_bar(ax: Any, x: float, height: float, width: float, status: str | None) -> None:
@@ -60,8 +59,11 @@ def _per_rank_bars(ax: Any, report: RunReport, k: int, policy: str, xs: list[flo
     measured = [e.workspace_delta_bytes if e is not None and e.status == "ok" else None for e in entries]
     ax.bar(xs, contract, width, color=color, alpha=0.35, hatch="//", edgecolor=color, label=f"{policy} contract")
     ax.bar([x + width for x in xs], [(v or 0) / scale for v in measured], width, color=color, label=f"{policy} measured")
-    for x, v, e, c in zip(xs, measured, entries, contract):
+    for x, v, e, c, rank in zip(xs, measured, entries, contract, report.ranks):
         if v is None:  # OOM, stopped or not measured: say so rather than draw a zero
+            held = held_bytes(report, rank, e) if e is not None else 0
+            if held:  # what it did allocate before the OOM, solid under the hatch of what it asked for
+                ax.bar([x + width], [held / scale], width, color=OOM_COLOR, alpha=0.45)
             _oom_bar(ax, x + width, c, width, e.status if e else None)
 
 
@@ -102,6 +104,8 @@ def plot_workspace_per_rank(report: RunReport) -> str | None:
                    label="memory budget less the baseline in use (room for a workspace)")
     if any(p.num_oom for p in report.policies):
         ax.bar([0], [0], 0, fill=False, hatch="xx", edgecolor=OOM_COLOR, label="OOM: what the policy asked for")
+        if per_rank and any(held_bytes(report, r, e) for r in report.ranks for e in r.policies):
+            ax.bar([0], [0], 0, color=OOM_COLOR, alpha=0.45, label="OOM: what it allocated before the OOM")
     ax.set_xticks([g + (len(policies) * 2 - 1) * width / 2 for g in range(len(groups))])
     ax.set_xticklabels([f"rank {g}" if per_rank else g for g in groups], rotation=90 if len(groups) > 16 else 0,
                        fontsize=7 if len(groups) > 16 else 9)
@@ -122,16 +126,36 @@ def _breakdown_bars(report: RunReport) -> tuple[list[str], list[dict[str, float]
         for rank in report.ranks:
             for entry in rank.policies:
                 if entry.breakdown is not None:
-                    labels.append(f"r{rank.rank}\n{entry.policy}")
-                    bars.append(breakdown_parts(entry.breakdown))
+                    labels.append(f"r{rank.rank} {entry.policy}")
+                    bars.append(_with_held(breakdown_parts(entry.breakdown), held_bytes(report, rank, entry)))
         return labels, bars, "per rank"
     for summary in report.policies:
-        found = [e.breakdown for r in report.ranks for e in r.policies
-                 if e.policy == summary.policy and e.breakdown is not None]
+        found = [_with_held(breakdown_parts(e.breakdown), held_bytes(report, r, e)) for r in report.ranks
+                 for e in r.policies if e.policy == summary.policy and e.breakdown is not None]
         if found:
             labels.append(summary.policy)
-            bars.append(average_parts([breakdown_parts(b) for b in found]))
+            bars.append(average_parts(found))
     return labels, bars, f"average over {len(report.ranks)} ranks"
+
+
+def _with_held(parts: dict[str, float], held: int) -> dict[str, float]:
+    """An OOM'd policy's first workspace block, moved out of `other`: the device's peak saw it, the accountant had
+    already released it when the breakdown was taken."""
+    moved = min(float(held), max(parts["other"], 0.0))
+    return {**parts, "oom-held": moved, "other": parts["other"] - moved}
+
+
+def _ooms_html(report: RunReport) -> str:
+    entries = oom_entries(report)
+    if not entries:
+        return ""
+    rows = [[td(Cell(text=c)) for c in row[:-1]] + [td(Cell(text=row[-1]), "message")]
+            for row in oom_table_rows(entries)]
+    return (f'<h2 id="ooms">OOMs ({sum(len(e.ranks) for e in entries)} rank x policy)</h2><div class="scroll">'
+            + table(OOM_HEADERS, rows, css_class="ooms") + "</div>"
+            + '<p class="note">held before = the policy\'s workspace bytes already allocated when the allocation '
+              "failed (its first block, when the second failed); free = what the allocator (GPU) or the budget (CPU) "
+              "had left. The message is the allocator's own, as a vLLM issue would quote it.</p>")
 
 
 def _rank_table_html(report: RunReport) -> str:
@@ -180,18 +204,20 @@ def _baselines_html(report: RunReport) -> str:
 
 def _run_body(report: RunReport) -> list[str]:
     budget = report.scenario.memory_budget_bytes
-    budget_text = (f"the red line is the memory budget ({budget / GIB:.4g} GiB) less the baseline in use"
-                   if _room_under_budget(report) is not None else "no memory budget in this scenario")
+    cpu = report.scenario.memory_method != "nvml"
+    in_use = "the harness's other tensors (weights, buffers)" if cpu else "the baseline in use"
+    budget_text = (f"the red line is the memory budget ({human_bytes(budget)}) less {in_use}"
+                   if budget is not None and _room_under_budget(report) is not None else "no memory budget in this scenario")
+    breakdown_budget = ("; the red line is the memory budget, which on CPU covers the harness's own tensors (every "
+                        "part but other)" if cpu else "; the red line is the memory budget")
     labels, bars, how = _breakdown_bars(report)
     return [
         figure(plot_workspace_per_rank(report), f"per rank: contract (hatched) vs measured (solid); OOM marked in "
                 f"red; {budget_text}", "plot-per-rank"),
-        figure(plot_breakdown(labels, bars, f"breakdown of the exact allocations ({how})",
-                               budget if report.scenario.memory_method == "nvml" else None,
+        figure(plot_breakdown(labels, bars, f"breakdown of the exact allocations ({how})", budget,
                                report.hardware.device_kind),
-                f"breakdown: weights, dispatch, common, ws2, combine, ballast, other ({how})"
-                + ("; the red line is the memory budget" if budget and report.scenario.memory_method == "nvml" else ""),
-                "plot-breakdown"),
+                f"breakdown: weights, dispatch, comm, common, ws2, combine, ballast, other ({how})"
+                + (breakdown_budget if budget else ""), "plot-breakdown"),
         other_note(report),
         _baselines_html(report),
         "<h2>Per rank</h2>",
@@ -222,7 +248,10 @@ def render_html(report: Report, *, plots: bool = True) -> str:
               "bytes, MiB = 2<sup>20</sup> bytes; report.json holds the bytes. outcome = fit or oom on any rank "
               "against the scenario's expectation; ws delta = measured workspace delta; x fixed = contract / fixed "
               "contract; n/a = no rank has the figure (bus bandwidth with one physical rank: nothing crosses a "
-              "link).</p>", "<h2>Plots</h2>"]
+              "link).</p>"]
+    if isinstance(report, RunReport):
+        parts.append(_ooms_html(report))
+    parts.append("<h2>Plots</h2>")
     if isinstance(report, MatrixReport):
         parts += matrix_body(report)
     elif plots:

@@ -15,7 +15,12 @@ from harness.report.markdown import (
 from harness.report.model import MatrixReport, Report
 
 BREAKDOWN_RANKS_MAX = 16
-BREAKDOWN_PARTS = ("weights", "dispatch", "common", "ws2", "combine", "ballast", "scratch", "other")
+# "comm": DeepEP low-latency's buffer (the comm category); "oom-held": what an OOM'd policy's workspace held
+# before its failing allocation (harness.report.evidence.held_bytes), else drawn as part of "other".
+BREAKDOWN_PARTS = ("weights", "dispatch", "comm", "common", "ws2", "combine", "ballast", "scratch", "oom-held",
+                   "other")
+PART_LABELS = {"scratch": "scratch (the experts backend's temporaries, at most)",
+               "comm": "comm (DeepEP low-latency buffer)", "oom-held": "workspace held before the OOM"}
 OTHER_LABEL = {"cuda": "other (context, NCCL, allocator cache)", "cpu": "other (interpreter, libraries, heap)"}
 OOM_COLOR = "#c00000"
 
@@ -26,11 +31,12 @@ h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; padding-b
 pre.header { background: #f5f5f5; padding: 10px; font-size: 12px; overflow-x: auto; white-space: pre-wrap; }
 table { border-collapse: collapse; font-size: 12px; margin: 8px 0; }
 th, td { border: 1px solid #ccc; padding: 3px 6px; }
-th { background: #eef1f5; }
+th { background: #eef1f5; white-space: normal; vertical-align: bottom; }
+table.policies th, table.ranks th { max-width: 7em; }
 tr.units td, tr.agg td { color: #666; font-style: italic; background: #fafafa; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td { white-space: nowrap; }
-td.message { white-space: normal; }
+td.message { white-space: normal; min-width: 24em; max-width: 60em; }
 .status { font-weight: bold; font-size: 16px; padding: 8px 12px; display: inline-block; border-radius: 4px; }
 .status.ok { background: #e3f5e1; color: #185c12; }
 .status.failed { background: #fbe3e1; color: #8a1c12; }
@@ -47,7 +53,8 @@ img { max-width: 100%; border: 1px solid #eee; }
 
 _COLORS = {"legacy": "#d62728", "fixed": "#2ca02c", "lower-bound": "#1f77b4"}
 _FALLBACK_COLORS = ("#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
-_PART_COLORS = ("#8c8c8c", "#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#e377c2", "#d9d9d9")
+_PART_COLORS = ("#8c8c8c", "#1f77b4", "#17becf", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#e377c2", "#f4a3a3",
+                "#d9d9d9")
 
 
 
@@ -82,18 +89,19 @@ def png_base64(fig: Any) -> str:
 def breakdown_parts(b: Any) -> dict[str, float]:
     return {"weights": b.weights_bytes, "dispatch": b.dispatch_bytes, "common": b.common_bytes, "ws2": b.ws2_bytes,
             "combine": b.combine_bytes, "ballast": b.ballast_bytes, "scratch": b.scratch_bytes,
-            "other": b.other_bytes}
+            "other": b.other_bytes, "comm": b.comm_bytes, "oom-held": 0.0}
 
 
 def average_parts(bars: list[dict[str, float]]) -> dict[str, float]:
-    return {part: sum(b[part] for b in bars) / len(bars) for part in BREAKDOWN_PARTS}
+    return {part: sum(b.get(part, 0.0) for b in bars) / len(bars) for part in BREAKDOWN_PARTS}
 
 
 def plot_breakdown(labels: list[str], bars: list[dict[str, float]], title: str, budget: int | None = None,
                    device_kind: str | None = None) -> str | None:
     if not bars:
         return None
-    fig = new_figure(min(18.0, 3.5 + 0.55 * len(bars)), 4.4)
+    # At least 8.5 in wide: the title and the legend beside the axes must fit (a narrow figure cut the title).
+    fig = new_figure(min(18.0, max(8.5, 5.5 + 0.55 * len(bars))), 4.6)
     ax = fig.add_subplot()
     largest = max([sum(max(v, 0.0) for v in bar.values()) for bar in bars] + [budget or 0])
     unit, scale = ("GiB", GIB) if largest >= GIB else ("MiB", MIB)
@@ -102,24 +110,28 @@ def plot_breakdown(labels: list[str], bars: list[dict[str, float]], title: str, 
     for part, color in zip(BREAKDOWN_PARTS, _PART_COLORS):
         # "other" can be negative on CPU RSS (pages returned to the OS): a stacked bar cannot show that, so it is
         # drawn as zero; the tables keep the number.
-        heights = [max(bar[part], 0.0) / scale for bar in bars]
-        label = OTHER_LABEL["cpu" if device_kind == "cpu" else "cuda"] if part == "other" else part
-        label = "scratch (the experts backend's temporaries, at most)" if part == "scratch" else label
+        heights = [max(bar.get(part, 0.0), 0.0) / scale for bar in bars]
+        if part in ("comm", "oom-held") and not any(heights):
+            continue  # no such bytes on any bar: no legend entry for them
+        label = OTHER_LABEL["cpu" if device_kind == "cpu" else "cuda"] if part == "other" else PART_LABELS.get(part, part)
         ax.bar(xs, heights, 0.7, bottom=bottoms, color=color, label=label,
                edgecolor="white", linewidth=0.5)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     if budget is not None:
         ax.axhline(budget / scale, color=OOM_COLOR, linewidth=2, label="memory budget")
     ax.set_xticks(xs)
-    long_labels = max(len(line) for label in labels for line in label.split("\n")) > 12
+    # A label fits under its bar when its characters (about 0.075 in each at 8 pt) are narrower than the bar
+    # pitch; else every label turns (30 degrees, anchored at its bar), so neighbours never run together.
+    pitch_in = ax.get_position().width * fig.get_figwidth() / max(len(bars), 1)
+    longest = max(len(label) for label in labels)
     if len(bars) > 24:
         ax.set_xticklabels(labels, fontsize=7, rotation=90)
-    elif long_labels:
-        ax.set_xticklabels([label.replace("\n", " ") for label in labels], fontsize=8, rotation=30, ha="right")
+    elif longest * 0.075 > pitch_in * 0.9:
+        ax.set_xticklabels(labels, fontsize=8, rotation=30, ha="right", rotation_mode="anchor")
     else:
-        ax.set_xticklabels(labels, fontsize=7 if len(bars) > 12 else 9)
+        ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel(unit)
-    ax.set_title(title, fontsize=11)
+    ax.set_title(title, fontsize=11, loc="left")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(axis="y", alpha=0.3)
     return png_base64(fig)

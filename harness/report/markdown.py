@@ -1,5 +1,5 @@
-"""Renderings of a typed report (harness.report.model): Markdown, JUnit XML and the terminal summary. HTML lives
-in harness.report.html.
+"""Renderings of a typed report (harness.report.model): Markdown and the terminal summary. HTML lives in
+harness.report.html, JUnit XML in harness.report.junit.
 
 Every number shown is formatted here from the report, never recomputed, so report.json and each rendering agree.
 `policy_table` is the one definition of the per-policy table: unique column headers, a units row and a row naming
@@ -9,7 +9,6 @@ the aggregation over ranks (nccl-tests style); Markdown, HTML and the terminal a
 from __future__ import annotations
 
 import datetime
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from harness.report.model import (
     RunReport,
     ScenarioInfo,
 )
+from harness.report.evidence import OOM_HEADERS, MAX_OOM_ROWS, budget_line, oom_entries, oom_table_rows
 
 GIB = 2**30
 MIB = 2**20
@@ -372,6 +372,7 @@ def _run_header(report: RunReport) -> list[str]:
     if s.num_dispatchers is not None:
         lines += [_shape_line(s), _emulation_line(s, report.hardware.device_kind)]
     lines.append(_measurement_line(s))
+    lines.append(budget_line(s, report.hardware.device_kind))
     if report.ranks:
         lines.append(_warmup_line(report))
     if s.expected_outcomes:
@@ -431,10 +432,32 @@ def _md_escape(text: str) -> str:
 
 
 def _md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(_md_escape(h) for h in headers) + " |",
-             "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in rows]
-    return lines
+    """A Markdown table whose pipes line up in a terminal (`cat report.md`): each column padded to its widest cell."""
+    cells = [[_md_escape(h) for h in headers]] + [[_md_escape(c) for c in row] for row in rows]
+    widths = [max(3, *(len(row[i]) for row in cells if i < len(row))) for i in range(len(headers))]
+
+    def line(row: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"
+
+    return [line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in cells[1:]]
+
+
+def _md_ooms(report: RunReport) -> list[str]:
+    """Each OOM with the allocator's message, the stage, the bytes asked for and held, and the budget."""
+    entries = oom_entries(report)
+    if not entries:
+        return []
+    out = [f"### OOMs ({sum(len(e.ranks) for e in entries)} rank x policy)", ""]
+    out += _md_table(OOM_HEADERS, oom_table_rows(entries))
+    if len(entries) > MAX_OOM_ROWS:
+        out.append(f"\n... and {len(entries) - MAX_OOM_ROWS} more distinct OOMs in report.json")
+    snapshots = sorted({e.snapshot_file for e in entries if e.snapshot_file})
+    if snapshots:
+        out += ["", "Allocator snapshots (torch.cuda.memory._snapshot): " + ", ".join(snapshots[:8])
+                + (f" and {len(snapshots) - 8} more" if len(snapshots) > 8 else "")]
+    out += ["", "held before = the policy's workspace bytes already allocated when the allocation failed (its first "
+                "block, when the second failed); free = what the allocator (GPU) or the budget (CPU) had left.", ""]
+    return out
 
 
 def _md_listing(report: Report) -> list[str]:
@@ -547,76 +570,12 @@ def render_markdown(report: Report) -> str:
     if isinstance(report, MatrixReport):
         out += _md_matrix_cells(report)
     else:
+        out += _md_ooms(report)
         out += _md_baselines(report)
     out += _md_correctness(report)
     out += _md_listing(report)
     out += [checks_line(report), "", f"**{footer_line(report)}**"]
     return "\n".join(out) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# JUnit XML
-
-
-def _suite_counts(suite: ET.Element) -> None:
-    cases = suite.findall("testcase")
-    suite.set("tests", str(len(cases)))
-    suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
-    suite.set("errors", str(sum(1 for c in cases if c.find("error") is not None)))
-    suite.set("skipped", str(sum(1 for c in cases if c.find("skipped") is not None)))
-
-
-def _add_run_cases(suite: ET.Element, report: RunReport, prefix: str) -> None:
-    for rank in report.ranks:
-        for entry in rank.policies:
-            for check, result in entry.checks.items():
-                case = ET.SubElement(suite, "testcase", classname=f"{prefix}.rank-{rank.rank:05d}.{entry.policy}", name=check)
-                if result.outcome == "fail":
-                    ET.SubElement(case, "failure", message=result.message, type=check).text = result.message
-                elif result.outcome == "error":
-                    ET.SubElement(case, "error", message=result.message, type=check).text = result.message
-                elif result.outcome == "skip":
-                    ET.SubElement(case, "skipped", message=result.message)
-                else:
-                    ET.SubElement(case, "system-out").text = result.message
-    for problem in report.problems:
-        if problem.kind == "policy-error":
-            continue  # already an <error> on that rank's checks
-        where = f"rank-{problem.rank:05d}" if problem.rank is not None else (problem.path or "run")
-        case = ET.SubElement(suite, "testcase", classname=f"{prefix}.problems", name=f"{where} {problem.kind}")
-        ET.SubElement(case, "error", message=problem.cause, type=problem.kind).text = problem.cause
-
-
-def _properties(suite: ET.Element, values: dict[str, Any]) -> None:
-    props = ET.SubElement(suite, "properties")
-    for name, value in values.items():
-        ET.SubElement(props, "property", name=name, value=str(value))
-
-
-def render_junit(report: Report) -> str:
-    """junit.xml: one testcase per rank x policy x check, and one erroring testcase per problem."""
-    root = ET.Element("testsuites", name=title_line(report))
-    if isinstance(report, MatrixReport):
-        for cell in report.cells:
-            suite = ET.SubElement(root, "testsuite", name=cell.name)
-            _properties(suite, {"generation": report.generation, "cell_generation": cell.report.generation,
-                                "scenario_hash": cell.report.scenario.hash})
-            _add_run_cases(suite, cell.report, cell.name)
-            _suite_counts(suite)
-    else:
-        s = report.scenario
-        suite = ET.SubElement(root, "testsuite", name=str(s.name))
-        _properties(suite, {"generation": report.generation, "scenario.hash": s.hash,
-                            "scenario.num_dispatchers": s.num_dispatchers, "scenario.num_ranks": s.num_ranks,
-                            "scenario.num_local_experts": s.num_local_experts,
-                            "scenario.max_tokens_per_rank": s.max_tokens_per_rank, "scenario.emulated": s.emulated,
-                            "run_id": report.run_id})
-        _add_run_cases(suite, report, str(s.name))
-        _suite_counts(suite)
-    for attr in ("tests", "failures", "errors", "skipped"):
-        root.set(attr, str(sum(int(s.get(attr, "0")) for s in root.findall("testsuite"))))
-    ET.indent(root, space=" ")
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -640,6 +599,11 @@ def render_summary(report: Report) -> Any:
     for row in rows:
         table.add_row(*(c.text for c in row))
     parts.append(table)
+    if isinstance(report, RunReport):
+        entries = oom_entries(report)
+        parts += [Text(e.line(), style="yellow") for e in entries[:MAX_OOM_ROWS]]
+        if len(entries) > MAX_OOM_ROWS:
+            parts.append(Text(f"... and {len(entries) - MAX_OOM_ROWS} more distinct OOMs in report.json"))
     for p in report.problems[:MAX_PROBLEMS_LISTED]:
         parts.append(Text(f"{f'[{p.cell}] ' if p.cell else ''}{p.kind}: {p.cause}", style="red"))
     if len(report.problems) > MAX_PROBLEMS_LISTED:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from harness.core.records import write_text_atomic
 from harness.report.html import render_html
+from harness.report.junit import render_junit
 from harness.report.load import read_contained
-from harness.report.markdown import render_junit, render_markdown
+from harness.report.markdown import render_markdown
 from harness.report.model import Report
 from harness.report.status import status_text
 

@@ -138,8 +138,11 @@ class Workspace:
             common = accountant.alloc("common", (shapes.common_elems,), dtype)
             try:
                 ws2 = accountant.alloc("ws2", (math.prod(shapes.ws2),), dtype)
-            except BaseException:
+            except BaseException as exc:
                 accountant.release("common", common)  # the caller records the OOM; the accounting must not leak
+                # The first block was allocated before the OOM: the report draws it as the workspace's, not as
+                # the device's "other" (its peak saw it).
+                exc.allocated_bytes = common.numel() * common.element_size()  # type: ignore[attr-defined]
                 raise
         return Workspace(
             shapes=shapes, common=common, ws2=ws2, num_local_experts=E, max_slots_per_expert=M,
