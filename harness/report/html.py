@@ -100,8 +100,8 @@ def plot_workspace_per_rank(report: RunReport) -> str | None:
         ax.axhline(lower_bound / scale, color="#1f77b4", linestyle="--", linewidth=1, label="lower bound (live set)")
     room = _room_under_budget(report)
     if room is not None:
-        ax.axhline(room / scale, color=OOM_COLOR, linewidth=2,
-                   label="memory budget less the baseline in use (room for a workspace)")
+        less = "the baseline in use" if report.scenario.memory_method == "nvml" else "the harness's other tensors"
+        ax.axhline(room / scale, color=OOM_COLOR, linewidth=2, label=f"memory budget less {less} (room for a workspace)")
     if any(p.num_oom for p in report.policies):
         ax.bar([0], [0], 0, fill=False, hatch="xx", edgecolor=OOM_COLOR, label="OOM: what the policy asked for")
         if per_rank and any(held_bytes(report, r, e) for r in report.ranks for e in r.policies):
