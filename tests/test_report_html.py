@@ -152,7 +152,7 @@ def test_page_marks_oom_budget_other_and_outcome(run_report: tuple[Path, dict]) 
     text = (run_dir / "report.html").read_text()
     assert f'<meta name="harness-generation" content="{report["generation"]}">' in text
     assert "oom (expected oom): pass" in text and '<td class="oom">oom (expected oom): pass</td>' in text
-    assert "OOM marked in red; the red line is the memory budget (0.9341 GiB) less the baseline in use" in text
+    assert "OOM marked in red; the red line is the memory budget (957 MiB) less the baseline in use" in text
     assert "the red line is the memory budget" in text.split('id="plot-breakdown"')[1]
     note = text.split('id="other-note">')[1].split("</p>")[0]
     assert "CUDA context" in note and "NCCL" in note and "caching allocator" in note
