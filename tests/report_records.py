@@ -8,6 +8,7 @@ the tests can recompute (see `workspace_delta_for`).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,22 @@ SMOKE: dict[str, Any] = {
     "policies": ["legacy", "fixed"],
     "expect": {"outcomes": {"legacy": "fit", "fixed": "fit"}, "memory_tolerance_pct": 1.0},
 }
+
+
+def unpadded_md(text: str) -> str:
+    """Markdown with each table row's padding removed ("| a   | b |" -> "| a | b |"): the cells, as written."""
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("|") and not line.startswith("|-"):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+            line = "| " + " | ".join(cells) + " |"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def read_md(path: Path) -> str:
+    """report.md, unpadded (unpadded_md)."""
+    return unpadded_md(path.read_text())
 
 
 def make_scenario(data: dict[str, Any] | None = None, **sections: Any) -> Scenario:

@@ -6,13 +6,12 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import stat
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from report_records import make_scenario, policy_result, rank_record, workspace_delta_for, write_run
+from report_records import make_scenario, policy_result, rank_record, read_md, workspace_delta_for, write_run
 
 from harness.cli import main
 from harness.core.contract import fixed_shapes, live_set_bytes
@@ -28,17 +27,6 @@ MiB = 2**20
 def four_rank_scenario(**sections):
     parallel = {"num_dispatchers": 8, "num_ranks": 4, "num_local_experts": 4, "max_tokens_per_rank": 32}
     return make_scenario(parallel=parallel, **sections)
-
-
-def read_md(path: Path) -> str:
-    """report.md with each table row's padding removed ("| a   | b |" -> "| a | b |"): the cells, as written."""
-    lines = []
-    for line in path.read_text().splitlines():
-        if line.startswith("|") and not line.startswith("|-"):
-            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
-            line = "| " + " | ".join(cells) + " |"
-        lines.append(line)
-    return "\n".join(lines) + "\n"
 
 
 def run_report(result) -> RunReport:

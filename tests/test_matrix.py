@@ -179,7 +179,9 @@ def test_collect_matrix_all_pass(tmp_path: Path) -> None:
     result = collect_matrix(tmp_path, matrix.cells(), matrix=matrix)
     assert result.exit_code == 0, result.report.exit_reason
     assert result.report.exit_reason == "all 2 cells passed (32 checks, 0 skipped)"
-    assert "| cell | model | D | E | T | policy | outcome |" in (tmp_path / "report.md").read_text()
+    from report_records import read_md
+
+    assert "| cell | model | D | E | T | policy | outcome |" in read_md(tmp_path / "report.md")
 
 
 def test_collect_matrix_reuses_the_reports_the_cells_were_collected_into(tmp_path: Path) -> None:
