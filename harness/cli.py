@@ -328,6 +328,8 @@ _KERNELS_HELP = ("the vLLM release whose compiled ops the vllm-ops backend runs 
                  "--vllm-ops-library, the release that file is")
 _CACHE_HELP = "cache of downloaded vLLM releases (default: HARNESS_CACHE_DIR, else ~/.cache/moe-harness)"
 _JSON_HELP = "print one JSON object instead of tables"
+_WIDE_HELP = ("on a terminal, print every column of each table (default there: the columns that fit its width); "
+              "pipes and CI logs always get every column")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -351,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default=None, metavar="NAME",
                    help="fit or OOM of each release's layer on this GPU (default: the scenario's memory.budget_gpu)")
     p.add_argument("--budget-gb", type=float, default=None, help="fit or OOM against this many GB (1e9 B) instead")
+    p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_plan, parser=p)
 
     p = sub.add_parser("scenarios", help="list the scenario files")
@@ -384,11 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")
     p.add_argument("--resume", action="store_true",
                    help="a matrix into its interrupted --out again: finished cells kept, the interrupted one run again")
+    p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_run, parser=p)
 
     p = sub.add_parser("collect", help="turn per-rank records into report.{json,md,html} and junit.xml")
     p.add_argument("run_dir", type=Path,
                    help="a run directory (holds run.json and ranks/) or a matrix run directory (holds matrix.json)")
+    p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_collect, parser=p)
 
     p = sub.add_parser("compare", help="compare a run against a baseline: 0 pass, 1 regression, 2 error")
@@ -407,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-failed-baseline", action="store_true",
                    help="compare against a baseline that failed its own checks (refused, exit 2, by default)")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_compare, parser=p)
 
     p = sub.add_parser("status", help="a collected directory's recorded verdict; exits with it: 0 pass, 1 failed, 2 error")
@@ -458,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "quantization, num_dispatchers unset and EPLB (docs/vllm-sources.md)")
     p.add_argument("--junit", type=Path, default=None, metavar="FILE",
                    help="with --sweep: write JUnit XML, one testcase per (class, point group)")
+    p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_vllm_audit, parser=p)
     return parser
 
@@ -473,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
         ns.serve = serve
     if extras:  # refused by the subcommand's own parser, so a close option can be suggested
         ns.parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    if getattr(ns, "wide", False):
+        from harness.core.console import show_every_column
+
+        show_every_column()
     try:
         code = int(ns.func(ns))
         sys.stdout.flush()  # here, not at exit: a full device under stdout is one line, not a traceback

@@ -8,10 +8,10 @@ the terminal wraps a long line instead of rich dropping what did not fit. Plain 
 rich line breaks, no cropping), so a printed path can be copied whole.
 
 What still differs between a terminal and a log is rich's own detection: colours and the live progress table
-only on a terminal (`Console.is_terminal`), plain lines in a log. And on an interactive terminal a table that is
-wider than the window loses columns from its right (the leading ones, which name the row, stay) until it fits, with
-a line saying which were left out: `--wide` (`show_every_column`) keeps them all. Pipes and CI logs always get
-every column, whole.
+only on a terminal (`Console.is_terminal`), plain lines in a log. And on an interactive terminal a table wider than
+the window loses columns, the widest first, keeping its first column and the essential ones (ESSENTIAL_HEADERS),
+until it fits, with a line naming what was left out: `--wide` (`show_every_column`) keeps them all. Pipes and CI
+logs always get every column, whole.
 """
 
 from __future__ import annotations
@@ -25,7 +25,14 @@ from rich.text import Text
 
 # A bound on the measuring width only: tables report their natural width up to it. Wider than any real table.
 _MEASURE_WIDTH = 100_000
-_KEEP_LEADING = 2  # columns a narrowed table always keeps: the ones that name its row (policy, outcome; cell, ...)
+# What a narrowed table keeps: its first column (it names the row) and every column with one of these headers, the
+# ones that name a row or give its verdict in the harness's tables (run/collect, plan, compare, vllm audit).
+ESSENTIAL_HEADERS = frozenset({
+    "policy", "cell", "outcome", "contract", "ws delta max",  # run, collect
+    "total", "x fixed",  # plan
+    "metric", "change", "verdict",  # compare, vllm audit
+    "class", "per GPU",  # vllm audit
+})
 _every_column = False  # --wide: a terminal gets every column too
 
 
@@ -36,15 +43,26 @@ def show_every_column(wide: bool = True) -> None:
 
 
 def narrow_table(console: Console, table: Table, width: int) -> list[str]:
-    """Drop `table`'s columns from the right (keeping the leading ones) until it measures at most `width`; the
-    headers of those dropped. Cells are never cut: what remains is whole."""
-    dropped: list[str] = []
+    """Drop `table`'s columns, the widest first (the rightmost of equals), never the first or an essential one
+    (ESSENTIAL_HEADERS), until it measures at most `width`; the headers of those dropped, in table order. Cells are never cut: what remains
+    is whole. Widest first: one wide column (a shape, a source path) makes room for several narrow figures."""
+    dropped: list[tuple[int, str]] = []
     options = console.options.update_width(_MEASURE_WIDTH)
-    while len(table.columns) > _KEEP_LEADING and Measurement.get(console, options, table).maximum > width:
-        dropped.insert(0, str(table.columns.pop().header))
+    while Measurement.get(console, options, table).maximum > width:
+        optional = [i for i, c in enumerate(table.columns) if i > 0 and str(c.header) not in ESSENTIAL_HEADERS]
+        if not optional:
+            break
+        widths = {i: _column_width(console, options, table.columns[i]) for i in optional}
+        column = table.columns.pop(max(optional, key=lambda i: (widths[i], i)))
+        dropped.append((column._index, str(column.header)))
     for column in table.columns:
         column.overflow = "fold"  # a column still too wide wraps within its cell rather than losing characters
-    return dropped
+    return [header for _, header in sorted(dropped)]
+
+
+def _column_width(console: Console, options: Any, column: Any) -> int:
+    cells = [column.header, *column.cells]
+    return max((Measurement.get(console, options, cell).maximum for cell in cells), default=0)
 
 
 def _narrowed(console: Console, obj: Any, width: int) -> list[Any]:
