@@ -35,6 +35,7 @@ from harness.report.checks import (
     policy_expectation,
     stopped_by,
 )
+from harness.report.components import ComponentFold, component_failures
 from harness.report.load import LoadedRun, load_run
 from harness.report.model import (
     Aggregate,
@@ -398,6 +399,7 @@ class RunFold:
         self.judged = _Judged()
         self.kept: list[RankRecord] = []
         self.contracts: dict[str, tuple[int, int, int]] | None = None  # legacy's and fixed's bytes, once known
+        self.components = ComponentFold()  # the layer's buffers the ranks recorded
 
     def _resolve(self, raw: dict[str, Any] | None, records: Iterable[RankRecord]) -> None:
         self.scenario, self.raw, self.scenario_problem = _scenario_of(raw, self.hint)
@@ -413,6 +415,7 @@ class RunFold:
 
     def add(self, record: RankRecord) -> None:
         self.seen.add(record, failed=record.rank in self.failures)
+        self.components.add(record)
         if self.judging is None or _needs_every_rank(record):
             self.kept.append(record)
         else:
@@ -446,10 +449,15 @@ class RunFold:
         summaries = [_policy_summary(p, judged.ranks, contracts, scenario, fixed_total, expected.get(p))
                      for p in judged.policy_order]
         counts = CheckCounts.of([c.outcome for r in judged.ranks for e in r.policies for _, c in e.checks.items()])
+        versions, mismatches = seen.versions(manifest)
+        # The layer's components: an expectation the run judged counts as a check (a skipped one does not).
+        components = self.components.reports(scenario, versions)
+        counts = counts.plus(CheckCounts.of([c.expectation for c in components if c.expectation != "skip"]))
         problems = sorted([*loaded.problems, *judged.problems], key=_problem_order)
         exit_code, reason = exit_of(counts, problems)
+        if component_failures(components):
+            reason += "; " + "; ".join(component_failures(components))
         run_id = manifest.run_id if manifest else (seen.first.run_id if seen.first else None)
-        versions, mismatches = seen.versions(manifest)
         info = _scenario_info(manifest, seen.first, seen.memory, scenario, self.raw)
         input_hash = loaded.input_hash if (seen.num_records or manifest or not self.hint) else \
             hashlib.sha256(self.hint.model_dump_json().encode()).hexdigest()
@@ -460,7 +468,7 @@ class RunFold:
             started_at=manifest.started_at if manifest else seen.started_at, finished_at=seen.finished_at,
             scenario=info, scenario_problem=self.scenario_problem, versions=versions, version_mismatches=mismatches,
             hardware=seen.hardware(manifest, loaded.failures), policies=summaries, checks=counts,
-            check_failures=judged.failures, problems=problems, ranks=judged.ranks,
+            check_failures=judged.failures, problems=problems, ranks=judged.ranks, components=components,
         )
 
 

@@ -9,6 +9,7 @@ it is shown whole (records keep its first 500 characters); the bytes are exact, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from harness.core.units import exact_bytes, human_bytes
 from harness.report.model import RankEntry, RankPolicy, RunReport, ScenarioInfo
@@ -141,3 +142,43 @@ def workspace_room(report: RunReport) -> int | None:
     in_use = [sum(getattr(e.breakdown, f) for f in _NOT_WORKSPACE) for r in report.ranks for e in r.policies
               if e.breakdown is not None]
     return int(budget - min(in_use)) if in_use else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The layer's (and a deployment's) components: the same rows in report.md, report.html and the terminal.
+
+COMPONENT_HEADERS = ["kind", "component", "predicted", "allocated", "measured (device, over the step)",
+                     "device agrees", "cap", "verdicts", "expected", "check", "source"]
+
+
+def _measured(agg: Any) -> str:
+    if agg is None:
+        return "n/a"
+    if agg.min == agg.max:
+        return _both(int(agg.min))
+    return f"{_both(int(agg.min))} .. {_both(int(agg.max))} over {agg.num_ranks} ranks"
+
+
+def component_rows(report: RunReport) -> list[list[str]]:
+    rows = []
+    for c in report.components:
+        agrees = "n/a" if c.within_rounding is None else ("yes" if c.within_rounding else "no")
+        rows.append([c.kind, c.name, _both(c.predicted_bytes), _both(c.allocated_bytes), _measured(c.measured_bytes),
+                     agrees, _both(c.cap_bytes) if c.cap_bytes is not None else "-", ", ".join(c.verdicts) or "-",
+                     ", ".join(c.expected_verdicts) if c.expected_verdicts is not None else "-",
+                     c.expectation + (f": {c.detail}" if c.detail else ""), c.source])
+    return rows
+
+
+def component_lines(report: RunReport) -> list[str]:
+    """The components worth a line on the terminal: a verdict other than consistent, or a judged expectation."""
+    return [f"{c.kind} {c.name}: {_both(c.predicted_bytes)} {', '.join(c.verdicts)}; check {c.expectation}"
+            + (f" ({c.detail})" if c.detail else "")
+            for c in report.components if c.verdicts != ["consistent"] or c.expectation != "skip"]
+
+
+COMPONENT_NOTE = ("predicted = the layer model's bytes at this scenario's shapes (source); allocated = what each rank "
+                  "asked the allocator for; measured = the device's growth (NVML, or RSS on CPU) over the step that "
+                  "allocated it, which may hold more than this component; device agrees = every rank's device showed "
+                  "the step's bytes up to the allocator's rounding. A run judges the verdicts its own bytes decide "
+                  "(DeepEP's cap); the others need the release's source: `harness plan --vllm-version`.")

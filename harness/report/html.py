@@ -23,8 +23,10 @@ from harness.report.html_base import (
     failures_html, figure, new_figure, num_cell, other_note, plot_breakdown, png_base64, policy_color,
     policy_table_html, problems_html, table, td,
 )
-from harness.report.evidence import OOM_HEADERS, held_bytes, oom_entries, oom_table_rows
-from harness.report.evidence import workspace_room
+from harness.report.evidence import (
+    COMPONENT_HEADERS, COMPONENT_NOTE, OOM_HEADERS, component_rows, held_bytes, oom_entries, oom_table_rows,
+    workspace_room,
+)
 from harness.report.html_matrix import cell_plots_note, matrix_body
 from harness.report.markdown import (
     NA, RANK_TABLE_MAX, Cell, baseline_table, byte_unit, checks_line, fmt_error, fmt_us, footer_line,
@@ -158,6 +160,21 @@ def _ooms_html(report: RunReport) -> str:
               "had left. The message is the allocator's own, as a vLLM issue would quote it.</p>")
 
 
+def _components_html(report: RunReport) -> str:
+    if not report.components:
+        return ""
+    rows = []
+    for c, row in zip(report.components, component_rows(report)):
+        css = {"fail": "fail", "pass": ""}.get(c.expectation, "skip")
+        cells = [td(Cell(text=t)) for t in row[:7]]
+        cells.append(td(Cell(text=row[7]), "oom" if c.verdicts != ["consistent"] else ""))
+        cells += [td(Cell(text=row[8])), td(Cell(text=row[9]), f"message {css}".strip()), td(Cell(text=row[10]), "message")]
+        rows.append(cells)
+    return ('<h2 id="components">Layer components</h2><div class="scroll">'
+            + table(COMPONENT_HEADERS, rows, css_class="components") + "</div>"
+            + f'<p class="note">{esc(COMPONENT_NOTE)}</p>')
+
+
 def _rank_table_html(report: RunReport) -> str:
     shown = report.ranks[:RANK_TABLE_MAX]
     unit, fmt_bytes = byte_unit(report)
@@ -250,7 +267,7 @@ def render_html(report: Report, *, plots: bool = True) -> str:
               "contract; n/a = no rank has the figure (bus bandwidth with one physical rank: nothing crosses a "
               "link).</p>"]
     if isinstance(report, RunReport):
-        parts.append(_ooms_html(report))
+        parts += [_ooms_html(report), _components_html(report)]
     parts.append("<h2>Plots</h2>")
     if isinstance(report, MatrixReport):
         parts += matrix_body(report)

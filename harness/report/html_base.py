@@ -37,6 +37,8 @@ tr.units td, tr.agg td { color: #666; font-style: italic; background: #fafafa; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td { white-space: nowrap; }
 td.message { white-space: normal; min-width: 24em; max-width: 60em; }
+table.components td, table.ooms td { white-space: normal; }
+table.components td.message { min-width: 14em; max-width: 26em; }
 .status { font-weight: bold; font-size: 16px; padding: 8px 12px; display: inline-block; border-radius: 4px; }
 .status.ok { background: #e3f5e1; color: #185c12; }
 .status.failed { background: #fbe3e1; color: #8a1c12; }

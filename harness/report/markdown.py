@@ -24,7 +24,10 @@ from harness.report.model import (
     RunReport,
     ScenarioInfo,
 )
-from harness.report.evidence import OOM_HEADERS, MAX_OOM_ROWS, budget_line, oom_entries, oom_table_rows
+from harness.report.evidence import (
+    COMPONENT_HEADERS, COMPONENT_NOTE, MAX_OOM_ROWS, OOM_HEADERS, budget_line, component_lines, component_rows,
+    oom_entries, oom_table_rows,
+)
 
 GIB = 2**30
 MIB = 2**20
@@ -442,6 +445,13 @@ def _md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
     return [line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in cells[1:]]
 
 
+def _md_components(report: RunReport) -> list[str]:
+    if not report.components:
+        return []
+    out = ["### Layer components", ""] + _md_table(COMPONENT_HEADERS, component_rows(report))
+    return out + ["", COMPONENT_NOTE, ""]
+
+
 def _md_ooms(report: RunReport) -> list[str]:
     """Each OOM with the allocator's message, the stage, the bytes asked for and held, and the budget."""
     entries = oom_entries(report)
@@ -571,6 +581,7 @@ def render_markdown(report: Report) -> str:
         out += _md_matrix_cells(report)
     else:
         out += _md_ooms(report)
+        out += _md_components(report)
         out += _md_baselines(report)
     out += _md_correctness(report)
     out += _md_listing(report)
@@ -604,6 +615,7 @@ def render_summary(report: Report) -> Any:
         parts += [Text(e.line(), style="yellow") for e in entries[:MAX_OOM_ROWS]]
         if len(entries) > MAX_OOM_ROWS:
             parts.append(Text(f"... and {len(entries) - MAX_OOM_ROWS} more distinct OOMs in report.json"))
+        parts += [Text(line, style="yellow") for line in component_lines(report)]
     for p in report.problems[:MAX_PROBLEMS_LISTED]:
         parts.append(Text(f"{f'[{p.cell}] ' if p.cell else ''}{p.kind}: {p.cause}", style="red"))
     if len(report.problems) > MAX_PROBLEMS_LISTED:

@@ -6,6 +6,7 @@
       policies: [PolicySummary]     per policy, every per-rank metric as an Aggregate (min/avg/max over ranks)
       ranks: [RankEntry]            per rank, per policy: RankPolicy, with its four checks
       checks, check_failures, problems, status, exit_code, exit_reason
+      components: [ComponentReport] the layer's buffers the run allocated: predicted, measured, verdicts
     MatrixReport                    a matrix directory (kind "matrix"): cells, each a MatrixCell carrying its RunReport
 
 Frozen and validated, in base units (bytes, microseconds, GB/s, TFLOP/s). report.json is `to_json_text()`: strict
@@ -286,6 +287,25 @@ class HardwareInfo(ReportModel):
     launcher: str | None = None
 
 
+class ComponentReport(ReportModel):
+    """One buffer of the layer (kind "layer": harness.sizing.layer) or of a deployment (kind "deployment") that the
+    run allocated: the model's bytes against what the ranks allocated and their device showed, with the verdicts
+    the collector judged and the scenario's expected verdicts. harness.report.components builds them."""
+
+    kind: str
+    name: str
+    predicted_bytes: int | None
+    source: str  # where the prediction comes from
+    allocated_bytes: int | None = None  # what the rank asked the allocator for (the same on every rank)
+    measured_bytes: Aggregate | None = None  # the device's delta over the component's step (NVML or RSS), over ranks
+    within_rounding: bool | None = None  # every rank's device showed the step's bytes up to the allocator's rounding
+    cap_bytes: int | None = None  # a library's limit on the buffer
+    verdicts: list[str] = []
+    expected_verdicts: list[str] | None = None  # None: the scenario expects nothing of it
+    expectation: CheckOutcome = "skip"
+    detail: str = ""
+
+
 class RunReport(ReportModel):
     report_schema_version: int = REPORT_SCHEMA_VERSION
     record_schema_version: int
@@ -310,6 +330,7 @@ class RunReport(ReportModel):
     check_failures: list[CheckFailure]
     problems: list[Problem]
     ranks: list[RankEntry]
+    components: list[ComponentReport] = []  # the layer's (and a deployment's) buffers the run allocated
     content_digest: str | None = None  # written by dump_json: sha256 of the rest (a hand edit shows)
 
     def policy(self, name: str) -> PolicySummary | None:
