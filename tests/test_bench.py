@@ -61,12 +61,25 @@ def test_bench_reports_every_variant_per_rank_and_passes_low_thresholds(tmp_path
     assert summary["fixed"]["experts_ratio_min"] > 0 and summary["legacy"]["comm_ratio_min"] > 0
     assert summary["fixed"]["comm_bound_ratio_min"] is None  # n/a on CPU: not gating
     assert "## Comm yardstick" in (tmp_path / "out" / "bench.md").read_text()
+    assert 0 < summary["fixed"]["experts_tflops_min"] <= summary["fixed"]["experts_tflops_max"]
     assert report["legacy_over_fixed_experts_time"] > 0
     assert report["command"][:3] == ["harness", "bench", str(tmp_path / "tiny-bench.yaml")]
     assert "--no-cpu-costs" in report["command"] and "--json" in report["command"]
     markdown = (tmp_path / "out" / "bench.md").read_text()
     assert markdown.rstrip().endswith("OK") and "# command: harness bench" in markdown
     assert "## Per rank" in markdown and "2 rank(s), experts backend reference" in markdown
+    fixed_row = next(line for line in markdown.splitlines() if line.startswith("| fixed |"))
+    cells = [c.strip() for c in fixed_row.strip("|").split("|")]
+    assert cells[4] == "n/a"  # the comm bound ratio: n/a on CPU ranks, not failed
+    low, _, high = cells[7].partition("..")
+    assert float(low) > 0 and "0.0..0.0" not in fixed_row  # CPU TFLOP/s at 4 significant digits
+
+
+def test_cpu_ranks_never_fail_on_the_comm_ratios(tmp_path):
+    done, data = _bench(tmp_path, {"iterations": 2, "experts_ratio_min": 0.01, "comm_busbw_ratio_min": 50.0,
+                                   "comm_bound_ratio_min": 50.0})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert data["report"]["failures"] == [] and data["report"]["ok"] is True
 
 
 def test_bench_below_a_scenario_threshold_exits_1_and_names_it(tmp_path):
@@ -91,7 +104,7 @@ def test_cpu_only_report_has_no_empty_rank_tables():
     assert "CPU-side costs only (--cpu-only): no ranks ran" in markdown
     for absent in ("0 rank(s)", "None", "## Per rank", "## Ratios", "legacy / fixed"):
         assert absent not in markdown, absent
-    assert "| plan (in process) | 0.010 | 0.05 | ok |" in markdown and markdown.rstrip().endswith("OK")
+    assert "| plan (in process) | 0.010 | wall | 0.010 | 0.05 | ok |" in markdown and markdown.rstrip().endswith("OK")
 
 
 def test_yardstick_counts_minimal_local_and_anchor_bytes_and_the_bound():

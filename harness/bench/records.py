@@ -90,11 +90,18 @@ class BenchRankRecord(RankHeader):
 
 
 class CpuCost(Record):
+    """One CPU-side probe. `clock` says what median_s and samples_s are: "cpu", the CPU seconds of this process or
+    of the child command (user + system; what a loaded machine does not stretch), or "wall". Only gated probes can
+    fail the bench; within_target is True for the others, which are shown against their target."""
+
     name: str
     median_s: float
     samples_s: list[float]
     target_s: float
     within_target: bool
+    clock: Literal["cpu", "wall"] = "wall"
+    gated: bool = True
+    wall_median_s: float | None = None  # the wall seconds beside a CPU-time probe, shown, never gated
 
 
 class BenchPolicySummary(Record):
