@@ -139,28 +139,36 @@ def cmd_plan(ns: argparse.Namespace) -> int:
 
 
 def cmd_scenarios(ns: argparse.Namespace) -> int:
+    """The scenario files, each marked with whether this machine can run it, and why not (harness.scenario.fit)."""
     from harness.core.console import make_console
     from rich.table import Table
 
+    from harness.launch.machine import local_machine
+    from harness.scenario.fit import can_run, resolve_device
     from harness.scenario.schema import ScenarioError, list_scenarios, load_scenario
     from harness.scenario.sections import SCENARIOS_DIR
 
-    table = Table(title=f"scenarios in {SCENARIOS_DIR}", title_justify="left")
+    machine = local_machine()
+    table = Table(title=f"scenarios in {SCENARIOS_DIR}; here = {machine.description}", title_justify="left")
     table.add_column("file")
+    table.add_column("here")
     table.add_column("summary")
     rows = []
     for path in list_scenarios():
         try:
             scenario = load_scenario(path)
             summary = f"{scenario.description or scenario.summary()}"
+            reason = can_run(scenario, device_type=resolve_device(scenario, machine.num_gpus), machine=machine)
         except ScenarioError as exc:
-            summary = f"INVALID: {exc}"
-        rows.append({"file": path.name, "summary": summary})
-        table.add_row(path.name, summary)
+            summary, reason = f"INVALID: {exc}", "invalid"
+        here = "yes" if reason is None else f"no: {reason}"
+        rows.append({"file": path.name, "summary": summary, "runs_here": reason is None, "why_not": reason})
+        table.add_row(path.name, here, summary)
     if ns.json:
-        print(json.dumps({"scenarios": rows}, indent=1))
+        print(json.dumps({"machine": machine.description, "scenarios": rows}, indent=1))
     else:
         make_console().print(table)
+        print(f"{sum(r['runs_here'] for r in rows)} of {len(rows)} run on {machine.description}")
     return EXIT_OK
 
 
@@ -228,8 +236,28 @@ def _scenario_overrides(ns: argparse.Namespace) -> ScenarioOverrides:
     return ScenarioOverrides(**{f.name: getattr(ns, f.name, None) for f in dataclasses.fields(ScenarioOverrides)})
 
 
+def _missing_vllm_path(ns: argparse.Namespace) -> str | None:
+    """A --vllm-ops-library, --vllm-wheel or --vllm-src that is not there: one line, before any rank starts."""
+    allowed = {"--vllm-ops-library": "vLLM's compiled ops library file (vllm/_C_stable_libtorch.abi3.so or "
+                                     "vllm/_C.abi3.so)", "--vllm-wheel": "a vLLM wheel file (.whl)",
+               "--vllm-src": "a vLLM source tree (a directory)"}
+    for flag, path, kind in (("--vllm-ops-library", getattr(ns, "vllm_ops_library", None), "file"),
+                             ("--vllm-wheel", getattr(ns, "vllm_wheel", None), "file"),
+                             ("--vllm-src", getattr(ns, "vllm_src", None), "directory")):
+        if path is None:
+            continue
+        path = Path(path).expanduser()
+        if not (path.is_file() if kind == "file" else path.is_dir()):
+            what = "no such file or directory" if not path.exists() else f"not a {kind}"
+            return f"{flag} {path}: {what}; allowed: {allowed[flag]}"
+    return None
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     from harness.launch.run import RunRequest, run_command
+
+    if (missing := _missing_vllm_path(ns)) is not None:
+        return _print_error(missing)
 
     return run_command(RunRequest(
         scenario=ns.scenario, launcher=ns.launcher, address=ns.address, out=ns.out,
@@ -302,6 +330,9 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     from harness.bench.command import BenchRequest, bench_command
     from harness.core.files import probe_writable
 
+    if (missing := _missing_vllm_path(ns)) is not None:
+        return _print_error(missing)
+
     if ns.out is not None:
         probe_writable(ns.out, need_bytes=OUTPUT_BYTES)  # before any measuring
     return bench_command(BenchRequest(
@@ -332,8 +363,39 @@ _WIDE_HELP = ("on a terminal, print every column of each table (default there: t
               "pipes and CI logs always get every column")
 
 
+class _VersionAction(argparse.Action):
+    """--version, computed only when asked for (git runs then, not on every command)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(_version_text())
+        raise SystemExit(EXIT_OK)
+
+
+def _version_text() -> str:
+    """'harness 0.1.0 (git a810dcd)': the package version, and the commit when run from a git checkout."""
+    import subprocess
+
+    from harness import __version__
+
+    text = f"harness {__version__}"
+    root = Path(__file__).resolve().parent.parent
+    if (root / ".git").exists():
+        try:
+            done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                  text=True, timeout=10, check=False)
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return text
+        if done.returncode == 0 and done.stdout.strip():
+            text += f" (git {done.stdout.strip()}{', modified' if dirty.stdout.strip() else ''})"
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="harness", description="EP+DP MoE workspace harness (vLLM PR #55579)")
+    parser.add_argument("--version", action=_VersionAction, nargs=0,
+                        help="the harness's version and, in a git checkout, its commit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
                                 help="what to do; `harness COMMAND --help` for its options")
 

@@ -72,9 +72,11 @@ harness_venv() {
     # shellcheck disable=SC1091
     source "$venv/bin/activate"
     # Pinned first: otherwise torch>=2.11 resolves to the newest CUDA build, which a CPU machine cannot use.
-    python -m pip install -q torch==2.13.0
+    # No -q: pip's own progress (its bar on a terminal; "Collecting"/"Downloading ... (N MB)" lines in a log)
+    # is what shows the minutes of the torch download are going somewhere.
+    python -m pip install --progress-bar on torch==2.13.0
   fi
-  python -m pip install -q -e "$target"
+  python -m pip install --progress-bar on -e "$target"
   printf '%s\n' "$stamp" > "$venv/.harness-stamp"
   harness_venv_summary "$venv" "$(( SECONDS - started ))" "$cache_before" "$(harness_pip_cache_bytes)"
 }

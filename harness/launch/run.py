@@ -445,8 +445,8 @@ def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str |
     left behind, or no report.json) is run again with `resume` (what the killed run left is replaced), else kept
     and named. Returns the report each cell that ran was collected into, by cell name."""
     collected: dict[str, RunReport] = {}
-    for cell, scenario, reason in zip(cells, scenarios, not_here):
-        console.rule(f"cell {cell.name}")
+    for i, (cell, scenario, reason) in enumerate(zip(cells, scenarios, not_here), start=1):
+        console.rule(f"cell {i} of {len(cells)}: {cell.name}")
         cell_dir = run_dir / cell.name
         if (cell_dir / "run.json").exists():
             # finished: collected and released (a claim left behind is a run that was killed, collected or not)
@@ -475,7 +475,7 @@ def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str |
                 cell_claim.release()
         except (ScenarioError, LaunchError) as exc:
             code = _error(f"cell {cell.name}: {exc}")
-        console.print(f"cell {cell.name}: exit code {code}", highlight=False, markup=False)
+        console.print(f"cell {i} of {len(cells)} ({cell.name}): exit code {code}", highlight=False, markup=False)
     return collected
 
 

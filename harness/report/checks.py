@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from harness.core.contract import BUILTIN_POLICIES, builtin_shapes
 from harness.core.records import Correctness, MemoryMeasurement, PolicyResult, RankRecord, StageCheck
+from harness.core.units import human_bytes
 from harness.report.model import Check, CheckCounts, CheckOutcome, Checks, Outcome, Problem
 from harness.scenario.schema import Scenario
 from harness.scenario.sections import WrongKernels
@@ -60,7 +61,7 @@ def _pct(value: float, reference: float) -> float:
 
 
 def _gib(num_bytes: float) -> str:
-    return f"{num_bytes / 2**30:.4g} GiB"
+    return human_bytes(num_bytes)
 
 
 def _expectation_check(result: PolicyResult, expected: str | None) -> Check:

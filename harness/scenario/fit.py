@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from harness.core.backends import COMM, EXPERTS, BackendQuery, DeviceType
 from harness.core.contract import BUILTIN_POLICIES, DTYPE_BYTES, builtin_shapes
+from harness.core.units import human_bytes
 from harness.scenario.schema import Scenario
 
 __all__ = ["DeviceType", "Machine", "RankMemory", "backend_query", "backends_reason", "can_run",
@@ -147,7 +148,7 @@ def estimate_rank_memory(scenario: Scenario, device_type: DeviceType) -> RankMem
 
 
 def _gib(num_bytes: int) -> str:
-    return f"{num_bytes / GIB:.3g} GiB"
+    return human_bytes(num_bytes)  # "1.78 TiB", never "1.82e+03 GiB"
 
 
 def _count_reason(scenario: Scenario, machine: Machine, device_type: DeviceType) -> str | None:
