@@ -162,6 +162,9 @@ def test_ctrl_c_cleans_up_rank_processes_and_keeps_what_arrived(tmp_path: Path) 
             proc.wait(10)
     assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
     assert stderr.count("harness: interrupted") == 1, stderr
+    # Only the driver takes the Ctrl-C: no rank prints Python's traceback or torch's C++ backtrace.
+    for trace in ("Traceback", "frame #", "c10::", "terminate called", "KeyboardInterrupt"):
+        assert trace not in stdout + stderr, (trace, stderr[-3000:])
     pids = [r["pid"] for r in json.loads((out / "launch.json").read_text())["ranks"]]
     alive = [pid for pid in pids if _alive(pid)]
     assert not alive, f"rank processes left running: {alive}"

@@ -299,13 +299,13 @@ def test_run_audit_scenario_error(fake_scenarios, synthetic_tree, capsys):
     assert run_audit(audit_namespace(vllm_src=str(synthetic_tree), scenario="broken.yaml")) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.strip().splitlines() == ["error: broken.yaml: num_dispatchers (0) must be at least 1"]
+    assert captured.err.strip().splitlines() == ["harness: error: broken.yaml: num_dispatchers (0) must be at least 1"]
 
 
 def test_run_audit_source_error(fake_scenarios, tmp_path, capsys):
     assert run_audit(audit_namespace(vllm_src=str(tmp_path))) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: --vllm-src") and "is not a vLLM tree" in err and len(err.splitlines()) == 1
+    assert err.startswith("harness: error: --vllm-src") and "is not a vLLM tree" in err and len(err.splitlines()) == 1
 
 
 def test_real_default_scenario(ds_v3_args):

@@ -42,14 +42,15 @@ SUBPROCESS_TIMEOUT_S = 300.0
 Progress = Callable[[str], None]
 
 
-def time_call(fn: Callable[[], Any], *, repeat: int) -> list[float]:
-    """CPU seconds (this process, user + system) of `repeat` calls."""
-    out = []
+def time_call(fn: Callable[[], Any], *, repeat: int) -> tuple[list[float], list[float]]:
+    """CPU seconds (this process, user + system) and wall seconds of `repeat` calls."""
+    cpu, wall = [], []
     for _ in range(repeat):
-        c0 = time.process_time()
+        c0, t0 = time.process_time(), time.perf_counter()
         fn()
-        out.append(time.process_time() - c0)
-    return out
+        cpu.append(time.process_time() - c0)
+        wall.append(time.perf_counter() - t0)
+    return cpu, wall
 
 
 def _children_cpu_s() -> float:
@@ -139,8 +140,8 @@ def cpu_costs(*, repeats: int = 3, with_ray: bool = True, progress: Progress = l
     pr = load_scenario("deepseek-v3-dp32-pr55579")
     results: dict[str, _Samples] = {}
     progress("plan (in process): 20 calls")
-    results["plan (in process)"] = _probe("plan (in process)", _Samples("cpu", time_call(lambda: make_plan(pr), repeat=20)),
-                                          progress)
+    in_process = _Samples("cpu", *time_call(lambda: make_plan(pr), repeat=20))
+    results["plan (in process)"] = _probe("plan (in process)", in_process, progress)
     progress(f"harness plan (command): {repeats} runs")
     results["harness plan (command)"] = _probe("harness plan (command)", _plan_commands(repeats, REPO_DIR), progress)
     with tempfile.TemporaryDirectory() as tmp:

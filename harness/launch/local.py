@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import socket
 import time
 from multiprocessing.connection import Connection, wait
@@ -36,7 +37,9 @@ EXIT_JOIN_S = 5.0
 
 
 def _rank_process(scenario: Scenario, info: RankInfo, run_dir: str, conn: Connection, entry: RankEntry) -> None:
-    """Body of one rank's process (spawned: nothing inherited but the arguments and the environment)."""
+    """Body of one rank's process (spawned: nothing inherited but the arguments, the environment and the blocked
+    SIGINT, which the driver handles for it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     apply_safe_env()
     if info.device_type == "cpu":
         import torch
@@ -53,6 +56,17 @@ def _rank_process(scenario: Scenario, info: RankInfo, run_dir: str, conn: Connec
             pass  # the driver is gone
     finally:
         conn.close()
+
+
+def _start_without_sigint(proc: BaseProcess) -> None:
+    """Start a rank with SIGINT blocked, a mask it keeps: Ctrl-C in a terminal goes to the whole foreground
+    process group, and a rank interrupted inside a collective printed torch's C++ backtrace. The driver alone
+    takes the Ctrl-C and stops the ranks (_stop: SIGTERM, then SIGKILL)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        proc.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class LocalLauncher:
@@ -81,7 +95,7 @@ class LocalLauncher:
                 reader, writer = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_rank_process, args=(plan.scenario, info, str(plan.run_dir), writer,
                                                                 plan.entry), name=f"harness-rank-{rank}")
-                proc.start()
+                _start_without_sigint(proc)
                 writer.close()  # the child holds the only write end: its exit closes the pipe
                 procs[rank], pipes[rank] = proc, reader
                 sink.event(Placed(**sink.header, rank=rank, node=node, pid=proc.pid))

@@ -134,8 +134,8 @@ class RayLauncher:
                 # "local": never attach to a cluster someone started on this machine with `ray start`.
                 self.address = "local"
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **common)
-        except (ConnectionError, ValueError, RuntimeError) as exc:
-            raise LaunchError(f"cannot connect to the Ray cluster at {self.address}: {exc}") from None
+        except (ConnectionError, ValueError, RuntimeError, RayError) as exc:
+            raise LaunchError(connect_failure(self.address, exc)) from None
         self._owns_connection = True
 
     def resources(self) -> ClusterResources:
@@ -307,6 +307,22 @@ def job_runtime_env() -> dict[str, Any] | None:
         if job_env.get("working_dir") or job_env.get("py_modules"):
             return None
     return {"py_modules": [str(HARNESS_PACKAGE_DIR)]}
+
+
+def connect_failure(address: str, exc: BaseException) -> str:
+    """One line for a failed ray.init: Ray's reason, and for a remote head the token it may want (a head started
+    with RAY_AUTH_MODE=token refuses clients without its token; ray.init then retries and says nothing of it)."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = f"cannot connect to the Ray cluster at {address}: {reason}"
+    if address == "local":
+        return text
+    if type(exc).__name__ == "AuthenticationError":
+        return (text + "; the head wants its token: set RAY_AUTH_MODE=token and its token in ~/.ray/auth_token "
+                "(or RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH)")
+    if os.environ.get("RAY_AUTH_MODE") != "token":
+        return (text + "; if the head runs with RAY_AUTH_MODE=token, set RAY_AUTH_MODE=token here too with its "
+                "token in ~/.ray/auth_token (or RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH)")
+    return text
 
 
 def _check_reachable(address: str) -> None:

@@ -41,6 +41,7 @@ from harness.launch.progress import RunProgress
 from harness.launch.rundir import CLAIM_FILE, choose_run_dir, claim_run_dir, clear_interrupted, holds_matrix, make_run_id
 from harness.launch.sink import RunSink, describe_failure
 from harness.scenario.fit import Machine, can_run, resolve_device
+from harness.scenario.matrix import display_path
 from harness.scenario.schema import Scenario, ScenarioError, resolve_scenario_path
 from harness.scenario.source import display, read_yaml_file
 
@@ -206,7 +207,9 @@ def _write_manifest(scenario: Scenario, *, run_dir: Path, run_id: str, scenario_
     write_record(run_dir / "run.json", RunManifest(
         run_id=run_id, scenario_name=scenario.name or "", scenario_hash=scenario.scenario_hash,
         scenario=data, scenario_sha256=scenario_digest(data),
-        scenario_path=str(scenario_path) if scenario_path is not None else None,
+        # Relative to the repository when inside it: in a Ray job the repository is Ray's temporary working_dir,
+        # deleted after the job, while "scenarios/smoke.yaml" is what the user gave and can open.
+        scenario_path=display_path(scenario_path) if scenario_path is not None else None,
         num_ranks=scenario.parallel.num_ranks, launcher=launcher, command=command, started_at=time.time(),
         versions=collect_versions(),
     ))

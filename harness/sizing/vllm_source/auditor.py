@@ -251,7 +251,7 @@ def run_audit(ns: argparse.Namespace) -> int:
             return run_sweep(ns, source)
         result = audit(source, args)
     except (VllmSourceError, _ScenarioUnavailable) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"harness: error: {error}", file=sys.stderr)  # the prefix every refusal of the harness has
         return EXIT_ERROR
     if getattr(ns, "json", False):
         print(json.dumps(result.to_json(), indent=2))
