@@ -112,7 +112,7 @@ def oom_table_rows(entries: list[OomEntry]) -> list[list[str]]:
 
 def budget_line(s: ScenarioInfo, device_kind: str | None) -> str:
     """Which budget the run ran under, where it came from and what enforced it; the ballast beside it."""
-    from harness.scenario.schema import GPU_MEMORY_BYTES
+    from harness.scenario.sections import GPU_MEMORY_BYTES
 
     if s.memory_budget_bytes is None:
         text = "memory budget: none (the device's own memory)"
