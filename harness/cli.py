@@ -107,11 +107,13 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     if isinstance(deployments, int):
         return deployments
     failed_verdicts = [p for p in deployments[0] if p.verdict.outcome != "starts"] if ns.fail_on_verdict else []
-    code = EXIT_FAILED if failures or failed_verdicts else EXIT_OK
+    predicted = layer_verdict_failures(layers) if ns.fail_on_verdict else []
+    code = EXIT_FAILED if failures or failed_verdicts or predicted else EXIT_OK
     if ns.json:
         data = plan_json(scenario, rows)
         data["layers"] = [plan.model_dump(mode="json") for plan in layers]
         data["layer_expectation_failures"] = failures
+        data["layer_verdict_failures"] = predicted
         data["deployments"] = [plan.model_dump(mode="json") for plan in deployments[0]]
         print(json.dumps(data, indent=1))
         return code
@@ -135,7 +137,33 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     from harness.sizing.deployment_cli import print_deployments
 
     print_deployments(console, *deployments)
+    if predicted:
+        console.print(f"FAILED (--fail-on-verdict): {'; '.join(predicted)}")
     return code
+
+
+# What `--fail-on-verdict` fails on in a layer plan: a component vLLM gets wrong, and a budget it does not fit.
+FAILING_LAYER_VERDICTS = ("double-count", "under-sized", "over-cap")
+
+
+def layer_verdict_failures(layers: list[Any]) -> list[str]:
+    """One line per release whose layer plan predicts an OOM (its budget's outcome oom or refused) or holds a
+    component verdict of FAILING_LAYER_VERDICTS."""
+    out = []
+    for plan in layers:
+        bad = [f"{c.name} {', '.join(v for v in c.verdicts if v in FAILING_LAYER_VERDICTS)}"
+               for c in plan.components if any(v in FAILING_LAYER_VERDICTS for v in c.verdicts)]
+        if plan.budget is not None and plan.budget.outcome in ("oom", "refused"):
+            bad.append(f"{plan.budget.outcome} on {plan.budget.gpu or human_budget(plan.budget.budget_bytes)}")
+        if bad:
+            out.append(f"vllm {plan.vllm_version}: {', '.join(bad)}")
+    return out
+
+
+def human_budget(num_bytes: int) -> str:
+    from harness.core.units import human_bytes
+
+    return f"a {human_bytes(num_bytes)} budget"
 
 
 def cmd_scenarios(ns: argparse.Namespace) -> int:
@@ -404,7 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scenario", nargs="?", default=None,
                    help="scenario file or name in scenarios/; or none and `-- vllm serve MODEL FLAGS` at the end")
     p.add_argument("--fail-on-verdict", action="store_true",
-                   help="exit 1 when a release's deployment does not start (oom, fails, refused); default: exit 0")
+                   help="exit 1 when a release's deployment does not start (oom, fails, refused), its layer does "
+                        "not fit the budget (oom, refused) or a layer component is double-count, under-sized or "
+                        "over-cap; default: exit 0")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
     p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP + "; for vllm==X.Y.Z policies")
     p.add_argument("--vllm-version", action="append", default=None, metavar="X.Y.Z",

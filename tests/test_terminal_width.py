@@ -4,6 +4,7 @@ every column (tests/test_console.py). The commands run under a real pseudo-termi
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import re
@@ -95,6 +96,8 @@ def test_run_fits(tmp_path: Path):
     assert any("fit (expected fit): pass" in row for row in rows)
     # report.md on disk keeps every column: the terminal's view is the terminal's alone.
     assert "dispatch busbw" in (tmp_path / "run" / "report.md").read_text()
+    # The scenario as the user can open it, relative to the repository (a Ray job's working_dir is deleted).
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["scenario_path"] == "scenarios/smoke.yaml"
 
 
 def test_compare_fits():
