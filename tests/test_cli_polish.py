@@ -38,7 +38,9 @@ def test_scenarios_marks_what_runs_here_and_why_not():
     for row in data["scenarios"]:
         scenario = load_scenario(REPO_DIR / "scenarios" / row["file"])
         reason = can_run(scenario, device_type=resolve_device(scenario, machine.num_gpus), machine=machine)
-        assert row["runs_here"] == (reason is None) and row["why_not"] == reason, row
+        assert row["runs_here"] == (reason is None), row
+        # The reason up to the machine's free RAM, which moves between two reads of it.
+        assert (row["why_not"] or "").split("; allowed:")[0] == (reason or "").split("; allowed:")[0], row
         assert "e+" not in (reason or ""), reason  # human sizes: "1.78 TiB", never "1.82e+03 GiB"
     table = run_harness("scenarios").stdout
     assert re.search(r"\d+ of \d+ run on ", table)
