@@ -21,6 +21,10 @@ def test_cpu_ci_matrix_runs_every_cell_and_writes_one_report(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["kind"] == "matrix" and report["exit_code"] == 0
     assert report["num_valid"] == len(report["cells"]) >= 2
+    n = len(report["cells"])  # each cell announced with its place in the matrix, and ended with its exit code
+    for i, cell in enumerate(report["cells"], start=1):
+        assert f"cell {i} of {n}: {cell['name']}" in done.stdout and f"cell {i} of {n} ({cell['name']}): exit code 0" \
+            in done.stdout, done.stdout[-3000:]
     for cell in report["cells"]:
         assert (out / cell["name"] / "report.json").exists()
         # the combined report holds the report the cell was collected into when it finished, written once

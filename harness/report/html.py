@@ -38,11 +38,6 @@ from harness.report.model import MatrixReport, Report, RunReport
 PER_RANK_BARS_MAX = 64
 
 
-def _room_under_budget(report: RunReport) -> int | None:
-    """The most a workspace can take before it OOMs, NVML or CPU (harness.report.evidence.workspace_room)."""
-    return workspace_room(report)
-
-
 def _oom_bar(ax: Any, x: float, height: float, width: float, status: str | None) -> None:
     """A bar that cannot be missed: red cross-hatching as tall as what the policy asked for, labelled OOM."""
     label = {"oom": "OOM", "error": "stopped"}.get(status or "", NA)
@@ -100,7 +95,7 @@ def plot_workspace_per_rank(report: RunReport) -> str | None:
     lower_bound = report.policies[0].lower_bound_bytes
     if lower_bound:
         ax.axhline(lower_bound / scale, color="#1f77b4", linestyle="--", linewidth=1, label="lower bound (live set)")
-    room = _room_under_budget(report)
+    room = workspace_room(report)
     if room is not None:
         less = "the baseline in use" if report.scenario.memory_method == "nvml" else "the harness's other tensors"
         ax.axhline(room / scale, color=OOM_COLOR, linewidth=2, label=f"memory budget less {less} (room for a workspace)")
@@ -224,7 +219,7 @@ def _run_body(report: RunReport) -> list[str]:
     cpu = report.scenario.memory_method != "nvml"
     in_use = "the harness's other tensors (weights, buffers)" if cpu else "the baseline in use"
     budget_text = (f"the red line is the memory budget ({human_bytes(budget)}) less {in_use}"
-                   if budget is not None and _room_under_budget(report) is not None else "no memory budget in this scenario")
+                   if budget is not None and workspace_room(report) is not None else "no memory budget in this scenario")
     breakdown_budget = ("; the red line is the memory budget, which on CPU covers the harness's own tensors (every "
                         "part but other)" if cpu else "; the red line is the memory budget")
     labels, bars, how = _breakdown_bars(report)
