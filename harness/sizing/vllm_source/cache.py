@@ -641,7 +641,8 @@ def download_release(version: str, download_dir: Path) -> tuple[Path, str]:
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes", "--no-input",
         "--disable-pip-version-check", *PIP_PLATFORM_ARGS, "-d", str(download_dir), "-r", str(requirements),
     ]  # fmt: skip
-    completed = _download_with_progress(command, version, download_dir)
+    completed = _run_pip(command, f"could not download vLLM release {version}",
+                         progress=(f"vllm=={version}", download_dir / "pip-tmp"))
     found = sorted(download_dir.glob("vllm-*.whl"))  # this process's own directory: any vllm wheel is the one
     if not found:
         raise CacheError(f"could not download vLLM release {version}: {pip_failure(completed)}")
@@ -677,27 +678,18 @@ def check_kept_wheel(wheel: Path, version: str, scratch: Path) -> str:
     return digest
 
 
-def _download_with_progress(command: list[str], version: str, download_dir: Path) -> subprocess.CompletedProcess:
-    """The pip download, with a byte progress bar on a terminal (a line every few seconds in a log) on stderr."""
-    from harness.sizing.vllm_source.download_progress import DownloadTimeout, run_with_progress
+def _run_pip(command: list[str], failure: str, *, progress: tuple[str, Path] | None = None
+             ) -> subprocess.CompletedProcess:
+    """Run pip; on any failure raise CacheError(f"{failure}: why"). With `progress` (a label and a scratch
+    directory), a download: a byte progress bar on a terminal, a line every few seconds in a log, on stderr."""
+    from harness.sizing.vllm_source.download_progress import run_with_progress
 
-    failure = f"could not download vLLM release {version}"
     try:
-        completed = run_with_progress(command, label=f"vllm=={version}", scratch=download_dir / "pip-tmp",
-                                      timeout_s=PIP_TIMEOUT_S, out=sys.stderr)
-    except DownloadTimeout:
-        raise CacheError(f"{failure}: pip took over {PIP_TIMEOUT_S} s; gave up") from None
-    except OSError as error:
-        raise CacheError(f"{failure}: could not run pip: {error}") from None
-    if completed.returncode != 0:
-        raise CacheError(f"{failure}: {pip_failure(completed)}")
-    return completed
-
-
-def _run_pip(command: list[str], failure: str) -> subprocess.CompletedProcess:
-    """Run pip; on any failure raise CacheError(f"{failure}: why")."""
-    try:
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
+        if progress is None:
+            completed = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
+        else:
+            completed = run_with_progress(command, label=progress[0], scratch=progress[1], timeout_s=PIP_TIMEOUT_S,
+                                          out=sys.stderr)
     except subprocess.TimeoutExpired:
         raise CacheError(f"{failure}: pip took over {PIP_TIMEOUT_S} s; gave up") from None
     except OSError as error:

@@ -25,10 +25,6 @@ _SIZE_RE = re.compile(r"Downloading \S+ \((\d+(?:\.\d+)?) (kB|MB|GB|bytes)\)")
 _UNITS = {"bytes": 1, "kB": 10**3, "MB": 10**6, "GB": 10**9}  # pip's format_size is decimal
 
 
-class DownloadTimeout(Exception):
-    pass
-
-
 def bytes_under(directory: Path) -> int:
     """Bytes of the regular files under `directory` (what pip has written so far); 0 when it is not there."""
     total = 0
@@ -88,7 +84,8 @@ class _Bar:
 def run_with_progress(command: list[str], *, label: str, scratch: Path, timeout_s: float, out: IO[str],
                       interval_s: float = LOG_INTERVAL_S) -> subprocess.CompletedProcess:
     """Run `command` (a pip download) with TMPDIR=scratch, reporting the bytes under scratch as they grow; its
-    CompletedProcess with stdout and stderr captured whole. DownloadTimeout past timeout_s (the child killed)."""
+    CompletedProcess with stdout and stderr captured whole. subprocess.TimeoutExpired past timeout_s (the child
+    killed), as subprocess.run raises it."""
     scratch.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, TMPDIR=str(scratch), TEMP=str(scratch), TMP=str(scratch))
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -112,7 +109,7 @@ def run_with_progress(command: list[str], *, label: str, scratch: Path, timeout_
             if time.monotonic() > deadline:
                 proc.kill()
                 proc.wait()
-                raise DownloadTimeout(f"pip took over {timeout_s:g} s")
+                raise subprocess.TimeoutExpired(command, timeout_s)
             reporter.update(bytes_under(scratch), total[0])
             time.sleep(POLL_S)
     except BaseException:  # Ctrl-C or the timeout: no pip left behind
