@@ -98,3 +98,22 @@ def test_human_bytes_never_prints_an_exponent() -> None:
     assert human_bytes(512) == "512 B"
     assert human_bytes(None) == "n/a"
     assert all("e+" not in human_bytes(10.0**k) for k in range(0, 16))
+
+
+def test_a_matrix_report_lists_each_cell_oom(tmp_path: Path) -> None:
+    from report_records import read_md, write_run
+
+    from harness.report.matrix import collect_matrix
+    from harness.scenario.matrix import load_matrix
+    from harness.scenario.sections import REPO_DIR
+
+    matrix = load_matrix(REPO_DIR / "scenarios/matrix/cpu-ci.yaml")
+    first, second = matrix.cells()
+    write_run(tmp_path / first.name, first.scenario, device_kind="cpu")
+    write_run(tmp_path / second.name, second.scenario, device_kind="cpu",
+              overrides={r: {"legacy": {"status": "oom"}} for r in range(second.scenario.parallel.num_ranks)})
+    collect_matrix(tmp_path, matrix.cells(), matrix=matrix)
+    section = read_md(tmp_path / "report.md").split("### OOMs (")[1]
+    rows = [line for line in section.splitlines() if line.startswith(f"| {second.name} | legacy |")]
+    assert len(rows) == 1 and "CUDA out of memory. Tried to allocate" in rows[0]
+    assert f"| {first.name} |" not in section.split("\n\n")[1]  # the cell without an OOM has no row

@@ -52,7 +52,9 @@ class OomEntry:
 
 
 def _both(num_bytes: int | None) -> str:
-    return "n/a" if num_bytes is None else f"{exact_bytes(num_bytes)} ({human_bytes(num_bytes)})"
+    if num_bytes is None:
+        return "n/a"
+    return "0 B" if num_bytes == 0 else f"{exact_bytes(num_bytes)} ({human_bytes(num_bytes)})"
 
 
 def rank_list(ranks: list[int]) -> str:
@@ -89,7 +91,8 @@ def oom_entries(report: RunReport) -> list[OomEntry]:
             if e.oom is None or e.status != "oom":
                 continue
             o = e.oom
-            held = held_bytes(report, rank, e)
+            # A later stage's OOM (the experts', say) had the whole workspace: "held before" does not apply.
+            held = held_bytes(report, rank, e) if o.stage == "workspace" else None
             key = (e.policy, o.stage, o.requested_bytes, held, o.free_bytes, o.budget_bytes, o.message)
             grouped.setdefault(key, []).append(rank.rank)
             first.setdefault(key, OomEntry(ranks=(), policy=e.policy, stage=o.stage, requested_bytes=o.requested_bytes,

@@ -452,13 +452,21 @@ def _md_components(report: RunReport) -> list[str]:
     return out + ["", COMPONENT_NOTE, ""]
 
 
-def _md_ooms(report: RunReport) -> list[str]:
-    """Each OOM with the allocator's message, the stage, the bytes asked for and held, and the budget."""
-    entries = oom_entries(report)
+def _md_ooms(report: Report) -> list[str]:
+    """Each OOM with the allocator's message, the stage, the bytes asked for and held, and the budget; a matrix's
+    with the cell each happened in."""
+    if isinstance(report, MatrixReport):
+        per_cell = [(c.name, oom_entries(c.report)) for c in report.cells]
+        entries = [e for _, found in per_cell for e in found]
+        rows = [[name, *row] for name, found in per_cell for row in oom_table_rows(found)][:MAX_OOM_ROWS]
+        headers = ["cell", *OOM_HEADERS]
+    else:
+        entries = oom_entries(report)
+        rows, headers = oom_table_rows(entries), OOM_HEADERS
     if not entries:
         return []
     out = [f"### OOMs ({sum(len(e.ranks) for e in entries)} rank x policy)", ""]
-    out += _md_table(OOM_HEADERS, oom_table_rows(entries))
+    out += _md_table(headers, rows)
     if len(entries) > MAX_OOM_ROWS:
         out.append(f"\n... and {len(entries) - MAX_OOM_ROWS} more distinct OOMs in report.json")
     snapshots = sorted({e.snapshot_file for e in entries if e.snapshot_file})
@@ -579,6 +587,7 @@ def render_markdown(report: Report) -> str:
     out += ["", table_legend(report), ""]
     if isinstance(report, MatrixReport):
         out += _md_matrix_cells(report)
+        out += _md_ooms(report)
     else:
         out += _md_ooms(report)
         out += _md_components(report)
