@@ -450,6 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("scenarios", help="list the scenario files")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_scenarios, parser=p)
 
     p = sub.add_parser("run", help="run a scenario (or matrix) on local processes or a Ray cluster")

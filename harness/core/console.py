@@ -32,6 +32,7 @@ ESSENTIAL_HEADERS = frozenset({
     "total", "x fixed",  # plan
     "metric", "change", "verdict",  # compare, vllm audit
     "class", "per GPU",  # vllm audit
+    "here",  # scenarios
 })
 _every_column = False  # --wide: a terminal gets every column too
 
