@@ -266,19 +266,11 @@ def _scenario_overrides(ns: argparse.Namespace) -> ScenarioOverrides:
 
 def _missing_vllm_path(ns: argparse.Namespace) -> str | None:
     """A --vllm-ops-library, --vllm-wheel or --vllm-src that is not there: one line, before any rank starts."""
-    allowed = {"--vllm-ops-library": "vLLM's compiled ops library file (vllm/_C_stable_libtorch.abi3.so or "
-                                     "vllm/_C.abi3.so)", "--vllm-wheel": "a vLLM wheel file (.whl)",
-               "--vllm-src": "a vLLM source tree (a directory)"}
-    for flag, path, kind in (("--vllm-ops-library", getattr(ns, "vllm_ops_library", None), "file"),
-                             ("--vllm-wheel", getattr(ns, "vllm_wheel", None), "file"),
-                             ("--vllm-src", getattr(ns, "vllm_src", None), "directory")):
-        if path is None:
-            continue
-        path = Path(path).expanduser()
-        if not (path.is_file() if kind == "file" else path.is_dir()):
-            what = "no such file or directory" if not path.exists() else f"not a {kind}"
-            return f"{flag} {path}: {what}; allowed: {allowed[flag]}"
-    return None
+    from harness.scenario.source import missing_vllm_input
+
+    return missing_vllm_input([("--vllm-ops-library", "ops_library", getattr(ns, "vllm_ops_library", None)),
+                               ("--vllm-wheel", "wheel", getattr(ns, "vllm_wheel", None)),
+                               ("--vllm-src", "src", getattr(ns, "vllm_src", None))])
 
 
 def cmd_run(ns: argparse.Namespace) -> int:

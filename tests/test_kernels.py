@@ -311,7 +311,7 @@ def test_a_kernels_matrix_runs_one_release_per_call_into_one_directory(tmp_path)
 
 
 @pytest.mark.timeout(RUN_BOUND_S)
-def test_kernels_that_cannot_be_had_end_the_run_in_one_line_per_rank(tmp_path):
+def test_a_kernels_file_that_is_not_there_is_refused_before_any_rank(tmp_path):
     import yaml
     from cli_utils import run_harness
 
@@ -320,8 +320,16 @@ def test_kernels_that_cannot_be_had_end_the_run_in_one_line_per_rank(tmp_path):
     done = run_harness("run", str(scenario), "--kernels", "0.26.0", "--vllm-ops-library", "/nonexistent/lib.so",
                        "--out", str(tmp_path / "run"), timeout_s=RUN_BOUND_S)
     assert done.returncode == 2
-    causes = [json.loads(p.read_text())["cause"] for p in sorted((tmp_path / "run" / "ranks").glob("*.failed.json"))]
-    assert causes == ["kernels unavailable: vllm.ops_library /nonexistent/lib.so: no such file"] * 2
+    assert done.stderr.strip().splitlines() == [
+        "harness: error: --vllm-ops-library /nonexistent/lib.so: no such file or directory; allowed: vLLM's compiled "
+        "ops library file (vllm/_C_stable_libtorch.abi3.so or vllm/_C.abi3.so)"]
+    assert not (tmp_path / "run").exists()  # no run directory, no rank: the ranks' path is run_ranks' own test
+    # The scenario file's own vllm.ops_library is checked as early.
+    scenario.write_text(yaml.safe_dump(dict(SMALL, name="small", vllm={"ops_library": "/nonexistent/lib.so"})))
+    done = run_harness("run", str(scenario), "--out", str(tmp_path / "run"), timeout_s=RUN_BOUND_S)
+    assert done.returncode == 2 and not (tmp_path / "run").exists()
+    assert "vllm.ops_library /nonexistent/lib.so: no such file or directory" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 # ---------------------------------------------------------------------------------------------------------------

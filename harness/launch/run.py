@@ -43,7 +43,7 @@ from harness.launch.sink import RunSink, describe_failure
 from harness.scenario.fit import Machine, can_run, resolve_device
 from harness.scenario.matrix import display_path
 from harness.scenario.schema import Scenario, ScenarioError, resolve_scenario_path
-from harness.scenario.source import display, read_yaml_file
+from harness.scenario.source import display, missing_vllm_input, read_yaml_file
 
 if TYPE_CHECKING:
     from harness.report.model import RunReport
@@ -360,6 +360,11 @@ def _run_command(request: RunRequest) -> int:
         reason = reasons_not_here([scenario], launcher_name)[0]
         if reason is not None:
             raise LaunchError(f"{display(path)}: {reason}")
+        v = scenario.vllm  # the scenario's own vLLM files, checked before a run directory or a rank exists
+        missing = missing_vllm_input([("vllm.ops_library", "ops_library", v.ops_library), ("vllm.wheel", "wheel", v.wheel),
+                                      ("vllm.src", "src", v.src)])
+        if missing is not None:
+            raise LaunchError(f"{display(path)}: {missing}")
         if request.dry_run:
             try:
                 _dry_run(scenario, launcher_name=launcher_name, request=request, run_dir=run_dir, console=console)

@@ -287,3 +287,25 @@ def parse_yaml(text: str, *, path: Path | str) -> Any:
 def read_yaml_file(path: Path, *, what: str = "scenario file") -> Any:
     """check_input_file + read_input_text + parse_yaml."""
     return parse_yaml(read_input_text(path, what=what), path=path)
+
+
+VLLM_INPUT_KINDS = {  # what each vLLM input names, for the one-line refusal of one that is not there
+    "ops_library": ("file", "vLLM's compiled ops library file (vllm/_C_stable_libtorch.abi3.so or vllm/_C.abi3.so)"),
+    "wheel": ("file", "a vLLM wheel file (.whl)"),
+    "src": ("directory", "a vLLM source tree (a directory)"),
+}
+
+
+def missing_vllm_input(named: list[tuple[str, str, str | Path | None]]) -> str | None:
+    """The first (label, kind, path) whose path is not there, as one line ("--vllm-ops-library nope.so: no such
+    file or directory; allowed: ..."); kind is a key of VLLM_INPUT_KINDS. Checked before anything starts: a
+    missing ops library otherwise surfaced only once every rank had started and failed on it."""
+    for label, kind, value in named:
+        if value is None:
+            continue
+        want, allowed = VLLM_INPUT_KINDS[kind]
+        path = Path(value).expanduser()
+        if not (path.is_file() if want == "file" else path.is_dir()):
+            what = "no such file or directory" if not path.exists() else f"not a {want}"
+            return f"{label} {display(path)}: {what}; allowed: {allowed}"
+    return None
