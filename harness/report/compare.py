@@ -68,9 +68,9 @@ from harness.report.compare_metrics import (
 from harness.report.compare_render import render_comparison
 from harness.report.model import CheckFailure, HardwareInfo, MatrixReport, PolicySummary, Report, RunReport, StageSpread
 
-__all__ = ["EXACT", "GROUPS", "METRICS", "CompareError", "CompareRequest", "Comparison", "Group", "LoadedReport", "Metric", "Options",
-           "Row", "Verdict", "compare_command", "compare_metric", "compare_outcome", "compare_reports", "load_report",
-           "parse_options", "parse_thresholds", "render_comparison"]
+__all__ = ["EXACT", "GROUPS", "METRICS", "CompareError", "CompareRequest", "Comparison", "Group", "LoadedReport",
+           "Metric", "Options", "Row", "Verdict", "compare_command", "compare_metric", "compare_outcome",
+           "compare_reports", "load_report", "parse_options", "parse_thresholds", "render_comparison"]
 
 
 def compare_metric(metric: Metric, baseline: float | None, current: float | None, threshold: float,
