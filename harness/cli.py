@@ -206,26 +206,30 @@ OUTPUT_BYTES = 16 * 2**20  # what bench.json/md or layer-audit.json/md take at m
 def cmd_vllm_audit(ns: argparse.Namespace) -> int:
     if ns.layer:
         from harness.core.files import probe_writable
-        from harness.sizing.layer_audit import run_layer_audit
+        from harness.sizing.layer_audit import LayerAuditRequest, run_layer_audit
 
         if ns.out is not None:
             probe_writable(ns.out, need_bytes=OUTPUT_BYTES)  # before any release is fetched or audited
 
-        return run_layer_audit(ns)
+        return run_layer_audit(LayerAuditRequest(releases=ns.releases, vllm_version=ns.vllm_version,
+                                                 cache_dir=ns.cache_dir, out=ns.out, json=ns.json))
     if ns.junit is not None and not ns.sweep:
         return _print_error("--junit goes with --sweep")
     if ns.sweep and ns.releases is not None:
         if ns.junit is not None:
             return _print_error("--junit goes with --sweep of one source, not with --releases")
         from harness.sizing.layer_audit import resolve_releases
-        from harness.sizing.vllm_source.sweep_report import run_sweep_releases
+        from harness.sizing.vllm_source.sweep_report import SweepReleasesRequest, run_sweep_releases
 
-        return run_sweep_releases(ns, resolve_releases)
+        return run_sweep_releases(SweepReleasesRequest(releases=ns.releases, cache_dir=ns.cache_dir, out=ns.out,
+                                                       json=ns.json), resolve_releases)  # fmt: skip
     if ns.releases is not None or ns.out is not None:
         return _print_error("--releases and --out go with --layer or --sweep --releases")
-    from harness.sizing.vllm_source import run_audit
+    from harness.sizing.vllm_source import AuditRequest, run_audit
 
-    return run_audit(ns)
+    return run_audit(AuditRequest(vllm_version=ns.vllm_version, vllm_wheel=ns.vllm_wheel, vllm_src=ns.vllm_src,
+                                  cache_dir=ns.cache_dir, scenario=ns.scenario, json=ns.json, sweep=ns.sweep,
+                                  junit=ns.junit))
 
 
 def recorded_command(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> list[str]:
@@ -318,9 +322,13 @@ def cmd_collect(ns: argparse.Namespace) -> int:
 
 
 def cmd_compare(ns: argparse.Namespace) -> int:
-    from harness.report.compare import compare_command
+    from harness.report.compare import CompareRequest, compare_command
 
-    return compare_command(ns)
+    return compare_command(CompareRequest(
+        baseline=ns.baseline, current=ns.current, thresholds=tuple(ns.threshold), ignore=tuple(ns.ignore),
+        gate_across_hardware=ns.gate_across_hardware, gate_cpu_timings=ns.gate_cpu_timings,
+        allow_failed_baseline=ns.allow_failed_baseline, json=ns.json,
+    ))
 
 
 def cmd_status(ns: argparse.Namespace) -> int:

@@ -26,8 +26,8 @@ ALLOWED: dict[str, set[str]] = {
 TOP_MODULES = {"cli", "__main__", "__init__"}  # the command layer may import anything
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(HARNESS.parent).with_suffix("").parts)
+def module_name(path: Path, root: Path = HARNESS) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
@@ -121,3 +121,39 @@ def test_each_package_says_what_it_owns_and_may_import(package):
     said = doc[doc.index("May import"):]
     for other in allowed:
         assert f"harness.{other}" in said, f"harness/{package}/__init__.py does not list harness.{other}"
+
+
+# argparse belongs to the command layer: library entry points take typed requests (RunRequest, BenchRequest,
+# AuditRequest, CompareRequest, ...) that harness/cli.py builds from the parsed arguments. serve_args parses
+# vLLM's own `vllm serve` command line (a DeploymentSpec), not the harness's.
+ARGPARSE_ALLOWED = {"harness.cli", "harness.sizing.serve_args"}
+
+
+def argparse_users(root: Path) -> list[str]:
+    """Modules under `root` (named as module_name does) that import argparse or name it, at any depth."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else
+                     [node.id] if isinstance(node, ast.Name) else [])  # fmt: skip
+            if any(name.split(".")[0] == "argparse" for name in names):
+                found.append(module_name(path, root))
+                break
+    return found
+
+
+def test_only_the_command_layer_imports_argparse():
+    wrong = [m for m in argparse_users(HARNESS) if m not in ARGPARSE_ALLOWED]
+    assert not wrong, "import argparse outside harness/cli.py (take a typed request instead): " + ", ".join(wrong)
+
+
+def test_argparse_users_finds_each_spelling(tmp_path):
+    # the checker itself can fail: a plain import, a from-import and a lazy import inside a function are found
+    package = tmp_path / "harness"
+    package.mkdir()
+    (package / "plain.py").write_text("import argparse\n")
+    (package / "from_import.py").write_text("from argparse import Namespace\n")
+    (package / "lazy.py").write_text("def f():\n    import argparse as ap\n    return ap\n")
+    (package / "clean.py").write_text('"""takes no argparse.Namespace"""\nimport json\n')
+    assert argparse_users(package) == ["harness.from_import", "harness.lazy", "harness.plain"]

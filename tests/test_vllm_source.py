@@ -6,7 +6,6 @@ Tests marked vllm_wheel fetch real vLLM wheels with pip into a cache shared acro
 
 from __future__ import annotations
 
-import argparse
 import base64
 import dataclasses
 import hashlib
@@ -28,6 +27,7 @@ from harness.sizing.vllm_source import (
     CONSISTENT,
     DOUBLE_COUNT,
     UNEVALUATED,
+    AuditRequest,
     AuditResult,
     VllmSource,
     VllmSourceError,
@@ -232,8 +232,7 @@ def test_release_that_does_not_exist(tmp_path):
 @pytest.mark.vllm_wheel
 @pytest.mark.parametrize(("version", "exit_code"), [("0.29.0", 1), ("0.30.0", 0)])
 def test_run_audit_json(cache_dir, fake_scenarios, capsys, version, exit_code):
-    ns = audit_namespace(vllm_version=version, cache_dir=str(cache_dir), json=True)
-    assert run_audit(ns) == exit_code
+    assert run_audit(AuditRequest(vllm_version=version, cache_dir=cache_dir, json=True)) == exit_code
     report = json.loads(capsys.readouterr().out)
     assert report["vllm_version"] == version
     assert report["sizing"]["M"] == 8192 and report["source"]["kind"] == "release"
@@ -246,12 +245,12 @@ def test_run_audit_json(cache_dir, fake_scenarios, capsys, version, exit_code):
 
 @pytest.mark.vllm_wheel
 def test_run_audit_table(cache_dir, fake_scenarios, capsys):
-    assert run_audit(audit_namespace(vllm_version="0.29.0", cache_dir=str(cache_dir))) == 1
+    assert run_audit(AuditRequest(vllm_version="0.29.0", cache_dir=cache_dir)) == 1
     shown = capsys.readouterr().out
     assert "# vllm 0.29.0" in shown and "T=256 D=32 M=8192" in shown
     assert "double-count" in shown and "112.00" in shown and "32.00" in shown
     assert shown.rstrip().splitlines()[-1].startswith("FAILED: 1 of 7")
-    assert run_audit(audit_namespace(vllm_version="0.30.0", cache_dir=str(cache_dir))) == 0
+    assert run_audit(AuditRequest(vllm_version="0.30.0", cache_dir=cache_dir)) == 0
     assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith("OK: none of 7")
 
 
@@ -281,14 +280,8 @@ def fake_scenarios(monkeypatch, ds_v3_args, tmp_path):
     return loaded
 
 
-def audit_namespace(**overrides) -> argparse.Namespace:
-    values = dict(vllm_version=None, vllm_wheel=None, vllm_src=None, scenario=None, json=False, cache_dir=None)
-    values.update(overrides)
-    return argparse.Namespace(**values)
-
-
 def test_run_audit_default_scenario_and_src(fake_scenarios, synthetic_tree, capsys):
-    assert run_audit(audit_namespace(vllm_src=str(synthetic_tree), json=True)) == 1
+    assert run_audit(AuditRequest(vllm_src=synthetic_tree, json=True)) == 1
     assert fake_scenarios == [fake_scenarios[0]] and fake_scenarios[0].name == "deepseek-v3-dp32-pr55579.yaml"
     report = json.loads(capsys.readouterr().out)
     assert report["vllm_version"] == "0.9.9"
@@ -296,14 +289,14 @@ def test_run_audit_default_scenario_and_src(fake_scenarios, synthetic_tree, caps
 
 
 def test_run_audit_scenario_error(fake_scenarios, synthetic_tree, capsys):
-    assert run_audit(audit_namespace(vllm_src=str(synthetic_tree), scenario="broken.yaml")) == 2
+    assert run_audit(AuditRequest(vllm_src=synthetic_tree, scenario="broken.yaml")) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.strip().splitlines() == ["harness: error: broken.yaml: num_dispatchers (0) must be at least 1"]
 
 
 def test_run_audit_source_error(fake_scenarios, tmp_path, capsys):
-    assert run_audit(audit_namespace(vllm_src=str(tmp_path))) == 2
+    assert run_audit(AuditRequest(vllm_src=tmp_path)) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("harness: error: --vllm-src") and "is not a vLLM tree" in err and len(err.splitlines()) == 1
 

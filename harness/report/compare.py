@@ -41,11 +41,11 @@ problems in the current run's records, scenarios that differ in both hash and na
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.core.exits import EXIT_ERROR, EXIT_OK
 from harness.report.compare_load import LoadedReport, load_report
@@ -68,9 +68,9 @@ from harness.report.compare_metrics import (
 from harness.report.compare_render import render_comparison
 from harness.report.model import CheckFailure, HardwareInfo, MatrixReport, PolicySummary, Report, RunReport, StageSpread
 
-__all__ = ["EXACT", "GROUPS", "METRICS", "CompareError", "Comparison", "Group", "LoadedReport", "Metric", "Options",
-           "Row", "Verdict", "compare_command", "compare_metric", "compare_outcome", "compare_reports", "load_report",
-           "parse_options", "parse_thresholds", "render_comparison"]
+__all__ = ["EXACT", "GROUPS", "METRICS", "CompareError", "CompareRequest", "Comparison", "Group", "LoadedReport",
+           "Metric", "Options", "Row", "Verdict", "compare_command", "compare_metric", "compare_outcome",
+           "compare_reports", "load_report", "parse_options", "parse_thresholds", "render_comparison"]
 
 
 def compare_metric(metric: Metric, baseline: float | None, current: float | None, threshold: float,
@@ -331,25 +331,40 @@ def compare_reports(baseline: Report | LoadedReport, current: Report | LoadedRep
 
 
 
-def compare_command(ns: argparse.Namespace) -> int:
+@dataclass(frozen=True, kw_only=True)
+class CompareRequest:
+    """One `harness compare BASELINE CURRENT`: the two inputs (run or matrix directories, or report.json files)
+    and the gate's options, as the user wrote them (parse_options reads the thresholds and ignores)."""
+
+    baseline: Path
+    current: Path
+    thresholds: tuple[str, ...] = ()  # "METRIC=PCT" or "GROUP=PCT"
+    ignore: tuple[str, ...] = ()  # a metric, a group, policy:NAME or cell:NAME
+    gate_across_hardware: bool = False
+    gate_cpu_timings: bool = False
+    allow_failed_baseline: bool = False
+    json: bool = False
+
+
+def compare_command(request: CompareRequest) -> int:
     """`harness compare BASELINE CURRENT [--threshold METRIC=PCT ...] [--ignore WHAT ...] [--json]`."""
     from harness.core.console import make_console
 
     try:
-        options = parse_options(list(ns.threshold or []), list(getattr(ns, "ignore", None) or []),
-                                gate_across_hardware=bool(getattr(ns, "gate_across_hardware", False)),
-                                gate_cpu_timings=bool(getattr(ns, "gate_cpu_timings", False)),
-                                allow_failed_baseline=bool(getattr(ns, "allow_failed_baseline", False)))
-        baseline = load_report(ns.baseline)
-        current = load_report(ns.current)
-        comparison = compare_reports(baseline, current, options=options, baseline_path=str(ns.baseline),
-                                     current_path=str(ns.current))
+        options = parse_options(list(request.thresholds), list(request.ignore),
+                                gate_across_hardware=request.gate_across_hardware,
+                                gate_cpu_timings=request.gate_cpu_timings,
+                                allow_failed_baseline=request.allow_failed_baseline)
+        baseline = load_report(request.baseline)
+        current = load_report(request.current)
+        comparison = compare_reports(baseline, current, options=options, baseline_path=str(request.baseline),
+                                     current_path=str(request.current))
     except CompareError as exc:
-        if ns.json:
+        if request.json:
             print(json.dumps({"status": "FAILED", "exit_code": EXIT_ERROR, "exit_reason": f"error: {exc}"}, indent=1))
         print(f"harness: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    if ns.json:
+    if request.json:
         print(json.dumps(comparison.to_json(), indent=1))
     else:
         make_console().print(render_comparison(comparison))

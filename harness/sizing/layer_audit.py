@@ -240,31 +240,42 @@ def audit_markdown(audit: LayerAudit) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_layer_audit(ns) -> int:
+@dataclass(frozen=True, kw_only=True)
+class LayerAuditRequest:
+    """`harness vllm audit --layer`: the releases as the user wrote them (--releases, else --vllm-version)."""
+
+    releases: str | None = None  # "A..B" or "X.Y.Z[,X.Y.Z...]" (resolve_releases)
+    vllm_version: str | None = None  # one release, taken when releases is None
+    cache_dir: Path | None = None
+    out: Path | None = None  # the directory for layer-audit.json and layer-audit.md
+    json: bool = False
+
+
+def run_layer_audit(request: LayerAuditRequest) -> int:
     """`harness vllm audit --layer`: 0 when every release was audited, 2 when one could not be had or on bad
     input; the verdicts themselves are data (the table), not failures."""
     from harness.core.exits import EXIT_ERROR, EXIT_OK
     from harness.core.records import write_json_atomic, write_text_atomic
 
     try:
-        versions = resolve_releases(ns.releases or ns.vllm_version or "")
+        versions = resolve_releases(request.releases or request.vllm_version or "")
         if not versions:
             raise VllmSourceError("--layer needs --releases A..B or X.Y.Z[,X.Y.Z...]")
-        audit = audit_releases(versions, cache_dir=ns.cache_dir,
+        audit = audit_releases(versions, cache_dir=request.cache_dir,
                                progress=lambda v: print(f"auditing vllm {v}", file=sys.stderr))  # fmt: skip
     except VllmSourceError as error:
         print(f"harness: error: {error}", file=sys.stderr)
         return EXIT_ERROR
     table = audit_markdown(audit)
-    if ns.out is not None:
-        out = Path(ns.out)
+    out = request.out
+    if out is not None:
         if out.exists() and not out.is_dir():
             print(f"harness: error: --out {out} is not a directory", file=sys.stderr)
             return EXIT_ERROR
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out / "layer-audit.json", audit.model_dump(mode="json"))
         write_text_atomic(out / "layer-audit.md", table)
-    if getattr(ns, "json", False):
+    if request.json:
         import json
 
         print(json.dumps(audit.model_dump(mode="json"), indent=1))

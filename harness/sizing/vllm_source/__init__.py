@@ -6,7 +6,7 @@
         interpret its workspace_shapes over the AST on a stand-in self                 (.interpreter)
         within a step and size budget; release code is never imported, exec'd or compiled
     release_shapes("X.Y.Z", SizingArgs)            -> WorkspaceShapes of CutlassBatchedExpertsFp8 ("vllm==X.Y.Z")
-    run_audit(argparse.Namespace)                  -> exit code of `harness vllm audit`
+    run_audit(AuditRequest)                        -> exit code of `harness vllm audit`
     ops_library(source)                            -> the compiled ops library for the vllm-ops backend
     resolve_kernels(VllmSpec)                      -> KernelsLibrary: the library a scenario's kernels name, its
                                                       release, sha256 and size   (harness.sizing.vllm_source.kernels)
@@ -18,6 +18,7 @@ from harness.sizing.vllm_source.auditor import (
     CONSISTENT,
     DOUBLE_COUNT,
     UNEVALUATED,
+    AuditRequest,
     AuditResult,
     ClassAudit,
     audit,
@@ -31,6 +32,7 @@ __all__ = [
     "CONSISTENT",
     "DOUBLE_COUNT",
     "UNEVALUATED",
+    "AuditRequest",
     "AuditResult",
     "ClassAudit",
     "VllmSource",

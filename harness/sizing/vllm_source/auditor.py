@@ -13,7 +13,6 @@ Classes that size from their own attributes (`self.max_num_tokens * num_dispatch
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -231,29 +230,41 @@ def _sizing_json(args: SizingArgs) -> dict:
 # --- the CLI command `harness vllm audit` ------------------------------------------------------------------------
 
 
-def run_audit(ns: argparse.Namespace) -> int:
+@dataclass(frozen=True, kw_only=True)
+class AuditRequest:
+    """One `harness vllm audit` of one source: per class at the scenario's sizes, or with `sweep` over the grid.
+
+    At most one of vllm_version, vllm_wheel and vllm_src; none of them: the installed vLLM.
+    """
+
+    vllm_version: str | None = None  # a release X.Y.Z, fetched into cache_dir unless already there
+    vllm_wheel: Path | None = None
+    vllm_src: Path | None = None
+    cache_dir: Path | None = None  # None: HARNESS_CACHE_DIR, else ~/.cache/moe-harness
+    scenario: str | None = None  # a file, or a name in scenarios/; None: the PR case (not with sweep)
+    json: bool = False
+    sweep: bool = False
+    junit: Path | None = None  # with sweep: the JUnit XML file to write
+
+
+def run_audit(request: AuditRequest) -> int:
     """`harness vllm audit`: 0 when no class double-counts, 1 when one does, 2 on errors (one line on stderr)."""
-    sweeping = getattr(ns, "sweep", False)
-    if sweeping and getattr(ns, "scenario", None) is not None:
+    if request.sweep and request.scenario is not None:
         print("error: --scenario does not go with --sweep (the sweep takes its own grid)", file=sys.stderr)
         return EXIT_ERROR
     try:
-        args = None if sweeping else _sizing_from_scenario(getattr(ns, "scenario", None))
-        source = locate(
-            version=getattr(ns, "vllm_version", None),
-            wheel=_optional_path(getattr(ns, "vllm_wheel", None)),
-            src=_optional_path(getattr(ns, "vllm_src", None)),
-            cache_dir=_optional_path(getattr(ns, "cache_dir", None)),
-        )
-        if sweeping:
-            from harness.sizing.vllm_source.sweep_report import run_sweep
+        args = None if request.sweep else _sizing_from_scenario(request.scenario)
+        source = locate(version=request.vllm_version, wheel=request.vllm_wheel, src=request.vllm_src,
+                        cache_dir=request.cache_dir)  # fmt: skip
+        if request.sweep:
+            from harness.sizing.vllm_source.sweep_report import SweepRequest, run_sweep
 
-            return run_sweep(ns, source)
+            return run_sweep(SweepRequest(json=request.json, junit=request.junit), source)
         result = audit(source, args)
     except (VllmSourceError, _ScenarioUnavailable) as error:
         print(f"harness: error: {error}", file=sys.stderr)  # the prefix every refusal of the harness has
         return EXIT_ERROR
-    if getattr(ns, "json", False):
+    if request.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
         print_audit_table(result)
@@ -278,10 +289,6 @@ def _sizing_from_scenario(scenario: str | Path | None) -> SizingArgs:
         return load_scenario(name_or_path).sizing_args()
     except ScenarioError as error:
         raise _ScenarioUnavailable(str(error)) from None
-
-
-def _optional_path(value: str | Path | None) -> Path | None:
-    return Path(value) if value is not None else None
 
 
 def print_audit_table(result: AuditResult, *, file=None) -> None:

@@ -6,13 +6,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.core.exits import EXIT_ERROR, EXIT_OK
@@ -239,20 +239,28 @@ def write_junit(result: SweepResult, path: Path) -> None:
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
 
 
-def run_sweep(ns: argparse.Namespace, source) -> int:
+@dataclass(frozen=True, kw_only=True)
+class SweepRequest:
+    """`harness vllm audit --sweep` of one located source: how to print it, and where JUnit XML goes."""
+
+    json: bool = False
+    junit: Path | None = None
+
+
+def run_sweep(request: SweepRequest, source) -> int:
     """The sweep of a located source: 0, 1 on a double count or under-size, 2 when the JUnit file cannot be
     written."""
     from harness.sizing.vllm_source.evaluate import source_tree
 
     result = sweep(source_tree(source))
-    junit = getattr(ns, "junit", None)
+    junit = request.junit
     if junit is not None:
         try:
-            write_junit(result, Path(junit))
+            write_junit(result, junit)
         except OSError as error:
             print(f"error: --junit {junit}: cannot be written ({error.strerror or error})", file=sys.stderr)
             return EXIT_ERROR
-    if getattr(ns, "json", False):
+    if request.json:
         print(json.dumps(sweep_json(result), indent=1))
     else:
         print_sweep(result)
@@ -320,7 +328,17 @@ def releases_json(results: list[SweepResult], errors: dict[str, str]) -> dict:
     }
 
 
-def run_sweep_releases(ns: argparse.Namespace, resolve_releases: Callable[[str], list[str]]) -> int:
+@dataclass(frozen=True, kw_only=True)
+class SweepReleasesRequest:
+    """`harness vllm audit --sweep --releases A..B|X,Y [--out DIR]`: the releases, as the user wrote them."""
+
+    releases: str  # "A..B" or "X.Y.Z[,X.Y.Z...]", resolved by the resolve_releases run_sweep_releases is given
+    cache_dir: Path | None = None
+    out: Path | None = None  # the directory for sweep-audit.json and sweep-audit.md
+    json: bool = False
+
+
+def run_sweep_releases(request: SweepReleasesRequest, resolve_releases: Callable[[str], list[str]]) -> int:
     """`--sweep --releases A..B [--out DIR]`: the verdicts per release; 0 when every release was swept (the
     verdicts are data here), 2 when one could not be had or on bad input. resolve_releases: A..B -> versions
     (harness.sizing.layer_audit's, passed in: that module sits above this one)."""
@@ -328,23 +346,23 @@ def run_sweep_releases(ns: argparse.Namespace, resolve_releases: Callable[[str],
     from harness.sizing.vllm_source.evaluate import source_tree
     from harness.sizing.vllm_source.sources import VllmSourceError, locate
 
-    out = Path(ns.out) if ns.out is not None else None
+    out = request.out
     if out is not None and out.exists() and not out.is_dir():
         print(f"error: --out {out} is not a directory", file=sys.stderr)
         return EXIT_ERROR
     try:
-        versions = resolve_releases(ns.releases)
+        versions = resolve_releases(request.releases)
     except VllmSourceError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_ERROR
     if not versions:
-        print(f"error: --releases {ns.releases!r} names no release", file=sys.stderr)
+        print(f"error: --releases {request.releases!r} names no release", file=sys.stderr)
         return EXIT_ERROR
     results, errors = [], {}
     for version in versions:
         print(f"sweeping vllm {version}", file=sys.stderr)
         try:
-            results.append(sweep(source_tree(locate(version=version, cache_dir=ns.cache_dir))))
+            results.append(sweep(source_tree(locate(version=version, cache_dir=request.cache_dir))))
         except VllmSourceError as error:
             errors[version] = str(error)
     table = releases_markdown(results, errors)
@@ -352,7 +370,7 @@ def run_sweep_releases(ns: argparse.Namespace, resolve_releases: Callable[[str],
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out / "sweep-audit.json", releases_json(results, errors))
         write_text_atomic(out / "sweep-audit.md", table)
-    if getattr(ns, "json", False):
+    if request.json:
         print(json.dumps(releases_json(results, errors), indent=1))
     else:
         print(table, end="")
