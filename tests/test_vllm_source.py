@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import harness.sizing.vllm_source.cache as cache_module
+import harness.sizing.vllm_source.registry as registry_module
 import harness.sizing.vllm_source.sources as sources_module
 from harness.sizing.vllm_source import (
     CONSISTENT,
@@ -173,7 +174,7 @@ def test_second_locate_reuses_the_cache(cache_dir, monkeypatch):
     def no_pip(*args, **kwargs):
         raise AssertionError("pip ran although the release is cached")
 
-    monkeypatch.setattr(cache_module.subprocess, "run", no_pip)
+    monkeypatch.setattr(registry_module.subprocess, "run", no_pip)
     second = locate(version="0.30.0", cache_dir=cache_dir)
     assert second == first
     assert manifest.stat().st_mtime_ns == mtime_before
@@ -198,7 +199,7 @@ def test_wheel_file_and_ops_library(cache_dir, tmp_path, ds_v3_args, monkeypatch
         raise AssertionError("pip ran although the release and its wheel are cached")
 
     with monkeypatch.context() as patched:
-        patched.setattr(cache_module.subprocess, "run", no_pip)
+        patched.setattr(registry_module.subprocess, "run", no_pip)
         assert locate(version="0.30.0", cache_dir=cache_dir, keep_wheel=True) == kept
 
     # The kept file is a wheel like any other: a sizing-only entry of it has no ops library, one with_ops has it.
@@ -890,7 +891,7 @@ def test_kept_wheel_that_is_not_the_published_one_is_refused(tmp_path):
 
 def test_pinned_release_whose_index_hash_changed_is_not_downloaded(tmp_path, monkeypatch):
     """Fault injection: the index (or a mirror in front of it) answers another hash for a pinned release."""
-    monkeypatch.setattr(cache_module, "published_sha256", lambda version, scratch: "0" * 64)
+    monkeypatch.setattr(registry_module, "published_sha256", lambda version, scratch: "0" * 64)
     with pytest.raises(VllmSourceError) as raised:
         locate(version="0.30.0", cache_dir=tmp_path)
     pinned = cache_module.PINNED_WHEELS["0.30.0"].wheel_sha256
@@ -904,7 +905,7 @@ def test_pinned_release_whose_index_hash_changed_is_not_downloaded(tmp_path, mon
 @pytest.mark.vllm_wheel
 @pytest.mark.parametrize("version", ["0.29.0", "0.30.0"])
 def test_published_hashes_are_the_pinned_ones(tmp_path, version):
-    published = cache_module.published_sha256(version, tmp_path / "target")
+    published = registry_module.published_sha256(version, tmp_path / "target")
     assert published == cache_module.PINNED_WHEELS[version].wheel_sha256
     assert not (tmp_path / "target").exists()
 

@@ -183,14 +183,15 @@ def test_sweep_input_errors(tmp_path):
 def test_releases_without_a_manylinux_2_28_wheel_are_found(tmp_path, version):
     # 0.21.0 ships only manylinux_2_24, 0.15.0 only manylinux_2_31: the index's sha256 is had for both (a dry run
     # reads the wheel's metadata, it does not download the wheel).
-    from harness.sizing.vllm_source.cache import published_sha256
+    from harness.sizing.vllm_source.registry import published_sha256
 
     assert re.fullmatch(r"[0-9a-f]{64}", published_sha256(version, tmp_path / "scratch"))
 
 
 @pytest.mark.vllm_wheel
 def test_a_release_the_index_does_not_have_says_so(tmp_path):
-    from harness.sizing.vllm_source.cache import CacheError, published_sha256
+    from harness.sizing.vllm_source.cache import CacheError
+    from harness.sizing.vllm_source.registry import published_sha256
 
     with pytest.raises(CacheError, match=r"^could not download vLLM release 0\.1\.9999: the package index has no vllm==0\.1\.9999 \(pip: "):
         published_sha256("0.1.9999", tmp_path / "scratch")

@@ -11,7 +11,8 @@
     resolve_kernels(VllmSpec)                      -> KernelsLibrary: the library a scenario's kernels name, its
                                                       release, sha256 and size   (harness.sizing.vllm_source.kernels)
 
-See docs/vllm-sources.md and docs/kernels.md.
+Behind locate: `cache` (verified, contained cache entries and wheel extraction) and `registry` (the package
+index: published sha256, versions, downloads with pip). See docs/vllm-sources.md and docs/kernels.md.
 """
 
 from harness.sizing.vllm_source.auditor import (

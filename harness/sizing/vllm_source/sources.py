@@ -32,13 +32,12 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from harness.sizing.vllm_source.registry import check_kept_wheel, download_release
 from harness.sizing.vllm_source.cache import (
     DAMAGED_ZIP_ERRORS,
     CacheError,
     CacheManifest,
     WheelOrigin,
-    check_kept_wheel,
-    download_release,
     extract_wheel,
     load_entry,
     open_wheel,
