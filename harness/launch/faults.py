@@ -1,9 +1,9 @@
 """Fault injection, for tests of the launch bounds: HARNESS_INJECT_FAULT="rank=1,kind=die,after=ready" makes rank 1
-call os._exit(1) when it reports "ready"; kind=hang makes it sleep instead, and kind=stop stops it (SIGSTOP) until a
-test sends SIGCONT, a point in the run the test can act at without a race (fill a disk, then let it go on). `after` is "start" (before joining
-the group), an event kind ("ready", "done"), "policy:NAME" (NAME starts) or "policy-done:NAME" (NAME finished
-and its record so far was sent). The rank-side wrapper (harness.launch.rank_side) reads it, so rank_main never
-sees it; the driver parses it first, so a malformed spec fails before any rank starts.
+call os._exit(1) when it reports "ready"; kind=hang makes it sleep instead, and kind=stop stops it (SIGSTOP) until
+a test sends SIGCONT, a point of the run the test can act at without a race (fill a disk, then let it go on).
+`after` is "start" (before joining the group), an event kind ("ready", "done"), "policy:NAME" (NAME starts) or
+"policy-done:NAME" (NAME finished and its record so far was sent). The rank-side wrapper (harness.launch.rank_side)
+reads it, so rank_main never sees it; the driver parses it first, so a malformed spec fails before any rank starts.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def parse_fault_spec(text: str | None) -> FaultSpec | None:
     for part in text.split(","):
         key, sep, value = part.strip().partition("=")
         if not sep or key not in ("rank", "kind", "after"):
-            raise LaunchError(f"{FAULT_ENV}={text!r}: expected rank=R,kind=die|hang|stop[,after=EVENT], got {part!r}")
+            raise LaunchError(f"{FAULT_ENV}={text!r}: expected rank=R,kind=die|hang|stop[,after=EVENT], got "
+                              f"{part!r}")
         fields[key] = value.strip()
     if "rank" not in fields or "kind" not in fields:
         raise LaunchError(f"{FAULT_ENV}={text!r}: rank= and kind= are required")
