@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_utils import REPO_DIR, harness_env, run_harness
+from fs_utils import fill, mount_tmpfs, one_line_exit_2, remount_read_only
 from scenario_utils import TINY
 
 from harness.launch import LaunchError
@@ -28,47 +29,19 @@ from harness.scenario.schema import parse_scenario
 START_BOUND_S = parse_scenario(TINY, path="<tiny>").launch.placement_timeout_s
 
 
-def _tmpfs(path: Path, request: pytest.FixtureRequest, *options: str) -> Path:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
-    path.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(["size=2m", *options]), "tmpfs", str(path)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    request.addfinalizer(lambda: subprocess.run(["umount", "-l", str(path)], check=False))
-    return path
-
-
 @pytest.fixture
 def read_only(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
-    fs = _tmpfs(tmp_path / "ro", request)
+    fs = mount_tmpfs(tmp_path / "ro", request)
     (fs / "inside").mkdir()
-    subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+    remount_read_only(fs)
     return fs
 
 
 @pytest.fixture
 def full(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
-    fs = _tmpfs(tmp_path / "full", request)
-    with open(fs / "filler", "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
-            pass
+    fs = mount_tmpfs(tmp_path / "full", request)
+    fill(fs)
     return fs
-
-
-def _one_line_exit_2(result: subprocess.CompletedProcess[str], *says: str) -> str:
-    err = result.stderr.strip()
-    assert result.returncode == 2, (result.returncode, result.stdout[-2000:], err[-2000:])
-    assert "Traceback" not in result.stderr + result.stdout
-    assert len(err.splitlines()) == 1, err
-    for text in says:
-        assert text in err, err
-    return err
 
 
 def _tiny_yaml(tmp_path: Path, **launch) -> Path:
@@ -83,7 +56,7 @@ def test_run_out_on_a_read_only_or_full_filesystem_is_refused_before_anything_ru
     fs = request.getfixturevalue("read_only" if where == "read-only" else "full")
     for out in (fs / "new", fs / "inside") if where == "read-only" else (fs / "new",):
         result = run_harness("run", str(_tiny_yaml(tmp_path)), "--out", str(out), timeout_s=START_BOUND_S)
-        err = _one_line_exit_2(result, f"--out {out}")
+        err = one_line_exit_2(result, f"--out {out}")
         if where == "read-only":  # access(2) sees a read-only filesystem; the probe write sees it too
             assert "is not writable by this user" in err or "Read-only file system" in err, err
         else:  # no access check sees a full disk: the probe write does
@@ -93,13 +66,13 @@ def test_run_out_on_a_read_only_or_full_filesystem_is_refused_before_anything_ru
 
 def test_bench_out_read_only_is_refused_before_measuring(read_only: Path) -> None:
     result = run_harness("bench", "--cpu-only", "--out", str(read_only / "bench"), timeout_s=START_BOUND_S)
-    _one_line_exit_2(result, str(read_only), "Read-only file system (EROFS)")
+    one_line_exit_2(result, str(read_only), "Read-only file system (EROFS)")
 
 
 def test_layer_audit_out_read_only_is_refused_before_auditing(read_only: Path, tmp_path: Path) -> None:
     result = run_harness("vllm", "audit", "--layer", "--releases", "0.29.0", "--out", str(read_only / "audit"),
                          "--cache-dir", str(tmp_path / "cache"), timeout_s=START_BOUND_S)
-    _one_line_exit_2(result, str(read_only), "Read-only file system (EROFS)")
+    one_line_exit_2(result, str(read_only), "Read-only file system (EROFS)")
     assert "auditing vllm" not in result.stderr and not (tmp_path / "cache").exists()
 
 
@@ -108,7 +81,7 @@ def test_stdout_on_a_full_device_is_one_line(full: Path) -> None:
         result = subprocess.run([sys.executable, "-m", "harness", "scenarios"], cwd=REPO_DIR, env=harness_env(),
                                 stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=START_BOUND_S, check=False)
     result.stdout = ""
-    _one_line_exit_2(result, "No space left on device (ENOSPC)")
+    one_line_exit_2(result, "No space left on device (ENOSPC)")
 
 
 def test_collect_into_a_read_only_run_is_one_line(read_only: Path, tmp_path: Path) -> None:

@@ -273,7 +273,7 @@ def test_malformed_fault_hook_is_refused_before_launch(monkeypatch: pytest.Monke
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv(FAULT_ENV, "rank=1,kind=explode")
     assert cli_main(["run", "scenarios/smoke.yaml", "--dry-run"]) == 2
-    assert "kind must be die or hang" in capsys.readouterr().err
+    assert "kind must be die, hang or stop" in capsys.readouterr().err
 
 
 def test_fault_spec_parsing() -> None:

@@ -394,7 +394,8 @@ def write_text_atomic(path: Path, text: str) -> Path:
 
     The file gets the mode a plain open() would give (0666 less the umask: 0644 by default), not mkstemp's 0600,
     so a CI uploader or a web server running as another user can read reports and records. On any failure the
-    temporary file is removed.
+    temporary file is removed, and an OSError without a file name (a write or fsync on a full disk) gets `path`,
+    so the one line the CLI prints for it names what could not be written.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -405,6 +406,11 @@ def write_text_atomic(path: Path, text: str) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -6,7 +6,7 @@ Owns:
     launcher     the Launcher protocol (resources, launch, close) both launchers follow
     sink         RunSink: the driver side, validating events and writing records and failures as they arrive
     deadlines    RankWatch (the bounds of every wait), exit_cause, SIGTERM handled as Ctrl-C
-    faults       HARNESS_INJECT_FAULT, the test hook that makes one rank die or hang at a given point
+    faults       HARNESS_INJECT_FAULT, the test hook that makes one rank die, hang or stop at a given point
     rank_side    rank_entry: the wrapper each rank's process runs around its RankEntry's main
     local        the local launcher (torch.multiprocessing, spawn)
     ray_launcher the Ray launcher (a placement group, one actor per rank)
