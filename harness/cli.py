@@ -77,9 +77,12 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     if ns.budget_gb is not None and not 0 < ns.budget_gb < 1e6:
         return _print_error(f"--budget-gb {ns.budget_gb} is not a budget in GB; allowed: above 0, below 1e6")
     if getattr(ns, "serve", None) is not None or ns.scenario is None:
-        from harness.sizing.deployment_cli import plan_serve_command
+        from harness.sizing.deployment_cli import PlanServeRequest, plan_serve_command
 
-        return plan_serve_command(ns)
+        return plan_serve_command(PlanServeRequest(
+            scenario=ns.scenario, serve=tuple(ns.serve) if getattr(ns, "serve", None) is not None else None,
+            vllm_versions=tuple(ns.vllm_version or ()), gpu=ns.gpu, budget_gb=ns.budget_gb, cache_dir=ns.cache_dir,
+            fail_on_verdict=ns.fail_on_verdict, json=ns.json))  # fmt: skip
     try:
         loaded = load_input(ns.scenario)
         if isinstance(loaded, Matrix):
@@ -101,9 +104,10 @@ def cmd_plan(ns: argparse.Namespace) -> int:
             return _print_error(str(exc))
         raise
     failures = layer_expectation_failures(scenario, layers)
-    from harness.sizing.deployment_cli import scenario_deployments
+    from harness.sizing.deployment_cli import DeviceRequest, scenario_deployments
 
-    deployments = scenario_deployments(scenario, layers, ns, budget) if layers and budget else ([], "")
+    device = DeviceRequest(gpu=ns.gpu, budget_gb=ns.budget_gb, cache_dir=ns.cache_dir)
+    deployments = scenario_deployments(scenario, layers, device, budget) if layers and budget else ([], "")
     if isinstance(deployments, int):
         return deployments
     failed_verdicts = [p for p in deployments[0] if p.verdict.outcome != "starts"] if ns.fail_on_verdict else []

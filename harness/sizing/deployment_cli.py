@@ -9,6 +9,8 @@ serve flag, a model without config.json, an unknown GPU, a release that cannot b
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
@@ -21,27 +23,47 @@ def _error(message: str) -> int:
     return EXIT_ERROR
 
 
-def _budget(ns, scenario_gpu: str | None = None) -> tuple[str | None, int | None]:
+@dataclass(frozen=True, kw_only=True)
+class DeviceRequest:
+    """Where a deployment is planned: a named GPU (--gpu) or a total in GB (--budget-gb), and the release cache."""
+
+    gpu: str | None = None
+    budget_gb: float | None = None
+    cache_dir: Path | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanServeRequest(DeviceRequest):
+    """`harness plan [--vllm-version X ...] --gpu G -- vllm serve MODEL FLAGS`, as cli.py parsed it."""
+
+    scenario: str | None = None
+    serve: tuple[str, ...] | None = None
+    vllm_versions: tuple[str, ...] = ()
+    fail_on_verdict: bool = False
+    json: bool = False
+
+
+def _budget(device: DeviceRequest, scenario_gpu: str | None = None) -> tuple[str | None, int | None]:
     """The GPU and the total vLLM sees on it: --budget-gb as given, a named GPU's mem_get_info total."""
     from harness.scenario.sections import GPU_MEMORY_BYTES
     from harness.sizing.deployment import device_total
 
-    if ns.budget_gb:
-        return None, int(ns.budget_gb * 1e9)
-    gpu = ns.gpu or scenario_gpu
+    if device.budget_gb:
+        return None, int(device.budget_gb * 1e9)
+    gpu = device.gpu or scenario_gpu
     if gpu:
         return gpu, device_total(gpu, GPU_MEMORY_BYTES[gpu])[0]
     return None, None
 
 
-def plan_serve_command(ns) -> int:
+def plan_serve_command(request: PlanServeRequest) -> int:
     from harness.sizing.deployment_plan import plan_serve
     from harness.sizing.model_config import ModelConfigError
     from harness.sizing.serve_args import ServeArgsError, parse_serve
     from harness.sizing.vllm_source.sources import VllmSourceError
 
-    serve = getattr(ns, "serve", None)
-    if ns.scenario is not None and serve is not None:
+    serve = list(request.serve) if request.serve is not None else None
+    if request.scenario is not None and serve is not None:
         return _error("give a scenario or `-- vllm serve MODEL FLAGS`, not both (a scenario's deployment: section "
                       "holds the same settings)")
     if serve is None:
@@ -50,14 +72,14 @@ def plan_serve_command(ns) -> int:
         model, spec, ignored = parse_serve(serve)
     except ServeArgsError as error:
         return _error(str(error))
-    gpu, total = _budget(ns)
+    gpu, total = _budget(request)
     if total is None:
         return _error("a deployment plan needs --gpu NAME or --budget-gb N (the GPU's total memory)")
-    if not ns.vllm_version:
+    if not request.vllm_versions:
         return _error("a deployment plan needs --vllm-version X.Y.Z (repeat it to compare releases)")
     try:
-        plans = plan_serve(model, spec, list(dict.fromkeys(ns.vllm_version)), gpu=gpu, total_bytes=total,
-                           cache_dir=ns.cache_dir)  # fmt: skip
+        plans = plan_serve(model, spec, list(dict.fromkeys(request.vllm_versions)), gpu=gpu, total_bytes=total,
+                           cache_dir=request.cache_dir)  # fmt: skip
     except (ModelConfigError, VllmSourceError) as error:
         return _error(str(error))
     except Exception as error:  # a scenario the layout makes invalid (harness.scenario.ScenarioError)
@@ -66,8 +88,8 @@ def plan_serve_command(ns) -> int:
         if isinstance(error, ScenarioError):
             return _error(f"the deployment's MoE layer: {error}")
         raise
-    code = EXIT_FAILED if ns.fail_on_verdict and any(p.verdict.outcome != "starts" for p in plans) else EXIT_OK
-    if ns.json:
+    code = EXIT_FAILED if request.fail_on_verdict and any(p.verdict.outcome != "starts" for p in plans) else EXIT_OK
+    if request.json:
         print(json.dumps({"deployments": [p.model_dump(mode="json") for p in plans], "ignored_flags": ignored},
                          indent=1))  # fmt: skip
         return code
@@ -78,15 +100,16 @@ def plan_serve_command(ns) -> int:
     return code
 
 
-def scenario_deployments(scenario, layers: list[Any], ns, budget: int) -> tuple[list[Any], str] | int:
+def scenario_deployments(scenario, layers: list[Any], device: DeviceRequest,
+                         budget: int) -> tuple[list[Any], str] | int:
     """The scenario's deployment per release planned, or ([], why not) when its model has no config facts."""
     from harness.sizing.deployment_plan import plan_scenario
     from harness.sizing.model_config import ModelConfigError
 
     versions = [p.vllm_version for p in layers if p.vllm_version]
-    gpu, total = _budget(ns, scenario.memory.budget_gpu)
+    gpu, total = _budget(device, scenario.memory.budget_gpu)
     try:
-        return plan_scenario(scenario, versions, gpu=gpu, total_bytes=total or budget, cache_dir=ns.cache_dir), ""
+        return plan_scenario(scenario, versions, gpu=gpu, total_bytes=total or budget, cache_dir=device.cache_dir), ""
     except (ModelConfigError, ValueError) as error:
         return [], f"no deployment verdict: {error}"
 
