@@ -23,14 +23,8 @@ SCENARIO=scenarios/deepseek-v3-dp32-pr55579-deployment.yaml
 mkdir -p "$OUT"
 LOG="$OUT/commands.log"
 
-h() {  # run `harness ARGS`, keep its output next to the runs, log the command and its exit code
-    local start=$SECONDS name=$1
-    shift
-    python3 -m harness "$@" > "$OUT/$name.log" 2>&1
-    local rc=$?
-    grep -E "^(OK|FAILED|harness: )" "$OUT/$name.log" | tail -n 5
-    echo "exit $rc ($((SECONDS - start)) s; CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-all}): harness $*" | tee -a "$LOG"
-}
+# shellcheck source=scripts/gpu/lib/logged.sh
+source scripts/gpu/lib/logged.sh  # h NAME ARGS...: harness ARGS, its output in $OUT/NAME.log, a line in $LOG
 
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 h plan plan "$SCENARIO"

@@ -31,14 +31,8 @@ esac
 mkdir -p "$OUT"
 LOG="$OUT/commands.log"
 
-h() {  # run `harness ARGS`, keep its output next to the runs, log the command and its exit code
-    local start=$SECONDS name=$1
-    shift
-    python3 -m harness "$@" > "$OUT/$name.log" 2>&1
-    local rc=$?
-    grep -E "^(OK|FAILED|harness: )" "$OUT/$name.log" | tail -n 5
-    echo "exit $rc ($((SECONDS - start)) s; CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-all}): harness $*" | tee -a "$LOG"
-}
+# shellcheck source=scripts/gpu/lib/logged.sh
+source scripts/gpu/lib/logged.sh  # h NAME ARGS...: harness ARGS, its output in $OUT/NAME.log, a line in $LOG
 
 PR="$OUT/2xh200-pr55579-$BACKEND-trust"
 LIVE="$OUT/1xh200-live-set-below-fixed-$BACKEND"
