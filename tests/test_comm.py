@@ -311,3 +311,60 @@ def test_gpu_symm_mem_graph_replay_equals_eager_bit_for_bit_with_rank_delays(num
     for r in results:
         assert r["mismatches"] == [] and r["status"] == 0 and r["pairs"] > 0, r
         assert r["other_differs"] == 6, r  # each replay on the other tokens really changed the slots and the output
+
+
+def _run_iterations_graph_vs_eager(info: Any, scenario_data: dict) -> dict:
+    """`harness run`'s timed iterations (graph replays where the comm captures) against its eager pass, on one
+    policy's workspace: the same slots, counts and combined output, bit for bit; then the policy's record."""
+    from harness.rank.lifecycle import (
+        PolicyState, _iterate, _one_pass, allocate_workspace, measure_policy, setup_rank, warm_up,
+    )
+    from harness.rank.memory import SnapshotRecorder
+    from harness.rank.timing import StageTimer
+    from harness.scenario.schema import parse_scenario
+    from harness.sizing.plan import policy_shapes
+
+    scenario = parse_scenario(scenario_data)
+    setup = setup_rank(scenario, info, info.device, Path("/tmp"), 0)
+    assert warm_up(setup) == "full"
+    comm = setup.buffers
+    shapes = policy_shapes("fixed", scenario.sizing_args())
+    state = PolicyState(policy="fixed", shapes=shapes, snapshot=SnapshotRecorder(info.device, enabled=False))
+    state.workspace = allocate_workspace(setup, shapes)
+
+    def snapshot() -> list[torch.Tensor]:
+        counts = comm.expert_num_tokens.tolist()
+        src = comm.expert_src
+        # nccl takes slots with atomics (any order within an expert): compare each expert's slots in source order
+        order = [torch.argsort(src[e, :c, 0].long() * (1 << 32) + src[e, :c, 1].long())
+                 for e, c in enumerate(counts)]
+        slots = [torch.cat([t[e, :c][o].reshape(-1) for e, (c, o) in enumerate(zip(counts, order))])
+                 for t in (comm.expert_x.view(torch.uint8), comm.expert_x_scale.view(torch.int32), src)]
+        return [comm.expert_num_tokens.clone(), *slots, state.combined.view(torch.int16).clone()]
+
+    _iterate(setup, state)
+    mode, reason = state.timing_mode, state.timing_reason
+    replayed = snapshot()
+    comm.expert_x.view(torch.uint8).fill_(0xEE)  # the eager pass must write every valid slot itself
+    _one_pass(setup, state, StageTimer(info.device))
+    eager = snapshot()
+    names = ("counts", "x", "scale", "src", "out")
+    mismatches = [n for n, a, b in zip(names, replayed, eager) if not torch.equal(a, b)]
+    state.workspace.release(setup.accountant)
+    result, _ = measure_policy(setup, "fixed", None)
+    return {"mode": mode, "reason": reason, "mismatches": mismatches, "pairs": int(eager[0].sum()),
+            "record": result.model_dump(mode="json")}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("comm", ["symm-mem"])
+def test_gpu_graph_replayed_run_iterations_equal_eager_bit_for_bit(comm):
+    scenario = tiny(**CASES["1 rank emulating D = 4, skewed"], device="cuda", comm=comm)
+    [r] = parallel_launch(1, _run_iterations_graph_vs_eager, scenario.model_dump(mode="json"), device_type="cuda")
+    assert (r["mode"], r["reason"]) == ("graph", None) and r["mismatches"] == [] and r["pairs"] > 0, r
+    timings, correctness = r["record"]["timings"], r["record"]["correctness"]
+    assert r["record"]["status"] == "ok"
+    assert (timings["timing_mode"], timings["timing_reason"], timings["num_host_syncs"]) == ("graph", None, 0)
+    assert correctness["num_wrong_slots"] == 0 and correctness["stages"], correctness
+    assert all(s["num_rows_wrong"] == 0 for s in correctness["stages"]), correctness

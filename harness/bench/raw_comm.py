@@ -25,6 +25,7 @@ from harness.rank.comm import DispatchHandle, Stages
 from harness.rank.comm.symm_mem import SymmMemComm
 from harness.rank.combine import combine
 from harness.rank.dispatch import dispatch
+from harness.rank.graphs import capture_reason, capture_round
 from harness.rank.timing import StageTimer
 
 RAW_DISPATCH = ("a2a:raw-dispatch",)
@@ -87,13 +88,6 @@ def _raw_a2a(pb: PeerBytes, device: torch.device) -> Callable[[], None]:
     return lambda: dist.all_to_all_single(recv, send, output_split_sizes=out_splits, input_split_sizes=in_splits)
 
 
-def _capture(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def comm_variants(setup: Any, expert_out: torch.Tensor, timer: StageTimer) -> CommVariants:
     """Build the comm variants for one policy: one harness dispatch (for the splits) and its combine, the graphs
     where the backend captures, then raw buffers."""
@@ -111,21 +105,11 @@ def comm_variants(setup: Any, expert_out: torch.Tensor, timer: StageTimer) -> Co
         combine(expert_out, cv.handle, L, setup.buffers, stages=Stages(timer))
 
     graphs: list[tuple[str, Callable[[], Any]]] = []
-    if device.type != "cuda":
-        cv.graph_error = "CPU ranks: no CUDA graphs"
-    elif not setup.buffers.graph_capturable:
-        cv.graph_error = f"comm {setup.buffers.name} reads its split sizes on the host: it does not capture"
-    else:
-        captured: dict[str, DispatchHandle] = {}
-        torch.cuda.synchronize(device)
-        dist.barrier()
-        d_graph = _capture(lambda: captured.setdefault("handle", dispatch(
-            setup.tokens, setup.routing, L, setup.buffers, setup.quantize)))
-        c_graph = _capture(lambda: combine(expert_out, captured["handle"], L, setup.buffers))
-        d_graph.replay()
-        c_graph.replay()  # one replay of each before the timing: the graphs' own warm-up
-        graphs = [("dispatch:graph", d_graph.replay), ("combine:graph", c_graph.replay)]
-        cv.replay = lambda: (d_graph.replay(), c_graph.replay())  # type: ignore[func-returns-value]
+    cv.graph_error = capture_reason(device, setup.buffers)
+    if cv.graph_error is None:
+        rnd = capture_round(setup.tokens, setup.routing, L, setup.buffers, setup.quantize, expert_out)
+        graphs = [("dispatch:graph", rnd.dispatch_graph.replay), ("combine:graph", rnd.combine_graph.replay)]
+        cv.replay = rnd.replay
     cv.variants += [("dispatch:harness", harness_dispatch), ("a2a:raw-dispatch", _raw_a2a(d_bytes, device))]
     cv.variants += [("combine:harness", harness_combine), ("a2a:raw-combine", _raw_a2a(c_bytes, device)), *graphs]
     return cv
