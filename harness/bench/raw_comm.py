@@ -74,7 +74,8 @@ def _peer_bytes(setup: Any, handle: DispatchHandle) -> tuple[PeerBytes, PeerByte
         received = comm.recv_counts[:, E].tolist()
         row_bytes = comm.fmt.row_bytes
     else:
-        sent, received = list(handle.state.send_splits), list(handle.state.recv_splits)
+        # the rows that carry a token: the equal splits move every region at its capacity, the rest ignored
+        sent, received = comm.send_counts.tolist(), comm.recv_counts.tolist()
         row_bytes = comm.fmt.row_bytes
     return (PeerBytes(row_bytes=row_bytes, send_rows=sent, recv_rows=received),
             PeerBytes(row_bytes=out_bytes, send_rows=received, recv_rows=sent))
