@@ -3,7 +3,7 @@ sub-stages, and their CUDA-graph replays:
 
     dispatch:harness        the comm backend's dispatch, eager; its sub-stages appear as dispatch.layout, ...
     combine:harness         likewise: combine.expert-reduce, combine.exchange, combine.token-reduce
-    dispatch:graph          one dispatch captured in a CUDA graph, replayed (backends that capture: symm-mem)
+    dispatch:graph          one dispatch captured in a CUDA graph, replayed (backends that capture: symm-mem, nccl)
     combine:graph           likewise, right after its dispatch (a combine belongs to one dispatch)
     a2a:raw-dispatch        NCCL (gloo on CPU) all_to_all_single of the dispatch's bytes, same per-peer splits
     a2a:raw-combine         the same for combine's bytes
