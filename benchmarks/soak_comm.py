@@ -8,7 +8,7 @@ when the scenario's device is cuda and on gloo ranks otherwise, then runs N roun
 each, checking counts, every slot, every returned partial and the output on every rank. Prints one line per rank
 and writes the SoakRecords; exit 0 when no round failed, 1 when one did, 2 on bad arguments. A development tool
 for faults too rare for one test run; tests/test_soak.py runs it on gloo ranks. --graph replays each round from
-CUDA graphs (symm-mem), every rank at its capacity, with per-rank GPU sleeps of N cycles (harness.rank.soak).
+CUDA graphs (symm-mem, nccl), every rank at its capacity, with per-rank GPU sleeps of N cycles (harness.rank.soak).
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ def _exchange(info: Any, scenario_data: dict) -> dict:
     real = dist.all_to_all_single
     dist.all_to_all_single = lambda *a, **kw: (calls.append(1), real(*a, **kw))[1]  # counts, then does the real one
     try:
-        if info.device.type == "cuda" and comm.name == "symm-mem":
+        if info.device.type == "cuda":
             torch.cuda.set_sync_debug_mode("error")  # any host read inside dispatch or combine raises
         handle = dispatch(setup.tokens, setup.routing, L, comm, setup.quantize)
         dispatch_calls = len(calls)
@@ -134,6 +134,8 @@ def _exchange(info: Any, scenario_data: dict) -> dict:
         "dispatch_bytes": handle.dispatch_bytes, "distinct_rows": distinct_rows, "pairs": int(ids.numel()),
         "row_bytes": RowFormat(hidden_size=L.hidden_size, top_k=L.top_k).row_bytes,
         "host_syncs": handle.num_host_syncs, "dispatch_collectives": dispatch_calls,
+        "rows_sent": int(comm.send_counts.sum()) if comm.name != "symm-mem" else None,
+        "capacity_rows": L.num_ranks * L.buffer_tokens,
         "counts": comm.expert_num_tokens.tolist(), "comm": setup.comm_record.model_dump(),
         "comm_bytes": setup.accountant.bytes_of("comm"),
     }
@@ -178,11 +180,14 @@ def test_gloo_sends_one_row_per_token_and_rank_and_traces_every_slot(case):
     results = parallel_launch(scenario.parallel.num_ranks, _exchange, scenario.model_dump(mode="json"))
     _check(results, scenario, "gloo")
     for r in results:
-        # One row per (token, destination rank), payload and words together: exactly those bytes, one exchange of
-        # rows after the fixed-size count exchange, and one host read (the split sizes).
-        assert r["dispatch_bytes"] == r["distinct_rows"] * r["row_bytes"]
+        # One row per (token, destination rank), payload and words together, in capacity-sized equal splits:
+        # every peer's region (C rows) crosses, the rows past each count are ignored by the receiver (the check
+        # above: every pair landed once, every slot traced to its sender); one exchange of rows after the
+        # fixed-size count exchange, and nothing read on the host.
+        assert r["rows_sent"] == r["distinct_rows"]
+        assert r["dispatch_bytes"] == r["capacity_rows"] * r["row_bytes"] >= r["distinct_rows"] * r["row_bytes"]
         assert r["distinct_rows"] < r["pairs"] or scenario.model.top_k == 1 or r["num_tokens"] == 0
-        assert (r["dispatch_collectives"], r["host_syncs"]) == (2, 1)
+        assert (r["dispatch_collectives"], r["host_syncs"]) == (2, 0)
 
 
 def _gpus() -> int:
@@ -204,8 +209,9 @@ def test_gpu_comm_is_exact(comm, case):
     for r in results:
         if comm == "symm-mem":  # rows pushed by the device: nothing read on the host, the bytes an upper bound
             assert r["host_syncs"] == 0 and r["dispatch_bytes"] >= r["distinct_rows"] * scenario.model.hidden_size
-        else:
-            assert r["dispatch_bytes"] == r["distinct_rows"] * r["row_bytes"]
+        else:  # capacity-sized equal splits: every region crosses; nothing read on the host
+            assert r["rows_sent"] == r["distinct_rows"] and r["host_syncs"] == 0
+            assert r["dispatch_bytes"] == r["capacity_rows"] * r["row_bytes"]
 
 
 @pytest.mark.gpu
@@ -218,12 +224,24 @@ def test_gpu_comm_on_one_gpu_is_exact(comm):
     scenario = tiny(**CASES[case], device="cuda", comm=comm)
     results = parallel_launch(1, _exchange, scenario.model_dump(mode="json"), device_type="cuda")
     _check(results, scenario, comm)
-    if comm == "nccl":
-        assert results[0]["dispatch_bytes"] == results[0]["distinct_rows"] * results[0]["row_bytes"]
+    if comm == "nccl":  # capacity-sized equal splits, nothing read on the host (sync debug mode: error)
+        r = results[0]
+        assert r["rows_sent"] == r["distinct_rows"] and r["host_syncs"] == 0
+        assert r["dispatch_bytes"] == r["capacity_rows"] * r["row_bytes"]
+
+
+def _valid_slots(comm: Any, *, by_source: bool) -> list[torch.Tensor]:
+    """Every expert's valid slots (FP8 bytes, scale bits, source), flattened; `by_source`: each expert's slots
+    ordered by (source rank, token) first (a backend that takes slots with atomics fills them in any order)."""
+    counts, src = comm.expert_num_tokens.tolist(), comm.expert_src
+    order = [torch.argsort(src[e, :c, 0].long() * (1 << 32) + src[e, :c, 1].long()) if by_source
+             else torch.arange(c, device=src.device) for e, c in enumerate(counts)]
+    return [torch.cat([t[e, :c][o].reshape(-1) for e, (c, o) in enumerate(zip(counts, order))])
+            for t in (comm.expert_x.view(torch.uint8), comm.expert_x_scale.view(torch.int32), src)]
 
 
 def _graph_exchange(info: Any, scenario_data: dict, delay_cycles: int) -> dict:
-    """symm-mem's dispatch and combine eager, then each captured in a CUDA graph (rank r sleeping r * delay_cycles
+    """The comm's dispatch and combine eager, then each captured in a CUDA graph (rank r sleeping r * delay_cycles
     on the GPU before each, so the flags must order the peers) and replayed: first on other tokens (so a replay
     that wrote nothing would leave their results, not the eager ones), then on the eager pass's tokens again,
     whose slots, counts and combined output must equal the eager ones bit for bit. The expert step runs eagerly
@@ -259,8 +277,8 @@ def _graph_exchange(info: Any, scenario_data: dict, delay_cycles: int) -> dict:
         held["out"] = combine(expert_out, held["handle"], L, comm)
 
     def snapshot() -> list[torch.Tensor]:
-        n = comm.expert_num_tokens.clone()
-        return [n, comm.expert_x.view(torch.uint8).clone(), comm.expert_x_scale.clone(), comm.expert_src.clone(),
+        # symm-mem's slots are deterministic; nccl's are taken with atomics: compared in source order
+        return [comm.expert_num_tokens.clone(), *_valid_slots(comm, by_source=comm.name == "nccl"),
                 held["out"].clone()]
 
     first()
@@ -285,17 +303,14 @@ def _graph_exchange(info: Any, scenario_data: dict, delay_cycles: int) -> dict:
         graphs[1].replay()
         torch.cuda.synchronize()
         got = snapshot()
-        counts = eager[0].tolist()
         for name, a, b in zip(("counts", "x", "scale", "src", "out"), eager, got):
-            if name in ("x", "scale", "src"):  # slots past a count hold nothing
-                a = torch.cat([a[e, :c].reshape(-1) for e, c in enumerate(counts)])
-                b = torch.cat([b[e, :c].reshape(-1) for e, c in enumerate(counts)])
             same = torch.equal(a.view(torch.uint8) if a.dtype.is_floating_point else a,
                                b.view(torch.uint8) if b.dtype.is_floating_point else b)
             if again and not same:
                 mismatches.append(f"replay {replay}: {name}")
             differs += int(not again and name in ("x", "out") and not same)
-    return {"mismatches": mismatches, "status": int(comm.status.item()), "pairs": int(sum(eager[0].tolist())),
+    status = int(comm.status.item()) if comm.name == "symm-mem" else 0
+    return {"mismatches": mismatches, "status": status, "pairs": int(sum(eager[0].tolist())),
             "other_differs": differs}
 
 
@@ -303,11 +318,65 @@ def _graph_exchange(info: Any, scenario_data: dict, delay_cycles: int) -> dict:
 @pytest.mark.parametrize("num_ranks", [1, pytest.param(2, marks=pytest.mark.skipif(_gpus() < 2,
                                                                                   reason="needs 2 CUDA GPUs"))])
 @pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA GPU")
-def test_gpu_symm_mem_graph_replay_equals_eager_bit_for_bit_with_rank_delays(num_ranks):
+@pytest.mark.parametrize("comm", ["symm-mem", "nccl"])
+def test_gpu_graph_replay_equals_eager_bit_for_bit_with_rank_delays(num_ranks, comm):
+    """symm-mem, and nccl on its capacity-sized equal splits: a captured round replays."""
     case = "1 rank emulating D = 4, skewed" if num_ranks == 1 else "2 ranks emulating D = 4, skewed"
-    scenario = tiny(**CASES[case], device="cuda", comm="symm-mem")
+    scenario = tiny(**CASES[case], device="cuda", comm=comm)
     results = parallel_launch(num_ranks, _graph_exchange, scenario.model_dump(mode="json"), 20_000_000,
                               device_type="cuda")
     for r in results:
         assert r["mismatches"] == [] and r["status"] == 0 and r["pairs"] > 0, r
         assert r["other_differs"] == 6, r  # each replay on the other tokens really changed the slots and the output
+
+
+def _run_iterations_graph_vs_eager(info: Any, scenario_data: dict) -> dict:
+    """`harness run`'s timed iterations (graph replays where the comm captures) against its eager pass, on one
+    policy's workspace: the same slots, counts and combined output, bit for bit; then the policy's record."""
+    from harness.rank.lifecycle import (
+        PolicyState, _iterate, _one_pass, allocate_workspace, measure_policy, setup_rank, warm_up,
+    )
+    from harness.rank.memory import SnapshotRecorder
+    from harness.rank.timing import StageTimer
+    from harness.scenario.schema import parse_scenario
+    from harness.sizing.plan import policy_shapes
+
+    scenario = parse_scenario(scenario_data)
+    setup = setup_rank(scenario, info, info.device, Path("/tmp"), 0)
+    assert warm_up(setup) == "full"
+    comm = setup.buffers
+    shapes = policy_shapes("fixed", scenario.sizing_args())
+    state = PolicyState(policy="fixed", shapes=shapes, snapshot=SnapshotRecorder(info.device, enabled=False))
+    state.workspace = allocate_workspace(setup, shapes)
+
+    def snapshot() -> list[torch.Tensor]:
+        # nccl takes slots with atomics (any order within an expert): each expert's slots in source order
+        return [comm.expert_num_tokens.clone(), *_valid_slots(comm, by_source=comm.name == "nccl"),
+                state.combined.view(torch.int16).clone()]
+
+    _iterate(setup, state)
+    mode, reason = state.timing_mode, state.timing_reason
+    replayed = snapshot()
+    comm.expert_x.view(torch.uint8).fill_(0xEE)  # the eager pass must write every valid slot itself
+    _one_pass(setup, state, StageTimer(info.device))
+    eager = snapshot()
+    names = ("counts", "x", "scale", "src", "out")
+    mismatches = [n for n, a, b in zip(names, replayed, eager) if not torch.equal(a, b)]
+    state.workspace.release(setup.accountant)
+    result, _ = measure_policy(setup, "fixed", None)
+    return {"mode": mode, "reason": reason, "mismatches": mismatches, "pairs": int(eager[0].sum()),
+            "record": result.model_dump(mode="json")}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("comm", ["symm-mem", "nccl"])
+def test_gpu_graph_replayed_run_iterations_equal_eager_bit_for_bit(comm):
+    scenario = tiny(**CASES["1 rank emulating D = 4, skewed"], device="cuda", comm=comm)
+    [r] = parallel_launch(1, _run_iterations_graph_vs_eager, scenario.model_dump(mode="json"), device_type="cuda")
+    assert (r["mode"], r["reason"]) == ("graph", None) and r["mismatches"] == [] and r["pairs"] > 0, r
+    timings, correctness = r["record"]["timings"], r["record"]["correctness"]
+    assert r["record"]["status"] == "ok"
+    assert (timings["timing_mode"], timings["timing_reason"], timings["num_host_syncs"]) == ("graph", None, 0)
+    assert correctness["num_wrong_slots"] == 0 and correctness["stages"], correctness
+    assert all(s["num_rows_wrong"] == 0 for s in correctness["stages"]), correctness

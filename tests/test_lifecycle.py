@@ -105,6 +105,8 @@ def test_lower_bound_allocates_its_live_set_where_it_is_below_fixed(tmp_path: Pa
         # The views moving inside the arena never overwrite live data: the same output as fixed's two buffers.
         assert judge_policy(lb, scenario, rank=record.rank).correctness.outcome == "pass"
         assert lb.correctness.max_abs_error == by["fixed"].correctness.max_abs_error
+        for p in by.values():  # CPU ranks time eager and the record says why
+            assert (p.timings.timing_mode, p.timings.timing_reason) == ("eager", "CPU ranks: no CUDA graphs")
 
 
 def test_arena_views_of_the_live_set_layout() -> None:

@@ -133,12 +133,14 @@ def test_soak_on_two_gpus_finds_no_fault(comm):
 @pytest.mark.parametrize("num_ranks", [1, pytest.param(2, marks=pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"))])
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_graph_soak_with_rank_delays_finds_no_fault(num_ranks):
-    """symm-mem's rounds replayed from CUDA graphs, fresh inputs copied in before each replay, rank r sleeping on
-    the GPU before its dispatch and its combine (r x, then (P - 1 - r) x 5e6 cycles): every round checked."""
+@pytest.mark.parametrize("comm", ["symm-mem", "nccl"])
+def test_graph_soak_with_rank_delays_finds_no_fault(num_ranks, comm):
+    """Rounds replayed from CUDA graphs (symm-mem; nccl on its equal splits), fresh inputs copied in before each
+    replay, rank r sleeping on the GPU before its dispatch and its combine (r x, then (P - 1 - r) x 5e6 cycles):
+    every round checked."""
     data = tiny(**{"parallel.num_ranks": num_ranks, "parallel.num_dispatchers": 4,
                    "parallel.num_local_experts": 16 // num_ranks, "routing.kind": "skewed"},
-                device="cuda", comm="symm-mem").model_dump(mode="json")
+                device="cuda", comm=comm).model_dump(mode="json")
     records = [SoakRecord.model_validate(r) for r in run_soak(data, rounds=100, seed=3, timeout_s=240, graph=True,
                                                               delay_cycles=5_000_000)]
     for rec in records:

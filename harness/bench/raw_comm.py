@@ -3,7 +3,7 @@ sub-stages, and their CUDA-graph replays:
 
     dispatch:harness        the comm backend's dispatch, eager; its sub-stages appear as dispatch.layout, ...
     combine:harness         likewise: combine.expert-reduce, combine.exchange, combine.token-reduce
-    dispatch:graph          one dispatch captured in a CUDA graph, replayed (backends that capture: symm-mem)
+    dispatch:graph          one dispatch captured in a CUDA graph, replayed (backends that capture: symm-mem, nccl)
     combine:graph           likewise, right after its dispatch (a combine belongs to one dispatch)
     a2a:raw-dispatch        NCCL (gloo on CPU) all_to_all_single of the dispatch's bytes, same per-peer splits
     a2a:raw-combine         the same for combine's bytes
@@ -25,6 +25,7 @@ from harness.rank.comm import DispatchHandle, Stages
 from harness.rank.comm.symm_mem import SymmMemComm
 from harness.rank.combine import combine
 from harness.rank.dispatch import dispatch
+from harness.rank.graphs import capture_reason, capture_round
 from harness.rank.timing import StageTimer
 
 RAW_DISPATCH = ("a2a:raw-dispatch",)
@@ -73,7 +74,8 @@ def _peer_bytes(setup: Any, handle: DispatchHandle) -> tuple[PeerBytes, PeerByte
         received = comm.recv_counts[:, E].tolist()
         row_bytes = comm.fmt.row_bytes
     else:
-        sent, received = list(handle.state.send_splits), list(handle.state.recv_splits)
+        # the rows that carry a token: the equal splits move every region at its capacity, the rest ignored
+        sent, received = comm.send_counts.tolist(), comm.recv_counts.tolist()
         row_bytes = comm.fmt.row_bytes
     return (PeerBytes(row_bytes=row_bytes, send_rows=sent, recv_rows=received),
             PeerBytes(row_bytes=out_bytes, send_rows=received, recv_rows=sent))
@@ -85,13 +87,6 @@ def _raw_a2a(pb: PeerBytes, device: torch.device) -> Callable[[], None]:
     in_splits = [r * pb.row_bytes for r in pb.send_rows]
     out_splits = [r * pb.row_bytes for r in pb.recv_rows]
     return lambda: dist.all_to_all_single(recv, send, output_split_sizes=out_splits, input_split_sizes=in_splits)
-
-
-def _capture(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
 
 
 def comm_variants(setup: Any, expert_out: torch.Tensor, timer: StageTimer) -> CommVariants:
@@ -111,21 +106,11 @@ def comm_variants(setup: Any, expert_out: torch.Tensor, timer: StageTimer) -> Co
         combine(expert_out, cv.handle, L, setup.buffers, stages=Stages(timer))
 
     graphs: list[tuple[str, Callable[[], Any]]] = []
-    if device.type != "cuda":
-        cv.graph_error = "CPU ranks: no CUDA graphs"
-    elif not setup.buffers.graph_capturable:
-        cv.graph_error = f"comm {setup.buffers.name} reads its split sizes on the host: it does not capture"
-    else:
-        captured: dict[str, DispatchHandle] = {}
-        torch.cuda.synchronize(device)
-        dist.barrier()
-        d_graph = _capture(lambda: captured.setdefault("handle", dispatch(
-            setup.tokens, setup.routing, L, setup.buffers, setup.quantize)))
-        c_graph = _capture(lambda: combine(expert_out, captured["handle"], L, setup.buffers))
-        d_graph.replay()
-        c_graph.replay()  # one replay of each before the timing: the graphs' own warm-up
-        graphs = [("dispatch:graph", d_graph.replay), ("combine:graph", c_graph.replay)]
-        cv.replay = lambda: (d_graph.replay(), c_graph.replay())  # type: ignore[func-returns-value]
+    cv.graph_error = capture_reason(device, setup.buffers)
+    if cv.graph_error is None:
+        rnd = capture_round(setup.tokens, setup.routing, L, setup.buffers, setup.quantize, expert_out)
+        graphs = [("dispatch:graph", rnd.dispatch_graph.replay), ("combine:graph", rnd.combine_graph.replay)]
+        cv.replay = rnd.replay
     cv.variants += [("dispatch:harness", harness_dispatch), ("a2a:raw-dispatch", _raw_a2a(d_bytes, device))]
     cv.variants += [("combine:harness", harness_combine), ("a2a:raw-combine", _raw_a2a(c_bytes, device)), *graphs]
     return cv

@@ -179,7 +179,7 @@ COMM = BackendKind("comm", (
             description="torch's symmetric memory with Triton push kernels, no host read per dispatch, "
                         "graph-capturable; one node"),
     Backend(field="comm", name="nccl", devices=("cuda",), auto_rank=1,
-            description="packed rows over all_to_all_single; one host read of the split sizes per dispatch"),
+            description="packed rows over all_to_all_single in capacity-sized equal splits, no host read, graph-capturable"),
     Backend(field="comm", name="gloo", devices=("cpu",), auto_rank=2,
             description="the same packed rows on CPU ranks"),
 ))

@@ -186,6 +186,12 @@ class Timings(Record):
     experts_max_us: float | None = None
     combine_min_us: float | None = None
     combine_max_us: float | None = None
+    # How dispatch and combine were timed: "graph" (CUDA-graph replays of one captured dispatch and its combine,
+    # the experts step eager between them, as `harness bench` times them) or "eager", with why where eager
+    # (harness.rank.graphs.capture_reason); the experts step is always eager. None: records from before the field.
+    timing_mode: Literal["graph", "eager"] | None = None
+    timing_reason: str | None = None
+    num_host_syncs: int | None = None  # device-to-host reads one dispatch needed (DispatchHandle.num_host_syncs)
 
 
 class Throughput(Record):

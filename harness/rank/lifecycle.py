@@ -41,6 +41,7 @@ from harness.rank.distributed import RankInfo, StageFailure, agree, init_rank, s
 from harness.rank.experts import (
     ExpertsBackend, ExpertWeights, Workspace, kernels_record, make_weights, select_backend, useful_flops,
 )
+from harness.rank.graphs import CapturedRound, capture_agreed
 from harness.rank.memory import (
     RSS_ROUNDING_BYTES, Accountant, MemoryProbe, PeakSampler, SnapshotRecorder, apply_budget, baseline_rounding_bytes,
     free_and_total_bytes, free_bytes_from_message, release_cached, requested_bytes_from_message, synchronize,
@@ -216,6 +217,8 @@ class PolicyState:
     handle: DispatchHandle | None = None
     combined: torch.Tensor | None = None
     correctness: Correctness | None = None
+    timing_mode: Literal["graph", "eager"] = "eager"  # how the timed dispatch and combine ran
+    timing_reason: str | None = None  # why eager
 
     def fail(self, setup: RankSetup, stage: str, exc: Exception, requested_bytes: int | None = None) -> None:
         self.own = StageFailure.of(stage, exc)
@@ -246,10 +249,12 @@ def _run_stage(setup: RankSetup, state: PolicyState, stage: str, fn: Callable[[]
         return None
 
 
-def _one_pass(setup: RankSetup, state: PolicyState, timer: StageTimer, *, checked: CheckedPass | None = None) -> None:
+def _one_pass(setup: RankSetup, state: PolicyState, timer: StageTimer, *, checked: CheckedPass | None = None,
+              captured: CapturedRound | None = None) -> None:
     """dispatch -> experts -> combine once on state.workspace; ranks agree after the experts and after combine.
 
     `checked`: the correctness check's pass (its hooks run between the stages; nothing of it is timed).
+    `captured`: replay its graphs in place of the eager dispatch and combine (the checked pass is always eager).
 
     A failure in dispatch after its collectives (an expert past M slots), in the experts (OOM, a kernel's error)
     or in combine after its all-to-all leaves every rank at the same next collective: the agreement. Dispatch's
@@ -258,7 +263,7 @@ def _one_pass(setup: RankSetup, state: PolicyState, timer: StageTimer, *, checke
     b, workspace = setup.buffers, state.workspace
     assert workspace is not None
     t0 = timer.start()
-    state.handle = _run_stage(setup, state, "dispatch", lambda: dispatch(
+    state.handle = _run_stage(setup, state, "dispatch", captured.dispatch if captured is not None else lambda: dispatch(
         setup.tokens, setup.routing, setup.layout, b, setup.quantize))
     timer.stop("dispatch", t0)
     if state.own is None and checked is not None:
@@ -273,7 +278,8 @@ def _one_pass(setup: RankSetup, state: PolicyState, timer: StageTimer, *, checke
     if state.failed:
         return
     t2 = timer.start()
-    state.combined = _run_stage(setup, state, "combine", lambda: combine(expert_out, state.handle, setup.layout, b))
+    state.combined = _run_stage(setup, state, "combine", captured.combine if captured is not None else lambda: combine(
+        expert_out, state.handle, setup.layout, b))
     timer.stop("combine", t2)
     if state.own is None and checked is not None:
         _run_stage(setup, state, "check", lambda: checked.after_combine(state.combined, state.handle))
@@ -281,17 +287,26 @@ def _one_pass(setup: RankSetup, state: PolicyState, timer: StageTimer, *, checke
 
 
 def _iterate(setup: RankSetup, state: PolicyState) -> None:
-    """scenario.warmup + scenario.iterations passes; the timed samples are the passes after the warm-ups."""
+    """scenario.warmup + scenario.iterations passes; the timed samples are the passes after the warm-ups.
+    Dispatch and combine are CUDA-graph replays where the comm captures (harness.rank.graphs.capture_agreed),
+    eager otherwise; the experts step is eager either way."""
     s = setup.scenario
     timer = StageTimer(setup.device)
+    assert state.workspace is not None
+    captured, state.timing_reason = capture_agreed(setup.tokens, setup.routing, setup.layout, setup.buffers,
+                                                   setup.quantize, state.workspace.out)
+    state.timing_mode = "eager" if captured is None else "graph"
     for iteration in range(s.warmup + s.iterations):
-        _one_pass(setup, state, timer)
+        _one_pass(setup, state, timer, captured=captured)
         if state.failed:
             return
         elapsed = timer.elapsed_us()
         if iteration >= s.warmup:
             for stage, samples in state.samples.items():
                 samples.append(elapsed[stage])
+    if captured is not None:
+        synchronize(setup.device)
+        captured.reset()
 
 
 def _measure(setup: RankSetup, state: PolicyState, baseline: Baseline, sampler: PeakSampler) -> tuple[
@@ -360,7 +375,9 @@ def _result(setup: RankSetup, state: PolicyState, memory: MemoryMeasurement, bre
         status, error = "error", _stopped_message(state.failed)
     else:
         assert state.handle is not None and state.combined is not None
-        timings = _timings(state)
+        timings = _timings(state).model_copy(update=dict(
+            timing_mode=state.timing_mode, timing_reason=state.timing_reason,
+            num_host_syncs=state.handle.num_host_syncs))
         throughput = _throughput(setup, timings, state.handle)
         correctness = state.correctness
     return PolicyResult(

@@ -117,10 +117,13 @@ def _comm_buffers_bytes(s: Scenario, device_type: DeviceType) -> tuple[int, int]
         staging = (P * C * row + P * (E + 1) * 4 + C * k * 4 + C * P * 4 + (E * P + P) * 4 + P * E * 4
                    + P * C * (k * 12 + 4) + 8 + 2 * -(-C // 16) * (E * P + P) * 4)
         return (E * M + 1) * K + batched + staging, (P * C + C) * K * out_bytes
+    # harness.rank.comm.collective, capacity-sized equal splits: send and receive rows of P*C each (every peer's
+    # region at its capacity C, so the split sizes are fixed), the counts both ways; in combine the partials sent
+    # and received (P*C rows each) and the output (C rows)
     meta_bytes = -(-4 * (3 + (k + 1) // 2 + k) // 16) * 16  # harness.rank.comm.base.RowFormat
-    row, sent = K + meta_bytes, C * min(P, k)
-    staging = (sent + P * C) * row + 2 * P * 8
-    return (E * M + 1) * K + batched + staging, (sent + C) * K * out_bytes
+    row = K + meta_bytes
+    staging = 2 * P * C * row + 2 * P * 8
+    return (E * M + 1) * K + batched + staging, (2 * P * C + C) * K * out_bytes
 
 
 def estimate_rank_memory(scenario: Scenario, device_type: DeviceType) -> RankMemory:

@@ -5,8 +5,8 @@
 
     symm-mem  torch symmetric memory (CUDA backend): rows and counts pushed into the peers' buffers by Triton
               kernels, release/acquire flags, no host read, captures in a CUDA graph; P >= 1, one node  symm_mem.py
-    nccl      one packed row per (token, destination rank) over all_to_all_single; one host read of the
-              split sizes per dispatch                                                       nccl.py
+    nccl      one packed row per (token, destination rank) over all_to_all_single in capacity-sized equal
+              splits: no host read, captures in a CUDA graph                                 nccl.py
     gloo      the same packed rows on CPU ranks                                              gloo.py
     auto      the first of symm-mem, nccl, gloo that can run: symm-mem on GPUs with torch's symmetric memory,
               else nccl on GPUs, gloo on CPUs

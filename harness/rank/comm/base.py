@@ -166,7 +166,7 @@ class DispatchHandle:
     topk_weights: torch.Tensor  # (num_tokens, top_k) float32
     dispatch_bytes: int  # bytes this rank put on the wire in dispatch (its own rank's share included)
     combine_bytes: int  # bytes this rank puts on the wire in combine
-    num_host_syncs: int  # device-to-host reads the dispatch needed (0: none; the splits read counts 1)
+    num_host_syncs: int  # device-to-host reads the dispatch needed (0 for every backend: fixed shapes)
     state: Any = None
 
 

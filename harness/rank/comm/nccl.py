@@ -1,8 +1,7 @@
 """nccl: the packed-row path (collective.CollectiveComm) on GPU ranks.
 
-One host read per dispatch remains: all_to_all_single takes variable split sizes as Python ints, so the counts
-(exchanged with one fixed-size all_to_all_single) are read once; combine reuses them. Everything else stays on
-the device. symm-mem avoids even that read.
+Capacity-sized equal splits: every all_to_all_single moves each peer's full region, so nothing is read on the
+host and a dispatch and a combine each capture in a CUDA graph (as symm-mem's do).
 """
 
 from __future__ import annotations
