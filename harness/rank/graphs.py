@@ -36,6 +36,8 @@ def capture_reason(device: torch.device, comm: Comm) -> str | None:
     if device.type != "cuda":
         return "CPU ranks: no CUDA graphs"
     if not comm.graph_capturable:
+        if comm.not_captured_why:
+            return comm.not_captured_why.format(name=comm.name)
         return f"comm {comm.name} reads on the host: it does not capture"
     return None
 

@@ -194,6 +194,7 @@ class Comm(abc.ABC):
 
     name: str = ""
     graph_capturable: bool = False  # dispatch and combine read nothing on the host and keep their shapes
+    not_captured_why: str | None = None  # why a backend that could capture is timed eager all the same
 
     def __init__(self, layout: DispatchLayout, batched: BatchedBuffers, *, harness_bytes: int):
         self.layout = layout

@@ -59,7 +59,12 @@ class CollectiveState:
 class CollectiveComm(Comm):
     """Packed rows over torch.distributed's all_to_all_single on the default group, capacity-sized equal splits."""
 
-    graph_capturable = True  # fixed split sizes, nothing read on the host (on a GPU: Triton's row kernels)
+    # Fixed split sizes and nothing read on the host, so a round captures, and on one H200 a captured round replays
+    # bit-equal to eager. But a 100-round graph-mode soak there (tests/test_soak.py) had one wrong round, not yet
+    # explained (its log did not say whether the nccl or the symm-mem case failed): rounds are timed eager.
+    graph_capturable = False
+    not_captured_why = ("comm {name}: timed eager; its equal splits capture, but a graph-mode soak on one H200 had "
+                        "one wrong round in 100, not yet explained")
 
     def __init__(self, layout: DispatchLayout, accountant: Accountant, *, out_dtype: torch.dtype):
         fmt = RowFormat(hidden_size=layout.hidden_size, top_k=layout.top_k)
