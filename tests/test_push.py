@@ -108,32 +108,60 @@ class StandIn:
         self.tok = torch.zeros(P * C, dtype=torch.int32, device=device)
         self.epoch = torch.zeros(1, dtype=torch.int32, device=device)
         self.status = torch.zeros(1, dtype=torch.int32, device=device)
+        self.done = torch.zeros(3, dtype=torch.int32, device=device)
 
 
-def _protocol_round(ranks: list[StandIn], inputs, expert_out, *, E, M, C, fmt, impl, device):
-    """One dispatch + combine over the stand-ins: each phase for every rank, in the order the flags allow."""
+def _protocol_round(ranks: list[StandIn], inputs, expert_out, *, E, M, C, fmt, impl, device, fused):
+    """One dispatch + combine over the stand-ins: each phase for every rank, in the order the flags allow.
+    fused: the waits and signals run inside the kernels around them (as symm_mem runs them), else as kernels
+    of their own."""
     P = len(ranks)
     rows = Mapped.of([r.recv_rows for r in ranks], device)
     counts = Mapped.of([r.recv_counts for r in ranks], device)
     pads = Mapped.of([r.pad for r in ranks], device)
     combine = Mapped.of([r.combine_recv for r in ranks], device)
     kw = {"impl": impl}
+
+    def sig(r, phase, i, **extra):
+        return push.Signal(pads=pads, phase=phase, rank=r.rank, epoch=r.epoch, done=r.done[i: i + 1], **extra)
+
+    def signal(s):
+        push.signal(s.pads, s.phase, rank=s.rank, epoch=s.epoch, counts=s.counts, recv_counts=s.recv_counts,
+                    num_local_experts=s.num_local_experts, **kw)
+
     for r, (x, ids, w) in zip(ranks, inputs):
-        push.wait(r.pad, CONSUMED, num_ranks=P, epoch=r.epoch, status=r.status, bump=True, lag=1, **kw)
-        push.route_layout(ids, r.pos, r.row_index, r.counts, num_local_experts=E, num_ranks=P, **kw)
+        consumed = push.Wait(pad=r.pad, phase=CONSUMED, num_ranks=P, epoch=r.epoch, status=r.status, bump=True,
+                             lag=1)
+        ready = sig(r, READY, 0, counts=r.counts, recv_counts=counts, num_local_experts=E)
+        if not fused:
+            push.wait(r.pad, CONSUMED, num_ranks=P, epoch=r.epoch, status=r.status, bump=True, lag=1, **kw)
+        push.route_layout(ids, r.pos, r.row_index, r.counts, num_local_experts=E, num_ranks=P,
+                          wait_first=consumed if fused else None, **kw)
         push.quantize_push(x, None, ids, w, r.pos, r.row_index, rows, fmt=fmt, rank=r.rank, capacity=C,
-                           num_local_experts=E, **kw)
-        push.signal(pads, READY, rank=r.rank, epoch=r.epoch, counts=r.counts, recv_counts=counts,
-                    num_local_experts=E, **kw)
+                           num_local_experts=E, then=ready if fused else None, **kw)
+        if not fused:
+            signal(ready)
     for r in ranks:
-        push.wait(r.pad, READY, num_ranks=P, epoch=r.epoch, status=r.status, **kw)
-        push.expert_base(r.recv_counts, r.base, r.num_tokens, r.overflow, max_slots=M, **kw)
+        ready_wait = push.Wait(pad=r.pad, phase=READY, num_ranks=P, epoch=r.epoch, status=r.status)
+        if not fused:
+            push.wait(r.pad, READY, num_ranks=P, epoch=r.epoch, status=r.status, **kw)
+        push.expert_base(r.recv_counts, r.base, r.num_tokens, r.overflow, max_slots=M,
+                         wait_first=ready_wait if fused else None, **kw)
         push.expand(r.recv_rows, r.recv_counts, r.base, x_flat=r.x, x_scale_flat=r.x_scale, x_src_flat=r.x_src,
-                    table=r.table, table_w=r.table_w, tok=r.tok, fmt=fmt, max_slots=M, **kw)
-        push.signal(pads, CONSUMED, rank=r.rank, epoch=r.epoch, **kw)
+                    table=r.table, table_w=r.table_w, tok=r.tok, fmt=fmt, max_slots=M,
+                    then=sig(r, CONSUMED, 1) if fused else None, **kw)
+        if not fused:
+            signal(sig(r, CONSUMED, 1))
     for r in ranks:
-        push.reduce_push(expert_out[r.rank], r.recv_counts, r.table, r.table_w, r.tok, combine, rank=r.rank, **kw)
-        push.signal(pads, COMBINED, rank=r.rank, epoch=r.epoch, **kw)
+        push.reduce_push(expert_out[r.rank], r.recv_counts, r.table, r.table_w, r.tok, combine, rank=r.rank,
+                         then=sig(r, COMBINED, 2) if fused else None, **kw)
+        if not fused:
+            signal(sig(r, COMBINED, 2))
+    for r in ranks:  # every flag of this epoch, towards every rank, and the done counters back at 0
+        for phase in (READY, CONSUMED, COMBINED):
+            got = r.pad[FLAG_BASE + phase * P: FLAG_BASE + (phase + 1) * P].tolist()
+            assert got == [int(r.epoch)] * P, (impl, fused, r.rank, phase, got)
+        assert r.done.tolist() == [0, 0, 0], (impl, fused, r.rank)
     outs = []
     for r, (x, _, _) in zip(ranks, inputs):
         push.wait(r.pad, COMBINED, num_ranks=P, epoch=r.epoch, status=r.status, **kw)
@@ -142,8 +170,8 @@ def _protocol_round(ranks: list[StandIn], inputs, expert_out, *, E, M, C, fmt, i
     return outs
 
 
-@pytest.mark.parametrize("impl", ["triton", "torch"])
-def test_push_protocol_on_stand_ins_traces_every_slot_and_combines(device, impl):
+@pytest.mark.parametrize("impl, fused", [("triton", True), ("triton", False), ("torch", True)])
+def test_push_protocol_on_stand_ins_traces_every_slot_and_combines(device, impl, fused):
     P, E, k, K, C = 3, 2, 3, 64, 12
     M = 2 * C  # room for every source's pairs of one expert in the hot round below
     fmt = PushFormat(hidden_size=K, top_k=k)
@@ -155,7 +183,8 @@ def test_push_protocol_on_stand_ins_traces_every_slot_and_combines(device, impl)
             inputs.append((_tokens(n, K, seed=s).to(device), ids.to(device), w.to(device)))
         g = torch.Generator().manual_seed(round_index)
         expert_out = [torch.randn((E * M, K), generator=g).to(torch.bfloat16).to(device) for _ in range(P)]
-        outs = _protocol_round(ranks, inputs, expert_out, E=E, M=M, C=C, fmt=fmt, impl=impl, device=device)
+        outs = _protocol_round(ranks, inputs, expert_out, E=E, M=M, C=C, fmt=fmt, impl=impl, device=device,
+                               fused=fused)
         for r in ranks:
             assert int(r.status) == 0 and int(r.epoch) == round_index + 1 and int(r.overflow) == 0
             for e in range(E):

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Step comm-graph: the comm yardstick and symm-mem's device-side path on one GPU (P = 1).
 #
-#   bash scripts/gpu/device.sh comm-graph [quick]      (or: bash scripts/gpu/comm-graph.sh OUT_DIR [quick])
+#   bash scripts/gpu/device.sh comm-graph [quick|full] [vllm-ops VERSION]
+#                                          (or: bash scripts/gpu/comm-graph.sh OUT_DIR [quick|full] [vllm-ops VERSION])
 #
 # Runs:   the gpu-marked tests of tests/test_push.py and tests/test_fused.py (the kernels compiled) and the
 #         one-GPU exactness and graph-replay tests of tests/test_comm.py; then `harness bench` of the PR case,
 #         qwen3-30b-a3b-dp2 on one rank and decode-128-deepseek-v3 on one rank with symm-mem (graph-replayed),
-#         the PR case with nccl (eager: it reads its splits on the host), and `harness run` of the PR case with
+#         the PR case with nccl (timed eager, CollectiveComm.not_captured_why), and `harness run` of the PR case with
 #         symm-mem (the checked pass). quick: the tests and the PR-case bench only.
-# Needs:  1 GPU, pytest, Triton; experts backend torch-cutlass (sm90+).
+# Needs:  1 GPU, pytest, Triton; experts backend torch-cutlass (sm90+), or with `vllm-ops VERSION` vLLM's ops
+#         library of that release in .gpu/lib/vllm-VERSION.so (device.sh decompresses it there).
 # Writes: OUT_DIR/<case>/ (bench.json, bench.md or the run's records), OUT_DIR/logs/<case>.log,
 #         OUT_DIR/commands.log, OUT_DIR/environment.txt; prints each command's exit code and the yardstick
 #         lines. Exit 1 from bench means below a scenario threshold; 2 an error.
@@ -16,6 +18,13 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: bash scripts/gpu/comm-graph.sh OUT_DIR [quick]}
 MODE=${2:-full}
+EXPERTS=${3:-torch-cutlass}
+if [ "$EXPERTS" = vllm-ops ]; then
+    VERSION=${4:?usage: ... vllm-ops VERSION}
+    EXPERTS_ARGS=(--experts-backend vllm-ops --vllm-ops-library "$PWD/.gpu/lib/vllm-$VERSION.so" --kernels "$VERSION")
+else
+    EXPERTS_ARGS=(--experts-backend torch-cutlass)
+fi
 mkdir -p "$OUT/logs"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -47,13 +56,12 @@ h() {  # h CASE ARGS...: run `harness ARGS`, keep its output, show what matters
     grep -E "^(OK|FAILED)|^- |harness: |Error|error" "$log" | head -n 8
     [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ] && tail -n 25 "$log"
 }
-X=(--experts-backend torch-cutlass --policies fixed --no-cpu-costs)
+X=("${EXPERTS_ARGS[@]}" --policies fixed --no-cpu-costs)
 h 1xh200-pr55579-symm-mem-bench bench deepseek-v3-dp32-pr55579 --comm symm-mem "${X[@]}"
 if [ "$MODE" != quick ]; then
     h 1xh200-qwen3-dp2-1rank-symm-mem-bench bench qwen3-30b-a3b-dp2 --num-ranks 1 --comm symm-mem "${X[@]}"
     h 1xh200-decode-1rank-symm-mem-bench bench decode-128-deepseek-v3 --num-ranks 1 --comm symm-mem "${X[@]}"
     h 1xh200-pr55579-nccl-bench bench deepseek-v3-dp32-pr55579 --comm nccl "${X[@]}"
-    h 1xh200-pr55579-symm-mem-run run deepseek-v3-dp32-pr55579 --comm symm-mem --experts-backend torch-cutlass \
-        --policies fixed
+    h 1xh200-pr55579-symm-mem-run run deepseek-v3-dp32-pr55579 --comm symm-mem "${EXPERTS_ARGS[@]}" --policies fixed
 fi
 echo "total $((SECONDS - T0)) s"

@@ -80,213 +80,23 @@ def next_pow2(n: int) -> int:
 
 @functools.cache
 def _kernels(interpreted: bool) -> dict[str, Any]:
-    del interpreted  # the cache key only: triton.jit reads TRITON_INTERPRET when it wraps the function
-    import triton
-    import triton.language as tl
+    """The kernels as Triton wrapped them under this TRITON_INTERPRET (a change re-imports them)."""
+    import importlib
 
-    @triton.jit
-    def route_chunk_kernel(ids, n, chunk_hist, chunk_base, pos, row_index, G, E, P, W, K_TOP: tl.constexpr,
-                           KP2: tl.constexpr, BLOCK_T: tl.constexpr, PP2: tl.constexpr, BINS: tl.constexpr,
-                           PLACE: tl.constexpr):
-        """Chunk c of BLOCK_T tokens. Count (PLACE False): its pairs per global expert and tokens per destination
-        rank, chunk_hist[c] (G + P,). Place (PLACE True, after the scan): each pair's place, its chunk's first
-        place for the expert plus the earlier tokens of the chunk that picked it (a token picks an expert once),
-        and each token's row index per destination likewise."""
-        c = tl.program_id(0)
-        t = c * BLOCK_T + tl.arange(0, BLOCK_T)
-        j = tl.arange(0, KP2)
-        cell = (t < n)[:, None] & (j < K_TOP)[None, :]
-        g = tl.load(ids + t[:, None] * K_TOP + j[None, :], mask=cell, other=-1)
-        cell = cell & (g >= 0)
-        d = tl.arange(0, PP2)
-        member = tl.max(((tl.where(cell, g // E, -1)[:, :, None] == d[None, None, :])).to(tl.int32), axis=1)
-        if not PLACE:
-            hist = tl.histogram(tl.reshape(tl.where(cell, g, G).to(tl.int32), (BLOCK_T * KP2,)), BINS)  # G: none
-            bins = tl.arange(0, BINS)
-            tl.store(chunk_hist + c * W + bins, hist, mask=bins < G)
-            tl.store(chunk_hist + c * W + G + d, tl.sum(member, axis=0), mask=d < P)
-        else:
-            flat_g = tl.reshape(tl.where(cell, g, -1), (BLOCK_T * KP2,))
-            flat_t = tl.reshape(t[:, None] + 0 * j[None, :], (BLOCK_T * KP2,))
-            flat_j = tl.reshape(0 * t[:, None] + j[None, :], (BLOCK_T * KP2,))
-            ok = flat_g >= 0
-            earlier = (flat_g[:, None] == flat_g[None, :]) & (flat_t[None, :] < flat_t[:, None]) & ok[None, :]
-            place = tl.load(chunk_base + c * W + flat_g, mask=ok, other=0) + tl.sum(earlier.to(tl.int32), axis=1)
-            tl.store(pos + flat_t * K_TOP + flat_j, place, mask=ok)
-            first = tl.load(chunk_base + c * W + G + d, mask=d < P, other=0)
-            index = first[None, :] + tl.cumsum(member, axis=0) - member
-            tl.store(row_index + t[:, None] * P + d[None, :], tl.where(member > 0, index, -1),
-                     mask=(t < n)[:, None] & (d < P)[None, :])
+    import harness.rank.comm.push_kernels as module
 
-    @triton.jit
-    def route_scan_kernel(chunk_hist, chunk_base, counts, NC, W, NCP2: tl.constexpr):
-        """Per column (a global expert, then a destination rank): each chunk's first place, the column's total."""
-        col = tl.program_id(0)
-        c = tl.arange(0, NCP2)
-        v = tl.load(chunk_hist + c * W + col, mask=c < NC, other=0)
-        tl.store(chunk_base + c * W + col, tl.cumsum(v, axis=0) - v, mask=c < NC)
-        tl.store(counts + col, tl.sum(v, axis=0))
+    if getattr(module, "INTERPRETED", interpreted) != interpreted:
+        module = importlib.reload(module)
+    module.INTERPRETED = interpreted  # type: ignore[attr-defined]
+    return module.KERNELS
 
-    @triton.jit
-    def quantize_push_kernel(x, x_stride, scale_in, inv_fp8_max, ids, weights, pos, row_index, rows_ptrs, me, C,
-                             E, P, K: tl.constexpr, ROW_BYTES: tl.constexpr, QUANTIZE: tl.constexpr,
-                             RECIPROCAL: tl.constexpr, BLOCK_W: tl.constexpr, K_TOP: tl.constexpr,
-                             KP2: tl.constexpr):
-        t = tl.program_id(0).to(tl.int64)
-        w4 = tl.arange(0, BLOCK_W)  # the row as int32 words of 4 FP8 bytes: 4-byte stores, not 1-byte ones
-        wm = w4 < K // 4
-        if QUANTIZE:  # harness.rank.quant.quantize_per_token, operation for operation
-            byte = tl.arange(0, 4)
-            offs = w4[:, None] * 4 + byte[None, :]
-            v = tl.load(x + t * x_stride + offs, mask=wm[:, None], other=0.0).to(tl.float32)
-            amax = tl.max(tl.max(tl.abs(v), axis=1), axis=0)
-            if RECIPROCAL:  # torch on CUDA divides by a Python scalar as a product with its float32 reciprocal
-                scale = tl.maximum(amax * inv_fp8_max, 1e-12)
-            else:
-                scale = tl.maximum(tl.div_rn(amax, tl.full([], 448.0, tl.float32)), 1e-12)
-            q = tl.div_rn(v, tl.zeros([BLOCK_W, 4], tl.float32) + scale)  # IEEE division, as torch's tensor / tensor
-            q = tl.minimum(tl.maximum(q, -448.0), 448.0)
-            # float8_e4m3fn bits, round to nearest even as torch's cast, in integer arithmetic: the interpreter
-            # (whose float8 cast rounds otherwise) and the GPU then agree bit for bit
-            bits = q.to(tl.int32, bitcast=True)
-            mag = bits & 0x7FFFFFFF
-            normal = ((mag + 0x7FFFF + ((mag >> 20) & 1)) >> 20) - ((127 - 7) << 3)  # 3 mantissa bits, rebias
-            sub = tl.abs(q) * 512.0  # below 2^-6 (exponent 121 - 127): multiples of 2^-9, exact in float32
-            whole = sub.to(tl.int32)
-            frac = sub - whole.to(tl.float32)
-            sub_bits = whole + ((frac > 0.5) | ((frac == 0.5) & ((whole & 1) == 1))).to(tl.int32)
-            code = ((bits >> 24) & 0x80) | tl.where(mag < (121 << 23), sub_bits, normal)
-            payload = tl.sum(code << (8 * byte[None, :]), axis=1)  # little-endian: byte 0 lowest
-        else:  # already quantized (another quantize kernel ran): its FP8 bytes as int32 words, and its scale
-            payload = tl.load(x + t * x_stride + w4, mask=wm)
-            scale = tl.load(scale_in + t)
-        j = tl.arange(0, KP2)
-        jm = j < K_TOP
-        g = tl.load(ids + t * K_TOP + j, mask=jm, other=-1)
-        w = tl.load(weights + t * K_TOP + j, mask=jm, other=0.0).to(tl.float32)
-        p_in = tl.load(pos + t * K_TOP + j, mask=jm, other=0)
-        for d in range(0, P):
-            r = tl.load(row_index + t * P + d)
-            if r >= 0:
-                row = tl.load(rows_ptrs + d).to(tl.pointer_type(tl.int32))
-                row += (me * C + r).to(tl.int64) * (ROW_BYTES // 4)
-                tl.store(row + w4, payload, mask=wm)
-                meta = row + K // 4
-                tl.store(meta, scale.to(tl.int32, bitcast=True))
-                tl.store(meta + 1, t.to(tl.int32))
-                here = (g >= 0) & (g // E == d)
-                tl.store(meta + 2 + j, tl.where(here, g % E, -1).to(tl.int32), mask=jm)
-                tl.store(meta + 2 + K_TOP + j, tl.where(here, p_in, 0), mask=jm)
-                tl.store(meta + 2 + 2 * K_TOP + j, tl.where(here, w, 0.0).to(tl.int32, bitcast=True), mask=jm)
 
-    @triton.jit
-    def signal_kernel(pad_ptrs, slot, me, epoch, counts, counts_ptrs, E, G,
-                      PUSH_COUNTS: tl.constexpr, EP2: tl.constexpr):
-        d = tl.program_id(0)
-        if PUSH_COUNTS:  # this rank's pairs per local expert of d, and its rows to d, into d's count buffer
-            e = tl.arange(0, EP2)
-            dst = tl.load(counts_ptrs + d).to(tl.pointer_type(tl.int32)) + me * (E + 1)
-            tl.store(dst + e, tl.load(counts + d * E + e, mask=e < E), mask=e < E)
-            tl.store(dst + E, tl.load(counts + G + d))
-        tl.debug_barrier()  # every thread's stores before the release below (it is cumulative from here)
-        flag = tl.load(pad_ptrs + d).to(tl.pointer_type(tl.int32)) + slot + me
-        tl.atomic_xchg(flag, tl.load(epoch), sem="release", scope="sys")
-
-    @triton.jit
-    def wait_kernel(pad, slot, P, epoch, status, max_spins, BUMP: tl.constexpr, LAG: tl.constexpr):
-        e = tl.load(epoch)
-        if BUMP:  # a new dispatch: every wait and signal of it uses the next epoch
-            e += 1
-            tl.store(epoch, e)
-        for s in range(0, P):
-            v = tl.atomic_add(pad + slot + s, 0, sem="acquire", scope="sys")
-            spins = 0
-            while (v < e - LAG) & (spins < max_spins):
-                v = tl.atomic_add(pad + slot + s, 0, sem="acquire", scope="sys")
-                spins += 1
-            if v < e - LAG:
-                tl.atomic_or(status, 1 << s)
-
-    @triton.jit
-    def expert_base_kernel(recv_counts, base, expert_num_tokens, overflow, P, E, M, EP2: tl.constexpr):
-        e = tl.arange(0, EP2)
-        em = e < E
-        total = tl.zeros([EP2], tl.int32)
-        for s in range(0, P):
-            tl.store(base + s * E + e, total, mask=em)
-            total += tl.load(recv_counts + s * (E + 1) + e, mask=em, other=0)
-        tl.store(expert_num_tokens + e, tl.minimum(total, M), mask=em)
-        tl.atomic_add(overflow, tl.sum(tl.maximum(total - M, 0).to(tl.int64), axis=0))
-
-    @triton.jit
-    def expand_kernel(recv_rows, recv_counts, base, x, x_scale, x_src, table, table_w, tok, C, E, M,
-                      K: tl.constexpr, ROW_BYTES: tl.constexpr, BLOCK_W: tl.constexpr, K_TOP: tl.constexpr):
-        pid = tl.program_id(0)
-        src = pid // C
-        i = pid % C
-        if i < tl.load(recv_counts + src * (E + 1) + E):
-            row = recv_rows + pid.to(tl.int64) * ROW_BYTES
-            meta = (row + K).to(tl.pointer_type(tl.int32))
-            scale = tl.load(meta.to(tl.pointer_type(tl.float32)))
-            token = tl.load(meta + 1)
-            tl.store(tok + pid, token)
-            for start in tl.static_range(0, K // 8, BLOCK_W):  # the row is read once, written once per pick
-                w_offs = start + tl.arange(0, BLOCK_W)
-                wm = w_offs < K // 8
-                words = tl.load(row.to(tl.pointer_type(tl.int64)) + w_offs, mask=wm)
-                for jj in tl.static_range(K_TOP):
-                    e = tl.load(meta + 2 + jj)
-                    slot = tl.load(base + src * E + e, mask=e >= 0, other=0) + tl.load(meta + 2 + K_TOP + jj)
-                    if (e >= 0) & (slot < M):
-                        dst = (e * M + slot).to(tl.int64)
-                        tl.store(x.to(tl.pointer_type(tl.int64)) + dst * (K // 8) + w_offs, words, mask=wm)
-            for jj in tl.static_range(K_TOP):
-                e = tl.load(meta + 2 + jj)
-                slot = tl.load(base + src * E + e, mask=e >= 0, other=0) + tl.load(meta + 2 + K_TOP + jj)
-                ok = (e >= 0) & (slot < M)
-                dst = tl.where(ok, (e * M + slot).to(tl.int64), 0)
-                if ok:
-                    tl.store(x_scale + dst, scale)
-                    tl.store(x_src + 2 * dst, src)
-                    tl.store(x_src + 2 * dst + 1, token)
-                tl.store(table + pid * K_TOP + jj, dst)
-                wt = tl.load((meta + 2 + 2 * K_TOP + jj).to(tl.pointer_type(tl.float32)))
-                tl.store(table_w + pid * K_TOP + jj, tl.where(ok, wt, 0.0))
-
-    @triton.jit
-    def reduce_push_kernel(expert_out, recv_counts, table, table_w, tok, out_ptrs, me, C, E, K,
-                           K_TOP: tl.constexpr, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        src = pid // C
-        if pid % C < tl.load(recv_counts + src * (E + 1) + E):
-            offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-            m = offs < K
-            acc = tl.zeros([BLOCK], tl.float32)
-            for jj in tl.static_range(K_TOP):
-                wt = tl.load(table_w + pid * K_TOP + jj)
-                if wt != 0.0:
-                    r = tl.load(table + pid * K_TOP + jj)
-                    acc += wt * tl.load(expert_out + r * K + offs, mask=m, other=0.0).to(tl.float32)
-            dst = tl.load(out_ptrs + src).to(tl.pointer_type(tl.bfloat16))
-            row = (me * C + tl.load(tok + pid)).to(tl.int64)
-            tl.store(dst + row * K + offs, acc.to(tl.bfloat16), mask=m)
-
-    @triton.jit
-    def token_reduce_kernel(partials, row_index, out, C, P, K, BLOCK: tl.constexpr):
-        t = tl.program_id(0)
-        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        m = offs < K
-        acc = tl.zeros([BLOCK], tl.float32)
-        for d in range(0, P):
-            if tl.load(row_index + t * P + d) >= 0:
-                acc += tl.load(partials + (d * C + t).to(tl.int64) * K + offs, mask=m, other=0.0).to(tl.float32)
-        tl.store(out + t.to(tl.int64) * K + offs, acc.to(out.dtype.element_ty), mask=m)
-
-    return {name.removesuffix("_kernel"): fn for name, fn in locals().items() if name.endswith("_kernel")}
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def kernels() -> dict[str, Any]:
-    return _kernels(os.environ.get("TRITON_INTERPRET") == "1")
+    return _kernels(_interpreted())
 
 
 # ------------------------------------------------------------------ the torch forms (the reference)
@@ -339,15 +149,17 @@ def route_chunks(capacity: int) -> int:
 
 def route_layout(ids: torch.Tensor, pos: torch.Tensor, row_index: torch.Tensor, counts: torch.Tensor, *,
                  num_local_experts: int, num_ranks: int, scratch: torch.Tensor | None = None,
-                 impl: str = "auto") -> None:
+                 wait_first: Wait | None = None, impl: str = "auto") -> None:
     """Fill pos (C, k), row_index (C, P) and counts (G + P,) int32 for ids (n, k) int64 (route_layout_torch
     says what each holds); rows past n are left as they are. scratch: (2, route_chunks(C), G + P) int32 (each
     chunk's counts and first places), allocated here when not given. In token chunks: count, scan over chunks,
-    place."""
+    place. wait_first: a wait the kernels after this call are ordered behind (the scan's program 0 runs it)."""
     n, k = ids.shape
     E, P = num_local_experts, num_ranks
     G, W = E * P, E * P + P
     if not _triton(impl, ids, pos):
+        if wait_first is not None:
+            wait_first.run_torch()
         p, r, c = route_layout_torch(ids, num_local_experts=E, num_ranks=P)
         pos[:n].copy_(p)
         row_index[:n].copy_(r)
@@ -362,21 +174,28 @@ def route_layout(ids: torch.Tensor, pos: torch.Tensor, row_index: torch.Tensor, 
     shape = dict(K_TOP=k, KP2=next_pow2(k), BLOCK_T=_BLOCK_T, PP2=next_pow2(P), BINS=next_pow2(G + 1))
     kern = kernels()
     kern["route_chunk"][(NC,)](*args, **shape, PLACE=False)
-    kern["route_scan"][(W,)](hist, base, counts, NC, W, NCP2=next_pow2(NC))
+    w = wait_first
+    wait_args = w.args() if w is not None else (counts, 0, 0, counts, counts, 0)
+    kern["route_scan"][(W,)](hist, base, counts, NC, W, *wait_args, NCP2=next_pow2(NC), WAIT=w is not None,
+                             BUMP=w is not None and w.bump, LAG=w.lag if w is not None else 0)
     kern["route_chunk"][(NC,)](*args, **shape, PLACE=True)
 
 
 def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor, weights: torch.Tensor,
                   pos: torch.Tensor, row_index: torch.Tensor, rows: Mapped, *, fmt: PushFormat, rank: int,
-                  capacity: int, num_local_experts: int, impl: str = "auto") -> None:
+                  capacity: int, num_local_experts: int, then: Signal | None = None, impl: str = "auto") -> None:
     """Write one PushFormat row per (token t < n, destination d with row_index[t, d] >= 0) into rank d's receive
     buffer rows.tensors[d] (P*C, row_bytes) uint8 at row rank*C + row_index[t, d].
 
     x: (n, K) bf16 with scale None (quantized here, bit-equal to quantize_per_token), or (n, K) FP8 with its
-    scale (n, 1) float32. ids, weights: (n, k) int64 / float32; pos, row_index from route_layout."""
+    scale (n, 1) float32. ids, weights: (n, k) int64 / float32; pos, row_index from route_layout. then: a
+    signal the kernel's last program issues after every row is stored."""
     n, K = x.shape
     k, E, P, C = fmt.top_k, num_local_experts, row_index.shape[1], capacity
     if n == 0:
+        if then is not None:
+            signal(then.pads, then.phase, rank=then.rank, epoch=then.epoch, counts=then.counts,
+                   recv_counts=then.recv_counts, num_local_experts=then.num_local_experts, impl=impl)
         return
     if not _triton(impl, x, ids, rows.ptrs):
         from harness.rank.quant import quantize_per_token
@@ -399,79 +218,161 @@ def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor
             ], dim=1)
             out[:, K: K + 4 * fmt.meta_words] = words.contiguous().view(torch.uint8)
             dst.index_copy_(0, rank * C + r.index_select(0, sel), out)
+        if then is not None:
+            then.run_torch()
         return
     assert K % 4 == 0 and x.stride(1) == 1
     if scale is None:
         assert x.dtype == torch.bfloat16
     else:
         x = x.view(torch.uint8).view(torch.int32)  # the FP8 bytes as words of 4
+    sig_args, push_counts = (rows.ptrs, 0, rows.ptrs, rows.ptrs, rows.ptrs, rows.ptrs), False
+    if then is not None:
+        pad_ptrs, slot, epoch, done = then.kernel_args()
+        push_counts = then.pushes_counts
+        counts = then.counts if push_counts else epoch
+        counts_ptrs = then.recv_counts.ptrs if push_counts else pad_ptrs  # type: ignore[union-attr]
+        sig_args = (pad_ptrs, slot, epoch, counts, counts_ptrs, done)
     kernels()["quantize_push"][(n,)](
         x, x.stride(0), scale if scale is not None else x, INV_FP8_MAX, ids.contiguous(), weights.float().contiguous(),
-        pos, row_index, rows.ptrs, rank, C, E, P, K=K, ROW_BYTES=fmt.row_bytes, QUANTIZE=scale is None,
-        RECIPROCAL=x.is_cuda, BLOCK_W=next_pow2(K // 4), K_TOP=k, KP2=next_pow2(k),
+        pos, row_index, rows.ptrs, rank, C, E, P, n, *sig_args, K=K, ROW_BYTES=fmt.row_bytes,
+        QUANTIZE=scale is None, RECIPROCAL=x.is_cuda, NATIVE_FP8=not _interpreted(), BLOCK_W=next_pow2(K // 4),
+        K_TOP=k, KP2=next_pow2(k), SIGNAL=then is not None, PUSH_COUNTS=push_counts, EP2=next_pow2(E),
         num_warps=8 if K >= 4096 else 4)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wait:
+    """A wait (acquire) until every peer s's flag (phase, s) on this rank's pad ((words,) int32) is at least
+    epoch - lag; `bump` first advances the epoch (the start of a dispatch). A wait past max_spins polls sets bit
+    s of status ((1,) int32) and goes on: the rank reports it instead of the GPU hanging."""
+
+    pad: torch.Tensor
+    phase: int
+    num_ranks: int
+    epoch: torch.Tensor
+    status: torch.Tensor
+    bump: bool = False
+    lag: int = 0
+    max_spins: int = DEFAULT_MAX_SPINS
+
+    @property
+    def slot(self) -> int:
+        return FLAG_BASE + self.phase * self.num_ranks
+
+    def args(self) -> tuple:
+        """The Triton kernels' wait arguments: pad, slot, P, epoch, status, max_spins."""
+        return self.pad, self.slot, self.num_ranks, self.epoch, self.status, self.max_spins
+
+    def run_torch(self) -> None:
+        P = self.num_ranks
+        if self.bump:
+            self.epoch.add_(1)
+        flags = self.pad.view(-1)[self.slot: self.slot + P]
+        late = (flags < self.epoch.view(-1)[0] - self.lag).to(torch.int32)
+        bits = (late << torch.arange(P, dtype=torch.int32, device=self.pad.device)).sum().view(1)
+        self.status.bitwise_or_(bits.to(self.status.dtype))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Signal:
+    """For every rank d: (with counts) this rank's counts for d into d's recv_counts[rank] ((P, E+1) int32:
+    pairs per local expert, then rows), then the epoch into d's pad at flag slot (phase, rank), with release
+    order. Issued by a kernel's last program to finish, it needs `done`: (1,) int32, 0 between launches, one per
+    kernel that signals."""
+
+    pads: Mapped
+    phase: int
+    rank: int
+    epoch: torch.Tensor
+    done: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
+    recv_counts: Mapped | None = None
+    num_local_experts: int = 1
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.pads.tensors)
+
+    @property
+    def slot(self) -> int:
+        return FLAG_BASE + self.phase * self.num_ranks
+
+    @property
+    def pushes_counts(self) -> bool:
+        return self.counts is not None and self.recv_counts is not None
+
+    def run_torch(self) -> None:
+        P, E = self.num_ranks, self.num_local_experts
+        for d in range(P):
+            if self.counts is not None and self.recv_counts is not None:
+                row = self.recv_counts.tensors[d].view(P, E + 1)[self.rank]
+                row[:E].copy_(self.counts[d * E:(d + 1) * E])
+                row[E] = self.counts[E * P + d]
+            self.pads.tensors[d].view(-1)[self.slot + self.rank] = self.epoch.view(-1)[0]
+
+    def kernel_args(self) -> tuple:
+        """What a kernel that ends with this signal takes: pad_ptrs, slot, epoch, done."""
+        assert self.done is not None, "a kernel's signal needs its done counter"
+        return self.pads.ptrs, self.slot, self.epoch, self.done
 
 
 def signal(pads: Mapped, phase: int, *, rank: int, epoch: torch.Tensor, counts: torch.Tensor | None = None,
            recv_counts: Mapped | None = None, num_local_experts: int = 1, impl: str = "auto") -> None:
-    """For every rank d: (with counts) this rank's counts for d into d's recv_counts[rank] ((P, E+1) int32: pairs
-    per local expert, then rows), then the epoch into d's pad at flag slot (phase, rank), with release order."""
-    P, E = len(pads.tensors), num_local_experts
-    slot = FLAG_BASE + phase * P
+    """Signal (see Signal) as a kernel of its own."""
+    sig = Signal(pads=pads, phase=phase, rank=rank, epoch=epoch, counts=counts, recv_counts=recv_counts,
+                 num_local_experts=num_local_experts)
     if not _triton(impl, epoch, pads.ptrs):
-        for d in range(P):
-            if counts is not None and recv_counts is not None:
-                row = recv_counts.tensors[d].view(P, E + 1)[rank]
-                row[:E].copy_(counts[d * E:(d + 1) * E])
-                row[E] = counts[E * P + d]
-            pads.tensors[d].view(-1)[slot + rank] = epoch.view(-1)[0]
-        return
-    push = counts is not None and recv_counts is not None
-    kernels()["signal"][(P,)](pads.ptrs, slot, rank, epoch, counts if push else epoch,
-                              recv_counts.ptrs if push else pads.ptrs, E, E * P,  # type: ignore[union-attr]
-                              PUSH_COUNTS=push, EP2=next_pow2(E))
+        return sig.run_torch()
+    E, P = num_local_experts, sig.num_ranks
+    kernels()["signal"][(1,)](pads.ptrs, sig.slot, rank, epoch, counts if sig.pushes_counts else epoch,
+                              recv_counts.ptrs if sig.pushes_counts else pads.ptrs,  # type: ignore[union-attr]
+                              E, E * P, P, PUSH_COUNTS=sig.pushes_counts, EP2=next_pow2(E))
 
 
 def wait(pad: torch.Tensor, phase: int, *, num_ranks: int, epoch: torch.Tensor, status: torch.Tensor,
          bump: bool = False, lag: int = 0, max_spins: int = DEFAULT_MAX_SPINS, impl: str = "auto") -> None:
-    """Until every peer s's flag (phase, s) on this rank's pad (int32) is at least epoch - lag (acquire);
-    `bump` first advances the epoch (the start of a dispatch). A wait past max_spins polls sets bit s of
-    status ((1,) int32) and goes on: the rank reports it instead of the GPU hanging."""
-    P, slot = num_ranks, FLAG_BASE + phase * num_ranks
+    """Wait (see Wait) as a kernel of its own."""
+    w = Wait(pad=pad, phase=phase, num_ranks=num_ranks, epoch=epoch, status=status, bump=bump, lag=lag,
+             max_spins=max_spins)
     if not _triton(impl, pad, epoch):
-        if bump:
-            epoch += 1
-        flags = pad.view(-1)[slot: slot + P]
-        late = (flags < epoch.view(-1)[0] - lag).to(torch.int32)
-        status |= (late << torch.arange(P, dtype=torch.int32, device=pad.device)).sum().view(1).to(status.dtype)
-        return
-    kernels()["wait"][(1,)](pad, slot, P, epoch, status, max_spins, BUMP=bump, LAG=lag)
+        return w.run_torch()
+    kernels()["wait"][(1,)](*w.args(), BUMP=bump, LAG=lag)
 
 
 def expert_base(recv_counts: torch.Tensor, base: torch.Tensor, expert_num_tokens: torch.Tensor,
-                overflow: torch.Tensor, *, max_slots: int, impl: str = "auto") -> None:
+                overflow: torch.Tensor, *, max_slots: int, wait_first: Wait | None = None,
+                impl: str = "auto") -> None:
     """recv_counts (P, E+1) int32 -> base (P, E) int32 (exclusive sums over sources in rank order),
-    expert_num_tokens (E,) = min(total, M); overflow (1,) int64 += the pairs past M."""
+    expert_num_tokens (E,) = min(total, M); overflow (1,) int64 += the pairs past M. wait_first: the wait for
+    the flags that publish recv_counts, run first by the same program (it may not bump the epoch)."""
     P, E = recv_counts.shape[0], recv_counts.shape[1] - 1
+    w = wait_first
+    assert w is None or not w.bump
     if not _triton(impl, recv_counts, base):
+        if w is not None:
+            w.run_torch()
         c = recv_counts[:, :E].to(torch.int64)
         base.copy_(torch.cumsum(c, 0) - c)
         total = c.sum(0)
         expert_num_tokens.copy_(total.clamp(max=max_slots))
         overflow.view(-1).add_((total - max_slots).clamp(min=0).sum())
         return
-    kernels()["expert_base"][(1,)](recv_counts, base, expert_num_tokens, overflow, P, E, max_slots,
-                                   EP2=next_pow2(E))
+    wait_args = (w.pad, w.slot, w.epoch, w.status, w.max_spins) if w is not None else (base, 0, base, base, 0)
+    kernels()["expert_base"][(1,)](recv_counts, base, expert_num_tokens, overflow, P, E, max_slots, *wait_args,
+                                   EP2=next_pow2(E), WAIT=w is not None, LAG=w.lag if w is not None else 0)
 
 
 def expand(recv_rows: torch.Tensor, recv_counts: torch.Tensor, base: torch.Tensor, *, x_flat: torch.Tensor,
            x_scale_flat: torch.Tensor, x_src_flat: torch.Tensor, table: torch.Tensor, table_w: torch.Tensor,
-           tok: torch.Tensor, fmt: PushFormat, max_slots: int, impl: str = "auto") -> None:
+           tok: torch.Tensor, fmt: PushFormat, max_slots: int, then: Signal | None = None,
+           impl: str = "auto") -> None:
     """Every received row (recv_rows (P*C, row_bytes) uint8, rows [s*C, s*C + recv_counts[s, E]) from rank s)
     written to slot base[s, e] + position of each local expert e it names, in x_flat (E*M, K) uint8, with scale
     (x_scale_flat (E*M,) float32) and (source rank, token) (x_src_flat (E*M, 2) int32); a slot past M is
     dropped. table (P*C, k) int64 / table_w (P*C, k) float32 get each row's slot rows and weights (0 where
-    none), tok (P*C,) int32 its source token: what reduce_push reads."""
+    none), tok (P*C,) int32 its source token: what reduce_push reads. then: a signal (no counts) the kernel's
+    last program issues after every row is read."""
     P, E1 = recv_counts.shape
     E, M, k, K = E1 - 1, max_slots, fmt.top_k, fmt.hidden_size
     C = recv_rows.shape[0] // P
@@ -493,17 +394,23 @@ def expand(recv_rows: torch.Tensor, recv_counts: torch.Tensor, base: torch.Tenso
             table[rows].copy_(dst)
             table_w[rows].copy_(torch.where(ok, w[:, 2 + 2 * k:].view(torch.float32), 0.0))
             tok[rows].copy_(w[:, 1])
+        if then is not None:
+            then.run_torch()
         return
+    assert then is None or not then.pushes_counts
+    pad_ptrs, slot, epoch, done = then.kernel_args() if then is not None else (tok, 0, tok, tok)
     kernels()["expand"][(P * C,)](recv_rows, recv_counts, base, x_flat, x_scale_flat, x_src_flat, table, table_w,
-                                  tok, C, E, M, K=K, ROW_BYTES=fmt.row_bytes,
-                                  BLOCK_W=min(512, next_pow2(K // 8)), K_TOP=k)
+                                  tok, C, E, M, pad_ptrs, slot, then.rank if then is not None else 0, epoch, done,
+                                  P, K=K, ROW_BYTES=fmt.row_bytes, BLOCK_W=min(512, next_pow2(K // 8)), K_TOP=k,
+                                  SIGNAL=then is not None)
 
 
 def reduce_push(expert_out: torch.Tensor, recv_counts: torch.Tensor, table: torch.Tensor, table_w: torch.Tensor,
-                tok: torch.Tensor, out: Mapped, *, rank: int, impl: str = "auto") -> None:
+                tok: torch.Tensor, out: Mapped, *, rank: int, then: Signal | None = None,
+                impl: str = "auto") -> None:
     """For each received row of source s: sum_j table_w * expert_out[table] (float32; a zero weight reads
     nothing) as one bf16 row, pushed into rank s's combine buffer out.tensors[s] (P*C, K) at row rank*C + token.
-    expert_out (E*M, K) bf16."""
+    expert_out (E*M, K) bf16. then: a signal (no counts) the kernel's last program issues after every push."""
     P, E1 = recv_counts.shape
     E, K = E1 - 1, expert_out.shape[1]
     C, k = table.shape[0] // P, table.shape[1]
@@ -515,10 +422,15 @@ def reduce_push(expert_out: torch.Tensor, recv_counts: torch.Tensor, table: torc
             rows = slice(s * C, s * C + nrows)
             partial = bag_sum(table[rows], table_w[rows], expert_out, impl="torch")
             out.tensors[s].view(P * C, K).index_copy_(0, rank * C + tok[rows].to(torch.int64), partial)
+        if then is not None:
+            then.run_torch()
         return
     assert expert_out.is_contiguous()
+    assert then is None or not then.pushes_counts
+    pad_ptrs, slot, epoch, done = then.kernel_args() if then is not None else (tok, 0, tok, tok)
     kernels()["reduce_push"][(P * C, -(-K // _BLOCK_SUM))](expert_out, recv_counts, table, table_w, tok, out.ptrs,
-                                                           rank, C, E, K, K_TOP=k, BLOCK=_BLOCK_SUM)
+                                                           rank, C, E, K, pad_ptrs, slot, epoch, done, P,
+                                                           K_TOP=k, BLOCK=_BLOCK_SUM, SIGNAL=then is not None)
 
 
 def token_reduce(partials: torch.Tensor, row_index: torch.Tensor, out: torch.Tensor, *,

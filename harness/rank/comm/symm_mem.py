@@ -114,12 +114,13 @@ class SymmMemComm(Comm):
         self.tok = a("dispatch", (P * C,), torch.int32)
         self.epoch = a("dispatch", (1,), torch.int32)
         self.status = a("dispatch", (1,), torch.int32)
+        self.done = a("dispatch", (3,), torch.int32)  # finished programs of quantize_push, expand, reduce_push
         local = (self.pos, self.row_index, self.counts, self.route_scratch, self.base, self.table, self.table_w,
-                 self.tok, self.epoch, self.status)
+                 self.tok, self.epoch, self.status, self.done)
         harness_bytes = sum(t.nbytes for t in (self.recv_rows, self.recv_counts, self.combine_recv, *local))
         super().__init__(layout, BatchedBuffers.allocate(layout, accountant, out_dtype=out_dtype),
                          harness_bytes=harness_bytes)
-        for t in (self.recv_counts, self.epoch, self.status, self.table_w):
+        for t in (self.recv_counts, self.epoch, self.status, self.table_w, self.done):
             t.zero_()
         self.pad[FLAG_BASE:].zero_()
         torch.cuda.synchronize(device)
@@ -132,27 +133,31 @@ class SymmMemComm(Comm):
         L.check_tokens(n)  # the invariant that keeps every expert's rows inside its M
         assert b.expert_x_flat is not None and b.expert_x_scale_flat is not None and b.expert_src_flat is not None
         stages.begin()
-        push.wait(self.pad, CONSUMED, num_ranks=P, epoch=self.epoch, status=self.status, bump=True, lag=1)
+        consumed = push.Wait(pad=self.pad, phase=CONSUMED, num_ranks=P, epoch=self.epoch, status=self.status,
+                             bump=True, lag=1)
         push.route_layout(topk_ids, self.pos, self.row_index, self.counts, num_local_experts=E, num_ranks=P,
-                          scratch=self.route_scratch)
+                          scratch=self.route_scratch, wait_first=consumed)
         stages.lap("dispatch.layout")
         if quantize is quantize_per_token:  # fused: each bf16 token read once
             x, scale = tokens, None
         else:  # another quantize kernel (vLLM's): its FP8 rows and scales, pushed as they are
             x, scale = quantize(tokens)
             x = x.view(torch.uint8)
+        ready = push.Signal(pads=self.pads, phase=READY, rank=L.rank, epoch=self.epoch, done=self.done[0:1],
+                            counts=self.counts, recv_counts=self.counts_of, num_local_experts=E)
         push.quantize_push(x, scale, topk_ids, topk_weights, self.pos, self.row_index, self.rows, fmt=fmt,
-                           rank=L.rank, capacity=L.buffer_tokens, num_local_experts=E)
-        push.signal(self.pads, READY, rank=L.rank, epoch=self.epoch, counts=self.counts, recv_counts=self.counts_of,
-                    num_local_experts=E)
+                           rank=L.rank, capacity=L.buffer_tokens, num_local_experts=E, then=ready)
         stages.lap("dispatch.pack")
-        push.wait(self.pad, READY, num_ranks=P, epoch=self.epoch, status=self.status)
+        # The exchange is the wait for every READY, run by expert_base's program before it reads the counts.
+        push.expert_base(self.recv_counts, self.base, b.expert_num_tokens, b.overflow, max_slots=L.max_slots_per_expert,
+                         wait_first=push.Wait(pad=self.pad, phase=READY, num_ranks=P, epoch=self.epoch,
+                                              status=self.status))
         stages.lap("dispatch.exchange")
-        push.expert_base(self.recv_counts, self.base, b.expert_num_tokens, b.overflow, max_slots=L.max_slots_per_expert)
         push.expand(self.recv_rows, self.recv_counts, self.base, x_flat=b.expert_x_flat,
                     x_scale_flat=b.expert_x_scale_flat, x_src_flat=b.expert_src_flat, table=self.table,
-                    table_w=self.table_w, tok=self.tok, fmt=fmt, max_slots=L.max_slots_per_expert)
-        push.signal(self.pads, CONSUMED, rank=L.rank, epoch=self.epoch)
+                    table_w=self.table_w, tok=self.tok, fmt=fmt, max_slots=L.max_slots_per_expert,
+                    then=push.Signal(pads=self.pads, phase=CONSUMED, rank=L.rank, epoch=self.epoch,
+                                     done=self.done[1:2]))
         stages.lap("dispatch.unpack")
         rows_sent = n * L.max_ranks_per_token  # an upper bound: the exact figure would need a host read
         return DispatchHandle(
@@ -167,8 +172,9 @@ class SymmMemComm(Comm):
         E, M, K = L.num_local_experts, L.max_slots_per_expert, L.hidden_size
         stages.begin()
         push.reduce_push(expert_out.reshape(E * M, K), self.recv_counts, self.table, self.table_w, self.tok,
-                         self.partials_of, rank=L.rank)
-        push.signal(self.pads, COMBINED, rank=L.rank, epoch=self.epoch)
+                         self.partials_of, rank=L.rank,
+                         then=push.Signal(pads=self.pads, phase=COMBINED, rank=L.rank, epoch=self.epoch,
+                                          done=self.done[2:3]))
         stages.lap("combine.expert-reduce")
         push.wait(self.pad, COMBINED, num_ranks=L.num_ranks, epoch=self.epoch, status=self.status)
         stages.lap("combine.exchange")
