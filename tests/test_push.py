@@ -111,6 +111,9 @@ class StandIn:
         self.done = torch.zeros(3, dtype=torch.int32, device=device)
 
 
+SPINS = 1 << 20  # a wait in the stand-in protocol never needs to poll: a missing flag fails fast in the status
+
+
 def _protocol_round(ranks: list[StandIn], inputs, expert_out, *, E, M, C, fmt, impl, device, fused):
     """One dispatch + combine over the stand-ins: each phase for every rank, in the order the flags allow.
     fused: the waits and signals run inside the kernels around them (as symm_mem runs them), else as kernels
@@ -131,10 +134,10 @@ def _protocol_round(ranks: list[StandIn], inputs, expert_out, *, E, M, C, fmt, i
 
     for r, (x, ids, w) in zip(ranks, inputs):
         consumed = push.Wait(pad=r.pad, phase=CONSUMED, num_ranks=P, epoch=r.epoch, status=r.status, bump=True,
-                             lag=1)
+                             lag=1, max_spins=SPINS)
         ready = sig(r, READY, 0, counts=r.counts, recv_counts=counts, num_local_experts=E)
         if not fused:
-            push.wait(r.pad, CONSUMED, num_ranks=P, epoch=r.epoch, status=r.status, bump=True, lag=1, **kw)
+            push.wait(r.pad, CONSUMED, num_ranks=P, epoch=r.epoch, status=r.status, bump=True, lag=1, max_spins=SPINS, **kw)
         push.route_layout(ids, r.pos, r.row_index, r.counts, num_local_experts=E, num_ranks=P,
                           wait_first=consumed if fused else None, **kw)
         push.quantize_push(x, None, ids, w, r.pos, r.row_index, rows, fmt=fmt, rank=r.rank, capacity=C,
@@ -142,9 +145,9 @@ def _protocol_round(ranks: list[StandIn], inputs, expert_out, *, E, M, C, fmt, i
         if not fused:
             signal(ready)
     for r in ranks:
-        ready_wait = push.Wait(pad=r.pad, phase=READY, num_ranks=P, epoch=r.epoch, status=r.status)
+        ready_wait = push.Wait(pad=r.pad, phase=READY, num_ranks=P, epoch=r.epoch, status=r.status, max_spins=SPINS)
         if not fused:
-            push.wait(r.pad, READY, num_ranks=P, epoch=r.epoch, status=r.status, **kw)
+            push.wait(r.pad, READY, num_ranks=P, epoch=r.epoch, status=r.status, max_spins=SPINS, **kw)
         push.expert_base(r.recv_counts, r.base, r.num_tokens, r.overflow, max_slots=M,
                          wait_first=ready_wait if fused else None, **kw)
         push.expand(r.recv_rows, r.recv_counts, r.base, x_flat=r.x, x_scale_flat=r.x_scale, x_src_flat=r.x_src,
@@ -164,7 +167,7 @@ def _protocol_round(ranks: list[StandIn], inputs, expert_out, *, E, M, C, fmt, i
         assert r.done.tolist() == [0, 0, 0], (impl, fused, r.rank)
     outs = []
     for r, (x, _, _) in zip(ranks, inputs):
-        push.wait(r.pad, COMBINED, num_ranks=P, epoch=r.epoch, status=r.status, **kw)
+        push.wait(r.pad, COMBINED, num_ranks=P, epoch=r.epoch, status=r.status, max_spins=SPINS, **kw)
         out = torch.full((x.shape[0], fmt.hidden_size), float("nan"), dtype=torch.bfloat16, device=device)
         outs.append(push.token_reduce(r.combine_recv, r.row_index, out, **kw))
     return outs
@@ -176,10 +179,14 @@ def test_push_protocol_on_stand_ins_traces_every_slot_and_combines(device, impl,
     M = 2 * C  # room for every source's pairs of one expert in the hot round below
     fmt = PushFormat(hidden_size=K, top_k=k)
     ranks = [StandIn(r, P=P, E=E, M=M, C=C, fmt=fmt, device=device) for r in range(P)]
-    for round_index, sizes in enumerate([(12, 5, 0), (3, 12, 7)]):  # an idle rank, then a full one
+    # an idle rank, then a full one; then the last rank sends every token to every rank, so the last program of
+    # expand and reduce_push (the last to run in the interpreter) has a row: its signal still names its flag
+    for round_index, sizes in enumerate([(12, 5, 0), (3, 12, 7), (0, 5, 12)]):
         inputs = []
         for s, n in enumerate(sizes):
             ids, w = _routing(n, E * P, k, seed=10 * round_index + s)
+            if round_index == 2 and s == P - 1:
+                ids = torch.tensor([[d * E + t % E for d in range(P)] for t in range(n)], dtype=torch.int64)
             inputs.append((_tokens(n, K, seed=s).to(device), ids.to(device), w.to(device)))
         g = torch.Generator().manual_seed(round_index)
         expert_out = [torch.randn((E * M, K), generator=g).to(torch.bfloat16).to(device) for _ in range(P)]

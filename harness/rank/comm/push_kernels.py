@@ -7,7 +7,7 @@ import triton.language as tl
 
 
 @triton.jit
-def spin(pad, slot, P, epoch, status, max_spins, BUMP: tl.constexpr, LAG: tl.constexpr):
+def spin(pad, flag_slot, P, epoch, status, max_spins, BUMP: tl.constexpr, LAG: tl.constexpr):
     """Acquire-poll every peer's flag until it reaches the epoch (less LAG); BUMP advances the epoch first.
     Past max_spins polls the peer's status bit is set instead of hanging the GPU."""
     e = tl.load(epoch)
@@ -15,20 +15,20 @@ def spin(pad, slot, P, epoch, status, max_spins, BUMP: tl.constexpr, LAG: tl.con
         e += 1
         tl.store(epoch, e)
     for s in range(0, P):
-        v = tl.atomic_add(pad + slot + s, 0, sem="acquire", scope="sys")
+        v = tl.atomic_add(pad + flag_slot + s, 0, sem="acquire", scope="sys")
         spins = 0
         while (v < e - LAG) & (spins < max_spins):
-            v = tl.atomic_add(pad + slot + s, 0, sem="acquire", scope="sys")
+            v = tl.atomic_add(pad + flag_slot + s, 0, sem="acquire", scope="sys")
             spins += 1
         if v < e - LAG:
             tl.atomic_or(status, 1 << s)
 
 
 @triton.jit
-def publish(pad_ptrs, slot, me, epoch, counts, counts_ptrs, E, G, P, PUSH_COUNTS: tl.constexpr,
+def publish(pad_ptrs, flag_slot, me, epoch, counts, counts_ptrs, E, G, P, PUSH_COUNTS: tl.constexpr,
             EP2: tl.constexpr):
     """Per destination d: (PUSH_COUNTS) this rank's pairs per local expert of d and its rows to d into d's
-    count buffer, then a release store of the epoch into d's flag (slot, me)."""
+    count buffer, then a release store of the epoch into d's flag (flag_slot, me)."""
     if PUSH_COUNTS:
         e = tl.arange(0, EP2)
         for d in range(0, P):
@@ -38,7 +38,7 @@ def publish(pad_ptrs, slot, me, epoch, counts, counts_ptrs, E, G, P, PUSH_COUNTS
     tl.debug_barrier()  # every thread's stores before the releases below (cumulative from here)
     ep = tl.load(epoch)
     for d in range(0, P):
-        flag = tl.load(pad_ptrs + d).to(tl.pointer_type(tl.int32)) + slot + me
+        flag = tl.load(pad_ptrs + d).to(tl.pointer_type(tl.int32)) + flag_slot + me
         tl.atomic_xchg(flag, ep, sem="release", scope="sys")
 
 
@@ -90,14 +90,14 @@ def route_chunk_kernel(ids, n, chunk_hist, chunk_base, pos, row_index, G, E, P, 
 
 
 @triton.jit
-def route_scan_kernel(chunk_hist, chunk_base, counts, NC, W, pad, slot, P, epoch, status, max_spins,
+def route_scan_kernel(chunk_hist, chunk_base, counts, NC, W, pad, flag_slot, P, epoch, status, max_spins,
                       NCP2: tl.constexpr, WAIT: tl.constexpr, BUMP: tl.constexpr, LAG: tl.constexpr):
     """Per column (a global expert, then a destination rank): each chunk's first place, the column's total.
     WAIT: program 0 first runs a wait (spin), which the kernels after this one are ordered behind."""
     col = tl.program_id(0)
     if WAIT:
         if col == 0:
-            spin(pad, slot, P, epoch, status, max_spins, BUMP, LAG)
+            spin(pad, flag_slot, P, epoch, status, max_spins, BUMP, LAG)
     c = tl.arange(0, NCP2)
     v = tl.load(chunk_hist + c * W + col, mask=c < NC, other=0)
     tl.store(chunk_base + c * W + col, tl.cumsum(v, axis=0) - v, mask=c < NC)
@@ -106,7 +106,7 @@ def route_scan_kernel(chunk_hist, chunk_base, counts, NC, W, pad, slot, P, epoch
 
 @triton.jit
 def quantize_push_kernel(x, x_stride, scale_in, inv_fp8_max, ids, weights, pos, row_index, rows_ptrs, me, C,
-                         E, P, n, pad_ptrs, slot, epoch, counts, counts_ptrs, done, K: tl.constexpr,
+                         E, P, n, pad_ptrs, flag_slot, epoch, counts, counts_ptrs, done, K: tl.constexpr,
                          ROW_BYTES: tl.constexpr, QUANTIZE: tl.constexpr, RECIPROCAL: tl.constexpr,
                          NATIVE_FP8: tl.constexpr, BLOCK_W: tl.constexpr, K_TOP: tl.constexpr,
                          KP2: tl.constexpr, SIGNAL: tl.constexpr, PUSH_COUNTS: tl.constexpr, EP2: tl.constexpr):
@@ -161,25 +161,25 @@ def quantize_push_kernel(x, x_stride, scale_in, inv_fp8_max, ids, weights, pos, 
             tl.store(meta + 2 + 2 * K_TOP + j, tl.where(here, w, 0.0).to(tl.int32, bitcast=True), mask=jm)
     if SIGNAL:  # the last program to finish publishes every program's rows: counts, then READY
         if last_done(done, n):
-            publish(pad_ptrs, slot, me, epoch, counts, counts_ptrs, E, E * P, P, PUSH_COUNTS, EP2)
+            publish(pad_ptrs, flag_slot, me, epoch, counts, counts_ptrs, E, E * P, P, PUSH_COUNTS, EP2)
 
 
 @triton.jit
-def signal_kernel(pad_ptrs, slot, me, epoch, counts, counts_ptrs, E, G, P,
+def signal_kernel(pad_ptrs, flag_slot, me, epoch, counts, counts_ptrs, E, G, P,
                   PUSH_COUNTS: tl.constexpr, EP2: tl.constexpr):
-    publish(pad_ptrs, slot, me, epoch, counts, counts_ptrs, E, G, P, PUSH_COUNTS, EP2)
+    publish(pad_ptrs, flag_slot, me, epoch, counts, counts_ptrs, E, G, P, PUSH_COUNTS, EP2)
 
 
 @triton.jit
-def wait_kernel(pad, slot, P, epoch, status, max_spins, BUMP: tl.constexpr, LAG: tl.constexpr):
-    spin(pad, slot, P, epoch, status, max_spins, BUMP, LAG)
+def wait_kernel(pad, flag_slot, P, epoch, status, max_spins, BUMP: tl.constexpr, LAG: tl.constexpr):
+    spin(pad, flag_slot, P, epoch, status, max_spins, BUMP, LAG)
 
 
 @triton.jit
-def expert_base_kernel(recv_counts, base, expert_num_tokens, overflow, P, E, M, pad, slot, epoch, status,
+def expert_base_kernel(recv_counts, base, expert_num_tokens, overflow, P, E, M, pad, flag_slot, epoch, status,
                        max_spins, EP2: tl.constexpr, WAIT: tl.constexpr, LAG: tl.constexpr):
     if WAIT:  # the counts it reads are the peers' (their READY flags publish them)
-        spin(pad, slot, P, epoch, status, max_spins, False, LAG)
+        spin(pad, flag_slot, P, epoch, status, max_spins, False, LAG)
     e = tl.arange(0, EP2)
     em = e < E
     total = tl.zeros([EP2], tl.int32)
@@ -192,7 +192,7 @@ def expert_base_kernel(recv_counts, base, expert_num_tokens, overflow, P, E, M, 
 
 @triton.jit
 def expand_kernel(recv_rows, recv_counts, base, x, x_scale, x_src, table, table_w, tok, C, E, M,
-                  pad_ptrs, slot, me, epoch, done, P, K: tl.constexpr, ROW_BYTES: tl.constexpr,
+                  pad_ptrs, flag_slot, me, epoch, done, P, K: tl.constexpr, ROW_BYTES: tl.constexpr,
                   BLOCK_W: tl.constexpr, K_TOP: tl.constexpr, SIGNAL: tl.constexpr):
     pid = tl.program_id(0)
     src = pid // C
@@ -227,12 +227,12 @@ def expand_kernel(recv_rows, recv_counts, base, x, x_scale, x_src, table, table_
             tl.store(table_w + pid * K_TOP + jj, tl.where(ok, wt, 0.0))
     if SIGNAL:  # the last program to finish: every received row is consumed (CONSUMED to every source)
         if last_done(done, P * C):
-            publish(pad_ptrs, slot, me, epoch, done, done, 1, 1, P, False, 1)
+            publish(pad_ptrs, flag_slot, me, epoch, done, done, 1, 1, P, False, 1)
 
 
 @triton.jit
 def reduce_push_kernel(expert_out, recv_counts, table, table_w, tok, out_ptrs, me, C, E, K,
-                       pad_ptrs, slot, epoch, done, P, K_TOP: tl.constexpr, BLOCK: tl.constexpr,
+                       pad_ptrs, flag_slot, epoch, done, P, K_TOP: tl.constexpr, BLOCK: tl.constexpr,
                        SIGNAL: tl.constexpr):
     pid = tl.program_id(0)
     src = pid // C
@@ -250,7 +250,7 @@ def reduce_push_kernel(expert_out, recv_counts, table, table_w, tok, out_ptrs, m
         tl.store(dst + row * K + offs, acc.to(tl.bfloat16), mask=m)
     if SIGNAL:  # the last program to finish: every partial is pushed (COMBINED to every source)
         if last_done(done, P * C * tl.num_programs(1)):
-            publish(pad_ptrs, slot, me, epoch, done, done, 1, 1, P, False, 1)
+            publish(pad_ptrs, flag_slot, me, epoch, done, done, 1, 1, P, False, 1)
 
 
 @triton.jit
