@@ -133,9 +133,9 @@ def test_soak_on_two_gpus_finds_no_fault(comm):
 @pytest.mark.parametrize("num_ranks", [1, pytest.param(2, marks=pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"))])
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("comm", ["symm-mem"])
+@pytest.mark.parametrize("comm", ["symm-mem", "nccl"])
 def test_graph_soak_with_rank_delays_finds_no_fault(num_ranks, comm):
-    """Rounds replayed from CUDA graphs (symm-mem; nccl's rounds are not replayed, see CollectiveComm), fresh inputs
+    """Rounds replayed from CUDA graphs (each pair replayed once first, see CollectiveComm), fresh inputs
     replay, rank r sleeping on the GPU before its dispatch and its combine (r x, then (P - 1 - r) x 5e6 cycles):
     every round checked."""
     data = tiny(**{"parallel.num_ranks": num_ranks, "parallel.num_dispatchers": 4,

@@ -252,6 +252,12 @@ class GraphRounds:
                     fn(cycles)
                 pair.append(graph)
             self.pairs.append(pair)
+        # Each pair replayed once before any checked round, as capture_round does: on one H200 the first replay of
+        # a captured nccl round in a process delivered zero partials (every later replay was right)
+        for dispatch_graph, combine_graph in self.pairs:
+            dispatch_graph.replay()
+            combine_graph.replay()
+        torch.cuda.synchronize(device)
         self.handle, self.out = held["handle"], held["out"]
 
     def run(self, round_index: int, *, seed: int) -> tuple[Inputs, DispatchHandle, torch.Tensor]:

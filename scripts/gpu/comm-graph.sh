@@ -5,10 +5,10 @@
 #                                          (or: bash scripts/gpu/comm-graph.sh OUT_DIR [quick|full] [vllm-ops VERSION])
 #
 # Runs:   the gpu-marked tests of tests/test_push.py and tests/test_fused.py (the kernels compiled) and the
-#         one-GPU exactness and graph-replay tests of tests/test_comm.py; then `harness bench` of the PR case,
+#         one-GPU exactness and graph-replay tests of tests/test_comm.py and the graph soak of tests/test_soak.py; then `harness bench` of the PR case,
 #         qwen3-30b-a3b-dp2 on one rank and decode-128-deepseek-v3 on one rank with symm-mem (graph-replayed),
-#         the PR case with nccl (timed eager, CollectiveComm.not_captured_why), and `harness run` of the PR case with
-#         symm-mem (the checked pass). quick: the tests and the PR-case bench only.
+#         the PR case with nccl (graph-replayed too), and `harness run` of the PR case with
+#         symm-mem and with nccl (the checked pass). quick: the tests and the PR-case bench only.
 # Needs:  1 GPU, pytest, Triton; experts backend torch-cutlass (sm90+), or with `vllm-ops VERSION` vLLM's ops
 #         library of that release in .gpu/lib/vllm-VERSION.so (device.sh decompresses it there).
 # Writes: OUT_DIR/<case>/ (bench.json, bench.md or the run's records), OUT_DIR/logs/<case>.log,
@@ -39,8 +39,9 @@ start=$SECONDS
 timeout 300 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_push.py tests/test_fused.py \
     "tests/test_comm.py::test_gpu_comm_on_one_gpu_is_exact" tests/test_comm.py::test_gpu_graph_replayed_run_iterations_equal_eager_bit_for_bit \
     tests/test_comm.py::test_gpu_graph_replay_equals_eager_bit_for_bit_with_rank_delays \
+    tests/test_soak.py::test_graph_soak_with_rank_delays_finds_no_fault \
     > "$OUT/logs/pytest-gpu.log" 2>&1
-echo "exit $? ($((SECONDS - start)) s): pytest -m gpu (push, fused, one-GPU comm, graph replay)" | tee -a "$LOG"
+echo "exit $? ($((SECONDS - start)) s): pytest -m gpu (push, fused, one-GPU comm, graph replay, graph soak)" | tee -a "$LOG"
 tail -n 15 "$OUT/logs/pytest-gpu.log"
 
 h() {  # h CASE ARGS...: run `harness ARGS`, keep its output, show what matters
@@ -63,5 +64,6 @@ if [ "$MODE" != quick ]; then
     h 1xh200-decode-1rank-symm-mem-bench bench decode-128-deepseek-v3 --num-ranks 1 --comm symm-mem "${X[@]}"
     h 1xh200-pr55579-nccl-bench bench deepseek-v3-dp32-pr55579 --comm nccl "${X[@]}"
     h 1xh200-pr55579-symm-mem-run run deepseek-v3-dp32-pr55579 --comm symm-mem "${EXPERTS_ARGS[@]}" --policies fixed
+    h 1xh200-pr55579-nccl-run run deepseek-v3-dp32-pr55579 --comm nccl "${EXPERTS_ARGS[@]}" --policies fixed
 fi
 echo "total $((SECONDS - T0)) s"

@@ -91,6 +91,24 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
     return module.KERNELS
 
 
+# Programs per SM of the grid-stride kernels (quantize_push, expand, reduce_push): as many as stay resident, so
+# the grid is one wave and their signal's last-program count (one atomic per program on one word) stays small.
+PROGRAMS_PER_SM = 16
+INTERPRETED_PROGRAMS = 3  # the interpreter's grid: fewer programs than rows, so the tests run the strides
+
+
+def grid_programs(rows: int, device: torch.device, *, per_sm: int = PROGRAMS_PER_SM) -> int:
+    """Programs of a grid-stride kernel over `rows` rows: at most one resident wave of the device."""
+    if device.type != "cuda":
+        return max(1, min(rows, INTERPRETED_PROGRAMS))
+    return max(1, min(rows, per_sm * _sm_count(device.index if device.index is not None else 0)))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -233,12 +251,13 @@ def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor
         counts = then.counts if push_counts else epoch
         counts_ptrs = then.recv_counts.ptrs if push_counts else pad_ptrs  # type: ignore[union-attr]
         sig_args = (pad_ptrs, slot, epoch, counts, counts_ptrs, done)
-    kernels()["quantize_push"][(n,)](
+    warps = 8 if K >= 4096 else 4
+    kernels()["quantize_push"][(grid_programs(n, x.device, per_sm=64 // warps),)](
         x, x.stride(0), scale if scale is not None else x, INV_FP8_MAX, ids.contiguous(), weights.float().contiguous(),
         pos, row_index, rows.ptrs, rank, C, E, P, n, *sig_args, K=K, ROW_BYTES=fmt.row_bytes,
         QUANTIZE=scale is None, RECIPROCAL=x.is_cuda, NATIVE_FP8=not _interpreted(), BLOCK_W=next_pow2(K // 4),
         K_TOP=k, KP2=next_pow2(k), SIGNAL=then is not None, PUSH_COUNTS=push_counts, EP2=next_pow2(E),
-        num_warps=8 if K >= 4096 else 4)
+        num_warps=warps)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -399,7 +418,7 @@ def expand(recv_rows: torch.Tensor, recv_counts: torch.Tensor, base: torch.Tenso
         return
     assert then is None or not then.pushes_counts
     pad_ptrs, slot, epoch, done = then.kernel_args() if then is not None else (tok, 0, tok, tok)
-    kernels()["expand"][(P * C,)](recv_rows, recv_counts, base, x_flat, x_scale_flat, x_src_flat, table, table_w,
+    kernels()["expand"][(grid_programs(P * C, recv_rows.device),)](recv_rows, recv_counts, base, x_flat, x_scale_flat, x_src_flat, table, table_w,
                                   tok, C, E, M, pad_ptrs, slot, then.rank if then is not None else 0, epoch, done,
                                   P, K=K, ROW_BYTES=fmt.row_bytes, BLOCK_W=min(512, next_pow2(K // 8)), K_TOP=k,
                                   SIGNAL=then is not None)
@@ -428,7 +447,8 @@ def reduce_push(expert_out: torch.Tensor, recv_counts: torch.Tensor, table: torc
     assert expert_out.is_contiguous()
     assert then is None or not then.pushes_counts
     pad_ptrs, slot, epoch, done = then.kernel_args() if then is not None else (tok, 0, tok, tok)
-    kernels()["reduce_push"][(P * C, -(-K // _BLOCK_SUM))](expert_out, recv_counts, table, table_w, tok, out.ptrs,
+    nb = -(-K // _BLOCK_SUM)
+    kernels()["reduce_push"][(grid_programs(P * C, expert_out.device, per_sm=max(1, PROGRAMS_PER_SM // nb)), nb)](expert_out, recv_counts, table, table_w, tok, out.ptrs,
                                                            rank, C, E, K, pad_ptrs, slot, epoch, done, P,
                                                            K_TOP=k, BLOCK=_BLOCK_SUM, SIGNAL=then is not None)
 

@@ -110,57 +110,59 @@ def quantize_push_kernel(x, x_stride, scale_in, inv_fp8_max, ids, weights, pos, 
                          ROW_BYTES: tl.constexpr, QUANTIZE: tl.constexpr, RECIPROCAL: tl.constexpr,
                          NATIVE_FP8: tl.constexpr, BLOCK_W: tl.constexpr, K_TOP: tl.constexpr,
                          KP2: tl.constexpr, SIGNAL: tl.constexpr, PUSH_COUNTS: tl.constexpr, EP2: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    w4 = tl.arange(0, BLOCK_W)  # the row as int32 words of 4 FP8 bytes: 4-byte stores, not 1-byte ones
-    wm = w4 < K // 4
-    if QUANTIZE:  # harness.rank.quant.quantize_per_token, operation for operation
-        byte = tl.arange(0, 4)
-        offs = w4[:, None] * 4 + byte[None, :]
-        v = tl.load(x + t * x_stride + offs, mask=wm[:, None], other=0.0).to(tl.float32)
-        amax = tl.max(tl.max(tl.abs(v), axis=1), axis=0)
-        if RECIPROCAL:  # torch on CUDA divides by a Python scalar as a product with its float32 reciprocal
-            scale = tl.maximum(amax * inv_fp8_max, 1e-12)
-        else:
-            scale = tl.maximum(tl.div_rn(amax, tl.full([], 448.0, tl.float32)), 1e-12)
-        q = tl.div_rn(v, tl.zeros([BLOCK_W, 4], tl.float32) + scale)  # IEEE division, as torch's tensor / tensor
-        q = tl.minimum(tl.maximum(q, -448.0), 448.0)
-        if NATIVE_FP8:  # compiled: the hardware's cvt (round to nearest even, as torch's cast; |q| <= 448)
-            code = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
-        else:
-            # float8_e4m3fn bits, round to nearest even as torch's cast, in integer arithmetic: the
-            # interpreter's float8 cast rounds otherwise
-            bits = q.to(tl.int32, bitcast=True)
-            mag = bits & 0x7FFFFFFF
-            normal = ((mag + 0x7FFFF + ((mag >> 20) & 1)) >> 20) - ((127 - 7) << 3)  # 3 mantissa bits
-            sub = tl.abs(q) * 512.0  # below 2^-6 (exponent 121 - 127): multiples of 2^-9, exact in float32
-            whole = sub.to(tl.int32)
-            frac = sub - whole.to(tl.float32)
-            sub_bits = whole + ((frac > 0.5) | ((frac == 0.5) & ((whole & 1) == 1))).to(tl.int32)
-            code = ((bits >> 24) & 0x80) | tl.where(mag < (121 << 23), sub_bits, normal)
-        payload = tl.sum(code << (8 * byte[None, :]), axis=1)  # little-endian: byte 0 lowest
-    else:  # already quantized (another quantize kernel ran): its FP8 bytes as int32 words, and its scale
-        payload = tl.load(x + t * x_stride + w4, mask=wm)
-        scale = tl.load(scale_in + t)
-    j = tl.arange(0, KP2)
-    jm = j < K_TOP
-    g = tl.load(ids + t * K_TOP + j, mask=jm, other=-1)
-    w = tl.load(weights + t * K_TOP + j, mask=jm, other=0.0).to(tl.float32)
-    p_in = tl.load(pos + t * K_TOP + j, mask=jm, other=0)
-    for d in range(0, P):
-        r = tl.load(row_index + t * P + d)
-        if r >= 0:
-            row = tl.load(rows_ptrs + d).to(tl.pointer_type(tl.int32))
-            row += (me * C + r).to(tl.int64) * (ROW_BYTES // 4)
-            tl.store(row + w4, payload, mask=wm)
-            meta = row + K // 4
-            tl.store(meta, scale.to(tl.int32, bitcast=True))
-            tl.store(meta + 1, t.to(tl.int32))
-            here = (g >= 0) & (g // E == d)
-            tl.store(meta + 2 + j, tl.where(here, g % E, -1).to(tl.int32), mask=jm)
-            tl.store(meta + 2 + K_TOP + j, tl.where(here, p_in, 0), mask=jm)
-            tl.store(meta + 2 + 2 * K_TOP + j, tl.where(here, w, 0.0).to(tl.int32, bitcast=True), mask=jm)
+    # grid-stride over tokens: fewer programs than tokens, so the signal's count stays small
+    for t32 in range(tl.program_id(0), n, tl.num_programs(0)):
+        t = t32 + tl.zeros([], tl.int64)  # (the interpreter's range gives Python ints)
+        w4 = tl.arange(0, BLOCK_W)  # the row as int32 words of 4 FP8 bytes: 4-byte stores, not 1-byte ones
+        wm = w4 < K // 4
+        if QUANTIZE:  # harness.rank.quant.quantize_per_token, operation for operation
+            byte = tl.arange(0, 4)
+            offs = w4[:, None] * 4 + byte[None, :]
+            v = tl.load(x + t * x_stride + offs, mask=wm[:, None], other=0.0).to(tl.float32)
+            amax = tl.max(tl.max(tl.abs(v), axis=1), axis=0)
+            if RECIPROCAL:  # torch on CUDA divides by a Python scalar as a product with its float32 reciprocal
+                scale = tl.maximum(amax * inv_fp8_max, 1e-12)
+            else:
+                scale = tl.maximum(tl.div_rn(amax, tl.full([], 448.0, tl.float32)), 1e-12)
+            q = tl.div_rn(v, tl.zeros([BLOCK_W, 4], tl.float32) + scale)  # IEEE division, as torch's tensor / tensor
+            q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+            if NATIVE_FP8:  # compiled: the hardware's cvt (round to nearest even, as torch's cast; |q| <= 448)
+                code = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+            else:
+                # float8_e4m3fn bits, round to nearest even as torch's cast, in integer arithmetic: the
+                # interpreter's float8 cast rounds otherwise
+                bits = q.to(tl.int32, bitcast=True)
+                mag = bits & 0x7FFFFFFF
+                normal = ((mag + 0x7FFFF + ((mag >> 20) & 1)) >> 20) - ((127 - 7) << 3)  # 3 mantissa bits
+                sub = tl.abs(q) * 512.0  # below 2^-6 (exponent 121 - 127): multiples of 2^-9, exact in float32
+                whole = sub.to(tl.int32)
+                frac = sub - whole.to(tl.float32)
+                sub_bits = whole + ((frac > 0.5) | ((frac == 0.5) & ((whole & 1) == 1))).to(tl.int32)
+                code = ((bits >> 24) & 0x80) | tl.where(mag < (121 << 23), sub_bits, normal)
+            payload = tl.sum(code << (8 * byte[None, :]), axis=1)  # little-endian: byte 0 lowest
+        else:  # already quantized (another quantize kernel ran): its FP8 bytes as int32 words, and its scale
+            payload = tl.load(x + t * x_stride + w4, mask=wm)
+            scale = tl.load(scale_in + t)
+        j = tl.arange(0, KP2)
+        jm = j < K_TOP
+        g = tl.load(ids + t * K_TOP + j, mask=jm, other=-1)
+        w = tl.load(weights + t * K_TOP + j, mask=jm, other=0.0).to(tl.float32)
+        p_in = tl.load(pos + t * K_TOP + j, mask=jm, other=0)
+        for d in range(0, P):
+            r = tl.load(row_index + t * P + d)
+            if r >= 0:
+                row = tl.load(rows_ptrs + d).to(tl.pointer_type(tl.int32))
+                row += (me * C + r).to(tl.int64) * (ROW_BYTES // 4)
+                tl.store(row + w4, payload, mask=wm)
+                meta = row + K // 4
+                tl.store(meta, scale.to(tl.int32, bitcast=True))
+                tl.store(meta + 1, t.to(tl.int32))
+                here = (g >= 0) & (g // E == d)
+                tl.store(meta + 2 + j, tl.where(here, g % E, -1).to(tl.int32), mask=jm)
+                tl.store(meta + 2 + K_TOP + j, tl.where(here, p_in, 0), mask=jm)
+                tl.store(meta + 2 + 2 * K_TOP + j, tl.where(here, w, 0.0).to(tl.int32, bitcast=True), mask=jm)
     if SIGNAL:  # the last program to finish publishes every program's rows: counts, then READY
-        if last_done(done, n):
+        if last_done(done, tl.num_programs(0)):
             publish(pad_ptrs, flag_slot, me, epoch, counts, counts_ptrs, E, E * P, P, PUSH_COUNTS, EP2)
 
 
@@ -194,39 +196,39 @@ def expert_base_kernel(recv_counts, base, expert_num_tokens, overflow, P, E, M, 
 def expand_kernel(recv_rows, recv_counts, base, x, x_scale, x_src, table, table_w, tok, C, E, M,
                   pad_ptrs, flag_slot, me, epoch, done, P, K: tl.constexpr, ROW_BYTES: tl.constexpr,
                   BLOCK_W: tl.constexpr, K_TOP: tl.constexpr, SIGNAL: tl.constexpr):
-    pid = tl.program_id(0)
-    src = pid // C
-    i = pid % C
-    if i < tl.load(recv_counts + src * (E + 1) + E):
-        row = recv_rows + pid.to(tl.int64) * ROW_BYTES
-        meta = (row + K).to(tl.pointer_type(tl.int32))
-        scale = tl.load(meta.to(tl.pointer_type(tl.float32)))
-        token = tl.load(meta + 1)
-        tl.store(tok + pid, token)
-        for start in tl.static_range(0, K // 8, BLOCK_W):  # the row is read once, written once per pick
-            w_offs = start + tl.arange(0, BLOCK_W)
-            wm = w_offs < K // 8
-            words = tl.load(row.to(tl.pointer_type(tl.int64)) + w_offs, mask=wm)
+    for pid in range(tl.program_id(0), P * C, tl.num_programs(0)):  # grid-stride over received rows
+        src = pid // C
+        i = pid % C
+        if i < tl.load(recv_counts + src * (E + 1) + E):
+            row = recv_rows + (pid + tl.zeros([], tl.int64)) * ROW_BYTES
+            meta = (row + K).to(tl.pointer_type(tl.int32))
+            scale = tl.load(meta.to(tl.pointer_type(tl.float32)))
+            token = tl.load(meta + 1)
+            tl.store(tok + pid, token)
+            for start in tl.static_range(0, K // 8, BLOCK_W):  # the row is read once, written once per pick
+                w_offs = start + tl.arange(0, BLOCK_W)
+                wm = w_offs < K // 8
+                words = tl.load(row.to(tl.pointer_type(tl.int64)) + w_offs, mask=wm)
+                for jj in tl.static_range(K_TOP):
+                    e = tl.load(meta + 2 + jj)
+                    slot = tl.load(base + src * E + e, mask=e >= 0, other=0) + tl.load(meta + 2 + K_TOP + jj)
+                    if (e >= 0) & (slot < M):
+                        dst = (e * M + slot).to(tl.int64)
+                        tl.store(x.to(tl.pointer_type(tl.int64)) + dst * (K // 8) + w_offs, words, mask=wm)
             for jj in tl.static_range(K_TOP):
                 e = tl.load(meta + 2 + jj)
                 slot = tl.load(base + src * E + e, mask=e >= 0, other=0) + tl.load(meta + 2 + K_TOP + jj)
-                if (e >= 0) & (slot < M):
-                    dst = (e * M + slot).to(tl.int64)
-                    tl.store(x.to(tl.pointer_type(tl.int64)) + dst * (K // 8) + w_offs, words, mask=wm)
-        for jj in tl.static_range(K_TOP):
-            e = tl.load(meta + 2 + jj)
-            slot = tl.load(base + src * E + e, mask=e >= 0, other=0) + tl.load(meta + 2 + K_TOP + jj)
-            ok = (e >= 0) & (slot < M)
-            dst = tl.where(ok, (e * M + slot).to(tl.int64), 0)
-            if ok:
-                tl.store(x_scale + dst, scale)
-                tl.store(x_src + 2 * dst, src)
-                tl.store(x_src + 2 * dst + 1, token)
-            tl.store(table + pid * K_TOP + jj, dst)
-            wt = tl.load((meta + 2 + 2 * K_TOP + jj).to(tl.pointer_type(tl.float32)))
-            tl.store(table_w + pid * K_TOP + jj, tl.where(ok, wt, 0.0))
+                ok = (e >= 0) & (slot < M)
+                dst = tl.where(ok, (e * M + slot).to(tl.int64), 0)
+                if ok:
+                    tl.store(x_scale + dst, scale)
+                    tl.store(x_src + 2 * dst, src)
+                    tl.store(x_src + 2 * dst + 1, token)
+                tl.store(table + pid * K_TOP + jj, dst)
+                wt = tl.load((meta + 2 + 2 * K_TOP + jj).to(tl.pointer_type(tl.float32)))
+                tl.store(table_w + pid * K_TOP + jj, tl.where(ok, wt, 0.0))
     if SIGNAL:  # the last program to finish: every received row is consumed (CONSUMED to every source)
-        if last_done(done, P * C):
+        if last_done(done, tl.num_programs(0)):
             publish(pad_ptrs, flag_slot, me, epoch, done, done, 1, 1, P, False, 1)
 
 
@@ -234,22 +236,22 @@ def expand_kernel(recv_rows, recv_counts, base, x, x_scale, x_src, table, table_
 def reduce_push_kernel(expert_out, recv_counts, table, table_w, tok, out_ptrs, me, C, E, K,
                        pad_ptrs, flag_slot, epoch, done, P, K_TOP: tl.constexpr, BLOCK: tl.constexpr,
                        SIGNAL: tl.constexpr):
-    pid = tl.program_id(0)
-    src = pid // C
-    if pid % C < tl.load(recv_counts + src * (E + 1) + E):
-        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        m = offs < K
-        acc = tl.zeros([BLOCK], tl.float32)
-        for jj in tl.static_range(K_TOP):
-            wt = tl.load(table_w + pid * K_TOP + jj)
-            if wt != 0.0:
-                r = tl.load(table + pid * K_TOP + jj)
-                acc += wt * tl.load(expert_out + r * K + offs, mask=m, other=0.0).to(tl.float32)
-        dst = tl.load(out_ptrs + src).to(tl.pointer_type(tl.bfloat16))
-        row = (me * C + tl.load(tok + pid)).to(tl.int64)
-        tl.store(dst + row * K + offs, acc.to(tl.bfloat16), mask=m)
+    for pid in range(tl.program_id(0), P * C, tl.num_programs(0)):  # grid-stride over received rows
+        src = pid // C
+        if pid % C < tl.load(recv_counts + src * (E + 1) + E):
+            offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+            m = offs < K
+            acc = tl.zeros([BLOCK], tl.float32)
+            for jj in tl.static_range(K_TOP):
+                wt = tl.load(table_w + pid * K_TOP + jj)
+                if wt != 0.0:
+                    r = tl.load(table + pid * K_TOP + jj)
+                    acc += wt * tl.load(expert_out + r * K + offs, mask=m, other=0.0).to(tl.float32)
+            dst = tl.load(out_ptrs + src).to(tl.pointer_type(tl.bfloat16))
+            row = (me * C + tl.load(tok + pid)).to(tl.int64)
+            tl.store(dst + row * K + offs, acc.to(tl.bfloat16), mask=m)
     if SIGNAL:  # the last program to finish: every partial is pushed (COMBINED to every source)
-        if last_done(done, P * C * tl.num_programs(1)):
+        if last_done(done, tl.num_programs(0) * tl.num_programs(1)):
             publish(pad_ptrs, flag_slot, me, epoch, done, done, 1, 1, P, False, 1)
 
 
