@@ -11,7 +11,7 @@ import pytest
 from cli_utils import run_harness
 
 from harness.scenario.schema import ScenarioError, load_scenario, parse_scenario
-from harness.sizing.deployment_weights import Sharding, weight_lines
+from harness.sizing.deployment_weights import Sharding, allocator_block_bytes, weight_lines
 from harness.sizing.kv_cache import kv_cache, kv_shape
 from harness.sizing.model_config import ModelConfigError, load_model
 from harness.sizing.serve_args import ServeArgsError, parse_serve
@@ -89,10 +89,28 @@ def test_qwen3_30b_weights_equal_the_checkpoint():
     per_layer = (32 + 2 * 4) * 128 * 2048 + 2048 * 32 * 128 + 2 * 128 + 2 * 2048 + 128 * 2048 + 128 * 3 * 768 * 2048
     params = 48 * per_layer + 2 * 151936 * 2048 + 2048
     assert params == 30_532_122_624
-    assert sum(line.bytes for line in lines) - rotary.bytes == 2 * params
+    rounding = next(line for line in lines if line.name == "allocator rounding")
+    assert sum(line.bytes for line in lines) - rotary.bytes - rounding.bytes == 2 * params
+    # torch's caching allocator: embed_tokens and lm_head (151936, 2048) bf16 are 593.5 MiB, so each gets its whole
+    # 594 MiB segment (0.5 MiB would remain); the q/k norms (128,) bf16 are rounded to 512 B; the rest is exact
+    assert rounding.bytes == 2 * 2**19 + 48 * 2 * (512 - 256)
     tp4 = weight_lines(facts, Sharding(tp=4, moe_tp=4, local_experts=128))
     experts = next(line for line in tp4 if line.name == "routed experts")
     assert experts.bytes == 48 * 128 * 3 * (768 // 4) * 2048 * 2  # I split over TP without EP
+
+
+def test_allocator_block_bytes():
+    """torch's caching allocator: 512 B rounding; from 10 MiB a 2 MiB-rounded segment, kept whole when at most 1 MiB
+    would remain; under 10 MiB cut from a 20 MiB segment."""
+    MiB = 2**20  # noqa: N806
+    assert allocator_block_bytes(0) == 0
+    assert allocator_block_bytes(256) == 512 and allocator_block_bytes(513) == 1024
+    assert allocator_block_bytes(MiB) == MiB and allocator_block_bytes(5 * MiB + 1) == 5 * MiB + 512
+    assert allocator_block_bytes(10 * MiB) == 10 * MiB
+    assert allocator_block_bytes(int(31.5 * MiB)) == 32 * MiB  # Qwen2.5-7B's qkv_proj (4608, 3584) bf16
+    assert allocator_block_bytes(int(24.5 * MiB)) == int(24.5 * MiB)  # 1.5 MiB would remain: split
+    assert allocator_block_bytes(259 * MiB) == 260 * MiB  # exactly 1 MiB would remain: not split
+    assert allocator_block_bytes(259 * MiB - 512) == 259 * MiB - 512  # 1 MiB + 512 B would remain: split
 
 
 def test_deepseek_v3_mla_and_experts_per_gpu():

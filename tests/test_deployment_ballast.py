@@ -54,7 +54,10 @@ def test_ballast_parts_add_up_to_the_deployment(tmp_path):
     # every weight of the one layer (32 experts unsharded, attention, embeddings) less the run's 2 FP8 experts
     own = 2 * (2 * 256 * 512 + 512 * 256) + 2 * (2 * 256 + 512) * 4
     assert parts["ballast-weights"].bytes == plan.group_bytes("weights") - own
-    assert parts["ballast-runtime"].bytes == plan.group_bytes("non-torch") + plan.line("activations").bytes
+    # the profile peak (cuBLAS workspace, activations) and non-torch memory; no dispatch receive without DeepEP
+    assert plan.line("dispatch receive") is None
+    assert parts["ballast-runtime"].bytes == (plan.group_bytes("non-torch") + plan.line("activations").bytes
+                                              + plan.line("cuBLAS workspace").bytes)  # fmt: skip
     # what the run adds (its layer's weights, each policy's workspace) brings the process to the requested memory
     assert sum(p.bytes for p in parts.values()) + own + plan.line("moe-workspace").bytes <= plan.requested_bytes
 

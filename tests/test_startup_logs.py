@@ -6,6 +6,8 @@ Targets (docs/deployment-memory.md lists the error per case):
 - KV bytes per token exact: the logged token count is what the logged KV memory holds at those bytes per token;
 - the KV cache ("Available KV cache memory") within 2% on every case that prints the profiler's breakdown, at most
   0.5% mean. Where the model misses, the case is a strict expected failure naming why: the target is not moved.
+The breakdown the logs print is checked term by term too: the profile run's torch peak (harness.sizing.profile_run
+and the MoE workspace) within 0.01 GiB of "torch peak memory increase", as the log prints it to 0.01 GiB.
 
 Cases of MoE models read their layer's workspace from a release, so they are marked vllm_wheel: 0.29.0's experts
 classes, which other tests cache anyway. The logs' own 0.19.0 gives the same error on every case (to 0.01%).
@@ -30,13 +32,8 @@ GIB = 2**30
 LOGS = Path(__file__).resolve().parent / "data" / "startup_logs"
 CASES = {p.stem: yaml.safe_load(p.read_text()) for p in sorted(LOGS.glob("*.yaml"))}
 LAYER_RELEASE = "0.29.0"
-# Cases the model misses, and why (docs/deployment-memory.md); each is a strict xfail, so a fix shows up.
-KV_MISSES = {
-    "qwen3-30b-a3b-tp1-h100": "vLLM's profile peak is 0.40 GiB above the estimate (the same with 0.19.0's and "
-                              "0.29.0's TritonExperts.workspace_shapes); what the profile run holds beyond the "
-                              "workspace is estimated, not read",
-}  # fmt: skip
-MEAN_KV_MISS = "the mean KV error is 0.60% against the 0.5% target, Qwen3-30B-A3B's +2.69% included"
+# Cases the model misses, and why (docs/deployment-memory.md); each would be a strict xfail, so a fix shows up.
+KV_MISSES: dict[str, str] = {}
 
 
 def _spec(case: dict) -> tuple[str, DeploymentSpec]:
@@ -67,16 +64,20 @@ def _needs_release(name: str) -> bool:
     return load_model(_spec(CASES[name])[0]).is_moe
 
 
-def _kv_error(name: str, cache_dir: Path) -> float:
+def _plan(name: str, cache_dir: Path):
     from harness.sizing.vllm_source import locate
 
     case = CASES[name]
     model, spec = _spec(case)
     facts = load_model(model)
     source = locate(version=LAYER_RELEASE, cache_dir=cache_dir) if facts.is_moe else None
-    plan = plan_source(facts, spec, source, gpu=case["gpu"], total_bytes=round(case["figures"]["gpu_total_gib"] * GIB),
+    return plan_source(facts, spec, source, gpu=case["gpu"], total_bytes=round(case["figures"]["gpu_total_gib"] * GIB),
                        version=case["vllm_version"], cudagraph_estimate=case["settings"]["cudagraph_memory_estimate"])  # fmt: skip
-    logged = case["figures"]["available_kv_cache_gib"] * GIB
+
+
+def _kv_error(name: str, cache_dir: Path) -> float:
+    plan = _plan(name, cache_dir)
+    logged = CASES[name]["figures"]["available_kv_cache_gib"] * GIB
     return (plan.requested_bytes - plan.non_kv_bytes - logged) / logged
 
 
@@ -99,6 +100,24 @@ def test_at_least_eight_cases_with_moe_ones():
 @pytest.mark.parametrize("name", list(CASES))
 def test_weights_within_one_percent(name):
     assert abs(_weights_error(name)) < 0.01, f"{name}: {_weights_error(name):+.2%}"
+
+
+# Weights the tensors listed do not reach to the log's printed precision, and why; each a strict xfail.
+WEIGHT_GAPS = {
+    "deepseek-v2-lite-tp1-h100": "vLLM logs 0.13 GiB over the tensors listed (29.43 GiB against 29.30): not found in "
+                                 "0.19.0's deepseek_v2.py or MLA's process_weights_after_loading, whose W_UK_T/W_UV "
+                                 "are views of the unquantized kv_b_proj",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n, marks=[pytest.mark.xfail(strict=True, reason=WEIGHT_GAPS[n])]
+                                               if n in WEIGHT_GAPS else []) for n in CASES])  # fmt: skip
+def test_weights_to_the_printed_precision(name):
+    """Every tensor listed, with the caching allocator's rounding, against "Model loading took X GiB", which the H100
+    logs print to 0.01 GiB: within half of that."""
+    logged = CASES[name]["figures"]["model_loading_gib"]
+    predicted = _predicted_weights(CASES[name]) / GIB
+    assert abs(predicted - logged) <= 0.005, f"{name}: {predicted:.4f} GiB predicted, {logged} GiB logged"
 
 
 def test_weights_mean_error():
@@ -141,8 +160,20 @@ def test_kv_cache_within_two_percent(name, cache_dir):
     assert abs(error) < 0.02, f"{name}: {error:+.2%}"
 
 
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.vllm_wheel] if _needs_release(n) else [], id=n)
+                                  for n in _kv_cases()])
+def test_profile_peak_matches_the_log(name, cache_dir):
+    """The profile run's torch peak: the MoE workspace (held once) and the profile-peak lines (the cuBLAS workspace,
+    the larger phase's activations) against "torch peak memory increase", which the log prints to 0.01 GiB."""
+    plan = _plan(name, cache_dir)
+    assert {line.name for line in plan.lines if line.group == "held-once"} <= {"moe-workspace"}, name
+    predicted = (plan.group_bytes("held-once") + plan.group_bytes("profile-peak")) / GIB
+    logged = CASES[name]["figures"]["torch_peak_increase_gib"]
+    assert abs(predicted - logged) < 0.01, f"{name}: {predicted:.3f} GiB predicted, {logged} GiB logged"
+    assert plan.line("activations").kind == "exact" and "dummy sampler" in plan.line("activations").source
+
+
 @pytest.mark.vllm_wheel
-@pytest.mark.xfail(strict=True, reason=MEAN_KV_MISS)
 def test_kv_cache_mean_error(cache_dir):
     errors = [abs(_kv_error(n, cache_dir)) for n in _kv_cases()]
     assert sum(errors) / len(errors) <= 0.005, f"mean {sum(errors) / len(errors):.3%}"

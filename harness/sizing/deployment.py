@@ -29,29 +29,24 @@ from typing import Literal
 import harness
 from harness.core.records import Record
 from harness.scenario.deployment import DeploymentSpec
+from harness.sizing import profile_run
 from harness.sizing import release_defaults as defaults
 from harness.sizing.deployment_weights import Sharding, routed_experts_bytes, weight_lines
 from harness.sizing.kv_cache import DEFAULT_BLOCK_SIZE, kv_cache, kv_shape
-from harness.sizing.model_config import ModelFacts, pad_vocab
+from harness.sizing.model_config import ModelFacts
 
 DEPLOYMENT_PLAN_SCHEMA = 1
 GIB = 2**30
 # Estimates, each with its basis: vLLM 0.19.0's own profiler figures in the 14 published H100 startup logs of
 # tests/data/startup_logs/ (llm-d-planner's validation runs; docs/deployment-memory.md lists them).
-# Non-torch memory the profile sees grow after the worker's first snapshot: cuBLAS workspaces on one GPU
-# ("non-torch forward increase memory" 0.24-0.27 GiB at TP 1), NCCL and the custom all-reduce's buffers with
-# more ranks (2.06-2.13 GiB at TP 2 and 4).
+# Non-torch memory the profile sees grow after the worker's first snapshot: the cuBLAS and cuBLASLt handles and the
+# kernels' modules loaded on first use on one GPU ("non-torch forward increase memory" 0.24-0.27 GiB at TP 1), NCCL
+# and the custom all-reduce's buffers with more ranks (2.06-2.13 GiB at TP 2 and 4). The cuBLAS workspace itself
+# goes through torch's allocator (harness.sizing.profile_run).
 NON_TORCH_SINGLE_BYTES = int(0.25 * GIB)
 NON_TORCH_MULTI_BYTES = int(2.1 * GIB)
 # The profiler's CUDA-graph estimate ("Estimated CUDA graph memory: X GiB total"): 0.57-1.69 GiB, mean 0.94.
 CUDAGRAPH_BYTES = 1 * GIB
-# The profile run's torch peak falls in its dummy sampler pass: f32 logits of (max_num_seqs, vocab), a few copies
-# (logits, probabilities, sorted), and some (N, hidden) buffers of the forward pass still held. The two
-# coefficients are a least-squares fit to five published runs of models outside the test set (CodeLlama-7b,
-# granite-3.1-2b and -8b, phi-2, phi-4; vLLM 0.19.0 on an H100, N = 8192, 1024 sequences; residuals within 0.06 GiB).
-SAMPLER_BYTES_PER_LOGIT = 10.9  # per (sequence, vocab entry): about 2.7 f32 copies
-HIDDEN_BUFFERS = 6.3  # (N, hidden) activation-dtype buffers
-
 # What vLLM divides by: torch.cuda.mem_get_info's total, a few hundred MiB under NVML's (GPU_MEMORY_BYTES), as
 # vLLM and torch print it (to 0.01 GiB). Other GPUs fall back to NVML's total, labelled so.
 DEVICE_TOTAL_GIB: dict[str, tuple[float, str]] = {
@@ -233,12 +228,14 @@ def plan_deployment(facts: ModelFacts, r: Resolved, layer_plan, *, version: str 
     sharding = sharding_of(facts, r)
     lines = [DeploymentLine(group="weights", name=w.name, bytes=w.bytes, kind="exact", source=w.source)
              for w in weight_lines(facts, sharding)]  # fmt: skip
-    lines += list(layer_lines) + held_once_lines(facts, r, sharding, layer_plan)
-    lines += profile_lines(facts, r, layer_plan)
+    lines += [line for line in layer_lines if line.group != "profile-peak"]
+    lines += held_once_lines(facts, r, sharding, layer_plan)
+    lines += profile_lines(facts, r, layer_plan, gpu, layer_lines)
     multi = r.tp * r.dp > 1
     lines.append(DeploymentLine(
         group="non-torch", name="non-torch memory", bytes=NON_TORCH_MULTI_BYTES if multi else NON_TORCH_SINGLE_BYTES,
-        kind="estimate", source=f"estimate: cuBLAS workspaces{', NCCL and custom all-reduce buffers' if multi else ''}; "
+        kind="estimate", source="estimate: cuBLAS handles, loaded kernel modules"
+        f"{', NCCL and custom all-reduce buffers' if multi else ''}; "
         "basis: published logs' non_torch_memory (docs/deployment-memory.md)"))  # fmt: skip
     if r.cudagraph_estimate:
         lines.append(DeploymentLine(group="cuda-graphs", name="CUDA-graph estimate", bytes=CUDAGRAPH_BYTES,
@@ -304,37 +301,35 @@ def _eplb(r: Resolved) -> bool:
     return any(s.name == "num_redundant_experts" and s.value for s in r.settings)
 
 
-def profile_lines(facts: ModelFacts, r: Resolved, layer_plan) -> list[DeploymentLine]:
-    """The profile run's torch peak beyond the weights and the held-once buffers: a dummy forward of
-    max_num_batched_tokens tokens (per DP rank) and the dummy sampler over max_num_seqs logits; the larger of the
-    two phases (the published logs show the peak TP-invariant: the sampler's)."""
-    N, K, d, tp = r.max_num_batched_tokens, facts.hidden_size, facts.dtype_bytes, r.tp  # noqa: N806
-    lines = []
+def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | None = None,
+                  layer_lines: list[DeploymentLine] = ()) -> list[DeploymentLine]:  # fmt: skip
+    """The profile run's torch peak beyond the weights and the held-once buffers (harness.sizing.profile_run): the
+    cuBLAS workspace, kept from the first GEMM, and the larger of two phases: the dummy forward of
+    max_num_batched_tokens tokens (per DP rank) with DeepEP's receive tensors, and the dummy sampler over
+    min(N, max_num_seqs) logits. The receive tensors are a line of their own (the run allocates them); the
+    activations line is the larger phase less them."""
+    N, tp = r.max_num_batched_tokens, r.tp  # noqa: N806
+    lines = [line for line in layer_lines if line.group == "profile-peak"]
     if layer_plan is not None:
         recv = sum((c.bytes or 0) for c in layer_plan.components if c.name in ("dispatch-recv", "dispatch-quant"))
         if recv:
             lines.append(DeploymentLine(group="profile-peak", name="dispatch receive", bytes=recv, kind="release",
                                         source=f"{layer_plan.component('dispatch-recv').source}; one layer's at a "
-                                        "time"))  # fmt: skip
-    if facts.is_mla:
-        heads = facts.num_attention_heads // tp
-        attn = N * heads * (facts.qk_nope_head_dim * 2 + facts.qk_rope_head_dim + facts.v_head_dim * 2) * d
-    else:
-        heads, kv = facts.num_attention_heads // tp, max(1, facts.num_key_value_heads // tp)
-        attn = N * (2 * heads + 2 * kv) * facts.head_dim * d
-    dense_I = facts.intermediate_size // tp if len(facts.moe_layers) < facts.num_hidden_layers else 0  # noqa: N806
-    mlp = 3 * N * dense_I * d
-    if facts.is_moe:
-        mlp = max(mlp, N * facts.num_routed_experts * 4 + N * facts.top_k * 12)  # router logits, top-k ids/weights
-    forward = 4 * N * K * d + max(attn, mlp)
-    reqs = min(r.max_num_seqs, N)
-    sampler = int(SAMPLER_BYTES_PER_LOGIT * reqs * pad_vocab(facts.vocab_size, 1) + HIDDEN_BUFFERS * N * K * d)
-    phase = "the dummy sampler" if sampler >= forward else "the forward pass"
+                                        "time, in the forward"))  # fmt: skip
+    recv = sum(line.bytes for line in lines if line.name == "dispatch receive")
+    cublas, cublas_source = profile_run.cublas_workspace(gpu)
+    lines.append(DeploymentLine(group="profile-peak", name="cuBLAS workspace", bytes=cublas, kind="estimate",
+                                source=cublas_source))  # fmt: skip
+    forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv)
+    sampler = profile_run.sampler_phase(facts, num_tokens=N, max_num_seqs=r.max_num_seqs, tp=tp, gpu=gpu)
+    in_sampler = sampler.bytes >= forward.bytes
+    _, _, gpu_source = profile_run.gpu_facts(gpu)
     lines.append(DeploymentLine(
-        group="profile-peak", name="activations", bytes=max(forward, sampler), kind="estimate",
-        source=f"estimate: peak in {phase}: max(forward 4 x (N={N}, {K}) + max(attention, MLP) = {forward} B, sampler "
-        f"{SAMPLER_BYTES_PER_LOGIT} B x ({reqs}, vocab) logits + {HIDDEN_BUFFERS} x (N, {K}) = {sampler} B); basis: "
-        "docs/deployment-memory.md"))  # fmt: skip
+        group="profile-peak", name="activations", bytes=max(forward.bytes, sampler.bytes) - recv,
+        kind="exact" if in_sampler else "estimate",
+        source=f"peak in the {'dummy sampler' if in_sampler else 'forward pass'}: max({forward.detail}; "
+        f"{sampler.detail}){' less the dispatch receive above' if recv else ''}; vLLM 0.19.0's profile_run "
+        f"(harness/sizing/profile_run.py); {gpu_source}"))  # fmt: skip
     return lines
 
 

@@ -9,7 +9,8 @@ table. So a policy whose workspace a real deployment could not hold runs out of 
 
     ballast-weights   deployment weights of every layer  -  the layer's expert weights the run allocates itself
     ballast-held      buffers held once that the run does not allocate (DeepEP's NVL buffer and workspace, EPLB's)
-    ballast-runtime   the profile run's activation peak, non-torch memory, the CUDA-graph estimate (estimates)
+    ballast-runtime   the profile run's peak (the cuBLAS workspace, the larger phase's activations less the dispatch
+                      receive tensors the run allocates), non-torch memory, the CUDA-graph estimate
     ballast-kv-cache  requested (total x utilization) - what the deployment holds before its KV cache, in blocks
 
 Together with what the run allocates, the process then holds what vLLM would: total x gpu_memory_utilization.
@@ -76,7 +77,8 @@ def ballast_parts(scenario: Scenario, total_bytes: int) -> list[BallastPart]:
     run_holds_rdma = scenario.memory.comm_buffer == "deepep-ll" and scenario.layer.all2all == "deepep-low-latency"
     skip = {"moe-workspace", *(("deepep-rdma",) if run_holds_rdma else ())}
     held = [line for line in plan.lines if line.group == "held-once" and line.name not in skip]
-    runtime = [line for line in plan.lines if (line.group == "profile-peak" and line.name == "activations")
+    # the profile peak less the dispatch receive tensors, which the run allocates itself
+    runtime = [line for line in plan.lines if (line.group == "profile-peak" and line.name != "dispatch receive")
                or line.group in ("non-torch", "cuda-graphs")]  # fmt: skip
     def described(lines: list[DeploymentLine]) -> str:
         return "; ".join(f"{line.name} {line.bytes} B ({line.kind})" for line in lines) or "none"

@@ -1,0 +1,126 @@
+"""The profile run's torch peak: what vLLM's memory profiler calls `torch_peak_increase`, the peak of torch's
+allocated bytes while `model_runner.profile_run()` runs, over what was allocated when it began
+(v1/worker/gpu_worker.py:372-386 in vLLM 0.19.0). The buffers the MoE layers keep (the workspace, DeepEP's) are
+sized elsewhere (held once); this module sizes the rest, from vLLM 0.19.0's source (the published logs' release).
+
+profile_run (v1/worker/gpu_model_runner.py:5721) runs `_dummy_run(max_num_batched_tokens)` and then
+`_dummy_sampler_run` on each dummy request's last token, so the peak falls in one of two phases. With N tokens,
+R = min(N, max_num_seqs) dummy requests (gpu_model_runner.py `_dummy_run`), K = hidden, V = vocab_size, V' = the
+lm_head's padded vocab (V padded to 64, x TP when gathered) and d the activation dtype's bytes:
+
+    forward   the dummy forward's transients (estimate: 4 (N, K) buffers and the larger of the attention
+              projections and the MLP intermediates), plus DeepEP's receive tensors, one layer at a time
+    sampler   held while the sampler draws its tokens (exact, shapes x dtypes):
+                hidden_states (N, K) d        _dummy_run's output, held by profile_run until its `del` (:5793)
+                last_hidden_states (R, K) d   hidden_states[logit_indices] (:5553)
+                torch.rand_like (R, K) d      _dummy_sampler_run (:5569)
+                logits (R, V') d              compute_logits (:5571): lm_head, all-gathered over TP
+                                              (model_executor/layers/logits_processor.py:99-103, a view [:, :V])
+                logits.to(float32) (R, V)     v1/sample/sampler.py:90 (no copy when d is already 4 bytes)
+                probs (R, V) f32              v1/sample/ops/topk_topp_sampler.py:112 forward_native (CUDA's default)
+                q (R, V) f32                  topk_topp_sampler.py:334 random_sample's exponential noise
+                from R >= 8 (topk_topp_sampler.py:251) the Triton top-k/top-p kernel's per-program buffer
+                (P, V) f32, P = min(next_power_of_2(min(SMs, R)), SMs), cached for the process
+                (v1/sample/ops/topk_topp_triton.py:1011-1018); under 8, torch.sort's (R, V) f32 values and int64
+                indices, its bool masks and the top-p softmax (topk_topp_sampler.py:279-300) before q exists
+    both      PyTorch's cuBLAS workspace, allocated through the caching allocator at the first GEMM and kept
+              (torch 2.10's aten/src/ATen/cuda/CublasHandlePool.cpp, vLLM 0.19.0's pin: one per stream, cuBLASLt
+              sharing it; 32 MiB on compute capability 9.x, 10.x and 12.x, else ':4096:2:16:8' = 8 MiB + 128 KiB)
+
+vLLM 0.30.0's dummy sampler draws twice, the second time seeded, which takes the same native path, so the sampler
+phase carries over; other releases are taken to hold the same (labelled so in the plan's sources).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.sizing.model_config import ModelFacts, pad_vocab
+
+F32 = 4
+TRITON_MIN_ROWS = 8  # topk_topp_sampler.py:251: the Triton kernel from 8 rows, torch.sort below
+CUBLAS_WORKSPACE_SM90_PLUS = 4096 * 8 * 1024  # CublasHandlePool.cpp: 32 MiB on compute capability 9, 10, 12
+CUBLAS_WORKSPACE_BEFORE_SM90 = 4096 * 1024 * 2 + 16 * 1024 * 8  # ':4096:2:16:8'
+
+# What the profile depends on of the GPU: its compute capability's major (the cuBLAS workspace) and its SM count
+# (the Triton sampler's programs). Other GPUs are taken as an H100's, labelled so.
+GPU_FACTS: dict[str, tuple[int, int, str]] = {
+    "H100-80GB": (9, 132, "H100 SXM5: compute capability 9.0, 132 SMs"),
+    "H200-141GB": (9, 132, "H200: compute capability 9.0, 132 SMs"),
+    "A100-40GB": (8, 108, "A100: compute capability 8.0, 108 SMs"),
+    "A100-80GB": (8, 108, "A100: compute capability 8.0, 108 SMs"),
+}
+DEFAULT_GPU_FACTS = (9, 132, "GPU not in the table: an H100's compute capability 9.0 and 132 SMs assumed")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase's transient torch bytes and what they are."""
+
+    bytes: int
+    detail: str
+
+
+def gpu_facts(gpu: str | None) -> tuple[int, int, str]:
+    """(compute capability major, SMs, source) of the GPU the deployment runs on."""
+    return GPU_FACTS.get(gpu or "", DEFAULT_GPU_FACTS)
+
+
+def cublas_workspace(gpu: str | None) -> tuple[int, str]:
+    """(bytes, source) of PyTorch's cuBLAS workspace on the main stream (cuBLASLt shares it)."""
+    major, _, where = gpu_facts(gpu)
+    size = CUBLAS_WORKSPACE_SM90_PLUS if major in (9, 10, 12) else CUBLAS_WORKSPACE_BEFORE_SM90
+    return size, (f"estimate: PyTorch's cuBLAS workspace, one per stream through the caching allocator, kept from "
+                  f"the first GEMM: {size} B at compute capability {major}.x (torch 2.10's CublasHandlePool.cpp, vLLM "
+                  f"0.19.0's pin; {where})")  # fmt: skip
+
+
+def sampler_phase(facts: ModelFacts, *, num_tokens: int, max_num_seqs: int, tp: int, gpu: str | None) -> Phase:
+    """What profile_run holds while its dummy sampler draws, beyond the buffers held before it (module docstring):
+    hidden (N, K) + 2 (R, K) activations, logits (R, V') in the activation dtype, the f32 (R, V) copies and the
+    top-k/top-p kernel's buffer."""
+    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes  # noqa: N806
+    R = min(num_tokens, max_num_seqs)  # noqa: N806
+    V, V_pad = facts.vocab_size, pad_vocab(facts.vocab_size, tp) * tp  # noqa: N806
+    hidden = N * K * d + 2 * R * K * d
+    logits = R * V_pad * d
+    f32_logits = R * V * F32 if d != F32 else 0
+    _, sms, _ = gpu_facts(gpu)
+    if R >= TRITON_MIN_ROWS:
+        programs = min(sms, R)
+        rows = min(1 << (programs - 1).bit_length(), sms)
+        topk = rows * V * F32
+        sampling = 2 * R * V * F32  # probs and q, with the kernel's buffer (cached) still there
+        top = f"probs + q 2 x ({R}, {V}) f32 + the Triton top-k/top-p buffer ({rows}, {V}) f32"
+        transient = topk + sampling
+    else:
+        # apply_top_k_top_p_pytorch: sorted values f32 + int64 indices + two bool masks + the top-p softmax f32;
+        # these are freed before random_sample's probs + q (2 f32), so the larger of the two counts
+        topk = R * V * (F32 + 8 + 1 + 1 + F32)
+        sampling = 2 * R * V * F32
+        transient = max(topk, sampling)
+        top = f"max(torch.sort's path {topk} B, probs + q {sampling} B) at ({R}, {V})"
+    total = hidden + logits + f32_logits + transient
+    return Phase(total, f"sampler {total} B = hidden (N={N}, {K}) + 2 x (R={R}, {K}) x {d} B + logits ({R}, {V_pad}) "
+                        f"x {d} B + {'f32 copy (R, V) + ' if f32_logits else ''}{top}")  # fmt: skip
+
+
+def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv: int = 0) -> Phase:
+    """The dummy forward's transients (estimate): 4 (N, K) activation buffers and the larger of the attention
+    projections' outputs and the MLP intermediates (the MoE's live in its workspace, held once: here the router's
+    f32 logits and the top-k ids and weights), plus DeepEP's receive tensors of one layer."""
+    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes  # noqa: N806
+    if facts.is_mla:
+        heads = facts.num_attention_heads // tp
+        attn = N * heads * (facts.qk_nope_head_dim * 2 + facts.qk_rope_head_dim + facts.v_head_dim * 2) * d
+    else:
+        heads, kv = facts.num_attention_heads // tp, max(1, facts.num_key_value_heads // tp)
+        attn = N * (2 * heads + 2 * kv) * facts.head_dim * d
+    dense_intermediate = facts.intermediate_size // tp if len(facts.moe_layers) < facts.num_hidden_layers else 0
+    mlp = 3 * N * dense_intermediate * d
+    if facts.is_moe:
+        mlp = max(mlp, N * facts.num_routed_experts * 4 + N * facts.top_k * 12)
+    total = 4 * N * K * d + max(attn, mlp) + dispatch_recv
+    recv = f" + dispatch receive {dispatch_recv} B" if dispatch_recv else ""
+    return Phase(total, f"forward {total} B = 4 x (N={N}, {K}) x {d} B + max(attention {attn} B, MLP {mlp} B){recv} "
+                        "(estimate)")  # fmt: skip
