@@ -73,9 +73,11 @@ class _Inputs:
         self.problems.append(Problem(kind=kind, cause=cause, rank=rank, path=path))
 
 
-def read_contained(root: Path, path: Path, *, limit: int = MAX_RECORD_BYTES) -> bytes | tuple[ProblemKind, str]:
+def read_contained(root: Path, path: Path, *, limit: int = MAX_RECORD_BYTES,
+                   head: int | None = None) -> bytes | tuple[ProblemKind, str]:
     """The bytes of a regular file inside `root` (resolved), or (problem kind, cause): a link out of the directory,
-    a FIFO or device (which would block or never end), a file over `limit`, or one that cannot be read."""
+    a FIFO or device (which would block or never end), a file over `limit`, or one that cannot be read.
+    `head`: at most that many bytes, the file's first (a stamp near the top of a large output)."""
     try:
         real = path.resolve(strict=True)
     except FileNotFoundError:
@@ -95,6 +97,8 @@ def read_contained(root: Path, path: Path, *, limit: int = MAX_RECORD_BYTES) -> 
         if info.st_size > limit:
             return "corrupt", f"{info.st_size} bytes, more than a record can be ({limit}): not read"
         with os.fdopen(os.dup(fd), "rb") as f:
+            if head is not None and info.st_size > head:
+                return f.read(head)
             # The size fstat gave, and one byte more: asking for limit + 1 at once would allocate the whole limit
             # (64 MiB) for every kilobyte-sized record. A file that grew since is read on, up to the limit.
             data = f.read(info.st_size + 1)

@@ -34,13 +34,21 @@ _GENERATION_RE = {
 }
 
 
+_STAMP_HEAD_BYTES = 1 << 20  # each output's stamp is in its first lines: a matrix's junit.xml can be 50 MB
+
+
 def output_generations(out_dir: Path) -> dict[str, str | None]:
-    """The generation each of the four outputs in `out_dir` carries (None: absent, unreadable or unstamped)."""
+    """The generation each of the four outputs in `out_dir` carries (None: absent, unreadable or unstamped). Each
+    file's head is searched first; the whole file only when the head has no stamp."""
     root = Path(out_dir).resolve()
     found: dict[str, str | None] = {}
     for name, pattern in _GENERATION_RE.items():
-        data = read_contained(root, Path(out_dir) / name, limit=256 * 2**20)
-        match = pattern.search(data.decode("utf-8", "replace")) if isinstance(data, bytes) else None
+        match = None
+        for head in (_STAMP_HEAD_BYTES, None):
+            data = read_contained(root, Path(out_dir) / name, limit=256 * 2**20, head=head)
+            match = pattern.search(data.decode("utf-8", "replace")) if isinstance(data, bytes) else None
+            if match or not isinstance(data, bytes) or len(data) < _STAMP_HEAD_BYTES:
+                break
         found[name] = match.group(1) if match else None
     return found
 
