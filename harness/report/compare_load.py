@@ -163,46 +163,53 @@ def _real_dir(path: Path) -> bool:
     return path.is_dir() and not path.is_symlink()
 
 
-def _cell_unchanged(directory: Path, cell: MatrixCell, matrix_generation: str) -> bool:
-    """A cell's records are still those its summary was collected from, and its own report.json (when the matrix
-    report names its sha256) is still the one collect wrote; CompareError naming the cell otherwise. False: the
-    cell is no longer in matrix.json (the caller collects the whole matrix again)."""
-    from harness.report.matrix import cell_in_memory, check_cell_name
-
-    try:
-        cell_dir = directory / check_cell_name(cell.name, str(directory / "report.json"))
-        generation = cell.report.generation
-        if not (_real_dir(cell_dir) and (cell_dir / "run.json").exists()
-                and generation.rpartition("@")[2] == input_hash(cell_dir)[:16]):
-            fresh = cell_in_memory(directory, cell.name)  # one cell's records (or its scenario, if it never ran)
-            if fresh is None:
-                return False
-            if fresh.generation != generation:
-                raise CompareError(
-                    f"{directory}: report.json is of generation {matrix_generation} but its records are now another: "
-                    f"cell {cell.name} was collected as {generation} and its records are now {fresh.generation} "
-                    f"(changed, deleted or added since it was collected); run `harness collect {directory}`")
-    except MatrixError as exc:
-        raise CompareError(str(exc)) from None
-    if cell.report_sha256 is not None:
-        data = read_contained(directory.resolve(), cell_dir / "report.json", limit=4 * MAX_RECORD_BYTES)
-        if not isinstance(data, bytes) or file_sha256(data) != cell.report_sha256:
-            what = "its sha256 differs" if isinstance(data, bytes) else data[1]
-            raise CompareError(
-                f"{cell_dir / 'report.json'}: not the report the matrix report was collected with ({what}: edited, "
-                f"removed or collected again since): run `harness collect {directory}`")
-    return True
+def _cell_report_unchanged(directory: Path, cell: MatrixCell) -> None:
+    """The cell's own report.json is still the one collect wrote (when the matrix report names its sha256);
+    CompareError naming it otherwise."""
+    if cell.report_sha256 is None:
+        return
+    cell_dir = directory / cell.name
+    data = read_contained(directory.resolve(), cell_dir / "report.json", limit=4 * MAX_RECORD_BYTES)
+    if not isinstance(data, bytes) or file_sha256(data) != cell.report_sha256:
+        what = "its sha256 differs" if isinstance(data, bytes) else data[1]
+        raise CompareError(f"{cell_dir / 'report.json'}: not the report the matrix report was collected with ({what}: "
+                           f"edited, removed or collected again since): run `harness collect {directory}`")
 
 
 def _matrix_unchanged(directory: Path, report: MatrixReport) -> bool:
-    """Whether matrix.json and every cell's inputs are still what `report` was collected from, by their bytes (one
-    cell at a time: its records, its own report.json); CompareError names a cell whose records or report changed.
-    False: matrix.json changed, or names the cells differently (the caller collects the whole matrix again)."""
+    """Whether matrix.json and every cell's inputs are still what `report` was collected from, by their bytes, one
+    cell at a time: its records (load.input_hash against its generation) and its own report.json. A cell that
+    cannot be told by its bytes (it never ran, or has no run.json) is collected alone in memory. CompareError
+    names a cell whose records or report changed. False: matrix.json changed, or no longer names a cell (the
+    caller collects the whole matrix again)."""
+    from harness.report.matrix import cells_in_memory, check_cell_name
+
     if report.manifest_sha256 is not None:
         manifest = read_contained(directory.resolve(), directory / MATRIX_MANIFEST, limit=MAX_RECORD_BYTES)
         if not isinstance(manifest, bytes) or file_sha256(manifest) != report.manifest_sha256:
             return False
-    return all(_cell_unchanged(directory, cell, report.generation) for cell in report.cells)
+    untold: dict[str, MatrixCell] = {}
+    try:
+        for cell in report.cells:
+            cell_dir = directory / check_cell_name(cell.name, str(directory / "report.json"))
+            if _real_dir(cell_dir) and (cell_dir / "run.json").exists() and \
+                    cell.report.generation.rpartition("@")[2] == input_hash(cell_dir)[:16]:
+                _cell_report_unchanged(directory, cell)
+            else:
+                untold[cell.name] = cell
+        collected: set[str] = set()
+        for name, fresh in cells_in_memory(directory, untold) if untold else ():
+            collected.add(name)
+            if fresh.generation != untold[name].report.generation:
+                raise CompareError(
+                    f"{directory}: report.json is of generation {report.generation} but its records are now another: "
+                    f"cell {name} was collected as {untold[name].report.generation} and its records are now "
+                    f"{fresh.generation} (changed, deleted or added since it was collected); run `harness collect "
+                    f"{directory}`")
+            _cell_report_unchanged(directory, untold[name])
+    except MatrixError as exc:
+        raise CompareError(str(exc)) from None
+    return collected == set(untold)
 
 
 def _verified(directory: Path, loaded: LoadedReport) -> LoadedReport:

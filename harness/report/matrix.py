@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -214,11 +214,13 @@ def recollect_matrix(matrix_dir: Path, *, write: bool = True,
     return write_outputs(matrix_dir, report, cell_reports=whole)
 
 
-def cell_in_memory(matrix_dir: Path, name: str) -> RunReport | None:
-    """One cell collected in memory, as `harness collect MATRIX_DIR` would collect it (its scenario read from
-    matrix.json), nothing written; None when matrix.json does not name it. MatrixError: matrix.json unreadable."""
-    _, cells, _ = _read_matrix_manifest(Path(matrix_dir), names={name})
-    return _cell_report(Path(matrix_dir), cells[0], write=False)[0] if cells else None
+def cells_in_memory(matrix_dir: Path, names: Collection[str]) -> Iterator[tuple[str, RunReport]]:
+    """The named cells that matrix.json has, each collected in memory as `harness collect MATRIX_DIR` would collect
+    it (its scenario read from matrix.json, read once), nothing written; one cell's records at a time. MatrixError:
+    matrix.json unreadable."""
+    _, cells, _ = _read_matrix_manifest(Path(matrix_dir), names=set(names))
+    for cell in cells:
+        yield cell.name, _cell_report(Path(matrix_dir), cell, write=False)[0]
 
 
 def _matrix_exit(cells: list[MatrixCell], counts: CheckCounts, problems: list[Problem]) -> tuple[int, str]:
