@@ -157,3 +157,22 @@ def test_an_unsafe_cell_name_in_a_matrix_report_is_refused(tmp_path: Path, capsy
     data["content_digest"] = content_digest(data)  # a crafted report: even its digest agrees
     (cur / "report.json").write_text(json.dumps(data, indent=1) + "\n")
     assert "is not a safe directory name" in _error(capsys, str(base), str(cur))
+
+
+def test_the_committed_version_2_matrix_reads_and_collects_again_to_the_same_comparison(tmp_path: Path,
+                                                                                         capsys) -> None:
+    """results/ keeps matrices collected before the cells were referenced: they are read as they are, and the same
+    records collected again (as version 3) compare exactly as they did."""
+    committed = REPO_DIR / "results/h200/1xh200-matrix-nightly-releases"
+    baseline = REPO_DIR / "results/baselines/h200/1xh200-matrix-nightly-releases"
+    loaded = load_report(committed)
+    assert (loaded.report.report_schema_version, loaded.digest, loaded.source) == (2, "verified", "report.json")
+    code, as_committed = _compare(capsys, str(baseline), str(committed))
+    assert code == 0 and as_committed["num_unchanged"] > 0
+    again = tmp_path / committed.name  # the matrix's run id is its directory's name
+    shutil.copytree(committed, again)
+    assert main(["collect", str(again)]) == 0
+    capsys.readouterr()
+    data = json.loads((again / "report.json").read_text())
+    assert data["report_schema_version"] == 3 and data["generation"] == loaded.report.generation
+    assert _compare(capsys, str(baseline), str(again)) == (code, as_committed)
