@@ -1,21 +1,22 @@
 """Compare benchmark (not a timed test): `harness compare` of two collected matrices of N synthetic rank records.
 
-    python benchmarks/bench_compare.py [--cells 1024] [--cell-ranks 16] [--repeats 3] [--out DIR]
+    nice python benchmarks/bench_compare.py [--cells 1024] [--cell-ranks 16] [--repeats 3] [--out DIR]
 
 Both matrices (--cells cells of --cell-ranks ranks: 16384 rank records each by default; a run holds at most 1024
 ranks) are built by the real matrix expansion, their records written as a launcher would (tests/report_records.py,
 the real pydantic records), and collected once as `harness run MATRIX` does (benchmarks/bench_matrix_collect.py).
 Then `harness compare A B --json` runs as a command; its CPU time (user + system of the child) and its own peak
-memory (VmHWM, read in the child at exit) are measured. compare verifies each collected report against its records
-(report digest, sibling generations, the records' bytes re-hashed) and reads the verified report.json instead of
-collecting again. Targets: <= 10 s of CPU and <= 500 MB.
+memory (VmHWM, read in the child at exit) are measured. compare parses each matrix's report.json (the cells'
+summaries, no per-rank entry) and verifies it by bytes: its content digest, its siblings' generations, the sha256
+of matrix.json, and per cell the sha256 of its records and of its own report.json; no record and no cell report
+is parsed. Targets: <= 10 s of CPU and <= 500 MB. --out writes compare.json (CompareBench) and compare.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -31,6 +32,7 @@ sys.path.insert(0, str(REPO_DIR / "tests"))
 sys.path.insert(0, str(REPO_DIR / "benchmarks"))
 
 from bench_matrix_collect import collect_as_run, synthetic_matrix  # noqa: E402
+from pydantic import BaseModel, ConfigDict  # noqa: E402
 from report_records import write_run  # noqa: E402
 
 TARGET_CPU_S = 10.0
@@ -73,7 +75,64 @@ def _compare(baseline: Path, current: Path) -> tuple[float, float, int, int]:
     return wall, cpu, peak[-1] * 1024, done.returncode
 
 
+class Sample(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    wall_s: float
+    cpu_s: float
+    max_rss_bytes: int
+    exit_code: int
+
+
+class Machine(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    node: str
+    cpu_model: str
+    cpus: int | None
+    load_avg_1m_before: float  # the load when the comparisons started, and when they ended (the machine is shared)
+    load_avg_1m_after: float
+    python: str
+    pydantic: str
+
+
+class CompareBench(BaseModel):
+    """compare.json: what this benchmark measured, where and how it was run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    schema_version: int = 2  # 2: the machine section and the report sizes
+    benchmark: str = "harness compare of two collected matrices"
+    command: str
+    cells: int
+    cell_ranks: int
+    records_each: int
+    matrix_report_json_bytes: int  # one matrix's report.json: the cells' summaries
+    cell_report_json_bytes: int  # all of one matrix's cells' own report.json files together
+    cpu_s_median: float
+    max_rss_bytes: int
+    samples: list[Sample]
+    target_cpu_s: float
+    target_rss_bytes: int
+    meets_targets: bool
+    setup_s: float
+    machine: Machine
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")),
+                        platform.processor() or "unknown")
+    except OSError:
+        return platform.processor() or "unknown"
+
+
+def _sizes(matrix_dir: Path) -> tuple[int, int]:
+    cells = sum(p.stat().st_size for p in matrix_dir.glob("*/report.json"))
+    return (matrix_dir / "report.json").stat().st_size, cells
+
+
 def main() -> int:
+    from importlib import metadata
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=1024)
     parser.add_argument("--cell-ranks", type=int, default=16)
@@ -85,37 +144,47 @@ def main() -> int:
         baseline = _collected_matrix(Path(tmp), "baseline", cells=ns.cells, cell_ranks=ns.cell_ranks)
         current = _collected_matrix(Path(tmp), "current", cells=ns.cells, cell_ranks=ns.cell_ranks)
         setup_s = time.perf_counter() - t0
-        samples = [_compare(baseline, current) for _ in range(ns.repeats)]
-    cpu = statistics.median(s[1] for s in samples)
-    rss = max(s[2] for s in samples)
-    ok = cpu <= TARGET_CPU_S and rss <= TARGET_RSS_BYTES
-    result = {
-        "schema_version": 1, "benchmark": "harness compare of two collected matrices",
-        "cells": ns.cells, "cell_ranks": ns.cell_ranks, "records_each": ns.cells * ns.cell_ranks,
-        "cpu_s_median": cpu, "samples": [{"wall_s": w, "cpu_s": c, "max_rss_bytes": r, "exit_code": e}
-                                         for w, c, r, e in samples],
-        "max_rss_bytes": rss, "target_cpu_s": TARGET_CPU_S, "target_rss_bytes": TARGET_RSS_BYTES,
-        "meets_targets": ok, "setup_s": setup_s, "cpus": os.cpu_count(), "load_average": os.getloadavg()[0],
-        "python": sys.version.split()[0],
-        "command": f"python benchmarks/bench_compare.py --cells {ns.cells} --cell-ranks {ns.cell_ranks} "
-                   f"--repeats {ns.repeats}",
-    }
+        matrix_bytes, cell_bytes = _sizes(current)
+        load_before = os.getloadavg()[0]
+        raw = [_compare(baseline, current) for _ in range(ns.repeats)]
+        load_after = os.getloadavg()[0]
+    samples = [Sample(wall_s=w, cpu_s=c, max_rss_bytes=r, exit_code=e) for w, c, r, e in raw]
+    cpu = statistics.median(s.cpu_s for s in samples)
+    rss = max(s.max_rss_bytes for s in samples)
+    result = CompareBench(
+        command=f"nice python benchmarks/bench_compare.py --cells {ns.cells} --cell-ranks {ns.cell_ranks} "
+                f"--repeats {ns.repeats}" + (f" --out {ns.out}" if ns.out else ""),
+        cells=ns.cells, cell_ranks=ns.cell_ranks, records_each=ns.cells * ns.cell_ranks,
+        matrix_report_json_bytes=matrix_bytes, cell_report_json_bytes=cell_bytes, cpu_s_median=cpu,
+        max_rss_bytes=rss, samples=samples, target_cpu_s=TARGET_CPU_S, target_rss_bytes=TARGET_RSS_BYTES,
+        meets_targets=cpu <= TARGET_CPU_S and rss <= TARGET_RSS_BYTES, setup_s=setup_s,
+        machine=Machine(node=platform.node(), cpu_model=_cpu_model(), cpus=os.cpu_count(),
+                        load_avg_1m_before=round(load_before, 2), load_avg_1m_after=round(load_after, 2),
+                        python=platform.python_version(), pydantic=metadata.version("pydantic")),
+    )
+    m = result.machine
     lines = [
         f"# bench_compare: harness compare of two collected matrices, {ns.cells} cells x {ns.cell_ranks} ranks "
-        f"({ns.cells * ns.cell_ranks} rank records) each",
-        f"# {os.cpu_count()} CPUs, load average {result['load_average']:.2f}; setup (write + collect both) "
-        f"{setup_s:.1f} s",
+        f"({result.records_each} rank records) each",
+        "",
+        f"- command: `{result.command}`",
+        f"- machine: {m.node}, {m.cpus} CPUs ({m.cpu_model}), shared; load average (1 min) {m.load_avg_1m_before:.2f} "
+        f"when the comparisons started, {m.load_avg_1m_after:.2f} when they ended; Python {m.python}, pydantic "
+        f"{m.pydantic}",
+        f"- setup (write + collect both matrices): {setup_s:.1f} s; one matrix's report.json {matrix_bytes / 1e6:.1f} MB "
+        f"(the cells' summaries), its cells' own report.json files {cell_bytes / 1e6:.1f} MB (hashed, not parsed)",
         "", "| sample | wall s | CPU s | max RSS MB | exit |", "|---:|---:|---:|---:|---:|",
-        *(f"| {i + 1} | {w:.2f} | {c:.2f} | {r / 1e6:.0f} | {e} |" for i, (w, c, r, e) in enumerate(samples)),
-        "", f"{'OK' if ok else 'FAILED'}: median {cpu:.2f} s of CPU (target {TARGET_CPU_S:g} s), peak "
-        f"{rss / 1e6:.0f} MB (target {TARGET_RSS_BYTES / 1e6:.0f} MB)",
+        *(f"| {i + 1} | {s.wall_s:.2f} | {s.cpu_s:.2f} | {s.max_rss_bytes / 1e6:.0f} | {s.exit_code} |"
+          for i, s in enumerate(samples)),
+        "", f"{'OK' if result.meets_targets else 'FAILED'}: median {cpu:.2f} s of CPU (target {TARGET_CPU_S:g} s), "
+        f"peak {rss / 1e6:.0f} MB (target {TARGET_RSS_BYTES / 1e6:.0f} MB)",
     ]
     print("\n".join(lines))
     if ns.out:
         ns.out.mkdir(parents=True, exist_ok=True)
-        (ns.out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
+        (ns.out / "compare.json").write_text(result.model_dump_json(indent=1) + "\n")
         (ns.out / "compare.md").write_text("\n".join(lines) + "\n")
-    return 0 if ok else 1
+    return 0 if result.meets_targets else 1
 
 
 if __name__ == "__main__":

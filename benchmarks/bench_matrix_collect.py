@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO_DIR / "tests"))
 
 from report_records import write_run  # noqa: E402
 
-from harness.report.collect import collect  # noqa: E402
+from harness.report.collect import CollectResult, collect  # noqa: E402
 from harness.report.matrix import collect_matrix  # noqa: E402
 from harness.report.model import RunReport  # noqa: E402
 from harness.scenario.matrix import Matrix, matrix_from_data  # noqa: E402
@@ -89,11 +89,11 @@ def collect_as_run(matrix_dir: Path, matrix: Matrix) -> tuple[float, float]:
     """CPU seconds of harness run's path after the cells ran: each cell collected as it finished, then the
     combined report from those reports; (the whole, the combined report's part)."""
     c0 = cpu_s()
-    collected: dict[str, RunReport] = {}
+    collected: dict[str, CollectResult] = {}
     for cell in matrix.cells():
-        report = collect(matrix_dir / cell.name, plots=False).report
-        assert isinstance(report, RunReport)
-        collected[cell.name] = report
+        done = collect(matrix_dir / cell.name, plots=False)
+        assert isinstance(done.report, RunReport)
+        collected[cell.name] = done
     c1 = cpu_s()
     result = collect_matrix(matrix_dir, matrix.cells(), matrix=matrix, collected=collected)
     c2 = cpu_s()

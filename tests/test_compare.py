@@ -197,6 +197,11 @@ def test_nan_in_the_current_report_is_a_regression(tmp_path: Path, capsys: pytes
     code, data = compare_json(capsys, str(cur), str(base))
     assert code == 0 and data["num_improvements"] == 0
     assert ("legacy", "workspace_delta_avg_bytes") in rows(data, "not compared")
+    # a literal too large for a float (JSON has no infinity, but 1e999 reads as one) is an infinity as well
+    huge = tmp_path / "huge.json"
+    huge.write_text(cur.read_text().replace("NaN", "1e999"))
+    code, data = compare_json(capsys, str(base), str(huge))
+    assert code == 1 and ("legacy", "workspace_delta_avg_bytes") in rows(data, "regression")
 
 
 def test_problems_in_the_current_runs_records_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -27,9 +28,13 @@ def test_cpu_ci_matrix_runs_every_cell_and_writes_one_report(tmp_path):
             in done.stdout, done.stdout[-3000:]
     for cell in report["cells"]:
         assert (out / cell["name"] / "report.json").exists()
-        # the combined report holds the report the cell was collected into when it finished, written once
-        own = json.loads((out / cell["name"] / "report.json").read_text())
+        # the combined report holds the summary of the report the cell was collected into when it finished (written
+        # once), less its ranks, and names that file by the sha256 of its bytes
+        own_bytes = (out / cell["name"] / "report.json").read_bytes()
+        assert cell["report_sha256"] == "sha256:" + hashlib.sha256(own_bytes).hexdigest()
+        own = json.loads(own_bytes)
         assert own.pop("content_digest").startswith("sha256:")  # the cell's file's digest; the matrix's covers it
+        assert len(own.pop("ranks")) == 2 and "ranks" not in cell["report"]
         assert cell["report"]["content_digest"] is None
         assert own == {k: v for k, v in cell["report"].items() if k != "content_digest"}
         page = (out / cell["name"] / "report.html").read_text()

@@ -57,6 +57,29 @@ def test_a_verified_report_is_used_without_collecting_again(tmp_path: Path) -> N
     assert loaded.report.policies[0].workspace_delta_bytes.max != 1
 
 
+def test_the_bytes_only_hash_is_load_runs_for_links_and_files_that_are_not_records(tmp_path: Path) -> None:
+    """input_hash opens rank files without resolving each path; whatever is not a plain record (a link inside the
+    run directory, one out of it, a FIFO) is digested as load_run digests it, so the two hashes stay one."""
+    import os
+
+    from harness.report.load import input_hash
+
+    run_dir = _run(tmp_path, "run")
+    plain = input_hash(run_dir)
+    rank1 = run_dir / "ranks/rank-00001.json"
+    (run_dir / "kept.json").write_bytes(rank1.read_bytes())
+    rank1.unlink()
+    rank1.symlink_to(run_dir / "kept.json")  # a link that stays inside: followed, the same bytes
+    assert input_hash(run_dir) == load_run(run_dir).input_hash == plain
+    (tmp_path / "outside.json").write_bytes((run_dir / "kept.json").read_bytes())
+    rank1.unlink()
+    rank1.symlink_to(tmp_path / "outside.json")  # a link out of the run directory: not read, named
+    assert input_hash(run_dir) == load_run(run_dir).input_hash != plain
+    rank1.unlink()
+    os.mkfifo(rank1)  # a FIFO would block a reader: not opened for reading
+    assert input_hash(run_dir) == load_run(run_dir).input_hash != plain
+
+
 def test_a_record_changed_under_a_verified_report_is_refused(tmp_path: Path, capsys) -> None:
     base, cur = _run(tmp_path, "base"), _run(tmp_path, "cur")
     rank = cur / "ranks/rank-00001.json"

@@ -14,7 +14,8 @@ from report_records import write_run
 from harness.cli import main
 from harness.report.write import REPORT_FILES
 from harness.report.matrix import collect_matrix
-from harness.report.model import MatrixReport
+from harness.report.model import MatrixReport, RunReport, RunSummary
+from harness.report.write import file_sha256
 from harness.scenario.matrix import MatrixError, is_matrix_file, load_matrix
 from harness.scenario.schema import ScenarioError, parse_scenario
 from harness.scenario.sections import REPO_DIR
@@ -193,7 +194,8 @@ def test_collect_matrix_reuses_the_reports_the_cells_were_collected_into(tmp_pat
     first, second = matrix.cells()
     for cell in (first, second):
         write_run(tmp_path / cell.name, cell.scenario, device_kind="cpu")
-    ran = collect(tmp_path / first.name).report  # what run_scenario collected and wrote for the first cell
+    ran = collect(tmp_path / first.name)  # what run_scenario collected and wrote for the first cell
+    assert isinstance(ran.report, RunReport)
     written = {name: (tmp_path / first.name / name).read_bytes() for name in REPORT_FILES}
     for record in (tmp_path / first.name / "ranks").iterdir():
         record.unlink()  # reading the records again would now find none: the cell would be an error
@@ -201,12 +203,21 @@ def test_collect_matrix_reuses_the_reports_the_cells_were_collected_into(tmp_pat
     result = collect_matrix(tmp_path, matrix.cells(), matrix=matrix, collected={first.name: ran})
     report = result.report
     assert isinstance(report, MatrixReport) and result.exit_code == 0, report.exit_reason
-    # the report the cell was collected into, less its report.json's digest (the matrix report's covers it)
-    assert report.cells[0].report == ran.model_copy(update={"content_digest": None})
-    assert len(report.cells[0].report.ranks) == 2
+    # the report the cell was collected into, less its ranks (they stay in the cell's own report.json) and that
+    # file's digest; the file itself is named by the sha256 of its bytes
+    assert report.cells[0].report == ran.report.summary().model_copy(update={"content_digest": None})
+    assert type(report.cells[0].report) is RunSummary and report.cells[0].report.hardware.num_ranks_reported == 2
+    assert report.cells[0].report_sha256 == file_sha256(written["report.json"])
     assert {name: (tmp_path / first.name / name).read_bytes() for name in REPORT_FILES} == written
     # the cell no call collected is collected here, and its reports written since it had none
     assert report.cells[1].report.checks.num_pass == 16 and (tmp_path / second.name / "report.json").is_file()
+    assert report.cells[1].report_sha256 == file_sha256((tmp_path / second.name / "report.json").read_bytes())
+    # the matrix's report.json embeds no rank entry, and names matrix.json by its bytes
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["report_schema_version"] == 3 and all("ranks" not in c["report"] for c in data["cells"])
+    assert data["manifest_sha256"] == file_sha256((tmp_path / "matrix.json").read_bytes())
+    # the combined junit.xml still has every rank x policy x check of both cells (from the cells' whole reports)
+    assert int(ET.parse(tmp_path / "junit.xml").getroot().get("tests")) == 2 * 16
 
 
 def test_a_kept_cell_is_rewritten_only_when_its_reports_are_stale(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ from harness.scenario.schema import Scenario, ScenarioError, resolve_scenario_pa
 from harness.scenario.source import display, missing_vllm_input, read_yaml_file
 
 if TYPE_CHECKING:
-    from harness.report.model import RunReport
+    from harness.report.collect import CollectResult
     from harness.scenario.matrix import Matrix
     from harness.sizing.vllm_source.kernels import KernelsLibrary
 
@@ -224,12 +224,12 @@ def run_scenario(
     scenario_path: Path | None,
     command: list[str],
     console: Console,
-    on_collected: Callable[[RunReport], None] | None = None,
+    on_collected: Callable[[CollectResult], None] | None = None,
     plots: bool = True,
 ) -> int:
     """Launch one scenario into run_dir (claimed by the caller), collect it and print the summary; return the exit
-    code. `on_collected` gets the collected report (a matrix's combined report reuses it instead of reading the
-    records again). `plots=False`: a matrix's cell, whose report.html draws no figure (the matrix's page does)."""
+    code. `on_collected` gets what collect produced (a matrix's combined report reuses the report, and the sha256
+    of the report.json written, instead of reading the records again). `plots=False`: a matrix's cell, whose report.html draws no figure (the matrix's page does)."""
     from harness.rank.lifecycle import rank_main
     from harness.report.collect import collect
     from harness.report.model import RunReport
@@ -269,7 +269,7 @@ def run_scenario(
         print(f"harness: {describe_failure(failure)}", file=sys.stderr)
     result = collect(run_dir, plots=plots)
     if on_collected is not None and isinstance(result.report, RunReport):
-        on_collected(result.report)
+        on_collected(result)
     console.print(result.summary_table())
     console.print(f"results: {run_dir}  ({time.monotonic() - started:.1f} s)", highlight=False, markup=False)
     if not outcome.ok:
@@ -446,13 +446,13 @@ def _run_matrix(request: RunRequest, matrix: Matrix, overrides: dict[str, Any], 
 
 def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str | None], *, launcher: Launcher,
                run_dir: Path, run_id: str, path: Path, command: list[str], console: Console, resume: bool = False,
-               start_s: float = 60.0) -> dict[str, RunReport]:
+               start_s: float = 60.0) -> dict[str, CollectResult]:
     """The cells one after another, each claimed in the matrix directory; past a cell that fails or cannot run.
 
     A cell that finished (collected, its claim released) is kept. One that was interrupted (run.json and a claim
     left behind, or no report.json) is run again with `resume` (what the killed run left is replaced), else kept
-    and named. Returns the report each cell that ran was collected into, by cell name."""
-    collected: dict[str, RunReport] = {}
+    and named. Returns what collect produced for each cell that ran, by cell name."""
+    collected: dict[str, CollectResult] = {}
     for i, (cell, scenario, reason) in enumerate(zip(cells, scenarios, not_here), start=1):
         console.rule(f"cell {i} of {len(cells)}: {cell.name}")
         cell_dir = run_dir / cell.name
@@ -477,7 +477,7 @@ def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str |
                 code = run_scenario(
                     scenario, launcher=launcher, run_dir=cell_claim.path, run_id=f"{run_id}-{cell.name}",
                     scenario_path=path, command=command, console=console,
-                    on_collected=lambda report, name=cell.name: collected.__setitem__(name, report), plots=False,
+                    on_collected=lambda result, name=cell.name: collected.__setitem__(name, result), plots=False,
                 )
             finally:
                 cell_claim.release()

@@ -29,13 +29,14 @@ Checks, per rank x policy (docs/reports.md says how to read them):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.core.exits import EXIT_ERROR
 from harness.report.build import collect_report
-from harness.report.model import Report, with_digest
+from harness.report.model import Report, RunReport, with_digest
 from harness.report.write import ForeignOutputError, write_report
 from harness.scenario.schema import Scenario
 
@@ -49,6 +50,7 @@ class CollectResult:
     outputs: tuple[Path, ...] = ()
     notes: tuple[str, ...] = ()  # outputs of another generation that were rewritten
     write_error: str | None = None  # the outputs could not be written (one line); the exit code is then 2
+    report_sha256: str | None = None  # "sha256:<hex>" of the report.json bytes written; None: nothing written
 
     @property
     def exit_code(self) -> int:
@@ -92,16 +94,18 @@ def is_run_dir(path: Path) -> bool:
     return Path(path).is_dir() and manifest.is_file() and not manifest.is_symlink()
 
 
-def write_outputs(out_dir: Path, report: Report, *, plots: bool = True) -> CollectResult:
+def write_outputs(out_dir: Path, report: Report, *, plots: bool = True,
+                  cell_reports: Mapping[str, RunReport] | None = None) -> CollectResult:
     """write_report, with a failure to write (a read-only directory, a directory where report.md goes, a full
     disk) turned into the result's one-line `write_error` and exit code 2 instead of an exception."""
     report = with_digest(report)
     try:
-        outputs, notes = write_report(out_dir, report, plots=plots)
+        written = write_report(out_dir, report, plots=plots, cell_reports=cell_reports)
     except ForeignOutputError as exc:
         return CollectResult(run_dir=out_dir, report=report, write_error=str(exc))
     except OSError as exc:
         where = Path(exc.filename).name if exc.filename else out_dir
         return CollectResult(run_dir=out_dir, report=report,
                              write_error=f"cannot write the reports into {out_dir}: {where}: {exc.strerror}")
-    return CollectResult(run_dir=out_dir, report=report, outputs=outputs, notes=notes)
+    return CollectResult(run_dir=out_dir, report=report, outputs=written.paths, notes=written.notes,
+                         report_sha256=written.report_sha256)

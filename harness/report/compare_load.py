@@ -1,5 +1,17 @@
 """Reading the two sides of `harness compare`: report.json files (verified against the records they came from)
-or run and matrix directories collected in memory."""
+or run and matrix directories collected in memory.
+
+What compare trusts is checked by hashing bytes, never by parsing a record again:
+    report.json          its content_digest recomputed (a hand edit, the generation kept, is refused)
+    its siblings         report.md/junit.xml/report.html/status.json of the same generation, status.json's verdict
+    a run's records      run.json and ranks/*: their sha256 is the generation's content part (load.input_hash)
+    a matrix             matrix.json's sha256 (MatrixReport.manifest_sha256); per cell, its records as a run's and
+                         its own report.json's sha256 (MatrixCell.report_sha256). Only the matrix's report.json is
+                         parsed: it holds each cell's summary, all that compare reads.
+A cell whose records cannot be told by their bytes (it never ran, or has no run.json) is collected alone in
+memory; a matrix whose matrix.json changed, or a report without a digest (an older harness's), is collected
+again in memory as a whole, and then its generation must be the report's.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +24,12 @@ from typing import Any, Literal
 from harness.report.collect import collect
 from harness.report.compare_metrics import CompareError
 from harness.report.load import MAX_RECORD_BYTES, input_hash, read_contained
-from harness.report.model import Report, ReportFormatError, RunReport, content_digest, parse_report
+from harness.report.model import (
+    MatrixCell, MatrixReport, Report, ReportFormatError, RunReport, content_digest, parse_report,
+)
 from harness.report.status import STATUS_FILE, StatusError, read_status
-from harness.report.write import output_generations
+from harness.report.write import file_sha256, output_generations
+from harness.scenario.matrix import MATRIX_MANIFEST, MatrixError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,8 +79,16 @@ def _parse_report_file(path: Path) -> LoadedReport:
     raw = read_contained(path.parent.resolve(), path, limit=4 * MAX_RECORD_BYTES)
     if isinstance(raw, tuple):
         raise CompareError(f"{path}: {'no such file or directory' if raw[0] == 'missing' else raw[1]}")
-    try:
-        data = json.loads(raw.decode("utf-8"))  # json reads NaN and Infinity: they are found below
+    non_finite = False
+
+    def number(text: str) -> float:  # NaN, Infinity, -Infinity, and a literal too large for a float (1e999)
+        nonlocal non_finite
+        value = float(text)
+        non_finite = non_finite or not math.isfinite(value)
+        return value
+
+    try:  # json reads NaN and Infinity: they are found below
+        data = json.loads(raw.decode("utf-8"), parse_float=number, parse_constant=number)
     except UnicodeDecodeError:
         raise CompareError(f"{path}: corrupt: not UTF-8 text") from None
     except json.JSONDecodeError as exc:
@@ -73,7 +96,8 @@ def _parse_report_file(path: Path) -> LoadedReport:
     except (ValueError, RecursionError) as exc:
         raise CompareError(f"{path}: corrupt JSON ({type(exc).__name__})") from None
     found: list[tuple[Any, ...]] = []
-    cleaned = _strip_non_finite(data, (), found)
+    # Collect writes strict JSON, so the walk (a Python pass over every value) is needed only when there is one.
+    cleaned = _strip_non_finite(data, (), found) if non_finite else data
     try:
         report = parse_report(cleaned, where=str(path))
     except ReportFormatError as exc:
@@ -129,27 +153,72 @@ def _check_status(directory: Path, report: Report) -> None:
                            f"run `harness collect {directory}`")
 
 
-def _records_unchanged(directory: Path, report: Report) -> bool:
+def _records_unchanged(directory: Path, report: RunReport) -> bool:
     """Whether the records under `directory` are still the ones `report` was collected from, by their bytes alone
     (load.input_hash: no record is parsed); False when that cannot be told cheaply (the caller collects again)."""
-    if isinstance(report, RunReport):
-        return (directory / "run.json").exists() and \
-            report.generation.rpartition("@")[2] == input_hash(directory)[:16]
-    for cell in report.cells:
-        cell_dir = directory / cell.name
-        if cell_dir.is_symlink() or not cell_dir.is_dir() or not (cell_dir / "run.json").exists():
-            return False  # a cell that never ran is hashed from its scenario: collect again to tell
-        if cell.report.generation.rpartition("@")[2] != input_hash(cell_dir)[:16]:
+    return (directory / "run.json").exists() and report.generation.rpartition("@")[2] == input_hash(directory)[:16]
+
+
+def _real_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
+
+
+def _cell_report_unchanged(directory: Path, cell: MatrixCell) -> None:
+    """The cell's own report.json is still the one collect wrote (when the matrix report names its sha256);
+    CompareError naming it otherwise."""
+    if cell.report_sha256 is None:
+        return
+    cell_dir = directory / cell.name
+    data = read_contained(directory.resolve(), cell_dir / "report.json", limit=4 * MAX_RECORD_BYTES)
+    if not isinstance(data, bytes) or file_sha256(data) != cell.report_sha256:
+        what = "its sha256 differs" if isinstance(data, bytes) else data[1]
+        raise CompareError(f"{cell_dir / 'report.json'}: not the report the matrix report was collected with ({what}: "
+                           f"edited, removed or collected again since): run `harness collect {directory}`")
+
+
+def _matrix_unchanged(directory: Path, report: MatrixReport) -> bool:
+    """Whether matrix.json and every cell's inputs are still what `report` was collected from, by their bytes, one
+    cell at a time: its records (load.input_hash against its generation) and its own report.json. A cell that
+    cannot be told by its bytes (it never ran, or has no run.json) is collected alone in memory. CompareError
+    names a cell whose records or report changed. False: matrix.json changed, or no longer names a cell (the
+    caller collects the whole matrix again)."""
+    from harness.report.matrix import cells_in_memory, check_cell_name
+
+    if report.manifest_sha256 is not None:
+        manifest = read_contained(directory.resolve(), directory / MATRIX_MANIFEST, limit=MAX_RECORD_BYTES)
+        if not isinstance(manifest, bytes) or file_sha256(manifest) != report.manifest_sha256:
             return False
-    return True
+    untold: dict[str, MatrixCell] = {}
+    try:
+        for cell in report.cells:
+            cell_dir = directory / check_cell_name(cell.name, str(directory / "report.json"))
+            if _real_dir(cell_dir) and (cell_dir / "run.json").exists() and \
+                    cell.report.generation.rpartition("@")[2] == input_hash(cell_dir)[:16]:
+                _cell_report_unchanged(directory, cell)
+            else:
+                untold[cell.name] = cell
+        collected: set[str] = set()
+        for name, fresh in cells_in_memory(directory, untold) if untold else ():
+            collected.add(name)
+            if fresh.generation != untold[name].report.generation:
+                raise CompareError(
+                    f"{directory}: report.json is of generation {report.generation} but its records are now another: "
+                    f"cell {name} was collected as {untold[name].report.generation} and its records are now "
+                    f"{fresh.generation} (changed, deleted or added since it was collected); run `harness collect "
+                    f"{directory}`")
+            _cell_report_unchanged(directory, untold[name])
+    except MatrixError as exc:
+        raise CompareError(str(exc)) from None
+    return collected == set(untold)
 
 
 def _verified(directory: Path, loaded: LoadedReport) -> LoadedReport:
     """A directory's report.json, checked before any number of it is used: one generation with its siblings, its
-    content digest (an edited report.json is refused), and its records' bytes (changed records are refused).
+    content digest (an edited report.json is refused), and its records' bytes (changed records are refused); for a
+    matrix, matrix.json's bytes and each cell's own report.json's.
 
-    A report that verifies is used as it is (no record is parsed); one without a digest (an older harness's) is
-    replaced by the records collected in memory, so every number comes from the records."""
+    A report that verifies is used as it is (no record and no cell report is parsed); one without a digest (an
+    older harness's) is replaced by the records collected in memory, so every number comes from the records."""
     _check_siblings(directory, loaded)
     _check_status(directory, loaded.report)
     generation = loaded.report.generation
@@ -158,14 +227,21 @@ def _verified(directory: Path, loaded: LoadedReport) -> LoadedReport:
                            f"does not match its content): re-run `harness collect {directory}`")
     if not any((directory / n).exists() for n in ("run.json", "matrix.json")):
         return loaded
-    if loaded.digest == "verified" and _records_unchanged(directory, loaded.report):
-        return loaded
+    if loaded.digest == "verified":
+        report = loaded.report
+        if isinstance(report, MatrixReport) and (directory / MATRIX_MANIFEST).exists():
+            if _matrix_unchanged(directory, report):
+                return loaded
+        elif isinstance(report, RunReport) and _records_unchanged(directory, report):
+            return loaded
     fresh = _collect_in_memory(directory)
     if fresh.generation != generation:
         raise CompareError(f"{directory}: report.json is of generation {generation} but its records are now "
                            f"{fresh.generation} (changed, deleted or added since it was collected); run `harness "
                            f"collect {directory}`")
-    return LoadedReport(report=fresh, source="records (collected in memory: report.json carries no content digest)")
+    why = "its inputs changed in a way their bytes alone do not tell" if loaded.digest == "verified" else \
+        "report.json carries no content digest"
+    return LoadedReport(report=fresh, source=f"records (collected in memory: {why})")
 
 
 def _has_records(directory: Path) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from harness.core.exits import EXIT_FAILED, EXIT_OK
@@ -170,6 +170,7 @@ class Row:
 
 
 NO_SPREAD = "no per-stage min/max in the records: threshold alone"
+_ROW_FIELDS = fields(Row)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,7 +229,7 @@ class Comparison:
 
 
 def _row_json(row: Row) -> dict[str, Any]:
-    data = asdict(row)
+    data = {f.name: getattr(row, f.name) for f in _ROW_FIELDS}  # flat values: asdict's deep copy is not needed
     for key in ("change_pct", "change_abs"):
         if isinstance(data[key], float) and not math.isfinite(data[key]):
             data[key] = None  # JSON has no infinity; a change from zero is stated in the note

@@ -16,6 +16,7 @@ Plots (matplotlib, Agg, no pyplot state):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from harness.report.html_base import (
@@ -237,9 +238,10 @@ def _run_body(report: RunReport) -> list[str]:
     ]
 
 
-def render_html(report: Report, *, plots: bool = True) -> str:
+def render_html(report: Report, *, plots: bool = True, cells: Mapping[str, RunReport] | None = None) -> str:
     """report.html for a run or a matrix report. `plots=False` (a matrix cell's page) draws no figure: matplotlib
-    costs about 0.2 s a figure, which a matrix would pay per cell; the matrix's page plots every cell."""
+    costs about 0.2 s a figure, which a matrix would pay per cell; the matrix's page plots every cell. `cells`: a
+    matrix's cells' whole reports by name, for the breakdown (per-rank figures its report.json does not hold)."""
     status_class = "ok" if report.exit_code == 0 else "failed"
     parts = [
         "<!DOCTYPE html>",
@@ -265,7 +267,7 @@ def render_html(report: Report, *, plots: bool = True) -> str:
         parts += [_ooms_html(report), _components_html(report)]
     parts.append("<h2>Plots</h2>")
     if isinstance(report, MatrixReport):
-        parts += matrix_body(report)
+        parts += matrix_body(report, cells or {})
     elif plots:
         parts += _run_body(report)
     else:

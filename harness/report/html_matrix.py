@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Mapping
 from typing import Any
 
 from harness.report.html_base import (
@@ -22,7 +23,7 @@ from harness.report.html_base import (
     png_base64, policy_color, table, td,
 )
 from harness.report.markdown import Cell
-from harness.report.model import MatrixCell, MatrixReport
+from harness.report.model import MatrixCell, MatrixReport, RunReport
 
 GROUPS_DRAWN_MAX = 4
 POLICIES_DRAWN_MAX = 6
@@ -274,16 +275,20 @@ def cell_plots_note() -> str:
             "alone draws this cell's own plots here.</p>")
 
 
-def matrix_body(report: MatrixReport) -> list[str]:
+def matrix_body(report: MatrixReport, cells: Mapping[str, RunReport]) -> list[str]:
+    """The matrix page's figures and tables; the breakdown (per-rank figures) from the cells' whole reports."""
     labels: list[str] = []
     bars: list[dict[str, float]] = []
-    total = sum(1 for c in report.cells for p in c.report.policies if any(
-        e.policy == p.policy and e.breakdown is not None for r in c.report.ranks for e in r.policies))
+    whole = [cells[c.name] for c in report.cells if c.name in cells]
+    total = sum(1 for r in whole for p in r.policies if any(
+        e.policy == p.policy and e.breakdown is not None for rank in r.ranks for e in rank.policies))
     short = short_cell_names(report)
     for cell in report.cells:
         if len(bars) >= BREAKDOWN_BARS_MAX:
             break
-        cell_labels, cell_bars = matrix_breakdown(cell, short[cell.name])
+        if cell.name not in cells:
+            continue
+        cell_labels, cell_bars = matrix_breakdown(cell, cells[cell.name], short[cell.name])
         labels += cell_labels
         bars += cell_bars
     labels, bars = labels[:BREAKDOWN_BARS_MAX], bars[:BREAKDOWN_BARS_MAX]
@@ -315,10 +320,12 @@ def short_cell_names(report: MatrixReport) -> dict[str, str]:
     return out
 
 
-def matrix_breakdown(cell: MatrixCell, label: str | None = None) -> tuple[list[str], list[dict[str, float]]]:
+def matrix_breakdown(cell: MatrixCell, report: RunReport,
+                     label: str | None = None) -> tuple[list[str], list[dict[str, float]]]:
+    """A cell's bars (one per policy, the average over its ranks) from its whole report."""
     labels, bars = [], []
-    for summary in cell.report.policies:
-        found = [breakdown_parts(e.breakdown) for r in cell.report.ranks for e in r.policies
+    for summary in report.policies:
+        found = [breakdown_parts(e.breakdown) for r in report.ranks for e in r.policies
                  if e.policy == summary.policy and e.breakdown is not None]
         if found:
             labels.append(f"{label or cell.name}\n{summary.policy}")

@@ -4,11 +4,12 @@ expectation check), one erroring testcase per problem; suites and cases carry `t
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from typing import Any
 
 from harness.report.evidence import oom_entries
 from harness.report.markdown import title_line
-from harness.report.model import MatrixReport, Report, RunReport
+from harness.report.model import MatrixReport, Report, RunReport, RunSummary
 
 
 
@@ -29,9 +30,11 @@ def _case_time(entry: Any, check: str) -> str:
     return f"{sum(stages) / 1e6:.6f}" if check == "expectation" and stages else "0"
 
 
-def _add_run_cases(suite: ET.Element, report: RunReport, prefix: str) -> None:
-    ooms = {(r, e.policy): e.line() for e in oom_entries(report) for r in e.ranks}
-    for rank in report.ranks:
+def _add_run_cases(suite: ET.Element, report: RunSummary, prefix: str) -> None:
+    """The rank x policy x check cases of a whole report (a summary has none), then one case per problem."""
+    ranks = report.ranks if isinstance(report, RunReport) else []
+    ooms = {(r, e.policy): e.line() for e in oom_entries(report) for r in e.ranks} if ranks else {}
+    for rank in ranks:
         for entry in rank.policies:
             oom = ooms.get((rank.rank, entry.policy))
             for check, result in entry.checks.items():
@@ -62,22 +65,23 @@ def _properties(suite: ET.Element, values: dict[str, Any]) -> None:
         ET.SubElement(props, "property", name=name, value=str(value))
 
 
-def _run_seconds(report: RunReport) -> str:
+def _run_seconds(report: RunSummary) -> str:
     """The run's wall time from its manifest and records (never "now", so a second collect writes the same bytes)."""
     if report.started_at is None or report.finished_at is None:
         return "0"
     return f"{max(0.0, report.finished_at - report.started_at):.3f}"
 
 
-def render_junit(report: Report) -> str:
-    """junit.xml: one testcase per rank x policy x check, and one erroring testcase per problem."""
+def render_junit(report: Report, cells: Mapping[str, RunReport] | None = None) -> str:
+    """junit.xml: one testcase per rank x policy x check, and one erroring testcase per problem. A matrix's cases
+    come from its cells' whole reports in `cells` (by name); a cell not in it has its problems' cases only."""
     root = ET.Element("testsuites", name=title_line(report))
     if isinstance(report, MatrixReport):
         for cell in report.cells:
             suite = ET.SubElement(root, "testsuite", name=cell.name, time=_run_seconds(cell.report))
             _properties(suite, {"generation": report.generation, "cell_generation": cell.report.generation,
                                 "scenario_hash": cell.report.scenario.hash})
-            _add_run_cases(suite, cell.report, cell.name)
+            _add_run_cases(suite, (cells or {}).get(cell.name, cell.report), cell.name)
             _suite_counts(suite)
     else:
         s = report.scenario

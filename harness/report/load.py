@@ -73,9 +73,11 @@ class _Inputs:
         self.problems.append(Problem(kind=kind, cause=cause, rank=rank, path=path))
 
 
-def read_contained(root: Path, path: Path, *, limit: int = MAX_RECORD_BYTES) -> bytes | tuple[ProblemKind, str]:
+def read_contained(root: Path, path: Path, *, limit: int = MAX_RECORD_BYTES,
+                   head: int | None = None) -> bytes | tuple[ProblemKind, str]:
     """The bytes of a regular file inside `root` (resolved), or (problem kind, cause): a link out of the directory,
-    a FIFO or device (which would block or never end), a file over `limit`, or one that cannot be read."""
+    a FIFO or device (which would block or never end), a file over `limit`, or one that cannot be read.
+    `head`: at most that many bytes, the file's first (a stamp near the top of a large output)."""
     try:
         real = path.resolve(strict=True)
     except FileNotFoundError:
@@ -95,7 +97,13 @@ def read_contained(root: Path, path: Path, *, limit: int = MAX_RECORD_BYTES) -> 
         if info.st_size > limit:
             return "corrupt", f"{info.st_size} bytes, more than a record can be ({limit}): not read"
         with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(limit + 1)
+            if head is not None and info.st_size > head:
+                return f.read(head)
+            # The size fstat gave, and one byte more: asking for limit + 1 at once would allocate the whole limit
+            # (64 MiB) for every kilobyte-sized record. A file that grew since is read on, up to the limit.
+            data = f.read(info.st_size + 1)
+            if len(data) > info.st_size:
+                data += f.read(limit + 1 - len(data))
     except OSError as exc:
         return "corrupt", f"cannot read: {exc.strerror}"
     finally:
@@ -315,11 +323,50 @@ def load_run(run_dir: Path, *, sink: RecordSink | None = None) -> LoadedRun:
 def input_hash(run_dir: Path) -> str:
     """The input hash load_run computes (LoadedRun.input_hash), from the files' bytes alone: nothing is parsed and
     one file is held at a time, so checking a collected report against 16384 records costs a read and a sha256 of
-    each. The same files, in the same way: run.json and the canonical names in ranks/."""
+    each. The same files, in the same way: run.json and the canonical names in ranks/. A rank file is opened in
+    ranks/ without following a link (no path resolved per file); anything but a regular file within the size
+    limit (a link, a FIFO, an unreadable file) is digested as load_run digests it (read_contained)."""
     run_dir = Path(run_dir)
     inputs = _Inputs(run_dir=run_dir, root=run_dir.resolve())
     if (run_dir / "run.json").exists() or (run_dir / "run.json").is_symlink():
         _digested(inputs, "run.json")
-    for _, _, rel in _scan_ranks_dir(inputs):
-        _digested(inputs, rel)
+    found = _scan_ranks_dir(inputs)  # ranks/ is inside the run directory, else nothing is found
+    dir_fd = _open_dir(run_dir / "ranks") if found else None
+    try:
+        for _, _, rel in found:
+            digest = _regular_file_sha256(dir_fd, rel.removeprefix("ranks/")) if dir_fd is not None else None
+            if digest is None:
+                _digested(inputs, rel)
+            else:
+                inputs.digests.append((rel, digest))
+    finally:
+        if dir_fd is not None:
+            os.close(dir_fd)
     return _input_hash(inputs.digests)
+
+
+def _open_dir(path: Path) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+
+
+def _regular_file_sha256(dir_fd: int, name: str) -> str | None:
+    """The sha256 (hex) of `name` in the directory `dir_fd` when it is a regular file of at most MAX_RECORD_BYTES,
+    opened without following a link; None for anything else (read_contained then says what it is)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RECORD_BYTES:
+            return None
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(info.st_size + 1)  # one byte more tells a file that grew since fstat: read_contained's
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return hashlib.sha256(data).hexdigest() if len(data) == info.st_size else None

@@ -9,7 +9,7 @@ the aggregation over ranks (nccl-tests style); Markdown, HTML and the terminal a
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -452,11 +452,11 @@ def _md_components(report: RunReport) -> list[str]:
     return out + ["", COMPONENT_NOTE, ""]
 
 
-def _md_ooms(report: Report) -> list[str]:
+def _md_ooms(report: Report, cells: Mapping[str, RunReport]) -> list[str]:
     """Each OOM with the allocator's message, the stage, the bytes asked for and held, and the budget; a matrix's
-    with the cell each happened in."""
+    with the cell each happened in (from the cells' whole reports in `cells`)."""
     if isinstance(report, MatrixReport):
-        per_cell = [(c.name, oom_entries(c.report)) for c in report.cells]
+        per_cell = [(c.name, oom_entries(cells[c.name])) for c in report.cells if c.name in cells]
         entries = [e for _, found in per_cell for e in found]
         rows = [[name, *row] for name, found in per_cell for row in oom_table_rows(found)][:MAX_OOM_ROWS]
         headers = ["cell", *OOM_HEADERS]
@@ -514,9 +514,11 @@ def _md_baselines(report: RunReport) -> list[str]:
     return out
 
 
-def correctness_rows(report: Report) -> list[list[str]]:
-    """Per (cell,) rank x policy that ran the check: the kernels, the first diverging stage and where, the verdict."""
-    runs = [(c.name, c.report) for c in report.cells] if isinstance(report, MatrixReport) else [(None, report)]
+def correctness_rows(report: Report, cells: Mapping[str, RunReport] | None = None) -> list[list[str]]:
+    """Per (cell,) rank x policy that ran the check: the kernels, the first diverging stage and where, the verdict.
+    A matrix's rows come from its cells' whole reports in `cells` (its report.json holds their summaries)."""
+    runs: list[tuple[str | None, RunReport]] = [(None, report)] if isinstance(report, RunReport) else \
+        [(c.name, cells[c.name]) for c in report.cells if cells and c.name in cells]
     rows: list[list[str]] = []
     for cell, run in runs:
         if cell is not None and len(rows) >= MATRIX_ROWS_MAX:
@@ -542,8 +544,8 @@ def correctness_rows(report: Report) -> list[list[str]]:
     return rows
 
 
-def _md_correctness(report: Report) -> list[str]:
-    rows = correctness_rows(report)
+def _md_correctness(report: Report, cells: Mapping[str, RunReport]) -> list[str]:
+    rows = correctness_rows(report, cells)
     if not rows:
         return []
     lead = ["cell"] if isinstance(report, MatrixReport) else []
@@ -577,8 +579,10 @@ def _md_matrix_cells(report: MatrixReport) -> list[str]:
     return out
 
 
-def render_markdown(report: Report) -> str:
-    """report.md: for a Buildkite annotation or a GitHub step summary."""
+def render_markdown(report: Report, cells: Mapping[str, RunReport] | None = None) -> str:
+    """report.md: for a Buildkite annotation or a GitHub step summary. `cells`: a matrix's cells' whole reports by
+    name, for its per-rank sections (the OOMs, correctness by stage); a cell not in it shows its summary only."""
+    cells = cells or {}
     out = [f"## {title_line(report)}", "", "```"]
     out += [f"# {line}" for line in header_lines(report)]
     out += ["```", ""]
@@ -587,12 +591,12 @@ def render_markdown(report: Report) -> str:
     out += ["", table_legend(report), ""]
     if isinstance(report, MatrixReport):
         out += _md_matrix_cells(report)
-        out += _md_ooms(report)
+        out += _md_ooms(report, cells)
     else:
-        out += _md_ooms(report)
+        out += _md_ooms(report, cells)
         out += _md_components(report)
         out += _md_baselines(report)
-    out += _md_correctness(report)
+    out += _md_correctness(report, cells)
     out += _md_listing(report)
     out += [checks_line(report), "", f"**{footer_line(report)}**"]
     return "\n".join(out) + "\n"

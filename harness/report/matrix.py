@@ -3,7 +3,12 @@
 harness.scenario.matrix expands a matrix file into cells; harness.launch.run runs them and collects each as it
 finishes; this module builds the combined report from those cells' typed reports (reading only the cells no call
 collected), goes on past a cell that failed or never ran, and writes one report.json/md/html and junit.xml into
-MATRIX_DIR. The combined report renders from the cells' summaries; no record is read for it.
+MATRIX_DIR. No record is read for it.
+
+The matrix's report.json references its cells rather than embedding them: each MatrixCell holds the cell's
+RunSummary (its report less the per-rank entries, which stay in the cell's own report.json) and the sha256 of that
+report.json's bytes; the matrix holds the sha256 of matrix.json. compare reads the summaries and checks the cells'
+files and records by hashing their bytes (harness.report.compare_load), never parsing a cell's report.
 A cell's name becomes a directory under MATRIX_DIR, so one read back from matrix.json must be a safe single path
 component: anything else is refused before any file is read or written.
 """
@@ -13,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,8 +36,10 @@ from harness.report.model import (
     Problem,
     RunReport,
     SkippedCombination,
+    dump_json,
+    with_digest,
 )
-from harness.report.write import output_generations
+from harness.report.write import file_sha256, output_generations
 from harness.scenario.matrix import (
     MATRIX_MANIFEST,
     MATRIX_MANIFEST_VERSION,
@@ -62,50 +69,75 @@ def _planned_contracts(scenario: Scenario) -> dict[str, int]:
     return {p: builtin_shapes(p, args).total_bytes for p in scenario.policies if p in BUILTIN_POLICIES}
 
 
-def matrix_cell(cell: ScenarioCell, report: RunReport) -> MatrixCell:
-    """A cell of the combined report from the cell's collected report (the one its own report.json holds)."""
+def matrix_cell(cell: ScenarioCell, report: RunReport, report_sha256: str | None = None) -> MatrixCell:
+    """A cell of the combined report from the cell's collected report (the one its own report.json holds, whose
+    bytes hash to `report_sha256`): its summary, without the ranks."""
     name = check_cell_name(cell.name, MATRIX_MANIFEST)
     return MatrixCell(name=name, dir=f"{name}/", axis_values=jsonable(cell.axis_values),
-                      planned_contracts=_planned_contracts(cell.scenario), report=report)
+                      planned_contracts=_planned_contracts(cell.scenario), report=report, report_sha256=report_sha256)
 
 
-def _cell_report(matrix_dir: Path, cell: ScenarioCell, *, write: bool | Literal["stale"]) -> MatrixCell:
-    """Collect one cell. write="stale": write its reports only when they are not all of this generation (a cell
-    run by an earlier call keeps its files; one whose records changed since, or whose reports are missing, gets
-    them rewritten)."""
+def _cell_report(matrix_dir: Path, cell: ScenarioCell, *,
+                 write: bool | Literal["stale"]) -> tuple[RunReport, str | None]:
+    """Collect one cell: its whole report and the sha256 of its report.json (None: none written). write="stale":
+    write its reports only when they are not what collect writes now (a cell run by an earlier call keeps its
+    files; one whose records changed since, whose report.json was edited, or whose reports are missing or of
+    another generation gets them rewritten)."""
     name = check_cell_name(cell.name, str(matrix_dir / MATRIX_MANIFEST))
     cell_dir = matrix_dir / name
-    if cell_dir.is_dir() and not cell_dir.is_symlink():
-        report = collect(cell_dir, scenario_hint=cell.scenario, write=write is True, plots=False).report
-        assert isinstance(report, RunReport)
-        if write == "stale" and set(output_generations(cell_dir).values()) != {report.generation}:
-            write_outputs(cell_dir, report, plots=False)
-    else:
+    if not (cell_dir.is_dir() and not cell_dir.is_symlink()):
         what = "is a link, not read" if cell_dir.is_symlink() else "no run directory (the cell's run did not start)"
         missing = Problem(kind="missing-cell", path=f"{name}/", cause=f"cell {name}: {what}")
         loaded = LoadedRun(run_dir=cell_dir, manifest=None, records=(), failures=(), problems=(missing,),
                            input_hash="")
-        report = build_report(loaded, scenario_hint=cell.scenario)
-    return matrix_cell(cell, report)
+        return build_report(loaded, scenario_hint=cell.scenario), None
+    result = collect(cell_dir, scenario_hint=cell.scenario, write=write is True, plots=False)
+    report = result.report
+    assert isinstance(report, RunReport)
+    if write is not True:
+        if write != "stale":
+            return report, None
+        report = with_digest(report)
+        sha = file_sha256(dump_json(report).encode())
+        on_disk = read_contained(cell_dir.resolve(), cell_dir / "report.json", limit=4 * MAX_RECORD_BYTES)
+        if set(output_generations(cell_dir).values()) == {report.generation} and isinstance(on_disk, bytes) \
+                and file_sha256(on_disk) == sha:
+            return report, sha
+        result = write_outputs(cell_dir, report, plots=False)
+    return report, result.report_sha256
+
+
+def _manifest_sha256(matrix_dir: Path) -> str | None:
+    raw = read_contained(matrix_dir.resolve(), matrix_dir / MATRIX_MANIFEST, limit=MAX_RECORD_BYTES)
+    return file_sha256(raw) if isinstance(raw, bytes) else None
 
 
 def collect_matrix(matrix_dir: Path, cells: Sequence[ScenarioCell], *, matrix: Matrix | None = None,
-                   collected: Mapping[str, RunReport] | None = None) -> CollectResult:
+                   collected: Mapping[str, CollectResult] | None = None) -> CollectResult:
     """The combined report of every cell, written into `matrix_dir`; each cell collected once.
 
-    `collected` maps a cell's name to the report its run already collected and wrote (harness run collects each
-    cell as it finishes): that report is used as it is, no record is read again. Any other cell (run by an earlier
-    call, or never) is collected here; its own reports are written only when they are missing or of another
-    generation. A cell that failed, ran partly or never ran is reported with its problems; the others still are.
+    `collected` maps a cell's name to what its run already collected and wrote (harness run collects each cell as
+    it finishes): that report is used as it is, no record is read again. Any other cell (run by an earlier call,
+    or never) is collected here; its own reports are written only when they are missing or not what collect
+    writes now. A cell that failed, ran partly or never ran is reported with its problems; the others still are.
     Pass `matrix` to have the skipped combinations and "N of M valid" in the report.
     """
     matrix_dir = Path(matrix_dir)
     matrix_dir.mkdir(parents=True, exist_ok=True)
     write_matrix_manifest(matrix_dir, cells, matrix=matrix)
     collected = collected or {}
+    entries: list[MatrixCell] = []
+    whole: dict[str, RunReport] = {}
+    for cell in cells:
+        done = collected.get(cell.name)
+        if done is not None and isinstance(done.report, RunReport):
+            report, sha = done.report, done.report_sha256
+        else:
+            report, sha = _cell_report(matrix_dir, cell, write="stale")
+        entries.append(matrix_cell(cell, report, sha))
+        whole[cell.name] = report
     report = build_matrix_report(
-        [matrix_cell(cell, collected[cell.name]) if cell.name in collected
-         else _cell_report(matrix_dir, cell, write="stale") for cell in cells],
+        entries,
         run_id=matrix_dir.name,
         name=(matrix.name if matrix else None) or matrix_dir.name,
         description=matrix.description if matrix else "",
@@ -114,12 +146,15 @@ def collect_matrix(matrix_dir: Path, cells: Sequence[ScenarioCell], *, matrix: M
         skipped=[SkippedCombination(name=s.name, axis_values=jsonable(s.axis_values), reason=s.reason)
                  for s in (matrix.skipped() if matrix else [])],
         num_combinations=matrix.expansion().num_combinations if matrix else len(cells),
+        manifest_sha256=_manifest_sha256(matrix_dir),
     )
-    return write_outputs(matrix_dir, report)
+    return write_outputs(matrix_dir, report, cell_reports=whole)
 
 
-def _read_matrix_manifest(matrix_dir: Path) -> tuple[dict[str, Any], list[ScenarioCell]]:
-    """matrix.json's data and its cells; MatrixError (one line) for anything unreadable or unsafe."""
+def _read_matrix_manifest(matrix_dir: Path, names: Collection[str] | None = None
+                          ) -> tuple[dict[str, Any], list[ScenarioCell], str]:
+    """matrix.json's data, its cells (those in `names` only, when given: each scenario is parsed) and the sha256 of
+    its bytes; MatrixError (one line) for anything unreadable or unsafe."""
     path = matrix_dir / MATRIX_MANIFEST
     raw = read_contained(matrix_dir.resolve(), path, limit=MAX_RECORD_BYTES)
     if isinstance(raw, tuple):
@@ -133,14 +168,14 @@ def _read_matrix_manifest(matrix_dir: Path) -> tuple[dict[str, Any], list[Scenar
                               f"({MATRIX_MANIFEST_VERSION}); upgrade the harness to read it")
         cells = [ScenarioCell(name=check_cell_name(c["name"], str(path)), axis_values=c["axis_values"],
                               scenario=parse_stored_scenario(c["scenario"], path=f"{path}[{c['name']}]"))
-                 for c in data["cells"]]
+                 for c in data["cells"] if names is None or c["name"] in names]
     except MatrixError:
         raise
     except ScenarioError as exc:
         raise MatrixError(str(exc)) from None
     except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError) as exc:
         raise MatrixError(f"{path}: cannot read the matrix manifest: {type(exc).__name__}: {exc}"[:300]) from None
-    return data, cells
+    return data, cells, file_sha256(raw)
 
 
 def recollect_matrix(matrix_dir: Path, *, write: bool = True,
@@ -148,29 +183,44 @@ def recollect_matrix(matrix_dir: Path, *, write: bool = True,
     """`harness collect MATRIX_DIR`: collect again from matrix.json, as `collect_matrix` did after the run.
 
     `progress` gets one line per cell before it is collected (a cell's reports take about a second).
-    `write=False` collects in memory and writes nothing (compare's check of a matrix report against its records).
+    `write=False` collects in memory and writes nothing (compare's check of a matrix report against its records);
+    it then keeps each cell's summary only, so its memory is one cell's records and the summaries.
     """
     matrix_dir = Path(matrix_dir)
-    data, cells = _read_matrix_manifest(matrix_dir)
-    cell_reports = []
+    data, cells, manifest_sha256 = _read_matrix_manifest(matrix_dir)
+    entries: list[MatrixCell] = []
+    whole: dict[str, RunReport] = {}
     for i, cell in enumerate(cells, 1):
         if progress is not None:
             progress(f"collecting cell {i}/{len(cells)}: {cell.name}")
-        cell_reports.append(_cell_report(matrix_dir, cell, write=write))
+        report, sha = _cell_report(matrix_dir, cell, write=write)
+        entries.append(matrix_cell(cell, report, sha))
+        if write:
+            whole[cell.name] = report
     try:
         skipped = [SkippedCombination.model_validate(s) for s in data.get("skipped", [])]
         report = build_matrix_report(
-            cell_reports,
+            entries,
             run_id=matrix_dir.name, name=str(data.get("name") or matrix_dir.name),
             description=str(data.get("description") or ""), path=data.get("path"), axes=data.get("axes") or {},
             skipped=skipped, num_combinations=int(data.get("num_combinations", len(cells) + len(skipped))),
+            manifest_sha256=manifest_sha256,
         )
     except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
         raise MatrixError(f"{matrix_dir / MATRIX_MANIFEST}: cannot read the matrix manifest: "
                           f"{str(exc).splitlines()[0]}") from None
     if not write:
         return CollectResult(run_dir=matrix_dir, report=report)
-    return write_outputs(matrix_dir, report)
+    return write_outputs(matrix_dir, report, cell_reports=whole)
+
+
+def cells_in_memory(matrix_dir: Path, names: Collection[str]) -> Iterator[tuple[str, RunReport]]:
+    """The named cells that matrix.json has, each collected in memory as `harness collect MATRIX_DIR` would collect
+    it (its scenario read from matrix.json, read once), nothing written; one cell's records at a time. MatrixError:
+    matrix.json unreadable."""
+    _, cells, _ = _read_matrix_manifest(Path(matrix_dir), names=set(names))
+    for cell in cells:
+        yield cell.name, _cell_report(Path(matrix_dir), cell, write=False)[0]
 
 
 def _matrix_exit(cells: list[MatrixCell], counts: CheckCounts, problems: list[Problem]) -> tuple[int, str]:
@@ -184,7 +234,7 @@ def _matrix_exit(cells: list[MatrixCell], counts: CheckCounts, problems: list[Pr
 
 def _matrix_versions(cells: list[MatrixCell]) -> tuple[Any, dict[str, list[str]]]:
     """The first cell's versions, and every field on which cells (or ranks within one) disagree."""
-    ran = [c.report for c in cells if c.report.ranks and c.report.versions is not None]
+    ran = [c.report for c in cells if c.report.hardware.num_ranks_reported and c.report.versions is not None]
     mismatches: dict[str, set[str]] = {}
     for report in ran:
         for key, values in report.version_mismatches.items():
@@ -199,8 +249,10 @@ def _matrix_versions(cells: list[MatrixCell]) -> tuple[Any, dict[str, list[str]]
 
 
 def build_matrix_report(cells: list[MatrixCell], *, run_id: str, name: str, description: str, path: str | None,
-                        axes: dict[str, Any], skipped: list[SkippedCombination], num_combinations: int) -> MatrixReport:
-    """The combined report: every cell's run report plus totals across cells."""
+                        axes: dict[str, Any], skipped: list[SkippedCombination], num_combinations: int,
+                        manifest_sha256: str | None = None) -> MatrixReport:
+    """The combined report: every cell's run summary plus totals across cells. A cell ran when it has a record
+    (hardware.num_ranks_reported: one RankEntry per record in its own report)."""
     counts = CheckCounts()
     for cell in cells:
         counts = counts.plus(cell.report.checks)
@@ -215,8 +267,9 @@ def build_matrix_report(cells: list[MatrixCell], *, run_id: str, name: str, desc
         run_id=run_id, generation=generation_of(run_id, digest), name=name, description=description, path=path,
         status="OK" if exit_code == EXIT_OK else "FAILED", exit_code=exit_code, exit_reason=reason, axes=axes,
         num_combinations=num_combinations, num_valid=len(cells), skipped=skipped, versions=versions,
-        version_mismatches=mismatches, hardware=_merge_hardware([c.report.hardware for c in cells if c.report.ranks]),
-        checks=counts, check_failures=failures, problems=problems, cells=cells,
+        version_mismatches=mismatches,
+        hardware=_merge_hardware([c.report.hardware for c in cells if c.report.hardware.num_ranks_reported]),
+        checks=counts, check_failures=failures, problems=problems, cells=cells, manifest_sha256=manifest_sha256,
     )
 
 

@@ -1,13 +1,14 @@
 """The typed report: what `collect` produces and every rendering, `compare` and the matrix report consume.
 
-    RunReport                       one run directory (report.json, kind "run")
+    RunReport                       one run directory (report.json, kind "run"): a RunSummary and its ranks
       header: run_id, generation, scenario_name/hash, versions, hardware   (the fields records carry too)
       scenario: ScenarioInfo        the letters D P E T M K I N, tolerances, expectations, how memory was measured
       policies: [PolicySummary]     per policy, every per-rank metric as an Aggregate (min/avg/max over ranks)
-      ranks: [RankEntry]            per rank, per policy: RankPolicy, with its four checks
       checks, check_failures, problems, status, exit_code, exit_reason
       components: [ComponentReport] the layer's buffers the run allocated: predicted, measured, verdicts
-    MatrixReport                    a matrix directory (kind "matrix"): cells, each a MatrixCell carrying its RunReport
+      ranks: [RankEntry]            per rank, per policy: RankPolicy, with its four checks (RunReport only)
+    MatrixReport                    a matrix directory (kind "matrix"): cells, each a MatrixCell referencing its
+                                    cell's report.json (its sha256) and carrying that report's RunSummary
 
 Frozen and validated, in base units (bytes, microseconds, GB/s, TFLOP/s). report.json is `to_json_text()`: strict
 JSON, since the models refuse NaN and infinities (`allow_inf_nan=False`) and the dump refuses them again.
@@ -19,13 +20,17 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, JsonValue, field_validator
 
 from harness.core.records import Breakdown, KernelsRecord, OomRecord, StageCheck, Versions
 
-REPORT_SCHEMA_VERSION = 2  # 2: the typed model (generation, baseline check, timing spreads, outcome per policy)
+# 3: a matrix's cells carry their RunSummary (no per-rank entries) and the sha256 of their own report.json, and the
+#    matrix the sha256 of its matrix.json; a run's report is as in 2.
+# 2: the typed model (generation, baseline check, timing spreads, outcome per policy).
+REPORT_SCHEMA_VERSION = 3
+OLDEST_REPORT_SCHEMA_VERSION = 2  # read as well: a version-2 matrix's embedded cell reports are read as summaries
 
 CheckName = Literal["expectation", "correctness", "memory", "baseline"]
 CheckOutcome = Literal["pass", "fail", "skip", "error"]
@@ -306,7 +311,10 @@ class ComponentReport(ReportModel):
     detail: str = ""
 
 
-class RunReport(ReportModel):
+class RunSummary(ReportModel):
+    """A run's report less its per-rank entries: everything `compare` and a matrix's combined report read of a run
+    (header, verdicts, per-policy aggregates, failed checks, problems). A matrix report holds one per cell."""
+
     report_schema_version: int = REPORT_SCHEMA_VERSION
     record_schema_version: int
     kind: Literal["run"] = "run"
@@ -329,12 +337,21 @@ class RunReport(ReportModel):
     checks: CheckCounts
     check_failures: list[CheckFailure]
     problems: list[Problem]
-    ranks: list[RankEntry]
     components: list[ComponentReport] = []  # the layer's (and a deployment's) buffers the run allocated
     content_digest: str | None = None  # written by dump_json: sha256 of the rest (a hand edit shows)
 
     def policy(self, name: str) -> PolicySummary | None:
         return next((p for p in self.policies if p.policy == name), None)
+
+
+class RunReport(RunSummary):
+    """One run directory's report.json: its RunSummary and every rank's entry."""
+
+    ranks: list[RankEntry]
+
+    def summary(self) -> RunSummary:
+        """This report less its ranks (the fields are validated already: nothing is validated again)."""
+        return RunSummary.model_construct(**{name: getattr(self, name) for name in RunSummary.model_fields})
 
     def to_json_text(self) -> str:
         return dump_json(self)
@@ -351,14 +368,25 @@ class MatrixCell(ReportModel):
     dir: str
     axis_values: dict[str, JsonValue]
     planned_contracts: dict[str, int]  # builtin policies' contract bytes, known even for a cell that never ran
-    report: RunReport
+    report: RunSummary
+    # "sha256:<hex>" of the cell's own report.json as collect wrote it: compare checks the file against it (an
+    # edited cell report is refused) without parsing it. None: no report.json written for this report (a cell
+    # that never ran, one whose reports could not be written, one collected in memory, or a version-2 report).
+    report_sha256: str | None = None
 
-    @field_validator("report")
+    @field_validator("report", mode="before")
     @classmethod
-    def _no_digest_of_its_own(cls, report: RunReport) -> RunReport:
-        """The cell's report as its own report.json has it, less that file's digest: the matrix report's covers it,
-        and a cell read from disk and one collected just now give the same matrix report."""
-        return report if report.content_digest is None else report.model_copy(update={"content_digest": None})
+    def _summary_only(cls, report: object) -> object:
+        """The cell's report as its own report.json has it, less its ranks (they stay in that file) and that file's
+        digest (report_sha256 and the matrix report's own digest cover it), so a cell read from disk and one
+        collected just now give the same matrix report."""
+        if isinstance(report, RunReport):
+            report = report.summary()
+        if isinstance(report, RunSummary) and report.content_digest is not None:
+            return report.model_copy(update={"content_digest": None})
+        if isinstance(report, dict) and report.get("content_digest") is not None:
+            return {**report, "content_digest": None}
+        return report
 
 
 class MatrixReport(ReportModel):
@@ -383,6 +411,7 @@ class MatrixReport(ReportModel):
     check_failures: list[CheckFailure]
     problems: list[Problem]
     cells: list[MatrixCell]
+    manifest_sha256: str | None = None  # "sha256:<hex>" of matrix.json's bytes as collected; None: a version-2 report
     content_digest: str | None = None  # written by dump_json: sha256 of the rest (a hand edit shows)
 
     def to_json_text(self) -> str:
@@ -446,9 +475,12 @@ def parse_report(data: object, *, where: str) -> Report:
     if version > REPORT_SCHEMA_VERSION:
         raise ReportFormatError(f"{where}: report schema version {version} is newer than this harness reads "
                                 f"({REPORT_SCHEMA_VERSION}); upgrade the harness")
-    if version < REPORT_SCHEMA_VERSION:
+    if version < OLDEST_REPORT_SCHEMA_VERSION:
         raise ReportFormatError(f"{where}: report schema version {version} is older than this harness reads "
-                                f"({REPORT_SCHEMA_VERSION}); run `harness collect` on its run directory again")
+                                f"({OLDEST_REPORT_SCHEMA_VERSION} to {REPORT_SCHEMA_VERSION}); run `harness collect` "
+                                "on its run directory again")
+    if data["kind"] == "matrix" and version < 3:
+        data = _matrix_cells_as_summaries(data)
     model: type[RunReport] | type[MatrixReport] = RunReport if data["kind"] == "run" else MatrixReport
     try:
         return model.model_validate(data)
@@ -456,3 +488,16 @@ def parse_report(data: object, *, where: str) -> Report:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         raise ReportFormatError(f"{where}: corrupt report: {loc}: {first['msg']}") from None
+
+
+def _matrix_cells_as_summaries(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-2 matrix report's data (each cell embedding its whole RunReport) in the shape of version 3: each
+    cell's report less its ranks (their own report.json has them), without a report_sha256 to check (version 2
+    had none: its digest covered the embedded reports). A copy: the caller's data (whose digest is checked) is
+    left as it was."""
+    cells = data.get("cells")
+    if not isinstance(cells, list):
+        return data
+    summaries = [{**c, "report": {k: v for k, v in c["report"].items() if k != "ranks"}}
+                 if isinstance(c, dict) and isinstance(c.get("report"), dict) else c for c in cells]
+    return {**data, "cells": summaries}
