@@ -36,7 +36,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 { [ -f COMMIT ] && echo "commit $(cat COMMIT)" || git log -1 --format='commit %H'; } | tee -a "$OUT/environment.txt"
 
 start=$SECONDS
-timeout 300 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_push.py tests/test_fused.py \
+timeout 200 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_push.py tests/test_fused.py \
     "tests/test_comm.py::test_gpu_comm_on_one_gpu_is_exact" tests/test_comm.py::test_gpu_graph_replayed_run_iterations_equal_eager_bit_for_bit \
     tests/test_comm.py::test_gpu_graph_replay_equals_eager_bit_for_bit_with_rank_delays \
     tests/test_soak.py::test_graph_soak_with_rank_delays_finds_no_fault \
@@ -47,7 +47,7 @@ tail -n 15 "$OUT/logs/pytest-gpu.log"
 h() {  # h CASE ARGS...: run `harness ARGS`, keep its output, show what matters
     local case=$1; shift
     local log="$OUT/logs/$case.log" start=$SECONDS
-    timeout 150 python3 -m harness "$@" --out "$OUT/$case" > "$log" 2>&1
+    timeout 120 python3 -m harness "$@" --out "$OUT/$case" > "$log" 2>&1
     local rc=$?
     echo "exit $rc ($((SECONDS - start)) s): harness $* --out $OUT/$case" | tee -a "$LOG"
     if [ -f "$OUT/$case/bench.md" ]; then
