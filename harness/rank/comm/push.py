@@ -2,24 +2,28 @@
 
     route_layout   (n, k) topk ids -> each pair's position among this rank's pairs for its expert (token order),
                    each token's row index per destination rank (token order), and the counts; in 16-token chunks
-                   (count, scan over chunks, place), no sort, no host read
+                   (count, scan over chunks, place), no sort, no host read; optionally a Wait run first (by the
+                   scan's program 0)
     quantize_push  one program per token: the bf16 row read once, FP8 and its scale computed (bit-equal to
                    harness.rank.quant.quantize_per_token), and one row per destination rank written straight into
                    that rank's receive buffer (PushFormat: payload, scale, token, the destination's local expert
-                   ids, the pairs' positions, their weights)
+                   ids, the pairs' positions, their weights); optionally a Signal from its last program
     signal         per destination: this rank's counts pushed into its count buffer, then a release store of the
                    epoch into its flag pad
     wait           spin (acquire) until every peer's flag reached the epoch; a wait that runs past its spin
                    budget sets a status word instead of hanging the GPU
     expert_base    received counts -> each (source, expert)'s first slot (sources in rank order), expert_num_tokens
-                   and the overflow count
+                   and the overflow count; optionally the Wait that publishes the counts, first
     expand         one program per received row: read once, written to slot base[src, e] + position of each local
                    expert e it picked (deterministic), with scale and source; the combine table comes out of it
     reduce_push    per received row: the weighted sum of its experts' outputs (float32), one bf16 partial pushed
-                   into the source rank's combine buffer
+                   into the source rank's combine buffer; optionally a Signal from its last program
     token_reduce   per token: the partials of the ranks it went to, summed in rank order (float32)
 
-Every kernel has a torch form (the reference; tests compare the two) and a Triton form. Buffers of "the peers"
+Every kernel has a torch form (the reference; tests compare the two) and a Triton form (push_kernels.py).
+quantize_push, expand and reduce_push stride over their rows with one resident wave of programs
+(grid_programs), so a signal from the last program to finish (push_kernels.last_done: one counter increment a
+program) stays cheap; docs/comm.md has why a signal from inside a kernel is ordered after every program's stores. Buffers of "the peers"
 are reached through tables of device addresses (`*_ptrs`, (P,) int64): on the GPU those of torch's symmetric
 memory (harness.rank.comm.symm_mem), in the CPU tests plain tensors of one process standing in for P ranks, run
 by Triton's interpreter (TRITON_INTERPRET=1).

@@ -3,28 +3,31 @@ Triton kernels, ordered by release/acquire flags on the signal pads; nothing is 
 fixed, so a dispatch and a combine each capture in a CUDA graph. Runs at any P >= 1 on GPUs of one node (at
 P = 1 every "peer" is the rank itself: the same kernels, local stores).
 
-Dispatch, per rank (harness.rank.comm.push has the kernels):
+Dispatch, per rank (harness.rank.comm.push has the kernels; a wait or signal "in" a kernel runs inside it):
 
-    layout     wait until every peer has consumed this rank's rows of the previous dispatch (its CONSUMED
-               flag; the epoch advances here); route_layout: each pair's position among this rank's pairs for
-               its expert (token order) and each token's row index per destination rank, no sort
+    layout     route_layout: each pair's position among this rank's pairs for its expert (token order) and each
+               token's row index per destination rank, no sort; in its scan kernel, the wait until every peer
+               has consumed this rank's rows of the previous dispatch (its CONSUMED flag; the epoch advances
+               here)
     pack       quantize_push: each bf16 token read once, FP8 and its scale computed (bit-equal to
                harness.rank.quant.quantize_per_token), one row per (token, destination rank) stored straight
-               into the destination's receive buffer at [this rank, row index]; then per destination, this
-               rank's counts into its count buffer and a release store of the epoch into its READY flag
-    exchange   wait (acquire) for every peer's READY flag of this epoch
+               into the destination's receive buffer at [this rank, row index]; its last program pushes, per
+               destination, this rank's counts into its count buffer and a release store of the epoch into its
+               READY flag
+    exchange   in expert_base: wait (acquire) for every peer's READY flag of this epoch
     unpack     expert_base: each (source, expert)'s first slot, sources in rank order (expert_num_tokens, the
                overflow count); expand: every received row read once and written to slot base + position of each
                local expert it picked (deterministic: slot j of expert e is the j-th pair for e in (source rank,
-               token) order), with scale and source; then CONSUMED to every source
+               token) order), with scale and source; then CONSUMED to every source (a kernel of its own)
 
 Combine: reduce_push sums each received row's weighted expert outputs (float32) into one bf16 partial and pushes
-it into the source's combine buffer at [this rank, token]; COMBINED to every rank; wait for every COMBINED of
-this epoch; token_reduce sums each token's partials from the ranks it went to, in rank order (at P = 1 the one
-partial is the sum: the combine buffer is returned as it is).
+it into the source's combine buffer at [this rank, token], and its last program signals COMBINED to every rank;
+wait for every COMBINED of this epoch; token_reduce sums each token's partials from the ranks it went to, in rank
+order (at P = 1 the one partial is the sum: the combine buffer is returned as it is).
 
 Why this order is safe (docs/comm.md has the argument in full): a flag store is a release at system scope after
-a CTA barrier, issued in a kernel that runs after the kernels whose stores it publishes (stream order); a wait
+a CTA barrier, issued after the kernels whose stores it publishes (stream order) or by the last program of the
+kernel that stored them (every program's acq_rel increment of a done counter comes first); a wait
 is an acquire load at system scope, and the kernels after it read only what the flags it saw published. Writes
 into a peer's buffer wait for that peer's release of the previous contents: CONSUMED for the receive rows and
 counts; for the combine buffer, the peer's READY of the same epoch, which the peer issues after its previous
@@ -114,7 +117,7 @@ class SymmMemComm(Comm):
         self.tok = a("dispatch", (P * C,), torch.int32)
         self.epoch = a("dispatch", (1,), torch.int32)
         self.status = a("dispatch", (1,), torch.int32)
-        self.done = a("dispatch", (3,), torch.int32)  # finished programs of quantize_push, (expand), reduce_push
+        self.done = a("dispatch", (2,), torch.int32)  # finished programs of quantize_push and of reduce_push
         local = (self.pos, self.row_index, self.counts, self.route_scratch, self.base, self.table, self.table_w,
                  self.tok, self.epoch, self.status, self.done)
         harness_bytes = sum(t.nbytes for t in (self.recv_rows, self.recv_counts, self.combine_recv, *local))
@@ -175,7 +178,7 @@ class SymmMemComm(Comm):
         push.reduce_push(expert_out.reshape(E * M, K), self.recv_counts, self.table, self.table_w, self.tok,
                          self.partials_of, rank=L.rank,
                          then=push.Signal(pads=self.pads, phase=COMBINED, rank=L.rank, epoch=self.epoch,
-                                          done=self.done[2:3]))
+                                          done=self.done[1:2]))
         stages.lap("combine.expert-reduce")
         push.wait(self.pad, COMBINED, num_ranks=L.num_ranks, epoch=self.epoch, status=self.status)
         stages.lap("combine.exchange")
