@@ -116,8 +116,8 @@ SPINS = 1 << 20  # a wait in the stand-in protocol never needs to poll: a missin
 
 def _protocol_round(ranks: list[StandIn], inputs, expert_out, *, E, M, C, fmt, impl, device, fused):
     """One dispatch + combine over the stand-ins: each phase for every rank, in the order the flags allow.
-    fused: the waits and signals run inside the kernels around them (as symm_mem runs them), else as kernels
-    of their own."""
+    fused: the waits and the READY and COMBINED signals run inside the kernels around them (as symm_mem runs
+    them), else as kernels of their own."""
     P = len(ranks)
     rows = Mapped.of([r.recv_rows for r in ranks], device)
     counts = Mapped.of([r.recv_counts for r in ranks], device)
@@ -151,10 +151,8 @@ def _protocol_round(ranks: list[StandIn], inputs, expert_out, *, E, M, C, fmt, i
         push.expert_base(r.recv_counts, r.base, r.num_tokens, r.overflow, max_slots=M,
                          wait_first=ready_wait if fused else None, **kw)
         push.expand(r.recv_rows, r.recv_counts, r.base, x_flat=r.x, x_scale_flat=r.x_scale, x_src_flat=r.x_src,
-                    table=r.table, table_w=r.table_w, tok=r.tok, fmt=fmt, max_slots=M,
-                    then=sig(r, CONSUMED, 1) if fused else None, **kw)
-        if not fused:
-            signal(sig(r, CONSUMED, 1))
+                    table=r.table, table_w=r.table_w, tok=r.tok, fmt=fmt, max_slots=M, **kw)
+        signal(sig(r, CONSUMED, 1))  # a kernel of its own, as symm_mem issues it
     for r in ranks:
         push.reduce_push(expert_out[r.rank], r.recv_counts, r.table, r.table_w, r.tok, combine, rank=r.rank,
                          then=sig(r, COMBINED, 2) if fused else None, **kw)

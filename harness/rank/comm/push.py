@@ -216,8 +216,7 @@ def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor
     k, E, P, C = fmt.top_k, num_local_experts, row_index.shape[1], capacity
     if n == 0:
         if then is not None:
-            signal(then.pads, then.phase, rank=then.rank, epoch=then.epoch, counts=then.counts,
-                   recv_counts=then.recv_counts, num_local_experts=then.num_local_experts, impl=impl)
+            issue(then, impl=impl)
         return
     if not _triton(impl, x, ids, rows.ptrs):
         from harness.rank.quant import quantize_per_token
@@ -252,9 +251,7 @@ def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor
     if then is not None:
         pad_ptrs, slot, epoch, done = then.kernel_args()
         push_counts = then.pushes_counts
-        counts = then.counts if push_counts else epoch
-        counts_ptrs = then.recv_counts.ptrs if push_counts else pad_ptrs  # type: ignore[union-attr]
-        sig_args = (pad_ptrs, slot, epoch, counts, counts_ptrs, done)
+        sig_args = (pad_ptrs, slot, epoch, *then.count_args(), done)
     warps = 8 if K >= 4096 else 4
     kernels()["quantize_push"][(grid_programs(n, x.device, per_sm=64 // warps),)](
         x, x.stride(0), scale if scale is not None else x, INV_FP8_MAX, ids.contiguous(), weights.float().contiguous(),
@@ -334,6 +331,13 @@ class Signal:
                 row[E] = self.counts[E * P + d]
             self.pads.tensors[d].view(-1)[self.slot + self.rank] = self.epoch.view(-1)[0]
 
+    def count_args(self) -> tuple:
+        """The kernels' counts and counts_ptrs: this rank's counts and the peers' count buffers, or placeholders
+        (the pad pointers) where the signal pushes none."""
+        if self.counts is not None and self.recv_counts is not None:
+            return self.counts, self.recv_counts.ptrs
+        return self.epoch, self.pads.ptrs
+
     def kernel_args(self) -> tuple:
         """What a kernel that ends with this signal takes: pad_ptrs, slot, epoch, done."""
         assert self.done is not None, "a kernel's signal needs its done counter"
@@ -343,14 +347,17 @@ class Signal:
 def signal(pads: Mapped, phase: int, *, rank: int, epoch: torch.Tensor, counts: torch.Tensor | None = None,
            recv_counts: Mapped | None = None, num_local_experts: int = 1, impl: str = "auto") -> None:
     """Signal (see Signal) as a kernel of its own."""
-    sig = Signal(pads=pads, phase=phase, rank=rank, epoch=epoch, counts=counts, recv_counts=recv_counts,
-                 num_local_experts=num_local_experts)
-    if not _triton(impl, epoch, pads.ptrs):
+    issue(Signal(pads=pads, phase=phase, rank=rank, epoch=epoch, counts=counts, recv_counts=recv_counts,
+                 num_local_experts=num_local_experts), impl=impl)
+
+
+def issue(sig: Signal, *, impl: str = "auto") -> None:
+    """Run a Signal as a kernel of its own (its done counter, if any, is not used)."""
+    if not _triton(impl, sig.epoch, sig.pads.ptrs):
         return sig.run_torch()
-    E, P = num_local_experts, sig.num_ranks
-    kernels()["signal"][(1,)](pads.ptrs, sig.slot, rank, epoch, counts if sig.pushes_counts else epoch,
-                              recv_counts.ptrs if sig.pushes_counts else pads.ptrs,  # type: ignore[union-attr]
-                              E, E * P, P, PUSH_COUNTS=sig.pushes_counts, EP2=next_pow2(E))
+    E, P = sig.num_local_experts, sig.num_ranks
+    kernels()["signal"][(1,)](sig.pads.ptrs, sig.slot, sig.rank, sig.epoch, *sig.count_args(), E, E * P, P,
+                              PUSH_COUNTS=sig.pushes_counts, EP2=next_pow2(E))
 
 
 def wait(pad: torch.Tensor, phase: int, *, num_ranks: int, epoch: torch.Tensor, status: torch.Tensor,
@@ -388,14 +395,13 @@ def expert_base(recv_counts: torch.Tensor, base: torch.Tensor, expert_num_tokens
 
 def expand(recv_rows: torch.Tensor, recv_counts: torch.Tensor, base: torch.Tensor, *, x_flat: torch.Tensor,
            x_scale_flat: torch.Tensor, x_src_flat: torch.Tensor, table: torch.Tensor, table_w: torch.Tensor,
-           tok: torch.Tensor, fmt: PushFormat, max_slots: int, then: Signal | None = None,
-           impl: str = "auto") -> None:
+           tok: torch.Tensor, fmt: PushFormat, max_slots: int, impl: str = "auto") -> None:
     """Every received row (recv_rows (P*C, row_bytes) uint8, rows [s*C, s*C + recv_counts[s, E]) from rank s)
     written to slot base[s, e] + position of each local expert e it names, in x_flat (E*M, K) uint8, with scale
     (x_scale_flat (E*M,) float32) and (source rank, token) (x_src_flat (E*M, 2) int32); a slot past M is
     dropped. table (P*C, k) int64 / table_w (P*C, k) float32 get each row's slot rows and weights (0 where
-    none), tok (P*C,) int32 its source token: what reduce_push reads. then: a signal (no counts) the kernel's
-    last program issues after every row is read."""
+    none), tok (P*C,) int32 its source token: what reduce_push reads. Its CONSUMED signal is a kernel of its own
+    (signal): inside it, on the H200 it cost more than the launch it saves."""
     P, E1 = recv_counts.shape
     E, M, k, K = E1 - 1, max_slots, fmt.top_k, fmt.hidden_size
     C = recv_rows.shape[0] // P
@@ -417,15 +423,10 @@ def expand(recv_rows: torch.Tensor, recv_counts: torch.Tensor, base: torch.Tenso
             table[rows].copy_(dst)
             table_w[rows].copy_(torch.where(ok, w[:, 2 + 2 * k:].view(torch.float32), 0.0))
             tok[rows].copy_(w[:, 1])
-        if then is not None:
-            then.run_torch()
         return
-    assert then is None or not then.pushes_counts
-    pad_ptrs, slot, epoch, done = then.kernel_args() if then is not None else (tok, 0, tok, tok)
-    kernels()["expand"][(grid_programs(P * C, recv_rows.device),)](recv_rows, recv_counts, base, x_flat, x_scale_flat, x_src_flat, table, table_w,
-                                  tok, C, E, M, pad_ptrs, slot, then.rank if then is not None else 0, epoch, done,
-                                  P, K=K, ROW_BYTES=fmt.row_bytes, BLOCK_W=min(512, next_pow2(K // 8)), K_TOP=k,
-                                  SIGNAL=then is not None)
+    kernels()["expand"][(grid_programs(P * C, recv_rows.device),)](
+        recv_rows, recv_counts, base, x_flat, x_scale_flat, x_src_flat, table, table_w, tok, C, E, M, P, K=K,
+        ROW_BYTES=fmt.row_bytes, BLOCK_W=min(512, next_pow2(K // 8)), K_TOP=k)
 
 
 def reduce_push(expert_out: torch.Tensor, recv_counts: torch.Tensor, table: torch.Tensor, table_w: torch.Tensor,

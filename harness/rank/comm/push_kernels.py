@@ -193,9 +193,8 @@ def expert_base_kernel(recv_counts, base, expert_num_tokens, overflow, P, E, M, 
 
 
 @triton.jit
-def expand_kernel(recv_rows, recv_counts, base, x, x_scale, x_src, table, table_w, tok, C, E, M,
-                  pad_ptrs, flag_slot, me, epoch, done, P, K: tl.constexpr, ROW_BYTES: tl.constexpr,
-                  BLOCK_W: tl.constexpr, K_TOP: tl.constexpr, SIGNAL: tl.constexpr):
+def expand_kernel(recv_rows, recv_counts, base, x, x_scale, x_src, table, table_w, tok, C, E, M, P,
+                  K: tl.constexpr, ROW_BYTES: tl.constexpr, BLOCK_W: tl.constexpr, K_TOP: tl.constexpr):
     for pid in range(tl.program_id(0), P * C, tl.num_programs(0)):  # grid-stride over received rows
         src = pid // C
         i = pid % C
@@ -227,9 +226,6 @@ def expand_kernel(recv_rows, recv_counts, base, x, x_scale, x_src, table, table_
                 tl.store(table + pid * K_TOP + jj, dst)
                 wt = tl.load((meta + 2 + 2 * K_TOP + jj).to(tl.pointer_type(tl.float32)))
                 tl.store(table_w + pid * K_TOP + jj, tl.where(ok, wt, 0.0))
-    if SIGNAL:  # the last program to finish: every received row is consumed (CONSUMED to every source)
-        if last_done(done, tl.num_programs(0)):
-            publish(pad_ptrs, flag_slot, me, epoch, done, done, 1, 1, P, False, 1)
 
 
 @triton.jit
