@@ -137,7 +137,8 @@ def _protocol_round(ranks: list[StandIn], inputs, expert_out, *, E, M, C, fmt, i
                              lag=1, max_spins=SPINS)
         ready = sig(r, READY, 0, counts=r.counts, recv_counts=counts, num_local_experts=E)
         if not fused:
-            push.wait(r.pad, CONSUMED, num_ranks=P, epoch=r.epoch, status=r.status, bump=True, lag=1, max_spins=SPINS, **kw)
+            push.wait(r.pad, CONSUMED, num_ranks=P, epoch=r.epoch, status=r.status, bump=True, lag=1,
+                      max_spins=SPINS, **kw)
         push.route_layout(ids, r.pos, r.row_index, r.counts, num_local_experts=E, num_ranks=P,
                           wait_first=consumed if fused else None, **kw)
         push.quantize_push(x, None, ids, w, r.pos, r.row_index, rows, fmt=fmt, rank=r.rank, capacity=C,

@@ -7,6 +7,7 @@ import base64
 import html
 import io
 import json
+from collections.abc import Callable
 from typing import Any
 
 from harness.report.markdown import (
@@ -181,28 +182,27 @@ def policy_table_html(report: Report) -> str:
     return "".join(out)
 
 
-def problems_html(report: Report) -> str:
-    if not report.problems:
+def _listing(report: Report, items: list, limit: int, row: Callable[[Any, bool], list[str]],
+             message: Callable[[Any], str], *, anchor: str, title: str, headers: list[str]) -> str:
+    """A section listing the first `limit` items, one row each with its message last, in full."""
+    if not items:
         return ""
     matrix = isinstance(report, MatrixReport)
-    rows = [[td(Cell(text=c)) for c in problem_row(p, matrix)[:-1]] + [td(Cell(text=p.cause), "message")]
-            for p in report.problems[:MAX_PROBLEMS_LISTED]]
-    more = (f"<p>... and {len(report.problems) - MAX_PROBLEMS_LISTED} more in report.json and junit.xml</p>"
-            if len(report.problems) > MAX_PROBLEMS_LISTED else "")
-    return (f'<h2 id="problems">Problems ({len(report.problems)})</h2>'
-            + table((["cell"] if matrix else []) + ["kind", "rank", "file", "cause"], rows) + more)
+    rows = [[td(Cell(text=c)) for c in row(item, matrix)[:-1]] + [td(Cell(text=message(item)), "message")]
+            for item in items[:limit]]
+    more = f"<p>... and {len(items) - limit} more in report.json and junit.xml</p>" if len(items) > limit else ""
+    return f'<h2 id="{anchor}">{title} ({len(items)})</h2>' + table((["cell"] if matrix else []) + headers, rows) + more
+
+
+def problems_html(report: Report) -> str:
+    return _listing(report, report.problems, MAX_PROBLEMS_LISTED, problem_row, lambda p: p.cause,
+                    anchor="problems", title="Problems", headers=["kind", "rank", "file", "cause"])
 
 
 def failures_html(report: Report) -> str:
-    if not report.check_failures:
-        return ""
-    matrix = isinstance(report, MatrixReport)
-    rows = [[td(Cell(text=c)) for c in failure_row(f, matrix)[:-1]] + [td(Cell(text=f.message), "message")]
-            for f in report.check_failures[:MAX_LISTED]]
-    more = (f"<p>... and {len(report.check_failures) - MAX_LISTED} more in report.json and junit.xml</p>"
-            if len(report.check_failures) > MAX_LISTED else "")
-    return (f'<h2 id="failed-checks">Failed checks ({len(report.check_failures)})</h2>'
-            + table((["cell"] if matrix else []) + ["rank", "policy", "check", "outcome", "message"], rows) + more)
+    return _listing(report, report.check_failures, MAX_LISTED, failure_row, lambda f: f.message,
+                    anchor="failed-checks", title="Failed checks",
+                    headers=["rank", "policy", "check", "outcome", "message"])
 
 
 def figure(png: str | None, caption: str, fig_id: str) -> str:

@@ -23,7 +23,8 @@
 Every kernel has a torch form (the reference; tests compare the two) and a Triton form (push_kernels.py).
 quantize_push, expand and reduce_push stride over their rows with one resident wave of programs
 (grid_programs), so a signal from the last program to finish (push_kernels.last_done: one counter increment a
-program) stays cheap; docs/comm.md has why a signal from inside a kernel is ordered after every program's stores. Buffers of "the peers"
+program) stays cheap; docs/comm.md has why a signal from inside a kernel is ordered after every program's stores.
+Buffers of "the peers"
 are reached through tables of device addresses (`*_ptrs`, (P,) int64): on the GPU those of torch's symmetric
 memory (harness.rank.comm.symm_mem), in the CPU tests plain tensors of one process standing in for P ranks, run
 by Triton's interpreter (TRITON_INTERPRET=1).
@@ -453,9 +454,9 @@ def reduce_push(expert_out: torch.Tensor, recv_counts: torch.Tensor, table: torc
     assert then is None or not then.pushes_counts
     pad_ptrs, slot, epoch, done = then.kernel_args() if then is not None else (tok, 0, tok, tok)
     nb = -(-K // _BLOCK_SUM)
-    kernels()["reduce_push"][(grid_programs(P * C, expert_out.device, per_sm=max(1, PROGRAMS_PER_SM // nb)), nb)](expert_out, recv_counts, table, table_w, tok, out.ptrs,
-                                                           rank, C, E, K, pad_ptrs, slot, epoch, done, P,
-                                                           K_TOP=k, BLOCK=_BLOCK_SUM, SIGNAL=then is not None)
+    grid = (grid_programs(P * C, expert_out.device, per_sm=max(1, PROGRAMS_PER_SM // nb)), nb)
+    kernels()["reduce_push"][grid](expert_out, recv_counts, table, table_w, tok, out.ptrs, rank, C, E, K, pad_ptrs,
+                                   slot, epoch, done, P, K_TOP=k, BLOCK=_BLOCK_SUM, SIGNAL=then is not None)
 
 
 def token_reduce(partials: torch.Tensor, row_index: torch.Tensor, out: torch.Tensor, *,
