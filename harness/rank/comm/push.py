@@ -24,10 +24,9 @@ Every kernel has a torch form (the reference; tests compare the two) and a Trito
 quantize_push, expand and reduce_push stride over their rows with one resident wave of programs
 (grid_programs), so a signal from the last program to finish (push_kernels.last_done: one counter increment a
 program) stays cheap; docs/comm.md has why a signal from inside a kernel is ordered after every program's stores.
-Buffers of "the peers"
-are reached through tables of device addresses (`*_ptrs`, (P,) int64): on the GPU those of torch's symmetric
-memory (harness.rank.comm.symm_mem), in the CPU tests plain tensors of one process standing in for P ranks, run
-by Triton's interpreter (TRITON_INTERPRET=1).
+Buffers of "the peers" are reached through tables of device addresses (`*_ptrs`, (P,) int64): on the GPU those
+of torch's symmetric memory (harness.rank.comm.symm_mem), in the CPU tests plain tensors of one process standing
+in for P ranks, run by Triton's interpreter (TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
