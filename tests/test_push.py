@@ -14,7 +14,9 @@ if not torch.cuda.is_available():  # Triton reads it when first imported: nothin
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import harness.rank.comm.push as push  # noqa: E402
-from harness.rank.comm.push import COMBINED, CONSUMED, FLAG_BASE, NUM_PHASES, READY, Mapped, PushFormat  # noqa: E402
+from harness.rank.comm.push import (  # noqa: E402
+    COMBINED, CONSUMED, FLAG_BASE, NUM_PHASES, READY, Mapped, PushFormat, Slots,
+)
 from harness.rank.quant import quantize_per_token  # noqa: E402
 from test_fused import device  # noqa: E402,F401  (the interpreter on CPU, compiled on a GPU)
 
@@ -53,35 +55,70 @@ def test_route_layout_triton_equals_torch(device, n, E, P, k):
     assert ref[2][E * P:].tolist() == [int(((ids // E) == d).any(1).sum()) for d in range(P)]
 
 
+def _slots(E: int, M: int, P: int, C: int, fmt: PushFormat, device) -> Slots:
+    K, k = fmt.hidden_size, fmt.top_k
+    return Slots(x=torch.zeros((E * M, K), dtype=torch.uint8, device=device),
+                 scale=torch.zeros(E * M, dtype=torch.float32, device=device),
+                 src=torch.full((E * M, 2), -1, dtype=torch.int32, device=device),
+                 table=torch.full((P * C, k), -5, dtype=torch.int64, device=device),
+                 table_w=torch.full((P * C, k), -5.0, dtype=torch.float32, device=device),
+                 tok=torch.full((P * C,), -5, dtype=torch.int32, device=device), max_slots=M)
+
+
 @pytest.mark.parametrize("K", [7168, 96])
 def test_fused_quantize_is_bit_equal_to_the_torch_quantize(device, K):
-    n, E, P, k = 9, 2, 2, 3
+    """Rank 1 of 2: its rows to rank 0 go into rank 0's receive buffer, its own pairs into its slots."""
+    n, E, P, k, me = 9, 2, 2, 3, 1
+    M = n
     x = _tokens(n, K, seed=K)
     ids, weights = _routing(n, E * P, k, seed=1)
     fmt = PushFormat(hidden_size=K, top_k=k)
     pos, row_index, counts = push.route_layout_torch(ids, num_local_experts=E, num_ranks=P)
-    out = {}
+    out, own = {}, {}
     for impl in ("triton", "torch"):
         bufs = [torch.full((P * n, fmt.row_bytes), 0xAB, dtype=torch.uint8, device=device) for _ in range(P)]
+        slots = _slots(E, M, P, n, fmt, device)
         push.quantize_push(x.to(device), None, ids.to(device), weights.to(device), pos.to(device),
-                           row_index.to(device), Mapped.of(bufs, device), fmt=fmt, rank=1, capacity=n,
+                           row_index.to(device), Mapped.of(bufs, device), slots, fmt=fmt, rank=me, capacity=n,
                            num_local_experts=E, impl=impl)
         out[impl] = [b.cpu() for b in bufs]
+        own[impl] = {f: getattr(slots, f).cpu() for f in ("x", "scale", "src", "table", "table_w", "tok")}
     q, scale = (t.cpu() for t in quantize_per_token(x.to(device)))  # torch's quantize on the same device
-    for d in range(P):
-        for impl in ("triton", "torch"):
-            rows = out[impl][d][n:]  # rank 1's rows on d
-            for t in range(n):
-                r = int(row_index[t, d])
-                if r < 0:
+    for impl in ("triton", "torch"):
+        rows = out[impl][0][me * n:]  # rank 1's rows on rank 0
+        for t in range(n):
+            r = int(row_index[t, 0])
+            if r < 0:
+                continue
+            assert torch.equal(rows[r, :K], q[t].view(torch.uint8)), (impl, t)
+            words = rows[r, K: K + 4 * fmt.meta_words].view(torch.int32)
+            assert words[0].view(torch.float32).item() == scale[t, 0].item()
+            assert int(words[1]) == t
+            assert words[2: 2 + k].tolist() == [int(g) % E if int(g) // E == 0 else -1 for g in ids[t]]
+        assert (out[impl][0][:me * n] == 0xAB).all()  # rank 0's own region untouched
+        assert (out[impl][me] == 0xAB).all()  # nothing staged for this rank's own pairs
+        o = own[impl]
+        for t in range(n):  # this rank's own pairs: slot pos of its local expert, and its combine table row
+            r = int(row_index[t, me])
+            assert (r >= 0) == bool((ids[t] // E == me).any())
+            if r < 0:
+                continue
+            assert int(o["tok"][me * n + r]) == t
+            for j in range(k):
+                g = int(ids[t, j])
+                if g // E != me:
+                    assert int(o["table"][me * n + r, j]) == 0 and o["table_w"][me * n + r, j].item() == 0.0
                     continue
-                assert torch.equal(rows[r, :K], q[t].view(torch.uint8)), (impl, d, t)
-                words = rows[r, K: K + 4 * fmt.meta_words].view(torch.int32)
-                assert words[0].view(torch.float32).item() == scale[t, 0].item()
-                assert int(words[1]) == t
-            assert (out[impl][d][:n] == 0xAB).all()  # rank 0's region untouched
+                dst = (g % E) * M + int(pos[t, j])
+                assert int(o["table"][me * n + r, j]) == dst
+                assert o["table_w"][me * n + r, j].item() == weights[t, j].item()
+                assert torch.equal(o["x"][dst], q[t].view(torch.uint8)), (impl, t, j)
+                assert o["scale"][dst].item() == scale[t, 0].item()
+                assert o["src"][dst].tolist() == [me, t]
         used = slice(0, K + 4 * fmt.meta_words)  # the padding after the words is not written by the Triton form
-        assert torch.equal(out["triton"][d][:, used], out["torch"][d][:, used])
+        assert torch.equal(out["triton"][0][:, used], out["torch"][0][:, used])
+    for f in own["torch"]:
+        assert torch.equal(own["triton"][f], own["torch"][f]), f
 
 
 class StandIn:
@@ -109,6 +146,8 @@ class StandIn:
         self.epoch = torch.zeros(1, dtype=torch.int32, device=device)
         self.status = torch.zeros(1, dtype=torch.int32, device=device)
         self.done = torch.zeros(3, dtype=torch.int32, device=device)
+        self.slots = Slots(x=self.x, scale=self.x_scale, src=self.x_src, table=self.table, table_w=self.table_w,
+                           tok=self.tok, max_slots=M)
 
 
 SPINS = 1 << 20  # a wait in the stand-in protocol never needs to poll: a missing flag fails fast in the status
@@ -141,7 +180,7 @@ def _protocol_round(ranks: list[StandIn], inputs, expert_out, *, E, M, C, fmt, i
                       max_spins=SPINS, **kw)
         push.route_layout(ids, r.pos, r.row_index, r.counts, num_local_experts=E, num_ranks=P,
                           wait_first=consumed if fused else None, **kw)
-        push.quantize_push(x, None, ids, w, r.pos, r.row_index, rows, fmt=fmt, rank=r.rank, capacity=C,
+        push.quantize_push(x, None, ids, w, r.pos, r.row_index, rows, r.slots, fmt=fmt, rank=r.rank, capacity=C,
                            num_local_experts=E, then=ready if fused else None, **kw)
         if not fused:
             signal(ready)
@@ -149,10 +188,9 @@ def _protocol_round(ranks: list[StandIn], inputs, expert_out, *, E, M, C, fmt, i
         ready_wait = push.Wait(pad=r.pad, phase=READY, num_ranks=P, epoch=r.epoch, status=r.status, max_spins=SPINS)
         if not fused:
             push.wait(r.pad, READY, num_ranks=P, epoch=r.epoch, status=r.status, max_spins=SPINS, **kw)
-        push.expert_base(r.recv_counts, r.base, r.num_tokens, r.overflow, max_slots=M,
+        push.expert_base(r.recv_counts, r.base, r.num_tokens, r.overflow, rank=r.rank, max_slots=M,
                          wait_first=ready_wait if fused else None, **kw)
-        push.expand(r.recv_rows, r.recv_counts, r.base, x_flat=r.x, x_scale_flat=r.x_scale, x_src_flat=r.x_src,
-                    table=r.table, table_w=r.table_w, tok=r.tok, fmt=fmt, max_slots=M, **kw)
+        push.expand(r.recv_rows, r.recv_counts, r.base, r.slots, rank=r.rank, fmt=fmt, **kw)
         signal(sig(r, CONSUMED, 1))  # a kernel of its own, as symm_mem issues it
     for r in ranks:
         push.reduce_push(expert_out[r.rank], r.recv_counts, r.table, r.table_w, r.tok, combine, rank=r.rank,
@@ -177,6 +215,7 @@ def test_push_protocol_on_stand_ins_traces_every_slot_and_combines(device, impl,
     P, E, k, K, C = 3, 2, 3, 64, 12
     M = 2 * C  # room for every source's pairs of one expert in the hot round below
     fmt = PushFormat(hidden_size=K, top_k=k)
+    assert push.source_order(1, P) == [1, 2, 0]
     ranks = [StandIn(r, P=P, E=E, M=M, C=C, fmt=fmt, device=device) for r in range(P)]
     # an idle rank, then a full one; then the last rank sends every token to every rank, so the last program of
     # expand and reduce_push (the last to run in the interpreter) has a row: its signal still names its flag
@@ -195,10 +234,11 @@ def test_push_protocol_on_stand_ins_traces_every_slot_and_combines(device, impl,
             assert int(r.status) == 0 and int(r.epoch) == round_index + 1 and int(r.overflow) == 0
             for e in range(E):
                 g_id = r.rank * E + e
-                pairs = [(s, t) for s, (_, ids, _) in enumerate(inputs) for t in range(ids.shape[0])
-                         if (ids[t] == g_id).any()]
+                pairs = [(s, t) for s in push.source_order(r.rank, P) for t in range(inputs[s][1].shape[0])
+                         if (inputs[s][1][t] == g_id).any()]
                 assert int(r.num_tokens[e]) == len(pairs)
-                # deterministic offsets: sources in rank order, tokens in order within a source
+                # deterministic offsets: this rank's own pairs first, then the other sources in rank order after
+                # it, tokens in order within a source
                 got = [tuple(v) for v in r.x_src[e * M: e * M + len(pairs)].tolist()]
                 assert got == pairs, (impl, r.rank, e)
                 for slot, (s, t) in enumerate(pairs):

@@ -4,18 +4,20 @@
                    each token's row index per destination rank (token order), and the counts; in 16-token chunks
                    (count, scan over chunks, place), no sort, no host read; optionally a Wait run first (by the
                    scan's program 0)
-    quantize_push  one program per token: the bf16 row read once, FP8 and its scale computed (bit-equal to
-                   harness.rank.quant.quantize_per_token), and one row per destination rank written straight into
-                   that rank's receive buffer (PushFormat: payload, scale, token, the destination's local expert
-                   ids, the pairs' positions, their weights); optionally a Signal from its last program
+    quantize_push  per token: the bf16 row read once, FP8 and its scale computed (bit-equal to
+                   harness.rank.quant.quantize_per_token); one row per other destination rank written straight
+                   into that rank's receive buffer (PushFormat: payload, scale, token, the destination's local
+                   expert ids, the pairs' positions, their weights), and this rank's own pairs written straight
+                   into its slots (Slots) with their combine table; optionally a Signal from its last program
     signal         per destination: this rank's counts pushed into its count buffer, then a release store of the
                    epoch into its flag pad
     wait           spin (acquire) until every peer's flag reached the epoch; a wait that runs past its spin
                    budget sets a status word instead of hanging the GPU
-    expert_base    received counts -> each (source, expert)'s first slot (sources in rank order), expert_num_tokens
-                   and the overflow count; optionally the Wait that publishes the counts, first
-    expand         one program per received row: read once, written to slot base[src, e] + position of each local
-                   expert e it picked (deterministic), with scale and source; the combine table comes out of it
+    expert_base    received counts -> each (source, expert)'s first slot (sources in source_order: this rank's
+                   own first), expert_num_tokens and the overflow count; optionally the Wait that publishes the
+                   counts, first
+    expand         per row received from another rank: read once, written to slot base[src, e] + position of
+                   each local expert e it picked (deterministic), with scale and source; its combine table
     reduce_push    per received row: the weighted sum of its experts' outputs (float32), one bf16 partial pushed
                    into the source rank's combine buffer; optionally a Signal from its last program
     token_reduce   per token: the partials of the ranks it went to, summed in rank order (float32)
@@ -158,6 +160,33 @@ class Mapped:
                                                             device=device))
 
 
+@dataclass(frozen=True, kw_only=True)
+class Slots:
+    """The receiving rank's side of a dispatch: the batched buffers and the combine table.
+
+        x (E*M, K) uint8       the FP8 rows, slot e*M + j for the j-th pair of local expert e
+        scale (E*M,) float32   their scales
+        src (E*M, 2) int32     (source rank, source token) of each slot
+        table (P*C, k) int64   per received row (source s's rows at [s*C, s*C + C)): its pairs' slots, 0 where none
+        table_w (P*C, k) f32   their weights, 0 where none
+        tok (P*C,) int32       the row's source token
+        max_slots              M: a pair past it is dropped (counted as overflow by expert_base)"""
+
+    x: torch.Tensor
+    scale: torch.Tensor
+    src: torch.Tensor
+    table: torch.Tensor
+    table_w: torch.Tensor
+    tok: torch.Tensor
+    max_slots: int
+
+
+def source_order(rank: int, num_ranks: int) -> list[int]:
+    """The order in which an expert's slots take the sources' pairs: this rank's own first (it writes them in
+    quantize_push, where its first slot is 0), then the others in rank order after it."""
+    return [(rank + i) % num_ranks for i in range(num_ranks)]
+
+
 def _triton(impl: str, *tensors: torch.Tensor) -> bool:
     from harness.rank.comm.fused import _use_triton
 
@@ -204,16 +233,22 @@ def route_layout(ids: torch.Tensor, pos: torch.Tensor, row_index: torch.Tensor, 
 
 
 def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor, weights: torch.Tensor,
-                  pos: torch.Tensor, row_index: torch.Tensor, rows: Mapped, *, fmt: PushFormat, rank: int,
-                  capacity: int, num_local_experts: int, then: Signal | None = None, impl: str = "auto") -> None:
-    """Write one PushFormat row per (token t < n, destination d with row_index[t, d] >= 0) into rank d's receive
-    buffer rows.tensors[d] (P*C, row_bytes) uint8 at row rank*C + row_index[t, d].
+                  pos: torch.Tensor, row_index: torch.Tensor, rows: Mapped, slots: Slots, *, fmt: PushFormat,
+                  rank: int, capacity: int, num_local_experts: int, then: Signal | None = None,
+                  impl: str = "auto") -> None:
+    """Each token t < n read once; per destination d with row_index[t, d] >= 0:
+
+    - d another rank: one PushFormat row into d's receive buffer rows.tensors[d] (P*C, row_bytes) uint8, at row
+      rank*C + row_index[t, d] (d's expand puts it in its slots);
+    - d this rank: the FP8 row straight into this rank's slots, slot pos[t, j] of each local expert it picked
+      (this rank's pairs come first in every expert: source_order), with scale, (rank, t) and the combine table
+      of received row rank*C + row_index[t, rank], what expand does for the other sources' rows.
 
     x: (n, K) bf16 with scale None (quantized here, bit-equal to quantize_per_token), or (n, K) FP8 with its
     scale (n, 1) float32. ids, weights: (n, k) int64 / float32; pos, row_index from route_layout. then: a
     signal the kernel's last program issues after every row is stored."""
     n, K = x.shape
-    k, E, P, C = fmt.top_k, num_local_experts, row_index.shape[1], capacity
+    k, E, P, C, M = fmt.top_k, num_local_experts, row_index.shape[1], capacity, slots.max_slots
     if n == 0:
         if then is not None:
             issue(then, impl=impl)
@@ -222,20 +257,36 @@ def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor
         from harness.rank.quant import quantize_per_token
 
         q, s = quantize_per_token(x) if scale is None else (x, scale)
+        s = s.reshape(-1).float()
         here_all = torch.div(ids, E, rounding_mode="floor")
         for d in range(P):
             r = row_index[:n, d].to(torch.int64)
             sel = torch.nonzero(r >= 0).squeeze(1)
+            here = (ids.index_select(0, sel) >= 0) & (here_all.index_select(0, sel) == d)
+            w_here = torch.where(here, weights.index_select(0, sel).float(), 0.0)
+            if d == rank:
+                slot = pos[:n].index_select(0, sel).to(torch.int64)
+                ok = here & (slot < M)
+                dst = torch.where(ok, (ids.index_select(0, sel) % E) * M + slot, 0)
+                rr, jj = torch.nonzero(ok, as_tuple=True)
+                at = dst[rr, jj]
+                slots.x.index_copy_(0, at, q.index_select(0, sel[rr]).view(torch.uint8))
+                slots.scale.index_copy_(0, at, s.index_select(0, sel[rr]))
+                slots.src.index_copy_(0, at, torch.stack([torch.full_like(sel[rr], rank), sel[rr]], 1).to(torch.int32))
+                received = rank * C + r.index_select(0, sel)
+                slots.table.index_copy_(0, received, dst)
+                slots.table_w.index_copy_(0, received, torch.where(ok, w_here, 0.0))
+                slots.tok.index_copy_(0, received, sel.to(torch.int32))
+                continue
             dst = rows.tensors[d].view(P * C, fmt.row_bytes)
             out = torch.zeros((sel.numel(), fmt.row_bytes), dtype=torch.uint8, device=x.device)
             out[:, :K] = q.index_select(0, sel).view(torch.uint8)
-            here = (ids.index_select(0, sel) >= 0) & (here_all.index_select(0, sel) == d)
             words = torch.cat([
-                s.reshape(-1).index_select(0, sel).float().view(torch.int32).unsqueeze(1),
+                s.index_select(0, sel).view(torch.int32).unsqueeze(1),
                 sel.to(torch.int32).unsqueeze(1),
                 torch.where(here, ids.index_select(0, sel) % E, -1).to(torch.int32),
                 torch.where(here, pos[:n].index_select(0, sel), 0).to(torch.int32),
-                torch.where(here, weights.index_select(0, sel).float(), 0.0).view(torch.int32),
+                w_here.view(torch.int32),
             ], dim=1)
             out[:, K: K + 4 * fmt.meta_words] = words.contiguous().view(torch.uint8)
             dst.index_copy_(0, rank * C + r.index_select(0, sel), out)
@@ -255,7 +306,8 @@ def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor
     warps = 8 if K >= 4096 else 4
     kernels()["quantize_push"][(grid_programs(n, x.device, per_sm=64 // warps),)](
         x, x.stride(0), scale if scale is not None else x, INV_FP8_MAX, ids.contiguous(), weights.float().contiguous(),
-        pos, row_index, rows.ptrs, rank, C, E, P, n, *sig_args, K=K, ROW_BYTES=fmt.row_bytes,
+        pos, row_index, rows.ptrs, rank, C, E, P, n, slots.x.view(torch.int32), slots.scale, slots.src, slots.table,
+        slots.table_w, slots.tok, M, *sig_args, K=K, ROW_BYTES=fmt.row_bytes,
         QUANTIZE=scale is None, RECIPROCAL=x.is_cuda, NATIVE_FP8=not _interpreted(), BLOCK_W=next_pow2(K // 4),
         K_TOP=k, KP2=next_pow2(k), SIGNAL=then is not None, PUSH_COUNTS=push_counts, EP2=next_pow2(E),
         num_warps=warps)
@@ -371,43 +423,46 @@ def wait(pad: torch.Tensor, phase: int, *, num_ranks: int, epoch: torch.Tensor, 
 
 
 def expert_base(recv_counts: torch.Tensor, base: torch.Tensor, expert_num_tokens: torch.Tensor,
-                overflow: torch.Tensor, *, max_slots: int, wait_first: Wait | None = None,
+                overflow: torch.Tensor, *, rank: int, max_slots: int, wait_first: Wait | None = None,
                 impl: str = "auto") -> None:
-    """recv_counts (P, E+1) int32 -> base (P, E) int32 (exclusive sums over sources in rank order),
-    expert_num_tokens (E,) = min(total, M); overflow (1,) int64 += the pairs past M. wait_first: the wait for
-    the flags that publish recv_counts, run first by the same program (it may not bump the epoch)."""
+    """recv_counts (P, E+1) int32 -> base (P, E) int32 (exclusive sums over the sources in source_order(rank):
+    this rank's own pairs from slot 0), expert_num_tokens (E,) = min(total, M); overflow (1,) int64 += the pairs
+    past M. wait_first: the wait for the flags that publish recv_counts, run first by the same program (it may
+    not bump the epoch)."""
     P, E = recv_counts.shape[0], recv_counts.shape[1] - 1
     w = wait_first
     assert w is None or not w.bump
     if not _triton(impl, recv_counts, base):
         if w is not None:
             w.run_torch()
-        c = recv_counts[:, :E].to(torch.int64)
-        base.copy_(torch.cumsum(c, 0) - c)
+        order = torch.tensor(source_order(rank, P), device=recv_counts.device)
+        c = recv_counts[:, :E].to(torch.int64).index_select(0, order)
+        base.index_copy_(0, order, (torch.cumsum(c, 0) - c).to(base.dtype))
         total = c.sum(0)
         expert_num_tokens.copy_(total.clamp(max=max_slots))
         overflow.view(-1).add_((total - max_slots).clamp(min=0).sum())
         return
     wait_args = (w.pad, w.slot, w.epoch, w.status, w.max_spins) if w is not None else (base, 0, base, base, 0)
-    kernels()["expert_base"][(1,)](recv_counts, base, expert_num_tokens, overflow, P, E, max_slots, *wait_args,
-                                   EP2=next_pow2(E), WAIT=w is not None, LAG=w.lag if w is not None else 0)
+    kernels()["expert_base"][(1,)](recv_counts, base, expert_num_tokens, overflow, rank, P, E, max_slots,
+                                   *wait_args, EP2=next_pow2(E), WAIT=w is not None, LAG=w.lag if w is not None else 0)
 
 
-def expand(recv_rows: torch.Tensor, recv_counts: torch.Tensor, base: torch.Tensor, *, x_flat: torch.Tensor,
-           x_scale_flat: torch.Tensor, x_src_flat: torch.Tensor, table: torch.Tensor, table_w: torch.Tensor,
-           tok: torch.Tensor, fmt: PushFormat, max_slots: int, impl: str = "auto") -> None:
-    """Every received row (recv_rows (P*C, row_bytes) uint8, rows [s*C, s*C + recv_counts[s, E]) from rank s)
-    written to slot base[s, e] + position of each local expert e it names, in x_flat (E*M, K) uint8, with scale
-    (x_scale_flat (E*M,) float32) and (source rank, token) (x_src_flat (E*M, 2) int32); a slot past M is
-    dropped. table (P*C, k) int64 / table_w (P*C, k) float32 get each row's slot rows and weights (0 where
-    none), tok (P*C,) int32 its source token: what reduce_push reads. Its CONSUMED signal is a kernel of its own
-    (signal): inside it, on the H200 it cost more than the launch it saves."""
+def expand(recv_rows: torch.Tensor, recv_counts: torch.Tensor, base: torch.Tensor, slots: Slots, *, rank: int,
+           fmt: PushFormat, impl: str = "auto") -> None:
+    """Every row received from another rank s (recv_rows (P*C, row_bytes) uint8, rows [s*C, s*C +
+    recv_counts[s, E])) written to slot base[s, e] + position of each local expert e it names in slots.x, with
+    its scale and (s, token), and its entries of the combine table (slots.table, table_w, tok); a slot past M is
+    dropped. This rank's own rows are not here: quantize_push wrote them. At P = 1 there is nothing to expand
+    and no kernel runs. Its CONSUMED signal is a kernel of its own (signal): inside it, on the H200 it cost more
+    than the launch it saves."""
     P, E1 = recv_counts.shape
-    E, M, k, K = E1 - 1, max_slots, fmt.top_k, fmt.hidden_size
+    E, M, k, K = E1 - 1, slots.max_slots, fmt.top_k, fmt.hidden_size
     C = recv_rows.shape[0] // P
+    if P == 1:
+        return
     if not _triton(impl, recv_rows, recv_counts):
         words = recv_rows.view(P * C, fmt.row_bytes)[:, K: K + 4 * fmt.meta_words].contiguous().view(torch.int32)
-        for s in range(P):
+        for s in source_order(rank, P)[1:]:
             nrows = int(recv_counts[s, E])
             rows = slice(s * C, s * C + nrows)
             w = words[rows]
@@ -417,16 +472,16 @@ def expand(recv_rows: torch.Tensor, recv_counts: torch.Tensor, base: torch.Tenso
             dst = torch.where(ok, ids * M + slot, 0)
             r, jj = torch.nonzero(ok, as_tuple=True)
             d = dst[r, jj]
-            x_flat.index_copy_(0, d, recv_rows.view(P * C, fmt.row_bytes)[rows][r, :K])
-            x_scale_flat.index_copy_(0, d, w[r, 0].view(torch.float32))
-            x_src_flat.index_copy_(0, d, torch.stack([torch.full_like(w[r, 1], s), w[r, 1]], dim=1))
-            table[rows].copy_(dst)
-            table_w[rows].copy_(torch.where(ok, w[:, 2 + 2 * k:].view(torch.float32), 0.0))
-            tok[rows].copy_(w[:, 1])
+            slots.x.index_copy_(0, d, recv_rows.view(P * C, fmt.row_bytes)[rows][r, :K])
+            slots.scale.index_copy_(0, d, w[r, 0].view(torch.float32))
+            slots.src.index_copy_(0, d, torch.stack([torch.full_like(w[r, 1], s), w[r, 1]], dim=1))
+            slots.table[rows].copy_(dst)
+            slots.table_w[rows].copy_(torch.where(ok, w[:, 2 + 2 * k:].view(torch.float32), 0.0))
+            slots.tok[rows].copy_(w[:, 1])
         return
-    kernels()["expand"][(grid_programs(P * C, recv_rows.device),)](
-        recv_rows, recv_counts, base, x_flat, x_scale_flat, x_src_flat, table, table_w, tok, C, E, M, P, K=K,
-        ROW_BYTES=fmt.row_bytes, BLOCK_W=min(512, next_pow2(K // 8)), K_TOP=k)
+    kernels()["expand"][(grid_programs((P - 1) * C, recv_rows.device),)](
+        recv_rows, recv_counts, base, slots.x, slots.scale, slots.src, slots.table, slots.table_w, slots.tok, rank,
+        C, E, M, P, K=K, ROW_BYTES=fmt.row_bytes, BLOCK_W=min(512, next_pow2(K // 8)), K_TOP=k)
 
 
 def reduce_push(expert_out: torch.Tensor, recv_counts: torch.Tensor, table: torch.Tensor, table_w: torch.Tensor,

@@ -106,7 +106,7 @@ def route_scan_kernel(chunk_hist, chunk_base, counts, NC, W, pad, flag_slot, P, 
 
 @triton.jit
 def quantize_push_kernel(x, x_stride, scale_in, inv_fp8_max, ids, weights, pos, row_index, rows_ptrs, me, C,
-                         E, P, n, pad_ptrs, flag_slot, epoch, counts, counts_ptrs, done, K: tl.constexpr,
+                         E, P, n, x_out, x_scale, x_src, table, table_w, tok, M, pad_ptrs, flag_slot, epoch, counts, counts_ptrs, done, K: tl.constexpr,
                          ROW_BYTES: tl.constexpr, QUANTIZE: tl.constexpr, RECIPROCAL: tl.constexpr,
                          NATIVE_FP8: tl.constexpr, BLOCK_W: tl.constexpr, K_TOP: tl.constexpr,
                          KP2: tl.constexpr, SIGNAL: tl.constexpr, PUSH_COUNTS: tl.constexpr, EP2: tl.constexpr):
@@ -150,7 +150,23 @@ def quantize_push_kernel(x, x_stride, scale_in, inv_fp8_max, ids, weights, pos, 
         p_in = tl.load(pos + t * K_TOP + j, mask=jm, other=0)
         for d in range(0, P):
             r = tl.load(row_index + t * P + d)
-            if r >= 0:
+            if (r >= 0) & (d == me):  # this rank's own pairs: straight into its slots (its first slot is 0)
+                received = (me * C + r).to(tl.int64)
+                tl.store(tok + received, t.to(tl.int32))
+                for jj in tl.static_range(K_TOP):
+                    gj = tl.load(ids + t * K_TOP + jj)
+                    slot = tl.load(pos + t * K_TOP + jj)
+                    ok = (gj >= 0) & (gj // E == me) & (slot < M)
+                    dst = tl.where(ok, ((gj % E) * M + slot).to(tl.int64), 0)
+                    if ok:
+                        tl.store(x_out + dst * (K // 4) + w4, payload, mask=wm)
+                        tl.store(x_scale + dst, scale)
+                        tl.store(x_src + 2 * dst, me)
+                        tl.store(x_src + 2 * dst + 1, t.to(tl.int32))
+                    tl.store(table + received * K_TOP + jj, dst)
+                    wj = tl.load(weights + t * K_TOP + jj)
+                    tl.store(table_w + received * K_TOP + jj, tl.where(ok, wj, 0.0))
+            if (r >= 0) & (d != me):
                 row = tl.load(rows_ptrs + d).to(tl.pointer_type(tl.int32))
                 row += (me * C + r).to(tl.int64) * (ROW_BYTES // 4)
                 tl.store(row + w4, payload, mask=wm)
@@ -178,14 +194,15 @@ def wait_kernel(pad, flag_slot, P, epoch, status, max_spins, BUMP: tl.constexpr,
 
 
 @triton.jit
-def expert_base_kernel(recv_counts, base, expert_num_tokens, overflow, P, E, M, pad, flag_slot, epoch, status,
+def expert_base_kernel(recv_counts, base, expert_num_tokens, overflow, me, P, E, M, pad, flag_slot, epoch, status,
                        max_spins, EP2: tl.constexpr, WAIT: tl.constexpr, LAG: tl.constexpr):
     if WAIT:  # the counts it reads are the peers' (their READY flags publish them)
         spin(pad, flag_slot, P, epoch, status, max_spins, False, LAG)
     e = tl.arange(0, EP2)
     em = e < E
     total = tl.zeros([EP2], tl.int32)
-    for s in range(0, P):
+    for i in range(0, P):  # this rank first, then the others in rank order after it (push.source_order)
+        s = (me + i) % P
         tl.store(base + s * E + e, total, mask=em)
         total += tl.load(recv_counts + s * (E + 1) + e, mask=em, other=0)
     tl.store(expert_num_tokens + e, tl.minimum(total, M), mask=em)
@@ -193,11 +210,13 @@ def expert_base_kernel(recv_counts, base, expert_num_tokens, overflow, P, E, M, 
 
 
 @triton.jit
-def expand_kernel(recv_rows, recv_counts, base, x, x_scale, x_src, table, table_w, tok, C, E, M, P,
+def expand_kernel(recv_rows, recv_counts, base, x, x_scale, x_src, table, table_w, tok, me, C, E, M, P,
                   K: tl.constexpr, ROW_BYTES: tl.constexpr, BLOCK_W: tl.constexpr, K_TOP: tl.constexpr):
-    for pid in range(tl.program_id(0), P * C, tl.num_programs(0)):  # grid-stride over received rows
-        src = pid // C
-        i = pid % C
+    # grid-stride over the rows of the other ranks (this rank's own went to their slots in quantize_push)
+    for remote in range(tl.program_id(0), (P - 1) * C, tl.num_programs(0)):
+        src = (me + 1 + remote // C) % P
+        i = remote % C
+        pid = src * C + i
         if i < tl.load(recv_counts + src * (E + 1) + E):
             row = recv_rows + (pid + tl.zeros([], tl.int64)) * ROW_BYTES
             meta = (row + K).to(tl.pointer_type(tl.int32))

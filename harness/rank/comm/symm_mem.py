@@ -10,15 +10,16 @@ Dispatch, per rank (harness.rank.comm.push has the kernels; a wait or signal "in
                has consumed this rank's rows of the previous dispatch (its CONSUMED flag; the epoch advances
                here)
     pack       quantize_push: each bf16 token read once, FP8 and its scale computed (bit-equal to
-               harness.rank.quant.quantize_per_token), one row per (token, destination rank) stored straight
-               into the destination's receive buffer at [this rank, row index]; its last program pushes, per
-               destination, this rank's counts into its count buffer and a release store of the epoch into its
-               READY flag
+               harness.rank.quant.quantize_per_token); one row per (token, other destination rank) stored
+               straight into the destination's receive buffer at [this rank, row index], and this rank's own
+               pairs written straight into its slots; its last program pushes, per destination, this rank's
+               counts into its count buffer and a release store of the epoch into its READY flag
     exchange   in expert_base: wait (acquire) for every peer's READY flag of this epoch
-    unpack     expert_base: each (source, expert)'s first slot, sources in rank order (expert_num_tokens, the
-               overflow count); expand: every received row read once and written to slot base + position of each
-               local expert it picked (deterministic: slot j of expert e is the j-th pair for e in (source rank,
-               token) order), with scale and source; then CONSUMED to every source (a kernel of its own)
+    unpack     expert_base: each (source, expert)'s first slot, this rank first, then the others in rank order
+               after it (expert_num_tokens, the overflow count); expand: every row received from another rank
+               read once and written to slot base + position of each local expert it picked (deterministic:
+               slot j of expert e is the j-th pair for e in (source, token) order, push.source_order), with
+               scale and source; then CONSUMED to every source (a kernel of its own)
 
 Combine: reduce_push sums each received row's weighted expert outputs (float32) into one bf16 partial and pushes
 it into the source's combine buffer at [this rank, token], and its last program signals COMBINED to every rank;
@@ -148,17 +149,17 @@ class SymmMemComm(Comm):
             x = x.view(torch.uint8)
         ready = push.Signal(pads=self.pads, phase=READY, rank=L.rank, epoch=self.epoch, done=self.done[0:1],
                             counts=self.counts, recv_counts=self.counts_of, num_local_experts=E)
-        push.quantize_push(x, scale, topk_ids, topk_weights, self.pos, self.row_index, self.rows, fmt=fmt,
+        slots = push.Slots(x=b.expert_x_flat, scale=b.expert_x_scale_flat, src=b.expert_src_flat, table=self.table,
+                           table_w=self.table_w, tok=self.tok, max_slots=L.max_slots_per_expert)
+        push.quantize_push(x, scale, topk_ids, topk_weights, self.pos, self.row_index, self.rows, slots, fmt=fmt,
                            rank=L.rank, capacity=L.buffer_tokens, num_local_experts=E, then=ready)
         stages.lap("dispatch.pack")
         # The exchange is the wait for every READY, run by expert_base's program before it reads the counts.
-        push.expert_base(self.recv_counts, self.base, b.expert_num_tokens, b.overflow, max_slots=L.max_slots_per_expert,
-                         wait_first=push.Wait(pad=self.pad, phase=READY, num_ranks=P, epoch=self.epoch,
+        push.expert_base(self.recv_counts, self.base, b.expert_num_tokens, b.overflow, rank=L.rank,
+                         max_slots=L.max_slots_per_expert, wait_first=push.Wait(pad=self.pad, phase=READY, num_ranks=P, epoch=self.epoch,
                                               status=self.status))
         stages.lap("dispatch.exchange")
-        push.expand(self.recv_rows, self.recv_counts, self.base, x_flat=b.expert_x_flat,
-                    x_scale_flat=b.expert_x_scale_flat, x_src_flat=b.expert_src_flat, table=self.table,
-                    table_w=self.table_w, tok=self.tok, fmt=fmt, max_slots=L.max_slots_per_expert)
+        push.expand(self.recv_rows, self.recv_counts, self.base, slots, rank=L.rank, fmt=fmt)
         # CONSUMED as a kernel of its own: on the H200 expand with the signal inside ran 5-6 us slower (a
         # qwen3-30b-a3b-dp2 bench: 52.8 against 47.1 us), more than the launch it saves
         push.signal(self.pads, CONSUMED, rank=L.rank, epoch=self.epoch)
