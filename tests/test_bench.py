@@ -134,3 +134,63 @@ def test_yardstick_counts_minimal_local_and_anchor_bytes_and_the_bound():
     cpu = yardstick(**args, hbm_gbps=None, link_gbps=None)
     assert cpu.bound_ratio is None and cpu.dispatch_bound_us is None and cpu.dispatch_local_bytes > 0
     assert yardstick(**args, hbm_gbps=4000.0, link_gbps=None).bound_ratio is None  # P = 2 needs the link probe
+
+
+def test_queue_ahead_counts_late_enqueueing_and_doubles_its_sleep():
+    """A timed call whose enqueueing outlasted the GPU sleep is late (the GPU ran dry: host time in the sample);
+    past half the sleep the sleep doubles, up to its cap. The yardstick carries the last sleep and the count."""
+    from harness.bench.yardstick import yardstick
+    from harness.rank.timing import QueueAhead
+
+    q = QueueAhead(torch.device("cpu"), sleep_us=100.0, max_sleep_us=300.0)
+    q.note(40.0)
+    assert (q.sleep_us, q.late, q.samples) == (100.0, 0, 1)
+    q.note(60.0)  # past half: a margin kept for the next call
+    assert (q.sleep_us, q.late) == (200.0, 0)
+    q.note(250.0)  # longer than the sleep: late, and the sleep doubles to its cap
+    assert (q.sleep_us, q.late, q.samples) == (300.0, 1, 3)
+    q.note(1000.0)
+    assert (q.sleep_us, q.late) == (300.0, 2)
+    ids = torch.tensor([[0, 1]])
+    y = yardstick(topk_ids=ids, rank=0, num_ranks=1, num_local_experts=2, hidden_size=64, received_pairs=2,
+                  moved_row_bytes=112, out_bytes=2, hbm_gbps=1000.0, link_gbps=None, dispatch_us=3.0,
+                  combine_us=4.0, timing="graph", idle_dispatch_us=9.0, idle_combine_us=8.0, queue=q)
+    assert (y.queued_ahead_us, y.late_samples, y.idle_dispatch_us, y.idle_combine_us) == (300.0, 2, 9.0, 8.0)
+    assert y.bound_ratio == pytest.approx((2 * 68 / 1000.0 + 2 * 128 / 1000.0) / 1e3 / 7.0)  # the queued times
+
+
+@pytest.mark.gpu
+def test_queue_ahead_hides_the_launch_of_a_graph_replay():
+    """On a GPU: the events around a replay queued behind the sleep time the replay's kernels, not its launch:
+    a captured chain of small kernels replayed queued takes no longer than launched on an idle GPU, and the
+    sleep (calibrated on the GPU's clock) outlasts the enqueueing, so no sample is late."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from harness.rank.timing import QueueAhead
+
+    x = torch.zeros(1 << 10, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        x.add_(1)
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(20):
+                x.add_(1)
+    torch.cuda.synchronize()
+    q = QueueAhead(torch.device("cuda"))
+    times = {"queued": [], "idle": []}
+    for _ in range(21):
+        for mode in times:
+            torch.cuda.synchronize()
+            since = q.before() if mode == "queued" else 0.0
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            if mode == "queued":
+                q.after(since)
+            end.synchronize()
+            times[mode].append(start.elapsed_time(end))
+    assert q.cycles_per_us > 100 and q.samples == 21 and q.late <= 1  # the first may double the sleep
+    assert sorted(times["queued"])[10] <= sorted(times["idle"])[10]
+    assert float(x[0]) == 1 + 42 * 20

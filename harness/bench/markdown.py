@@ -85,17 +85,19 @@ def _yardstick(records: list[BenchRankRecord]) -> list[str]:
             y = p.comm_yardstick
             if y is None:
                 continue
-            for stage, us, bound, mn, moved, local, anchor in (
-                    ("dispatch", y.dispatch_us, y.dispatch_bound_us, y.dispatch_min_remote_bytes,
+            for stage, us, idle, bound, mn, moved, local, anchor in (
+                    ("dispatch", y.dispatch_us, y.idle_dispatch_us, y.dispatch_bound_us, y.dispatch_min_remote_bytes,
                      y.dispatch_moved_bytes, y.dispatch_local_bytes, y.anchor_dispatch_bytes),
-                    ("combine", y.combine_us, y.combine_bound_us, y.combine_min_remote_bytes, y.combine_moved_bytes,
-                     y.combine_local_bytes, y.anchor_combine_bytes)):
+                    ("combine", y.combine_us, y.idle_combine_us, y.combine_bound_us, y.combine_min_remote_bytes,
+                     y.combine_moved_bytes, y.combine_local_bytes, y.anchor_combine_bytes)):
                 eager = next((v.median_us for v in p.variants if v.name == f"{stage}:harness"), None)
-                rows.append(f"| {r.rank} | {p.policy} | {stage} | {y.timing} | {us:.1f} | {_f(eager, '.1f')} | "
+                rows.append(f"| {r.rank} | {p.policy} | {stage} | {y.timing} | {us:.1f} | {_f(idle, '.1f')} | "
+                            f"{_f(eager, '.1f')} | "
                             f"{_f(bound, '.1f')} | {_f(None if bound is None else bound / us, '.3f')} | {_mb(mn)} | "
                             f"{_mb(moved)} | {_mb(local)} | {_mb(anchor)} |")
             probes.append(f"| {r.rank} | {p.policy} | {_f(y.hbm_gbps, '.0f')} | {_f(y.link_gbps, '.0f')} | "
-                          f"{y.remote_rows} | {y.selections} | {y.received_pairs} | {_f(y.bound_ratio, '.3f')} |"
+                          f"{y.remote_rows} | {y.selections} | {y.received_pairs} | {_f(y.bound_ratio, '.3f')} | "
+                          f"{_f(y.queued_ahead_us, '.0f')} | {y.late_samples} |"
                           + (f" {p.comm_graph_error} |" if p.comm_graph_error else " |"))
             for k in p.kernels[:12]:
                 kernels.append(f"| {r.rank} | {p.policy} | {k.name[:80]} | {k.calls_per_round:g} | "
@@ -104,13 +106,16 @@ def _yardstick(records: list[BenchRankRecord]) -> list[str]:
         return []
     lines = ["", "## Comm yardstick (bound = minimal remote bytes / link + local bytes / HBM; ratio = bound / "
              "measured)", "",
-             "| rank | policy | stage | timing | measured | eager | bound | ratio | min remote | moved | local | "
-             "anchor (per selection) |",
-             "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-             "| | | | | us | us | us | | MB | MB | MB | MB |", *rows,
-             "", "| rank | policy | HBM probe | link probe | remote rows | selections | slots received | "
-             "ratio | graph |", "|---:|---|---:|---:|---:|---:|---:|---:|---|", "| | | GB/s | GB/s | | | | | |",
-             *probes]
+             "| rank | policy | stage | timing | measured | graph launched idle | eager | bound | ratio | "
+             "min remote | moved | local | anchor (per selection) |",
+             "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+             "| | | | | us | us | us | us | | MB | MB | MB | MB |", *rows,
+             "", "Measured: graph replays queued behind a GPU sleep (the GPU's time, as inside a replayed forward "
+             "pass); launched idle: the same replays on an idle GPU, the graph's launch latency included; late: "
+             "replays whose enqueueing outlasted the sleep.", "",
+             "| rank | policy | HBM probe | link probe | remote rows | selections | slots received | "
+             "ratio | sleep ahead | late | graph |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+             "| | | GB/s | GB/s | | | | | us | | |", *probes]
     if kernels:
         lines += ["", "## Kernels per dispatch + combine (torch.profiler device events)", "",
                   "| rank | policy | kernel | calls | GPU time |", "|---:|---|---|---:|---:|", "| | | | | us |",

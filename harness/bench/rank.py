@@ -3,6 +3,8 @@ iterate -> judge, every variant interleaved round by round (A B C ... A B C ...)
 every variant alike:
 
     dispatch:harness     the comm backend's dispatch, with its sub-stages (dispatch.quantize ... dispatch.unpack)
+    dispatch:graph       its CUDA-graph replay where it captures (raw_comm: queued behind a GPU sleep, and
+                         dispatch:graph-idle launched on an idle GPU); combine:graph likewise
     *:raw-dispatch       raw_comm: every raw collective that works here, on the same bytes per peer
     experts:harness      the backend's step on the policy's workspace views (what `harness run` times)
     experts:raw-*        raw_kernels.raw_experts
@@ -21,7 +23,7 @@ from typing import Any
 
 import torch
 
-from harness.bench.raw_comm import CommVariants, comm_variants
+from harness.bench.raw_comm import QUEUED, CommVariants, comm_variants
 from harness.bench.raw_kernels import max_rel_error_on_valid_rows, raw_experts
 from harness.bench.records import BENCH_POLICIES, BenchPolicy, BenchRankRecord, KernelTime, VariantStats
 from harness.bench.yardstick import hbm_probe_gbps, kernel_times, link_probe_gbps, yardstick
@@ -31,7 +33,7 @@ from harness.rank.distributed import RankInfo, StageFailure, agree, init_rank, s
 from harness.rank.experts import Workspace, useful_flops
 from harness.rank.lifecycle import RankSetup, allocate_workspace, setup_rank, warm_up
 from harness.rank.memory import release_cached
-from harness.rank.timing import StageTimer, stats_drop_first
+from harness.rank.timing import QueueAhead, StageTimer, stats_drop_first
 from harness.scenario.schema import Scenario
 from harness.sizing.plan import policy_shapes
 from harness.sizing.vllm_source.kernels import KernelsLibrary
@@ -59,6 +61,7 @@ class BenchState:
     raw_name: str | None = None
     rel_error: float | None = None
     samples: dict[str, list[float]] = field(default_factory=dict)
+    queue: QueueAhead | None = None  # the sleep ahead of the queued graph replays (CUDA)
     received_pairs: int = 0  # (token, expert) slots this rank's experts received in one dispatch
     kernels: list[KernelTime] = field(default_factory=list)
 
@@ -121,15 +124,21 @@ def _iterate(setup: RankSetup, state: BenchState, num_rounds: int) -> None:
     device = setup.device
     timer = state.timer or StageTimer(device)
     state.samples = {name: [] for name, _, _ in state.variants}
+    if device.type == "cuda":
+        state.queue = QueueAhead(device)
     for _ in range(num_rounds):
         for name, fn, collective in state.variants:
             if collective:  # start every rank together, so the time is the exchange, not the skew
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 torch.distributed.barrier()
+            queued = state.queue is not None and name in QUEUED  # every rank sleeps alike: the start stays aligned
+            since = state.queue.before() if queued else 0.0  # type: ignore[union-attr]
             started = timer.start()
             _guarded(state, name, fn)
             timer.stop(name, started)
+            if queued:
+                state.queue.after(since)  # type: ignore[union-attr]
             for mark, us in timer.elapsed_us().items():  # the variant and its sub-stages (dispatch.pack, ...)
                 state.samples.setdefault(mark, []).append(us)
         state.failed = agree(state.own, device)
@@ -192,7 +201,9 @@ def _judge(setup: RankSetup, state: BenchState, probes: Probes) -> BenchPolicy:
         received_pairs=state.received_pairs, moved_row_bytes=state.comm.dispatch.row_bytes,
         out_bytes=setup.buffers.combine_recv.element_size(), hbm_gbps=probes.hbm_gbps, link_gbps=probes.link_gbps,
         dispatch_us=by[f"dispatch:{'graph' if graph else 'harness'}"],
-        combine_us=by[f"combine:{'graph' if graph else 'harness'}"], timing=timing)
+        combine_us=by[f"combine:{'graph' if graph else 'harness'}"], timing=timing,
+        idle_dispatch_us=by.get("dispatch:graph-idle"), idle_combine_us=by.get("combine:graph-idle"),
+        queue=state.queue if graph else None)
     return BenchPolicy(
         policy=state.policy, status="ok", variants=stats, experts_raw_variant=state.raw_name,
         experts_ratio=by[state.raw_name] / by["experts:harness"], comm_ratio=comm_ratio,

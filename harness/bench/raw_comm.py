@@ -4,7 +4,11 @@ sub-stages, and their CUDA-graph replays:
     dispatch:harness        the comm backend's dispatch, eager; its sub-stages appear as dispatch.layout, ...
     combine:harness         likewise: combine.expert-reduce, combine.exchange, combine.token-reduce
     dispatch:graph          one dispatch captured in a CUDA graph, replayed (backends that capture: symm-mem, nccl)
+                            behind a GPU sleep (harness.rank.timing.QueueAhead): the GPU's time for the graph, its
+                            launch hidden as inside vLLM's replayed forward pass; what the yardstick measures
     combine:graph           likewise, right after its dispatch (a combine belongs to one dispatch)
+    dispatch:graph-idle     the same replays launched on an idle GPU: with the graph's launch latency (a diagnostic)
+    combine:graph-idle
     a2a:raw-dispatch        NCCL (gloo on CPU) all_to_all_single of the dispatch's bytes, same per-peer splits
     a2a:raw-combine         the same for combine's bytes
 
@@ -28,6 +32,7 @@ from harness.rank.dispatch import dispatch
 from harness.rank.graphs import capture_reason, capture_round
 from harness.rank.timing import StageTimer
 
+QUEUED = frozenset({"dispatch:graph", "combine:graph"})  # timed behind a GPU sleep (QueueAhead)
 RAW_DISPATCH = ("a2a:raw-dispatch",)
 RAW_COMBINE = ("a2a:raw-combine",)
 
@@ -109,7 +114,8 @@ def comm_variants(setup: Any, expert_out: torch.Tensor, timer: StageTimer) -> Co
     cv.graph_error = capture_reason(device, setup.buffers)
     if cv.graph_error is None:
         rnd = capture_round(setup.tokens, setup.routing, L, setup.buffers, setup.quantize, expert_out)
-        graphs = [("dispatch:graph", rnd.dispatch_graph.replay), ("combine:graph", rnd.combine_graph.replay)]
+        graphs = [("dispatch:graph", rnd.dispatch_graph.replay), ("combine:graph", rnd.combine_graph.replay),
+                  ("dispatch:graph-idle", rnd.dispatch_graph.replay), ("combine:graph-idle", rnd.combine_graph.replay)]
         cv.replay = rnd.replay
     cv.variants += [("dispatch:harness", harness_dispatch), ("a2a:raw-dispatch", _raw_a2a(d_bytes, device))]
     cv.variants += [("combine:harness", harness_combine), ("a2a:raw-combine", _raw_a2a(c_bytes, device)), *graphs]

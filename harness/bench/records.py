@@ -50,6 +50,12 @@ class CommYardstick(Record):
     dispatch_bound_us: float | None
     combine_bound_us: float | None
     bound_ratio: float | None  # (dispatch + combine bound) / (dispatch + combine measured); None: n/a here
+    # graph timing: the replays above ran queued behind a GPU sleep of queued_ahead_us (the last one; it doubles
+    # after a late sample, whose enqueueing outlasted it); the same replays launched on an idle GPU, for contrast
+    idle_dispatch_us: float | None = None
+    idle_combine_us: float | None = None
+    queued_ahead_us: float | None = None
+    late_samples: int = 0
 
 
 class BenchPolicy(Record):

@@ -1,6 +1,7 @@
 """The comm yardstick, the same for every backend: the bytes dispatch and combine must move, the bandwidths of this
-run's own copy probes, the bound they give, CUDA-graph replays of the harness's dispatch and combine, and the
-profiler's per-kernel GPU time.
+run's own copy probes, the bound they give, CUDA-graph replays of the harness's dispatch and combine (the GPU's
+time: each replay queued behind a GPU sleep, harness.rank.timing.QueueAhead; the same replays launched on an idle
+GPU beside them, launch latency included), and the profiler's per-kernel GPU time.
 
 Bytes, per rank, from the rank's routing and the dispatch's received counts (host reads outside any timing):
 
@@ -30,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from harness.bench.records import CommYardstick, KernelTime
+from harness.rank.timing import QueueAhead
 
 _PROBE_BYTES = 1 << 30  # 1 GiB: many times the H200's 50 MB L2
 _PROBE_REPEATS = 10
@@ -98,7 +100,9 @@ def distinct_remote_rows(topk_ids: torch.Tensor, *, rank: int, num_local_experts
 
 def yardstick(*, topk_ids: torch.Tensor, rank: int, num_ranks: int, num_local_experts: int, hidden_size: int,
               received_pairs: int, moved_row_bytes: int, out_bytes: int, hbm_gbps: float | None,
-              link_gbps: float | None, dispatch_us: float, combine_us: float, timing: str) -> CommYardstick:
+              link_gbps: float | None, dispatch_us: float, combine_us: float, timing: str,
+              idle_dispatch_us: float | None = None, idle_combine_us: float | None = None,
+              queue: QueueAhead | None = None) -> CommYardstick:
     """The bytes, bound and ratio of one rank (module docstring); topk_ids (n, top_k) this rank's routing."""
     K, k = hidden_size, topk_ids.shape[1] if topk_ids.dim() == 2 else 1
     remote_rows = distinct_remote_rows(topk_ids, rank=rank, num_local_experts=num_local_experts,
@@ -121,6 +125,9 @@ def yardstick(*, topk_ids: torch.Tensor, rank: int, num_ranks: int, num_local_ex
         combine_moved_bytes=c_remote, anchor_dispatch_bytes=selections * (K + K // 128 * 4 + 16),
         anchor_combine_bytes=selections * 2 * K, dispatch_us=dispatch_us, combine_us=combine_us,
         dispatch_bound_us=bound_d, combine_bound_us=bound_c, bound_ratio=ratio,
+        idle_dispatch_us=idle_dispatch_us, idle_combine_us=idle_combine_us,
+        queued_ahead_us=queue.sleep_us if queue is not None else None,
+        late_samples=queue.late if queue is not None else 0,
     )
 
 

@@ -1,4 +1,5 @@
-"""Timing in one place: CUDA events on GPU, perf_counter on CPU; warm-ups, and the first sample dropped."""
+"""Timing in one place: CUDA events on GPU, perf_counter on CPU; a GPU sleep queued ahead of a timed call
+(QueueAhead); warm-ups, and the first sample dropped."""
 
 from __future__ import annotations
 
@@ -34,6 +35,53 @@ class StageTimer:
             out = {name: (b - a) * 1e6 for name, a, b in self._marks}  # type: ignore[operator]
         self._marks.clear()
         return out
+
+
+@dataclass
+class QueueAhead:
+    """Times a call's GPU work rather than the host's launch of it: a GPU sleep (torch.cuda._sleep) is enqueued
+    before the start event, so the events and the call are queued while the GPU is still busy, as the kernels
+    of a CUDA graph are when vLLM replays its forward pass. The sleep must outlast the host's enqueueing of the
+    events and the call: where it did not (the GPU ran dry, the sample holds host time), the sample is counted
+    as late and the sleep doubled for the next one. Only for CUDA devices."""
+
+    device: torch.device
+    sleep_us: float = 100.0
+    max_sleep_us: float = 50_000.0
+    cycles_per_us: float = 0.0
+    late: int = 0
+    samples: int = 0
+
+    def calibrate(self, cycles: int = 1 << 22, repeats: int = 3) -> None:
+        """The GPU clock as torch.cuda._sleep counts it: cycles per microsecond, from CUDA events."""
+        rates = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            rates.append(cycles / (start.elapsed_time(end) * 1e3))
+        self.cycles_per_us = statistics.median(rates)
+
+    def before(self) -> float:
+        """Enqueue the sleep; the host clock from here to `after` is the enqueueing the sleep has to cover."""
+        if not self.cycles_per_us:
+            self.calibrate()
+        torch.cuda._sleep(int(self.sleep_us * self.cycles_per_us))
+        return time.perf_counter()
+
+    def after(self, since: float) -> None:
+        self.note((time.perf_counter() - since) * 1e6)
+
+    def note(self, host_us: float) -> None:
+        """One timed call whose enqueueing took host_us: late if it outlasted the sleep; past half of it the
+        sleep doubles (up to max_sleep_us), so the next calls keep a margin."""
+        self.samples += 1
+        if host_us > self.sleep_us:
+            self.late += 1
+        if host_us > self.sleep_us / 2:
+            self.sleep_us = min(2 * self.sleep_us, self.max_sleep_us)
 
 
 @dataclass(frozen=True, kw_only=True)
