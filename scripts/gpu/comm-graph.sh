@@ -5,7 +5,8 @@
 #                                          (or: bash scripts/gpu/comm-graph.sh OUT_DIR [quick|full] [vllm-ops VERSION])
 #
 # Runs:   the gpu-marked tests of tests/test_push.py and tests/test_fused.py (the kernels compiled) and the
-#         one-GPU exactness and graph-replay tests of tests/test_comm.py and the graph soak of tests/test_soak.py; then `harness bench` of the PR case,
+#         one-GPU exactness and graph-replay tests of tests/test_comm.py, the graph soak of tests/test_soak.py and
+#         the bench's queued graph timing (tests/test_bench.py); then `harness bench` of the PR case,
 #         qwen3-30b-a3b-dp2 on one rank and decode-128-deepseek-v3 on one rank with symm-mem (graph-replayed),
 #         the PR case with nccl (graph-replayed too), and `harness run` of the PR case with
 #         symm-mem and with nccl (the checked pass). quick: the tests and the PR-case bench only.
@@ -40,6 +41,7 @@ timeout 200 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_push.p
     "tests/test_comm.py::test_gpu_comm_on_one_gpu_is_exact" tests/test_comm.py::test_gpu_graph_replayed_run_iterations_equal_eager_bit_for_bit \
     tests/test_comm.py::test_gpu_graph_replay_equals_eager_bit_for_bit_with_rank_delays \
     tests/test_soak.py::test_graph_soak_with_rank_delays_finds_no_fault \
+    tests/test_bench.py::test_queue_ahead_hides_the_launch_of_a_graph_replay \
     > "$OUT/logs/pytest-gpu.log" 2>&1
 echo "exit $? ($((SECONDS - start)) s): pytest -m gpu (push, fused, one-GPU comm, graph replay, graph soak)" | tee -a "$LOG"
 tail -n 15 "$OUT/logs/pytest-gpu.log"
