@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Step comm-graph: the comm yardstick and symm-mem's device-side path on one GPU (P = 1).
 #
-#   bash scripts/gpu/device.sh comm-graph [quick|full] [vllm-ops VERSION]
-#                                          (or: bash scripts/gpu/comm-graph.sh OUT_DIR [quick|full] [vllm-ops VERSION])
+#   bash scripts/gpu/device.sh comm-graph [quick|full|benches] [vllm-ops VERSION]
+#                                  (or: bash scripts/gpu/comm-graph.sh OUT_DIR [quick|full|benches] [vllm-ops VERSION])
 #
 # Runs:   the gpu-marked tests of tests/test_push.py and tests/test_fused.py (the kernels compiled) and the
 #         one-GPU exactness and graph-replay tests of tests/test_comm.py, the graph soak of tests/test_soak.py and
 #         the bench's queued graph timing (tests/test_bench.py); then `harness bench` of the PR case,
 #         qwen3-30b-a3b-dp2 on one rank and decode-128-deepseek-v3 on one rank with symm-mem (graph-replayed),
 #         the PR case with nccl (graph-replayed too), and `harness run` of the PR case with
-#         symm-mem and with nccl (the checked pass). quick: the tests and the PR-case bench only.
+#         symm-mem and with nccl (the checked pass). quick: the tests and the PR-case bench only; benches: full
+#         without the tests.
 # Needs:  1 GPU, pytest, Triton; experts backend torch-cutlass (sm90+), or with `vllm-ops VERSION` vLLM's ops
 #         library of that release in .gpu/lib/vllm-VERSION.so (device.sh decompresses it there).
 # Writes: OUT_DIR/<case>/ (bench.json, bench.md or the run's records), OUT_DIR/logs/<case>.log,
@@ -37,14 +38,16 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 { [ -f COMMIT ] && echo "commit $(cat COMMIT)" || git log -1 --format='commit %H'; } | tee -a "$OUT/environment.txt"
 
 start=$SECONDS
-timeout 200 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_push.py tests/test_fused.py \
+[ "$MODE" = benches ] || timeout 200 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_push.py tests/test_fused.py \
     "tests/test_comm.py::test_gpu_comm_on_one_gpu_is_exact" tests/test_comm.py::test_gpu_graph_replayed_run_iterations_equal_eager_bit_for_bit \
     tests/test_comm.py::test_gpu_graph_replay_equals_eager_bit_for_bit_with_rank_delays \
     tests/test_soak.py::test_graph_soak_with_rank_delays_finds_no_fault \
     tests/test_bench.py::test_queue_ahead_hides_the_launch_of_a_graph_replay \
     > "$OUT/logs/pytest-gpu.log" 2>&1
-echo "exit $? ($((SECONDS - start)) s): pytest -m gpu (push, fused, one-GPU comm, graph replay, graph soak)" | tee -a "$LOG"
-tail -n 15 "$OUT/logs/pytest-gpu.log"
+if [ "$MODE" != benches ]; then
+    echo "exit $? ($((SECONDS - start)) s): pytest -m gpu (push, fused, one-GPU comm, graph replay, graph soak)" | tee -a "$LOG"
+    tail -n 15 "$OUT/logs/pytest-gpu.log"
+fi
 
 h() {  # h CASE ARGS...: run `harness ARGS`, keep its output, show what matters
     local case=$1; shift
