@@ -38,13 +38,13 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 { [ -f COMMIT ] && echo "commit $(cat COMMIT)" || git log -1 --format='commit %H'; } | tee -a "$OUT/environment.txt"
 
 start=$SECONDS
-[ "$MODE" = benches ] || timeout 200 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_push.py tests/test_fused.py \
+if [ "$MODE" != benches ]; then
+timeout 200 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_push.py tests/test_fused.py \
     "tests/test_comm.py::test_gpu_comm_on_one_gpu_is_exact" tests/test_comm.py::test_gpu_graph_replayed_run_iterations_equal_eager_bit_for_bit \
     tests/test_comm.py::test_gpu_graph_replay_equals_eager_bit_for_bit_with_rank_delays \
     tests/test_soak.py::test_graph_soak_with_rank_delays_finds_no_fault \
     tests/test_bench.py::test_queue_ahead_hides_the_launch_of_a_graph_replay \
     > "$OUT/logs/pytest-gpu.log" 2>&1
-if [ "$MODE" != benches ]; then
     echo "exit $? ($((SECONDS - start)) s): pytest -m gpu (push, fused, one-GPU comm, graph replay, graph soak)" | tee -a "$LOG"
     tail -n 15 "$OUT/logs/pytest-gpu.log"
 fi
