@@ -46,7 +46,7 @@ class QueueAhead:
     as late and the sleep doubled for the next one. Only for CUDA devices."""
 
     device: torch.device
-    sleep_us: float = 100.0
+    sleep_us: float = 500.0  # the first guess; a few graph launches take tens of microseconds on the host
     max_sleep_us: float = 50_000.0
     cycles_per_us: float = 0.0
     late: int = 0
