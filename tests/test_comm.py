@@ -14,7 +14,7 @@ import torch
 
 from distributed_utils import parallel_launch
 from harness.rank.comm import CommUnavailable, RowFormat, resolve_comm
-from harness.scenario.fit import can_run
+from harness.scenario.fit import can_run, estimate_rank_memory
 from harness.scenario.schema import ScenarioError
 from harness.sizing.deepep import deepep_low_latency_bytes
 from scenario_utils import tiny
@@ -127,6 +127,7 @@ def _exchange(info: Any, scenario_data: dict) -> dict:
     token = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
     distinct_rows = int(torch.unique(token * L.num_ranks + ids // E).numel())  # (token, destination rank) pairs
     return {
+        "buffers_bytes": setup.accountant.bytes_of("dispatch") + setup.accountant.bytes_of("combine"),
         "backend": comm.name, "wrong_slots": stages["dispatch"].num_rows_wrong,
         "wrong_combined": stages["combine"].num_rows_wrong, "num_tokens": int(setup.tokens.shape[0]),
         "max_abs_ref": float(ref.abs().max()) if ref.numel() else 0.0,
@@ -224,6 +225,8 @@ def test_gpu_comm_on_one_gpu_is_exact(comm):
     scenario = tiny(**CASES[case], device="cuda", comm=comm)
     results = parallel_launch(1, _exchange, scenario.model_dump(mode="json"), device_type="cuda")
     _check(results, scenario, comm)
+    # what `harness run` checks the machine against is what the rank allocated, byte for byte
+    assert results[0]["buffers_bytes"] == estimate_rank_memory(scenario, "cuda").buffers_bytes
     if comm == "nccl":  # capacity-sized equal splits, nothing read on the host (sync debug mode: error)
         r = results[0]
         assert r["rows_sent"] == r["distinct_rows"] and r["host_syncs"] == 0

@@ -76,7 +76,7 @@ def test_fused_quantize_is_bit_equal_to_the_torch_quantize(device, K):
     pos, row_index, counts = push.route_layout_torch(ids, num_local_experts=E, num_ranks=P)
     out, own = {}, {}
     for impl in ("triton", "torch"):
-        bufs = [torch.full((P * n, fmt.row_bytes), 0xAB, dtype=torch.uint8, device=device) for _ in range(P)]
+        bufs = [torch.full(((P - 1) * n, fmt.row_bytes), 0xAB, dtype=torch.uint8, device=device) for _ in range(P)]
         slots = _slots(E, M, P, n, fmt, device)
         push.quantize_push(x.to(device), None, ids.to(device), weights.to(device), pos.to(device),
                            row_index.to(device), Mapped.of(bufs, device), slots, fmt=fmt, rank=me, capacity=n,
@@ -85,7 +85,8 @@ def test_fused_quantize_is_bit_equal_to_the_torch_quantize(device, K):
         own[impl] = {f: getattr(slots, f).cpu() for f in ("x", "scale", "src", "table", "table_w", "tok")}
     q, scale = (t.cpu() for t in quantize_per_token(x.to(device)))  # torch's quantize on the same device
     for impl in ("triton", "torch"):
-        rows = out[impl][0][me * n:]  # rank 1's rows on rank 0
+        assert push.recv_region(me, 0, P) == 0
+        rows = out[impl][0]  # rank 1's rows on rank 0: its only region
         for t in range(n):
             r = int(row_index[t, 0])
             if r < 0:
@@ -95,7 +96,6 @@ def test_fused_quantize_is_bit_equal_to_the_torch_quantize(device, K):
             assert words[0].view(torch.float32).item() == scale[t, 0].item()
             assert int(words[1]) == t
             assert words[2: 2 + k].tolist() == [int(g) % E if int(g) // E == 0 else -1 for g in ids[t]]
-        assert (out[impl][0][:me * n] == 0xAB).all()  # rank 0's own region untouched
         assert (out[impl][me] == 0xAB).all()  # nothing staged for this rank's own pairs
         o = own[impl]
         for t in range(n):  # this rank's own pairs: slot pos of its local expert, and its combine table row
@@ -127,7 +127,7 @@ class StandIn:
     def __init__(self, rank: int, *, P: int, E: int, M: int, C: int, fmt: PushFormat, device: torch.device):
         K, k = fmt.hidden_size, fmt.top_k
         self.rank = rank
-        self.recv_rows = torch.full((P * C, fmt.row_bytes), 0xCD, dtype=torch.uint8, device=device)
+        self.recv_rows = torch.full(((P - 1) * C, fmt.row_bytes), 0xCD, dtype=torch.uint8, device=device)
         self.recv_counts = torch.zeros((P, E + 1), dtype=torch.int32, device=device)
         self.combine_recv = torch.full((P * C, K), float("nan"), dtype=torch.bfloat16, device=device)
         self.pad = torch.zeros(FLAG_BASE + NUM_PHASES * P, dtype=torch.int32, device=device)
@@ -216,6 +216,7 @@ def test_push_protocol_on_stand_ins_traces_every_slot_and_combines(device, impl,
     M = 2 * C  # room for every source's pairs of one expert in the hot round below
     fmt = PushFormat(hidden_size=K, top_k=k)
     assert push.source_order(1, P) == [1, 2, 0]
+    assert [push.recv_region(s, 1, P) for s in (2, 0)] == [0, 1]  # rank 1's regions: the others in its order
     ranks = [StandIn(r, P=P, E=E, M=M, C=C, fmt=fmt, device=device) for r in range(P)]
     # an idle rank, then a full one; then the last rank sends every token to every rank, so the last program of
     # expand and reduce_push (the last to run in the interpreter) has a row: its signal still names its flag

@@ -112,10 +112,11 @@ def _comm_buffers_bytes(s: Scenario, device_type: DeviceType) -> tuple[int, int]
         candidates = COMM.auto_candidates(backend_query(s, device_type))
         comm = candidates[0].name if candidates else comm
     if comm == "symm-mem":
-        # harness.rank.comm.symm_mem: received rows (push.PushFormat), counts, the route layout, the combine table
+        # harness.rank.comm.symm_mem: the other ranks' received rows (push.PushFormat), counts, the route layout,
+        # the combine table
         row = K + -(-4 * (2 + 3 * k) // 16) * 16
-        staging = (P * C * row + P * (E + 1) * 4 + C * k * 4 + C * P * 4 + (E * P + P) * 4 + P * E * 4
-                   + P * C * (k * 12 + 4) + 8 + 2 * -(-C // 16) * (E * P + P) * 4)
+        staging = ((P - 1) * C * row + P * (E + 1) * 4 + C * k * 4 + C * P * 4 + (E * P + P) * 4 + P * E * 4
+                   + P * C * (k * 12 + 4) + 16 + 2 * -(-C // 16) * (E * P + P) * 4)  # epoch, status, 2 done
         return (E * M + 1) * K + batched + staging, (P * C + C) * K * out_bytes
     # harness.rank.comm.collective, capacity-sized equal splits: send and receive rows of P*C each (every peer's
     # region at its capacity C, so the split sizes are fixed), the counts both ways; in combine the partials sent

@@ -181,6 +181,14 @@ class Slots:
     max_slots: int
 
 
+def recv_region(src: int, dst: int, num_ranks: int) -> int:
+    """Where rank src's rows sit in rank dst's receive buffer ((P-1)*C rows, C per region): region
+    (src - dst - 1) mod P, so dst's regions hold the other ranks in source_order(dst)[1:]; a rank's own pairs
+    never pass through its receive buffer."""
+    assert src != dst
+    return (src - dst - 1) % num_ranks
+
+
 def source_order(rank: int, num_ranks: int) -> list[int]:
     """The order in which an expert's slots take the sources' pairs: this rank's own first (it writes them in
     quantize_push, where its first slot is 0), then the others in rank order after it."""
@@ -238,8 +246,8 @@ def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor
                   impl: str = "auto") -> None:
     """Each token t < n read once; per destination d with row_index[t, d] >= 0:
 
-    - d another rank: one PushFormat row into d's receive buffer rows.tensors[d] (P*C, row_bytes) uint8, at row
-      rank*C + row_index[t, d] (d's expand puts it in its slots);
+    - d another rank: one PushFormat row into d's receive buffer rows.tensors[d] ((P-1)*C, row_bytes) uint8, at
+      row recv_region(rank, d)*C + row_index[t, d] (d's expand puts it in its slots);
     - d this rank: the FP8 row straight into this rank's slots, slot pos[t, j] of each local expert it picked
       (this rank's pairs come first in every expert: source_order), with scale, (rank, t) and the combine table
       of received row rank*C + row_index[t, rank], what expand does for the other sources' rows.
@@ -278,7 +286,7 @@ def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor
                 slots.table_w.index_copy_(0, received, torch.where(ok, w_here, 0.0))
                 slots.tok.index_copy_(0, received, sel.to(torch.int32))
                 continue
-            dst = rows.tensors[d].view(P * C, fmt.row_bytes)
+            dst = rows.tensors[d].view((P - 1) * C, fmt.row_bytes)
             out = torch.zeros((sel.numel(), fmt.row_bytes), dtype=torch.uint8, device=x.device)
             out[:, :K] = q.index_select(0, sel).view(torch.uint8)
             words = torch.cat([
@@ -289,7 +297,7 @@ def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor
                 w_here.view(torch.int32),
             ], dim=1)
             out[:, K: K + 4 * fmt.meta_words] = words.contiguous().view(torch.uint8)
-            dst.index_copy_(0, rank * C + r.index_select(0, sel), out)
+            dst.index_copy_(0, recv_region(rank, d, P) * C + r.index_select(0, sel), out)
         if then is not None:
             then.run_torch()
         return
@@ -449,30 +457,32 @@ def expert_base(recv_counts: torch.Tensor, base: torch.Tensor, expert_num_tokens
 
 def expand(recv_rows: torch.Tensor, recv_counts: torch.Tensor, base: torch.Tensor, slots: Slots, *, rank: int,
            fmt: PushFormat, impl: str = "auto") -> None:
-    """Every row received from another rank s (recv_rows (P*C, row_bytes) uint8, rows [s*C, s*C +
-    recv_counts[s, E])) written to slot base[s, e] + position of each local expert e it names in slots.x, with
+    """Every row received from another rank s (recv_rows ((P-1)*C, row_bytes) uint8, rows [q*C, q*C +
+    recv_counts[s, E]) with q = recv_region(s, rank)) written to slot base[s, e] + position of each local expert e it names in slots.x, with
     its scale and (s, token), and its entries of the combine table (slots.table, table_w, tok); a slot past M is
     dropped. This rank's own rows are not here: quantize_push wrote them. At P = 1 there is nothing to expand
     and no kernel runs. Its CONSUMED signal is a kernel of its own (signal): inside it, on the H200 it cost more
     than the launch it saves."""
     P, E1 = recv_counts.shape
     E, M, k, K = E1 - 1, slots.max_slots, fmt.top_k, fmt.hidden_size
-    C = recv_rows.shape[0] // P
+    C = slots.tok.shape[0] // P
     if P == 1:
         return
     if not _triton(impl, recv_rows, recv_counts):
-        words = recv_rows.view(P * C, fmt.row_bytes)[:, K: K + 4 * fmt.meta_words].contiguous().view(torch.int32)
+        recv = recv_rows.view((P - 1) * C, fmt.row_bytes)
+        words = recv[:, K: K + 4 * fmt.meta_words].contiguous().view(torch.int32)
         for s in source_order(rank, P)[1:]:
             nrows = int(recv_counts[s, E])
-            rows = slice(s * C, s * C + nrows)
-            w = words[rows]
+            q = recv_region(s, rank, P) * C
+            rows = slice(s * C, s * C + nrows)  # its rows of the combine table
+            w = words[q: q + nrows]
             ids, pos = w[:, 2: 2 + k].to(torch.int64), w[:, 2 + k: 2 + 2 * k].to(torch.int64)
             slot = base[s].to(torch.int64).index_select(0, ids.clamp(min=0).reshape(-1)).view(-1, k) + pos
             ok = (ids >= 0) & (slot < M)
             dst = torch.where(ok, ids * M + slot, 0)
             r, jj = torch.nonzero(ok, as_tuple=True)
             d = dst[r, jj]
-            slots.x.index_copy_(0, d, recv_rows.view(P * C, fmt.row_bytes)[rows][r, :K])
+            slots.x.index_copy_(0, d, recv[q: q + nrows][r, :K])
             slots.scale.index_copy_(0, d, w[r, 0].view(torch.float32))
             slots.src.index_copy_(0, d, torch.stack([torch.full_like(w[r, 1], s), w[r, 1]], dim=1))
             slots.table[rows].copy_(dst)

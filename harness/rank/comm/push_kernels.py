@@ -168,7 +168,8 @@ def quantize_push_kernel(x, x_stride, scale_in, inv_fp8_max, ids, weights, pos, 
                     tl.store(table_w + received * K_TOP + jj, tl.where(ok, wj, 0.0))
             if (r >= 0) & (d != me):
                 row = tl.load(rows_ptrs + d).to(tl.pointer_type(tl.int32))
-                row += (me * C + r).to(tl.int64) * (ROW_BYTES // 4)
+                region = (me - d - 1 + P) % P  # push.recv_region(me, d)
+                row += (region * C + r).to(tl.int64) * (ROW_BYTES // 4)
                 tl.store(row + w4, payload, mask=wm)
                 meta = row + K // 4
                 tl.store(meta, scale.to(tl.int32, bitcast=True))
@@ -212,13 +213,14 @@ def expert_base_kernel(recv_counts, base, expert_num_tokens, overflow, me, P, E,
 @triton.jit
 def expand_kernel(recv_rows, recv_counts, base, x, x_scale, x_src, table, table_w, tok, me, C, E, M, P,
                   K: tl.constexpr, ROW_BYTES: tl.constexpr, BLOCK_W: tl.constexpr, K_TOP: tl.constexpr):
-    # grid-stride over the rows of the other ranks (this rank's own went to their slots in quantize_push)
+    # grid-stride over the rows of the other ranks (this rank's own went to their slots in quantize_push):
+    # region remote // C of the receive buffer is rank (me + 1 + region) % P's (push.recv_region)
     for remote in range(tl.program_id(0), (P - 1) * C, tl.num_programs(0)):
         src = (me + 1 + remote // C) % P
         i = remote % C
         pid = src * C + i
         if i < tl.load(recv_counts + src * (E + 1) + E):
-            row = recv_rows + (pid + tl.zeros([], tl.int64)) * ROW_BYTES
+            row = recv_rows + (remote + tl.zeros([], tl.int64)) * ROW_BYTES
             meta = (row + K).to(tl.pointer_type(tl.int32))
             scale = tl.load(meta.to(tl.pointer_type(tl.float32)))
             token = tl.load(meta + 1)

@@ -11,7 +11,8 @@ Dispatch, per rank (harness.rank.comm.push has the kernels; a wait or signal "in
                here)
     pack       quantize_push: each bf16 token read once, FP8 and its scale computed (bit-equal to
                harness.rank.quant.quantize_per_token); one row per (token, other destination rank) stored
-               straight into the destination's receive buffer at [this rank, row index], and this rank's own
+               straight into the destination's receive buffer (this rank's region, push.recv_region, at the
+               row index), and this rank's own
                pairs written straight into its slots; its last program pushes, per destination, this rank's
                counts into its count buffer and a release store of the epoch into its READY flag
     exchange   in expert_base: wait (acquire) for every peer's READY flag of this epoch
@@ -97,8 +98,14 @@ class SymmMemComm(Comm):
                                       "use nccl") from exc
             return tensor, Mapped.of(peers, device), handle
 
-        self.recv_rows, self.rows, handle = symmetric((P * C, fmt.row_bytes), torch.uint8, "dispatch")
-        self.recv_counts, self.counts_of, _ = symmetric((P, E + 1), torch.int32, "dispatch")
+        # the other ranks' rows (push.recv_region); a rank's own pairs go straight into its slots, so at P = 1
+        # there is no receive buffer
+        if P > 1:
+            self.recv_rows, self.rows, _ = symmetric(((P - 1) * C, fmt.row_bytes), torch.uint8, "dispatch")
+        else:
+            self.recv_rows = torch.empty((0, fmt.row_bytes), dtype=torch.uint8, device=device)
+            self.rows = Mapped.of([self.recv_rows], device)
+        self.recv_counts, self.counts_of, handle = symmetric((P, E + 1), torch.int32, "dispatch")
         self.combine_recv, self.partials_of, _ = symmetric((P * C, K), out_dtype, "combine")
         words = FLAG_BASE + NUM_PHASES * P
         pad_bytes = int(handle.signal_pad_size)  # type: ignore[attr-defined]
