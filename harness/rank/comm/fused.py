@@ -5,8 +5,6 @@
     pack_rows    one send row per (token, destination rank): payload and base.RowFormat's words in one pass
     place_rows   every received row given a slot of each local expert it picked and written there (read once),
                  with its scale and source; the combine bags come out of it
-    pull_rows    symm-mem's exchange: each (peer, local expert) chunk read from the peer's send buffers (mapped
-                 into this GPU's address space) straight into its rows of the batched buffer
 
 Each has a torch form (any device; the CPU ranks and the reference) and a Triton form (CUDA tensors, where Triton
 is importable). `impl` picks: "auto" takes Triton on CUDA tensors and torch elsewhere; "triton" and "torch" force
@@ -21,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -139,30 +136,8 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
         weight = tl.load(topk_weights + token * k + j, mask=j < k, other=0.0).to(tl.float32)
         tl.store(meta + 3 + ID_WORDS + j, tl.where(here, weight, 0.0).to(tl.int32, bitcast=True), mask=j < k)
 
-    @triton.jit
-    def pull_rows_kernel(x_ptrs, meta_ptrs, counts, src_off, dst_off, recv_x, recv_meta, E, M,
-                         XW: tl.constexpr, MW: tl.constexpr, BLOCK_W: tl.constexpr, ROWS: tl.constexpr):
-        pe = tl.program_id(0)  # (peer, local expert)
-        rows = tl.program_id(1).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-        n = tl.load(counts + pe)
-        e = pe % E
-        src = tl.load(src_off + pe) + rows
-        slot = tl.load(dst_off + pe) + rows
-        ok = (rows < n) & (slot < (e + 1) * M)  # past the expert's M: dropped (the overflow count reports it)
-        x_src = tl.load(x_ptrs + pe // E).to(tl.pointer_type(tl.int64))  # the peer's send buffer, mapped here
-        m_src = tl.load(meta_ptrs + pe // E).to(tl.pointer_type(tl.int64))
-        for start in tl.static_range(0, XW, BLOCK_W):
-            w = start + tl.arange(0, BLOCK_W)
-            mask = ok[:, None] & (w < XW)[None, :]
-            words = tl.load(x_src + src[:, None] * XW + w[None, :], mask=mask)
-            tl.store(recv_x + slot[:, None] * XW + w[None, :], words, mask=mask)
-        mw = tl.arange(0, MW)
-        mask = ok[:, None] & (mw < MW)[None, :]
-        tl.store(recv_meta + slot[:, None] * MW + mw[None, :],
-                 tl.load(m_src + src[:, None] * MW + mw[None, :], mask=mask), mask=mask)
-
     return {"bag_sum": bag_sum_kernel, "place_rows": place_rows_kernel, "pack_rows": pack_rows_kernel,
-            "pull_rows": pull_rows_kernel, "cdiv": triton.cdiv}
+            "cdiv": triton.cdiv}
 
 
 def _built() -> dict[str, Any]:
@@ -291,50 +266,3 @@ def pack_rows(q_words: torch.Tensor, scale: torch.Tensor, topk_ids: torch.Tensor
         topk_weights.float().contiguous(), selected.contiguous(), rows.view(torch.int64), fmt.row_bytes // 8, P, E,
         rank, PAYLOAD_WORDS=fmt.payload_words, ID_WORDS=fmt.id_words, k=k, KP2=triton_next_power_of_2(k),
         BLOCK=_BLOCK_WORDS)
-
-
-_PULL_ROWS = 16  # rows one pull_rows program moves
-_PULL_BLOCK_WORDS = 128  # int64 words of a row per step (1 KiB)
-
-
-@dataclass(frozen=True)
-class PeerRows:
-    """Every rank's send buffers as this rank reaches them: `x[p]` (R, K) uint8 and `meta[p]` (R, W) int32 of
-    rank p (tensors on peer memory, mapped here), and their base addresses on this device (P,) int64 for the
-    Triton form. One PeerRows per send buffer."""
-
-    x: list[torch.Tensor]
-    meta: list[torch.Tensor]
-    x_ptrs: torch.Tensor
-    meta_ptrs: torch.Tensor
-
-    @classmethod
-    def of(cls, x: list[torch.Tensor], meta: list[torch.Tensor], device: torch.device) -> PeerRows:
-        ptrs = [[t.data_ptr() for t in ts] for ts in (x, meta)]
-        return cls(x=x, meta=meta, x_ptrs=torch.tensor(ptrs[0], dtype=torch.int64, device=device),
-                   meta_ptrs=torch.tensor(ptrs[1], dtype=torch.int64, device=device))
-
-
-def pull_rows(peers: PeerRows, counts: torch.Tensor, src_off: torch.Tensor, dst_off: torch.Tensor,
-              recv_x: torch.Tensor, recv_meta: torch.Tensor, *, max_rows: int, impl: Impl = "auto") -> None:
-    """recv rows [dst_off[p, e], + counts[p, e]) <- rank p's send rows [src_off[p, e], + counts[p, e]), payload
-    (recv_x (E*M, K) uint8) and words (recv_meta (E*M, W) int32) alike; rows past expert e's M (slot (e+1)*M and
-    on) are dropped. counts, src_off, dst_off: (P, E) int64 on the device, never read on the host by the Triton
-    form; max_rows bounds any one count (the most tokens a rank sends: a token picks an expert once)."""
-    P, E = counts.shape
-    M = recv_x.shape[0] // E
-    if not _use_triton(impl, recv_x, counts, peers.x_ptrs):
-        for p in range(P):  # the reference form: reads the counts on the host
-            for e in range(E):
-                d, s = int(dst_off[p, e]), int(src_off[p, e])
-                n = max(0, min(int(counts[p, e]), (e + 1) * M - d))
-                recv_x[d: d + n] = peers.x[p][s: s + n]
-                recv_meta[d: d + n] = peers.meta[p][s: s + n]
-        return
-    K, W = recv_x.shape[1], recv_meta.shape[1]
-    assert K % 8 == 0 and W % 2 == 0 and recv_x.is_contiguous() and recv_meta.is_contiguous()
-    grid = (P * E, max(1, -(-max_rows // _PULL_ROWS)))
-    _built()["pull_rows"][grid](
-        peers.x_ptrs, peers.meta_ptrs, counts.contiguous(), src_off.contiguous(), dst_off.contiguous(),
-        recv_x.view(torch.int64), recv_meta.view(torch.int64), E, M, XW=K // 8, MW=W // 2,
-        BLOCK_W=min(_PULL_BLOCK_WORDS, triton_next_power_of_2(K // 8)), ROWS=_PULL_ROWS)
