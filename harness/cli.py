@@ -589,10 +589,8 @@ def main(argv: list[str] | None = None) -> int:
         signum = int(getattr(exc, "signum", 2))  # SIGINT
         print("harness: interrupted" + (" (SIGTERM)" if signum != 2 else ""), file=sys.stderr)
         return 128 + signum
-    except BrokenPipeError:  # the reader went away (`| head`): it has what it wanted
-        _drop_stdout()
-        return EXIT_OK
-    except OSError as exc:  # the backstop: every filesystem or permission error, on every command
+    except OSError as exc:  # the backstop: every filesystem or permission error, on every command; a closed output
+        # pipe too (`| head`): the command did not finish, so its verdict is not known, and a gate must not pass
         return _os_error(exc)
 
 

@@ -84,6 +84,21 @@ def test_stdout_on_a_full_device_is_one_line(full: Path) -> None:
     one_line_exit_2(result, "No space left on device (ENOSPC)")
 
 
+def test_stdout_closed_before_the_command_finished_is_one_line_not_a_pass() -> None:
+    """`harness ... | head` where the reader went away: the command did not finish writing, so its verdict is not
+    known; a gate piped that way must not pass, so it is exit 2 and one line, as for any output error."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    try:
+        result = subprocess.run([sys.executable, "-m", "harness", "scenarios"], cwd=REPO_DIR, env=harness_env(),
+                                stdout=write, stderr=subprocess.PIPE, text=True, timeout=START_BOUND_S,
+                                check=False)
+    finally:
+        os.close(write)
+    result.stdout = ""
+    one_line_exit_2(result, "Broken pipe (EPIPE)")
+
+
 def test_collect_into_a_read_only_run_is_one_line(read_only: Path, tmp_path: Path) -> None:
     from report_records import make_scenario, write_run
 

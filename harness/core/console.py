@@ -16,6 +16,8 @@ logs always get every column, whole.
 
 from __future__ import annotations
 
+import errno
+import os
 from typing import Any
 
 from rich.console import Console, Group
@@ -97,6 +99,11 @@ class WideConsole(Console):
                 super().print(*objects, **kwargs)
             finally:
                 self._width = saved
+
+    def on_broken_pipe(self) -> None:
+        """The reader of the output went away (`| head`): not rich's quiet exit 1, but the OSError every output
+        failure is, so the command ends the way harness.cli says (one line, exit 2: its verdict is not known)."""
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
     def _natural_width(self, objects: tuple[Any, ...]) -> int:
         # Strings are soft-wrapped (never broken or cropped), so only renderables such as tables and groups count.
