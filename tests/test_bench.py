@@ -16,8 +16,7 @@ from harness.bench.records import BenchReport, CpuCost
 from scenario_utils import TINY
 
 ROOT = Path(__file__).resolve().parent.parent
-# the reference backend quantizes with quantize_per_token, which the pack runs (no dispatch.quantize stage)
-SUB_STAGES = {"dispatch.layout", "dispatch.pack", "dispatch.exchange", "dispatch.unpack",
+SUB_STAGES = {"dispatch.quantize", "dispatch.layout", "dispatch.pack", "dispatch.exchange", "dispatch.unpack",
               "combine.expert-reduce", "combine.exchange", "combine.token-reduce"}
 
 

@@ -133,42 +133,6 @@ def test_place_rows_of_a_row_slice(device):
     assert torch.equal(x[int(table[r, j])], payload[r])
 
 
-@pytest.mark.parametrize("K", [7168, 96])
-def test_pack_rows_quantizes_each_token_bit_for_bit_as_the_torch_quantize(device, K):
-    """bf16 tokens in: every send row's payload and scale are quantize_per_token's on the same device (a
-    saturating value, subnormals, a signed zero, an all-zero row among them), and the Triton form's rows equal the
-    torch form's byte for byte."""
-    from harness.rank.comm.base import RowFormat
-    from harness.rank.quant import quantize_per_token
-
-    g = torch.Generator().manual_seed(K)
-    n, P, E, top_k, rank = 9, 3, 2, 3, 2
-    fmt = RowFormat(hidden_size=K, top_k=top_k)
-    x = torch.randn((n, K), generator=g) * torch.exp(2 * torch.randn((n, 1), generator=g))
-    x[1] = 0.0
-    x[2, :5] = torch.tensor([448.0 * 3, -1e-30, 2.0**-140, 1e-8, -0.0])
-    x = x.to(torch.bfloat16).to(device)
-    topk_ids = torch.stack([torch.randperm(P * E, generator=g)[:top_k] for _ in range(n)]).to(device)
-    topk_weights = torch.rand((n, top_k), generator=g).to(device)
-    member = torch.zeros((n, P), dtype=torch.bool, device=device).scatter_(
-        1, torch.div(topk_ids, E, rounding_mode="floor"), True)
-    t, d = torch.nonzero(member, as_tuple=True)
-    selected = t * P + d
-    out = {}
-    for impl in ("triton", "torch"):
-        rows = torch.full((selected.numel(), fmt.row_bytes), 0xAB, dtype=torch.uint8, device=device)
-        pack_rows(x, None, topk_ids, topk_weights, selected, rows, fmt=fmt, num_ranks=P, num_local_experts=E,
-                  rank=rank, impl=impl)
-        out[impl] = rows.cpu()
-    assert torch.equal(out["triton"], out["torch"])
-    q, scale = (v.cpu() for v in quantize_per_token(x))
-    words = out["triton"].view(torch.int32)[:, K // 4:]
-    for i, token in enumerate(t.tolist()):
-        assert torch.equal(out["triton"][i, :K], q[token].view(torch.uint8)), (i, token)
-        assert words[i, 0].view(torch.float32).item() == scale[token, 0].item()
-        assert int(words[i, 1]) == token and int(words[i, 2]) == rank
-
-
 @pytest.mark.parametrize("top_k", [3, 8])
 def test_pack_rows_triton_writes_the_torch_forms_rows(device, top_k):
     """Payload words, scale, token, rank, int16 local ids (odd top_k: padded with -1) and weights, byte for byte;

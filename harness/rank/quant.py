@@ -7,9 +7,6 @@ import torch
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
 _MIN_SCALE = 1e-12  # keeps all-zero rows (padding, empty experts) finite
-# torch on CUDA computes `amax / FP8_MAX` (a Python scalar divisor) as amax * float32(1 / FP8_MAX) (aten's
-# div_true_kernel_cuda); on CPU it divides. The fused quantize kernels do what torch does on the tensor's device.
-INV_FP8_MAX = float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(FP8_MAX, dtype=torch.float32))
 
 
 def quantize_per_token(x: torch.Tensor, *, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,9 +7,7 @@ CUDA graph. The price is capacity-sized staging and exchanges (docs/comm.md, Mem
 
 Dispatch, per rank:
 
-    quantize   with harness.rank.quant.quantize_per_token (torch-cutlass, reference): inside pack, each token
-               quantized as its rows are written (bit-equal); another quantize (vLLM's kernel) runs first:
-               tokens (n, K) bf16 -> FP8 (n, K) + scales (n, 1)
+    quantize   tokens (n, K) bf16 -> FP8 (n, K) + scales (n, 1)
     layout     which ranks each token goes to and its row's place in the send buffer: rank d's region
                [d*C, d*C + C), token order within (a cumulative sum, no sort); one fixed-size exchange of the row
                counts per rank, kept on the device
@@ -41,7 +39,6 @@ from harness.rank.comm.base import (
 )
 from harness.rank.comm.fused import bag_sum, pack_rows, place_rows
 from harness.rank.memory import Accountant
-from harness.rank.quant import quantize_per_token
 
 
 def _exclusive_cumsum(counts: torch.Tensor) -> torch.Tensor:
@@ -94,17 +91,13 @@ class CollectiveComm(Comm):
         n = tokens.shape[0]
         L.check_tokens(n)
         stages.begin()
-        if quantize is quantize_per_token:  # fused into pack_rows: each bf16 token read once per destination
-            x, scale = tokens, None
-        else:  # another quantize kernel (vLLM's): its FP8 rows and scales, packed as they are
-            q, scale = quantize(tokens)
-            x = as_words(q)
-            stages.lap("dispatch.quantize")
+        q, scale = quantize(tokens)
+        stages.lap("dispatch.quantize")
         member, position, order = self._plan(topk_ids)
         dist.all_to_all_single(self.recv_counts, self.send_counts)  # fixed size, stays on the device
         stages.lap("dispatch.layout")
         if n:  # an idle rank sends only stale rows, every one past its count of 0
-            pack_rows(x, scale, topk_ids, topk_weights, order, self.send_rows, fmt=fmt,
+            pack_rows(as_words(q), scale, topk_ids, topk_weights, order, self.send_rows, fmt=fmt,
                       num_ranks=L.num_ranks, num_local_experts=L.num_local_experts, rank=L.rank)
         stages.lap("dispatch.pack")
         dist.all_to_all_single(self.recv_rows, self.send_rows)  # equal splits: C rows per peer

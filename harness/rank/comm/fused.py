@@ -2,8 +2,7 @@
 
     bag_sum      out[r] = sum_w weights[r, w] * src[table[r, w]], float32 accumulation; a zero weight is
                  skipped, so a padding cell never reads its row (an unwritten slot may hold anything)
-    pack_rows    one send row per (token, destination rank): payload and base.RowFormat's words in one pass, the
-                 token quantized on the way (pack_kernels, bit-equal to quantize_per_token) or copied as FP8
+    pack_rows    one send row per (token, destination rank): payload and base.RowFormat's words in one pass
     place_rows   every received row given a slot of each local expert it picked and written there (read once),
                  with its scale and source; the combine bags come out of it
 
@@ -19,15 +18,12 @@ The Triton kernels are built on first use (a process that never uses them never 
 from __future__ import annotations
 
 import functools
-import importlib
 import os
-from types import ModuleType
 from typing import Any, Literal
 
 import torch
 
 from harness.rank.comm.base import RowFormat
-from harness.rank.quant import INV_FP8_MAX
 
 Impl = Literal["auto", "triton", "torch"]
 _BLOCK_SUM = 1024  # elements of a row one bag_sum program reduces
@@ -112,29 +108,40 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
                 if d >= 0:
                     tl.store(x + d * x_stride + offs, words, mask=mask)
 
-    return {"bag_sum": bag_sum_kernel, "place_rows": place_rows_kernel, "cdiv": triton.cdiv}
+    @triton.jit
+    def pack_rows_kernel(q, q_stride, scale, topk_ids, topk_weights, selected, rows, row_words, P, E, rank,
+                         PAYLOAD_WORDS: tl.constexpr, ID_WORDS: tl.constexpr, k: tl.constexpr, KP2: tl.constexpr,
+                         BLOCK: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64)
+        flat = tl.load(selected + i)
+        token = flat // P
+        dest = flat % P
+        row64 = rows + i * row_words  # the row as int64 words
+        for start in tl.static_range(0, PAYLOAD_WORDS, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < PAYLOAD_WORDS
+            tl.store(row64 + offs, tl.load(q + token * q_stride + offs, mask=mask), mask=mask)
+        meta = row64.to(tl.pointer_type(tl.int32)) + 2 * PAYLOAD_WORDS  # the int32 words after the payload
+        tl.store(meta, tl.load(scale + token).to(tl.int32, bitcast=True))
+        tl.store(meta + 1, token.to(tl.int32))
+        tl.store(meta + 2, (token * 0 + rank).to(tl.int32))  # rank may come in as a constant (Triton: 1)
+        j = tl.arange(0, KP2)
+        expert = tl.load(topk_ids + token * k + j, mask=j < k, other=-1).to(tl.int64)
+        here = (expert >= 0) & (expert // E == dest)
+        local = tl.where(here, expert % E, -1).to(tl.int32)
+        for h in tl.static_range(ID_WORDS):  # int16 ids in pairs, low half first (little-endian), -1 padding
+            lo = tl.sum(tl.where(j == 2 * h, local, 0))
+            hi = tl.sum(tl.where(j == 2 * h + 1, local, 0)) if 2 * h + 1 < k else -1
+            tl.store(meta + 3 + h, (lo & 0xFFFF) | (hi << 16))
+        weight = tl.load(topk_weights + token * k + j, mask=j < k, other=0.0).to(tl.float32)
+        tl.store(meta + 3 + ID_WORDS + j, tl.where(here, weight, 0.0).to(tl.int32, bitcast=True), mask=j < k)
 
-
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return {"bag_sum": bag_sum_kernel, "place_rows": place_rows_kernel, "pack_rows": pack_rows_kernel,
+            "cdiv": triton.cdiv}
 
 
 def _built() -> dict[str, Any]:
-    return _kernels(_interpreted())
-
-
-def kernel_module(name: str) -> ModuleType:
-    """harness.rank.comm.<name>, a module of Triton kernels, as triton.jit wrapped it under this TRITON_INTERPRET:
-    imported on first use and again (pack_kernels first: the others call its helpers) when the flag changed."""
-    interpreted = _interpreted()
-    module = None
-    for part in dict.fromkeys(("pack_kernels", name)):
-        module = importlib.import_module(f"harness.rank.comm.{part}")
-        if getattr(module, "INTERPRETED", interpreted) != interpreted:
-            module = importlib.reload(module)
-        module.INTERPRETED = interpreted  # type: ignore[attr-defined]
-    assert module is not None
-    return module
+    return _kernels(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def bag_sum(table: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -215,37 +222,29 @@ def place_rows(payload: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, 
     _built()["place_rows"][(R,)](
         payload, payload.stride(0), ids.contiguous(), weights.float().contiguous(), scales.contiguous(), sources,
         counts, table, bag_weights, x_flat, x_flat.stride(0), x_scale_flat, x_src_flat, M,
-        NUM_WORDS=payload.shape[1], k=k, KP2=next_pow2(k), BLOCK=_BLOCK_WORDS)
+        NUM_WORDS=payload.shape[1], k=k, KP2=triton_next_power_of_2(k), BLOCK=_BLOCK_WORDS)
     return counts, table, bag_weights
 
 
-def next_pow2(n: int) -> int:
+def triton_next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def pack_rows(x: torch.Tensor, scale: torch.Tensor | None, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+def pack_rows(q_words: torch.Tensor, scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               selected: torch.Tensor, rows: torch.Tensor, *, fmt: RowFormat, num_ranks: int, num_local_experts: int,
               rank: int, impl: Impl = "auto") -> None:
-    """Write send row i for selected[i] = token * P + destination: the token's FP8 payload, then base.RowFormat's
-    words (scale, token, this rank, the destination's local expert ids as int16 pairs, their weights; -1 and 0
-    where a top-k slot is on another rank). rows: (len(selected), row_bytes) uint8.
-
-    x: (n, K) bf16 tokens with scale None, quantized here (bit-equal to harness.rank.quant.quantize_per_token on
-    the same device: each token read once per destination), or a quantize kernel's FP8 payload as int64 words
-    (n, K/8) with its scale (n, 1) float32."""
-    P, E, k, K = num_ranks, num_local_experts, fmt.top_k, fmt.hidden_size
+    """Write send row i for selected[i] = token * P + destination: the token's FP8 payload (q_words (n, K/8)
+    int64), then base.RowFormat's words (scale, token, this rank, the destination's local expert ids as int16
+    pairs, their weights; -1 and 0 where a top-k slot is on another rank). rows: (len(selected), row_bytes) uint8.
+    """
+    P, E, k = num_ranks, num_local_experts, fmt.top_k
     num_send = selected.numel()
     if num_send == 0:
         return
-    if not _use_triton(impl, x, selected, rows):
-        if scale is None:
-            from harness.rank.quant import quantize_per_token
-
-            q, scale = quantize_per_token(x)
-            x = q.view(torch.uint8).view(torch.int64)
+    if not _use_triton(impl, q_words, selected, rows):
         token = torch.div(selected, P, rounding_mode="floor")
         dst = selected % P
-        torch.index_select(x, 0, token, out=rows.view(torch.int64)[:, : fmt.payload_words])
+        torch.index_select(q_words, 0, token, out=rows.view(torch.int64)[:, : fmt.payload_words])
         ids = topk_ids.index_select(0, token)
         here = torch.div(ids, E, rounding_mode="floor") == dst.unsqueeze(1)
         local = torch.where(here, ids % E, -1).to(torch.int16)
@@ -253,20 +252,17 @@ def pack_rows(x: torch.Tensor, scale: torch.Tensor | None, topk_ids: torch.Tenso
             local = torch.cat([local, local.new_full((num_send, 1), -1)], dim=1)
         weights = torch.where(here, topk_weights.index_select(0, token), 0.0).float()
         meta = torch.cat([
-            scale.reshape(-1).float().index_select(0, token).view(torch.int32).unsqueeze(1),
+            scale.reshape(-1).index_select(0, token).view(torch.int32).unsqueeze(1),
             token.to(torch.int32).unsqueeze(1),
             torch.full((num_send, 1), rank, dtype=torch.int32, device=rows.device),
             local.view(torch.int32), weights.view(torch.int32),
         ], dim=1)
-        start = K // 4
+        start = fmt.hidden_size // 4
         rows.view(torch.int32)[:, start: start + fmt.meta_words].copy_(meta)
         return
-    quantize = scale is None
-    assert x.stride(1) == 1 and rows.is_contiguous() and fmt.row_bytes % 8 == 0
-    assert not quantize or (x.dtype == torch.bfloat16 and K % 8 == 0)
-    kernel_module("pack_kernels").pack_rows_kernel[(num_send,)](
-        x, x.stride(0), x if quantize else scale.reshape(-1).float().contiguous(), INV_FP8_MAX,
-        topk_ids.contiguous(), topk_weights.float().contiguous(), selected.contiguous(), rows.view(torch.int64),
-        fmt.row_bytes // 8, P, E, rank, K=K, PAYLOAD_WORDS=fmt.payload_words, ID_WORDS=fmt.id_words, k=k,
-        KP2=next_pow2(k), BLOCK=_BLOCK_WORDS, BLOCK_W=next_pow2(K // 4), QUANTIZE=quantize,
-        RECIPROCAL=x.is_cuda, NATIVE_FP8=not _interpreted(), num_warps=8 if K >= 4096 else 4)
+    assert q_words.stride(1) == 1 and rows.is_contiguous() and fmt.row_bytes % 8 == 0
+    _built()["pack_rows"][(num_send,)](
+        q_words, q_words.stride(0), scale.reshape(-1).float().contiguous(), topk_ids.contiguous(),
+        topk_weights.float().contiguous(), selected.contiguous(), rows.view(torch.int64), fmt.row_bytes // 8, P, E,
+        rank, PAYLOAD_WORDS=fmt.payload_words, ID_WORDS=fmt.id_words, k=k, KP2=triton_next_power_of_2(k),
+        BLOCK=_BLOCK_WORDS)

@@ -34,13 +34,13 @@ in for P ranks, run by Triton's interpreter (TRITON_INTERPRET=1).
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from harness.rank.comm.fused import _interpreted, _use_triton, kernel_module, next_pow2
-from harness.rank.quant import INV_FP8_MAX
+from harness.rank.quant import FP8_MAX
 
 # Flag slots on each rank's pad (int32 words from FLAG_BASE): slot phase * P + peer holds the last epoch that
 # peer completed in that phase towards this rank.
@@ -50,6 +50,9 @@ FLAG_BASE = 256  # words below it are left to torch's own symmetric-memory barri
 DEFAULT_MAX_SPINS = 1 << 26  # a wait past this many polls (seconds on NVLink) gives up and sets the status
 _BLOCK_T = 16  # tokens of one route_layout chunk (its place kernel compares every pair of the chunk: (16 k)^2)
 _BLOCK_SUM = 1024  # elements of a row one reduce program sums
+# torch on CUDA computes `amax / FP8_MAX` (a Python scalar divisor) as amax * float32(1 / FP8_MAX)
+# (aten's div_true_kernel_cuda); on CPU it divides. The fused quantize does what torch does on the tensor's device.
+INV_FP8_MAX = float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(FP8_MAX, dtype=torch.float32))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +80,23 @@ class PushFormat:
         return self.hidden_size + -(-4 * self.meta_words // 16) * 16
 
 
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@functools.cache
+def _kernels(interpreted: bool) -> dict[str, Any]:
+    """The kernels as Triton wrapped them under this TRITON_INTERPRET (a change re-imports them)."""
+    import importlib
+
+    import harness.rank.comm.push_kernels as module
+
+    if getattr(module, "INTERPRETED", interpreted) != interpreted:
+        module = importlib.reload(module)
+    module.INTERPRETED = interpreted  # type: ignore[attr-defined]
+    return module.KERNELS
+
+
 # Programs per SM of the grid-stride kernels (quantize_push, expand, reduce_push): as many as stay resident, so
 # the grid is one wave and their signal's last-program count (one atomic per program on one word) stays small.
 PROGRAMS_PER_SM = 16
@@ -95,8 +115,12 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def kernels() -> dict[str, Any]:
-    return kernel_module("push_kernels").KERNELS
+    return _kernels(_interpreted())
 
 
 # ------------------------------------------------------------------ the torch forms (the reference)
@@ -172,6 +196,8 @@ def source_order(rank: int, num_ranks: int) -> list[int]:
 
 
 def _triton(impl: str, *tensors: torch.Tensor) -> bool:
+    from harness.rank.comm.fused import _use_triton
+
     return _use_triton(impl, *tensors)  # type: ignore[arg-type]
 
 

@@ -1,12 +1,9 @@
 """The Triton kernels of symm-mem's push path (harness.rank.comm.push has their wrappers, torch forms and
-shapes; pack_kernels the quantize they share with the collective path). Imported on first use: triton.jit reads
-TRITON_INTERPRET when it wraps a function, so the CPU tests set it before (the interpreter), and a GPU compiles
-them."""
+shapes). Imported on first use: triton.jit reads TRITON_INTERPRET when it wraps a function, so the CPU tests set
+it before (the interpreter), and a GPU compiles them."""
 
 import triton
 import triton.language as tl
-
-from harness.rank.comm.pack_kernels import quantize_words
 
 
 @triton.jit
@@ -109,8 +106,7 @@ def route_scan_kernel(chunk_hist, chunk_base, counts, NC, W, pad, flag_slot, P, 
 
 @triton.jit
 def quantize_push_kernel(x, x_stride, scale_in, inv_fp8_max, ids, weights, pos, row_index, rows_ptrs, me, C,
-                         E, P, n, x_out, x_scale, x_src, table, table_w, tok, M, pad_ptrs, flag_slot, epoch, counts,
-                         counts_ptrs, done, K: tl.constexpr,
+                         E, P, n, x_out, x_scale, x_src, table, table_w, tok, M, pad_ptrs, flag_slot, epoch, counts, counts_ptrs, done, K: tl.constexpr,
                          ROW_BYTES: tl.constexpr, QUANTIZE: tl.constexpr, RECIPROCAL: tl.constexpr,
                          NATIVE_FP8: tl.constexpr, BLOCK_W: tl.constexpr, K_TOP: tl.constexpr,
                          KP2: tl.constexpr, SIGNAL: tl.constexpr, PUSH_COUNTS: tl.constexpr, EP2: tl.constexpr):
@@ -120,7 +116,30 @@ def quantize_push_kernel(x, x_stride, scale_in, inv_fp8_max, ids, weights, pos, 
         w4 = tl.arange(0, BLOCK_W)  # the row as int32 words of 4 FP8 bytes: 4-byte stores, not 1-byte ones
         wm = w4 < K // 4
         if QUANTIZE:  # harness.rank.quant.quantize_per_token, operation for operation
-            payload, scale = quantize_words(x, t, x_stride, inv_fp8_max, K, BLOCK_W, RECIPROCAL, NATIVE_FP8)
+            byte = tl.arange(0, 4)
+            offs = w4[:, None] * 4 + byte[None, :]
+            v = tl.load(x + t * x_stride + offs, mask=wm[:, None], other=0.0).to(tl.float32)
+            amax = tl.max(tl.max(tl.abs(v), axis=1), axis=0)
+            if RECIPROCAL:  # torch on CUDA divides by a Python scalar as a product with its float32 reciprocal
+                scale = tl.maximum(amax * inv_fp8_max, 1e-12)
+            else:
+                scale = tl.maximum(tl.div_rn(amax, tl.full([], 448.0, tl.float32)), 1e-12)
+            q = tl.div_rn(v, tl.zeros([BLOCK_W, 4], tl.float32) + scale)  # IEEE division, as torch's tensor / tensor
+            q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+            if NATIVE_FP8:  # compiled: the hardware's cvt (round to nearest even, as torch's cast; |q| <= 448)
+                code = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+            else:
+                # float8_e4m3fn bits, round to nearest even as torch's cast, in integer arithmetic: the
+                # interpreter's float8 cast rounds otherwise
+                bits = q.to(tl.int32, bitcast=True)
+                mag = bits & 0x7FFFFFFF
+                normal = ((mag + 0x7FFFF + ((mag >> 20) & 1)) >> 20) - ((127 - 7) << 3)  # 3 mantissa bits
+                sub = tl.abs(q) * 512.0  # below 2^-6 (exponent 121 - 127): multiples of 2^-9, exact in float32
+                whole = sub.to(tl.int32)
+                frac = sub - whole.to(tl.float32)
+                sub_bits = whole + ((frac > 0.5) | ((frac == 0.5) & ((whole & 1) == 1))).to(tl.int32)
+                code = ((bits >> 24) & 0x80) | tl.where(mag < (121 << 23), sub_bits, normal)
+            payload = tl.sum(code << (8 * byte[None, :]), axis=1)  # little-endian: byte 0 lowest
         else:  # already quantized (another quantize kernel ran): its FP8 bytes as int32 words, and its scale
             payload = tl.load(x + t * x_stride + w4, mask=wm)
             scale = tl.load(scale_in + t)
