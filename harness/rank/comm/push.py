@@ -458,11 +458,11 @@ def expert_base(recv_counts: torch.Tensor, base: torch.Tensor, expert_num_tokens
 def expand(recv_rows: torch.Tensor, recv_counts: torch.Tensor, base: torch.Tensor, slots: Slots, *, rank: int,
            fmt: PushFormat, impl: str = "auto") -> None:
     """Every row received from another rank s (recv_rows ((P-1)*C, row_bytes) uint8, rows [q*C, q*C +
-    recv_counts[s, E]) with q = recv_region(s, rank)) written to slot base[s, e] + position of each local expert e it names in slots.x, with
-    its scale and (s, token), and its entries of the combine table (slots.table, table_w, tok); a slot past M is
-    dropped. This rank's own rows are not here: quantize_push wrote them. At P = 1 there is nothing to expand
-    and no kernel runs. Its CONSUMED signal is a kernel of its own (signal): inside it, on the H200 it cost more
-    than the launch it saves."""
+    recv_counts[s, E]) with q = recv_region(s, rank)) written to slot base[s, e] + position of each local expert
+    e it names in slots.x, with its scale and (s, token), and its entries of the combine table (slots.table,
+    table_w, tok); a slot past M is dropped. This rank's own rows are not here: quantize_push wrote them. At
+    P = 1 there is nothing to expand and no kernel runs. Its CONSUMED signal is a kernel of its own (signal):
+    inside it, on the H200 it cost more than the launch it saves."""
     P, E1 = recv_counts.shape
     E, M, k, K = E1 - 1, slots.max_slots, fmt.top_k, fmt.hidden_size
     C = slots.tok.shape[0] // P

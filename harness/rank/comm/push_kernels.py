@@ -106,7 +106,8 @@ def route_scan_kernel(chunk_hist, chunk_base, counts, NC, W, pad, flag_slot, P, 
 
 @triton.jit
 def quantize_push_kernel(x, x_stride, scale_in, inv_fp8_max, ids, weights, pos, row_index, rows_ptrs, me, C,
-                         E, P, n, x_out, x_scale, x_src, table, table_w, tok, M, pad_ptrs, flag_slot, epoch, counts, counts_ptrs, done, K: tl.constexpr,
+                         E, P, n, x_out, x_scale, x_src, table, table_w, tok, M, pad_ptrs, flag_slot, epoch, counts,
+                         counts_ptrs, done, K: tl.constexpr,
                          ROW_BYTES: tl.constexpr, QUANTIZE: tl.constexpr, RECIPROCAL: tl.constexpr,
                          NATIVE_FP8: tl.constexpr, BLOCK_W: tl.constexpr, K_TOP: tl.constexpr,
                          KP2: tl.constexpr, SIGNAL: tl.constexpr, PUSH_COUNTS: tl.constexpr, EP2: tl.constexpr):

@@ -12,9 +12,9 @@ Dispatch, per rank (harness.rank.comm.push has the kernels; a wait or signal "in
     pack       quantize_push: each bf16 token read once, FP8 and its scale computed (bit-equal to
                harness.rank.quant.quantize_per_token); one row per (token, other destination rank) stored
                straight into the destination's receive buffer (this rank's region, push.recv_region, at the
-               row index), and this rank's own
-               pairs written straight into its slots; its last program pushes, per destination, this rank's
-               counts into its count buffer and a release store of the epoch into its READY flag
+               row index), and this rank's own pairs written straight into its slots; its last program pushes,
+               per destination, this rank's counts into its count buffer and a release store of the epoch into
+               its READY flag
     exchange   in expert_base: wait (acquire) for every peer's READY flag of this epoch
     unpack     expert_base: each (source, expert)'s first slot, this rank first, then the others in rank order
                after it (expert_num_tokens, the overflow count); expand: every row received from another rank
@@ -162,9 +162,9 @@ class SymmMemComm(Comm):
                            rank=L.rank, capacity=L.buffer_tokens, num_local_experts=E, then=ready)
         stages.lap("dispatch.pack")
         # The exchange is the wait for every READY, run by expert_base's program before it reads the counts.
+        ready_wait = push.Wait(pad=self.pad, phase=READY, num_ranks=P, epoch=self.epoch, status=self.status)
         push.expert_base(self.recv_counts, self.base, b.expert_num_tokens, b.overflow, rank=L.rank,
-                         max_slots=L.max_slots_per_expert, wait_first=push.Wait(pad=self.pad, phase=READY, num_ranks=P, epoch=self.epoch,
-                                              status=self.status))
+                         max_slots=L.max_slots_per_expert, wait_first=ready_wait)
         stages.lap("dispatch.exchange")
         push.expand(self.recv_rows, self.recv_counts, self.base, slots, rank=L.rank, fmt=fmt)
         # CONSUMED as a kernel of its own: on the H200 expand with the signal inside ran 5-6 us slower (a
