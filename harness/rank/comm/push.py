@@ -180,6 +180,23 @@ class Slots:
     tok: torch.Tensor
     max_slots: int
 
+    def fill_torch(self, *, source: int, ids: torch.Tensor, slot: torch.Tensor, payload: torch.Tensor,
+                   scale: torch.Tensor, token: torch.Tensor, weights: torch.Tensor, received: torch.Tensor) -> None:
+        """The torch form of placing R rows of one source: ids (R, k) local expert ids (-1 where elsewhere),
+        slot (R, k) each pair's slot within its expert, payload (R, K) uint8, scale (R,) float32, token (R,),
+        weights (R, k) float32, received (R,) the rows' indices in the combine table. A pair past M is dropped."""
+        M = self.max_slots
+        ok = (ids >= 0) & (slot < M)
+        dst = torch.where(ok, ids * M + slot, 0)
+        r, j = torch.nonzero(ok, as_tuple=True)
+        at = dst[r, j]
+        self.x.index_copy_(0, at, payload[r])
+        self.scale.index_copy_(0, at, scale[r])
+        self.src.index_copy_(0, at, torch.stack([torch.full_like(token[r], source), token[r]], 1).to(torch.int32))
+        self.table.index_copy_(0, received, dst)
+        self.table_w.index_copy_(0, received, torch.where(ok, weights, 0.0))
+        self.tok.index_copy_(0, received, token.to(torch.int32))
+
 
 def recv_region(src: int, dst: int, num_ranks: int) -> int:
     """Where rank src's rows sit in rank dst's receive buffer ((P-1)*C rows, C per region): region
@@ -272,19 +289,11 @@ def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor
             sel = torch.nonzero(r >= 0).squeeze(1)
             here = (ids.index_select(0, sel) >= 0) & (here_all.index_select(0, sel) == d)
             w_here = torch.where(here, weights.index_select(0, sel).float(), 0.0)
-            if d == rank:
-                slot = pos[:n].index_select(0, sel).to(torch.int64)
-                ok = here & (slot < M)
-                dst = torch.where(ok, (ids.index_select(0, sel) % E) * M + slot, 0)
-                rr, jj = torch.nonzero(ok, as_tuple=True)
-                at = dst[rr, jj]
-                slots.x.index_copy_(0, at, q.index_select(0, sel[rr]).view(torch.uint8))
-                slots.scale.index_copy_(0, at, s.index_select(0, sel[rr]))
-                slots.src.index_copy_(0, at, torch.stack([torch.full_like(sel[rr], rank), sel[rr]], 1).to(torch.int32))
-                received = rank * C + r.index_select(0, sel)
-                slots.table.index_copy_(0, received, dst)
-                slots.table_w.index_copy_(0, received, torch.where(ok, w_here, 0.0))
-                slots.tok.index_copy_(0, received, sel.to(torch.int32))
+            if d == rank:  # this rank's own pairs: their first slot is 0 (source_order)
+                slots.fill_torch(source=rank, ids=torch.where(here, ids.index_select(0, sel) % E, -1),
+                                 slot=pos[:n].index_select(0, sel).to(torch.int64),
+                                 payload=q.index_select(0, sel).view(torch.uint8), scale=s.index_select(0, sel),
+                                 token=sel, weights=w_here, received=rank * C + r.index_select(0, sel))
                 continue
             dst = rows.tensors[d].view((P - 1) * C, fmt.row_bytes)
             out = torch.zeros((sel.numel(), fmt.row_bytes), dtype=torch.uint8, device=x.device)
@@ -474,20 +483,13 @@ def expand(recv_rows: torch.Tensor, recv_counts: torch.Tensor, base: torch.Tenso
         for s in source_order(rank, P)[1:]:
             nrows = int(recv_counts[s, E])
             q = recv_region(s, rank, P) * C
-            rows = slice(s * C, s * C + nrows)  # its rows of the combine table
             w = words[q: q + nrows]
             ids, pos = w[:, 2: 2 + k].to(torch.int64), w[:, 2 + k: 2 + 2 * k].to(torch.int64)
             slot = base[s].to(torch.int64).index_select(0, ids.clamp(min=0).reshape(-1)).view(-1, k) + pos
-            ok = (ids >= 0) & (slot < M)
-            dst = torch.where(ok, ids * M + slot, 0)
-            r, jj = torch.nonzero(ok, as_tuple=True)
-            d = dst[r, jj]
-            slots.x.index_copy_(0, d, recv[q: q + nrows][r, :K])
-            slots.scale.index_copy_(0, d, w[r, 0].view(torch.float32))
-            slots.src.index_copy_(0, d, torch.stack([torch.full_like(w[r, 1], s), w[r, 1]], dim=1))
-            slots.table[rows].copy_(dst)
-            slots.table_w[rows].copy_(torch.where(ok, w[:, 2 + 2 * k:].view(torch.float32), 0.0))
-            slots.tok[rows].copy_(w[:, 1])
+            slots.fill_torch(source=s, ids=ids, slot=slot, payload=recv[q: q + nrows, :K],
+                             scale=w[:, 0].view(torch.float32), token=w[:, 1],
+                             weights=w[:, 2 + 2 * k:].view(torch.float32),
+                             received=torch.arange(s * C, s * C + nrows, device=recv_rows.device))
         return
     kernels()["expand"][(grid_programs((P - 1) * C, recv_rows.device),)](
         recv_rows, recv_counts, base, slots.x, slots.scale, slots.src, slots.table, slots.table_w, slots.tok, rank,
