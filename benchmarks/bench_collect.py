@@ -22,10 +22,9 @@ REPO_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_DIR))
 sys.path.insert(0, str(REPO_DIR / "tests"))
 
-from report_records import make_scenario, write_run  # noqa: E402
-
 from harness.report.collect import collect  # noqa: E402
 from harness.report.write import REPORT_FILES  # noqa: E402
+from report_records import make_scenario, write_run  # noqa: E402
 
 TARGET_S = 2.0
 DEEPSEEK_V3_EXPERTS = 256

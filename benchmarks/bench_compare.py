@@ -31,8 +31,9 @@ sys.path.insert(0, str(REPO_DIR / "tests"))
 
 sys.path.insert(0, str(REPO_DIR / "benchmarks"))
 
-from bench_matrix_collect import collect_as_run, synthetic_matrix  # noqa: E402
 from pydantic import BaseModel, ConfigDict  # noqa: E402
+
+from bench_matrix_collect import collect_as_run, synthetic_matrix  # noqa: E402
 from report_records import write_run  # noqa: E402
 
 TARGET_CPU_S = 10.0

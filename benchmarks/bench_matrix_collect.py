@@ -33,12 +33,11 @@ REPO_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_DIR))
 sys.path.insert(0, str(REPO_DIR / "tests"))
 
-from report_records import write_run  # noqa: E402
-
 from harness.report.collect import CollectResult, collect  # noqa: E402
 from harness.report.matrix import collect_matrix  # noqa: E402
 from harness.report.model import RunReport  # noqa: E402
 from harness.scenario.matrix import Matrix, matrix_from_data  # noqa: E402
+from report_records import write_run  # noqa: E402
 
 RATIO_TARGET = 3.0
 CELLS_TARGET_S = 60.0

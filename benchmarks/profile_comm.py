@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for _ in range(3):
             one_round(Stages())
-        timer, samples = StageTimer(device), {}
+        timer, samples = StageTimer(device), dict[str, list[float]]()
         for _ in range(args.iters):
             one_round(Stages(timer))
             for name, us in timer.elapsed_us().items():

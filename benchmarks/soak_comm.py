@@ -14,6 +14,7 @@ CUDA graphs (symm-mem, nccl), every rank at its capacity, with per-rank GPU slee
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -43,10 +44,8 @@ def _rank(info: RankInfo, data: dict, kernels, rounds: int, seed: int, run_id: s
         queue.put((info.rank, record.model_dump(mode="json")))
     except Exception:  # noqa: BLE001 - the rank's failure goes back to the parent
         queue.put((info.rank, {"error": traceback.format_exc()[-3000:]}))
-    try:
+    with contextlib.suppress(Exception):
         shutdown_rank()
-    except Exception:  # noqa: BLE001
-        pass
 
 
 def run_soak(data: dict, *, rounds: int, seed: int, timeout_s: float, graph: bool = False,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from harness.core.backends import COMM, EXPERTS
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line refusals: the error, a close match where there is one, and where help is."""
 
-    def error(self, message: str) -> None:  # argparse's own exit code is already 2
+    def error(self, message: str) -> NoReturn:  # argparse's own exit code is already 2
         close = _suggestion(self, message)
         pointer = f" See `{self.prog} --help`." if close else f"; see `{self.prog} --help`"
         print(f"{self.prog}: error: {message}{close}{pointer}", file=sys.stderr)
@@ -68,8 +69,15 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     from harness.scenario.schema import ScenarioError
     from harness.scenario.sections import GPU_MEMORY_BYTES
     from harness.sizing.plan import (
-        layer_expectation_failures, layer_notes, layer_versions, make_layer_plans, make_plan, plan_json,
-        plan_summary, render_layer_plan, render_plan,
+        layer_expectation_failures,
+        layer_notes,
+        layer_versions,
+        make_layer_plans,
+        make_plan,
+        plan_json,
+        plan_summary,
+        render_layer_plan,
+        render_plan,
     )  # fmt: skip
 
     if ns.gpu is not None and ns.gpu not in GPU_MEMORY_BYTES:
@@ -172,9 +180,9 @@ def human_budget(num_bytes: int) -> str:
 
 def cmd_scenarios(ns: argparse.Namespace) -> int:
     """The scenario files, each marked with whether this machine can run it, and why not (harness.scenario.fit)."""
-    from harness.core.console import make_console
     from rich.table import Table
 
+    from harness.core.console import make_console
     from harness.launch.machine import local_machine
     from harness.scenario.fit import can_run, resolve_device
     from harness.scenario.schema import ScenarioError, list_scenarios, load_scenario
@@ -185,7 +193,7 @@ def cmd_scenarios(ns: argparse.Namespace) -> int:
     table.add_column("file")
     table.add_column("here")
     table.add_column("summary")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for path in list_scenarios():
         try:
             scenario = load_scenario(path)
@@ -297,7 +305,6 @@ def cmd_run(ns: argparse.Namespace) -> int:
 def cmd_collect(ns: argparse.Namespace) -> int:
     """`harness collect RUN_DIR`: a run directory, or a matrix directory (it holds matrix.json)."""
     from harness.core.console import make_console
-
     from harness.report.collect import collect
     from harness.report.matrix import recollect_matrix
     from harness.scenario.matrix import MatrixError
@@ -612,8 +619,6 @@ def _os_error(exc: OSError) -> int:
     where = f"{exc.filename}: " if exc.filename else "writing the output: "
     code = errno.errorcode.get(exc.errno or -1)
     text = f"harness: error: {where}{exc.strerror or exc}" + (f" ({code})" if code else "")
-    try:
+    with contextlib.suppress(OSError):  # stderr is gone too: the exit code still says it
         print(" ".join(text[:4096].split()), file=sys.stderr)
-    except OSError:
-        pass  # stderr is gone too: the exit code still says it
     return EXIT_ERROR

@@ -43,6 +43,13 @@ DOWNLOAD_LOG="${HARNESS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/moe-harness}/
 logged_downloads() { if [ -f "$DOWNLOAD_LOG" ]; then wc -l < "$DOWNLOAD_LOG"; else echo 0; fi; }
 downloads_before="$(logged_downloads)"
 
+# Lint, format and types before the tests (pyproject.toml configures all three): any finding fails the run.
+LINTED=(harness tests benchmarks scripts)
+python -m ruff check "${LINTED[@]}"
+python -m ruff format --check "${LINTED[@]}"
+python -m mypy
+echo "scripts/test.sh: ruff check, ruff format --check and mypy found nothing"
+
 set +e
 python -m pytest -q -p no:cacheprovider --timeout="$TEST_TIMEOUT_S" "$@"
 rc=$?

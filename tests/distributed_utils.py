@@ -6,7 +6,7 @@ import multiprocessing as mp
 import os
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from harness.rank.distributed import RankInfo, free_port, init_rank, shutdown_rank
 
@@ -24,7 +24,7 @@ def _entry(worker: Callable[..., Any], info: RankInfo, args: tuple[Any, ...], qu
 
 
 def parallel_launch(world_size: int, worker: Callable[..., Any], *args: Any, timeout_s: float = 120.0,
-                    device_type: str = "cpu") -> list[Any]:
+                    device_type: Literal["cuda", "cpu"] = "cpu") -> list[Any]:
     """Run worker(info, *args) on `world_size` gloo ranks (device_type "cuda": NCCL ranks, one GPU each); return
     their results in rank order.
 

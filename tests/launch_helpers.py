@@ -9,15 +9,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from harness.rank.distributed import SAFE_NCCL_ENV
-from harness.launch import FAULT_ENV
 from harness.core.records import RankFailure, RankRecord, read_record
+from harness.launch import FAULT_ENV
+from harness.rank.distributed import SAFE_NCCL_ENV
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 
@@ -133,11 +133,7 @@ def end_ray_session(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
-        try:
+        with suppress(subprocess.TimeoutExpired):
             proc.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
+    with suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)  # `ray start --block` may exit before its children
-    except ProcessLookupError:
-        pass

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from harness.core.contract import builtin_shapes
 from harness.core.records import (
     Breakdown,
     ContractBytes,
@@ -30,7 +31,6 @@ from harness.core.records import (
     write_record,
 )
 from harness.scenario.schema import Scenario, parse_scenario
-from harness.core.contract import builtin_shapes
 
 STARTED_AT = 1_764_480_000.0  # 2025-11-30 05:20 UTC; fixed so reports are reproducible
 
@@ -108,7 +108,7 @@ def timings(dispatch_us: float, experts_us: float, combine_us: float, spread: fl
 def policy_result(scenario: Scenario, policy: str, rank: int, *, status: str = "ok",
                   workspace_delta_bytes: int | None = None,
                   max_rel_error: float | None = None, experts_us: float | None = None,
-                  experts_tflops: float | None = None, device_kind: str = "cuda", baseline_bytes: int | None = None,
+                  experts_tflops: float | None = None, device_kind: Literal["cuda", "cpu"] = "cuda", baseline_bytes: int | None = None,
                   num_wrong_slots: int = 0, timing_spread: float | None = 0.04,
                   failed_ranks: list[int] | None = None) -> PolicyResult:
     c = contract(scenario, policy)
@@ -156,7 +156,7 @@ def policy_result(scenario: Scenario, policy: str, rank: int, *, status: str = "
 
 
 def rank_record(scenario: Scenario, rank: int, *, run_id: str, overrides: dict[str, dict[str, Any]] | None = None,
-                device_kind: str = "cuda", num_nodes: int = 1, complete: bool = True,
+                device_kind: Literal["cuda", "cpu"] = "cuda", num_nodes: int = 1, complete: bool = True,
                 warmup: str | None = "full") -> RankRecord:
     """One rank's record; `overrides` maps a policy to policy_result keyword arguments."""
     overrides = overrides or {}
@@ -183,7 +183,7 @@ def rank_record(scenario: Scenario, rank: int, *, run_id: str, overrides: dict[s
 
 def write_run(run_dir: Path, scenario: Scenario, *, run_id: str = "20251130-052000-synthetic",
               skip_ranks: tuple[int, ...] = (), failed_ranks: dict[int, str] | None = None,
-              overrides: dict[int, dict[str, dict[str, Any]]] | None = None, device_kind: str = "cuda",
+              overrides: dict[int, dict[str, dict[str, Any]]] | None = None, device_kind: Literal["cuda", "cpu"] = "cuda",
               num_nodes: int = 1, manifest: bool = True) -> Path:
     """A complete run directory: run.json and one record per rank (or a failure record, or nothing)."""
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -24,11 +24,11 @@ import pytest
 import yaml
 
 from cli_utils import REPO_DIR, harness_env
-from vllm_cache_utils import forge_entry
 from harness.sizing.vllm_source import locate
 from harness.sizing.vllm_source.cache import PINNED_WHEELS
 from harness.sizing.vllm_source.evaluate import SourceTree
 from harness.sizing.vllm_source.interpreter import StandIn, Unevaluable
+from vllm_cache_utils import forge_entry
 
 FUSED_MOE = "vllm/model_executor/layers/fused_moe"
 AUDIT_BOUND_S = 10.0  # the audit of a hostile source tree ends within 10 s, whatever the tree tries

@@ -137,29 +137,33 @@ def test_a_fresh_run_gives_the_baselines_bytes_and_its_errors_within_float32_reo
     0.019127551516 and 0.019127434083 (1.2e-7 apart). A real change of the data path moves the figure by far more:
     one FP8 step of an activation is 2^-4 relative."""
     from harness.report.compare import load_report
+    from harness.report.model import RunReport
 
     fresh, committed = load_report(two_runs[0]).report, load_report(BASELINE).report
-    assert fresh.kind == committed.kind == "run"
+    assert isinstance(fresh, RunReport) and isinstance(committed, RunReport)
     scenario = json.loads((BASELINE / "run.json").read_text())["scenario"]
     n = max(scenario["model"]["hidden_size"], scenario["model"]["intermediate_size"])
     bound = 2 * float32_reorder_bound(n)
-    for mine in fresh.policies:  # type: ignore[union-attr]
-        theirs = committed.policy(mine.policy)  # type: ignore[union-attr]
+    for mine in fresh.policies:
+        theirs = committed.policy(mine.policy)
         assert theirs is not None, mine.policy
         assert (mine.outcome, mine.num_oom, mine.contract_total_bytes, mine.lower_bound_bytes) == (
             theirs.outcome, theirs.num_oom, theirs.contract_total_bytes, theirs.lower_bound_bytes)
         got, want = mine.allocator_allocated_peak_bytes, theirs.allocator_allocated_peak_bytes
+        assert got is not None and want is not None, mine.policy
         assert (got.min, got.max) == (want.min, want.max), mine.policy
         rel_got, rel_want = mine.max_rel_error, theirs.max_rel_error
+        assert rel_got is not None and rel_want is not None, mine.policy
         assert abs(rel_got.max - rel_want.max) <= bound and abs(rel_got.min - rel_want.min) <= bound, (
             mine.policy, rel_got, rel_want, bound)
         abs_got, abs_want = mine.max_abs_error, theirs.max_abs_error
+        assert abs_got is not None and abs_want is not None, mine.policy
         ref_scale = abs_want.max / rel_want.max if rel_want.max > 0 else 0.0  # max |ref| of the worst rank
         assert abs(abs_got.max - abs_want.max) <= bound * ref_scale, (mine.policy, abs_got, abs_want)
         _assert_within_a_page(mine, theirs)
 
 
-def _assert_within_a_page(mine, theirs) -> None:  # type: ignore[no-untyped-def]
+def _assert_within_a_page(mine, theirs) -> None:
     page = 4096
     got, want = mine.workspace_delta_bytes, theirs.workspace_delta_bytes
     assert abs(got.min - want.min) <= page and abs(got.max - want.max) <= page, (mine.policy, got, want)

@@ -71,7 +71,7 @@ def test_bench_reports_every_variant_per_rank_and_passes_low_thresholds(tmp_path
     fixed_row = next(line for line in markdown.splitlines() if line.startswith("| fixed |"))
     cells = [c.strip() for c in fixed_row.strip("|").split("|")]
     assert cells[4] == "n/a"  # the comm bound ratio: n/a on CPU ranks, not failed
-    low, _, high = cells[7].partition("..")
+    low, _, _high = cells[7].partition("..")
     assert float(low) > 0 and "0.0..0.0" not in fixed_row  # CPU TFLOP/s at 4 significant digits
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from cli_utils import REPO_DIR, harness_env
 
 GATED = {"plan (in process)", "harness plan (command)", "collect 1024 rank records"}

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_utils import REPO_DIR, harness_env, run_harness
 
-from harness.scenario.schema import Scenario, load_scenario
+from cli_utils import REPO_DIR, harness_env, run_harness
 from harness.scenario.doc import REGENERATE, schema_markdown
+from harness.scenario.schema import Scenario, load_scenario
 
 PR_CASE = "scenarios/deepseek-v3-dp32-pr55579.yaml"
 FIXED_BYTES, LEGACY_BYTES = 3758096384, 120259084288  # 3.5 GiB and 112 GiB

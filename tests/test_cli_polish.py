@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from cli_utils import REPO_DIR, run_harness
 
 

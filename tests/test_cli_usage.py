@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from cli_utils import run_harness
 
+from cli_utils import run_harness
 from harness.cli import build_parser
 
 PR_CASE = "scenarios/deepseek-v3-dp32-pr55579.yaml"

@@ -9,9 +9,9 @@ import os
 import stat
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
-from report_records import make_scenario, policy_result, rank_record, read_md, workspace_delta_for, write_run
 
 from harness.cli import main
 from harness.core.contract import fixed_shapes, live_set_bytes
@@ -20,6 +20,7 @@ from harness.report.checks import BASELINE_ROUNDING_BYTES, Judging, evaluate_che
 from harness.report.collect import collect
 from harness.report.model import Check, PolicySummary, RunReport
 from harness.report.write import REPORT_FILES, output_generations
+from report_records import make_scenario, policy_result, rank_record, read_md, workspace_delta_for, write_run
 
 MiB = 2**20
 
@@ -80,6 +81,7 @@ def test_all_pass_numbers_equal_the_inputs(tmp_path: Path) -> None:
                                                                "max": max(deltas), "num_ranks": 4}
         assert (summary.num_oom, summary.outcome, summary.num_ranks, summary.expectation) == (0, "fit", 4, "pass")
         assert summary.lower_bound_bytes == live_set_bytes(args)
+        assert summary.contract_total_bytes is not None
         assert summary.ratio_to_fixed == summary.contract_total_bytes / fixed_total
         # timings are aggregated with max over ranks, throughput with min (the synthetic values grow/shrink by rank)
         assert summary.experts_us and summary.experts_us.max == 200.0 + 2 * 3
@@ -188,7 +190,7 @@ def test_verdicts_come_from_the_numbers_not_the_records_flags(tmp_path: Path) ->
     scenario = four_rank_scenario()
     contract = policy_result(scenario, "fixed", 0).contract
     too_big = int((contract.common_bytes + contract.ws2_bytes) * 1.05)  # the tolerance is 1 %
-    overrides = {1: {"fixed": {"max_rel_error": 50.0, "num_wrong_slots": 1000}},
+    overrides: dict[int, dict[str, dict[str, Any]]] = {1: {"fixed": {"max_rel_error": 50.0, "num_wrong_slots": 1000}},
                  2: {"legacy": {"max_rel_error": 0.07}},  # just over expect.max_error 0.06
                  3: {"fixed": {"workspace_delta_bytes": too_big}}}
     run_dir = write_run(tmp_path / "run", scenario, overrides=overrides)
@@ -455,7 +457,7 @@ def test_policy_error_exits_2(tmp_path: Path) -> None:
 
 def test_junit_counts_and_validity(tmp_path: Path) -> None:
     scenario = four_rank_scenario(policies=["legacy", "fixed", "lower-bound"])
-    overrides = {0: {"legacy": {"status": "oom"}}, 2: {"fixed": {"max_rel_error": 0.5}}}
+    overrides: dict[int, dict[str, dict[str, Any]]] = {0: {"legacy": {"status": "oom"}}, 2: {"fixed": {"max_rel_error": 0.5}}}
     run_dir = write_run(tmp_path / "run", scenario, overrides=overrides, failed_ranks={3: "hung: no result within 60 s"})
     report = run_report(collect(run_dir))
     root, cases = junit_cases(run_dir)
@@ -636,7 +638,6 @@ def _real_rank(info, scenario_data, run_dir):
 def test_records_of_real_gloo_ranks(tmp_path: Path) -> None:
     """The collector on records that harness.rank.lifecycle really wrote: 2 CPU ranks, legacy over a budget, fixed fits."""
     from distributed_utils import parallel_launch
-
     from harness.core.records import RankRecord, RunManifest
 
     scenario = make_scenario(

@@ -14,6 +14,8 @@ import torch
 
 from distributed_utils import parallel_launch
 from harness.rank.comm import CommUnavailable, RowFormat, resolve_comm
+from harness.rank.comm.collective import CollectiveComm
+from harness.rank.comm.symm_mem import SymmMemComm
 from harness.scenario.fit import can_run, estimate_rank_memory
 from harness.scenario.schema import ScenarioError
 from harness.sizing.deepep import deepep_low_latency_bytes
@@ -90,9 +92,9 @@ def _exchange(info: Any, scenario_data: dict) -> dict:
     dequantized input, so the combined output has a closed form per token."""
     import torch.distributed as dist
 
+    from harness.rank.check import CheckedPass
     from harness.rank.combine import combine
     from harness.rank.dispatch import dispatch
-    from harness.rank.check import CheckedPass
     from harness.rank.lifecycle import setup_rank, source_inputs
     from harness.rank.quant import dequantize
     from harness.scenario.schema import parse_scenario
@@ -100,9 +102,14 @@ def _exchange(info: Any, scenario_data: dict) -> dict:
     scenario = parse_scenario(scenario_data)
     setup = setup_rank(scenario, info, info.device, Path("/tmp"), 0)
     comm, L = setup.buffers, setup.layout
-    calls = []
+    calls: list[int] = []
     real = dist.all_to_all_single
-    dist.all_to_all_single = lambda *a, **kw: (calls.append(1), real(*a, **kw))[1]  # counts, then does the real one
+
+    def counted(*a: Any, **kw: Any) -> Any:  # counts, then does the real one
+        calls.append(1)
+        return real(*a, **kw)
+
+    dist.all_to_all_single = counted
     try:
         if info.device.type == "cuda":
             torch.cuda.set_sync_debug_mode("error")  # any host read inside dispatch or combine raises
@@ -135,7 +142,7 @@ def _exchange(info: Any, scenario_data: dict) -> dict:
         "dispatch_bytes": handle.dispatch_bytes, "distinct_rows": distinct_rows, "pairs": int(ids.numel()),
         "row_bytes": RowFormat(hidden_size=L.hidden_size, top_k=L.top_k).row_bytes,
         "host_syncs": handle.num_host_syncs, "dispatch_collectives": dispatch_calls,
-        "rows_sent": int(comm.send_counts.sum()) if comm.name != "symm-mem" else None,
+        "rows_sent": int(comm.send_counts.sum()) if isinstance(comm, CollectiveComm) else None,
         "capacity_rows": L.num_ranks * L.buffer_tokens,
         "counts": comm.expert_num_tokens.tolist(), "comm": setup.comm_record.model_dump(),
         "comm_bytes": setup.accountant.bytes_of("comm"),
@@ -239,7 +246,7 @@ def _valid_slots(comm: Any, *, by_source: bool) -> list[torch.Tensor]:
     counts, src = comm.expert_num_tokens.tolist(), comm.expert_src
     order = [torch.argsort(src[e, :c, 0].long() * (1 << 32) + src[e, :c, 1].long()) if by_source
              else torch.arange(c, device=src.device) for e, c in enumerate(counts)]
-    return [torch.cat([t[e, :c][o].reshape(-1) for e, (c, o) in enumerate(zip(counts, order))])
+    return [torch.cat([t[e, :c][o].reshape(-1) for e, (c, o) in enumerate(zip(counts, order, strict=True))])
             for t in (comm.expert_x.view(torch.uint8), comm.expert_x_scale.view(torch.int32), src)]
 
 
@@ -306,13 +313,13 @@ def _graph_exchange(info: Any, scenario_data: dict, delay_cycles: int) -> dict:
         graphs[1].replay()
         torch.cuda.synchronize()
         got = snapshot()
-        for name, a, b in zip(("counts", "x", "scale", "src", "out"), eager, got):
+        for name, a, b in zip(("counts", "x", "scale", "src", "out"), eager, got, strict=True):
             same = torch.equal(a.view(torch.uint8) if a.dtype.is_floating_point else a,
                                b.view(torch.uint8) if b.dtype.is_floating_point else b)
             if again and not same:
                 mismatches.append(f"replay {replay}: {name}")
             differs += int(not again and name in ("x", "out") and not same)
-    status = int(comm.status.item()) if comm.name == "symm-mem" else 0
+    status = int(comm.status.item()) if isinstance(comm, SymmMemComm) else 0
     return {"mismatches": mismatches, "status": status, "pairs": int(sum(eager[0].tolist())),
             "other_differs": differs}
 
@@ -337,7 +344,13 @@ def _run_iterations_graph_vs_eager(info: Any, scenario_data: dict) -> dict:
     """`harness run`'s timed iterations (graph replays where the comm captures) against its eager pass, on one
     policy's workspace: the same slots, counts and combined output, bit for bit; then the policy's record."""
     from harness.rank.lifecycle import (
-        PolicyState, _iterate, _one_pass, allocate_workspace, measure_policy, setup_rank, warm_up,
+        PolicyState,
+        _iterate,
+        _one_pass,
+        allocate_workspace,
+        measure_policy,
+        setup_rank,
+        warm_up,
     )
     from harness.rank.memory import SnapshotRecorder
     from harness.rank.timing import StageTimer
@@ -354,6 +367,7 @@ def _run_iterations_graph_vs_eager(info: Any, scenario_data: dict) -> dict:
 
     def snapshot() -> list[torch.Tensor]:
         # nccl takes slots with atomics (any order within an expert): each expert's slots in source order
+        assert state.combined is not None
         return [comm.expert_num_tokens.clone(), *_valid_slots(comm, by_source=comm.name == "nccl"),
                 state.combined.view(torch.int16).clone()]
 
@@ -364,7 +378,7 @@ def _run_iterations_graph_vs_eager(info: Any, scenario_data: dict) -> dict:
     _one_pass(setup, state, StageTimer(info.device))
     eager = snapshot()
     names = ("counts", "x", "scale", "src", "out")
-    mismatches = [n for n, a, b in zip(names, replayed, eager) if not torch.equal(a, b)]
+    mismatches = [n for n, a, b in zip(names, replayed, eager, strict=True) if not torch.equal(a, b)]
     state.workspace.release(setup.accountant)
     result, _ = measure_policy(setup, "fixed", None)
     return {"mode": mode, "reason": reason, "mismatches": mismatches, "pairs": int(eager[0].sum()),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Literal
 
 import pytest
-from report_records import make_scenario, rank_record, write_run
 
 from harness.cli import main
 from harness.core.records import SCHEMA_VERSION, rank_record_path, write_record
@@ -22,9 +22,10 @@ from harness.report.compare import (
     parse_options,
     parse_thresholds,
 )
+from report_records import make_scenario, rank_record, write_run
 
 
-def run(tmp_path: Path, name: str, overrides=None, device_kind: str = "cuda", **sections) -> Path:
+def run(tmp_path: Path, name: str, overrides=None, device_kind: Literal["cuda", "cpu"] = "cuda", **sections) -> Path:
     run_dir = write_run(tmp_path / name, make_scenario(**sections), overrides=overrides, device_kind=device_kind)
     collect(run_dir)
     return run_dir

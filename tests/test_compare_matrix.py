@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from report_records import rank_record, write_run
 
 from harness.cli import main
 from harness.core.records import rank_record_path, write_record
@@ -18,6 +17,7 @@ from harness.report.matrix import collect_matrix
 from harness.report.model import content_digest
 from harness.scenario.matrix import load_matrix
 from harness.scenario.sections import REPO_DIR
+from report_records import rank_record, write_run
 
 MATRIX = REPO_DIR / "scenarios/matrix/cpu-ci.yaml"
 

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_utils import REPO_DIR, harness_env
 from rich.table import Table
 
+from cli_utils import REPO_DIR, harness_env
 from harness.core.console import make_console
 
 # Ten columns of nine-digit numbers: about 130 characters, wider than the 80 a log is assumed to have.

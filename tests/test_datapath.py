@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from distributed_utils import parallel_launch
+from harness.core.contract import fixed_shapes
+from harness.core.records import PolicyResult
 from harness.rank.comm import create_comm
 from harness.rank.dispatch import DispatchError, DispatchLayout, dispatch
 from harness.rank.experts import Workspace, make_weights
@@ -15,8 +17,6 @@ from harness.rank.experts.reference import ReferenceExperts
 from harness.rank.memory import Accountant
 from harness.rank.quant import FP8_MAX, dequantize, quantize_per_channel, quantize_per_token
 from harness.rank.route import route
-from harness.core.contract import fixed_shapes
-from harness.core.records import PolicyResult
 from scenario_utils import tiny
 from verdicts import judge_policy
 

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
-from cli_utils import run_harness
 
+from cli_utils import run_harness
 from harness.scenario.schema import ScenarioError, load_scenario, parse_scenario
 from harness.sizing.deployment_weights import Sharding, allocator_block_bytes, weight_lines
 from harness.sizing.kv_cache import kv_cache, kv_shape
@@ -31,9 +31,7 @@ def cache_dir() -> Path:
 
 def test_serve_flags_are_read():
     model, spec, ignored = parse_serve(
-        "vllm serve deepseek-v3 --data-parallel-size 32 --enable-expert-parallel --all2all-backend deepep_low_latency "
-        "--max-model-len 32k --gpu-memory-utilization 0.85 --enable-eplb --eplb-config "
-        '{"num_redundant_experts":32} --enable-dbo --enforce-eager --port 8000'.split())
+        ["vllm", "serve", "deepseek-v3", "--data-parallel-size", "32", "--enable-expert-parallel", "--all2all-backend", "deepep_low_latency", "--max-model-len", "32k", "--gpu-memory-utilization", "0.85", "--enable-eplb", "--eplb-config", '{"num_redundant_experts":32}', "--enable-dbo", "--enforce-eager", "--port", "8000"])
     assert model == "deepseek-v3"
     assert (spec.data_parallel_size, spec.enable_expert_parallel, spec.all2all_backend) == (32, True, "deepep_low_latency")
     assert (spec.max_model_len, spec.gpu_memory_utilization) == (32000, 0.85)
@@ -102,7 +100,7 @@ def test_qwen3_30b_weights_equal_the_checkpoint():
 def test_allocator_block_bytes():
     """torch's caching allocator: 512 B rounding; from 10 MiB a 2 MiB-rounded segment, kept whole when at most 1 MiB
     would remain; under 10 MiB cut from a 20 MiB segment."""
-    MiB = 2**20  # noqa: N806
+    MiB = 2**20
     assert allocator_block_bytes(0) == 0
     assert allocator_block_bytes(256) == 512 and allocator_block_bytes(513) == 1024
     assert allocator_block_bytes(MiB) == MiB and allocator_block_bytes(5 * MiB + 1) == 5 * MiB + 512
@@ -140,9 +138,9 @@ def test_scenario_deployment_section_is_strict():
     assert scenario.deployment.max_model_len == 32768
     assert parse_scenario(base).scenario_hash != scenario.scenario_hash
     assert '"deployment' not in parse_scenario(base).canonical_json()  # hashes as before the section existed
-    with pytest.raises(ScenarioError, match="deployment.max_model_lenn"):
+    with pytest.raises(ScenarioError, match=r"deployment\.max_model_lenn"):
         parse_scenario({**base, "deployment": {"max_model_lenn": 1}})
-    with pytest.raises(ScenarioError, match="deployment.gpu_memory_utilization"):
+    with pytest.raises(ScenarioError, match=r"deployment\.gpu_memory_utilization"):
         parse_scenario({**base, "deployment": {"gpu_memory_utilization": 1.5}})
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_utils import run_harness
 
+from cli_utils import run_harness
 from harness.scenario.schema import ScenarioError, load_scenario, parse_scenario
 from harness.sizing.deployment_ballast import BALLAST_PARTS, ballast_parts, deployment_plan_without_release
 
@@ -82,7 +82,7 @@ def test_cpu_run_holds_the_ballast_and_legacy_runs_out(tmp_path):
 def test_cpu_ballast_needs_a_budget(tmp_path):
     data = yaml.safe_load(_scenario(tmp_path).read_text())
     del data["memory"]["budget_gb"]
-    with pytest.raises(ScenarioError, match="memory.deployment_ballast on device cpu needs memory.budget_gb"):
+    with pytest.raises(ScenarioError, match=r"memory\.deployment_ballast on device cpu needs memory\.budget_gb"):
         parse_scenario(data)
 
 

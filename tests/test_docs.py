@@ -27,10 +27,10 @@ DOCS = [REPO_DIR / "README.md", *sorted((REPO_DIR / "docs").glob("*.md"))]
 TOP_DIRS = ("harness", "scenarios", "results", "docs", "tests", "scripts", "benchmarks")
 PACKAGES = ("core", "scenario", "sizing", "rank", "report", "launch", "bench", "cli")
 # A repository path in prose or code: it starts with a top-level directory of the checkout.
-_PATH = re.compile(r"(?<![\w./~$-])(?:%s)/[\w./<>*{}…-]*" % "|".join(TOP_DIRS))
+_PATH = re.compile(r"(?<![\w./~$-])(?:{})/[\w./<>*{{}}…-]*".format("|".join(TOP_DIRS)))
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _BACKTICKED = re.compile(r"`([^`\n]+)`")
-_DOTTED = re.compile(r"(?<![\w./-])((?:harness|%s)(?:\.[A-Za-z_]\w*)+)" % "|".join(PACKAGES))
+_DOTTED = re.compile(r"(?<![\w./-])((?:harness|{})(?:\.[A-Za-z_]\w*)+)".format("|".join(PACKAGES)))
 _SHORT = re.compile(r"^([a-z_]\w*)\.([A-Za-z_][\w.]*?)(?:\(\))?$")
 # What a path or name that is a pattern rather than a file looks like: <run-id>, rank-NNNNN, X.Y.Z, *.json, ...
 _TEMPLATE = re.compile(r"[<>*{}…]|\.\.\.|NNN|X\.Y\.Z|\bX\b|\bOUT\b|\bSTEP\b|\bNAME\b")
@@ -112,9 +112,9 @@ def _bound(body: list[ast.stmt], name: str) -> ast.stmt | None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and t.id == name for t in targets):
                 return node
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            if any((alias.asname or alias.name.split(".")[0]) == name for alias in node.names):
-                return node
+        if isinstance(node, ast.Import | ast.ImportFrom) and any(
+                (alias.asname or alias.name.split(".")[0]) == name for alias in node.names):
+            return node
         if isinstance(node, ast.If | ast.Try):  # TYPE_CHECKING blocks, optional imports
             inner = _bound(node.body, name) or _bound(getattr(node, "orelse", []), name)
             if inner is not None:

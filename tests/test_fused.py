@@ -11,7 +11,7 @@ import torch
 if not torch.cuda.is_available():  # Triton reads it when first imported: nothing in the tests imports it earlier
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from harness.rank.comm.fused import bag_sum, pack_rows, place_rows  # noqa: E402
+from harness.rank.comm.fused import bag_sum, pack_rows, place_rows
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install -e '.[test]' brings it)")
 
@@ -118,7 +118,7 @@ def test_place_rows_triton_in_the_interpreter_takes_the_torch_forms_slots(device
     inputs, (E, M) = _placement(device, seed=5)
     a = _place(device, inputs, E, M, "triton", inputs[0].shape[1])
     b = _place(device, inputs, E, M, "torch", inputs[0].shape[1])
-    for u, v in zip(a, b):
+    for u, v in zip(a, b, strict=True):
         assert torch.equal(u, v)
 
 
@@ -127,7 +127,7 @@ def test_place_rows_of_a_row_slice(device):
     inputs, (E, M) = _placement(device, words=40, seed=3)
     payload = inputs[0]
     wide = torch.cat([payload, torch.full_like(payload[:, :5], 99)], dim=1)
-    counts, table, bag_weights, x, _, _ = _place(device, [wide[:, :40], *inputs[1:]], E, M, "triton", 40)
+    _counts, table, bag_weights, x, _, _ = _place(device, [wide[:, :40], *inputs[1:]], E, M, "triton", 40)
     assert not (x == 99).any()
     r, j = torch.nonzero(bag_weights != 0)[0].tolist()
     assert torch.equal(x[int(table[r, j])], payload[r])

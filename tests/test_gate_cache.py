@@ -12,10 +12,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_vllm_source import METADATA, make_wheel
 
 from harness.sizing.vllm_source import VllmSourceError, locate
 from harness.sizing.vllm_source.cache import MAX_MEMBER_BYTES
+from test_vllm_source import METADATA, make_wheel
 
 WHEEL = "vllm-0.9.9-cp38-abi3-linux_x86_64.whl"
 MOE = "vllm/model_executor/layers/fused_moe"  # what the audit extracts

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from report_records import make_scenario, write_run
 
 from harness.cli import main
 from harness.report.collect import collect
 from harness.report.write import REPORT_FILES
+from report_records import make_scenario, write_run
 
 
 @pytest.mark.parametrize("where", ["empty", "parent of the runs"])

@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 
 import pytest
+
 from cli_utils import REPO_DIR, harness_env, run_harness
 from fs_utils import fill, free_bytes, mount_tmpfs, one_line_exit_2, remount_read_only
-from test_vllm_source import METADATA, make_wheel
-
 from harness.core.records import RankRecord
 from harness.launch import FAULT_ENV
 from harness.launch.rundir import CLAIM_FILE, RUN_DIR_MIN_FREE_BYTES
 from harness.scenario.schema import load_scenario
+from test_vllm_source import METADATA, make_wheel
 
 SMOKE = load_scenario("smoke")
 # A refusal or a small extraction is an interpreter start and a few MB of work: the scenario's own launch bound
@@ -102,12 +102,10 @@ def _run_until_stopped(tmp_path: Path, fs: Path, fault: str, *wanted: str):
     """`harness run smoke --out fs/out` with rank 1 stopped at `fault`'s point; returns (process, out, rank 1's
     pid) once rank 1 is stopped and every file of `wanted` (relative to out) is there."""
     out = fs / "out"
-    logs = (open(tmp_path / "stdout", "w"), open(tmp_path / "stderr", "w"))
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "smoke", "--out", str(out)], cwd=REPO_DIR,
-                            env=harness_env() | {FAULT_ENV: f"rank=1,kind=stop,after={fault}"},
-                            stdout=logs[0], stderr=logs[1], start_new_session=True)
-    for log in logs:
-        log.close()
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "smoke", "--out", str(out)], cwd=REPO_DIR,
+                                env=harness_env() | {FAULT_ENV: f"rank=1,kind=stop,after={fault}"},
+                                stdout=stdout, stderr=stderr, start_new_session=True)
     deadline = time.monotonic() + RUN_BOUND_S
     pid = None
     while time.monotonic() < deadline and proc.poll() is None:

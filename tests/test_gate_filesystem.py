@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from cli_utils import REPO_DIR, harness_env, run_harness
 from fs_utils import fill, mount_tmpfs, one_line_exit_2, remount_read_only
-from scenario_utils import TINY
-
 from harness.launch import LaunchError
 from harness.launch.rundir import CLAIM_FILE, choose_run_dir, claim_run_dir
 from harness.scenario.schema import parse_scenario
+from scenario_utils import TINY
 
 # A refusal before any work is an interpreter start and the input checks: the scenario's own launch bound (the
 # time a run may take to start its ranks) is far more than it needs, loaded or not.

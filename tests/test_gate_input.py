@@ -5,10 +5,10 @@ from __future__ import annotations
 import copy
 
 import pytest
-from scenario_utils import TINY
 
 from harness.scenario.schema import ScenarioError, parse_scenario
 from harness.scenario.source import parse_yaml
+from scenario_utils import TINY
 
 
 @pytest.mark.parametrize(("text", "says"), [

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import yaml
-from cli_utils import REPO_DIR, harness_env, run_harness
-from scenario_utils import TINY
 
+from cli_utils import REPO_DIR, harness_env, run_harness
 from harness.launch.rundir import CLAIM_FILE
 from harness.scenario.schema import parse_scenario
+from scenario_utils import TINY
 
 BOUND_S = parse_scenario(TINY, path="<tiny>").launch.rank_timeout_s  # the scenario's own bound on a rank
 
@@ -33,7 +33,8 @@ def test_an_interrupted_matrix_is_collected_as_one_and_resumed(tmp_path: Path) -
     proc = subprocess.Popen([sys.executable, "-m", "harness", "run", str(matrix), "--out", str(out)], cwd=REPO_DIR,
                             env=harness_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    first = second = None
+    first: Path | None = None
+    second: Path | None = None
     deadline = time.monotonic() + 2 * BOUND_S
     try:
         while time.monotonic() < deadline and proc.poll() is None:
@@ -46,7 +47,7 @@ def test_an_interrupted_matrix_is_collected_as_one_and_resumed(tmp_path: Path) -
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert first is not None and (out / "matrix.json").exists()  # written before the first cell ran
+    assert first is not None and second is not None and (out / "matrix.json").exists()  # written before the first cell ran
     assert (first / "report.json").exists()
     kept = (first / "report.json").read_bytes()
     assert (second / "run.json").exists() and (second / CLAIM_FILE).exists()

@@ -9,12 +9,12 @@ import resource
 from pathlib import Path
 
 import pytest
-from report_records import make_scenario, write_run
 
 from harness.core.records import RecordError, parse_record
 from harness.report.collect import collect
 from harness.report.load import load_run
 from harness.scenario.limits import MAX_NUM_RANKS
+from report_records import make_scenario, write_run
 
 
 def _edit(path: Path, edit) -> None:

@@ -7,12 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-from report_records import make_scenario, workspace_delta_for, write_run
 
 from harness.cli import main
 from harness.report.collect import collect
 from harness.report.compare import load_report
 from harness.report.load import load_run
+from harness.report.model import RunReport
+from report_records import make_scenario, workspace_delta_for, write_run
 
 
 def _run(tmp_path: Path, name: str, overrides=None) -> Path:
@@ -54,7 +55,9 @@ def test_a_verified_report_is_used_without_collecting_again(tmp_path: Path) -> N
     (run_dir / "report.json").write_text(json.dumps(data))
     loaded = load_report(run_dir)
     assert loaded.source.startswith("records (collected in memory")
-    assert loaded.report.policies[0].workspace_delta_bytes.max != 1
+    assert isinstance(loaded.report, RunReport)
+    delta = loaded.report.policies[0].workspace_delta_bytes
+    assert delta is not None and delta.max != 1
 
 
 def test_the_bytes_only_hash_is_load_runs_for_links_and_files_that_are_not_records(tmp_path: Path) -> None:

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_utils import run_harness
-from report_records import make_scenario, write_run
 
+from cli_utils import run_harness
 from harness.cli import main
 from harness.report.collect import collect
+from report_records import make_scenario, write_run
 
 
 @pytest.mark.parametrize(("make", "code"), [

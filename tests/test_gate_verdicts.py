@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-from report_records import make_scenario, write_run
 
 from harness.cli import main
 from harness.report.collect import collect
 from harness.scenario.sections import REPO_DIR
+from report_records import make_scenario, write_run
 
 OOM_EXPECTED = {"outcomes": {"legacy": "oom", "fixed": "fit"}, "memory_tolerance_pct": 1.0}
 
@@ -102,10 +102,10 @@ def test_a_real_run_that_failed_its_expectation_fails_the_gate(tmp_path: Path, c
     import copy
 
     import yaml
-    from cli_utils import run_harness
-    from scenario_utils import TINY
 
+    from cli_utils import run_harness
     from harness.scenario.schema import parse_scenario
+    from scenario_utils import TINY
 
     data = copy.deepcopy(TINY)
     data["expect"] = {"outcomes": {"legacy": "oom", "fixed": "fit"}}

@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -57,7 +58,7 @@ def ops_libraries() -> dict[str, Path]:
     return out
 
 
-RELEASES = sorted(ops_libraries()) or [pytest.param(None, marks=pytest.mark.skip(
+RELEASES: list[Any] = sorted(ops_libraries()) or [pytest.param(None, marks=pytest.mark.skip(
     reason=f"no vLLM ops libraries given: set {OPS_ENV}=VERSION:FILE[,VERSION:FILE...]"))]
 
 TINY_GPU = {
@@ -133,13 +134,12 @@ def test_vllm_kernels_agree_with_the_reference_at_every_stage(tmp_path, release)
 @needs_sm90
 def test_torch_cutlass_row_chunks_give_the_references_rows_within_the_scratch_bound(monkeypatch):
     from harness.core.contract import SizingArgs, fixed_shapes
-    from harness.rank.experts import make_weights
-    from harness.scenario.sections import ExpectSpec
-    from harness.rank.experts import torch_cutlass
+    from harness.rank.experts import make_weights, torch_cutlass
     from harness.rank.experts.base import Workspace
     from harness.rank.experts.reference import ReferenceExperts
     from harness.rank.memory import Accountant
     from harness.rank.quant import quantize_per_token
+    from harness.scenario.sections import ExpectSpec
 
     E, M, K, I = 3, 1040, 1024, 512
     # A bound of a few hundred rows: every expert runs in row blocks of 256, the last one 16 rows.

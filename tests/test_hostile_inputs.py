@@ -41,10 +41,10 @@ from typing import Any
 
 import pytest
 import yaml
-from cli_utils import REPO_DIR, harness_env
-from scenario_utils import TINY
 
+from cli_utils import REPO_DIR, harness_env
 from harness.scenario.schema import parse_scenario
+from scenario_utils import TINY
 
 CORPUS_DIR = Path(__file__).resolve().parent / "hostile"
 GENERATED_SPEC = CORPUS_DIR / "generated.yaml"
@@ -229,13 +229,13 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], 
     jobs = [(case, command) for case in CASES for command in COMMANDS]
     roots = [tmp_path_factory.mktemp(f"{case.id}-{command}") for case, command in jobs]
     with ThreadPoolExecutor(max_workers=NUM_CPUS_SEEN) as pool:
-        done = list(pool.map(lambda job: _run(*job[0], job[1]), zip(jobs, roots)))
+        done = list(pool.map(lambda job: _run(job[0][0], job[0][1], job[1]), zip(jobs, roots, strict=True)))
     for root in roots:  # the read-only directories, so pytest can remove the temporary tree
         for ro in root.rglob("read-only"):
             ro.chmod(0o755)
     results_after = sorted(os.listdir(results_dir)) if results_dir.is_dir() else []
     assert results_after == results_before, "the hostile inputs wrote into the repository's results/"
-    return {(case.id, command): outcome for (case, command), outcome in zip(jobs, done)}
+    return {(case.id, command): outcome for (case, command), outcome in zip(jobs, done, strict=True)}
 
 
 def test_the_corpus_covers_every_category() -> None:

@@ -20,6 +20,7 @@ from harness.core.records import KernelsRecord, PolicyResult
 from harness.rank.experts.base import ExpertWeights, Workspace
 from harness.rank.experts.reference import ReferenceExperts, Spans, silu_and_mul
 from harness.report.collect import collect
+from harness.report.model import RunReport
 from harness.scenario.schema import ScenarioError
 from harness.scenario.sections import VllmSpec
 from harness.sizing.vllm_source import VllmSourceError
@@ -128,11 +129,12 @@ def _correctness_verdict(tmp_path: Path, result: PolicyResult, *, release: str, 
         "policies": [synthetic.model_copy(update={"correctness": result.correctness})], "kernels": kernels})
     (run_dir / "ranks" / "rank-00000.json").write_text(record.model_dump_json())
     report = collect(run_dir, write=False).report
+    assert isinstance(report, RunReport)
     return report, report.ranks[0].policies[0].checks.correctness
 
 
 def test_collect_passes_kernels_wrong_as_expected_and_fails_them_otherwise(tmp_path):
-    wrong, counts, M = _run("wrapping-activation")
+    wrong, _counts, M = _run("wrapping-activation")
     first = wrong.correctness.stages[2].first_wrong_row  # activation
     expect = {"0.26.0": {"stage": "activation", "first_wrong_row": first, "reason": "vLLM #42860"}}
 
@@ -259,7 +261,7 @@ def test_re_extracting_a_release_keeps_its_ops_library(tmp_path):
 
 
 # The smoke scenario's shapes (their workspaces are large enough for RSS to resolve), one policy, one pass.
-SMALL = {"parallel": {"num_dispatchers": 4, "num_ranks": 2, "num_local_experts": 8, "max_tokens_per_rank": 128},
+SMALL: dict[str, Any] = {"parallel": {"num_dispatchers": 4, "num_ranks": 2, "num_local_experts": 8, "max_tokens_per_rank": 128},
          "model": {"hidden_size": 512, "intermediate_size": 256, "num_experts": 32, "top_k": 4},
          "policies": ["fixed"], "device": "cpu", "iterations": 1, "warmup": 0,
          "expect": {"outcomes": {"fixed": "fit"}, "memory_tolerance_pct": 2.0},
@@ -313,6 +315,7 @@ def test_a_kernels_matrix_runs_one_release_per_call_into_one_directory(tmp_path)
 @pytest.mark.timeout(RUN_BOUND_S)
 def test_a_kernels_file_that_is_not_there_is_refused_before_any_rank(tmp_path):
     import yaml
+
     from cli_utils import run_harness
 
     scenario = tmp_path / "small.yaml"
@@ -351,7 +354,7 @@ def test_torch_cutlass_chunks_cover_every_row_once_within_the_scratch_bound(E, M
     chunk_rows = max((e1 - e0) * (r1 - r0) for e0, e1, r0, r1 in tc.chunks(E, M, rows))
     assert chunk_rows * tc.scratch_bytes_per_row(K, I) <= tc.SCRATCH_BOUND_BYTES
     ws = type("W", (), {"num_local_experts": E, "max_slots_per_expert": M, "hidden_size": K, "intermediate_size": I})
-    reported = tc.TorchCutlassExperts(torch.device("cpu")).scratch_bytes(ws)  # type: ignore[arg-type]
+    reported = tc.TorchCutlassExperts(torch.device("cpu")).scratch_bytes(ws)
     assert reported == chunk_rows * tc.scratch_bytes_per_row(K, I) + 4 * E * M + tc.GEMM_LIBRARY_ALLOWANCE_BYTES
     assert reported < 2**30 + 4 * E * M  # not 20 GB: the bound holds at any M
 

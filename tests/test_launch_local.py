@@ -15,12 +15,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from launch_helpers import REPO_DIR, cpu_load, harness_env, rank_files, report_policies, run_cli, tiny_scenario
 from pydantic import BaseModel
 from rich.console import Console
-from scenario_utils import tiny
 
 from harness.cli import main as cli_main
 from harness.core.events import PolicyDone, PolicyStarted, Ready
@@ -29,6 +28,8 @@ from harness.launch import FAULT_ENV, LaunchError, parse_fault_spec
 from harness.launch.local import TERMINATE_GRACE_S, LocalLauncher
 from harness.launch.run import RanksRequest, run_ranks
 from harness.launch.rundir import make_run_id
+from launch_helpers import REPO_DIR, cpu_load, harness_env, rank_files, report_policies, run_cli, tiny_scenario
+from scenario_utils import tiny
 from verdicts import collected_checks
 
 # Bounds are the scenario's own (launch.collective_timeout_s) or the launcher's (TERMINATE_GRACE_S) plus this
@@ -56,11 +57,15 @@ def test_default_run_is_smoke_on_cpu_with_a_record_per_rank(tmp_path: Path) -> N
     assert {r.run_id for r in records} == {manifest.run_id}
     for record in records:
         # Every policy measured from the same warmed state: baselines within the rounding the record states.
-        baselines = [p.memory.baseline_bytes for p in record.policies]
-        rounding = record.policies[0].memory.allocator_rounding_bytes
+        memories = [p.memory for p in record.policies if p.memory is not None]
+        assert len(memories) == len(record.policies)
+        baselines = [m.baseline_bytes for m in memories]
+        rounding = memories[0].allocator_rounding_bytes
         assert rounding is not None and max(baselines) - min(baselines) <= rounding, (baselines, rounding)
         for policy in record.policies:
             t = policy.timings
+            assert t is not None and t.experts_min_us is not None and t.experts_max_us is not None
+            assert t.dispatch_min_us is not None and t.dispatch_max_us is not None
             assert t.experts_min_us <= t.experts_us <= t.experts_max_us
             assert t.dispatch_min_us <= t.dispatch_us <= t.dispatch_max_us
     assert (out / "report.json").exists()
@@ -277,7 +282,7 @@ def test_malformed_fault_hook_is_refused_before_launch(monkeypatch: pytest.Monke
 
 
 def test_fault_spec_parsing() -> None:
-    header = {"run_id": "r", "scenario_hash": "h", "rank": 3}
+    header: dict[str, Any] = {"run_id": "r", "scenario_hash": "h", "rank": 3}
     spec = parse_fault_spec("rank=3,kind=hang,after=policy:fixed")
     assert spec is not None and spec.rank == 3 and spec.kind == "hang"
     assert spec.matches(PolicyStarted(**header, policy="fixed"))
@@ -285,7 +290,8 @@ def test_fault_spec_parsing() -> None:
     done = parse_fault_spec("rank=3,kind=die,after=policy-done:legacy")
     assert done is not None and done.matches(PolicyDone(**header, policy="legacy", status="ok", record={}))
     assert not done.matches(PolicyStarted(**header, policy="legacy"))
-    assert parse_fault_spec("rank=0,kind=die").matches(Ready(**header, backend="reference"))  # type: ignore[union-attr]
+    ready = parse_fault_spec("rank=0,kind=die")
+    assert ready is not None and ready.matches(Ready(**header, backend="reference"))
     assert parse_fault_spec("") is None
     with pytest.raises(LaunchError, match="rank= and kind= are required"):
         parse_fault_spec("kind=die")
@@ -294,7 +300,7 @@ def test_fault_spec_parsing() -> None:
 def test_run_id_is_utc_time_and_scenario_name() -> None:
     import datetime
 
-    now = datetime.datetime(2026, 11, 30, 5, 6, 7, tzinfo=datetime.timezone.utc)
+    now = datetime.datetime(2026, 11, 30, 5, 6, 7, tzinfo=datetime.UTC)
     assert make_run_id("smoke", now=now) == "20261130-050607-smoke"
 
 
@@ -375,7 +381,8 @@ def _ranks_request(tmp_path: Path, ops_library: Path) -> RanksRequest:
 def test_every_rank_gets_the_kernels_the_driver_resolved(tmp_path: Path) -> None:
     library = tmp_path / "_C.abi3.so"
     library.write_bytes(b"not a real library: only its bytes and sha256 travel")
-    console = Console(file=io.StringIO(), width=200)
+    output = io.StringIO()
+    console = Console(file=output, width=200)
     launcher = LocalLauncher()
     try:
         ran = run_ranks(_ranks_request(tmp_path, library), launcher=launcher, console=console)
@@ -386,7 +393,7 @@ def test_every_rank_gets_the_kernels_the_driver_resolved(tmp_path: Path) -> None
     for rank, seen in ran.records.items():
         assert (seen.rank, seen.path, seen.sha256, seen.origin) == (rank, str(library.resolve()), sha256,
                                                                     f"file {library.resolve()}")
-    assert f"kernels: vLLM (release unknown) {library.name} (sha256 {sha256[:12]}" in console.file.getvalue()
+    assert f"kernels: vLLM (release unknown) {library.name} (sha256 {sha256[:12]}" in output.getvalue()
 
 
 def test_kernels_that_cannot_be_had_start_no_rank_and_fail_each_in_one_line(tmp_path: Path) -> None:

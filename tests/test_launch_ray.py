@@ -22,13 +22,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launch_helpers import (REPO_DIR, cpu_load, end_ray_session, harness_env, rank_files, report_policies, run_cli,
-                            tiny_scenario)
 
 from harness.core.records import read_record
 from harness.launch import FAULT_ENV
 from harness.rank.distributed import SAFE_NCCL_ENV, free_port
 from harness.scenario.schema import load_scenario
+from launch_helpers import (
+    REPO_DIR,
+    cpu_load,
+    end_ray_session,
+    harness_env,
+    rank_files,
+    report_policies,
+    run_cli,
+    tiny_scenario,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -230,7 +238,7 @@ def test_ray_launcher_without_address_starts_its_own_cluster(cluster: str, tmp_p
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert json.loads((out / "launch.json").read_text())["address"] == "local"
     # --launcher picks how ranks start, not what they measure: the scenario keeps the file's hash.
-    assert read_record(out / "run.json").scenario_hash == load_scenario("scenarios/smoke.yaml").scenario_hash  # type: ignore[union-attr]
+    assert read_record(out / "run.json").scenario_hash == load_scenario("scenarios/smoke.yaml").scenario_hash
     assert "Ray cluster local: 1 node(s), 2 CPU" in run.stdout  # sized for 2 ranks x 1 CPU
     assert sorted(rank_files(out).records) == [0, 1]
     print(f"ray smoke (new local cluster): harness run -> report in {run.wall_s:.1f} s")

@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cli_utils import run_harness
 
+from cli_utils import run_harness
 from harness.scenario.schema import ScenarioError, load_scenario, parse_scenario
 from harness.sizing import deepep
 from harness.sizing.layer import plan_layer, plan_layer_from
@@ -276,7 +276,7 @@ def test_rank_setup_allocates_the_predicted_weights_and_dispatch_output():
     D, P, T = scenario.parallel.num_dispatchers, scenario.parallel.num_ranks, scenario.parallel.max_tokens_per_rank
     device = torch.device("cpu")
     accountant, probe = Accountant(device), MemoryProbe(device, use_nvml=False)
-    weights, step = _measured_step(probe, accountant, lambda: make_weights(
+    _weights, step = _measured_step(probe, accountant, lambda: make_weights(
         rank=0, num_local_experts=E, hidden_size=K, intermediate_size=I, seed=0, device=device,
         accountant=accountant))  # fmt: skip
     component = step.component("expert-weights", predicted, step.allocated_bytes)

@@ -96,16 +96,19 @@ def test_lower_bound_allocates_its_live_set_where_it_is_below_fixed(tmp_path: Pa
     raw = parallel_launch(2, _rank_record, scenario.model_dump(mode="json"), str(tmp_path))
     for record in (RankRecord.model_validate(r) for r in raw):
         by = {p.policy: p for p in record.policies}
-        lb = by["lower-bound"]
+        lb, fixed_result = by["lower-bound"], by["fixed"]
         assert lb.status == "ok" and lb.contract.total_bytes == live
+        assert lb.breakdown is not None and lb.memory is not None and fixed_result.memory is not None
+        assert lb.correctness is not None and fixed_result.correctness is not None
         assert (lb.breakdown.common_bytes, lb.breakdown.ws2_bytes) == (live, 0)  # one arena, exactly the live set
         assert lb.contract.common_bytes + lb.contract.ws2_bytes == live
         assert abs(lb.memory.workspace_delta_bytes - live) <= 0.02 * live  # the scenarios' memory tolerance
-        assert by["fixed"].memory.workspace_delta_bytes > lb.memory.workspace_delta_bytes
+        assert fixed_result.memory.workspace_delta_bytes > lb.memory.workspace_delta_bytes
         # The views moving inside the arena never overwrite live data: the same output as fixed's two buffers.
         assert judge_policy(lb, scenario, rank=record.rank).correctness.outcome == "pass"
-        assert lb.correctness.max_abs_error == by["fixed"].correctness.max_abs_error
+        assert lb.correctness.max_abs_error == fixed_result.correctness.max_abs_error
         for p in by.values():  # CPU ranks time eager and the record says why
+            assert p.timings is not None
             assert (p.timings.timing_mode, p.timings.timing_reason) == ("eager", "CPU ranks: no CUDA graphs")
 
 

@@ -9,17 +9,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from report_records import write_run
 
 from harness.cli import main
-from harness.report.write import REPORT_FILES
+from harness.core.contract import fixed_shapes, legacy_shapes
 from harness.report.matrix import collect_matrix
 from harness.report.model import MatrixReport, RunReport, RunSummary
-from harness.report.write import file_sha256
+from harness.report.write import REPORT_FILES, file_sha256
 from harness.scenario.matrix import MatrixError, is_matrix_file, load_matrix
 from harness.scenario.schema import ScenarioError, parse_scenario
 from harness.scenario.sections import REPO_DIR
-from harness.core.contract import fixed_shapes, legacy_shapes
+from report_records import write_run
 
 BASE = {
     "model": {"hidden_size": 128, "intermediate_size": 64, "num_experts": 16, "top_k": 4},
@@ -164,7 +163,7 @@ def test_collect_matrix_goes_on_past_a_failed_cell(tmp_path: Path) -> None:
     root = ET.parse(matrix_dir / "junit.xml").getroot()
     assert [s.get("name") for s in root.findall("testsuite")] == [c.name for c in cells]
     # 2 ranks x 2 policies x 4 checks in the first cell; 1 rank's in the second plus its failure; the third: 1 error
-    assert int(root.get("tests")) == 16 + 8 + 1 + 1 and int(root.get("errors")) == 2
+    assert int(root.attrib["tests"]) == 16 + 8 + 1 + 1 and int(root.attrib["errors"]) == 2
 
     # `harness collect MATRIX_DIR` re-collects from matrix.json and writes the same bytes
     before = {name: (matrix_dir / name).read_bytes() for name in REPORT_FILES}
@@ -217,7 +216,7 @@ def test_collect_matrix_reuses_the_reports_the_cells_were_collected_into(tmp_pat
     assert data["report_schema_version"] == 3 and all("ranks" not in c["report"] for c in data["cells"])
     assert data["manifest_sha256"] == file_sha256((tmp_path / "matrix.json").read_bytes())
     # the combined junit.xml still has every rank x policy x check of both cells (from the cells' whole reports)
-    assert int(ET.parse(tmp_path / "junit.xml").getroot().get("tests")) == 2 * 16
+    assert int(ET.parse(tmp_path / "junit.xml").getroot().attrib["tests"]) == 2 * 16
 
 
 def test_a_kept_cell_is_rewritten_only_when_its_reports_are_stale(tmp_path: Path) -> None:
@@ -232,6 +231,7 @@ def test_a_kept_cell_is_rewritten_only_when_its_reports_are_stale(tmp_path: Path
     stale = json.loads((tmp_path / second.name / "report.json").read_text())["generation"]
 
     report = collect_matrix(tmp_path, matrix.cells(), matrix=matrix).report
+    assert isinstance(report, MatrixReport)
     assert kept_md.read_text().endswith("kept as written\n")
     assert stale != report.cells[1].report.generation  # the records changed: that cell's reports are rewritten
     assert json.loads((tmp_path / second.name / "report.json").read_text())["generation"] == \

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from distributed_utils import parallel_launch
+from harness.core.records import RankRecord, rank_record_path, read_record, write_record
 from harness.rank.memory import Accountant, BudgetExceeded, MemoryProbe, PeakSampler, nvml_device_for
-from harness.core.records import RankRecord, read_record, rank_record_path, write_record
 from scenario_utils import tiny
 from verdicts import collected_checks
 

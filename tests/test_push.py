@@ -13,12 +13,19 @@ import torch
 if not torch.cuda.is_available():  # Triton reads it when first imported: nothing in the tests imports it earlier
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import harness.rank.comm.push as push  # noqa: E402
-from harness.rank.comm.push import (  # noqa: E402
-    COMBINED, CONSUMED, FLAG_BASE, NUM_PHASES, READY, Mapped, PushFormat, Slots,
+import harness.rank.comm.push as push
+from harness.rank.comm.push import (
+    COMBINED,
+    CONSUMED,
+    FLAG_BASE,
+    NUM_PHASES,
+    READY,
+    Mapped,
+    PushFormat,
+    Slots,
 )
-from harness.rank.quant import quantize_per_token  # noqa: E402
-from test_fused import device  # noqa: E402,F401  (the interpreter on CPU, compiled on a GPU)
+from harness.rank.quant import quantize_per_token
+from test_fused import device  # noqa: F401  (the interpreter on CPU, compiled on a GPU)
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install -e '.[test]' brings it)")
 
@@ -73,7 +80,7 @@ def test_fused_quantize_is_bit_equal_to_the_torch_quantize(device, K):
     x = _tokens(n, K, seed=K)
     ids, weights = _routing(n, E * P, k, seed=1)
     fmt = PushFormat(hidden_size=K, top_k=k)
-    pos, row_index, counts = push.route_layout_torch(ids, num_local_experts=E, num_ranks=P)
+    pos, row_index, _counts = push.route_layout_torch(ids, num_local_experts=E, num_ranks=P)
     out, own = {}, {}
     for impl in ("triton", "torch"):
         bufs = [torch.full(((P - 1) * n, fmt.row_bytes), 0xAB, dtype=torch.uint8, device=device) for _ in range(P)]
@@ -171,7 +178,7 @@ def _protocol_round(ranks: list[StandIn], inputs, expert_out, *, E, M, C, fmt, i
         push.signal(s.pads, s.phase, rank=s.rank, epoch=s.epoch, counts=s.counts, recv_counts=s.recv_counts,
                     num_local_experts=s.num_local_experts, **kw)
 
-    for r, (x, ids, w) in zip(ranks, inputs):
+    for r, (x, ids, w) in zip(ranks, inputs, strict=True):
         consumed = push.Wait(pad=r.pad, phase=CONSUMED, num_ranks=P, epoch=r.epoch, status=r.status, bump=True,
                              lag=1, max_spins=SPINS)
         ready = sig(r, READY, 0, counts=r.counts, recv_counts=counts, num_local_experts=E)
@@ -203,7 +210,7 @@ def _protocol_round(ranks: list[StandIn], inputs, expert_out, *, E, M, C, fmt, i
             assert got == [int(r.epoch)] * P, (impl, fused, r.rank, phase, got)
         assert r.done.tolist() == [0, 0, 0], (impl, fused, r.rank)
     outs = []
-    for r, (x, _, _) in zip(ranks, inputs):
+    for r, (x, _, _) in zip(ranks, inputs, strict=True):
         push.wait(r.pad, COMBINED, num_ranks=P, epoch=r.epoch, status=r.status, max_spins=SPINS, **kw)
         out = torch.full((x.shape[0], fmt.hidden_size), float("nan"), dtype=torch.bfloat16, device=device)
         outs.append(push.token_reduce(r.combine_recv, r.row_index, out, **kw))

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from launch_helpers import REPO_DIR, end_ray_session, rank_files
 
 from harness.core.records import read_record
 from harness.launch.overrides import DEFAULT_CPU_SCENARIO
 from harness.rank.distributed import free_port
 from harness.scenario.schema import load_scenario
+from launch_helpers import REPO_DIR, end_ray_session, rank_files
 
 README_ADDRESS = "http://127.0.0.1:8265"  # Ray's default dashboard address, as the README writes it
 HEAD_START_S = 60.0  # `ray start --head` up to a dashboard that answers, on a loaded 2-core machine

@@ -11,7 +11,6 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from report_records import make_scenario, write_run
 
 from harness.report.collect import collect
 from harness.report.markdown import GIB, MIB
@@ -19,6 +18,7 @@ from harness.report.matrix import collect_matrix
 from harness.report.model import parse_report
 from harness.scenario.matrix import load_matrix
 from harness.scenario.sections import REPO_DIR
+from report_records import make_scenario, write_run
 
 TESTS_DIR = Path(__file__).resolve().parent
 ARTIFACTS_DIR = TESTS_DIR / "artifacts"  # git-ignored; CI keeps it as a build artifact
@@ -140,7 +140,7 @@ def matrix_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]
 
 
 def test_page_numbers_equal_report_json(run_report: tuple[Path, dict]) -> None:
-    run_dir, report = run_report
+    run_dir, _report = run_report
     page = parse_page((run_dir / "report.html").read_text())
     # 3 policies x 15 numeric columns less the n/a cells, plus the baselines and the per-rank table
     assert assert_shown_equals_report(page, json.loads((run_dir / "report.json").read_text())) > 60
@@ -170,7 +170,7 @@ def test_cpu_page_says_cpu_memory(cpu_report: tuple[Path, dict]) -> None:
 
 
 def test_matrix_page_numbers_equal_report_json(matrix_report: tuple[Path, dict]) -> None:
-    matrix_dir, report = matrix_report
+    matrix_dir, _report = matrix_report
     text = (matrix_dir / "report.html").read_text()
     assert "the interpreter" in text.split('id="other-note">')[1].split("</p>")[0]  # a CPU matrix: RSS, not NVML
     page = parse_page(text)

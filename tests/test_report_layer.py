@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from report_records import read_md, write_run
-
-from harness.core.records import ComponentMemory, read_record, rank_record_path, write_record
+from harness.core.records import ComponentMemory, rank_record_path, read_record, write_record
 from harness.report.collect import collect
+from harness.report.model import RunReport
 from harness.scenario.schema import load_scenario
 from harness.sizing.layer import run_predictions
+from report_records import read_md, write_run
 
 RDMA_BYTES = 38_168_170_112  # vLLM #57894: DeepEP's buffer for 448 experts, over its 32 GiB cap
 
@@ -39,11 +39,13 @@ def test_the_layer_model_predicts_the_issue_buffer():
 def test_over_cap_as_expected_passes_and_every_rendering_shows_it(tmp_path: Path):
     run_dir = _layer_run(tmp_path / "run", load_scenario("vllm-57894-eplb-deepep-ll"))
     result = collect(run_dir)
-    rdma = next(c for c in result.report.components if c.name == "deepep-rdma")
+    report = result.report
+    assert isinstance(report, RunReport)
+    rdma = next(c for c in report.components if c.name == "deepep-rdma")
     assert (rdma.predicted_bytes, rdma.verdicts, rdma.expected_verdicts, rdma.expectation) == (
         RDMA_BYTES, ["over-cap"], ["over-cap"], "pass")
-    assert rdma.measured_bytes.max == RDMA_BYTES + 2 * 2**20 and rdma.within_rounding
-    workspace_expectation = [c for c in result.report.components if c.name == "workspace"]
+    assert rdma.measured_bytes is not None and rdma.measured_bytes.max == RDMA_BYTES + 2 * 2**20 and rdma.within_rounding
+    workspace_expectation = [c for c in report.components if c.name == "workspace"]
     assert not workspace_expectation  # the run allocates no "workspace" component: plan's verdict, not the run's
     assert result.exit_code == 0, result.report.exit_reason
 
@@ -75,6 +77,8 @@ def test_a_verdict_only_a_release_decides_is_shown_not_judged(tmp_path: Path):
     layer = scenario.layer.model_copy(update={"expect": {"0.33.0": {"deepep-rdma": ["under-sized"]}}})
     run_dir = _layer_run(tmp_path / "run", scenario.model_copy(update={"layer": layer}))
     result = collect(run_dir)
-    rdma = next(c for c in result.report.components if c.name == "deepep-rdma")
+    report = result.report
+    assert isinstance(report, RunReport)
+    rdma = next(c for c in report.components if c.name == "deepep-rdma")
     assert rdma.expectation == "skip" and "harness plan --vllm-version" in rdma.detail
     assert result.exit_code == 0

@@ -12,10 +12,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from cli_utils import run_harness
-from test_report_html import check_in_browser, chromium  # noqa: F401 (the session's browser fixture)
 
+from cli_utils import run_harness
 from harness.core.units import human_bytes
+from test_report_html import check_in_browser, chromium  # noqa: F401 (the session's browser fixture)
 
 ASKED, BUDGET = 16 * 2**20, 45_000_000
 MESSAGE = "CPU budget exceeded: Tried to allocate 16.00 MiB (16777216 bytes) for ws2"
@@ -65,18 +65,22 @@ def test_report_md_shows_the_oom_and_the_budget(budget_run: Path) -> None:
 def test_junit_carries_the_oom_and_times(budget_run: Path) -> None:
     root = ET.parse(budget_run / "junit.xml").getroot()
     suite = root.find("testsuite")
-    assert float(suite.get("time")) > 0 and float(root.get("time")) == pytest.approx(float(suite.get("time")))
+    assert suite is not None
+    assert float(suite.attrib["time"]) > 0 and float(root.attrib["time"]) == pytest.approx(float(suite.attrib["time"]))
     cases = suite.findall("testcase")
     assert all(c.get("time") is not None for c in cases)
-    expectation = [c for c in cases if c.get("name") == "expectation" and c.get("classname").endswith(".legacy")]
+    expectation = [c for c in cases if c.get("name") == "expectation" and c.get("classname", "").endswith(".legacy")]
     assert len(expectation) == 2
     for case in expectation:
-        out = case.find("system-out").text
+        out = case.findtext("system-out")
+        assert out is not None
         assert "legacy OOM at stage workspace" in out and "asked for 16,777,216 B" in out
         assert "budget 45,000,000 B" in out and MESSAGE in out
-    correctness = [c for c in cases if c.get("name") == "correctness" and c.get("classname").endswith(".fixed")]
-    assert all(float(c.get("time")) > 0 for c in correctness)  # the check's own seconds
-    props = {p.get("name"): p.get("value") for p in suite.find("properties")}
+    correctness = [c for c in cases if c.get("name") == "correctness" and c.get("classname", "").endswith(".fixed")]
+    assert all(float(c.attrib["time"]) > 0 for c in correctness)  # the check's own seconds
+    properties = suite.find("properties")
+    assert properties is not None
+    props = {p.get("name"): p.get("value") for p in properties}
     assert props["memory.budget_bytes"] == str(BUDGET)
 
 
@@ -106,11 +110,10 @@ def test_human_bytes_never_prints_an_exponent() -> None:
 
 
 def test_a_matrix_report_lists_each_cell_oom(tmp_path: Path) -> None:
-    from report_records import read_md, write_run
-
     from harness.report.matrix import collect_matrix
     from harness.scenario.matrix import load_matrix
     from harness.scenario.sections import REPO_DIR
+    from report_records import read_md, write_run
 
     matrix = load_matrix(REPO_DIR / "scenarios/matrix/cpu-ci.yaml")
     first, second = matrix.cells()

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_utils import REPO_DIR, harness_env
-from scenario_utils import TINY
 
+from cli_utils import REPO_DIR, harness_env
 from harness.launch import LaunchError
 from harness.launch.rundir import CLAIM_FILE, check_out_dir, choose_run_dir, claim_run_dir, make_run_id
 from harness.scenario.schema import parse_scenario
 from harness.scenario.sections import is_safe_name
+from scenario_utils import TINY
 
 # Everything before the claim is torch-free input checking: a refusal takes one interpreter start (about 0.3 s
 # idle, 2 s at a load of 12 on 2 cores), so 5 s (the bound for any refusal) leaves a margin.

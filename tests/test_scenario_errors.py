@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cli_utils import REPO_DIR, harness_env, run_harness
 
+from cli_utils import REPO_DIR, harness_env, run_harness
 from harness.scenario.schema import ScenarioError, load_scenario
 from harness.scenario.sections import SCENARIOS_DIR
 

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scenario_utils import tiny
 
 from harness.rank.comm import create_comm
 from harness.rank.dispatch import DispatchLayout
 from harness.rank.experts import make_weights
 from harness.rank.memory import Accountant
 from harness.scenario.fit import (
-    CPU_RANK_OVERHEAD_BYTES, MAX_RANKS_PER_CPU, Machine, can_run, estimate_rank_memory,
+    CPU_RANK_OVERHEAD_BYTES,
+    MAX_RANKS_PER_CPU,
+    Machine,
+    can_run,
+    estimate_rank_memory,
 )
 from harness.scenario.schema import Scenario
+from scenario_utils import tiny
 
 GIB = 2**30
 

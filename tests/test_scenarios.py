@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.sizing.plan import make_plan
 from harness.scenario.schema import load_scenario
 from harness.scenario.sections import SCENARIOS_DIR
+from harness.sizing.plan import make_plan
 
 SCENARIO_PATHS = sorted(SCENARIOS_DIR.glob("*.yaml"))
 # "# `harness plan`: legacy 112 GiB (120259084288 B), fixed 3.5 GiB (3758096384 B), lower-bound 3.5 GiB; 32x."

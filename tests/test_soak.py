@@ -29,7 +29,7 @@ def test_round_inputs_cover_every_kind_and_are_the_same_on_every_rank():
         for src in range(L.num_ranks):
             tokens, ids, weights = round_inputs(L, seed=3, round_index=i, src=src)
             again = round_inputs(L, seed=3, round_index=i, src=src)
-            assert all(torch.equal(a, b) for a, b in zip((tokens, ids, weights), again))
+            assert all(torch.equal(a, b) for a, b in zip((tokens, ids, weights), again, strict=True))
             n = ids.shape[0]
             assert tokens.shape == (n, L.hidden_size) and tokens.dtype == torch.bfloat16 and 0 <= n <= C
             assert ids.shape == weights.shape == (n, L.top_k) and bool(((ids >= 0) & (ids < G)).all())

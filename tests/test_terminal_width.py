@@ -16,6 +16,7 @@ import termios
 from pathlib import Path
 
 import pytest
+
 from cli_utils import REPO_DIR, harness_env
 
 COLUMNS = 80

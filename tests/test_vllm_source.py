@@ -24,6 +24,7 @@ import pytest
 import harness.sizing.vllm_source.cache as cache_module
 import harness.sizing.vllm_source.registry as registry_module
 import harness.sizing.vllm_source.sources as sources_module
+from harness.core.contract import SizingArgs, fixed_shapes, legacy_shapes
 from harness.sizing.vllm_source import (
     CONSISTENT,
     DOUBLE_COUNT,
@@ -39,7 +40,6 @@ from harness.sizing.vllm_source import (
     release_shapes,
     run_audit,
 )
-from harness.core.contract import SizingArgs, fixed_shapes, legacy_shapes
 
 FUSED_MOE = "vllm/model_executor/layers/fused_moe"
 LEGACY_DS_V3_BYTES = 120259084288  # 112 GiB: CutlassBatchedExpertsFp8 up to 0.29.0, DS-V3 DP32 E16 T256
@@ -587,7 +587,7 @@ def test_vllm_source_is_a_frozen_dataclass(synthetic_tree):
     source = locate(src=synthetic_tree)
     assert isinstance(source, VllmSource)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        source.version = "1.0"  # type: ignore[misc]
+        source.version = "1.0"
 
 
 def _locate_in_child(wheel: str, cache: str) -> str:

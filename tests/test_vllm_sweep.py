@@ -14,21 +14,21 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from cli_utils import run_harness
 from harness.sizing.vllm_source import locate
 from harness.sizing.vllm_source.evaluate import source_tree as _source_tree
+from harness.sizing.vllm_source.sources import default_cache_dir
 from harness.sizing.vllm_source.sweep import (
     CONSISTENT,
     DOUBLE,
+    GRID_D,
     OVER,
     REFUSED,
     UNDER,
     UNSUPPORTED,
-    GRID_D,
     boxes,
     sweep,
 )
-from harness.sizing.vllm_source.sources import default_cache_dir
-from tests.cli_utils import run_harness
 
 CUTLASS = "CutlassBatchedExpertsFp8"
 TRITON = "BatchedTritonExperts"

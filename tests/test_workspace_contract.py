@@ -18,9 +18,16 @@ import itertools
 
 import pytest
 
+from harness.core.contract import (
+    SizingArgs,
+    builtin_shapes,
+    fixed_shapes,
+    legacy_shapes,
+    live_set_bytes,
+    lower_bound_shapes,
+)
 from harness.scenario.presets import PRESETS
 from harness.scenario.schema import ScenarioError, parse_scenario
-from harness.core.contract import SizingArgs, builtin_shapes, fixed_shapes, legacy_shapes, live_set_bytes, lower_bound_shapes
 
 GIB = 2**30
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2}
@@ -37,7 +44,7 @@ GRID = list(itertools.product(
 ))
 
 
-def _scenario_data(D: int, E: int, T: int, K: int, I: int, activation: str, dtype: str) -> dict:  # noqa: E741
+def _scenario_data(D: int, E: int, T: int, K: int, I: int, activation: str, dtype: str) -> dict:
     return {
         "model": {"hidden_size": K, "intermediate_size": I, "num_experts": E * D, "top_k": 1,
                   "activation": activation, "workspace_dtype": dtype},
@@ -46,7 +53,7 @@ def _scenario_data(D: int, E: int, T: int, K: int, I: int, activation: str, dtyp
 
 
 def _valid(case: tuple) -> bool:
-    D, E, T, (K, I), activation, dtype = case  # noqa: E741
+    D, E, T, (K, I), activation, dtype = case
     try:
         parse_scenario(_scenario_data(D, E, T, K, I, activation, dtype))
     except ScenarioError:
@@ -61,28 +68,28 @@ print(f"workspace contract matrix: {MATRIX_REPORT}")
 
 def _args(case: tuple) -> SizingArgs:
     """SizingArgs the way the scenario builds them, so the matrix runs through the real path."""
-    D, E, T, (K, I), activation, dtype = case  # noqa: E741
+    D, E, T, (K, I), activation, dtype = case
     return parse_scenario(_scenario_data(D, E, T, K, I, activation, dtype)).sizing_args()
 
 
 def _case_id(case: tuple) -> str:
-    D, E, T, (K, I), activation, dtype = case  # noqa: E741
+    D, E, T, (K, I), activation, dtype = case
     return f"D{D}-E{E}-T{T}-K{K}-I{I}-{activation}-{dtype}"
 
 
-def expected_fixed_bytes(*, E: int, T: int, D: int, K: int, I: int, w: int) -> int:  # noqa: E741, N803
+def expected_fixed_bytes(*, E: int, T: int, D: int, K: int, I: int, w: int) -> int:
     M, N = T * D, 2 * I
     return w * E * M * (max(N, K) + max(N // 2, K))
 
 
-def expected_legacy_bytes(*, E: int, T: int, D: int, K: int, I: int, w: int) -> int:  # noqa: E741, N803
+def expected_legacy_bytes(*, E: int, T: int, D: int, K: int, I: int, w: int) -> int:
     M, N = T * D, 2 * I
     common = max(E * M * D * max(N, K), E * M * K)
     ws2 = E * M * D * max(N // 2, K)
     return w * (common + ws2)
 
 
-def expected_live_set_bytes(*, E: int, T: int, D: int, K: int, I: int, w: int) -> int:  # noqa: E741, N803
+def expected_live_set_bytes(*, E: int, T: int, D: int, K: int, I: int, w: int) -> int:
     rows, N = E * T * D, 2 * I
     fp8 = 1
     steps = [
@@ -104,7 +111,7 @@ def test_matrix_is_built_from_valid_combinations_only():
 
 @pytest.mark.parametrize("case", VALID, ids=_case_id)
 def test_fixed_and_legacy_bytes(case):
-    D, E, T, (K, I), activation, dtype = case  # noqa: E741
+    D, E, T, (K, I), _activation, dtype = case
     args = _args(case)
     w = DTYPE_BYTES[dtype]
     assert (args.M, args.N, args.K) == (T * D, 2 * I, K)
@@ -126,7 +133,7 @@ def test_fixed_and_legacy_bytes(case):
 
 @pytest.mark.parametrize("case", VALID, ids=_case_id)
 def test_lower_bound_is_the_live_set_and_never_above_fixed(case):
-    D, E, T, (K, I), activation, dtype = case  # noqa: E741
+    D, E, T, (K, I), _activation, dtype = case
     args = _args(case)
     expected = expected_live_set_bytes(E=E, T=T, D=D, K=K, I=I, w=DTYPE_BYTES[dtype])
     assert live_set_bytes(args) == expected

@@ -7,7 +7,7 @@ from pathlib import Path
 from harness.core.records import PolicyResult
 from harness.report.checks import evaluate_checks, judging_of, stopped_by
 from harness.report.collect import collect
-from harness.report.model import Check, Checks
+from harness.report.model import Check, Checks, RunReport
 from harness.scenario.schema import Scenario
 
 
@@ -22,4 +22,5 @@ def judge_policy(result: PolicyResult, scenario: Scenario, *, rank: int, release
 def collected_checks(run_dir: Path) -> dict[tuple[int, str], Checks]:
     """Every (rank, policy)'s checks in the report that `harness collect` makes of `run_dir` (nothing written)."""
     report = collect(run_dir, write=False).report
+    assert isinstance(report, RunReport)
     return {(rank.rank, p.policy): p.checks for rank in report.ranks for p in rank.policies}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -34,7 +34,7 @@ class BenchRequest:
     asked for it (recorded in bench.json)."""
 
     scenario: str | None = None  # a file, or a name in scenarios/; None: the embedded default
-    overrides: ScenarioOverrides = ScenarioOverrides()
+    overrides: ScenarioOverrides = field(default_factory=ScenarioOverrides)
     out: Path | None = None
     json: bool = False
     cpu_only: bool = False
@@ -60,8 +60,8 @@ def _run_ranks(scenario: Scenario, *, run_id: str, out: Path, num_gpus: int,
     """The rank-side bench on local processes (harness.launch.run.run_ranks): the records, or an exit code when it
     could not run."""
     from harness.launch.local import LocalLauncher
-    from harness.launch.rundir import choose_run_dir
     from harness.launch.run import RanksRequest, run_ranks
+    from harness.launch.rundir import choose_run_dir
     from harness.scenario.fit import can_run, resolve_device
 
     device_type = resolve_device(scenario, num_gpus)
@@ -106,8 +106,8 @@ def _report(scenario: Scenario, *, run_id: str, command: list[str], records: lis
 
 def bench_command(request: BenchRequest) -> int:
     """Entry of `harness bench`: 0 at or above the thresholds, 1 below one, 2 on errors."""
-    from harness.launch.rundir import make_run_id
     from harness.launch.run import local_gpu_count
+    from harness.launch.rundir import make_run_id
     from harness.scenario.sections import REPO_DIR
 
     console = make_console(stderr=request.json)  # with --json, stdout holds the report alone; progress goes to stderr

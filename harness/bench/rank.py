@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -150,10 +150,9 @@ def _profile(setup: RankSetup, state: BenchState) -> None:
     """Per-kernel GPU time of a few dispatch + combine rounds: the graphs' replays where they exist, else eager."""
     cv = state.comm
     assert cv is not None
-    fn = cv.replay
-    if fn is None:
-        named = dict(cv.variants)
-        fn = lambda: (named["dispatch:harness"](), named["combine:harness"]())  # noqa: E731
+    named = dict(cv.variants)
+    fn: Callable[[], object] = cv.replay if cv.replay is not None else (
+        lambda: (named["dispatch:harness"](), named["combine:harness"]()))
     if setup.device.type == "cuda":
         torch.cuda.synchronize(setup.device)
         torch.distributed.barrier()
@@ -165,7 +164,7 @@ def _profile(setup: RankSetup, state: BenchState) -> None:
 
 def _failed_policy(state: BenchState) -> BenchPolicy:
     kinds = {f.kind for f in state.failed.values()}
-    status = "oom" if kinds == {"oom"} else "error"
+    status: Literal["oom", "error"] = "oom" if kinds == {"oom"} else "error"
     error = None
     if status == "error":
         rank = min(r for r, f in state.failed.items() if f.kind == "error")
@@ -194,7 +193,7 @@ def _judge(setup: RankSetup, state: BenchState, probes: Probes) -> BenchPolicy:
     harness_comm_us = by["dispatch:harness"] + by["combine:harness"]
     comm_bytes = dispatch_bytes + combine_bytes
     graph = "dispatch:graph" in by and "combine:graph" in by
-    timing = "graph" if graph else "eager"
+    timing: Literal["graph", "eager"] = "graph" if graph else "eager"
     stick = yardstick(
         topk_ids=setup.routing.topk_ids, rank=layout.rank, num_ranks=layout.num_ranks,
         num_local_experts=layout.num_local_experts, hidden_size=layout.hidden_size,
@@ -251,7 +250,7 @@ def bench_rank_main(scenario: Scenario, info: RankInfo, run_dir: Path,
         release_cached(device)
         if progress:
             progress(setup.event(Ready, backend=setup.backend.name))
-        fields = dict(
+        fields: dict[str, Any] = dict(
             run_id=info.run_id, scenario_name=scenario.name or "", scenario_hash=scenario.scenario_hash,
             rank=info.rank, num_ranks=info.world_size, comm_backend=setup.comm_record.backend,
             experts_backend=setup.backend.name, versions=collect_versions(

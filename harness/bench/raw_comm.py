@@ -25,9 +25,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.rank.combine import combine
 from harness.rank.comm import DispatchHandle, Stages
 from harness.rank.comm.symm_mem import SymmMemComm
-from harness.rank.combine import combine
 from harness.rank.dispatch import dispatch
 from harness.rank.graphs import capture_reason, capture_round
 from harness.rank.timing import StageTimer

@@ -29,7 +29,7 @@ RawKernel = Callable[[], torch.Tensor]
 def raw_torch(setup: RankSetup, workspace: Workspace) -> RawKernel:
     b, w, out = setup.buffers, setup.weights, workspace.out
     E, M = b.expert_x.shape[:2]
-    I = w.w2.shape[2]  # noqa: E741 - the letter of docs/design.md
+    I = w.w2.shape[2]
     x_scale = b.expert_x_scale.reshape(E, M)
     w1t, w2t = w.w1.transpose(-2, -1), w.w2.transpose(-2, -1)
 
@@ -46,7 +46,7 @@ def raw_vllm(setup: RankSetup, workspace: Workspace) -> RawKernel:
     ops = torch.ops._C
     b, w, ws = setup.buffers, setup.weights, workspace
     E, M, K = b.expert_x.shape
-    I = w.w2.shape[2]  # noqa: E741
+    I = w.w2.shape[2]
     dev = b.expert_x.device
     offsets32 = torch.empty((E,), dtype=torch.int32, device=dev)
     ps1 = torch.empty((E, 3), dtype=torch.int32, device=dev)

@@ -79,7 +79,7 @@ class BenchPolicy(Record):
     # the yardstick (gates); comm_ratio above stays as a diagnostic
     comm_yardstick: CommYardstick | None = None
     comm_graph_error: str | None = None  # why dispatch/combine did not capture in a CUDA graph, where they did not
-    kernels: list[KernelTime] = []  # per kernel GPU time of one replayed (or eager) dispatch + combine
+    kernels: list[KernelTime] = []  # noqa: RUF012 - a pydantic field, copied per instance; per kernel GPU time of one replayed (or eager) dispatch + combine
 
 
 class BenchRankRecord(RankHeader):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -59,7 +59,6 @@ def hbm_probe_gbps(device: torch.device) -> float | None:
     dst = torch.empty_like(src)
     dst.copy_(src)
     us = _median_event_us(lambda: dst.copy_(src), _PROBE_REPEATS)
-    del src, dst
     return 2 * _PROBE_BYTES / (us * 1e3)
 
 
@@ -100,7 +99,7 @@ def distinct_remote_rows(topk_ids: torch.Tensor, *, rank: int, num_local_experts
 
 def yardstick(*, topk_ids: torch.Tensor, rank: int, num_ranks: int, num_local_experts: int, hidden_size: int,
               received_pairs: int, moved_row_bytes: int, out_bytes: int, hbm_gbps: float | None,
-              link_gbps: float | None, dispatch_us: float, combine_us: float, timing: str,
+              link_gbps: float | None, dispatch_us: float, combine_us: float, timing: Literal["graph", "eager"],
               idle_dispatch_us: float | None = None, idle_combine_us: float | None = None,
               queue: QueueAhead | None = None) -> CommYardstick:
     """The bytes, bound and ratio of one rank (module docstring); topk_ids (n, top_k) this rank's routing."""

@@ -83,7 +83,7 @@ def _narrowed(console: Console, obj: Any, width: int) -> list[Any]:
 class WideConsole(Console):
     """A rich Console whose `print` is at least as wide as the widest (non-string) renderable it is given."""
 
-    def print(self, *objects: Any, **kwargs: Any) -> None:  # noqa: A003 (rich's name)
+    def print(self, *objects: Any, **kwargs: Any) -> None:
         with self._lock:
             if self.is_terminal and not _every_column and not self.is_dumb_terminal:
                 objects = tuple(part for obj in objects for part in _narrowed(self, obj, self.width))

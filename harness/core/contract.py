@@ -46,15 +46,15 @@ class SizingArgs:
     workspace_dtype: str = "bfloat16"
 
     @property
-    def M(self) -> int:  # noqa: N802 - the letter of docs/design.md
+    def M(self) -> int:
         return self.max_tokens_per_rank * self.num_dispatchers
 
     @property
-    def N(self) -> int:  # noqa: N802
+    def N(self) -> int:
         return 2 * self.intermediate_size if is_gated(self.activation) else self.intermediate_size
 
     @property
-    def K(self) -> int:  # noqa: N802
+    def K(self) -> int:
         return self.hidden_size
 
     @property

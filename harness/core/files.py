@@ -59,7 +59,7 @@ def remove_dead_staging(directory: Path, kinds: tuple[str, ...]) -> list[Path]:
     process is gone: removed, so a killed extraction does not keep its hundreds of MB forever. A live process's
     folder is left to it; links and files are never touched."""
     pattern = re.compile(re.escape(directory.name) + r"\.(" + "|".join(map(re.escape, kinds)) + r")-(\d+)")
-    removed = []
+    removed: list[Path] = []
     try:
         siblings = list(directory.parent.iterdir()) if directory.parent.is_dir() else []
     except OSError:

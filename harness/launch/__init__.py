@@ -44,8 +44,8 @@ nothing left.
 
 from harness.launch.contract import ClusterResources, DeviceType, LaunchError, LaunchOutcome, LaunchPlan, RankEntry
 from harness.launch.deadlines import POLL_INTERVAL_S, RankWatch, Terminated, exit_cause, sigterm_as_interrupt
-from harness.launch.launcher import Launcher
 from harness.launch.faults import FAULT_ENV, FaultSpec, parse_fault_spec
+from harness.launch.launcher import Launcher
 from harness.launch.rank_side import format_exception, rank_entry
 from harness.launch.sink import RunSink, describe_failure
 

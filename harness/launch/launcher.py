@@ -9,7 +9,8 @@ from harness.launch.sink import RunSink
 
 
 class Launcher(Protocol):
-    name: Literal["local", "ray"]
+    @property
+    def name(self) -> Literal["local", "ray"]: ...
 
     def resources(self) -> ClusterResources: ...
 

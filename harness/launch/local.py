@@ -9,6 +9,7 @@ silent past the deadline is hung. Either way the rest are terminated.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -50,10 +51,8 @@ def _rank_process(scenario: Scenario, info: RankInfo, run_dir: str, conn: Connec
         data = rank_entry(scenario, info, Path(run_dir), lambda event: conn.send(("event", event)), entry)
         conn.send(("record", data))
     except BaseException as exc:  # noqa: BLE001 - whatever ends the rank is reported, then the process exits
-        try:
+        with contextlib.suppress(OSError, EOFError):  # the driver is gone
             conn.send(("error", format_exception(exc)))
-        except (OSError, EOFError):
-            pass  # the driver is gone
     finally:
         conn.close()
 
@@ -126,7 +125,7 @@ class LocalLauncher:
         while sink.pending:
             for conn in wait(list(open_pipes.values()), timeout=POLL_INTERVAL_S) if open_pipes else []:
                 rank = next(r for r, c in open_pipes.items() if c is conn)
-                if not _read_one(sink, rank, conn):
+                if not _read_one(sink, rank, open_pipes[rank]):
                     del open_pipes[rank]
                     _ended_without_record(sink, rank, procs[rank])
             if not open_pipes and sink.pending:

@@ -7,6 +7,7 @@ rank, so a scenario this machine cannot hold is refused in a fraction of a secon
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -83,10 +84,8 @@ def _gpus() -> tuple[int, int | None]:
     except Exception:  # noqa: BLE001
         return 0, None
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
     num_visible = _num_visible(num_devices)
     return num_visible, (min(totals) if totals and num_visible else None)
 

@@ -16,6 +16,7 @@ reported as RankFailures and every actor and the placement group are removed, wh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -33,12 +34,12 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import harness
 from harness.core.events import Placed, Placing
-from harness.rank.distributed import SAFE_NCCL_ENV, RankInfo, apply_safe_env, free_port
 from harness.launch.contract import ClusterResources, LaunchError, LaunchOutcome, LaunchPlan, RankEntry
 from harness.launch.deadlines import POLL_INTERVAL_S, RankWatch
 from harness.launch.faults import FAULT_ENV
 from harness.launch.rank_side import rank_entry
 from harness.launch.sink import RunSink
+from harness.rank.distributed import SAFE_NCCL_ENV, RankInfo, apply_safe_env, free_port
 
 if TYPE_CHECKING:
     from harness.scenario.schema import Scenario
@@ -168,7 +169,7 @@ class RayLauncher:
                 sink.fail_pending(f"not started: placement group not satisfied within {plan.placement_timeout_s:g} s",
                                   detail=message)
                 return sink.outcome(error=message)
-            log = _ProgressLog.remote()
+            log = _ProgressLog.remote()  # type: ignore[attr-defined]  # @ray.remote made it an actor class
             actors.extend(_rank_actors(plan, pg))
             wheres = self._start(plan, sink, actors)
             if wheres is None:
@@ -274,7 +275,7 @@ def _rank_actors(plan: LaunchPlan, pg: PlacementGroup) -> list[Any]:
     """One actor per rank, each in its own bundle of the placement group, never restarted."""
     runtime_env = actor_runtime_env()
     return [
-        _RankActor.options(
+        _RankActor.options(  # type: ignore[attr-defined]  # @ray.remote made it an actor class
             num_cpus=plan.num_cpus_per_rank,
             num_gpus=1 if plan.device_type == "cuda" else 0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank),
@@ -378,7 +379,5 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _quietly(fn: Any, *args: Any, **kwargs: Any) -> None:
-    try:
+    with contextlib.suppress(Exception):
         fn(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - teardown of what may already be gone
-        pass

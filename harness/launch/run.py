@@ -17,11 +17,12 @@ any rank that died, hung or never started.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -30,15 +31,25 @@ from rich.console import Console
 from harness.core.console import make_console
 from harness.core.exits import EXIT_ERROR, EXIT_OK
 from harness.core.records import RankRecord, RunManifest, scenario_digest, write_record
-from harness.launch.contract import DeviceType, comm_backend_for, LaunchError, LaunchOutcome, LaunchPlan, RankEntry
+from harness.launch.contract import DeviceType, LaunchError, LaunchOutcome, LaunchPlan, RankEntry, comm_backend_for
 from harness.launch.deadlines import sigterm_as_interrupt
 from harness.launch.faults import FAULT_ENV, parse_fault_spec
 from harness.launch.launcher import Launcher
 from harness.launch.overrides import (
-    ScenarioOverrides, default_scenario_path, load_with_overrides, override_scenario,
+    ScenarioOverrides,
+    default_scenario_path,
+    load_with_overrides,
+    override_scenario,
 )
 from harness.launch.progress import RunProgress
-from harness.launch.rundir import CLAIM_FILE, choose_run_dir, claim_run_dir, clear_interrupted, holds_matrix, make_run_id
+from harness.launch.rundir import (
+    CLAIM_FILE,
+    choose_run_dir,
+    claim_run_dir,
+    clear_interrupted,
+    holds_matrix,
+    make_run_id,
+)
 from harness.launch.sink import RunSink, describe_failure
 from harness.scenario.fit import Machine, can_run, resolve_device
 from harness.scenario.matrix import display_path
@@ -61,7 +72,7 @@ class RunRequest:
     launcher: LauncherName | None = None
     address: str | None = None
     out: Path | None = None
-    overrides: ScenarioOverrides = ScenarioOverrides()
+    overrides: ScenarioOverrides = field(default_factory=ScenarioOverrides)
     cache_dir: Path | None = None
     dry_run: bool = False
     resume: bool = False  # a matrix into its --out again: finished cells kept, an interrupted one run again
@@ -354,6 +365,7 @@ def _run_command(request: RunRequest) -> int:
             path = default_scenario_path(num_gpus)
             scenario = load_with_overrides(path, overrides)
             console.print(f"no scenario given: running {path.name} ({num_gpus} GPU(s) found)", highlight=False, markup=False)
+        assert path is not None  # the scenario's file: given, or the default chosen above
         run_id = make_run_id(scenario.name or "run")
         start_s = scenario.launch.placement_timeout_s  # an empty claim older than this is no run still starting
         run_dir = choose_run_dir(request.out, run_id, stale_after_s=start_s)
@@ -415,7 +427,7 @@ def _run_matrix(request: RunRequest, matrix: Matrix, overrides: dict[str, Any], 
     console.print(f"matrix {path.name}: {matrix.expansion().summary()} cells, into {run_dir}", highlight=False,
                   markup=False)
     if request.dry_run:
-        for cell, scenario in zip(cells, scenarios):
+        for cell, scenario in zip(cells, scenarios, strict=True):
             console.rule(f"cell {cell.name}")
             _dry_run(scenario, launcher_name=launcher_name, request=request, run_dir=run_dir / cell.name,
                      console=console)
@@ -453,7 +465,7 @@ def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str |
     left behind, or no report.json) is run again with `resume` (what the killed run left is replaced), else kept
     and named. Returns what collect produced for each cell that ran, by cell name."""
     collected: dict[str, CollectResult] = {}
-    for i, (cell, scenario, reason) in enumerate(zip(cells, scenarios, not_here), start=1):
+    for i, (cell, scenario, reason) in enumerate(zip(cells, scenarios, not_here, strict=True), start=1):
         console.rule(f"cell {i} of {len(cells)}: {cell.name}")
         cell_dir = run_dir / cell.name
         if (cell_dir / "run.json").exists():
@@ -477,7 +489,7 @@ def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str |
                 code = run_scenario(
                     scenario, launcher=launcher, run_dir=cell_claim.path, run_id=f"{run_id}-{cell.name}",
                     scenario_path=path, command=command, console=console,
-                    on_collected=lambda result, name=cell.name: collected.__setitem__(name, result), plots=False,
+                    on_collected=functools.partial(collected.__setitem__, cell.name), plots=False,
                 )
             finally:
                 cell_claim.release()

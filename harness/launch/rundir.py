@@ -27,9 +27,9 @@ from pathlib import Path
 from harness.core.files import pid_alive, probe_writable
 from harness.launch.contract import LaunchError
 from harness.report.write import REPORT_FILES, output_generations
+from harness.scenario.limits import shown as shown_value
 from harness.scenario.matrix import MATRIX_MANIFEST
 from harness.scenario.sections import safe_name
-from harness.scenario.limits import shown as shown_value
 from harness.scenario.source import display
 
 RESULTS_DIR = Path("results")
@@ -46,7 +46,7 @@ DEFAULT_START_S = 60.0  # launch.placement_timeout_s's default: how long a run m
 
 def make_run_id(name: str, *, now: datetime.datetime | None = None) -> str:
     """'YYYYmmdd-HHMMSS-<name>' in UTC; the name made a safe path component whatever it holds."""
-    now = now or datetime.datetime.now(datetime.timezone.utc)
+    now = now or datetime.datetime.now(datetime.UTC)
     return f"{now:%Y%m%d-%H%M%S}-{safe_name(name)}"
 
 
@@ -100,7 +100,7 @@ def _claimed_by_other(run_dir: Path, *, stale_after_s: float) -> str | None:
     shown = display(run_dir)
     if why is not None:
         (run_dir / CLAIM_FILE).unlink(missing_ok=True)
-        _clear_dead_run(run_dir, _CLAIM_RE.match(owner).group(4) if _CLAIM_RE.match(owner) else None)
+        _clear_dead_run(run_dir, match.group(4) if (match := _CLAIM_RE.match(owner)) else None)
         print(f"harness: --out {shown}: {why}: taken over", file=sys.stderr, flush=True)
         return None
     match = _CLAIM_RE.match(owner)
@@ -277,7 +277,7 @@ def _write_claim(run_dir: Path, run_id: str, *, reuse: bool, stale_after_s: floa
         return _write_claim(run_dir, run_id, reuse=reuse, stale_after_s=stale_after_s)
     except OSError as exc:
         raise LaunchError(f"--out {display(run_dir)}: cannot write in it ({exc.strerror})") from None
-    since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    since = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(f"pid {os.getpid()} on {socket.gethostname()} since {since}, run {run_id}\n")

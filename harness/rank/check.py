@@ -190,11 +190,11 @@ class StageChecker:
         q_all = torch.zeros((len(sources) * stride, self.inputs.expert_x.shape[2]), dtype=torch.uint8, device=dev)
         s_all = torch.zeros((len(sources) * stride,), dtype=torch.float32, device=dev)
         expected = torch.zeros(E, dtype=torch.int64, device=dev)
-        for src, (ids, q, scale) in enumerate(sources):
+        for src_rank, (ids, q, scale) in enumerate(sources):
             n = ids.shape[0]
-            ids_all[src * stride: src * stride + n] = ids.to(dev)
-            q_all[src * stride: src * stride + n] = q.view(torch.uint8)
-            s_all[src * stride: src * stride + n] = scale.reshape(-1)
+            ids_all[src_rank * stride: src_rank * stride + n] = ids.to(dev)
+            q_all[src_rank * stride: src_rank * stride + n] = q.view(torch.uint8)
+            s_all[src_rank * stride: src_rank * stride + n] = scale.reshape(-1)
             mine = ids[torch.div(ids, E, rounding_mode="floor") == rank]
             expected += torch.bincount(torch.remainder(mine, E).reshape(-1).to(dev), minlength=E)
         got_x = self.inputs.expert_x.view(torch.uint8)
@@ -317,7 +317,7 @@ class StageChecker:
         with self.timer:
             packed = torch.stack([self.stats[s].packed() for s in STAGES]).cpu().tolist()
         out = []
-        for stage, values in zip(STAGES, packed):
+        for stage, values in zip(STAGES, packed, strict=True):
             stats = self.stats[stage]
             num_wrong, first, max_error, unjudged = int(values[0]), int(values[1]), float(values[2]), int(values[3])
             per_expert = values[4:4 + self.E]
@@ -343,16 +343,31 @@ class StageChecker:
 
 
 class CheckSetup(Protocol):
-    """What the check reads from the rank's setup (harness.rank.lifecycle.RankSetup provides it)."""
+    """What the check reads from the rank's setup (harness.rank.lifecycle.RankSetup provides it, frozen)."""
 
-    scenario: Scenario
-    device: torch.device
-    layout: DispatchLayout
-    tokens: torch.Tensor
-    routing: Routing
-    weights: ExpertWeights
-    buffers: Comm
-    backend: ExpertsBackend
+    @property
+    def scenario(self) -> Scenario: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def layout(self) -> DispatchLayout: ...
+
+    @property
+    def tokens(self) -> torch.Tensor: ...
+
+    @property
+    def routing(self) -> Routing: ...
+
+    @property
+    def weights(self) -> ExpertWeights: ...
+
+    @property
+    def buffers(self) -> Comm: ...
+
+    @property
+    def backend(self) -> ExpertsBackend: ...
 
     @property
     def quantize(self) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]: ...

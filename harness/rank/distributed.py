@@ -7,7 +7,7 @@ import datetime
 import os
 import socket
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -54,7 +54,7 @@ def init_rank(info: RankInfo) -> torch.device:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        init_kwargs = {}
+        init_kwargs: dict[str, Any] = {}
         if info.comm_backend == "nccl":
             init_kwargs["device_id"] = device  # eager NCCL init: communicator errors surface here, not mid-run
         dist.init_process_group(

@@ -17,21 +17,32 @@ the kernels the driver resolved once for every rank.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.distributed as dist
 
+from harness.core.backends import DeviceType
 from harness.core.contract import WorkspaceShapes
 from harness.core.environment import collect_hardware, collect_versions
 from harness.core.events import Done, PolicyDone, PolicyStarted, RankEvent, Ready
 from harness.core.records import (
-    Breakdown, CommRecord, ComponentMemory, ContractBytes, Correctness, MemoryMeasurement, OomRecord, PolicyResult,
-    RankRecord, Throughput, Timings,
+    Breakdown,
+    CommRecord,
+    ComponentMemory,
+    ContractBytes,
+    Correctness,
+    MemoryMeasurement,
+    OomRecord,
+    PolicyResult,
+    RankRecord,
+    Throughput,
+    Timings,
 )
 from harness.rank.check import CheckedPass
 from harness.rank.combine import combine
@@ -39,12 +50,28 @@ from harness.rank.comm import Comm, create_comm, resolve_comm, row_kernels
 from harness.rank.dispatch import DispatchHandle, DispatchLayout, dispatch
 from harness.rank.distributed import RankInfo, StageFailure, agree, init_rank, shutdown_rank
 from harness.rank.experts import (
-    ExpertsBackend, ExpertWeights, Workspace, kernels_record, make_weights, select_backend, useful_flops,
+    ExpertsBackend,
+    ExpertWeights,
+    Workspace,
+    kernels_record,
+    make_weights,
+    select_backend,
+    useful_flops,
 )
 from harness.rank.graphs import CapturedRound, capture_agreed
 from harness.rank.memory import (
-    RSS_ROUNDING_BYTES, Accountant, MemoryProbe, PeakSampler, SnapshotRecorder, apply_budget, baseline_rounding_bytes,
-    free_and_total_bytes, free_bytes_from_message, release_cached, requested_bytes_from_message, synchronize,
+    RSS_ROUNDING_BYTES,
+    Accountant,
+    MemoryProbe,
+    PeakSampler,
+    SnapshotRecorder,
+    apply_budget,
+    baseline_rounding_bytes,
+    free_and_total_bytes,
+    free_bytes_from_message,
+    release_cached,
+    requested_bytes_from_message,
+    synchronize,
 )
 from harness.rank.quant import quantize_per_token
 from harness.rank.route import Routing, route
@@ -160,9 +187,10 @@ def _correctness(setup: RankSetup, state: PolicyState) -> Correctness | None:
     verdict; None when a step failed on some rank (state says which, as for a timed pass)."""
     checked = CheckedPass(setup, source_inputs(setup))
     _one_pass(setup, state, StageTimer(setup.device), checked=checked)
-    if state.failed:
+    combined = state.combined
+    if state.failed or combined is None:  # combined is set on every rank that did not fail
         return None
-    return _run_stage(setup, state, "check", lambda: checked.correctness(state.combined))
+    return _run_stage(setup, state, "check", lambda: checked.correctness(combined))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -275,14 +303,16 @@ def _one_pass(setup: RankSetup, state: PolicyState, timer: StageTimer, *, checke
             weights=setup.weights, workspace=workspace, hooks=checked))
         timer.stop("experts", t1)
     state.failed = agree(state.own, setup.device)
-    if state.failed:
+    handle = state.handle
+    if state.failed or handle is None:  # the handle is set on every rank whose dispatch did not fail
         return
     t2 = timer.start()
-    state.combined = _run_stage(setup, state, "combine", captured.combine if captured is not None else lambda: combine(
-        expert_out, state.handle, setup.layout, b))
+    state.combined = combined = _run_stage(
+        setup, state, "combine", captured.combine if captured is not None else lambda: combine(
+            expert_out, handle, setup.layout, b))
     timer.stop("combine", t2)
     if state.own is None and checked is not None:
-        _run_stage(setup, state, "check", lambda: checked.after_combine(state.combined, state.handle))
+        _run_stage(setup, state, "check", lambda: checked.after_combine(combined, handle))
     state.failed = agree(state.own, setup.device)
 
 
@@ -485,7 +515,8 @@ def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir
     s = scenario
     E, K, I = s.num_local_experts, s.model.hidden_size or 0, s.model.intermediate_size or 0
     layout = dispatch_layout(s, info.rank)
-    backend = select_backend(s.experts_backend, device, backend_query(s, device.type), kernels=kernels)
+    device_type = cast(DeviceType, device.type)  # a rank runs on cuda or cpu (harness.launch resolved it)
+    backend = select_backend(s.experts_backend, device, backend_query(s, device_type), kernels=kernels)
     budget = s.memory.budget_bytes
     apply_budget(device, budget)
     accountant = Accountant(device, budget_bytes=budget)
@@ -573,7 +604,7 @@ def _deployment_ballast(s: Scenario, device: torch.device, probe: MemoryProbe, a
     measured = []
     for part in parts:
         tensor, step = _measured_step(probe, accountant,
-                                      lambda n=part.bytes: accountant.alloc("ballast", (n,), torch.uint8))
+                                      functools.partial(accountant.alloc, "ballast", (part.bytes,), torch.uint8))
         held.append(tensor)
         measured.append(step.component(part.name, predicted, step.allocated_bytes))
     return measured

@@ -11,6 +11,7 @@ allocating, so the OOM path is the same code and runs in CI.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import math
@@ -271,10 +272,8 @@ def baseline_rounding_bytes(device: torch.device) -> int:
 
 def _malloc_trim() -> None:
     """Give freed heap memory back to the OS (glibc), as empty_cache does on GPU; nothing elsewhere."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def release_cached(device: torch.device) -> None:

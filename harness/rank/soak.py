@@ -131,9 +131,9 @@ def check_round(setup: RankSetup, round_index: int, sources: Inputs, handle: Dis
     quantized = [setup.quantize(tokens) for tokens, _, _ in sources]
     # counts and slots: (expert, source rank, token) triples, as routed and as found in the batched buffer
     routed = []
-    for src, (_, ids, _) in enumerate(sources):
+    for src_rank, (_, ids, _) in enumerate(sources):
         token, col = torch.nonzero(torch.div(ids, E, rounding_mode="floor") == rank, as_tuple=True)
-        routed.append((ids[token, col] % E) * (P * C) + src * C + token)
+        routed.append((ids[token, col] % E) * (P * C) + src_rank * C + token)
     want = torch.sort(torch.cat(routed)).values
     want_counts = torch.bincount(torch.div(want, P * C, rounding_mode="floor"), minlength=E)
     counts = comm.expert_num_tokens.to(torch.int64)
@@ -168,7 +168,7 @@ def check_round(setup: RankSetup, round_index: int, sources: Inputs, handle: Dis
                                f"{'scale' if bool(rows_ok[j]) else 'FP8 row'} differs from the sender's")
         slots = int(valid.sum())
     # partials and output: the closed form of each of this rank's tokens
-    tokens, ids, weights = sources[rank]
+    _tokens, ids, weights = sources[rank]
     n = ids.shape[0]
     if n:
         q, scale = quantized[rank]

@@ -20,16 +20,22 @@ from typing import Any
 from harness.core.contract import fixed_shapes, live_set_bytes
 from harness.core.exits import EXIT_OK
 from harness.core.records import (
-    SCHEMA_VERSION, MemoryMeasurement, PolicyResult, RankFailure, RankRecord, RunManifest, Timings,
+    SCHEMA_VERSION,
+    MemoryMeasurement,
+    PolicyResult,
+    RankFailure,
+    RankRecord,
+    RunManifest,
+    Timings,
 )
 from harness.report.checks import (
     Judging,
     baseline_checks,
     baseline_rounding,
     contract_problems,
-    expected_contracts,
     evaluate_checks,
     exit_of,
+    expected_contracts,
     first_diverging,
     judging_of,
     policy_expectation,
@@ -55,6 +61,7 @@ from harness.report.model import (
     StageSpread,
 )
 from harness.scenario.schema import Scenario, ScenarioError, parse_stored_scenario
+
 
 def generation_of(run_id: str | None, input_hash: str) -> str:
     """The stamp every output of one collect carries: which run, and which exact inputs."""
@@ -131,7 +138,7 @@ class _Running:
         self.high = value if self.high is None else max(self.high, value)
 
     def aggregate(self) -> Aggregate | None:
-        if not self.count:
+        if not self.count or self.low is None or self.high is None:  # the three are set together
             return None
         return Aggregate(min=self.low, avg=self.total / self.count, max=self.high, num_ranks=self.count)
 

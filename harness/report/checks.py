@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from harness.core.contract import BUILTIN_POLICIES, builtin_shapes
+from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from harness.core.records import Correctness, MemoryMeasurement, PolicyResult, RankRecord, StageCheck
 from harness.core.units import human_bytes
 from harness.report.model import Check, CheckCounts, CheckOutcome, Checks, Outcome, Problem

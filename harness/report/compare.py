@@ -46,6 +46,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.core.exits import EXIT_ERROR, EXIT_OK
 from harness.report.compare_load import LoadedReport, load_report
@@ -66,7 +67,16 @@ from harness.report.compare_metrics import (
     parse_thresholds,
 )
 from harness.report.compare_render import render_comparison
-from harness.report.model import CheckFailure, HardwareInfo, MatrixReport, PolicySummary, Report, RunReport, StageSpread
+from harness.report.model import (
+    CheckFailure,
+    HardwareInfo,
+    MatrixReport,
+    PolicySummary,
+    Report,
+    RunReport,
+    RunSummary,
+    StageSpread,
+)
 
 __all__ = ["EXACT", "GROUPS", "METRICS", "CompareError", "CompareRequest", "Comparison", "Group", "LoadedReport",
            "Metric", "Options", "Row", "Verdict", "compare_command", "compare_metric", "compare_outcome",
@@ -133,7 +143,7 @@ def _metric_row(cell: str | None, policy: str, metric: Metric, base: PolicySumma
                 ctx: _Context) -> Row:
     threshold = ctx.options.thresholds[metric.name]
     b, c = metric.get(base), metric.get(cur)
-    common = {"cell": cell, "policy": policy, "metric": metric.name, "baseline": b, "current": c,
+    common: dict[str, Any] = {"cell": cell, "policy": policy, "metric": metric.name, "baseline": b, "current": c,
               "threshold": threshold, "threshold_kind": metric.threshold_kind}
     if (cell, policy, metric.field) in ctx.cur_nan:
         return Row(**common, change_pct=None, change_abs=None, verdict="regression", note="NaN or infinity in current")
@@ -177,7 +187,7 @@ def _missing_row(cell: str | None, policy: str, what: str, side: str, ctx: _Cont
                threshold=None, threshold_kind="exact", verdict=verdict, note=note)
 
 
-def _compare_policies(cell: str | None, base: RunReport, cur: RunReport, ctx: _Context) -> list[Row]:
+def _compare_policies(cell: str | None, base: RunSummary, cur: RunSummary, ctx: _Context) -> list[Row]:
     rows: list[Row] = []
     order = [p.policy for p in base.policies] + [p.policy for p in cur.policies if base.policy(p.policy) is None]
     for policy in order:
@@ -195,7 +205,7 @@ def _compare_policies(cell: str | None, base: RunReport, cur: RunReport, ctx: _C
     return rows
 
 
-def _scenario_check(what: str, base: RunReport, cur: RunReport) -> str | None:
+def _scenario_check(what: str, base: RunSummary, cur: RunSummary) -> str | None:
     """A warning when hashes differ but names match; CompareError when both differ."""
     if base.scenario_hash == cur.scenario_hash:
         return None

@@ -25,7 +25,13 @@ from harness.report.collect import collect
 from harness.report.compare_metrics import CompareError
 from harness.report.load import MAX_RECORD_BYTES, input_hash, read_contained
 from harness.report.model import (
-    MatrixCell, MatrixReport, Report, ReportFormatError, RunReport, content_digest, parse_report,
+    MatrixCell,
+    MatrixReport,
+    Report,
+    ReportFormatError,
+    RunReport,
+    content_digest,
+    parse_report,
 )
 from harness.report.status import STATUS_FILE, StatusError, read_status
 from harness.report.write import file_sha256, output_generations

@@ -107,9 +107,7 @@ def parse_options(specs: list[str], ignore: list[str] | None = None, *, gate_acr
     thresholds = parse_thresholds(specs, ignore)
     ignored: set[str] = set()
     for name in ignore or []:
-        if name.startswith(("policy:", "cell:")) and name.partition(":")[2]:
-            ignored.add(name)
-        elif name in METRICS or name in EXACT:
+        if (name.startswith(("policy:", "cell:")) and name.partition(":")[2]) or name in METRICS or name in EXACT:
             ignored.add(name)
         elif name in GROUPS:
             ignored.update(n for n, m in METRICS.items() if m.group == name)
@@ -195,9 +193,10 @@ class Comparison:
         return "OK" if self.exit_code == EXIT_OK else "FAILED"
 
     def exit_reason(self) -> str:
-        counts = [f"{self.count(v)} {label}" for v, label in (
+        verdicts: tuple[tuple[Verdict, str], ...] = (
             ("regression", "regression(s)"), ("improvement", "improvement(s)"), ("unchanged", "unchanged"),
-            ("not compared", "not compared"), ("not gated", "not gated"))]
+            ("not compared", "not compared"), ("not gated", "not gated"))
+        counts = [f"{self.count(v)} {label}" for v, label in verdicts]
         own = [f"{f'[{r.cell}] ' if r.cell else ''}{r.policy} {r.metric.removeprefix('check:')}"
                for r in self.rows if r.metric.startswith("check:")]
         failed = f"the current run failed its own checks ({', '.join(own)}); " if own else ""

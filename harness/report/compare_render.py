@@ -86,7 +86,7 @@ def render_comparison(comparison: Comparison) -> Any:
     if shown:
         table = Table(title="what changed", title_justify="left")
         lead = ["cell"] if comparison.kind == "matrix" else []
-        for name in lead + ["policy", "metric", "baseline", "current", "change", "threshold", "verdict", "note"]:
+        for name in [*lead, "policy", "metric", "baseline", "current", "change", "threshold", "verdict", "note"]:
             table.add_column(name, justify="right" if name in ("baseline", "current", "change", "threshold") else "left")
         for r in shown:
             style = {"regression": "red", "improvement": "green", "not gated": "dim"}.get(r.verdict, "yellow")

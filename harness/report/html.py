@@ -19,21 +19,52 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from harness.report.html_base import (
-    BREAKDOWN_RANKS_MAX, CSS, OOM_COLOR, average_parts, breakdown_parts, byte_scale, esc,
-    failures_html, figure, new_figure, num_cell, other_note, plot_breakdown, png_base64, policy_color,
-    policy_table_html, problems_html, table, td,
-)
+from harness.core.units import human_bytes
 from harness.report.evidence import (
-    COMPONENT_HEADERS, COMPONENT_NOTE, OOM_HEADERS, component_rows, held_bytes, oom_entries, oom_table_rows,
+    COMPONENT_HEADERS,
+    COMPONENT_NOTE,
+    OOM_HEADERS,
+    component_rows,
+    held_bytes,
+    oom_entries,
+    oom_table_rows,
     workspace_room,
+)
+from harness.report.html_base import (
+    BREAKDOWN_RANKS_MAX,
+    CSS,
+    OOM_COLOR,
+    average_parts,
+    breakdown_parts,
+    byte_scale,
+    esc,
+    failures_html,
+    figure,
+    new_figure,
+    num_cell,
+    other_note,
+    plot_breakdown,
+    png_base64,
+    policy_color,
+    policy_table_html,
+    problems_html,
+    table,
+    td,
 )
 from harness.report.html_matrix import cell_plots_note, matrix_body
 from harness.report.markdown import (
-    NA, RANK_TABLE_MAX, Cell, baseline_table, byte_unit, checks_line, fmt_error, fmt_us, footer_line,
-    header_lines, title_line,
+    NA,
+    RANK_TABLE_MAX,
+    Cell,
+    baseline_table,
+    byte_unit,
+    checks_line,
+    fmt_error,
+    fmt_us,
+    footer_line,
+    header_lines,
+    title_line,
 )
-from harness.core.units import human_bytes
 from harness.report.model import MatrixReport, Report, RunReport
 
 PER_RANK_BARS_MAX = 64
@@ -57,7 +88,7 @@ def _per_rank_bars(ax: Any, report: RunReport, k: int, policy: str, xs: list[flo
     measured = [e.workspace_delta_bytes if e is not None and e.status == "ok" else None for e in entries]
     ax.bar(xs, contract, width, color=color, alpha=0.35, hatch="//", edgecolor=color, label=f"{policy} contract")
     ax.bar([x + width for x in xs], [(v or 0) / scale for v in measured], width, color=color, label=f"{policy} measured")
-    for x, v, e, c, rank in zip(xs, measured, entries, contract, report.ranks):
+    for x, v, e, c, rank in zip(xs, measured, entries, contract, report.ranks, strict=True):
         if v is None:  # OOM, stopped or not measured: say so rather than draw a zero
             held = held_bytes(report, rank, e) if e is not None else 0
             if held:  # what it did allocate before the OOM, solid under the hatch of what it asked for
@@ -160,7 +191,7 @@ def _components_html(report: RunReport) -> str:
     if not report.components:
         return ""
     rows = []
-    for c, row in zip(report.components, component_rows(report)):
+    for c, row in zip(report.components, component_rows(report), strict=True):
         css = {"fail": "fail", "pass": ""}.get(c.expectation, "skip")
         cells = [td(Cell(text=t)) for t in row[:7]]
         cells.append(td(Cell(text=row[7]), "oom" if c.verdicts != ["consistent"] else ""))

@@ -11,7 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.report.markdown import (
-    GIB, MAX_LISTED, MAX_PROBLEMS_LISTED, MIB, Cell, byte_unit, failure_row, policy_table, problem_row,
+    GIB,
+    MAX_LISTED,
+    MAX_PROBLEMS_LISTED,
+    MIB,
+    Cell,
+    byte_unit,
+    failure_row,
+    policy_table,
+    problem_row,
 )
 from harness.report.model import MatrixReport, Report
 
@@ -110,7 +118,7 @@ def plot_breakdown(labels: list[str], bars: list[dict[str, float]], title: str, 
     unit, scale = ("GiB", GIB) if largest >= GIB else ("MiB", MIB)
     bottoms = [0.0] * len(bars)
     xs = list(range(len(bars)))
-    for part, color in zip(BREAKDOWN_PARTS, _PART_COLORS):
+    for part, color in zip(BREAKDOWN_PARTS, _PART_COLORS, strict=True):
         # "other" can be negative on CPU RSS (pages returned to the OS): a stacked bar cannot show that, so it is
         # drawn as zero; the tables keep the number.
         heights = [max(bar.get(part, 0.0), 0.0) / scale for bar in bars]
@@ -119,7 +127,7 @@ def plot_breakdown(labels: list[str], bars: list[dict[str, float]], title: str, 
         label = OTHER_LABEL["cpu" if device_kind == "cpu" else "cuda"] if part == "other" else PART_LABELS.get(part, part)
         ax.bar(xs, heights, 0.7, bottom=bottoms, color=color, label=label,
                edgecolor="white", linewidth=0.5)
-        bottoms = [b + h for b, h in zip(bottoms, heights)]
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     if budget is not None:
         ax.axhline(budget / scale, color=OOM_COLOR, linewidth=2, label="memory budget")
     ax.set_xticks(xs)

@@ -19,8 +19,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.report.html_base import (
-    average_parts, breakdown_parts, byte_scale, esc, figure, new_figure, num_cell, other_note, plot_breakdown,
-    png_base64, policy_color, table, td,
+    average_parts,
+    breakdown_parts,
+    byte_scale,
+    esc,
+    figure,
+    new_figure,
+    num_cell,
+    other_note,
+    plot_breakdown,
+    png_base64,
+    policy_color,
+    table,
+    td,
 )
 from harness.report.markdown import Cell
 from harness.report.model import MatrixCell, MatrixReport, RunReport
@@ -151,7 +162,7 @@ def _plot_d_bands(report: MatrixReport, series: dict[tuple[str, str], list[tuple
             ax.set_ylabel("")
     handles, labels = [], []
     for ax in axes.flat:  # one legend for the figure, below it: never cut off, never over a panel
-        for h, lab in zip(*ax.get_legend_handles_labels()):
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
@@ -314,7 +325,7 @@ def short_cell_names(report: MatrixReport) -> dict[str, str]:
     parts = [cell.name.split("_") for cell in report.cells]
     common = set.intersection(*(set(p) for p in parts)) if len(parts) > 1 else set()
     out = {}
-    for cell, tokens in zip(report.cells, parts):
+    for cell, tokens in zip(report.cells, parts, strict=True):
         name = "_".join(t for t in tokens if t not in common) or cell.name
         out[cell.name] = name if len(name) <= 28 else name[:25] + "..."
     return out

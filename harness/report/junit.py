@@ -12,7 +12,6 @@ from harness.report.markdown import title_line
 from harness.report.model import MatrixReport, Report, RunReport, RunSummary
 
 
-
 def _suite_counts(suite: ET.Element) -> None:
     cases = suite.findall("testcase")
     suite.set("tests", str(len(cases)))
@@ -33,7 +32,7 @@ def _case_time(entry: Any, check: str) -> str:
 def _add_run_cases(suite: ET.Element, report: RunSummary, prefix: str) -> None:
     """The rank x policy x check cases of a whole report (a summary has none), then one case per problem."""
     ranks = report.ranks if isinstance(report, RunReport) else []
-    ooms = {(r, e.policy): e.line() for e in oom_entries(report) for r in e.ranks} if ranks else {}
+    ooms = {(r, e.policy): e.line() for e in oom_entries(report) for r in e.ranks} if isinstance(report, RunReport) and ranks else {}
     for rank in ranks:
         for entry in rank.policies:
             oom = ooms.get((rank.rank, entry.policy))

@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harness.core.records import (
-    RankFailure, RankRecord, Record, RecordError, RunManifest, parse_record, scenario_digest,
+    RankFailure,
+    RankRecord,
+    Record,
+    RecordError,
+    RunManifest,
+    parse_record,
+    scenario_digest,
 )
 from harness.report.model import Problem, ProblemKind
 from harness.scenario.limits import MAX_NUM_RANKS, MAX_POLICIES
@@ -205,7 +211,7 @@ def _scan_ranks_dir(inputs: _Inputs) -> list[tuple[int, bool, str]]:
         return []
     found: list[tuple[int, bool, str]] = []
     with os.scandir(ranks_dir) as entries:
-        names = sorted(entry.name for _, entry in zip(range(MAX_RANK_FILES), entries))
+        names = sorted(entry.name for _, entry in zip(range(MAX_RANK_FILES), entries, strict=False))
     for name in names:
         rel = f"ranks/{name}"
         match = _RANK_FILE_RE.match(name)
@@ -250,7 +256,7 @@ def _check_rank_record(inputs: _Inputs, record: Record, rank: int, is_failure: b
         if outside:
             inputs.unreadable_ranks.add(rank)
             inputs.problem("mismatch", f"{rel}: policy {outside[0][:80]!r} is not one of the scenario's "
-                           f"({', '.join(str(a) for a in allowed)}); left out of the aggregates", rank=rank, path=rel)
+                           f"({', '.join(str(a) for a in allowed or ())}); left out of the aggregates", rank=rank, path=rel)
             return False
         if record.scenario != manifest.scenario and not inputs.scenario_differs:
             inputs.scenario_differs = True  # said once, of run.json: the ranks ran the scenario they record

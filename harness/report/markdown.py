@@ -13,6 +13,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from harness.report.evidence import (
+    COMPONENT_HEADERS,
+    COMPONENT_NOTE,
+    MAX_OOM_ROWS,
+    OOM_HEADERS,
+    budget_line,
+    component_lines,
+    component_rows,
+    oom_entries,
+    oom_table_rows,
+)
 from harness.report.model import (
     Aggregate,
     CheckFailure,
@@ -23,10 +34,6 @@ from harness.report.model import (
     Report,
     RunReport,
     ScenarioInfo,
-)
-from harness.report.evidence import (
-    COMPONENT_HEADERS, COMPONENT_NOTE, MAX_OOM_ROWS, OOM_HEADERS, budget_line, component_lines, component_rows,
-    oom_entries, oom_table_rows,
 )
 
 GIB = 2**30
@@ -419,7 +426,7 @@ def checks_line(report: Report) -> str:
 
 def problem_row(p: Problem, matrix: bool) -> list[str]:
     row = [p.kind, "" if p.rank is None else str(p.rank), p.path or "", p.cause]
-    return ([p.cell or ""] + row) if matrix else row
+    return ([p.cell or "", *row]) if matrix else row
 
 
 def failure_row(f: CheckFailure, matrix: bool) -> list[str]:
@@ -440,7 +447,7 @@ def _md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(3, *(len(row[i]) for row in cells if i < len(row))) for i in range(len(headers))]
 
     def line(row: list[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + " |"
 
     return [line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in cells[1:]]
 
@@ -448,8 +455,8 @@ def _md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
 def _md_components(report: RunReport) -> list[str]:
     if not report.components:
         return []
-    out = ["### Layer components", ""] + _md_table(COMPONENT_HEADERS, component_rows(report))
-    return out + ["", COMPONENT_NOTE, ""]
+    out = ["### Layer components", "", *_md_table(COMPONENT_HEADERS, component_rows(report))]
+    return [*out, "", COMPONENT_NOTE, ""]
 
 
 def _md_ooms(report: Report, cells: Mapping[str, RunReport]) -> list[str]:
@@ -485,14 +492,14 @@ def _md_listing(report: Report) -> list[str]:
     out: list[str] = []
     if report.problems:
         out += [f"### Problems ({len(report.problems)})", ""]
-        out += _md_table(lead + ["kind", "rank", "file", "cause"],
+        out += _md_table([*lead, "kind", "rank", "file", "cause"],
                          [problem_row(p, matrix) for p in report.problems[:MAX_PROBLEMS_LISTED]])
         if len(report.problems) > MAX_PROBLEMS_LISTED:
             out.append(f"\n... and {len(report.problems) - MAX_PROBLEMS_LISTED} more in report.json and junit.xml")
         out.append("")
     if report.check_failures:
         out += [f"### Failed checks ({len(report.check_failures)})", ""]
-        out += _md_table(lead + ["rank", "policy", "check", "outcome", "message"],
+        out += _md_table([*lead, "rank", "policy", "check", "outcome", "message"],
                          [failure_row(f, matrix) for f in report.check_failures[:MAX_LISTED]])
         if len(report.check_failures) > MAX_LISTED:
             out.append(f"\n... and {len(report.check_failures) - MAX_LISTED} more in report.json and junit.xml")
@@ -550,8 +557,7 @@ def _md_correctness(report: Report, cells: Mapping[str, RunReport]) -> list[str]
         return []
     lead = ["cell"] if isinstance(report, MatrixReport) else []
     out = ["### Correctness by stage", ""]
-    out += _md_table(lead + ["rank", "policy", "kernels", "first diverging stage", "rows wrong",
-                             "first wrong row", "check s", "verdict"], rows)
+    out += _md_table([*lead, "rank", "policy", "kernels", "first diverging stage", "rows wrong", "first wrong row", "check s", "verdict"], rows)
     out += ["", "Each stage of the data path (dispatch, gemm1, activation, quant, gemm2, combine) is checked against "
                 "the reference applied to the previous stage's actual output (docs/kernels.md). A release in the "
                 "scenario's expect.wrong_kernels passes when it is wrong exactly as stated.", ""]

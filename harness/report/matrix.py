@@ -136,7 +136,7 @@ def collect_matrix(matrix_dir: Path, cells: Sequence[ScenarioCell], *, matrix: M
             report, sha = _cell_report(matrix_dir, cell, write="stale")
         entries.append(matrix_cell(cell, report, sha))
         whole[cell.name] = report
-    report = build_matrix_report(
+    matrix_report = build_matrix_report(
         entries,
         run_id=matrix_dir.name,
         name=(matrix.name if matrix else None) or matrix_dir.name,
@@ -148,7 +148,7 @@ def collect_matrix(matrix_dir: Path, cells: Sequence[ScenarioCell], *, matrix: M
         num_combinations=matrix.expansion().num_combinations if matrix else len(cells),
         manifest_sha256=_manifest_sha256(matrix_dir),
     )
-    return write_outputs(matrix_dir, report, cell_reports=whole)
+    return write_outputs(matrix_dir, matrix_report, cell_reports=whole)
 
 
 def _read_matrix_manifest(matrix_dir: Path, names: Collection[str] | None = None
@@ -199,7 +199,7 @@ def recollect_matrix(matrix_dir: Path, *, write: bool = True,
             whole[cell.name] = report
     try:
         skipped = [SkippedCombination.model_validate(s) for s in data.get("skipped", [])]
-        report = build_matrix_report(
+        matrix_report = build_matrix_report(
             entries,
             run_id=matrix_dir.name, name=str(data.get("name") or matrix_dir.name),
             description=str(data.get("description") or ""), path=data.get("path"), axes=data.get("axes") or {},
@@ -210,8 +210,8 @@ def recollect_matrix(matrix_dir: Path, *, write: bool = True,
         raise MatrixError(f"{matrix_dir / MATRIX_MANIFEST}: cannot read the matrix manifest: "
                           f"{str(exc).splitlines()[0]}") from None
     if not write:
-        return CollectResult(run_dir=matrix_dir, report=report)
-    return write_outputs(matrix_dir, report, cell_reports=whole)
+        return CollectResult(run_dir=matrix_dir, report=matrix_report)
+    return write_outputs(matrix_dir, matrix_report, cell_reports=whole)
 
 
 def cells_in_memory(matrix_dir: Path, names: Collection[str]) -> Iterator[tuple[str, RunReport]]:

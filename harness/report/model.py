@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, JsonValue, field_validator
 
@@ -431,7 +431,10 @@ def dump_json(report: Report) -> str:
     return _json_text(data, 0, None) + "\n"
 
 
-def with_digest(report: Report) -> Report:
+ReportT = TypeVar("ReportT", bound=BaseModel)  # RunReport or MatrixReport (or the union)
+
+
+def with_digest(report: ReportT) -> ReportT:
     """The report as report.json holds it: with its content_digest."""
     return report.model_copy(update={"content_digest": content_digest(report.model_dump(mode="json"))})
 

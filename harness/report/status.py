@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -21,7 +21,7 @@ from harness.report.load import read_contained
 from harness.report.model import Report
 
 STATUS_FILE = "status.json"
-STATUS_SCHEMA_VERSION = 1
+STATUS_SCHEMA_VERSION: Final = 1
 MAX_STATUS_BYTES = 64 * 1024
 
 

@@ -216,7 +216,7 @@ def check_field_path(key: str) -> str | None:
 
 
 def _format_matrix_error(path: Path, error: dict[str, Any]) -> str:
-    loc = ("matrix",) + tuple(str(p) for p in error["loc"])
+    loc = ("matrix", *tuple(str(p) for p in error["loc"]))
     where = ".".join(loc)
     if error["type"] == "extra_forbidden":
         allowed = sorted(Matrix.model_fields) if len(loc) == 2 else sorted(("when", "set"))
@@ -369,7 +369,7 @@ def _expand(matrix: Matrix) -> MatrixExpansion:
     # Matrix's validator has capped the product at MAX_MATRIX_CELLS; iterate, never materialise the product.
     for combo in itertools.product(*(matrix.axes[k] for k in keys)):
         num_combinations += 1
-        axis_values = dict(zip(keys, combo))
+        axis_values = dict(zip(keys, combo, strict=True))
         data = copy.deepcopy(matrix._base_data)
         try:
             for key, value in axis_values.items():

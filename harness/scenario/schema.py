@@ -25,12 +25,25 @@ from harness.scenario.deployment import DeploymentSpec
 from harness.scenario.fields import describe_field
 from harness.scenario.limits import shown
 from harness.scenario.presets import PRESETS
-from harness.scenario.source import ScenarioError, display, read_yaml_file
-
 from harness.scenario.sections import (
-    BenchSpec, CommName, Count, ExpectSpec, ExpertsBackendName, LaunchSpec, LayerSpec, MemorySpec, ModelSpec,
-    ParallelSpec, RoutingSpec, SCENARIOS_DIR, VllmSpec, _Strict, is_release_policy_name, is_safe_name, safe_name,
+    SCENARIOS_DIR,
+    BenchSpec,
+    CommName,
+    ExpectSpec,
+    ExpertsBackendName,
+    LaunchSpec,
+    LayerSpec,
+    MemorySpec,
+    ModelSpec,
+    ParallelSpec,
+    RoutingSpec,
+    VllmSpec,
+    _Strict,
+    is_release_policy_name,
+    is_safe_name,
+    safe_name,
 )
+from harness.scenario.source import ScenarioError, display, read_yaml_file
 
 
 class Scenario(_Strict):
@@ -53,7 +66,7 @@ class Scenario(_Strict):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when there is a GPU per rank")
     comm: CommName = Field("auto", description="dispatch/combine backend: " + COMM.help_text())
     vllm: VllmSpec = VllmSpec()
-    iterations: Count(L.MAX_ITERATIONS) = Field(3, description="measured iterations of the data path per policy")
+    iterations: Annotated[int, Field(gt=0, le=L.MAX_ITERATIONS)] = Field(3, description="measured iterations of the data path per policy")
     warmup: Annotated[int, Field(ge=0, le=L.MAX_ITERATIONS)] = Field(
         1, description="iterations per policy before measuring")
     seed: Annotated[int, Field(ge=0, le=L.MAX_SEED)] = Field(
@@ -112,6 +125,7 @@ class Scenario(_Strict):
         """
         p, m = self.parallel, self.model
         D, P = p.num_dispatchers, p.num_ranks
+        assert m.num_experts is not None and m.top_k is not None  # ModelSpec filled them or refused
         if D < P:
             raise ValueError(f"parallel.num_dispatchers ({D}) is smaller than parallel.num_ranks ({P}): D >= P")
         if D % P:
@@ -130,7 +144,7 @@ class Scenario(_Strict):
                 )
             # Rebuilt, never mutated (frozen); the checks below and the caller see the filled copy.
             p = p.model_copy(update={"num_local_experts": m.num_experts // D})
-            self = self.model_copy(update={"parallel": p})  # noqa: PLW0642
+            self = self.model_copy(update={"parallel": p})
         elif p.num_local_experts * D < m.num_experts:
             raise ValueError(
                 f"parallel.num_local_experts ({p.num_local_experts}) x num_dispatchers ({D}) = "
@@ -139,6 +153,7 @@ class Scenario(_Strict):
         for name in ("hidden_size", "intermediate_size"):
             if getattr(m, name) % 16:
                 raise ValueError(f"model.{name} ({getattr(m, name)}) must be a multiple of 16 (FP8 CUTLASS row alignment)")
+        assert p.num_local_experts is not None  # given, or filled above
         num_physical_experts = p.num_local_experts * P
         if m.top_k > m.num_experts or m.top_k > num_physical_experts:
             raise ValueError(

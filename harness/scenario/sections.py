@@ -4,10 +4,9 @@ harness.scenario.schema puts them together into the Scenario."""
 
 from __future__ import annotations
 
-
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -30,16 +29,6 @@ GPU_MEMORY_BYTES: dict[str, int] = {
     "H20-96GB": 97871 * 2**20,
     "H200-141GB": 143771 * 2**20,
 }
-
-
-def Count(maximum: int) -> Any:
-    """An integer > 0 and <= maximum; strict: `true`, "512" and 512.0 are not integers."""
-    return Annotated[int, Field(gt=0, le=maximum)]
-
-
-def Amount(maximum: float) -> Any:
-    """A finite number > 0 and <= maximum (an integer is taken as a number, a string or a boolean is not)."""
-    return Annotated[float, Field(gt=0, le=maximum)]
 
 
 Path_ = Annotated[str, Field(min_length=1, max_length=L.MAX_PATH_CHARS)]
@@ -78,8 +67,12 @@ def safe_name(text: str, max_chars: int = L.MAX_NAME_CHARS) -> str:
 
 
 # The names harness.core.backends declares (pydantic's refusal lists them: "Input should be 'auto', ... or ...").
-ExpertsBackendName = Literal[EXPERTS.choices]  # type: ignore[valid-type]
-CommName = Literal[COMM.choices]  # type: ignore[valid-type]
+if TYPE_CHECKING:  # a Literal of names computed at import time is beyond a static checker
+    ExpertsBackendName = str
+    CommName = str
+else:
+    ExpertsBackendName = Literal[EXPERTS.choices]
+    CommName = Literal[COMM.choices]
 
 
 class _Strict(BaseModel):
@@ -91,10 +84,10 @@ class ModelSpec(_Strict):
     """The MoE layer's shapes. `preset` fills any field left out."""
 
     preset: str | None = Field(None, description=f"fills any shape left out: {', '.join(PRESETS)}")
-    hidden_size: Count(L.MAX_HIDDEN_SIZE) | None = Field(None, description="K")
-    intermediate_size: Count(L.MAX_INTERMEDIATE_SIZE) | None = Field(None, description="I; GEMM1 outputs N = 2I")
-    num_experts: Count(L.MAX_NUM_EXPERTS) | None = Field(None, description="routed experts of the model")
-    top_k: Count(L.MAX_TOP_K) | None = Field(None, description="distinct experts each token picks")
+    hidden_size: Annotated[int, Field(gt=0, le=L.MAX_HIDDEN_SIZE)] | None = Field(None, description="K")
+    intermediate_size: Annotated[int, Field(gt=0, le=L.MAX_INTERMEDIATE_SIZE)] | None = Field(None, description="I; GEMM1 outputs N = 2I")
+    num_experts: Annotated[int, Field(gt=0, le=L.MAX_NUM_EXPERTS)] | None = Field(None, description="routed experts of the model")
+    top_k: Annotated[int, Field(gt=0, le=L.MAX_TOP_K)] | None = Field(None, description="distinct experts each token picks")
     activation: Literal["silu", "gelu"] | None = Field(
         None, description="gated, on GEMM1's (gate, up) halves; default the preset's, else silu"
     )
@@ -134,13 +127,13 @@ class ModelSpec(_Strict):
 class ParallelSpec(_Strict):
     """The EP+DP layout: D dispatchers (emulated by P <= D physical ranks), E local experts, T tokens each."""
 
-    num_dispatchers: Count(L.MAX_NUM_DISPATCHERS) = Field(
+    num_dispatchers: Annotated[int, Field(gt=0, le=L.MAX_NUM_DISPATCHERS)] = Field(
         description="D, the EP/DP world size whose memory is reproduced")
-    num_ranks: Count(L.MAX_NUM_RANKS) = Field(
+    num_ranks: Annotated[int, Field(gt=0, le=L.MAX_NUM_RANKS)] = Field(
         1, description="P, physical ranks (one GPU each); D/P dispatchers each; `harness run` also checks them "
         "against the machine")
-    num_local_experts: Count(L.MAX_NUM_EXPERTS) | None = Field(None, description="E; default num_experts / D")
-    max_tokens_per_rank: Count(L.MAX_TOKENS_PER_RANK) = Field(description="T, per-dispatcher token capacity")
+    num_local_experts: Annotated[int, Field(gt=0, le=L.MAX_NUM_EXPERTS)] | None = Field(None, description="E; default num_experts / D")
+    max_tokens_per_rank: Annotated[int, Field(gt=0, le=L.MAX_TOKENS_PER_RANK)] = Field(description="T, per-dispatcher token capacity")
 
 
 class RoutingSpec(_Strict):
@@ -149,8 +142,8 @@ class RoutingSpec(_Strict):
     kind: Literal["uniform", "skewed", "worst-case"] = Field(
         "uniform", description="skewed: Zipf popularity over experts; worst-case: every token picks expert 0"
     )
-    num_tokens: Count(L.MAX_TOKENS_PER_RANK) | None = Field(None, description="tokens per dispatcher; default T")
-    zipf_exponent: Amount(L.MAX_ZIPF_EXPONENT) = Field(1.2, description="skewed: expert popularity ~ 1/rank^s")
+    num_tokens: Annotated[int, Field(gt=0, le=L.MAX_TOKENS_PER_RANK)] | None = Field(None, description="tokens per dispatcher; default T")
+    zipf_exponent: Annotated[float, Field(gt=0, le=L.MAX_ZIPF_EXPONENT)] = Field(1.2, description="skewed: expert popularity ~ 1/rank^s")
     idle_ranks: list[Annotated[int, Field(ge=0, lt=L.MAX_NUM_RANKS)]] = Field(
         default_factory=list, max_length=L.MAX_NUM_RANKS,
         description="physical ranks that hold no tokens (DP ranks without requests)",
@@ -160,7 +153,7 @@ class RoutingSpec(_Strict):
 class MemorySpec(_Strict):
     """How memory is measured, and a budget or ballast that emulates a smaller GPU or a loaded one."""
 
-    budget_gb: Amount(L.MAX_MEMORY_GB) | None = Field(
+    budget_gb: Annotated[float, Field(gt=0, le=L.MAX_MEMORY_GB)] | None = Field(
         None, description="device memory the process may use, in GB (1e9 B)")
     budget_gpu: str | None = Field(None, description=f"a named GPU to emulate: {', '.join(GPU_MEMORY_BYTES)}")
     ballast_gb: Annotated[float, Field(ge=0, le=L.MAX_MEMORY_GB)] = Field(
@@ -250,9 +243,9 @@ class ExpectSpec(_Strict):
 
     outcomes: dict[str, Literal["fit", "oom"]] = Field(
         default_factory=dict, max_length=L.MAX_POLICIES, description="policy -> fit | oom")
-    memory_tolerance_pct: Amount(L.MAX_PERCENT) = Field(
+    memory_tolerance_pct: Annotated[float, Field(gt=0, le=L.MAX_PERCENT)] = Field(
         2.0, description="measured workspace delta vs contract, percent")
-    max_error: Amount(L.MAX_RATIO) = Field(0.06, description="combined output vs reference, max relative error")
+    max_error: Annotated[float, Field(gt=0, le=L.MAX_RATIO)] = Field(0.06, description="combined output vs reference, max relative error")
     stage_tolerance: StageTolerances = Field(
         default_factory=StageTolerances, description="per-stage row error of the correctness check"
     )
@@ -273,17 +266,17 @@ class ExpectSpec(_Strict):
 class BenchSpec(_Strict):
     """Thresholds of `harness bench`: the harness's own stages against the raw kernels and collectives."""
 
-    experts_ratio_min: Amount(L.MAX_RATIO) = Field(
+    experts_ratio_min: Annotated[float, Field(gt=0, le=L.MAX_RATIO)] = Field(
         0.95, description="harness experts TFLOP/s over the raw kernels', at least"
     )
-    comm_busbw_ratio_min: Amount(L.MAX_RATIO) = Field(
+    comm_busbw_ratio_min: Annotated[float, Field(gt=0, le=L.MAX_RATIO)] = Field(
         0.90, description="diagnostic, not gating: the fastest raw all_to_all_single moving the backend's bytes "
                           "over the harness's dispatch + combine")
-    comm_bound_ratio_min: Amount(L.MAX_RATIO) = Field(
+    comm_bound_ratio_min: Annotated[float, Field(gt=0, le=L.MAX_RATIO)] = Field(
         0.5, description="the comm yardstick: (minimal remote bytes / link bandwidth + unavoidable local bytes / "
                          "HBM bandwidth, both probed in the run) over the graph-replayed dispatch + combine, at "
                          "least; n/a (not gating) on CPU ranks")
-    iterations: Count(L.MAX_ITERATIONS) = Field(20, description="timed iterations per measurement")
+    iterations: Annotated[int, Field(gt=0, le=L.MAX_ITERATIONS)] = Field(20, description="timed iterations per measurement")
 
 
 class LaunchSpec(_Strict):
@@ -291,12 +284,12 @@ class LaunchSpec(_Strict):
 
     launcher: Literal["local", "ray"] = Field("local", description="`harness run --launcher` overrides it")
     placement_strategy: Literal["PACK", "SPREAD"] = Field("PACK", description="Ray placement group strategy")
-    cpus_per_rank: Count(L.MAX_CPUS_PER_RANK) = Field(1, description="CPUs in each rank's Ray bundle")
-    placement_timeout_s: Amount(L.MAX_TIMEOUT_S) = Field(
+    cpus_per_rank: Annotated[int, Field(gt=0, le=L.MAX_CPUS_PER_RANK)] = Field(1, description="CPUs in each rank's Ray bundle")
+    placement_timeout_s: Annotated[float, Field(gt=0, le=L.MAX_TIMEOUT_S)] = Field(
         60.0, description="wait for the Ray placement group at most this")
-    rank_timeout_s: Amount(L.MAX_TIMEOUT_S) = Field(
+    rank_timeout_s: Annotated[float, Field(gt=0, le=L.MAX_TIMEOUT_S)] = Field(
         900.0, description="a rank still running after this ends the run, partial")
-    collective_timeout_s: Amount(L.MAX_TIMEOUT_S) = Field(
+    collective_timeout_s: Annotated[float, Field(gt=0, le=L.MAX_TIMEOUT_S)] = Field(
         60.0, description="timeout of each torch.distributed collective")
 
 
@@ -377,10 +370,10 @@ class LayerSpec(_Strict):
         None, description="EPLB's redundant experts; num_local_experts x D must equal num_experts + this "
         "(0 included); unset: num_local_experts x D - num_experts"
     )
-    deepep_buffer_size_mb: Count(L.MAX_BUFFER_MB) | None = Field(
+    deepep_buffer_size_mb: Annotated[int, Field(gt=0, le=L.MAX_BUFFER_MB)] | None = Field(
         None, description="VLLM_DEEPEP_BUFFER_SIZE_MB; default: the release's (envs.py)"
     )
-    gpus_per_node: Count(L.MAX_GPUS_PER_NODE) = Field(8, description="DeepEP high-throughput uses RDMA when D exceeds this")
+    gpus_per_node: Annotated[int, Field(gt=0, le=L.MAX_GPUS_PER_NODE)] = Field(8, description="DeepEP high-throughput uses RDMA when D exceeds this")
     deepep_layout: Literal["logfmt-combine", "bf16-combine"] = Field(
         "logfmt-combine",
         description="DeepEP's low-latency message layout: logfmt-combine from DeepEP c5facf5 on (the commits "

@@ -15,7 +15,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from yaml.composer import ComposerError
@@ -23,8 +23,15 @@ from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from harness.scenario.limits import (
-    MAX_FILE_BYTES, MAX_INT_DIGITS, MAX_STRING_CHARS, MAX_YAML_ALIASES, MAX_YAML_DEPTH, MAX_YAML_NODES, shown,
-    shown_key, shown_text,
+    MAX_FILE_BYTES,
+    MAX_INT_DIGITS,
+    MAX_STRING_CHARS,
+    MAX_YAML_ALIASES,
+    MAX_YAML_DEPTH,
+    MAX_YAML_NODES,
+    shown,
+    shown_key,
+    shown_text,
 )
 
 
@@ -36,6 +43,7 @@ class ScenarioError(Exception):
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffe\uffff]")
 _CONTROL_IN_VALUE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ufffe\uffff]")  # tab and newline are allowed
 _INT_TAG = "tag:yaml.org,2002:int"
+_N = TypeVar("_N", bound=Node)
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 _OCTAL_RE = re.compile(r"^[-+]?0[0-7_]+$")  # YAML 1.1 octal: a leading zero (0o17 and plain 0 are unambiguous)
 _SEXAGESIMAL_RE = re.compile(r"^[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?$")  # YAML 1.1 base 60: 1:30, 1:30.5
@@ -164,7 +172,7 @@ class BoundedLoader(yaml.SafeLoader):
             return shown_text(str(index.value), 40) if isinstance(index, ScalarNode) else "(a key)"
         return None
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node:  # type: ignore[override]
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         label = self._label(parent, index)
         if label is not None:
             self._path.append(label)
@@ -190,7 +198,7 @@ class BoundedLoader(yaml.SafeLoader):
             if label is not None:
                 self._path.pop()
 
-    def _sized(self, node: Node, children: list[Node]) -> Node:
+    def _sized(self, node: _N, children: list[Node]) -> _N:
         """Record the node's size and height once expanded; refuse past MAX_YAML_NODES."""
         size = 1 + sum(c.harness_size for c in children)  # type: ignore[attr-defined]
         if size > MAX_YAML_NODES:
@@ -202,7 +210,7 @@ class BoundedLoader(yaml.SafeLoader):
         node.harness_height = 1 + max((c.harness_height for c in children), default=0)  # type: ignore[attr-defined]
         return node
 
-    def compose_scalar_node(self, anchor: str | None) -> Node:
+    def compose_scalar_node(self, anchor: Any) -> ScalarNode:  # anchor: a str or None (the stubs say a dict)
         node = super().compose_scalar_node(anchor)
         value = node.value
         if node.tag == _INT_TAG:
@@ -232,11 +240,11 @@ class BoundedLoader(yaml.SafeLoader):
             raise self._refuse(f"{shown(value)} is a YAML 1.1 base-60 number (read as {read}); quote it or write "
                                "the decimal", node)
 
-    def compose_sequence_node(self, anchor: str | None) -> Node:
+    def compose_sequence_node(self, anchor: Any) -> SequenceNode:
         node = super().compose_sequence_node(anchor)
         return self._sized(node, node.value)
 
-    def compose_mapping_node(self, anchor: str | None) -> Node:
+    def compose_mapping_node(self, anchor: Any) -> MappingNode:
         node = super().compose_mapping_node(anchor)
         seen: dict[tuple[str, str], ScalarNode] = {}
         for key, _ in node.value:

@@ -23,8 +23,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import harness
 from harness.core.records import Record
@@ -159,7 +160,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     cudagraph_estimate: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS as the environment sets it, when known."""
     settings: list[Setting] = []
 
-    def pick(name: str, given: object, default: defaults.Default | None = None) -> object:
+    def pick(name: str, given: object, default: defaults.Default | None = None) -> Any:
         if given is not None:
             settings.append(Setting(name=name, value=given, source=origin))  # type: ignore[arg-type]
             return given
@@ -175,20 +176,20 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         facts.quant_method else defaults.Default("triton", "table: unquantized MoE runs the Triton experts (\"Using "
                                                  "TRITON backend for Unquantized MoE\")")  # fmt: skip
     moe_backend = str(pick("moe_backend", spec.moe_backend, backend_default))
-    utilization = float(pick("gpu_memory_utilization", spec.gpu_memory_utilization,  # type: ignore[arg-type]
+    utilization = float(pick("gpu_memory_utilization", spec.gpu_memory_utilization,
                              defaults.gpu_memory_utilization(files, version)))  # fmt: skip
     max_len_default = defaults.Default(facts.max_position_embeddings or 0, f"{facts.ref('max_position_embeddings')}")
-    max_model_len = int(pick("max_model_len", spec.max_model_len, max_len_default))  # type: ignore[arg-type]
+    max_model_len = int(pick("max_model_len", spec.max_model_len, max_len_default))
     batched = defaults.uses_batched_dp_moe(all2all, ep, dp)
-    tokens = int(pick("max_num_batched_tokens", spec.max_num_batched_tokens,  # type: ignore[arg-type]
+    tokens = int(pick("max_num_batched_tokens", spec.max_num_batched_tokens,
                       defaults.max_num_batched_tokens(files, batched_dp=batched, gpu_bytes=gpu_bytes, gpu=gpu)))  # fmt: skip
     seqs_default = defaults.max_num_seqs(gpu_bytes, gpu)
-    if spec.max_num_seqs is None and seqs_default.value > tokens:  # type: ignore[operator]
+    if spec.max_num_seqs is None and isinstance(seqs_default.value, int) and seqs_default.value > tokens:
         seqs_default = defaults.Default(tokens, f"{seqs_default.source}, capped at max_num_batched_tokens")
-    seqs = int(pick("max_num_seqs", spec.max_num_seqs, seqs_default))  # type: ignore[arg-type]
+    seqs = int(pick("max_num_seqs", spec.max_num_seqs, seqs_default))
     block = int(pick("block_size", spec.block_size, defaults.Default(
         DEFAULT_BLOCK_SIZE, "table: CacheConfig.DEFAULT_BLOCK_SIZE 16 (FlashAttention, and FlashAttention MLA "
-        "on Hopper; --block-size 64 for FlashMLA)")))  # type: ignore[arg-type]  # fmt: skip
+        "on Hopper; --block-size 64 for FlashMLA)")))  # fmt: skip
     kv_dtype = str(pick("kv_cache_dtype", spec.kv_cache_dtype))
     redundant = spec.num_redundant_experts or 0
     if facts.is_moe and ep:
@@ -222,7 +223,7 @@ def sharding_of(facts: ModelFacts, r: Resolved) -> Sharding:
 
 
 def plan_deployment(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | None, gpu: str | None,
-                    total_bytes: int, layer_lines: list[DeploymentLine] = ()) -> DeploymentPlan:  # fmt: skip
+                    total_bytes: int, layer_lines: Sequence[DeploymentLine] = ()) -> DeploymentPlan:  # fmt: skip
     """layer_plan: the MoE layer's LayerPlan for this release at the deployment's layout (None for dense, or
     without a release: then `layer_lines` give the MoE layer's buffers)."""
     sharding = sharding_of(facts, r)
@@ -302,13 +303,13 @@ def _eplb(r: Resolved) -> bool:
 
 
 def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | None = None,
-                  layer_lines: list[DeploymentLine] = ()) -> list[DeploymentLine]:  # fmt: skip
+                  layer_lines: Sequence[DeploymentLine] = ()) -> list[DeploymentLine]:  # fmt: skip
     """The profile run's torch peak beyond the weights and the held-once buffers (harness.sizing.profile_run): the
     cuBLAS workspace, kept from the first GEMM, and the larger of two phases: the dummy forward of
     max_num_batched_tokens tokens (per DP rank) with DeepEP's receive tensors, and the dummy sampler over
     min(N, max_num_seqs) logits. The receive tensors are a line of their own (the run allocates them); the
     activations line is the larger phase less them."""
-    N, tp = r.max_num_batched_tokens, r.tp  # noqa: N806
+    N, tp = r.max_num_batched_tokens, r.tp
     lines = [line for line in layer_lines if line.group == "profile-peak"]
     if layer_plan is not None:
         recv = sum((c.bytes or 0) for c in layer_plan.components if c.name in ("dispatch-recv", "dispatch-quant"))

@@ -4,6 +4,7 @@ its `deployment:` section), per release: the DeploymentPlan, its table, and what
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,10 @@ def layer_scenario(facts: ModelFacts, r: Resolved, base: Scenario | None = None)
         return None
     all2all = LAYER_ALL2ALL.get(r.all2all, "none") if r.ep else "none"
     if r.ep:
-        D, E = r.ep_size, r.local_experts  # noqa: N806
-        I = facts.moe_intermediate_size  # noqa: E741
+        D, E = r.ep_size, r.local_experts
+        I = facts.moe_intermediate_size
     else:
-        D, E, I = r.dp, facts.num_routed_experts, facts.moe_intermediate_size // (r.tp * r.dp)  # noqa: E741, N806
+        D, E, I = r.dp, facts.num_routed_experts, facts.moe_intermediate_size // (r.tp * r.dp)
     quant = ("fp8-block" if facts.weight_block_size else "fp8-per-token") if facts.quant_method == "fp8" else "bf16"
     base_layer = base.layer if base is not None else LayerSpec()
     layer = {**base_layer.model_dump(), "all2all": all2all, "moe_backend": r.moe_backend, "quant": quant,
@@ -158,7 +159,7 @@ def deployment_notes(plan: DeploymentPlan) -> list[str]:
 def what_it_buys(plans: list[DeploymentPlan]) -> list[str]:
     """Each release against the one before it: KV tokens and concurrency gained (or lost), and the verdicts."""
     lines = []
-    for before, after in zip(plans, plans[1:]):
+    for before, after in itertools.pairwise(plans):
         tokens = after.kv_tokens - before.kv_tokens
         concurrency = after.concurrency - before.concurrency
         lines.append(

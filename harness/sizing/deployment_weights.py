@@ -98,14 +98,14 @@ def kv_heads_per_rank(facts: ModelFacts, tp: int) -> int:
 
 def attention_tensors(facts: ModelFacts, tp: int) -> tuple[list[int], str]:
     """The tensors of one layer's attention on one GPU, and how they are made."""
-    K, d = facts.hidden_size, facts.dtype_bytes  # noqa: N806
+    K, d = facts.hidden_size, facts.dtype_bytes
     if facts.is_mla:
         heads = facts.num_attention_heads // tp
         qk_head = facts.qk_nope_head_dim + facts.qk_rope_head_dim
         kv_a_out = facts.kv_lora_rank + facts.qk_rope_head_dim
         if facts.q_lora_rank:
             a_proj = linear_tensors(facts, facts.q_lora_rank + kv_a_out, K)
-            q_proj = linear_tensors(facts, heads * qk_head, facts.q_lora_rank) + [facts.q_lora_rank * d]
+            q_proj = [*linear_tensors(facts, heads * qk_head, facts.q_lora_rank), facts.q_lora_rank * d]
         else:
             a_proj = linear_tensors(facts, kv_a_out, K)
             q_proj = linear_tensors(facts, heads * qk_head, K)
@@ -142,7 +142,7 @@ def attention_bytes(facts: ModelFacts, tp: int) -> tuple[int, str]:
 
 
 def mlp_tensors(facts: ModelFacts, intermediate: int, tp: int) -> list[int]:
-    I_tp = intermediate // tp  # noqa: N806
+    I_tp = intermediate // tp
     return linear_tensors(facts, 2 * I_tp, facts.hidden_size) + linear_tensors(facts, facts.hidden_size, I_tp)
 
 
@@ -152,14 +152,14 @@ def mlp_bytes(facts: ModelFacts, intermediate: int, tp: int) -> int:
 
 def routed_experts_tensors(facts: ModelFacts, sharding: Sharding) -> tuple[list[int], int]:
     """(tensors, I per GPU) of one MoE layer: w13 (E, 2I, K) and w2 (E, K, I), each with its scales."""
-    E, K = sharding.local_experts, facts.hidden_size  # noqa: N806
-    I = facts.moe_intermediate_size // sharding.moe_tp  # noqa: E741, N806
+    E, K = sharding.local_experts, facts.hidden_size
+    I = facts.moe_intermediate_size // sharding.moe_tp
     return linear_tensors(facts, 2 * I, K, stacked=E) + linear_tensors(facts, K, I, stacked=E), I
 
 
 def routed_experts_bytes(facts: ModelFacts, sharding: Sharding) -> tuple[int, int]:
     """(bytes, I per GPU) of one MoE layer's w13 (E, 2I, K) and w2 (E, K, I) with their scales."""
-    tensors, I = routed_experts_tensors(facts, sharding)  # noqa: E741, N806
+    tensors, I = routed_experts_tensors(facts, sharding)
     return sum(tensors), I
 
 
@@ -172,7 +172,7 @@ class _Group:
 
 
 def _groups(facts: ModelFacts, sharding: Sharding) -> list[_Group]:
-    d, K, tp = facts.dtype_bytes, facts.hidden_size, sharding.tp  # noqa: N806
+    d, K, tp = facts.dtype_bytes, facts.hidden_size, sharding.tp
     cfg = facts.ref
     layers = facts.num_hidden_layers
     moe = len(facts.moe_layers)
@@ -190,7 +190,7 @@ def _groups(facts: ModelFacts, sharding: Sharding) -> list[_Group]:
                              f"{cfg('intermediate_size')}: gate_up (2x{size // tp}, {K}), down ({K}, {size // tp}), "
                              f"{quant}; x {dense} dense layers"))  # fmt: skip
     if moe:
-        experts, I_gpu = routed_experts_tensors(facts, sharding)  # noqa: N806
+        experts, I_gpu = routed_experts_tensors(facts, sharding)
         experts_ref = cfg("n_routed_experts", "num_experts", "num_local_experts")
         layers_ref = cfg("first_k_dense_replace", "decoder_sparse_step", "num_hidden_layers")
         groups.append(_Group("routed experts", experts, moe,

@@ -25,7 +25,7 @@ import math
 import platform
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import harness
 from harness.core.contract import SizingArgs, live_set_bytes
@@ -93,7 +93,7 @@ class LayerComponent(Record):
     source: str  # "model_executor/.../all2all.py:327" or "formula: ... (origin)"
     verdicts: list[str]
     detail: str = ""
-    facts: dict[str, int | str] = {}  # the arguments and counts behind the bytes, for JSON readers
+    facts: dict[str, int | str] = {}  # noqa: RUF012 - a pydantic field, copied per instance; the arguments and counts behind the bytes, for JSON readers
 
 
 class BudgetResult(Record):
@@ -162,8 +162,8 @@ def layout_of(scenario: Scenario) -> Layout:
     the routed experts are EPLB's redundant ones (the schema checks a given layer.num_redundant_experts)."""
     spec = scenario.layer
     args = scenario.sizing_args()
-    I = args.intermediate_size  # noqa: E741 - the letter of docs/design.md
-    routed = int(scenario.model.num_experts)  # type: ignore[arg-type]
+    I = args.intermediate_size
+    routed = _int(scenario.model.num_experts)
     # A declared count is the user's (the schema checked it against E x D); only an unset one is derived.
     declared = spec.num_redundant_experts
     redundant = declared if declared is not None else args.num_local_experts * args.num_dispatchers - routed
@@ -206,7 +206,7 @@ def plan_layer_from(
     components += dispatch_components(layout, files)
     components.append(workspace_component(layout, source, class_name))
     known = [c.bytes for c in components]
-    total = sum(known) if all(b is not None for b in known) else None  # type: ignore[misc]
+    total = sum(b for b in known if b is not None) if all(b is not None for b in known) else None
     plan = LayerPlan(
         harness_version=harness.__version__,
         python_version=platform.python_version(),
@@ -432,7 +432,7 @@ def _nvl_component(nvl: object, rdma: object, where: SourceRef | None, args: Dee
         name="deepep-nvl", bytes=deepep.nvl_allocation_bytes(nvl), cap_bytes=deepep.INT_MAX if rdma else None,
         source=str(where), verdicts=[CONSISTENT if fits else OVER_CAP],
         detail=f"num_nvl_bytes = {origin}, + {deepep.NVL_METADATA_BYTES} B of DeepEP peer metadata",
-        facts={"num_nvl_bytes": nvl, "buffer_size_mb": int(env.value)},  # type: ignore[arg-type]
+        facts={"num_nvl_bytes": nvl, "buffer_size_mb": _int(env.value)},
     )  # fmt: skip
 
 
@@ -451,7 +451,7 @@ def _rdma_component(layout: Layout, run, args: DeepEPArgs) -> LayerComponent:
     asked = run.size_hint_calls[-1]
     tokens = args.max_tokens_per_rank.value if args.max_tokens_per_rank.ok else layout.T
     # Dispatch runs with the layer's global (physical) experts: every routed expert and every replica.
-    needed = deepep.LowLatencyLayout(num_max_dispatch_tokens_per_rank=int(tokens), hidden=args.hidden or layout.K,  # type: ignore[arg-type]
+    needed = deepep.LowLatencyLayout(num_max_dispatch_tokens_per_rank=_int(tokens), hidden=args.hidden or layout.K,
                                      num_ranks=layout.D, num_experts=layout.num_physical_experts,
                                      layout=layout.spec.deepep_layout)  # fmt: skip
     routed_only = dataclasses.replace(needed, num_experts=layout.num_routed_experts)
@@ -460,7 +460,7 @@ def _rdma_component(layout: Layout, run, args: DeepEPArgs) -> LayerComponent:
         verdicts.append(UNDER_SIZED)
     if not deepep.rdma_bytes_fit(requested):
         verdicts.append(OVER_CAP)
-    max_tokens = deepep.max_tokens_under_cap(hidden=args.hidden or layout.K, num_ranks=layout.D, num_experts=int(asked["num_experts"]),  # type: ignore[arg-type]
+    max_tokens = deepep.max_tokens_under_cap(hidden=args.hidden or layout.K, num_ranks=layout.D, num_experts=_int(asked["num_experts"]),
                                              layout=layout.spec.deepep_layout)  # fmt: skip
     experts_ref = args.moe_num_experts.ref
     detail = (
@@ -477,10 +477,16 @@ def _rdma_component(layout: Layout, run, args: DeepEPArgs) -> LayerComponent:
         source=f"{run.ref} (get_low_latency_rdma_size_hint); args {args.handle_args['num_global_experts'].ref}; "
         f"formula: DeepEP LowLatencyLayout ({layout.spec.deepep_layout})",
         verdicts=verdicts or [CONSISTENT], detail=detail,
-        facts={"requested_num_experts": int(asked["num_experts"]), "needed_num_experts": layout.num_physical_experts,  # type: ignore[arg-type]
-               "num_max_dispatch_tokens_per_rank": int(asked["num_max_dispatch_tokens_per_rank"]),  # type: ignore[arg-type]
+        facts={"requested_num_experts": _int(asked["num_experts"]), "needed_num_experts": layout.num_physical_experts,
+               "num_max_dispatch_tokens_per_rank": _int(asked["num_max_dispatch_tokens_per_rank"]),
                "max_tokens_under_cap": max_tokens, "routed_only_bytes": routed_only.size_hint_bytes},
     )  # fmt: skip
+
+
+def _int(value: object) -> int:
+    """int() of a value the release's code computed (the interpreter holds plain values: int, float, str, bool)."""
+    plain: Any = value
+    return int(plain)
 
 
 def _unevaluated(name: str, reason: str) -> LayerComponent:
@@ -498,7 +504,7 @@ def dispatch_components(layout: Layout, files: ReleaseFiles) -> list[LayerCompon
     if isinstance(args, str) or not args.max_tokens_per_rank.ok or not args.use_fp8_dispatch.ok:
         reason = args if isinstance(args, str) else (args.max_tokens_per_rank.reason or args.use_fp8_dispatch.reason)
         return [_unevaluated("dispatch-recv", reason)]
-    tokens, use_fp8 = int(args.max_tokens_per_rank.value), bool(args.use_fp8_dispatch.value)  # type: ignore[arg-type]
+    tokens, use_fp8 = _int(args.max_tokens_per_rank.value), bool(args.use_fp8_dispatch.value)
     recv = deepep.LowLatencyRecv(num_local_experts=layout.E, num_ranks=layout.D,
                                  num_max_dispatch_tokens_per_rank=tokens, hidden=args.hidden or layout.K,
                                  use_fp8=use_fp8)  # fmt: skip
@@ -543,6 +549,7 @@ def workspace_component(layout: Layout, source: VllmSource, class_name: str) -> 
     if not evaluation.ok:
         return _unevaluated("workspace", f"{class_name}.workspace_shapes: {evaluation.reason}")
     dtype = args.dtype_bytes
+    assert evaluation.ws13 is not None and evaluation.ws2 is not None and evaluation.out is not None  # ok: all three
     common = max(math.prod(evaluation.ws13), math.prod(evaluation.out))
     ws2 = math.prod(evaluation.ws2)
     allocated = (common + ws2) * dtype

@@ -11,9 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.core.contract import (
+    BUILTIN_POLICIES,
+    SizingArgs,
+    WorkspaceShapes,
+    builtin_shapes,
+    fixed_shapes,
+    is_release_policy,
+)
 from harness.scenario.matrix import Matrix
 from harness.scenario.schema import Scenario
-from harness.core.contract import BUILTIN_POLICIES, SizingArgs, WorkspaceShapes, builtin_shapes, fixed_shapes, is_release_policy
 
 GIB = 2**30
 MIB = 2**20
@@ -177,9 +184,11 @@ def make_layer_plans(
     plans = [
         plan_layer(scenario, version, cache_dir=cache_dir, budget_bytes=budget_bytes, gpu=gpu) for version in versions
     ]
-    for given in ({"wheel": wheel, "cache_dir": cache_dir}, {"src": src}):
-        if next(iter(given.values())) is not None:
-            plans.append(plan_layer_from(scenario, locate(**given), budget_bytes=budget_bytes, gpu=gpu))
+    if wheel is not None:
+        plans.append(plan_layer_from(scenario, locate(wheel=wheel, cache_dir=cache_dir), budget_bytes=budget_bytes,
+                                     gpu=gpu))
+    if src is not None:
+        plans.append(plan_layer_from(scenario, locate(src=src), budget_bytes=budget_bytes, gpu=gpu))
     return plans
 
 

@@ -79,9 +79,9 @@ def sampler_phase(facts: ModelFacts, *, num_tokens: int, max_num_seqs: int, tp: 
     """What profile_run holds while its dummy sampler draws, beyond the buffers held before it (module docstring):
     hidden (N, K) + 2 (R, K) activations, logits (R, V') in the activation dtype, the f32 (R, V) copies and the
     top-k/top-p kernel's buffer."""
-    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes  # noqa: N806
-    R = min(num_tokens, max_num_seqs)  # noqa: N806
-    V, V_pad = facts.vocab_size, pad_vocab(facts.vocab_size, tp) * tp  # noqa: N806
+    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
+    R = min(num_tokens, max_num_seqs)
+    V, V_pad = facts.vocab_size, pad_vocab(facts.vocab_size, tp) * tp
     hidden = N * K * d + 2 * R * K * d
     logits = R * V_pad * d
     f32_logits = R * V * F32 if d != F32 else 0
@@ -109,7 +109,7 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
     """The dummy forward's transients (estimate): 4 (N, K) activation buffers and the larger of the attention
     projections' outputs and the MLP intermediates (the MoE's live in its workspace, held once: here the router's
     f32 logits and the top-k ids and weights), plus DeepEP's receive tensors of one layer."""
-    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes  # noqa: N806
+    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
     if facts.is_mla:
         heads = facts.num_attention_heads // tp
         attn = N * heads * (facts.qk_nope_head_dim * 2 + facts.qk_rope_head_dim + facts.v_head_dim * 2) * d

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from harness.core.records import RankRecord, RecordError, read_record
+from harness.core.records import MemoryMeasurement, PolicyResult, RankRecord, RecordError, read_record
 
 MIB = 2**20
 
@@ -27,27 +27,33 @@ def _records(run_dir: Path) -> list[RankRecord]:
     return records
 
 
+def _memory(policy: PolicyResult) -> MemoryMeasurement:
+    """The policy's measurement (the caller kept the measured ones only)."""
+    assert policy.memory is not None
+    return policy.memory
+
+
 def _rank_verdicts(record: RankRecord) -> list[str]:
     problems = []
     measured = [p for p in record.policies if p.memory is not None and p.status == "ok"]
     if not measured:
         return [f"rank {record.rank}: no measured policy"]
-    rounding = measured[0].memory.allocator_rounding_bytes or 0
+    rounding = _memory(measured[0]).allocator_rounding_bytes or 0
     print(f"rank {record.rank} ({record.hardware.device_name}, {record.experts_backend}, warm-up {record.warmup}, "
           f"rounding {rounding / MIB:g} MiB)")
     print(f"  {'policy':<12} {'baseline B':>16} {'contract B':>14} {'ws delta B':>14} {'peak delta B':>14} "
           f"{'delta-contract B':>17}")
     for p in measured:
-        m, c = p.memory, p.contract
+        m, c = _memory(p), p.contract
         print(f"  {p.policy:<12} {m.baseline_bytes:>16} {c.total_bytes:>14} {m.workspace_delta_bytes:>14} "
               f"{m.delta_bytes:>14} {m.delta_bytes - c.total_bytes:>17}")
-    baselines = [p.memory.baseline_bytes for p in measured]
+    baselines = [_memory(p).baseline_bytes for p in measured]
     spread = max(baselines) - min(baselines)
     print(f"  baselines: spread {spread} B ({spread / MIB:.2f} MiB): "
           + ("equal within the rounding" if spread <= rounding else "NOT equal"))
     if spread > rounding:
         problems.append(f"rank {record.rank}: baselines differ by {spread} B > {rounding} B")
-    extra = {p.policy: p.memory.delta_bytes - p.contract.total_bytes for p in measured}
+    extra = {p.policy: _memory(p).delta_bytes - p.contract.total_bytes for p in measured}
     if "legacy" in extra and len(extra) > 1:
         others = [v for k, v in extra.items() if k != "legacy"]
         off = max(abs(extra["legacy"] - v) for v in others)

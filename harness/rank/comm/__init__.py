@@ -26,8 +26,16 @@ import torch
 
 from harness.core.backends import AUTO, COMM, BackendQuery
 from harness.rank.comm.base import (
-    BatchedBuffers, Comm, CommUnavailable, DispatchError, DispatchHandle, DispatchLayout, Quantize, RowFormat,
-    Stages, as_words,
+    BatchedBuffers,
+    Comm,
+    CommUnavailable,
+    DispatchError,
+    DispatchHandle,
+    DispatchLayout,
+    Quantize,
+    RowFormat,
+    Stages,
+    as_words,
 )
 from harness.rank.comm.fused import row_kernels
 from harness.rank.comm.gloo import GlooComm

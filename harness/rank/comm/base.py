@@ -143,7 +143,9 @@ class BatchedBuffers:
         x_flat = a("dispatch", (E * M + 1, K), torch.uint8) if expert_x is None else None
         scale_flat = a("dispatch", (E * M + 1,), torch.float32)
         src_flat = a("dispatch", (E * M + 1, 2), torch.int32)
-        x = (x_flat[: E * M] if x_flat is not None else expert_x).view(FP8_DTYPE).view(E, M, K)
+        rows = x_flat[: E * M] if x_flat is not None else expert_x
+        assert rows is not None  # expert_x is given exactly when x_flat is not allocated
+        x = rows.view(FP8_DTYPE).view(E, M, K)
         overflow = a("dispatch", (1,), torch.int64)
         overflow.zero_()
         return BatchedBuffers(
@@ -195,6 +197,7 @@ class Comm(abc.ABC):
     name: str = ""
     graph_capturable: bool = False  # dispatch and combine read nothing on the host and keep their shapes
     not_captured_why: str | None = None  # why a backend that could capture is timed eager all the same
+    combine_recv: torch.Tensor  # the rows combine receives, (P*C, K) in the output dtype; each backend allocates it
 
     def __init__(self, layout: DispatchLayout, batched: BatchedBuffers, *, harness_bytes: int):
         self.layout = layout

@@ -35,7 +35,14 @@ import torch
 import torch.distributed as dist
 
 from harness.rank.comm.base import (
-    BatchedBuffers, Comm, DispatchHandle, DispatchLayout, Quantize, RowFormat, Stages, as_words,
+    BatchedBuffers,
+    Comm,
+    DispatchHandle,
+    DispatchLayout,
+    Quantize,
+    RowFormat,
+    Stages,
+    as_words,
 )
 from harness.rank.comm.fused import bag_sum, pack_rows, place_rows
 from harness.rank.memory import Accountant

@@ -130,7 +130,7 @@ def route_layout_torch(ids: torch.Tensor, *, num_local_experts: int, num_ranks: 
     """(pos (n, k) int32: each pair's place among the pairs for its global expert, token order (0 where the id
     is negative); row_index (n, P) int32: the token's row among those to rank d, token order, -1 where it does
     not go; counts (G + P,) int32: pairs per global expert, then rows per destination)."""
-    n, k = ids.shape
+    n, _k = ids.shape
     E, P = num_local_experts, num_ranks
     G = E * P
     valid = ids >= 0

@@ -48,7 +48,14 @@ import torch.distributed as dist
 
 import harness.rank.comm.push as push
 from harness.rank.comm.base import (
-    BatchedBuffers, Comm, CommUnavailable, DispatchError, DispatchHandle, DispatchLayout, Quantize, Stages,
+    BatchedBuffers,
+    Comm,
+    CommUnavailable,
+    DispatchError,
+    DispatchHandle,
+    DispatchLayout,
+    Quantize,
+    Stages,
 )
 from harness.rank.comm.push import COMBINED, CONSUMED, FLAG_BASE, NUM_PHASES, READY, Mapped, PushFormat
 from harness.rank.memory import Accountant
@@ -58,7 +65,7 @@ from harness.rank.quant import quantize_per_token
 def symm_mem_available() -> bool:
     """Whether torch's symmetric memory can run here (CUDA and the module; no GPU is touched)."""
     try:
-        import torch.distributed._symmetric_memory  # noqa: F401
+        import torch.distributed._symmetric_memory
     except ImportError:
         return False
     return torch.cuda.is_available()
@@ -81,7 +88,7 @@ class SymmMemComm(Comm):
 
         if out_dtype != torch.bfloat16:
             raise CommUnavailable(f"comm symm-mem combines bf16 rows; the workspace dtype is {out_dtype}")
-        E, M, K = layout.num_local_experts, layout.max_slots_per_expert, layout.hidden_size
+        E, K = layout.num_local_experts, layout.hidden_size
         C, P, k, rank = layout.buffer_tokens, layout.num_ranks, layout.top_k, layout.rank
         self.fmt = fmt = PushFormat(hidden_size=K, top_k=k)
         group = dist.group.WORLD.group_name  # type: ignore[union-attr]

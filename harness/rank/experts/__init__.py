@@ -26,11 +26,10 @@ import torch
 
 from harness.core.backends import AUTO, EXPERTS, BackendQuery
 from harness.core.records import KernelsRecord
-from harness.sizing.vllm_source.kernels import KernelsLibrary
 from harness.rank.experts.base import (
     BackendUnavailable,
-    ExpertWeights,
     ExpertsBackend,
+    ExpertWeights,
     StageHooks,
     Workspace,
     expert_seed,
@@ -41,20 +40,21 @@ from harness.rank.experts.base import (
 from harness.rank.experts.reference import ReferenceExperts
 from harness.rank.experts.torch_cutlass import TorchCutlassExperts
 from harness.rank.experts.vllm_ops import VllmOpsExperts
+from harness.sizing.vllm_source.kernels import KernelsLibrary
 
 __all__ = [
-    "BackendUnavailable",
     "IMPLEMENTATIONS",
+    "BackendUnavailable",
     "ExpertWeights",
     "ExpertsBackend",
     "StageHooks",
     "Workspace",
     "expert_seed",
     "generate_expert",
-    "make_weights",
-    "useful_flops",
     "kernels_record",
+    "make_weights",
     "select_backend",
+    "useful_flops",
 ]
 
 
@@ -69,7 +69,7 @@ class ExpertsImplementation(Protocol):
 
 # The class of every backend harness.core.backends.EXPERTS declares, by its name.
 IMPLEMENTATIONS: dict[str, ExpertsImplementation] = {
-    cls.name: cls for cls in (ReferenceExperts, TorchCutlassExperts, VllmOpsExperts)  # type: ignore[misc]
+    cls.name: cls for cls in (ReferenceExperts, TorchCutlassExperts, VllmOpsExperts)
 }
 
 

@@ -10,9 +10,9 @@ from typing import Any, Protocol
 
 import torch
 
+from harness.core.contract import WorkspaceShapes
 from harness.rank.memory import Accountant
 from harness.rank.quant import FP8_DTYPE, quantize_per_channel
-from harness.core.contract import WorkspaceShapes
 
 
 class BackendUnavailable(Exception):
@@ -212,8 +212,13 @@ class StageHooks(Protocol):
 
 
 class ExpertsBackend(Protocol):
-    name: str
-    kernels: str  # what ran: "torch 2.11.0 _scaled_grouped_mm", "vllm 0.26.0 _C_stable_libtorch.abi3.so", ...
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kernels(self) -> str:
+        """What ran: "torch 2.11.0 _scaled_grouped_mm", "vllm 0.26.0 _C_stable_libtorch.abi3.so", ..."""
+        ...
 
     def apply(
         self, *, expert_x: torch.Tensor, expert_x_scale: torch.Tensor, expert_num_tokens: torch.Tensor,

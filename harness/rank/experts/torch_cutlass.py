@@ -10,9 +10,8 @@ large), which bounds the backend's temporaries by SCRATCH_BOUND_BYTES whatever M
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
+from harness.rank.experts.base import BackendUnavailable, ExpertWeights, StageHooks, Workspace
 from harness.sizing.vllm_source.kernels import KernelsLibrary, on_this_node
 from harness.sizing.vllm_source.sources import VllmSourceError
-from harness.rank.experts.base import BackendUnavailable, ExpertWeights, StageHooks, Workspace
 
 REQUIRED_OPS = ("get_cutlass_batched_moe_mm_data", "cutlass_moe_mm", "silu_and_mul", "dynamic_per_token_scaled_fp8_quant")
 _LOADED: dict[str, str] = {}

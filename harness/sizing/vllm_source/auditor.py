@@ -19,10 +19,15 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
+
+from harness.core.contract import RELEASE_POLICY_PREFIX, SizingArgs, WorkspaceShapes, fixed_shapes, legacy_shapes
+from harness.core.exits import EXIT_ERROR, EXIT_OK
 from harness.sizing.vllm_source.evaluate import Evaluation, ParsedClass, SourceTree, source_tree
 from harness.sizing.vllm_source.sources import FUSED_MOE_DIR, VllmSource, VllmSourceError, locate, locate_release
-from harness.core.contract import RELEASE_POLICY_PREFIX, SizingArgs, WorkspaceShapes, fixed_shapes, legacy_shapes
 
 CONSISTENT = "consistent"
 DOUBLE_COUNT = "double-count"
@@ -32,8 +37,6 @@ VERDICTS = (CONSISTENT, DOUBLE_COUNT, UNEVALUATED)
 CUTLASS_BATCHED_CLASS = "CutlassBatchedExpertsFp8"
 DEFAULT_SCENARIO_NAME = "deepseek-v3-dp32-pr55579.yaml"
 GIB = 1 << 30
-
-from harness.core.exits import EXIT_ERROR, EXIT_OK
 
 EXIT_DOUBLE_COUNT = 1  # the audit's EXIT_FAILED: a class double-counts
 
@@ -134,7 +137,7 @@ def _source_tree(source: VllmSource) -> SourceTree:
 def _audit_class(tree: SourceTree, cls: ParsedClass, args: SizingArgs) -> ClassAudit:
     file = _inside_vllm(cls.file)
     evaluation = tree.evaluate(cls, args)
-    if not evaluation.ok:
+    if evaluation.ws13 is None or evaluation.ws2 is None or evaluation.out is None:  # not ok
         return ClassAudit(name=cls.name, file=file, verdict=UNEVALUATED, shapes=None, reason=evaluation.reason)
     shapes = WorkspaceShapes(
         policy=_policy(tree.source),
@@ -161,7 +164,7 @@ def _audit_class(tree: SourceTree, cls: ParsedClass, args: SizingArgs) -> ClassA
 
 
 # How prod(buffer) grows when (D, T) double: the token dim each pattern stands for.
-GROWTH_TOKEN_DIM = {(2, 2): "M", (4, 2): "M·D", (None, None): "none", (1, 1): "none"}
+GROWTH_TOKEN_DIM: dict[tuple[float | None, float | None], str] = {(2, 2): "M", (4, 2): "M·D", (None, None): "none", (1, 1): "none"}
 
 
 def _verdict(base: Evaluation, d_doubled: Evaluation, t_doubled: Evaluation, args: SizingArgs) -> tuple[str, str]:
@@ -260,6 +263,7 @@ def run_audit(request: AuditRequest) -> int:
             from harness.sizing.vllm_source.sweep_report import SweepRequest, run_sweep
 
             return run_sweep(SweepRequest(json=request.json, junit=request.junit), source)
+        assert args is not None  # None only with --sweep, which returned above
         result = audit(source, args)
     except (VllmSourceError, _ScenarioUnavailable) as error:
         print(f"harness: error: {error}", file=sys.stderr)  # the prefix every refusal of the harness has
@@ -293,8 +297,9 @@ def _sizing_from_scenario(scenario: str | Path | None) -> SizingArgs:
 
 def print_audit_table(result: AuditResult, *, file=None) -> None:
     """The audit as a table: a header of versions and parameters, a units row, one row per class, a footer."""
-    from harness.core.console import make_console
     from rich.table import Table
+
+    from harness.core.console import make_console
 
     out = file if file is not None else sys.stdout
     console = make_console(file=out, highlight=False)
@@ -309,10 +314,11 @@ def print_audit_table(result: AuditResult, *, file=None) -> None:
         f"legacy={legacy_shapes(args).total_bytes / GIB:.2f} GiB"
     )
     table = Table(show_lines=False)
-    for column, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("class", "left"), ("file", "left"), ("verdict", "left"), ("ws13", "right"), ("ws2", "right"),
         ("out", "right"), ("per GPU", "right"), ("x fixed", "right"),
-    ):  # fmt: skip
+    )
+    for column, justify in columns:
         table.add_column(column, justify=justify, no_wrap=True)
     table.add_row("", "", "", "elements", "elements", "elements", "GiB", "ratio", style="dim")
     for c in result.classes:

@@ -39,7 +39,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal, TypeGuard
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -52,7 +52,7 @@ DOWNLOAD_LOG_NAME = "downloads.log"
 # hashes) is extracted again. The fields older code reads (`schema` 1, `layer_files`, `files` as paths) stay as
 # they were, so that code accepts these entries too and the two never re-extract each other's work in a shared
 # cache.
-MANIFEST_SCHEMA = 3
+MANIFEST_SCHEMA: Final = 3
 MAX_MANIFEST_BYTES = 4 << 20  # a release's manifest is about 40 kB
 MAX_RECORD_BYTES = 16 << 20  # a vLLM wheel's RECORD is about 0.5 MB
 MAX_MEMBER_BYTES = 1 << 30  # the largest member, the ops library, is about 80 MB (0.26.0 and 0.30.0)
@@ -184,7 +184,7 @@ class CacheManifest(Record):
         return self.model_dump_json(by_alias=True, indent=1) + "\n"
 
 
-def serves(manifest: CacheManifest | None, *, with_ops: bool) -> bool:
+def serves(manifest: CacheManifest | None, *, with_ops: bool) -> TypeGuard[CacheManifest]:
     if manifest is None:
         return False
     # A wheel without an ops library cannot do better on a second try, so it still serves with_ops.
@@ -468,7 +468,7 @@ def _extract_members(
         wheel_bytes=wheel.stat().st_size,
         wheel_sha256_checked_against=wheel_origin.checked_against,
         record=CachedFile(path=record_name, sha256=hashlib.sha256(record_data).hexdigest(),
-                          size_bytes=len(record_data)),  # fmt: skip
+                          size_bytes=len(record_data)),
         files=tuple(f.path for f in files),
         hashes=tuple(files),
         torch_requirement=wheel_origin.torch_requirement,

@@ -9,6 +9,7 @@ is pip's own "Downloading vllm-...whl (312.6 MB)" line.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -30,10 +31,8 @@ def bytes_under(directory: Path) -> int:
     total = 0
     for root, _, files in os.walk(directory):
         for name in files:
-            try:
+            with contextlib.suppress(OSError):  # pip moved or removed it in between
                 total += os.stat(os.path.join(root, name), follow_symlinks=False).st_size
-            except OSError:  # pip moved or removed it in between
-                pass
     return total
 
 
@@ -67,7 +66,14 @@ class _Bar:
 
     def __init__(self, out: IO[str], label: str):
         from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
         self.progress = Progress(TextColumn(f"harness: {label}"), BarColumn(), DownloadColumn(binary_units=True),
                                  TransferSpeedColumn(), TimeRemainingColumn(), console=Console(file=out))

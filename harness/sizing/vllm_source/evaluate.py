@@ -21,6 +21,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from harness.core.contract import Shape, SizingArgs
 from harness.sizing.vllm_source.interpreter import (
@@ -149,7 +150,7 @@ class SourceTree:
         bindings = _module_bindings(file, tree, package)
         for name, binding in bindings.items():
             if binding.kind == "class":
-                bindings[name] = Binding("class", binding.node, file, cls=ParsedClass(name, file, binding.node))
+                bindings[name] = Binding("class", binding.node, file, cls=ParsedClass(name, file, cast(ast.ClassDef, binding.node)))
         parsed = ParsedModule(file, module, tree, imported_names, module_aliases, bindings)
         self.modules[file] = parsed
         self._file_by_module[module] = file
@@ -183,9 +184,9 @@ class SourceTree:
             else:
                 name = base.id
         elif isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name):
-            module = parsed.module_aliases.get(base.value.id)
-            if module is not None:
-                found = self._class_in_module(module, base.attr)
+            aliased = parsed.module_aliases.get(base.value.id)
+            if aliased is not None:
+                found = self._class_in_module(aliased, base.attr)
                 if found is not None:
                     return found
             name = base.attr
@@ -439,7 +440,7 @@ def _call_arguments(method: object, args: SizingArgs) -> dict[str, object]:
     spec = function.node.args
     positional = [*spec.posonlyargs, *spec.args]
     with_default = {a.arg for a in positional[len(positional) - len(spec.defaults) :]}
-    with_default |= {a.arg for a, d in zip(spec.kwonlyargs, spec.kw_defaults) if d is not None}
+    with_default |= {a.arg for a, d in zip(spec.kwonlyargs, spec.kw_defaults, strict=True) if d is not None}
     positional = positional[skip:]
     kwargs: dict[str, object] = {}
     for parameter in (*positional, *spec.kwonlyargs):
@@ -530,8 +531,7 @@ def _module_bindings(file: str, tree: ast.Module, package: str) -> dict[str, Bin
             for alias in node.names:
                 bindings[alias.asname or alias.name] = Binding("import", None, file, module=base, original=alias.name)
         elif isinstance(node, (ast.AsyncFunctionDef, ast.AugAssign)):
-            name = node.name if isinstance(node, ast.AsyncFunctionDef) else None
-            for stored in [name] if name else _stored_names(node.target):
+            for stored in [node.name] if isinstance(node, ast.AsyncFunctionDef) else _stored_names(node.target):
                 bindings[stored] = Binding("unsupported", node, file)
         else:
             conditional.update(_names_bound_in(node))

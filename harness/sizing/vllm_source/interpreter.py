@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,9 @@ class Function:
         return self.node.name
 
 
+_T = TypeVar("_T")
+
+
 @dataclass(frozen=True)
 class BoundMethod:
     function: Function
@@ -210,7 +213,7 @@ class Instance:
 @dataclass(frozen=True)
 class SuperProxy:
     owner: Any  # the class whose method called super()
-    receiver: object  # Instance or ClassObject
+    receiver: Instance | ClassObject
 
 
 @dataclass(frozen=True)
@@ -313,7 +316,7 @@ class Interpreter:
         if self.steps > self.budget.max_steps:
             raise Unevaluable(f"exceeded the step budget of {self.budget.max_steps} evaluated AST nodes")
 
-    def check_value(self, value: object, *, what: str = "a value") -> object:
+    def check_value(self, value: _T, *, what: str = "a value") -> _T:
         """value when it is within the size budget and of a type the interpreter holds; else Unevaluable."""
         budget = self.budget
         if isinstance(value, bool) or value is None:
@@ -341,7 +344,7 @@ class Interpreter:
             return value
         raise Unevaluable(f"{what} is a {type(value).__name__}, which the evaluator does not hold")
 
-    def _sized(self, value: object) -> object:
+    def _sized(self, value: _T) -> _T:
         """Charge for what a new value holds, then check it; used on every value an operation builds."""
         if isinstance(value, (tuple, list, dict)):
             self.charge(len(value))
@@ -521,17 +524,17 @@ class Interpreter:
         if not starred:
             if len(items) != len(target.elts):
                 raise Unevaluable(f"unpacks {len(items)} values into {len(target.elts)} names")
-            for element, item in zip(target.elts, items):
+            for element, item in zip(target.elts, items, strict=True):
                 self._assign(element, item, frame)
             return
         star = starred[0]
         after = len(target.elts) - star - 1
         if len(items) < star + after:
             raise Unevaluable(f"unpacks {len(items)} values into at least {star + after} names")
-        for element, item in zip(target.elts[:star], items[:star]):
+        for element, item in zip(target.elts[:star], items[:star], strict=True):
             self._assign(element, item, frame)
-        self._assign(target.elts[star].value, items[star : len(items) - after], frame)
-        for element, item in zip(target.elts[star + 1 :], items[len(items) - after :]):
+        self._assign(cast(ast.Starred, target.elts[star]).value, items[star : len(items) - after], frame)
+        for element, item in zip(target.elts[star + 1 :], items[len(items) - after :], strict=True):
             self._assign(element, item, frame)
 
     # --- expressions -------------------------------------------------------------------------------------------
@@ -592,7 +595,7 @@ class Interpreter:
 
     def _expr_compare(self, node: ast.Compare, frame: _Frame) -> bool:
         left = self._eval(node.left, frame)
-        for op, comparator in zip(node.ops, node.comparators):
+        for op, comparator in zip(node.ops, node.comparators, strict=True):
             right = self._eval(comparator, frame)
             if not self._compare(op, left, right):
                 return False
@@ -616,7 +619,7 @@ class Interpreter:
 
     def _expr_dict(self, node: ast.Dict, frame: _Frame) -> dict:
         result: dict = {}
-        for key_node, value_node in zip(node.keys, node.values):
+        for key_node, value_node in zip(node.keys, node.values, strict=True):
             if key_node is None:
                 mapping = self._eval(value_node, frame)
                 if not isinstance(mapping, dict):
@@ -654,6 +657,7 @@ class Interpreter:
             if isinstance(part, ast.Constant):
                 pieces.append(str(part.value))
                 continue
+            part = cast(ast.FormattedValue, part)  # a JoinedStr holds constants and formatted values only
             value = self._eval(part.value, frame)
             if part.format_spec is not None or part.conversion not in (-1, ord("r"), ord("s")):
                 raise Unevaluable("formats an f-string field with a conversion or format spec")
@@ -721,10 +725,10 @@ class Interpreter:
         return self._call(callee, args, kwargs, node, frame)
 
     def _super(self, frame: _Frame) -> SuperProxy:
-        function = frame.function
-        if function is None or function.owner is None or frame.first_argument is None:
+        function, receiver = frame.function, frame.first_argument
+        if function is None or function.owner is None or not isinstance(receiver, (Instance, ClassObject)):
             raise Unevaluable("calls super() outside a method")
-        return SuperProxy(function.owner, frame.first_argument)
+        return SuperProxy(function.owner, receiver)
 
     # --- operations ------------------------------------------------------------------------------------------
 
@@ -740,14 +744,16 @@ class Interpreter:
         if isinstance(left, numbers) and isinstance(right, numbers):
             return self.check_value(_arithmetic(op, left, right, self.budget))
         if isinstance(op, ast.Add) and type(left) is type(right) and isinstance(left, (str, tuple, list)):
+            other: Any = right  # of left's type, checked above
             limit = self.budget.max_chars if isinstance(left, str) else self.budget.max_items
-            if len(left) + len(right) > limit:
+            if len(left) + len(other) > limit:
                 raise Unevaluable(
-                    f"concatenates {type(left).__name__}s to {len(left) + len(right)} items, over the size budget "
+                    f"concatenates {type(left).__name__}s to {len(left) + len(other)} items, over the size budget "
                     f"of {limit}"
                 )
-            return self._sized(left + right)
+            return self._sized(left + other)
         if isinstance(op, ast.Mult) and isinstance(left, (str, tuple, list)) != isinstance(right, (str, tuple, list)):
+            sequence: Any
             sequence, count = (left, right) if isinstance(left, (str, tuple, list)) else (right, left)
             if isinstance(count, int) and not isinstance(count, float):
                 limit = self.budget.max_chars if isinstance(sequence, str) else self.budget.max_items
@@ -772,7 +778,7 @@ class Interpreter:
         if isinstance(op, (ast.In, ast.NotIn)):
             if not isinstance(right, (str, tuple, list, dict, range)):
                 raise Unevaluable(f"tests membership in {_describe_value(right)}")
-            found = _run_plain(lambda: left in right)
+            found = bool(_run_plain(lambda: left in right))
             return found if isinstance(op, ast.In) else not found
         if isinstance(op, (ast.Eq, ast.NotEq)):
             equal = _run_plain(lambda: left == right)
@@ -780,8 +786,10 @@ class Interpreter:
         ordered = (int, float, str, tuple, list)
         if not (isinstance(left, ordered) and isinstance(right, ordered)):
             raise Unevaluable(f"orders {_describe_value(left)} and {_describe_value(right)}")
-        compare = {ast.Lt: lambda: left < right, ast.LtE: lambda: left <= right,
-                   ast.Gt: lambda: left > right, ast.GtE: lambda: left >= right}[type(op)]  # fmt: skip
+        a: Any = left  # Python decides whether the two order (a TypeError becomes Unevaluable)
+        b: Any = right
+        compare = {ast.Lt: lambda: a < b, ast.LtE: lambda: a <= b,
+                   ast.Gt: lambda: a > b, ast.GtE: lambda: a >= b}[type(op)]  # fmt: skip
         return bool(_run_plain(compare))
 
     def _subscript(self, container: object, key: object) -> object:
@@ -791,7 +799,7 @@ class Interpreter:
             return _run_plain(lambda: container[_hashable(key)])
         raise Unevaluable(f"subscripts {_describe_value(container)} with {_describe_value(key)}")
 
-    def _iterate(self, value: object) -> list:
+    def _iterate(self, value: object) -> list | range:
         """The items of a sequence the interpreter holds; anything else is not iterated."""
         if isinstance(value, (tuple, list, str)):
             return list(value)
@@ -832,12 +840,12 @@ class Interpreter:
 
     def _from_binding(self, binding: Binding, name: str) -> object:
         if binding.kind == "function":
-            return Function(binding.file, binding.node)
+            return Function(binding.file, cast(ast.FunctionDef, binding.node))
         if binding.kind == "class":
             return ClassObject(binding.cls)
         if binding.kind == "value":
             frame = _Frame(None, binding.file)
-            return self._eval(binding.node, frame)
+            return self._eval(cast(ast.expr, binding.node), frame)
         if binding.kind == "module":
             return ModuleObject(binding.module) if self.program.module_file(binding.module) else _UNBOUND
         if binding.kind == "import":
@@ -880,7 +888,7 @@ class Interpreter:
         found = self._lookup(instance.cls, name)
         if found is not None and found[1].kind == "function":
             owner, binding = found
-            return self._bind(Function(owner_file(owner), binding.node, owner, _method_kind(binding.node)), instance)
+            return self._bind(Function(owner_file(owner), _def(binding), owner, _method_kind(_def(binding))), instance)
         if name in instance.attributes:
             return instance.attributes[name]
         if found is not None:
@@ -893,7 +901,7 @@ class Interpreter:
             raise MissingAttribute(f"reads {cls.name}.{name}, which the class does not define")
         owner, binding = found
         if binding.kind == "function":
-            return self._bind(Function(owner_file(owner), binding.node, owner, _method_kind(binding.node)), receiver)
+            return self._bind(Function(owner_file(owner), _def(binding), owner, _method_kind(_def(binding))), receiver)
         return self._class_value(owner, binding)
 
     def _super_attribute(self, proxy: SuperProxy, name: str) -> object:
@@ -905,14 +913,14 @@ class Interpreter:
             if binding is None:
                 continue
             if binding.kind == "function":
-                function = Function(owner_file(owner), binding.node, owner, _method_kind(binding.node))
+                function = Function(owner_file(owner), _def(binding), owner, _method_kind(_def(binding)))
                 return self._bind(function, proxy.receiver)
             return self._class_value(owner, binding)
         raise MissingAttribute(f"reads super().{name}, which no parsed base class defines")
 
     def _class_value(self, owner: Any, binding: Binding) -> object:
         """A class attribute's value (`BLOCK = 128` in the class body), computed when first read."""
-        return self._eval(binding.node, _Frame(None, owner_file(owner), class_scope=owner))
+        return self._eval(cast(ast.expr, binding.node), _Frame(None, owner_file(owner), class_scope=owner))
 
     def _lookup(self, cls: Any, name: str) -> tuple[Any, Binding] | None:
         for owner in self.program.mro(cls):
@@ -921,7 +929,7 @@ class Interpreter:
                 return owner, binding
         return None
 
-    def _bind(self, function: Function, receiver: object) -> object:
+    def _bind(self, function: Function, receiver: Instance | ClassObject) -> object:
         """What reading a def from a class gives: a bound method, the function, or the property's value."""
         kind = function.kind
         if kind == STATIC:
@@ -969,10 +977,10 @@ class Interpreter:
     def _bind_arguments(self, function: Function, args: list, kwargs: dict, frame: _Frame) -> None:
         spec = function.node.args
         positional = [*spec.posonlyargs, *spec.args]
-        defaults = dict(zip([a.arg for a in positional[len(positional) - len(spec.defaults) :]], spec.defaults))
-        defaults.update({a.arg: d for a, d in zip(spec.kwonlyargs, spec.kw_defaults) if d is not None})
+        defaults = dict(zip([a.arg for a in positional[len(positional) - len(spec.defaults) :]], spec.defaults, strict=True))
+        defaults.update({a.arg: d for a, d in zip(spec.kwonlyargs, spec.kw_defaults, strict=True) if d is not None})
         bound = frame.locals
-        for parameter, value in zip(positional, args):
+        for parameter, value in zip(positional, args, strict=False):
             bound[parameter.arg] = value
         extra = args[len(positional) :]
         if extra and spec.vararg is None:
@@ -1104,7 +1112,7 @@ def _arithmetic(op: ast.operator, left: int | float, right: int | float, budget:
     if operation is None:
         raise Unevaluable(f"uses the operator {kind.__name__}, which is outside the subset")
     result = _run_plain(lambda: operation(left, right))
-    if isinstance(result, complex):
+    if not isinstance(result, (int, float)):  # int and float operands make an int, a float or a complex
         raise Unevaluable("computes a complex number")
     return result
 
@@ -1144,6 +1152,11 @@ def function_decorators(node: ast.FunctionDef) -> set[str]:
         elif isinstance(decorator, ast.Attribute):
             names.add(decorator.attr)
     return names
+
+
+def _def(binding: Binding) -> ast.FunctionDef:
+    """The def a binding of kind "function" holds."""
+    return cast(ast.FunctionDef, binding.node)
 
 
 def _method_kind(node: ast.FunctionDef) -> str:
@@ -1308,9 +1321,8 @@ def _isinstance(interp: Interpreter, value: object, types: object) -> bool:
 
 
 def _getattr(interp: Interpreter, value: object, name: object, *default) -> object:
-    name = _expect(name, str)
     try:
-        return interp.get_attribute(value, name)
+        return interp.get_attribute(value, _expect(name, str))
     except MissingAttribute:
         if default:
             return default[0]
@@ -1333,9 +1345,10 @@ def _range(interp: Interpreter, *args) -> range:
 
 def _round(value: object, digits: object) -> int | float:
     # round(5, -10**18) makes Python compute 10**(10**18) first: digits beyond a float's range mean nothing.
-    if digits is not None and abs(_expect(digits, int)) > 400:
+    ndigits = None if digits is None else _expect(digits, int)
+    if ndigits is not None and abs(ndigits) > 400:
         raise Unevaluable(f"round() to {digits} digits; at most 400 either way")
-    return round(_expect(value, (int, float)), digits)
+    return round(_expect(value, (int, float)), ndigits)
 
 
 def _cdiv(interp: Interpreter, a: object, b: object) -> int:
@@ -1343,19 +1356,19 @@ def _cdiv(interp: Interpreter, a: object, b: object) -> int:
 
 
 def _round_up(interp: Interpreter, x: object, y: object) -> int:
-    x, y = _expect(x, int), _expect(y, int)
-    return ((x + y - 1) // y) * y
+    a, b = _expect(x, int), _expect(y, int)
+    return ((a + b - 1) // b) * b
 
 
 def _prod(interp: Interpreter, iterable: object, *, start: object = 1) -> object:
-    result = start
+    result: Any = start
     for item in _items(interp, iterable):
         result = interp.check_value(_arithmetic(ast.Mult(), result, _expect(item, (int, float)), interp.budget))
     return result
 
 
 def _sum(interp: Interpreter, iterable: object, start: object = 0) -> object:
-    result = start
+    result: Any = start
     for item in _items(interp, iterable):
         result = interp.check_value(_arithmetic(ast.Add(), result, _expect(item, (int, float)), interp.budget))
     return result
@@ -1387,7 +1400,7 @@ BUILTINS: dict[str, Builtin] = {
     "round": Builtin("round", lambda interp, value, digits=None: _round(value, digits)),
     "divmod": Builtin("divmod", lambda interp, a, b: tuple(
         interp.check_value(part) for part in divmod(_expect(a, (int, float)), _expect(b, (int, float)))
-    )),  # fmt: skip
+    )),
     "pow": Builtin("pow", _pow),
     "len": Builtin("len", lambda interp, value: len(_expect(value, (str, tuple, list, dict, range)))),
     "tuple": Builtin("tuple", lambda interp, iterable=(): tuple(_items(interp, iterable)), tuple),
@@ -1400,7 +1413,7 @@ BUILTINS: dict[str, Builtin] = {
     "enumerate": Builtin(
         "enumerate", lambda interp, iterable, start=0: tuple(enumerate(_items(interp, iterable), _expect(start, int)))
     ),
-    "zip": Builtin("zip", lambda interp, *iterables: tuple(zip(*(_items(interp, i) for i in iterables)))),
+    "zip": Builtin("zip", lambda interp, *iterables: tuple(zip(*(_items(interp, i) for i in iterables), strict=False))),
     "sorted": Builtin("sorted", lambda interp, iterable: sorted(_items(interp, iterable))),
     "reversed": Builtin("reversed", lambda interp, iterable: tuple(reversed(_items(interp, iterable)))),
     "isinstance": Builtin("isinstance", _isinstance),

@@ -18,11 +18,14 @@ functions and constants resolve as they would in vLLM.
 from __future__ import annotations
 
 import ast
+import contextlib
 import math
-from copy import deepcopy
+import sys
 from collections.abc import Callable, Iterator
+from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeGuard
 
 from harness.sizing.vllm_source.evaluate import ParsedClass, SourceTree, source_tree
 from harness.sizing.vllm_source.interpreter import Builtin, Function, Interpreter, StandIn, Unevaluable
@@ -156,7 +159,9 @@ def run_expression(
     arguments = ast.arguments(posonlyargs=[], args=[ast.arg(arg=name) for name in bound], vararg=None,
                               kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[])  # fmt: skip
     node = ast.FunctionDef(name="<expression>", args=arguments, body=[ast.Return(value=expression)],
-                           decorator_list=[], returns=None, type_params=[])  # fmt: skip
+                           decorator_list=[], returns=None)  # fmt: skip
+    if sys.version_info >= (3, 12):
+        node.type_params = []
     ast.fix_missing_locations(ast.copy_location(node, expression))
     try:
         return interpreter.call(Function(file, node), (), bound)
@@ -205,7 +210,7 @@ def moe_num_experts(files: ReleaseFiles, *, num_routed_experts: int, num_redunda
             continue
         function = _enclosing_function(call, parents)
         where = ref(LAYER_FILE, keyword.value)
-        names = {
+        names: dict[str, object] = {
             "num_experts": num_routed_experts,
             "num_redundant_experts": num_redundant_experts,
             "n_shared_experts": None,
@@ -260,9 +265,9 @@ def _slice_value(
                 scope.update(_unpack(target, result, inner.id))
         elif _is_self_attribute(inner) and function is not None:
             cls = parents.get(function)
-            assignment = _self_assignment(cls, inner.attr) if isinstance(cls, ast.ClassDef) else None  # type: ignore[union-attr]
-            if assignment is not None:
-                owner, value = assignment
+            in_class = _self_assignment(cls, inner.attr) if isinstance(cls, ast.ClassDef) else None
+            if in_class is not None:
+                owner, value = in_class
                 self_attributes[inner.attr] = _slice_value(files, value, value.lineno, owner, parents, names,
                                                            depth + 1)  # fmt: skip
     if self_attributes:
@@ -295,7 +300,7 @@ def _slice_helper(files: ReleaseFiles, helper: tuple[ast.FunctionDef, ast.expr],
     function, element = helper
     assert isinstance(call, ast.Call)
     params = [a.arg for a in function.args.args]
-    arguments = dict(zip(params, call.args)) | {k.arg: k.value for k in call.keywords if k.arg}
+    arguments = dict(zip(params, call.args, strict=False)) | {k.arg: k.value for k in call.keywords if k.arg}
     bound: dict[str, object] = {}
     free = {n.id for n in ast.walk(element) if isinstance(n, ast.Name)}
     needed = set(free)
@@ -307,7 +312,7 @@ def _slice_helper(files: ReleaseFiles, helper: tuple[ast.FunctionDef, ast.expr],
     return _slice_value(files, element, element.lineno, function, parents, bound, depth + 1)
 
 
-def _is_self_attribute(node: ast.AST) -> bool:
+def _is_self_attribute(node: ast.AST) -> TypeGuard[ast.Attribute]:
     return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
 
 
@@ -334,7 +339,7 @@ def _unpack(target: ast.expr, value: object, name: str) -> dict[str, object]:
         return {target.id: value}
     if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, tuple) and len(value) == len(target.elts):
         out: dict[str, object] = {}
-        for element, item in zip(target.elts, value):
+        for element, item in zip(target.elts, value, strict=True):
             if _binds(element, name):
                 out.update(_unpack(element, item, name))
         return out
@@ -346,7 +351,7 @@ def _self_assignment(cls: ast.ClassDef, attr: str) -> tuple[ast.FunctionDef, ast
         for node in ast.walk(method):
             if isinstance(node, ast.Assign):
                 for target in node.targets:
-                    if _is_self_attribute(target) and target.attr == attr:  # type: ignore[union-attr]
+                    if _is_self_attribute(target) and target.attr == attr:
                         return method, node.value
     return None
 
@@ -385,9 +390,9 @@ def _branch(file: str, node: ast.If) -> Branch | None:
     use_fp8: ast.expr | None = None
     for statement in node.body:
         for inner in ast.walk(statement):
-            if isinstance(inner, ast.Assign) and any(_binds(t, "all_to_all_args") for t in inner.targets):
-                if isinstance(inner.value, ast.Call) and _mentions(inner.value.func, name="dict"):
-                    handle_args = {k.arg: k.value for k in inner.value.keywords if k.arg}
+            if (isinstance(inner, ast.Assign) and any(_binds(t, "all_to_all_args") for t in inner.targets)
+                    and isinstance(inner.value, ast.Call) and _mentions(inner.value.func, name="dict")):
+                handle_args = {k.arg: k.value for k in inner.value.keywords if k.arg}
             if isinstance(inner, ast.Assign) and any(_binds(t, "use_fp8_dispatch") for t in inner.targets):
                 use_fp8 = inner.value
             if isinstance(inner, ast.Call) and _mentions(inner.func, name=LL_PREPARE_FINALIZE):
@@ -552,10 +557,8 @@ def apply_views(
     for statement in assignments:
         target = statement.targets[0] if len(statement.targets) == 1 else None
         if isinstance(target, ast.Name) and target.id not in names:
-            try:
+            with contextlib.suppress(Unevaluable):
                 scope[target.id] = run_expression(files, owner.file, statement.value, scope, self_of=self_of)
-            except Unevaluable:
-                pass
     for call in _walk_calls(function):
         if not (_mentions(call.func, name="_resize_cache") and len(call.args) == 2):
             continue

@@ -13,7 +13,11 @@ import time
 from pathlib import Path
 
 from harness.sizing.vllm_source.cache import (
-    DOWNLOAD_LOG_NAME, PINNED_WHEELS, SHA256_PATTERN, CacheError, sha256_file,
+    DOWNLOAD_LOG_NAME,
+    PINNED_WHEELS,
+    SHA256_PATTERN,
+    CacheError,
+    sha256_file,
 )
 
 # Any local python can fetch the Linux x86-64 wheel: vLLM ships one cp38-abi3 wheel per release, under whichever

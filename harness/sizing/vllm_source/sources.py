@@ -32,7 +32,6 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from harness.sizing.vllm_source.registry import check_kept_wheel, download_release
 from harness.sizing.vllm_source.cache import (
     DAMAGED_ZIP_ERRORS,
     CacheError,
@@ -44,6 +43,7 @@ from harness.sizing.vllm_source.cache import (
     serves,
     sha256_file,
 )
+from harness.sizing.vllm_source.registry import check_kept_wheel, download_release
 
 FUSED_MOE_DIR = "vllm/model_executor/layers/fused_moe"
 VERSION_FILE = "vllm/_version.py"
@@ -366,10 +366,8 @@ def _fetch_release(version: str, version_dir: Path, *, with_ops: bool, keep_whee
 
 
 def _remove_if_empty(directory: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         directory.rmdir()
-    except OSError:
-        pass
 
 
 def _locate_wheel(wheel: Path, cache_dir: Path, *, with_ops: bool) -> VllmSource:

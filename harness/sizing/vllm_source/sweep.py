@@ -28,6 +28,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from harness.core.contract import SizingArgs, live_set_bytes
 from harness.sizing.vllm_source.evaluate import (
@@ -108,15 +109,15 @@ FAILING = (DOUBLE, UNDER)
 
 @dataclass(frozen=True, order=True)
 class Point:
-    D: int  # noqa: N815 - the letters of docs/design.md
+    D: int
     dispatchers: str  # "set" | "unset"
     experts: str  # "E·D" | "EPLB"
     quant: str
     activation: str
-    K: int  # noqa: N815
-    I: int  # noqa: N815, E741
-    E: int  # noqa: N815
-    T: int  # noqa: N815
+    K: int
+    I: int
+    E: int
+    T: int
 
     def args(self) -> SizingArgs:
         return SizingArgs(
@@ -230,7 +231,7 @@ def point_attributes(point: Point) -> dict[str, object]:
     attributes = standin_attributes(args)
     quant = QUANT_BY_NAME[point.quant]
     fp8, f32 = DTYPES["float8_e4m3fn"], DTYPES["float32"]
-    old = attributes["quant_config"]
+    old = cast(StandIn, attributes["quant_config"])
     quant_dtype = fp8 if quant.fp8 else quant.dtype  # nvfp4 is a string in vLLM's quant config too
     attributes["quant_config"] = StandIn(
         "self.quant_config", **{**old.attributes,
@@ -239,7 +240,7 @@ def point_attributes(point: Point) -> dict[str, object]:
         "per_act_token_quant": quant.per_token, "per_out_ch_quant": quant.per_token,
         "block_shape": list(quant.block) if quant.block else None},
     )  # fmt: skip
-    moe_config = attributes["moe_config"]
+    moe_config = cast(StandIn, attributes["moe_config"])
     if point.experts == "EPLB":
         logical = point.E * point.D - point.D
         attributes["moe_config"] = StandIn(
@@ -247,7 +248,7 @@ def point_attributes(point: Point) -> dict[str, object]:
         )
     if point.dispatchers == "unset":
         attributes["num_dispatchers"] = None
-    E, M, K, N = args.num_local_experts, args.M, args.K, args.N
+    E, K, N = args.num_local_experts, args.K, args.N
     attributes.update(
         w1_scale=FakeTensor((E, N, 1), f32) if quant.dtype else None,
         w2_scale=FakeTensor((E, K, 1), f32) if quant.dtype else None,
@@ -282,15 +283,15 @@ def apply_arguments(point: Point, ws13: tuple[int, ...], ws2: tuple[int, ...]) -
         "workspace13": WorkspaceTensor("workspace13", ws13, bf16, whole=True),
         "workspace2": WorkspaceTensor("workspace2", ws2, bf16, whole=True),
         "expert_tokens_meta": StandIn("expert_tokens_meta", expert_num_tokens=FakeTensor((E,), i32),
-                                      expert_num_tokens_cpu=None),  # fmt: skip
+                                      expert_num_tokens_cpu=None),
         "expert_tokens_metadata": StandIn("expert_tokens_metadata", expert_num_tokens=FakeTensor((E,), i32),
-                                          expert_num_tokens_cpu=None),  # the name up to ~0.10  # fmt: skip
+                                          expert_num_tokens_cpu=None),  # the name up to ~0.10
         "apply_router_weight_on_input": False,
         # Up to ~0.10 apply() took the scales and zero points as arguments.
         "w1_scale": FakeTensor((E, N, 1), f32) if quant.dtype else None,
         "w2_scale": FakeTensor((E, K, 1), f32) if quant.dtype else None,
         "w1_zp": None, "w2_zp": None, "extra_expert_args": None,
-    }  # fmt: skip
+    }
 
 
 class _SweepProgram:
@@ -533,7 +534,7 @@ def boxes(points: Iterable[Point]) -> list[dict[str, tuple]]:
     """A cover of the points by disjoint boxes (a product of a value set per axis), few where the points are a
     product: {axis: sorted values}."""
     tuples = {tuple(getattr(p, axis) for axis in AXES) for p in points}
-    return [dict(zip(AXES, (tuple(sorted(v)) for v in box))) for box in _boxes(tuples, len(AXES))]
+    return [dict(zip(AXES, (tuple(sorted(v)) for v in box), strict=True)) for box in _boxes(tuples, len(AXES))]
 
 
 def _boxes(points: set[tuple], width: int) -> list[tuple[frozenset, ...]]:
@@ -546,8 +547,8 @@ def _boxes(points: set[tuple], width: int) -> list[tuple[frozenset, ...]]:
     for value, rest in suffixes.items():
         by_suffixes[frozenset(rest)].append(value)
     found = []
-    for rest, values in by_suffixes.items():
-        for sub in _boxes(set(rest), width - 1):
+    for shared, values in by_suffixes.items():
+        for sub in _boxes(set(shared), width - 1):
             found.append((frozenset(values), *sub))
     return sorted(found, key=lambda box: tuple(sorted(box[0])) if box else ())
 

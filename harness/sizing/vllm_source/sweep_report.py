@@ -14,6 +14,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
 
 from harness.core.exits import EXIT_ERROR, EXIT_OK
 from harness.sizing.vllm_source.sweep import (
@@ -125,9 +129,9 @@ def _values_text(values: list, domain: list) -> str:
         gated = [v for v in domain if v.endswith("_no_mul")]
         if values == gated:
             return "every non-gated"
-    if all(isinstance(v, str) for v in values) and not any(v.endswith("_no_mul") for v in values):
-        if values == [v for v in domain if not v.endswith("_no_mul")] and len(values) > 2:
-            return "every gated"
+    if (all(isinstance(v, str) for v in values) and not any(v.endswith("_no_mul") for v in values)
+            and values == [v for v in domain if not v.endswith("_no_mul")] and len(values) > 2):
+        return "every gated"
     return "{" + ",".join(str(v) for v in values) + "}"
 
 
@@ -141,8 +145,9 @@ def print_sweep(result: SweepResult, *, file=None) -> None:
                   f"T={_axis(GRID_T)} (K,I)={' '.join(f'({k},{i})' for k, i in GRID_KI)}; "
                   f"activations: {', '.join(result.activations)}")  # fmt: skip
     table = Table(show_lines=False)
-    for column, justify in (("class", "left"), ("outcome", "left"), ("points", "right"), ("where", "left"),
-                            ("what", "left")):  # fmt: skip
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("class", "left"), ("outcome", "left"), ("points", "right"), ("where", "left"), ("what", "left"))
+    for column, justify in columns:
         table.add_column(column, justify=justify, overflow="fold")
     for cls in result.classes:
         rows = [g for g in groups(cls) if g[0].status not in (CONSISTENT, UNSUPPORTED)]
@@ -202,7 +207,7 @@ def sweep_json(result: SweepResult) -> dict:
                     {"status": o.status, "detail": o.detail, "ratio": o.ratio, "points": len(points),
                      "where": {axis: list(values) for axis, values in box.items()}}
                     for o, points, box in groups(c)
-                ],  # fmt: skip
+                ],
             }
             for c in result.classes
         ],
@@ -322,7 +327,7 @@ def releases_json(results: list[SweepResult], errors: dict[str, str]) -> dict:
                           "live_set": c.live_set, "points": len(c.outcomes), "counts": _counts(c)}
                          for c in r.classes]}
             for r in results
-        ],  # fmt: skip
+        ],
         "not_swept": errors,
         "runs": release_rows(results),
     }

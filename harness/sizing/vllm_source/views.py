@@ -22,14 +22,15 @@ import ast
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from harness.sizing.vllm_source.interpreter import (
     DEFAULT_BUDGET,
     FORMAT_ENUM_STANDIN,
     AssertFailed,
+    BoundMethod,
     Budget,
     Builtin,
-    BoundMethod,
     DType,
     FakeTensor,
     Function,
@@ -58,6 +59,9 @@ class WorkspaceTensor(FakeTensor):
         super().__init__(shape, dtype)
         self.buffer = buffer
         self.whole = whole
+
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,7 @@ class Tracer(Interpreter):
 
     # --- values the tracer holds ---------------------------------------------------------------------------
 
-    def check_value(self, value: object, *, what: str = "a value") -> object:
+    def check_value(self, value: _T, *, what: str = "a value") -> _T:
         if isinstance(value, Opaque):
             return value
         return super().check_value(value, what=what)
@@ -336,8 +340,8 @@ def init_parameter_default(program: Program, cls: object, name: str) -> str | No
     if init is not None:
         owner, spec = init.owner, init.node.args
         positional = [*spec.posonlyargs, *spec.args]
-        defaults = dict(zip([a.arg for a in positional[len(positional) - len(spec.defaults) :]], spec.defaults))
-        defaults.update({a.arg: d for a, d in zip(spec.kwonlyargs, spec.kw_defaults) if d is not None})
+        defaults = dict(zip([a.arg for a in positional[len(positional) - len(spec.defaults) :]], spec.defaults, strict=True))
+        defaults.update({a.arg: d for a, d in zip(spec.kwonlyargs, spec.kw_defaults, strict=True) if d is not None})
         if name not in {a.arg for a in (*positional, *spec.kwonlyargs)}:
             return f"{owner.name}.__init__ takes no {name}"
         default = defaults.get(name)
@@ -361,7 +365,7 @@ def _by_parameter(function: Function, arguments: Mapping[str, object]) -> dict[s
     spec = function.node.args
     positional = [*spec.posonlyargs, *spec.args]
     with_default = {a.arg for a in positional[len(positional) - len(spec.defaults) :]}
-    with_default |= {a.arg for a, d in zip(spec.kwonlyargs, spec.kw_defaults) if d is not None}
+    with_default |= {a.arg for a, d in zip(spec.kwonlyargs, spec.kw_defaults, strict=True) if d is not None}
     names = [a.arg for a in (*positional[1:], *spec.kwonlyargs)]
     return {
         name: arguments[name] if name in arguments else Opaque(f"the argument {name}")
