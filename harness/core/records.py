@@ -38,6 +38,8 @@ _V1_CORRECTNESS_VERDICTS = ("within_tolerance", "first_diverging_stage")
 
 
 RecordProblem = Literal["missing", "unreadable", "truncated", "corrupt", "newer-schema"]
+ExpectedOutcome = Literal["fit", "oom"]  # what expect.outcomes may say of a policy
+CommBackend = Literal["symm-mem", "nccl", "gloo"]  # the dispatch/combine backends (harness.core.backends.COMM)
 
 
 class RecordError(Exception):
@@ -145,7 +147,7 @@ class Breakdown(Record):
 class CommRecord(Record):
     """Which comm backend carried the run, why, and its buffers on this rank."""
 
-    backend: Literal["symm-mem", "nccl", "gloo"]
+    backend: CommBackend
     choice: str  # why: "named by the scenario", or how auto chose
     deepep_ll_bytes: int  # DeepEP low-latency's buffer for the same T, K and global experts (harness.sizing.deepep)
     deepep_combine_variant: str  # which DeepEP message layout the figure assumes
@@ -269,7 +271,7 @@ class PolicyResult(Record):
     timings: Timings | None = None
     throughput: Throughput | None = None
     correctness: Correctness | None = None
-    expected_outcome: Literal["fit", "oom"] | None = None  # expect.outcomes as the rank was given it
+    expected_outcome: ExpectedOutcome | None = None  # expect.outcomes as the rank was given it
     oom: OomRecord | None = None
     error: str | None = None  # status "error": what was raised, on this rank or (stopped) on the ranks named
     # Ranks whose own OOM or error ended this policy; every rank stops the policy together (they agree before the

@@ -33,6 +33,7 @@ from harness.core.environment import collect_hardware, collect_versions
 from harness.core.events import Done, PolicyDone, PolicyStarted, RankEvent, Ready
 from harness.core.records import (
     Breakdown,
+    CommBackend,
     CommRecord,
     ComponentMemory,
     ContractBytes,
@@ -345,7 +346,7 @@ def _measure(setup: RankSetup, state: PolicyState, baseline: Baseline, sampler: 
     device, acc = setup.device, setup.accountant
     cuda = device.type == "cuda"
     memory = MemoryMeasurement(
-        method=setup.probe.method,  # type: ignore[arg-type]
+        method=setup.probe.method,
         label=setup.probe.label,
         baseline_bytes=baseline.used_bytes,
         peak_bytes=sampler.peak_bytes,
@@ -490,7 +491,7 @@ def _setup_comm(s: Scenario, layout: DispatchLayout, probe: MemoryProbe, account
         _, region_step = _measured_step(probe, accountant, lambda: accountant.alloc(
             "comm", (deepep.total_bytes,), torch.uint8))  # fmt: skip
         components.append(region_step.component("deepep-rdma", predicted, region_step.allocated_bytes))
-    record = CommRecord(backend=name, choice=choice, deepep_ll_bytes=deepep.total_bytes,  # type: ignore[arg-type]
+    record = CommRecord(backend=cast(CommBackend, name), choice=choice, deepep_ll_bytes=deepep.total_bytes,
                         deepep_combine_variant=deepep.combine_variant, harness_bytes=comm.harness_bytes,
                         comm_bytes=accountant.bytes_of("comm"), row_kernels=row_kernels(device))
     return (comm, record), components

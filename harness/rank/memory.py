@@ -22,6 +22,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Literal
 
 import psutil
 import torch
@@ -175,7 +176,7 @@ class MemoryProbe:
         self._process = psutil.Process(os.getpid())
 
     @property
-    def method(self) -> str:
+    def method(self) -> Literal["nvml", "rss"]:
         return "nvml" if self.nvml is not None else "rss"
 
     @property

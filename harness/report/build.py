@@ -21,6 +21,7 @@ from harness.core.contract import fixed_shapes, live_set_bytes
 from harness.core.exits import EXIT_OK
 from harness.core.records import (
     SCHEMA_VERSION,
+    ExpectedOutcome,
     MemoryMeasurement,
     PolicyResult,
     RankFailure,
@@ -223,7 +224,7 @@ def _spread(t: Timings | None) -> StageSpread | None:
     return StageSpread(**fields)
 
 
-def _rank_policy(record: RankRecord, result: PolicyResult, checks: Checks, expected: str | None,
+def _rank_policy(record: RankRecord, result: PolicyResult, checks: Checks, expected: ExpectedOutcome | None,
                  stopped: list[int] | None, judging: Judging) -> RankPolicy:
     mem: MemoryMeasurement | None = result.memory
     t, tp, c = result.timings, result.throughput, result.correctness
@@ -231,7 +232,7 @@ def _rank_policy(record: RankRecord, result: PolicyResult, checks: Checks, expec
     # Bus bandwidth is algbw x (P-1)/P: with one physical rank nothing crosses a link, and 0 would read as "slow".
     bus = tp is not None and record.num_ranks > 1
     return RankPolicy(
-        policy=result.policy, status=result.status, expected_outcome=expected, stopped_by_ranks=stopped,  # type: ignore[arg-type]
+        policy=result.policy, status=result.status, expected_outcome=expected, stopped_by_ranks=stopped,
         contract_total_bytes=result.contract.total_bytes,
         contract_allocated_bytes=result.contract.common_bytes + result.contract.ws2_bytes,
         # A policy that did not run to the end measured no workspace: its record's 0 is the allocation that failed.
@@ -319,7 +320,7 @@ def _failure_problems(failures: tuple[RankFailure, ...], finished: dict[int, lis
 
 
 def _policy_summary(policy: str, ranks: list[RankEntry], contracts: dict[str, Any], scenario: Scenario | None,
-                    fixed_total: int | None, expected_default: str | None) -> PolicySummary:
+                    fixed_total: int | None, expected_default: ExpectedOutcome | None) -> PolicySummary:
     entries = [p for r in ranks for p in r.policies if p.policy == policy]
     contract = contracts.get(policy)
     num_oom = sum(1 for e in entries if e.status == "oom")
@@ -332,7 +333,7 @@ def _policy_summary(policy: str, ranks: list[RankEntry], contracts: dict[str, An
     # Measured figures only from ranks where the policy ran to the end: an OOMed rank's workspace delta is
     # the allocation that failed (0), not a measurement of the policy.
     ran = [e for e in entries if e.status == "ok"]
-    spreads = [e.timing_spread for e in ran]
+    spreads = [e.timing_spread for e in ran if e.timing_spread is not None]
     return PolicySummary(
         policy=policy,
         contract_total_bytes=contract.total_bytes if contract else None,
@@ -344,7 +345,7 @@ def _policy_summary(policy: str, ranks: list[RankEntry], contracts: dict[str, An
         fixed_total_bytes=fixed_total,
         ratio_to_fixed=contract.total_bytes / fixed_total if contract and fixed_total else None,
         num_ranks=len(entries), num_ok=len(ran), num_oom=num_oom, num_stopped=num_stopped,
-        num_error=num_error, outcome=outcome, expected_outcome=expected,  # type: ignore[arg-type]
+        num_error=num_error, outcome=outcome, expected_outcome=expected,
         expectation=policy_expectation(outcome, expected),
         baseline_bytes=_agg(e.baseline_bytes for e in entries),
         workspace_delta_bytes=_agg(e.workspace_delta_bytes for e in ran),
@@ -354,7 +355,7 @@ def _policy_summary(policy: str, ranks: list[RankEntry], contracts: dict[str, An
         max_rel_error=_agg(e.max_rel_error for e in ran), max_abs_error=_agg(e.max_abs_error for e in ran),
         dispatch_us=_agg(e.dispatch_us for e in ran), experts_us=_agg(e.experts_us for e in ran),
         combine_us=_agg(e.combine_us for e in ran),
-        timing_spread=_widest(spreads) if spreads and all(s is not None for s in spreads) else None,  # type: ignore[arg-type]
+        timing_spread=_widest(spreads) if spreads and len(spreads) == len(ran) else None,
         experts_tflops=_agg(e.experts_tflops for e in ran),
         dispatch_busbw_gbps=_agg(e.dispatch_busbw_gbps for e in ran),
         combine_busbw_gbps=_agg(e.combine_busbw_gbps for e in ran),

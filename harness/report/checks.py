@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from harness.core.contract import BUILTIN_POLICIES, builtin_shapes
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
-from harness.core.records import Correctness, MemoryMeasurement, PolicyResult, RankRecord, StageCheck
+from harness.core.records import Correctness, ExpectedOutcome, MemoryMeasurement, PolicyResult, RankRecord, StageCheck
 from harness.core.units import human_bytes
 from harness.report.model import Check, CheckCounts, CheckOutcome, Checks, Outcome, Problem
 from harness.scenario.schema import Scenario
@@ -47,7 +47,7 @@ BASELINE_ROUNDING_BYTES = {"nvml": 2 * 2**20, "rss": 64 * 2**20}
 class Judging:
     """What the checks compare against: the scenario's expectations and tolerances."""
 
-    expected: dict[str, str]
+    expected: dict[str, ExpectedOutcome]
     memory_tolerance_pct: float
     max_error: float
     max_error_source: str  # "expect.max_error" or, when the scenario is unreadable, the record's own number

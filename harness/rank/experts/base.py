@@ -67,8 +67,10 @@ def make_weights(
         )
         q1, s1 = quantize_per_channel(f1.unsqueeze(0))
         q2, s2 = quantize_per_channel(f2.unsqueeze(0))
-        w1[e].copy_(q1[0]); w1_scale[e].copy_(s1[0])  # noqa: E702
-        w2[e].copy_(q2[0]); w2_scale[e].copy_(s2[0])  # noqa: E702
+        w1[e].copy_(q1[0])
+        w1_scale[e].copy_(s1[0])
+        w2[e].copy_(q2[0])
+        w2_scale[e].copy_(s2[0])
     return ExpertWeights(w1=w1, w1_scale=w1_scale, w2=w2, w2_scale=w2_scale)
 
 
