@@ -43,8 +43,12 @@ def main() -> int:
     scenario = make_scenario(
         name=f"bench-collect-{ns.num_ranks}",
         model={"preset": "deepseek-v3"},
-        parallel={"num_dispatchers": ns.num_ranks, "num_ranks": ns.num_ranks,
-                  "num_local_experts": -(-DEEPSEEK_V3_EXPERTS // ns.num_ranks), "max_tokens_per_rank": 256},
+        parallel={
+            "num_dispatchers": ns.num_ranks,
+            "num_ranks": ns.num_ranks,
+            "num_local_experts": -(-DEEPSEEK_V3_EXPERTS // ns.num_ranks),
+            "max_tokens_per_rank": 256,
+        },
         policies=["legacy", "fixed", "lower-bound"],
         expect={"outcomes": {"legacy": "oom", "fixed": "fit"}, "memory_tolerance_pct": 1.0},
     )
@@ -72,13 +76,18 @@ def main() -> int:
     if ns.json:
         import json
 
-        print(json.dumps({"num_ranks": ns.num_ranks, "timings_s": timings, "cpu_timings_s": cpu_timings,
-                          "target_s": TARGET_S}))
+        print(
+            json.dumps(
+                {"num_ranks": ns.num_ranks, "timings_s": timings, "cpu_timings_s": cpu_timings, "target_s": TARGET_S}
+            )
+        )
         return 0 if warm_cpu < TARGET_S else 1
     # Other jobs on a shared 2-core machine stretch wall time; the CPU time and the load show by how much.
     load = os.getloadavg()[0]
-    print(f"# bench_collect: {ns.num_ranks} rank records ({size / 2**20:.1f} MiB), 3 policies each; "
-          f"writing them took {write_s:.2f} s")
+    print(
+        f"# bench_collect: {ns.num_ranks} rank records ({size / 2**20:.1f} MiB), 3 policies each; "
+        f"writing them took {write_s:.2f} s"
+    )
     print("# outputs: " + ", ".join(f"{name} {sizes[name] / 2**20:.2f} MiB" for name in REPORT_FILES))
     print(f"# exit code of the synthetic run: {result.exit_code} ({result.report.exit_reason})")
     print(f"# {os.cpu_count()} CPUs, load average {load:.2f} while measuring")

@@ -65,8 +65,14 @@ def _compare(baseline: Path, current: Path) -> tuple[float, float, int, int]:
     """(wall s, CPU s, peak RSS bytes, exit code) of one `harness compare` command."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", _COMPARE, str(baseline), str(current)], cwd=REPO_DIR,
-                          capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPARE, str(baseline), str(current)],
+        cwd=REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -120,8 +126,10 @@ class CompareBench(BaseModel):
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as info:
-            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")),
-                        platform.processor() or "unknown")
+            return next(
+                (line.split(":", 1)[1].strip() for line in info if line.startswith("model name")),
+                platform.processor() or "unknown",
+            )
     except OSError:
         return platform.processor() or "unknown"
 
@@ -154,14 +162,28 @@ def main() -> int:
     rss = max(s.max_rss_bytes for s in samples)
     result = CompareBench(
         command=f"nice python benchmarks/bench_compare.py --cells {ns.cells} --cell-ranks {ns.cell_ranks} "
-                f"--repeats {ns.repeats}" + (f" --out {ns.out}" if ns.out else ""),
-        cells=ns.cells, cell_ranks=ns.cell_ranks, records_each=ns.cells * ns.cell_ranks,
-        matrix_report_json_bytes=matrix_bytes, cell_report_json_bytes=cell_bytes, cpu_s_median=cpu,
-        max_rss_bytes=rss, samples=samples, target_cpu_s=TARGET_CPU_S, target_rss_bytes=TARGET_RSS_BYTES,
-        meets_targets=cpu <= TARGET_CPU_S and rss <= TARGET_RSS_BYTES, setup_s=setup_s,
-        machine=Machine(node=platform.node(), cpu_model=_cpu_model(), cpus=os.cpu_count(),
-                        load_avg_1m_before=round(load_before, 2), load_avg_1m_after=round(load_after, 2),
-                        python=platform.python_version(), pydantic=metadata.version("pydantic")),
+        f"--repeats {ns.repeats}" + (f" --out {ns.out}" if ns.out else ""),
+        cells=ns.cells,
+        cell_ranks=ns.cell_ranks,
+        records_each=ns.cells * ns.cell_ranks,
+        matrix_report_json_bytes=matrix_bytes,
+        cell_report_json_bytes=cell_bytes,
+        cpu_s_median=cpu,
+        max_rss_bytes=rss,
+        samples=samples,
+        target_cpu_s=TARGET_CPU_S,
+        target_rss_bytes=TARGET_RSS_BYTES,
+        meets_targets=cpu <= TARGET_CPU_S and rss <= TARGET_RSS_BYTES,
+        setup_s=setup_s,
+        machine=Machine(
+            node=platform.node(),
+            cpu_model=_cpu_model(),
+            cpus=os.cpu_count(),
+            load_avg_1m_before=round(load_before, 2),
+            load_avg_1m_after=round(load_after, 2),
+            python=platform.python_version(),
+            pydantic=metadata.version("pydantic"),
+        ),
     )
     m = result.machine
     lines = [
@@ -174,10 +196,15 @@ def main() -> int:
         f"{m.pydantic}",
         f"- setup (write + collect both matrices): {setup_s:.1f} s; one matrix's report.json {matrix_bytes / 1e6:.1f} MB "
         f"(the cells' summaries), its cells' own report.json files {cell_bytes / 1e6:.1f} MB (hashed, not parsed)",
-        "", "| sample | wall s | CPU s | max RSS MB | exit |", "|---:|---:|---:|---:|---:|",
-        *(f"| {i + 1} | {s.wall_s:.2f} | {s.cpu_s:.2f} | {s.max_rss_bytes / 1e6:.0f} | {s.exit_code} |"
-          for i, s in enumerate(samples)),
-        "", f"{'OK' if result.meets_targets else 'FAILED'}: median {cpu:.2f} s of CPU (target {TARGET_CPU_S:g} s), "
+        "",
+        "| sample | wall s | CPU s | max RSS MB | exit |",
+        "|---:|---:|---:|---:|---:|",
+        *(
+            f"| {i + 1} | {s.wall_s:.2f} | {s.cpu_s:.2f} | {s.max_rss_bytes / 1e6:.0f} | {s.exit_code} |"
+            for i, s in enumerate(samples)
+        ),
+        "",
+        f"{'OK' if result.meets_targets else 'FAILED'}: median {cpu:.2f} s of CPU (target {TARGET_CPU_S:g} s), "
         f"peak {rss / 1e6:.0f} MB (target {TARGET_RSS_BYTES / 1e6:.0f} MB)",
     ]
     print("\n".join(lines))

@@ -68,16 +68,22 @@ def synthetic_matrix(tmp: Path, *, num_cells: int, ranks_per_cell: int) -> Matri
         raise SystemExit(f"--cells {num_cells}: not a product of 8 x 4 x 4 x 8 axis values")
     d, k, i, t = counts
     axes: dict[str, list[Any]] = {"parallel.num_dispatchers": _powers(ranks_per_cell, d)}
-    for key, first, n in (("model.hidden_size", 128, k), ("model.intermediate_size", 64, i),
-                          ("parallel.max_tokens_per_rank", 16, t)):
+    for key, first, n in (
+        ("model.hidden_size", 128, k),
+        ("model.intermediate_size", 64, i),
+        ("parallel.max_tokens_per_rank", 16, t),
+    ):
         if n > 1:
             axes[key] = _powers(first, n)
     num_experts = ranks_per_cell * 2 ** (d - 1)  # one local expert per dispatcher at the largest D
-    base = {"name": "bench-matrix", "model": {"hidden_size": 128, "intermediate_size": 64,
-                                              "num_experts": max(num_experts, 8), "top_k": 1},
-            "parallel": {"num_dispatchers": ranks_per_cell, "num_ranks": ranks_per_cell, "max_tokens_per_rank": 16},
-            "policies": POLICIES, "device": "cpu",
-            "expect": {"outcomes": {"legacy": "fit", "fixed": "fit"}, "memory_tolerance_pct": 1.0}}
+    base = {
+        "name": "bench-matrix",
+        "model": {"hidden_size": 128, "intermediate_size": 64, "num_experts": max(num_experts, 8), "top_k": 1},
+        "parallel": {"num_dispatchers": ranks_per_cell, "num_ranks": ranks_per_cell, "max_tokens_per_rank": 16},
+        "policies": POLICIES,
+        "device": "cpu",
+        "expect": {"outcomes": {"legacy": "fit", "fixed": "fit"}, "memory_tolerance_pct": 1.0},
+    }
     matrix = matrix_from_data({"matrix": {"name": "bench-matrix", "base": base, "axes": axes}}, tmp / "bench.yaml")
     if len(matrix.cells()) != num_cells:
         raise SystemExit(f"the synthetic matrix has {len(matrix.cells())} valid cells, not {num_cells}")
@@ -123,8 +129,14 @@ print(json.dumps({"peak_kib_over_imports": peak_kib() - before}))
 def collect_memory(run_dir: Path, num_records: int) -> float:
     """KiB per record that collecting the run (in memory, a fresh process) adds to its peak RSS."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_DIR), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-c", _PEAK_PROBE, str(run_dir)], capture_output=True, text=True,
-                          env=env, timeout=600, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK_PROBE, str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])["peak_kib_over_imports"] / num_records
 
 
@@ -156,16 +168,26 @@ def measure(tmp: Path, *, records: int, cell_ranks: int, cells: int, repeats: in
         "schema_version": 1,
         "benchmark": "matrix collect: the same records as one run and as a matrix; a large matrix's combined report",
         "command": f"python benchmarks/bench_matrix_collect.py --records {records} --cell-ranks {cell_ranks} "
-                   f"--cells {cells} --repeats {repeats}",
+        f"--cells {cells} --repeats {repeats}",
         "machine": {"node": platform.node(), "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)},
-        "versions": {"python": platform.python_version(), "matplotlib": metadata.version("matplotlib"),
-                     "pydantic": metadata.version("pydantic")},
-        "records": records, "cell_ranks": cell_ranks, "split_cells": records // cell_ranks, "cells": cells,
+        "versions": {
+            "python": platform.python_version(),
+            "matplotlib": metadata.version("matplotlib"),
+            "pydantic": metadata.version("pydantic"),
+        },
+        "records": records,
+        "cell_ranks": cell_ranks,
+        "split_cells": records // cell_ranks,
+        "cells": cells,
         "samples_cpu_s": {k: [round(x, 3) for x in v] for k, v in samples.items()},
-        "one_run_cpu_s": round(medians["one_run"], 3), "split_cpu_s": round(medians["split"], 3),
-        "ratio": round(ratio, 2), "ratio_target": RATIO_TARGET,
-        "cells_cpu_s": round(medians["many"], 3), "cells_combined_cpu_s": round(medians["many_combined"], 3),
-        "cells_target_s": CELLS_TARGET_S, "collect_kib_per_record": round(memory_kib, 1),
+        "one_run_cpu_s": round(medians["one_run"], 3),
+        "split_cpu_s": round(medians["split"], 3),
+        "ratio": round(ratio, 2),
+        "ratio_target": RATIO_TARGET,
+        "cells_cpu_s": round(medians["many"], 3),
+        "cells_combined_cpu_s": round(medians["many_combined"], 3),
+        "cells_target_s": CELLS_TARGET_S,
+        "collect_kib_per_record": round(memory_kib, 1),
         "combined_sizes_bytes": sizes,
         "meets_target": ratio <= RATIO_TARGET and medians["many"] <= CELLS_TARGET_S,
     }
@@ -174,24 +196,30 @@ def measure(tmp: Path, *, records: int, cell_ranks: int, cells: int, repeats: in
 def markdown(r: dict[str, Any]) -> str:
     verdict = lambda ok: "meets" if ok else "does NOT meet"  # noqa: E731
     sizes = r["combined_sizes_bytes"]
-    return "\n".join([
-        "# Matrix collect at scale", "",
-        f"- {r['records']} records as one run: {r['one_run_cpu_s']:.2f} s CPU; as {r['split_cells']} cells of "
-        f"{r['cell_ranks']}: {r['split_cpu_s']:.2f} s CPU: x{r['ratio']:.2f} (target <= x{r['ratio_target']:g}): "
-        f"{verdict(r['ratio'] <= r['ratio_target'])}",
-        f"- {r['cells']} cells of one rank, every cell collected and the combined report: {r['cells_cpu_s']:.1f} s "
-        f"CPU, of which the combined report {r['cells_combined_cpu_s']:.1f} s (target <= {r['cells_target_s']:g} s): "
-        f"{verdict(r['cells_cpu_s'] <= r['cells_target_s'])}",
-        f"- memory: collecting the {r['records']}-record run adds {r['collect_kib_per_record']:.0f} KiB a record to "
-        "the peak RSS of a fresh process (records streamed: each judged, folded and dropped as it is read)",
-        f"- the {r['cells']}-cell matrix's report.html {sizes['report.html'] / 2**10:.0f} KiB, report.md "
-        f"{sizes['report.md'] / 2**10:.0f} KiB, report.json {sizes['report.json'] / 2**20:.1f} MiB", "",
-        f"Machine: {r['machine']}; Python {r['versions']['python']}, matplotlib {r['versions']['matplotlib']}, "
-        f"pydantic {r['versions']['pydantic']}. CPU time is user + sys of the benchmark process (getrusage), "
-        "median of the repeats; the path is harness run's after its cells ran (each cell collected as it finishes, "
-        "its page without figures, then the combined report from the collected cells).", "",
-        f"Command: `{r['command']}`", "",
-    ])
+    return "\n".join(
+        [
+            "# Matrix collect at scale",
+            "",
+            f"- {r['records']} records as one run: {r['one_run_cpu_s']:.2f} s CPU; as {r['split_cells']} cells of "
+            f"{r['cell_ranks']}: {r['split_cpu_s']:.2f} s CPU: x{r['ratio']:.2f} (target <= x{r['ratio_target']:g}): "
+            f"{verdict(r['ratio'] <= r['ratio_target'])}",
+            f"- {r['cells']} cells of one rank, every cell collected and the combined report: {r['cells_cpu_s']:.1f} s "
+            f"CPU, of which the combined report {r['cells_combined_cpu_s']:.1f} s (target <= {r['cells_target_s']:g} s): "
+            f"{verdict(r['cells_cpu_s'] <= r['cells_target_s'])}",
+            f"- memory: collecting the {r['records']}-record run adds {r['collect_kib_per_record']:.0f} KiB a record to "
+            "the peak RSS of a fresh process (records streamed: each judged, folded and dropped as it is read)",
+            f"- the {r['cells']}-cell matrix's report.html {sizes['report.html'] / 2**10:.0f} KiB, report.md "
+            f"{sizes['report.md'] / 2**10:.0f} KiB, report.json {sizes['report.json'] / 2**20:.1f} MiB",
+            "",
+            f"Machine: {r['machine']}; Python {r['versions']['python']}, matplotlib {r['versions']['matplotlib']}, "
+            f"pydantic {r['versions']['pydantic']}. CPU time is user + sys of the benchmark process (getrusage), "
+            "median of the repeats; the path is harness run's after its cells ran (each cell collected as it finishes, "
+            "its page without figures, then the combined report from the collected cells).",
+            "",
+            f"Command: `{r['command']}`",
+            "",
+        ]
+    )
 
 
 def main() -> int:
@@ -207,7 +235,9 @@ def main() -> int:
     if ns.records % ns.cell_ranks:
         parser.error(f"--records {ns.records} is not a multiple of --cell-ranks {ns.cell_ranks}")
     with tempfile.TemporaryDirectory() as tmp:
-        result = measure(ns.keep or Path(tmp), records=ns.records, cell_ranks=ns.cell_ranks, cells=ns.cells, repeats=ns.repeats)
+        result = measure(
+            ns.keep or Path(tmp), records=ns.records, cell_ranks=ns.cell_ranks, cells=ns.cells, repeats=ns.repeats
+        )
     if ns.out is not None:
         ns.out.mkdir(parents=True, exist_ok=True)
         (ns.out / "matrix-collect.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -80,8 +80,10 @@ def main() -> int:
         "target_ratio": TARGET_RATIO,
         "meets_target": ratio <= TARGET_RATIO,
     }
-    line = (f"harness plan: 1 cell {figures[1]:.2f} s CPU, {ns.cells} cells {figures[ns.cells]:.2f} s CPU: "
-            f"x{ratio:.2f} (target <= x{TARGET_RATIO:g}): {'meets' if report['meets_target'] else 'misses'}")
+    line = (
+        f"harness plan: 1 cell {figures[1]:.2f} s CPU, {ns.cells} cells {figures[ns.cells]:.2f} s CPU: "
+        f"x{ratio:.2f} (target <= x{TARGET_RATIO:g}): {'meets' if report['meets_target'] else 'misses'}"
+    )
     print(json.dumps(report) if ns.json else line)
     if ns.out is not None:
         ns.out.mkdir(parents=True, exist_ok=True)

@@ -45,13 +45,23 @@ def main(argv: list[str] | None = None) -> int:
     # The experts of the scenario's P ranks on one (the harness's --num-ranks 1 keeps the experts per rank fixed
     # only where P is 1 already).
     num_local = data["parallel"]["num_local_experts"] * data["parallel"]["num_ranks"]
-    for key, value in {"parallel.num_ranks": 1, "parallel.num_local_experts": num_local,
-                       "device": "cuda" if cuda else "cpu", "comm": args.comm or ("nccl" if cuda else "gloo"),
-                       "experts_backend": "reference" if not cuda else data["experts_backend"]}.items():
+    for key, value in {
+        "parallel.num_ranks": 1,
+        "parallel.num_local_experts": num_local,
+        "device": "cuda" if cuda else "cpu",
+        "comm": args.comm or ("nccl" if cuda else "gloo"),
+        "experts_backend": "reference" if not cuda else data["experts_backend"],
+    }.items():
         set_dotted(data, key, value)
     scenario = parse_scenario(data, path=args.scenario)
-    info = RankInfo(rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port(),
-                    comm_backend="nccl" if cuda else "gloo", device_type="cuda" if cuda else "cpu")
+    info = RankInfo(
+        rank=0,
+        world_size=1,
+        master_addr="127.0.0.1",
+        master_port=free_port(),
+        comm_backend="nccl" if cuda else "gloo",
+        device_type="cuda" if cuda else "cpu",
+    )
     device = init_rank(info)
     try:
         setup = setup_rank(scenario, info, device, Path("/tmp"), 0, kernels=scenario_kernels(scenario))
@@ -80,22 +90,36 @@ def main(argv: list[str] | None = None) -> int:
         averages = prof.key_averages()
         cpu_events = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)
         cpu_us = sum(e.self_cpu_time_total for e in averages) / args.iters
-        cpu_top = [{"name": e.key[:80], "calls_per_round": e.count / args.iters,
-                    "cpu_us_per_round": e.self_cpu_time_total / args.iters} for e in cpu_events[:12]]
+        cpu_top = [
+            {
+                "name": e.key[:80],
+                "calls_per_round": e.count / args.iters,
+                "cpu_us_per_round": e.self_cpu_time_total / args.iters,
+            }
+            for e in cpu_events[:12]
+        ]
         attr = "self_device_time_total" if cuda else "self_cpu_time_total"
         # On a GPU only the kernels and copies themselves (an aten op's row repeats its kernels' time).
         kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
         events = [e for e in averages if getattr(e, attr, 0) > 0 and (not cuda or e.device_type == kind)]
         events.sort(key=lambda e: getattr(e, attr), reverse=True)
         total = sum(getattr(e, attr) for e in events) or 1
-        kernels = [{"name": e.key[:110], "calls_per_round": e.count / args.iters,
-                    "us_per_round": getattr(e, attr) / args.iters, "share": getattr(e, attr) / total}
-                   for e in events[: args.top]]
+        kernels = [
+            {
+                "name": e.key[:110],
+                "calls_per_round": e.count / args.iters,
+                "us_per_round": getattr(e, attr) / args.iters,
+                "share": getattr(e, attr) / total,
+            }
+            for e in events[: args.top]
+        ]
     finally:
         dist.barrier()
         shutdown_rank()
-    print(f"{scenario.name}: comm {comm.name}, {setup.tokens.shape[0]} tokens, E={E}, M={M}, K={K}, "
-          f"top_k={L.top_k}, device {torch.cuda.get_device_name(device) if cuda else 'cpu'}, torch {torch.__version__}")
+    print(
+        f"{scenario.name}: comm {comm.name}, {setup.tokens.shape[0]} tokens, E={E}, M={M}, K={K}, "
+        f"top_k={L.top_k}, device {torch.cuda.get_device_name(device) if cuda else 'cpu'}, torch {torch.__version__}"
+    )
     print("sub-stage medians (us): " + ", ".join(f"{k} {v:.1f}" for k, v in medians.items()))
     print(f"host time in torch ops: {cpu_us:.1f} us per round; the most:")
     for e in cpu_top:
@@ -104,9 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     for k in kernels:
         print(f"{k['us_per_round']:10.1f} {k['calls_per_round']:6.1f} {k['share']:6.1%}  {k['name']}")
     if args.out:
-        args.out.write_text(json.dumps({"scenario": scenario.name, "comm": comm.name, "torch": torch.__version__,
-                                        "stages_us": medians, "host_us_per_round": cpu_us,
-                                        "host_ops": cpu_top, "kernels": kernels}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "scenario": scenario.name,
+                    "comm": comm.name,
+                    "torch": torch.__version__,
+                    "stages_us": medians,
+                    "host_us_per_round": cpu_us,
+                    "host_ops": cpu_top,
+                    "kernels": kernels,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -35,8 +35,9 @@ from harness.scenario.schema import ScenarioError, load_scenario, parse_scenario
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def _rank(info: RankInfo, data: dict, kernels, rounds: int, seed: int, run_id: str, graph: bool,
-          delay_cycles: int, queue) -> None:
+def _rank(
+    info: RankInfo, data: dict, kernels, rounds: int, seed: int, run_id: str, graph: bool, delay_cycles: int, queue
+) -> None:
     try:
         device = init_rank(info)
         setup = setup_rank(parse_scenario(data, path=data["name"]), info, device, Path("/tmp"), 0, kernels=kernels)
@@ -48,8 +49,9 @@ def _rank(info: RankInfo, data: dict, kernels, rounds: int, seed: int, run_id: s
         shutdown_rank()
 
 
-def run_soak(data: dict, *, rounds: int, seed: int, timeout_s: float, graph: bool = False,
-             delay_cycles: int = 0) -> list[dict]:
+def run_soak(
+    data: dict, *, rounds: int, seed: int, timeout_s: float, graph: bool = False, delay_cycles: int = 0
+) -> list[dict]:
     """Run the soak on the scenario's ranks in spawned processes; each rank's SoakRecord (or {"error": ...})."""
     scenario = parse_scenario(data, path=data["name"])
     P = scenario.parallel.num_ranks
@@ -61,12 +63,22 @@ def run_soak(data: dict, *, rounds: int, seed: int, timeout_s: float, graph: boo
     queue, port, run_id = ctx.Queue(), free_port(), uuid.uuid4().hex[:12]
     procs = []
     for rank in range(P):
-        info = RankInfo(rank=rank, world_size=P, master_addr="127.0.0.1", master_port=port,
-                        comm_backend="nccl" if cuda else "gloo", device_type="cuda" if cuda else "cpu",
-                        device_index=rank if cuda else 0, collective_timeout_s=min(timeout_s, 120.0))
+        info = RankInfo(
+            rank=rank,
+            world_size=P,
+            master_addr="127.0.0.1",
+            master_port=port,
+            comm_backend="nccl" if cuda else "gloo",
+            device_type="cuda" if cuda else "cpu",
+            device_index=rank if cuda else 0,
+            collective_timeout_s=min(timeout_s, 120.0),
+        )
         # daemons, ended after a bounded wait: ranks that used NVSHMEM have been seen not to exit after shutdown
-        procs.append(ctx.Process(target=_rank, args=(info, data, kernels, rounds, seed, run_id, graph, delay_cycles,
-                                                     queue), daemon=True))
+        procs.append(
+            ctx.Process(
+                target=_rank, args=(info, data, kernels, rounds, seed, run_id, graph, delay_cycles, queue), daemon=True
+            )
+        )
         procs[-1].start()
     results: dict[int, dict] = {}
     try:
@@ -111,21 +123,40 @@ def main(argv: list[str] | None = None) -> int:
     if args.delay_cycles < 0:
         print(f"soak_comm: --delay-cycles {args.delay_cycles}: must be >= 0", file=sys.stderr)
         return 2
-    records = run_soak(data, rounds=args.rounds, seed=args.seed, timeout_s=args.timeout, graph=args.graph,
-                       delay_cycles=args.delay_cycles)
+    records = run_soak(
+        data,
+        rounds=args.rounds,
+        seed=args.seed,
+        timeout_s=args.timeout,
+        graph=args.graph,
+        delay_cycles=args.delay_cycles,
+    )
     for r in records:
         if "error" in r:
             print(f"error: {r['error']}")
         else:
-            print(f"rank {r['rank']}: {r['comm']} ({r['row_kernels']}, {r['mode']}), {r['rounds']} rounds, "
-                  f"{r['rounds_failed']} "
-                  f"failed, {r['slots_checked']} slots and {r['tokens_checked']} tokens checked, {r['wall_s']:.1f} s")
+            print(
+                f"rank {r['rank']}: {r['comm']} ({r['row_kernels']}, {r['mode']}), {r['rounds']} rounds, "
+                f"{r['rounds_failed']} "
+                f"failed, {r['slots_checked']} slots and {r['tokens_checked']} tokens checked, {r['wall_s']:.1f} s"
+            )
             for f in r["faults"]:
                 print(f"  round {f['round']} ({f['kind']}) {f['check']}: {f['detail']}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"scenario": args.scenario, "overrides": args.set, "comm": args.comm,
-                                        "rounds": args.rounds, "seed": args.seed, "ranks": records}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "scenario": args.scenario,
+                    "overrides": args.set,
+                    "comm": args.comm,
+                    "rounds": args.rounds,
+                    "seed": args.seed,
+                    "ranks": records,
+                },
+                indent=1,
+            )
+        )
     return 0 if all("error" not in r and r["rounds_failed"] == 0 for r in records) else 1
 
 

@@ -29,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
-    """"; did you mean 'run'?" for a mistyped subcommand, choice or option; "" when nothing is close."""
+    """ "; did you mean 'run'?" for a mistyped subcommand, choice or option; "" when nothing is close."""
     import difflib
     import re
 
@@ -163,8 +163,11 @@ def layer_verdict_failures(layers: list[Any]) -> list[str]:
     component verdict of FAILING_LAYER_VERDICTS."""
     out = []
     for plan in layers:
-        bad = [f"{c.name} {', '.join(v for v in c.verdicts if v in FAILING_LAYER_VERDICTS)}"
-               for c in plan.components if any(v in FAILING_LAYER_VERDICTS for v in c.verdicts)]
+        bad = [
+            f"{c.name} {', '.join(v for v in c.verdicts if v in FAILING_LAYER_VERDICTS)}"
+            for c in plan.components
+            if any(v in FAILING_LAYER_VERDICTS for v in c.verdicts)
+        ]
         if plan.budget is not None and plan.budget.outcome in ("oom", "refused"):
             bad.append(f"{plan.budget.outcome} on {plan.budget.gpu or human_budget(plan.budget.budget_bytes)}")
         if bad:
@@ -223,8 +226,11 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
         if ns.out is not None:
             probe_writable(ns.out, need_bytes=OUTPUT_BYTES)  # before any release is fetched or audited
 
-        return run_layer_audit(LayerAuditRequest(releases=ns.releases, vllm_version=ns.vllm_version,
-                                                 cache_dir=ns.cache_dir, out=ns.out, json=ns.json))
+        return run_layer_audit(
+            LayerAuditRequest(
+                releases=ns.releases, vllm_version=ns.vllm_version, cache_dir=ns.cache_dir, out=ns.out, json=ns.json
+            )
+        )
     if ns.junit is not None and not ns.sweep:
         return _print_error("--junit goes with --sweep")
     if ns.sweep and ns.releases is not None:
@@ -239,9 +245,18 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
         return _print_error("--releases and --out go with --layer or --sweep --releases")
     from harness.sizing.vllm_source import AuditRequest, run_audit
 
-    return run_audit(AuditRequest(vllm_version=ns.vllm_version, vllm_wheel=ns.vllm_wheel, vllm_src=ns.vllm_src,
-                                  cache_dir=ns.cache_dir, scenario=ns.scenario, json=ns.json, sweep=ns.sweep,
-                                  junit=ns.junit))
+    return run_audit(
+        AuditRequest(
+            vllm_version=ns.vllm_version,
+            vllm_wheel=ns.vllm_wheel,
+            vllm_src=ns.vllm_src,
+            cache_dir=ns.cache_dir,
+            scenario=ns.scenario,
+            json=ns.json,
+            sweep=ns.sweep,
+            junit=ns.junit,
+        )
+    )
 
 
 def recorded_command(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> list[str]:
@@ -284,9 +299,13 @@ def _missing_vllm_path(ns: argparse.Namespace) -> str | None:
     """A --vllm-ops-library, --vllm-wheel or --vllm-src that is not there: one line, before any rank starts."""
     from harness.scenario.source import missing_vllm_input
 
-    return missing_vllm_input([("--vllm-ops-library", "ops_library", getattr(ns, "vllm_ops_library", None)),
-                               ("--vllm-wheel", "wheel", getattr(ns, "vllm_wheel", None)),
-                               ("--vllm-src", "src", getattr(ns, "vllm_src", None))])
+    return missing_vllm_input(
+        [
+            ("--vllm-ops-library", "ops_library", getattr(ns, "vllm_ops_library", None)),
+            ("--vllm-wheel", "wheel", getattr(ns, "vllm_wheel", None)),
+            ("--vllm-src", "src", getattr(ns, "vllm_src", None)),
+        ]
+    )
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -295,11 +314,19 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if (missing := _missing_vllm_path(ns)) is not None:
         return _print_error(missing)
 
-    return run_command(RunRequest(
-        scenario=ns.scenario, launcher=ns.launcher, address=ns.address, out=ns.out,
-        overrides=_scenario_overrides(ns), cache_dir=ns.cache_dir, dry_run=ns.dry_run, resume=ns.resume,
-        command=tuple(recorded_command(ns.parser, ns)),
-    ))
+    return run_command(
+        RunRequest(
+            scenario=ns.scenario,
+            launcher=ns.launcher,
+            address=ns.address,
+            out=ns.out,
+            overrides=_scenario_overrides(ns),
+            cache_dir=ns.cache_dir,
+            dry_run=ns.dry_run,
+            resume=ns.resume,
+            command=tuple(recorded_command(ns.parser, ns)),
+        )
+    )
 
 
 def cmd_collect(ns: argparse.Namespace) -> int:
@@ -311,11 +338,15 @@ def cmd_collect(ns: argparse.Namespace) -> int:
 
     run_dir: Path = ns.run_dir
     if not run_dir.is_dir():
-        return _print_error(f"{run_dir}: no such run directory; `harness run` writes them under results/ "
-                            "(or --out), each holding run.json and ranks/")
+        return _print_error(
+            f"{run_dir}: no such run directory; `harness run` writes them under results/ "
+            "(or --out), each holding run.json and ranks/"
+        )
     if not (run_dir / "run.json").is_file() and not (run_dir / "matrix.json").is_file():
-        return _print_error(f"{run_dir}: not a run or matrix directory (no run.json or matrix.json): collect writes "
-                            "its reports only into one; give the directory `harness run --out` wrote")
+        return _print_error(
+            f"{run_dir}: not a run or matrix directory (no run.json or matrix.json): collect writes "
+            "its reports only into one; give the directory `harness run --out` wrote"
+        )
     if (run_dir / "matrix.json").exists() and not (run_dir / "run.json").exists():
         try:
             result = recollect_matrix(run_dir, progress=lambda line: print(line, file=sys.stderr, flush=True))
@@ -335,11 +366,18 @@ def cmd_collect(ns: argparse.Namespace) -> int:
 def cmd_compare(ns: argparse.Namespace) -> int:
     from harness.report.compare import CompareRequest, compare_command
 
-    return compare_command(CompareRequest(
-        baseline=ns.baseline, current=ns.current, thresholds=tuple(ns.threshold), ignore=tuple(ns.ignore),
-        gate_across_hardware=ns.gate_across_hardware, gate_cpu_timings=ns.gate_cpu_timings,
-        allow_failed_baseline=ns.allow_failed_baseline, json=ns.json,
-    ))
+    return compare_command(
+        CompareRequest(
+            baseline=ns.baseline,
+            current=ns.current,
+            thresholds=tuple(ns.threshold),
+            ignore=tuple(ns.ignore),
+            gate_across_hardware=ns.gate_across_hardware,
+            gate_cpu_timings=ns.gate_cpu_timings,
+            allow_failed_baseline=ns.allow_failed_baseline,
+            json=ns.json,
+        )
+    )
 
 
 def cmd_status(ns: argparse.Namespace) -> int:
@@ -354,8 +392,10 @@ def cmd_status(ns: argparse.Namespace) -> int:
         status = read_status(directory)
         report_generation = output_generations(directory).get("report.json")
         if report_generation is not None and report_generation != status.generation:
-            raise StatusError(f"{directory / STATUS_FILE} is of generation {status.generation}, report.json of "
-                              f"{report_generation}; run `harness collect {directory}`")
+            raise StatusError(
+                f"{directory / STATUS_FILE} is of generation {status.generation}, report.json of "
+                f"{report_generation}; run `harness collect {directory}`"
+            )
     except StatusError as exc:
         return _print_error(str(exc))
     if ns.json:
@@ -374,10 +414,17 @@ def cmd_bench(ns: argparse.Namespace) -> int:
 
     if ns.out is not None:
         probe_writable(ns.out, need_bytes=OUTPUT_BYTES)  # before any measuring
-    return bench_command(BenchRequest(
-        scenario=ns.scenario, overrides=_scenario_overrides(ns), out=ns.out, json=ns.json, cpu_only=ns.cpu_only,
-        no_cpu_costs=ns.no_cpu_costs, command=tuple(recorded_command(ns.parser, ns)),
-    ))
+    return bench_command(
+        BenchRequest(
+            scenario=ns.scenario,
+            overrides=_scenario_overrides(ns),
+            out=ns.out,
+            json=ns.json,
+            cpu_only=ns.cpu_only,
+            no_cpu_costs=ns.no_cpu_costs,
+            command=tuple(recorded_command(ns.parser, ns)),
+        )
+    )
 
 
 def cmd_schema(ns: argparse.Namespace) -> int:
@@ -394,12 +441,16 @@ _VERSION_HELP = "vLLM release X.Y.Z: fetched into the cache (pip download --no-d
 _WHEEL_HELP = "a vLLM wheel file (.whl) to read the release from, instead of downloading one"
 _SRC_HELP = "a vLLM source tree (the repository root or its vllm/ directory) to read the release from"
 _OPS_HELP = "vLLM's compiled ops library file itself (vllm/_C_stable_libtorch.abi3.so or vllm/_C.abi3.so)"
-_KERNELS_HELP = ("the vLLM release whose compiled ops the vllm-ops backend runs (or 'installed'); with "
-                 "--vllm-ops-library, the release that file is")
+_KERNELS_HELP = (
+    "the vLLM release whose compiled ops the vllm-ops backend runs (or 'installed'); with "
+    "--vllm-ops-library, the release that file is"
+)
 _CACHE_HELP = "cache of downloaded vLLM releases (default: HARNESS_CACHE_DIR, else ~/.cache/moe-harness)"
 _JSON_HELP = "print one JSON object instead of tables"
-_WIDE_HELP = ("on a terminal, print every column of each table (default there: the columns that fit its width); "
-              "pipes and CI logs always get every column")
+_WIDE_HELP = (
+    "on a terminal, print every column of each table (default there: the columns that fit its width); "
+    "pipes and CI logs always get every column"
+)
 
 
 class _VersionAction(argparse.Action):
@@ -420,10 +471,20 @@ def _version_text() -> str:
     root = Path(__file__).resolve().parent.parent
     if (root / ".git").exists():
         try:
-            done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                  text=True, timeout=10, check=False)
-            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                   capture_output=True, text=True, timeout=10, check=False)
+            done = subprocess.run(
+                ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            )
+            dirty = subprocess.run(
+                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired):
             return text
         if done.returncode == 0 and done.stdout.strip():
@@ -433,28 +494,51 @@ def _version_text() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="harness", description="EP+DP MoE workspace harness (vLLM PR #55579)")
-    parser.add_argument("--version", action=_VersionAction, nargs=0,
-                        help="the harness's version and, in a git checkout, its commit")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
-                                help="what to do; `harness COMMAND --help` for its options")
+    parser.add_argument(
+        "--version", action=_VersionAction, nargs=0, help="the harness's version and, in a git checkout, its commit"
+    )
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, help="what to do; `harness COMMAND --help` for its options"
+    )
 
-    p = sub.add_parser("plan", help="workspace bytes per GPU for each sizing policy; with `-- vllm serve ...` the "
-                       "whole deployment")
-    p.add_argument("scenario", nargs="?", default=None,
-                   help="scenario file or name in scenarios/; or none and `-- vllm serve MODEL FLAGS` at the end")
-    p.add_argument("--fail-on-verdict", action="store_true",
-                   help="exit 1 when a release's deployment does not start (oom, fails, refused), its layer does "
-                        "not fit the budget (oom, refused) or a layer component is double-count, under-sized or "
-                        "over-cap; default: exit 0")
+    p = sub.add_parser(
+        "plan", help="workspace bytes per GPU for each sizing policy; with `-- vllm serve ...` the whole deployment"
+    )
+    p.add_argument(
+        "scenario",
+        nargs="?",
+        default=None,
+        help="scenario file or name in scenarios/; or none and `-- vllm serve MODEL FLAGS` at the end",
+    )
+    p.add_argument(
+        "--fail-on-verdict",
+        action="store_true",
+        help="exit 1 when a release's deployment does not start (oom, fails, refused), its layer does "
+        "not fit the budget (oom, refused) or a layer component is double-count, under-sized or "
+        "over-cap; default: exit 0",
+    )
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
     p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP + "; for vllm==X.Y.Z policies")
-    p.add_argument("--vllm-version", action="append", default=None, metavar="X.Y.Z",
-                   help="also plan the whole EP MoE layer per GPU for this release (repeatable)")
+    p.add_argument(
+        "--vllm-version",
+        action="append",
+        default=None,
+        metavar="X.Y.Z",
+        help="also plan the whole EP MoE layer per GPU for this release (repeatable)",
+    )
     p.add_argument("--vllm-wheel", type=Path, default=None, help="also plan the layer for this vLLM wheel file")
-    p.add_argument("--vllm-src", type=Path, default=None,
-                   help="also plan the layer for this vLLM source tree (the repository root or its vllm/ directory)")
-    p.add_argument("--gpu", default=None, metavar="NAME",
-                   help="fit or OOM of each release's layer on this GPU (default: the scenario's memory.budget_gpu)")
+    p.add_argument(
+        "--vllm-src",
+        type=Path,
+        default=None,
+        help="also plan the layer for this vLLM source tree (the repository root or its vllm/ directory)",
+    )
+    p.add_argument(
+        "--gpu",
+        default=None,
+        metavar="NAME",
+        help="fit or OOM of each release's layer on this GPU (default: the scenario's memory.budget_gpu)",
+    )
     p.add_argument("--budget-gb", type=float, default=None, help="fit or OOM against this many GB (1e9 B) instead")
     p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_plan, parser=p)
@@ -465,61 +549,114 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_scenarios, parser=p)
 
     p = sub.add_parser("run", help="run a scenario (or matrix) on local processes or a Ray cluster")
-    p.add_argument("scenario", nargs="?", default=None,
-                   help="scenario or matrix file, or a name in scenarios/ (default: smoke on CPU, the PR case on a GPU)")
-    p.add_argument("--launcher", choices=["local", "ray"], default=None,
-                   help="how ranks start: local processes or Ray actors (default: ray with --address or RAY_ADDRESS, "
-                        "else the scenario's)")
-    p.add_argument("--address", default=None,
-                   help="Ray GCS address HOST:6379 to join (default: RAY_ADDRESS, else a new local cluster)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="run directory, must not hold a run (default results/<run-id>); absolute in a Ray job")
+    p.add_argument(
+        "scenario",
+        nargs="?",
+        default=None,
+        help="scenario or matrix file, or a name in scenarios/ (default: smoke on CPU, the PR case on a GPU)",
+    )
+    p.add_argument(
+        "--launcher",
+        choices=["local", "ray"],
+        default=None,
+        help="how ranks start: local processes or Ray actors (default: ray with --address or RAY_ADDRESS, "
+        "else the scenario's)",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="Ray GCS address HOST:6379 to join (default: RAY_ADDRESS, else a new local cluster)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="run directory, must not hold a run (default results/<run-id>); absolute in a Ray job",
+    )
     p.add_argument("--experts-backend", choices=EXPERTS.choices, default=None, help=_BACKEND_HELP)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help=_DEVICE_HELP)
     p.add_argument("--comm", choices=COMM.choices, default=None, help=_COMM_HELP)
-    p.add_argument("--placement-strategy", choices=["PACK", "SPREAD"], default=None,
-                   help="Ray placement of the rank bundles (default: the scenario's, PACK)")
+    p.add_argument(
+        "--placement-strategy",
+        choices=["PACK", "SPREAD"],
+        default=None,
+        help="Ray placement of the rank bundles (default: the scenario's, PACK)",
+    )
     p.add_argument("--num-ranks", type=int, default=None, help="override parallel.num_ranks")
     p.add_argument("--policies", default=None, help="comma-separated override of policies")
-    p.add_argument("--kernels", default=None, metavar="X.Y.Z|installed", help=_KERNELS_HELP
-                   + "; on a matrix with a vllm.kernels axis, run only that release's cells")
+    p.add_argument(
+        "--kernels",
+        default=None,
+        metavar="X.Y.Z|installed",
+        help=_KERNELS_HELP + "; on a matrix with a vllm.kernels axis, run only that release's cells",
+    )
     p.add_argument("--vllm-version", default=None, help=_VERSION_HELP + "; its ops for the vllm-ops backend")
     p.add_argument("--vllm-wheel", type=Path, default=None, help=_WHEEL_HELP)
     p.add_argument("--vllm-src", type=Path, default=None, help=_SRC_HELP)
     p.add_argument("--vllm-ops-library", type=Path, default=None, help=_OPS_HELP)
     p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP)
     p.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")
-    p.add_argument("--resume", action="store_true",
-                   help="a matrix into its interrupted --out again: finished cells kept, the interrupted one run again")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="a matrix into its interrupted --out again: finished cells kept, the interrupted one run again",
+    )
     p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_run, parser=p)
 
     p = sub.add_parser("collect", help="turn per-rank records into report.{json,md,html} and junit.xml")
-    p.add_argument("run_dir", type=Path,
-                   help="a run directory (holds run.json and ranks/) or a matrix run directory (holds matrix.json)")
+    p.add_argument(
+        "run_dir",
+        type=Path,
+        help="a run directory (holds run.json and ranks/) or a matrix run directory (holds matrix.json)",
+    )
     p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_collect, parser=p)
 
     p = sub.add_parser("compare", help="compare a run against a baseline: 0 pass, 1 regression, 2 error")
-    p.add_argument("baseline", type=Path,
-                   help="the reference: a run or matrix directory or its report.json (e.g. under results/baselines/)")
+    p.add_argument(
+        "baseline",
+        type=Path,
+        help="the reference: a run or matrix directory or its report.json (e.g. under results/baselines/)",
+    )
     p.add_argument("current", type=Path, help="the run to judge: a run or matrix directory or its report.json")
-    p.add_argument("--threshold", action="append", default=[], metavar="METRIC=PCT",
-                   help="a metric's or group's threshold (groups: memory, error, time, throughput)")
-    p.add_argument("--ignore", action="append", default=[], metavar="WHAT",
-                   help="leave out a metric, a group (memory, error, time, throughput, coverage), policy:NAME or "
-                        "cell:NAME; what the baseline has and the current run lacks is a regression unless ignored")
-    p.add_argument("--gate-across-hardware", action="store_true",
-                   help="gate timings, throughputs and RSS-vs-NVML memory even when the two ran on different hardware")
-    p.add_argument("--gate-cpu-timings", action="store_true",
-                   help="gate the timings and throughputs of two CPU runs too (shown, not gated, by default)")
-    p.add_argument("--allow-failed-baseline", action="store_true",
-                   help="compare against a baseline that failed its own checks (refused, exit 2, by default)")
+    p.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="METRIC=PCT",
+        help="a metric's or group's threshold (groups: memory, error, time, throughput)",
+    )
+    p.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="WHAT",
+        help="leave out a metric, a group (memory, error, time, throughput, coverage), policy:NAME or "
+        "cell:NAME; what the baseline has and the current run lacks is a regression unless ignored",
+    )
+    p.add_argument(
+        "--gate-across-hardware",
+        action="store_true",
+        help="gate timings, throughputs and RSS-vs-NVML memory even when the two ran on different hardware",
+    )
+    p.add_argument(
+        "--gate-cpu-timings",
+        action="store_true",
+        help="gate the timings and throughputs of two CPU runs too (shown, not gated, by default)",
+    )
+    p.add_argument(
+        "--allow-failed-baseline",
+        action="store_true",
+        help="compare against a baseline that failed its own checks (refused, exit 2, by default)",
+    )
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
     p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_compare, parser=p)
 
-    p = sub.add_parser("status", help="a collected directory's recorded verdict; exits with it: 0 pass, 1 failed, 2 error")
+    p = sub.add_parser(
+        "status", help="a collected directory's recorded verdict; exits with it: 0 pass, 1 failed, 2 error"
+    )
     p.add_argument("run_dir", type=Path, help="a run or matrix directory that collect wrote status.json into")
     p.add_argument("--json", action="store_true", help="print status.json's content")
     p.set_defaults(func=cmd_status, parser=p)
@@ -546,8 +683,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_schema, parser=p)
 
     vllm = sub.add_parser("vllm", help="vLLM sources: audit a release's batched-experts sizing")
-    vsub = vllm.add_subparsers(dest="vllm_command", required=True, parser_class=_Parser,
-                               help="what to do with vLLM's sources")
+    vsub = vllm.add_subparsers(
+        dest="vllm_command", required=True, parser_class=_Parser, help="what to do with vLLM's sources"
+    )
     p = vsub.add_parser("audit", help="verdict per batched-experts class: consistent or double-count")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--vllm-version", default=None, help=_VERSION_HELP + " (default: the installed vLLM)")
@@ -556,18 +694,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", default=None, help="sizes to evaluate at (default: the PR case)")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
     p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP)
-    p.add_argument("--layer", action="store_true",
-                   help="the whole-layer audit: every experts class and all-to-all kind of the curated cases")
-    p.add_argument("--releases", default=None, metavar="A..B|X,Y",
-                   help="with --layer or --sweep: releases to audit; A..B takes every release the registry offers "
-                        "between them")
-    p.add_argument("--out", type=Path, default=None,
-                   help="with --layer (or --sweep --releases): write layer-audit (sweep-audit).json and .md here")
-    p.add_argument("--sweep", action="store_true",
-                   help="every batched-experts class over a grid of D, local experts, T, (K, I), activations, "
-                        "quantization, num_dispatchers unset and EPLB (docs/vllm-sources.md)")
-    p.add_argument("--junit", type=Path, default=None, metavar="FILE",
-                   help="with --sweep: write JUnit XML, one testcase per (class, point group)")
+    p.add_argument(
+        "--layer",
+        action="store_true",
+        help="the whole-layer audit: every experts class and all-to-all kind of the curated cases",
+    )
+    p.add_argument(
+        "--releases",
+        default=None,
+        metavar="A..B|X,Y",
+        help="with --layer or --sweep: releases to audit; A..B takes every release the registry offers between them",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="with --layer (or --sweep --releases): write layer-audit (sweep-audit).json and .md here",
+    )
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="every batched-experts class over a grid of D, local experts, T, (K, I), activations, "
+        "quantization, num_dispatchers unset and EPLB (docs/vllm-sources.md)",
+    )
+    p.add_argument(
+        "--junit",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --sweep: write JUnit XML, one testcase per (class, point group)",
+    )
     p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_vllm_audit, parser=p)
     return parser
@@ -578,7 +734,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = None
     if argv[:1] == ["plan"] and "--" in argv:  # `harness plan ... -- vllm serve MODEL FLAGS`
         cut = argv.index("--")
-        argv, serve = argv[:cut], argv[cut + 1:]
+        argv, serve = argv[:cut], argv[cut + 1 :]
     ns, extras = build_parser().parse_known_args(argv)
     if serve is not None:
         ns.serve = serve

@@ -18,10 +18,16 @@ def harness_env() -> dict[str, str]:
     return env
 
 
-def run_harness(*args: str, cwd: Path = REPO_DIR, timeout_s: float = 120.0,
-                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_harness(
+    *args: str, cwd: Path = REPO_DIR, timeout_s: float = 120.0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`python -m harness ARGS`; stdout and stderr captured as text. env: variables set on top of harness_env()."""
     return subprocess.run(
-        [sys.executable, "-m", "harness", *args], cwd=cwd, env={**harness_env(), **(env or {})}, capture_output=True,
-        text=True, timeout=timeout_s, check=False,
+        [sys.executable, "-m", "harness", *args],
+        cwd=cwd,
+        env={**harness_env(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
     )

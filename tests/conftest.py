@@ -37,5 +37,8 @@ def _wheel_downloads_need_the_vllm_wheel_mark(request: pytest.FixtureRequest):
         return
     fetched = _logged_downloads(log)[before:]
     if fetched:
-        pytest.fail(f"{request.node.nodeid} downloaded vLLM wheel(s) into {log.parent} without the vllm_wheel mark: "
-                    + ", ".join(fetched), pytrace=False)
+        pytest.fail(
+            f"{request.node.nodeid} downloaded vLLM wheel(s) into {log.parent} without the vllm_wheel mark: "
+            + ", ".join(fetched),
+            pytrace=False,
+        )

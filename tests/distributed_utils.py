@@ -23,8 +23,13 @@ def _entry(worker: Callable[..., Any], info: RankInfo, args: tuple[Any, ...], qu
         shutdown_rank()
 
 
-def parallel_launch(world_size: int, worker: Callable[..., Any], *args: Any, timeout_s: float = 120.0,
-                    device_type: Literal["cuda", "cpu"] = "cpu") -> list[Any]:
+def parallel_launch(
+    world_size: int,
+    worker: Callable[..., Any],
+    *args: Any,
+    timeout_s: float = 120.0,
+    device_type: Literal["cuda", "cpu"] = "cpu",
+) -> list[Any]:
     """Run worker(info, *args) on `world_size` gloo ranks (device_type "cuda": NCCL ranks, one GPU each); return
     their results in rank order.
 
@@ -35,9 +40,16 @@ def parallel_launch(world_size: int, worker: Callable[..., Any], *args: Any, tim
     port = free_port()
     procs = []
     for rank in range(world_size):
-        info = RankInfo(rank=rank, world_size=world_size, master_addr="127.0.0.1", master_port=port,
-                        comm_backend="nccl" if device_type == "cuda" else "gloo", device_type=device_type,
-                        device_index=rank if device_type == "cuda" else 0, collective_timeout_s=min(timeout_s, 60.0))
+        info = RankInfo(
+            rank=rank,
+            world_size=world_size,
+            master_addr="127.0.0.1",
+            master_port=port,
+            comm_backend="nccl" if device_type == "cuda" else "gloo",
+            device_type=device_type,
+            device_index=rank if device_type == "cuda" else 0,
+            collective_timeout_s=min(timeout_s, 60.0),
+        )
         p = ctx.Process(target=_entry, args=(worker, info, args, queue), daemon=True)
         p.start()
         procs.append(p)

@@ -42,8 +42,12 @@ def harness_env(**extra: str) -> dict[str, str]:
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 240) -> CliRun:
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "harness", "run", *args], cwd=REPO_DIR, env=env or harness_env(),
-        capture_output=True, text=True, timeout=timeout_s,
+        [sys.executable, "-m", "harness", "run", *args],
+        cwd=REPO_DIR,
+        env=env or harness_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
     )
     return CliRun(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
 
@@ -101,8 +105,11 @@ def report_policies(run_dir: Path) -> dict[int, dict[str, str]]:
     def walk(node: object) -> None:
         if isinstance(node, dict):
             if isinstance(node.get("rank"), int) and isinstance(node.get("policies"), list):
-                found[node["rank"]] = {p["policy"]: p["status"] for p in node["policies"]
-                                       if isinstance(p, dict) and "policy" in p and "status" in p}
+                found[node["rank"]] = {
+                    p["policy"]: p["status"]
+                    for p in node["policies"]
+                    if isinstance(p, dict) and "policy" in p and "status" in p
+                }
             for value in node.values():
                 walk(value)
         elif isinstance(node, list):

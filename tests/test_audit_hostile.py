@@ -255,7 +255,8 @@ def plant(cache: Path, version: str, canary: Path, *, wheel_sha256: str) -> Path
     cutlass = HOSTILE_EXPERTS.split("class WalksSubclasses")[1].split("class ReachesModuleGlobals")[0]
     (package / "hostile_moe.py").write_text(
         (package / "hostile_moe.py").read_text()
-        + "\n\nclass CutlassBatchedExpertsFp8" + cutlass.replace("SIGNATURE", SIGNATURE).replace("{canary}", str(canary))
+        + "\n\nclass CutlassBatchedExpertsFp8"
+        + cutlass.replace("SIGNATURE", SIGNATURE).replace("{canary}", str(canary))
     )
     files = {p.relative_to(planted).as_posix(): p.read_bytes() for p in planted.rglob("*") if p.is_file()}
     entry = cache / "vllm" / version / "release"
@@ -277,7 +278,9 @@ def test_planted_entry_of_a_pinned_release_is_refused(tmp_path, claims):
     canary = tmp_path / "canary"
     canary.mkdir()
     pinned = PINNED_WHEELS["0.30.0"].wheel_sha256
-    entry = plant(tmp_path / "cache", "0.30.0", canary, wheel_sha256=pinned if claims == "the pinned wheel" else "e" * 64)
+    entry = plant(
+        tmp_path / "cache", "0.30.0", canary, wheel_sha256=pinned if claims == "the pinned wheel" else "e" * 64
+    )
     scenario = plan_scenario(tmp_path / "scenario.yaml", "0.30.0")
     before = snapshot(tmp_path)
     completed = run_plan(scenario, tmp_path / "cache", tmp_path)
@@ -286,7 +289,11 @@ def test_planted_entry_of_a_pinned_release_is_refused(tmp_path, claims):
     lines = completed.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in completed.stderr, completed.stderr
     assert f"cache entry {entry} " in lines[0] and f"delete {entry} (rm -r)" in lines[0]
-    why = "holds a RECORD that is not vllm 0.30.0's" if claims == "the pinned wheel" else f"claims wheel sha256 {'e' * 64}"
+    why = (
+        "holds a RECORD that is not vllm 0.30.0's"
+        if claims == "the pinned wheel"
+        else f"claims wheel sha256 {'e' * 64}"
+    )
     assert why in lines[0]
 
 
@@ -301,8 +308,9 @@ def test_planted_entry_outside_the_pins_runs_nothing(tmp_path):
     completed = run_plan(scenario, tmp_path / "cache", tmp_path)
     assert snapshot(tmp_path) == before and list(canary.iterdir()) == []
     assert completed.returncode == 2 and len(completed.stderr.strip().splitlines()) == 1, completed.stderr
-    assert "vllm 9.9.9: CutlassBatchedExpertsFp8 in model_executor/layers/fused_moe/hostile_moe.py was not evaluated" in (
-        completed.stderr
+    assert (
+        "vllm 9.9.9: CutlassBatchedExpertsFp8 in model_executor/layers/fused_moe/hostile_moe.py was not evaluated"
+        in (completed.stderr)
     )
     assert "dunder attributes are outside the subset" in completed.stderr
     # Writable by anyone: refused before anything is read.

@@ -79,35 +79,50 @@ def test_fit_refuses_exactly_what_the_declarations_refuse(kind, device_type):
         assert reason == kind.reason(name, query), name
         if reason is not None:
             refused.add(name)
-    assert refused == {("experts_backend", "cpu"): {"torch-cutlass", "vllm-ops"}, ("experts_backend", "cuda"): set(),
-                       ("comm", "cpu"): {"symm-mem", "nccl"}, ("comm", "cuda"): {"gloo"}}[kind.field, device_type]
+    assert (
+        refused
+        == {
+            ("experts_backend", "cpu"): {"torch-cutlass", "vllm-ops"},
+            ("experts_backend", "cuda"): set(),
+            ("comm", "cpu"): {"symm-mem", "nccl"},
+            ("comm", "cuda"): {"gloo"},
+        }[kind.field, device_type]
+    )
 
 
 def test_each_declared_reason_reads_as_one_line_naming_field_value_and_what_is_allowed():
     assert EXPERTS.reason("torch-cutlass", CPU2) == (
-        "experts_backend torch-cutlass needs GPUs (device cuda); allowed on 2 cpu ranks: auto, reference")
+        "experts_backend torch-cutlass needs GPUs (device cuda); allowed on 2 cpu ranks: auto, reference"
+    )
     assert EXPERTS.reason("vllm-ops", CPU2) == (
-        "experts_backend vllm-ops needs GPUs (device cuda); allowed on 2 cpu ranks: auto, reference")
+        "experts_backend vllm-ops needs GPUs (device cuda); allowed on 2 cpu ranks: auto, reference"
+    )
     assert COMM.reason("nccl", CPU2) == "comm nccl needs GPUs (device cuda); allowed on 2 cpu ranks: auto, gloo"
     assert COMM.reason("gloo", GPU2) == (
-        "comm gloo needs CPU ranks (device cpu); allowed on 2 cuda ranks: auto, symm-mem, nccl")
+        "comm gloo needs CPU ranks (device cpu); allowed on 2 cuda ranks: auto, symm-mem, nccl"
+    )
     assert COMM.reason("symm-mem", GPU1) is None  # torch's CUDA symmetric memory runs at world size 1
     fp16 = BackendQuery(device_type="cuda", num_ranks=1, num_local_experts=8, workspace_dtype="float16")
     assert COMM.reason("symm-mem", fp16) == (  # its push kernels combine bf16 rows
-        "comm symm-mem takes model.workspace_dtype bfloat16 only, not float16; allowed on 1 cuda rank: auto, nccl")
+        "comm symm-mem takes model.workspace_dtype bfloat16 only, not float16; allowed on 1 cuda rank: auto, nccl"
+    )
     assert COMM.reason("symm-mem", GPU2) is None and COMM.reason("mpi", GPU2) == (
-        "comm 'mpi' is not one of auto, symm-mem, nccl, gloo")
+        "comm 'mpi' is not one of auto, symm-mem, nccl, gloo"
+    )
     gelu = BackendQuery(device_type="cpu", num_ranks=2, num_local_experts=8, activation="gelu")
     silu_only = "experts_backend reference computes silu only, not model.activation gelu"
     assert EXPERTS.reason("reference", gelu) == silu_only
     assert EXPERTS.reason(AUTO, gelu) == (
-        f"experts_backend auto: none of vllm-ops, torch-cutlass, reference can run this: {silu_only}")
+        f"experts_backend auto: none of vllm-ops, torch-cutlass, reference can run this: {silu_only}"
+    )
     e5m2 = BackendQuery(device_type="cuda", num_ranks=2, num_local_experts=8, quant_dtype="float8_e5m2")
     assert EXPERTS.reason("torch-cutlass", e5m2) == (
-        "experts_backend torch-cutlass takes model.quant_dtype float8_e4m3fn only, not float8_e5m2")
+        "experts_backend torch-cutlass takes model.quant_dtype float8_e4m3fn only, not float8_e5m2"
+    )
     fp32 = BackendQuery(device_type="cpu", num_ranks=2, num_local_experts=8, workspace_dtype="float32")
     assert EXPERTS.reason("reference", fp32) == (
-        "experts_backend reference takes model.workspace_dtype bfloat16, float16 only, not float32")
+        "experts_backend reference takes model.workspace_dtype bfloat16, float16 only, not float32"
+    )
 
 
 def test_auto_orders_are_the_declared_ones():
@@ -129,17 +144,37 @@ def test_selection_on_a_cpu_rank_reads_the_declarations():
     with pytest.raises(rank_experts.BackendUnavailable, match="'cutlass' is not one of auto, reference, torch-cutlass"):
         rank_experts.select_backend("cutlass", cpu, CPU2)
     name, why = rank_comm.resolve_comm(AUTO, device_type="cpu", num_local_experts=8, num_ranks=2)
-    assert name == "gloo" and why == ("auto: gloo, the first of symm-mem, nccl, gloo that runs here (not symm-mem: "
-                                      "needs GPUs (device cuda); not nccl: needs GPUs (device cuda))")
+    assert name == "gloo" and why == (
+        "auto: gloo, the first of symm-mem, nccl, gloo that runs here (not symm-mem: "
+        "needs GPUs (device cuda); not nccl: needs GPUs (device cuda))"
+    )
     for comm in ("symm-mem", "nccl"):
-        assert rank_comm.unavailable_reason(comm, device_type="cpu", num_local_experts=8,
-                                            num_ranks=2) == COMM.reason(comm, CPU2)
+        assert rank_comm.unavailable_reason(comm, device_type="cpu", num_local_experts=8, num_ranks=2) == COMM.reason(
+            comm, CPU2
+        )
 
 
 def test_run_with_a_gpu_experts_backend_on_cpu_is_the_declared_line_and_exit_2(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "harness", "run", "smoke", "--device", "cpu", "--experts-backend",
-                           "torch-cutlass", "--out", str(tmp_path / "out")], cwd=REPO_DIR, capture_output=True,
-                          text=True, timeout=120, env=harness_env())
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "smoke",
+            "--device",
+            "cpu",
+            "--experts-backend",
+            "torch-cutlass",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=harness_env(),
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].endswith(EXPERTS.reason("torch-cutlass", CPU2) or "?"), lines

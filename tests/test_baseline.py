@@ -26,8 +26,9 @@ RUN_TIMEOUT_S = 240
 
 
 def harness(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harness", *argv], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,8 @@ def test_a_deleted_policy_or_a_nan_fails_the_gate(two_runs: tuple[Path, Path], t
     code, result = compare(first, tmp_path / "deleted.json")
     assert code == 1
     assert [(r["policy"], r["note"]) for r in result["rows"] if r["verdict"] == "regression"] == [
-        ("fixed", "policy not in current")]
+        ("fixed", "policy not in current")
+    ]
 
     nan = json.loads((second / "report.json").read_text())
     nan.pop("content_digest")
@@ -93,14 +95,15 @@ def test_a_deleted_policy_or_a_nan_fails_the_gate(two_runs: tuple[Path, Path], t
     code, result = compare(first, tmp_path / "nan.json")
     assert code == 1
     assert [(r["policy"], r["metric"], r["note"]) for r in result["rows"] if r["verdict"] == "regression"] == [
-        ("legacy", "max_error", "NaN or infinity in current")]
+        ("legacy", "max_error", "NaN or infinity in current")
+    ]
 
 
 def float32_reorder_bound(num_terms: int) -> float:
     """gamma_n = n*u / (1 - n*u), u = 2^-24: how far a float32 sum of n products may move, relative to the sum of
     their magnitudes, when another CPU sums them in another order (another SIMD width or GEMM blocking; Higham,
     Accuracy and Stability of Numerical Algorithms, Thm 3.1)."""
-    u = 2.0 ** -24
+    u = 2.0**-24
     return num_terms * u / (1 - num_terms * u)
 
 
@@ -117,7 +120,11 @@ def test_back_to_back_runs_agree_to_the_byte_and_rss_to_the_page(two_runs: tuple
         theirs = second.policy(mine.policy)  # type: ignore[union-attr]
         assert theirs is not None, mine.policy
         assert (mine.outcome, mine.num_oom, mine.contract_total_bytes, mine.lower_bound_bytes) == (
-            theirs.outcome, theirs.num_oom, theirs.contract_total_bytes, theirs.lower_bound_bytes)
+            theirs.outcome,
+            theirs.num_oom,
+            theirs.contract_total_bytes,
+            theirs.lower_bound_bytes,
+        )
         for figure in ("allocator_allocated_peak_bytes", "max_rel_error", "max_abs_error"):
             got, want = getattr(mine, figure), getattr(theirs, figure)
             assert (got.min, got.max) == (want.min, want.max), (mine.policy, figure)
@@ -126,7 +133,8 @@ def test_back_to_back_runs_agree_to_the_byte_and_rss_to_the_page(two_runs: tuple
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
 def test_a_fresh_run_gives_the_baselines_bytes_and_its_errors_within_float32_reordering(
-        two_runs: tuple[Path, Path]) -> None:
+    two_runs: tuple[Path, Path],
+) -> None:
     """Against the committed baseline, made on another x86-64 CPU: allocator bytes, contracts and outcomes to the
     byte (they do not depend on the arithmetic), RSS to the page (as above), and the error figures within what
     float32 allows when the GEMMs sum in another order.
@@ -148,14 +156,22 @@ def test_a_fresh_run_gives_the_baselines_bytes_and_its_errors_within_float32_reo
         theirs = committed.policy(mine.policy)
         assert theirs is not None, mine.policy
         assert (mine.outcome, mine.num_oom, mine.contract_total_bytes, mine.lower_bound_bytes) == (
-            theirs.outcome, theirs.num_oom, theirs.contract_total_bytes, theirs.lower_bound_bytes)
+            theirs.outcome,
+            theirs.num_oom,
+            theirs.contract_total_bytes,
+            theirs.lower_bound_bytes,
+        )
         got, want = mine.allocator_allocated_peak_bytes, theirs.allocator_allocated_peak_bytes
         assert got is not None and want is not None, mine.policy
         assert (got.min, got.max) == (want.min, want.max), mine.policy
         rel_got, rel_want = mine.max_rel_error, theirs.max_rel_error
         assert rel_got is not None and rel_want is not None, mine.policy
         assert abs(rel_got.max - rel_want.max) <= bound and abs(rel_got.min - rel_want.min) <= bound, (
-            mine.policy, rel_got, rel_want, bound)
+            mine.policy,
+            rel_got,
+            rel_want,
+            bound,
+        )
         abs_got, abs_want = mine.max_abs_error, theirs.max_abs_error
         assert abs_got is not None and abs_want is not None, mine.policy
         ref_scale = abs_want.max / rel_want.max if rel_want.max > 0 else 0.0  # max |ref| of the worst rank

@@ -16,8 +16,16 @@ from harness.bench.records import BenchReport, CpuCost
 from scenario_utils import TINY
 
 ROOT = Path(__file__).resolve().parent.parent
-SUB_STAGES = {"dispatch.quantize", "dispatch.layout", "dispatch.pack", "dispatch.exchange", "dispatch.unpack",
-              "combine.expert-reduce", "combine.exchange", "combine.token-reduce"}
+SUB_STAGES = {
+    "dispatch.quantize",
+    "dispatch.layout",
+    "dispatch.pack",
+    "dispatch.exchange",
+    "dispatch.unpack",
+    "combine.expert-reduce",
+    "combine.exchange",
+    "combine.token-reduce",
+}
 
 
 def _bench(tmp_path: Path, bench: dict, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -25,8 +33,13 @@ def _bench(tmp_path: Path, bench: dict, *extra: str) -> tuple[subprocess.Complet
     path = tmp_path / "tiny-bench.yaml"
     path.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "harness", "bench", str(path), "--no-cpu-costs", "--out", str(out),
-                           *extra], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "bench", str(path), "--no-cpu-costs", "--out", str(out), *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     return done, json.loads((out / "bench.json").read_text())
 
 
@@ -42,11 +55,20 @@ def test_bench_reports_every_variant_per_rank_and_passes_low_thresholds(tmp_path
         assert [p["policy"] for p in rank["policies"]] == ["legacy", "fixed"]
         for policy in rank["policies"]:
             names = {v["name"] for v in policy["variants"]}
-            assert names == {"dispatch:harness", "a2a:raw-dispatch", "experts:harness", "experts:raw-reference",
-                             "combine:harness", "a2a:raw-combine", *SUB_STAGES}
+            assert names == {
+                "dispatch:harness",
+                "a2a:raw-dispatch",
+                "experts:harness",
+                "experts:raw-reference",
+                "combine:harness",
+                "a2a:raw-combine",
+                *SUB_STAGES,
+            }
             # On CPU the only raw collective is gloo's all_to_all_single: the ratio is taken against it.
             assert (policy["comm_raw_dispatch_variant"], policy["comm_raw_combine_variant"]) == (
-                "a2a:raw-dispatch", "a2a:raw-combine")
+                "a2a:raw-dispatch",
+                "a2a:raw-combine",
+            )
             assert all(v["num_samples"] == 2 and v["median_us"] > 0 for v in policy["variants"])  # first dropped
             assert all(v["min_us"] <= v["median_us"] <= v["max_us"] for v in policy["variants"])
             # The harness's experts step and the raw reference compute the same math on the valid rows.
@@ -76,8 +98,10 @@ def test_bench_reports_every_variant_per_rank_and_passes_low_thresholds(tmp_path
 
 
 def test_cpu_ranks_never_fail_on_the_comm_ratios(tmp_path):
-    done, data = _bench(tmp_path, {"iterations": 2, "experts_ratio_min": 0.01, "comm_busbw_ratio_min": 50.0,
-                                   "comm_bound_ratio_min": 50.0})
+    done, data = _bench(
+        tmp_path,
+        {"iterations": 2, "experts_ratio_min": 0.01, "comm_busbw_ratio_min": 50.0, "comm_bound_ratio_min": 50.0},
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert data["report"]["failures"] == [] and data["report"]["ok"] is True
 
@@ -93,12 +117,22 @@ def test_bench_below_a_scenario_threshold_exits_1_and_names_it(tmp_path):
 
 def test_cpu_only_report_has_no_empty_rank_tables():
     report = BenchReport(
-        run_id="20261130-000000-bench-smoke", scenario_hash="b847df0681b13f14", scenario_name="smoke", num_ranks=0,
-        experts_backend=None, versions=None, device_name=None, command=["harness", "bench", "--cpu-only"],
-        thresholds={"bench.experts_ratio_min": 0.5}, policies=[], legacy_over_fixed_experts_time=None,
-        cpu_costs=[CpuCost(name="plan (in process)", median_s=0.01, samples_s=[0.01], target_s=0.05,
-                           within_target=True)],
-        failures=[], ok=True,
+        run_id="20261130-000000-bench-smoke",
+        scenario_hash="b847df0681b13f14",
+        scenario_name="smoke",
+        num_ranks=0,
+        experts_backend=None,
+        versions=None,
+        device_name=None,
+        command=["harness", "bench", "--cpu-only"],
+        thresholds={"bench.experts_ratio_min": 0.5},
+        policies=[],
+        legacy_over_fixed_experts_time=None,
+        cpu_costs=[
+            CpuCost(name="plan (in process)", median_s=0.01, samples_s=[0.01], target_s=0.05, within_target=True)
+        ],
+        failures=[],
+        ok=True,
     )
     markdown = render_markdown(report, [])
     assert "CPU-side costs only (--cpu-only): no ranks ran" in markdown
@@ -117,8 +151,19 @@ def test_yardstick_counts_minimal_local_and_anchor_bytes_and_the_bound():
     assert distinct_remote_rows(ids, rank=0, num_local_experts=2, num_ranks=2) == 2
     assert distinct_remote_rows(ids, rank=1, num_local_experts=2, num_ranks=2) == 2  # tokens 0 and 1 go to rank 0
     K = 256
-    args = dict(topk_ids=ids, rank=0, num_ranks=2, num_local_experts=2, hidden_size=K, received_pairs=5,
-                moved_row_bytes=K + 48, out_bytes=2, dispatch_us=10.0, combine_us=20.0, timing="graph")
+    args = dict(
+        topk_ids=ids,
+        rank=0,
+        num_ranks=2,
+        num_local_experts=2,
+        hidden_size=K,
+        received_pairs=5,
+        moved_row_bytes=K + 48,
+        out_bytes=2,
+        dispatch_us=10.0,
+        combine_us=20.0,
+        timing="graph",
+    )
     y = yardstick(**args, hbm_gbps=4000.0, link_gbps=400.0)
     assert (y.remote_rows, y.selections, y.received_pairs) == (2, 6, 5)
     assert y.dispatch_min_remote_bytes == 2 * (K + 4 + 2 * 2) and y.combine_min_remote_bytes == 2 * 2 * K
@@ -152,9 +197,24 @@ def test_queue_ahead_counts_late_enqueueing_and_doubles_its_sleep():
     q.note(1000.0)
     assert (q.sleep_us, q.late) == (300.0, 2)
     ids = torch.tensor([[0, 1]])
-    y = yardstick(topk_ids=ids, rank=0, num_ranks=1, num_local_experts=2, hidden_size=64, received_pairs=2,
-                  moved_row_bytes=112, out_bytes=2, hbm_gbps=1000.0, link_gbps=None, dispatch_us=3.0,
-                  combine_us=4.0, timing="graph", idle_dispatch_us=9.0, idle_combine_us=8.0, queue=q)
+    y = yardstick(
+        topk_ids=ids,
+        rank=0,
+        num_ranks=1,
+        num_local_experts=2,
+        hidden_size=64,
+        received_pairs=2,
+        moved_row_bytes=112,
+        out_bytes=2,
+        hbm_gbps=1000.0,
+        link_gbps=None,
+        dispatch_us=3.0,
+        combine_us=4.0,
+        timing="graph",
+        idle_dispatch_us=9.0,
+        idle_combine_us=8.0,
+        queue=q,
+    )
     assert (y.queued_ahead_us, y.late_samples, y.idle_dispatch_us, y.idle_combine_us) == (300.0, 2, 9.0, 8.0)
     assert y.bound_ratio == pytest.approx((2 * 68 / 1000.0 + 2 * 128 / 1000.0) / 1e3 / 7.0)  # the queued times
 

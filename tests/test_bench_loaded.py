@@ -20,9 +20,14 @@ GATED = {"plan (in process)", "harness plan (command)", "collect 1024 rank recor
 def test_cpu_only_bench_passes_beside_a_cpu_bound_process(tmp_path: Path):
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # one of the machine's cores, busy
     try:
-        done = subprocess.run([sys.executable, "-m", "harness", "bench", "--cpu-only", "--json", "--out",
-                               str(tmp_path / "bench")], cwd=REPO_DIR, env=harness_env(), capture_output=True,
-                              text=True, timeout=1100)
+        done = subprocess.run(
+            [sys.executable, "-m", "harness", "bench", "--cpu-only", "--json", "--out", str(tmp_path / "bench")],
+            cwd=REPO_DIR,
+            env=harness_env(),
+            capture_output=True,
+            text=True,
+            timeout=1100,
+        )
     finally:
         hog.kill()
         hog.wait()

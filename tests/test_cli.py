@@ -44,8 +44,18 @@ def test_plan_json_gives_bytes_as_ints():
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["scenario"] == "deepseek-v3-dp32-pr55579"
-    assert plan["sizing"] == {"T": 256, "D": 32, "M": 8192, "E": 16, "K": 7168, "I": 2048, "N": 4096, "top_k": 8,
-                              "activation": "silu", "workspace_dtype": "bfloat16"}
+    assert plan["sizing"] == {
+        "T": 256,
+        "D": 32,
+        "M": 8192,
+        "E": 16,
+        "K": 7168,
+        "I": 2048,
+        "N": 4096,
+        "top_k": 8,
+        "activation": "silu",
+        "workspace_dtype": "bfloat16",
+    }
     totals = {p["name"]: p["total_bytes"] for p in plan["policies"]}
     assert totals == {"legacy": LEGACY_BYTES, "fixed": FIXED_BYTES, "lower-bound": FIXED_BYTES}
     assert all(type(p["total_bytes"]) is int for p in plan["policies"])
@@ -124,8 +134,15 @@ def test_installed_entry_point_runs_plan():
     entry = _installed_entry_point()
     if entry is None:
         pytest.skip("the harness console script is not installed (pip install -e . installs it)")
-    result = subprocess.run([entry, "plan", PR_CASE, "--json"], cwd=REPO_DIR, env=harness_env(),
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [entry, "plan", PR_CASE, "--json"],
+        cwd=REPO_DIR,
+        env=harness_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     totals = {p["name"]: p["total_bytes"] for p in json.loads(result.stdout)["policies"]}
     assert (totals["legacy"], totals["fixed"]) == (LEGACY_BYTES, FIXED_BYTES)

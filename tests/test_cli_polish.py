@@ -20,8 +20,9 @@ def test_version_names_the_package_and_the_commit():
 
     line = result.stdout.strip()
     assert line.startswith(f"harness {__version__}")
-    head = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, check=False).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(REPO_DIR), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     if head:
         assert re.fullmatch(rf"harness {re.escape(__version__)} \(git {head}(, modified)?\)", line), line
 
@@ -47,8 +48,9 @@ def test_scenarios_marks_what_runs_here_and_why_not():
     assert re.search(r"\d+ of \d+ run on ", table)
 
 
-@pytest.mark.parametrize("flag, value", [("--vllm-ops-library", "nope.so"), ("--vllm-wheel", "nope.whl"),
-                                         ("--vllm-src", "no-such-tree")])
+@pytest.mark.parametrize(
+    "flag, value", [("--vllm-ops-library", "nope.so"), ("--vllm-wheel", "nope.whl"), ("--vllm-src", "no-such-tree")]
+)
 def test_a_missing_vllm_input_is_refused_before_any_rank(tmp_path: Path, flag: str, value: str):
     out = tmp_path / "run"
     result = run_harness("run", "smoke", flag, value, "--out", str(out))
@@ -76,7 +78,6 @@ def test_a_ray_connection_failure_names_the_token(monkeypatch):
 def test_fail_on_verdict_fails_a_layer_deepep_refuses():
     plain = run_harness("plan", "vllm-57894-eplb-deepep-ll", "--vllm-version", "0.33.0", "--json")
     assert plain.returncode == 0, plain.stderr  # the expectation (over-cap) holds: the plan alone is data
-    gated = run_harness("plan", "vllm-57894-eplb-deepep-ll", "--vllm-version", "0.33.0", "--json",
-                        "--fail-on-verdict")
+    gated = run_harness("plan", "vllm-57894-eplb-deepep-ll", "--vllm-version", "0.33.0", "--json", "--fail-on-verdict")
     assert gated.returncode == 1, gated.stderr
     assert json.loads(gated.stdout)["layer_verdict_failures"] == ["vllm 0.33.0: deepep-rdma over-cap"]

@@ -12,28 +12,49 @@ from harness.cli import build_parser
 PR_CASE = "scenarios/deepseek-v3-dp32-pr55579.yaml"
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    ((), "harness: error: the following arguments are required: command; see `harness --help`"),
-    (("rnu",), "harness: error: argument command: invalid choice: 'rnu' (choose from 'plan', 'scenarios', 'run', "
-               "'collect', 'compare', 'status', 'bench', 'schema', 'vllm'); did you mean 'run'? See `harness --help`."),
-    (("plan",), "harness: error: plan needs a scenario, or `-- vllm serve MODEL FLAGS` after the options; see "
-                "`harness plan --help`"),
-    (("plan", PR_CASE, "--jsn"),
-     "harness plan: error: unrecognized arguments: --jsn; did you mean '--json'? See `harness plan --help`."),
-    (("run", "--num-ranks", "two"),
-     "harness run: error: argument --num-ranks: invalid int value: 'two'; see `harness run --help`"),
-    (("run", "--launcher", "rey"),
-     "harness run: error: argument --launcher: invalid choice: 'rey' (choose from 'local', 'ray'); "
-     "did you mean 'ray'? See `harness run --help`."),
-    (("compare", "results/a"),
-     "harness compare: error: the following arguments are required: current; see `harness compare --help`"),
-    (("vllm", "adit"),
-     "harness vllm: error: argument vllm_command: invalid choice: 'adit' (choose from 'audit'); "
-     "did you mean 'audit'? See `harness vllm --help`."),
-    (("vllm", "audit", "--vllm-version", "0.30.0", "--vllm-src", "x"),
-     "harness vllm audit: error: argument --vllm-src: not allowed with argument --vllm-version; "
-     "see `harness vllm audit --help`"),
-])
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ((), "harness: error: the following arguments are required: command; see `harness --help`"),
+        (
+            ("rnu",),
+            "harness: error: argument command: invalid choice: 'rnu' (choose from 'plan', 'scenarios', 'run', "
+            "'collect', 'compare', 'status', 'bench', 'schema', 'vllm'); did you mean 'run'? See `harness --help`.",
+        ),
+        (
+            ("plan",),
+            "harness: error: plan needs a scenario, or `-- vllm serve MODEL FLAGS` after the options; see "
+            "`harness plan --help`",
+        ),
+        (
+            ("plan", PR_CASE, "--jsn"),
+            "harness plan: error: unrecognized arguments: --jsn; did you mean '--json'? See `harness plan --help`.",
+        ),
+        (
+            ("run", "--num-ranks", "two"),
+            "harness run: error: argument --num-ranks: invalid int value: 'two'; see `harness run --help`",
+        ),
+        (
+            ("run", "--launcher", "rey"),
+            "harness run: error: argument --launcher: invalid choice: 'rey' (choose from 'local', 'ray'); "
+            "did you mean 'ray'? See `harness run --help`.",
+        ),
+        (
+            ("compare", "results/a"),
+            "harness compare: error: the following arguments are required: current; see `harness compare --help`",
+        ),
+        (
+            ("vllm", "adit"),
+            "harness vllm: error: argument vllm_command: invalid choice: 'adit' (choose from 'audit'); "
+            "did you mean 'audit'? See `harness vllm --help`.",
+        ),
+        (
+            ("vllm", "audit", "--vllm-version", "0.30.0", "--vllm-src", "x"),
+            "harness vllm audit: error: argument --vllm-src: not allowed with argument --vllm-version; "
+            "see `harness vllm audit --help`",
+        ),
+    ],
+)
 def test_usage_errors_are_one_line_with_a_suggestion(args, says):
     result = run_harness(*args)
     assert result.returncode == 2
@@ -55,7 +76,8 @@ def test_every_argument_of_every_command_has_help():
     assert {p.prog for p in parsers} >= {"harness", "harness run", "harness vllm audit", "harness compare"}
     missing = [
         f"{p.prog} {'/'.join(a.option_strings) or a.dest}"
-        for p in parsers for a in p._actions
+        for p in parsers
+        for a in p._actions
         if not isinstance(a, argparse._HelpAction) and not (a.help or "").strip()
     ]
     assert missing == []

@@ -77,8 +77,12 @@ def test_all_pass_numbers_equal_the_inputs(tmp_path: Path) -> None:
         deltas = [workspace_delta_for(scenario, name, rank) for rank in range(4)]
         summary = policy(report, name)
         assert summary.workspace_delta_bytes is not None
-        assert summary.workspace_delta_bytes.model_dump() == {"min": min(deltas), "avg": sum(deltas) / 4,
-                                                               "max": max(deltas), "num_ranks": 4}
+        assert summary.workspace_delta_bytes.model_dump() == {
+            "min": min(deltas),
+            "avg": sum(deltas) / 4,
+            "max": max(deltas),
+            "num_ranks": 4,
+        }
         assert (summary.num_oom, summary.outcome, summary.num_ranks, summary.expectation) == (0, "fit", 4, "pass")
         assert summary.lower_bound_bytes == live_set_bytes(args)
         assert summary.contract_total_bytes is not None
@@ -105,10 +109,24 @@ def test_markdown_header_table_and_footer(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", scenario, num_nodes=2)
     report = run_report(collect(run_dir))
     md = read_md(run_dir / "report.md")
-    for text in ("torch 2.13.0", "CUDA 12.8", "NCCL 2.27.3", "driver 580.95.05", "Ray 2.52.0", "vLLM source: release 0.30.0",
-                 "NVIDIA H200", "on 2 node(s)", scenario.scenario_hash, "D=8 P=4 E=4 T=32 M=256 K=128 I=64",
-                 "top_k=4", "is EMULATED on P=4", "each GPU's memory", "same-baseline", "NVML",
-                 f"# generation: {report.generation}"):
+    for text in (
+        "torch 2.13.0",
+        "CUDA 12.8",
+        "NCCL 2.27.3",
+        "driver 580.95.05",
+        "Ray 2.52.0",
+        "vLLM source: release 0.30.0",
+        "NVIDIA H200",
+        "on 2 node(s)",
+        scenario.scenario_hash,
+        "D=8 P=4 E=4 T=32 M=256 K=128 I=64",
+        "top_k=4",
+        "is EMULATED on P=4",
+        "each GPU's memory",
+        "same-baseline",
+        "NVML",
+        f"# generation: {report.generation}",
+    ):
         assert text in md, text
     lines = md.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| policy |"))
@@ -131,7 +149,9 @@ def test_failed_expectation_exits_1(tmp_path: Path) -> None:
     assert result.exit_code == 1
     legacy = policy(report, "legacy")
     assert (legacy.num_oom, legacy.outcome, legacy.expectation) == (1, "oom", "fail")
-    assert legacy.workspace_delta_bytes and legacy.workspace_delta_bytes.num_ranks == 3  # the OOMed rank measured nothing
+    assert (
+        legacy.workspace_delta_bytes and legacy.workspace_delta_bytes.num_ranks == 3
+    )  # the OOMed rank measured nothing
     assert [(f.rank, f.policy, f.check) for f in report.check_failures] == [(2, "legacy", "expectation")]
     assert report.checks.num_fail == 1 and report.checks.num_skip == 2  # correctness + memory skipped
     md = read_md(run_dir / "report.md")
@@ -180,7 +200,9 @@ def test_a_version_1_record_loads_without_the_verdicts_it_carried(tmp_path: Path
     assert loaded.model_dump(exclude={"schema_version"}) == current.model_dump(exclude={"schema_version"})
     assert loaded.schema_version == 1
     old["schema_version"] = SCHEMA_VERSION
-    with pytest.raises(RecordError, match=r"^rank\.json: corrupt: policies\.0\.correctness\.within_tolerance: Extra inputs"):
+    with pytest.raises(
+        RecordError, match=r"^rank\.json: corrupt: policies\.0\.correctness\.within_tolerance: Extra inputs"
+    ):
         parse_record(json.dumps(old).encode(), where="rank.json")
 
 
@@ -190,16 +212,21 @@ def test_verdicts_come_from_the_numbers_not_the_records_flags(tmp_path: Path) ->
     scenario = four_rank_scenario()
     contract = policy_result(scenario, "fixed", 0).contract
     too_big = int((contract.common_bytes + contract.ws2_bytes) * 1.05)  # the tolerance is 1 %
-    overrides: dict[int, dict[str, dict[str, Any]]] = {1: {"fixed": {"max_rel_error": 50.0, "num_wrong_slots": 1000}},
-                 2: {"legacy": {"max_rel_error": 0.07}},  # just over expect.max_error 0.06
-                 3: {"fixed": {"workspace_delta_bytes": too_big}}}
+    overrides: dict[int, dict[str, dict[str, Any]]] = {
+        1: {"fixed": {"max_rel_error": 50.0, "num_wrong_slots": 1000}},
+        2: {"legacy": {"max_rel_error": 0.07}},  # just over expect.max_error 0.06
+        3: {"fixed": {"workspace_delta_bytes": too_big}},
+    }
     run_dir = write_run(tmp_path / "run", scenario, overrides=overrides)
     _as_version_1(run_dir, {(0, "fixed"): False})  # good numbers, a pessimistic flag; every other flag claims success
     result = collect(run_dir)
     report = run_report(result)
     assert result.exit_code == 1
     assert {(f.rank, f.policy, f.check) for f in report.check_failures} == {
-        (1, "fixed", "correctness"), (2, "legacy", "correctness"), (3, "fixed", "memory")}
+        (1, "fixed", "correctness"),
+        (2, "legacy", "correctness"),
+        (3, "fixed", "memory"),
+    }
     message = next(f.message for f in report.check_failures if f.rank == 1)
     assert "max rel error 50 (tolerance 0.06, expect.max_error)" in message and "1000 wrong slots" in message
     assert policy(report, "fixed").max_rel_error.max == 50.0  # type: ignore[union-attr]
@@ -211,8 +238,10 @@ def test_unequal_baselines_fail_the_baseline_check(tmp_path: Path) -> None:
     """Legacy runs first; 572 MB of one-time setup inside its window lifts fixed's baseline."""
     scenario = four_rank_scenario()
     rounding = BASELINE_ROUNDING_BYTES["nvml"]
-    overrides = {0: {"legacy": {"baseline_bytes": 6_526_271_488}, "fixed": {"baseline_bytes": 7_098_793_984}},
-                 1: {"legacy": {"baseline_bytes": 10**9}, "fixed": {"baseline_bytes": 10**9 + rounding}}}
+    overrides = {
+        0: {"legacy": {"baseline_bytes": 6_526_271_488}, "fixed": {"baseline_bytes": 7_098_793_984}},
+        1: {"legacy": {"baseline_bytes": 10**9}, "fixed": {"baseline_bytes": 10**9 + rounding}},
+    }
     run_dir = write_run(tmp_path / "run", scenario, overrides=overrides)
     result = collect(run_dir)
     report = run_report(result)
@@ -264,7 +293,9 @@ def test_a_rank_that_died_after_its_first_policy_keeps_it(tmp_path: Path) -> Non
 
 
 def test_unreadable_missing_newer_and_binary_records(tmp_path: Path) -> None:
-    scenario = make_scenario(parallel={"num_dispatchers": 6, "num_ranks": 6, "num_local_experts": 4, "max_tokens_per_rank": 32})
+    scenario = make_scenario(
+        parallel={"num_dispatchers": 6, "num_ranks": 6, "num_local_experts": 4, "max_tokens_per_rank": 32}
+    )
     run_dir = write_run(tmp_path / "run", scenario, skip_ranks=(4,))
     full = rank_record_path(run_dir, 1).read_text()
     rank_record_path(run_dir, 1).write_text(full[: full.index("\n", len(full) // 2)])  # a writer killed mid-file
@@ -294,20 +325,27 @@ def test_unreadable_missing_newer_and_binary_records(tmp_path: Path) -> None:
     assert main(["collect", str(run_dir)]) == 2  # no traceback for any of them
 
 
-@pytest.mark.parametrize(("field", "value", "says"), [
-    ("max_rel_error", float("nan"), "max_rel_error is nan: a record holds finite numbers only"),
-    ("experts_us", float("inf"), "experts_us is inf"),
-    ("workspace_reserved_bytes", -4096, "workspace_reserved_bytes is -4096: sizes, counts and times are >= 0"),
-    ("common_bytes", -1, "contract.common_bytes is -1"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("max_rel_error", float("nan"), "max_rel_error is nan: a record holds finite numbers only"),
+        ("experts_us", float("inf"), "experts_us is inf"),
+        ("workspace_reserved_bytes", -4096, "workspace_reserved_bytes is -4096: sizes, counts and times are >= 0"),
+        ("common_bytes", -1, "contract.common_bytes is -1"),
+    ],
+)
 def test_nan_infinity_and_negative_sizes_are_invalid(tmp_path: Path, field: str, value: float, says: str) -> None:
     scenario = four_rank_scenario()
     run_dir = write_run(tmp_path / "run", scenario)
     path = rank_record_path(run_dir, 2)
     data = json.loads(path.read_text())
     fixed = data["policies"][1]
-    section = {"max_rel_error": "correctness", "experts_us": "timings", "workspace_reserved_bytes": "memory",
-               "common_bytes": "contract"}[field]
+    section = {
+        "max_rel_error": "correctness",
+        "experts_us": "timings",
+        "workspace_reserved_bytes": "memory",
+        "common_bytes": "contract",
+    }[field]
     fixed[section][field] = value
     path.write_text(json.dumps(data))  # Python's json writes NaN and Infinity, as a careless writer would
     result = collect(run_dir)
@@ -333,8 +371,12 @@ def test_only_canonical_rank_files_are_read(tmp_path: Path) -> None:
     report = run_report(result)
     assert result.exit_code == 2
     problems = {p.path: (p.kind, p.cause) for p in report.problems}
-    assert set(problems) == {"ranks/rank-1.json", "ranks/rank-000001.json", "ranks/.rank-00002.json.abc123.tmp",
-                             "ranks/notes.txt"}
+    assert set(problems) == {
+        "ranks/rank-1.json",
+        "ranks/rank-000001.json",
+        "ranks/.rank-00002.json.abc123.tmp",
+        "ranks/notes.txt",
+    }
     assert {k for k, _ in problems.values()} == {"unexpected-file"}
     assert "left by a writer that was stopped" in problems["ranks/.rank-00002.json.abc123.tmp"][1]
     assert policy(report, "fixed").max_rel_error.max < 0.1  # type: ignore[union-attr]  # the canonical record counted
@@ -406,7 +448,9 @@ def test_ranks_stopped_by_another_ranks_oom(tmp_path: Path) -> None:
 def test_one_ranks_error_stops_the_others_without_counting_them(tmp_path: Path) -> None:
     """A DispatchError on rank 1 ends the policy on every rank at once (failed_ranks [1]): one policy-error problem,
     the other ranks' checks skipped, the policy's outcome an error."""
-    overrides = {rank: {"fixed": {"status": "error" if rank == 1 else "stopped", "failed_ranks": [1]}} for rank in range(4)}
+    overrides = {
+        rank: {"fixed": {"status": "error" if rank == 1 else "stopped", "failed_ranks": [1]}} for rank in range(4)
+    }
     result = collect(write_run(tmp_path / "run", four_rank_scenario(), overrides=overrides))
     report = run_report(result)
     assert result.exit_code == 2
@@ -415,8 +459,10 @@ def test_one_ranks_error_stops_the_others_without_counting_them(tmp_path: Path) 
     assert (fixed.outcome, fixed.num_error, fixed.num_stopped, fixed.expectation) == ("error", 1, 3, "error")
     stopped = report.ranks[0].policy("fixed")
     assert stopped is not None and stopped.stopped_by_ranks == [1]
-    assert stopped.checks.expectation.outcome == "skip" and "rank(s) [1] ran out of memory or raised" in \
-        stopped.checks.expectation.message
+    assert (
+        stopped.checks.expectation.outcome == "skip"
+        and "rank(s) [1] ran out of memory or raised" in stopped.checks.expectation.message
+    )
 
 
 def test_a_record_so_far_without_a_final_one_is_named(tmp_path: Path) -> None:
@@ -438,8 +484,13 @@ def test_the_header_says_how_the_ranks_warmed_up(tmp_path: Path) -> None:
     collect(run_dir)
     assert "# warm-up pass: full on every rank" in read_md(run_dir / "report.md")
     for rank in (1, 3):
-        old = rank_record(scenario, rank, run_id="20251130-052000-synthetic", warmup=None,
-                          overrides={"fixed": {"baseline_bytes": 2 * 10**9}})
+        old = rank_record(
+            scenario,
+            rank,
+            run_id="20251130-052000-synthetic",
+            warmup=None,
+            overrides={"fixed": {"baseline_bytes": 2 * 10**9}},
+        )
         write_record(rank_record_path(run_dir, rank), old)
     report = run_report(collect(run_dir))
     assert "# warm-up pass: full on rank(s) 0, 2; none on rank(s) 1, 3" in read_md(run_dir / "report.md")
@@ -457,8 +508,13 @@ def test_policy_error_exits_2(tmp_path: Path) -> None:
 
 def test_junit_counts_and_validity(tmp_path: Path) -> None:
     scenario = four_rank_scenario(policies=["legacy", "fixed", "lower-bound"])
-    overrides: dict[int, dict[str, dict[str, Any]]] = {0: {"legacy": {"status": "oom"}}, 2: {"fixed": {"max_rel_error": 0.5}}}
-    run_dir = write_run(tmp_path / "run", scenario, overrides=overrides, failed_ranks={3: "hung: no result within 60 s"})
+    overrides: dict[int, dict[str, dict[str, Any]]] = {
+        0: {"legacy": {"status": "oom"}},
+        2: {"fixed": {"max_rel_error": 0.5}},
+    }
+    run_dir = write_run(
+        tmp_path / "run", scenario, overrides=overrides, failed_ranks={3: "hung: no result within 60 s"}
+    )
     report = run_report(collect(run_dir))
     root, cases = junit_cases(run_dir)
     assert root.tag == "testsuites"
@@ -470,7 +526,9 @@ def test_junit_counts_and_validity(tmp_path: Path) -> None:
     # lower-bound has no expectation on 3 ranks: 3 skipped; rank 3 hung: 1 error
     assert len(failures) == 2 and len(errors) == 1 and len(skipped) == 2 + 3
     assert {(c.get("classname"), c.get("name")) for c in failures} == {
-        ("synthetic-smoke.rank-00000.legacy", "expectation"), ("synthetic-smoke.rank-00002.fixed", "correctness")}
+        ("synthetic-smoke.rank-00000.legacy", "expectation"),
+        ("synthetic-smoke.rank-00002.fixed", "correctness"),
+    }
     suite = root.find("testsuite")
     assert suite is not None
     for attr, expected in (("tests", len(cases)), ("failures", 2), ("errors", 1), ("skipped", 5)):
@@ -484,8 +542,12 @@ def test_junit_counts_and_validity(tmp_path: Path) -> None:
 
 
 def test_collect_twice_is_byte_identical_and_one_generation(tmp_path: Path) -> None:
-    run_dir = write_run(tmp_path / "run", four_rank_scenario(), overrides={1: {"legacy": {"status": "oom"}}},
-                        failed_ranks={3: "died: exit code 1"})
+    run_dir = write_run(
+        tmp_path / "run",
+        four_rank_scenario(),
+        overrides={1: {"legacy": {"status": "oom"}}},
+        failed_ranks={3: "died: exit code 1"},
+    )
     first_result = collect(run_dir)
     first = {name: (run_dir / name).read_bytes() for name in REPORT_FILES}
     again = collect(run_dir)
@@ -504,8 +566,10 @@ def test_a_mixed_set_of_outputs_is_detected_and_rewritten(tmp_path: Path, capsys
     run_dir = write_run(tmp_path / "run", scenario)
     old = collect(run_dir).report.generation
     old_md = (run_dir / "report.md").read_text()
-    write_record(rank_record_path(run_dir, 2), rank_record(scenario, 2, run_id="20251130-052000-synthetic",
-                                                            overrides={"fixed": {"experts_us": 999.0}}))
+    write_record(
+        rank_record_path(run_dir, 2),
+        rank_record(scenario, 2, run_id="20251130-052000-synthetic", overrides={"fixed": {"experts_us": 999.0}}),
+    )
     new = collect(run_dir, write=False).report.generation
     assert new != old  # the content hash sees the changed record
     (run_dir / "report.md").write_text(old_md)  # as if the last collect died after report.json
@@ -519,7 +583,9 @@ def test_a_mixed_set_of_outputs_is_detected_and_rewritten(tmp_path: Path, capsys
     assert "stale output" not in capsys.readouterr().out  # consistent now
 
 
-def test_an_output_that_cannot_be_written_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_output_that_cannot_be_written_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run_dir = write_run(tmp_path / "run", four_rank_scenario())
     (run_dir / "report.md").mkdir()  # something in the way of an output
     result = collect(run_dir)
@@ -559,7 +625,9 @@ def test_cpu_run_is_labelled_rss_and_cpu_memory(tmp_path: Path) -> None:
 
 
 def test_bus_bandwidth_is_na_with_one_physical_rank(tmp_path: Path) -> None:
-    scenario = make_scenario(parallel={"num_dispatchers": 4, "num_ranks": 1, "num_local_experts": 4, "max_tokens_per_rank": 32})
+    scenario = make_scenario(
+        parallel={"num_dispatchers": 4, "num_ranks": 1, "num_local_experts": 4, "max_tokens_per_rank": 32}
+    )
     run_dir = write_run(tmp_path / "run", scenario)
     report = run_report(collect(run_dir))
     fixed = policy(report, "fixed")
@@ -595,7 +663,9 @@ def test_summary_table_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_many_ranks_are_aggregated_in_the_page(tmp_path: Path) -> None:
-    scenario = make_scenario(parallel={"num_dispatchers": 80, "num_ranks": 80, "num_local_experts": 1, "max_tokens_per_rank": 8})
+    scenario = make_scenario(
+        parallel={"num_dispatchers": 80, "num_ranks": 80, "num_local_experts": 1, "max_tokens_per_rank": 8}
+    )
     run_dir = write_run(tmp_path / "run", scenario, num_nodes=10)
     result = collect(run_dir)
     assert result.exit_code == 0 and run_report(result).hardware.num_nodes == 10
@@ -607,14 +677,28 @@ def test_many_ranks_are_aggregated_in_the_page(tmp_path: Path) -> None:
 def test_memory_check_accepts_allocator_segment_rounding_only_when_nvml_matches_it():
     from harness.core.records import ContractBytes, MemoryMeasurement, PolicyResult
 
-    contract = ContractBytes(ws13_shape=[1], ws2_shape=[1], out_shape=[1], common_bytes=4 * MiB, ws2_bytes=4 * MiB,
-                             total_bytes=8 * MiB, source="test")
+    contract = ContractBytes(
+        ws13_shape=[1],
+        ws2_shape=[1],
+        out_shape=[1],
+        common_bytes=4 * MiB,
+        ws2_bytes=4 * MiB,
+        total_bytes=8 * MiB,
+        source="test",
+    )
     judging = Judging(expected={}, memory_tolerance_pct=1.0, max_error=0.06, max_error_source="test")
     baseline = Check(outcome="skip", message="")
 
     def memory_check(delta: int, reserved: int | None) -> Check:
-        memory = MemoryMeasurement(method="nvml", label="GPU", baseline_bytes=0, peak_bytes=delta, delta_bytes=delta,
-                                   workspace_delta_bytes=delta, workspace_reserved_bytes=reserved)
+        memory = MemoryMeasurement(
+            method="nvml",
+            label="GPU",
+            baseline_bytes=0,
+            peak_bytes=delta,
+            delta_bytes=delta,
+            workspace_delta_bytes=delta,
+            workspace_reserved_bytes=reserved,
+        )
         result = PolicyResult(policy="fixed", status="ok", contract=contract, memory=memory)
         return evaluate_checks(result, expected_outcome=None, judging=judging, baseline=baseline).memory
 
@@ -643,7 +727,10 @@ def test_records_of_real_gloo_ranks(tmp_path: Path) -> None:
     scenario = make_scenario(
         model={"hidden_size": 256, "intermediate_size": 128, "num_experts": 16, "top_k": 2},
         parallel={"num_dispatchers": 4, "num_ranks": 2, "num_local_experts": 4, "max_tokens_per_rank": 64},
-        experts_backend="reference", device="cpu", iterations=2, warmup=0,
+        experts_backend="reference",
+        device="cpu",
+        iterations=2,
+        warmup=0,
         memory={"budget_gb": 0.004, "comm_buffer": "none"},  # no 2.1 MB DeepEP buffer inside the 4 MB budget
         expect={"outcomes": {"legacy": "oom", "fixed": "fit"}, "memory_tolerance_pct": 2.0},
     )
@@ -652,10 +739,20 @@ def test_records_of_real_gloo_ranks(tmp_path: Path) -> None:
     records = [RankRecord.model_validate(r) for r in raw]
     for record in records:
         write_record(rank_record_path(run_dir, record.rank), record)
-    write_record(run_dir / "run.json", RunManifest(
-        run_id=records[0].run_id, scenario_name=scenario.name or "", scenario_hash=scenario.scenario_hash,
-        scenario=scenario.model_dump(mode="json"), scenario_path=None, num_ranks=2, launcher="local",
-        command=["pytest"], started_at=records[0].started_at))
+    write_record(
+        run_dir / "run.json",
+        RunManifest(
+            run_id=records[0].run_id,
+            scenario_name=scenario.name or "",
+            scenario_hash=scenario.scenario_hash,
+            scenario=scenario.model_dump(mode="json"),
+            scenario_path=None,
+            num_ranks=2,
+            launcher="local",
+            command=["pytest"],
+            started_at=records[0].started_at,
+        ),
+    )
 
     result = collect(run_dir)
     report = run_report(result)
@@ -663,7 +760,11 @@ def test_records_of_real_gloo_ranks(tmp_path: Path) -> None:
     fixed = policy(report, "fixed")
     deltas = [r.policies[1].memory.workspace_delta_bytes for r in records]  # type: ignore[union-attr]
     assert fixed.workspace_delta_bytes.model_dump() == {  # type: ignore[union-attr]
-        "min": min(deltas), "avg": sum(deltas) / 2, "max": max(deltas), "num_ranks": 2}
+        "min": min(deltas),
+        "avg": sum(deltas) / 2,
+        "max": max(deltas),
+        "num_ranks": 2,
+    }
     assert fixed.max_rel_error.max == max(r.policies[1].correctness.max_rel_error for r in records)  # type: ignore[union-attr]
     legacy = policy(report, "legacy")
     assert legacy.outcome == "oom" and legacy.num_oom == 2
@@ -684,8 +785,13 @@ def test_streamed_collect_equals_the_report_of_the_loaded_run(tmp_path: Path) ->
         "stopped-by-a-later-oom": write_run(tmp_path / "a", scenario, overrides=stopped),
         "a-failed-rank": write_run(tmp_path / "b", scenario, failed_ranks={1: "died: exit code -9"}),
         "no-manifest": write_run(tmp_path / "c", scenario, manifest=False),
-        "mixed": write_run(tmp_path / "d", scenario, overrides={2: {"fixed": {"max_rel_error": 0.5}}},
-                           failed_ranks={3: "hung"}, num_nodes=2),
+        "mixed": write_run(
+            tmp_path / "d",
+            scenario,
+            overrides={2: {"fixed": {"max_rel_error": 0.5}}},
+            failed_ranks={3: "hung"},
+            num_nodes=2,
+        ),
     }
     unreadable = write_run(tmp_path / "e", scenario)
     manifest = json.loads((unreadable / "run.json").read_text())

@@ -26,8 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_deepep_low_latency_bytes_follow_the_layout_by_hand():
     # DeepSeek-V3 shapes, T = 128, 256 experts. msg_dispatch = 16 + max(2*7168, 7168 + 4*56) = 14352 bytes.
-    bf16 = deepep_low_latency_bytes(max_tokens_per_rank=128, hidden_size=7168, num_experts=256,
-                                    combine_variant="bf16")
+    bf16 = deepep_low_latency_bytes(max_tokens_per_rank=128, hidden_size=7168, num_experts=256, combine_variant="bf16")
     assert (bf16.msg_dispatch_bytes, bf16.msg_combine_bytes) == (14352, 14336)
     assert bf16.send_bytes == 256 * 128 * 14336 and bf16.recv_bytes == 256 * 128 * 14352
     assert bf16.signal_bytes == 1024
@@ -73,14 +72,21 @@ def test_scenario_comm_field_is_validated_as_data_and_fitted_to_the_device():
         tiny(comm="mpi")
     # well formed, but not for the scenario's device: the fit check says so before any rank starts
     assert can_run(tiny(comm="nccl"), device_type="cpu") == (
-        "comm nccl needs GPUs (device cuda); allowed on 2 cpu ranks: auto, gloo")
+        "comm nccl needs GPUs (device cuda); allowed on 2 cpu ranks: auto, gloo"
+    )
     assert can_run(tiny(comm="gloo", device="cuda"), device_type="cuda", num_gpus=2) == (
-        "comm gloo needs CPU ranks (device cpu); allowed on 2 cuda ranks: auto, symm-mem, nccl")
+        "comm gloo needs CPU ranks (device cpu); allowed on 2 cuda ranks: auto, symm-mem, nccl"
+    )
 
 
 def test_run_with_a_gpu_comm_on_cpu_is_one_line_and_exit_2(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "harness", "run", "smoke", "--comm", "symm-mem", "--out",
-                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "smoke", "--comm", "symm-mem", "--out", str(tmp_path / "out")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "comm symm-mem needs GPUs (device cuda); allowed on 2 cpu ranks: auto, gloo" in lines[0]
@@ -135,33 +141,55 @@ def _exchange(info: Any, scenario_data: dict) -> dict:
     distinct_rows = int(torch.unique(token * L.num_ranks + ids // E).numel())  # (token, destination rank) pairs
     return {
         "buffers_bytes": setup.accountant.bytes_of("dispatch") + setup.accountant.bytes_of("combine"),
-        "backend": comm.name, "wrong_slots": stages["dispatch"].num_rows_wrong,
-        "wrong_combined": stages["combine"].num_rows_wrong, "num_tokens": int(setup.tokens.shape[0]),
+        "backend": comm.name,
+        "wrong_slots": stages["dispatch"].num_rows_wrong,
+        "wrong_combined": stages["combine"].num_rows_wrong,
+        "num_tokens": int(setup.tokens.shape[0]),
         "max_abs_ref": float(ref.abs().max()) if ref.numel() else 0.0,
         "max_abs_err": float((out - ref).abs().max()) if ref.numel() else 0.0,
-        "dispatch_bytes": handle.dispatch_bytes, "distinct_rows": distinct_rows, "pairs": int(ids.numel()),
+        "dispatch_bytes": handle.dispatch_bytes,
+        "distinct_rows": distinct_rows,
+        "pairs": int(ids.numel()),
         "row_bytes": RowFormat(hidden_size=L.hidden_size, top_k=L.top_k).row_bytes,
-        "host_syncs": handle.num_host_syncs, "dispatch_collectives": dispatch_calls,
+        "host_syncs": handle.num_host_syncs,
+        "dispatch_collectives": dispatch_calls,
         "rows_sent": int(comm.send_counts.sum()) if isinstance(comm, CollectiveComm) else None,
         "capacity_rows": L.num_ranks * L.buffer_tokens,
-        "counts": comm.expert_num_tokens.tolist(), "comm": setup.comm_record.model_dump(),
+        "counts": comm.expert_num_tokens.tolist(),
+        "comm": setup.comm_record.model_dump(),
         "comm_bytes": setup.accountant.bytes_of("comm"),
     }
 
 
 CASES = {
     "D = P = 2, uniform": {},
-    "2 ranks emulating D = 4, skewed": {"parallel.num_dispatchers": 4, "parallel.num_local_experts": 4,
-                                        "routing.kind": "skewed", "routing.zipf_exponent": 2.0},
-    "D = P = 3, top_k 3 (odd: int16 ids padded)": {"parallel.num_ranks": 3, "parallel.num_dispatchers": 3,
-                                                  "parallel.num_local_experts": 6, "model.num_experts": 18,
-                                                  "model.top_k": 3},
-    "4 ranks, worst case fills expert 0 to M": {"parallel.num_ranks": 4, "parallel.num_dispatchers": 4,
-                                               "parallel.num_local_experts": 4, "routing.kind": "worst-case"},
+    "2 ranks emulating D = 4, skewed": {
+        "parallel.num_dispatchers": 4,
+        "parallel.num_local_experts": 4,
+        "routing.kind": "skewed",
+        "routing.zipf_exponent": 2.0,
+    },
+    "D = P = 3, top_k 3 (odd: int16 ids padded)": {
+        "parallel.num_ranks": 3,
+        "parallel.num_dispatchers": 3,
+        "parallel.num_local_experts": 6,
+        "model.num_experts": 18,
+        "model.top_k": 3,
+    },
+    "4 ranks, worst case fills expert 0 to M": {
+        "parallel.num_ranks": 4,
+        "parallel.num_dispatchers": 4,
+        "parallel.num_local_experts": 4,
+        "routing.kind": "worst-case",
+    },
     "2 ranks, rank 1 holds no tokens": {"routing.idle_ranks": [1]},
-    "1 rank emulating D = 4, skewed": {"parallel.num_ranks": 1, "parallel.num_dispatchers": 4,
-                                       "parallel.num_local_experts": 16, "routing.kind": "skewed",
-                                       "routing.zipf_exponent": 2.0},
+    "1 rank emulating D = 4, skewed": {
+        "parallel.num_ranks": 1,
+        "parallel.num_dispatchers": 4,
+        "parallel.num_local_experts": 16,
+        "routing.kind": "skewed",
+        "routing.zipf_exponent": 2.0,
+    },
 }
 
 
@@ -244,10 +272,16 @@ def _valid_slots(comm: Any, *, by_source: bool) -> list[torch.Tensor]:
     """Every expert's valid slots (FP8 bytes, scale bits, source), flattened; `by_source`: each expert's slots
     ordered by (source rank, token) first (a backend that takes slots with atomics fills them in any order)."""
     counts, src = comm.expert_num_tokens.tolist(), comm.expert_src
-    order = [torch.argsort(src[e, :c, 0].long() * (1 << 32) + src[e, :c, 1].long()) if by_source
-             else torch.arange(c, device=src.device) for e, c in enumerate(counts)]
-    return [torch.cat([t[e, :c][o].reshape(-1) for e, (c, o) in enumerate(zip(counts, order, strict=True))])
-            for t in (comm.expert_x.view(torch.uint8), comm.expert_x_scale.view(torch.int32), src)]
+    order = [
+        torch.argsort(src[e, :c, 0].long() * (1 << 32) + src[e, :c, 1].long())
+        if by_source
+        else torch.arange(c, device=src.device)
+        for e, c in enumerate(counts)
+    ]
+    return [
+        torch.cat([t[e, :c][o].reshape(-1) for e, (c, o) in enumerate(zip(counts, order, strict=True))])
+        for t in (comm.expert_x.view(torch.uint8), comm.expert_x_scale.view(torch.int32), src)
+    ]
 
 
 def _graph_exchange(info: Any, scenario_data: dict, delay_cycles: int) -> dict:
@@ -288,8 +322,7 @@ def _graph_exchange(info: Any, scenario_data: dict, delay_cycles: int) -> dict:
 
     def snapshot() -> list[torch.Tensor]:
         # symm-mem's slots are deterministic; nccl's are taken with atomics: compared in source order
-        return [comm.expert_num_tokens.clone(), *_valid_slots(comm, by_source=comm.name == "nccl"),
-                held["out"].clone()]
+        return [comm.expert_num_tokens.clone(), *_valid_slots(comm, by_source=comm.name == "nccl"), held["out"].clone()]
 
     first()
     experts()
@@ -314,27 +347,30 @@ def _graph_exchange(info: Any, scenario_data: dict, delay_cycles: int) -> dict:
         torch.cuda.synchronize()
         got = snapshot()
         for name, a, b in zip(("counts", "x", "scale", "src", "out"), eager, got, strict=True):
-            same = torch.equal(a.view(torch.uint8) if a.dtype.is_floating_point else a,
-                               b.view(torch.uint8) if b.dtype.is_floating_point else b)
+            same = torch.equal(
+                a.view(torch.uint8) if a.dtype.is_floating_point else a,
+                b.view(torch.uint8) if b.dtype.is_floating_point else b,
+            )
             if again and not same:
                 mismatches.append(f"replay {replay}: {name}")
             differs += int(not again and name in ("x", "out") and not same)
     status = int(comm.status.item()) if isinstance(comm, SymmMemComm) else 0
-    return {"mismatches": mismatches, "status": status, "pairs": int(sum(eager[0].tolist())),
-            "other_differs": differs}
+    return {"mismatches": mismatches, "status": status, "pairs": int(sum(eager[0].tolist())), "other_differs": differs}
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_ranks", [1, pytest.param(2, marks=pytest.mark.skipif(_gpus() < 2,
-                                                                                  reason="needs 2 CUDA GPUs"))])
+@pytest.mark.parametrize(
+    "num_ranks", [1, pytest.param(2, marks=pytest.mark.skipif(_gpus() < 2, reason="needs 2 CUDA GPUs"))]
+)
 @pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("comm", ["symm-mem", "nccl"])
 def test_gpu_graph_replay_equals_eager_bit_for_bit_with_rank_delays(num_ranks, comm):
     """symm-mem, and nccl on its capacity-sized equal splits: a captured round replays."""
     case = "1 rank emulating D = 4, skewed" if num_ranks == 1 else "2 ranks emulating D = 4, skewed"
     scenario = tiny(**CASES[case], device="cuda", comm=comm)
-    results = parallel_launch(num_ranks, _graph_exchange, scenario.model_dump(mode="json"), 20_000_000,
-                              device_type="cuda")
+    results = parallel_launch(
+        num_ranks, _graph_exchange, scenario.model_dump(mode="json"), 20_000_000, device_type="cuda"
+    )
     for r in results:
         assert r["mismatches"] == [] and r["status"] == 0 and r["pairs"] > 0, r
         assert r["other_differs"] == 6, r  # each replay on the other tokens really changed the slots and the output
@@ -368,8 +404,11 @@ def _run_iterations_graph_vs_eager(info: Any, scenario_data: dict) -> dict:
     def snapshot() -> list[torch.Tensor]:
         # nccl takes slots with atomics (any order within an expert): each expert's slots in source order
         assert state.combined is not None
-        return [comm.expert_num_tokens.clone(), *_valid_slots(comm, by_source=comm.name == "nccl"),
-                state.combined.view(torch.int16).clone()]
+        return [
+            comm.expert_num_tokens.clone(),
+            *_valid_slots(comm, by_source=comm.name == "nccl"),
+            state.combined.view(torch.int16).clone(),
+        ]
 
     _iterate(setup, state)
     mode, reason = state.timing_mode, state.timing_reason
@@ -381,8 +420,13 @@ def _run_iterations_graph_vs_eager(info: Any, scenario_data: dict) -> dict:
     mismatches = [n for n, a, b in zip(names, replayed, eager, strict=True) if not torch.equal(a, b)]
     state.workspace.release(setup.accountant)
     result, _ = measure_policy(setup, "fixed", None)
-    return {"mode": mode, "reason": reason, "mismatches": mismatches, "pairs": int(eager[0].sum()),
-            "record": result.model_dump(mode="json")}
+    return {
+        "mode": mode,
+        "reason": reason,
+        "mismatches": mismatches,
+        "pairs": int(eager[0].sum()),
+        "record": result.model_dump(mode="json"),
+    }
 
 
 @pytest.mark.gpu

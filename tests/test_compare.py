@@ -74,11 +74,18 @@ def test_workspace_growth_is_a_regression(tmp_path: Path, capsys: pytest.Capture
     # the same change passes under a wider memory threshold (a group override)
     assert main(["compare", str(base), str(cur), "--threshold", "memory=60"]) == 0
     # ...and fails again when the one metric is tightened
-    assert main(["compare", str(base), str(cur), "--threshold", "memory=60", "--threshold", "workspace_delta_max_bytes=10%"]) == 1
+    assert (
+        main(
+            ["compare", str(base), str(cur), "--threshold", "memory=60", "--threshold", "workspace_delta_max_bytes=10%"]
+        )
+        == 1
+    )
     capsys.readouterr()
 
 
-def test_fit_to_oom_is_a_regression_and_oom_to_fit_an_improvement(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_fit_to_oom_is_a_regression_and_oom_to_fit_an_improvement(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # No expected outcomes: both runs pass their own checks, and the change of outcome is compare's to judge.
     free = {"outcomes": {}, "memory_tolerance_pct": 1.0}
     fits = run(tmp_path, "fits", expect=free)
@@ -117,8 +124,11 @@ def test_timings_regress_only_beyond_the_runs_spread(tmp_path: Path, capsys: pyt
     """+25 % experts time is beyond the 10 % threshold. With samples spread over 40 % it is noise; with 4 % it is a
     regression; with no min/max in the records the threshold alone decides, and the row says so."""
     slow = {"experts_us": 250.0 + 2}
-    for spread, expected, note in ((0.4, 0, "within the runs' spread (40%)"), (0.04, 1, ""),
-                                   (None, 1, "no per-stage min/max in the records: threshold alone")):
+    for spread, expected, note in (
+        (0.4, 0, "within the runs' spread (40%)"),
+        (0.04, 1, ""),
+        (None, 1, "no per-stage min/max in the records: threshold alone"),
+    ):
         overrides_base = {r: {"fixed": {"timing_spread": spread}} for r in range(2)}
         overrides_cur = {r: {"fixed": {"timing_spread": spread, **slow}} for r in range(2)}
         base = run(tmp_path, f"base-{spread}", overrides=overrides_base)
@@ -150,10 +160,15 @@ def test_compare_metric_rules() -> None:
 # Whatever the baseline has and the current run lacks
 
 
-def test_a_policy_deleted_from_the_current_report_is_a_regression(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_policy_deleted_from_the_current_report_is_a_regression(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = run(tmp_path, "base")
-    cur = edit_report(run(tmp_path, "cur"), tmp_path / "edited.json",
-                      lambda d: d.update(policies=[p for p in d["policies"] if p["policy"] != "fixed"]))
+    cur = edit_report(
+        run(tmp_path, "cur"),
+        tmp_path / "edited.json",
+        lambda d: d.update(policies=[p for p in d["policies"] if p["policy"] != "fixed"]),
+    )
     code, data = compare_json(capsys, str(base), str(cur))
     assert code == 1
     (row,) = [r for r in data["rows"] if r["verdict"] == "regression"]
@@ -175,7 +190,9 @@ def test_a_missing_metric_and_fewer_ranks_are_regressions(tmp_path: Path, capsys
     assert code == 1
     assert rows(data, "regression") == {("fixed", "allocator_peak_bytes"), ("fixed", "num_ranks")}
     assert {r["note"] for r in data["rows"] if r["verdict"] == "regression"} == {
-        "missing in current", "ranks with a result: fewer than the baseline's"}
+        "missing in current",
+        "ranks with a result: fewer than the baseline's",
+    }
     code, data = compare_json(capsys, str(base), str(cur), "--ignore", "allocator_peak_bytes", "--ignore", "coverage")
     assert code == 0
 
@@ -193,7 +210,8 @@ def test_nan_in_the_current_report_is_a_regression(tmp_path: Path, capsys: pytes
     regressed = [r for r in data["rows"] if r["verdict"] == "regression"]
     assert {(r["policy"], r["metric"], r["note"]) for r in regressed} == {
         ("legacy", "workspace_delta_avg_bytes", "NaN or infinity in current"),
-        ("legacy", "workspace_delta_max_bytes", "NaN or infinity in current")}
+        ("legacy", "workspace_delta_max_bytes", "NaN or infinity in current"),
+    }
     # the same NaN in the baseline leaves the metric uncompared, never an improvement
     code, data = compare_json(capsys, str(cur), str(base))
     assert code == 0 and data["num_improvements"] == 0
@@ -208,11 +226,18 @@ def test_nan_in_the_current_report_is_a_regression(tmp_path: Path, capsys: pytes
 def test_problems_in_the_current_runs_records_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = run(tmp_path, "base")
     for name, damage, says in (
-            ("deleted", lambda p: p.unlink(), "missing-rank"),
-            ("truncated", lambda p: p.write_text(p.read_text()[:200]), "truncated"),
-            ("newer", lambda p: p.write_text(p.read_text().replace(f'"schema_version": {SCHEMA_VERSION}',
-                                                                   f'"schema_version": {SCHEMA_VERSION + 1}', 1)),
-             "newer-schema")):
+        ("deleted", lambda p: p.unlink(), "missing-rank"),
+        ("truncated", lambda p: p.write_text(p.read_text()[:200]), "truncated"),
+        (
+            "newer",
+            lambda p: p.write_text(
+                p.read_text().replace(
+                    f'"schema_version": {SCHEMA_VERSION}', f'"schema_version": {SCHEMA_VERSION + 1}', 1
+                )
+            ),
+            "newer-schema",
+        ),
+    ):
         cur = run(tmp_path, name)
         damage(rank_record_path(cur, 1))
         collect(cur)  # collected after the damage: the report itself carries the problem
@@ -239,8 +264,12 @@ def test_a_report_json_that_is_not_its_records_exits_2(tmp_path: Path, capsys: p
 def test_report_json_files_and_same_name_changed_hash(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = run(tmp_path, "base")
     # same scenario name, one more policy: the hash changes, the comparison goes on with a warning
-    cur = run(tmp_path, "cur", policies=["legacy", "fixed", "lower-bound"],
-              expect={"outcomes": {"legacy": "fit", "fixed": "fit"}, "memory_tolerance_pct": 1.0})
+    cur = run(
+        tmp_path,
+        "cur",
+        policies=["legacy", "fixed", "lower-bound"],
+        expect={"outcomes": {"legacy": "fit", "fixed": "fit"}, "memory_tolerance_pct": 1.0},
+    )
     code, data = compare_json(capsys, str(base / "report.json"), str(cur / "report.json"))
     assert code == 0
     assert any("changed (hash" in w and "compared by name" in w for w in data["warnings"])
@@ -251,7 +280,9 @@ def test_report_json_files_and_same_name_changed_hash(tmp_path: Path, capsys: py
 # Hardware
 
 
-def test_a_cpu_run_against_a_gpu_baseline_is_shown_not_gated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_cpu_run_against_a_gpu_baseline_is_shown_not_gated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """CPU RSS against GPU NVML and CPU timings against GPU ones say nothing about a regression."""
     gpu = run(tmp_path, "gpu")
     slow = {p: {"experts_us": 90_000.0, "experts_tflops": 0.03} for p in ("legacy", "fixed")}
@@ -288,8 +319,11 @@ def test_two_cpu_runs_show_timings_without_gating_them(tmp_path: Path, capsys: p
 
 def test_outcome_to_nothing_reads_n_a(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = run(tmp_path, "base")
-    cur = edit_report(run(tmp_path, "cur"), tmp_path / "edited.json",
-                      lambda d: next(p for p in d["policies"] if p["policy"] == "fixed").update(outcome=None))
+    cur = edit_report(
+        run(tmp_path, "cur"),
+        tmp_path / "edited.json",
+        lambda d: next(p for p in d["policies"] if p["policy"] == "fixed").update(outcome=None),
+    )
     assert main(["compare", str(base), str(cur)]) == 1
     out = capsys.readouterr().out
     assert "fit -> n/a" in out and "None" not in out
@@ -374,8 +408,12 @@ def test_matrices_compare_per_cell(tmp_path: Path, capsys: pytest.CaptureFixture
 
     matrix = load_matrix(REPO_DIR / "scenarios/matrix/cpu-ci.yaml")
     first, second = matrix.cells()
-    for name, overrides, cells in (("base", None, (first, second)), ("same", None, (first, second)),
-                                   ("oom", {0: {"legacy": {"status": "oom"}}}, (first, second)), ("gone", None, (first,))):
+    for name, overrides, cells in (
+        ("base", None, (first, second)),
+        ("same", None, (first, second)),
+        ("oom", {0: {"legacy": {"status": "oom"}}}, (first, second)),
+        ("gone", None, (first,)),
+    ):
         for cell in cells:
             write_run(tmp_path / name / cell.name, cell.scenario, overrides=overrides, device_kind="cpu")
         collect_matrix(tmp_path / name, matrix.cells(), matrix=matrix)
@@ -385,7 +423,9 @@ def test_matrices_compare_per_cell(tmp_path: Path, capsys: pytest.CaptureFixture
     code, data = compare_json(capsys, base, str(tmp_path / "oom"))
     assert code == 1
     assert {(r["cell"], r["policy"]) for r in data["rows"] if r["verdict"] == "regression"} == {
-        (first.name, "legacy"), (second.name, "legacy")}
+        (first.name, "legacy"),
+        (second.name, "legacy"),
+    }
     # a cell whose run vanished: its results are gone, which must not pass the gate
     code, data = compare_json(capsys, base, str(tmp_path / "gone"))
     assert code == 1
@@ -398,8 +438,15 @@ def test_matrices_compare_per_cell(tmp_path: Path, capsys: pytest.CaptureFixture
     code, data = compare_json(capsys, base, str(edited))
     assert code == 1 and rows(data, "regression") == {("", "cell")}
     # records written for one rank replaced under a cell: the matrix report is stale against them
-    write_record(rank_record_path(tmp_path / "same" / first.name, 1),
-                 rank_record(first.scenario, 1, run_id="20251130-052000-synthetic", device_kind="cpu",
-                             overrides={"fixed": {"experts_us": 1.0}}))
+    write_record(
+        rank_record_path(tmp_path / "same" / first.name, 1),
+        rank_record(
+            first.scenario,
+            1,
+            run_id="20251130-052000-synthetic",
+            device_kind="cpu",
+            overrides={"fixed": {"experts_us": 1.0}},
+        ),
+    )
     assert main(["compare", base, str(tmp_path / "same")]) == 2
     assert "its records are now" in capsys.readouterr().err

@@ -113,9 +113,16 @@ def test_a_changed_record_under_a_cell_is_refused_naming_the_cell(tmp_path: Path
     base, cur = _matrix(tmp_path, "base"), _matrix(tmp_path, "cur")
     first = load_matrix(MATRIX).cells()[0]
     collected_as = json.loads((cur / first.name / "report.json").read_text())["generation"]
-    write_record(rank_record_path(cur / first.name, 1),
-                 rank_record(first.scenario, 1, run_id=collected_as.partition("@")[0], device_kind="cpu",
-                             overrides={"fixed": {"experts_us": 1.0}}))
+    write_record(
+        rank_record_path(cur / first.name, 1),
+        rank_record(
+            first.scenario,
+            1,
+            run_id=collected_as.partition("@")[0],
+            device_kind="cpu",
+            overrides={"fixed": {"experts_us": 1.0}},
+        ),
+    )
     err = _error(capsys, str(base), str(cur))
     assert "its records are now another" in err and f"cell {first.name} was collected as {collected_as}" in err
 
@@ -142,7 +149,8 @@ def test_a_cell_that_never_ran_is_verified_from_the_matrix_report(tmp_path: Path
     assert load_report(cur).source == "report.json"
     code, data = _compare(capsys, str(base), str(cur))
     assert code == 1 and {(r["cell"], r["note"]) for r in data["rows"] if r["verdict"] == "regression"} == {
-        (second.name, "no result in current")}
+        (second.name, "no result in current")
+    }
     # the cell's records appear after the matrix was collected: its report.json is stale
     write_run(cur / second.name, second.scenario, device_kind="cpu")
     err = _error(capsys, str(base), str(cur))
@@ -159,8 +167,7 @@ def test_an_unsafe_cell_name_in_a_matrix_report_is_refused(tmp_path: Path, capsy
     assert "is not a safe directory name" in _error(capsys, str(base), str(cur))
 
 
-def test_the_committed_version_2_matrix_reads_and_collects_again_to_the_same_comparison(tmp_path: Path,
-                                                                                         capsys) -> None:
+def test_the_committed_version_2_matrix_reads_and_collects_again_to_the_same_comparison(tmp_path: Path, capsys) -> None:
     """results/ keeps matrices collected before the cells were referenced: they are read as they are, and the same
     records collected again (as version 3) compare exactly as they did."""
     committed = REPO_DIR / "results/h200/1xh200-matrix-nightly-releases"

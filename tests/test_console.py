@@ -52,8 +52,9 @@ def _piped(command: str, cwd: Path = REPO_DIR, timeout_s: float = 120.0) -> subp
     env = harness_env()
     env.pop("COLUMNS", None)
     shell = f"set -o pipefail; {shlex.quote(sys.executable)} -m harness {command} | cat"
-    return subprocess.run(["bash", "-c", shell], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+    return subprocess.run(
+        ["bash", "-c", shell], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
 
 
 @pytest.mark.parametrize("command", ["plan smoke", "plan deepseek-v3-dp32-pr55579", "scenarios"])

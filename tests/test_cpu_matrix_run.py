@@ -16,16 +16,23 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.timeout(300)
 def test_cpu_ci_matrix_runs_every_cell_and_writes_one_report(tmp_path):
     out = tmp_path / "matrix"
-    done = subprocess.run([sys.executable, "-m", "harness", "run", "scenarios/matrix/cpu-ci.yaml", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=280)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "scenarios/matrix/cpu-ci.yaml", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     assert report["kind"] == "matrix" and report["exit_code"] == 0
     assert report["num_valid"] == len(report["cells"]) >= 2
     n = len(report["cells"])  # each cell announced with its place in the matrix, and ended with its exit code
     for i, cell in enumerate(report["cells"], start=1):
-        assert f"cell {i} of {n}: {cell['name']}" in done.stdout and f"cell {i} of {n} ({cell['name']}): exit code 0" \
-            in done.stdout, done.stdout[-3000:]
+        assert (
+            f"cell {i} of {n}: {cell['name']}" in done.stdout
+            and f"cell {i} of {n} ({cell['name']}): exit code 0" in done.stdout
+        ), done.stdout[-3000:]
     for cell in report["cells"]:
         assert (out / cell["name"] / "report.json").exists()
         # the combined report holds the summary of the report the cell was collected into when it finished (written

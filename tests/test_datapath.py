@@ -55,20 +55,36 @@ def test_reference_experts_match_plain_pytorch_moe_and_write_into_workspace_view
     M = T * D
     device = torch.device("cpu")
     acc = Accountant(device)
-    weights = make_weights(rank=0, num_local_experts=E, hidden_size=K, intermediate_size=I, seed=3, device=device,
-                           accountant=acc)
+    weights = make_weights(
+        rank=0, num_local_experts=E, hidden_size=K, intermediate_size=I, seed=3, device=device, accountant=acc
+    )
     from harness.core.contract import SizingArgs
 
-    args = SizingArgs(max_tokens_per_rank=T, num_dispatchers=D, num_local_experts=E, num_global_experts=E * D,
-                      hidden_size=K, intermediate_size=I, top_k=2)
-    ws = Workspace.allocate(fixed_shapes(args), acc, dtype=torch.bfloat16, num_local_experts=E,
-                            max_slots_per_expert=M, hidden_size=K, intermediate_size=I)
+    args = SizingArgs(
+        max_tokens_per_rank=T,
+        num_dispatchers=D,
+        num_local_experts=E,
+        num_global_experts=E * D,
+        hidden_size=K,
+        intermediate_size=I,
+        top_k=2,
+    )
+    ws = Workspace.allocate(
+        fixed_shapes(args),
+        acc,
+        dtype=torch.bfloat16,
+        num_local_experts=E,
+        max_slots_per_expert=M,
+        hidden_size=K,
+        intermediate_size=I,
+    )
     counts = torch.tensor([5, 0, M, 1], dtype=torch.int32)  # an empty expert and a full one
     torch.manual_seed(4)
     x = torch.randn(E, M, K)
     q, s = quantize_per_token(x)
-    out = ReferenceExperts().apply(expert_x=q, expert_x_scale=s, expert_num_tokens=counts, weights=weights,
-                                   workspace=ws)
+    out = ReferenceExperts().apply(
+        expert_x=q, expert_x_scale=s, expert_num_tokens=counts, weights=weights, workspace=ws
+    )
     assert out.data_ptr() == ws.common.data_ptr() and out.shape == (E, M, K)  # out aliases common, as in vLLM
     assert ws.mm2_out.data_ptr() == ws.ws2.data_ptr()
     for e, n in enumerate(counts.tolist()):
@@ -90,24 +106,44 @@ def _run_policies(info, scenario_data: dict, policies: list[str]):
     out = []
     for policy in policies:
         result, counts = measure_policy(setup, policy, None)
-        out.append({"result": result.model_dump(mode="json"), "counts": counts,
-                    "num_tokens": int(setup.tokens.shape[0])})
+        out.append(
+            {"result": result.model_dump(mode="json"), "counts": counts, "num_tokens": int(setup.tokens.shape[0])}
+        )
     return out
 
 
 ROUTING_CASES = {
     "1 rank uniform": dict(**{"parallel.num_ranks": 1, "parallel.num_dispatchers": 1, "model.num_experts": 8}),
     "2 ranks skewed": dict(**{"routing.kind": "skewed", "routing.zipf_exponent": 2.0}),
-    "3 ranks uneven splits": dict(**{"parallel.num_ranks": 3, "parallel.num_dispatchers": 3,
-                                     "parallel.num_local_experts": 6, "model.num_experts": 18}),
-    "4 ranks worst case fills expert 0 to M": dict(**{"parallel.num_ranks": 4, "parallel.num_dispatchers": 4,
-                                                     "parallel.num_local_experts": 4, "routing.kind": "worst-case"}),
+    "3 ranks uneven splits": dict(
+        **{
+            "parallel.num_ranks": 3,
+            "parallel.num_dispatchers": 3,
+            "parallel.num_local_experts": 6,
+            "model.num_experts": 18,
+        }
+    ),
+    "4 ranks worst case fills expert 0 to M": dict(
+        **{
+            "parallel.num_ranks": 4,
+            "parallel.num_dispatchers": 4,
+            "parallel.num_local_experts": 4,
+            "routing.kind": "worst-case",
+        }
+    ),
     "2 ranks, rank 1 holds no tokens": dict(**{"routing.idle_ranks": [1]}),
-    "4 ranks, experts that receive nothing": dict(**{"parallel.num_ranks": 4, "parallel.num_dispatchers": 4,
-                                                    "parallel.num_local_experts": 16, "model.num_experts": 64,
-                                                    "routing.num_tokens": 2}),
-    "2 ranks emulating D=8": dict(**{"parallel.num_dispatchers": 8, "parallel.num_local_experts": 2,
-                                     "parallel.max_tokens_per_rank": 4}),
+    "4 ranks, experts that receive nothing": dict(
+        **{
+            "parallel.num_ranks": 4,
+            "parallel.num_dispatchers": 4,
+            "parallel.num_local_experts": 16,
+            "model.num_experts": 64,
+            "routing.num_tokens": 2,
+        }
+    ),
+    "2 ranks emulating D=8": dict(
+        **{"parallel.num_dispatchers": 8, "parallel.num_local_experts": 2, "parallel.max_tokens_per_rank": 4}
+    ),
 }
 
 
@@ -158,10 +194,12 @@ def test_dispatch_experts_combine_on_gloo(case):
 
 
 def _overflow(info):
-    layout = DispatchLayout(num_ranks=1, rank=0, num_local_experts=2, max_slots_per_expert=4, hidden_size=16,
-                            top_k=1, max_tokens=4)
-    buffers = create_comm("gloo", layout, Accountant(torch.device("cpu")), device=torch.device("cpu"),
-                          out_dtype=torch.bfloat16)
+    layout = DispatchLayout(
+        num_ranks=1, rank=0, num_local_experts=2, max_slots_per_expert=4, hidden_size=16, top_k=1, max_tokens=4
+    )
+    buffers = create_comm(
+        "gloo", layout, Accountant(torch.device("cpu")), device=torch.device("cpu"), out_dtype=torch.bfloat16
+    )
     tokens = torch.randn(5, 16).to(torch.bfloat16)
     routing = route(kind="uniform", num_tokens=5, num_experts=2, top_k=1, seed=0)
     try:

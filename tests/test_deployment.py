@@ -31,14 +31,40 @@ def cache_dir() -> Path:
 
 def test_serve_flags_are_read():
     model, spec, ignored = parse_serve(
-        ["vllm", "serve", "deepseek-v3", "--data-parallel-size", "32", "--enable-expert-parallel", "--all2all-backend", "deepep_low_latency", "--max-model-len", "32k", "--gpu-memory-utilization", "0.85", "--enable-eplb", "--eplb-config", '{"num_redundant_experts":32}', "--enable-dbo", "--enforce-eager", "--port", "8000"])
+        [
+            "vllm",
+            "serve",
+            "deepseek-v3",
+            "--data-parallel-size",
+            "32",
+            "--enable-expert-parallel",
+            "--all2all-backend",
+            "deepep_low_latency",
+            "--max-model-len",
+            "32k",
+            "--gpu-memory-utilization",
+            "0.85",
+            "--enable-eplb",
+            "--eplb-config",
+            '{"num_redundant_experts":32}',
+            "--enable-dbo",
+            "--enforce-eager",
+            "--port",
+            "8000",
+        ]
+    )
     assert model == "deepseek-v3"
-    assert (spec.data_parallel_size, spec.enable_expert_parallel, spec.all2all_backend) == (32, True, "deepep_low_latency")
+    assert (spec.data_parallel_size, spec.enable_expert_parallel, spec.all2all_backend) == (
+        32,
+        True,
+        "deepep_low_latency",
+    )
     assert (spec.max_model_len, spec.gpu_memory_utilization) == (32000, 0.85)
     assert (spec.num_redundant_experts, spec.enable_dbo, spec.enforce_eager) == (32, True, True)
     assert ignored == ["--port"]
     assert parse_serve(["m", "--max-model-len", "32K", "--enable-eplb", "--num-redundant-experts", "8"])[1].model_dump(
-        include={"max_model_len", "num_redundant_experts"}) == {"max_model_len": 32768, "num_redundant_experts": 8}
+        include={"max_model_len", "num_redundant_experts"}
+    ) == {"max_model_len": 32768, "num_redundant_experts": 8}
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -71,7 +97,12 @@ def test_local_model_directory(tmp_path):
     config = json.loads((Path(__file__).resolve().parents[1] / "harness/defaults/models/mixtral-8x7b.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(config, indent=1))
     facts = load_model(str(tmp_path))
-    assert (facts.num_hidden_layers, facts.num_routed_experts, facts.top_k, facts.moe_layers) == (32, 8, 2, tuple(range(32)))
+    assert (facts.num_hidden_layers, facts.num_routed_experts, facts.top_k, facts.moe_layers) == (
+        32,
+        8,
+        2,
+        tuple(range(32)),
+    )
     assert facts.ref("num_local_experts").startswith(str(tmp_path / "config.json") + ":")
     (tmp_path / "config.json").write_text('{"architectures": ["BertModel"], "hidden_size": 8}')
     with pytest.raises(ModelConfigError, match="not one this model sizes"):

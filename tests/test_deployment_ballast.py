@@ -74,7 +74,9 @@ def test_cpu_run_holds_the_ballast_and_legacy_runs_out(tmp_path):
     for name, part in ballast.items():
         assert part["allocated_bytes"] == part["predicted_bytes"] == expected[name], name
         assert part["within_rounding"], part
-    assert ballast["ballast-runtime"]["measured_delta_bytes"] >= ballast["ballast-runtime"]["allocated_bytes"] - 4 * 2**20
+    assert (
+        ballast["ballast-runtime"]["measured_delta_bytes"] >= ballast["ballast-runtime"]["allocated_bytes"] - 4 * 2**20
+    )
     assert "legacy" in result.stdout and "oom (expected oom): pass" in result.stdout
     assert "fit (expected fit): pass" in result.stdout
 
@@ -94,9 +96,11 @@ def _held_after_setup(info, scenario_path: str) -> dict:
 
     rss = psutil.Process().memory_info().rss
     setup = setup_rank(load_scenario(scenario_path), info, torch.device("cpu"), Path("/tmp"), 0)
-    return {"rss_growth": psutil.Process().memory_info().rss - rss,
-            "held": sum(t.numel() * t.element_size() for t in setup.ballast_tensors),
-            "parts": sum(c.allocated_bytes for c in setup.ballast)}
+    return {
+        "rss_growth": psutil.Process().memory_info().rss - rss,
+        "held": sum(t.numel() * t.element_size() for t in setup.ballast_tensors),
+        "parts": sum(c.allocated_bytes for c in setup.ballast),
+    }
 
 
 def test_the_ballast_stays_allocated_after_setup(tmp_path):

@@ -37,12 +37,36 @@ _TEMPLATE = re.compile(r"[<>*{}…]|\.\.\.|NNN|X\.Y\.Z|\bX\b|\bOUT\b|\bSTEP\b|\b
 _OUT = re.compile(r"--out[ =]+(\S+)")
 # The pydantic models whose fields docs name as dotted keys: the scenario (model.preset) and the records
 # (memory.allocator_rounding_bytes, kernels.release).
-FIELD_MODULES = ("harness/scenario/schema.py", "harness/scenario/sections.py", "harness/scenario/deployment.py",
-                 "harness/scenario/matrix.py", "harness/core/records.py",
-                 "harness/report/model.py", "harness/bench/records.py")
+FIELD_MODULES = (
+    "harness/scenario/schema.py",
+    "harness/scenario/sections.py",
+    "harness/scenario/deployment.py",
+    "harness/scenario/matrix.py",
+    "harness/core/records.py",
+    "harness/report/model.py",
+    "harness/bench/records.py",
+)
 MATRIX_ROOT = "matrix"  # a matrix file's one top-level key (`matrix.name`); its fields are Matrix's
-_FILE_SUFFIXES = (".md", ".json", ".yaml", ".yml", ".py", ".xml", ".html", ".txt", ".so", ".log", ".toml",
-                  ".sh", ".csv", ".png", ".pickle", ".tgz", ".whl", ".xz")
+_FILE_SUFFIXES = (
+    ".md",
+    ".json",
+    ".yaml",
+    ".yml",
+    ".py",
+    ".xml",
+    ".html",
+    ".txt",
+    ".so",
+    ".log",
+    ".toml",
+    ".sh",
+    ".csv",
+    ".png",
+    ".pickle",
+    ".tgz",
+    ".whl",
+    ".xz",
+)
 
 
 @dataclass(frozen=True)
@@ -113,7 +137,8 @@ def _bound(body: list[ast.stmt], name: str) -> ast.stmt | None:
             if any(isinstance(t, ast.Name) and t.id == name for t in targets):
                 return node
         if isinstance(node, ast.Import | ast.ImportFrom) and any(
-                (alias.asname or alias.name.split(".")[0]) == name for alias in node.names):
+            (alias.asname or alias.name.split(".")[0]) == name for alias in node.names
+        ):
             return node
         if isinstance(node, ast.If | ast.Try):  # TYPE_CHECKING blocks, optional imports
             inner = _bound(node.body, name) or _bound(getattr(node, "orelse", []), name)
@@ -160,8 +185,10 @@ def _field_names() -> frozenset[str]:
     return frozenset({MATRIX_ROOT}) | frozenset(
         node.target.id
         for module in FIELD_MODULES
-        for cls in ast.walk(_tree(REPO_DIR / module)) if isinstance(cls, ast.ClassDef)
-        for node in cls.body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+        for cls in ast.walk(_tree(REPO_DIR / module))
+        if isinstance(cls, ast.ClassDef)
+        for node in cls.body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
     )
 
 

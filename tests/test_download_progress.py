@@ -35,8 +35,14 @@ def test_pip_sizes_are_read_as_pip_writes_them():
 
 def test_a_log_gets_lines_of_bytes_so_far_and_the_output_is_kept(tmp_path: Path):
     log = io.StringIO()
-    done = run_with_progress([sys.executable, "-c", CHILD], label="vllm==0.30.0", scratch=tmp_path / "pip-tmp",
-                             timeout_s=120, out=log, interval_s=0.5)
+    done = run_with_progress(
+        [sys.executable, "-c", CHILD],
+        label="vllm==0.30.0",
+        scratch=tmp_path / "pip-tmp",
+        timeout_s=120,
+        out=log,
+        interval_s=0.5,
+    )
     assert done.returncode == 0
     assert "Saved ./vllm-0.30.0" in done.stdout and "ERROR: nothing" in done.stderr  # captured whole for pip_failure
     lines = log.getvalue().splitlines()
@@ -57,5 +63,10 @@ def test_a_download_past_its_time_is_killed(tmp_path: Path):
     import pytest
 
     with pytest.raises(subprocess.TimeoutExpired):
-        run_with_progress([sys.executable, "-c", "import time; time.sleep(60)"], label="vllm==0.30.0",
-                          scratch=tmp_path / "pip-tmp", timeout_s=1, out=io.StringIO())
+        run_with_progress(
+            [sys.executable, "-c", "import time; time.sleep(60)"],
+            label="vllm==0.30.0",
+            scratch=tmp_path / "pip-tmp",
+            timeout_s=1,
+            out=io.StringIO(),
+        )

@@ -36,7 +36,7 @@ def _bags(device, *, R=37, W=5, N=300, K=1100, seed=0):
     table = torch.randint(0, N - 10, (R, W), generator=g)
     weights = torch.rand((R, W), generator=g)
     pad = torch.rand((R, W), generator=g) < 0.3
-    src[N - 10:] = float("nan")  # rows only padding points at
+    src[N - 10 :] = float("nan")  # rows only padding points at
     table = torch.where(pad, torch.randint(N - 10, N, (R, W), generator=g), table)
     weights = torch.where(pad, 0.0, weights)
     return table.to(device), weights.to(device), src.to(device)
@@ -67,11 +67,15 @@ def test_bag_sum_of_a_row_slice_with_an_offset_stride(device):
 def _placement(device, *, R=23, k=4, E=6, M=9, words=70, seed=2):
     """R received rows, each with up to k distinct local experts (-1: elsewhere); expert 0 is hot (overflows M)."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.stack([torch.cat([torch.zeros(1, dtype=torch.int64), 1 + torch.randperm(E - 1, generator=g)[: k - 1]])
-                       for _ in range(R)])  # distinct experts in a row, expert 0 in every one
+    ids = torch.stack(
+        [
+            torch.cat([torch.zeros(1, dtype=torch.int64), 1 + torch.randperm(E - 1, generator=g)[: k - 1]])
+            for _ in range(R)
+        ]
+    )  # distinct experts in a row, expert 0 in every one
     ids = torch.where(torch.rand((R, k), generator=g) < 0.3, -1, ids)
     weights = torch.rand((R, k), generator=g)
-    payload = torch.randint(-2**62, 2**62, (R, words), generator=g, dtype=torch.int64)
+    payload = torch.randint(-(2**62), 2**62, (R, words), generator=g, dtype=torch.int64)
     scales = torch.rand(R, generator=g)
     sources = torch.stack([torch.arange(R, dtype=torch.int32) % 3, torch.arange(R, dtype=torch.int32)], dim=1)
     return [t.to(device) for t in (payload, ids, weights, scales, sources)], (E, M)
@@ -82,8 +86,19 @@ def _place(device, inputs, E, M, impl, words):
     x = torch.full((E * M + 1, words), -7, dtype=torch.int64, device=device)
     x_scale = torch.full((E * M + 1,), -1.0, device=device)
     x_src = torch.full((E * M + 1, 2), -3, dtype=torch.int32, device=device)
-    counts, table, bag_weights = place_rows(payload, ids, weights, scales, sources, x_flat=x, x_scale_flat=x_scale,
-                                            x_src_flat=x_src, max_slots=M, num_experts=E, impl=impl)
+    counts, table, bag_weights = place_rows(
+        payload,
+        ids,
+        weights,
+        scales,
+        sources,
+        x_flat=x,
+        x_scale_flat=x_scale,
+        x_src_flat=x_src,
+        max_slots=M,
+        num_experts=E,
+        impl=impl,
+    )
     return counts, table, bag_weights, x, x_scale, x_src
 
 
@@ -142,7 +157,7 @@ def test_pack_rows_triton_writes_the_torch_forms_rows(device, top_k):
     g = torch.Generator().manual_seed(top_k)
     n, K, P, E, rank = 19, 64, 3, 4, 1
     fmt = RowFormat(hidden_size=K, top_k=top_k)
-    q_words = torch.randint(-2**62, 2**62, (n, K // 8), generator=g, dtype=torch.int64)
+    q_words = torch.randint(-(2**62), 2**62, (n, K // 8), generator=g, dtype=torch.int64)
     scale = torch.rand((n, 1), generator=g)
     topk_ids = torch.stack([torch.randperm(P * E, generator=g)[:top_k] for _ in range(n)])
     topk_weights = torch.rand((n, top_k), generator=g)
@@ -157,10 +172,10 @@ def test_pack_rows_triton_writes_the_torch_forms_rows(device, top_k):
         pack_rows(*inputs, rows, fmt=fmt, num_ranks=P, num_local_experts=E, rank=rank, impl=impl)
         out[impl] = rows
     assert torch.equal(out["triton"], out["torch"])
-    words = out["torch"].view(torch.int32)[:, K // 4:]
+    words = out["torch"].view(torch.int32)[:, K // 4 :]
     token = torch.div(selected, P, rounding_mode="floor").to(device)
     assert torch.equal(words[:, 1], token.to(torch.int32)) and (words[:, 2] == rank).all()
-    ids = words[:, 3: 3 + fmt.id_words].contiguous().view(torch.int16)[:, :top_k]
+    ids = words[:, 3 : 3 + fmt.id_words].contiguous().view(torch.int16)[:, :top_k]
     here = torch.div(topk_ids.to(device)[token], E, rounding_mode="floor") == (selected.to(device) % P).unsqueeze(1)
     assert torch.equal(ids == -1, ~here) and (ids[here] >= 0).all() and (ids[here] < E).all()
     assert torch.equal(out["torch"][:, :K].view(torch.int64), q_words.to(device)[token])

@@ -31,8 +31,11 @@ def _lying_wheel(path: Path, member: bytes, *, listed_size: int) -> Path:
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("vllm-0.9.9.dist-info/METADATA", METADATA)
         archive.writestr(f"{MOE}/big.py", member)
-        lines = [_record_line("vllm-0.9.9.dist-info/METADATA", METADATA),
-                 _record_line(f"{MOE}/big.py", member, listed_size), "vllm-0.9.9.dist-info/RECORD,,"]
+        lines = [
+            _record_line("vllm-0.9.9.dist-info/METADATA", METADATA),
+            _record_line(f"{MOE}/big.py", member, listed_size),
+            "vllm-0.9.9.dist-info/RECORD,,",
+        ]
         archive.writestr("vllm-0.9.9.dist-info/RECORD", "\n".join(lines) + "\n")
     return path
 
@@ -45,16 +48,22 @@ def test_a_record_that_understates_a_member_is_refused_before_it_is_written(tmp_
     member = b"x = 1\n" * (8 << 20 // 6)  # 8 MiB that compress to kilobytes
     wheel = _lying_wheel(tmp_path / WHEEL, member, listed_size=1000)
     assert wheel.stat().st_size < 1 << 20
-    with pytest.raises(VllmSourceError, match=r"fused_moe/big\.py is \d+ bytes in the zip's directory, 1000 by the "
-                                              r"wheel's RECORD"):
+    with pytest.raises(
+        VllmSourceError,
+        match=r"fused_moe/big\.py is \d+ bytes in the zip's directory, 1000 by the "
+        r"wheel's RECORD",
+    ):
         locate(wheel=wheel, cache_dir=tmp_path / "cache")
     assert _biggest_file(tmp_path / "cache") < 1 << 20 and not list((tmp_path / "cache").rglob("*.partial-*"))
 
 
 def test_a_member_over_the_cap_is_refused_by_its_record_line(tmp_path: Path) -> None:
     wheel = _lying_wheel(tmp_path / WHEEL, b"x = 1\n", listed_size=2 << 30)  # "2 GiB" in a wheel of a kilobyte
-    with pytest.raises(VllmSourceError, match=f"fused_moe/big.py is {2 << 30} bytes by its RECORD line; a member of a "
-                                              f"vLLM wheel is at most {MAX_MEMBER_BYTES} bytes"):
+    with pytest.raises(
+        VllmSourceError,
+        match=f"fused_moe/big.py is {2 << 30} bytes by its RECORD line; a member of a "
+        f"vLLM wheel is at most {MAX_MEMBER_BYTES} bytes",
+    ):
         locate(wheel=wheel, cache_dir=tmp_path / "cache")
 
 

@@ -51,8 +51,10 @@ def _wheel(tmp_path: Path) -> Path:
 
 
 def _commands(wheel: Path) -> dict[str, tuple[str, ...]]:
-    return {"audit": ("vllm", "audit", "--vllm-wheel", str(wheel)),
-            "plan": ("plan", "smoke", "--vllm-wheel", str(wheel))}
+    return {
+        "audit": ("vllm", "audit", "--vllm-wheel", str(wheel)),
+        "plan": ("plan", "smoke", "--vllm-wheel", str(wheel)),
+    }
 
 
 def _files_under(root: Path) -> list[Path]:
@@ -103,9 +105,14 @@ def _run_until_stopped(tmp_path: Path, fs: Path, fault: str, *wanted: str):
     pid) once rank 1 is stopped and every file of `wanted` (relative to out) is there."""
     out = fs / "out"
     with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "smoke", "--out", str(out)], cwd=REPO_DIR,
-                                env=harness_env() | {FAULT_ENV: f"rank=1,kind=stop,after={fault}"},
-                                stdout=stdout, stderr=stderr, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "harness", "run", "smoke", "--out", str(out)],
+            cwd=REPO_DIR,
+            env=harness_env() | {FAULT_ENV: f"rank=1,kind=stop,after={fault}"},
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + RUN_BOUND_S
     pid = None
     while time.monotonic() < deadline and proc.poll() is None:
@@ -132,13 +139,15 @@ def _go_on(tmp_path: Path, proc: subprocess.Popen, pid: int) -> subprocess.Compl
         proc.wait(timeout=RUN_BOUND_S)
     finally:
         _end(proc, pid)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, (tmp_path / "stdout").read_text(),
-                                       (tmp_path / "stderr").read_text())
+    return subprocess.CompletedProcess(
+        proc.args, proc.returncode, (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
+    )
 
 
 def _records(out: Path) -> dict[int, RankRecord]:
-    return {rank: RankRecord.model_validate_json((out / "ranks" / f"rank-{rank:05d}.json").read_text())
-            for rank in (0, 1)}
+    return {
+        rank: RankRecord.model_validate_json((out / "ranks" / f"rank-{rank:05d}.json").read_text()) for rank in (0, 1)
+    }
 
 
 def _left_behind(out: Path) -> list[str]:
@@ -170,8 +179,9 @@ def test_a_disk_that_fills_before_the_reports_keeps_every_record(tmp_path, reque
     more than that room on their own, so the run's end is refused deterministically, after the last record."""
     record_bytes = max(p.stat().st_size for p in (BASELINE / "ranks").glob("rank-*.json"))
     room = 4 * _pages(record_bytes * 5 // 4)
-    reports = sum(_pages((BASELINE / name).stat().st_size) for name in ("report.json", "report.md", "report.html",
-                                                                        "junit.xml"))
+    reports = sum(
+        _pages((BASELINE / name).stat().st_size) for name in ("report.json", "report.md", "report.html", "junit.xml")
+    )
     assert reports > room, (reports, room)  # the premise: the reports cannot fit where the records do
     fs = mount_tmpfs(tmp_path / "fs", request, size=f"{RUN_DIR_MIN_FREE_BYTES + (1 << 20)}")
     proc, out, pid = _run_until_stopped(tmp_path, fs, "ready", "run.json", "launch.json")
@@ -190,7 +200,10 @@ def test_a_disk_that_fills_before_the_reports_keeps_every_record(tmp_path, reque
     assert _left_behind(out) == [] and not (out / "status.json").exists()
     collected = _collect_a_copy(out, tmp_path)
     assert collected.returncode in (0, 1) and "Traceback" not in collected.stdout + collected.stderr, (
-        collected.returncode, collected.stdout[-3000:], collected.stderr[-3000:])
+        collected.returncode,
+        collected.stdout[-3000:],
+        collected.stderr[-3000:],
+    )
     report = json.loads((tmp_path / "copy" / "report.json").read_text())
     assert report["problems"] == [] and report["hardware"]["num_ranks_reported"] == 2
 
@@ -203,8 +216,9 @@ def test_a_disk_that_fills_between_policies_keeps_the_first_policys_records(tmp_
     A copy of the records collects with legacy's results and says, as an error (exit 2, not a regression), that
     the ranks' final records never came: the run did not end, and no record on a full disk could say why."""
     fs = mount_tmpfs(tmp_path / "fs", request, size=f"{RUN_DIR_MIN_FREE_BYTES + (1 << 20)}")
-    proc, out, pid = _run_until_stopped(tmp_path, fs, "policy-done:legacy", "ranks/rank-00000.json",
-                                        "ranks/rank-00001.json")
+    proc, out, pid = _run_until_stopped(
+        tmp_path, fs, "policy-done:legacy", "ranks/rank-00000.json", "ranks/rank-00001.json"
+    )
     fill(fs)
     result = _go_on(tmp_path, proc, pid)
     err = one_line_exit_2(result, "No space left on device (ENOSPC)")

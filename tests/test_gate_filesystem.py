@@ -70,16 +70,34 @@ def test_bench_out_read_only_is_refused_before_measuring(read_only: Path) -> Non
 
 
 def test_layer_audit_out_read_only_is_refused_before_auditing(read_only: Path, tmp_path: Path) -> None:
-    result = run_harness("vllm", "audit", "--layer", "--releases", "0.29.0", "--out", str(read_only / "audit"),
-                         "--cache-dir", str(tmp_path / "cache"), timeout_s=START_BOUND_S)
+    result = run_harness(
+        "vllm",
+        "audit",
+        "--layer",
+        "--releases",
+        "0.29.0",
+        "--out",
+        str(read_only / "audit"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        timeout_s=START_BOUND_S,
+    )
     one_line_exit_2(result, str(read_only), "Read-only file system (EROFS)")
     assert "auditing vllm" not in result.stderr and not (tmp_path / "cache").exists()
 
 
 def test_stdout_on_a_full_device_is_one_line(full: Path) -> None:
     with open(full / "out.txt", "w") as stdout:
-        result = subprocess.run([sys.executable, "-m", "harness", "scenarios"], cwd=REPO_DIR, env=harness_env(),
-                                stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=START_BOUND_S, check=False)
+        result = subprocess.run(
+            [sys.executable, "-m", "harness", "scenarios"],
+            cwd=REPO_DIR,
+            env=harness_env(),
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=START_BOUND_S,
+            check=False,
+        )
     result.stdout = ""
     one_line_exit_2(result, "No space left on device (ENOSPC)")
 
@@ -90,9 +108,16 @@ def test_stdout_closed_before_the_command_finished_is_one_line_not_a_pass() -> N
     read, write = os.pipe()
     os.close(read)  # the reader is gone before anything is written
     try:
-        result = subprocess.run([sys.executable, "-m", "harness", "scenarios"], cwd=REPO_DIR, env=harness_env(),
-                                stdout=write, stderr=subprocess.PIPE, text=True, timeout=START_BOUND_S,
-                                check=False)
+        result = subprocess.run(
+            [sys.executable, "-m", "harness", "scenarios"],
+            cwd=REPO_DIR,
+            env=harness_env(),
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=START_BOUND_S,
+            check=False,
+        )
     finally:
         os.close(write)
     result.stdout = ""
@@ -157,9 +182,14 @@ def test_sigkill_a_real_run_then_run_again_on_the_same_out(tmp_path: Path) -> No
     scenario_path = _tiny_yaml(tmp_path)
     bound_s = parse_scenario(TINY, path="<tiny>").launch.rank_timeout_s
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", str(scenario_path), "--out", str(out)],
-                            cwd=REPO_DIR, env=harness_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", str(scenario_path), "--out", str(out)],
+        cwd=REPO_DIR,
+        env=harness_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + bound_s
     try:
         while time.monotonic() < deadline and proc.poll() is None:

@@ -30,9 +30,14 @@ def _matrix_file(tmp_path: Path) -> Path:
 
 def test_an_interrupted_matrix_is_collected_as_one_and_resumed(tmp_path: Path) -> None:
     matrix, out = _matrix_file(tmp_path), tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", str(matrix), "--out", str(out)], cwd=REPO_DIR,
-                            env=harness_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", str(matrix), "--out", str(out)],
+        cwd=REPO_DIR,
+        env=harness_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     first: Path | None = None
     second: Path | None = None
     deadline = time.monotonic() + 2 * BOUND_S
@@ -47,7 +52,9 @@ def test_an_interrupted_matrix_is_collected_as_one_and_resumed(tmp_path: Path) -
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert first is not None and second is not None and (out / "matrix.json").exists()  # written before the first cell ran
+    assert (
+        first is not None and second is not None and (out / "matrix.json").exists()
+    )  # written before the first cell ran
     assert (first / "report.json").exists()
     kept = (first / "report.json").read_bytes()
     assert (second / "run.json").exists() and (second / CLAIM_FILE).exists()
@@ -71,7 +78,8 @@ def test_an_interrupted_matrix_is_collected_as_one_and_resumed(tmp_path: Path) -
 
 
 def test_resume_needs_an_interrupted_matrix_directory(tmp_path: Path) -> None:
-    result = run_harness("run", str(_matrix_file(tmp_path)), "--out", str(tmp_path / "new"), "--resume",
-                         timeout_s=BOUND_S)
+    result = run_harness(
+        "run", str(_matrix_file(tmp_path)), "--out", str(tmp_path / "new"), "--resume", timeout_s=BOUND_S
+    )
     assert result.returncode == 2 and "holds no matrix.json" in result.stderr
     assert not (tmp_path / "new").exists()

@@ -27,16 +27,19 @@ def _problems(run_dir: Path) -> list[str]:
     return [f"{p.kind}: {p.cause}" for p in collect(run_dir, write=False).report.problems]
 
 
-@pytest.mark.parametrize(("edit", "says"), [
-    (lambda d: d["policies"][0]["contract"].update(total_bytes="262144"), "Input should be a valid integer"),
-    (lambda d: d["policies"][0]["contract"].update(total_bytes=262144.0), "Input should be a valid integer"),
-    (lambda d: d["policies"][0]["correctness"].update(num_wrong_slots=False), "Input should be a valid integer"),
-    (lambda d: d.update(schema_version=0), "schema_version 0 is no version of these records; allowed: 1 to 2"),
-    (lambda d: d.update(schema_version=-7), "schema_version -7 is no version"),
-    (lambda d: d.update(schema_version=True), "no schema_version"),
-    (lambda d: d["policies"].append(d["policies"][0]), "policy 'legacy' is listed twice; each policy once"),
-    (lambda d: d.update(policies=d["policies"] * 40), "policies: 80 policies; allowed: at most 64"),
-])
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda d: d["policies"][0]["contract"].update(total_bytes="262144"), "Input should be a valid integer"),
+        (lambda d: d["policies"][0]["contract"].update(total_bytes=262144.0), "Input should be a valid integer"),
+        (lambda d: d["policies"][0]["correctness"].update(num_wrong_slots=False), "Input should be a valid integer"),
+        (lambda d: d.update(schema_version=0), "schema_version 0 is no version of these records; allowed: 1 to 2"),
+        (lambda d: d.update(schema_version=-7), "schema_version -7 is no version"),
+        (lambda d: d.update(schema_version=True), "no schema_version"),
+        (lambda d: d["policies"].append(d["policies"][0]), "policy 'legacy' is listed twice; each policy once"),
+        (lambda d: d.update(policies=d["policies"] * 40), "policies: 80 policies; allowed: at most 64"),
+    ],
+)
 def test_a_record_is_read_strictly(tmp_path: Path, edit, says: str) -> None:
     run_dir = write_run(tmp_path / "run", make_scenario())
     record = run_dir / "ranks/rank-00000.json"
@@ -59,8 +62,10 @@ def test_a_builtin_contract_is_recomputed_from_the_scenario(tmp_path: Path) -> N
     _edit(run_dir / "ranks/rank-00000.json", lambda d: d["policies"][1]["contract"].update(total_bytes=1))
     report = collect(run_dir, write=False).report
     assert report.exit_code == 2
-    assert any(p.kind == "mismatch" and "policy fixed: contract" in p.cause and "the scenario's shapes give" in p.cause
-               for p in report.problems)
+    assert any(
+        p.kind == "mismatch" and "policy fixed: contract" in p.cause and "the scenario's shapes give" in p.cause
+        for p in report.problems
+    )
 
 
 def test_an_edited_scenario_in_run_json_is_refused(tmp_path: Path) -> None:
@@ -89,7 +94,9 @@ def test_num_ranks_in_run_json_is_capped_by_the_scenario_limit(tmp_path: Path) -
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     loaded = load_run(run_dir)
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-    assert any(p.kind == "invalid" and f"num_ranks 100000000; allowed: 1 to {MAX_NUM_RANKS}" in p.cause
-               for p in loaded.problems)
+    assert any(
+        p.kind == "invalid" and f"num_ranks 100000000; allowed: 1 to {MAX_NUM_RANKS}" in p.cause
+        for p in loaded.problems
+    )
     assert not any(p.kind == "missing-rank" for p in loaded.problems)
     assert grown_kib < 100 * 1024  # a 10^8 set of ints is gigabytes; nothing of that size was built

@@ -93,7 +93,9 @@ def test_a_record_changed_under_a_verified_report_is_refused(tmp_path: Path, cap
 
 def test_a_changed_byte_shows_as_bytes(tmp_path: Path, capsys) -> None:
     scenario = make_scenario()
-    one_more = {r: {"fixed": {"workspace_delta_bytes": workspace_delta_for(scenario, "fixed", r) + 1}} for r in range(2)}
+    one_more = {
+        r: {"fixed": {"workspace_delta_bytes": workspace_delta_for(scenario, "fixed", r) + 1}} for r in range(2)
+    }
     base, cur = _run(tmp_path, "base"), _run(tmp_path, "cur", overrides=one_more)
     assert main(["compare", str(base), str(cur), "--threshold", "workspace_delta_max_bytes=0"]) == 1
     out = capsys.readouterr().out
@@ -108,8 +110,19 @@ def test_bytes_that_round_alike_are_shown_exactly() -> None:
 
     metric = METRICS["workspace_delta_max_bytes"]
     verdict, pct, diff, note = compare_metric(metric, 32 * 2**20, 32 * 2**20 + 1, 0.0)
-    row = Row(cell=None, policy="fixed", metric=metric.name, baseline=32 * 2**20, current=32 * 2**20 + 1,
-              change_pct=pct, change_abs=diff, threshold=0.0, threshold_kind="pct", verdict=verdict, note=note)
+    row = Row(
+        cell=None,
+        policy="fixed",
+        metric=metric.name,
+        baseline=32 * 2**20,
+        current=32 * 2**20 + 1,
+        change_pct=pct,
+        change_abs=diff,
+        threshold=0.0,
+        threshold_kind="pct",
+        verdict=verdict,
+        note=note,
+    )
     assert verdict == "regression"
     assert _fmt_pair(row) == ("33554432 B", "33554433 B") and _fmt_change(row) == "+1 B"
 

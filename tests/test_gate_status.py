@@ -14,19 +14,29 @@ from harness.report.collect import collect
 from report_records import make_scenario, write_run
 
 
-@pytest.mark.parametrize(("make", "code"), [
-    (lambda d: write_run(d, make_scenario()), 0),
-    (lambda d: write_run(d, make_scenario(), overrides={0: {"fixed": {"num_wrong_slots": 1}}}), 1),
-    (lambda d: write_run(d, make_scenario(), failed_ranks={1: "killed by signal 9"}), 2),
-])
+@pytest.mark.parametrize(
+    ("make", "code"),
+    [
+        (lambda d: write_run(d, make_scenario()), 0),
+        (lambda d: write_run(d, make_scenario(), overrides={0: {"fixed": {"num_wrong_slots": 1}}}), 1),
+        (lambda d: write_run(d, make_scenario(), failed_ranks={1: "killed by signal 9"}), 2),
+    ],
+)
 def test_status_exits_with_the_recorded_verdict(tmp_path: Path, make, code: int) -> None:
     run_dir = make(tmp_path / "run")
     assert collect(run_dir).exit_code == code
     status = json.loads((run_dir / "status.json").read_text())
     report = json.loads((run_dir / "report.json").read_text())
-    assert status == {"schema_version": 1, "record_kind": "status", "kind": "run", "run_id": report["run_id"],
-                      "generation": report["generation"], "status": report["status"], "exit_code": code,
-                      "exit_reason": report["exit_reason"]}
+    assert status == {
+        "schema_version": 1,
+        "record_kind": "status",
+        "kind": "run",
+        "run_id": report["run_id"],
+        "generation": report["generation"],
+        "status": report["status"],
+        "exit_code": code,
+        "exit_reason": report["exit_reason"],
+    }
     result = run_harness("status", str(run_dir))
     assert result.returncode == code, result.stderr
     assert result.stdout == f"{run_dir}: {report['status']} (exit {code}): {report['exit_reason']}\n"

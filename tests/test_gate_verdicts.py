@@ -50,12 +50,15 @@ def test_a_current_run_that_failed_its_expectation_fails_the_gate(tmp_path: Path
     assert "check:expectation" in out and "failed its own checks" in out
 
 
-@pytest.mark.parametrize(("overrides", "check"), [
-    ({0: {"fixed": {"num_wrong_slots": 3}}}, "correctness"),  # wrong dispatch slots
-    ({1: {"fixed": {"max_rel_error": 0.5}}}, "correctness"),
-    ({0: {"fixed": {"workspace_delta_bytes": -4096}}}, "memory"),  # a negative workspace delta
-    ({1: {"fixed": {"baseline_bytes": 1_000_000_001 + 512 * 2**20}}}, "baseline"),  # a shifted baseline
-])
+@pytest.mark.parametrize(
+    ("overrides", "check"),
+    [
+        ({0: {"fixed": {"num_wrong_slots": 3}}}, "correctness"),  # wrong dispatch slots
+        ({1: {"fixed": {"max_rel_error": 0.5}}}, "correctness"),
+        ({0: {"fixed": {"workspace_delta_bytes": -4096}}}, "memory"),  # a negative workspace delta
+        ({1: {"fixed": {"baseline_bytes": 1_000_000_001 + 512 * 2**20}}}, "baseline"),  # a shifted baseline
+    ],
+)
 def test_every_failed_check_of_the_current_run_fails_the_gate(tmp_path: Path, capsys, overrides, check) -> None:
     base = _run(tmp_path, "base")
     cur = _run(tmp_path, "cur", overrides=overrides)
@@ -73,8 +76,12 @@ def test_a_matrix_cell_that_failed_its_checks_fails_the_gate(tmp_path: Path, cap
     first, second = matrix.cells()
     for name, overrides in (("base", None), ("cur", {1: {"fixed": {"num_wrong_slots": 2}}})):
         for cell in (first, second):
-            write_run(tmp_path / name / cell.name, cell.scenario, device_kind="cpu",
-                      overrides=overrides if cell is second else None)
+            write_run(
+                tmp_path / name / cell.name,
+                cell.scenario,
+                device_kind="cpu",
+                overrides=overrides if cell is second else None,
+            )
         collect_matrix(tmp_path / name, matrix.cells(), matrix=matrix)
     code, data, _ = _compare(capsys, str(tmp_path / "base"), str(tmp_path / "cur"))
     assert code == 1

@@ -58,8 +58,12 @@ def ops_libraries() -> dict[str, Path]:
     return out
 
 
-RELEASES: list[Any] = sorted(ops_libraries()) or [pytest.param(None, marks=pytest.mark.skip(
-    reason=f"no vLLM ops libraries given: set {OPS_ENV}=VERSION:FILE[,VERSION:FILE...]"))]
+RELEASES: list[Any] = sorted(ops_libraries()) or [
+    pytest.param(
+        None,
+        marks=pytest.mark.skip(reason=f"no vLLM ops libraries given: set {OPS_ENV}=VERSION:FILE[,VERSION:FILE...]"),
+    )
+]
 
 TINY_GPU = {
     "name": "tiny-gpu",
@@ -83,8 +87,14 @@ def _harness_run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProces
     out = tmp_path / "run"
     timeout = load_scenario(scenario).launch.rank_timeout_s + 120  # the run's own bound, plus start and collect
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    done = subprocess.run([sys.executable, "-m", "harness", "run", str(scenario), "--out", str(out), *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "run", str(scenario), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+    )
     records = sorted((out / "ranks").glob("rank-*.json"))
     return done, json.loads(records[0].read_text()) if records else {}
 
@@ -93,8 +103,12 @@ def _assert_every_stage_agrees(done: subprocess.CompletedProcess, record: dict) 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (policy,) = record["policies"]
     c = policy["correctness"]
-    verdict = judge_policy(PolicyResult.model_validate(policy), parse_scenario(record["scenario"]), rank=record["rank"],
-                           release=(record.get("kernels") or {}).get("release"))
+    verdict = judge_policy(
+        PolicyResult.model_validate(policy),
+        parse_scenario(record["scenario"]),
+        rank=record["rank"],
+        release=(record.get("kernels") or {}).get("release"),
+    )
     assert verdict.correctness.outcome == "pass", verdict.correctness  # no diverging stage, within expect.max_error
     stages = {s["stage"]: s for s in c["stages"]}
     assert list(stages) == ["dispatch", "gemm1", "activation", "quant", "gemm2", "combine"]
@@ -118,8 +132,9 @@ def test_torch_backends_agree_with_the_reference_at_every_stage(tmp_path, backen
 @pytest.mark.parametrize("release", RELEASES)
 def test_vllm_kernels_agree_with_the_reference_at_every_stage(tmp_path, release):
     library = ops_libraries()[release]
-    done, record = _harness_run(tmp_path, "--experts-backend", "vllm-ops", "--kernels", release,
-                                "--vllm-ops-library", str(library))
+    done, record = _harness_run(
+        tmp_path, "--experts-backend", "vllm-ops", "--kernels", release, "--vllm-ops-library", str(library)
+    )
     if done.returncode != 0 and "do not load into torch" in done.stderr + done.stdout:
         pytest.skip(f"vLLM {release}'s library does not load into torch {torch.__version__} here")
     _assert_every_stage_agrees(done, record)
@@ -147,18 +162,35 @@ def test_torch_cutlass_row_chunks_give_the_references_rows_within_the_scratch_bo
     assert torch_cutlass.rows_per_chunk(M, K, I) == 256
     device = torch.device("cuda")
     acc = Accountant(device)
-    weights = make_weights(rank=0, num_local_experts=E, hidden_size=K, intermediate_size=I, seed=5, device=device,
-                           accountant=acc)
-    args = SizingArgs(max_tokens_per_rank=M, num_dispatchers=1, num_local_experts=E, num_global_experts=E,
-                      hidden_size=K, intermediate_size=I, top_k=1)
+    weights = make_weights(
+        rank=0, num_local_experts=E, hidden_size=K, intermediate_size=I, seed=5, device=device, accountant=acc
+    )
+    args = SizingArgs(
+        max_tokens_per_rank=M,
+        num_dispatchers=1,
+        num_local_experts=E,
+        num_global_experts=E,
+        hidden_size=K,
+        intermediate_size=I,
+        top_k=1,
+    )
     counts = torch.tensor([M, 700, 1], dtype=torch.int32, device=device)  # full, partial, one token
     g = torch.Generator(device=device).manual_seed(6)
     q, s = quantize_per_token(torch.randn((E, M, K), generator=g, device=device).to(torch.bfloat16))
     outs = {}
-    for name, backend in (("torch-cutlass", torch_cutlass.TorchCutlassExperts.create(device)),
-                          ("reference", ReferenceExperts())):
-        ws = Workspace.allocate(fixed_shapes(args), acc, dtype=torch.bfloat16, num_local_experts=E,
-                                max_slots_per_expert=M, hidden_size=K, intermediate_size=I)
+    for name, backend in (
+        ("torch-cutlass", torch_cutlass.TorchCutlassExperts.create(device)),
+        ("reference", ReferenceExperts()),
+    ):
+        ws = Workspace.allocate(
+            fixed_shapes(args),
+            acc,
+            dtype=torch.bfloat16,
+            num_local_experts=E,
+            max_slots_per_expert=M,
+            hidden_size=K,
+            intermediate_size=I,
+        )
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
@@ -213,7 +245,8 @@ def test_silu_and_mul_past_2p32_elements_is_wrong_exactly_where_42860_says(relea
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
         try:
             wrong, first = pool.submit(_silu_and_mul_rows_wrong, str(ops_libraries()[release]), num_rows, d).result(
-                timeout=scenario.launch.rank_timeout_s)
+                timeout=scenario.launch.rank_timeout_s
+            )
         except (OSError, RuntimeError) as exc:
             pytest.skip(f"vLLM {release}'s library does not load into torch {torch.__version__}: {exc}")
     expected = scenario.expect.wrong_kernels.get(release)

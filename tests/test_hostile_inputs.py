@@ -77,14 +77,22 @@ def _literal_case(path: Path) -> Case:
             break
         headers[match.group(1).decode()] = match.group(2).decode()
     category, _, what = headers["hostile"].partition(": ")
-    return Case(id=path.stem, category=category, what=what, expect=headers["expect"],
-                plan_accepted=headers.get("plan") == "accepted" or "out" in headers, out=headers.get("out"),
-                source=path)
+    return Case(
+        id=path.stem,
+        category=category,
+        what=what,
+        expect=headers["expect"],
+        plan_accepted=headers.get("plan") == "accepted" or "out" in headers,
+        out=headers.get("out"),
+        source=path,
+    )
 
 
 def _generated_cases() -> list[Case]:
-    return [Case(id=e["id"], category=e["category"], what=e["what"], expect=e["expect"], make=e["make"])
-            for e in yaml.safe_load(GENERATED_SPEC.read_text())]
+    return [
+        Case(id=e["id"], category=e["category"], what=e["what"], expect=e["expect"], make=e["make"])
+        for e in yaml.safe_load(GENERATED_SPEC.read_text())
+    ]
 
 
 LITERAL = [_literal_case(p) for p in sorted(CORPUS_DIR.glob("*.yaml")) if p != GENERATED_SPEC]
@@ -200,16 +208,30 @@ def _run(case: Case, command: str, root: Path) -> Outcome:
     if command == "run":
         out = _prepare_out(case.out, work)
         if out is None:
-            return Outcome(returncode=None, stdout="", stderr="", wall_s=0.0, changed=[],
-                           skipped="no directory here that this user cannot write")
+            return Outcome(
+                returncode=None,
+                stdout="",
+                stderr="",
+                wall_s=0.0,
+                changed=[],
+                skipped="no directory here that this user cannot write",
+            )
         args += ["--out", str(out)]
     before = _listing(root)
     env = dict(harness_env(), CUDA_VISIBLE_DEVICES="")
     started = time.monotonic()
     try:
-        proc = subprocess.run([sys.executable, "-m", "harness", *args], cwd=work, env=env, capture_output=True,
-                              encoding="utf-8", errors="replace", timeout=HANG_S, preexec_fn=_child_limits,
-                              check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "harness", *args],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            encoding="utf-8",
+            errors="replace",
+            timeout=HANG_S,
+            preexec_fn=_child_limits,
+            check=False,
+        )
         returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
     except subprocess.TimeoutExpired as exc:
         returncode = None
@@ -270,5 +292,6 @@ def test_hostile_input_is_refused(outcomes: dict[tuple[str, str], Outcome], case
     assert outcome.returncode == 2, where
     assert outcome.stdout == "", where
     assert outcome.stderr.startswith("harness: error: ") and outcome.stderr.count("\n") == 1, (
-        f"one line on stderr; {where}")
+        f"one line on stderr; {where}"
+    )
     assert case.expect in outcome.stderr, f"{case.expect!r} not in the message; {where}"

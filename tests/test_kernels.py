@@ -43,18 +43,24 @@ class WrappingActivation(ReferenceExperts):
 class SwappedWeights(ReferenceExperts):
     """GEMM1 of local expert 2 multiplies by expert 3's weights (a wrong expert offset in a grouped GEMM)."""
 
-    def gemm1(self, ws: Workspace, spans: Spans, expert_x: torch.Tensor, expert_x_scale: torch.Tensor,
-              weights: ExpertWeights) -> None:
+    def gemm1(
+        self, ws: Workspace, spans: Spans, expert_x: torch.Tensor, expert_x_scale: torch.Tensor, weights: ExpertWeights
+    ) -> None:
         swapped = weights.w1.clone(), weights.w1_scale.clone()
         swapped[0][2], swapped[1][2] = weights.w1[3], weights.w1_scale[3]
-        super().gemm1(ws, spans, expert_x, expert_x_scale,
-                      dataclasses.replace(weights, w1=swapped[0], w1_scale=swapped[1]))
+        super().gemm1(
+            ws, spans, expert_x, expert_x_scale, dataclasses.replace(weights, w1=swapped[0], w1_scale=swapped[1])
+        )
 
 
-BACKENDS = {"wrapping-activation": WrappingActivation, "swapped-weights": SwappedWeights,
-            "reference": ReferenceExperts}
-ONE_RANK = {"parallel.num_ranks": 1, "parallel.num_dispatchers": 4, "parallel.num_local_experts": 4,
-            "parallel.max_tokens_per_rank": 8, "policies": ["fixed"]}
+BACKENDS = {"wrapping-activation": WrappingActivation, "swapped-weights": SwappedWeights, "reference": ReferenceExperts}
+ONE_RANK = {
+    "parallel.num_ranks": 1,
+    "parallel.num_dispatchers": 4,
+    "parallel.num_local_experts": 4,
+    "parallel.max_tokens_per_rank": 8,
+    "policies": ["fixed"],
+}
 
 
 def _measure_with(info, scenario_data: dict, backend: str):
@@ -122,11 +128,18 @@ def _correctness_verdict(tmp_path: Path, result: PolicyResult, *, release: str, 
     scenario = tiny(**ONE_RANK, **{"expect.wrong_kernels": expect})
     run_dir = write_run(tmp_path / f"run-{len(list(tmp_path.iterdir()))}", scenario, device_kind="cpu")
     record = rank_record(scenario, 0, run_id="20251130-052000-synthetic", device_kind="cpu")
-    kernels = KernelsRecord(backend="vllm-ops", description=f"vLLM {release} (test)", release=release,
-                            release_from="given", library_sha256="0" * 64, library_bytes=1)
+    kernels = KernelsRecord(
+        backend="vllm-ops",
+        description=f"vLLM {release} (test)",
+        release=release,
+        release_from="given",
+        library_sha256="0" * 64,
+        library_bytes=1,
+    )
     synthetic = record.policies[0]  # its memory and timings: this test is about the correctness verdict
-    record = record.model_copy(update={
-        "policies": [synthetic.model_copy(update={"correctness": result.correctness})], "kernels": kernels})
+    record = record.model_copy(
+        update={"policies": [synthetic.model_copy(update={"correctness": result.correctness})], "kernels": kernels}
+    )
     (run_dir / "ranks" / "rank-00000.json").write_text(record.model_dump_json())
     report = collect(run_dir, write=False).report
     assert isinstance(report, RunReport)
@@ -147,8 +160,10 @@ def test_collect_passes_kernels_wrong_as_expected_and_fails_them_otherwise(tmp_p
     from harness.report.markdown import render_markdown
 
     act = wrong.correctness.stages[2]
-    row = (f"| 0 | fixed | 0.26.0 | activation | {act.num_rows_wrong} of {act.num_rows_checked} "
-           f"({act.fraction_wrong:.1%}) | {first} (expert {first // M}, slot {first % M}) |")
+    row = (
+        f"| 0 | fixed | 0.26.0 | activation | {act.num_rows_wrong} of {act.num_rows_checked} "
+        f"({act.fraction_wrong:.1%}) | {first} (expert {first // M}, slot {first % M}) |"
+    )
     from report_records import unpadded_md
 
     assert row in unpadded_md(render_markdown(report))
@@ -215,11 +230,14 @@ def test_a_library_stated_to_be_another_release_than_the_cache_knows_is_refused(
         resolve_kernels(VllmSpec(ops_library="/nonexistent/lib.so"))
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"kernels": "latest"}, "vllm.kernels: vllm.kernels 'latest' is not a release (X.Y.Z) or 'installed'"),
-    ({"kernels": "0.30.0", "version": "0.26.0"}, "give at most one of vllm.kernels, vllm.version"),
-    ({"kernels": "installed", "ops_library": "/x.so"}, "got kernels, ops_library"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"kernels": "latest"}, "vllm.kernels: vllm.kernels 'latest' is not a release (X.Y.Z) or 'installed'"),
+        ({"kernels": "0.30.0", "version": "0.26.0"}, "give at most one of vllm.kernels, vllm.version"),
+        ({"kernels": "installed", "ops_library": "/x.so"}, "got kernels, ops_library"),
+    ],
+)
 def test_kernels_fields_are_validated_with_one_line(data, message):
     with pytest.raises(ScenarioError) as info:
         tiny(**{f"vllm.{k}": v for k, v in data.items()})
@@ -240,11 +258,14 @@ def test_re_extracting_a_release_keeps_its_ops_library(tmp_path):
     from harness.sizing.vllm_source import locate
     from test_vllm_source import make_wheel
 
-    wheel = make_wheel(tmp_path / "vllm-0.9.9-cp38-abi3-linux_x86_64.whl", {
-        "vllm-0.9.9.dist-info/METADATA": b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.9.9\n",
-        "vllm/model_executor/layers/fused_moe/__init__.py": b"",
-        "vllm/_C_stable_libtorch.abi3.so": b"\x7fELF not really",
-    })
+    wheel = make_wheel(
+        tmp_path / "vllm-0.9.9-cp38-abi3-linux_x86_64.whl",
+        {
+            "vllm-0.9.9.dist-info/METADATA": b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.9.9\n",
+            "vllm/model_executor/layers/fused_moe/__init__.py": b"",
+            "vllm/_C_stable_libtorch.abi3.so": b"\x7fELF not really",
+        },
+    )
     cache = tmp_path / "cache"
     with_ops = locate(wheel=wheel, cache_dir=cache, with_ops=True)
     assert with_ops.ops_library is not None and with_ops.ops_library.read_bytes() == b"\x7fELF not really"
@@ -261,11 +282,16 @@ def test_re_extracting_a_release_keeps_its_ops_library(tmp_path):
 
 
 # The smoke scenario's shapes (their workspaces are large enough for RSS to resolve), one policy, one pass.
-SMALL: dict[str, Any] = {"parallel": {"num_dispatchers": 4, "num_ranks": 2, "num_local_experts": 8, "max_tokens_per_rank": 128},
-         "model": {"hidden_size": 512, "intermediate_size": 256, "num_experts": 32, "top_k": 4},
-         "policies": ["fixed"], "device": "cpu", "iterations": 1, "warmup": 0,
-         "expect": {"outcomes": {"fixed": "fit"}, "memory_tolerance_pct": 2.0},
-         "launch": {"rank_timeout_s": 120.0}}
+SMALL: dict[str, Any] = {
+    "parallel": {"num_dispatchers": 4, "num_ranks": 2, "num_local_experts": 8, "max_tokens_per_rank": 128},
+    "model": {"hidden_size": 512, "intermediate_size": 256, "num_experts": 32, "top_k": 4},
+    "policies": ["fixed"],
+    "device": "cpu",
+    "iterations": 1,
+    "warmup": 0,
+    "expect": {"outcomes": {"fixed": "fit"}, "memory_tolerance_pct": 2.0},
+    "launch": {"rank_timeout_s": 120.0},
+}
 # One `harness run` of one cell: the ranks' own bound, plus 60 s to start the interpreter and ranks and 60 s to
 # collect, on a loaded 2-core machine.
 RUN_BOUND_S = SMALL["launch"]["rank_timeout_s"] + 120
@@ -275,8 +301,17 @@ def _matrix_file(tmp_path: Path) -> Path:
     import yaml
 
     path = tmp_path / "kernels-cpu.yaml"
-    path.write_text(yaml.safe_dump({"matrix": {"name": "kernels-cpu", "base": dict(SMALL, name="small"),
-                                               "axes": {"vllm.kernels": ["0.26.0", "0.30.0"]}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "matrix": {
+                    "name": "kernels-cpu",
+                    "base": dict(SMALL, name="small"),
+                    "axes": {"vllm.kernels": ["0.26.0", "0.30.0"]},
+                }
+            }
+        )
+    )
     return path
 
 
@@ -302,11 +337,15 @@ def test_a_kernels_matrix_runs_one_release_per_call_into_one_directory(tmp_path)
     again = run_harness("collect", str(out))
     assert again.returncode == 0, again.stdout[-2000:]
     report = json.loads((out / "report.json").read_text())
-    assert [c["name"] for c in report["cells"]] == ["K512-I256_D4_T128_kernels-0.26.0", "K512-I256_D4_T128_kernels-0.30.0"]
+    assert [c["name"] for c in report["cells"]] == [
+        "K512-I256_D4_T128_kernels-0.26.0",
+        "K512-I256_D4_T128_kernels-0.30.0",
+    ]
     assert all(c["report"]["exit_code"] == 0 for c in report["cells"])
 
-    wrong = run_harness("run", str(matrix), "--kernels", "0.29.0", "--out", str(tmp_path / "other"),
-                        timeout_s=RUN_BOUND_S)
+    wrong = run_harness(
+        "run", str(matrix), "--kernels", "0.29.0", "--out", str(tmp_path / "other"), timeout_s=RUN_BOUND_S
+    )
     assert wrong.returncode == 2
     assert "--kernels 0.29.0: the matrix's vllm.kernels axis has 0.26.0, 0.30.0" in wrong.stderr
     assert len(wrong.stderr.strip().splitlines()) == 1
@@ -320,12 +359,22 @@ def test_a_kernels_file_that_is_not_there_is_refused_before_any_rank(tmp_path):
 
     scenario = tmp_path / "small.yaml"
     scenario.write_text(yaml.safe_dump(dict(SMALL, name="small")))
-    done = run_harness("run", str(scenario), "--kernels", "0.26.0", "--vllm-ops-library", "/nonexistent/lib.so",
-                       "--out", str(tmp_path / "run"), timeout_s=RUN_BOUND_S)
+    done = run_harness(
+        "run",
+        str(scenario),
+        "--kernels",
+        "0.26.0",
+        "--vllm-ops-library",
+        "/nonexistent/lib.so",
+        "--out",
+        str(tmp_path / "run"),
+        timeout_s=RUN_BOUND_S,
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "harness: error: --vllm-ops-library /nonexistent/lib.so: no such file or directory; allowed: vLLM's compiled "
-        "ops library file (vllm/_C_stable_libtorch.abi3.so or vllm/_C.abi3.so)"]
+        "ops library file (vllm/_C_stable_libtorch.abi3.so or vllm/_C.abi3.so)"
+    ]
     assert not (tmp_path / "run").exists()  # no run directory, no rank: the ranks' path is run_ranks' own test
     # The scenario file's own vllm.ops_library is checked as early.
     scenario.write_text(yaml.safe_dump(dict(SMALL, name="small", vllm={"ops_library": "/nonexistent/lib.so"})))
@@ -369,8 +418,15 @@ def test_a_node_without_the_drivers_file_fetches_nothing_it_cannot_name(tmp_path
 
     here = tmp_path / "lib.so"
     here.write_bytes(b"\0" * 64)
-    given = KernelsLibrary(path=here, release="0.30.0", release_from="given", sha256="ab" * 32, num_bytes=64,
-                           torch_requirement=None, origin=f"file {here}")
+    given = KernelsLibrary(
+        path=here,
+        release="0.30.0",
+        release_from="given",
+        sha256="ab" * 32,
+        num_bytes=64,
+        torch_requirement=None,
+        origin=f"file {here}",
+    )
     assert on_this_node(given) is given  # the driver's path exists here: used as it is
     with pytest.raises(VllmSourceError) as err:
         on_this_node(replace(given, path=tmp_path / "elsewhere" / "lib.so"))

@@ -78,8 +78,12 @@ def test_default_run_is_smoke_on_cpu_with_a_record_per_rank(tmp_path: Path) -> N
 def test_rank_killed_after_its_first_policy_keeps_both_ranks_first_results(tmp_path: Path) -> None:
     # The smoke run through the real CLI; rank 1 dies (os._exit) the moment its record so far for legacy is sent.
     out = tmp_path / "run"
-    run = run_cli("scenarios/smoke.yaml", "--out", str(out),
-                  env=harness_env(**{FAULT_ENV: "rank=1,kind=die,after=policy-done:legacy"}))
+    run = run_cli(
+        "scenarios/smoke.yaml",
+        "--out",
+        str(out),
+        env=harness_env(**{FAULT_ENV: "rank=1,kind=die,after=policy-done:legacy"}),
+    )
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
     assert "harness: rank 1 on" in run.stderr and "died: exit code 1" in run.stderr
     assert "finished: legacy (kept in its record); lost: fixed, lower-bound" in run.stderr
@@ -138,8 +142,12 @@ def test_hung_rank_is_bounded_by_the_collective_timeout_and_other_records_are_ke
 
 def _start_run(scenario: Path, out: Path, fault: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "harness", "run", str(scenario), "--out", str(out)], cwd=REPO_DIR,
-        env=harness_env(**{FAULT_ENV: fault}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "harness", "run", str(scenario), "--out", str(out)],
+        cwd=REPO_DIR,
+        env=harness_env(**{FAULT_ENV: fault}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         start_new_session=True,
     )
 
@@ -245,11 +253,23 @@ def test_policies_override_narrows_expectations(capsys: pytest.CaptureFixture[st
     assert code == 0, capsys.readouterr().err
 
 
-def test_dry_run_shows_the_plan_and_the_launch_and_runs_nothing(capsys: pytest.CaptureFixture[str],
-                                                               tmp_path: Path) -> None:
+def test_dry_run_shows_the_plan_and_the_launch_and_runs_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     out = tmp_path / "run"
-    code = cli_main(["run", "scenarios/smoke.yaml", "--launcher", "ray", "--placement-strategy", "SPREAD",
-                     "--dry-run", "--out", str(out)])
+    code = cli_main(
+        [
+            "run",
+            "scenarios/smoke.yaml",
+            "--launcher",
+            "ray",
+            "--placement-strategy",
+            "SPREAD",
+            "--dry-run",
+            "--out",
+            str(out),
+        ]
+    )
     stdout = capsys.readouterr().out
     assert code == 0
     assert "workspace per GPU" in stdout and "legacy" in stdout
@@ -274,8 +294,9 @@ def test_out_dir_holding_a_run_is_refused(capsys: pytest.CaptureFixture[str], tm
     assert code == 2 and "already holds a run" in capsys.readouterr().err
 
 
-def test_malformed_fault_hook_is_refused_before_launch(monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_malformed_fault_hook_is_refused_before_launch(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv(FAULT_ENV, "rank=1,kind=explode")
     assert cli_main(["run", "scenarios/smoke.yaml", "--dry-run"]) == 2
     assert "kind must be die, hang or stop" in capsys.readouterr().err
@@ -341,9 +362,18 @@ def test_matrix_runs_every_cell_past_a_failed_one(tmp_path: Path) -> None:
     base = yaml.safe_load(tiny_scenario(tmp_path).read_text())
     base.pop("name")
     matrix = tmp_path / "two-cells.yaml"
-    matrix.write_text(yaml.safe_dump({"matrix": {
-        "name": "two-cells", "base": base, "axes": {"experts_backend": ["torch-cutlass", "reference"]},
-    }}, sort_keys=False))
+    matrix.write_text(
+        yaml.safe_dump(
+            {
+                "matrix": {
+                    "name": "two-cells",
+                    "base": base,
+                    "axes": {"experts_backend": ["torch-cutlass", "reference"]},
+                }
+            },
+            sort_keys=False,
+        )
+    )
     out = tmp_path / "matrix"
     run = run_cli(str(matrix), "--out", str(out))
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
@@ -368,14 +398,26 @@ class _KernelsSeen(BaseModel):
 
 def _report_kernels(scenario, info, run_dir, progress, *, kernels=None) -> _KernelsSeen:
     """A rank entry that reports the kernels it was handed, and nothing else (no process group)."""
-    return _KernelsSeen(rank=info.rank, path=str(kernels.path) if kernels else None,
-                        sha256=kernels.sha256 if kernels else None, origin=kernels.origin if kernels else None)
+    return _KernelsSeen(
+        rank=info.rank,
+        path=str(kernels.path) if kernels else None,
+        sha256=kernels.sha256 if kernels else None,
+        origin=kernels.origin if kernels else None,
+    )
 
 
 def _ranks_request(tmp_path: Path, ops_library: Path) -> RanksRequest:
     scenario = tiny(**{"parallel.num_ranks": 2, "experts_backend": "vllm-ops", "vllm.ops_library": str(ops_library)})
-    return RanksRequest(scenario=scenario, run_id=make_run_id("kernels"), run_dir=tmp_path / "run", device_type="cpu",
-                        main=_report_kernels, record_model=_KernelsSeen, policies=(), title="kernels")
+    return RanksRequest(
+        scenario=scenario,
+        run_id=make_run_id("kernels"),
+        run_dir=tmp_path / "run",
+        device_type="cpu",
+        main=_report_kernels,
+        record_model=_KernelsSeen,
+        policies=(),
+        title="kernels",
+    )
 
 
 def test_every_rank_gets_the_kernels_the_driver_resolved(tmp_path: Path) -> None:
@@ -391,8 +433,12 @@ def test_every_rank_gets_the_kernels_the_driver_resolved(tmp_path: Path) -> None
     assert ran.ok and sorted(ran.records) == [0, 1]
     sha256 = hashlib.sha256(library.read_bytes()).hexdigest()
     for rank, seen in ran.records.items():
-        assert (seen.rank, seen.path, seen.sha256, seen.origin) == (rank, str(library.resolve()), sha256,
-                                                                    f"file {library.resolve()}")
+        assert (seen.rank, seen.path, seen.sha256, seen.origin) == (
+            rank,
+            str(library.resolve()),
+            sha256,
+            f"file {library.resolve()}",
+        )
     assert f"kernels: vLLM (release unknown) {library.name} (sha256 {sha256[:12]}" in output.getvalue()
 
 
@@ -400,20 +446,27 @@ def test_kernels_that_cannot_be_had_start_no_rank_and_fail_each_in_one_line(tmp_
     missing = tmp_path / "absent.so"
     launcher = LocalLauncher()
     try:
-        ran = run_ranks(_ranks_request(tmp_path, missing), launcher=launcher,
-                        console=Console(file=io.StringIO(), width=200))
+        ran = run_ranks(
+            _ranks_request(tmp_path, missing), launcher=launcher, console=Console(file=io.StringIO(), width=200)
+        )
     finally:
         launcher.close()
     assert not ran.ok and ran.records == {}
     assert [(f.rank, f.cause) for f in ran.outcome.failures] == [
-        (r, f"kernels unavailable: vllm.ops_library {missing}: no such file") for r in (0, 1)]
+        (r, f"kernels unavailable: vllm.ops_library {missing}: no such file") for r in (0, 1)
+    ]
     assert sorted(p.name for p in (tmp_path / "run" / "ranks").iterdir()) == [
-        "rank-00000.failed.json", "rank-00001.failed.json"]
+        "rank-00000.failed.json",
+        "rank-00001.failed.json",
+    ]
 
 
 def test_no_rank_module_resolves_kernels_itself():
     """The ranks take the driver's KernelsLibrary: nothing on the rank side locates or fetches a release."""
     harness_dir = Path(__file__).resolve().parents[1] / "harness"
-    rank_side = [*sorted((harness_dir / "rank").rglob("*.py")), harness_dir / "bench" / "rank.py",
-                 harness_dir / "launch" / "rank_side.py"]
+    rank_side = [
+        *sorted((harness_dir / "rank").rglob("*.py")),
+        harness_dir / "bench" / "rank.py",
+        harness_dir / "launch" / "rank_side.py",
+    ]
     assert [p.name for p in rank_side if "resolve_kernels" in p.read_text()] == []

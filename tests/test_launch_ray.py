@@ -109,8 +109,12 @@ def test_ctrl_c_removes_actors_and_keeps_what_arrived(cluster: str, tmp_path: Pa
     out = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", "run", str(scenario), "--address", cluster, "--out", str(out)],
-        cwd=REPO_DIR, env=ray_env(**{FAULT_ENV: "rank=1,kind=hang,after=ready"}), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        cwd=REPO_DIR,
+        env=ray_env(**{FAULT_ENV: "rank=1,kind=hang,after=ready"}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 90
@@ -166,8 +170,16 @@ def test_killed_rank_names_rank_node_and_cause(cluster: str, tmp_path: Path) -> 
     scenario = tiny_scenario(tmp_path, collective_timeout_s=10)
     out = tmp_path / "run"
     with cpu_load():
-        run = run_cli(str(scenario), "--address", cluster, "--placement-strategy", "SPREAD", "--out", str(out),
-                      env=ray_env(**{FAULT_ENV: "rank=1,kind=die,after=ready"}))
+        run = run_cli(
+            str(scenario),
+            "--address",
+            cluster,
+            "--placement-strategy",
+            "SPREAD",
+            "--out",
+            str(out),
+            env=ray_env(**{FAULT_ENV: "rank=1,kind=die,after=ready"}),
+        )
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
     failure = rank_files(out).failures[1]
     assert failure.cause.startswith("died:")  # Ray's actor error: told by its exit, not by a timeout
@@ -179,8 +191,14 @@ def test_killed_rank_names_rank_node_and_cause(cluster: str, tmp_path: Path) -> 
 
 def test_rank_killed_after_its_first_policy_keeps_both_ranks_first_results(cluster: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    run = run_cli("scenarios/smoke.yaml", "--address", cluster, "--out", str(out),
-                  env=ray_env(**{FAULT_ENV: "rank=1,kind=die,after=policy-done:legacy"}))
+    run = run_cli(
+        "scenarios/smoke.yaml",
+        "--address",
+        cluster,
+        "--out",
+        str(out),
+        env=ray_env(**{FAULT_ENV: "rank=1,kind=die,after=policy-done:legacy"}),
+    )
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
     assert "harness: rank 1 on" in run.stderr and "lost: fixed, lower-bound" in run.stderr
     files = rank_files(out)
@@ -200,8 +218,14 @@ def test_hung_rank_is_bounded_and_other_records_are_kept(cluster: str, tmp_path:
     scenario = tiny_scenario(tmp_path, collective_timeout_s=timeout_s)
     out = tmp_path / "run"
     with cpu_load():
-        run = run_cli(str(scenario), "--address", cluster, "--out", str(out),
-                      env=ray_env(**{FAULT_ENV: "rank=1,kind=hang,after=done"}))
+        run = run_cli(
+            str(scenario),
+            "--address",
+            cluster,
+            "--out",
+            str(out),
+            env=ray_env(**{FAULT_ENV: "rank=1,kind=hang,after=done"}),
+        )
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
     files = rank_files(out)
     finished, hung = files.records[0], files.failures[1]
@@ -261,11 +285,21 @@ def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     )
     temp_dir = tempfile.mkdtemp(prefix="hl-ray-", dir="/tmp")  # its own session dir; short for Ray's sockets
     cmd = [
-        str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--disable-usage-stats",
-        f"--temp-dir={temp_dir}", f"--port={free_port()}", f"--num-cpus={NUM_CPUS_PER_NODE}", "--include-dashboard=true",
-        "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
-        f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-        f"--dashboard-agent-grpc-port={free_port()}", f"--metrics-export-port={free_port()}",
+        str(Path(sys.executable).parent / "ray"),
+        "start",
+        "--head",
+        "--block",
+        "--disable-usage-stats",
+        f"--temp-dir={temp_dir}",
+        f"--port={free_port()}",
+        f"--num-cpus={NUM_CPUS_PER_NODE}",
+        "--include-dashboard=true",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard_port}",
+        f"--ray-client-server-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
     ]
     log = (tmp_path / "ray-start.log").open("w")
     head = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -295,16 +329,36 @@ def test_ray_job_submit_runs_the_same_command(ray_head: tuple[str, dict[str, str
     submission_id = f"harness-test-{secrets.token_hex(4)}"
     started = time.monotonic()
     submit = subprocess.run(
-        [str(REPO_DIR / "launch" / "submit.sh"), "--address", url, "--submission-id", submission_id,
-         "scenarios/smoke.yaml", "--out", str(out)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+        [
+            str(REPO_DIR / "launch" / "submit.sh"),
+            "--address",
+            url,
+            "--submission-id",
+            submission_id,
+            "scenarios/smoke.yaml",
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     wall_s = time.monotonic() - started
     status = subprocess.run(
-        [sys.executable, "-c",
-         "import sys; from ray.job_submission import JobSubmissionClient as C; "
-         "print(C(sys.argv[1]).get_job_status(sys.argv[2]).value)", url, submission_id],
-        env=env, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from ray.job_submission import JobSubmissionClient as C; "
+            "print(C(sys.argv[1]).get_job_status(sys.argv[2]).value)",
+            url,
+            submission_id,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert status.stdout.strip() == "SUCCEEDED", (
         submit.stdout[-3000:] + submit.stderr[-3000:] + status.stdout + status.stderr

@@ -169,8 +169,10 @@ def test_53241_triton_workspace_is_672_mib_over_its_live_set(cache_dir):
 
 
 @pytest.mark.vllm_wheel
-@pytest.mark.parametrize(("version", "verdicts", "total"), [("0.29.0", ["double-count"], 120259084288),
-                                                             ("0.30.0", ["consistent"], 3758096384)])
+@pytest.mark.parametrize(
+    ("version", "verdicts", "total"),
+    [("0.29.0", ["double-count"], 120259084288), ("0.30.0", ["consistent"], 3758096384)],
+)
 def test_55579_workspace_per_release(cache_dir, version, verdicts, total):
     plan = plan_layer(load_scenario(CASE_55579), version, cache_dir=cache_dir)
     workspace = plan.component("workspace")
@@ -200,8 +202,11 @@ def test_unknown_gpu_is_one_line_exit_2():
 def test_layer_block_validation():
     base = {"model": {"hidden_size": 5120, "intermediate_size": 2048, "num_experts": 384, "top_k": 8},
             "parallel": {"num_dispatchers": 16, "max_tokens_per_rank": 2048}}  # fmt: skip
-    with pytest.raises(ScenarioError, match=r"= 384 must equal model.num_experts \(384\) \+ layer.num_redundant_"
-                                            r"experts \(64\) = 448: set parallel.num_local_experts to 28"):
+    with pytest.raises(
+        ScenarioError,
+        match=r"= 384 must equal model.num_experts \(384\) \+ layer.num_redundant_"
+        r"experts \(64\) = 448: set parallel.num_local_experts to 28",
+    ):
         parse_scenario({**base, "layer": {"num_redundant_experts": 64}})
     with pytest.raises(ScenarioError, match="unknown component 'rdma'"):
         parse_scenario({**base, "layer": {"expect": {"0.33.0": {"rdma": ["over-cap"]}}}})
@@ -231,11 +236,15 @@ def test_layer_audit_names_the_file_that_fixed_55579(cache_dir, tmp_path):
     assert [r["vllm_version"] for r in data["releases"]] == ["0.29.0", "0.30.0"]
     runs = [t for t in data["transitions"] if t["case"] == "55579 LL cutlass" and t["component"] == "workspace"]
     assert [(t["first"], t["last"], t["verdicts"], t["bytes"]) for t in runs] == [
-        ("0.29.0", "0.29.0", ["double-count"], 120259084288), ("0.30.0", "0.30.0", ["consistent"], 3758096384)]
+        ("0.29.0", "0.29.0", ["double-count"], 120259084288),
+        ("0.30.0", "0.30.0", ["consistent"], 3758096384),
+    ]
     assert runs[1]["changed_files"] == ["model_executor/layers/fused_moe/experts/cutlass_moe.py"]
     table = (out / "layer-audit.md").read_text()
-    assert ("| 55579 LL cutlass | CutlassBatchedExpertsFp8 | workspace | 0.30.0 | consistent | 3.50 | "
-            "`model_executor/layers/fused_moe/experts/cutlass_moe.py` |") in table
+    assert (
+        "| 55579 LL cutlass | CutlassBatchedExpertsFp8 | workspace | 0.30.0 | consistent | 3.50 | "
+        "`model_executor/layers/fused_moe/experts/cutlass_moe.py` |"
+    ) in table
     assert table == result.stdout
 
 
@@ -366,8 +375,11 @@ def test_declared_redundant_experts_are_respected_or_refused():
     base = {"model": {"hidden_size": 5120, "intermediate_size": 2048, "num_experts": 384, "top_k": 8},
             "parallel": {"num_dispatchers": 16, "max_tokens_per_rank": 2048, "num_local_experts": 48}}  # fmt: skip
     # E x D = 768 slots for 384 experts: an explicit 0 contradicts it, and says so with both numbers.
-    with pytest.raises(ScenarioError, match=r"= 768 must equal model.num_experts \(384\) \+ layer.num_redundant_"
-                                            r"experts \(0\) = 384"):
+    with pytest.raises(
+        ScenarioError,
+        match=r"= 768 must equal model.num_experts \(384\) \+ layer.num_redundant_"
+        r"experts \(0\) = 384",
+    ):
         parse_scenario({**base, "layer": {"num_redundant_experts": 0}})
     from harness.sizing.layer import layout_of
 

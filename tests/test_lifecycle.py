@@ -48,8 +48,9 @@ def _policies_with_a_failing_backend(info, scenario_data: dict, run_dir: str) ->
 
     scenario = parse_scenario(scenario_data)
     setup = setup_rank(scenario, info, init_rank(info), Path(run_dir), 0)
-    backend = _RaisesOnRank(setup.backend, rank=1, policy="fixed",
-                            exc=ValueError("cutlass_moe_mm: problem sizes do not match the strides"))
+    backend = _RaisesOnRank(
+        setup.backend, rank=1, policy="fixed", exc=ValueError("cutlass_moe_mm: problem sizes do not match the strides")
+    )
     setup = dataclasses.replace(setup, backend=backend)
     assert warm_up(setup) == "full"
     return [measure_policy(setup, policy, None)[0].model_dump(mode="json") for policy in scenario.policies]
@@ -58,8 +59,13 @@ def _policies_with_a_failing_backend(info, scenario_data: dict, run_dir: str) ->
 def test_one_ranks_backend_error_ends_that_policy_on_every_rank_and_the_run_goes_on(tmp_path: Path) -> None:
     scenario = tiny(**{"policies": ["legacy", "fixed", "lower-bound"]})
     started = time.monotonic()
-    raw = parallel_launch(2, _policies_with_a_failing_backend, scenario.model_dump(mode="json"), str(tmp_path),
-                          timeout_s=COLLECTIVE_TIMEOUT_S)
+    raw = parallel_launch(
+        2,
+        _policies_with_a_failing_backend,
+        scenario.model_dump(mode="json"),
+        str(tmp_path),
+        timeout_s=COLLECTIVE_TIMEOUT_S,
+    )
     elapsed_s = time.monotonic() - started
     by_rank = [{r["policy"]: PolicyResult.model_validate(r) for r in results} for results in raw]
     for rank, results in enumerate(by_rank):
@@ -72,8 +78,10 @@ def test_one_ranks_backend_error_ends_that_policy_on_every_rank_and_the_run_goes
         if rank == 1:  # its own error, with the stage and the message
             assert fixed.error == "experts: ValueError: cutlass_moe_mm: problem sizes do not match the strides"
         else:  # stopped with rank 1's message on its record too
-            assert fixed.error == ("stopped: rank(s) [1] failed; rank 1: experts: ValueError: cutlass_moe_mm: "
-                                   "problem sizes do not match the strides")
+            assert fixed.error == (
+                "stopped: rank(s) [1] failed; rank 1: experts: ValueError: cutlass_moe_mm: "
+                "problem sizes do not match the strides"
+            )
     assert elapsed_s < COLLECTIVE_TIMEOUT_S, f"a rank waited for the collective timeout ({elapsed_s:.0f} s)"
 
 
@@ -88,8 +96,14 @@ def test_lower_bound_allocates_its_live_set_where_it_is_below_fixed(tmp_path: Pa
     # N/2 < K < N (I=64, N=128, K=96): fixed's two buffers need N + K per row, the live set max(N + N/2, 2K).
     # T=1024 makes the live set 6 MiB, so the memory check's 2% (123 KiB) is far above RSS's page-sized noise from
     # the interpreter's own allocations (a 384 KiB live set at T=64 once measured 8 KiB over, on a loaded machine).
-    scenario = tiny(**{"model.hidden_size": 96, "model.intermediate_size": 64, "parallel.max_tokens_per_rank": 1024,
-                       "policies": ["fixed", "lower-bound"]})
+    scenario = tiny(
+        **{
+            "model.hidden_size": 96,
+            "model.intermediate_size": 64,
+            "parallel.max_tokens_per_rank": 1024,
+            "policies": ["fixed", "lower-bound"],
+        }
+    )
     args = scenario.sizing_args()
     live, fixed = live_set_bytes(args), fixed_shapes(args).total_bytes
     assert live < fixed
@@ -118,8 +132,15 @@ def test_arena_views_of_the_live_set_layout() -> None:
     args = scenario.sizing_args()
     shapes = lower_bound_shapes(args)
     E, M, K, I = args.num_local_experts, args.M, args.K, args.intermediate_size
-    ws = Workspace.allocate(shapes, Accountant(torch.device("cpu")), dtype=torch.bfloat16, num_local_experts=E,
-                            max_slots_per_expert=M, hidden_size=K, intermediate_size=I)
+    ws = Workspace.allocate(
+        shapes,
+        Accountant(torch.device("cpu")),
+        dtype=torch.bfloat16,
+        num_local_experts=E,
+        max_slots_per_expert=M,
+        hidden_size=K,
+        intermediate_size=I,
+    )
     rows, base = E * M, ws.common.data_ptr()
 
     def span(t: torch.Tensor) -> tuple[int, int]:

@@ -49,7 +49,10 @@ def test_repository_matrices_expand() -> None:
 
     ci = load_matrix("matrix/cpu-ci")  # bare names resolve under scenarios/, like scenarios do
     assert ci.expansion().summary() == "2 of 2 valid"
-    assert [(c.scenario.parallel.num_dispatchers, c.scenario.num_local_experts) for c in ci.cells()] == [(2, 16), (4, 8)]
+    assert [(c.scenario.parallel.num_dispatchers, c.scenario.num_local_experts) for c in ci.cells()] == [
+        (2, 16),
+        (4, 8),
+    ]
     assert all(c.scenario.device == "cpu" and c.scenario.parallel.num_ranks == 2 for c in ci.cells())
 
 
@@ -76,12 +79,15 @@ def test_invalid_combinations_are_skipped_with_reasons(tmp_path: Path) -> None:
 
 
 def test_cell_names_are_filesystem_safe_and_unique(tmp_path: Path) -> None:
-    body = {"base": BASE, "axes": {
-        "model.preset": ["qwen3-30b-a3b", "qwen3-235b-a22b"],
-        "parallel.num_dispatchers": [2],
-        "policies": [["legacy", "fixed"], ["vllm==0.29.0", "vllm==0.30.0"]],
-        "expect.outcomes": [{}],
-    }}
+    body = {
+        "base": BASE,
+        "axes": {
+            "model.preset": ["qwen3-30b-a3b", "qwen3-235b-a22b"],
+            "parallel.num_dispatchers": [2],
+            "policies": [["legacy", "fixed"], ["vllm==0.29.0", "vllm==0.30.0"]],
+            "expect.outcomes": [{}],
+        },
+    }
     matrix = load_matrix(write_matrix(tmp_path, body))
     names = [c.name for c in matrix.cells()]
     assert len(names) == 4 and len(set(names)) == 4
@@ -94,8 +100,11 @@ def test_cell_names_are_filesystem_safe_and_unique(tmp_path: Path) -> None:
 def test_overrides_and_base_file(tmp_path: Path) -> None:
     (tmp_path / "scenarios").mkdir()
     (tmp_path / "scenarios/base.yaml").write_text(yaml.safe_dump(BASE))
-    body = {"base_file": "scenarios/base.yaml", "axes": {"parallel.num_dispatchers": [2, 4]},
-            "overrides": [{"when": {"parallel.num_dispatchers": 4}, "set": {"expect.outcomes.legacy": "oom"}}]}
+    body = {
+        "base_file": "scenarios/base.yaml",
+        "axes": {"parallel.num_dispatchers": [2, 4]},
+        "overrides": [{"when": {"parallel.num_dispatchers": 4}, "set": {"expect.outcomes.legacy": "oom"}}],
+    }
     matrix = load_matrix(write_matrix(tmp_path, body))
     outcomes = [c.scenario.expect.outcomes for c in matrix.cells()]
     assert outcomes == [{"legacy": "fit", "fixed": "fit"}, {"legacy": "oom", "fixed": "fit"}]
@@ -104,17 +113,27 @@ def test_overrides_and_base_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"base": BASE, "axes": {"parallel.num_dispatcher": [2]}},
-         "matrix.axes: unknown scenario field 'parallel.num_dispatcher': parallel has max_tokens_per_rank, num_dispatchers"),
+        (
+            {"base": BASE, "axes": {"parallel.num_dispatcher": [2]}},
+            "matrix.axes: unknown scenario field 'parallel.num_dispatcher': parallel has max_tokens_per_rank, num_dispatchers",
+        ),
         ({"base": BASE, "axes": {"seed.value": [1]}}, "'seed' is a value, not a section"),
         ({"base": BASE, "axes": {"seed": []}}, "matrix.axes.seed: give at least one value"),
         ({"base": BASE, "base_file": "x.yaml", "axes": {"seed": [1]}}, "give exactly one of matrix.base"),
         ({"base_file": "missing.yaml", "axes": {"seed": [1]}}, "matrix.base_file: 'missing.yaml' does not exist"),
-        ({"base": BASE, "axes": {"seed": [1]}, "colour": "red"}, "unknown key 'matrix.colour'; allowed here: axes, base"),
+        (
+            {"base": BASE, "axes": {"seed": [1]}, "colour": "red"},
+            "unknown key 'matrix.colour'; allowed here: axes, base",
+        ),
         ({"base": BASE}, "missing field 'matrix.axes'"),
-        ({"base": BASE, "axes": {"parallel.num_dispatchers": [3, 5]}}, "none of the 2 combinations is a valid scenario"),
-        ({"base": BASE, "axes": {"seed": [1]}, "overrides": [{"when": {}, "set": {"parallel.nope": 1}}]},
-         "matrix.overrides.0.set: unknown scenario field 'parallel.nope'"),
+        (
+            {"base": BASE, "axes": {"parallel.num_dispatchers": [3, 5]}},
+            "none of the 2 combinations is a valid scenario",
+        ),
+        (
+            {"base": BASE, "axes": {"seed": [1]}, "overrides": [{"when": {}, "set": {"parallel.nope": 1}}]},
+            "matrix.overrides.0.set: unknown scenario field 'parallel.nope'",
+        ),
     ],
 )
 def test_matrix_errors_name_file_and_field(tmp_path: Path, body: dict, message: str) -> None:
@@ -146,11 +165,15 @@ def test_collect_matrix_goes_on_past_a_failed_cell(tmp_path: Path) -> None:
     assert (report.num_valid, report.num_combinations) == (3, 4)
     assert [s.name for s in report.skipped] == ["K128-I64_D1_T32"]
     assert {(p.cell, p.kind) for p in report.problems} == {
-        (failed_cell.name, "rank-failure"), (never_ran.name, "missing-cell")}
+        (failed_cell.name, "rank-failure"),
+        (never_ran.name, "missing-cell"),
+    }
     # the healthy cell's numbers are all there; the cell that never ran still has its planned contracts
     ok = report.cells[0]
     legacy = ok.report.policy("legacy")
-    assert legacy is not None and legacy.contract_total_bytes == legacy_shapes(ok_cell.scenario.sizing_args()).total_bytes
+    assert (
+        legacy is not None and legacy.contract_total_bytes == legacy_shapes(ok_cell.scenario.sizing_args()).total_bytes
+    )
     assert report.cells[2].planned_contracts["fixed"] == fixed_shapes(never_ran.scenario.sizing_args()).total_bytes
     assert report.cells[2].report.scenario.num_dispatchers == 8
 
@@ -234,14 +257,17 @@ def test_a_kept_cell_is_rewritten_only_when_its_reports_are_stale(tmp_path: Path
     assert isinstance(report, MatrixReport)
     assert kept_md.read_text().endswith("kept as written\n")
     assert stale != report.cells[1].report.generation  # the records changed: that cell's reports are rewritten
-    assert json.loads((tmp_path / second.name / "report.json").read_text())["generation"] == \
-        report.cells[1].report.generation
+    assert (
+        json.loads((tmp_path / second.name / "report.json").read_text())["generation"]
+        == report.cells[1].report.generation
+    )
     assert f"# generation: {report.cells[1].report.generation}" in (tmp_path / second.name / "report.md").read_text()
 
 
 @pytest.mark.parametrize("name", ["../../escaped", "/tmp/abs", "..", "a/b", "", "x" * 300, "nul\x00"])
-def test_an_unsafe_cell_name_in_matrix_json_is_refused(tmp_path: Path, name: str,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unsafe_cell_name_in_matrix_json_is_refused(
+    tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """matrix.json is read back from the run directory: a cell name must stay one directory below it."""
     matrix = load_matrix(REPO_DIR / "scenarios/matrix/cpu-ci.yaml")
     matrix_dir = tmp_path / "deep" / "matrix"
@@ -271,16 +297,22 @@ def test_a_stored_scenario_of_an_older_harness_reads_its_default_redundant_exper
     that contradicts E x D."""
     from harness.scenario.schema import parse_stored_scenario
 
-    data = {"model": {"preset": "deepseek-v3"},
-            "parallel": {"num_dispatchers": 32, "num_ranks": 1, "num_local_experts": 16, "max_tokens_per_rank": 256},
-            "layer": {"all2all": "deepep-low-latency", "moe_backend": "deep_gemm", "num_redundant_experts": 0}}
+    data = {
+        "model": {"preset": "deepseek-v3"},
+        "parallel": {"num_dispatchers": 32, "num_ranks": 1, "num_local_experts": 16, "max_tokens_per_rank": 256},
+        "layer": {"all2all": "deepep-low-latency", "moe_backend": "deep_gemm", "num_redundant_experts": 0},
+    }
     with pytest.raises(ScenarioError, match=r"num_local_experts \(16\) x num_dispatchers \(32\) = 512"):
         parse_scenario(data, path="declared.yaml")
     stored = parse_stored_scenario(data, path="run.json scenario")
     assert stored.layer.num_redundant_experts is None
     assert json.loads(stored.canonical_json())["layer"]["num_redundant_experts"] == 0  # hashes as it was written
-    assert parse_stored_scenario(dict(data, parallel=dict(data["parallel"], num_local_experts=8)),
-                                 path="x").layer.num_redundant_experts == 0  # a consistent 0 stays declared
+    assert (
+        parse_stored_scenario(
+            dict(data, parallel=dict(data["parallel"], num_local_experts=8)), path="x"
+        ).layer.num_redundant_experts
+        == 0
+    )  # a consistent 0 stays declared
 
 
 def test_the_committed_h200_matrix_baseline_compares_with_itself():

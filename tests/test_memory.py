@@ -100,10 +100,18 @@ def test_breakdown_sums_to_what_was_allocated_and_workspace_delta_matches_contra
 
 def test_budget_oom_is_a_recorded_result_and_the_next_policy_still_runs(tmp_path):
     # legacy needs 4x fixed's workspace here; the budget sits between them.
-    scenario = tiny(**{"model.hidden_size": 256, "model.intermediate_size": 128, "parallel.max_tokens_per_rank": 64,
-                       "parallel.num_dispatchers": 4, "parallel.num_local_experts": 4,
-                       "memory.budget_gb": 0.004, "expect.outcomes": {"legacy": "oom", "fixed": "fit"},
-                       "memory.comm_buffer": "none"})  # DeepEP LL's 2.1 MB would leave fixed no room
+    scenario = tiny(
+        **{
+            "model.hidden_size": 256,
+            "model.intermediate_size": 128,
+            "parallel.max_tokens_per_rank": 64,
+            "parallel.num_dispatchers": 4,
+            "parallel.num_local_experts": 4,
+            "memory.budget_gb": 0.004,
+            "expect.outcomes": {"legacy": "oom", "fixed": "fit"},
+            "memory.comm_buffer": "none",
+        }
+    )  # DeepEP LL's 2.1 MB would leave fixed no room
     fixed_bytes = 4 * 256 * (256 + 256) * 2  # E * M * (max(N, K) + max(I, K)) * bf16
     # About 1.4 MB of weights and comm buffers sit below the budget too: legacy's common (2 MiB) fits, its ws2 does not.
     assert 2 * fixed_bytes < 0.004e9 < 4 * fixed_bytes
@@ -126,10 +134,16 @@ def test_budget_oom_is_a_recorded_result_and_the_next_policy_still_runs(tmp_path
 
 
 def test_expected_outcome_that_does_not_happen_is_a_failure(tmp_path):
-    scenario = tiny(**{"memory.budget_gb": 0.002, "expect.outcomes": {"legacy": "fit", "fixed": "oom"},
-                       "model.hidden_size": 256, "model.intermediate_size": 128,
-                       "parallel.max_tokens_per_rank": 64,
-                       "memory.comm_buffer": "none"})  # DeepEP LL's 2.1 MB would fail setup in a 2 MB budget
+    scenario = tiny(
+        **{
+            "memory.budget_gb": 0.002,
+            "expect.outcomes": {"legacy": "fit", "fixed": "oom"},
+            "model.hidden_size": 256,
+            "model.intermediate_size": 128,
+            "parallel.max_tokens_per_rank": 64,
+            "memory.comm_buffer": "none",
+        }
+    )  # DeepEP LL's 2.1 MB would fail setup in a 2 MB budget
     records = _run(scenario, tmp_path)
     checks = collected_checks(tmp_path)
     for record in records:

@@ -59,17 +59,20 @@ def test_route_layout_triton_equals_torch(device, n, E, P, k):
     for g in range(E * P):
         t, j = torch.nonzero(ids == g, as_tuple=True)
         assert ref[0][t, j].tolist() == list(range(t.numel()))
-    assert ref[2][E * P:].tolist() == [int(((ids // E) == d).any(1).sum()) for d in range(P)]
+    assert ref[2][E * P :].tolist() == [int(((ids // E) == d).any(1).sum()) for d in range(P)]
 
 
 def _slots(E: int, M: int, P: int, C: int, fmt: PushFormat, device) -> Slots:
     K, k = fmt.hidden_size, fmt.top_k
-    return Slots(x=torch.zeros((E * M, K), dtype=torch.uint8, device=device),
-                 scale=torch.zeros(E * M, dtype=torch.float32, device=device),
-                 src=torch.full((E * M, 2), -1, dtype=torch.int32, device=device),
-                 table=torch.full((P * C, k), -5, dtype=torch.int64, device=device),
-                 table_w=torch.full((P * C, k), -5.0, dtype=torch.float32, device=device),
-                 tok=torch.full((P * C,), -5, dtype=torch.int32, device=device), max_slots=M)
+    return Slots(
+        x=torch.zeros((E * M, K), dtype=torch.uint8, device=device),
+        scale=torch.zeros(E * M, dtype=torch.float32, device=device),
+        src=torch.full((E * M, 2), -1, dtype=torch.int32, device=device),
+        table=torch.full((P * C, k), -5, dtype=torch.int64, device=device),
+        table_w=torch.full((P * C, k), -5.0, dtype=torch.float32, device=device),
+        tok=torch.full((P * C,), -5, dtype=torch.int32, device=device),
+        max_slots=M,
+    )
 
 
 @pytest.mark.parametrize("K", [7168, 96])
@@ -85,9 +88,21 @@ def test_fused_quantize_is_bit_equal_to_the_torch_quantize(device, K):
     for impl in ("triton", "torch"):
         bufs = [torch.full(((P - 1) * n, fmt.row_bytes), 0xAB, dtype=torch.uint8, device=device) for _ in range(P)]
         slots = _slots(E, M, P, n, fmt, device)
-        push.quantize_push(x.to(device), None, ids.to(device), weights.to(device), pos.to(device),
-                           row_index.to(device), Mapped.of(bufs, device), slots, fmt=fmt, rank=me, capacity=n,
-                           num_local_experts=E, impl=impl)
+        push.quantize_push(
+            x.to(device),
+            None,
+            ids.to(device),
+            weights.to(device),
+            pos.to(device),
+            row_index.to(device),
+            Mapped.of(bufs, device),
+            slots,
+            fmt=fmt,
+            rank=me,
+            capacity=n,
+            num_local_experts=E,
+            impl=impl,
+        )
         out[impl] = [b.cpu() for b in bufs]
         own[impl] = {f: getattr(slots, f).cpu() for f in ("x", "scale", "src", "table", "table_w", "tok")}
     q, scale = (t.cpu() for t in quantize_per_token(x.to(device)))  # torch's quantize on the same device
@@ -99,10 +114,10 @@ def test_fused_quantize_is_bit_equal_to_the_torch_quantize(device, K):
             if r < 0:
                 continue
             assert torch.equal(rows[r, :K], q[t].view(torch.uint8)), (impl, t)
-            words = rows[r, K: K + 4 * fmt.meta_words].view(torch.int32)
+            words = rows[r, K : K + 4 * fmt.meta_words].view(torch.int32)
             assert words[0].view(torch.float32).item() == scale[t, 0].item()
             assert int(words[1]) == t
-            assert words[2: 2 + k].tolist() == [int(g) % E if int(g) // E == 0 else -1 for g in ids[t]]
+            assert words[2 : 2 + k].tolist() == [int(g) % E if int(g) // E == 0 else -1 for g in ids[t]]
         assert (out[impl][me] == 0xAB).all()  # nothing staged for this rank's own pairs
         o = own[impl]
         for t in range(n):  # this rank's own pairs: slot pos of its local expert, and its combine table row
@@ -153,8 +168,15 @@ class StandIn:
         self.epoch = torch.zeros(1, dtype=torch.int32, device=device)
         self.status = torch.zeros(1, dtype=torch.int32, device=device)
         self.done = torch.zeros(3, dtype=torch.int32, device=device)
-        self.slots = Slots(x=self.x, scale=self.x_scale, src=self.x_src, table=self.table, table_w=self.table_w,
-                           tok=self.tok, max_slots=M)
+        self.slots = Slots(
+            x=self.x,
+            scale=self.x_scale,
+            src=self.x_src,
+            table=self.table,
+            table_w=self.table_w,
+            tok=self.tok,
+            max_slots=M,
+        )
 
 
 SPINS = 1 << 20  # a wait in the stand-in protocol never needs to poll: a missing flag fails fast in the status
@@ -172,41 +194,90 @@ def _protocol_round(ranks: list[StandIn], inputs, expert_out, *, E, M, C, fmt, i
     kw = {"impl": impl}
 
     def sig(r, phase, i, **extra):
-        return push.Signal(pads=pads, phase=phase, rank=r.rank, epoch=r.epoch, done=r.done[i: i + 1], **extra)
+        return push.Signal(pads=pads, phase=phase, rank=r.rank, epoch=r.epoch, done=r.done[i : i + 1], **extra)
 
     def signal(s):
-        push.signal(s.pads, s.phase, rank=s.rank, epoch=s.epoch, counts=s.counts, recv_counts=s.recv_counts,
-                    num_local_experts=s.num_local_experts, **kw)
+        push.signal(
+            s.pads,
+            s.phase,
+            rank=s.rank,
+            epoch=s.epoch,
+            counts=s.counts,
+            recv_counts=s.recv_counts,
+            num_local_experts=s.num_local_experts,
+            **kw,
+        )
 
     for r, (x, ids, w) in zip(ranks, inputs, strict=True):
-        consumed = push.Wait(pad=r.pad, phase=CONSUMED, num_ranks=P, epoch=r.epoch, status=r.status, bump=True,
-                             lag=1, max_spins=SPINS)
+        consumed = push.Wait(
+            pad=r.pad, phase=CONSUMED, num_ranks=P, epoch=r.epoch, status=r.status, bump=True, lag=1, max_spins=SPINS
+        )
         ready = sig(r, READY, 0, counts=r.counts, recv_counts=counts, num_local_experts=E)
         if not fused:
-            push.wait(r.pad, CONSUMED, num_ranks=P, epoch=r.epoch, status=r.status, bump=True, lag=1,
-                      max_spins=SPINS, **kw)
-        push.route_layout(ids, r.pos, r.row_index, r.counts, num_local_experts=E, num_ranks=P,
-                          wait_first=consumed if fused else None, **kw)
-        push.quantize_push(x, None, ids, w, r.pos, r.row_index, rows, r.slots, fmt=fmt, rank=r.rank, capacity=C,
-                           num_local_experts=E, then=ready if fused else None, **kw)
+            push.wait(
+                r.pad, CONSUMED, num_ranks=P, epoch=r.epoch, status=r.status, bump=True, lag=1, max_spins=SPINS, **kw
+            )
+        push.route_layout(
+            ids,
+            r.pos,
+            r.row_index,
+            r.counts,
+            num_local_experts=E,
+            num_ranks=P,
+            wait_first=consumed if fused else None,
+            **kw,
+        )
+        push.quantize_push(
+            x,
+            None,
+            ids,
+            w,
+            r.pos,
+            r.row_index,
+            rows,
+            r.slots,
+            fmt=fmt,
+            rank=r.rank,
+            capacity=C,
+            num_local_experts=E,
+            then=ready if fused else None,
+            **kw,
+        )
         if not fused:
             signal(ready)
     for r in ranks:
         ready_wait = push.Wait(pad=r.pad, phase=READY, num_ranks=P, epoch=r.epoch, status=r.status, max_spins=SPINS)
         if not fused:
             push.wait(r.pad, READY, num_ranks=P, epoch=r.epoch, status=r.status, max_spins=SPINS, **kw)
-        push.expert_base(r.recv_counts, r.base, r.num_tokens, r.overflow, rank=r.rank, max_slots=M,
-                         wait_first=ready_wait if fused else None, **kw)
+        push.expert_base(
+            r.recv_counts,
+            r.base,
+            r.num_tokens,
+            r.overflow,
+            rank=r.rank,
+            max_slots=M,
+            wait_first=ready_wait if fused else None,
+            **kw,
+        )
         push.expand(r.recv_rows, r.recv_counts, r.base, r.slots, rank=r.rank, fmt=fmt, **kw)
         signal(sig(r, CONSUMED, 1))  # a kernel of its own, as symm_mem issues it
     for r in ranks:
-        push.reduce_push(expert_out[r.rank], r.recv_counts, r.table, r.table_w, r.tok, combine, rank=r.rank,
-                         then=sig(r, COMBINED, 2) if fused else None, **kw)
+        push.reduce_push(
+            expert_out[r.rank],
+            r.recv_counts,
+            r.table,
+            r.table_w,
+            r.tok,
+            combine,
+            rank=r.rank,
+            then=sig(r, COMBINED, 2) if fused else None,
+            **kw,
+        )
         if not fused:
             signal(sig(r, COMBINED, 2))
     for r in ranks:  # every flag of this epoch, towards every rank, and the done counters back at 0
         for phase in (READY, CONSUMED, COMBINED):
-            got = r.pad[FLAG_BASE + phase * P: FLAG_BASE + (phase + 1) * P].tolist()
+            got = r.pad[FLAG_BASE + phase * P : FLAG_BASE + (phase + 1) * P].tolist()
             assert got == [int(r.epoch)] * P, (impl, fused, r.rank, phase, got)
         assert r.done.tolist() == [0, 0, 0], (impl, fused, r.rank)
     outs = []
@@ -236,21 +307,24 @@ def test_push_protocol_on_stand_ins_traces_every_slot_and_combines(device, impl,
             inputs.append((_tokens(n, K, seed=s).to(device), ids.to(device), w.to(device)))
         g = torch.Generator().manual_seed(round_index)
         expert_out = [torch.randn((E * M, K), generator=g).to(torch.bfloat16).to(device) for _ in range(P)]
-        outs = _protocol_round(ranks, inputs, expert_out, E=E, M=M, C=C, fmt=fmt, impl=impl, device=device,
-                               fused=fused)
+        outs = _protocol_round(ranks, inputs, expert_out, E=E, M=M, C=C, fmt=fmt, impl=impl, device=device, fused=fused)
         for r in ranks:
             assert int(r.status) == 0 and int(r.epoch) == round_index + 1 and int(r.overflow) == 0
             for e in range(E):
                 g_id = r.rank * E + e
-                pairs = [(s, t) for s in push.source_order(r.rank, P) for t in range(inputs[s][1].shape[0])
-                         if (inputs[s][1][t] == g_id).any()]
+                pairs = [
+                    (s, t)
+                    for s in push.source_order(r.rank, P)
+                    for t in range(inputs[s][1].shape[0])
+                    if (inputs[s][1][t] == g_id).any()
+                ]
                 assert int(r.num_tokens[e]) == len(pairs)
                 # deterministic offsets: this rank's own pairs first, then the other sources in rank order after
                 # it, tokens in order within a source
-                got = [tuple(v) for v in r.x_src[e * M: e * M + len(pairs)].tolist()]
+                got = [tuple(v) for v in r.x_src[e * M : e * M + len(pairs)].tolist()]
                 assert got == pairs, (impl, r.rank, e)
                 for slot, (s, t) in enumerate(pairs):
-                    q, scale = (v.cpu() for v in quantize_per_token(inputs[s][0][t: t + 1]))  # on the device
+                    q, scale = (v.cpu() for v in quantize_per_token(inputs[s][0][t : t + 1]))  # on the device
                     assert torch.equal(r.x[e * M + slot].cpu(), q[0].view(torch.uint8))
                     assert r.x_scale[e * M + slot].item() == scale.item()
         for s, (x, ids, w) in enumerate(inputs):
@@ -271,7 +345,7 @@ def test_wait_reports_a_missing_flag_instead_of_hanging(device):
     P = 3
     pad = torch.zeros(FLAG_BASE + NUM_PHASES * P, dtype=torch.int32, device=device)
     epoch = torch.tensor([4], dtype=torch.int32, device=device)
-    pad[FLAG_BASE + READY * P: FLAG_BASE + READY * P + P] = torch.tensor([4, 3, 5], dtype=torch.int32)
+    pad[FLAG_BASE + READY * P : FLAG_BASE + READY * P + P] = torch.tensor([4, 3, 5], dtype=torch.int32)
     for impl in ("triton", "torch"):
         status = torch.zeros(1, dtype=torch.int32, device=device)
         push.wait(pad, READY, num_ranks=P, epoch=epoch, status=status, max_spins=3, impl=impl)

@@ -98,13 +98,28 @@ def token_head(tmp_path: Path) -> Iterator[Head]:
     assert (home / ".ray" / "auth_token").stat().st_size > 0
     temp_dir = tempfile.mkdtemp(prefix="hr-ray-", dir="/tmp")  # short: Ray's socket paths live under it
     dashboard_port = free_port()
-    own = [f"--temp-dir={temp_dir}", "--block", "--disable-usage-stats", "--num-cpus=2",
-           f"--port={free_port()}", f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={free_port()}",
-           f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-           f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
+    own = [
+        f"--temp-dir={temp_dir}",
+        "--block",
+        "--disable-usage-stats",
+        "--num-cpus=2",
+        f"--port={free_port()}",
+        f"--dashboard-port={dashboard_port}",
+        f"--ray-client-server-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}",
+    ]
     log = (tmp_path / "ray-start.log").open("w")
-    head = subprocess.Popen(["bash", "-c", f"exec {ray_start} " + " ".join(own)], cwd=tmp_path, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    head = subprocess.Popen(
+        ["bash", "-c", f"exec {ray_start} " + " ".join(own)],
+        cwd=tmp_path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{dashboard_port}"
     try:
         _wait_for_dashboard(url, head, tmp_path / "ray-start.log")
@@ -132,17 +147,31 @@ def _wait_for_dashboard(url: str, head: subprocess.Popen, log: Path) -> None:
 
 def _stop_jobs(url: str, env: dict[str, str]) -> None:
     """Stop this head's unfinished jobs: a job driver runs in a session of its own, outside the head's group."""
-    script = ("import sys; from ray.job_submission import JobSubmissionClient as C; c = C(sys.argv[1]); "
-              "[c.stop_job(j.submission_id) for j in c.list_jobs() if not j.status.is_terminal()]")
-    subprocess.run([sys.executable, "-c", script, url], env={**env, "RAY_AUTH_MODE": "token"},
-                   capture_output=True, timeout=60, check=False)
+    script = (
+        "import sys; from ray.job_submission import JobSubmissionClient as C; c = C(sys.argv[1]); "
+        "[c.stop_job(j.submission_id) for j in c.list_jobs() if not j.status.is_terminal()]"
+    )
+    subprocess.run(
+        [sys.executable, "-c", script, url],
+        env={**env, "RAY_AUTH_MODE": "token"},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def _job_status(head: Head, submission_id: str) -> str:
-    script = ("import sys; from ray.job_submission import JobSubmissionClient as C; "
-              "print(C(sys.argv[1]).get_job_status(sys.argv[2]).value)")
-    done = subprocess.run([sys.executable, "-c", script, head.url, submission_id],
-                          env={**head.env, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True, timeout=60)
+    script = (
+        "import sys; from ray.job_submission import JobSubmissionClient as C; "
+        "print(C(sys.argv[1]).get_job_status(sys.argv[2]).value)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, head.url, submission_id],
+        env={**head.env, "RAY_AUTH_MODE": "token"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return done.stdout.strip() or done.stderr[-2000:]
 
 
@@ -159,8 +188,9 @@ def test_readme_ray_job_submit_runs_verbatim_with_token_auth(token_head: Head, t
     command = submit.replace(README_ADDRESS, token_head.url)
     started = time.monotonic()
     # `ray job submit` follows the job's log until the job ends.
-    job = subprocess.run(["bash", "-c", command], cwd=REPO_DIR, env=token_head.env, capture_output=True, text=True,
-                         timeout=JOB_BOUND_S)
+    job = subprocess.run(
+        ["bash", "-c", command], cwd=REPO_DIR, env=token_head.env, capture_output=True, text=True, timeout=JOB_BOUND_S
+    )
     wall_s = time.monotonic() - started
     output = job.stdout + job.stderr
     submission = re.search(r"raysubmit_\w+", output)
@@ -183,9 +213,15 @@ def test_readme_ray_job_submit_runs_verbatim_with_token_auth(token_head: Head, t
     print(f"README ray job submit (token auth): submit -> report in {wall_s:.1f} s")
 
 
-@pytest.mark.parametrize(("token_in", "mode_given", "mode_seen"), [
-    ("file", None, "token"), ("env", None, "token"), (None, None, ""), ("file", "disabled", "disabled"),
-])
+@pytest.mark.parametrize(
+    ("token_in", "mode_given", "mode_seen"),
+    [
+        ("file", None, "token"),
+        ("env", None, "token"),
+        (None, None, ""),
+        ("file", "disabled", "disabled"),
+    ],
+)
 def test_submit_sh_turns_token_mode_on_when_it_finds_a_token(tmp_path: Path, token_in, mode_given, mode_seen):
     # What submit.sh hands to `ray`: a `ray` first on PATH that prints RAY_AUTH_MODE and its arguments.
     home, bin_dir = tmp_path / "home", tmp_path / "bin"
@@ -200,7 +236,13 @@ def test_submit_sh_turns_token_mode_on_when_it_finds_a_token(tmp_path: Path, tok
         env["RAY_AUTH_TOKEN"] = "t" * 32
     if mode_given is not None:
         env["RAY_AUTH_MODE"] = mode_given
-    done = subprocess.run([str(REPO_DIR / "launch" / "submit.sh"), "--address", "http://127.0.0.1:1", "smoke"],
-                          env=env, capture_output=True, text=True, timeout=30, check=True)
+    done = subprocess.run(
+        [str(REPO_DIR / "launch" / "submit.sh"), "--address", "http://127.0.0.1:1", "smoke"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     assert f"mode={mode_seen}" in done.stdout.splitlines()
     assert "-- python -m harness run smoke --launcher ray" in done.stdout

@@ -58,8 +58,11 @@ def _round_trip(command: str, words: list[str], recorder: Recorder = recorded_co
     return ns, build_parser().parse_args(recorded[1:]), recorded
 
 
-CASES = [pytest.param(command, action, id=f"{command} {(action.option_strings or [action.dest])[0]}")
-         for command in ("run", "bench") for action in _arguments(command)]
+CASES = [
+    pytest.param(command, action, id=f"{command} {(action.option_strings or [action.dest])[0]}")
+    for command in ("run", "bench")
+    for action in _arguments(command)
+]
 
 
 @pytest.mark.parametrize(("command", "action"), CASES)
@@ -82,8 +85,16 @@ def test_every_option_at_once_round_trips(command: str):
 def test_defaults_are_left_out_and_the_namespace_is_untouched():
     ns = build_parser().parse_args(["bench", "smoke", "--num-ranks", "2", "--cpu-only", "--out", "x"])
     before = dict(vars(ns))
-    assert recorded_command(ns.parser, ns) == ["harness", "bench", "smoke", "--out", "x", "--num-ranks", "2",
-                                               "--cpu-only"]
+    assert recorded_command(ns.parser, ns) == [
+        "harness",
+        "bench",
+        "smoke",
+        "--out",
+        "x",
+        "--num-ranks",
+        "2",
+        "--cpu-only",
+    ]
     assert vars(ns) == before
     plain = build_parser().parse_args(["run"])
     assert recorded_command(plain.parser, plain) == ["harness", "run"]

@@ -22,8 +22,16 @@ from report_records import make_scenario, write_run
 
 TESTS_DIR = Path(__file__).resolve().parent
 ARTIFACTS_DIR = TESTS_DIR / "artifacts"  # git-ignored; CI keeps it as a build artifact
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 class _Page(HTMLParser):
@@ -106,7 +114,7 @@ def assert_real_pngs(page: _Page, expected: int) -> None:
     for src in page.images:
         prefix = "data:image/png;base64,"
         assert src.startswith(prefix)
-        data = base64.b64decode(src[len(prefix):], validate=True)
+        data = base64.b64decode(src[len(prefix) :], validate=True)
         width, height = png_size(data)
         assert width >= 400 and height >= 300 and len(data) > 10_000, (width, height, len(data))
 
@@ -114,9 +122,12 @@ def assert_real_pngs(page: _Page, expected: int) -> None:
 @pytest.fixture(scope="module")
 def run_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """4 GPU ranks under a memory budget that leaves ~2.9 MiB for a workspace: legacy (4 MiB) OOMs as expected."""
-    scenario = make_scenario(parallel={"num_dispatchers": 8, "num_ranks": 4, "num_local_experts": 4, "max_tokens_per_rank": 32},
-                             policies=["legacy", "fixed", "lower-bound"], memory={"budget_gb": 1.003},
-                             expect={"outcomes": {"legacy": "oom", "fixed": "fit"}, "memory_tolerance_pct": 1.0})
+    scenario = make_scenario(
+        parallel={"num_dispatchers": 8, "num_ranks": 4, "num_local_experts": 4, "max_tokens_per_rank": 32},
+        policies=["legacy", "fixed", "lower-bound"],
+        memory={"budget_gb": 1.003},
+        expect={"outcomes": {"legacy": "oom", "fixed": "fit"}, "memory_tolerance_pct": 1.0},
+    )
     overrides = {rank: {"legacy": {"status": "oom"}} for rank in range(4)}
     run_dir = write_run(tmp_path_factory.mktemp("html") / "run", scenario, overrides=overrides)
     return run_dir, collect(run_dir).report.model_dump(mode="json")
@@ -124,7 +135,9 @@ def run_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 
 @pytest.fixture(scope="module")
 def cpu_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    scenario = make_scenario(parallel={"num_dispatchers": 4, "num_ranks": 2, "num_local_experts": 4, "max_tokens_per_rank": 32})
+    scenario = make_scenario(
+        parallel={"num_dispatchers": 4, "num_ranks": 2, "num_local_experts": 4, "max_tokens_per_rank": 32}
+    )
     run_dir = write_run(tmp_path_factory.mktemp("cpu") / "run", scenario, device_kind="cpu")
     return run_dir, collect(run_dir).report.model_dump(mode="json")
 
@@ -186,8 +199,9 @@ def test_matrix_page_numbers_equal_report_json(matrix_report: tuple[Path, dict])
 def chromium() -> str:
     path = shutil.which("chromium")
     if path is None:
-        installer = subprocess.run(["bash", str(TESTS_DIR / "install_browser.sh")], capture_output=True, text=True,
-                                   timeout=900)
+        installer = subprocess.run(
+            ["bash", str(TESTS_DIR / "install_browser.sh")], capture_output=True, text=True, timeout=900
+        )
         if installer.returncode == 3:
             pytest.skip(f"chromium is not installed and cannot be: {installer.stderr.strip()}")
         assert installer.returncode == 0, f"tests/install_browser.sh failed:\n{installer.stdout}\n{installer.stderr}"
@@ -197,11 +211,14 @@ def chromium() -> str:
 
 
 def run_chromium(chromium: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=120
+    )
 
 
-def check_in_browser(chromium: str, tmp_path: Path, report_dir: Path, report: dict, shot_name: str, num_images: int) -> Path:
+def check_in_browser(
+    chromium: str, tmp_path: Path, report_dir: Path, report: dict, shot_name: str, num_images: int
+) -> Path:
     url = (report_dir / "report.html").resolve().as_uri()
     dumped = run_chromium(chromium, tmp_path / "profile-dom", "--dump-dom", url)
     assert dumped.returncode == 0, dumped.stderr[-2000:]
@@ -213,8 +230,9 @@ def check_in_browser(chromium: str, tmp_path: Path, report_dir: Path, report: di
     ARTIFACTS_DIR.mkdir(exist_ok=True)
     shot = ARTIFACTS_DIR / shot_name
     shot.unlink(missing_ok=True)
-    taken = run_chromium(chromium, tmp_path / "profile-shot", f"--screenshot={shot}", "--window-size=1280,2600",
-                         "--hide-scrollbars", url)
+    taken = run_chromium(
+        chromium, tmp_path / "profile-shot", f"--screenshot={shot}", "--window-size=1280,2600", "--hide-scrollbars", url
+    )
     assert taken.returncode == 0, taken.stderr[-2000:]
     width, height = png_size(shot.read_bytes())
     assert (width, height) == (1280, 2600) and shot.stat().st_size > 50_000
@@ -240,12 +258,18 @@ def large_matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     from harness.scenario.matrix import matrix_from_data
 
     tmp = tmp_path_factory.mktemp("large")
-    base = {"model": {"hidden_size": 128, "intermediate_size": 64, "num_experts": 16, "top_k": 1},
-            "parallel": {"num_dispatchers": 1, "num_ranks": 1, "max_tokens_per_rank": 16},
-            "policies": ["legacy", "fixed", "lower-bound"], "device": "cpu",
-            "expect": {"outcomes": {"legacy": "fit", "fixed": "fit"}, "memory_tolerance_pct": 1.0}}
-    axes = {"parallel.num_dispatchers": [1, 2, 4, 8, 16], "parallel.max_tokens_per_rank": [16, 32, 64, 128],
-            "model.hidden_size": [128, 256, 512, 1024]}
+    base = {
+        "model": {"hidden_size": 128, "intermediate_size": 64, "num_experts": 16, "top_k": 1},
+        "parallel": {"num_dispatchers": 1, "num_ranks": 1, "max_tokens_per_rank": 16},
+        "policies": ["legacy", "fixed", "lower-bound"],
+        "device": "cpu",
+        "expect": {"outcomes": {"legacy": "fit", "fixed": "fit"}, "memory_tolerance_pct": 1.0},
+    }
+    axes = {
+        "parallel.num_dispatchers": [1, 2, 4, 8, 16],
+        "parallel.max_tokens_per_rank": [16, 32, 64, 128],
+        "model.hidden_size": [128, 256, 512, 1024],
+    }
     matrix = matrix_from_data({"matrix": {"name": "large", "base": base, "axes": axes}}, tmp / "large.yaml")
     cells = matrix.cells()
     assert len(cells) == 80

@@ -24,10 +24,19 @@ def _layer_run(run_dir: Path, scenario) -> Path:
     predicted = run_predictions(scenario)
     path = rank_record_path(run_dir, 0)
     record = read_record(path)
-    components = [ComponentMemory(name=name, predicted_bytes=p.bytes, prediction_source=p.source,
-                                  allocated_bytes=p.bytes, step_allocated_bytes=p.bytes,
-                                  measured_delta_bytes=p.bytes + 2 * 2**20, reserved_delta_bytes=p.bytes,
-                                  within_rounding=True) for name, p in predicted.items()]
+    components = [
+        ComponentMemory(
+            name=name,
+            predicted_bytes=p.bytes,
+            prediction_source=p.source,
+            allocated_bytes=p.bytes,
+            step_allocated_bytes=p.bytes,
+            measured_delta_bytes=p.bytes + 2 * 2**20,
+            reserved_delta_bytes=p.bytes,
+            within_rounding=True,
+        )
+        for name, p in predicted.items()
+    ]
     write_record(path, record.model_copy(update={"components": components}))
     return run_dir
 
@@ -43,8 +52,14 @@ def test_over_cap_as_expected_passes_and_every_rendering_shows_it(tmp_path: Path
     assert isinstance(report, RunReport)
     rdma = next(c for c in report.components if c.name == "deepep-rdma")
     assert (rdma.predicted_bytes, rdma.verdicts, rdma.expected_verdicts, rdma.expectation) == (
-        RDMA_BYTES, ["over-cap"], ["over-cap"], "pass")
-    assert rdma.measured_bytes is not None and rdma.measured_bytes.max == RDMA_BYTES + 2 * 2**20 and rdma.within_rounding
+        RDMA_BYTES,
+        ["over-cap"],
+        ["over-cap"],
+        "pass",
+    )
+    assert (
+        rdma.measured_bytes is not None and rdma.measured_bytes.max == RDMA_BYTES + 2 * 2**20 and rdma.within_rounding
+    )
     workspace_expectation = [c for c in report.components if c.name == "workspace"]
     assert not workspace_expectation  # the run allocates no "workspace" component: plan's verdict, not the run's
     assert result.exit_code == 0, result.report.exit_reason
@@ -57,8 +72,10 @@ def test_over_cap_as_expected_passes_and_every_rendering_shows_it(tmp_path: Path
     html = (run_dir / "report.html").read_text()
     section = html.split('id="components"')[1].split("</table>")[0]
     assert "38,168,170,112 B (35.5 GiB)" in section and "over-cap" in section and "expert-weights" in section
-    assert "DeepEP refuses a buffer of 38,168,170,112 B" in json.loads((run_dir / "report.json").read_text())[
-        "components"][2]["detail"]
+    assert (
+        "DeepEP refuses a buffer of 38,168,170,112 B"
+        in json.loads((run_dir / "report.json").read_text())["components"][2]["detail"]
+    )
 
 
 def test_an_expectation_the_run_does_not_meet_exits_1(tmp_path: Path):

@@ -38,7 +38,11 @@ def test_the_record_keeps_the_oom_and_what_it_held(budget_run: Path) -> None:
     for e in legacy:
         oom = e["oom"]
         assert (oom["stage"], oom["requested_bytes"], oom["allocated_bytes"], oom["budget_bytes"]) == (
-            "workspace", ASKED, ASKED, BUDGET)
+            "workspace",
+            ASKED,
+            ASKED,
+            BUDGET,
+        )
         assert oom["message"].startswith(MESSAGE)
     assert report["exit_code"] == 0  # legacy's OOM is what the scenario expects
 
@@ -54,8 +58,15 @@ def test_report_md_shows_the_oom_and_the_budget(budget_run: Path) -> None:
     report = json.loads((budget_run / "report.json").read_text())
     free = {e["oom"]["free_bytes"] for r in report["ranks"] for e in r["policies"] if e["policy"] == "legacy"}
     assert len(free) == 1 and 0 <= (free_bytes := free.pop()) < ASKED
-    assert cells[:7] == ["legacy", "0, 1", "workspace", "16,777,216 B (16.0 MiB)", "16,777,216 B (16.0 MiB)",
-                         f"{free_bytes:,} B ({human_bytes(free_bytes)})", "45,000,000 B (42.9 MiB)"]
+    assert cells[:7] == [
+        "legacy",
+        "0, 1",
+        "workspace",
+        "16,777,216 B (16.0 MiB)",
+        "16,777,216 B (16.0 MiB)",
+        f"{free_bytes:,} B ({human_bytes(free_bytes)})",
+        "45,000,000 B (42.9 MiB)",
+    ]
     assert cells[7].startswith(MESSAGE)
     # Padded columns: every line of a table has its pipes at the same offsets.
     table = [line for line in section.splitlines() if line.startswith("|")]
@@ -118,8 +129,12 @@ def test_a_matrix_report_lists_each_cell_oom(tmp_path: Path) -> None:
     matrix = load_matrix(REPO_DIR / "scenarios/matrix/cpu-ci.yaml")
     first, second = matrix.cells()
     write_run(tmp_path / first.name, first.scenario, device_kind="cpu")
-    write_run(tmp_path / second.name, second.scenario, device_kind="cpu",
-              overrides={r: {"legacy": {"status": "oom"}} for r in range(second.scenario.parallel.num_ranks)})
+    write_run(
+        tmp_path / second.name,
+        second.scenario,
+        device_kind="cpu",
+        overrides={r: {"legacy": {"status": "oom"}} for r in range(second.scenario.parallel.num_ranks)},
+    )
     collect_matrix(tmp_path, matrix.cells(), matrix=matrix)
     section = read_md(tmp_path / "report.md").split("### OOMs (")[1]
     rows = [line for line in section.splitlines() if line.startswith(f"| {second.name} | legacy |")]

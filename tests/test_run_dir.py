@@ -28,13 +28,18 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-@pytest.mark.parametrize(("prepare", "says"), [
-    (lambda out: out.write_text("x"), "exists and is not a directory"),
-    (lambda out: (out.mkdir(), (out / "notes.txt").write_text("x")), "is not empty (1 entries)"),
-    (lambda out: (out.mkdir(), (out / "ranks").mkdir()), "already holds a run"),
-    (lambda out: (out.mkdir(), (out / CLAIM_FILE).write_text("pid 7 on h since t, run r\n")),
-     "is being written by another run (pid 7 on h since t, run r)"),
-])
+@pytest.mark.parametrize(
+    ("prepare", "says"),
+    [
+        (lambda out: out.write_text("x"), "exists and is not a directory"),
+        (lambda out: (out.mkdir(), (out / "notes.txt").write_text("x")), "is not empty (1 entries)"),
+        (lambda out: (out.mkdir(), (out / "ranks").mkdir()), "already holds a run"),
+        (
+            lambda out: (out.mkdir(), (out / CLAIM_FILE).write_text("pid 7 on h since t, run r\n")),
+            "is being written by another run (pid 7 on h since t, run r)",
+        ),
+    ],
+)
 def test_unusable_out_is_refused_and_left_alone(tmp_path: Path, prepare, says: str) -> None:
     out = tmp_path / "out"
     prepare(out)
@@ -125,8 +130,12 @@ def test_two_runs_given_the_same_out_at_once(tmp_path: Path) -> None:
     scenario = parse_scenario(TINY)
     out = tmp_path / "out"
     command = [sys.executable, "-m", "harness", "run", str(scenario_path), "--out", str(out)]
-    runs = [subprocess.Popen(command, cwd=REPO_DIR, env=harness_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    runs = [
+        subprocess.Popen(
+            command, cwd=REPO_DIR, env=harness_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     # The loser is refused before torch is imported; the winner is bounded by the scenario's own timeouts.
     launch = scenario.launch
     deadline = time.monotonic() + REFUSAL_TIMEOUT_S + launch.placement_timeout_s + launch.rank_timeout_s + 60
@@ -145,8 +154,15 @@ def test_a_ray_job_without_out_is_refused_before_anything_is_written(tmp_path: P
     # Inside `ray job submit` (its supervisor sets RAY_JOB_CONFIG_JSON_ENV_VAR in the driver) results/ would be in
     # Ray's temporary copy of the working directory, deleted with the job: the run must name --out instead.
     env = harness_env() | {"RAY_JOB_CONFIG_JSON_ENV_VAR": "{}"}
-    run = subprocess.run([sys.executable, "-m", "harness", "run", "smoke"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=60, check=False)
+    run = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "smoke"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert run.returncode == 2, run.stdout + run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "give --out an absolute path" in lines[0] and "Traceback" not in run.stderr

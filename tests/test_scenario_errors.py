@@ -39,13 +39,19 @@ CASES = [
     BadCase(
         id="unknown-top-level-key",
         text=GOOD + "polices: [legacy]\n",
-        says=("unknown key 'polices'", "allowed here: bench, comm, deployment, description, device, expect", "policies"),
+        says=(
+            "unknown key 'polices'",
+            "allowed here: bench, comm, deployment, description, device, expect",
+            "policies",
+        ),
     ),
     BadCase(
         id="unknown-nested-key",
         text=GOOD.replace("  num_dispatchers: 32", "  num_dispatcher: 32\n  num_dispatchers: 32"),
-        says=("unknown key 'parallel.num_dispatcher'",
-              "allowed here: max_tokens_per_rank, num_dispatchers, num_local_experts, num_ranks"),
+        says=(
+            "unknown key 'parallel.num_dispatcher'",
+            "allowed here: max_tokens_per_rank, num_dispatchers, num_local_experts, num_ranks",
+        ),
     ),
     BadCase(
         id="missing-field",
@@ -75,8 +81,12 @@ CASES = [
     BadCase(
         id="experts-do-not-divide",
         text=GOOD.replace("num_dispatchers: 32", "num_dispatchers: 24").replace("  num_local_experts: 16\n", ""),
-        says=("model.num_experts (256)", "parallel.num_dispatchers (24)",
-              "set parallel.num_local_experts (at least 11 for D=24)", "choose D from 1, 2, 4, 8, 16, 32, 64, 128, 256"),
+        says=(
+            "model.num_experts (256)",
+            "parallel.num_dispatchers (24)",
+            "set parallel.num_local_experts (at least 11 for D=24)",
+            "choose D from 1, 2, 4, 8, 16, 32, 64, 128, 256",
+        ),
     ),
     BadCase(
         id="top-k-above-experts",
@@ -111,8 +121,11 @@ CASES = [
     BadCase(
         id="yaml-syntax-error",
         text=GOOD.replace("num_dispatchers: 32", "num_dispatchers: [32"),
-        says=("YAML syntax error at line 5, column 20", "expected ',' or ']'",
-              "while parsing a flow sequence that starts at line 4, column 20"),
+        says=(
+            "YAML syntax error at line 5, column 20",
+            "expected ',' or ']'",
+            "while parsing a flow sequence that starts at line 4, column 20",
+        ),
     ),
     BadCase(id="file-does-not-exist", text=None, says=("no such scenario file",)),
     BadCase(id="empty-file", text="", says=("the file is empty", "YAML mapping with at least model: and parallel:")),
@@ -181,13 +194,24 @@ def test_plan_takes_a_matrix_file_and_plans_every_cell() -> None:
 @pytest.mark.parametrize("command", ["plan", "run"])
 def test_a_mistyped_name_gets_a_suggestion_without_importing_torch(command: str) -> None:
     # -X importtime lists every module imported: a refusal must come before torch (and any rank).
-    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness", command, "smoek"], cwd=REPO_DIR,
-                            env=harness_env(), capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "harness", command, "smoek"],
+        cwd=REPO_DIR,
+        env=harness_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 2
     message = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
-    assert message == [f"harness: error: smoek: no such scenario file (looked in . and {SCENARIOS_DIR}); did you "
-                       "mean 'smoke'? `harness scenarios` lists them"]
-    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert message == [
+        f"harness: error: smoek: no such scenario file (looked in . and {SCENARIOS_DIR}); did you "
+        "mean 'smoke'? `harness scenarios` lists them"
+    ]
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    }
     assert "torch" not in imported and "harness.rank.lifecycle" not in imported
 
 

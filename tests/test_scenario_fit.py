@@ -27,23 +27,45 @@ def _allocated_bytes(s: Scenario) -> int:
     E, K, I = s.num_local_experts, s.model.hidden_size or 0, s.model.intermediate_size or 0
     D, P, T = s.parallel.num_dispatchers, s.parallel.num_ranks, s.parallel.max_tokens_per_rank
     layout = DispatchLayout(
-        num_ranks=P, rank=0, num_local_experts=E, max_slots_per_expert=T * D, hidden_size=K, top_k=s.model.top_k or 1,
-        max_tokens=T * (D // P), num_buffer_tokens=max(s.num_tokens_on_rank(r) for r in range(P)),
+        num_ranks=P,
+        rank=0,
+        num_local_experts=E,
+        max_slots_per_expert=T * D,
+        hidden_size=K,
+        top_k=s.model.top_k or 1,
+        max_tokens=T * (D // P),
+        num_buffer_tokens=max(s.num_tokens_on_rank(r) for r in range(P)),
     )
     accountant = Accountant(torch.device("cpu"))
-    make_weights(rank=0, num_local_experts=E, hidden_size=K, intermediate_size=I, seed=s.seed,
-                 device=torch.device("cpu"), accountant=accountant)
-    create_comm("gloo", layout, accountant, device=torch.device("cpu"),  # what a CPU rank's comm="auto" takes
-                out_dtype=getattr(torch, s.model.workspace_dtype))
+    make_weights(
+        rank=0,
+        num_local_experts=E,
+        hidden_size=K,
+        intermediate_size=I,
+        seed=s.seed,
+        device=torch.device("cpu"),
+        accountant=accountant,
+    )
+    create_comm(
+        "gloo",
+        layout,
+        accountant,
+        device=torch.device("cpu"),  # what a CPU rank's comm="auto" takes
+        out_dtype=getattr(torch, s.model.workspace_dtype),
+    )
     return accountant.total_bytes
 
 
-@pytest.mark.parametrize("overrides", [
-    {},
-    {"parallel.num_ranks": 1, "parallel.num_dispatchers": 4, "parallel.num_local_experts": 4},
-    {"routing.num_tokens": 5, "routing.idle_ranks": [1]},
-    {"model.top_k": 4, "model.workspace_dtype": "float16", "parallel.max_tokens_per_rank": 40},
-], ids=["tiny", "emulated", "idle-rank", "top4-fp16"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"parallel.num_ranks": 1, "parallel.num_dispatchers": 4, "parallel.num_local_experts": 4},
+        {"routing.num_tokens": 5, "routing.idle_ranks": [1]},
+        {"model.top_k": 4, "model.workspace_dtype": "float16", "parallel.max_tokens_per_rank": 40},
+    ],
+    ids=["tiny", "emulated", "idle-rank", "top4-fp16"],
+)
 def test_estimate_equals_what_the_rank_allocates(overrides: dict) -> None:
     scenario = tiny(**overrides)
     estimate = estimate_rank_memory(scenario, "cpu")
@@ -51,8 +73,13 @@ def test_estimate_equals_what_the_rank_allocates(overrides: dict) -> None:
 
 
 def _machine(num_cpus: int = 2, num_gpus: int = 0, ram_gib: float = 16.0, gpu_gib: float | None = None) -> Machine:
-    return Machine(num_cpus=num_cpus, num_gpus=num_gpus, description="test machine",
-                   cpu_memory_bytes=int(ram_gib * GIB), gpu_memory_bytes=int(gpu_gib * GIB) if gpu_gib else None)
+    return Machine(
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        description="test machine",
+        cpu_memory_bytes=int(ram_gib * GIB),
+        gpu_memory_bytes=int(gpu_gib * GIB) if gpu_gib else None,
+    )
 
 
 def test_ranks_per_core() -> None:
@@ -77,15 +104,32 @@ def test_cpu_memory_adds_up_over_the_local_ranks() -> None:
 
 def test_gpu_memory_counts_the_setup_not_the_workspace() -> None:
     # The PR case's legacy workspace (112 GiB) OOMs on an 80 GB budget by design; weights and buffers fit.
-    scenario = tiny(**{"model.hidden_size": 7168, "model.intermediate_size": 2048, "parallel.num_dispatchers": 32,
-                       "parallel.num_ranks": 1, "parallel.num_local_experts": 16, "parallel.max_tokens_per_rank": 256,
-                       "memory.budget_gpu": "H100-80GB", "device": "cuda"})
+    scenario = tiny(
+        **{
+            "model.hidden_size": 7168,
+            "model.intermediate_size": 2048,
+            "parallel.num_dispatchers": 32,
+            "parallel.num_ranks": 1,
+            "parallel.num_local_experts": 16,
+            "parallel.max_tokens_per_rank": 256,
+            "memory.budget_gpu": "H100-80GB",
+            "device": "cuda",
+        }
+    )
     estimate = estimate_rank_memory(scenario, "cuda")
     assert estimate.workspace_bytes > 80 * 10**9
     assert can_run(scenario, device_type="cuda", machine=_machine(num_gpus=1, gpu_gib=140)) is None
-    ballast = tiny(**{"model.hidden_size": 7168, "model.intermediate_size": 2048, "parallel.num_dispatchers": 32,
-                      "parallel.num_ranks": 1, "parallel.num_local_experts": 16, "memory.ballast_gb": 200,
-                      "device": "cuda"})
+    ballast = tiny(
+        **{
+            "model.hidden_size": 7168,
+            "model.intermediate_size": 2048,
+            "parallel.num_dispatchers": 32,
+            "parallel.num_ranks": 1,
+            "parallel.num_local_experts": 16,
+            "memory.ballast_gb": 200,
+            "device": "cuda",
+        }
+    )
     reason = can_run(ballast, device_type="cuda", machine=_machine(num_gpus=1, gpu_gib=140))
     assert reason is not None and "ballast 186 GiB" in reason and "the GPU's memory, 140 GiB" in reason
 

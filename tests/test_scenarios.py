@@ -20,9 +20,13 @@ PLAN_LINE = re.compile(r"^# `harness plan`: legacy .*? \((\d+) B\), fixed .*? \(
 def test_the_model_and_budget_scenarios_are_here():
     names = {p.name for p in SCENARIO_PATHS}
     assert {
-        "deepseek-v3-dp32-pr55579-h100-budget.yaml", "deepseek-v3-dp32-pr55579-ballast.yaml",
-        "deepseek-v3-dp64-default-tokens.yaml", "kimi-k2-dp32.yaml", "qwen3-235b-a22b-dp16.yaml",
-        "mixtral-8x22b-dp8.yaml", "smoke-8ranks.yaml",
+        "deepseek-v3-dp32-pr55579-h100-budget.yaml",
+        "deepseek-v3-dp32-pr55579-ballast.yaml",
+        "deepseek-v3-dp64-default-tokens.yaml",
+        "kimi-k2-dp32.yaml",
+        "qwen3-235b-a22b-dp16.yaml",
+        "mixtral-8x22b-dp8.yaml",
+        "smoke-8ranks.yaml",
     } <= names
 
 
@@ -63,4 +67,5 @@ def test_packaged_default_scenarios_equal_the_scenario_files():
     for name in ("smoke.yaml", "deepseek-v3-dp32-pr55579.yaml"):
         packaged = REPO_DIR / "harness" / "defaults" / name
         assert packaged.read_text() == (REPO_DIR / "scenarios" / name).read_text(), (
-            f"copy scenarios/{name} to harness/defaults/{name}")
+            f"copy scenarios/{name} to harness/defaults/{name}"
+        )

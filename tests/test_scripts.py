@@ -20,8 +20,15 @@ VENV_SH = REPO_DIR / "scripts" / "venv.sh"
 def _bash(script: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "PYTHON": sys.executable, **env}
     full_env.pop("VIRTUAL_ENV", None)
-    return subprocess.run(["bash", "-c", f"set -euo pipefail; source {shlex.quote(str(VENV_SH))}; {script}"],
-                          cwd=cwd, env=full_env, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        ["bash", "-c", f"set -euo pipefail; source {shlex.quote(str(VENV_SH))}; {script}"],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def _stamp(cwd: Path, target: str = "'.[test]'") -> str:
@@ -81,7 +88,7 @@ def _device_steps() -> list[str]:
     import re
 
     match = re.search(r'^STEPS="([^"]+)"$', DEVICE_SH.read_text(), flags=re.MULTILINE)
-    assert match, "device.sh names its steps in one STEPS=\"...\" line"
+    assert match, 'device.sh names its steps in one STEPS="..." line'
     return match.group(1).split()
 
 
@@ -97,8 +104,13 @@ def test_every_gpu_script_is_a_documented_step_of_the_device_runner():
         assert own.startswith(f"#!/usr/bin/env bash\n# Step {step}: "), step
         for label in ("# Runs:", "# Needs:", "# Writes:"):
             assert label in own, f"{step}.sh's header says {label[2:]}"
-        done = subprocess.run(["bash", "-n", str(REPO_DIR / "scripts" / "gpu" / f"{step}.sh")],
-                              capture_output=True, text=True, timeout=30, check=False)
+        done = subprocess.run(
+            ["bash", "-n", str(REPO_DIR / "scripts" / "gpu" / f"{step}.sh")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
 
 
@@ -109,8 +121,14 @@ def test_the_device_runner_refuses_an_unknown_step_before_touching_anything(tmp_
     (checkout / "scripts" / "gpu").mkdir(parents=True)
     shutil.copy(DEVICE_SH, checkout / "scripts" / "gpu" / "device.sh")
     for args in (["diag"], []):
-        done = subprocess.run(["bash", str(checkout / "scripts" / "gpu" / "device.sh"), *args], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=30, check=False)
+        done = subprocess.run(
+            ["bash", str(checkout / "scripts" / "gpu" / "device.sh"), *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         assert done.returncode == 2
         assert done.stderr.strip() == f"device.sh: step '{''.join(args)}' is not one of: {' '.join(_device_steps())}"
         assert not (checkout / ".gpu").exists()  # refused before any setup
@@ -120,9 +138,12 @@ def test_a_build_says_how_long_it_took_and_what_pip_fetched(tmp_path: Path):
     cache = tmp_path / "pip-cache"
     (cache / "http").mkdir(parents=True)
     (cache / "http" / "a").write_bytes(b"x" * 4096)
-    done = _bash('before="$(harness_pip_cache_bytes)"; head -c 3145728 /dev/zero > "$PIP_CACHE_DIR/http/b"; '
-                 'harness_venv_summary venv 75 "$before" "$(harness_pip_cache_bytes)"', tmp_path,
-                 PIP_CACHE_DIR=str(cache))
+    done = _bash(
+        'before="$(harness_pip_cache_bytes)"; head -c 3145728 /dev/zero > "$PIP_CACHE_DIR/http/b"; '
+        'harness_venv_summary venv 75 "$before" "$(harness_pip_cache_bytes)"',
+        tmp_path,
+        PIP_CACHE_DIR=str(cache),
+    )
     assert done.returncode == 0, done.stderr
     line = done.stderr.strip()
     assert "built venv in 75 s; pip fetched 3 MiB (3145728 bytes: its cache grew from " in line, line

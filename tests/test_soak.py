@@ -43,13 +43,20 @@ def test_round_inputs_cover_every_kind_and_are_the_same_on_every_rank():
 
 def test_soak_on_gloo_ranks_checks_every_routed_pair_and_token():
     data = tiny(**{"parallel.num_dispatchers": 4, "parallel.num_local_experts": 4, "model.top_k": 3}).model_dump(
-        mode="json")
+        mode="json"
+    )
     rounds = 2 * len(ROUND_KINDS)
     records = [SoakRecord.model_validate(r) for r in run_soak(data, rounds=rounds, seed=1, timeout_s=120)]
     L0 = dispatch_layout(tiny(**{"parallel.num_dispatchers": 4, "parallel.num_local_experts": 4, "model.top_k": 3}), 0)
     E = L0.num_local_experts
     for rec in records:
-        assert (rec.comm, rec.row_kernels, rec.rounds, rec.rounds_failed, rec.faults) == ("gloo", "torch", rounds, 0, [])
+        assert (rec.comm, rec.row_kernels, rec.rounds, rec.rounds_failed, rec.faults) == (
+            "gloo",
+            "torch",
+            rounds,
+            0,
+            [],
+        )
         pairs = tokens = 0
         for i in range(rounds):
             for src in range(L0.num_ranks):
@@ -89,26 +96,35 @@ def _planted(info: Any, scenario_data: dict, plant: str) -> list[dict]:
     return [f.model_dump() for f in found]
 
 
-@pytest.mark.parametrize("plant, check, words", [
-    ("counts", "counts", "expert 2: expert_num_tokens"),
-    ("slot-source", "slots", "expert 0 slot"),
-    ("slot-row", "slots", "FP8 row differs from the sender's"),
-    ("slot-scale", "slots", "scale differs from the sender's"),
-    ("partial", "partials", "row from rank 0"),
-    ("partial-term", "partials", "row from rank 0"),
-    ("output", "output", "token 3 element"),
-])
+@pytest.mark.parametrize(
+    "plant, check, words",
+    [
+        ("counts", "counts", "expert 2: expert_num_tokens"),
+        ("slot-source", "slots", "expert 0 slot"),
+        ("slot-row", "slots", "FP8 row differs from the sender's"),
+        ("slot-scale", "slots", "scale differs from the sender's"),
+        ("partial", "partials", "row from rank 0"),
+        ("partial-term", "partials", "row from rank 0"),
+        ("output", "output", "token 3 element"),
+    ],
+)
 def test_each_check_reports_a_planted_fault(plant, check, words):
-    scenario = tiny(**{"parallel.num_ranks": 1, "parallel.num_dispatchers": 4, "parallel.num_local_experts": 16,
-                       "model.top_k": 4})
+    scenario = tiny(
+        **{"parallel.num_ranks": 1, "parallel.num_dispatchers": 4, "parallel.num_local_experts": 16, "model.top_k": 4}
+    )
     [found] = parallel_launch(1, _planted, scenario.model_dump(mode="json"), plant)
     assert [f["check"] for f in found] == [check] and words in found[0]["detail"], found
     assert found[0]["round"] == 1 and found[0]["kind"] == ROUND_KINDS[1]
 
 
 def test_soak_script_refuses_a_bad_override_in_one_line():
-    done = subprocess.run([sys.executable, "benchmarks/soak_comm.py", "smoke", "--set", "parallel.num_ranks=0"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "benchmarks/soak_comm.py", "smoke", "--set", "parallel.num_ranks=0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert done.stderr.startswith("soak_comm: ") and "num_ranks" in done.stderr
 
@@ -121,8 +137,11 @@ def test_soak_on_two_gpus_finds_no_fault(comm):
 
     if comm == "symm-mem" and not symm_mem_available():
         pytest.skip("torch's symmetric memory is not available here")
-    data = tiny(**{"parallel.num_dispatchers": 4, "parallel.num_local_experts": 4, "routing.kind": "skewed"},
-                device="cuda", comm=comm).model_dump(mode="json")
+    data = tiny(
+        **{"parallel.num_dispatchers": 4, "parallel.num_local_experts": 4, "routing.kind": "skewed"},
+        device="cuda",
+        comm=comm,
+    ).model_dump(mode="json")
     records = [SoakRecord.model_validate(r) for r in run_soak(data, rounds=200, seed=2, timeout_s=240)]
     for rec in records:
         assert (rec.comm, rec.rounds, rec.rounds_failed, rec.faults) == (comm, 200, 0, []), rec.faults
@@ -130,29 +149,54 @@ def test_soak_on_two_gpus_finds_no_fault(comm):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_ranks", [1, pytest.param(2, marks=pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"))])
+@pytest.mark.parametrize(
+    "num_ranks",
+    [
+        1,
+        pytest.param(
+            2,
+            marks=pytest.mark.skipif(
+                not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"
+            ),
+        ),
+    ],
+)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("comm", ["symm-mem", "nccl"])
 def test_graph_soak_with_rank_delays_finds_no_fault(num_ranks, comm):
     """Rounds replayed from CUDA graphs (each pair replayed once first, see CollectiveComm), fresh inputs
     replay, rank r sleeping on the GPU before its dispatch and its combine (r x, then (P - 1 - r) x 5e6 cycles):
     every round checked."""
-    data = tiny(**{"parallel.num_ranks": num_ranks, "parallel.num_dispatchers": 4,
-                   "parallel.num_local_experts": 16 // num_ranks, "routing.kind": "skewed"},
-                device="cuda", comm=comm).model_dump(mode="json")
-    records = [SoakRecord.model_validate(r) for r in run_soak(data, rounds=100, seed=3, timeout_s=240, graph=True,
-                                                              delay_cycles=5_000_000)]
+    data = tiny(
+        **{
+            "parallel.num_ranks": num_ranks,
+            "parallel.num_dispatchers": 4,
+            "parallel.num_local_experts": 16 // num_ranks,
+            "routing.kind": "skewed",
+        },
+        device="cuda",
+        comm=comm,
+    ).model_dump(mode="json")
+    records = [
+        SoakRecord.model_validate(r)
+        for r in run_soak(data, rounds=100, seed=3, timeout_s=240, graph=True, delay_cycles=5_000_000)
+    ]
     for rec in records:
         assert (rec.mode, rec.rounds, rec.rounds_failed, rec.faults) == ("graph", 100, 0, []), rec.faults
         assert rec.slots_checked > 0 and rec.delay_cycles == 5_000_000
 
 
 def test_graph_soak_is_refused_where_nothing_captures():
-    done = subprocess.run([sys.executable, "benchmarks/soak_comm.py", "smoke", "--graph", "--delay-cycles", "-1"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "benchmarks/soak_comm.py", "smoke", "--graph", "--delay-cycles", "-1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.strip() == "soak_comm: --delay-cycles -1: must be >= 0"
     data = tiny(**{"parallel.num_ranks": 2}).model_dump(mode="json")  # gloo ranks: no CUDA graphs
     records = run_soak(data, rounds=2, seed=0, timeout_s=120, graph=True)
-    assert all("graph mode needs a comm backend that captures on a GPU, not gloo on cpu" in r["error"]
-               for r in records), records
+    assert all(
+        "graph mode needs a comm backend that captures on a GPU, not gloo on cpu" in r["error"] for r in records
+    ), records

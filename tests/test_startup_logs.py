@@ -160,8 +160,9 @@ def test_kv_cache_within_two_percent(name, cache_dir):
     assert abs(error) < 0.02, f"{name}: {error:+.2%}"
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.vllm_wheel] if _needs_release(n) else [], id=n)
-                                  for n in _kv_cases()])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[pytest.mark.vllm_wheel] if _needs_release(n) else [], id=n) for n in _kv_cases()]
+)
 def test_profile_peak_matches_the_log(name, cache_dir):
     """The profile run's torch peak: the MoE workspace (held once) and the profile-peak lines (the cuBLAS workspace,
     the larger phase's activations) against "torch peak memory increase", which the log prints to 0.01 GiB."""

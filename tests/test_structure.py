@@ -66,7 +66,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return [*stack[stack.index(nxt):], nxt]
+                return [*stack[stack.index(nxt) :], nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         stack.pop()
@@ -118,7 +118,7 @@ def test_each_package_says_what_it_owns_and_may_import(package):
     doc = ast.get_docstring(ast.parse((HARNESS / package / "__init__.py").read_text()))
     assert doc and "May import" in doc, f"harness/{package}/__init__.py must say what it may import"
     allowed = ALLOWED[package]
-    said = doc[doc.index("May import"):]
+    said = doc[doc.index("May import") :]
     for other in allowed:
         assert f"harness.{other}" in said, f"harness/{package}/__init__.py does not list harness.{other}"
 

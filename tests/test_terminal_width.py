@@ -33,8 +33,15 @@ def in_pty(*args: str, columns: int = COLUMNS) -> tuple[int, list[str]]:
     env = harness_env()
     env.pop("LINES", None)
     env["TERM"] = "xterm-256color"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", *args], stdin=slave, stdout=slave, stderr=slave,
-                            cwd=REPO_DIR, env=env, close_fds=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        cwd=REPO_DIR,
+        env=env,
+        close_fds=True,
+    )
     os.close(slave)
     out = bytearray()
     try:

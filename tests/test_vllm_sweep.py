@@ -120,8 +120,12 @@ def planted_tree(tmp_path: Path, file: str, old: str, new: str) -> Path:
 @pytest.mark.vllm_wheel
 def test_planted_num_dp_regression_fails_with_class_and_points(tmp_path):
     # Put the double count back: the token dim of ws13 becomes M * num_dispatchers again.
-    root = planted_tree(tmp_path, CUTLASS_FILE, "workspace1 = (experts_per_worker, M, max(N, K))",
-                        "workspace1 = (experts_per_worker, M * self.num_dispatchers, max(N, K))")
+    root = planted_tree(
+        tmp_path,
+        CUTLASS_FILE,
+        "workspace1 = (experts_per_worker, M, max(N, K))",
+        "workspace1 = (experts_per_worker, M * self.num_dispatchers, max(N, K))",
+    )
     junit = tmp_path / "sweep.xml"
     completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(root), "--junit", str(junit))
     assert completed.returncode == 1, completed.stderr
@@ -193,7 +197,10 @@ def test_a_release_the_index_does_not_have_says_so(tmp_path):
     from harness.sizing.vllm_source.cache import CacheError
     from harness.sizing.vllm_source.registry import published_sha256
 
-    with pytest.raises(CacheError, match=r"^could not download vLLM release 0\.1\.9999: the package index has no vllm==0\.1\.9999 \(pip: "):
+    with pytest.raises(
+        CacheError,
+        match=r"^could not download vLLM release 0\.1\.9999: the package index has no vllm==0\.1\.9999 \(pip: ",
+    ):
         published_sha256("0.1.9999", tmp_path / "scratch")
 
 

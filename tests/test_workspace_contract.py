@@ -34,20 +34,28 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2}
 
 # (K, I): DeepSeek-V3, Qwen3-235B-A22B, Qwen3-30B-A3B, Mixtral-8x22B, then two that break FP8 row alignment.
 SHAPES = [(7168, 2048), (4096, 1536), (2048, 768), (6144, 16384), (7000, 2048), (4096, 1000)]
-GRID = list(itertools.product(
-    (1, 8, 32, 64),  # D
-    (1, 16),  # E
-    (1, 256, 8192),  # T
-    SHAPES,
-    ("silu", "gelu"),
-    ("bfloat16", "float16"),
-))
+GRID = list(
+    itertools.product(
+        (1, 8, 32, 64),  # D
+        (1, 16),  # E
+        (1, 256, 8192),  # T
+        SHAPES,
+        ("silu", "gelu"),
+        ("bfloat16", "float16"),
+    )
+)
 
 
 def _scenario_data(D: int, E: int, T: int, K: int, I: int, activation: str, dtype: str) -> dict:
     return {
-        "model": {"hidden_size": K, "intermediate_size": I, "num_experts": E * D, "top_k": 1,
-                  "activation": activation, "workspace_dtype": dtype},
+        "model": {
+            "hidden_size": K,
+            "intermediate_size": I,
+            "num_experts": E * D,
+            "top_k": 1,
+            "activation": activation,
+            "workspace_dtype": dtype,
+        },
         "parallel": {"num_dispatchers": D, "num_local_experts": E, "max_tokens_per_rank": T},
     }
 
@@ -145,25 +153,41 @@ def test_lower_bound_is_the_live_set_and_never_above_fixed(case):
 def test_lower_bound_equals_fixed_for_every_preset(preset):
     # Every preset has K >= N or N/2 >= K, where max(N,K) + max(N/2,K) is one step's live set exactly.
     p = PRESETS[preset]
-    args = SizingArgs(max_tokens_per_rank=256, num_dispatchers=8, num_local_experts=2, num_global_experts=16,
-                      hidden_size=p.hidden_size, intermediate_size=p.intermediate_size, top_k=p.top_k)
+    args = SizingArgs(
+        max_tokens_per_rank=256,
+        num_dispatchers=8,
+        num_local_experts=2,
+        num_global_experts=16,
+        hidden_size=p.hidden_size,
+        intermediate_size=p.intermediate_size,
+        top_k=p.top_k,
+    )
     assert lower_bound_shapes(args).total_bytes == fixed_shapes(args).total_bytes
 
 
 def test_lower_bound_below_fixed_between_n_half_and_n():
     # N/2 < K < N: fixed reserves max(N,K) + max(N/2,K) = N + K per row, more than any step holds at once.
-    args = SizingArgs(max_tokens_per_rank=4, num_dispatchers=2, num_local_experts=1, num_global_experts=2,
-                      hidden_size=3072, intermediate_size=2048, top_k=1)
+    args = SizingArgs(
+        max_tokens_per_rank=4,
+        num_dispatchers=2,
+        num_local_experts=1,
+        num_global_experts=2,
+        hidden_size=3072,
+        intermediate_size=2048,
+        top_k=1,
+    )
     assert lower_bound_shapes(args).total_bytes == 8 * (3072 * 2 + 3072 * 2)  # step 5: mm2_out + out
     assert fixed_shapes(args).total_bytes == 8 * 2 * (4096 + 3072)
 
 
 def test_worked_case_deepseek_v3_dp32():
     """vLLM PR #55579: DeepSeek-V3 (K=7168, I=2048), D=32, E=16, T=256 -> M=8192."""
-    scenario = parse_scenario({
-        "model": {"preset": "deepseek-v3"},
-        "parallel": {"num_dispatchers": 32, "num_local_experts": 16, "max_tokens_per_rank": 256},
-    })
+    scenario = parse_scenario(
+        {
+            "model": {"preset": "deepseek-v3"},
+            "parallel": {"num_dispatchers": 32, "num_local_experts": 16, "max_tokens_per_rank": 256},
+        }
+    )
     args = scenario.sizing_args()
     assert args.M == 8192
     fixed, legacy = fixed_shapes(args), legacy_shapes(args)
@@ -178,10 +202,12 @@ def test_worked_case_deepseek_v3_dp32():
 
 def test_default_tokens_case_is_56_gib_even_when_fixed():
     """vLLM's newer default T = 8192 at D=32, E=8: the fixed sizing alone is 56 GiB per GPU."""
-    scenario = parse_scenario({
-        "model": {"preset": "deepseek-v3"},
-        "parallel": {"num_dispatchers": 32, "num_local_experts": 8, "max_tokens_per_rank": 8192},
-    })
+    scenario = parse_scenario(
+        {
+            "model": {"preset": "deepseek-v3"},
+            "parallel": {"num_dispatchers": 32, "num_local_experts": 8, "max_tokens_per_rank": 8192},
+        }
+    )
     args = scenario.sizing_args()
     assert fixed_shapes(args).total_bytes == 60129542144 == 56 * GIB
     assert legacy_shapes(args).total_bytes == 32 * 56 * GIB
@@ -198,7 +224,15 @@ def test_builtin_shapes_dispatches_by_name_and_rejects_others():
 
 def test_ungated_activation_has_n_equal_i():
     # The *_no_mul activations do not split GEMM1's output, so N = I and act_out is N wide.
-    args = SizingArgs(max_tokens_per_rank=2, num_dispatchers=2, num_local_experts=1, num_global_experts=2,
-                      hidden_size=64, intermediate_size=512, top_k=1, activation="silu_no_mul")
+    args = SizingArgs(
+        max_tokens_per_rank=2,
+        num_dispatchers=2,
+        num_local_experts=1,
+        num_global_experts=2,
+        hidden_size=64,
+        intermediate_size=512,
+        top_k=1,
+        activation="silu_no_mul",
+    )
     assert (args.N, args.activation_out_dim) == (512, 512)
     assert fixed_shapes(args).total_bytes == 2 * 1 * 4 * (512 + 512)

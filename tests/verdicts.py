@@ -14,9 +14,14 @@ from harness.scenario.schema import Scenario
 def judge_policy(result: PolicyResult, scenario: Scenario, *, rank: int, release: str | None = None) -> Checks:
     """One rank x policy judged by the collector's rules against `scenario`. The baseline check compares a rank's
     policies with each other, so it is not made here (collected_checks makes it)."""
-    return evaluate_checks(result, expected_outcome=scenario.expect.outcomes.get(result.policy),
-                           judging=judging_of(scenario, ()), stopped_by=stopped_by(rank, result, {}),
-                           baseline=Check(outcome="skip", message="one policy judged alone"), release=release)
+    return evaluate_checks(
+        result,
+        expected_outcome=scenario.expect.outcomes.get(result.policy),
+        judging=judging_of(scenario, ()),
+        stopped_by=stopped_by(rank, result, {}),
+        baseline=Check(outcome="skip", message="one policy judged alone"),
+        release=release,
+    )
 
 
 def collected_checks(run_dir: Path) -> dict[tuple[int, str], Checks]:

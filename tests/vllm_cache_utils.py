@@ -11,7 +11,9 @@ from typing import Literal
 from harness.sizing.vllm_source.cache import MANIFEST_NAME, CachedFile, CacheManifest
 
 
-def forge_entry(root: Path, files: dict[str, bytes], *, kind: Literal["release", "wheel"], version: str, wheel_sha256: str) -> CacheManifest:
+def forge_entry(
+    root: Path, files: dict[str, bytes], *, kind: Literal["release", "wheel"], version: str, wheel_sha256: str
+) -> CacheManifest:
     """A cache entry at root holding files, with a RECORD and a manifest that agree with them in every hash."""
     shutil.rmtree(root, ignore_errors=True)
     record_name = f"vllm-{version}.dist-info/RECORD"

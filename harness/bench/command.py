@@ -55,8 +55,9 @@ def _load(request: BenchRequest, num_gpus: int) -> Scenario:
     return load_with_overrides(path, request.overrides.dotted())
 
 
-def _run_ranks(scenario: Scenario, *, run_id: str, out: Path, num_gpus: int,
-               console: Console) -> list[BenchRankRecord] | int:
+def _run_ranks(
+    scenario: Scenario, *, run_id: str, out: Path, num_gpus: int, console: Console
+) -> list[BenchRankRecord] | int:
     """The rank-side bench on local processes (harness.launch.run.run_ranks): the records, or an exit code when it
     could not run."""
     from harness.launch.local import LocalLauncher
@@ -69,12 +70,22 @@ def _run_ranks(scenario: Scenario, *, run_id: str, out: Path, num_gpus: int,
     if reason is not None:
         return _error(f"{scenario.name} cannot run here: {reason}")
     policies = tuple(bench_policies(scenario))
-    console.print(f"{run_id}: {scenario.summary()}\nbench: {scenario.parallel.num_ranks} rank(s) on {device_type}, "
-                  f"policies {', '.join(policies)}, {scenario.bench.iterations} interleaved rounds each",
-                  highlight=False, markup=False)
-    request = RanksRequest(scenario=scenario, run_id=run_id, run_dir=choose_run_dir(out / "ranks-run", run_id),
-                           device_type=device_type, main=bench_rank_main, record_model=BenchRankRecord,
-                           policies=policies, title=f"{scenario.name}: bench")
+    console.print(
+        f"{run_id}: {scenario.summary()}\nbench: {scenario.parallel.num_ranks} rank(s) on {device_type}, "
+        f"policies {', '.join(policies)}, {scenario.bench.iterations} interleaved rounds each",
+        highlight=False,
+        markup=False,
+    )
+    request = RanksRequest(
+        scenario=scenario,
+        run_id=run_id,
+        run_dir=choose_run_dir(out / "ranks-run", run_id),
+        device_type=device_type,
+        main=bench_rank_main,
+        record_model=BenchRankRecord,
+        policies=policies,
+        title=f"{scenario.name}: bench",
+    )
     launcher = LocalLauncher()
     try:
         ran = run_ranks(request, launcher=launcher, console=console)
@@ -87,19 +98,29 @@ def _run_ranks(scenario: Scenario, *, run_id: str, out: Path, num_gpus: int,
     return list(ran.records.values())
 
 
-def _report(scenario: Scenario, *, run_id: str, command: list[str], records: list[BenchRankRecord],
-            costs: list[CpuCost]) -> BenchReport:
+def _report(
+    scenario: Scenario, *, run_id: str, command: list[str], records: list[BenchRankRecord], costs: list[CpuCost]
+) -> BenchReport:
     summaries, ratio, failures = summarize(records, scenario) if records else ([], None, [])
     over = [f"CPU-side: {c.name} took {c.median_s:.3f} s (target {c.target_s} s)" for c in costs if not c.within_target]
     first = records[0] if records else None
     return BenchReport(
-        run_id=run_id, scenario_name=scenario.name or "", scenario_hash=scenario.scenario_hash,
-        num_ranks=len(records), experts_backend=first.experts_backend if first else None,
-        versions=first.versions if first else None, device_name=first.hardware.device_name if first else None,
+        run_id=run_id,
+        scenario_name=scenario.name or "",
+        scenario_hash=scenario.scenario_hash,
+        num_ranks=len(records),
+        experts_backend=first.experts_backend if first else None,
+        versions=first.versions if first else None,
+        device_name=first.hardware.device_name if first else None,
         command=command,
-        thresholds={"bench.experts_ratio_min": scenario.bench.experts_ratio_min,
-                    "bench.comm_bound_ratio_min": scenario.bench.comm_bound_ratio_min},
-        policies=summaries, legacy_over_fixed_experts_time=ratio, cpu_costs=costs, failures=failures + over,
+        thresholds={
+            "bench.experts_ratio_min": scenario.bench.experts_ratio_min,
+            "bench.comm_bound_ratio_min": scenario.bench.comm_bound_ratio_min,
+        },
+        policies=summaries,
+        legacy_over_fixed_experts_time=ratio,
+        cpu_costs=costs,
+        failures=failures + over,
         ok=not failures and not over,
     )
 

@@ -62,8 +62,14 @@ def _harness_s(args: list[str], *, cwd: Path, accept: tuple[int, ...] = (0, 1)) 
     """CPU and wall seconds a `harness ARGS` subprocess takes (its CPU: every descendant it waited for);
     RuntimeError naming the command, and its last lines, when it exits with a code not in `accept`."""
     c0, t0 = _children_cpu_s(), time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=SUBPROCESS_TIMEOUT_S, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        check=False,
+    )
     if done.returncode not in accept:
         said = (done.stderr.strip() or done.stdout.strip())[-400:]  # a run's report footer is on stdout
         raise RuntimeError(f"harness {' '.join(args)} exited {done.returncode}: {said}")
@@ -75,8 +81,11 @@ def _first_ready_s(run_dir: Path, command_started_at: float) -> float:
     rank's ready_at."""
     from harness.core.records import RankRecord, read_record
 
-    ready = [r.ready_at for p in sorted((run_dir / "ranks").glob("rank-*.json"))
-             if isinstance(r := read_record(p), RankRecord) and r.ready_at is not None]
+    ready = [
+        r.ready_at
+        for p in sorted((run_dir / "ranks").glob("rank-*.json"))
+        if isinstance(r := read_record(p), RankRecord) and r.ready_at is not None
+    ]
     if not ready:
         raise RuntimeError(f"{run_dir}: no rank reported ready")
     return min(ready) - command_started_at
@@ -97,8 +106,10 @@ def _probe(name: str, samples: _Samples, progress: Progress) -> _Samples:
     what = "CPU" if samples.clock == "cpu" else "wall"
     wall = f"; wall {statistics.median(samples.wall):.3f} s, not gated" if samples.wall else ""
     gate = "" if samples.gated else ", not gated"
-    progress(f"{name}: {statistics.median(samples.values):.3f} s {what} (median of {len(samples.values)}, "
-             f"target {CPU_TARGETS_S[name]} s{gate}){wall}")
+    progress(
+        f"{name}: {statistics.median(samples.values):.3f} s {what} (median of {len(samples.values)}, "
+        f"target {CPU_TARGETS_S[name]} s{gate}){wall}"
+    )
     return samples
 
 
@@ -147,8 +158,14 @@ def _collect_1024(repo: Path, progress: Progress) -> _Samples | None:
     if not bench_collect.exists():
         return None
     progress("collect 1024 rank records: benchmarks/bench_collect.py")
-    done = subprocess.run([sys.executable, str(bench_collect), "--repeats", "3", "--json"], capture_output=True,
-                          text=True, timeout=SUBPROCESS_TIMEOUT_S * 2, cwd=repo, check=False)
+    done = subprocess.run(
+        [sys.executable, str(bench_collect), "--repeats", "3", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S * 2,
+        cwd=repo,
+        check=False,
+    )
     if done.returncode not in (0, 1) or not done.stdout.strip():
         progress(f"collect 1024 rank records: skipped (bench_collect.py exited {done.returncode})")
         return None
@@ -185,10 +202,16 @@ def cpu_costs(*, repeats: int = 3, with_ray: bool = True, progress: Progress = l
 
 def _cost(name: str, samples: _Samples) -> CpuCost:
     median = statistics.median(samples.values)
-    return CpuCost(name=name, median_s=median, samples_s=samples.values, target_s=CPU_TARGETS_S[name],
-                   within_target=median <= CPU_TARGETS_S[name] or not samples.gated,
-                   clock=samples.clock,  # type: ignore[arg-type]
-                   gated=samples.gated, wall_median_s=statistics.median(samples.wall) if samples.wall else None)
+    return CpuCost(
+        name=name,
+        median_s=median,
+        samples_s=samples.values,
+        target_s=CPU_TARGETS_S[name],
+        within_target=median <= CPU_TARGETS_S[name] or not samples.gated,
+        clock=samples.clock,  # type: ignore[arg-type]
+        gated=samples.gated,
+        wall_median_s=statistics.median(samples.wall) if samples.wall else None,
+    )
 
 
 def _plan_matrix_cost(repo: Path, progress: Progress) -> CpuCost | None:
@@ -217,18 +240,38 @@ def _matrix_collect_costs(repo: Path, progress: Progress) -> list[CpuCost]:
     if not script.exists():
         return []
     progress(f"{MATRIX_SPLIT_PROBE}, {MATRIX_CELLS_PROBE}: benchmarks/bench_matrix_collect.py")
-    done = subprocess.run([sys.executable, str(script), "--repeats", "1", "--json"], capture_output=True, text=True,
-                          timeout=SUBPROCESS_TIMEOUT_S * 2, cwd=repo, check=False)
+    done = subprocess.run(
+        [sys.executable, str(script), "--repeats", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S * 2,
+        cwd=repo,
+        check=False,
+    )
     if done.returncode not in (0, 1) or not done.stdout.strip():
         progress(f"matrix collect: skipped (bench_matrix_collect.py exited {done.returncode})")
         return []
     r = json.loads(done.stdout.strip().splitlines()[-1])
     split_target = r["ratio_target"] * r["one_run_cpu_s"]
-    progress(f"{MATRIX_SPLIT_PROBE}: {r['split_cpu_s']:.2f} s (x{r['ratio']:.2f} the one run's {r['one_run_cpu_s']:.2f} s)")
+    progress(
+        f"{MATRIX_SPLIT_PROBE}: {r['split_cpu_s']:.2f} s (x{r['ratio']:.2f} the one run's {r['one_run_cpu_s']:.2f} s)"
+    )
     progress(f"{MATRIX_CELLS_PROBE}: {r['cells_cpu_s']:.1f} s (target {r['cells_target_s']:g} s)")
     return [
-        CpuCost(name=MATRIX_SPLIT_PROBE, median_s=r["split_cpu_s"], samples_s=r["samples_cpu_s"]["split"],
-                target_s=split_target, within_target=r["split_cpu_s"] <= split_target, clock="cpu"),
-        CpuCost(name=MATRIX_CELLS_PROBE, median_s=r["cells_cpu_s"], samples_s=r["samples_cpu_s"]["many"],
-                target_s=r["cells_target_s"], within_target=r["cells_cpu_s"] <= r["cells_target_s"], clock="cpu"),
+        CpuCost(
+            name=MATRIX_SPLIT_PROBE,
+            median_s=r["split_cpu_s"],
+            samples_s=r["samples_cpu_s"]["split"],
+            target_s=split_target,
+            within_target=r["split_cpu_s"] <= split_target,
+            clock="cpu",
+        ),
+        CpuCost(
+            name=MATRIX_CELLS_PROBE,
+            median_s=r["cells_cpu_s"],
+            samples_s=r["samples_cpu_s"]["many"],
+            target_s=r["cells_target_s"],
+            within_target=r["cells_cpu_s"] <= r["cells_target_s"],
+            clock="cpu",
+        ),
     ]

@@ -94,8 +94,13 @@ def _prepare(setup: RankSetup, state: BenchState) -> None:
     assert workspace is not None
 
     def harness_experts() -> torch.Tensor:
-        return setup.backend.apply(expert_x=b.expert_x, expert_x_scale=b.expert_x_scale,
-                                   expert_num_tokens=b.expert_num_tokens, weights=setup.weights, workspace=workspace)
+        return setup.backend.apply(
+            expert_x=b.expert_x,
+            expert_x_scale=b.expert_x_scale,
+            expert_num_tokens=b.expert_num_tokens,
+            weights=setup.weights,
+            workspace=workspace,
+        )
 
     def cross_check() -> None:
         state.timer = StageTimer(setup.device)
@@ -151,8 +156,9 @@ def _profile(setup: RankSetup, state: BenchState) -> None:
     cv = state.comm
     assert cv is not None
     named = dict(cv.variants)
-    fn: Callable[[], object] = cv.replay if cv.replay is not None else (
-        lambda: (named["dispatch:harness"](), named["combine:harness"]()))
+    fn: Callable[[], object] = (
+        cv.replay if cv.replay is not None else (lambda: (named["dispatch:harness"](), named["combine:harness"]()))
+    )
     if setup.device.type == "cuda":
         torch.cuda.synchronize(setup.device)
         torch.distributed.barrier()
@@ -169,10 +175,22 @@ def _failed_policy(state: BenchState) -> BenchPolicy:
     if status == "error":
         rank = min(r for r, f in state.failed.items() if f.kind == "error")
         error = f"rank {rank}: {state.failed[rank].stage}: {state.failed[rank].message}"
-    return BenchPolicy(policy=state.policy, status=status, variants=[], experts_raw_variant=None,
-                       experts_ratio=None, comm_ratio=None, experts_tflops=None, experts_tflops_fraction_of_peak=None,
-                       raw_a2a_busbw_gbps=None, harness_comm_busbw_gbps=None, dispatch_bytes=0, combine_bytes=0,
-                       max_rel_error=None, error=error)
+    return BenchPolicy(
+        policy=state.policy,
+        status=status,
+        variants=[],
+        experts_raw_variant=None,
+        experts_ratio=None,
+        comm_ratio=None,
+        experts_tflops=None,
+        experts_tflops_fraction_of_peak=None,
+        raw_a2a_busbw_gbps=None,
+        harness_comm_busbw_gbps=None,
+        dispatch_bytes=0,
+        combine_bytes=0,
+        max_rel_error=None,
+        error=error,
+    )
 
 
 def _judge(setup: RankSetup, state: BenchState, probes: Probes) -> BenchPolicy:
@@ -183,8 +201,11 @@ def _judge(setup: RankSetup, state: BenchState, probes: Probes) -> BenchPolicy:
     stats = [VariantStats(name=name, **asdict(stats_drop_first(values))) for name, values in state.samples.items()]
     by = {v.name: v.median_us for v in stats}
     layout = setup.layout
-    flops = useful_flops(setup.buffers.expert_num_tokens, hidden_size=layout.hidden_size,
-                         intermediate_size=setup.scenario.model.intermediate_size or 0)
+    flops = useful_flops(
+        setup.buffers.expert_num_tokens,
+        hidden_size=layout.hidden_size,
+        intermediate_size=setup.scenario.model.intermediate_size or 0,
+    )
     tflops = flops / (by["experts:harness"] * 1e6)
     bus = (layout.num_ranks - 1) / layout.num_ranks
     dispatch_bytes, combine_bytes = state.comm.dispatch.send_bytes, state.comm.combine.send_bytes
@@ -195,24 +216,42 @@ def _judge(setup: RankSetup, state: BenchState, probes: Probes) -> BenchPolicy:
     graph = "dispatch:graph" in by and "combine:graph" in by
     timing: Literal["graph", "eager"] = "graph" if graph else "eager"
     stick = yardstick(
-        topk_ids=setup.routing.topk_ids, rank=layout.rank, num_ranks=layout.num_ranks,
-        num_local_experts=layout.num_local_experts, hidden_size=layout.hidden_size,
-        received_pairs=state.received_pairs, moved_row_bytes=state.comm.dispatch.row_bytes,
-        out_bytes=setup.buffers.combine_recv.element_size(), hbm_gbps=probes.hbm_gbps, link_gbps=probes.link_gbps,
+        topk_ids=setup.routing.topk_ids,
+        rank=layout.rank,
+        num_ranks=layout.num_ranks,
+        num_local_experts=layout.num_local_experts,
+        hidden_size=layout.hidden_size,
+        received_pairs=state.received_pairs,
+        moved_row_bytes=state.comm.dispatch.row_bytes,
+        out_bytes=setup.buffers.combine_recv.element_size(),
+        hbm_gbps=probes.hbm_gbps,
+        link_gbps=probes.link_gbps,
         dispatch_us=by[f"dispatch:{'graph' if graph else 'harness'}"],
-        combine_us=by[f"combine:{'graph' if graph else 'harness'}"], timing=timing,
-        idle_dispatch_us=by.get("dispatch:graph-idle"), idle_combine_us=by.get("combine:graph-idle"),
-        queue=state.queue if graph else None)
+        combine_us=by[f"combine:{'graph' if graph else 'harness'}"],
+        timing=timing,
+        idle_dispatch_us=by.get("dispatch:graph-idle"),
+        idle_combine_us=by.get("combine:graph-idle"),
+        queue=state.queue if graph else None,
+    )
     return BenchPolicy(
-        policy=state.policy, status="ok", variants=stats, experts_raw_variant=state.raw_name,
-        experts_ratio=by[state.raw_name] / by["experts:harness"], comm_ratio=comm_ratio,
-        comm_raw_dispatch_variant=raw_dispatch_name, comm_raw_combine_variant=raw_combine_name,
+        policy=state.policy,
+        status="ok",
+        variants=stats,
+        experts_raw_variant=state.raw_name,
+        experts_ratio=by[state.raw_name] / by["experts:harness"],
+        comm_ratio=comm_ratio,
+        comm_raw_dispatch_variant=raw_dispatch_name,
+        comm_raw_combine_variant=raw_combine_name,
         experts_tflops=tflops,
         experts_tflops_fraction_of_peak=tflops / H200_FP8_DENSE_TFLOPS if setup.device.type == "cuda" else None,
         raw_a2a_busbw_gbps=comm_bytes / (raw_comm_us * 1e3) * bus,
         harness_comm_busbw_gbps=comm_bytes / (harness_comm_us * 1e3) * bus,
-        dispatch_bytes=dispatch_bytes, combine_bytes=combine_bytes, max_rel_error=state.rel_error,
-        comm_yardstick=stick, comm_graph_error=state.comm.graph_error, kernels=state.kernels,
+        dispatch_bytes=dispatch_bytes,
+        combine_bytes=combine_bytes,
+        max_rel_error=state.rel_error,
+        comm_yardstick=stick,
+        comm_graph_error=state.comm.graph_error,
+        kernels=state.kernels,
     )
 
 
@@ -236,26 +275,35 @@ def bench_policy(setup: RankSetup, policy: str, num_rounds: int, probes: Probes)
     return result
 
 
-def bench_rank_main(scenario: Scenario, info: RankInfo, run_dir: Path,
-                    progress: Callable[[RankEvent], None] | None = None, *,
-                    kernels: KernelsLibrary | None = None) -> BenchRankRecord:
+def bench_rank_main(
+    scenario: Scenario,
+    info: RankInfo,
+    run_dir: Path,
+    progress: Callable[[RankEvent], None] | None = None,
+    *,
+    kernels: KernelsLibrary | None = None,
+) -> BenchRankRecord:
     """The bench counterpart of harness.rank.lifecycle.rank_main: same setup and warm-up (with the kernels the
     driver resolved), then bench_policy per policy, with the record so far sent after each."""
     device = init_rank(info)
     try:
         setup = setup_rank(scenario, info, device, run_dir, 0, kernels=kernels)
         warm_up(setup)
-        probes = Probes(hbm_gbps=hbm_probe_gbps(device),
-                        link_gbps=link_probe_gbps(device, info.rank, info.world_size))
+        probes = Probes(hbm_gbps=hbm_probe_gbps(device), link_gbps=link_probe_gbps(device, info.rank, info.world_size))
         release_cached(device)
         if progress:
             progress(setup.event(Ready, backend=setup.backend.name))
         fields: dict[str, Any] = dict(
-            run_id=info.run_id, scenario_name=scenario.name or "", scenario_hash=scenario.scenario_hash,
-            rank=info.rank, num_ranks=info.world_size, comm_backend=setup.comm_record.backend,
-            experts_backend=setup.backend.name, versions=collect_versions(
-                vllm_kernels=setup.backend.kernels if setup.backend.name == "vllm-ops" else None),
-            hardware=collect_hardware(device), num_rounds=scenario.bench.iterations,
+            run_id=info.run_id,
+            scenario_name=scenario.name or "",
+            scenario_hash=scenario.scenario_hash,
+            rank=info.rank,
+            num_ranks=info.world_size,
+            comm_backend=setup.comm_record.backend,
+            experts_backend=setup.backend.name,
+            versions=collect_versions(vllm_kernels=setup.backend.kernels if setup.backend.name == "vllm-ops" else None),
+            hardware=collect_hardware(device),
+            num_rounds=scenario.bench.iterations,
         )
         results: list[BenchPolicy] = []
         for policy in bench_policies(scenario):
@@ -264,8 +312,11 @@ def bench_rank_main(scenario: Scenario, info: RankInfo, run_dir: Path,
             results.append(bench_policy(setup, policy, scenario.bench.iterations, probes))
             if progress:
                 so_far = BenchRankRecord(**fields, policies=list(results), complete=False)
-                progress(setup.event(PolicyDone, policy=policy, status=results[-1].status,
-                                     record=so_far.model_dump(mode="json")))
+                progress(
+                    setup.event(
+                        PolicyDone, policy=policy, status=results[-1].status, record=so_far.model_dump(mode="json")
+                    )
+                )
         if progress:
             progress(setup.event(Done))
         return BenchRankRecord(**fields, policies=results)

@@ -75,15 +75,17 @@ def _peer_bytes(setup: Any, handle: DispatchHandle) -> tuple[PeerBytes, PeerByte
     K, P, E = L.hidden_size, L.num_ranks, L.num_local_experts
     out_bytes = comm.combine_recv.element_size() * K
     if isinstance(comm, SymmMemComm):
-        sent = comm.counts[E * P:].tolist()  # rows to each destination
+        sent = comm.counts[E * P :].tolist()  # rows to each destination
         received = comm.recv_counts[:, E].tolist()
         row_bytes = comm.fmt.row_bytes
     else:
         # the rows that carry a token: the equal splits move every region at its capacity, the rest ignored
         sent, received = comm.send_counts.tolist(), comm.recv_counts.tolist()
         row_bytes = comm.fmt.row_bytes
-    return (PeerBytes(row_bytes=row_bytes, send_rows=sent, recv_rows=received),
-            PeerBytes(row_bytes=out_bytes, send_rows=received, recv_rows=sent))
+    return (
+        PeerBytes(row_bytes=row_bytes, send_rows=sent, recv_rows=received),
+        PeerBytes(row_bytes=out_bytes, send_rows=received, recv_rows=sent),
+    )
 
 
 def _raw_a2a(pb: PeerBytes, device: torch.device) -> Callable[[], None]:
@@ -114,8 +116,12 @@ def comm_variants(setup: Any, expert_out: torch.Tensor, timer: StageTimer) -> Co
     cv.graph_error = capture_reason(device, setup.buffers)
     if cv.graph_error is None:
         rnd = capture_round(setup.tokens, setup.routing, L, setup.buffers, setup.quantize, expert_out)
-        graphs = [("dispatch:graph", rnd.dispatch_graph.replay), ("combine:graph", rnd.combine_graph.replay),
-                  ("dispatch:graph-idle", rnd.dispatch_graph.replay), ("combine:graph-idle", rnd.combine_graph.replay)]
+        graphs = [
+            ("dispatch:graph", rnd.dispatch_graph.replay),
+            ("combine:graph", rnd.combine_graph.replay),
+            ("dispatch:graph-idle", rnd.dispatch_graph.replay),
+            ("combine:graph-idle", rnd.combine_graph.replay),
+        ]
         cv.replay = rnd.replay
     cv.variants += [("dispatch:harness", harness_dispatch), ("a2a:raw-dispatch", _raw_a2a(d_bytes, device))]
     cv.variants += [("combine:harness", harness_combine), ("a2a:raw-combine", _raw_a2a(c_bytes, device)), *graphs]

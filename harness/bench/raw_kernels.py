@@ -78,8 +78,9 @@ def raw_reference(setup: RankSetup) -> RawKernel:
     def run() -> torch.Tensor:
         for e, n in enumerate(b.expert_num_tokens.tolist()):
             if n:
-                out[e, :n] = expert_forward(b.expert_x[e, :n], b.expert_x_scale[e, :n], w.w1[e], w.w1_scale[e],
-                                            w.w2[e], w.w2_scale[e])
+                out[e, :n] = expert_forward(
+                    b.expert_x[e, :n], b.expert_x_scale[e, :n], w.w1[e], w.w1_scale[e], w.w2[e], w.w2_scale[e]
+                )
         return out
 
     return run

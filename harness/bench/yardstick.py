@@ -97,15 +97,28 @@ def distinct_remote_rows(topk_ids: torch.Tensor, *, rank: int, num_local_experts
     return int(member.sum())
 
 
-def yardstick(*, topk_ids: torch.Tensor, rank: int, num_ranks: int, num_local_experts: int, hidden_size: int,
-              received_pairs: int, moved_row_bytes: int, out_bytes: int, hbm_gbps: float | None,
-              link_gbps: float | None, dispatch_us: float, combine_us: float, timing: Literal["graph", "eager"],
-              idle_dispatch_us: float | None = None, idle_combine_us: float | None = None,
-              queue: QueueAhead | None = None) -> CommYardstick:
+def yardstick(
+    *,
+    topk_ids: torch.Tensor,
+    rank: int,
+    num_ranks: int,
+    num_local_experts: int,
+    hidden_size: int,
+    received_pairs: int,
+    moved_row_bytes: int,
+    out_bytes: int,
+    hbm_gbps: float | None,
+    link_gbps: float | None,
+    dispatch_us: float,
+    combine_us: float,
+    timing: Literal["graph", "eager"],
+    idle_dispatch_us: float | None = None,
+    idle_combine_us: float | None = None,
+    queue: QueueAhead | None = None,
+) -> CommYardstick:
     """The bytes, bound and ratio of one rank (module docstring); topk_ids (n, top_k) this rank's routing."""
     K, k = hidden_size, topk_ids.shape[1] if topk_ids.dim() == 2 else 1
-    remote_rows = distinct_remote_rows(topk_ids, rank=rank, num_local_experts=num_local_experts,
-                                       num_ranks=num_ranks)
+    remote_rows = distinct_remote_rows(topk_ids, rank=rank, num_local_experts=num_local_experts, num_ranks=num_ranks)
     selections = int((topk_ids >= 0).sum())
     d_remote = remote_rows * (K + 4 + ID_BYTES * k)
     c_remote = remote_rows * K * out_bytes
@@ -118,13 +131,27 @@ def yardstick(*, topk_ids: torch.Tensor, rank: int, num_ranks: int, num_local_ex
         bound_c = (c_remote / link + c_local / hbm_gbps) / 1e3
     ratio = None if bound_d is None or bound_c is None else (bound_d + bound_c) / (dispatch_us + combine_us)
     return CommYardstick(
-        timing=timing, hbm_gbps=hbm_gbps, link_gbps=link_gbps, remote_rows=remote_rows, selections=selections,
-        received_pairs=received_pairs, dispatch_min_remote_bytes=d_remote, combine_min_remote_bytes=c_remote,
-        dispatch_local_bytes=d_local, combine_local_bytes=c_local, dispatch_moved_bytes=remote_rows * moved_row_bytes,
-        combine_moved_bytes=c_remote, anchor_dispatch_bytes=selections * (K + K // 128 * 4 + 16),
-        anchor_combine_bytes=selections * 2 * K, dispatch_us=dispatch_us, combine_us=combine_us,
-        dispatch_bound_us=bound_d, combine_bound_us=bound_c, bound_ratio=ratio,
-        idle_dispatch_us=idle_dispatch_us, idle_combine_us=idle_combine_us,
+        timing=timing,
+        hbm_gbps=hbm_gbps,
+        link_gbps=link_gbps,
+        remote_rows=remote_rows,
+        selections=selections,
+        received_pairs=received_pairs,
+        dispatch_min_remote_bytes=d_remote,
+        combine_min_remote_bytes=c_remote,
+        dispatch_local_bytes=d_local,
+        combine_local_bytes=c_local,
+        dispatch_moved_bytes=remote_rows * moved_row_bytes,
+        combine_moved_bytes=c_remote,
+        anchor_dispatch_bytes=selections * (K + K // 128 * 4 + 16),
+        anchor_combine_bytes=selections * 2 * K,
+        dispatch_us=dispatch_us,
+        combine_us=combine_us,
+        dispatch_bound_us=bound_d,
+        combine_bound_us=bound_c,
+        bound_ratio=ratio,
+        idle_dispatch_us=idle_dispatch_us,
+        idle_combine_us=idle_combine_us,
         queued_ahead_us=queue.sleep_us if queue is not None else None,
         late_samples=queue.late if queue is not None else 0,
     )
@@ -148,6 +175,8 @@ def kernel_times(fn: Callable[[], Any], device: torch.device, rounds: int) -> li
             continue
         us = float(getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0) or 0.0)
         total.setdefault(event.name, []).append(us)
-    times = [KernelTime(name=name[:200], calls_per_round=len(v) / rounds, us_per_round=sum(v) / rounds)
-             for name, v in total.items()]
+    times = [
+        KernelTime(name=name[:200], calls_per_round=len(v) / rounds, us_per_round=sum(v) / rounds)
+        for name, v in total.items()
+    ]
     return sorted(times, key=lambda t: -t.us_per_round)

@@ -44,7 +44,7 @@ class BackendQuery:
 
     @property
     def where(self) -> str:
-        """"2 cpu ranks", "1 cuda rank": the setting an "allowed" list is about."""
+        """ "2 cpu ranks", "1 cuda rank": the setting an "allowed" list is about."""
         return f"{self.num_ranks} {self.device_type} rank{'s' if self.num_ranks != 1 else ''}"
 
 
@@ -65,8 +65,12 @@ class Backend:
 
     def supports(self, query: BackendQuery) -> str | None:
         """Why this backend cannot carry a run of `query`, or None; from the data alone."""
-        return (self._supports_device(query) or self._supports_ranks(query) or self._supports_activation(query)
-                or self._supports_dtypes(query))
+        return (
+            self._supports_device(query)
+            or self._supports_ranks(query)
+            or self._supports_activation(query)
+            or self._supports_dtypes(query)
+        )
 
     def _supports_device(self, q: BackendQuery) -> str | None:
         if q.device_type in self.devices:
@@ -76,18 +80,23 @@ class Backend:
     def _supports_ranks(self, q: BackendQuery) -> str | None:
         if q.num_ranks >= self.min_ranks:
             return None
-        return (f"{self.field} {self.name} needs at least {self.min_ranks} ranks ({self.min_ranks_why}), "
-                f"parallel.num_ranks is {q.num_ranks}")
+        return (
+            f"{self.field} {self.name} needs at least {self.min_ranks} ranks ({self.min_ranks_why}), "
+            f"parallel.num_ranks is {q.num_ranks}"
+        )
 
     def _supports_activation(self, q: BackendQuery) -> str | None:
         if self.activations is None or q.activation in self.activations:
             return None
-        return (f"{self.field} {self.name} computes {', '.join(self.activations)} only, not model.activation "
-                f"{q.activation}")
+        return (
+            f"{self.field} {self.name} computes {', '.join(self.activations)} only, not model.activation {q.activation}"
+        )
 
     def _supports_dtypes(self, q: BackendQuery) -> str | None:
-        for what, value, allowed in (("quant_dtype", q.quant_dtype, self.quant_dtypes),
-                                     ("workspace_dtype", q.workspace_dtype, self.workspace_dtypes)):
+        for what, value, allowed in (
+            ("quant_dtype", q.quant_dtype, self.quant_dtypes),
+            ("workspace_dtype", q.workspace_dtype, self.workspace_dtypes),
+        ):
             if allowed is not None and value not in allowed:
                 return f"{self.field} {self.name} takes model.{what} {', '.join(allowed)} only, not {value}"
         return None
@@ -162,26 +171,65 @@ _SILU = ("silu",)  # every experts backend computes silu_and_mul (harness.rank.e
 _FP8 = ("float8_e4m3fn",)
 _OUT = ("bfloat16", "float16")
 
-EXPERTS = BackendKind("experts_backend", (
-    Backend(field="experts_backend", name="reference", devices=("cpu", "cuda"), auto_rank=2,
+EXPERTS = BackendKind(
+    "experts_backend",
+    (
+        Backend(
+            field="experts_backend",
+            name="reference",
+            devices=("cpu", "cuda"),
+            auto_rank=2,
             description="float32 dequantize and matmul on any device; the oracle",
-            activations=_SILU, quant_dtypes=_FP8, workspace_dtypes=_OUT),
-    Backend(field="experts_backend", name="torch-cutlass", devices=("cuda",), auto_rank=1,
+            activations=_SILU,
+            quant_dtypes=_FP8,
+            workspace_dtypes=_OUT,
+        ),
+        Backend(
+            field="experts_backend",
+            name="torch-cutlass",
+            devices=("cuda",),
+            auto_rank=1,
             description="torch._scaled_grouped_mm, torch's FP8 grouped GEMM, on sm90+",
-            activations=_SILU, quant_dtypes=_FP8, workspace_dtypes=_OUT),
-    Backend(field="experts_backend", name="vllm-ops", devices=("cuda",), auto_rank=0,
+            activations=_SILU,
+            quant_dtypes=_FP8,
+            workspace_dtypes=_OUT,
+        ),
+        Backend(
+            field="experts_backend",
+            name="vllm-ops",
+            devices=("cuda",),
+            auto_rank=0,
             description="vLLM's compiled CUTLASS MoE ops, from the ops library vllm.* or --kernels names",
-            activations=_SILU, quant_dtypes=_FP8, workspace_dtypes=_OUT),
-))
+            activations=_SILU,
+            quant_dtypes=_FP8,
+            workspace_dtypes=_OUT,
+        ),
+    ),
+)
 
-COMM = BackendKind("comm", (
-    Backend(field="comm", name="symm-mem", devices=("cuda",), auto_rank=0, workspace_dtypes=("bfloat16",),
+COMM = BackendKind(
+    "comm",
+    (
+        Backend(
+            field="comm",
+            name="symm-mem",
+            devices=("cuda",),
+            auto_rank=0,
+            workspace_dtypes=("bfloat16",),
             description="torch's symmetric memory with Triton push kernels, no host read per dispatch, "
-                        "graph-capturable; one node"),
-    Backend(field="comm", name="nccl", devices=("cuda",), auto_rank=1,
-            description="packed rows over all_to_all_single in capacity-sized equal splits, no host read, graph-capturable"),
-    Backend(field="comm", name="gloo", devices=("cpu",), auto_rank=2,
-            description="the same packed rows on CPU ranks"),
-))
+            "graph-capturable; one node",
+        ),
+        Backend(
+            field="comm",
+            name="nccl",
+            devices=("cuda",),
+            auto_rank=1,
+            description="packed rows over all_to_all_single in capacity-sized equal splits, no host read, graph-capturable",
+        ),
+        Backend(
+            field="comm", name="gloo", devices=("cpu",), auto_rank=2, description="the same packed rows on CPU ranks"
+        ),
+    ),
+)
 
 KINDS = (EXPERTS, COMM)

@@ -29,13 +29,23 @@ from rich.text import Text
 _MEASURE_WIDTH = 100_000
 # What a narrowed table keeps: its first column (it names the row) and every column with one of these headers, the
 # ones that name a row or give its verdict in the harness's tables (run/collect, plan, compare, vllm audit).
-ESSENTIAL_HEADERS = frozenset({
-    "policy", "cell", "outcome", "contract", "ws delta max",  # run, collect
-    "total", "x fixed",  # plan
-    "metric", "change", "verdict",  # compare, vllm audit
-    "class", "per GPU",  # vllm audit
-    "here",  # scenarios
-})
+ESSENTIAL_HEADERS = frozenset(
+    {
+        "policy",
+        "cell",
+        "outcome",
+        "contract",
+        "ws delta max",  # run, collect
+        "total",
+        "x fixed",  # plan
+        "metric",
+        "change",
+        "verdict",  # compare, vllm audit
+        "class",
+        "per GPU",  # vllm audit
+        "here",  # scenarios
+    }
+)
 _every_column = False  # --wide: a terminal gets every column too
 
 
@@ -72,8 +82,14 @@ def _narrowed(console: Console, obj: Any, width: int) -> list[Any]:
     """obj fitted to `width` columns: each table in it narrowed, with a line naming what was left out."""
     if isinstance(obj, Table):
         dropped = narrow_table(console, obj, width)
-        note = Text(f"({len(dropped)} column(s) left out to fit {width} columns: {', '.join(dropped)}; --wide shows "
-                    "them)", style="dim") if dropped else None
+        note = (
+            Text(
+                f"({len(dropped)} column(s) left out to fit {width} columns: {', '.join(dropped)}; --wide shows them)",
+                style="dim",
+            )
+            if dropped
+            else None
+        )
         return [obj] + ([note] if note else [])
     if isinstance(obj, Group):
         return [Group(*[part for child in obj.renderables for part in _narrowed(console, child, width)])]

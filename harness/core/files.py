@@ -1,8 +1,8 @@
 """Facts about the filesystem and processes that several packages check before they write.
 
-    probe_writable()   a file written and removed where outputs go, and the free space there: before any work
-    pid_alive()        whether a process of this host is still running (a claim or a staging folder's owner)
-    remove_dead_staging()  NAME.<kind>-PID folders beside NAME whose process is gone, removed
+probe_writable()   a file written and removed where outputs go, and the free space there: before any work
+pid_alive()        whether a process of this host is still running (a claim or a staging folder's owner)
+remove_dead_staging()  NAME.<kind>-PID folders beside NAME whose process is gone, removed
 """
 
 from __future__ import annotations
@@ -35,8 +35,11 @@ def probe_writable(directory: Path, *, need_bytes: int = 0) -> None:
     info = os.statvfs(directory)
     free = info.f_bavail * info.f_frsize
     if free < need_bytes:
-        raise OSError(errno.ENOSPC, f"No space left on device: {free} bytes free, the outputs need about "
-                                    f"{need_bytes}", str(directory))
+        raise OSError(
+            errno.ENOSPC,
+            f"No space left on device: {free} bytes free, the outputs need about {need_bytes}",
+            str(directory),
+        )
 
 
 def pid_alive(pid: int) -> bool:

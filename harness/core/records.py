@@ -255,7 +255,9 @@ class KernelsRecord(Record):
     backend: str  # "vllm-ops", "torch-cutlass", "reference"
     description: str  # e.g. "vLLM 0.30.0 _C_stable_libtorch.abi3.so" or "torch 2.11.0 _scaled_grouped_mm"
     release: str | None = None  # the vLLM release whose ops ran, when known
-    release_from: str | None = None  # how the release is known: "release", "wheel", "src", "installed", "given", "cache"
+    release_from: str | None = (
+        None  # how the release is known: "release", "wheel", "src", "installed", "given", "cache"
+    )
     library: str | None = None  # path of the ops library as loaded on this rank
     library_sha256: str | None = None
     library_bytes: int | None = None
@@ -491,12 +493,15 @@ def _validate_record(data: Any, where: str) -> RankRecord | RankFailure | RunMan
     if not isinstance(version, int) or isinstance(version, bool):
         raise RecordError(f"{where}: corrupt: no schema_version")
     if version < MIN_SCHEMA_VERSION:
-        raise RecordError(f"{where}: corrupt: schema_version {version} is no version of these records; allowed: "
-                          f"{MIN_SCHEMA_VERSION} to {SCHEMA_VERSION}")
+        raise RecordError(
+            f"{where}: corrupt: schema_version {version} is no version of these records; allowed: "
+            f"{MIN_SCHEMA_VERSION} to {SCHEMA_VERSION}"
+        )
     if version > SCHEMA_VERSION:
         raise RecordError(
             f"{where}: schema version {version} is newer than this harness reads ({SCHEMA_VERSION}); "
-            "upgrade the harness to read it", "newer-schema"
+            "upgrade the harness to read it",
+            "newer-schema",
         )
     kind = data.get("record_kind")
     model = _KINDS.get(kind) if isinstance(kind, str) else None
@@ -506,8 +511,9 @@ def _validate_record(data: Any, where: str) -> RankRecord | RankFailure | RunMan
         data = _drop_verdicts(data)
     policies = data.get("policies")
     if isinstance(policies, list) and len(policies) > MAX_RECORD_POLICIES:  # before validating thousands of them
-        raise RecordError(f"{where}: corrupt: policies: {len(policies)} policies; allowed: at most "
-                          f"{MAX_RECORD_POLICIES}")
+        raise RecordError(
+            f"{where}: corrupt: policies: {len(policies)} policies; allowed: at most {MAX_RECORD_POLICIES}"
+        )
     try:
         # strict, as scenarios are: no "123" or 1.0 for a byte count, no false for a count
         return model.model_validate(data, strict=True)  # type: ignore[return-value]

@@ -52,8 +52,7 @@ def parse_fault_spec(text: str | None) -> FaultSpec | None:
     for part in text.split(","):
         key, sep, value = part.strip().partition("=")
         if not sep or key not in ("rank", "kind", "after"):
-            raise LaunchError(f"{FAULT_ENV}={text!r}: expected rank=R,kind=die|hang|stop[,after=EVENT], got "
-                              f"{part!r}")
+            raise LaunchError(f"{FAULT_ENV}={text!r}: expected rank=R,kind=die|hang|stop[,after=EVENT], got {part!r}")
         fields[key] = value.strip()
     if "rank" not in fields or "kind" not in fields:
         raise LaunchError(f"{FAULT_ENV}={text!r}: rank= and kind= are required")

@@ -77,7 +77,10 @@ class LocalLauncher:
         num_gpus = torch.cuda.device_count()
         num_cpus = os.cpu_count() or 1
         return ClusterResources(
-            num_gpus=num_gpus, num_cpus=num_cpus, num_nodes=1, description=f"this machine: {num_cpus} CPU, {num_gpus} GPU"
+            num_gpus=num_gpus,
+            num_cpus=num_cpus,
+            num_nodes=1,
+            description=f"this machine: {num_cpus} CPU, {num_gpus} GPU",
         )
 
     def launch(self, plan: LaunchPlan, sink: RunSink) -> LaunchOutcome:
@@ -89,24 +92,38 @@ class LocalLauncher:
         pipes: dict[int, Connection] = {}
         try:
             for rank in range(plan.num_ranks):
-                info = plan.rank_info(rank, master_addr="127.0.0.1", master_port=port,
-                                      device_index=rank if plan.device_type == "cuda" else 0)
+                info = plan.rank_info(
+                    rank,
+                    master_addr="127.0.0.1",
+                    master_port=port,
+                    device_index=rank if plan.device_type == "cuda" else 0,
+                )
                 reader, writer = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_rank_process, args=(plan.scenario, info, str(plan.run_dir), writer,
-                                                                plan.entry), name=f"harness-rank-{rank}")
+                proc = ctx.Process(
+                    target=_rank_process,
+                    args=(plan.scenario, info, str(plan.run_dir), writer, plan.entry),
+                    name=f"harness-rank-{rank}",
+                )
                 _start_without_sigint(proc)
                 writer.close()  # the child holds the only write end: its exit closes the pipe
                 procs[rank], pipes[rank] = proc, reader
                 sink.event(Placed(**sink.header, rank=rank, node=node, pid=proc.pid))
-            sink.write_placement({
-                "launcher": "local",
-                "master": f"127.0.0.1:{port}",
-                "ranks": [
-                    {"rank": r, "node_ip": "127.0.0.1", "hostname": node, "pid": p.pid,
-                     "device_index": r if plan.device_type == "cuda" else 0}
-                    for r, p in procs.items()
-                ],
-            })
+            sink.write_placement(
+                {
+                    "launcher": "local",
+                    "master": f"127.0.0.1:{port}",
+                    "ranks": [
+                        {
+                            "rank": r,
+                            "node_ip": "127.0.0.1",
+                            "hostname": node,
+                            "pid": p.pid,
+                            "device_index": r if plan.device_type == "cuda" else 0,
+                        }
+                        for r, p in procs.items()
+                    ],
+                }
+            )
             self._watch(plan, sink, procs, pipes)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into it by the driver
             _read_available(sink, pipes)
@@ -118,8 +135,9 @@ class LocalLauncher:
                 conn.close()
         return sink.outcome()
 
-    def _watch(self, plan: LaunchPlan, sink: RunSink, procs: dict[int, BaseProcess],
-               pipes: dict[int, Connection]) -> None:
+    def _watch(
+        self, plan: LaunchPlan, sink: RunSink, procs: dict[int, BaseProcess], pipes: dict[int, Connection]
+    ) -> None:
         watch = RankWatch(plan=plan, sink=sink)
         open_pipes = dict(pipes)
         while sink.pending:

@@ -79,8 +79,9 @@ def _gpus() -> tuple[int, int | None]:
     try:
         num_devices = pynvml.nvmlDeviceGetCount()
         # The smallest of all devices: which ones CUDA_VISIBLE_DEVICES picks is the CUDA runtime's business.
-        totals = [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total)
-                  for i in range(num_devices)]
+        totals = [
+            int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total) for i in range(num_devices)
+        ]
     except Exception:  # noqa: BLE001
         return 0, None
     finally:
@@ -95,6 +96,10 @@ def local_machine() -> Machine:
     num_cpus = _num_cpus()
     num_gpus, gpu_memory = _gpus()
     return Machine(
-        num_cpus=num_cpus, num_gpus=num_gpus, cpu_memory_bytes=_available_ram_bytes(), gpu_memory_bytes=gpu_memory,
-        description=f"this machine: {num_cpus} CPU, {num_gpus} GPU", shared=True,
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        cpu_memory_bytes=_available_ram_bytes(),
+        gpu_memory_bytes=gpu_memory,
+        description=f"this machine: {num_cpus} CPU, {num_gpus} GPU",
+        shared=True,
     )

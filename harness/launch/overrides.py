@@ -1,7 +1,7 @@
 """The scenario a command runs: the file it names (or the embedded default) with the command line's overrides.
 
-    ScenarioOverrides (typed, from harness.cli) ──> dotted keys {"parallel.num_ranks": 8, ...}
-    scenario file + dotted keys                 ──> parse_scenario again, so a bad override reads like a bad file
+ScenarioOverrides (typed, from harness.cli) ──> dotted keys {"parallel.num_ranks": 8, ...}
+scenario file + dotted keys                 ──> parse_scenario again, so a bad override reads like a bad file
 """
 
 from __future__ import annotations
@@ -53,18 +53,30 @@ class ScenarioOverrides:
         if self.num_ranks is not None and self.num_ranks < 1:
             raise ScenarioError(f"--num-ranks {self.num_ranks}: must be at least 1")
         overrides: dict[str, Any] = {}
-        for key, value in (("experts_backend", self.experts_backend), ("device", self.device), ("comm", self.comm),
-                           ("launch.placement_strategy", self.placement_strategy),
-                           ("parallel.num_ranks", self.num_ranks)):
+        for key, value in (
+            ("experts_backend", self.experts_backend),
+            ("device", self.device),
+            ("comm", self.comm),
+            ("launch.placement_strategy", self.placement_strategy),
+            ("parallel.num_ranks", self.num_ranks),
+        ):
             if value is not None:
                 overrides[key] = value
         if self.policies is not None:
             overrides["policies"] = [p.strip() for p in self.policies.split(",") if p.strip()]
         # vllm.* holds at most one source, so a source given here replaces the scenario's (--kernels X.Y.Z with
         # --vllm-ops-library names a file and its release together).
-        vllm = {key: str(value) for key, value in (
-            ("kernels", self.kernels), ("version", self.vllm_version), ("wheel", self.vllm_wheel),
-            ("src", self.vllm_src), ("ops_library", self.vllm_ops_library)) if value is not None}
+        vllm = {
+            key: str(value)
+            for key, value in (
+                ("kernels", self.kernels),
+                ("version", self.vllm_version),
+                ("wheel", self.vllm_wheel),
+                ("src", self.vllm_src),
+                ("ops_library", self.vllm_ops_library),
+            )
+            if value is not None
+        }
         if vllm:
             overrides["vllm"] = vllm
         return overrides
@@ -72,9 +84,13 @@ class ScenarioOverrides:
 
 def _flag(key: str) -> str:
     return {
-        "experts_backend": "--experts-backend", "comm": "--comm", "device": "--device",
-        "launch.placement_strategy": "--placement-strategy", "parallel.num_ranks": "--num-ranks",
-        "policies": "--policies", "vllm": "--kernels/--vllm-*",
+        "experts_backend": "--experts-backend",
+        "comm": "--comm",
+        "device": "--device",
+        "launch.placement_strategy": "--placement-strategy",
+        "parallel.num_ranks": "--num-ranks",
+        "policies": "--policies",
+        "vllm": "--kernels/--vllm-*",
     }[key]
 
 

@@ -105,6 +105,11 @@ class RunProgress:
         table.add_column("status")
         for rank, state in self.ranks.items():
             style = "red" if state.failed else ("green" if state.status in ("done", "record written") else None)
-            table.add_row(str(rank), Text(state.node), f"{state.num_policies_done}/{self.num_policies}",
-                          Text(state.status), style=style)  # Text: causes may hold "[...]", which is not markup
+            table.add_row(
+                str(rank),
+                Text(state.node),
+                f"{state.num_policies_done}/{self.num_policies}",
+                Text(state.status),
+                style=style,
+            )  # Text: causes may hold "[...]", which is not markup
         return table

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
     from harness.scenario.schema import Scenario
 
 
-def rank_entry(scenario: Scenario, info: RankInfo, run_dir: Path, emit: Callable[[dict[str, Any]], None],
-               entry: RankEntry) -> dict[str, Any]:
+def rank_entry(
+    scenario: Scenario, info: RankInfo, run_dir: Path, emit: Callable[[dict[str, Any]], None], entry: RankEntry
+) -> dict[str, Any]:
     """Run one rank inside a launcher's process and return its record as JSON data.
 
     `emit` carries the rank's events back to the driver as JSON data (model dumps; the driver validates them).

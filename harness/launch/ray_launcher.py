@@ -90,8 +90,7 @@ class _RankActor:
     def run(self, scenario: Scenario, info: RankInfo, run_dir: str, log: Any, entry: RankEntry) -> dict[str, Any]:
         # ray.get: the event (a record so far among them) is in the log before the rank goes on, so a crash right
         # after loses nothing; a few events per policy cost a round trip each.
-        return rank_entry(scenario, info, Path(run_dir), lambda data: ray.get(log.put.remote(self.rank, data)),
-                          entry)
+        return rank_entry(scenario, info, Path(run_dir), lambda data: ray.get(log.put.remote(self.rank, data)), entry)
 
 
 def _format_resources(resources: dict[str, float], keys: tuple[str, ...] = ("CPU", "GPU")) -> str:
@@ -166,22 +165,27 @@ class RayLauncher:
             sink.event(Placing(**sink.header, num_bundles=plan.num_ranks, bundle=plan.bundle()))
             if not _wait_ready(pg, plan.placement_timeout_s):
                 message = self.placement_message(plan)
-                sink.fail_pending(f"not started: placement group not satisfied within {plan.placement_timeout_s:g} s",
-                                  detail=message)
+                sink.fail_pending(
+                    f"not started: placement group not satisfied within {plan.placement_timeout_s:g} s", detail=message
+                )
                 return sink.outcome(error=message)
             log = _ProgressLog.remote()  # type: ignore[attr-defined]  # @ray.remote made it an actor class
             actors.extend(_rank_actors(plan, pg))
             wheres = self._start(plan, sink, actors)
             if wheres is None:
                 return sink.outcome(error=f"rank actors did not start: {sink.failures[min(sink.failures)].cause}")
-            sink.write_placement({
-                "launcher": "ray",
-                "address": self.address,
-                "placement_strategy": plan.placement_strategy,
-                "bundle": plan.bundle(),
-                "master": f"{wheres[0]['node_ip']}:{wheres[0]['free_port']}",
-                "ranks": [{k: v for k, v in w.items() if k != "free_port"} | {"bundle_index": w["rank"]} for w in wheres],
-            })
+            sink.write_placement(
+                {
+                    "launcher": "ray",
+                    "address": self.address,
+                    "placement_strategy": plan.placement_strategy,
+                    "bundle": plan.bundle(),
+                    "master": f"{wheres[0]['node_ip']}:{wheres[0]['free_port']}",
+                    "ranks": [
+                        {k: v for k, v in w.items() if k != "free_port"} | {"bundle_index": w["rank"]} for w in wheres
+                    ],
+                }
+            )
             refs = {}
             for rank, actor in enumerate(actors):
                 info = plan.rank_info(
@@ -318,11 +322,15 @@ def connect_failure(address: str, exc: BaseException) -> str:
     if address == "local":
         return text
     if type(exc).__name__ == "AuthenticationError":
-        return (text + "; the head wants its token: set RAY_AUTH_MODE=token and its token in ~/.ray/auth_token "
-                "(or RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH)")
+        return (
+            text + "; the head wants its token: set RAY_AUTH_MODE=token and its token in ~/.ray/auth_token "
+            "(or RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH)"
+        )
     if os.environ.get("RAY_AUTH_MODE") != "token":
-        return (text + "; if the head runs with RAY_AUTH_MODE=token, set RAY_AUTH_MODE=token here too with its "
-                "token in ~/.ray/auth_token (or RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH)")
+        return (
+            text + "; if the head runs with RAY_AUTH_MODE=token, set RAY_AUTH_MODE=token here too with its "
+            "token in ~/.ray/auth_token (or RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH)"
+        )
     return text
 
 

@@ -175,8 +175,9 @@ def run_ranks(request: RanksRequest, *, launcher: Launcher, console: Console) ->
     from harness.sizing.vllm_source import VllmSourceError
 
     scenario = request.scenario
-    progress = RunProgress(console=console, title=request.title, num_ranks=scenario.parallel.num_ranks,
-                           num_policies=len(request.policies))
+    progress = RunProgress(
+        console=console, title=request.title, num_ranks=scenario.parallel.num_ranks, num_policies=len(request.policies)
+    )
     try:
         kernels = scenario_kernels(scenario)
         problem = None
@@ -184,10 +185,10 @@ def run_ranks(request: RanksRequest, *, launcher: Launcher, console: Console) ->
         kernels, problem = None, f"kernels unavailable: {str(exc).splitlines()[0]}"
     if kernels is not None:
         console.print(f"kernels: {kernels.describe()} from {kernels.origin}", highlight=False, markup=False)
-    entry = RankEntry(main=request.main, record_model=request.record_model, policies=request.policies,
-                      kernels=kernels)
-    plan = LaunchPlan(scenario=scenario, run_id=request.run_id, run_dir=request.run_dir,
-                      device_type=request.device_type, entry=entry)
+    entry = RankEntry(main=request.main, record_model=request.record_model, policies=request.policies, kernels=kernels)
+    plan = LaunchPlan(
+        scenario=scenario, run_id=request.run_id, run_dir=request.run_dir, device_type=request.device_type, entry=entry
+    )
     sink = RunSink.for_plan(plan, listener=progress)
     if problem is not None:
         sink.fail_pending(problem)
@@ -195,8 +196,9 @@ def run_ranks(request: RanksRequest, *, launcher: Launcher, console: Console) ->
     else:
         with progress.shown(), sigterm_as_interrupt():
             outcome = launcher.launch(plan, sink)
-    return RanksOutcome(outcome=outcome, records={r: sink.records[r] for r in sorted(sink.records)},
-                        num_ranks=plan.num_ranks)
+    return RanksOutcome(
+        outcome=outcome, records={r: sink.records[r] for r in sorted(sink.records)}, num_ranks=plan.num_ranks
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -208,22 +210,38 @@ def _error(message: str) -> int:
     return EXIT_ERROR
 
 
-def _write_manifest(scenario: Scenario, *, run_dir: Path, run_id: str, scenario_path: Path | None,
-                    launcher: LauncherName, command: list[str]) -> None:
+def _write_manifest(
+    scenario: Scenario,
+    *,
+    run_dir: Path,
+    run_id: str,
+    scenario_path: Path | None,
+    launcher: LauncherName,
+    command: list[str],
+) -> None:
     """run.json, first: what was launched, by what, how."""
     from harness.core.environment import collect_versions
 
     run_dir.mkdir(parents=True, exist_ok=True)
     data = scenario.model_dump(mode="json")
-    write_record(run_dir / "run.json", RunManifest(
-        run_id=run_id, scenario_name=scenario.name or "", scenario_hash=scenario.scenario_hash,
-        scenario=data, scenario_sha256=scenario_digest(data),
-        # Relative to the repository when inside it: in a Ray job the repository is Ray's temporary working_dir,
-        # deleted after the job, while "scenarios/smoke.yaml" is what the user gave and can open.
-        scenario_path=display_path(scenario_path) if scenario_path is not None else None,
-        num_ranks=scenario.parallel.num_ranks, launcher=launcher, command=command, started_at=time.time(),
-        versions=collect_versions(),
-    ))
+    write_record(
+        run_dir / "run.json",
+        RunManifest(
+            run_id=run_id,
+            scenario_name=scenario.name or "",
+            scenario_hash=scenario.scenario_hash,
+            scenario=data,
+            scenario_sha256=scenario_digest(data),
+            # Relative to the repository when inside it: in a Ray job the repository is Ray's temporary working_dir,
+            # deleted after the job, while "scenarios/smoke.yaml" is what the user gave and can open.
+            scenario_path=display_path(scenario_path) if scenario_path is not None else None,
+            num_ranks=scenario.parallel.num_ranks,
+            launcher=launcher,
+            command=command,
+            started_at=time.time(),
+            versions=collect_versions(),
+        ),
+    )
 
 
 def run_scenario(
@@ -248,30 +266,45 @@ def run_scenario(
     resources = launcher.resources()
     device_type = resolve_device(scenario, resources.num_gpus)
     # Counts as the launcher sees them (torch's GPUs, Ray's CPUs and GPUs); memory was checked before the launcher.
-    machine = Machine(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus, description=resources.description,
-                      shared=launcher.name == "local")
+    machine = Machine(
+        num_cpus=resources.num_cpus,
+        num_gpus=resources.num_gpus,
+        description=resources.description,
+        shared=launcher.name == "local",
+    )
     reason = can_run(scenario, device_type=device_type, machine=machine)
     if reason is not None:
         return _error(f"{scenario.name} cannot run on {resources.description}: {reason}")
 
     started = time.monotonic()
-    _write_manifest(scenario, run_dir=run_dir, run_id=run_id, scenario_path=scenario_path, launcher=launcher.name,
-                    command=command)
+    _write_manifest(
+        scenario, run_dir=run_dir, run_id=run_id, scenario_path=scenario_path, launcher=launcher.name, command=command
+    )
     console.print(
         f"{run_id}: {scenario.summary()}\n"
         f"{launcher.name} launcher on {resources.description}; {scenario.parallel.num_ranks} rank(s) on "
         f"{device_type} ({comm_backend_for(device_type)}); records to {run_dir}",
-        highlight=False, markup=False,
+        highlight=False,
+        markup=False,
     )
-    request = RanksRequest(scenario=scenario, run_id=run_id, run_dir=run_dir, device_type=device_type,
-                           main=rank_main, record_model=RankRecord, policies=tuple(scenario.policies),
-                           title=f"{scenario.name}: {launcher.name} launcher")
+    request = RanksRequest(
+        scenario=scenario,
+        run_id=run_id,
+        run_dir=run_dir,
+        device_type=device_type,
+        main=rank_main,
+        record_model=RankRecord,
+        policies=tuple(scenario.policies),
+        title=f"{scenario.name}: {launcher.name} launcher",
+    )
     try:
         outcome = run_ranks(request, launcher=launcher, console=console).outcome
     except KeyboardInterrupt:
         # The command layer prints "harness: interrupted" once; this line says where the finished work is.
-        print(f"harness: the records that arrived are in {run_dir} (`harness collect {run_dir}` reports them)",
-              file=sys.stderr)
+        print(
+            f"harness: the records that arrived are in {run_dir} (`harness collect {run_dir}` reports them)",
+            file=sys.stderr,
+        )
         raise
 
     if outcome.error:
@@ -288,8 +321,9 @@ def run_scenario(
     return result.exit_code
 
 
-def _dry_run(scenario: Scenario, *, launcher_name: LauncherName, request: RunRequest, run_dir: Path,
-             console: Console) -> None:
+def _dry_run(
+    scenario: Scenario, *, launcher_name: LauncherName, request: RunRequest, run_dir: Path, console: Console
+) -> None:
     from harness.sizing.plan import make_plan, plan_summary, render_plan
 
     rows = make_plan(scenario, cache_dir=request.cache_dir)
@@ -314,7 +348,8 @@ def _dry_run(scenario: Scenario, *, launcher_name: LauncherName, request: RunReq
         f"would launch: {launcher_name} launcher on {where}; device {device}; {placement}\n"
         f"bounds: placement {launch.placement_timeout_s:g} s, collectives {launch.collective_timeout_s:g} s, "
         f"whole run {launch.rank_timeout_s:g} s; records to {run_dir}",
-        highlight=False, markup=False,
+        highlight=False,
+        markup=False,
     )
 
 
@@ -355,8 +390,9 @@ def _run_command(request: RunRequest) -> int:
     try:
         if scenario is None:
             # The default depends on GPUs: the cluster's when we join one, this machine's otherwise.
-            joining = (launcher_name == "ray" and (request.address or os.environ.get("RAY_ADDRESS"))
-                       and not request.dry_run)
+            joining = (
+                launcher_name == "ray" and (request.address or os.environ.get("RAY_ADDRESS")) and not request.dry_run
+            )
             if joining:
                 launcher = make_launcher("ray", address=request.address, num_cpus=1)
                 num_gpus = launcher.resources().num_gpus
@@ -364,7 +400,9 @@ def _run_command(request: RunRequest) -> int:
                 num_gpus = local_gpu_count()
             path = default_scenario_path(num_gpus)
             scenario = load_with_overrides(path, overrides)
-            console.print(f"no scenario given: running {path.name} ({num_gpus} GPU(s) found)", highlight=False, markup=False)
+            console.print(
+                f"no scenario given: running {path.name} ({num_gpus} GPU(s) found)", highlight=False, markup=False
+            )
         assert path is not None  # the scenario's file: given, or the default chosen above
         run_id = make_run_id(scenario.name or "run")
         start_s = scenario.launch.placement_timeout_s  # an empty claim older than this is no run still starting
@@ -373,8 +411,13 @@ def _run_command(request: RunRequest) -> int:
         if reason is not None:
             raise LaunchError(f"{display(path)}: {reason}")
         v = scenario.vllm  # the scenario's own vLLM files, checked before a run directory or a rank exists
-        missing = missing_vllm_input([("vllm.ops_library", "ops_library", v.ops_library), ("vllm.wheel", "wheel", v.wheel),
-                                      ("vllm.src", "src", v.src)])
+        missing = missing_vllm_input(
+            [
+                ("vllm.ops_library", "ops_library", v.ops_library),
+                ("vllm.wheel", "wheel", v.wheel),
+                ("vllm.src", "src", v.src),
+            ]
+        )
         if missing is not None:
             raise LaunchError(f"{display(path)}: {missing}")
         if request.dry_run:
@@ -391,11 +434,15 @@ def _run_command(request: RunRequest) -> int:
         claim = claim_run_dir(run_dir, run_id, exact=request.out is not None, stale_after_s=start_s)
         try:
             if launcher is None:
-                launcher = make_launcher(launcher_name, address=request.address,
-                                         num_cpus=cluster_cpus_for([scenario]))
+                launcher = make_launcher(launcher_name, address=request.address, num_cpus=cluster_cpus_for([scenario]))
             return run_scenario(
-                scenario, launcher=launcher, run_dir=claim.path, run_id=run_id, scenario_path=path,
-                command=command, console=console,
+                scenario,
+                launcher=launcher,
+                run_dir=claim.path,
+                run_id=run_id,
+                scenario_path=path,
+                command=command,
+                console=console,
             )
         finally:
             claim.release()
@@ -404,8 +451,9 @@ def _run_command(request: RunRequest) -> int:
             launcher.close()
 
 
-def _run_matrix(request: RunRequest, matrix: Matrix, overrides: dict[str, Any], *, console: Console,
-                command: list[str]) -> int:
+def _run_matrix(
+    request: RunRequest, matrix: Matrix, overrides: dict[str, Any], *, console: Console, command: list[str]
+) -> int:
     """Each cell into <run_dir>/<cell.name>/, one after another, past failed cells; then collect_matrix."""
     from harness.report.matrix import collect_matrix
 
@@ -414,8 +462,10 @@ def _run_matrix(request: RunRequest, matrix: Matrix, overrides: dict[str, Any], 
     scenarios = [override_scenario(c.scenario, overrides, label=f"{display(path)} cell {c.name}") for c in cells]
     run_id = make_run_id(matrix.name or path.stem)
     if request.resume and (request.out is None or not holds_matrix(request.out)):
-        raise LaunchError(f"--resume: --out {display(request.out) if request.out else '(none)'} holds no matrix.json; "
-                          "give the directory of the interrupted matrix")
+        raise LaunchError(
+            f"--resume: --out {display(request.out) if request.out else '(none)'} holds no matrix.json; "
+            "give the directory of the interrupted matrix"
+        )
     # --out may name this matrix's directory again: each call adds its cells (a kernels matrix, release by release).
     start_s = max((s.launch.placement_timeout_s for s in scenarios), default=60.0)
     run_dir = choose_run_dir(request.out, run_id, matrix_name=matrix.name, stale_after_s=start_s)
@@ -424,16 +474,19 @@ def _run_matrix(request: RunRequest, matrix: Matrix, overrides: dict[str, Any], 
     not_here = reasons_not_here(scenarios, launcher_name)
     if all(not_here):
         raise LaunchError(f"{display(path)}: no cell can run here; cell {cells[0].name}: {not_here[0]}")
-    console.print(f"matrix {path.name}: {matrix.expansion().summary()} cells, into {run_dir}", highlight=False,
-                  markup=False)
+    console.print(
+        f"matrix {path.name}: {matrix.expansion().summary()} cells, into {run_dir}", highlight=False, markup=False
+    )
     if request.dry_run:
         for cell, scenario in zip(cells, scenarios, strict=True):
             console.rule(f"cell {cell.name}")
-            _dry_run(scenario, launcher_name=launcher_name, request=request, run_dir=run_dir / cell.name,
-                     console=console)
+            _dry_run(
+                scenario, launcher_name=launcher_name, request=request, run_dir=run_dir / cell.name, console=console
+            )
         return EXIT_OK
-    claim = claim_run_dir(run_dir, run_id, exact=request.out is not None, reuse=holds_matrix(run_dir),
-                          stale_after_s=start_s)
+    claim = claim_run_dir(
+        run_dir, run_id, exact=request.out is not None, reuse=holds_matrix(run_dir), stale_after_s=start_s
+    )
     run_dir = claim.path
     # matrix.json first: a matrix that is interrupted can be collected as one, or resumed (--resume)
     from harness.scenario.matrix import write_matrix_manifest
@@ -442,9 +495,19 @@ def _run_matrix(request: RunRequest, matrix: Matrix, overrides: dict[str, Any], 
     launcher: Launcher | None = None
     try:
         launcher = make_launcher(launcher_name, address=request.address, num_cpus=cluster_cpus_for(scenarios))
-        collected = _run_cells(cells, scenarios, not_here, launcher=launcher, run_dir=run_dir, run_id=run_id,
-                               path=path, command=command, console=console, resume=request.resume,
-                               start_s=start_s)
+        collected = _run_cells(
+            cells,
+            scenarios,
+            not_here,
+            launcher=launcher,
+            run_dir=run_dir,
+            run_id=run_id,
+            path=path,
+            command=command,
+            console=console,
+            resume=request.resume,
+            start_s=start_s,
+        )
     finally:
         if launcher is not None:
             launcher.close()
@@ -456,9 +519,20 @@ def _run_matrix(request: RunRequest, matrix: Matrix, overrides: dict[str, Any], 
     return result.exit_code
 
 
-def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str | None], *, launcher: Launcher,
-               run_dir: Path, run_id: str, path: Path, command: list[str], console: Console, resume: bool = False,
-               start_s: float = 60.0) -> dict[str, CollectResult]:
+def _run_cells(
+    cells: list[Any],
+    scenarios: list[Scenario],
+    not_here: list[str | None],
+    *,
+    launcher: Launcher,
+    run_dir: Path,
+    run_id: str,
+    path: Path,
+    command: list[str],
+    console: Console,
+    resume: bool = False,
+    start_s: float = 60.0,
+) -> dict[str, CollectResult]:
     """The cells one after another, each claimed in the matrix directory; past a cell that fails or cannot run.
 
     A cell that finished (collected, its claim released) is kept. One that was interrupted (run.json and a claim
@@ -471,12 +545,19 @@ def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str |
         if (cell_dir / "run.json").exists():
             # finished: collected and released (a claim left behind is a run that was killed, collected or not)
             if (cell_dir / "report.json").exists() and not (cell_dir / CLAIM_FILE).exists():
-                console.print(f"cell {cell.name}: already run in {cell_dir}; kept (remove it to run it again)",
-                              highlight=False, markup=False)
+                console.print(
+                    f"cell {cell.name}: already run in {cell_dir}; kept (remove it to run it again)",
+                    highlight=False,
+                    markup=False,
+                )
                 continue
             if not resume:
-                console.print(f"cell {cell.name}: interrupted in {cell_dir} (its run was stopped before the end); "
-                              "kept: `--resume` runs it again", highlight=False, markup=False)
+                console.print(
+                    f"cell {cell.name}: interrupted in {cell_dir} (its run was stopped before the end); "
+                    "kept: `--resume` runs it again",
+                    highlight=False,
+                    markup=False,
+                )
                 continue
         try:
             if reason is not None:
@@ -487,9 +568,15 @@ def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str |
             cell_claim = claim_run_dir(cell_dir, f"{run_id}-{cell.name}", stale_after_s=start_s)
             try:
                 code = run_scenario(
-                    scenario, launcher=launcher, run_dir=cell_claim.path, run_id=f"{run_id}-{cell.name}",
-                    scenario_path=path, command=command, console=console,
-                    on_collected=functools.partial(collected.__setitem__, cell.name), plots=False,
+                    scenario,
+                    launcher=launcher,
+                    run_dir=cell_claim.path,
+                    run_id=f"{run_id}-{cell.name}",
+                    scenario_path=path,
+                    command=command,
+                    console=console,
+                    on_collected=functools.partial(collected.__setitem__, cell.name),
+                    plots=False,
                 )
             finally:
                 cell_claim.release()

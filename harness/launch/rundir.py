@@ -87,8 +87,10 @@ def _stale_claim(run_dir: Path, owner: str, stale_after_s: float) -> str | None:
     except OSError:
         return None
     if age > stale_after_s:
-        return (f"its claim file is empty and {age:.0f} s old (a run writes it at once; its writer stopped, e.g. "
-                f"on a full disk), beyond the {stale_after_s:g} s a run takes to start")
+        return (
+            f"its claim file is empty and {age:.0f} s old (a run writes it at once; its writer stopped, e.g. "
+            f"on a full disk), beyond the {stale_after_s:g} s a run takes to start"
+        )
     return None
 
 
@@ -105,12 +107,16 @@ def _claimed_by_other(run_dir: Path, *, stale_after_s: float) -> str | None:
         return None
     match = _CLAIM_RE.match(owner)
     if match is not None and match.group(2) != socket.gethostname():
-        how = (f"if that run is gone (check on {match.group(2)}), delete {display(run_dir / CLAIM_FILE)} to take "
-               "the directory over")
+        how = (
+            f"if that run is gone (check on {match.group(2)}), delete {display(run_dir / CLAIM_FILE)} to take "
+            "the directory over"
+        )
     else:
         how = f"if it is gone, delete {display(run_dir / CLAIM_FILE)} to take the directory over"
-    return (f"--out {shown} is being written by another run ({owner or 'a run that is still starting'}); give "
-            f"another directory, or {how}")
+    return (
+        f"--out {shown} is being written by another run ({owner or 'a run that is still starting'}); give "
+        f"another directory, or {how}"
+    )
 
 
 def clear_interrupted(run_dir: Path, *, stale_after_s: float = DEFAULT_START_S) -> None:
@@ -184,7 +190,9 @@ def _matrix_name(directory: Path) -> object:
             raise ValueError("too big")
         return json.loads(path.read_text(encoding="utf-8")).get("name")
     except (OSError, ValueError, AttributeError, RecursionError):
-        raise LaunchError(f"--out {display(directory)}: {MATRIX_MANIFEST} is unreadable; give a new directory") from None
+        raise LaunchError(
+            f"--out {display(directory)}: {MATRIX_MANIFEST} is unreadable; give a new directory"
+        ) from None
 
 
 def _check_existing_dir(out: Path, matrix_name: str | None, stale_after_s: float) -> None:
@@ -198,8 +206,9 @@ def _check_existing_dir(out: Path, matrix_name: str | None, stale_after_s: float
     if matrix_name is not None and holds_matrix(out):  # this matrix's directory again: its cells are added
         existing = _matrix_name(out)
         if existing != matrix_name:
-            raise LaunchError(f"--out {shown} holds matrix {shown_value(existing)}, not {matrix_name!r}; give a "
-                              "new directory")
+            raise LaunchError(
+                f"--out {shown} holds matrix {shown_value(existing)}, not {matrix_name!r}; give a new directory"
+            )
         return _probe(out)
     if "run.json" in entries or "ranks" in entries:
         raise LaunchError(f"--out {shown} already holds a run; give a new directory")
@@ -240,12 +249,15 @@ def _probe(out: Path) -> None:
         probe_writable(out, need_bytes=RUN_DIR_MIN_FREE_BYTES)
     except OSError as exc:
         what = "cannot write the run's records there" if out.is_dir() else "cannot create it"
-        raise LaunchError(f"--out {display(out)}: {what} ({exc.strerror}); allowed: a writable directory with "
-                          f"{RUN_DIR_MIN_FREE_BYTES // 2**20} MiB free at least") from None
+        raise LaunchError(
+            f"--out {display(out)}: {what} ({exc.strerror}); allowed: a writable directory with "
+            f"{RUN_DIR_MIN_FREE_BYTES // 2**20} MiB free at least"
+        ) from None
 
 
-def choose_run_dir(out: Path | None, run_id: str, *, matrix_name: str | None = None,
-                   stale_after_s: float = DEFAULT_START_S) -> Path:
+def choose_run_dir(
+    out: Path | None, run_id: str, *, matrix_name: str | None = None, stale_after_s: float = DEFAULT_START_S
+) -> Path:
     """--out as given (checked: new, or an empty writable directory), else results/<run-id> (made unique).
 
     `stale_after_s`: the longest the run takes to start (the scenario's launch.placement_timeout_s): an empty claim
@@ -255,9 +267,11 @@ def choose_run_dir(out: Path | None, run_id: str, *, matrix_name: str | None = N
         return out.resolve()
     if RAY_JOB_ENV in os.environ:
         # A job's working directory is Ray's temporary copy of --working-dir, deleted when the job ends.
-        raise LaunchError("inside a `ray job submit` job results/ is Ray's temporary copy of the working directory, "
-                          "deleted when the job ends: give --out an absolute path on the head node "
-                          "(README: Running on a Ray cluster)")
+        raise LaunchError(
+            "inside a `ray job submit` job results/ is Ray's temporary copy of the working directory, "
+            "deleted when the job ends: give --out an absolute path on the head node "
+            "(README: Running on a Ray cluster)"
+        )
     run_dir = RESULTS_DIR / run_id
     suffix = 2
     while run_dir.exists():
@@ -289,8 +303,9 @@ def _write_claim(run_dir: Path, run_id: str, *, reuse: bool, stale_after_s: floa
     others = [name for name in _entries(run_dir) if name != CLAIM_FILE]
     if others and not reuse:  # written between the check and the claim: not ours to mix with
         (run_dir / CLAIM_FILE).unlink(missing_ok=True)
-        raise LaunchError(f"--out {display(run_dir)} is not empty ({len(others)} entries); allowed: a new or empty "
-                          "directory")
+        raise LaunchError(
+            f"--out {display(run_dir)} is not empty ({len(others)} entries); allowed: a new or empty directory"
+        )
 
 
 @dataclass(frozen=True)
@@ -308,8 +323,9 @@ class RunDirClaim:
             pass  # left as it is: a claim file left behind names the run that made it
 
 
-def claim_run_dir(run_dir: Path, run_id: str, *, exact: bool = True, reuse: bool = False,
-                  stale_after_s: float = DEFAULT_START_S) -> RunDirClaim:
+def claim_run_dir(
+    run_dir: Path, run_id: str, *, exact: bool = True, reuse: bool = False, stale_after_s: float = DEFAULT_START_S
+) -> RunDirClaim:
     """Create run_dir (or take it empty) and claim it.
 
     exact=False (results/<run-id>): a directory that appeared meanwhile is skipped for the next free suffix.
@@ -330,7 +346,8 @@ def claim_run_dir(run_dir: Path, run_id: str, *, exact: bool = True, reuse: bool
         except OSError as exc:
             raise LaunchError(f"--out {display(candidate)}: cannot create it ({exc.strerror})") from None
     if created is False and not candidate.is_dir():
-        raise LaunchError(f"--out {display(candidate)} exists and is not a directory; allowed: a new or empty "
-                          "directory")
+        raise LaunchError(
+            f"--out {display(candidate)} exists and is not a directory; allowed: a new or empty directory"
+        )
     _write_claim(candidate, run_id, reuse=reuse, stale_after_s=stale_after_s)
     return RunDirClaim(candidate, created)

@@ -43,9 +43,15 @@ class RunSink:
 
     @staticmethod
     def for_plan(plan: LaunchPlan, *, listener: Callable[[Event], None] | None = None) -> RunSink:
-        return RunSink(run_dir=plan.run_dir, run_id=plan.run_id, num_ranks=plan.num_ranks,
-                       scenario_hash=plan.scenario.scenario_hash, policies=plan.entry.policies,
-                       record_model=plan.entry.record_model, listener=listener)
+        return RunSink(
+            run_dir=plan.run_dir,
+            run_id=plan.run_id,
+            num_ranks=plan.num_ranks,
+            scenario_hash=plan.scenario.scenario_hash,
+            policies=plan.entry.policies,
+            record_model=plan.entry.record_model,
+            listener=listener,
+        )
 
     @property
     def pending(self) -> list[int]:
@@ -117,8 +123,14 @@ class RunSink:
         so_far = self.so_far.get(rank)
         finished = [p.policy for p in so_far.policies] if so_far is not None else []
         failure = RankFailure(
-            **self.header, rank=rank, node=self.nodes.get(rank, "unknown"), cause=cause, detail=detail,
-            at=time.time(), finished_policies=finished, lost_policies=[p for p in self.policies if p not in finished],
+            **self.header,
+            rank=rank,
+            node=self.nodes.get(rank, "unknown"),
+            cause=cause,
+            detail=detail,
+            at=time.time(),
+            finished_policies=finished,
+            lost_policies=[p for p in self.policies if p not in finished],
         )
         write_record(rank_record_path(self.run_dir, rank, failed=True), failure)
         self.failures[rank] = failure

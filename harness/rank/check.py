@@ -121,8 +121,9 @@ class _StageStats:
     def packed(self) -> torch.Tensor:
         """num_wrong, first_row (-1: none), max_error, num_unjudged, wrong rows per expert: one float64 vector."""
         first = torch.where(self.first_row == _NO_ROW, torch.full_like(self.first_row, -1), self.first_row)
-        head = torch.stack([self.num_wrong.double(), first.double(), self.max_error.double(),
-                            self.num_unjudged.double()])
+        head = torch.stack(
+            [self.num_wrong.double(), first.double(), self.max_error.double(), self.num_unjudged.double()]
+        )
         return torch.cat([head, self.wrong_per_expert.double()])
 
 
@@ -145,8 +146,14 @@ class StageChecker:
         M = inputs.expert_x.shape[1]
         self.E, self.M = E, M
         tol = scenario.expect.stage_tolerance
-        kinds = {"dispatch": "all", "gemm1": "sampled", "activation": "all", "quant": "all", "gemm2": "sampled",
-                 "combine": "all"}
+        kinds = {
+            "dispatch": "all",
+            "gemm1": "sampled",
+            "activation": "all",
+            "quant": "all",
+            "gemm2": "sampled",
+            "combine": "all",
+        }
         self.stats = {s: _StageStats(s, kinds[s], getattr(tol, s), E, device) for s in STAGES}
         self.timer = _Timer(device)
         self.spans = [(e, e * M, e * M + n) for e, n in enumerate(inputs.counts) if n]
@@ -171,8 +178,9 @@ class StageChecker:
 
     # -- dispatch -------------------------------------------------------------------------------------------
 
-    def check_dispatch(self, expert_src: torch.Tensor, sources: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                       rank: int) -> None:
+    def check_dispatch(
+        self, expert_src: torch.Tensor, sources: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], rank: int
+    ) -> None:
         """Every valid slot holds a (source rank, token) routed to that expert, once, with the sender's FP8 bytes
         and scale; every routed (token, expert) pair has a slot.
 
@@ -182,8 +190,9 @@ class StageChecker:
         with self.timer:
             self._check_dispatch(expert_src, sources, rank)
 
-    def _check_dispatch(self, expert_src: torch.Tensor, sources: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                        rank: int) -> None:
+    def _check_dispatch(
+        self, expert_src: torch.Tensor, sources: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], rank: int
+    ) -> None:
         stats, E, M, dev = self.stats["dispatch"], self.E, self.M, self.device
         stride = max(1, max(ids.shape[0] for ids, _, _ in sources))  # key = src * stride + token
         ids_all = torch.full((len(sources) * stride, sources[0][0].shape[1]), -1, dtype=torch.int64, device=dev)
@@ -192,9 +201,9 @@ class StageChecker:
         expected = torch.zeros(E, dtype=torch.int64, device=dev)
         for src_rank, (ids, q, scale) in enumerate(sources):
             n = ids.shape[0]
-            ids_all[src_rank * stride: src_rank * stride + n] = ids.to(dev)
-            q_all[src_rank * stride: src_rank * stride + n] = q.view(torch.uint8)
-            s_all[src_rank * stride: src_rank * stride + n] = scale.reshape(-1)
+            ids_all[src_rank * stride : src_rank * stride + n] = ids.to(dev)
+            q_all[src_rank * stride : src_rank * stride + n] = q.view(torch.uint8)
+            s_all[src_rank * stride : src_rank * stride + n] = scale.reshape(-1)
             mine = ids[torch.div(ids, E, rounding_mode="floor") == rank]
             expected += torch.bincount(torch.remainder(mine, E).reshape(-1).to(dev), minlength=E)
         got_x = self.inputs.expert_x.view(torch.uint8)
@@ -215,7 +224,8 @@ class StageChecker:
                 j1 = min(n, j0 + step)
                 k = key[j0:j1]
                 same[j0:j1] = (got_x[e, j0:j1] == q_all.index_select(0, k)).all(dim=1) & (
-                    got_s[e, j0:j1] == s_all.index_select(0, k))
+                    got_s[e, j0:j1] == s_all.index_select(0, k)
+                )
             ok = routed & same & ~duplicate
             stats.add(self._rows(lo, hi), torch.where(ok, 0.0, 1.0).to(torch.float32), e)  # 1: not the sent row
         # Routed pairs that found no slot: the first slot after the expert's last valid one is where they belong.
@@ -303,7 +313,7 @@ class StageChecker:
             step = _rows_per_chunk(3 * top_k * K)
             for t0 in range(0, n, step):
                 t1 = min(n, t0 + step)
-                terms = returned[t0 * top_k: t1 * top_k].float().view(t1 - t0, top_k, K)
+                terms = returned[t0 * top_k : t1 * top_k].float().view(t1 - t0, top_k, K)
                 terms = terms * topk_weights[t0:t1].float().unsqueeze(-1)
                 ref = terms.sum(dim=1)
                 scale = terms.abs().sum(dim=1).amax(dim=1)
@@ -320,21 +330,23 @@ class StageChecker:
         for stage, values in zip(STAGES, packed, strict=True):
             stats = self.stats[stage]
             num_wrong, first, max_error, unjudged = int(values[0]), int(values[1]), float(values[2]), int(values[3])
-            per_expert = values[4:4 + self.E]
+            per_expert = values[4 : 4 + self.E]
             is_rows = stage != "combine"
-            out.append(StageCheck(
-                stage=stage,  # type: ignore[arg-type]
-                rows=stats.rows,  # type: ignore[arg-type]
-                num_rows_checked=max(stats.num_checked, num_wrong),
-                num_rows_wrong=num_wrong,
-                num_rows_unjudged=unjudged,
-                max_rel_error=max_error,
-                tolerance=stats.tolerance,
-                first_wrong_row=first if first >= 0 else None,
-                first_wrong_expert=first // self.M if first >= 0 and is_rows else None,
-                first_wrong_slot=first % self.M if first >= 0 and is_rows else None,
-                wrong_experts=[e for e, c in enumerate(per_expert) if c > 0] if is_rows else [],
-            ))
+            out.append(
+                StageCheck(
+                    stage=stage,  # type: ignore[arg-type]
+                    rows=stats.rows,  # type: ignore[arg-type]
+                    num_rows_checked=max(stats.num_checked, num_wrong),
+                    num_rows_wrong=num_wrong,
+                    num_rows_unjudged=unjudged,
+                    max_rel_error=max_error,
+                    tolerance=stats.tolerance,
+                    first_wrong_row=first if first >= 0 else None,
+                    first_wrong_expert=first // self.M if first >= 0 and is_rows else None,
+                    first_wrong_slot=first % self.M if first >= 0 and is_rows else None,
+                    wrong_experts=[e for e, c in enumerate(per_expert) if c > 0] if is_rows else [],
+                )
+            )
         return out
 
 
@@ -394,8 +406,9 @@ class CheckedPass:
         """expert_x, its scales and expert_num_tokens are filled: read the counts once, check every slot."""
         setup, b = self.setup, self.setup.buffers
         counts = [int(c) for c in b.expert_num_tokens.tolist()]
-        inputs = ExpertsInput(expert_x=b.expert_x, expert_x_scale=b.expert_x_scale, counts=counts,
-                              weights=setup.weights)
+        inputs = ExpertsInput(
+            expert_x=b.expert_x, expert_x_scale=b.expert_x_scale, counts=counts, weights=setup.weights
+        )
         checker = self.checker = StageChecker(inputs, scenario=setup.scenario, device=setup.device)
         with checker.timer:
             sources = []
@@ -435,9 +448,13 @@ class CheckedPass:
         with checker.timer:
             end_to_end = _end_to_end(self.setup, combined)
         return Correctness(
-            max_abs_error=end_to_end["abs"], max_rel_error=end_to_end["rel"],
-            num_wrong_slots=stages[0].num_rows_wrong, num_checked_tokens=end_to_end["num"],
-            tolerance=s.expect.max_error, stages=stages, check_us=checker.timer.total_s * 1e6,
+            max_abs_error=end_to_end["abs"],
+            max_rel_error=end_to_end["rel"],
+            num_wrong_slots=stages[0].num_rows_wrong,
+            num_checked_tokens=end_to_end["num"],
+            tolerance=s.expect.max_error,
+            stages=stages,
+            check_us=checker.timer.total_s * 1e6,
         )
 
 
@@ -476,5 +493,8 @@ def _end_to_end(setup: CheckSetup, combined: torch.Tensor) -> dict[str, Any]:
     abs_err = float((got - ref).abs().max())
     rel_err = abs_err / max(float(ref.abs().max()), 1e-30)
     huge = float(_HUGE)  # records hold finite floats (report.json is JSON)
-    return {"abs": abs_err if math.isfinite(abs_err) else huge, "rel": rel_err if math.isfinite(rel_err) else huge,
-            "num": int(index.numel())}
+    return {
+        "abs": abs_err if math.isfinite(abs_err) else huge,
+        "rel": rel_err if math.isfinite(rel_err) else huge,
+        "num": int(index.numel()),
+    }

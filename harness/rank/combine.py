@@ -7,8 +7,14 @@ import torch
 from harness.rank.comm import Comm, DispatchHandle, DispatchLayout, Stages
 
 
-def combine(expert_out: torch.Tensor, handle: DispatchHandle, layout: DispatchLayout, comm: Comm, *,
-            stages: Stages | None = None) -> torch.Tensor:
+def combine(
+    expert_out: torch.Tensor,
+    handle: DispatchHandle,
+    layout: DispatchLayout,
+    comm: Comm,
+    *,
+    stages: Stages | None = None,
+) -> torch.Tensor:
     """Return (num_tokens, K) in expert_out's dtype: sum over top-k slots of weight * expert output.
 
     expert_out: (E, M, K) bf16, the experts' `out` (a view of the policy's common workspace); only the slots

@@ -20,8 +20,15 @@ from harness.rank.route import Routing
 __all__ = ["DispatchError", "DispatchHandle", "DispatchLayout", "Quantize", "as_words", "dispatch"]
 
 
-def dispatch(tokens: torch.Tensor, routing: Routing, layout: DispatchLayout, comm: Comm,
-             quantize: Quantize = quantize_per_token, *, stages: Stages | None = None) -> DispatchHandle:
+def dispatch(
+    tokens: torch.Tensor,
+    routing: Routing,
+    layout: DispatchLayout,
+    comm: Comm,
+    quantize: Quantize = quantize_per_token,
+    *,
+    stages: Stages | None = None,
+) -> DispatchHandle:
     """Quantize and send this rank's tokens; fill comm.expert_x / expert_x_scale / expert_num_tokens.
 
     tokens: (num_tokens, K) bf16 on the rank's device; routing.topk_ids: (num_tokens, top_k) int64 global expert
@@ -32,5 +39,6 @@ def dispatch(tokens: torch.Tensor, routing: Routing, layout: DispatchLayout, com
     if layout is not comm.layout and layout != comm.layout:
         raise ValueError("dispatch: the layout differs from the one the comm buffers were allocated for")
     device = tokens.device
-    return comm.dispatch(tokens, routing.topk_ids.to(device), routing.topk_weights.to(device), quantize,
-                         stages or Stages())
+    return comm.dispatch(
+        tokens, routing.topk_ids.to(device), routing.topk_weights.to(device), quantize, stages or Stages()
+    )

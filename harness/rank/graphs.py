@@ -77,8 +77,14 @@ class CapturedRound:
         self.combine_graph.reset()
 
 
-def capture_round(tokens: torch.Tensor, routing: Routing, layout: DispatchLayout, comm: Comm, quantize: Quantize,
-                  expert_out: torch.Tensor) -> CapturedRound:
+def capture_round(
+    tokens: torch.Tensor,
+    routing: Routing,
+    layout: DispatchLayout,
+    comm: Comm,
+    quantize: Quantize,
+    expert_out: torch.Tensor,
+) -> CapturedRound:
     """Capture dispatch(tokens (n, K) bf16, routing) and combine(expert_out (E, M, K) bf16), then replay each once.
 
     Collective: every rank calls it together, after at least one eager dispatch + combine (kernels built, NCCL
@@ -96,8 +102,14 @@ def capture_round(tokens: torch.Tensor, routing: Routing, layout: DispatchLayout
     return CapturedRound(dispatch_graph=d_graph, combine_graph=c_graph, handle=held["handle"], out=held["out"])
 
 
-def capture_agreed(tokens: torch.Tensor, routing: Routing, layout: DispatchLayout, comm: Comm, quantize: Quantize,
-                   expert_out: torch.Tensor) -> tuple[CapturedRound | None, str | None]:
+def capture_agreed(
+    tokens: torch.Tensor,
+    routing: Routing,
+    layout: DispatchLayout,
+    comm: Comm,
+    quantize: Quantize,
+    expert_out: torch.Tensor,
+) -> tuple[CapturedRound | None, str | None]:
     """(the captured round, None), or (None, why eager): capture_reason, or the capture failed on some rank (every
     rank then agrees to time eager). Collective where the comm captures."""
     reason = capture_reason(tokens.device, comm)

@@ -97,8 +97,12 @@ def make_tokens(*, seed: int, rank: int, num_tokens: int, hidden_size: int, devi
 def make_routing(scenario: Scenario, rank: int, num_tokens: int) -> Routing:
     P, E = scenario.parallel.num_ranks, scenario.num_local_experts
     return route(
-        kind=scenario.routing.kind, num_tokens=num_tokens, num_experts=P * E, top_k=scenario.model.top_k or 1,
-        seed=scenario.seed * 1_000_037 + rank, zipf_exponent=scenario.routing.zipf_exponent,
+        kind=scenario.routing.kind,
+        num_tokens=num_tokens,
+        num_experts=P * E,
+        top_k=scenario.model.top_k or 1,
+        seed=scenario.seed * 1_000_037 + rank,
+        zipf_exponent=scenario.routing.zipf_exponent,
     )
 
 
@@ -134,8 +138,7 @@ class RankSetup:
 
     def event(self, kind: type[RankEvent], **fields: Any) -> RankEvent:
         """A progress event of this rank, with the header every record and event carries."""
-        return kind(run_id=self.info.run_id, scenario_hash=self.scenario.scenario_hash, rank=self.info.rank,
-                    **fields)
+        return kind(run_id=self.info.run_id, scenario_hash=self.scenario.scenario_hash, rank=self.info.rank, **fields)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -148,8 +151,9 @@ def source_inputs(setup: RankSetup) -> Callable[[int], tuple[torch.Tensor, torch
 
     def inputs(src: int) -> tuple[torch.Tensor, torch.Tensor]:
         n = s.num_tokens_on_rank(src)
-        tokens = make_tokens(seed=s.seed, rank=src, num_tokens=n, hidden_size=setup.layout.hidden_size,
-                             device=setup.device)
+        tokens = make_tokens(
+            seed=s.seed, rank=src, num_tokens=n, hidden_size=setup.layout.hidden_size, device=setup.device
+        )
         return tokens, make_routing(s, src, n).topk_ids
 
     return inputs
@@ -157,14 +161,19 @@ def source_inputs(setup: RankSetup) -> Callable[[int], tuple[torch.Tensor, torch
 
 def _contract(shapes: WorkspaceShapes) -> ContractBytes:
     return ContractBytes(
-        ws13_shape=list(shapes.ws13), ws2_shape=list(shapes.ws2), out_shape=list(shapes.out),
-        common_bytes=shapes.common_bytes, ws2_bytes=shapes.ws2_bytes, total_bytes=shapes.total_bytes,
+        ws13_shape=list(shapes.ws13),
+        ws2_shape=list(shapes.ws2),
+        out_shape=list(shapes.out),
+        common_bytes=shapes.common_bytes,
+        ws2_bytes=shapes.ws2_bytes,
+        total_bytes=shapes.total_bytes,
         source=shapes.source,
     )
 
 
-def _oom_record(setup: RankSetup, policy: str, stage: str, exc: BaseException, requested: int | None,
-                snapshot: SnapshotRecorder) -> OomRecord:
+def _oom_record(
+    setup: RankSetup, policy: str, stage: str, exc: BaseException, requested: int | None, snapshot: SnapshotRecorder
+) -> OomRecord:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     # The allocation that failed, as the error reports it; else what the stage as a whole asked for.
     requested = getattr(exc, "requested_bytes", None) or requested_bytes_from_message(str(exc)) or requested
@@ -179,8 +188,17 @@ def _oom_record(setup: RankSetup, policy: str, stage: str, exc: BaseException, r
             snapshot_file = str(rel)
     budget = setup.scenario.memory.budget_bytes
     allocated = getattr(exc, "allocated_bytes", 0) if stage == "workspace" else None
-    return OomRecord(policy=policy, stage=stage, requested_bytes=requested, free_bytes=free, total_bytes=total,
-                     budget_bytes=budget, message=message[:500], snapshot_file=snapshot_file, allocated_bytes=allocated)
+    return OomRecord(
+        policy=policy,
+        stage=stage,
+        requested_bytes=requested,
+        free_bytes=free,
+        total_bytes=total,
+        budget_bytes=budget,
+        message=message[:500],
+        snapshot_file=snapshot_file,
+        allocated_bytes=allocated,
+    )
 
 
 def _correctness(setup: RankSetup, state: PolicyState) -> Correctness | None:
@@ -202,8 +220,12 @@ def _correctness(setup: RankSetup, state: PolicyState) -> Correctness | None:
 def allocate_workspace(setup: RankSetup, shapes: WorkspaceShapes) -> Workspace:
     s = setup.scenario
     return Workspace.allocate(
-        shapes, setup.accountant, dtype=getattr(torch, s.model.workspace_dtype), num_local_experts=s.num_local_experts,
-        max_slots_per_expert=setup.layout.max_slots_per_expert, hidden_size=setup.layout.hidden_size,
+        shapes,
+        setup.accountant,
+        dtype=getattr(torch, s.model.workspace_dtype),
+        num_local_experts=s.num_local_experts,
+        max_slots_per_expert=setup.layout.max_slots_per_expert,
+        hidden_size=setup.layout.hidden_size,
         intermediate_size=s.model.intermediate_size or 0,
     )
 
@@ -225,8 +247,11 @@ def _baseline(setup: RankSetup) -> Baseline:
     if device.type != "cuda":
         return Baseline(used_bytes=used, allocator_bytes=None, reserved_bytes=0)
     torch.cuda.reset_peak_memory_stats(device)
-    return Baseline(used_bytes=used, allocator_bytes=int(torch.cuda.memory_allocated(device)),
-                    reserved_bytes=int(torch.cuda.memory_reserved(device)))
+    return Baseline(
+        used_bytes=used,
+        allocator_bytes=int(torch.cuda.memory_allocated(device)),
+        reserved_bytes=int(torch.cuda.memory_reserved(device)),
+    )
 
 
 @dataclass(kw_only=True)
@@ -278,8 +303,14 @@ def _run_stage(setup: RankSetup, state: PolicyState, stage: str, fn: Callable[[]
         return None
 
 
-def _one_pass(setup: RankSetup, state: PolicyState, timer: StageTimer, *, checked: CheckedPass | None = None,
-              captured: CapturedRound | None = None) -> None:
+def _one_pass(
+    setup: RankSetup,
+    state: PolicyState,
+    timer: StageTimer,
+    *,
+    checked: CheckedPass | None = None,
+    captured: CapturedRound | None = None,
+) -> None:
     """dispatch -> experts -> combine once on state.workspace; ranks agree after the experts and after combine.
 
     `checked`: the correctness check's pass (its hooks run between the stages; nothing of it is timed).
@@ -292,16 +323,32 @@ def _one_pass(setup: RankSetup, state: PolicyState, timer: StageTimer, *, checke
     b, workspace = setup.buffers, state.workspace
     assert workspace is not None
     t0 = timer.start()
-    state.handle = _run_stage(setup, state, "dispatch", captured.dispatch if captured is not None else lambda: dispatch(
-        setup.tokens, setup.routing, setup.layout, b, setup.quantize))
+    state.handle = _run_stage(
+        setup,
+        state,
+        "dispatch",
+        captured.dispatch
+        if captured is not None
+        else lambda: dispatch(setup.tokens, setup.routing, setup.layout, b, setup.quantize),
+    )
     timer.stop("dispatch", t0)
     if state.own is None and checked is not None:
         _run_stage(setup, state, "check", checked.after_dispatch)
     if state.own is None:
         t1 = timer.start()
-        expert_out = _run_stage(setup, state, "experts", lambda: setup.backend.apply(
-            expert_x=b.expert_x, expert_x_scale=b.expert_x_scale, expert_num_tokens=b.expert_num_tokens,
-            weights=setup.weights, workspace=workspace, hooks=checked))
+        expert_out = _run_stage(
+            setup,
+            state,
+            "experts",
+            lambda: setup.backend.apply(
+                expert_x=b.expert_x,
+                expert_x_scale=b.expert_x_scale,
+                expert_num_tokens=b.expert_num_tokens,
+                weights=setup.weights,
+                workspace=workspace,
+                hooks=checked,
+            ),
+        )
         timer.stop("experts", t1)
     state.failed = agree(state.own, setup.device)
     handle = state.handle
@@ -309,8 +356,11 @@ def _one_pass(setup: RankSetup, state: PolicyState, timer: StageTimer, *, checke
         return
     t2 = timer.start()
     state.combined = combined = _run_stage(
-        setup, state, "combine", captured.combine if captured is not None else lambda: combine(
-            expert_out, handle, setup.layout, b))
+        setup,
+        state,
+        "combine",
+        captured.combine if captured is not None else lambda: combine(expert_out, handle, setup.layout, b),
+    )
     timer.stop("combine", t2)
     if state.own is None and checked is not None:
         _run_stage(setup, state, "check", lambda: checked.after_combine(combined, handle))
@@ -324,8 +374,9 @@ def _iterate(setup: RankSetup, state: PolicyState) -> None:
     s = setup.scenario
     timer = StageTimer(setup.device)
     assert state.workspace is not None
-    captured, state.timing_reason = capture_agreed(setup.tokens, setup.routing, setup.layout, setup.buffers,
-                                                   setup.quantize, state.workspace.out)
+    captured, state.timing_reason = capture_agreed(
+        setup.tokens, setup.routing, setup.layout, setup.buffers, setup.quantize, state.workspace.out
+    )
     state.timing_mode = "eager" if captured is None else "graph"
     for iteration in range(s.warmup + s.iterations):
         _one_pass(setup, state, timer, captured=captured)
@@ -340,8 +391,9 @@ def _iterate(setup: RankSetup, state: PolicyState) -> None:
         captured.reset()
 
 
-def _measure(setup: RankSetup, state: PolicyState, baseline: Baseline, sampler: PeakSampler) -> tuple[
-        MemoryMeasurement, Breakdown]:
+def _measure(
+    setup: RankSetup, state: PolicyState, baseline: Baseline, sampler: PeakSampler
+) -> tuple[MemoryMeasurement, Breakdown]:
     """The policy's memory window: peaks against the baseline, and the exact breakdown of the harness's tensors."""
     device, acc = setup.device, setup.accountant
     cuda = device.type == "cuda"
@@ -364,9 +416,14 @@ def _measure(setup: RankSetup, state: PolicyState, baseline: Baseline, sampler: 
     scratch = setup.backend.scratch_bytes(state.workspace) if state.workspace is not None else 0
     peak = sampler.process_peak_bytes if sampler.process_peak_bytes else sampler.peak_bytes - setup.external_bytes
     breakdown = Breakdown(
-        weights_bytes=acc.bytes_of("weights"), dispatch_bytes=acc.bytes_of("dispatch"),
-        common_bytes=acc.bytes_of("common"), ws2_bytes=acc.bytes_of("ws2"), combine_bytes=acc.bytes_of("combine"),
-        ballast_bytes=acc.bytes_of("ballast"), other_bytes=max(0, peak - tracked - scratch), scratch_bytes=scratch,
+        weights_bytes=acc.bytes_of("weights"),
+        dispatch_bytes=acc.bytes_of("dispatch"),
+        common_bytes=acc.bytes_of("common"),
+        ws2_bytes=acc.bytes_of("ws2"),
+        combine_bytes=acc.bytes_of("combine"),
+        ballast_bytes=acc.bytes_of("ballast"),
+        other_bytes=max(0, peak - tracked - scratch),
+        scratch_bytes=scratch,
         comm_bytes=acc.bytes_of("comm"),
     )
     return memory, breakdown
@@ -375,11 +432,16 @@ def _measure(setup: RankSetup, state: PolicyState, baseline: Baseline, sampler: 
 def _timings(state: PolicyState) -> Timings:
     stats = {stage: stats_drop_first(samples) for stage, samples in state.samples.items()}
     return Timings(
-        dispatch_us=stats["dispatch"].median_us, experts_us=stats["experts"].median_us,
-        combine_us=stats["combine"].median_us, num_samples=stats["experts"].num_samples,
-        dispatch_min_us=stats["dispatch"].min_us, dispatch_max_us=stats["dispatch"].max_us,
-        experts_min_us=stats["experts"].min_us, experts_max_us=stats["experts"].max_us,
-        combine_min_us=stats["combine"].min_us, combine_max_us=stats["combine"].max_us,
+        dispatch_us=stats["dispatch"].median_us,
+        experts_us=stats["experts"].median_us,
+        combine_us=stats["combine"].median_us,
+        num_samples=stats["experts"].num_samples,
+        dispatch_min_us=stats["dispatch"].min_us,
+        dispatch_max_us=stats["dispatch"].max_us,
+        experts_min_us=stats["experts"].min_us,
+        experts_max_us=stats["experts"].max_us,
+        combine_min_us=stats["combine"].min_us,
+        combine_max_us=stats["combine"].max_us,
     )
 
 
@@ -406,15 +468,28 @@ def _result(setup: RankSetup, state: PolicyState, memory: MemoryMeasurement, bre
         status, error = "error", _stopped_message(state.failed)
     else:
         assert state.handle is not None and state.combined is not None
-        timings = _timings(state).model_copy(update=dict(
-            timing_mode=state.timing_mode, timing_reason=state.timing_reason,
-            num_host_syncs=state.handle.num_host_syncs))
+        timings = _timings(state).model_copy(
+            update=dict(
+                timing_mode=state.timing_mode,
+                timing_reason=state.timing_reason,
+                num_host_syncs=state.handle.num_host_syncs,
+            )
+        )
         throughput = _throughput(setup, timings, state.handle)
         correctness = state.correctness
     return PolicyResult(
-        policy=state.policy, status=status, contract=_contract(state.shapes), memory=memory, breakdown=breakdown,
-        timings=timings, throughput=throughput, correctness=correctness, expected_outcome=expected,
-        oom=state.oom, error=error, failed_ranks=sorted(state.failed) if state.failed else None,
+        policy=state.policy,
+        status=status,
+        contract=_contract(state.shapes),
+        memory=memory,
+        breakdown=breakdown,
+        timings=timings,
+        throughput=throughput,
+        correctness=correctness,
+        expected_outcome=expected,
+        oom=state.oom,
+        error=error,
+        failed_ranks=sorted(state.failed) if state.failed else None,
     )
 
 
@@ -428,7 +503,8 @@ def measure_policy(setup: RankSetup, policy: str, progress: Progress | None) -> 
     if progress:
         progress(setup.event(PolicyStarted, policy=policy))
     state = PolicyState(
-        policy=policy, shapes=policy_shapes(policy, s.sizing_args()),
+        policy=policy,
+        shapes=policy_shapes(policy, s.sizing_args()),
         snapshot=SnapshotRecorder(setup.device, enabled=s.memory.snapshot_on_oom and s.memory.budget_bytes is not None),
     )
     baseline = _baseline(setup)
@@ -451,8 +527,11 @@ def measure_policy(setup: RankSetup, policy: str, progress: Progress | None) -> 
 
 def _throughput(setup: RankSetup, timings: Timings, handle: DispatchHandle) -> Throughput:
     layout, P = setup.layout, setup.layout.num_ranks
-    flops = useful_flops(setup.buffers.expert_num_tokens, hidden_size=layout.hidden_size,
-                         intermediate_size=setup.scenario.model.intermediate_size or 0)
+    flops = useful_flops(
+        setup.buffers.expert_num_tokens,
+        hidden_size=layout.hidden_size,
+        intermediate_size=setup.scenario.model.intermediate_size or 0,
+    )
     dispatch_bytes, combine_bytes = handle.dispatch_bytes, handle.combine_bytes
     bus = (P - 1) / P  # nccl-tests' all-to-all bus factor: the self-send crosses no link
 
@@ -465,25 +544,29 @@ def _throughput(setup: RankSetup, timings: Timings, handle: DispatchHandle) -> T
         dispatch_busbw_gbps=gbps(dispatch_bytes, timings.dispatch_us) * bus,
         combine_algbw_gbps=gbps(combine_bytes, timings.combine_us),
         combine_busbw_gbps=gbps(combine_bytes, timings.combine_us) * bus,
-        dispatch_bytes=dispatch_bytes, combine_bytes=combine_bytes,
+        dispatch_bytes=dispatch_bytes,
+        combine_bytes=combine_bytes,
     )
 
 
-def _setup_comm(s: Scenario, layout: DispatchLayout, probe: MemoryProbe, accountant: Accountant,
-                predicted: dict[str, Prediction]) -> tuple[tuple[Comm, CommRecord], list[ComponentMemory]]:
+def _setup_comm(
+    s: Scenario, layout: DispatchLayout, probe: MemoryProbe, accountant: Accountant, predicted: dict[str, Prediction]
+) -> tuple[tuple[Comm, CommRecord], list[ComponentMemory]]:
     """The comm backend with every buffer at full capacity, then the comm region: with memory.comm_buffer
     deepep-ll (the default) and layer.all2all deepep-low-latency (also the default), one allocation of what DeepEP
     low-latency holds for the same T, K and global experts (E x D, the redundant ones included: vLLM issue
     #57894) in the scenario's layer.deepep_layout, so the GPU's memory includes that cost. The harness's own
     send/receive staging counts under dispatch and combine. Each step is measured as a layer component."""
     device = probe.device
-    name, choice = resolve_comm(s.comm, device_type=device.type, num_local_experts=layout.num_local_experts,
-                                num_ranks=layout.num_ranks)
+    name, choice = resolve_comm(
+        s.comm, device_type=device.type, num_local_experts=layout.num_local_experts, num_ranks=layout.num_ranks
+    )
     comm, comm_step = _measured_step(probe, accountant, lambda: create_comm(
         name, layout, accountant, device=device, out_dtype=getattr(torch, s.model.workspace_dtype)))  # fmt: skip
     components = [comm_step.component("dispatch-quant", predicted, _tensor_bytes(comm.expert_x, comm.expert_x_scale))]
     deepep = deepep_low_latency_bytes(
-        max_tokens_per_rank=s.parallel.max_tokens_per_rank, hidden_size=layout.hidden_size,
+        max_tokens_per_rank=s.parallel.max_tokens_per_rank,
+        hidden_size=layout.hidden_size,
         num_experts=s.sizing_args().num_global_experts,
         combine_variant="bf16" if s.layer.deepep_layout == "bf16-combine" else "logfmt",
     )
@@ -491,9 +574,15 @@ def _setup_comm(s: Scenario, layout: DispatchLayout, probe: MemoryProbe, account
         _, region_step = _measured_step(probe, accountant, lambda: accountant.alloc(
             "comm", (deepep.total_bytes,), torch.uint8))  # fmt: skip
         components.append(region_step.component("deepep-rdma", predicted, region_step.allocated_bytes))
-    record = CommRecord(backend=cast(CommBackend, name), choice=choice, deepep_ll_bytes=deepep.total_bytes,
-                        deepep_combine_variant=deepep.combine_variant, harness_bytes=comm.harness_bytes,
-                        comm_bytes=accountant.bytes_of("comm"), row_kernels=row_kernels(device))
+    record = CommRecord(
+        backend=cast(CommBackend, name),
+        choice=choice,
+        deepep_ll_bytes=deepep.total_bytes,
+        deepep_combine_variant=deepep.combine_variant,
+        harness_bytes=comm.harness_bytes,
+        comm_bytes=accountant.bytes_of("comm"),
+        row_kernels=row_kernels(device),
+    )
     return (comm, record), components
 
 
@@ -503,14 +592,26 @@ def dispatch_layout(scenario: Scenario, rank: int) -> DispatchLayout:
     s = scenario
     D, P, T = s.parallel.num_dispatchers, s.parallel.num_ranks, s.parallel.max_tokens_per_rank
     return DispatchLayout(
-        num_ranks=P, rank=rank, num_local_experts=s.num_local_experts, max_slots_per_expert=T * D,
-        hidden_size=s.model.hidden_size or 0, top_k=s.model.top_k or 1, max_tokens=T * (D // P),
+        num_ranks=P,
+        rank=rank,
+        num_local_experts=s.num_local_experts,
+        max_slots_per_expert=T * D,
+        hidden_size=s.model.hidden_size or 0,
+        top_k=s.model.top_k or 1,
+        max_tokens=T * (D // P),
         num_buffer_tokens=max(s.num_tokens_on_rank(r) for r in range(P)),
     )
 
 
-def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir: Path, external_bytes: int, *,
-               kernels: KernelsLibrary | None = None) -> RankSetup:
+def setup_rank(
+    scenario: Scenario,
+    info: RankInfo,
+    device: torch.device,
+    run_dir: Path,
+    external_bytes: int,
+    *,
+    kernels: KernelsLibrary | None = None,
+) -> RankSetup:
     """Everything the policies share. `kernels` is the ops library the driver resolved for the scenario
     (harness.launch.run.scenario_kernels), handed over as it is: a rank never locates or fetches a release."""
     s = scenario
@@ -536,11 +637,24 @@ def setup_rank(scenario: Scenario, info: RankInfo, device: torch.device, run_dir
     num_tokens = s.num_tokens_on_rank(info.rank)
     tokens = make_tokens(seed=s.seed, rank=info.rank, num_tokens=num_tokens, hidden_size=K, device=device)
     return RankSetup(
-        scenario=s, info=info, device=device, layout=layout, tokens=tokens,
+        scenario=s,
+        info=info,
+        device=device,
+        layout=layout,
+        tokens=tokens,
         routing=make_routing(s, info.rank, num_tokens).to(device),
-        weights=weights, buffers=buffers, comm_record=comm_record, backend=backend, accountant=accountant,
-        probe=probe, external_bytes=external_bytes, run_dir=run_dir, components=components, kernels=kernels,
-        ballast=ballast, ballast_tensors=tuple(held),
+        weights=weights,
+        buffers=buffers,
+        comm_record=comm_record,
+        backend=backend,
+        accountant=accountant,
+        probe=probe,
+        external_bytes=external_bytes,
+        run_dir=run_dir,
+        components=components,
+        kernels=kernels,
+        ballast=ballast,
+        ballast_tensors=tuple(held),
     )
 
 
@@ -564,7 +678,8 @@ class _Step:
                       and 0 <= self.measured_delta_bytes - self.allocated_bytes <= slack)  # fmt: skip
         else:
             within = abs(self.measured_delta_bytes - self.allocated_bytes) <= (
-                RSS_ROUNDING_BYTES + self.allocated_bytes // 100)
+                RSS_ROUNDING_BYTES + self.allocated_bytes // 100
+            )
         return ComponentMemory(
             name=name, predicted_bytes=predicted[name].bytes, prediction_source=predicted[name].source,
             allocated_bytes=allocated_bytes, step_allocated_bytes=self.allocated_bytes,
@@ -590,8 +705,9 @@ def _measured_step(probe: MemoryProbe, accountant: Accountant, allocate: Callabl
                         device_type=device.type)  # fmt: skip
 
 
-def _deployment_ballast(s: Scenario, device: torch.device, probe: MemoryProbe, accountant: Accountant,
-                        held: list[torch.Tensor]) -> list[ComponentMemory]:
+def _deployment_ballast(
+    s: Scenario, device: torch.device, probe: MemoryProbe, accountant: Accountant, held: list[torch.Tensor]
+) -> list[ComponentMemory]:
     """The rest of the deployment as ballast, one measured step per part: every other layer's weights and the KV
     cache, sized by the deployment model on this device's total (GPU: mem_get_info's, as vLLM; CPU: the budget, else
     the RAM). Touched on CPU, so RSS shows each part as NVML shows a cudaMalloc. Each part's tensor joins `held`."""
@@ -604,8 +720,9 @@ def _deployment_ballast(s: Scenario, device: torch.device, probe: MemoryProbe, a
     predicted = {p.name: Prediction(p.bytes, p.source) for p in parts}
     measured = []
     for part in parts:
-        tensor, step = _measured_step(probe, accountant,
-                                      functools.partial(accountant.alloc, "ballast", (part.bytes,), torch.uint8))
+        tensor, step = _measured_step(
+            probe, accountant, functools.partial(accountant.alloc, "ballast", (part.bytes,), torch.uint8)
+        )
         held.append(tensor)
         measured.append(step.component(part.name, predicted, step.allocated_bytes))
     return measured
@@ -613,7 +730,6 @@ def _deployment_ballast(s: Scenario, device: torch.device, probe: MemoryProbe, a
 
 def _tensor_bytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
-
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -640,8 +756,12 @@ def warm_up(setup: RankSetup) -> Literal["full", "comm-only", "failed"]:
     result: Literal["full", "comm-only", "failed"] = "full"
     if state.failed:
         state.own, result = None, "comm-only"
-        _run_stage(setup, state, "dispatch", lambda: dispatch(
-            setup.tokens, setup.routing, setup.layout, setup.buffers, setup.quantize))
+        _run_stage(
+            setup,
+            state,
+            "dispatch",
+            lambda: dispatch(setup.tokens, setup.routing, setup.layout, setup.buffers, setup.quantize),
+        )
         if agree(state.own, setup.device):
             result = "failed"
     else:
@@ -662,29 +782,56 @@ class _RecordFields:
     fields: dict[str, Any]
 
     def record(self, results: list[PolicyResult], counts: list[int] | None, *, complete: bool) -> RankRecord:
-        return RankRecord(**self.fields, policies=list(results), finished_at=time.time(),
-                          expert_num_tokens=counts or [], complete=complete)
+        return RankRecord(
+            **self.fields,
+            policies=list(results),
+            finished_at=time.time(),
+            expert_num_tokens=counts or [],
+            complete=complete,
+        )
 
 
-def _record_fields(setup: RankSetup, *, started: float, ready_at: float,
-                   warmup: Literal["full", "comm-only", "failed"]) -> _RecordFields:
+def _record_fields(
+    setup: RankSetup, *, started: float, ready_at: float, warmup: Literal["full", "comm-only", "failed"]
+) -> _RecordFields:
     s, info, backend = setup.scenario, setup.info, setup.backend
-    return _RecordFields(fields=dict(
-        run_id=info.run_id, scenario_name=s.name or "", scenario_hash=s.scenario_hash,
-        scenario=s.model_dump(mode="json"), rank=info.rank, num_ranks=info.world_size,
-        num_dispatchers=s.parallel.num_dispatchers, emulated=s.emulated,
-        comm_backend=setup.comm_record.backend, comm=setup.comm_record,
-        experts_backend=backend.name, measurement_method="same-baseline",
-        versions=collect_versions(vllm_source=setup.kernels.origin if setup.kernels else None,
-                                  vllm_kernels=backend.kernels if backend.name == "vllm-ops" else None),
-        kernels=kernels_record(backend, setup.kernels),
-        hardware=collect_hardware(setup.device), started_at=started, ready_at=ready_at, warmup=warmup,
-        components=list(setup.components), ballast=list(setup.ballast),
-    ))
+    return _RecordFields(
+        fields=dict(
+            run_id=info.run_id,
+            scenario_name=s.name or "",
+            scenario_hash=s.scenario_hash,
+            scenario=s.model_dump(mode="json"),
+            rank=info.rank,
+            num_ranks=info.world_size,
+            num_dispatchers=s.parallel.num_dispatchers,
+            emulated=s.emulated,
+            comm_backend=setup.comm_record.backend,
+            comm=setup.comm_record,
+            experts_backend=backend.name,
+            measurement_method="same-baseline",
+            versions=collect_versions(
+                vllm_source=setup.kernels.origin if setup.kernels else None,
+                vllm_kernels=backend.kernels if backend.name == "vllm-ops" else None,
+            ),
+            kernels=kernels_record(backend, setup.kernels),
+            hardware=collect_hardware(setup.device),
+            started_at=started,
+            ready_at=ready_at,
+            warmup=warmup,
+            components=list(setup.components),
+            ballast=list(setup.ballast),
+        )
+    )
 
 
-def rank_main(scenario: Scenario, info: RankInfo, run_dir: Path, progress: Progress | None = None, *,
-              kernels: KernelsLibrary | None = None) -> RankRecord:
+def rank_main(
+    scenario: Scenario,
+    info: RankInfo,
+    run_dir: Path,
+    progress: Progress | None = None,
+    *,
+    kernels: KernelsLibrary | None = None,
+) -> RankRecord:
     """Run every policy of `scenario` on this rank and return its record. Joins and leaves the process group.
     `kernels`: the vLLM ops library the driver resolved (harness.launch.contract.RankEntry.kernels), or None.
 
@@ -710,8 +857,9 @@ def rank_main(scenario: Scenario, info: RankInfo, run_dir: Path, progress: Progr
                 first_counts = counts
             if progress:
                 so_far = fields.record(results, first_counts, complete=False)
-                progress(setup.event(PolicyDone, policy=policy, status=result.status,
-                                     record=so_far.model_dump(mode="json")))
+                progress(
+                    setup.event(PolicyDone, policy=policy, status=result.status, record=so_far.model_dump(mode="json"))
+                )
         record = fields.record(results, first_counts, complete=True)
         if progress:
             progress(setup.event(Done))

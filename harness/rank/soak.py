@@ -82,8 +82,9 @@ def round_kind(round_index: int) -> RoundKind:
     return ROUND_KINDS[round_index % len(ROUND_KINDS)]
 
 
-def round_inputs(layout: DispatchLayout, *, seed: int, round_index: int, src: int,
-                 full: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def round_inputs(
+    layout: DispatchLayout, *, seed: int, round_index: int, src: int, full: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rank `src`'s tokens (n, K) bf16, topk_ids (n, top_k) int64 and topk_weights (n, top_k) float32 in round
     `round_index`, on CPU; the same on every rank. `full`: n = C whatever the kind (graph mode)."""
     L, kind = layout, round_kind(round_index)
@@ -95,8 +96,14 @@ def round_inputs(layout: DispatchLayout, *, seed: int, round_index: int, src: in
         n = 0
     else:
         n = int(torch.randint(0, C + 1, (1,), generator=g))
-    ids = route(kind={"hot": "worst-case"}.get(kind, "skewed" if kind == "skewed" else "uniform"), num_tokens=n,
-                num_experts=G, top_k=k, seed=int(torch.randint(0, 2**31, (1,), generator=g)), zipf_exponent=2.0).topk_ids
+    ids = route(
+        kind={"hot": "worst-case"}.get(kind, "skewed" if kind == "skewed" else "uniform"),
+        num_tokens=n,
+        num_experts=G,
+        top_k=k,
+        seed=int(torch.randint(0, 2**31, (1,), generator=g)),
+        zipf_exponent=2.0,
+    ).topk_ids
     weights = torch.rand((n, k), generator=g) + 0.5
     weights /= weights.sum(1, keepdim=True)
     tokens = torch.randn((n, L.hidden_size), generator=g) * torch.exp(torch.randn((n, 1), generator=g))
@@ -116,8 +123,9 @@ def _first(mask: torch.Tensor) -> int:
 Inputs = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # per rank: tokens, topk_ids, topk_weights
 
 
-def check_round(setup: RankSetup, round_index: int, sources: Inputs, handle: DispatchHandle,
-                combined: torch.Tensor) -> tuple[list[SoakFault], int]:
+def check_round(
+    setup: RankSetup, round_index: int, sources: Inputs, handle: DispatchHandle, combined: torch.Tensor
+) -> tuple[list[SoakFault], int]:
     """The round's four checks on this rank (module docstring); returns the faults and the slots checked.
     sources[s] = (tokens, topk_ids, topk_weights) of rank s on this rank's device."""
     L, comm, device, kind = setup.layout, setup.buffers, setup.device, round_kind(round_index)
@@ -142,7 +150,7 @@ def check_round(setup: RankSetup, round_index: int, sources: Inputs, handle: Dis
         fault("counts", f"expert {e}: expert_num_tokens {int(counts[e])}, routed {int(want_counts[e])}")
     slots = 0
     if not faults:
-        valid = (torch.arange(M, device=device).unsqueeze(0) < counts.unsqueeze(1))  # (E, M)
+        valid = torch.arange(M, device=device).unsqueeze(0) < counts.unsqueeze(1)  # (E, M)
         expert, slot = torch.nonzero(valid, as_tuple=True)
         src = comm.expert_src[expert, slot].to(torch.int64)  # (source rank, token)
         named = (src[:, 0] >= 0) & (src[:, 0] < P) & (src[:, 1] >= 0) & (src[:, 1] < C)
@@ -151,21 +159,27 @@ def check_round(setup: RankSetup, round_index: int, sources: Inputs, handle: Dis
         if not torch.equal(got[order], want):
             i = _first(got[order] != want)
             j = int(order[i])
-            fault("slots", f"expert {int(expert[j])} slot {int(slot[j])} names (source rank, token) "
-                           f"{tuple(int(v) for v in src[j])}, not a routed pair held once")
+            fault(
+                "slots",
+                f"expert {int(expert[j])} slot {int(slot[j])} names (source rank, token) "
+                f"{tuple(int(v) for v in src[j])}, not a routed pair held once",
+            )
         else:
             q_all = torch.zeros((P * C, K), dtype=torch.uint8, device=device)
             s_all = torch.zeros(P * C, dtype=torch.float32, device=device)
             for s, (q, scale) in enumerate(quantized):
-                q_all[s * C: s * C + q.shape[0]] = q.view(torch.uint8)
-                s_all[s * C: s * C + q.shape[0]] = scale.reshape(-1)
+                q_all[s * C : s * C + q.shape[0]] = q.view(torch.uint8)
+                s_all[s * C : s * C + q.shape[0]] = scale.reshape(-1)
             key = src[:, 0] * C + src[:, 1]
             rows_ok = (comm.expert_x.view(torch.uint8)[expert, slot] == q_all.index_select(0, key)).all(1)
             ok = rows_ok & (comm.expert_x_scale.reshape(E, M)[expert, slot] == s_all.index_select(0, key))
             if not bool(ok.all()):
                 j = _first(~ok)
-                fault("slots", f"expert {int(expert[j])} slot {int(slot[j])} ({tuple(int(v) for v in src[j])}): "
-                               f"{'scale' if bool(rows_ok[j]) else 'FP8 row'} differs from the sender's")
+                fault(
+                    "slots",
+                    f"expert {int(expert[j])} slot {int(slot[j])} ({tuple(int(v) for v in src[j])}): "
+                    f"{'scale' if bool(rows_ok[j]) else 'FP8 row'} differs from the sender's",
+                )
         slots = int(valid.sum())
     # partials and output: the closed form of each of this rank's tokens
     _tokens, ids, weights = sources[rank]
@@ -182,20 +196,26 @@ def check_round(setup: RankSetup, round_index: int, sources: Inputs, handle: Dis
         err = (got - want_rows).abs() - PARTIAL_TOLERANCE * want_rows.abs()
         if bool((err > 0).any()) or not bool(torch.isfinite(got).all()):
             t, p, c = (int(v) for v in torch.nonzero((err > 0) | ~torch.isfinite(got))[0])
-            fault("partials", f"token {t}'s row from rank {p}: element {c} is {float(got[t, p, c]):.6g}, closed "
-                              f"form {float(want_rows[t, p, c]):.6g}; row max |got| {float(got[t, p].abs().max()):.6g}, "
-                              f"|closed form| {float(want_rows[t, p].abs().max()):.6g}")
+            fault(
+                "partials",
+                f"token {t}'s row from rank {p}: element {c} is {float(got[t, p, c]):.6g}, closed "
+                f"form {float(want_rows[t, p, c]):.6g}; row max |got| {float(got[t, p].abs().max()):.6g}, "
+                f"|closed form| {float(want_rows[t, p].abs().max()):.6g}",
+            )
         want_out = x * per_rank.sum(1, keepdim=True)
         out_err = (combined.float() - want_out).abs() - OUTPUT_TOLERANCE * want_out.abs()
         if bool((out_err > 0).any()) or not bool(torch.isfinite(combined.float()).all()):
             t, c = (int(v) for v in torch.nonzero((out_err > 0) | ~torch.isfinite(combined.float()))[0])
-            fault("output", f"token {t} element {c} is {float(combined[t, c]):.6g}, closed form "
-                            f"{float(want_out[t, c]):.6g}")
+            fault(
+                "output",
+                f"token {t} element {c} is {float(combined[t, c]):.6g}, closed form {float(want_out[t, c]):.6g}",
+            )
     return faults, slots
 
 
-def run_round(setup: RankSetup, round_index: int, *, seed: int,
-              factors: torch.Tensor | None = None) -> tuple[Inputs, DispatchHandle, torch.Tensor]:
+def run_round(
+    setup: RankSetup, round_index: int, *, seed: int, factors: torch.Tensor | None = None
+) -> tuple[Inputs, DispatchHandle, torch.Tensor]:
     """One unchecked round: every rank's inputs (on this device), the dispatch handle and the combined output."""
     L, device, comm = setup.layout, setup.device, setup.buffers
     factors = expert_factors(L, device) if factors is None else factors
@@ -205,7 +225,7 @@ def run_round(setup: RankSetup, round_index: int, *, seed: int,
         sources.append((tokens.to(device), ids.to(device), weights.to(device)))
     tokens, ids, weights = sources[L.rank]
     handle = dispatch(tokens, Routing(topk_ids=ids, topk_weights=weights), L, comm, setup.quantize)
-    expert_out = (dequantize(comm.expert_x.float(), comm.expert_x_scale) * factors.view(-1, 1, 1))
+    expert_out = dequantize(comm.expert_x.float(), comm.expert_x_scale) * factors.view(-1, 1, 1)
     combined = combine(expert_out.to(torch.bfloat16), handle, L, comm)
     return sources, handle, combined
 
@@ -272,14 +292,16 @@ class GraphRounds:
         self.weights.copy_(weights)
         dispatch_graph, combine_graph = self.pairs[round_index % 2]
         dispatch_graph.replay()
-        self.expert_out.copy_((dequantize(comm.expert_x.float(), comm.expert_x_scale) * self.factors)
-                              .to(torch.bfloat16))
+        self.expert_out.copy_(
+            (dequantize(comm.expert_x.float(), comm.expert_x_scale) * self.factors).to(torch.bfloat16)
+        )
         combine_graph.replay()
         return sources, self.handle, self.out
 
 
-def soak(setup: RankSetup, *, rounds: int, seed: int, run_id: str | None = None, graph: bool = False,
-         delay_cycles: int = 0) -> SoakRecord:
+def soak(
+    setup: RankSetup, *, rounds: int, seed: int, run_id: str | None = None, graph: bool = False, delay_cycles: int = 0
+) -> SoakRecord:
     """`rounds` dispatch + combine rounds through setup's comm, each checked (check_round); `graph`: replayed
     from CUDA graphs with per-rank delays (GraphRounds)."""
     L, device, comm = setup.layout, setup.device, setup.buffers
@@ -302,10 +324,20 @@ def soak(setup: RankSetup, *, rounds: int, seed: int, run_id: str | None = None,
         faults.extend(found)
     wall = time.perf_counter() - start
     return SoakRecord(
-        run_id=run_id or uuid.uuid4().hex[:12], scenario_hash=setup.scenario.scenario_hash, rank=L.rank,
-        versions=collect_versions(), hardware=collect_hardware(device), comm=comm.name,
-        row_kernels=setup.comm_record.row_kernels, rounds=rounds, rounds_failed=failed, slots_checked=slots,
-        tokens_checked=tokens_checked, faults=faults[:MAX_FAULTS_KEPT],
-        faults_dropped=max(0, len(faults) - MAX_FAULTS_KEPT), wall_s=wall, mode="graph" if graph else "eager",
+        run_id=run_id or uuid.uuid4().hex[:12],
+        scenario_hash=setup.scenario.scenario_hash,
+        rank=L.rank,
+        versions=collect_versions(),
+        hardware=collect_hardware(device),
+        comm=comm.name,
+        row_kernels=setup.comm_record.row_kernels,
+        rounds=rounds,
+        rounds_failed=failed,
+        slots_checked=slots,
+        tokens_checked=tokens_checked,
+        faults=faults[:MAX_FAULTS_KEPT],
+        faults_dropped=max(0, len(faults) - MAX_FAULTS_KEPT),
+        wall_s=wall,
+        mode="graph" if graph else "eager",
         delay_cycles=delay_cycles if graph else 0,
     )

@@ -77,7 +77,9 @@ def _agg(values: Iterable[float | int | None]) -> Aggregate | None:
     return Aggregate(min=min(present), avg=sum(present) / len(present), max=max(present), num_ranks=len(present))
 
 
-def _scenario_of(raw: dict[str, Any] | None, hint: Scenario | None) -> tuple[Scenario | None, dict[str, Any] | None, str | None]:
+def _scenario_of(
+    raw: dict[str, Any] | None, hint: Scenario | None
+) -> tuple[Scenario | None, dict[str, Any] | None, str | None]:
     """The run's scenario (parsed) from run.json's (else the first record's) raw dict, and why it could not be."""
     if raw is None and hint is not None:
         return hint, hint.model_dump(mode="json"), None
@@ -89,35 +91,65 @@ def _scenario_of(raw: dict[str, Any] | None, hint: Scenario | None) -> tuple[Sce
         return None, raw, str(exc)
 
 
-def _scenario_info(m: RunManifest | None, first: RankRecord | None, memory: MemoryMeasurement | None,
-                   scenario: Scenario | None, raw: dict[str, Any] | None) -> ScenarioInfo:
+def _scenario_info(
+    m: RunManifest | None,
+    first: RankRecord | None,
+    memory: MemoryMeasurement | None,
+    scenario: Scenario | None,
+    raw: dict[str, Any] | None,
+) -> ScenarioInfo:
     """`first`: the lowest rank's record; `memory`: the first memory measurement of any rank, in rank order."""
     fields: dict[str, Any] = {
         "name": m.scenario_name if m else (first.scenario_name if first else (scenario.name if scenario else None)),
-        "hash": m.scenario_hash if m else (first.scenario_hash if first else (scenario.scenario_hash if scenario else None)),
+        "hash": m.scenario_hash
+        if m
+        else (first.scenario_hash if first else (scenario.scenario_hash if scenario else None)),
         "path": m.scenario_path if m else None,
         "description": str((raw or {}).get("description") or "") or None,
     }
     if scenario is not None:
         args = scenario.sizing_args()
         fields.update(
-            num_dispatchers=args.num_dispatchers, num_ranks=scenario.parallel.num_ranks,
-            num_local_experts=args.num_local_experts, max_tokens_per_rank=args.max_tokens_per_rank, M=args.M,
-            hidden_size=args.K, intermediate_size=args.intermediate_size, N=args.N, top_k=args.top_k,
-            num_experts=scenario.model.num_experts, model_preset=scenario.model.preset, activation=args.activation,
-            workspace_dtype=args.workspace_dtype, emulated=scenario.emulated, routing=scenario.routing.kind,
-            num_tokens_per_dispatcher=scenario.num_tokens_per_dispatcher, policies=list(scenario.policies),
-            expected_outcomes=dict(scenario.expect.outcomes), memory_tolerance_pct=scenario.expect.memory_tolerance_pct,
-            max_error=scenario.expect.max_error, measurement_method=scenario.memory.method,
-            memory_budget_bytes=scenario.memory.budget_bytes, ballast_bytes=scenario.memory.ballast_bytes)
+            num_dispatchers=args.num_dispatchers,
+            num_ranks=scenario.parallel.num_ranks,
+            num_local_experts=args.num_local_experts,
+            max_tokens_per_rank=args.max_tokens_per_rank,
+            M=args.M,
+            hidden_size=args.K,
+            intermediate_size=args.intermediate_size,
+            N=args.N,
+            top_k=args.top_k,
+            num_experts=scenario.model.num_experts,
+            model_preset=scenario.model.preset,
+            activation=args.activation,
+            workspace_dtype=args.workspace_dtype,
+            emulated=scenario.emulated,
+            routing=scenario.routing.kind,
+            num_tokens_per_dispatcher=scenario.num_tokens_per_dispatcher,
+            policies=list(scenario.policies),
+            expected_outcomes=dict(scenario.expect.outcomes),
+            memory_tolerance_pct=scenario.expect.memory_tolerance_pct,
+            max_error=scenario.expect.max_error,
+            measurement_method=scenario.memory.method,
+            memory_budget_bytes=scenario.memory.budget_bytes,
+            ballast_bytes=scenario.memory.ballast_bytes,
+        )
     elif first is not None:  # an unparsable scenario (e.g. a newer harness's): what the record states directly
-        fields.update(num_dispatchers=first.num_dispatchers, num_ranks=first.num_ranks, emulated=first.emulated,
-                      policies=[p.policy for p in first.policies])
+        fields.update(
+            num_dispatchers=first.num_dispatchers,
+            num_ranks=first.num_ranks,
+            emulated=first.emulated,
+            policies=[p.policy for p in first.policies],
+        )
     if first is not None:
-        fields.update(measurement_method=first.measurement_method, experts_backend=first.experts_backend,
-                      comm_backend=first.comm_backend, memory_method=memory.method if memory else None,
-                      memory_label=memory.label if memory else None,
-                      baseline_rounding_bytes=baseline_rounding(memory))
+        fields.update(
+            measurement_method=first.measurement_method,
+            experts_backend=first.experts_backend,
+            comm_backend=first.comm_backend,
+            memory_method=memory.method if memory else None,
+            memory_label=memory.label if memory else None,
+            baseline_rounding_bytes=baseline_rounding(memory),
+        )
     return ScenarioInfo(**fields)
 
 
@@ -184,8 +216,9 @@ class _Seen:
         self.num_records += 1
         self.started_at = record.started_at if self.started_at is None else min(self.started_at, record.started_at)
         if record.finished_at is not None:
-            self.finished_at = record.finished_at if self.finished_at is None else max(self.finished_at,
-                                                                                       record.finished_at)
+            self.finished_at = (
+                record.finished_at if self.finished_at is None else max(self.finished_at, record.finished_at)
+            )
         if failed:
             self.finished_policies[record.rank] = [p.policy for p in record.policies]
 
@@ -193,18 +226,23 @@ class _Seen:
         """The lowest rank's versions, and every field on which ranks disagree (a mixed cluster is worth a warning)."""
         if self.first is None:
             return (manifest.versions, {}) if manifest is not None and manifest.versions is not None else (None, {})
-        return self.first.versions, {name: sorted(values) for name, values in self.version_values.items()
-                                     if len(values) > 1}
+        return self.first.versions, {
+            name: sorted(values) for name, values in self.version_values.items() if len(values) > 1
+        }
 
     def hardware(self, manifest: RunManifest | None, failures: tuple[RankFailure, ...]) -> HardwareInfo:
         hostnames = sorted(self.hostnames | {f.node for f in failures})
         return HardwareInfo(
             device_kind=self.first.hardware.device_kind if self.first else None,
-            device_names=sorted(self.device_names), device_total_bytes=self.device_total.aggregate(),
+            device_names=sorted(self.device_names),
+            device_total_bytes=self.device_total.aggregate(),
             device_capabilities=sorted(self.capabilities),
             num_ranks_expected=manifest.num_ranks if manifest else None,
-            num_ranks_reported=self.num_records, num_rank_failures=len(failures), num_nodes=len(hostnames),
-            nodes=hostnames, launcher=manifest.launcher if manifest else None,
+            num_ranks_reported=self.num_records,
+            num_rank_failures=len(failures),
+            num_nodes=len(hostnames),
+            nodes=hostnames,
+            launcher=manifest.launcher if manifest else None,
         )
 
 
@@ -212,9 +250,11 @@ def _spread(t: Timings | None) -> StageSpread | None:
     """How much each stage's samples varied on one rank (StageSpread); None when the record predates min/max."""
     if t is None:
         return None
-    stages = {"dispatch": (t.dispatch_min_us, t.dispatch_max_us, t.dispatch_us),
-              "experts": (t.experts_min_us, t.experts_max_us, t.experts_us),
-              "combine": (t.combine_min_us, t.combine_max_us, t.combine_us)}
+    stages = {
+        "dispatch": (t.dispatch_min_us, t.dispatch_max_us, t.dispatch_us),
+        "experts": (t.experts_min_us, t.experts_max_us, t.experts_us),
+        "combine": (t.combine_min_us, t.combine_max_us, t.combine_us),
+    }
     fields: dict[str, float | None] = {}
     for name, (lo, hi, med) in stages.items():
         if lo is None or hi is None:
@@ -224,32 +264,49 @@ def _spread(t: Timings | None) -> StageSpread | None:
     return StageSpread(**fields)
 
 
-def _rank_policy(record: RankRecord, result: PolicyResult, checks: Checks, expected: ExpectedOutcome | None,
-                 stopped: list[int] | None, judging: Judging) -> RankPolicy:
+def _rank_policy(
+    record: RankRecord,
+    result: PolicyResult,
+    checks: Checks,
+    expected: ExpectedOutcome | None,
+    stopped: list[int] | None,
+    judging: Judging,
+) -> RankPolicy:
     mem: MemoryMeasurement | None = result.memory
     t, tp, c = result.timings, result.throughput, result.correctness
     diverged = first_diverging(c, judging) if c else None
     # Bus bandwidth is algbw x (P-1)/P: with one physical rank nothing crosses a link, and 0 would read as "slow".
     bus = tp is not None and record.num_ranks > 1
     return RankPolicy(
-        policy=result.policy, status=result.status, expected_outcome=expected, stopped_by_ranks=stopped,
+        policy=result.policy,
+        status=result.status,
+        expected_outcome=expected,
+        stopped_by_ranks=stopped,
         contract_total_bytes=result.contract.total_bytes,
         contract_allocated_bytes=result.contract.common_bytes + result.contract.ws2_bytes,
         # A policy that did not run to the end measured no workspace: its record's 0 is the allocation that failed.
         workspace_delta_bytes=mem.workspace_delta_bytes if mem and result.status == "ok" else None,
         delta_bytes=mem.delta_bytes if mem else None,
-        baseline_bytes=mem.baseline_bytes if mem else None, peak_bytes=mem.peak_bytes if mem else None,
+        baseline_bytes=mem.baseline_bytes if mem else None,
+        peak_bytes=mem.peak_bytes if mem else None,
         allocator_allocated_peak_bytes=mem.allocator_allocated_peak_bytes if mem else None,
         allocator_reserved_peak_bytes=mem.allocator_reserved_peak_bytes if mem else None,
         breakdown=result.breakdown,
-        dispatch_us=t.dispatch_us if t else None, experts_us=t.experts_us if t else None,
-        combine_us=t.combine_us if t else None, timing_spread=_spread(t),
+        dispatch_us=t.dispatch_us if t else None,
+        experts_us=t.experts_us if t else None,
+        combine_us=t.combine_us if t else None,
+        timing_spread=_spread(t),
         experts_tflops=tp.experts_tflops if tp else None,
         dispatch_busbw_gbps=tp.dispatch_busbw_gbps if bus and tp else None,
         combine_busbw_gbps=tp.combine_busbw_gbps if bus and tp else None,
-        max_rel_error=c.max_rel_error if c else None, max_abs_error=c.max_abs_error if c else None,
-        num_wrong_slots=c.num_wrong_slots if c else None, oom=result.oom, error=result.error, checks=checks,
-        first_diverging_stage=diverged.stage if diverged else None, check_us=c.check_us if c else None,
+        max_rel_error=c.max_rel_error if c else None,
+        max_abs_error=c.max_abs_error if c else None,
+        num_wrong_slots=c.num_wrong_slots if c else None,
+        oom=result.oom,
+        error=result.error,
+        checks=checks,
+        first_diverging_stage=diverged.stage if diverged else None,
+        check_us=c.check_us if c else None,
         stages=list(c.stages) if c else [],
     )
 
@@ -262,8 +319,14 @@ class _Judged:
     policy_order: list[str] = field(default_factory=list)
 
 
-def _judge_rank(record: RankRecord, judging: Judging, oom_ranks: dict[str, list[int]], judged: _Judged,
-                failure: RankFailure | None, scenario_policies: list[str]) -> None:
+def _judge_rank(
+    record: RankRecord,
+    judging: Judging,
+    oom_ranks: dict[str, list[int]],
+    judged: _Judged,
+    failure: RankFailure | None,
+    scenario_policies: list[str],
+) -> None:
     """One rank's RankEntry with every check judged; its failed checks and policy errors go into `judged`."""
     baselines = baseline_checks(record)
     no_baseline = Check(outcome="skip", message="no memory measurement")
@@ -273,39 +336,72 @@ def _judge_rank(record: RankRecord, judging: Judging, oom_ranks: dict[str, list[
             judged.policy_order.append(result.policy)
         expected = judging.expected.get(result.policy) if judging.expected else result.expected_outcome
         stopped = stopped_by(record.rank, result, oom_ranks)
-        checks = evaluate_checks(result, expected_outcome=expected, judging=judging,
-                                 baseline=baselines.get(result.policy, no_baseline), stopped_by=stopped,
-                                 release=record.kernels.release if record.kernels else None)
+        checks = evaluate_checks(
+            result,
+            expected_outcome=expected,
+            judging=judging,
+            baseline=baselines.get(result.policy, no_baseline),
+            stopped_by=stopped,
+            release=record.kernels.release if record.kernels else None,
+        )
         entries.append(_rank_policy(record, result, checks, expected, stopped, judging))
         for name, check in checks.items():
             if check.outcome in ("fail", "error"):
-                judged.failures.append(CheckFailure(rank=record.rank, policy=result.policy, check=name,
-                                                    outcome=check.outcome, message=check.message))
+                judged.failures.append(
+                    CheckFailure(
+                        rank=record.rank, policy=result.policy, check=name, outcome=check.outcome, message=check.message
+                    )
+                )
         if result.status == "error" and not stopped:
-            judged.problems.append(Problem(kind="policy-error", rank=record.rank, path=f"ranks/rank-{record.rank:05d}.json",
-                                           cause=f"rank {record.rank}, policy {result.policy}: {result.error or 'raised'}"))
+            judged.problems.append(
+                Problem(
+                    kind="policy-error",
+                    rank=record.rank,
+                    path=f"ranks/rank-{record.rank:05d}.json",
+                    cause=f"rank {record.rank}, policy {result.policy}: {result.error or 'raised'}",
+                )
+            )
     done = {p.policy for p in record.policies}
     if not record.complete and failure is None:
-        judged.problems.append(Problem(
-            kind="incomplete", rank=record.rank, path=f"ranks/rank-{record.rank:05d}.json",
-            cause=f"rank {record.rank}: its record is the one written after {len(done)} finished policy(ies), the "
-                  "final record never came, and no failure record says why"))
+        judged.problems.append(
+            Problem(
+                kind="incomplete",
+                rank=record.rank,
+                path=f"ranks/rank-{record.rank:05d}.json",
+                cause=f"rank {record.rank}: its record is the one written after {len(done)} finished policy(ies), the "
+                "final record never came, and no failure record says why",
+            )
+        )
     hw = record.hardware
-    judged.ranks.append(RankEntry(
-        rank=record.rank, hostname=hw.hostname, node_ip=hw.node_ip, device_name=hw.device_name,
-        device_uuid=hw.device_uuid, device_total_bytes=hw.device_total_bytes, started_at=record.started_at,
-        ready_at=record.ready_at, finished_at=record.finished_at, expert_num_tokens=list(record.expert_num_tokens),
-        policies=entries, failure=_failure_text(failure) if failure else None, kernels=record.kernels,
-        lost_policies=[p for p in scenario_policies if p not in done], complete=record.complete, warmup=record.warmup,
-    ))
+    judged.ranks.append(
+        RankEntry(
+            rank=record.rank,
+            hostname=hw.hostname,
+            node_ip=hw.node_ip,
+            device_name=hw.device_name,
+            device_uuid=hw.device_uuid,
+            device_total_bytes=hw.device_total_bytes,
+            started_at=record.started_at,
+            ready_at=record.ready_at,
+            finished_at=record.finished_at,
+            expert_num_tokens=list(record.expert_num_tokens),
+            policies=entries,
+            failure=_failure_text(failure) if failure else None,
+            kernels=record.kernels,
+            lost_policies=[p for p in scenario_policies if p not in done],
+            complete=record.complete,
+            warmup=record.warmup,
+        )
+    )
 
 
 def _failure_text(failure: RankFailure) -> str:
     return f"{failure.cause}" + (f" ({failure.detail})" if failure.detail else "")
 
 
-def _failure_problems(failures: tuple[RankFailure, ...], finished: dict[int, list[str]],
-                      scenario_policies: list[str]) -> list[Problem]:
+def _failure_problems(
+    failures: tuple[RankFailure, ...], finished: dict[int, list[str]], scenario_policies: list[str]
+) -> list[Problem]:
     """One problem per failed rank, naming what it finished before it failed (`finished`: the policies its record
     on disk holds, not what the launcher believed) and what was lost."""
     problems = []
@@ -314,13 +410,25 @@ def _failure_problems(failures: tuple[RankFailure, ...], finished: dict[int, lis
         lost = [p for p in scenario_policies if p not in done] if scenario_policies else list(f.lost_policies)
         kept = f"; finished {', '.join(done)}" if done else ""
         gone = f"; lost {', '.join(lost)}" if lost else ""
-        problems.append(Problem(kind="rank-failure", rank=f.rank, path=f"ranks/rank-{f.rank:05d}.failed.json",
-                                cause=f"rank {f.rank} on {f.node}: {_failure_text(f)}{kept}{gone}"))
+        problems.append(
+            Problem(
+                kind="rank-failure",
+                rank=f.rank,
+                path=f"ranks/rank-{f.rank:05d}.failed.json",
+                cause=f"rank {f.rank} on {f.node}: {_failure_text(f)}{kept}{gone}",
+            )
+        )
     return problems
 
 
-def _policy_summary(policy: str, ranks: list[RankEntry], contracts: dict[str, Any], scenario: Scenario | None,
-                    fixed_total: int | None, expected_default: ExpectedOutcome | None) -> PolicySummary:
+def _policy_summary(
+    policy: str,
+    ranks: list[RankEntry],
+    contracts: dict[str, Any],
+    scenario: Scenario | None,
+    fixed_total: int | None,
+    expected_default: ExpectedOutcome | None,
+) -> PolicySummary:
     entries = [p for r in ranks for p in r.policies if p.policy == policy]
     contract = contracts.get(policy)
     num_oom = sum(1 for e in entries if e.status == "oom")
@@ -344,16 +452,23 @@ def _policy_summary(policy: str, ranks: list[RankEntry], contracts: dict[str, An
         lower_bound_bytes=live_set_bytes(scenario.sizing_args()) if scenario else None,
         fixed_total_bytes=fixed_total,
         ratio_to_fixed=contract.total_bytes / fixed_total if contract and fixed_total else None,
-        num_ranks=len(entries), num_ok=len(ran), num_oom=num_oom, num_stopped=num_stopped,
-        num_error=num_error, outcome=outcome, expected_outcome=expected,
+        num_ranks=len(entries),
+        num_ok=len(ran),
+        num_oom=num_oom,
+        num_stopped=num_stopped,
+        num_error=num_error,
+        outcome=outcome,
+        expected_outcome=expected,
         expectation=policy_expectation(outcome, expected),
         baseline_bytes=_agg(e.baseline_bytes for e in entries),
         workspace_delta_bytes=_agg(e.workspace_delta_bytes for e in ran),
         delta_bytes=_agg(e.delta_bytes for e in ran),
         allocator_allocated_peak_bytes=_agg(e.allocator_allocated_peak_bytes for e in ran),
         allocator_reserved_peak_bytes=_agg(e.allocator_reserved_peak_bytes for e in ran),
-        max_rel_error=_agg(e.max_rel_error for e in ran), max_abs_error=_agg(e.max_abs_error for e in ran),
-        dispatch_us=_agg(e.dispatch_us for e in ran), experts_us=_agg(e.experts_us for e in ran),
+        max_rel_error=_agg(e.max_rel_error for e in ran),
+        max_abs_error=_agg(e.max_abs_error for e in ran),
+        dispatch_us=_agg(e.dispatch_us for e in ran),
+        experts_us=_agg(e.experts_us for e in ran),
         combine_us=_agg(e.combine_us for e in ran),
         timing_spread=_widest(spreads) if spreads and len(spreads) == len(ran) else None,
         experts_tflops=_agg(e.experts_tflops for e in ran),
@@ -364,9 +479,9 @@ def _policy_summary(policy: str, ranks: list[RankEntry], contracts: dict[str, An
             expectation=CheckCounts.of([e.checks.expectation.outcome for e in entries]),
             correctness=CheckCounts.of([e.checks.correctness.outcome for e in entries]),
             memory=CheckCounts.of([e.checks.memory.outcome for e in entries]),
-            baseline=CheckCounts.of([e.checks.baseline.outcome for e in entries])),
+            baseline=CheckCounts.of([e.checks.baseline.outcome for e in entries]),
+        ),
     )
-
 
 
 def _widest(spreads: list[StageSpread]) -> StageSpread:
@@ -375,7 +490,6 @@ def _widest(spreads: list[StageSpread]) -> StageSpread:
         return max(present) if present else None
 
     return StageSpread(**{name: most([getattr(s, name) for s in spreads]) for name in StageSpread.model_fields})
-
 
 
 def _problem_order(p: Problem) -> tuple[int, str, str]:
@@ -431,8 +545,14 @@ class RunFold:
 
     def _judge(self, record: RankRecord) -> None:
         assert self.judging is not None
-        _judge_rank(record, self.judging, self.seen.oom_ranks, self.judged, self.failures.get(record.rank),
-                    list(self.scenario.policies) if self.scenario else [])
+        _judge_rank(
+            record,
+            self.judging,
+            self.seen.oom_ranks,
+            self.judged,
+            self.failures.get(record.rank),
+            list(self.scenario.policies) if self.scenario else [],
+        )
         if self.contracts is None:
             self.contracts = expected_contracts(self.scenario)
         self.judged.problems += contract_problems(record, self.contracts)
@@ -451,11 +571,16 @@ class RunFold:
         scenario_policies = list(scenario.policies) if scenario else []
         judged.problems += _failure_problems(loaded.failures, seen.finished_policies, scenario_policies)
         contracts = seen.contracts
-        fixed_total = fixed_shapes(scenario.sizing_args()).total_bytes if scenario else (
-            contracts["fixed"].total_bytes if "fixed" in contracts else None)
+        fixed_total = (
+            fixed_shapes(scenario.sizing_args()).total_bytes
+            if scenario
+            else (contracts["fixed"].total_bytes if "fixed" in contracts else None)
+        )
         expected = dict(scenario.expect.outcomes) if scenario else {}
-        summaries = [_policy_summary(p, judged.ranks, contracts, scenario, fixed_total, expected.get(p))
-                     for p in judged.policy_order]
+        summaries = [
+            _policy_summary(p, judged.ranks, contracts, scenario, fixed_total, expected.get(p))
+            for p in judged.policy_order
+        ]
         counts = CheckCounts.of([c.outcome for r in judged.ranks for e in r.policies for _, c in e.checks.items()])
         versions, mismatches = seen.versions(manifest)
         # The layer's components: an expectation the run judged counts as a check (a skipped one does not).
@@ -467,16 +592,34 @@ class RunFold:
             reason += "; " + "; ".join(component_failures(components))
         run_id = manifest.run_id if manifest else (seen.first.run_id if seen.first else None)
         info = _scenario_info(manifest, seen.first, seen.memory, scenario, self.raw)
-        input_hash = loaded.input_hash if (seen.num_records or manifest or not self.hint) else \
-            hashlib.sha256(self.hint.model_dump_json().encode()).hexdigest()
+        input_hash = (
+            loaded.input_hash
+            if (seen.num_records or manifest or not self.hint)
+            else hashlib.sha256(self.hint.model_dump_json().encode()).hexdigest()
+        )
         return RunReport(
-            record_schema_version=SCHEMA_VERSION, run_id=run_id, generation=generation_of(run_id, input_hash),
-            scenario_name=info.name, scenario_hash=info.hash, status="OK" if exit_code == EXIT_OK else "FAILED",
-            exit_code=exit_code, exit_reason=reason, command=list(manifest.command) if manifest else None,
-            started_at=manifest.started_at if manifest else seen.started_at, finished_at=seen.finished_at,
-            scenario=info, scenario_problem=self.scenario_problem, versions=versions, version_mismatches=mismatches,
-            hardware=seen.hardware(manifest, loaded.failures), policies=summaries, checks=counts,
-            check_failures=judged.failures, problems=problems, ranks=judged.ranks, components=components,
+            record_schema_version=SCHEMA_VERSION,
+            run_id=run_id,
+            generation=generation_of(run_id, input_hash),
+            scenario_name=info.name,
+            scenario_hash=info.hash,
+            status="OK" if exit_code == EXIT_OK else "FAILED",
+            exit_code=exit_code,
+            exit_reason=reason,
+            command=list(manifest.command) if manifest else None,
+            started_at=manifest.started_at if manifest else seen.started_at,
+            finished_at=seen.finished_at,
+            scenario=info,
+            scenario_problem=self.scenario_problem,
+            versions=versions,
+            version_mismatches=mismatches,
+            hardware=seen.hardware(manifest, loaded.failures),
+            policies=summaries,
+            checks=counts,
+            check_failures=judged.failures,
+            problems=problems,
+            ranks=judged.ranks,
+            components=components,
         )
 
 

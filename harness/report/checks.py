@@ -88,23 +88,32 @@ def _correctness_check(result: PolicyResult, judging: Judging, release: str | No
         return Check(outcome="skip", message="no correctness result recorded")
     diverged = first_diverging(c, judging)
     within = c.max_rel_error <= judging.max_error and c.num_wrong_slots == 0 and diverged is None
-    message = (f"max rel error {c.max_rel_error:.3g} (tolerance {judging.max_error:.3g}, {judging.max_error_source}), "
-               f"max abs error {c.max_abs_error:.3g}, {c.num_wrong_slots} wrong slots of {c.num_checked_tokens} "
-               "checked tokens" + (f"; check {c.check_us / 1e6:.3g} s" if c.check_us is not None else ""))
+    message = (
+        f"max rel error {c.max_rel_error:.3g} (tolerance {judging.max_error:.3g}, {judging.max_error_source}), "
+        f"max abs error {c.max_abs_error:.3g}, {c.num_wrong_slots} wrong slots of {c.num_checked_tokens} "
+        "checked tokens" + (f"; check {c.check_us / 1e6:.3g} s" if c.check_us is not None else "")
+    )
     divergence = describe_divergence(diverged) if diverged is not None else None
     want = judging.wrong_kernels.get(release) if release is not None else None
     if want is None:
-        return Check(outcome="pass" if within else "fail",
-                     message=f"{divergence}; {message}" if divergence else message)
+        return Check(
+            outcome="pass" if within else "fail", message=f"{divergence}; {message}" if divergence else message
+        )
     wanted = want.stage + (f" from row {want.first_wrong_row}" if want.first_wrong_row is not None else "")
     why = f" ({want.reason})" if want.reason else ""
-    if diverged is not None and diverged.stage == want.stage and (
-            want.first_wrong_row is None or diverged.first_wrong_row == want.first_wrong_row):
-        return Check(outcome="pass",
-                     message=f"vLLM {release} kernels wrong as expected at {wanted}{why}: {divergence}; {message}")
+    if (
+        diverged is not None
+        and diverged.stage == want.stage
+        and (want.first_wrong_row is None or diverged.first_wrong_row == want.first_wrong_row)
+    ):
+        return Check(
+            outcome="pass",
+            message=f"vLLM {release} kernels wrong as expected at {wanted}{why}: {divergence}; {message}",
+        )
     found = divergence or "every stage within tolerance"
-    return Check(outcome="fail",
-                 message=f"vLLM {release} kernels were expected wrong at {wanted}{why}, found {found}; {message}")
+    return Check(
+        outcome="fail", message=f"vLLM {release} kernels were expected wrong at {wanted}{why}, found {found}; {message}"
+    )
 
 
 def first_diverging(c: Correctness, judging: Judging) -> StageCheck | None:
@@ -119,13 +128,18 @@ def first_diverging(c: Correctness, judging: Judging) -> StageCheck | None:
 def describe_divergence(stage: StageCheck) -> str:
     """A diverging stage in words: rows wrong and their share, experts, the first wrong row, the largest error."""
     where = "tokens" if stage.stage == "combine" else "rows"
-    text = (f"first diverging stage {stage.stage}: {stage.num_rows_wrong} of {stage.num_rows_checked} "
-            f"{'sampled ' if stage.rows == 'sampled' else ''}{where} wrong ({stage.fraction_wrong:.1%})")
+    text = (
+        f"first diverging stage {stage.stage}: {stage.num_rows_wrong} of {stage.num_rows_checked} "
+        f"{'sampled ' if stage.rows == 'sampled' else ''}{where} wrong ({stage.fraction_wrong:.1%})"
+    )
     if stage.wrong_experts:
         text += f", local experts {_ranges(stage.wrong_experts)}"
     if stage.first_wrong_row is not None:
-        slot = (f" (expert {stage.first_wrong_expert}, slot {stage.first_wrong_slot})"
-                if stage.first_wrong_expert is not None else "")
+        slot = (
+            f" (expert {stage.first_wrong_expert}, slot {stage.first_wrong_slot})"
+            if stage.first_wrong_expert is not None
+            else ""
+        )
         text += f", first wrong {'token' if stage.stage == 'combine' else 'row'} {stage.first_wrong_row}{slot}"
     return text + f", max row error {stage.max_rel_error:.3g} (tolerance {stage.tolerance:.3g})"
 
@@ -150,8 +164,10 @@ def _memory_check(result: PolicyResult, tolerance_pct: float) -> Check:
     delta = result.memory.workspace_delta_bytes
     tolerance = tolerance_pct / 100.0
     within = abs(delta - allocated) <= tolerance * allocated
-    message = (f"workspace delta {_gib(delta)} ({delta} B) vs allocated contract {_gib(allocated)} "
-               f"({allocated} B): {_pct(delta, allocated):+.3g}% (tolerance {tolerance_pct:g}%, {result.memory.method})")
+    message = (
+        f"workspace delta {_gib(delta)} ({delta} B) vs allocated contract {_gib(allocated)} "
+        f"({allocated} B): {_pct(delta, allocated):+.3g}% (tolerance {tolerance_pct:g}%, {result.memory.method})"
+    )
     reserved = result.memory.workspace_reserved_bytes
     if not within and reserved is not None:
         # Accept the allocator's segment rounding only when NVML shows exactly what the allocator reserved.
@@ -162,8 +178,15 @@ def _memory_check(result: PolicyResult, tolerance_pct: float) -> Check:
     return Check(outcome="pass" if within else "fail", message=message)
 
 
-def evaluate_checks(result: PolicyResult, *, expected_outcome: str | None, judging: Judging,
-                    baseline: Check, stopped_by: list[int] | None = None, release: str | None = None) -> Checks:
+def evaluate_checks(
+    result: PolicyResult,
+    *,
+    expected_outcome: str | None,
+    judging: Judging,
+    baseline: Check,
+    stopped_by: list[int] | None = None,
+    release: str | None = None,
+) -> Checks:
     """The four checks of one rank x policy. `release`: the vLLM release whose kernels ran on the rank, if known.
 
     `stopped_by`: the other ranks whose OOM or error stopped this rank's policy (its status is then "error"). The
@@ -171,12 +194,17 @@ def evaluate_checks(result: PolicyResult, *, expected_outcome: str | None, judgi
     correctness and memory checks are skipped, and the policy is judged on the ranks that failed.
     """
     if stopped_by:
-        skip = Check(outcome="skip", message=f"policy stopped: rank(s) {stopped_by} ran out of memory or raised; "
-                                             "judged on those ranks")
+        skip = Check(
+            outcome="skip",
+            message=f"policy stopped: rank(s) {stopped_by} ran out of memory or raised; judged on those ranks",
+        )
         return Checks(expectation=skip, correctness=skip, memory=skip, baseline=baseline)
-    return Checks(expectation=_expectation_check(result, expected_outcome),
-                  correctness=_correctness_check(result, judging, release),
-                  memory=_memory_check(result, judging.memory_tolerance_pct), baseline=baseline)
+    return Checks(
+        expectation=_expectation_check(result, expected_outcome),
+        correctness=_correctness_check(result, judging, release),
+        memory=_memory_check(result, judging.memory_tolerance_pct),
+        baseline=baseline,
+    )
 
 
 def stopped_by(rank: int, result: PolicyResult, oom_ranks: dict[str, list[int]]) -> list[int] | None:
@@ -226,16 +254,26 @@ def baseline_checks(record: RankRecord) -> dict[str, Check]:
         rounding = baseline_rounding(memory) or 0
         diff = memory.baseline_bytes - reference.baseline_bytes
         if policy == first:
-            checks[policy] = Check(outcome="pass", message=f"baseline {memory.baseline_bytes} B ({memory.method}): "
-                                                           "the reference for this rank's other policies")
+            checks[policy] = Check(
+                outcome="pass",
+                message=f"baseline {memory.baseline_bytes} B ({memory.method}): "
+                "the reference for this rank's other policies",
+            )
         elif abs(diff) <= rounding and memory.method == reference.method:
-            checks[policy] = Check(outcome="pass", message=f"baseline {memory.baseline_bytes} B, {diff:+d} B from "
-                                   f"{first}'s (allowed: {rounding} B of {memory.method} rounding)")
+            checks[policy] = Check(
+                outcome="pass",
+                message=f"baseline {memory.baseline_bytes} B, {diff:+d} B from "
+                f"{first}'s (allowed: {rounding} B of {memory.method} rounding)",
+            )
         else:
-            checks[policy] = Check(outcome="fail", message=(
-                f"baseline {memory.baseline_bytes} B is {diff:+d} B ({diff / 2**20:+.1f} MiB) from {first}'s "
-                f"{reference.baseline_bytes} B, beyond the {rounding} B of {memory.method} rounding: the policies "
-                f"did not start from the same state ({_WARMUP_HINT[record.warmup]})"))
+            checks[policy] = Check(
+                outcome="fail",
+                message=(
+                    f"baseline {memory.baseline_bytes} B is {diff:+d} B ({diff / 2**20:+.1f} MiB) from {first}'s "
+                    f"{reference.baseline_bytes} B, beyond the {rounding} B of {memory.method} rounding: the policies "
+                    f"did not start from the same state ({_WARMUP_HINT[record.warmup]})"
+                ),
+            )
     return checks
 
 
@@ -262,11 +300,16 @@ def contract_problems(record: RankRecord, expected: dict[str, tuple[int, int, in
         want = expected.get(result.policy)
         got = result.contract
         if want is not None and (got.common_bytes, got.ws2_bytes, got.total_bytes) != want:
-            problems.append(Problem(
-                kind="mismatch", rank=record.rank, path=f"ranks/rank-{record.rank:05d}.json",
-                cause=f"rank {record.rank}, policy {result.policy}: contract common {got.common_bytes} B, ws2 "
-                      f"{got.ws2_bytes} B, total {got.total_bytes} B; the scenario's shapes give {want[0]}, "
-                      f"{want[1]}, {want[2]} B"))
+            problems.append(
+                Problem(
+                    kind="mismatch",
+                    rank=record.rank,
+                    path=f"ranks/rank-{record.rank:05d}.json",
+                    cause=f"rank {record.rank}, policy {result.policy}: contract common {got.common_bytes} B, ws2 "
+                    f"{got.ws2_bytes} B, total {got.total_bytes} B; the scenario's shapes give {want[0]}, "
+                    f"{want[1]}, {want[2]} B",
+                )
+            )
     return problems
 
 
@@ -280,14 +323,22 @@ def policy_expectation(outcome: Outcome | None, expected: str | None) -> CheckOu
 
 def judging_of(scenario: Scenario | None, records: tuple[RankRecord, ...]) -> Judging:
     if scenario is not None:
-        return Judging(expected=dict(scenario.expect.outcomes), memory_tolerance_pct=scenario.expect.memory_tolerance_pct,
-                       max_error=scenario.expect.max_error, max_error_source="expect.max_error",
-                       wrong_kernels=dict(scenario.expect.wrong_kernels),
-                       stage_tolerance=scenario.expect.stage_tolerance.model_dump())
+        return Judging(
+            expected=dict(scenario.expect.outcomes),
+            memory_tolerance_pct=scenario.expect.memory_tolerance_pct,
+            max_error=scenario.expect.max_error,
+            max_error_source="expect.max_error",
+            wrong_kernels=dict(scenario.expect.wrong_kernels),
+            stage_tolerance=scenario.expect.stage_tolerance.model_dump(),
+        )
     # No readable scenario: the tolerance the ranks were given is all there is; say where it came from.
     tolerances = [p.correctness.tolerance for r in records for p in r.policies if p.correctness]
-    return Judging(expected={}, memory_tolerance_pct=DEFAULT_MEMORY_TOLERANCE_PCT,
-                   max_error=min(tolerances, default=DEFAULT_MAX_ERROR), max_error_source="the records' tolerance")
+    return Judging(
+        expected={},
+        memory_tolerance_pct=DEFAULT_MEMORY_TOLERANCE_PCT,
+        max_error=min(tolerances, default=DEFAULT_MAX_ERROR),
+        max_error_source="the records' tolerance",
+    )
 
 
 def exit_of(counts: CheckCounts, problems: list[Problem]) -> tuple[int, str]:

@@ -73,8 +73,9 @@ class CollectResult:
         return Group(summary, Text(f"ERROR (exit 2): {self.write_error}", style="bold red"))
 
 
-def collect(run_dir: Path, *, write: bool = True, scenario_hint: Scenario | None = None,
-            plots: bool = True) -> CollectResult:
+def collect(
+    run_dir: Path, *, write: bool = True, scenario_hint: Scenario | None = None, plots: bool = True
+) -> CollectResult:
     """Aggregate one run directory's records; write the four reports into it unless `write` is False.
 
     Never raises for bad records; a directory that is not a run directory (no run.json: an empty directory, a
@@ -94,8 +95,9 @@ def is_run_dir(path: Path) -> bool:
     return Path(path).is_dir() and manifest.is_file() and not manifest.is_symlink()
 
 
-def write_outputs(out_dir: Path, report: Report, *, plots: bool = True,
-                  cell_reports: Mapping[str, RunReport] | None = None) -> CollectResult:
+def write_outputs(
+    out_dir: Path, report: Report, *, plots: bool = True, cell_reports: Mapping[str, RunReport] | None = None
+) -> CollectResult:
     """write_report, with a failure to write (a read-only directory, a directory where report.md goes, a full
     disk) turned into the result's one-line `write_error` and exit code 2 instead of an exception."""
     report = with_digest(report)
@@ -105,7 +107,11 @@ def write_outputs(out_dir: Path, report: Report, *, plots: bool = True,
         return CollectResult(run_dir=out_dir, report=report, write_error=str(exc))
     except OSError as exc:
         where = Path(exc.filename).name if exc.filename else out_dir
-        return CollectResult(run_dir=out_dir, report=report,
-                             write_error=f"cannot write the reports into {out_dir}: {where}: {exc.strerror}")
-    return CollectResult(run_dir=out_dir, report=report, outputs=written.paths, notes=written.notes,
-                         report_sha256=written.report_sha256)
+        return CollectResult(
+            run_dir=out_dir,
+            report=report,
+            write_error=f"cannot write the reports into {out_dir}: {where}: {exc.strerror}",
+        )
+    return CollectResult(
+        run_dir=out_dir, report=report, outputs=written.paths, notes=written.notes, report_sha256=written.report_sha256
+    )

@@ -78,13 +78,33 @@ from harness.report.model import (
     StageSpread,
 )
 
-__all__ = ["EXACT", "GROUPS", "METRICS", "CompareError", "CompareRequest", "Comparison", "Group", "LoadedReport",
-           "Metric", "Options", "Row", "Verdict", "compare_command", "compare_metric", "compare_outcome",
-           "compare_reports", "load_report", "parse_options", "parse_thresholds", "render_comparison"]
+__all__ = [
+    "EXACT",
+    "GROUPS",
+    "METRICS",
+    "CompareError",
+    "CompareRequest",
+    "Comparison",
+    "Group",
+    "LoadedReport",
+    "Metric",
+    "Options",
+    "Row",
+    "Verdict",
+    "compare_command",
+    "compare_metric",
+    "compare_outcome",
+    "compare_reports",
+    "load_report",
+    "parse_options",
+    "parse_thresholds",
+    "render_comparison",
+]
 
 
-def compare_metric(metric: Metric, baseline: float | None, current: float | None, threshold: float,
-                   noise_pct: float | None = None) -> tuple[Verdict, float | None, float | None, str]:
+def compare_metric(
+    metric: Metric, baseline: float | None, current: float | None, threshold: float, noise_pct: float | None = None
+) -> tuple[Verdict, float | None, float | None, str]:
     """verdict, change in percent, absolute change, note. A worse change is a regression only beyond the
     threshold and, when given, beyond `noise_pct` (the spread the runs measured)."""
     if baseline is None:
@@ -126,8 +146,6 @@ class _Context:
     cur_nan: frozenset[tuple[str | None, str, str]]
 
 
-
-
 def _stage_noise(metric: Metric, base: PolicySummary, cur: PolicySummary) -> tuple[float | None, str]:
     """The larger relative spread (%) of the metric's stage in the two runs, or None (threshold alone) and why."""
     if metric.stage is None:
@@ -139,19 +157,30 @@ def _stage_noise(metric: Metric, base: PolicySummary, cur: PolicySummary) -> tup
     return 100.0 * max(v for v in values if v is not None), ""
 
 
-def _metric_row(cell: str | None, policy: str, metric: Metric, base: PolicySummary, cur: PolicySummary,
-                ctx: _Context) -> Row:
+def _metric_row(
+    cell: str | None, policy: str, metric: Metric, base: PolicySummary, cur: PolicySummary, ctx: _Context
+) -> Row:
     threshold = ctx.options.thresholds[metric.name]
     b, c = metric.get(base), metric.get(cur)
-    common: dict[str, Any] = {"cell": cell, "policy": policy, "metric": metric.name, "baseline": b, "current": c,
-              "threshold": threshold, "threshold_kind": metric.threshold_kind}
+    common: dict[str, Any] = {
+        "cell": cell,
+        "policy": policy,
+        "metric": metric.name,
+        "baseline": b,
+        "current": c,
+        "threshold": threshold,
+        "threshold_kind": metric.threshold_kind,
+    }
     if (cell, policy, metric.field) in ctx.cur_nan:
         return Row(**common, change_pct=None, change_abs=None, verdict="regression", note="NaN or infinity in current")
     if (cell, policy, metric.field) in ctx.base_nan:
-        return Row(**common, change_pct=None, change_abs=None, verdict="not compared", note="NaN or infinity in baseline")
+        return Row(
+            **common, change_pct=None, change_abs=None, verdict="not compared", note="NaN or infinity in baseline"
+        )
     timing = metric.group in ("time", "throughput")
     across = not ctx.options.gate_across_hardware and (
-        (timing and ctx.cross_hardware) or (metric.measured_memory and ctx.cross_memory))
+        (timing and ctx.cross_hardware) or (metric.measured_memory and ctx.cross_memory)
+    )
     on_cpu = timing and ctx.cpu_timings and not ctx.options.gate_cpu_timings
     noise, why = _stage_noise(metric, base, cur)
     verdict, pct, diff, note = compare_metric(metric, b, c, threshold, noise)
@@ -166,16 +195,38 @@ def _metric_row(cell: str | None, policy: str, metric: Metric, base: PolicySumma
 def _exact_rows(cell: str | None, policy: str, base: PolicySummary, cur: PolicySummary, ctx: _Context) -> list[Row]:
     rows = []
     if not ctx.options.ignores("outcome"):
-        rows.append(Row(cell=cell, policy=policy, metric="outcome", baseline=base.outcome, current=cur.outcome,
-                        change_pct=None, change_abs=None, threshold=None, threshold_kind="exact",
-                        verdict=compare_outcome(base.outcome, cur.outcome),
-                        note=f"OOM ranks {base.num_oom} -> {cur.num_oom}" if cur.outcome else "no result in current"))
+        rows.append(
+            Row(
+                cell=cell,
+                policy=policy,
+                metric="outcome",
+                baseline=base.outcome,
+                current=cur.outcome,
+                change_pct=None,
+                change_abs=None,
+                threshold=None,
+                threshold_kind="exact",
+                verdict=compare_outcome(base.outcome, cur.outcome),
+                note=f"OOM ranks {base.num_oom} -> {cur.num_oom}" if cur.outcome else "no result in current",
+            )
+        )
     if not ctx.options.ignores("num_ranks"):
         fewer = cur.num_ranks < base.num_ranks
-        rows.append(Row(cell=cell, policy=policy, metric="num_ranks", baseline=base.num_ranks, current=cur.num_ranks,
-                        change_pct=None, change_abs=float(cur.num_ranks - base.num_ranks), threshold=None,
-                        threshold_kind="exact", verdict="regression" if fewer else "unchanged",
-                        note="ranks with a result: fewer than the baseline's" if fewer else ""))
+        rows.append(
+            Row(
+                cell=cell,
+                policy=policy,
+                metric="num_ranks",
+                baseline=base.num_ranks,
+                current=cur.num_ranks,
+                change_pct=None,
+                change_abs=float(cur.num_ranks - base.num_ranks),
+                threshold=None,
+                threshold_kind="exact",
+                verdict="regression" if fewer else "unchanged",
+                note="ranks with a result: fewer than the baseline's" if fewer else "",
+            )
+        )
     return rows
 
 
@@ -183,8 +234,19 @@ def _missing_row(cell: str | None, policy: str, what: str, side: str, ctx: _Cont
     ignored = ctx.options.ignores(f"{what}:{cell if what == 'cell' else policy}")
     verdict: Verdict = "not compared" if side == "baseline" or ignored else "regression"
     note = f"{what} not in {side}" + (" (ignored)" if ignored and side == "current" else "")
-    return Row(cell=cell, policy=policy, metric=what, baseline=None, current=None, change_pct=None, change_abs=None,
-               threshold=None, threshold_kind="exact", verdict=verdict, note=note)
+    return Row(
+        cell=cell,
+        policy=policy,
+        metric=what,
+        baseline=None,
+        current=None,
+        change_pct=None,
+        change_abs=None,
+        threshold=None,
+        threshold_kind="exact",
+        verdict=verdict,
+        note=note,
+    )
 
 
 def _compare_policies(cell: str | None, base: RunSummary, cur: RunSummary, ctx: _Context) -> list[Row]:
@@ -201,7 +263,9 @@ def _compare_policies(cell: str | None, base: RunSummary, cur: RunSummary, ctx: 
             rows += _exact_rows(cell, policy, b, c, ctx)[:1] or [_missing_row(cell, policy, "policy", "current", ctx)]
             continue
         rows += _exact_rows(cell, policy, b, c, ctx)
-        rows += [_metric_row(cell, policy, m, b, c, ctx) for name, m in METRICS.items() if name in ctx.options.thresholds]
+        rows += [
+            _metric_row(cell, policy, m, b, c, ctx) for name, m in METRICS.items() if name in ctx.options.thresholds
+        ]
     return rows
 
 
@@ -210,11 +274,14 @@ def _scenario_check(what: str, base: RunSummary, cur: RunSummary) -> str | None:
     if base.scenario_hash == cur.scenario_hash:
         return None
     if base.scenario_name == cur.scenario_name:
-        return (f"{what}scenario {base.scenario_name!r} changed (hash {base.scenario_hash} -> {cur.scenario_hash}): "
-                "compared by name; check that the change is intended")
+        return (
+            f"{what}scenario {base.scenario_name!r} changed (hash {base.scenario_hash} -> {cur.scenario_hash}): "
+            "compared by name; check that the change is intended"
+        )
     raise CompareError(
         f"{what}different scenarios: baseline {base.scenario_name!r} (hash {base.scenario_hash}) vs current "
-        f"{cur.scenario_name!r} (hash {cur.scenario_hash}); compare runs of one scenario (same name or same hash)")
+        f"{cur.scenario_name!r} (hash {cur.scenario_hash}); compare runs of one scenario (same name or same hash)"
+    )
 
 
 def _hardware_text(hw: HardwareInfo) -> str:
@@ -245,11 +312,21 @@ def _own_check_rows(current: Report, options: Options) -> list[Row]:
         for (policy, check), failures in grouped.items():
             ranks = sorted({f.rank for f in failures})
             shown = ", ".join(str(r) for r in ranks[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
-            rows.append(Row(cell=cell, policy=policy, metric=f"check:{check}", baseline=None, current="fail",
-                            change_pct=None, change_abs=None, threshold=None, threshold_kind="exact",
-                            verdict="regression",
-                            note=f"the current run failed its own {check} check on rank(s) {shown}: "
-                                 f"{failures[0].message}"))
+            rows.append(
+                Row(
+                    cell=cell,
+                    policy=policy,
+                    metric=f"check:{check}",
+                    baseline=None,
+                    current="fail",
+                    change_pct=None,
+                    change_abs=None,
+                    threshold=None,
+                    threshold_kind="exact",
+                    verdict="regression",
+                    note=f"the current run failed its own {check} check on rank(s) {shown}: {failures[0].message}",
+                )
+            )
     return rows
 
 
@@ -259,11 +336,15 @@ def _baseline_passes(baseline: Report, options: Options, where: str) -> str | No
     if baseline.exit_code == EXIT_OK:
         return None
     if not options.allow_failed_baseline:
-        raise CompareError(f"the baseline {where} is not a passing run ({baseline.status}, exit {baseline.exit_code}: "
-                           f"{baseline.exit_reason}); compare against a passing baseline, or pass "
-                           "--allow-failed-baseline to compare against it anyway")
-    return (f"the baseline is not a passing run ({baseline.exit_reason}), compared anyway (--allow-failed-baseline): "
-            "its aggregates may miss ranks and its numbers may be wrong")
+        raise CompareError(
+            f"the baseline {where} is not a passing run ({baseline.status}, exit {baseline.exit_code}: "
+            f"{baseline.exit_reason}); compare against a passing baseline, or pass "
+            "--allow-failed-baseline to compare against it anyway"
+        )
+    return (
+        f"the baseline is not a passing run ({baseline.exit_reason}), compared anyway (--allow-failed-baseline): "
+        "its aggregates may miss ranks and its numbers may be wrong"
+    )
 
 
 def _current_problems(current: Report) -> None:
@@ -275,7 +356,6 @@ def _current_problems(current: Report) -> None:
         shown = "; ".join(f"{f'[{p.cell}] ' if p.cell else ''}{p.kind}: {p.cause}" for p in problems[:3])
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise CompareError(f"the current run's records have {len(problems)} problem(s): {shown}{more}")
-
 
 
 def _compare_matrices(base: MatrixReport, cur: MatrixReport, ctx: _Context, warnings: list[str]) -> list[Row]:
@@ -298,15 +378,23 @@ def _compare_matrices(base: MatrixReport, cur: MatrixReport, ctx: _Context, warn
     return rows
 
 
-def compare_reports(baseline: Report | LoadedReport, current: Report | LoadedReport, *, options: Options | None = None,
-                    baseline_path: str = "baseline", current_path: str = "current") -> Comparison:
+def compare_reports(
+    baseline: Report | LoadedReport,
+    current: Report | LoadedReport,
+    *,
+    options: Options | None = None,
+    baseline_path: str = "baseline",
+    current_path: str = "current",
+) -> Comparison:
     """Compare two reports (both runs or both matrices); CompareError when they cannot be compared."""
     base = baseline if isinstance(baseline, LoadedReport) else LoadedReport(report=baseline)
     cur = current if isinstance(current, LoadedReport) else LoadedReport(report=current)
     options = options or parse_options([])
     if base.report.kind != cur.report.kind:
-        raise CompareError(f"cannot compare a {base.report.kind} report ({baseline_path}) with a {cur.report.kind} "
-                           f"report ({current_path})")
+        raise CompareError(
+            f"cannot compare a {base.report.kind} report ({baseline_path}) with a {cur.report.kind} "
+            f"report ({current_path})"
+        )
     _current_problems(cur.report)
     warnings: list[str] = []
     failed_baseline = _baseline_passes(base.report, options, baseline_path)
@@ -314,8 +402,14 @@ def compare_reports(baseline: Report | LoadedReport, current: Report | LoadedRep
     warnings += [f"NaN or infinity in the current report at {p}" for p in cur.non_finite_elsewhere]
     cross, cross_memory = _cross_hardware(base.report, cur.report)
     cpu_timings = base.report.hardware.device_kind == cur.report.hardware.device_kind == "cpu"
-    ctx = _Context(options=options, cross_hardware=cross, cross_memory=cross_memory, cpu_timings=cpu_timings,
-                   base_nan=base.non_finite, cur_nan=cur.non_finite)
+    ctx = _Context(
+        options=options,
+        cross_hardware=cross,
+        cross_memory=cross_memory,
+        cpu_timings=cpu_timings,
+        base_nan=base.non_finite,
+        cur_nan=cur.non_finite,
+    )
     if isinstance(base.report, RunReport) and isinstance(cur.report, RunReport):
         warning = _scenario_check("", base.report, cur.report)
         warnings += [warning] if warning else []
@@ -327,18 +421,34 @@ def compare_reports(baseline: Report | LoadedReport, current: Report | LoadedRep
     note = None
     if cross:
         what = "timings, throughputs" + (" and measured memory (RSS vs NVML)" if cross_memory else "")
-        gated = "gated anyway (--gate-across-hardware)" if options.gate_across_hardware else \
-            "shown, not gated (--gate-across-hardware gates them)"
-        note = (f"different hardware: baseline {_hardware_text(base.report.hardware)}, current "
-                f"{_hardware_text(cur.report.hardware)}: {what} are {gated}")
+        gated = (
+            "gated anyway (--gate-across-hardware)"
+            if options.gate_across_hardware
+            else "shown, not gated (--gate-across-hardware gates them)"
+        )
+        note = (
+            f"different hardware: baseline {_hardware_text(base.report.hardware)}, current "
+            f"{_hardware_text(cur.report.hardware)}: {what} are {gated}"
+        )
     elif cpu_timings:
-        gated = "gated (--gate-cpu-timings)" if options.gate_cpu_timings else \
-            "shown, not gated (--gate-cpu-timings gates them)"
-        note = ("CPU runs: timings and throughputs are wall-clock of the reference path on a shared host, beyond "
-                f"what the runs' spread captures: {gated}")
-    return Comparison(baseline_path=baseline_path, current_path=current_path, kind=base.report.kind, options=options,
-                      rows=tuple(rows), warnings=tuple(warnings), hardware_note=note)
-
+        gated = (
+            "gated (--gate-cpu-timings)"
+            if options.gate_cpu_timings
+            else "shown, not gated (--gate-cpu-timings gates them)"
+        )
+        note = (
+            "CPU runs: timings and throughputs are wall-clock of the reference path on a shared host, beyond "
+            f"what the runs' spread captures: {gated}"
+        )
+    return Comparison(
+        baseline_path=baseline_path,
+        current_path=current_path,
+        kind=base.report.kind,
+        options=options,
+        rows=tuple(rows),
+        warnings=tuple(warnings),
+        hardware_note=note,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -361,14 +471,18 @@ def compare_command(request: CompareRequest) -> int:
     from harness.core.console import make_console
 
     try:
-        options = parse_options(list(request.thresholds), list(request.ignore),
-                                gate_across_hardware=request.gate_across_hardware,
-                                gate_cpu_timings=request.gate_cpu_timings,
-                                allow_failed_baseline=request.allow_failed_baseline)
+        options = parse_options(
+            list(request.thresholds),
+            list(request.ignore),
+            gate_across_hardware=request.gate_across_hardware,
+            gate_cpu_timings=request.gate_cpu_timings,
+            allow_failed_baseline=request.allow_failed_baseline,
+        )
         baseline = load_report(request.baseline)
         current = load_report(request.current)
-        comparison = compare_reports(baseline, current, options=options, baseline_path=str(request.baseline),
-                                     current_path=str(request.current))
+        comparison = compare_reports(
+            baseline, current, options=options, baseline_path=str(request.baseline), current_path=str(request.current)
+        )
     except CompareError as exc:
         if request.json:
             print(json.dumps({"status": "FAILED", "exit_code": EXIT_ERROR, "exit_reason": f"error: {exc}"}, indent=1))

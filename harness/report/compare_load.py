@@ -58,7 +58,9 @@ def _strip_non_finite(data: Any, path: tuple[Any, ...], found: list[tuple[Any, .
         return None
     if isinstance(data, dict):
         cleaned = {k: _strip_non_finite(v, (*path, k), found) for k, v in data.items()}
-        if {"min", "avg", "max", "num_ranks"} <= set(cleaned) and any(cleaned[k] is None for k in ("min", "avg", "max")):
+        if {"min", "avg", "max", "num_ranks"} <= set(cleaned) and any(
+            cleaned[k] is None for k in ("min", "avg", "max")
+        ):
             return None
         return cleaned
     if isinstance(data, list):
@@ -66,7 +68,9 @@ def _strip_non_finite(data: Any, path: tuple[Any, ...], found: list[tuple[Any, .
     return data
 
 
-def _locate_non_finite(data: dict[str, Any], found: list[tuple[Any, ...]]) -> tuple[set[tuple[str | None, str, str]], list[str]]:
+def _locate_non_finite(
+    data: dict[str, Any], found: list[tuple[Any, ...]]
+) -> tuple[set[tuple[str | None, str, str]], list[str]]:
     located: set[tuple[str | None, str, str]] = set()
     elsewhere: list[str] = []
     for path in found:
@@ -109,8 +113,13 @@ def _parse_report_file(path: Path) -> LoadedReport:
     except ReportFormatError as exc:
         raise CompareError(str(exc)) from None
     located, elsewhere = _locate_non_finite(data, found) if isinstance(data, dict) else (set(), [])
-    return LoadedReport(report=report, non_finite=frozenset(located), non_finite_elsewhere=tuple(elsewhere),
-                        source="report.json", digest=_digest_state(data))
+    return LoadedReport(
+        report=report,
+        non_finite=frozenset(located),
+        non_finite_elsewhere=tuple(elsewhere),
+        source="report.json",
+        digest=_digest_state(data),
+    )
 
 
 def _digest_state(data: dict[str, Any]) -> Literal["verified", "absent", "changed"]:
@@ -141,8 +150,10 @@ def _check_siblings(directory: Path, loaded: LoadedReport) -> None:
     generation = loaded.report.generation
     for name, other in output_generations(directory).items():
         if other is not None and other != generation:
-            raise CompareError(f"{directory}: {name} is of generation {other}, report.json of {generation}: a mixed "
-                               f"set of outputs; run `harness collect {directory}`")
+            raise CompareError(
+                f"{directory}: {name} is of generation {other}, report.json of {generation}: a mixed "
+                f"set of outputs; run `harness collect {directory}`"
+            )
 
 
 def _check_status(directory: Path, report: Report) -> None:
@@ -154,9 +165,11 @@ def _check_status(directory: Path, report: Report) -> None:
     except StatusError as exc:
         raise CompareError(str(exc)) from None
     if (status.generation, status.exit_code) != (report.generation, report.exit_code):
-        raise CompareError(f"{directory / STATUS_FILE} records exit {status.exit_code} of generation "
-                           f"{status.generation}, report.json exit {report.exit_code} of {report.generation}: "
-                           f"run `harness collect {directory}`")
+        raise CompareError(
+            f"{directory / STATUS_FILE} records exit {status.exit_code} of generation "
+            f"{status.generation}, report.json exit {report.exit_code} of {report.generation}: "
+            f"run `harness collect {directory}`"
+        )
 
 
 def _records_unchanged(directory: Path, report: RunReport) -> bool:
@@ -178,8 +191,10 @@ def _cell_report_unchanged(directory: Path, cell: MatrixCell) -> None:
     data = read_contained(directory.resolve(), cell_dir / "report.json", limit=4 * MAX_RECORD_BYTES)
     if not isinstance(data, bytes) or file_sha256(data) != cell.report_sha256:
         what = "its sha256 differs" if isinstance(data, bytes) else data[1]
-        raise CompareError(f"{cell_dir / 'report.json'}: not the report the matrix report was collected with ({what}: "
-                           f"edited, removed or collected again since): run `harness collect {directory}`")
+        raise CompareError(
+            f"{cell_dir / 'report.json'}: not the report the matrix report was collected with ({what}: "
+            f"edited, removed or collected again since): run `harness collect {directory}`"
+        )
 
 
 def _matrix_unchanged(directory: Path, report: MatrixReport) -> bool:
@@ -198,8 +213,11 @@ def _matrix_unchanged(directory: Path, report: MatrixReport) -> bool:
     try:
         for cell in report.cells:
             cell_dir = directory / check_cell_name(cell.name, str(directory / "report.json"))
-            if _real_dir(cell_dir) and (cell_dir / "run.json").exists() and \
-                    cell.report.generation.rpartition("@")[2] == input_hash(cell_dir)[:16]:
+            if (
+                _real_dir(cell_dir)
+                and (cell_dir / "run.json").exists()
+                and cell.report.generation.rpartition("@")[2] == input_hash(cell_dir)[:16]
+            ):
                 _cell_report_unchanged(directory, cell)
             else:
                 untold[cell.name] = cell
@@ -211,7 +229,8 @@ def _matrix_unchanged(directory: Path, report: MatrixReport) -> bool:
                     f"{directory}: report.json is of generation {report.generation} but its records are now another: "
                     f"cell {name} was collected as {untold[name].report.generation} and its records are now "
                     f"{fresh.generation} (changed, deleted or added since it was collected); run `harness collect "
-                    f"{directory}`")
+                    f"{directory}`"
+                )
             _cell_report_unchanged(directory, untold[name])
     except MatrixError as exc:
         raise CompareError(str(exc)) from None
@@ -229,8 +248,10 @@ def _verified(directory: Path, loaded: LoadedReport) -> LoadedReport:
     _check_status(directory, loaded.report)
     generation = loaded.report.generation
     if loaded.digest == "changed":
-        raise CompareError(f"{directory / 'report.json'}: report.json was changed after collect (its content digest "
-                           f"does not match its content): re-run `harness collect {directory}`")
+        raise CompareError(
+            f"{directory / 'report.json'}: report.json was changed after collect (its content digest "
+            f"does not match its content): re-run `harness collect {directory}`"
+        )
     if not any((directory / n).exists() for n in ("run.json", "matrix.json")):
         return loaded
     if loaded.digest == "verified":
@@ -242,11 +263,16 @@ def _verified(directory: Path, loaded: LoadedReport) -> LoadedReport:
             return loaded
     fresh = _collect_in_memory(directory)
     if fresh.generation != generation:
-        raise CompareError(f"{directory}: report.json is of generation {generation} but its records are now "
-                           f"{fresh.generation} (changed, deleted or added since it was collected); run `harness "
-                           f"collect {directory}`")
-    why = "its inputs changed in a way their bytes alone do not tell" if loaded.digest == "verified" else \
-        "report.json carries no content digest"
+        raise CompareError(
+            f"{directory}: report.json is of generation {generation} but its records are now "
+            f"{fresh.generation} (changed, deleted or added since it was collected); run `harness "
+            f"collect {directory}`"
+        )
+    why = (
+        "its inputs changed in a way their bytes alone do not tell"
+        if loaded.digest == "verified"
+        else "report.json carries no content digest"
+    )
     return LoadedReport(report=fresh, source=f"records (collected in memory: {why})")
 
 
@@ -266,12 +292,16 @@ def load_report(path: Path) -> LoadedReport:
             return _verified(path, _parse_report_file(path / "report.json"))
         if _has_records(path):
             return LoadedReport(report=_collect_in_memory(path), source="records (collected in memory)")
-        raise CompareError(f"{path}: neither report.json nor run.json nor matrix.json here; run `harness collect "
-                           f"{path}` or give a report.json")
+        raise CompareError(
+            f"{path}: neither report.json nor run.json nor matrix.json here; run `harness collect "
+            f"{path}` or give a report.json"
+        )
     if not path.exists():
         raise CompareError(f"{path}: no such file or directory")
     loaded = _parse_report_file(path)
     if loaded.digest == "changed":
-        raise CompareError(f"{path}: report.json was changed after collect (its content digest does not match its "
-                           "content): collect its run directory again, or compare the directory")
+        raise CompareError(
+            f"{path}: report.json was changed after collect (its content digest does not match its "
+            "content): collect its run directory again, or compare the directory"
+        )
     return loaded

@@ -51,34 +51,126 @@ METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
         # The contract is computed, not measured: any change is real, so its threshold is zero.
-        Metric(name="contract_total_bytes", field="contract_total_bytes", get=lambda s: s.contract_total_bytes,
-               unit="bytes", group="memory", default_threshold=0.0, threshold_kind="pct", worse_when="higher"),
-        Metric(name="workspace_delta_avg_bytes", field="workspace_delta_bytes", get=lambda s: _avg(s.workspace_delta_bytes),
-               unit="bytes", group="memory", default_threshold=2.0, threshold_kind="pct", worse_when="higher",
-               measured_memory=True),
-        Metric(name="workspace_delta_max_bytes", field="workspace_delta_bytes", get=lambda s: _max(s.workspace_delta_bytes),
-               unit="bytes", group="memory", default_threshold=2.0, threshold_kind="pct", worse_when="higher",
-               measured_memory=True),
-        Metric(name="allocator_peak_bytes", field="allocator_allocated_peak_bytes",
-               get=lambda s: _max(s.allocator_allocated_peak_bytes), unit="bytes", group="memory",
-               default_threshold=2.0, threshold_kind="pct", worse_when="higher", measured_memory=True),
+        Metric(
+            name="contract_total_bytes",
+            field="contract_total_bytes",
+            get=lambda s: s.contract_total_bytes,
+            unit="bytes",
+            group="memory",
+            default_threshold=0.0,
+            threshold_kind="pct",
+            worse_when="higher",
+        ),
+        Metric(
+            name="workspace_delta_avg_bytes",
+            field="workspace_delta_bytes",
+            get=lambda s: _avg(s.workspace_delta_bytes),
+            unit="bytes",
+            group="memory",
+            default_threshold=2.0,
+            threshold_kind="pct",
+            worse_when="higher",
+            measured_memory=True,
+        ),
+        Metric(
+            name="workspace_delta_max_bytes",
+            field="workspace_delta_bytes",
+            get=lambda s: _max(s.workspace_delta_bytes),
+            unit="bytes",
+            group="memory",
+            default_threshold=2.0,
+            threshold_kind="pct",
+            worse_when="higher",
+            measured_memory=True,
+        ),
+        Metric(
+            name="allocator_peak_bytes",
+            field="allocator_allocated_peak_bytes",
+            get=lambda s: _max(s.allocator_allocated_peak_bytes),
+            unit="bytes",
+            group="memory",
+            default_threshold=2.0,
+            threshold_kind="pct",
+            worse_when="higher",
+            measured_memory=True,
+        ),
         # Errors near zero make percentages meaningless (0.001 -> 0.002 is +100 %): compare absolutely.
-        Metric(name="max_error", field="max_rel_error", get=lambda s: _max(s.max_rel_error), unit="rel", group="error",
-               default_threshold=0.01, threshold_kind="abs", worse_when="higher"),
-        Metric(name="dispatch_us", field="dispatch_us", get=lambda s: _max(s.dispatch_us), unit="us", group="time",
-               default_threshold=10.0, threshold_kind="pct", worse_when="higher", stage="dispatch"),
-        Metric(name="experts_us", field="experts_us", get=lambda s: _max(s.experts_us), unit="us", group="time",
-               default_threshold=10.0, threshold_kind="pct", worse_when="higher", stage="experts"),
-        Metric(name="combine_us", field="combine_us", get=lambda s: _max(s.combine_us), unit="us", group="time",
-               default_threshold=10.0, threshold_kind="pct", worse_when="higher", stage="combine"),
-        Metric(name="experts_tflops", field="experts_tflops", get=lambda s: _min(s.experts_tflops), unit="TFLOP/s",
-               group="throughput", default_threshold=10.0, threshold_kind="pct", worse_when="lower", stage="experts"),
-        Metric(name="dispatch_busbw_gbps", field="dispatch_busbw_gbps", get=lambda s: _min(s.dispatch_busbw_gbps),
-               unit="GB/s", group="throughput", default_threshold=10.0, threshold_kind="pct", worse_when="lower",
-               stage="dispatch"),
-        Metric(name="combine_busbw_gbps", field="combine_busbw_gbps", get=lambda s: _min(s.combine_busbw_gbps),
-               unit="GB/s", group="throughput", default_threshold=10.0, threshold_kind="pct", worse_when="lower",
-               stage="combine"),
+        Metric(
+            name="max_error",
+            field="max_rel_error",
+            get=lambda s: _max(s.max_rel_error),
+            unit="rel",
+            group="error",
+            default_threshold=0.01,
+            threshold_kind="abs",
+            worse_when="higher",
+        ),
+        Metric(
+            name="dispatch_us",
+            field="dispatch_us",
+            get=lambda s: _max(s.dispatch_us),
+            unit="us",
+            group="time",
+            default_threshold=10.0,
+            threshold_kind="pct",
+            worse_when="higher",
+            stage="dispatch",
+        ),
+        Metric(
+            name="experts_us",
+            field="experts_us",
+            get=lambda s: _max(s.experts_us),
+            unit="us",
+            group="time",
+            default_threshold=10.0,
+            threshold_kind="pct",
+            worse_when="higher",
+            stage="experts",
+        ),
+        Metric(
+            name="combine_us",
+            field="combine_us",
+            get=lambda s: _max(s.combine_us),
+            unit="us",
+            group="time",
+            default_threshold=10.0,
+            threshold_kind="pct",
+            worse_when="higher",
+            stage="combine",
+        ),
+        Metric(
+            name="experts_tflops",
+            field="experts_tflops",
+            get=lambda s: _min(s.experts_tflops),
+            unit="TFLOP/s",
+            group="throughput",
+            default_threshold=10.0,
+            threshold_kind="pct",
+            worse_when="lower",
+            stage="experts",
+        ),
+        Metric(
+            name="dispatch_busbw_gbps",
+            field="dispatch_busbw_gbps",
+            get=lambda s: _min(s.dispatch_busbw_gbps),
+            unit="GB/s",
+            group="throughput",
+            default_threshold=10.0,
+            threshold_kind="pct",
+            worse_when="lower",
+            stage="dispatch",
+        ),
+        Metric(
+            name="combine_busbw_gbps",
+            field="combine_busbw_gbps",
+            get=lambda s: _min(s.combine_busbw_gbps),
+            unit="GB/s",
+            group="throughput",
+            default_threshold=10.0,
+            threshold_kind="pct",
+            worse_when="lower",
+            stage="combine",
+        ),
     )
 }
 EXACT = ("outcome", "num_ranks")  # compared exactly; num_ranks is in the coverage group
@@ -100,8 +192,14 @@ class Options:
         return what in self.ignored
 
 
-def parse_options(specs: list[str], ignore: list[str] | None = None, *, gate_across_hardware: bool = False,
-                  gate_cpu_timings: bool = False, allow_failed_baseline: bool = False) -> Options:
+def parse_options(
+    specs: list[str],
+    ignore: list[str] | None = None,
+    *,
+    gate_across_hardware: bool = False,
+    gate_cpu_timings: bool = False,
+    allow_failed_baseline: bool = False,
+) -> Options:
     """Default thresholds with `METRIC=PCT` / `GROUP=PCT` overrides, less what `ignore` names; CompareError says
     what is allowed."""
     thresholds = parse_thresholds(specs, ignore)
@@ -113,15 +211,20 @@ def parse_options(specs: list[str], ignore: list[str] | None = None, *, gate_acr
             ignored.update(n for n, m in METRICS.items() if m.group == name)
             if name == "coverage":
                 ignored.add("num_ranks")
-    return Options(thresholds=thresholds, ignored=frozenset(ignored), gate_across_hardware=gate_across_hardware,
-                   gate_cpu_timings=gate_cpu_timings, allow_failed_baseline=allow_failed_baseline)
+    return Options(
+        thresholds=thresholds,
+        ignored=frozenset(ignored),
+        gate_across_hardware=gate_across_hardware,
+        gate_cpu_timings=gate_cpu_timings,
+        allow_failed_baseline=allow_failed_baseline,
+    )
 
 
 def parse_thresholds(specs: list[str], ignore: list[str] | None = None) -> dict[str, float]:
     """Default thresholds with `METRIC=PCT` / `GROUP=PCT` overrides applied, without the metrics or groups in
     `ignore`; CompareError names what is allowed."""
     thresholds = {name: m.default_threshold for name, m in METRICS.items()}
-    allowed = (f"metrics: {', '.join([*EXACT, *METRICS])}; groups: {', '.join(GROUPS)}; or policy:NAME, cell:NAME")
+    allowed = f"metrics: {', '.join([*EXACT, *METRICS])}; groups: {', '.join(GROUPS)}; or policy:NAME, cell:NAME"
     for name in ignore or []:
         if name.startswith(("policy:", "cell:")) and name.partition(":")[2]:
             continue
@@ -150,7 +253,6 @@ def parse_thresholds(specs: list[str], ignore: list[str] | None = None) -> dict[
     return thresholds
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class Row:
     cell: str | None
@@ -164,7 +266,6 @@ class Row:
     threshold_kind: str  # "pct", "abs" or "exact"
     verdict: Verdict
     note: str = ""
-
 
 
 NO_SPREAD = "no per-stage min/max in the records: threshold alone"
@@ -194,34 +295,53 @@ class Comparison:
 
     def exit_reason(self) -> str:
         verdicts: tuple[tuple[Verdict, str], ...] = (
-            ("regression", "regression(s)"), ("improvement", "improvement(s)"), ("unchanged", "unchanged"),
-            ("not compared", "not compared"), ("not gated", "not gated"))
+            ("regression", "regression(s)"),
+            ("improvement", "improvement(s)"),
+            ("unchanged", "unchanged"),
+            ("not compared", "not compared"),
+            ("not gated", "not gated"),
+        )
         counts = [f"{self.count(v)} {label}" for v, label in verdicts]
-        own = [f"{f'[{r.cell}] ' if r.cell else ''}{r.policy} {r.metric.removeprefix('check:')}"
-               for r in self.rows if r.metric.startswith("check:")]
+        own = [
+            f"{f'[{r.cell}] ' if r.cell else ''}{r.policy} {r.metric.removeprefix('check:')}"
+            for r in self.rows
+            if r.metric.startswith("check:")
+        ]
         failed = f"the current run failed its own checks ({', '.join(own)}); " if own else ""
         return failed + ", ".join(counts)
 
     def hints(self) -> list[str]:
         groups = {METRICS[r.metric].group for r in self.rows if r.verdict == "regression" and r.metric in METRICS}
         if groups & {"time", "throughput"}:
-            return ["hint: timings and throughputs depend on the machine and its load; `--ignore time --ignore "
-                    "throughput` leaves them out, `--threshold time=PCT` widens them"]
+            return [
+                "hint: timings and throughputs depend on the machine and its load; `--ignore time --ignore "
+                "throughput` leaves them out, `--threshold time=PCT` widens them"
+            ]
         return []
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "status": self.status, "exit_code": self.exit_code, "exit_reason": self.exit_reason(), "kind": self.kind,
-            "baseline": self.baseline_path, "current": self.current_path, "warnings": list(self.warnings),
-            "hardware_note": self.hardware_note, "hints": self.hints(),
-            "ignored": sorted(self.options.ignored), "gate_across_hardware": self.options.gate_across_hardware,
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "exit_reason": self.exit_reason(),
+            "kind": self.kind,
+            "baseline": self.baseline_path,
+            "current": self.current_path,
+            "warnings": list(self.warnings),
+            "hardware_note": self.hardware_note,
+            "hints": self.hints(),
+            "ignored": sorted(self.options.ignored),
+            "gate_across_hardware": self.options.gate_across_hardware,
             "gate_cpu_timings": self.options.gate_cpu_timings,
             "allow_failed_baseline": self.options.allow_failed_baseline,
-            "thresholds": {name: {"value": value, "kind": METRICS[name].threshold_kind,
-                                  "worse_when": METRICS[name].worse_when}
-                           for name, value in self.options.thresholds.items()},
-            "num_regressions": self.count("regression"), "num_improvements": self.count("improvement"),
-            "num_unchanged": self.count("unchanged"), "num_not_compared": self.count("not compared"),
+            "thresholds": {
+                name: {"value": value, "kind": METRICS[name].threshold_kind, "worse_when": METRICS[name].worse_when}
+                for name, value in self.options.thresholds.items()
+            },
+            "num_regressions": self.count("regression"),
+            "num_improvements": self.count("improvement"),
+            "num_unchanged": self.count("unchanged"),
+            "num_not_compared": self.count("not compared"),
             "num_not_gated": self.count("not gated"),
             "rows": [_row_json(r) for r in self.rows],
         }
@@ -233,4 +353,3 @@ def _row_json(row: Row) -> dict[str, Any]:
         if isinstance(data[key], float) and not math.isfinite(data[key]):
             data[key] = None  # JSON has no infinity; a change from zero is stated in the note
     return data
-

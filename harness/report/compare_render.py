@@ -68,12 +68,20 @@ def render_comparison(comparison: Comparison) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    parts: list[Any] = [Text(f"compare: {comparison.baseline_path} (baseline) vs {comparison.current_path} (current)",
-                             style="bold")]
-    thresholds = ", ".join(f"{n} {v:g}{'' if METRICS[n].threshold_kind == 'abs' else '%'}"
-                           for n, v in comparison.options.thresholds.items())
-    parts.append(Text(f"# thresholds: {thresholds}; outcome and num_ranks exact; timings and throughputs also beyond "
-                      "the runs' spread", style="dim"))
+    parts: list[Any] = [
+        Text(f"compare: {comparison.baseline_path} (baseline) vs {comparison.current_path} (current)", style="bold")
+    ]
+    thresholds = ", ".join(
+        f"{n} {v:g}{'' if METRICS[n].threshold_kind == 'abs' else '%'}"
+        for n, v in comparison.options.thresholds.items()
+    )
+    parts.append(
+        Text(
+            f"# thresholds: {thresholds}; outcome and num_ranks exact; timings and throughputs also beyond "
+            "the runs' spread",
+            style="dim",
+        )
+    )
     if comparison.options.ignored:
         parts.append(Text(f"# ignored: {', '.join(sorted(comparison.options.ignored))}", style="dim"))
     if comparison.hardware_note:
@@ -81,23 +89,44 @@ def render_comparison(comparison: Comparison) -> Any:
     parts += [Text(f"WARNING: {w}", style="yellow") for w in comparison.warnings]
     if any(NO_SPREAD in r.note for r in comparison.rows):
         parts.append(Text(f"timings and throughputs: {NO_SPREAD} (records of an older harness)", style="yellow"))
-    shown = [r for r in comparison.rows if r.verdict in ("regression", "improvement", "not gated")
-             or (r.verdict == "not compared" and r.metric in ("policy", "cell", "outcome"))]
+    shown = [
+        r
+        for r in comparison.rows
+        if r.verdict in ("regression", "improvement", "not gated")
+        or (r.verdict == "not compared" and r.metric in ("policy", "cell", "outcome"))
+    ]
     if shown:
         table = Table(title="what changed", title_justify="left")
         lead = ["cell"] if comparison.kind == "matrix" else []
         for name in [*lead, "policy", "metric", "baseline", "current", "change", "threshold", "verdict", "note"]:
-            table.add_column(name, justify="right" if name in ("baseline", "current", "change", "threshold") else "left")
+            table.add_column(
+                name, justify="right" if name in ("baseline", "current", "change", "threshold") else "left"
+            )
         for r in shown:
             style = {"regression": "red", "improvement": "green", "not gated": "dim"}.get(r.verdict, "yellow")
-            table.add_row(*(([r.cell or ""] if lead else []) + [
-                r.policy, r.metric, *_fmt_pair(r), _fmt_change(r),
-                _fmt_threshold(r), r.verdict, _short_note(r.note)]), style=style)
+            table.add_row(
+                *(
+                    ([r.cell or ""] if lead else [])
+                    + [
+                        r.policy,
+                        r.metric,
+                        *_fmt_pair(r),
+                        _fmt_change(r),
+                        _fmt_threshold(r),
+                        r.verdict,
+                        _short_note(r.note),
+                    ]
+                ),
+                style=style,
+            )
         parts.append(table)
     else:
         parts.append(Text("nothing changed beyond its threshold"))
     parts += [Text(h, style="yellow") for h in (comparison.hints() if comparison.exit_code else [])]
-    parts.append(Text(f"{comparison.status} (exit {comparison.exit_code}): {comparison.exit_reason()}",
-                      style="bold green" if comparison.exit_code == EXIT_OK else "bold red"))
+    parts.append(
+        Text(
+            f"{comparison.status} (exit {comparison.exit_code}): {comparison.exit_reason()}",
+            style="bold green" if comparison.exit_code == EXIT_OK else "bold red",
+        )
+    )
     return RichGroup(*parts)
-

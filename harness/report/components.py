@@ -89,17 +89,28 @@ class LayerFold:
                 cap = deepep.RDMA_CAP_BYTES
                 if not deepep.rdma_bytes_fit(first.predicted_bytes):
                     verdicts = ["over-cap"]
-                    detail = (f"DeepEP refuses a buffer of {first.predicted_bytes:,} B: num_rdma_bytes / 16 must "
-                              f"stay under INT_MAX ({cap:,} B at most)")
+                    detail = (
+                        f"DeepEP refuses a buffer of {first.predicted_bytes:,} B: num_rdma_bytes / 16 must "
+                        f"stay under INT_MAX ({cap:,} B at most)"
+                    )
             expected = expected_verdicts(expect, name, release)
             outcome, why = judge(name, verdicts, expected)
-            out.append(ComponentReport(
-                kind=self.kind, name=name, predicted_bytes=first.predicted_bytes, source=first.prediction_source,
-                allocated_bytes=first.allocated_bytes,
-                measured_bytes=Aggregate(min=low, avg=total / count, max=high, num_ranks=count),
-                within_rounding=self.within[name], cap_bytes=cap, verdicts=verdicts, expected_verdicts=expected,
-                expectation=outcome, detail="; ".join(t for t in (detail, why) if t),
-            ))
+            out.append(
+                ComponentReport(
+                    kind=self.kind,
+                    name=name,
+                    predicted_bytes=first.predicted_bytes,
+                    source=first.prediction_source,
+                    allocated_bytes=first.allocated_bytes,
+                    measured_bytes=Aggregate(min=low, avg=total / count, max=high, num_ranks=count),
+                    within_rounding=self.within[name],
+                    cap_bytes=cap,
+                    verdicts=verdicts,
+                    expected_verdicts=expected,
+                    expectation=outcome,
+                    detail="; ".join(t for t in (detail, why) if t),
+                )
+            )
         return out
 
 

@@ -47,8 +47,10 @@ class OomEntry:
 
     def line(self) -> str:
         """The whole OOM on one line: for the terminal, junit.xml and a check's message."""
-        return (f"{self.policy} OOM at stage {self.stage} on rank(s) {rank_list(list(self.ranks))}: "
-                f"{self.sizes_text()}: {self.message}")
+        return (
+            f"{self.policy} OOM at stage {self.stage} on rank(s) {rank_list(list(self.ranks))}: "
+            f"{self.sizes_text()}: {self.message}"
+        )
 
 
 def _both(num_bytes: int | None) -> str:
@@ -72,11 +74,18 @@ def held_bytes(report: RunReport, rank: RankEntry, entry: RankPolicy) -> int:
         return oom.allocated_bytes
     summary = report.policy(entry.policy)
     first_block = summary.contract_common_bytes if summary is not None else None
-    if (oom.stage != "workspace" or report.scenario.memory_method != "nvml" or not first_block
-            or entry.breakdown is None):
+    if (
+        oom.stage != "workspace"
+        or report.scenario.memory_method != "nvml"
+        or not first_block
+        or entry.breakdown is None
+    ):
         return 0
-    others = [e.breakdown.other_bytes for e in rank.policies
-              if e.status == "ok" and e.breakdown is not None and e.policy != entry.policy]
+    others = [
+        e.breakdown.other_bytes
+        for e in rank.policies
+        if e.status == "ok" and e.breakdown is not None and e.policy != entry.policy
+    ]
     if others and entry.breakdown.other_bytes - min(others) >= 0.9 * first_block:
         return first_block
     return 0
@@ -95,9 +104,20 @@ def oom_entries(report: RunReport) -> list[OomEntry]:
             held = held_bytes(report, rank, e) if o.stage == "workspace" else None
             key = (e.policy, o.stage, o.requested_bytes, held, o.free_bytes, o.budget_bytes, o.message)
             grouped.setdefault(key, []).append(rank.rank)
-            first.setdefault(key, OomEntry(ranks=(), policy=e.policy, stage=o.stage, requested_bytes=o.requested_bytes,
-                                           held_bytes=held, free_bytes=o.free_bytes, budget_bytes=o.budget_bytes,
-                                           message=o.message, snapshot_file=o.snapshot_file))
+            first.setdefault(
+                key,
+                OomEntry(
+                    ranks=(),
+                    policy=e.policy,
+                    stage=o.stage,
+                    requested_bytes=o.requested_bytes,
+                    held_bytes=held,
+                    free_bytes=o.free_bytes,
+                    budget_bytes=o.budget_bytes,
+                    message=o.message,
+                    snapshot_file=o.snapshot_file,
+                ),
+            )
     out = []
     for key, ranks in grouped.items():
         entry = first[key]
@@ -109,8 +129,19 @@ OOM_HEADERS = ["policy", "rank(s)", "stage", "asked for", "held before", "free",
 
 
 def oom_table_rows(entries: list[OomEntry]) -> list[list[str]]:
-    return [[e.policy, rank_list(list(e.ranks)), e.stage, _both(e.requested_bytes), _both(e.held_bytes),
-             _both(e.free_bytes), _both(e.budget_bytes), e.message] for e in entries[:MAX_OOM_ROWS]]
+    return [
+        [
+            e.policy,
+            rank_list(list(e.ranks)),
+            e.stage,
+            _both(e.requested_bytes),
+            _both(e.held_bytes),
+            _both(e.free_bytes),
+            _both(e.budget_bytes),
+            e.message,
+        ]
+        for e in entries[:MAX_OOM_ROWS]
+    ]
 
 
 def budget_line(s: ScenarioInfo, device_kind: str | None) -> str:
@@ -122,8 +153,11 @@ def budget_line(s: ScenarioInfo, device_kind: str | None) -> str:
     else:
         gpu = next((name for name, total in GPU_MEMORY_BYTES.items() if total == s.memory_budget_bytes), None)
         source = f"memory.budget_gpu {gpu}" if gpu else f"memory.budget_gb {s.memory_budget_bytes / 1e9:g}"
-        enforced = ("the accountant refuses the harness's own tensors past it (CPU)" if device_kind == "cpu" else
-                    "the caching allocator's per-process memory fraction")
+        enforced = (
+            "the accountant refuses the harness's own tensors past it (CPU)"
+            if device_kind == "cpu"
+            else "the caching allocator's per-process memory fraction"
+        )
         text = f"memory budget: {_both(s.memory_budget_bytes)} from {source}; {enforced}"
     if s.ballast_bytes:
         text += f"; ballast {_both(s.ballast_bytes)} (memory.ballast_gb) stands for weights and KV cache"
@@ -142,16 +176,31 @@ def workspace_room(report: RunReport) -> int | None:
     if report.scenario.memory_method == "nvml":
         baselines = [p.baseline_bytes.min for p in report.policies if p.baseline_bytes is not None]
         return int(budget - min(baselines)) if baselines else None
-    in_use = [sum(getattr(e.breakdown, f) for f in _NOT_WORKSPACE) for r in report.ranks for e in r.policies
-              if e.breakdown is not None]
+    in_use = [
+        sum(getattr(e.breakdown, f) for f in _NOT_WORKSPACE)
+        for r in report.ranks
+        for e in r.policies
+        if e.breakdown is not None
+    ]
     return int(budget - min(in_use)) if in_use else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The layer's (and a deployment's) components: the same rows in report.md, report.html and the terminal.
 
-COMPONENT_HEADERS = ["kind", "component", "predicted", "allocated", "measured (device, over the step)",
-                     "device agrees", "cap", "verdicts", "expected", "check", "source"]
+COMPONENT_HEADERS = [
+    "kind",
+    "component",
+    "predicted",
+    "allocated",
+    "measured (device, over the step)",
+    "device agrees",
+    "cap",
+    "verdicts",
+    "expected",
+    "check",
+    "source",
+]
 
 
 def _measured(agg: Any) -> str:
@@ -166,22 +215,38 @@ def component_rows(report: RunReport) -> list[list[str]]:
     rows = []
     for c in report.components:
         agrees = "n/a" if c.within_rounding is None else ("yes" if c.within_rounding else "no")
-        rows.append([c.kind, c.name, _both(c.predicted_bytes), _both(c.allocated_bytes), _measured(c.measured_bytes),
-                     agrees, _both(c.cap_bytes) if c.cap_bytes is not None else "-", ", ".join(c.verdicts) or "-",
-                     ", ".join(c.expected_verdicts) if c.expected_verdicts is not None else "-",
-                     c.expectation + (f": {c.detail}" if c.detail else ""), c.source])
+        rows.append(
+            [
+                c.kind,
+                c.name,
+                _both(c.predicted_bytes),
+                _both(c.allocated_bytes),
+                _measured(c.measured_bytes),
+                agrees,
+                _both(c.cap_bytes) if c.cap_bytes is not None else "-",
+                ", ".join(c.verdicts) or "-",
+                ", ".join(c.expected_verdicts) if c.expected_verdicts is not None else "-",
+                c.expectation + (f": {c.detail}" if c.detail else ""),
+                c.source,
+            ]
+        )
     return rows
 
 
 def component_lines(report: RunReport) -> list[str]:
     """The components worth a line on the terminal: a verdict other than consistent, or a judged expectation."""
-    return [f"{c.kind} {c.name}: {_both(c.predicted_bytes)} {', '.join(c.verdicts)}; check {c.expectation}"
-            + (f" ({c.detail})" if c.detail else "")
-            for c in report.components if c.verdicts != ["consistent"] or c.expectation != "skip"]
+    return [
+        f"{c.kind} {c.name}: {_both(c.predicted_bytes)} {', '.join(c.verdicts)}; check {c.expectation}"
+        + (f" ({c.detail})" if c.detail else "")
+        for c in report.components
+        if c.verdicts != ["consistent"] or c.expectation != "skip"
+    ]
 
 
-COMPONENT_NOTE = ("predicted = the layer model's bytes at this scenario's shapes (source); allocated = what each rank "
-                  "asked the allocator for; measured = the device's growth (NVML, or RSS on CPU) over the step that "
-                  "allocated it, which may hold more than this component; device agrees = every rank's device showed "
-                  "the step's bytes up to the allocator's rounding. A run judges the verdicts its own bytes decide "
-                  "(DeepEP's cap); the others need the release's source: `harness plan --vllm-version`.")
+COMPONENT_NOTE = (
+    "predicted = the layer model's bytes at this scenario's shapes (source); allocated = what each rank "
+    "asked the allocator for; measured = the device's growth (NVML, or RSS on CPU) over the step that "
+    "allocated it, which may hold more than this component; device agrees = every rank's device showed "
+    "the step's bytes up to the allocator's rounding. A run judges the verdicts its own bytes decide "
+    "(DeepEP's cap); the others need the release's source: `harness plan --vllm-version`."
+)

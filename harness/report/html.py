@@ -76,9 +76,18 @@ def _oom_bar(ax: Any, x: float, height: float, width: float, status: str | None)
     color = OOM_COLOR if status == "oom" else "#7f7f7f"
     if height > 0:
         ax.bar([x], [height], width, fill=False, hatch="xx", edgecolor=color, linewidth=1.5)
-    ax.annotate(label, (x, height), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom",
-                fontsize=10, fontweight="bold", color="white",
-                bbox={"boxstyle": "round,pad=0.2", "facecolor": color, "edgecolor": color})
+    ax.annotate(
+        label,
+        (x, height),
+        xytext=(0, 3),
+        textcoords="offset points",
+        ha="center",
+        va="bottom",
+        fontsize=10,
+        fontweight="bold",
+        color="white",
+        bbox={"boxstyle": "round,pad=0.2", "facecolor": color, "edgecolor": color},
+    )
 
 
 def _per_rank_bars(ax: Any, report: RunReport, k: int, policy: str, xs: list[float], width: float, scale: int) -> None:
@@ -87,7 +96,9 @@ def _per_rank_bars(ax: Any, report: RunReport, k: int, policy: str, xs: list[flo
     contract = [(e.contract_total_bytes if e else 0) / scale for e in entries]
     measured = [e.workspace_delta_bytes if e is not None and e.status == "ok" else None for e in entries]
     ax.bar(xs, contract, width, color=color, alpha=0.35, hatch="//", edgecolor=color, label=f"{policy} contract")
-    ax.bar([x + width for x in xs], [(v or 0) / scale for v in measured], width, color=color, label=f"{policy} measured")
+    ax.bar(
+        [x + width for x in xs], [(v or 0) / scale for v in measured], width, color=color, label=f"{policy} measured"
+    )
     for x, v, e, c, rank in zip(xs, measured, entries, contract, report.ranks, strict=True):
         if v is None:  # OOM, stopped or not measured: say so rather than draw a zero
             held = held_bytes(report, rank, e) if e is not None else 0
@@ -99,13 +110,27 @@ def _per_rank_bars(ax: Any, report: RunReport, k: int, policy: str, xs: list[flo
 def _summary_bars(ax: Any, report: RunReport, k: int, policy: str, xs: list[float], width: float, scale: int) -> None:
     color = policy_color(policy, [p.policy for p in report.policies])
     summary = report.policies[k]
-    ax.bar(xs, [(summary.contract_total_bytes or 0) / scale], width, color=color, alpha=0.35, hatch="//",
-           edgecolor=color, label=f"{policy} contract")
+    ax.bar(
+        xs,
+        [(summary.contract_total_bytes or 0) / scale],
+        width,
+        color=color,
+        alpha=0.35,
+        hatch="//",
+        edgecolor=color,
+        label=f"{policy} contract",
+    )
     agg = summary.workspace_delta_bytes
     if agg is not None:
-        ax.bar([xs[0] + width], [agg.avg / scale], width, color=color,
-               yerr=[[(agg.avg - agg.min) / scale], [(agg.max - agg.avg) / scale]], capsize=4,
-               label=f"{policy} measured (avg, min..max over {agg.num_ranks} ranks)")
+        ax.bar(
+            [xs[0] + width],
+            [agg.avg / scale],
+            width,
+            color=color,
+            yerr=[[(agg.avg - agg.min) / scale], [(agg.max - agg.avg) / scale]],
+            capsize=4,
+            label=f"{policy} measured (avg, min..max over {agg.num_ranks} ranks)",
+        )
     if summary.num_oom:
         _oom_bar(ax, xs[0] + width, (summary.contract_total_bytes or 0) / scale, width, "oom")
 
@@ -130,14 +155,19 @@ def plot_workspace_per_rank(report: RunReport) -> str | None:
     room = workspace_room(report)
     if room is not None:
         less = "the baseline in use" if report.scenario.memory_method == "nvml" else "the harness's other tensors"
-        ax.axhline(room / scale, color=OOM_COLOR, linewidth=2, label=f"memory budget less {less} (room for a workspace)")
+        ax.axhline(
+            room / scale, color=OOM_COLOR, linewidth=2, label=f"memory budget less {less} (room for a workspace)"
+        )
     if any(p.num_oom for p in report.policies):
         ax.bar([0], [0], 0, fill=False, hatch="xx", edgecolor=OOM_COLOR, label="OOM: what the policy asked for")
         if per_rank and any(held_bytes(report, r, e) for r in report.ranks for e in r.policies):
             ax.bar([0], [0], 0, color=OOM_COLOR, alpha=0.45, label="OOM: what it allocated before the OOM")
     ax.set_xticks([g + (len(policies) * 2 - 1) * width / 2 for g in range(len(groups))])
-    ax.set_xticklabels([f"rank {g}" if per_rank else g for g in groups], rotation=90 if len(groups) > 16 else 0,
-                       fontsize=7 if len(groups) > 16 else 9)
+    ax.set_xticklabels(
+        [f"rank {g}" if per_rank else g for g in groups],
+        rotation=90 if len(groups) > 16 else 0,
+        fontsize=7 if len(groups) > 16 else 9,
+    )
     ax.set_ylim(top=ax.get_ylim()[1] * 1.12)  # room above the tallest bar for its OOM label
     ax.set_ylabel(f"workspace per rank ({unit})")
     method = (report.scenario.memory_method or "").upper()
@@ -159,8 +189,12 @@ def _breakdown_bars(report: RunReport) -> tuple[list[str], list[dict[str, float]
                     bars.append(_with_held(breakdown_parts(entry.breakdown), held_bytes(report, rank, entry)))
         return labels, bars, "per rank"
     for summary in report.policies:
-        found = [_with_held(breakdown_parts(e.breakdown), held_bytes(report, r, e)) for r in report.ranks
-                 for e in r.policies if e.policy == summary.policy and e.breakdown is not None]
+        found = [
+            _with_held(breakdown_parts(e.breakdown), held_bytes(report, r, e))
+            for r in report.ranks
+            for e in r.policies
+            if e.policy == summary.policy and e.breakdown is not None
+        ]
         if found:
             labels.append(summary.policy)
             bars.append(average_parts(found))
@@ -178,13 +212,17 @@ def _ooms_html(report: RunReport) -> str:
     entries = oom_entries(report)
     if not entries:
         return ""
-    rows = [[td(Cell(text=c)) for c in row[:-1]] + [td(Cell(text=row[-1]), "message")]
-            for row in oom_table_rows(entries)]
-    return (f'<h2 id="ooms">OOMs ({sum(len(e.ranks) for e in entries)} rank x policy)</h2><div class="scroll">'
-            + table(OOM_HEADERS, rows, css_class="ooms") + "</div>"
-            + '<p class="note">held before = the policy\'s workspace bytes already allocated when the allocation '
-              "failed (its first block, when the second failed); free = what the allocator (GPU) or the budget (CPU) "
-              "had left. The message is the allocator's own, as a vLLM issue would quote it.</p>")
+    rows = [
+        [td(Cell(text=c)) for c in row[:-1]] + [td(Cell(text=row[-1]), "message")] for row in oom_table_rows(entries)
+    ]
+    return (
+        f'<h2 id="ooms">OOMs ({sum(len(e.ranks) for e in entries)} rank x policy)</h2><div class="scroll">'
+        + table(OOM_HEADERS, rows, css_class="ooms")
+        + "</div>"
+        + '<p class="note">held before = the policy\'s workspace bytes already allocated when the allocation '
+        "failed (its first block, when the second failed); free = what the allocator (GPU) or the budget (CPU) "
+        "had left. The message is the allocator's own, as a vLLM issue would quote it.</p>"
+    )
 
 
 def _components_html(report: RunReport) -> str:
@@ -195,42 +233,75 @@ def _components_html(report: RunReport) -> str:
         css = {"fail": "fail", "pass": ""}.get(c.expectation, "skip")
         cells = [td(Cell(text=t)) for t in row[:7]]
         cells.append(td(Cell(text=row[7]), "oom" if c.verdicts != ["consistent"] else ""))
-        cells += [td(Cell(text=row[8])), td(Cell(text=row[9]), f"message {css}".strip()), td(Cell(text=row[10]), "message")]
+        cells += [
+            td(Cell(text=row[8])),
+            td(Cell(text=row[9]), f"message {css}".strip()),
+            td(Cell(text=row[10]), "message"),
+        ]
         rows.append(cells)
-    return ('<h2 id="components">Layer components</h2><div class="scroll">'
-            + table(COMPONENT_HEADERS, rows, css_class="components") + "</div>"
-            + f'<p class="note">{esc(COMPONENT_NOTE)}</p>')
+    return (
+        '<h2 id="components">Layer components</h2><div class="scroll">'
+        + table(COMPONENT_HEADERS, rows, css_class="components")
+        + "</div>"
+        + f'<p class="note">{esc(COMPONENT_NOTE)}</p>'
+    )
 
 
 def _rank_table_html(report: RunReport) -> str:
     shown = report.ranks[:RANK_TABLE_MAX]
     unit, fmt_bytes = byte_unit(report)
-    headers = ["rank", "node", "device", "policy", "status", f"contract {unit}", f"ws delta {unit}",
-               f"alloc peak {unit}", "max error rel", "dispatch time us", "experts time us", "combine time us",
-               "expectation", "correctness", "memory", "baseline"]
+    headers = [
+        "rank",
+        "node",
+        "device",
+        "policy",
+        "status",
+        f"contract {unit}",
+        f"ws delta {unit}",
+        f"alloc peak {unit}",
+        "max error rel",
+        "dispatch time us",
+        "experts time us",
+        "combine time us",
+        "expectation",
+        "correctness",
+        "memory",
+        "baseline",
+    ]
     rows = []
     for i, rank in enumerate(shown):
         for j, e in enumerate(rank.policies):
             p = f"/ranks/{i}/policies/{j}"
             cells = [
-                td(num_cell(f"/ranks/{i}/rank", rank.rank, str(rank.rank))), td(Cell(text=rank.hostname)),
-                td(Cell(text=rank.device_name)), td(Cell(text=e.policy)),
+                td(num_cell(f"/ranks/{i}/rank", rank.rank, str(rank.rank))),
+                td(Cell(text=rank.hostname)),
+                td(Cell(text=rank.device_name)),
+                td(Cell(text=e.policy)),
                 td(Cell(text=e.status), {"oom": "oom", "error": "fail"}.get(e.status, "")),
                 td(num_cell(f"{p}/contract_total_bytes", e.contract_total_bytes, fmt_bytes(e.contract_total_bytes))),
                 td(num_cell(f"{p}/workspace_delta_bytes", e.workspace_delta_bytes, fmt_bytes(e.workspace_delta_bytes))),
-                td(num_cell(f"{p}/allocator_allocated_peak_bytes", e.allocator_allocated_peak_bytes,
-                         fmt_bytes(e.allocator_allocated_peak_bytes))),
+                td(
+                    num_cell(
+                        f"{p}/allocator_allocated_peak_bytes",
+                        e.allocator_allocated_peak_bytes,
+                        fmt_bytes(e.allocator_allocated_peak_bytes),
+                    )
+                ),
                 td(num_cell(f"{p}/max_rel_error", e.max_rel_error, fmt_error(e.max_rel_error))),
                 td(num_cell(f"{p}/dispatch_us", e.dispatch_us, fmt_us(e.dispatch_us))),
                 td(num_cell(f"{p}/experts_us", e.experts_us, fmt_us(e.experts_us))),
                 td(num_cell(f"{p}/combine_us", e.combine_us, fmt_us(e.combine_us))),
             ]
-            cells += [f'<td class="{c.outcome}" title="{esc(c.message)}">{esc(c.outcome)}</td>' for _, c in e.checks.items()]
+            cells += [
+                f'<td class="{c.outcome}" title="{esc(c.message)}">{esc(c.outcome)}</td>' for _, c in e.checks.items()
+            ]
             rows.append(cells)
     out = '<div class="scroll">' + table(headers, rows, css_class="ranks") + "</div>"
     if len(report.ranks) > len(shown):
-        out += (f"<p>{len(report.ranks) - len(shown)} more ranks in report.json; the plots and the policy table "
-                "aggregate all of them.</p>")
+        out += (
+            f"<p>{len(report.ranks) - len(shown)} more ranks in report.json; the plots and the policy table "
+            "aggregate all of them.</p>"
+        )
     return out
 
 
@@ -238,30 +309,46 @@ def _baselines_html(report: RunReport) -> str:
     if not any(e.baseline_bytes is not None for r in report.ranks for e in r.policies):
         return ""
     headers, units, rows = baseline_table(report)
-    return ('<h2 id="baselines">Memory baselines per rank</h2><div class="scroll">'
-            + table(headers, [[td(c) for c in row] for row in rows], css_class="baselines", units=units) + "</div>"
-            + '<p class="note">Each policy is measured from the memory in use when it starts (its baseline). The '
-              "baseline check fails when a policy's baseline differs from the rank's first policy's by more than "
-              "the allocator's rounding (the units row): one-time setup inside a policy's window would inflate its "
-              "peak and could decide fit or OOM.</p>")
+    return (
+        '<h2 id="baselines">Memory baselines per rank</h2><div class="scroll">'
+        + table(headers, [[td(c) for c in row] for row in rows], css_class="baselines", units=units)
+        + "</div>"
+        + '<p class="note">Each policy is measured from the memory in use when it starts (its baseline). The '
+        "baseline check fails when a policy's baseline differs from the rank's first policy's by more than "
+        "the allocator's rounding (the units row): one-time setup inside a policy's window would inflate its "
+        "peak and could decide fit or OOM.</p>"
+    )
 
 
 def _run_body(report: RunReport) -> list[str]:
     budget = report.scenario.memory_budget_bytes
     cpu = report.scenario.memory_method != "nvml"
     in_use = "the harness's other tensors (weights, buffers)" if cpu else "the baseline in use"
-    budget_text = (f"the red line is the memory budget ({human_bytes(budget)}) less {in_use}"
-                   if budget is not None and workspace_room(report) is not None else "no memory budget in this scenario")
-    breakdown_budget = ("; the red line is the memory budget, which on CPU covers the harness's own tensors (every "
-                        "part but other)" if cpu else "; the red line is the memory budget")
+    budget_text = (
+        f"the red line is the memory budget ({human_bytes(budget)}) less {in_use}"
+        if budget is not None and workspace_room(report) is not None
+        else "no memory budget in this scenario"
+    )
+    breakdown_budget = (
+        "; the red line is the memory budget, which on CPU covers the harness's own tensors (every part but other)"
+        if cpu
+        else "; the red line is the memory budget"
+    )
     labels, bars, how = _breakdown_bars(report)
     return [
-        figure(plot_workspace_per_rank(report), f"per rank: contract (hatched) vs measured (solid); OOM marked in "
-                f"red; {budget_text}", "plot-per-rank"),
-        figure(plot_breakdown(labels, bars, f"breakdown of the exact allocations ({how})", budget,
-                               report.hardware.device_kind),
-                f"breakdown: weights, dispatch, comm, common, ws2, combine, ballast, other ({how})"
-                + (breakdown_budget if budget else ""), "plot-breakdown"),
+        figure(
+            plot_workspace_per_rank(report),
+            f"per rank: contract (hatched) vs measured (solid); OOM marked in red; {budget_text}",
+            "plot-per-rank",
+        ),
+        figure(
+            plot_breakdown(
+                labels, bars, f"breakdown of the exact allocations ({how})", budget, report.hardware.device_kind
+            ),
+            f"breakdown: weights, dispatch, comm, common, ws2, combine, ballast, other ({how})"
+            + (breakdown_budget if budget else ""),
+            "plot-breakdown",
+        ),
         other_note(report),
         _baselines_html(report),
         "<h2>Per rank</h2>",
@@ -286,14 +373,19 @@ def render_html(report: Report, *, plots: bool = True, cells: Mapping[str, RunRe
     if isinstance(report, RunReport) and report.scenario.emulated:
         s = report.scenario
         memory = "CPU memory" if report.hardware.device_kind == "cpu" else "GPU memory"
-        parts.append(f'<p class="emulated">D={s.num_dispatchers} is emulated on {s.num_ranks} physical rank(s): '
-                     f"{memory} is sized for D, traffic flows among the physical ranks.</p>")
-    parts += ["<h2>Per policy</h2>", policy_table_html(report),
-              '<p class="note">Units in the second row, the aggregation over ranks in the third. GiB = 2<sup>30</sup> '
-              "bytes, MiB = 2<sup>20</sup> bytes; report.json holds the bytes. outcome = fit or oom on any rank "
-              "against the scenario's expectation; ws delta = measured workspace delta; x fixed = contract / fixed "
-              "contract; n/a = no rank has the figure (bus bandwidth with one physical rank: nothing crosses a "
-              "link).</p>"]
+        parts.append(
+            f'<p class="emulated">D={s.num_dispatchers} is emulated on {s.num_ranks} physical rank(s): '
+            f"{memory} is sized for D, traffic flows among the physical ranks.</p>"
+        )
+    parts += [
+        "<h2>Per policy</h2>",
+        policy_table_html(report),
+        '<p class="note">Units in the second row, the aggregation over ranks in the third. GiB = 2<sup>30</sup> '
+        "bytes, MiB = 2<sup>20</sup> bytes; report.json holds the bytes. outcome = fit or oom on any rank "
+        "against the scenario's expectation; ws delta = measured workspace delta; x fixed = contract / fixed "
+        "contract; n/a = no rank has the figure (bus bandwidth with one physical rank: nothing crosses a "
+        "link).</p>",
+    ]
     if isinstance(report, RunReport):
         parts += [_ooms_html(report), _components_html(report)]
     parts.append("<h2>Plots</h2>")
@@ -302,8 +394,18 @@ def render_html(report: Report, *, plots: bool = True, cells: Mapping[str, RunRe
     elif plots:
         parts += _run_body(report)
     else:
-        parts += [cell_plots_note(), other_note(report), _baselines_html(report), "<h2>Per rank</h2>",
-                  _rank_table_html(report)]
-    parts += [problems_html(report), failures_html(report), f'<p id="checks">{esc(checks_line(report))}</p>',
-              f'<p class="status {status_class}" id="status">{esc(footer_line(report))}</p>', "</body></html>"]
+        parts += [
+            cell_plots_note(),
+            other_note(report),
+            _baselines_html(report),
+            "<h2>Per rank</h2>",
+            _rank_table_html(report),
+        ]
+    parts += [
+        problems_html(report),
+        failures_html(report),
+        f'<p id="checks">{esc(checks_line(report))}</p>',
+        f'<p class="status {status_class}" id="status">{esc(footer_line(report))}</p>',
+        "</body></html>",
+    ]
     return "\n".join(p for p in parts if p) + "\n"

@@ -26,10 +26,12 @@ from harness.report.model import MatrixReport, Report
 BREAKDOWN_RANKS_MAX = 16
 # "comm": DeepEP low-latency's buffer (the comm category); "oom-held": what an OOM'd policy's workspace held
 # before its failing allocation (harness.report.evidence.held_bytes), else drawn as part of "other".
-BREAKDOWN_PARTS = ("weights", "dispatch", "comm", "common", "ws2", "combine", "ballast", "scratch", "oom-held",
-                   "other")
-PART_LABELS = {"scratch": "scratch (the experts backend's temporaries, at most)",
-               "comm": "comm (DeepEP low-latency buffer)", "oom-held": "workspace held before the OOM"}
+BREAKDOWN_PARTS = ("weights", "dispatch", "comm", "common", "ws2", "combine", "ballast", "scratch", "oom-held", "other")
+PART_LABELS = {
+    "scratch": "scratch (the experts backend's temporaries, at most)",
+    "comm": "comm (DeepEP low-latency buffer)",
+    "oom-held": "workspace held before the OOM",
+}
 OTHER_LABEL = {"cuda": "other (context, NCCL, allocator cache)", "cpu": "other (interpreter, libraries, heap)"}
 OOM_COLOR = "#c00000"
 
@@ -64,9 +66,18 @@ img { max-width: 100%; border: 1px solid #eee; }
 
 _COLORS = {"legacy": "#d62728", "fixed": "#2ca02c", "lower-bound": "#1f77b4"}
 _FALLBACK_COLORS = ("#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
-_PART_COLORS = ("#8c8c8c", "#1f77b4", "#17becf", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#e377c2", "#f4a3a3",
-                "#d9d9d9")
-
+_PART_COLORS = (
+    "#8c8c8c",
+    "#1f77b4",
+    "#17becf",
+    "#d62728",
+    "#ff7f0e",
+    "#2ca02c",
+    "#9467bd",
+    "#e377c2",
+    "#f4a3a3",
+    "#d9d9d9",
+)
 
 
 def byte_scale(report: Report) -> tuple[str, int]:
@@ -98,17 +109,31 @@ def png_base64(fig: Any) -> str:
 
 
 def breakdown_parts(b: Any) -> dict[str, float]:
-    return {"weights": b.weights_bytes, "dispatch": b.dispatch_bytes, "common": b.common_bytes, "ws2": b.ws2_bytes,
-            "combine": b.combine_bytes, "ballast": b.ballast_bytes, "scratch": b.scratch_bytes,
-            "other": b.other_bytes, "comm": b.comm_bytes, "oom-held": 0.0}
+    return {
+        "weights": b.weights_bytes,
+        "dispatch": b.dispatch_bytes,
+        "common": b.common_bytes,
+        "ws2": b.ws2_bytes,
+        "combine": b.combine_bytes,
+        "ballast": b.ballast_bytes,
+        "scratch": b.scratch_bytes,
+        "other": b.other_bytes,
+        "comm": b.comm_bytes,
+        "oom-held": 0.0,
+    }
 
 
 def average_parts(bars: list[dict[str, float]]) -> dict[str, float]:
     return {part: sum(b.get(part, 0.0) for b in bars) / len(bars) for part in BREAKDOWN_PARTS}
 
 
-def plot_breakdown(labels: list[str], bars: list[dict[str, float]], title: str, budget: int | None = None,
-                   device_kind: str | None = None) -> str | None:
+def plot_breakdown(
+    labels: list[str],
+    bars: list[dict[str, float]],
+    title: str,
+    budget: int | None = None,
+    device_kind: str | None = None,
+) -> str | None:
     if not bars:
         return None
     # At least 8.5 in wide: the title and the legend beside the axes must fit (a narrow figure cut the title).
@@ -124,9 +149,10 @@ def plot_breakdown(labels: list[str], bars: list[dict[str, float]], title: str, 
         heights = [max(bar.get(part, 0.0), 0.0) / scale for bar in bars]
         if part in ("comm", "oom-held") and not any(heights):
             continue  # no such bytes on any bar: no legend entry for them
-        label = OTHER_LABEL["cpu" if device_kind == "cpu" else "cuda"] if part == "other" else PART_LABELS.get(part, part)
-        ax.bar(xs, heights, 0.7, bottom=bottoms, color=color, label=label,
-               edgecolor="white", linewidth=0.5)
+        label = (
+            OTHER_LABEL["cpu" if device_kind == "cpu" else "cuda"] if part == "other" else PART_LABELS.get(part, part)
+        )
+        ax.bar(xs, heights, 0.7, bottom=bottoms, color=color, label=label, edgecolor="white", linewidth=0.5)
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     if budget is not None:
         ax.axhline(budget / scale, color=OOM_COLOR, linewidth=2, label="memory budget")
@@ -190,42 +216,75 @@ def policy_table_html(report: Report) -> str:
     return "".join(out)
 
 
-def _listing(report: Report, items: list, limit: int, row: Callable[[Any, bool], list[str]],
-             message: Callable[[Any], str], *, anchor: str, title: str, headers: list[str]) -> str:
+def _listing(
+    report: Report,
+    items: list,
+    limit: int,
+    row: Callable[[Any, bool], list[str]],
+    message: Callable[[Any], str],
+    *,
+    anchor: str,
+    title: str,
+    headers: list[str],
+) -> str:
     """A section listing the first `limit` items, one row each with its message last, in full."""
     if not items:
         return ""
     matrix = isinstance(report, MatrixReport)
-    rows = [[td(Cell(text=c)) for c in row(item, matrix)[:-1]] + [td(Cell(text=message(item)), "message")]
-            for item in items[:limit]]
+    rows = [
+        [td(Cell(text=c)) for c in row(item, matrix)[:-1]] + [td(Cell(text=message(item)), "message")]
+        for item in items[:limit]
+    ]
     more = f"<p>... and {len(items) - limit} more in report.json and junit.xml</p>" if len(items) > limit else ""
     return f'<h2 id="{anchor}">{title} ({len(items)})</h2>' + table((["cell"] if matrix else []) + headers, rows) + more
 
 
 def problems_html(report: Report) -> str:
-    return _listing(report, report.problems, MAX_PROBLEMS_LISTED, problem_row, lambda p: p.cause,
-                    anchor="problems", title="Problems", headers=["kind", "rank", "file", "cause"])
+    return _listing(
+        report,
+        report.problems,
+        MAX_PROBLEMS_LISTED,
+        problem_row,
+        lambda p: p.cause,
+        anchor="problems",
+        title="Problems",
+        headers=["kind", "rank", "file", "cause"],
+    )
 
 
 def failures_html(report: Report) -> str:
-    return _listing(report, report.check_failures, MAX_LISTED, failure_row, lambda f: f.message,
-                    anchor="failed-checks", title="Failed checks",
-                    headers=["rank", "policy", "check", "outcome", "message"])
+    return _listing(
+        report,
+        report.check_failures,
+        MAX_LISTED,
+        failure_row,
+        lambda f: f.message,
+        anchor="failed-checks",
+        title="Failed checks",
+        headers=["rank", "policy", "check", "outcome", "message"],
+    )
 
 
 def figure(png: str | None, caption: str, fig_id: str) -> str:
     if png is None:
         return f'<p id="{fig_id}">{esc(caption)}: nothing to plot (no measurements).</p>'
-    return (f'<figure id="{fig_id}"><img alt="{esc(caption)}" src="data:image/png;base64,{png}">'
-            f"<figcaption>{esc(caption)}</figcaption></figure>")
+    return (
+        f'<figure id="{fig_id}"><img alt="{esc(caption)}" src="data:image/png;base64,{png}">'
+        f"<figcaption>{esc(caption)}</figcaption></figure>"
+    )
 
 
 def other_note(report: Report) -> str:
     cpu = report.hardware.device_kind == "cpu"
-    where = ("the process's RSS less the harness's own allocations: the interpreter, torch's libraries and the "
-             "heap's free but resident pages" if cpu else
-             "the process's device memory (NVML) less the harness's own allocations: the CUDA context (hundreds of "
-             "MiB), NCCL's buffers, and the caching allocator's cache (reserved segments not in use)")
-    return (f'<p class="note" id="other-note"><b>other</b> = {esc(where)}. The other parts are the harness\'s exact '
-            "allocations: weights, dispatch buffers, common (ws13 and out alias it), ws2, combine buffers and the "
-            "ballast that stands for weights and KV cache.</p>")
+    where = (
+        "the process's RSS less the harness's own allocations: the interpreter, torch's libraries and the "
+        "heap's free but resident pages"
+        if cpu
+        else "the process's device memory (NVML) less the harness's own allocations: the CUDA context (hundreds of "
+        "MiB), NCCL's buffers, and the caching allocator's cache (reserved segments not in use)"
+    )
+    return (
+        f'<p class="note" id="other-note"><b>other</b> = {esc(where)}. The other parts are the harness\'s exact '
+        "allocations: weights, dispatch buffers, common (ws13 and out alias it), ws2, combine buffers and the "
+        "ballast that stands for weights and KV cache.</p>"
+    )

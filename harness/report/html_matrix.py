@@ -110,8 +110,14 @@ def plot_workspace_against_d(report: MatrixReport) -> str | None:
         if contract:
             ax.plot([d for d, _ in contract], [v for _, v in contract], "-o", color=color, label=f"{label} contract")
         if measured:
-            ax.plot([d for d, _ in measured], [v for _, v in measured], "--s", color=color, alpha=0.7,
-                    label=f"{label} measured avg")
+            ax.plot(
+                [d for d, _ in measured],
+                [v for _, v in measured],
+                "--s",
+                color=color,
+                alpha=0.7,
+                label=f"{label} measured avg",
+            )
     _log_axes(ax, sorted({d for points in series.values() for d, _, _ in points}), unit, report)
     ax.set_title("workspace against D per policy", fontsize=11)
     if ax.get_legend_handles_labels()[0]:
@@ -128,7 +134,9 @@ def _by_d(points: list[tuple[int, float]]) -> tuple[list[int], list[float], list
     return ds, [min(at[d]) for d in ds], [statistics.median(at[d]) for d in ds], [max(at[d]) for d in ds]
 
 
-def _plot_d_bands(report: MatrixReport, series: dict[tuple[str, str], list[tuple[int, int | None, float | None]]]) -> str:
+def _plot_d_bands(
+    report: MatrixReport, series: dict[tuple[str, str], list[tuple[int, int | None, float | None]]]
+) -> str:
     """One panel per policy: the median over the groups of cells (solid: contract, dashed: measured) and the band
     from the least to the most any group needs."""
     policies = sorted({policy for _, policy in series})
@@ -150,12 +158,20 @@ def _plot_d_bands(report: MatrixReport, series: dict[tuple[str, str], list[tuple
         contract = _by_d([(d, c / scale) for d, c, _ in points if c])
         measured = _by_d([(d, m / scale) for d, _, m in points if m is not None and m > 0])
         if contract[0]:
-            ax.fill_between(contract[0], contract[1], contract[3], color=color, alpha=0.18, linewidth=0,
-                            label="contract, min..max over the groups")
+            ax.fill_between(
+                contract[0],
+                contract[1],
+                contract[3],
+                color=color,
+                alpha=0.18,
+                linewidth=0,
+                label="contract, min..max over the groups",
+            )
             ax.plot(contract[0], contract[2], "-o", color=color, markersize=4, label="contract, median")
         if measured[0]:
-            ax.plot(measured[0], measured[2], "--s", color="#333333", markersize=3, alpha=0.8,
-                    label="measured avg, median")
+            ax.plot(
+                measured[0], measured[2], "--s", color="#333333", markersize=3, alpha=0.8, label="measured avg, median"
+            )
         _log_axes(ax, all_ds, unit, report)
         ax.set_title(policy, fontsize=10, color=color)
         if k % ncols:
@@ -213,7 +229,9 @@ def plot_heatmaps(report: MatrixReport) -> str | None:
     if grid is None:
         return None
     row_axis, rows, num_rows, ds, cells = grid
-    policies = sorted({p.policy for c in cells for p in c.report.policies} | {p for c in cells for p in c.planned_contracts})
+    policies = sorted(
+        {p.policy for c in cells for p in c.report.policies} | {p for c in cells for p in c.planned_contracts}
+    )
     drawn = policies[:POLICIES_DRAWN_MAX]
     unit, scale = byte_scale(report)
     row_of = {label: i for i, label in enumerate(rows)}
@@ -231,8 +249,9 @@ def plot_heatmaps(report: MatrixReport) -> str | None:
             value = summary.contract_total_bytes if summary is not None else c.planned_contracts.get(policy)
             if value:
                 contracts[policy][i][j].append(float(value))
-    panels = [(p, np.array([[statistics.median(v) if v else np.nan for v in row] for row in contracts[p]]))
-              for p in drawn]
+    panels = [
+        (p, np.array([[statistics.median(v) if v else np.nan for v in row] for row in contracts[p]])) for p in drawn
+    ]
     share = np.array([[sum(v) / len(v) if v else np.nan for v in row] for row in passed])
     ncols = min(3, len(panels) + 1)
     nrows = -(-(len(panels) + 1) // ncols)
@@ -249,8 +268,12 @@ def plot_heatmaps(report: MatrixReport) -> str | None:
             if finite.size == 0:
                 ax.set_visible(False)
                 continue
-            image = ax.imshow(data / scale, aspect="auto", cmap="viridis",
-                              norm=LogNorm(vmin=finite.min() / scale, vmax=max(finite.max(), finite.min() * 1.01) / scale))
+            image = ax.imshow(
+                data / scale,
+                aspect="auto",
+                cmap="viridis",
+                norm=LogNorm(vmin=finite.min() / scale, vmax=max(finite.max(), finite.min() * 1.01) / scale),
+            )
             fig.colorbar(image, ax=ax, label=f"contract ({unit}), median", shrink=0.9)
             ax.set_title(policy, fontsize=10)
             texts = [[_short_bytes(v, scale) if np.isfinite(v) else "" for v in row] for row in data]
@@ -272,8 +295,15 @@ def plot_heatmaps(report: MatrixReport) -> str | None:
                 for j, text in enumerate(row):
                     if text:  # dark text on a light square, light on a dark one (no box: a box per text is slow)
                         r, g, b, _ = image.cmap(image.norm(values[i, j]))
-                        ax.text(j, i, text, ha="center", va="center", fontsize=6,
-                                color="black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white")
+                        ax.text(
+                            j,
+                            i,
+                            text,
+                            ha="center",
+                            va="center",
+                            fontsize=6,
+                            color="black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white",
+                        )
     first = f" (its first {len(rows)} of {num_rows} values)" if num_rows > len(rows) else ""
     fig.suptitle(f"over D x {row_axis}{first} (median over the other axes)", fontsize=11)
     return png_base64(fig)
@@ -281,9 +311,11 @@ def plot_heatmaps(report: MatrixReport) -> str | None:
 
 def cell_plots_note() -> str:
     """What a matrix cell's page shows where a run's page has its plots."""
-    return ('<p class="note" id="plots-in-matrix">This run is a cell of a matrix: its plots are summarised with the '
-            "other cells' on the matrix's page (../report.html). <code>harness collect</code> on this directory "
-            "alone draws this cell's own plots here.</p>")
+    return (
+        '<p class="note" id="plots-in-matrix">This run is a cell of a matrix: its plots are summarised with the '
+        "other cells' on the matrix's page (../report.html). <code>harness collect</code> on this directory "
+        "alone draws this cell's own plots here.</p>"
+    )
 
 
 def matrix_body(report: MatrixReport, cells: Mapping[str, RunReport]) -> list[str]:
@@ -291,8 +323,12 @@ def matrix_body(report: MatrixReport, cells: Mapping[str, RunReport]) -> list[st
     labels: list[str] = []
     bars: list[dict[str, float]] = []
     whole = [cells[c.name] for c in report.cells if c.name in cells]
-    total = sum(1 for r in whole for p in r.policies if any(
-        e.policy == p.policy and e.breakdown is not None for rank in r.ranks for e in rank.policies))
+    total = sum(
+        1
+        for r in whole
+        for p in r.policies
+        if any(e.policy == p.policy and e.breakdown is not None for rank in r.ranks for e in rank.policies)
+    )
     short = short_cell_names(report)
     for cell in report.cells:
         if len(bars) >= BREAKDOWN_BARS_MAX:
@@ -306,14 +342,29 @@ def matrix_body(report: MatrixReport, cells: Mapping[str, RunReport]) -> list[st
     shown = f" (the first {len(bars)} of {total}; report.json has every cell's)" if total > len(bars) else ""
     heatmaps = plot_heatmaps(report)
     return [
-        figure(plot_workspace_against_d(report), "workspace against D per policy (contract solid, measured average "
-                "dashed)", "plot-workspace-vs-d"),
-        figure(heatmaps, "median contract per policy and the share of cells that passed, over D and the axis with "
-                         "the most values", "plot-heatmaps") if heatmaps else "",
-        figure(plot_breakdown(labels, bars, f"breakdown per cell and policy (average over ranks){shown}",
-                               device_kind=report.hardware.device_kind),
-                f"breakdown of the exact allocations per cell and policy{shown}; each cell named by what differs "
-                "from the other cells' names", "plot-breakdown"),
+        figure(
+            plot_workspace_against_d(report),
+            "workspace against D per policy (contract solid, measured average dashed)",
+            "plot-workspace-vs-d",
+        ),
+        figure(
+            heatmaps,
+            "median contract per policy and the share of cells that passed, over D and the axis with the most values",
+            "plot-heatmaps",
+        )
+        if heatmaps
+        else "",
+        figure(
+            plot_breakdown(
+                labels,
+                bars,
+                f"breakdown per cell and policy (average over ranks){shown}",
+                device_kind=report.hardware.device_kind,
+            ),
+            f"breakdown of the exact allocations per cell and policy{shown}; each cell named by what differs "
+            "from the other cells' names",
+            "plot-breakdown",
+        ),
         other_note(report),
         cells_html(report),
     ]
@@ -331,13 +382,18 @@ def short_cell_names(report: MatrixReport) -> dict[str, str]:
     return out
 
 
-def matrix_breakdown(cell: MatrixCell, report: RunReport,
-                     label: str | None = None) -> tuple[list[str], list[dict[str, float]]]:
+def matrix_breakdown(
+    cell: MatrixCell, report: RunReport, label: str | None = None
+) -> tuple[list[str], list[dict[str, float]]]:
     """A cell's bars (one per policy, the average over its ranks) from its whole report."""
     labels, bars = [], []
     for summary in report.policies:
-        found = [breakdown_parts(e.breakdown) for r in report.ranks for e in r.policies
-                 if e.policy == summary.policy and e.breakdown is not None]
+        found = [
+            breakdown_parts(e.breakdown)
+            for r in report.ranks
+            for e in r.policies
+            if e.policy == summary.policy and e.breakdown is not None
+        ]
         if found:
             labels.append(f"{label or cell.name}\n{summary.policy}")
             bars.append(average_parts(found))
@@ -351,7 +407,6 @@ def more_note(shown: int, total: int, what: str, where: str = "report.json and t
     return f'<p class="note more">{total - shown} more {esc(what)} in {esc(where)}.</p>'
 
 
-
 def cells_html(report: MatrixReport) -> str:
     """The cells that did not pass first, then the others, up to CELL_ROWS_MAX rows."""
     order = sorted(range(len(report.cells)), key=lambda i: report.cells[i].report.exit_code == 0)
@@ -359,21 +414,29 @@ def cells_html(report: MatrixReport) -> str:
     for i in order[:CELL_ROWS_MAX]:
         cell = report.cells[i]
         r = cell.report
-        rows.append([
-            td(Cell(text=cell.name)), td(Cell(text=r.status), "" if r.exit_code == 0 else "fail"),
-            td(num_cell(f"/cells/{i}/report/exit_code", r.exit_code, str(r.exit_code))),
-            td(num_cell(f"/cells/{i}/report/checks/num_pass", r.checks.num_pass, str(r.checks.num_pass))),
-            td(num_cell(f"/cells/{i}/report/checks/num_fail", r.checks.num_fail, str(r.checks.num_fail))),
-            td(num_cell(f"/cells/{i}/report/checks/num_error", r.checks.num_error, str(r.checks.num_error))),
-            td(Cell(text=r.exit_reason), "message"), td(Cell(text=cell.dir)),
-        ])
+        rows.append(
+            [
+                td(Cell(text=cell.name)),
+                td(Cell(text=r.status), "" if r.exit_code == 0 else "fail"),
+                td(num_cell(f"/cells/{i}/report/exit_code", r.exit_code, str(r.exit_code))),
+                td(num_cell(f"/cells/{i}/report/checks/num_pass", r.checks.num_pass, str(r.checks.num_pass))),
+                td(num_cell(f"/cells/{i}/report/checks/num_fail", r.checks.num_fail, str(r.checks.num_fail))),
+                td(num_cell(f"/cells/{i}/report/checks/num_error", r.checks.num_error, str(r.checks.num_error))),
+                td(Cell(text=r.exit_reason), "message"),
+                td(Cell(text=cell.dir)),
+            ]
+        )
     passed = sum(1 for c in report.cells if c.report.exit_code == 0)
-    out = (f"<h2>Cells ({passed} of {len(report.cells)} passed)</h2>"
-           + table(["cell", "status", "exit", "passed", "failed", "errors", "reason", "directory"], rows)
-           + more_note(len(rows), len(report.cells), "cells"))
+    out = (
+        f"<h2>Cells ({passed} of {len(report.cells)} passed)</h2>"
+        + table(["cell", "status", "exit", "passed", "failed", "errors", "reason", "directory"], rows)
+        + more_note(len(rows), len(report.cells), "cells")
+    )
     if report.skipped:
         skipped = [[td(Cell(text=s.name)), td(Cell(text=s.reason), "message")] for s in report.skipped[:CELL_ROWS_MAX]]
-        out += (f"<h2>Skipped combinations ({len(report.skipped)} of {report.num_combinations})</h2>"
-                + table(["combination", "reason"], skipped) + more_note(len(skipped), len(report.skipped),
-                                                                        "skipped combinations", "report.json"))
+        out += (
+            f"<h2>Skipped combinations ({len(report.skipped)} of {report.num_combinations})</h2>"
+            + table(["combination", "reason"], skipped)
+            + more_note(len(skipped), len(report.skipped), "skipped combinations", "report.json")
+        )
     return out

@@ -32,13 +32,22 @@ def _case_time(entry: Any, check: str) -> str:
 def _add_run_cases(suite: ET.Element, report: RunSummary, prefix: str) -> None:
     """The rank x policy x check cases of a whole report (a summary has none), then one case per problem."""
     ranks = report.ranks if isinstance(report, RunReport) else []
-    ooms = {(r, e.policy): e.line() for e in oom_entries(report) for r in e.ranks} if isinstance(report, RunReport) and ranks else {}
+    ooms = (
+        {(r, e.policy): e.line() for e in oom_entries(report) for r in e.ranks}
+        if isinstance(report, RunReport) and ranks
+        else {}
+    )
     for rank in ranks:
         for entry in rank.policies:
             oom = ooms.get((rank.rank, entry.policy))
             for check, result in entry.checks.items():
-                case = ET.SubElement(suite, "testcase", classname=f"{prefix}.rank-{rank.rank:05d}.{entry.policy}",
-                                     name=check, time=_case_time(entry, check))
+                case = ET.SubElement(
+                    suite,
+                    "testcase",
+                    classname=f"{prefix}.rank-{rank.rank:05d}.{entry.policy}",
+                    name=check,
+                    time=_case_time(entry, check),
+                )
                 # The OOM itself (message, stage, bytes asked for, budget) goes with the expectation check, where a
                 # CI page shows it whether the OOM was expected or not.
                 text = f"{result.message}\n{oom}" if oom and check == "expectation" else result.message
@@ -54,7 +63,9 @@ def _add_run_cases(suite: ET.Element, report: RunSummary, prefix: str) -> None:
         if problem.kind == "policy-error":
             continue  # already an <error> on that rank's checks
         where = f"rank-{problem.rank:05d}" if problem.rank is not None else (problem.path or "run")
-        case = ET.SubElement(suite, "testcase", classname=f"{prefix}.problems", name=f"{where} {problem.kind}", time="0")
+        case = ET.SubElement(
+            suite, "testcase", classname=f"{prefix}.problems", name=f"{where} {problem.kind}", time="0"
+        )
         ET.SubElement(case, "error", message=problem.cause, type=problem.kind).text = problem.cause
 
 
@@ -78,19 +89,34 @@ def render_junit(report: Report, cells: Mapping[str, RunReport] | None = None) -
     if isinstance(report, MatrixReport):
         for cell in report.cells:
             suite = ET.SubElement(root, "testsuite", name=cell.name, time=_run_seconds(cell.report))
-            _properties(suite, {"generation": report.generation, "cell_generation": cell.report.generation,
-                                "scenario_hash": cell.report.scenario.hash})
+            _properties(
+                suite,
+                {
+                    "generation": report.generation,
+                    "cell_generation": cell.report.generation,
+                    "scenario_hash": cell.report.scenario.hash,
+                },
+            )
             _add_run_cases(suite, (cells or {}).get(cell.name, cell.report), cell.name)
             _suite_counts(suite)
     else:
         s = report.scenario
         suite = ET.SubElement(root, "testsuite", name=str(s.name), time=_run_seconds(report))
-        _properties(suite, {"generation": report.generation, "scenario.hash": s.hash,
-                            "memory.budget_bytes": s.memory_budget_bytes, "memory.ballast_bytes": s.ballast_bytes,
-                            "scenario.num_dispatchers": s.num_dispatchers, "scenario.num_ranks": s.num_ranks,
-                            "scenario.num_local_experts": s.num_local_experts,
-                            "scenario.max_tokens_per_rank": s.max_tokens_per_rank, "scenario.emulated": s.emulated,
-                            "run_id": report.run_id})
+        _properties(
+            suite,
+            {
+                "generation": report.generation,
+                "scenario.hash": s.hash,
+                "memory.budget_bytes": s.memory_budget_bytes,
+                "memory.ballast_bytes": s.ballast_bytes,
+                "scenario.num_dispatchers": s.num_dispatchers,
+                "scenario.num_ranks": s.num_ranks,
+                "scenario.num_local_experts": s.num_local_experts,
+                "scenario.max_tokens_per_rank": s.max_tokens_per_rank,
+                "scenario.emulated": s.emulated,
+                "run_id": report.run_id,
+            },
+        )
         _add_run_cases(suite, report, str(s.name))
         _suite_counts(suite)
     for attr in ("tests", "failures", "errors", "skipped"):

@@ -40,8 +40,9 @@ MAX_RANK_FILES = 1 << 20
 
 _RANK_FILE_RE = re.compile(r"^rank-(\d{5,})(\.failed)?\.json$")
 # Fields of a record that are signed by nature: a delta can be negative (RSS returned to the OS), so can "other".
-_SIGNED_FIELDS = frozenset({"delta_bytes", "workspace_delta_bytes", "other_bytes", "started_at", "finished_at",
-                            "ready_at", "at"})
+_SIGNED_FIELDS = frozenset(
+    {"delta_bytes", "workspace_delta_bytes", "other_bytes", "started_at", "finished_at", "ready_at", "at"}
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,8 +80,9 @@ class _Inputs:
         self.problems.append(Problem(kind=kind, cause=cause, rank=rank, path=path))
 
 
-def read_contained(root: Path, path: Path, *, limit: int = MAX_RECORD_BYTES,
-                   head: int | None = None) -> bytes | tuple[ProblemKind, str]:
+def read_contained(
+    root: Path, path: Path, *, limit: int = MAX_RECORD_BYTES, head: int | None = None
+) -> bytes | tuple[ProblemKind, str]:
     """The bytes of a regular file inside `root` (resolved), or (problem kind, cause): a link out of the directory,
     a FIFO or device (which would block or never end), a file over `limit`, or one that cannot be read.
     `head`: at most that many bytes, the file's first (a stamp near the top of a large output)."""
@@ -169,7 +171,9 @@ def invalid_value(record: Record) -> str | None:
         if isinstance(value, float) and not math.isfinite(value):
             return f"{path} is {value}: a record holds finite numbers only"
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
-            sized = isinstance(name, int) or name.endswith(("_bytes", "_us", "_gbps", "_tflops")) or name.startswith("num_")
+            sized = (
+                isinstance(name, int) or name.endswith(("_bytes", "_us", "_gbps", "_tflops")) or name.startswith("num_")
+            )
             if sized and name not in _SIGNED_FIELDS:
                 return f"{path} is {value}: sizes, counts and times are >= 0"
     return None
@@ -195,8 +199,11 @@ def _load_manifest(inputs: _Inputs) -> RunManifest | None:
     loaded = _read_record_file(inputs, "run.json", rank=None)
     if loaded is None or isinstance(loaded, RunManifest):
         return loaded
-    inputs.problem("mismatch", f"run.json holds a {loaded.record_kind!r} record, not the run manifest",  # type: ignore[attr-defined]
-                   path="run.json")
+    inputs.problem(
+        "mismatch",
+        f"run.json holds a {loaded.record_kind!r} record, not the run manifest",  # type: ignore[attr-defined]
+        path="run.json",
+    )
     return None
 
 
@@ -206,8 +213,9 @@ def _scan_ranks_dir(inputs: _Inputs) -> list[tuple[int, bool, str]]:
     if not ranks_dir.is_dir():
         return []
     if not ranks_dir.resolve().is_relative_to(inputs.root):
-        inputs.problem("outside", f"ranks/ is a link to {ranks_dir.resolve()}, outside the run directory: not read",
-                       path="ranks/")
+        inputs.problem(
+            "outside", f"ranks/ is a link to {ranks_dir.resolve()}, outside the run directory: not read", path="ranks/"
+        )
         return []
     found: list[tuple[int, bool, str]] = []
     with os.scandir(ranks_dir) as entries:
@@ -216,16 +224,20 @@ def _scan_ranks_dir(inputs: _Inputs) -> list[tuple[int, bool, str]]:
         rel = f"ranks/{name}"
         match = _RANK_FILE_RE.match(name)
         if match is None or name != f"rank-{int(match.group(1)):05d}{match.group(2) or ''}.json":
-            why = ("a temporary file left by a writer that was stopped" if name.endswith(".tmp") else
-                   "not a canonical rank-NNNNN[.failed].json name (five digits at least, no extra zeros)")
+            why = (
+                "a temporary file left by a writer that was stopped"
+                if name.endswith(".tmp")
+                else "not a canonical rank-NNNNN[.failed].json name (five digits at least, no extra zeros)"
+            )
             inputs.problem("unexpected-file", f"{rel}: {why}; not read", path=rel)
             continue
         found.append((int(match.group(1)), match.group(2) is not None, rel))
     return found
 
 
-def _check_rank_record(inputs: _Inputs, record: Record, rank: int, is_failure: bool, rel: str,
-                       manifest: RunManifest | None) -> bool:
+def _check_rank_record(
+    inputs: _Inputs, record: Record, rank: int, is_failure: bool, rel: str, manifest: RunManifest | None
+) -> bool:
     """Whether a parsed rank file belongs here: its kind, rank, run and scenario; a mismatch problem if not."""
     expected = RankFailure if is_failure else RankRecord
     cause = None
@@ -236,32 +248,50 @@ def _check_rank_record(inputs: _Inputs, record: Record, rank: int, is_failure: b
     elif manifest is not None and record.run_id != manifest.run_id:
         cause = f"{rel}: run_id {record.run_id!r} is not this run's ({manifest.run_id!r})"
     elif isinstance(record, RankRecord) and manifest is not None and record.scenario_hash != manifest.scenario_hash:
-        cause = (f"{rel}: scenario hash {record.scenario_hash} differs from the run's {manifest.scenario_hash}; "
-                 "left out of the aggregates")
+        cause = (
+            f"{rel}: scenario hash {record.scenario_hash} differs from the run's {manifest.scenario_hash}; "
+            "left out of the aggregates"
+        )
     if cause is not None:
         inputs.unreadable_ranks.add(rank)
         inputs.problem("mismatch", cause, rank=rank, path=rel)
         return False
     if manifest is not None and rank >= manifest.num_ranks:
-        inputs.problem("mismatch", f"{rel}: rank {rank} is outside the {manifest.num_ranks} ranks run.json names",
-                       rank=rank, path=rel)
+        inputs.problem(
+            "mismatch",
+            f"{rel}: rank {rank} is outside the {manifest.num_ranks} ranks run.json names",
+            rank=rank,
+            path=rel,
+        )
     if isinstance(record, RankRecord) and len(record.policies) > MAX_POLICIES:
         inputs.unreadable_ranks.add(rank)
-        inputs.problem("mismatch", f"{rel}: {len(record.policies)} policies; allowed: at most {MAX_POLICIES} (the "
-                       "scenario's limit)", rank=rank, path=rel)
+        inputs.problem(
+            "mismatch",
+            f"{rel}: {len(record.policies)} policies; allowed: at most {MAX_POLICIES} (the scenario's limit)",
+            rank=rank,
+            path=rel,
+        )
         return False
     if isinstance(record, RankRecord) and manifest is not None:
         allowed = manifest.scenario.get("policies")
         outside = [p.policy for p in record.policies if isinstance(allowed, list) and p.policy not in allowed]
         if outside:
             inputs.unreadable_ranks.add(rank)
-            inputs.problem("mismatch", f"{rel}: policy {outside[0][:80]!r} is not one of the scenario's "
-                           f"({', '.join(str(a) for a in allowed or ())}); left out of the aggregates", rank=rank, path=rel)
+            inputs.problem(
+                "mismatch",
+                f"{rel}: policy {outside[0][:80]!r} is not one of the scenario's "
+                f"({', '.join(str(a) for a in allowed or ())}); left out of the aggregates",
+                rank=rank,
+                path=rel,
+            )
             return False
         if record.scenario != manifest.scenario and not inputs.scenario_differs:
             inputs.scenario_differs = True  # said once, of run.json: the ranks ran the scenario they record
-            inputs.problem("mismatch", f"run.json: its scenario differs from the one rank {rank} ran ({rel}): "
-                           "edited after the run", path="run.json")
+            inputs.problem(
+                "mismatch",
+                f"run.json: its scenario differs from the one rank {rank} ran ({rel}): edited after the run",
+                path="run.json",
+            )
     return True
 
 
@@ -269,13 +299,19 @@ def _check_manifest(inputs: _Inputs, manifest: RunManifest) -> RunManifest | Non
     """run.json's own bounds and integrity: num_ranks within the scenario's limit (so no 10^8-rank set is built
     from it), its scenario still the one it was written with (scenario_sha256, when the record has one)."""
     if not 1 <= manifest.num_ranks <= MAX_NUM_RANKS:
-        inputs.problem("invalid", f"run.json: num_ranks {manifest.num_ranks}; allowed: 1 to {MAX_NUM_RANKS} (the "
-                       "scenario's limit)", path="run.json")
+        inputs.problem(
+            "invalid",
+            f"run.json: num_ranks {manifest.num_ranks}; allowed: 1 to {MAX_NUM_RANKS} (the scenario's limit)",
+            path="run.json",
+        )
         return None
     if manifest.scenario_sha256 is not None and scenario_digest(manifest.scenario) != manifest.scenario_sha256:
-        inputs.problem("mismatch", "run.json: its scenario is not the one the run was started with (its "
-                       "scenario_sha256 does not match: edited after the run); not judged against it",
-                       path="run.json")
+        inputs.problem(
+            "mismatch",
+            "run.json: its scenario is not the one the run was started with (its "
+            "scenario_sha256 does not match: edited after the run); not judged against it",
+            path="run.json",
+        )
         return None
     return manifest
 
@@ -315,14 +351,19 @@ def load_run(run_dir: Path, *, sink: RecordSink | None = None) -> LoadedRun:
     if manifest is not None:  # num_ranks is within MAX_NUM_RANKS here
         for rank in sorted(set(range(manifest.num_ranks)) - record_ranks - set(failures) - inputs.unreadable_ranks):
             rel = f"ranks/rank-{rank:05d}.json"
-            inputs.problem("missing-rank", f"rank {rank}: no record and no failure record ({rel} is missing)",
-                           rank=rank, path=rel)
+            inputs.problem(
+                "missing-rank", f"rank {rank}: no record and no failure record ({rel} is missing)", rank=rank, path=rel
+            )
     if not record_ranks:
         inputs.problem("no-records", "no readable rank records in ranks/", path="ranks/")
     digest = _input_hash(inputs.digests)
     return LoadedRun(
-        run_dir=run_dir, manifest=manifest, records=tuple(records[r] for r in sorted(records)),
-        failures=tuple(failures[r] for r in sorted(failures)), problems=tuple(inputs.problems), input_hash=digest,
+        run_dir=run_dir,
+        manifest=manifest,
+        records=tuple(records[r] for r in sorted(records)),
+        failures=tuple(failures[r] for r in sorted(failures)),
+        problems=tuple(inputs.problems),
+        input_hash=digest,
     )
 
 

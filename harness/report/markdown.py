@@ -162,18 +162,57 @@ def policy_columns(report: Report) -> list[Column]:
         Column(header="contract", unit=unit, aggregation="", field="contract_total_bytes", fmt=fmt_bytes),
         Column(header="lower bound", unit=unit, aggregation="", field="lower_bound_bytes", fmt=fmt_bytes),
         Column(header="x fixed", unit="ratio", aggregation="", field="ratio_to_fixed", fmt=fmt_ratio),
-        Column(header="ws delta min", unit=measured, aggregation="min", field="workspace_delta_bytes", agg="min", fmt=fmt_bytes),
-        Column(header="ws delta avg", unit=measured, aggregation="avg", field="workspace_delta_bytes", agg="avg", fmt=fmt_bytes),
-        Column(header="ws delta max", unit=measured, aggregation="max", field="workspace_delta_bytes", agg="max", fmt=fmt_bytes),
-        Column(header="alloc peak", unit=unit, aggregation="max", field="allocator_allocated_peak_bytes", agg="max", fmt=fmt_bytes),
+        Column(
+            header="ws delta min",
+            unit=measured,
+            aggregation="min",
+            field="workspace_delta_bytes",
+            agg="min",
+            fmt=fmt_bytes,
+        ),
+        Column(
+            header="ws delta avg",
+            unit=measured,
+            aggregation="avg",
+            field="workspace_delta_bytes",
+            agg="avg",
+            fmt=fmt_bytes,
+        ),
+        Column(
+            header="ws delta max",
+            unit=measured,
+            aggregation="max",
+            field="workspace_delta_bytes",
+            agg="max",
+            fmt=fmt_bytes,
+        ),
+        Column(
+            header="alloc peak",
+            unit=unit,
+            aggregation="max",
+            field="allocator_allocated_peak_bytes",
+            agg="max",
+            fmt=fmt_bytes,
+        ),
         Column(header="OOM", unit="ranks", aggregation="count", field="num_oom", fmt=fmt_int),
         Column(header="max error", unit="rel", aggregation="max", field="max_rel_error", agg="max", fmt=fmt_error),
         Column(header="dispatch time", unit="us", aggregation="max", field="dispatch_us", agg="max", fmt=fmt_us),
         Column(header="experts time", unit="us", aggregation="max", field="experts_us", agg="max", fmt=fmt_us),
         Column(header="combine time", unit="us", aggregation="max", field="combine_us", agg="max", fmt=fmt_us),
-        Column(header="experts rate", unit="TFLOP/s", aggregation="min", field="experts_tflops", agg="min", fmt=fmt_rate),
-        Column(header="dispatch busbw", unit="GB/s", aggregation="min", field="dispatch_busbw_gbps", agg="min", fmt=fmt_rate),
-        Column(header="combine busbw", unit="GB/s", aggregation="min", field="combine_busbw_gbps", agg="min", fmt=fmt_rate),
+        Column(
+            header="experts rate", unit="TFLOP/s", aggregation="min", field="experts_tflops", agg="min", fmt=fmt_rate
+        ),
+        Column(
+            header="dispatch busbw",
+            unit="GB/s",
+            aggregation="min",
+            field="dispatch_busbw_gbps",
+            agg="min",
+            fmt=fmt_rate,
+        ),
+        Column(
+            header="combine busbw", unit="GB/s", aggregation="min", field="combine_busbw_gbps", agg="min", fmt=fmt_rate
+        ),
     ]
 
 
@@ -203,13 +242,26 @@ def _outcome_css(summary: PolicySummary) -> str:
 def _matrix_lead(i: int, s: ScenarioInfo, name: str) -> list[Cell]:
     model = s.model_preset or (f"K={s.hidden_size} I={s.intermediate_size}" if s.hidden_size else NA)
     return [
-        Cell(text=name), Cell(text=model),
-        Cell(text=fmt_int(s.num_dispatchers), pointer=f"/cells/{i}/report/scenario/num_dispatchers",
-             value=s.num_dispatchers, numeric=True),
-        Cell(text=fmt_int(s.num_local_experts), pointer=f"/cells/{i}/report/scenario/num_local_experts",
-             value=s.num_local_experts, numeric=True),
-        Cell(text=fmt_int(s.max_tokens_per_rank), pointer=f"/cells/{i}/report/scenario/max_tokens_per_rank",
-             value=s.max_tokens_per_rank, numeric=True),
+        Cell(text=name),
+        Cell(text=model),
+        Cell(
+            text=fmt_int(s.num_dispatchers),
+            pointer=f"/cells/{i}/report/scenario/num_dispatchers",
+            value=s.num_dispatchers,
+            numeric=True,
+        ),
+        Cell(
+            text=fmt_int(s.num_local_experts),
+            pointer=f"/cells/{i}/report/scenario/num_local_experts",
+            value=s.num_local_experts,
+            numeric=True,
+        ),
+        Cell(
+            text=fmt_int(s.max_tokens_per_rank),
+            pointer=f"/cells/{i}/report/scenario/max_tokens_per_rank",
+            value=s.max_tokens_per_rank,
+            numeric=True,
+        ),
     ]
 
 
@@ -223,17 +275,31 @@ def policy_table(report: Report) -> tuple[list[str], list[str], list[str], list[
     rows: list[list[Cell]] = []
     if isinstance(report, MatrixReport):
         lead = len(MATRIX_LEAD_COLUMNS)
-        headers, units, aggregations = list(MATRIX_LEAD_COLUMNS) + headers, [""] * lead + units, [""] * lead + aggregations
+        headers, units, aggregations = (
+            list(MATRIX_LEAD_COLUMNS) + headers,
+            [""] * lead + units,
+            [""] * lead + aggregations,
+        )
         for i, cell in enumerate(report.cells):
             if len(rows) >= MATRIX_ROWS_MAX:
                 left = sum(max(1, len(c.report.policies)) for c in report.cells[i:])
-                rows.append([Cell(text=f"... {left} more rows ({len(report.cells) - i} cells) in report.json and "
-                                       "the cells' own reports")] + [Cell(text="") for _ in headers[1:]])
+                rows.append(
+                    [
+                        Cell(
+                            text=f"... {left} more rows ({len(report.cells) - i} cells) in report.json and "
+                            "the cells' own reports"
+                        )
+                    ]
+                    + [Cell(text="") for _ in headers[1:]]
+                )
                 break
             lead_cells = _matrix_lead(i, cell.report.scenario, cell.name)
             if not cell.report.policies:
-                rows.append(lead_cells + [Cell(text=f"no results: {cell.report.exit_reason}")]
-                            + [Cell(text="") for _ in columns[1:]])
+                rows.append(
+                    lead_cells
+                    + [Cell(text=f"no results: {cell.report.exit_reason}")]
+                    + [Cell(text="") for _ in columns[1:]]
+                )
             for j, summary in enumerate(cell.report.policies):
                 rows.append(lead_cells + _summary_row(summary, f"/cells/{i}/report/policies/{j}", columns))
     else:
@@ -251,10 +317,12 @@ def _memory_method(report: Report) -> str | None:
 def table_legend(report: Report) -> str:
     """What the columns mean, for Markdown and the terminal (HTML says the same with markup)."""
     one_rank = isinstance(report, RunReport) and report.scenario.num_ranks == 1
-    return ("Row 2 gives the units, row 3 how ranks are aggregated; report.json holds the bytes these are rendered "
-            "from. outcome = fit or oom on any rank, against the scenario's expectation; ws delta = measured "
-            "workspace delta; x fixed = contract / fixed contract; n/a = no rank has the figure"
-            + (" (bus bandwidth with one physical rank: nothing crosses a link)." if one_rank else "."))
+    return (
+        "Row 2 gives the units, row 3 how ranks are aggregated; report.json holds the bytes these are rendered "
+        "from. outcome = fit or oom on any rank, against the scenario's expectation; ws delta = measured "
+        "workspace delta; x fixed = contract / fixed contract; n/a = no rank has the figure"
+        + (" (bus bandwidth with one physical rank: nothing crosses a link)." if one_rank else ".")
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -266,7 +334,12 @@ def baseline_table(report: RunReport) -> tuple[list[str], list[str], list[list[C
     policies = [p.policy for p in report.policies]
     method = report.scenario.memory_method or ""
     headers = ["rank", *[f"{p} baseline" for p in policies], "spread", "check"]
-    units = ["", *[f"MiB {method.upper()}".strip()] * len(policies), "MiB", f"allowed {fmt_baseline_mib(report.scenario.baseline_rounding_bytes)} MiB"]
+    units = [
+        "",
+        *[f"MiB {method.upper()}".strip()] * len(policies),
+        "MiB",
+        f"allowed {fmt_baseline_mib(report.scenario.baseline_rounding_bytes)} MiB",
+    ]
     rows = []
     for i, rank in enumerate(report.ranks[:RANK_TABLE_MAX]):
         cells = [Cell(text=str(rank.rank), pointer=f"/ranks/{i}/rank", value=rank.rank, numeric=True)]
@@ -278,8 +351,14 @@ def baseline_table(report: RunReport) -> tuple[list[str], list[str], list[list[C
                 cells.append(Cell(text=NA, numeric=True))
                 continue
             values.append(value)
-            cells.append(Cell(text=fmt_baseline_mib(value), pointer=f"/ranks/{i}/policies/{j}/baseline_bytes",
-                              value=value, numeric=True))
+            cells.append(
+                Cell(
+                    text=fmt_baseline_mib(value),
+                    pointer=f"/ranks/{i}/policies/{j}/baseline_bytes",
+                    value=value,
+                    numeric=True,
+                )
+            )
         cells.append(Cell(text=fmt_baseline_mib(max(values) - min(values)) if values else NA, numeric=True))
         cells.append(_rank_baseline_verdict(rank))
         rows.append(cells)
@@ -300,8 +379,15 @@ def _versions_lines(report: Report) -> list[str]:
     v = report.versions
     if v is None:
         return ["versions: unknown (no records)"]
-    names = (("harness", v.harness), ("python", v.python), ("torch", v.torch), ("CUDA", v.cuda), ("NCCL", v.nccl),
-             ("driver", v.driver), ("Ray", v.ray))
+    names = (
+        ("harness", v.harness),
+        ("python", v.python),
+        ("torch", v.torch),
+        ("CUDA", v.cuda),
+        ("NCCL", v.nccl),
+        ("driver", v.driver),
+        ("Ray", v.ray),
+    )
     first = " | ".join(f"{label} {value or NA}" for label, value in names)
     return [first, f"vLLM source: {v.vllm_source or 'none'} | vLLM kernels: {v.vllm_kernels or 'none'}"]
 
@@ -315,33 +401,41 @@ def _hardware_line(report: Report) -> str:
     caps = f", sm {', '.join(hw.device_capabilities)}" if hw.device_capabilities else ""
     of = f" of {hw.num_ranks_expected} launched" if hw.num_ranks_expected is not None else ""
     launcher = f"; launcher {hw.launcher}" if hw.launcher else ""
-    return (f"hardware: {hw.num_ranks_reported} rank(s) reported{of} on {hw.num_nodes} node(s) "
-            f"[{', '.join(hw.nodes)}]: {names}{memory} ({hw.device_kind or NA}{caps}){launcher}")
+    return (
+        f"hardware: {hw.num_ranks_reported} rank(s) reported{of} on {hw.num_nodes} node(s) "
+        f"[{', '.join(hw.nodes)}]: {names}{memory} ({hw.device_kind or NA}{caps}){launcher}"
+    )
 
 
 def _shape_line(s: ScenarioInfo) -> str:
     if s.hidden_size is None:
         return f"D={s.num_dispatchers} P={s.num_ranks} (shapes unknown: the scenario could not be parsed)"
-    return (f"model {s.model_preset or 'explicit shapes'}: D={s.num_dispatchers} P={s.num_ranks} "
-            f"E={s.num_local_experts} T={s.max_tokens_per_rank} M={s.M} K={s.hidden_size} I={s.intermediate_size} "
-            f"N={s.N} top_k={s.top_k} experts={s.num_experts} {s.workspace_dtype}; routing {s.routing}, "
-            f"{s.num_tokens_per_dispatcher} tokens per dispatcher")
+    return (
+        f"model {s.model_preset or 'explicit shapes'}: D={s.num_dispatchers} P={s.num_ranks} "
+        f"E={s.num_local_experts} T={s.max_tokens_per_rank} M={s.M} K={s.hidden_size} I={s.intermediate_size} "
+        f"N={s.N} top_k={s.top_k} experts={s.num_experts} {s.workspace_dtype}; routing {s.routing}, "
+        f"{s.num_tokens_per_dispatcher} tokens per dispatcher"
+    )
 
 
 def _emulation_line(s: ScenarioInfo, device_kind: str | None) -> str:
     if s.emulated:
         memory = "each rank's CPU memory" if device_kind == "cpu" else "each GPU's memory"
-        return (f"D={s.num_dispatchers} is EMULATED on P={s.num_ranks} physical rank(s): buffers and workspaces are "
-                f"sized for D ({memory} equals a real D-rank deployment's); traffic flows among P")
+        return (
+            f"D={s.num_dispatchers} is EMULATED on P={s.num_ranks} physical rank(s): buffers and workspaces are "
+            f"sized for D ({memory} equals a real D-rank deployment's); traffic flows among P"
+        )
     return f"D={s.num_dispatchers} is real: one physical rank per dispatcher (not emulated)"
 
 
 def _measurement_line(s: ScenarioInfo) -> str:
     tolerance = NA if s.memory_tolerance_pct is None else f"{s.memory_tolerance_pct:g}%"
     rounding = NA if s.baseline_rounding_bytes is None else f"{fmt_baseline_mib(s.baseline_rounding_bytes)} MiB"
-    return (f"measurement: {s.measurement_method or NA}; {s.memory_label or 'no memory measured'}; experts backend "
-            f"{s.experts_backend or NA}; comm {s.comm_backend or NA}; memory tolerance {tolerance}; "
-            f"baselines equal within {rounding}")
+    return (
+        f"measurement: {s.measurement_method or NA}; {s.memory_label or 'no memory measured'}; experts backend "
+        f"{s.experts_backend or NA}; comm {s.comm_backend or NA}; memory tolerance {tolerance}; "
+        f"baselines equal within {rounding}"
+    )
 
 
 def _warmup_line(report: RunReport) -> str:
@@ -353,7 +447,9 @@ def _warmup_line(report: RunReport) -> str:
         return "warm-up pass: none recorded (records of an older harness)"
     if len(by_kind) == 1:
         return f"warm-up pass: {next(iter(by_kind))} on every rank"
-    return "warm-up pass: " + "; ".join(f"{kind} on rank(s) {_rank_list(ranks)}" for kind, ranks in sorted(by_kind.items()))
+    return "warm-up pass: " + "; ".join(
+        f"{kind} on rank(s) {_rank_list(ranks)}" for kind, ranks in sorted(by_kind.items())
+    )
 
 
 def _rank_list(ranks: list[int]) -> str:
@@ -361,14 +457,18 @@ def _rank_list(ranks: list[int]) -> str:
 
 
 def _matrix_header(report: MatrixReport) -> list[str]:
-    lines = [f"matrix: {report.name} ({report.path or 'inline'}): {report.num_valid} of {report.num_combinations} "
-             f"combinations valid, {len(report.cells)} cell(s) run"]
+    lines = [
+        f"matrix: {report.name} ({report.path or 'inline'}): {report.num_valid} of {report.num_combinations} "
+        f"combinations valid, {len(report.cells)} cell(s) run"
+    ]
     lines += [f"  axis {key}: {', '.join(_short(v) for v in values)}" for key, values in report.axes.items()]
     emulated = [c.name for c in report.cells if c.report.scenario.emulated]
     if emulated:
         named = ", ".join(emulated[:8]) + (f" and {len(emulated) - 8} more" if len(emulated) > 8 else "")
-        lines.append(f"D is EMULATED (fewer physical ranks than dispatchers) in {len(emulated)} of "
-                     f"{len(report.cells)} cells: {named}")
+        lines.append(
+            f"D is EMULATED (fewer physical ranks than dispatchers) in {len(emulated)} of "
+            f"{len(report.cells)} cells: {named}"
+        )
     return lines
 
 
@@ -387,8 +487,10 @@ def _run_header(report: RunReport) -> list[str]:
         lines.append(_warmup_line(report))
     if s.expected_outcomes:
         lines.append("expected: " + ", ".join(f"{k} {v}" for k, v in s.expected_outcomes.items()))
-    lines.append(f"run: {report.run_id}; started {fmt_time(report.started_at)}; "
-                 f"last rank finished {fmt_time(report.finished_at)}")
+    lines.append(
+        f"run: {report.run_id}; started {fmt_time(report.started_at)}; "
+        f"last rank finished {fmt_time(report.finished_at)}"
+    )
     if report.scenario_problem:
         lines.append(f"WARNING: {report.scenario_problem}")
     return lines
@@ -397,8 +499,10 @@ def _run_header(report: RunReport) -> list[str]:
 def header_lines(report: Report) -> list[str]:
     """The `#` header: versions, hardware, scenario parameters, emulation, measurement method, generation."""
     lines = _versions_lines(report)
-    lines += [f"WARNING: ranks disagree on {name}: {', '.join(values)}"
-              for name, values in sorted(report.version_mismatches.items())]
+    lines += [
+        f"WARNING: ranks disagree on {name}: {', '.join(values)}"
+        for name, values in sorted(report.version_mismatches.items())
+    ]
     lines.append(_hardware_line(report))
     lines += _matrix_header(report) if isinstance(report, MatrixReport) else _run_header(report)
     lines.append(f"generation: {report.generation}")
@@ -478,10 +582,18 @@ def _md_ooms(report: Report, cells: Mapping[str, RunReport]) -> list[str]:
         out.append(f"\n... and {len(entries) - MAX_OOM_ROWS} more distinct OOMs in report.json")
     snapshots = sorted({e.snapshot_file for e in entries if e.snapshot_file})
     if snapshots:
-        out += ["", "Allocator snapshots (torch.cuda.memory._snapshot): " + ", ".join(snapshots[:8])
-                + (f" and {len(snapshots) - 8} more" if len(snapshots) > 8 else "")]
-    out += ["", "held before = the policy's workspace bytes already allocated when the allocation failed (its first "
-                "block, when the second failed); free = what the allocator (GPU) or the budget (CPU) had left.", ""]
+        out += [
+            "",
+            "Allocator snapshots (torch.cuda.memory._snapshot): "
+            + ", ".join(snapshots[:8])
+            + (f" and {len(snapshots) - 8} more" if len(snapshots) > 8 else ""),
+        ]
+    out += [
+        "",
+        "held before = the policy's workspace bytes already allocated when the allocation failed (its first "
+        "block, when the second failed); free = what the allocator (GPU) or the budget (CPU) had left.",
+        "",
+    ]
     return out
 
 
@@ -492,15 +604,19 @@ def _md_listing(report: Report) -> list[str]:
     out: list[str] = []
     if report.problems:
         out += [f"### Problems ({len(report.problems)})", ""]
-        out += _md_table([*lead, "kind", "rank", "file", "cause"],
-                         [problem_row(p, matrix) for p in report.problems[:MAX_PROBLEMS_LISTED]])
+        out += _md_table(
+            [*lead, "kind", "rank", "file", "cause"],
+            [problem_row(p, matrix) for p in report.problems[:MAX_PROBLEMS_LISTED]],
+        )
         if len(report.problems) > MAX_PROBLEMS_LISTED:
             out.append(f"\n... and {len(report.problems) - MAX_PROBLEMS_LISTED} more in report.json and junit.xml")
         out.append("")
     if report.check_failures:
         out += [f"### Failed checks ({len(report.check_failures)})", ""]
-        out += _md_table([*lead, "rank", "policy", "check", "outcome", "message"],
-                         [failure_row(f, matrix) for f in report.check_failures[:MAX_LISTED]])
+        out += _md_table(
+            [*lead, "rank", "policy", "check", "outcome", "message"],
+            [failure_row(f, matrix) for f in report.check_failures[:MAX_LISTED]],
+        )
         if len(report.check_failures) > MAX_LISTED:
             out.append(f"\n... and {len(report.check_failures) - MAX_LISTED} more in report.json and junit.xml")
         out.append("")
@@ -515,17 +631,24 @@ def _md_baselines(report: RunReport) -> list[str]:
     out += _md_table(headers, [units] + [[c.text for c in row] for row in rows])
     if len(report.ranks) > RANK_TABLE_MAX:
         out.append(f"\n... and {len(report.ranks) - RANK_TABLE_MAX} more ranks in report.json")
-    out += ["", "Each policy is measured from the memory in use when it starts (its baseline). The baseline check "
-                "fails when a policy's baseline differs from the rank's first policy's by more than the allocator's "
-                "rounding (the units row): one-time setup inside a policy's window would inflate its peak.", ""]
+    out += [
+        "",
+        "Each policy is measured from the memory in use when it starts (its baseline). The baseline check "
+        "fails when a policy's baseline differs from the rank's first policy's by more than the allocator's "
+        "rounding (the units row): one-time setup inside a policy's window would inflate its peak.",
+        "",
+    ]
     return out
 
 
 def correctness_rows(report: Report, cells: Mapping[str, RunReport] | None = None) -> list[list[str]]:
     """Per (cell,) rank x policy that ran the check: the kernels, the first diverging stage and where, the verdict.
     A matrix's rows come from its cells' whole reports in `cells` (its report.json holds their summaries)."""
-    runs: list[tuple[str | None, RunReport]] = [(None, report)] if isinstance(report, RunReport) else \
-        [(c.name, cells[c.name]) for c in report.cells if cells and c.name in cells]
+    runs: list[tuple[str | None, RunReport]] = (
+        [(None, report)]
+        if isinstance(report, RunReport)
+        else [(c.name, cells[c.name]) for c in report.cells if cells and c.name in cells]
+    )
     rows: list[list[str]] = []
     for cell, run in runs:
         if cell is not None and len(rows) >= MATRIX_ROWS_MAX:
@@ -539,15 +662,31 @@ def correctness_rows(report: Report, cells: Mapping[str, RunReport] | None = Non
                 stage = next((s for s in e.stages if s.stage == e.first_diverging_stage), None)
                 where = "-"
                 if stage is not None and stage.first_wrong_row is not None:
-                    slot = f" (expert {stage.first_wrong_expert}, slot {stage.first_wrong_slot})" \
-                        if stage.first_wrong_expert is not None else ""
+                    slot = (
+                        f" (expert {stage.first_wrong_expert}, slot {stage.first_wrong_slot})"
+                        if stage.first_wrong_expert is not None
+                        else ""
+                    )
                     where = f"{stage.first_wrong_row}{slot}"
-                wrong = f"{stage.num_rows_wrong} of {stage.num_rows_checked} ({stage.fraction_wrong:.1%})" \
-                    if stage is not None else "0"
+                wrong = (
+                    f"{stage.num_rows_wrong} of {stage.num_rows_checked} ({stage.fraction_wrong:.1%})"
+                    if stage is not None
+                    else "0"
+                )
                 check_s = f"{e.check_us / 1e6:.3g}" if e.check_us is not None else "-"
-                rows.append(([cell] if cell is not None else []) + [
-                    str(rank.rank), e.policy, str(kernels), e.first_diverging_stage or "none", wrong, where, check_s,
-                    e.checks.correctness.outcome])
+                rows.append(
+                    ([cell] if cell is not None else [])
+                    + [
+                        str(rank.rank),
+                        e.policy,
+                        str(kernels),
+                        e.first_diverging_stage or "none",
+                        wrong,
+                        where,
+                        check_s,
+                        e.checks.correctness.outcome,
+                    ]
+                )
     return rows
 
 
@@ -557,10 +696,27 @@ def _md_correctness(report: Report, cells: Mapping[str, RunReport]) -> list[str]
         return []
     lead = ["cell"] if isinstance(report, MatrixReport) else []
     out = ["### Correctness by stage", ""]
-    out += _md_table([*lead, "rank", "policy", "kernels", "first diverging stage", "rows wrong", "first wrong row", "check s", "verdict"], rows)
-    out += ["", "Each stage of the data path (dispatch, gemm1, activation, quant, gemm2, combine) is checked against "
-                "the reference applied to the previous stage's actual output (docs/kernels.md). A release in the "
-                "scenario's expect.wrong_kernels passes when it is wrong exactly as stated.", ""]
+    out += _md_table(
+        [
+            *lead,
+            "rank",
+            "policy",
+            "kernels",
+            "first diverging stage",
+            "rows wrong",
+            "first wrong row",
+            "check s",
+            "verdict",
+        ],
+        rows,
+    )
+    out += [
+        "",
+        "Each stage of the data path (dispatch, gemm1, activation, quant, gemm2, combine) is checked against "
+        "the reference applied to the previous stage's actual output (docs/kernels.md). A release in the "
+        "scenario's expect.wrong_kernels passes when it is wrong exactly as stated.",
+        "",
+    ]
     return out
 
 
@@ -569,10 +725,21 @@ def _md_matrix_cells(report: MatrixReport) -> list[str]:
     shown = sorted(report.cells, key=lambda c: c.report.exit_code == 0)[:MATRIX_ROWS_MAX]
     passed = sum(1 for c in report.cells if c.report.exit_code == 0)
     out = [f"### Cells ({passed} of {len(report.cells)} passed)", ""]
-    out += _md_table(["cell", "status", "exit", "checks passed", "failed", "errors", "reason"],
-                     [[c.name, c.report.status, str(c.report.exit_code), str(c.report.checks.num_pass),
-                       str(c.report.checks.num_fail), str(c.report.checks.num_error), c.report.exit_reason]
-                      for c in shown])
+    out += _md_table(
+        ["cell", "status", "exit", "checks passed", "failed", "errors", "reason"],
+        [
+            [
+                c.name,
+                c.report.status,
+                str(c.report.exit_code),
+                str(c.report.checks.num_pass),
+                str(c.report.checks.num_fail),
+                str(c.report.checks.num_error),
+                c.report.exit_reason,
+            ]
+            for c in shown
+        ],
+    )
     if len(report.cells) > len(shown):
         out.append(f"\n... and {len(report.cells) - len(shown)} more cells in report.json and the cells' own reports")
     out.append("")

@@ -58,8 +58,10 @@ _SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9._+-]{1,200}$")
 def check_cell_name(name: object, where: str) -> str:
     """A cell name that is one safe path component (no separator, not "." or ".."); MatrixError otherwise."""
     if not isinstance(name, str) or not _SAFE_NAME_RE.match(name) or name in (".", ".."):
-        raise MatrixError(f"{where}: cell name {str(name)[:80]!r} is not a safe directory name "
-                          "(letters, digits, '.', '_', '+', '-'; not '.' or '..')")
+        raise MatrixError(
+            f"{where}: cell name {str(name)[:80]!r} is not a safe directory name "
+            "(letters, digits, '.', '_', '+', '-'; not '.' or '..')"
+        )
     return name
 
 
@@ -73,12 +75,19 @@ def matrix_cell(cell: ScenarioCell, report: RunReport, report_sha256: str | None
     """A cell of the combined report from the cell's collected report (the one its own report.json holds, whose
     bytes hash to `report_sha256`): its summary, without the ranks."""
     name = check_cell_name(cell.name, MATRIX_MANIFEST)
-    return MatrixCell(name=name, dir=f"{name}/", axis_values=jsonable(cell.axis_values),
-                      planned_contracts=_planned_contracts(cell.scenario), report=report, report_sha256=report_sha256)
+    return MatrixCell(
+        name=name,
+        dir=f"{name}/",
+        axis_values=jsonable(cell.axis_values),
+        planned_contracts=_planned_contracts(cell.scenario),
+        report=report,
+        report_sha256=report_sha256,
+    )
 
 
-def _cell_report(matrix_dir: Path, cell: ScenarioCell, *,
-                 write: bool | Literal["stale"]) -> tuple[RunReport, str | None]:
+def _cell_report(
+    matrix_dir: Path, cell: ScenarioCell, *, write: bool | Literal["stale"]
+) -> tuple[RunReport, str | None]:
     """Collect one cell: its whole report and the sha256 of its report.json (None: none written). write="stale":
     write its reports only when they are not what collect writes now (a cell run by an earlier call keeps its
     files; one whose records changed since, whose report.json was edited, or whose reports are missing or of
@@ -88,8 +97,7 @@ def _cell_report(matrix_dir: Path, cell: ScenarioCell, *,
     if not (cell_dir.is_dir() and not cell_dir.is_symlink()):
         what = "is a link, not read" if cell_dir.is_symlink() else "no run directory (the cell's run did not start)"
         missing = Problem(kind="missing-cell", path=f"{name}/", cause=f"cell {name}: {what}")
-        loaded = LoadedRun(run_dir=cell_dir, manifest=None, records=(), failures=(), problems=(missing,),
-                           input_hash="")
+        loaded = LoadedRun(run_dir=cell_dir, manifest=None, records=(), failures=(), problems=(missing,), input_hash="")
         return build_report(loaded, scenario_hint=cell.scenario), None
     result = collect(cell_dir, scenario_hint=cell.scenario, write=write is True, plots=False)
     report = result.report
@@ -100,8 +108,11 @@ def _cell_report(matrix_dir: Path, cell: ScenarioCell, *,
         report = with_digest(report)
         sha = file_sha256(dump_json(report).encode())
         on_disk = read_contained(cell_dir.resolve(), cell_dir / "report.json", limit=4 * MAX_RECORD_BYTES)
-        if set(output_generations(cell_dir).values()) == {report.generation} and isinstance(on_disk, bytes) \
-                and file_sha256(on_disk) == sha:
+        if (
+            set(output_generations(cell_dir).values()) == {report.generation}
+            and isinstance(on_disk, bytes)
+            and file_sha256(on_disk) == sha
+        ):
             return report, sha
         result = write_outputs(cell_dir, report, plots=False)
     return report, result.report_sha256
@@ -112,8 +123,13 @@ def _manifest_sha256(matrix_dir: Path) -> str | None:
     return file_sha256(raw) if isinstance(raw, bytes) else None
 
 
-def collect_matrix(matrix_dir: Path, cells: Sequence[ScenarioCell], *, matrix: Matrix | None = None,
-                   collected: Mapping[str, CollectResult] | None = None) -> CollectResult:
+def collect_matrix(
+    matrix_dir: Path,
+    cells: Sequence[ScenarioCell],
+    *,
+    matrix: Matrix | None = None,
+    collected: Mapping[str, CollectResult] | None = None,
+) -> CollectResult:
     """The combined report of every cell, written into `matrix_dir`; each cell collected once.
 
     `collected` maps a cell's name to what its run already collected and wrote (harness run collects each cell as
@@ -143,16 +159,19 @@ def collect_matrix(matrix_dir: Path, cells: Sequence[ScenarioCell], *, matrix: M
         description=matrix.description if matrix else "",
         path=display_path(matrix.path) if matrix else None,
         axes=jsonable(matrix.axes) if matrix else {},
-        skipped=[SkippedCombination(name=s.name, axis_values=jsonable(s.axis_values), reason=s.reason)
-                 for s in (matrix.skipped() if matrix else [])],
+        skipped=[
+            SkippedCombination(name=s.name, axis_values=jsonable(s.axis_values), reason=s.reason)
+            for s in (matrix.skipped() if matrix else [])
+        ],
         num_combinations=matrix.expansion().num_combinations if matrix else len(cells),
         manifest_sha256=_manifest_sha256(matrix_dir),
     )
     return write_outputs(matrix_dir, matrix_report, cell_reports=whole)
 
 
-def _read_matrix_manifest(matrix_dir: Path, names: Collection[str] | None = None
-                          ) -> tuple[dict[str, Any], list[ScenarioCell], str]:
+def _read_matrix_manifest(
+    matrix_dir: Path, names: Collection[str] | None = None
+) -> tuple[dict[str, Any], list[ScenarioCell], str]:
     """matrix.json's data, its cells (those in `names` only, when given: each scenario is parsed) and the sha256 of
     its bytes; MatrixError (one line) for anything unreadable or unsafe."""
     path = matrix_dir / MATRIX_MANIFEST
@@ -164,11 +183,19 @@ def _read_matrix_manifest(matrix_dir: Path, names: Collection[str] | None = None
         if not isinstance(data, dict):
             raise TypeError("not a JSON object")
         if data.get("schema_version", 0) > MATRIX_MANIFEST_VERSION:
-            raise MatrixError(f"{path}: schema version {data['schema_version']} is newer than this harness reads "
-                              f"({MATRIX_MANIFEST_VERSION}); upgrade the harness to read it")
-        cells = [ScenarioCell(name=check_cell_name(c["name"], str(path)), axis_values=c["axis_values"],
-                              scenario=parse_stored_scenario(c["scenario"], path=f"{path}[{c['name']}]"))
-                 for c in data["cells"] if names is None or c["name"] in names]
+            raise MatrixError(
+                f"{path}: schema version {data['schema_version']} is newer than this harness reads "
+                f"({MATRIX_MANIFEST_VERSION}); upgrade the harness to read it"
+            )
+        cells = [
+            ScenarioCell(
+                name=check_cell_name(c["name"], str(path)),
+                axis_values=c["axis_values"],
+                scenario=parse_stored_scenario(c["scenario"], path=f"{path}[{c['name']}]"),
+            )
+            for c in data["cells"]
+            if names is None or c["name"] in names
+        ]
     except MatrixError:
         raise
     except ScenarioError as exc:
@@ -178,8 +205,9 @@ def _read_matrix_manifest(matrix_dir: Path, names: Collection[str] | None = None
     return data, cells, file_sha256(raw)
 
 
-def recollect_matrix(matrix_dir: Path, *, write: bool = True,
-                     progress: Callable[[str], None] | None = None) -> CollectResult:
+def recollect_matrix(
+    matrix_dir: Path, *, write: bool = True, progress: Callable[[str], None] | None = None
+) -> CollectResult:
     """`harness collect MATRIX_DIR`: collect again from matrix.json, as `collect_matrix` did after the run.
 
     `progress` gets one line per cell before it is collected (a cell's reports take about a second).
@@ -201,14 +229,19 @@ def recollect_matrix(matrix_dir: Path, *, write: bool = True,
         skipped = [SkippedCombination.model_validate(s) for s in data.get("skipped", [])]
         matrix_report = build_matrix_report(
             entries,
-            run_id=matrix_dir.name, name=str(data.get("name") or matrix_dir.name),
-            description=str(data.get("description") or ""), path=data.get("path"), axes=data.get("axes") or {},
-            skipped=skipped, num_combinations=int(data.get("num_combinations", len(cells) + len(skipped))),
+            run_id=matrix_dir.name,
+            name=str(data.get("name") or matrix_dir.name),
+            description=str(data.get("description") or ""),
+            path=data.get("path"),
+            axes=data.get("axes") or {},
+            skipped=skipped,
+            num_combinations=int(data.get("num_combinations", len(cells) + len(skipped))),
             manifest_sha256=manifest_sha256,
         )
     except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
-        raise MatrixError(f"{matrix_dir / MATRIX_MANIFEST}: cannot read the matrix manifest: "
-                          f"{str(exc).splitlines()[0]}") from None
+        raise MatrixError(
+            f"{matrix_dir / MATRIX_MANIFEST}: cannot read the matrix manifest: {str(exc).splitlines()[0]}"
+        ) from None
     if not write:
         return CollectResult(run_dir=matrix_dir, report=matrix_report)
     return write_outputs(matrix_dir, matrix_report, cell_reports=whole)
@@ -228,8 +261,10 @@ def _matrix_exit(cells: list[MatrixCell], counts: CheckCounts, problems: list[Pr
     if exit_code == EXIT_OK:
         return exit_code, f"all {len(cells)} cells passed ({counts.num_pass} checks, {counts.num_skip} skipped)"
     failed = [c.name for c in cells if c.report.exit_code != EXIT_OK]
-    return exit_code, (f"{len(failed)} of {len(cells)} cells did not pass ({', '.join(failed)}); "
-                       f"{len(problems)} problem(s), {counts.num_fail} failed check(s)")
+    return exit_code, (
+        f"{len(failed)} of {len(cells)} cells did not pass ({', '.join(failed)}); "
+        f"{len(problems)} problem(s), {counts.num_fail} failed check(s)"
+    )
 
 
 def _matrix_versions(cells: list[MatrixCell]) -> tuple[Any, dict[str, list[str]]]:
@@ -248,9 +283,18 @@ def _matrix_versions(cells: list[MatrixCell]) -> tuple[Any, dict[str, list[str]]
     return (ran[0].versions if ran else None), {k: sorted(v) for k, v in sorted(mismatches.items())}
 
 
-def build_matrix_report(cells: list[MatrixCell], *, run_id: str, name: str, description: str, path: str | None,
-                        axes: dict[str, Any], skipped: list[SkippedCombination], num_combinations: int,
-                        manifest_sha256: str | None = None) -> MatrixReport:
+def build_matrix_report(
+    cells: list[MatrixCell],
+    *,
+    run_id: str,
+    name: str,
+    description: str,
+    path: str | None,
+    axes: dict[str, Any],
+    skipped: list[SkippedCombination],
+    num_combinations: int,
+    manifest_sha256: str | None = None,
+) -> MatrixReport:
     """The combined report: every cell's run summary plus totals across cells. A cell ran when it has a record
     (hardware.num_ranks_reported: one RankEntry per record in its own report)."""
     counts = CheckCounts()
@@ -264,12 +308,26 @@ def build_matrix_report(cells: list[MatrixCell], *, run_id: str, name: str, desc
     versions, mismatches = _matrix_versions(cells)
     digest = hashlib.sha256(json.dumps([c.report.generation for c in cells]).encode()).hexdigest()
     return MatrixReport(
-        run_id=run_id, generation=generation_of(run_id, digest), name=name, description=description, path=path,
-        status="OK" if exit_code == EXIT_OK else "FAILED", exit_code=exit_code, exit_reason=reason, axes=axes,
-        num_combinations=num_combinations, num_valid=len(cells), skipped=skipped, versions=versions,
+        run_id=run_id,
+        generation=generation_of(run_id, digest),
+        name=name,
+        description=description,
+        path=path,
+        status="OK" if exit_code == EXIT_OK else "FAILED",
+        exit_code=exit_code,
+        exit_reason=reason,
+        axes=axes,
+        num_combinations=num_combinations,
+        num_valid=len(cells),
+        skipped=skipped,
+        versions=versions,
         version_mismatches=mismatches,
         hardware=_merge_hardware([c.report.hardware for c in cells if c.report.hardware.num_ranks_reported]),
-        checks=counts, check_failures=failures, problems=problems, cells=cells, manifest_sha256=manifest_sha256,
+        checks=counts,
+        check_failures=failures,
+        problems=problems,
+        cells=cells,
+        manifest_sha256=manifest_sha256,
     )
 
 
@@ -282,12 +340,19 @@ def _merge_hardware(sections: list[HardwareInfo]) -> HardwareInfo:
     return HardwareInfo(
         device_kind=sections[0].device_kind,
         device_names=sorted({n for s in sections for n in s.device_names}),
-        device_total_bytes=Aggregate(min=min(t.min for t in totals), avg=sum(t.avg for t in totals) / len(totals),
-                                     max=max(t.max for t in totals), num_ranks=sum(t.num_ranks for t in totals))
-        if totals else None,
+        device_total_bytes=Aggregate(
+            min=min(t.min for t in totals),
+            avg=sum(t.avg for t in totals) / len(totals),
+            max=max(t.max for t in totals),
+            num_ranks=sum(t.num_ranks for t in totals),
+        )
+        if totals
+        else None,
         device_capabilities=sorted({c for s in sections for c in s.device_capabilities}),
         num_ranks_expected=sum(s.num_ranks_expected or 0 for s in sections),
         num_ranks_reported=sum(s.num_ranks_reported for s in sections),
         num_rank_failures=sum(s.num_rank_failures for s in sections),
-        num_nodes=len(nodes), nodes=nodes, launcher=sections[0].launcher,
+        num_nodes=len(nodes),
+        nodes=nodes,
+        launcher=sections[0].launcher,
     )

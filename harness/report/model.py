@@ -81,8 +81,12 @@ class Checks(ReportModel):
     baseline: Check
 
     def items(self) -> Iterator[tuple[CheckName, Check]]:
-        yield from (("expectation", self.expectation), ("correctness", self.correctness), ("memory", self.memory),
-                    ("baseline", self.baseline))
+        yield from (
+            ("expectation", self.expectation),
+            ("correctness", self.correctness),
+            ("memory", self.memory),
+            ("baseline", self.baseline),
+        )
 
 
 class CheckCounts(ReportModel):
@@ -92,13 +96,21 @@ class CheckCounts(ReportModel):
     num_error: int = 0
 
     def plus(self, other: CheckCounts) -> CheckCounts:
-        return CheckCounts(num_pass=self.num_pass + other.num_pass, num_fail=self.num_fail + other.num_fail,
-                           num_skip=self.num_skip + other.num_skip, num_error=self.num_error + other.num_error)
+        return CheckCounts(
+            num_pass=self.num_pass + other.num_pass,
+            num_fail=self.num_fail + other.num_fail,
+            num_skip=self.num_skip + other.num_skip,
+            num_error=self.num_error + other.num_error,
+        )
 
     @classmethod
     def of(cls, outcomes: list[CheckOutcome]) -> CheckCounts:
-        return cls(num_pass=outcomes.count("pass"), num_fail=outcomes.count("fail"),
-                   num_skip=outcomes.count("skip"), num_error=outcomes.count("error"))
+        return cls(
+            num_pass=outcomes.count("pass"),
+            num_fail=outcomes.count("fail"),
+            num_skip=outcomes.count("skip"),
+            num_error=outcomes.count("error"),
+        )
 
 
 class PolicyCheckCounts(ReportModel):
@@ -476,12 +488,16 @@ def parse_report(data: object, *, where: str) -> Report:
     if not isinstance(version, int):
         raise ReportFormatError(f"{where}: not a harness report (no report_schema_version)")
     if version > REPORT_SCHEMA_VERSION:
-        raise ReportFormatError(f"{where}: report schema version {version} is newer than this harness reads "
-                                f"({REPORT_SCHEMA_VERSION}); upgrade the harness")
+        raise ReportFormatError(
+            f"{where}: report schema version {version} is newer than this harness reads "
+            f"({REPORT_SCHEMA_VERSION}); upgrade the harness"
+        )
     if version < OLDEST_REPORT_SCHEMA_VERSION:
-        raise ReportFormatError(f"{where}: report schema version {version} is older than this harness reads "
-                                f"({OLDEST_REPORT_SCHEMA_VERSION} to {REPORT_SCHEMA_VERSION}); run `harness collect` "
-                                "on its run directory again")
+        raise ReportFormatError(
+            f"{where}: report schema version {version} is older than this harness reads "
+            f"({OLDEST_REPORT_SCHEMA_VERSION} to {REPORT_SCHEMA_VERSION}); run `harness collect` "
+            "on its run directory again"
+        )
     if data["kind"] == "matrix" and version < 3:
         data = _matrix_cells_as_summaries(data)
     model: type[RunReport] | type[MatrixReport] = RunReport if data["kind"] == "run" else MatrixReport
@@ -501,6 +517,10 @@ def _matrix_cells_as_summaries(data: dict[str, Any]) -> dict[str, Any]:
     cells = data.get("cells")
     if not isinstance(cells, list):
         return data
-    summaries = [{**c, "report": {k: v for k, v in c["report"].items() if k != "ranks"}}
-                 if isinstance(c, dict) and isinstance(c.get("report"), dict) else c for c in cells]
+    summaries = [
+        {**c, "report": {k: v for k, v in c["report"].items() if k != "ranks"}}
+        if isinstance(c, dict) and isinstance(c.get("report"), dict)
+        else c
+        for c in cells
+    ]
     return {**data, "cells": summaries}

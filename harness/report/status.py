@@ -45,9 +45,14 @@ class StatusError(Exception):
 
 
 def status_of(report: Report) -> RunStatus:
-    return RunStatus(kind=report.kind, run_id=report.run_id, generation=report.generation, status=report.status,
-                     exit_code=report.exit_code if report.exit_code in (0, 1, 2) else EXIT_ERROR,  # type: ignore[arg-type]
-                     exit_reason=report.exit_reason)
+    return RunStatus(
+        kind=report.kind,
+        run_id=report.run_id,
+        generation=report.generation,
+        status=report.status,
+        exit_code=report.exit_code if report.exit_code in (0, 1, 2) else EXIT_ERROR,  # type: ignore[arg-type]
+        exit_reason=report.exit_reason,
+    )
 
 
 def status_text(report: Report) -> str:
@@ -64,14 +69,17 @@ def read_status(directory: Path) -> RunStatus:
         data = json.loads(raw.decode("utf-8"))
         version = data.get("schema_version") if isinstance(data, dict) else None
         if isinstance(version, int) and not isinstance(version, bool) and version > STATUS_SCHEMA_VERSION:
-            raise StatusError(f"{path}: schema version {version} is newer than this harness reads "
-                              f"({STATUS_SCHEMA_VERSION}); upgrade the harness")
+            raise StatusError(
+                f"{path}: schema version {version} is newer than this harness reads "
+                f"({STATUS_SCHEMA_VERSION}); upgrade the harness"
+            )
         return RunStatus.model_validate(data)
     except StatusError:
         raise
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise StatusError(f"{path}: not a status file: {'.'.join(str(p) for p in first['loc'])}: "
-                          f"{first['msg']}") from None
+        raise StatusError(
+            f"{path}: not a status file: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+        ) from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise StatusError(f"{path}: corrupt: {type(exc).__name__}") from None

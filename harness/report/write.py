@@ -70,12 +70,15 @@ def foreign_outputs(out_dir: Path, generations: dict[str, str | None] | None = N
     """The outputs' names in `out_dir` that exist but carry no generation stamp: a user's own report.md, say.
     Every output collect writes carries one, so a file without it is not collect's to replace."""
     generations = output_generations(out_dir) if generations is None else generations
-    return [name for name in REPORT_FILES
-            if generations.get(name) is None and ((out_dir / name).is_file() or (out_dir / name).is_symlink())]
+    return [
+        name
+        for name in REPORT_FILES
+        if generations.get(name) is None and ((out_dir / name).is_file() or (out_dir / name).is_symlink())
+    ]
 
 
 def file_sha256(data: bytes) -> str:
-    """"sha256:<hex>" of a file's bytes: how a matrix report names each cell's report.json (MatrixCell.report_sha256)
+    """ "sha256:<hex>" of a file's bytes: how a matrix report names each cell's report.json (MatrixCell.report_sha256)
     and its matrix.json, so compare checks them by hashing, without parsing."""
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
@@ -90,8 +93,9 @@ class Written:
     report_sha256: str
 
 
-def write_report(out_dir: Path, report: Report, *, plots: bool = True,
-                 cell_reports: Mapping[str, RunReport] | None = None) -> Written:
+def write_report(
+    out_dir: Path, report: Report, *, plots: bool = True, cell_reports: Mapping[str, RunReport] | None = None
+) -> Written:
     """report.json first (machine-readable first), then the renderings of the same report; every write atomic.
 
     Outputs of another generation (a collect that was killed between writes, or records that changed since) are
@@ -103,14 +107,23 @@ def write_report(out_dir: Path, report: Report, *, plots: bool = True,
     before = output_generations(out_dir)
     foreign = foreign_outputs(out_dir, before)
     if foreign:
-        raise ForeignOutputError(f"{out_dir / foreign[0]} exists and is not an output of collect (it carries no "
-                                 "generation stamp): not overwritten; move it away and collect again")
+        raise ForeignOutputError(
+            f"{out_dir / foreign[0]} exists and is not an output of collect (it carries no "
+            "generation stamp): not overwritten; move it away and collect again"
+        )
     _remove_stray_temporaries(out_dir)
-    notes = tuple(f"{name} was of generation {gen}; rewritten as {report.generation}"
-                  for name, gen in before.items() if gen is not None and gen != report.generation)
+    notes = tuple(
+        f"{name} was of generation {gen}; rewritten as {report.generation}"
+        for name, gen in before.items()
+        if gen is not None and gen != report.generation
+    )
     cells = cell_reports or {}
-    texts = {"report.json": report.to_json_text(), "report.md": render_markdown(report, cells),
-             "junit.xml": render_junit(report, cells), "report.html": render_html(report, plots=plots, cells=cells),
-             "status.json": status_text(report)}
+    texts = {
+        "report.json": report.to_json_text(),
+        "report.md": render_markdown(report, cells),
+        "junit.xml": render_junit(report, cells),
+        "report.html": render_html(report, plots=plots, cells=cells),
+        "status.json": status_text(report),
+    }
     paths = tuple(write_text_atomic(out_dir / name, texts[name]) for name in REPORT_FILES)
     return Written(paths=paths, notes=notes, report_sha256=file_sha256(texts["report.json"].encode()))

@@ -97,7 +97,7 @@ def _limits() -> list[str]:
         f"| YAML size | at most {L.MAX_YAML_NODES} values once aliases are expanded; at most {L.MAX_YAML_ALIASES} "
         "aliases; no recursive alias |",
         "| YAML keys | each key once per mapping (a repeated key is refused, not overwritten) |",
-        f"| integers | at most {L.MAX_INT_DIGITS} digits, then the field's range; `true`, `\"512\"` and `512.0` "
+        f'| integers | at most {L.MAX_INT_DIGITS} digits, then the field\'s range; `true`, `"512"` and `512.0` '
         "are not integers |",
         "| numbers | finite: `.inf` and `.nan` are refused; an integer is taken as a number |",
         f"| strings | at most {L.MAX_STRING_CHARS} characters, no control characters (NUL included) |",
@@ -138,12 +138,20 @@ def _backends() -> list[str]:
     for kind in KINDS:
         for b in kind.backends:
             limits = [f"at least {b.min_ranks} ranks"] if b.min_ranks > 1 else []
-            limits += [f"{what} {', '.join(values)}" for what, values in (
-                ("model.activation", b.activations), ("model.quant_dtype", b.quant_dtypes),
-                ("model.workspace_dtype", b.workspace_dtypes)) if values is not None]
+            limits += [
+                f"{what} {', '.join(values)}"
+                for what, values in (
+                    ("model.activation", b.activations),
+                    ("model.quant_dtype", b.quant_dtypes),
+                    ("model.workspace_dtype", b.workspace_dtypes),
+                )
+                if values is not None
+            ]
             place = "never" if b.auto_rank is None else str(1 + kind.auto_order.index(b))
-            out.append(f"| `{kind.field}` | `{b.name}` | {', '.join(b.devices)} | {_cell('; '.join(limits) or 'any')} "
-                       f"| {place} | {_cell(b.description)} |")
+            out.append(
+                f"| `{kind.field}` | `{b.name}` | {', '.join(b.devices)} | {_cell('; '.join(limits) or 'any')} "
+                f"| {place} | {_cell(b.description)} |"
+            )
     return out
 
 

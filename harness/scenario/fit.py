@@ -21,8 +21,16 @@ from harness.core.contract import BUILTIN_POLICIES, DTYPE_BYTES, builtin_shapes
 from harness.core.units import human_bytes
 from harness.scenario.schema import Scenario
 
-__all__ = ["DeviceType", "Machine", "RankMemory", "backend_query", "backends_reason", "can_run",
-           "estimate_rank_memory", "resolve_device"]
+__all__ = [
+    "DeviceType",
+    "Machine",
+    "RankMemory",
+    "backend_query",
+    "backends_reason",
+    "can_run",
+    "estimate_rank_memory",
+    "resolve_device",
+]
 
 # Ranks per CPU core a local CPU run may start: the CI machine runs 8 ranks on 2 cores (scenarios/smoke-8ranks).
 MAX_RANKS_PER_CPU = 4
@@ -86,9 +94,14 @@ def _largest_workspace_bytes(scenario: Scenario) -> int:
 def backend_query(scenario: Scenario, device_type: DeviceType) -> BackendQuery:
     """What the backends' declarations (harness.core.backends) are asked about, for `device_type` ranks."""
     m = scenario.model
-    return BackendQuery(device_type=device_type, num_ranks=scenario.parallel.num_ranks,
-                        num_local_experts=scenario.num_local_experts, activation=m.activation or "silu",
-                        workspace_dtype=m.workspace_dtype, quant_dtype=m.quant_dtype)
+    return BackendQuery(
+        device_type=device_type,
+        num_ranks=scenario.parallel.num_ranks,
+        num_local_experts=scenario.num_local_experts,
+        activation=m.activation or "silu",
+        workspace_dtype=m.workspace_dtype,
+        quant_dtype=m.quant_dtype,
+    )
 
 
 def backends_reason(scenario: Scenario, device_type: DeviceType) -> str | None:
@@ -115,8 +128,17 @@ def _comm_buffers_bytes(s: Scenario, device_type: DeviceType) -> tuple[int, int]
         # harness.rank.comm.symm_mem: the other ranks' received rows (push.PushFormat), counts, the route layout,
         # the combine table
         row = K + -(-4 * (2 + 3 * k) // 16) * 16
-        staging = ((P - 1) * C * row + P * (E + 1) * 4 + C * k * 4 + C * P * 4 + (E * P + P) * 4 + P * E * 4
-                   + P * C * (k * 12 + 4) + 16 + 2 * -(-C // 16) * (E * P + P) * 4)  # epoch, status, 2 done
+        staging = (
+            (P - 1) * C * row
+            + P * (E + 1) * 4
+            + C * k * 4
+            + C * P * 4
+            + (E * P + P) * 4
+            + P * E * 4
+            + P * C * (k * 12 + 4)
+            + 16
+            + 2 * -(-C // 16) * (E * P + P) * 4
+        )  # epoch, status, 2 done
         return (E * M + 1) * K + batched + staging, (P * C + C) * K * out_bytes
     # harness.rank.comm.collective, capacity-sized equal splits: send and receive rows of P*C each (every peer's
     # region at its capacity C, so the split sizes are fixed), the counts both ways; in combine the partials sent
@@ -143,7 +165,9 @@ def estimate_rank_memory(scenario: Scenario, device_type: DeviceType) -> RankMem
     if device_type == "cpu" and s.memory.budget_bytes is not None:
         workspace = min(workspace, max(0, s.memory.budget_bytes - weights - dispatch - combine))
     return RankMemory(
-        weights_bytes=weights, buffers_bytes=dispatch + combine, tokens_bytes=tokens,
+        weights_bytes=weights,
+        buffers_bytes=dispatch + combine,
+        tokens_bytes=tokens,
         ballast_bytes=s.memory.ballast_bytes,
         workspace_bytes=workspace,
         transient_bytes=3 * I * K * 4 + (4 * M * (2 * I + K) if device_type == "cpu" else 0),
@@ -163,11 +187,15 @@ def _count_reason(scenario: Scenario, machine: Machine, device_type: DeviceType)
     if reason is not None:
         return reason
     if device_type == "cpu" and machine.shared and P > MAX_RANKS_PER_CPU * machine.num_cpus:
-        return (f"parallel.num_ranks ({P}) CPU ranks on {machine.num_cpus} CPU core(s); allowed: at most "
-                f"{MAX_RANKS_PER_CPU} ranks per core ({MAX_RANKS_PER_CPU * machine.num_cpus} here)")
+        return (
+            f"parallel.num_ranks ({P}) CPU ranks on {machine.num_cpus} CPU core(s); allowed: at most "
+            f"{MAX_RANKS_PER_CPU} ranks per core ({MAX_RANKS_PER_CPU * machine.num_cpus} here)"
+        )
     if not machine.shared and P * scenario.launch.cpus_per_rank > machine.num_cpus:
-        return (f"parallel.num_ranks ({P}) x launch.cpus_per_rank ({scenario.launch.cpus_per_rank}) CPUs; "
-                f"allowed: at most the cluster's {machine.num_cpus}")
+        return (
+            f"parallel.num_ranks ({P}) x launch.cpus_per_rank ({scenario.launch.cpus_per_rank}) CPUs; "
+            f"allowed: at most the cluster's {machine.num_cpus}"
+        )
     return None
 
 
@@ -177,21 +205,26 @@ def _memory_reason(scenario: Scenario, machine: Machine, device_type: DeviceType
     if device_type == "cpu" and machine.cpu_memory_bytes is not None:
         num_local = scenario.parallel.num_ranks if machine.shared else 1
         if need * num_local > machine.cpu_memory_bytes:
-            return (f"{num_local} rank(s) need about {_gib(need)} of RAM each (weights and buffers "
-                    f"{_gib(estimate.setup_bytes)}, largest workspace {_gib(estimate.workspace_bytes)}), "
-                    f"{_gib(need * num_local)} in all; allowed: the {_gib(machine.cpu_memory_bytes)} available")
+            return (
+                f"{num_local} rank(s) need about {_gib(need)} of RAM each (weights and buffers "
+                f"{_gib(estimate.setup_bytes)}, largest workspace {_gib(estimate.workspace_bytes)}), "
+                f"{_gib(need * num_local)} in all; allowed: the {_gib(machine.cpu_memory_bytes)} available"
+            )
     if device_type == "cuda":
         limits = [b for b in (machine.gpu_memory_bytes, scenario.memory.budget_bytes) if b is not None]
         if limits and need > min(limits):
             what = "the budget" if min(limits) == scenario.memory.budget_bytes else "the GPU's memory"
-            return (f"each rank needs about {_gib(need)} before its first workspace (weights and buffers "
-                    f"{_gib(estimate.setup_bytes)}, ballast {_gib(estimate.ballast_bytes)}); allowed: {what}, "
-                    f"{_gib(min(limits))}")
+            return (
+                f"each rank needs about {_gib(need)} before its first workspace (weights and buffers "
+                f"{_gib(estimate.setup_bytes)}, ballast {_gib(estimate.ballast_bytes)}); allowed: {what}, "
+                f"{_gib(min(limits))}"
+            )
     return None
 
 
-def can_run(scenario: Scenario, *, device_type: DeviceType, num_gpus: int | None = None,
-            machine: Machine | None = None) -> str | None:
+def can_run(
+    scenario: Scenario, *, device_type: DeviceType, num_gpus: int | None = None, machine: Machine | None = None
+) -> str | None:
     """Why this scenario cannot run with these resources, or None. Never touches a device itself.
 
     With only `num_gpus` it checks the GPU count and the backend; with a `machine` also the CPU count and the

@@ -92,7 +92,7 @@ def shown(value: Any) -> str:
 def shown_key(key: str) -> str:
     """A key for a message, quoted; ascii() when it holds anything but ASCII, so a look-alike ('m\u043edel' with a
     Cyrillic o) reads differently from the key it imitates ('m\\u043edel' against 'model')."""
-    text = key[:MAX_SHOWN_CHARS + 1]
+    text = key[: MAX_SHOWN_CHARS + 1]
     quoted = repr(text) if text.isascii() else ascii(text)
     return quoted if len(key) <= MAX_SHOWN_CHARS else quoted[:MAX_SHOWN_CHARS] + "..."
 

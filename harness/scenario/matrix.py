@@ -107,8 +107,10 @@ class Matrix(_Strict):
     @classmethod
     def _safe_name(cls, value: str | None) -> str | None:
         if value is not None and not is_safe_name(value, L.MAX_MATRIX_NAME_CHARS):
-            raise ValueError(f"{shown(value)} cannot name a matrix directory; allowed: {L.NAME_PATTERN_TEXT}, at "
-                             f"most {L.MAX_MATRIX_NAME_CHARS} characters")
+            raise ValueError(
+                f"{shown(value)} cannot name a matrix directory; allowed: {L.NAME_PATTERN_TEXT}, at "
+                f"most {L.MAX_MATRIX_NAME_CHARS} characters"
+            )
         return value
 
     @model_validator(mode="after")
@@ -119,14 +121,17 @@ class Matrix(_Strict):
             if not values:
                 raise ValueError(f"matrix.axes.{shown_text(key, 60)}: give at least one value")
             if len(values) > L.MAX_AXIS_VALUES:
-                raise ValueError(f"matrix.axes.{shown_text(key, 60)}: {len(values)} values; allowed: at most "
-                                 f"{L.MAX_AXIS_VALUES}")
+                raise ValueError(
+                    f"matrix.axes.{shown_text(key, 60)}: {len(values)} values; allowed: at most {L.MAX_AXIS_VALUES}"
+                )
         # The product of the lengths, before any cell exists: 8 axes of 30 values are 6.6e11 cells.
         num_cells = math.prod(len(values) for values in self.axes.values())
         if num_cells > L.MAX_MATRIX_CELLS:
             lengths = " x ".join(str(len(values)) for values in self.axes.values())
-            raise ValueError(f"matrix.axes: {lengths} values make {num_cells} cells; allowed: at most "
-                             f"{L.MAX_MATRIX_CELLS} cells in one matrix (split it into several)")
+            raise ValueError(
+                f"matrix.axes: {lengths} values make {num_cells} cells; allowed: at most "
+                f"{L.MAX_MATRIX_CELLS} cells in one matrix (split it into several)"
+            )
         return self
 
     @property
@@ -240,8 +245,9 @@ def _check_keys(matrix: Matrix, where: str) -> None:
     problems = [f"{where}: matrix.axes: {why}" for key in matrix.axes if (why := check_field_path(key))]
     for i, override in enumerate(matrix.overrides):
         for section, keys in (("when", override.when), ("set", override.set_fields)):
-            problems += [f"{where}: matrix.overrides.{i}.{section}: {why}" for key in keys
-                         if (why := check_field_path(key))]
+            problems += [
+                f"{where}: matrix.overrides.{i}.{section}: {why}" for key in keys if (why := check_field_path(key))
+            ]
     if problems:
         raise MatrixError("\n".join(problems[:10]))
 
@@ -251,14 +257,16 @@ def _base_data(matrix: Matrix, resolved: Path, where: str) -> dict[str, Any]:
         # Not resolved: a loop of links or a name too long is the reader's one-line refusal, never an exception here.
         base_path = Path(os.path.normpath(resolved.parent.absolute() / matrix.base_file))
         if not os.path.lexists(base_path):
-            raise MatrixError(f"{where}: matrix.base_file: {shown(matrix.base_file)} does not exist (looked at "
-                              f"{display(base_path)})")
+            raise MatrixError(
+                f"{where}: matrix.base_file: {shown(matrix.base_file)} does not exist (looked at {display(base_path)})"
+            )
         base = _read_yaml(base_path)
     else:
         base = matrix.base
     if not isinstance(base, dict):
-        raise MatrixError(f"{where}: matrix.base{'_file' if matrix.base_file else ''}: a scenario mapping, got "
-                          f"{type(base).__name__}")
+        raise MatrixError(
+            f"{where}: matrix.base{'_file' if matrix.base_file else ''}: a scenario mapping, got {type(base).__name__}"
+        )
     return base
 
 
@@ -280,8 +288,10 @@ def _check_work(matrix: Matrix, base: dict[str, Any], where: str) -> None:
     num_cells = math.prod(len(values) for values in matrix.axes.values())
     num_values = _num_values(base)  # the reader bounded the base to MAX_YAML_NODES values
     if num_cells * num_values > L.MAX_MATRIX_VALUES:
-        raise MatrixError(f"{where}: matrix: {num_cells} cells of a base of {num_values} values are "
-                          f"{num_cells * num_values} values to build; allowed: at most {L.MAX_MATRIX_VALUES}")
+        raise MatrixError(
+            f"{where}: matrix: {num_cells} cells of a base of {num_values} values are "
+            f"{num_cells * num_values} values to build; allowed: at most {L.MAX_MATRIX_VALUES}"
+        )
 
 
 def matrix_from_data(data: Any, resolved: Path) -> Matrix:
@@ -310,8 +320,10 @@ def matrix_from_data(data: Any, resolved: Path) -> Matrix:
     expansion = matrix.expansion()
     if not expansion.cells:
         first = expansion.skipped[0]
-        raise MatrixError(f"{where}: none of the {expansion.num_combinations} combinations is a valid scenario; "
-                          f"the first, {first.name}: {first.reason.splitlines()[0]}")
+        raise MatrixError(
+            f"{where}: none of the {expansion.num_combinations} combinations is a valid scenario; "
+            f"the first, {first.name}: {first.reason.splitlines()[0]}"
+        )
     return matrix
 
 
@@ -415,6 +427,7 @@ def write_matrix_manifest(matrix_dir: Path, cells: Sequence[MatrixCell], *, matr
     harness.launch.run may write it before running the first cell; collect_matrix writes it (again) in any case.
     """
     from harness.core.records import write_json_atomic  # pydantic records: not needed to read and check input
+
     data = {
         "schema_version": MATRIX_MANIFEST_VERSION,
         "record_kind": "matrix",
@@ -423,10 +436,14 @@ def write_matrix_manifest(matrix_dir: Path, cells: Sequence[MatrixCell], *, matr
         "path": display_path(matrix.path) if matrix else None,
         "axes": jsonable(matrix.axes) if matrix else {},
         "num_combinations": matrix.expansion().num_combinations if matrix else len(cells),
-        "cells": [{"name": c.name, "axis_values": jsonable(c.axis_values), "scenario": c.scenario.model_dump(mode="json")}
-                  for c in cells],
-        "skipped": [{"name": s.name, "axis_values": jsonable(s.axis_values), "reason": s.reason}
-                    for s in (matrix.skipped() if matrix else [])],
+        "cells": [
+            {"name": c.name, "axis_values": jsonable(c.axis_values), "scenario": c.scenario.model_dump(mode="json")}
+            for c in cells
+        ],
+        "skipped": [
+            {"name": s.name, "axis_values": jsonable(s.axis_values), "reason": s.reason}
+            for s in (matrix.skipped() if matrix else [])
+        ],
     }
     return write_json_atomic(Path(matrix_dir) / MATRIX_MANIFEST, data)
 
@@ -437,5 +454,3 @@ def display_path(path: Path) -> str:
         return str(path.resolve().relative_to(REPO_DIR))
     except ValueError:
         return str(path)
-
-

@@ -50,15 +50,20 @@ class Scenario(_Strict):
     """One experiment: a model, a layout, the sizing policies to measure and what they should do."""
 
     name: str | None = Field(
-        None, description=f"names the run directory: {L.NAME_PATTERN_TEXT}, at most {L.MAX_NAME_CHARS} characters; "
-        "default: the file name without .yaml (other characters become -)")
+        None,
+        description=f"names the run directory: {L.NAME_PATTERN_TEXT}, at most {L.MAX_NAME_CHARS} characters; "
+        "default: the file name without .yaml (other characters become -)",
+    )
     description: str = Field(
-        "", description=f"one line of at most {L.MAX_DESCRIPTION_CHARS} characters, shown by `harness scenarios`")
+        "", description=f"one line of at most {L.MAX_DESCRIPTION_CHARS} characters, shown by `harness scenarios`"
+    )
     model: ModelSpec
     parallel: ParallelSpec
     routing: RoutingSpec = RoutingSpec()
     policies: list[str] = Field(
-        default_factory=lambda: ["legacy", "fixed"], min_length=1, max_length=L.MAX_POLICIES,
+        default_factory=lambda: ["legacy", "fixed"],
+        min_length=1,
+        max_length=L.MAX_POLICIES,
         description=f"sizing policies measured in this order: {', '.join(BUILTIN_POLICIES)}, or "
         f"{RELEASE_POLICY_PREFIX}X.Y.Z (that release's own workspace_shapes)",
     )
@@ -66,19 +71,25 @@ class Scenario(_Strict):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when there is a GPU per rank")
     comm: CommName = Field("auto", description="dispatch/combine backend: " + COMM.help_text())
     vllm: VllmSpec = VllmSpec()
-    iterations: Annotated[int, Field(gt=0, le=L.MAX_ITERATIONS)] = Field(3, description="measured iterations of the data path per policy")
+    iterations: Annotated[int, Field(gt=0, le=L.MAX_ITERATIONS)] = Field(
+        3, description="measured iterations of the data path per policy"
+    )
     warmup: Annotated[int, Field(ge=0, le=L.MAX_ITERATIONS)] = Field(
-        1, description="iterations per policy before measuring")
+        1, description="iterations per policy before measuring"
+    )
     seed: Annotated[int, Field(ge=0, le=L.MAX_SEED)] = Field(
-        0, description="global seed; routing, tokens and weights derive theirs from it")
+        0, description="global seed; routing, tokens and weights derive theirs from it"
+    )
     memory: MemorySpec = MemorySpec()
     expect: ExpectSpec = ExpectSpec()
     bench: BenchSpec = BenchSpec()
     launch: LaunchSpec = LaunchSpec()
     layer: LayerSpec = LayerSpec()
     deployment: DeploymentSpec = Field(
-        DeploymentSpec(), description="the `vllm serve` settings `harness plan --vllm-version --gpu` sizes the whole deployment "
-        "with (docs/deployment-memory.md); unset: the scenario's model preset and layout")
+        DeploymentSpec(),
+        description="the `vllm serve` settings `harness plan --vllm-version --gpu` sizes the whole deployment "
+        "with (docs/deployment-memory.md); unset: the scenario's model preset and layout",
+    )
 
     @field_validator("name")
     @classmethod
@@ -152,7 +163,9 @@ class Scenario(_Strict):
             )
         for name in ("hidden_size", "intermediate_size"):
             if getattr(m, name) % 16:
-                raise ValueError(f"model.{name} ({getattr(m, name)}) must be a multiple of 16 (FP8 CUTLASS row alignment)")
+                raise ValueError(
+                    f"model.{name} ({getattr(m, name)}) must be a multiple of 16 (FP8 CUTLASS row alignment)"
+                )
         assert p.num_local_experts is not None  # given, or filled above
         num_physical_experts = p.num_local_experts * P
         if m.top_k > m.num_experts or m.top_k > num_physical_experts:
@@ -168,7 +181,9 @@ class Scenario(_Strict):
             )
         bad_idle = [r for r in self.routing.idle_ranks if r >= P]
         if bad_idle:
-            raise ValueError(f"routing.idle_ranks {bad_idle} are not ranks of parallel.num_ranks ({P}): allowed 0..{P - 1}")
+            raise ValueError(
+                f"routing.idle_ranks {bad_idle} are not ranks of parallel.num_ranks ({P}): allowed 0..{P - 1}"
+            )
         unknown = sorted(set(self.expect.outcomes) - set(self.policies))
         if unknown:
             raise ValueError(f"expect.outcomes names {unknown}, which are not in policies {self.policies}")
@@ -178,8 +193,10 @@ class Scenario(_Strict):
     def _deployment_ballast(self) -> Scenario:
         """- memory.deployment_ballast on CPU ranks needs a budget: the deployment is sized on it, not on the RAM."""
         if self.memory.deployment_ballast and self.device == "cpu" and self.memory.budget_bytes is None:
-            raise ValueError("memory.deployment_ballast on device cpu needs memory.budget_gb or memory.budget_gpu: the "
-                             "deployment's KV cache is sized on that total")
+            raise ValueError(
+                "memory.deployment_ballast on device cpu needs memory.budget_gb or memory.budget_gpu: the "
+                "deployment's KV cache is sized on that total"
+            )
         return self
 
     @model_validator(mode="after")
@@ -294,7 +311,7 @@ def _expected(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
 
 
 def _allowed(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
-    """"; allowed: integer > 0, <= 4096" for the field at `loc` or the nearest field above it (a list item's)."""
+    """ "; allowed: integer > 0, <= 4096" for the field at `loc` or the nearest field above it (a list item's)."""
     for end in range(len(loc), 0, -1):
         field = getattr(_model_at(model, loc[:end]), "model_fields", {}).get(loc[end - 1])
         if field is not None:
@@ -386,8 +403,10 @@ def resolve_scenario_path(name_or_path: str | Path) -> Path:
     """A path, or a bare name looked up in scenarios/ (with or without .yaml)."""
     text = str(name_or_path)
     if len(text) > L.MAX_PATH_CHARS or "\0" in text:
-        raise ScenarioError(f"{display(text)}: not a usable file name ({len(text)} characters); allowed: a path of at "
-                            f"most {L.MAX_PATH_CHARS} characters without NUL")
+        raise ScenarioError(
+            f"{display(text)}: not a usable file name ({len(text)} characters); allowed: a path of at "
+            f"most {L.MAX_PATH_CHARS} characters without NUL"
+        )
     path = Path(name_or_path)
     if _exists(path):
         return path
@@ -397,8 +416,7 @@ def resolve_scenario_path(name_or_path: str | Path) -> Path:
     close = difflib.get_close_matches(path.stem if path.suffix in (".yaml", ".yml") else text, scenario_names(), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise ScenarioError(
-        f"{display(text)}: no such scenario file (looked in . and {SCENARIOS_DIR}){hint} "
-        "`harness scenarios` lists them"
+        f"{display(text)}: no such scenario file (looked in . and {SCENARIOS_DIR}){hint} `harness scenarios` lists them"
     )
 
 

@@ -46,7 +46,7 @@ def is_release_version(text: str) -> bool:
     head = _VERSION_HEAD.match(text)
     if head is None:
         return False
-    suffix = text[head.end():]
+    suffix = text[head.end() :]
     return len(suffix) <= MAX_VERSION_SUFFIX_CHARS and all(ch in _VERSION_SUFFIX_CHARS for ch in suffix)
 
 
@@ -85,9 +85,15 @@ class ModelSpec(_Strict):
 
     preset: str | None = Field(None, description=f"fills any shape left out: {', '.join(PRESETS)}")
     hidden_size: Annotated[int, Field(gt=0, le=L.MAX_HIDDEN_SIZE)] | None = Field(None, description="K")
-    intermediate_size: Annotated[int, Field(gt=0, le=L.MAX_INTERMEDIATE_SIZE)] | None = Field(None, description="I; GEMM1 outputs N = 2I")
-    num_experts: Annotated[int, Field(gt=0, le=L.MAX_NUM_EXPERTS)] | None = Field(None, description="routed experts of the model")
-    top_k: Annotated[int, Field(gt=0, le=L.MAX_TOP_K)] | None = Field(None, description="distinct experts each token picks")
+    intermediate_size: Annotated[int, Field(gt=0, le=L.MAX_INTERMEDIATE_SIZE)] | None = Field(
+        None, description="I; GEMM1 outputs N = 2I"
+    )
+    num_experts: Annotated[int, Field(gt=0, le=L.MAX_NUM_EXPERTS)] | None = Field(
+        None, description="routed experts of the model"
+    )
+    top_k: Annotated[int, Field(gt=0, le=L.MAX_TOP_K)] | None = Field(
+        None, description="distinct experts each token picks"
+    )
     activation: Literal["silu", "gelu"] | None = Field(
         None, description="gated, on GEMM1's (gate, up) halves; default the preset's, else silu"
     )
@@ -128,12 +134,19 @@ class ParallelSpec(_Strict):
     """The EP+DP layout: D dispatchers (emulated by P <= D physical ranks), E local experts, T tokens each."""
 
     num_dispatchers: Annotated[int, Field(gt=0, le=L.MAX_NUM_DISPATCHERS)] = Field(
-        description="D, the EP/DP world size whose memory is reproduced")
+        description="D, the EP/DP world size whose memory is reproduced"
+    )
     num_ranks: Annotated[int, Field(gt=0, le=L.MAX_NUM_RANKS)] = Field(
-        1, description="P, physical ranks (one GPU each); D/P dispatchers each; `harness run` also checks them "
-        "against the machine")
-    num_local_experts: Annotated[int, Field(gt=0, le=L.MAX_NUM_EXPERTS)] | None = Field(None, description="E; default num_experts / D")
-    max_tokens_per_rank: Annotated[int, Field(gt=0, le=L.MAX_TOKENS_PER_RANK)] = Field(description="T, per-dispatcher token capacity")
+        1,
+        description="P, physical ranks (one GPU each); D/P dispatchers each; `harness run` also checks them "
+        "against the machine",
+    )
+    num_local_experts: Annotated[int, Field(gt=0, le=L.MAX_NUM_EXPERTS)] | None = Field(
+        None, description="E; default num_experts / D"
+    )
+    max_tokens_per_rank: Annotated[int, Field(gt=0, le=L.MAX_TOKENS_PER_RANK)] = Field(
+        description="T, per-dispatcher token capacity"
+    )
 
 
 class RoutingSpec(_Strict):
@@ -142,10 +155,15 @@ class RoutingSpec(_Strict):
     kind: Literal["uniform", "skewed", "worst-case"] = Field(
         "uniform", description="skewed: Zipf popularity over experts; worst-case: every token picks expert 0"
     )
-    num_tokens: Annotated[int, Field(gt=0, le=L.MAX_TOKENS_PER_RANK)] | None = Field(None, description="tokens per dispatcher; default T")
-    zipf_exponent: Annotated[float, Field(gt=0, le=L.MAX_ZIPF_EXPONENT)] = Field(1.2, description="skewed: expert popularity ~ 1/rank^s")
+    num_tokens: Annotated[int, Field(gt=0, le=L.MAX_TOKENS_PER_RANK)] | None = Field(
+        None, description="tokens per dispatcher; default T"
+    )
+    zipf_exponent: Annotated[float, Field(gt=0, le=L.MAX_ZIPF_EXPONENT)] = Field(
+        1.2, description="skewed: expert popularity ~ 1/rank^s"
+    )
     idle_ranks: list[Annotated[int, Field(ge=0, lt=L.MAX_NUM_RANKS)]] = Field(
-        default_factory=list, max_length=L.MAX_NUM_RANKS,
+        default_factory=list,
+        max_length=L.MAX_NUM_RANKS,
         description="physical ranks that hold no tokens (DP ranks without requests)",
     )
 
@@ -154,23 +172,28 @@ class MemorySpec(_Strict):
     """How memory is measured, and a budget or ballast that emulates a smaller GPU or a loaded one."""
 
     budget_gb: Annotated[float, Field(gt=0, le=L.MAX_MEMORY_GB)] | None = Field(
-        None, description="device memory the process may use, in GB (1e9 B)")
+        None, description="device memory the process may use, in GB (1e9 B)"
+    )
     budget_gpu: str | None = Field(None, description=f"a named GPU to emulate: {', '.join(GPU_MEMORY_BYTES)}")
     ballast_gb: Annotated[float, Field(ge=0, le=L.MAX_MEMORY_GB)] = Field(
-        0.0, description="stands for weights + KV cache, GB")
+        0.0, description="stands for weights + KV cache, GB"
+    )
     method: Literal["same-baseline"] = Field(
         "same-baseline", description="every policy measured from one baseline: weights and comm buffers up, cache empty"
     )
     sample_interval_ms: Annotated[float, Field(ge=L.MIN_SAMPLE_INTERVAL_MS, le=L.MAX_SAMPLE_INTERVAL_MS)] = Field(
-        1.0, description="period of the peak-memory sampler (a shorter one would spin)")
+        1.0, description="period of the peak-memory sampler (a shorter one would spin)"
+    )
     comm_buffer: Literal["deepep-ll", "none"] = Field(
-        "deepep-ll", description="deepep-ll: hold DeepEP low-latency's buffer for the same T, K and experts, as "
+        "deepep-ll",
+        description="deepep-ll: hold DeepEP low-latency's buffer for the same T, K and experts, as "
         "vLLM's batched path does (when layer.all2all is deepep-low-latency), counted as comm; none: only the "
-        "harness's own send/receive buffers"
+        "harness's own send/receive buffers",
     )
     deployment_ballast: bool = Field(
-        False, description="hold the rest of the deployment as ballast: every other layer's weights and the KV cache "
-        "at gpu_memory_utilization, predicted from the scenario's model and deployment section (docs/deployment-memory.md)"
+        False,
+        description="hold the rest of the deployment as ballast: every other layer's weights and the KV cache "
+        "at gpu_memory_utilization, predicted from the scenario's model and deployment section (docs/deployment-memory.md)",
     )
     snapshot_on_oom: bool = Field(
         True, description="with a budget on GPU: dump a CUDA allocator snapshot next to the records on OOM"
@@ -190,8 +213,10 @@ class MemorySpec(_Strict):
             raise ValueError("give memory.budget_gb or memory.budget_gpu, not both")
         if self.budget_gb is not None and self.budget_gb * 1e9 < L.MIN_BUDGET_BYTES:
             # 4.9e-324 GB is a 0-byte budget: every allocation would fail, and the ranks with it
-            raise ValueError(f"memory.budget_gb {shown(self.budget_gb)} is {int(self.budget_gb * 1e9)} bytes; allowed: "
-                             f"at least {L.MIN_BUDGET_BYTES} bytes (1 MiB, {L.MIN_BUDGET_BYTES / 1e9:g} GB)")
+            raise ValueError(
+                f"memory.budget_gb {shown(self.budget_gb)} is {int(self.budget_gb * 1e9)} bytes; allowed: "
+                f"at least {L.MIN_BUDGET_BYTES} bytes (1 MiB, {L.MIN_BUDGET_BYTES / 1e9:g} GB)"
+            )
         return self
 
     @property
@@ -242,15 +267,20 @@ class ExpectSpec(_Strict):
     """What the run should find; a run whose findings differ fails."""
 
     outcomes: dict[str, Literal["fit", "oom"]] = Field(
-        default_factory=dict, max_length=L.MAX_POLICIES, description="policy -> fit | oom")
+        default_factory=dict, max_length=L.MAX_POLICIES, description="policy -> fit | oom"
+    )
     memory_tolerance_pct: Annotated[float, Field(gt=0, le=L.MAX_PERCENT)] = Field(
-        2.0, description="measured workspace delta vs contract, percent")
-    max_error: Annotated[float, Field(gt=0, le=L.MAX_RATIO)] = Field(0.06, description="combined output vs reference, max relative error")
+        2.0, description="measured workspace delta vs contract, percent"
+    )
+    max_error: Annotated[float, Field(gt=0, le=L.MAX_RATIO)] = Field(
+        0.06, description="combined output vs reference, max relative error"
+    )
     stage_tolerance: StageTolerances = Field(
         default_factory=StageTolerances, description="per-stage row error of the correctness check"
     )
     wrong_kernels: dict[str, WrongKernels] = Field(
-        default_factory=dict, max_length=L.MAX_POLICIES,
+        default_factory=dict,
+        max_length=L.MAX_POLICIES,
         description="vLLM release -> how its kernels are expected to be wrong (the run passes when they are)",
     )
 
@@ -270,13 +300,19 @@ class BenchSpec(_Strict):
         0.95, description="harness experts TFLOP/s over the raw kernels', at least"
     )
     comm_busbw_ratio_min: Annotated[float, Field(gt=0, le=L.MAX_RATIO)] = Field(
-        0.90, description="diagnostic, not gating: the fastest raw all_to_all_single moving the backend's bytes "
-                          "over the harness's dispatch + combine")
+        0.90,
+        description="diagnostic, not gating: the fastest raw all_to_all_single moving the backend's bytes "
+        "over the harness's dispatch + combine",
+    )
     comm_bound_ratio_min: Annotated[float, Field(gt=0, le=L.MAX_RATIO)] = Field(
-        0.5, description="the comm yardstick: (minimal remote bytes / link bandwidth + unavoidable local bytes / "
-                         "HBM bandwidth, both probed in the run) over the graph-replayed dispatch + combine, at "
-                         "least; n/a (not gating) on CPU ranks")
-    iterations: Annotated[int, Field(gt=0, le=L.MAX_ITERATIONS)] = Field(20, description="timed iterations per measurement")
+        0.5,
+        description="the comm yardstick: (minimal remote bytes / link bandwidth + unavoidable local bytes / "
+        "HBM bandwidth, both probed in the run) over the graph-replayed dispatch + combine, at "
+        "least; n/a (not gating) on CPU ranks",
+    )
+    iterations: Annotated[int, Field(gt=0, le=L.MAX_ITERATIONS)] = Field(
+        20, description="timed iterations per measurement"
+    )
 
 
 class LaunchSpec(_Strict):
@@ -284,13 +320,18 @@ class LaunchSpec(_Strict):
 
     launcher: Literal["local", "ray"] = Field("local", description="`harness run --launcher` overrides it")
     placement_strategy: Literal["PACK", "SPREAD"] = Field("PACK", description="Ray placement group strategy")
-    cpus_per_rank: Annotated[int, Field(gt=0, le=L.MAX_CPUS_PER_RANK)] = Field(1, description="CPUs in each rank's Ray bundle")
+    cpus_per_rank: Annotated[int, Field(gt=0, le=L.MAX_CPUS_PER_RANK)] = Field(
+        1, description="CPUs in each rank's Ray bundle"
+    )
     placement_timeout_s: Annotated[float, Field(gt=0, le=L.MAX_TIMEOUT_S)] = Field(
-        60.0, description="wait for the Ray placement group at most this")
+        60.0, description="wait for the Ray placement group at most this"
+    )
     rank_timeout_s: Annotated[float, Field(gt=0, le=L.MAX_TIMEOUT_S)] = Field(
-        900.0, description="a rank still running after this ends the run, partial")
+        900.0, description="a rank still running after this ends the run, partial"
+    )
     collective_timeout_s: Annotated[float, Field(gt=0, le=L.MAX_TIMEOUT_S)] = Field(
-        60.0, description="timeout of each torch.distributed collective")
+        60.0, description="timeout of each torch.distributed collective"
+    )
 
 
 class VllmSpec(_Strict):
@@ -305,7 +346,8 @@ class VllmSpec(_Strict):
         None, description="the release whose compiled ops run: 0.30.0 (cache or registry), or installed"
     )
     version: str | None = Field(
-        None, description=f"a release, downloaded into the cache: 0.26.0 (as vllm.kernels); {VERSION_TEXT}")
+        None, description=f"a release, downloaded into the cache: 0.26.0 (as vllm.kernels); {VERSION_TEXT}"
+    )
     wheel: Path_ | None = Field(None, description="a vLLM wheel file")
     src: Path_ | None = Field(None, description="a vLLM source tree or installed package directory")
     ops_library: Path_ | None = Field(None, description="vLLM's compiled ops library file itself")
@@ -367,20 +409,24 @@ class LayerSpec(_Strict):
         "fp8-per-token", description="weights and dispatched activations; wna16: int4 weights, group 128, bf16 acts"
     )
     num_redundant_experts: Annotated[int, Field(ge=0, le=L.MAX_NUM_EXPERTS)] | None = Field(
-        None, description="EPLB's redundant experts; num_local_experts x D must equal num_experts + this "
-        "(0 included); unset: num_local_experts x D - num_experts"
+        None,
+        description="EPLB's redundant experts; num_local_experts x D must equal num_experts + this "
+        "(0 included); unset: num_local_experts x D - num_experts",
     )
     deepep_buffer_size_mb: Annotated[int, Field(gt=0, le=L.MAX_BUFFER_MB)] | None = Field(
         None, description="VLLM_DEEPEP_BUFFER_SIZE_MB; default: the release's (envs.py)"
     )
-    gpus_per_node: Annotated[int, Field(gt=0, le=L.MAX_GPUS_PER_NODE)] = Field(8, description="DeepEP high-throughput uses RDMA when D exceeds this")
+    gpus_per_node: Annotated[int, Field(gt=0, le=L.MAX_GPUS_PER_NODE)] = Field(
+        8, description="DeepEP high-throughput uses RDMA when D exceeds this"
+    )
     deepep_layout: Literal["logfmt-combine", "bf16-combine"] = Field(
         "logfmt-combine",
         description="DeepEP's low-latency message layout: logfmt-combine from DeepEP c5facf5 on (the commits "
         "vLLM 0.22.0+ pin), bf16-combine before it",
     )
     expect: dict[str, dict[str, list[str]]] = Field(
-        default_factory=dict, max_length=L.MAX_POLICIES,
+        default_factory=dict,
+        max_length=L.MAX_POLICIES,
         description="release X.Y.Z -> component -> verdicts `harness plan` must find (else exit 1); components: "
         + ", ".join(LAYER_COMPONENTS),
     )
@@ -400,5 +446,3 @@ class LayerSpec(_Strict):
                     raise ValueError(f"layer.expect.{release}.{component}: unknown verdicts {shown(unknown)}; allowed: "
                                      f"{', '.join(LAYER_VERDICTS)}")  # fmt: skip
         return value
-
-

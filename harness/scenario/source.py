@@ -48,8 +48,11 @@ _FLOAT_TAG = "tag:yaml.org,2002:float"
 _OCTAL_RE = re.compile(r"^[-+]?0[0-7_]+$")  # YAML 1.1 octal: a leading zero (0o17 and plain 0 are unambiguous)
 _SEXAGESIMAL_RE = re.compile(r"^[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?$")  # YAML 1.1 base 60: 1:30, 1:30.5
 _FILE_KINDS = (
-    (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
 )
 
 
@@ -73,9 +76,7 @@ def check_input_file(path: Path, *, what: str = "scenario file") -> os.stat_resu
     if not stat.S_ISREG(info.st_mode):
         raise ScenarioError(f"{display(path)}: is {_kind(info.st_mode)}, not a regular file; give a {what}")
     if info.st_size > MAX_FILE_BYTES:
-        raise ScenarioError(
-            f"{display(path)}: is {info.st_size} bytes; a {what} may be at most {MAX_FILE_BYTES} bytes"
-        )
+        raise ScenarioError(f"{display(path)}: is {info.st_size} bytes; a {what} may be at most {MAX_FILE_BYTES} bytes")
     return info
 
 
@@ -114,8 +115,7 @@ def read_input_text(path: Path, *, what: str = "scenario file") -> str:
     except UnicodeDecodeError as exc:
         where = _line_column(data[: exc.start].decode("utf-8", "replace"), exc.start)
         raise ScenarioError(
-            f"{display(path)}: is not UTF-8 text (byte 0x{data[exc.start]:02x} at {where}); "
-            f"a {what} is UTF-8 YAML"
+            f"{display(path)}: is not UTF-8 text (byte 0x{data[exc.start]:02x} at {where}); a {what} is UTF-8 YAML"
         ) from None
     text = text.removeprefix("\ufeff")
     bad = _CONTROL.search(text)
@@ -178,8 +178,10 @@ class BoundedLoader(yaml.SafeLoader):
             self._path.append(label)
         try:
             if len(self._path) > MAX_YAML_DEPTH:
-                raise self._refuse(f"nesting deeper than {MAX_YAML_DEPTH} levels; allowed: {MAX_YAML_DEPTH}",
-                                   self.peek_event().start_mark)
+                raise self._refuse(
+                    f"nesting deeper than {MAX_YAML_DEPTH} levels; allowed: {MAX_YAML_DEPTH}",
+                    self.peek_event().start_mark,
+                )
             is_alias = self.check_event(yaml.AliasEvent)
             mark = self.peek_event().start_mark
             if is_alias:
@@ -204,7 +206,8 @@ class BoundedLoader(yaml.SafeLoader):
         if size > MAX_YAML_NODES:
             raise self._refuse(
                 f"more than {MAX_YAML_NODES} values, aliases counted as often as they expand; "
-                f"allowed: {MAX_YAML_NODES}", node
+                f"allowed: {MAX_YAML_NODES}",
+                node,
             )
         node.harness_size = size  # type: ignore[attr-defined]
         node.harness_height = 1 + max((c.harness_height for c in children), default=0)  # type: ignore[attr-defined]
@@ -216,16 +219,16 @@ class BoundedLoader(yaml.SafeLoader):
         if node.tag == _INT_TAG:
             num_digits = sum(ch.isalnum() for ch in value)
             if num_digits > MAX_INT_DIGITS:
-                raise self._refuse(f"an integer of {num_digits} digits; allowed: at most {MAX_INT_DIGITS} digits",
-                                   node)
+                raise self._refuse(f"an integer of {num_digits} digits; allowed: at most {MAX_INT_DIGITS} digits", node)
         if node.style is None and node.tag in (_INT_TAG, _FLOAT_TAG):
             self._refuse_yaml11_number(node)
         if len(value) > MAX_STRING_CHARS:
             raise self._refuse(f"a string of {len(value)} characters; allowed: at most {MAX_STRING_CHARS}", node)
         bad = _CONTROL_IN_VALUE.search(value)
         if bad:
-            raise self._refuse(f"control character U+{ord(bad.group()):04X} in {shown(value)}; allowed: printable "
-                               "text", node)
+            raise self._refuse(
+                f"control character U+{ord(bad.group()):04X} in {shown(value)}; allowed: printable text", node
+            )
         return self._sized(node, [])
 
     def _refuse_yaml11_number(self, node: ScalarNode) -> None:
@@ -233,12 +236,16 @@ class BoundedLoader(yaml.SafeLoader):
         sexagesimal 90.5. Nobody writing a scenario means those; quoting or the decimal says what is meant."""
         value = node.value
         if _OCTAL_RE.match(value):
-            raise self._refuse(f"{shown(value)} is a YAML 1.1 octal number (read as {int(value.replace('_', ''), 8)}),"
-                               f" not {int(value.replace('_', ''), 10)}; quote it or write the decimal", node)
+            raise self._refuse(
+                f"{shown(value)} is a YAML 1.1 octal number (read as {int(value.replace('_', ''), 8)}),"
+                f" not {int(value.replace('_', ''), 10)}; quote it or write the decimal",
+                node,
+            )
         if _SEXAGESIMAL_RE.match(value):
             read = self.construct_object(node)
-            raise self._refuse(f"{shown(value)} is a YAML 1.1 base-60 number (read as {read}); quote it or write "
-                               "the decimal", node)
+            raise self._refuse(
+                f"{shown(value)} is a YAML 1.1 base-60 number (read as {read}); quote it or write the decimal", node
+            )
 
     def compose_sequence_node(self, anchor: Any) -> SequenceNode:
         node = super().compose_sequence_node(anchor)
@@ -250,15 +257,18 @@ class BoundedLoader(yaml.SafeLoader):
         for key, _ in node.value:
             if isinstance(key, ScalarNode) and key.tag == "tag:yaml.org,2002:merge":
                 # `<<: *base` merges keys past the duplicate-key rule (a merged key is silently overridden)
-                raise self._refuse("a merge key (<<); allowed: each key written out (an anchor and alias may "
-                                   "stand for a whole value)", key)
+                raise self._refuse(
+                    "a merge key (<<); allowed: each key written out (an anchor and alias may stand for a whole value)",
+                    key,
+                )
             if isinstance(key, ScalarNode):
                 first = seen.setdefault((key.tag, key.value), key)
                 if first is not key:
                     self._path.append(shown_text(key.value, 40))
                     raise self._refuse(
                         f"duplicate key {shown_key(key.value)} (first at line {first.start_mark.line + 1}); "
-                        "allowed: each key once", key
+                        "allowed: each key once",
+                        key,
                     )
         return self._sized(node, [part for pair in node.value for part in pair])
 

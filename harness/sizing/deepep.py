@@ -129,9 +129,13 @@ def nvl_bytes_fit(num_nvl_bytes: int, *, num_rdma_bytes: int) -> bool:
 
 def max_tokens_under_cap(*, hidden: int, num_ranks: int, num_experts: int, layout: str = DEFAULT_LAYOUT) -> int:
     """The largest T whose size hint DeepEP accepts (0 if none): the size grows monotonically with T."""
+
     def fits(T: int) -> bool:
         hint = LowLatencyLayout(
-            num_max_dispatch_tokens_per_rank=T, hidden=hidden, num_ranks=num_ranks, num_experts=num_experts,
+            num_max_dispatch_tokens_per_rank=T,
+            hidden=hidden,
+            num_ranks=num_ranks,
+            num_experts=num_experts,
             layout=layout,
         ).size_hint_bytes
         return rdma_bytes_fit(hint)
@@ -211,8 +215,9 @@ class DeepEpLowLatencyBytes:
     total_bytes: int  # get_low_latency_rdma_size_hint: what vLLM passes Buffer as num_rdma_bytes
 
 
-def deepep_low_latency_bytes(*, max_tokens_per_rank: int, hidden_size: int, num_experts: int,
-                             combine_variant: CombineVariant = "logfmt") -> DeepEpLowLatencyBytes:
+def deepep_low_latency_bytes(
+    *, max_tokens_per_rank: int, hidden_size: int, num_experts: int, combine_variant: CombineVariant = "logfmt"
+) -> DeepEpLowLatencyBytes:
     """DeepEP LL's buffer for T = max_tokens_per_rank tokens of K = hidden_size over num_experts global experts."""
     layout = LowLatencyLayout(num_max_dispatch_tokens_per_rank=max_tokens_per_rank, hidden=hidden_size,
                               num_ranks=1, num_experts=num_experts,

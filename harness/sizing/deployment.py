@@ -52,8 +52,10 @@ CUDAGRAPH_BYTES = 1 * GIB
 # vLLM and torch print it (to 0.01 GiB). Other GPUs fall back to NVML's total, labelled so.
 DEVICE_TOTAL_GIB: dict[str, tuple[float, str]] = {
     "H100-80GB": (79.19, "vLLM 0.19.0's worker snapshot total_memory=79.19GiB (llm-d-planner's H100 logs)"),
-    "H200-141GB": (139.81, "torch's 'GPU has a total capacity of 139.81 GiB' and vLLM's total_gpu_memory (139.81GiB) on "
-                   "H200"),
+    "H200-141GB": (
+        139.81,
+        "torch's 'GPU has a total capacity of 139.81 GiB' and vLLM's total_gpu_memory (139.81GiB) on H200",
+    ),
 }
 
 

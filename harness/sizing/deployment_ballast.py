@@ -80,6 +80,7 @@ def ballast_parts(scenario: Scenario, total_bytes: int) -> list[BallastPart]:
     # the profile peak less the dispatch receive tensors, which the run allocates itself
     runtime = [line for line in plan.lines if (line.group == "profile-peak" and line.name != "dispatch receive")
                or line.group in ("non-torch", "cuda-graphs")]  # fmt: skip
+
     def described(lines: list[DeploymentLine]) -> str:
         return "; ".join(f"{line.name} {line.bytes} B ({line.kind})" for line in lines) or "none"
 

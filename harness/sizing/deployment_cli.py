@@ -64,10 +64,14 @@ def plan_serve_command(request: PlanServeRequest) -> int:
 
     serve = list(request.serve) if request.serve is not None else None
     if request.scenario is not None and serve is not None:
-        return _error("give a scenario or `-- vllm serve MODEL FLAGS`, not both (a scenario's deployment: section "
-                      "holds the same settings)")
+        return _error(
+            "give a scenario or `-- vllm serve MODEL FLAGS`, not both (a scenario's deployment: section "
+            "holds the same settings)"
+        )
     if serve is None:
-        return _error("plan needs a scenario, or `-- vllm serve MODEL FLAGS` after the options; see `harness plan --help`")
+        return _error(
+            "plan needs a scenario, or `-- vllm serve MODEL FLAGS` after the options; see `harness plan --help`"
+        )
     try:
         model, spec, ignored = parse_serve(serve)
     except ServeArgsError as error:
@@ -100,8 +104,9 @@ def plan_serve_command(request: PlanServeRequest) -> int:
     return code
 
 
-def scenario_deployments(scenario, layers: list[Any], device: DeviceRequest,
-                         budget: int) -> tuple[list[Any], str] | int:
+def scenario_deployments(
+    scenario, layers: list[Any], device: DeviceRequest, budget: int
+) -> tuple[list[Any], str] | int:
     """The scenario's deployment per release planned, or ([], why not) when its model has no config facts."""
     from harness.sizing.deployment_plan import plan_scenario
     from harness.sizing.model_config import ModelConfigError

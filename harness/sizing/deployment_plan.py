@@ -53,7 +53,8 @@ def scenario_deployment(scenario: Scenario) -> tuple[str, DeploymentSpec]:
         raise ValueError("the scenario names no model preset; give deployment.model (a preset or a config directory)")
     tp = spec.tensor_parallel_size
     all2all = {"deepep-low-latency": "deepep_low_latency", "deepep-high-throughput": "deepep_high_throughput"}.get(
-        scenario.layer.all2all, "allgather_reducescatter")
+        scenario.layer.all2all, "allgather_reducescatter"
+    )
     filled = spec.model_copy(update={
         "model": model,
         "data_parallel_size": spec.data_parallel_size or max(1, scenario.parallel.num_dispatchers // tp),

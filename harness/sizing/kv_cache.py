@@ -1,12 +1,12 @@
 """The KV cache vLLM makes of the memory left: bytes per token, blocks, tokens and concurrency (exact).
 
-    bytes per token   GQA: layers x 2 (K and V) x KV heads per GPU x head_dim x dtype
-                      MLA: layers x (kv_lora_rank + qk_rope_head_dim) x dtype (the latent, not split by TP)
-    num_blocks        available // (block_size x bytes per token)        (v1/core/kv_cache_utils.py: available //
-                                                                          page_size // num_layers)
-    tokens            num_blocks x block_size                             ("GPU KV cache size: N tokens")
-    concurrency       num_blocks / ceil(max_model_len / block_size)       ("Maximum concurrency for L tokens")
-    one request       fails when ceil(L / block_size) blocks do not fit   (vLLM's "To serve at least one request")
+bytes per token   GQA: layers x 2 (K and V) x KV heads per GPU x head_dim x dtype
+                  MLA: layers x (kv_lora_rank + qk_rope_head_dim) x dtype (the latent, not split by TP)
+num_blocks        available // (block_size x bytes per token)        (v1/core/kv_cache_utils.py: available //
+                                                                      page_size // num_layers)
+tokens            num_blocks x block_size                             ("GPU KV cache size: N tokens")
+concurrency       num_blocks / ceil(max_model_len / block_size)       ("Maximum concurrency for L tokens")
+one request       fails when ceil(L / block_size) blocks do not fit   (vLLM's "To serve at least one request")
 """
 
 from __future__ import annotations

@@ -187,7 +187,11 @@ def experts_class_name(layout: Layout) -> str:
 
 
 def plan_layer(
-    scenario: Scenario, version: str, *, cache_dir: Path | None = None, budget_bytes: int | None = None,
+    scenario: Scenario,
+    version: str,
+    *,
+    cache_dir: Path | None = None,
+    budget_bytes: int | None = None,
     gpu: str | None = None,
 ) -> LayerPlan:
     """Every component of the scenario's layer under vLLM `version` (a release, fetched into the cache)."""
@@ -313,8 +317,11 @@ def read_deepep_args(layout: Layout, files: ReleaseFiles) -> DeepEPArgs | str:
     names: dict[str, object] = {"moe": moe, "all2all_manager": manager}
     handle = {k: evaluate_in(files, branch.file, e, names) for k, e in branch.handle_args.items()}
     tokens_expr = branch.prepare_finalize_args.get("max_tokens_per_rank")
-    tokens = evaluate_in(files, branch.file, tokens_expr, names) if tokens_expr is not None else Read.failed(
-        "DeepEPLLPrepareAndFinalize(...) has no max_tokens_per_rank keyword")
+    tokens = (
+        evaluate_in(files, branch.file, tokens_expr, names)
+        if tokens_expr is not None
+        else Read.failed("DeepEPLLPrepareAndFinalize(...) has no max_tokens_per_rank keyword")
+    )
     use_fp8 = _use_fp8_dispatch(layout, files, branch)
     env = env_default(files, BUFFER_ENV)
     if layout.spec.deepep_buffer_size_mb is not None:
@@ -376,6 +383,7 @@ def comm_components(layout: Layout, files: ReleaseFiles) -> list[LayerComponent]
     failed = [r for r in (args.moe_num_experts, args.buffer_size_mb, *args.handle_args.values()) if not r.ok]
     if failed:
         return [_unevaluated(name, failed[0].reason) for name in ("deepep-nvl", "deepep-workspace", "deepep-rdma")]
+
     def hint(**kwargs: object) -> int:
         return deepep.LowLatencyLayout(layout=layout.spec.deepep_layout, **kwargs).size_hint_bytes  # type: ignore[arg-type]
 
@@ -670,9 +678,13 @@ def run_predictions(scenario: Scenario) -> dict[str, Prediction]:
     rdma = deepep.LowLatencyLayout(num_max_dispatch_tokens_per_rank=layout.T, hidden=layout.K, num_ranks=layout.D,
                                    num_experts=layout.num_physical_experts, layout=spec.deepep_layout)  # fmt: skip
     return {
-        "expert-weights": Prediction(weights_component(layout).bytes or 0, "layer model: E x (2I*K + K*I) fp8 "
-                                     "+ per-channel f32 scales (E, 2I), (E, K)"),
-        "dispatch-quant": Prediction(rows * layout.K + rows * 4, "layer model: vLLM's fp8 copy of the batched "
-                                     "receive (E*D*T, K) + per-token f32 scales (E*D*T, 1)"),
+        "expert-weights": Prediction(
+            weights_component(layout).bytes or 0,
+            "layer model: E x (2I*K + K*I) fp8 + per-channel f32 scales (E, 2I), (E, K)",
+        ),
+        "dispatch-quant": Prediction(
+            rows * layout.K + rows * 4,
+            "layer model: vLLM's fp8 copy of the batched receive (E*D*T, K) + per-token f32 scales (E*D*T, 1)",
+        ),
         "deepep-rdma": Prediction(rdma.size_hint_bytes, f"DeepEP size hint: {rdma.formula()}"),
     }

@@ -186,7 +186,7 @@ def _changed_files(previous: tuple[ReleaseLayerAudit, AuditedComponent], release
 
 
 def resolve_releases(text: str) -> list[str]:
-    """"0.30.0,0.33.0" as given; "A..B" every release the registry offers from A to B (pip index versions)."""
+    """ "0.30.0,0.33.0" as given; "A..B" every release the registry offers from A to B (pip index versions)."""
     if ".." not in text:
         return [v.strip() for v in text.split(",") if v.strip()]
     low, high = (part.strip() for part in text.split("..", 1))

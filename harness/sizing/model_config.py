@@ -150,6 +150,7 @@ def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None
     if arch is None:
         raise ModelConfigError(f"{path}: architectures {str(archs)[:80]} is not one this model sizes; allowed: "
                                f"{', '.join(ARCHITECTURES)}")  # fmt: skip
+
     def get(key: str, default: int | None = None) -> int:
         return _int(data, key, default, where=path)
 

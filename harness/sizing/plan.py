@@ -124,8 +124,9 @@ def plan_summary(rows: list[PlanRow]) -> str:
     parts = []
     for r in rows:
         unit, unit_bytes = size_unit(r.shapes.total_bytes)
-        parts.append(f"{r.shapes.policy} {format_size(r.shapes.total_bytes, unit_bytes)} {unit} "
-                     f"({r.ratio_to_fixed:g}x fixed)")
+        parts.append(
+            f"{r.shapes.policy} {format_size(r.shapes.total_bytes, unit_bytes)} {unit} ({r.ratio_to_fixed:g}x fixed)"
+        )
     return "; ".join(parts)
 
 
@@ -140,8 +141,15 @@ def render_plan(scenario: Scenario, rows: list[PlanRow]) -> Any:
     )
     table = Table(title=title, title_justify="left")
     for name, justify in (
-        ("policy", "left"), ("ws13", "right"), ("ws2", "right"), ("out", "right"),
-        ("common", "right"), ("ws2 size", "right"), ("total", "right"), ("x fixed", "right"), ("source", "left"),
+        ("policy", "left"),
+        ("ws13", "right"),
+        ("ws2", "right"),
+        ("out", "right"),
+        ("common", "right"),
+        ("ws2 size", "right"),
+        ("total", "right"),
+        ("x fixed", "right"),
+        ("source", "left"),
     ):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     unit, unit_bytes = size_unit(max((row.shapes.total_bytes for row in rows), default=0))
@@ -173,8 +181,14 @@ def layer_versions(scenario: Scenario, versions: list[str] | None) -> list[str]:
 
 
 def make_layer_plans(
-    scenario: Scenario, versions: list[str], *, cache_dir: Path | None = None, budget_bytes: int | None = None,
-    gpu: str | None = None, wheel: Path | None = None, src: Path | None = None,
+    scenario: Scenario,
+    versions: list[str],
+    *,
+    cache_dir: Path | None = None,
+    budget_bytes: int | None = None,
+    gpu: str | None = None,
+    wheel: Path | None = None,
+    src: Path | None = None,
 ) -> list[Any]:
     """One LayerPlan per release, then one for a wheel file and one for a source tree when given; raises
     VllmSourceError when one cannot be had."""
@@ -185,8 +199,9 @@ def make_layer_plans(
         plan_layer(scenario, version, cache_dir=cache_dir, budget_bytes=budget_bytes, gpu=gpu) for version in versions
     ]
     if wheel is not None:
-        plans.append(plan_layer_from(scenario, locate(wheel=wheel, cache_dir=cache_dir), budget_bytes=budget_bytes,
-                                     gpu=gpu))
+        plans.append(
+            plan_layer_from(scenario, locate(wheel=wheel, cache_dir=cache_dir), budget_bytes=budget_bytes, gpu=gpu)
+        )
     if src is not None:
         plans.append(plan_layer_from(scenario, locate(src=src), budget_bytes=budget_bytes, gpu=gpu))
     return plans
@@ -244,8 +259,10 @@ def layer_notes(plan: Any) -> list[str]:
         gpu = b.gpu or f"{b.budget_bytes / GIB:.2f} GiB"
         if b.outcome == "fit":
             # One MoE layer's buffers against the whole GPU says nothing about the deployment: never "FIT".
-            lines.append(f"{gpu}, this MoE layer alone (not the deployment): {b.reason}; the deployment's verdict "
-                         "needs the model's every layer and the KV cache (docs/deployment-memory.md)")
+            lines.append(
+                f"{gpu}, this MoE layer alone (not the deployment): {b.reason}; the deployment's verdict "
+                "needs the model's every layer and the KV cache (docs/deployment-memory.md)"
+            )
         else:
             lines.append(f"{gpu}: {b.outcome.upper()}" + (f" ({b.breaking_component}): " if b.breaking_component
                                                           else ": ") + b.reason)  # fmt: skip
@@ -271,8 +288,10 @@ def matrix_plan_json(matrix: Matrix, cells: list[tuple[str, Scenario, list[PlanR
 
 def matrix_plan_lines(matrix: Matrix, cells: list[tuple[str, Scenario, list[PlanRow]]]) -> list[str]:
     """One line per cell: its layout and each policy's workspace; then the skipped combinations."""
-    lines = [f"matrix {matrix.name} ({matrix.path.name}): {matrix.expansion().summary()} cells; "
-             f"`harness run {matrix.path}` runs them all"]
+    lines = [
+        f"matrix {matrix.name} ({matrix.path.name}): {matrix.expansion().summary()} cells; "
+        f"`harness run {matrix.path}` runs them all"
+    ]
     for name, scenario, rows in cells:
         lines.append(f"cell {name}: {scenario.summary()}\n    {plan_summary(rows)}")
     lines += [f"skipped {s.name}: {s.reason}" for s in matrix.skipped()]

@@ -51,7 +51,11 @@ def class_default(files: ReleaseFiles | None, file: str, class_name: str, attrib
     for node in module.body:
         if isinstance(node, ast.ClassDef) and node.name == class_name:
             for item in node.body:
-                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.target.id == attribute:
+                if (
+                    isinstance(item, ast.AnnAssign)
+                    and isinstance(item.target, ast.Name)
+                    and item.target.id == attribute
+                ):
                     value = _literal(item.value, node)
                     if value is not None:
                         return Default(value, f"{file.removeprefix('vllm/')}:{item.lineno}")
@@ -121,8 +125,10 @@ def estimates_cudagraphs(files: ReleaseFiles | None, version: str | None = None)
     """Whether the profile subtracts a CUDA-graph estimate from the KV cache (envs.py's default of the switch)."""
     if files is None:
         on = _release_key(version) >= (0, 21, 0)
-        return Default(on, f"table: {CUDAGRAPH_ENV} is off in 0.19.0 (its startup log asks to set it) and on by "
-                           f"default from 0.21.0")
+        return Default(
+            on,
+            f"table: {CUDAGRAPH_ENV} is off in 0.19.0 (its startup log asks to set it) and on by default from 0.21.0",
+        )
     read = env_default(files, CUDAGRAPH_ENV)
     if read.ok:
         return Default(bool(read.value), str(read.ref))

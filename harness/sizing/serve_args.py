@@ -112,8 +112,10 @@ def parse_serve(argv: list[str]) -> tuple[str, DeploymentSpec, list[str]]:
     known = {o for a in parser._actions for o in a.option_strings}
     bad = next((w for w in unknown if w not in known), None)
     if bad is not None:
-        raise ServeArgsError(f"vllm serve: flag {bad[:60]} is not one the plan understands; it reads: "
-                             + ", ".join(sorted(o for o in known if o.startswith("--") and not _is_ignored(o))))
+        raise ServeArgsError(
+            f"vllm serve: flag {bad[:60]} is not one the plan understands; it reads: "
+            + ", ".join(sorted(o for o in known if o.startswith("--") and not _is_ignored(o)))
+        )
     ns = parser.parse_args(words)
     model = ns.model or ns.model_tag
     if model is None:
@@ -159,7 +161,9 @@ def _eplb_redundant(text: str, older: int | None) -> int | None:
         raise ServeArgsError(f"vllm serve: --eplb-config {text[:60]!r} is not a JSON object")
     value = config.get("num_redundant_experts", older)
     if value is not None and (type(value) is not int or value < 0):
-        raise ServeArgsError(f"vllm serve: --eplb-config num_redundant_experts {str(value)[:20]} is not an integer >= 0")
+        raise ServeArgsError(
+            f"vllm serve: --eplb-config num_redundant_experts {str(value)[:20]} is not an integer >= 0"
+        )
     if older is not None and value != older:
         raise ServeArgsError(f"vllm serve: --num-redundant-experts {older} and --eplb-config's {value} differ")
     return value

@@ -39,26 +39,36 @@ def _rank_verdicts(record: RankRecord) -> list[str]:
     if not measured:
         return [f"rank {record.rank}: no measured policy"]
     rounding = _memory(measured[0]).allocator_rounding_bytes or 0
-    print(f"rank {record.rank} ({record.hardware.device_name}, {record.experts_backend}, warm-up {record.warmup}, "
-          f"rounding {rounding / MIB:g} MiB)")
-    print(f"  {'policy':<12} {'baseline B':>16} {'contract B':>14} {'ws delta B':>14} {'peak delta B':>14} "
-          f"{'delta-contract B':>17}")
+    print(
+        f"rank {record.rank} ({record.hardware.device_name}, {record.experts_backend}, warm-up {record.warmup}, "
+        f"rounding {rounding / MIB:g} MiB)"
+    )
+    print(
+        f"  {'policy':<12} {'baseline B':>16} {'contract B':>14} {'ws delta B':>14} {'peak delta B':>14} "
+        f"{'delta-contract B':>17}"
+    )
     for p in measured:
         m, c = _memory(p), p.contract
-        print(f"  {p.policy:<12} {m.baseline_bytes:>16} {c.total_bytes:>14} {m.workspace_delta_bytes:>14} "
-              f"{m.delta_bytes:>14} {m.delta_bytes - c.total_bytes:>17}")
+        print(
+            f"  {p.policy:<12} {m.baseline_bytes:>16} {c.total_bytes:>14} {m.workspace_delta_bytes:>14} "
+            f"{m.delta_bytes:>14} {m.delta_bytes - c.total_bytes:>17}"
+        )
     baselines = [_memory(p).baseline_bytes for p in measured]
     spread = max(baselines) - min(baselines)
-    print(f"  baselines: spread {spread} B ({spread / MIB:.2f} MiB): "
-          + ("equal within the rounding" if spread <= rounding else "NOT equal"))
+    print(
+        f"  baselines: spread {spread} B ({spread / MIB:.2f} MiB): "
+        + ("equal within the rounding" if spread <= rounding else "NOT equal")
+    )
     if spread > rounding:
         problems.append(f"rank {record.rank}: baselines differ by {spread} B > {rounding} B")
     extra = {p.policy: _memory(p).delta_bytes - p.contract.total_bytes for p in measured}
     if "legacy" in extra and len(extra) > 1:
         others = [v for k, v in extra.items() if k != "legacy"]
         off = max(abs(extra["legacy"] - v) for v in others)
-        print(f"  legacy peak delta - its contract = {extra['legacy']} B; the others: {others} B; "
-              f"largest difference {off} B: " + ("within the rounding" if off <= rounding else "NOT within"))
+        print(
+            f"  legacy peak delta - its contract = {extra['legacy']} B; the others: {others} B; "
+            f"largest difference {off} B: " + ("within the rounding" if off <= rounding else "NOT within")
+        )
         if off > rounding:
             problems.append(f"rank {record.rank}: legacy's delta beyond its workspace differs by {off} B")
     return problems

@@ -44,9 +44,21 @@ from harness.rank.comm.symm_mem import SymmMemComm, symm_mem_available
 from harness.rank.memory import Accountant
 
 __all__ = [
-    "IMPLEMENTATIONS", "BatchedBuffers", "Comm", "CommUnavailable", "DispatchError", "DispatchHandle",
-    "DispatchLayout", "Quantize", "RowFormat", "Stages", "as_words", "create_comm", "resolve_comm",
-    "row_kernels", "unavailable_reason",
+    "IMPLEMENTATIONS",
+    "BatchedBuffers",
+    "Comm",
+    "CommUnavailable",
+    "DispatchError",
+    "DispatchHandle",
+    "DispatchLayout",
+    "Quantize",
+    "RowFormat",
+    "Stages",
+    "as_words",
+    "create_comm",
+    "resolve_comm",
+    "row_kernels",
+    "unavailable_reason",
 ]
 
 
@@ -71,16 +83,22 @@ class CommImplementation:
 
 # The implementation of every backend harness.core.backends.COMM declares, by its name.
 IMPLEMENTATIONS: dict[str, CommImplementation] = {
-    "symm-mem": CommImplementation(cls=SymmMemComm, runtime_reason=_symm_mem_reason, create=lambda layout, acc, dt, dev:
-                                   SymmMemComm(layout, acc, out_dtype=dt, device=dev)),
+    "symm-mem": CommImplementation(
+        cls=SymmMemComm,
+        runtime_reason=_symm_mem_reason,
+        create=lambda layout, acc, dt, dev: SymmMemComm(layout, acc, out_dtype=dt, device=dev),
+    ),
     "nccl": CommImplementation(cls=NcclComm, create=lambda layout, acc, dt, dev: NcclComm(layout, acc, out_dtype=dt)),
     "gloo": CommImplementation(cls=GlooComm, create=lambda layout, acc, dt, dev: GlooComm(layout, acc, out_dtype=dt)),
 }
 
 
 def _query(device_type: str, num_local_experts: int, num_ranks: int) -> BackendQuery:
-    return BackendQuery(device_type=device_type,  # type: ignore[arg-type]
-                        num_local_experts=num_local_experts, num_ranks=num_ranks)
+    return BackendQuery(
+        device_type=device_type,  # type: ignore[arg-type]
+        num_local_experts=num_local_experts,
+        num_ranks=num_ranks,
+    )
 
 
 def unavailable_reason(name: str, *, device_type: str, num_local_experts: int, num_ranks: int) -> str | None:
@@ -101,8 +119,9 @@ def resolve_comm(name: str, *, device_type: str, num_local_experts: int, num_ran
     Raises CommUnavailable when a named backend cannot run here.
     """
     if name != AUTO:
-        reason = unavailable_reason(name, device_type=device_type, num_local_experts=num_local_experts,
-                                    num_ranks=num_ranks)
+        reason = unavailable_reason(
+            name, device_type=device_type, num_local_experts=num_local_experts, num_ranks=num_ranks
+        )
         if reason is not None:
             raise CommUnavailable(reason)
         return name, "named by the scenario"
@@ -117,8 +136,9 @@ def resolve_comm(name: str, *, device_type: str, num_local_experts: int, num_ran
     raise CommUnavailable(f"comm auto: none of its order runs here (not {'; not '.join(skipped)})")
 
 
-def create_comm(name: str, layout: DispatchLayout, accountant: Accountant, *, device: torch.device,
-                out_dtype: torch.dtype) -> Comm:
+def create_comm(
+    name: str, layout: DispatchLayout, accountant: Accountant, *, device: torch.device, out_dtype: torch.dtype
+) -> Comm:
     """Allocate backend `name` (resolved, not auto) for this rank, every buffer at full capacity: the batched
     buffers and the backend's staging count under dispatch and combine. Collective for symm-mem: every rank calls
     it together."""

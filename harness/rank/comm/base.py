@@ -23,7 +23,6 @@ class DispatchError(Exception):
     """A configuration error in what a rank was asked to dispatch."""
 
 
-
 class CommUnavailable(Exception):
     """The comm backend a scenario names cannot run with this device and layout; the message says why."""
 
@@ -135,8 +134,9 @@ class BatchedBuffers:
     expert_src_flat: torch.Tensor | None = None  # (E*M + 1, 2) int32
 
     @staticmethod
-    def allocate(layout: DispatchLayout, accountant: Accountant, *, out_dtype: torch.dtype,
-                 expert_x: torch.Tensor | None = None) -> BatchedBuffers:
+    def allocate(
+        layout: DispatchLayout, accountant: Accountant, *, out_dtype: torch.dtype, expert_x: torch.Tensor | None = None
+    ) -> BatchedBuffers:
         """`expert_x`, when given, is a receive buffer the collective writes straight into (E*M, K) uint8."""
         E, M, K = layout.num_local_experts, layout.max_slots_per_expert, layout.hidden_size
         a = accountant.alloc
@@ -149,10 +149,15 @@ class BatchedBuffers:
         overflow = a("dispatch", (1,), torch.int64)
         overflow.zero_()
         return BatchedBuffers(
-            expert_x=x, expert_x_scale=scale_flat[: E * M].view(E, M, 1), expert_src=src_flat[: E * M].view(E, M, 2),
-            expert_num_tokens=a("dispatch", (E,), torch.int32), overflow=overflow.view(()),
+            expert_x=x,
+            expert_x_scale=scale_flat[: E * M].view(E, M, 1),
+            expert_src=src_flat[: E * M].view(E, M, 2),
+            expert_num_tokens=a("dispatch", (E,), torch.int32),
+            overflow=overflow.view(()),
             combine_out=a("combine", (layout.buffer_tokens, K), out_dtype),
-            expert_x_flat=x_flat, expert_x_scale_flat=scale_flat, expert_src_flat=src_flat,
+            expert_x_flat=x_flat,
+            expert_x_scale_flat=scale_flat,
+            expert_src_flat=src_flat,
         )
 
 
@@ -222,8 +227,14 @@ class Comm(abc.ABC):
         return self.batched.expert_num_tokens
 
     @abc.abstractmethod
-    def dispatch(self, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                 quantize: Quantize, stages: Stages) -> DispatchHandle:
+    def dispatch(
+        self,
+        tokens: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        quantize: Quantize,
+        stages: Stages,
+    ) -> DispatchHandle:
         """Quantize `tokens` (n, K) and send each to the ranks of its `topk_ids` (n, top_k) experts."""
 
     @abc.abstractmethod

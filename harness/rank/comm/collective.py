@@ -84,16 +84,32 @@ class CollectiveComm(Comm):
         self.recv_counts = a("dispatch", (P,), torch.int64)
         self.combine_send = a("combine", (P * C, layout.hidden_size), out_dtype)  # one partial per received row
         self.combine_recv = a("combine", (P * C, layout.hidden_size), out_dtype)
-        harness_bytes = sum(t.nbytes for t in (self.send_rows, self.recv_rows, self.send_counts, self.recv_counts,
-                                               self.combine_send, self.combine_recv))
-        super().__init__(layout, BatchedBuffers.allocate(layout, accountant, out_dtype=out_dtype),
-                         harness_bytes=harness_bytes)
+        harness_bytes = sum(
+            t.nbytes
+            for t in (
+                self.send_rows,
+                self.recv_rows,
+                self.send_counts,
+                self.recv_counts,
+                self.combine_send,
+                self.combine_recv,
+            )
+        )
+        super().__init__(
+            layout, BatchedBuffers.allocate(layout, accountant, out_dtype=out_dtype), harness_bytes=harness_bytes
+        )
         self.fmt = fmt
         self.recv_rows.zero_()  # rows past a count are masked, but never uninitialised memory
 
     # ---------------------------------------------------------------- dispatch
-    def dispatch(self, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                 quantize: Quantize, stages: Stages) -> DispatchHandle:
+    def dispatch(
+        self,
+        tokens: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        quantize: Quantize,
+        stages: Stages,
+    ) -> DispatchHandle:
         L, fmt = self.layout, self.fmt
         n = tokens.shape[0]
         L.check_tokens(n)
@@ -104,8 +120,18 @@ class CollectiveComm(Comm):
         dist.all_to_all_single(self.recv_counts, self.send_counts)  # fixed size, stays on the device
         stages.lap("dispatch.layout")
         if n:  # an idle rank sends only stale rows, every one past its count of 0
-            pack_rows(as_words(q), scale, topk_ids, topk_weights, order, self.send_rows, fmt=fmt,
-                      num_ranks=L.num_ranks, num_local_experts=L.num_local_experts, rank=L.rank)
+            pack_rows(
+                as_words(q),
+                scale,
+                topk_ids,
+                topk_weights,
+                order,
+                self.send_rows,
+                fmt=fmt,
+                num_ranks=L.num_ranks,
+                num_local_experts=L.num_local_experts,
+                rank=L.rank,
+            )
         stages.lap("dispatch.pack")
         dist.all_to_all_single(self.recv_rows, self.send_rows)  # equal splits: C rows per peer
         stages.lap("dispatch.exchange")
@@ -113,11 +139,18 @@ class CollectiveComm(Comm):
         stages.lap("dispatch.unpack")
         rows = self.send_rows.shape[0]  # what crosses: every region at its capacity
         return DispatchHandle(
-            num_tokens=n, topk_weights=topk_weights, dispatch_bytes=rows * fmt.row_bytes,
-            combine_bytes=rows * L.hidden_size * self.combine_recv.element_size(), num_host_syncs=0,
+            num_tokens=n,
+            topk_weights=topk_weights,
+            dispatch_bytes=rows * fmt.row_bytes,
+            combine_bytes=rows * L.hidden_size * self.combine_recv.element_size(),
+            num_host_syncs=0,
             # Token side of combine: token t's row for rank d came back at `position[t, d]` (send order).
-            state=CollectiveState(token_table=torch.where(member, position, 0), token_weights=member.float(),
-                                  bag_table=bags[0], bag_weights=bags[1]),
+            state=CollectiveState(
+                token_table=torch.where(member, position, 0),
+                token_weights=member.float(),
+                bag_table=bags[0],
+                bag_weights=bags[1],
+            ),
         )
 
     def _plan(self, topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -144,18 +177,28 @@ class CollectiveComm(Comm):
         L, fmt, b = self.layout, self.fmt, self.batched
         E, M, k, C = L.num_local_experts, L.max_slots_per_expert, L.top_k, L.buffer_tokens
         words = self.recv_rows.view(torch.int32)
-        meta = words[:, L.hidden_size // 4: L.hidden_size // 4 + fmt.meta_words]
+        meta = words[:, L.hidden_size // 4 : L.hidden_size // 4 + fmt.meta_words]
         valid = (torch.arange(C, device=words.device) < self.recv_counts.unsqueeze(1)).reshape(-1, 1)
-        ids = torch.where(valid, meta[:, 3: 3 + fmt.id_words].contiguous().view(torch.int16)[:, :k].to(torch.int64),
-                          -1)
-        weights = torch.where(valid, meta[:, 3 + fmt.id_words: 3 + fmt.id_words + k].contiguous()
-                              .view(torch.float32), 0.0)
+        ids = torch.where(
+            valid, meta[:, 3 : 3 + fmt.id_words].contiguous().view(torch.int16)[:, :k].to(torch.int64), -1
+        )
+        weights = torch.where(
+            valid, meta[:, 3 + fmt.id_words : 3 + fmt.id_words + k].contiguous().view(torch.float32), 0.0
+        )
         assert b.expert_x_flat is not None and b.expert_x_scale_flat is not None and b.expert_src_flat is not None
         source = torch.stack([meta[:, 2], meta[:, 1]], dim=1)  # (rank, token); a list index would copy from the host
         counts, table, bag_weights = place_rows(
-            self.recv_rows.view(torch.int64)[:, : fmt.payload_words], ids, weights,
-            meta[:, 0].view(torch.float32), source, x_flat=as_words(b.expert_x_flat),
-            x_scale_flat=b.expert_x_scale_flat, x_src_flat=b.expert_src_flat, max_slots=M, num_experts=E)
+            self.recv_rows.view(torch.int64)[:, : fmt.payload_words],
+            ids,
+            weights,
+            meta[:, 0].view(torch.float32),
+            source,
+            x_flat=as_words(b.expert_x_flat),
+            x_scale_flat=b.expert_x_scale_flat,
+            x_src_flat=b.expert_src_flat,
+            max_slots=M,
+            num_experts=E,
+        )
         b.overflow.add_((counts - M).clamp(min=0).sum())
         b.expert_num_tokens.copy_(counts.clamp(max=M))
         # Bags for combine: row r's slots, weight 0 where the pair is elsewhere (or past M: counted as overflow).
@@ -171,8 +214,9 @@ class CollectiveComm(Comm):
         stages.lap("combine.expert-reduce")
         dist.all_to_all_single(self.combine_recv, self.combine_send)  # equal splits: C rows per peer
         stages.lap("combine.exchange")
-        out = bag_sum(st.token_table, st.token_weights, self.combine_recv,
-                      out=self.batched.combine_out[: handle.num_tokens])
+        out = bag_sum(
+            st.token_table, st.token_weights, self.combine_recv, out=self.batched.combine_out[: handle.num_tokens]
+        )
         stages.lap("combine.token-reduce")
         return out
 

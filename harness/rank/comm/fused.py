@@ -68,8 +68,7 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
     import triton.language as tl
 
     @triton.jit
-    def bag_sum_kernel(table, weights, src, out, K, src_stride, out_stride,
-                       W: tl.constexpr, BLOCK: tl.constexpr):
+    def bag_sum_kernel(table, weights, src, out, K, src_stride, out_stride, W: tl.constexpr, BLOCK: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < K
@@ -83,9 +82,26 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
         tl.store(out + r * out_stride + offs, acc.to(out.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def place_rows_kernel(rows, row_stride, ids, weights, scales, sources, counts, table, bag_weights,
-                          x, x_stride, x_scale, x_src, M,
-                          NUM_WORDS: tl.constexpr, k: tl.constexpr, KP2: tl.constexpr, BLOCK: tl.constexpr):
+    def place_rows_kernel(
+        rows,
+        row_stride,
+        ids,
+        weights,
+        scales,
+        sources,
+        counts,
+        table,
+        bag_weights,
+        x,
+        x_stride,
+        x_scale,
+        x_src,
+        M,
+        NUM_WORDS: tl.constexpr,
+        k: tl.constexpr,
+        KP2: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         r = tl.program_id(0).to(tl.int64)
         j = tl.arange(0, KP2)
         expert = tl.load(ids + r * k + j, mask=j < k, other=-1).to(tl.int64)
@@ -94,8 +110,9 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
         fits = valid & (slot < M)
         dst = tl.where(fits, expert * M + slot, -1)
         tl.store(table + r * k + j, tl.where(fits, dst, 0), mask=j < k)
-        tl.store(bag_weights + r * k + j, tl.where(fits, tl.load(weights + r * k + j, mask=fits, other=0.0), 0.0),
-                 mask=j < k)
+        tl.store(
+            bag_weights + r * k + j, tl.where(fits, tl.load(weights + r * k + j, mask=fits, other=0.0), 0.0), mask=j < k
+        )
         tl.store(x_scale + dst, tl.zeros([KP2], tl.float32) + tl.load(scales + r), mask=fits)
         tl.store(x_src + 2 * dst, tl.zeros([KP2], tl.int32) + tl.load(sources + 2 * r), mask=fits)
         tl.store(x_src + 2 * dst + 1, tl.zeros([KP2], tl.int32) + tl.load(sources + 2 * r + 1), mask=fits)
@@ -109,9 +126,24 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
                     tl.store(x + d * x_stride + offs, words, mask=mask)
 
     @triton.jit
-    def pack_rows_kernel(q, q_stride, scale, topk_ids, topk_weights, selected, rows, row_words, P, E, rank,
-                         PAYLOAD_WORDS: tl.constexpr, ID_WORDS: tl.constexpr, k: tl.constexpr, KP2: tl.constexpr,
-                         BLOCK: tl.constexpr):
+    def pack_rows_kernel(
+        q,
+        q_stride,
+        scale,
+        topk_ids,
+        topk_weights,
+        selected,
+        rows,
+        row_words,
+        P,
+        E,
+        rank,
+        PAYLOAD_WORDS: tl.constexpr,
+        ID_WORDS: tl.constexpr,
+        k: tl.constexpr,
+        KP2: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         i = tl.program_id(0).to(tl.int64)
         flat = tl.load(selected + i)
         token = flat // P
@@ -136,16 +168,26 @@ def _kernels(interpreted: bool) -> dict[str, Any]:
         weight = tl.load(topk_weights + token * k + j, mask=j < k, other=0.0).to(tl.float32)
         tl.store(meta + 3 + ID_WORDS + j, tl.where(here, weight, 0.0).to(tl.int32, bitcast=True), mask=j < k)
 
-    return {"bag_sum": bag_sum_kernel, "place_rows": place_rows_kernel, "pack_rows": pack_rows_kernel,
-            "cdiv": triton.cdiv}
+    return {
+        "bag_sum": bag_sum_kernel,
+        "place_rows": place_rows_kernel,
+        "pack_rows": pack_rows_kernel,
+        "cdiv": triton.cdiv,
+    }
 
 
 def _built() -> dict[str, Any]:
     return _kernels(os.environ.get("TRITON_INTERPRET") == "1")
 
 
-def bag_sum(table: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, *, out: torch.Tensor | None = None,
-            impl: Impl = "auto") -> torch.Tensor:
+def bag_sum(
+    table: torch.Tensor,
+    weights: torch.Tensor,
+    src: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    impl: Impl = "auto",
+) -> torch.Tensor:
     """(R, K) rows: out[r] = sum_w weights[r, w] * src[table[r, w]] in float32, stored in src's dtype.
 
     table (R, W) int64 row indices of src (N, K); weights (R, W) float32. A cell with weight 0 adds nothing and
@@ -163,26 +205,44 @@ def bag_sum(table: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, *, ou
         # Row chunks bound the float32 sums (a GPU without Triton takes this form too).
         step = max(1, _TORCH_CHUNK_BYTES // (4 * K))
         for r0 in range(0, R, step):
-            t, wts = table[r0: r0 + step], weights[r0: r0 + step]
+            t, wts = table[r0 : r0 + step], weights[r0 : r0 + step]
             acc = torch.zeros((t.shape[0], K), dtype=torch.float32, device=src.device)
             for w in range(W):
                 rows = torch.nonzero(wts[:, w] != 0).squeeze(1)
                 terms = src.index_select(0, t[:, w].index_select(0, rows)).float()
                 acc.index_add_(0, rows, terms.mul_(wts[:, w].index_select(0, rows).float().unsqueeze(1)))
-            out[r0: r0 + step].copy_(acc)
+            out[r0 : r0 + step].copy_(acc)
         return out
     assert src.stride(1) == 1 and out.stride(1) == 1
     k = _built()
     k["bag_sum"][(R, k["cdiv"](K, _BLOCK_SUM))](
-        table.contiguous(), weights.float().contiguous(), src, out, K, src.stride(0), out.stride(0),
-        W=W, BLOCK=_BLOCK_SUM)
+        table.contiguous(),
+        weights.float().contiguous(),
+        src,
+        out,
+        K,
+        src.stride(0),
+        out.stride(0),
+        W=W,
+        BLOCK=_BLOCK_SUM,
+    )
     return out
 
 
-def place_rows(payload: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor,
-               sources: torch.Tensor, *, x_flat: torch.Tensor, x_scale_flat: torch.Tensor, x_src_flat: torch.Tensor,
-               max_slots: int, num_experts: int,
-               impl: Impl = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def place_rows(
+    payload: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    scales: torch.Tensor,
+    sources: torch.Tensor,
+    *,
+    x_flat: torch.Tensor,
+    x_scale_flat: torch.Tensor,
+    x_src_flat: torch.Tensor,
+    max_slots: int,
+    num_experts: int,
+    impl: Impl = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Give every received (row r, pair j) with a local expert ids[r, j] >= 0 the next slot of that expert, and
     write the row there: payload (R, words) int64 into x_flat's row e*M + slot, scales (R,) float32 into
     x_scale_flat, (source rank, token) sources (R, 2) int32 into x_src_flat. A pair past M slots is not written.
@@ -203,7 +263,8 @@ def place_rows(payload: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, 
         sorted_key, pairs = torch.sort(key, stable=True)  # expert-major, row order within
         per_expert = torch.zeros(E + 1, dtype=torch.int64, device=ids.device).index_add_(0, key, torch.ones_like(key))
         rank_in_expert = torch.arange(key.numel(), device=ids.device) - (
-            torch.cumsum(per_expert, 0) - per_expert).index_select(0, sorted_key)
+            torch.cumsum(per_expert, 0) - per_expert
+        ).index_select(0, sorted_key)
         fits = (sorted_key < E) & (rank_in_expert < M)
         dst = torch.empty_like(key).scatter_(0, pairs, torch.where(fits, sorted_key * M + rank_in_expert, -1))
         placed = dst >= 0
@@ -220,9 +281,25 @@ def place_rows(payload: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, 
     table = torch.empty((R, k), dtype=torch.int64, device=ids.device)
     bag_weights = torch.empty((R, k), dtype=torch.float32, device=ids.device)
     _built()["place_rows"][(R,)](
-        payload, payload.stride(0), ids.contiguous(), weights.float().contiguous(), scales.contiguous(), sources,
-        counts, table, bag_weights, x_flat, x_flat.stride(0), x_scale_flat, x_src_flat, M,
-        NUM_WORDS=payload.shape[1], k=k, KP2=triton_next_power_of_2(k), BLOCK=_BLOCK_WORDS)
+        payload,
+        payload.stride(0),
+        ids.contiguous(),
+        weights.float().contiguous(),
+        scales.contiguous(),
+        sources,
+        counts,
+        table,
+        bag_weights,
+        x_flat,
+        x_flat.stride(0),
+        x_scale_flat,
+        x_src_flat,
+        M,
+        NUM_WORDS=payload.shape[1],
+        k=k,
+        KP2=triton_next_power_of_2(k),
+        BLOCK=_BLOCK_WORDS,
+    )
     return counts, table, bag_weights
 
 
@@ -230,9 +307,20 @@ def triton_next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def pack_rows(q_words: torch.Tensor, scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-              selected: torch.Tensor, rows: torch.Tensor, *, fmt: RowFormat, num_ranks: int, num_local_experts: int,
-              rank: int, impl: Impl = "auto") -> None:
+def pack_rows(
+    q_words: torch.Tensor,
+    scale: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    selected: torch.Tensor,
+    rows: torch.Tensor,
+    *,
+    fmt: RowFormat,
+    num_ranks: int,
+    num_local_experts: int,
+    rank: int,
+    impl: Impl = "auto",
+) -> None:
     """Write send row i for selected[i] = token * P + destination: the token's FP8 payload (q_words (n, K/8)
     int64), then base.RowFormat's words (scale, token, this rank, the destination's local expert ids as int16
     pairs, their weights; -1 and 0 where a top-k slot is on another rank). rows: (len(selected), row_bytes) uint8.
@@ -251,18 +339,35 @@ def pack_rows(q_words: torch.Tensor, scale: torch.Tensor, topk_ids: torch.Tensor
         if k % 2:  # int16 ids travel as int32 pairs
             local = torch.cat([local, local.new_full((num_send, 1), -1)], dim=1)
         weights = torch.where(here, topk_weights.index_select(0, token), 0.0).float()
-        meta = torch.cat([
-            scale.reshape(-1).index_select(0, token).view(torch.int32).unsqueeze(1),
-            token.to(torch.int32).unsqueeze(1),
-            torch.full((num_send, 1), rank, dtype=torch.int32, device=rows.device),
-            local.view(torch.int32), weights.view(torch.int32),
-        ], dim=1)
+        meta = torch.cat(
+            [
+                scale.reshape(-1).index_select(0, token).view(torch.int32).unsqueeze(1),
+                token.to(torch.int32).unsqueeze(1),
+                torch.full((num_send, 1), rank, dtype=torch.int32, device=rows.device),
+                local.view(torch.int32),
+                weights.view(torch.int32),
+            ],
+            dim=1,
+        )
         start = fmt.hidden_size // 4
-        rows.view(torch.int32)[:, start: start + fmt.meta_words].copy_(meta)
+        rows.view(torch.int32)[:, start : start + fmt.meta_words].copy_(meta)
         return
     assert q_words.stride(1) == 1 and rows.is_contiguous() and fmt.row_bytes % 8 == 0
     _built()["pack_rows"][(num_send,)](
-        q_words, q_words.stride(0), scale.reshape(-1).float().contiguous(), topk_ids.contiguous(),
-        topk_weights.float().contiguous(), selected.contiguous(), rows.view(torch.int64), fmt.row_bytes // 8, P, E,
-        rank, PAYLOAD_WORDS=fmt.payload_words, ID_WORDS=fmt.id_words, k=k, KP2=triton_next_power_of_2(k),
-        BLOCK=_BLOCK_WORDS)
+        q_words,
+        q_words.stride(0),
+        scale.reshape(-1).float().contiguous(),
+        topk_ids.contiguous(),
+        topk_weights.float().contiguous(),
+        selected.contiguous(),
+        rows.view(torch.int64),
+        fmt.row_bytes // 8,
+        P,
+        E,
+        rank,
+        PAYLOAD_WORDS=fmt.payload_words,
+        ID_WORDS=fmt.id_words,
+        k=k,
+        KP2=triton_next_power_of_2(k),
+        BLOCK=_BLOCK_WORDS,
+    )

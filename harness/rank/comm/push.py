@@ -125,8 +125,10 @@ def kernels() -> dict[str, Any]:
 
 # ------------------------------------------------------------------ the torch forms (the reference)
 
-def route_layout_torch(ids: torch.Tensor, *, num_local_experts: int, num_ranks: int) -> tuple[
-        torch.Tensor, torch.Tensor, torch.Tensor]:
+
+def route_layout_torch(
+    ids: torch.Tensor, *, num_local_experts: int, num_ranks: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(pos (n, k) int32: each pair's place among the pairs for its global expert, token order (0 where the id
     is negative); row_index (n, P) int32: the token's row among those to rank d, token order, -1 where it does
     not go; counts (G + P,) int32: pairs per global expert, then rows per destination)."""
@@ -156,21 +158,22 @@ class Mapped:
 
     @classmethod
     def of(cls, tensors: list[torch.Tensor], device: torch.device) -> Mapped:
-        return cls(tensors=list(tensors), ptrs=torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64,
-                                                            device=device))
+        return cls(
+            tensors=list(tensors), ptrs=torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=device)
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
 class Slots:
     """The receiving rank's side of a dispatch: the batched buffers and the combine table.
 
-        x (E*M, K) uint8       the FP8 rows, slot e*M + j for the j-th pair of local expert e
-        scale (E*M,) float32   their scales
-        src (E*M, 2) int32     (source rank, source token) of each slot
-        table (P*C, k) int64   per received row (source s's rows at [s*C, s*C + C)): its pairs' slots, 0 where none
-        table_w (P*C, k) f32   their weights, 0 where none
-        tok (P*C,) int32       the row's source token
-        max_slots              M: a pair past it is dropped (counted as overflow by expert_base)"""
+    x (E*M, K) uint8       the FP8 rows, slot e*M + j for the j-th pair of local expert e
+    scale (E*M,) float32   their scales
+    src (E*M, 2) int32     (source rank, source token) of each slot
+    table (P*C, k) int64   per received row (source s's rows at [s*C, s*C + C)): its pairs' slots, 0 where none
+    table_w (P*C, k) f32   their weights, 0 where none
+    tok (P*C,) int32       the row's source token
+    max_slots              M: a pair past it is dropped (counted as overflow by expert_base)"""
 
     x: torch.Tensor
     scale: torch.Tensor
@@ -180,8 +183,18 @@ class Slots:
     tok: torch.Tensor
     max_slots: int
 
-    def fill_torch(self, *, source: int, ids: torch.Tensor, slot: torch.Tensor, payload: torch.Tensor,
-                   scale: torch.Tensor, token: torch.Tensor, weights: torch.Tensor, received: torch.Tensor) -> None:
+    def fill_torch(
+        self,
+        *,
+        source: int,
+        ids: torch.Tensor,
+        slot: torch.Tensor,
+        payload: torch.Tensor,
+        scale: torch.Tensor,
+        token: torch.Tensor,
+        weights: torch.Tensor,
+        received: torch.Tensor,
+    ) -> None:
         """The torch form of placing R rows of one source: ids (R, k) local expert ids (-1 where elsewhere),
         slot (R, k) each pair's slot within its expert, payload (R, K) uint8, scale (R,) float32, token (R,),
         weights (R, k) float32, received (R,) the rows' indices in the combine table. A pair past M is dropped."""
@@ -223,9 +236,18 @@ def route_chunks(capacity: int) -> int:
     return max(1, -(-capacity // _BLOCK_T))
 
 
-def route_layout(ids: torch.Tensor, pos: torch.Tensor, row_index: torch.Tensor, counts: torch.Tensor, *,
-                 num_local_experts: int, num_ranks: int, scratch: torch.Tensor | None = None,
-                 wait_first: Wait | None = None, impl: str = "auto") -> None:
+def route_layout(
+    ids: torch.Tensor,
+    pos: torch.Tensor,
+    row_index: torch.Tensor,
+    counts: torch.Tensor,
+    *,
+    num_local_experts: int,
+    num_ranks: int,
+    scratch: torch.Tensor | None = None,
+    wait_first: Wait | None = None,
+    impl: str = "auto",
+) -> None:
     """Fill pos (C, k), row_index (C, P) and counts (G + P,) int32 for ids (n, k) int64 (route_layout_torch
     says what each holds); rows past n are left as they are. scratch: (2, route_chunks(C), G + P) int32 (each
     chunk's counts and first places), allocated here when not given. In token chunks: count, scan over chunks,
@@ -252,15 +274,38 @@ def route_layout(ids: torch.Tensor, pos: torch.Tensor, row_index: torch.Tensor, 
     kern["route_chunk"][(NC,)](*args, **shape, PLACE=False)
     w = wait_first
     wait_args = w.args() if w is not None else (counts, 0, 0, counts, counts, 0)
-    kern["route_scan"][(W,)](hist, base, counts, NC, W, *wait_args, NCP2=next_pow2(NC), WAIT=w is not None,
-                             BUMP=w is not None and w.bump, LAG=w.lag if w is not None else 0)
+    kern["route_scan"][(W,)](
+        hist,
+        base,
+        counts,
+        NC,
+        W,
+        *wait_args,
+        NCP2=next_pow2(NC),
+        WAIT=w is not None,
+        BUMP=w is not None and w.bump,
+        LAG=w.lag if w is not None else 0,
+    )
     kern["route_chunk"][(NC,)](*args, **shape, PLACE=True)
 
 
-def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor, weights: torch.Tensor,
-                  pos: torch.Tensor, row_index: torch.Tensor, rows: Mapped, slots: Slots, *, fmt: PushFormat,
-                  rank: int, capacity: int, num_local_experts: int, then: Signal | None = None,
-                  impl: str = "auto") -> None:
+def quantize_push(
+    x: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    pos: torch.Tensor,
+    row_index: torch.Tensor,
+    rows: Mapped,
+    slots: Slots,
+    *,
+    fmt: PushFormat,
+    rank: int,
+    capacity: int,
+    num_local_experts: int,
+    then: Signal | None = None,
+    impl: str = "auto",
+) -> None:
     """Each token t < n read once; per destination d with row_index[t, d] >= 0:
 
     - d another rank: one PushFormat row into d's receive buffer rows.tensors[d] ((P-1)*C, row_bytes) uint8, at
@@ -290,22 +335,31 @@ def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor
             here = (ids.index_select(0, sel) >= 0) & (here_all.index_select(0, sel) == d)
             w_here = torch.where(here, weights.index_select(0, sel).float(), 0.0)
             if d == rank:  # this rank's own pairs: their first slot is 0 (source_order)
-                slots.fill_torch(source=rank, ids=torch.where(here, ids.index_select(0, sel) % E, -1),
-                                 slot=pos[:n].index_select(0, sel).to(torch.int64),
-                                 payload=q.index_select(0, sel).view(torch.uint8), scale=s.index_select(0, sel),
-                                 token=sel, weights=w_here, received=rank * C + r.index_select(0, sel))
+                slots.fill_torch(
+                    source=rank,
+                    ids=torch.where(here, ids.index_select(0, sel) % E, -1),
+                    slot=pos[:n].index_select(0, sel).to(torch.int64),
+                    payload=q.index_select(0, sel).view(torch.uint8),
+                    scale=s.index_select(0, sel),
+                    token=sel,
+                    weights=w_here,
+                    received=rank * C + r.index_select(0, sel),
+                )
                 continue
             dst = rows.tensors[d].view((P - 1) * C, fmt.row_bytes)
             out = torch.zeros((sel.numel(), fmt.row_bytes), dtype=torch.uint8, device=x.device)
             out[:, :K] = q.index_select(0, sel).view(torch.uint8)
-            words = torch.cat([
-                s.index_select(0, sel).view(torch.int32).unsqueeze(1),
-                sel.to(torch.int32).unsqueeze(1),
-                torch.where(here, ids.index_select(0, sel) % E, -1).to(torch.int32),
-                torch.where(here, pos[:n].index_select(0, sel), 0).to(torch.int32),
-                w_here.view(torch.int32),
-            ], dim=1)
-            out[:, K: K + 4 * fmt.meta_words] = words.contiguous().view(torch.uint8)
+            words = torch.cat(
+                [
+                    s.index_select(0, sel).view(torch.int32).unsqueeze(1),
+                    sel.to(torch.int32).unsqueeze(1),
+                    torch.where(here, ids.index_select(0, sel) % E, -1).to(torch.int32),
+                    torch.where(here, pos[:n].index_select(0, sel), 0).to(torch.int32),
+                    w_here.view(torch.int32),
+                ],
+                dim=1,
+            )
+            out[:, K : K + 4 * fmt.meta_words] = words.contiguous().view(torch.uint8)
             dst.index_copy_(0, recv_region(rank, d, P) * C + r.index_select(0, sel), out)
         if then is not None:
             then.run_torch()
@@ -322,12 +376,41 @@ def quantize_push(x: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor
         sig_args = (pad_ptrs, slot, epoch, *then.count_args(), done)
     warps = 8 if K >= 4096 else 4
     kernels()["quantize_push"][(grid_programs(n, x.device, per_sm=64 // warps),)](
-        x, x.stride(0), scale if scale is not None else x, INV_FP8_MAX, ids.contiguous(), weights.float().contiguous(),
-        pos, row_index, rows.ptrs, rank, C, E, P, n, slots.x.view(torch.int32), slots.scale, slots.src, slots.table,
-        slots.table_w, slots.tok, M, *sig_args, K=K, ROW_BYTES=fmt.row_bytes,
-        QUANTIZE=scale is None, RECIPROCAL=x.is_cuda, NATIVE_FP8=not _interpreted(), BLOCK_W=next_pow2(K // 4),
-        K_TOP=k, KP2=next_pow2(k), SIGNAL=then is not None, PUSH_COUNTS=push_counts, EP2=next_pow2(E),
-        num_warps=warps)
+        x,
+        x.stride(0),
+        scale if scale is not None else x,
+        INV_FP8_MAX,
+        ids.contiguous(),
+        weights.float().contiguous(),
+        pos,
+        row_index,
+        rows.ptrs,
+        rank,
+        C,
+        E,
+        P,
+        n,
+        slots.x.view(torch.int32),
+        slots.scale,
+        slots.src,
+        slots.table,
+        slots.table_w,
+        slots.tok,
+        M,
+        *sig_args,
+        K=K,
+        ROW_BYTES=fmt.row_bytes,
+        QUANTIZE=scale is None,
+        RECIPROCAL=x.is_cuda,
+        NATIVE_FP8=not _interpreted(),
+        BLOCK_W=next_pow2(K // 4),
+        K_TOP=k,
+        KP2=next_pow2(k),
+        SIGNAL=then is not None,
+        PUSH_COUNTS=push_counts,
+        EP2=next_pow2(E),
+        num_warps=warps,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -357,7 +440,7 @@ class Wait:
         P = self.num_ranks
         if self.bump:
             self.epoch.add_(1)
-        flags = self.pad.view(-1)[self.slot: self.slot + P]
+        flags = self.pad.view(-1)[self.slot : self.slot + P]
         late = (flags < self.epoch.view(-1)[0] - self.lag).to(torch.int32)
         bits = (late << torch.arange(P, dtype=torch.int32, device=self.pad.device)).sum().view(1)
         self.status.bitwise_or_(bits.to(self.status.dtype))
@@ -396,7 +479,7 @@ class Signal:
         for d in range(P):
             if self.counts is not None and self.recv_counts is not None:
                 row = self.recv_counts.tensors[d].view(P, E + 1)[self.rank]
-                row[:E].copy_(self.counts[d * E:(d + 1) * E])
+                row[:E].copy_(self.counts[d * E : (d + 1) * E])
                 row[E] = self.counts[E * P + d]
             self.pads.tensors[d].view(-1)[self.slot + self.rank] = self.epoch.view(-1)[0]
 
@@ -413,11 +496,30 @@ class Signal:
         return self.pads.ptrs, self.slot, self.epoch, self.done
 
 
-def signal(pads: Mapped, phase: int, *, rank: int, epoch: torch.Tensor, counts: torch.Tensor | None = None,
-           recv_counts: Mapped | None = None, num_local_experts: int = 1, impl: str = "auto") -> None:
+def signal(
+    pads: Mapped,
+    phase: int,
+    *,
+    rank: int,
+    epoch: torch.Tensor,
+    counts: torch.Tensor | None = None,
+    recv_counts: Mapped | None = None,
+    num_local_experts: int = 1,
+    impl: str = "auto",
+) -> None:
     """Signal (see Signal) as a kernel of its own."""
-    issue(Signal(pads=pads, phase=phase, rank=rank, epoch=epoch, counts=counts, recv_counts=recv_counts,
-                 num_local_experts=num_local_experts), impl=impl)
+    issue(
+        Signal(
+            pads=pads,
+            phase=phase,
+            rank=rank,
+            epoch=epoch,
+            counts=counts,
+            recv_counts=recv_counts,
+            num_local_experts=num_local_experts,
+        ),
+        impl=impl,
+    )
 
 
 def issue(sig: Signal, *, impl: str = "auto") -> None:
@@ -425,23 +527,52 @@ def issue(sig: Signal, *, impl: str = "auto") -> None:
     if not _triton(impl, sig.epoch, sig.pads.ptrs):
         return sig.run_torch()
     E, P = sig.num_local_experts, sig.num_ranks
-    kernels()["signal"][(1,)](sig.pads.ptrs, sig.slot, sig.rank, sig.epoch, *sig.count_args(), E, E * P, P,
-                              PUSH_COUNTS=sig.pushes_counts, EP2=next_pow2(E))
+    kernels()["signal"][(1,)](
+        sig.pads.ptrs,
+        sig.slot,
+        sig.rank,
+        sig.epoch,
+        *sig.count_args(),
+        E,
+        E * P,
+        P,
+        PUSH_COUNTS=sig.pushes_counts,
+        EP2=next_pow2(E),
+    )
 
 
-def wait(pad: torch.Tensor, phase: int, *, num_ranks: int, epoch: torch.Tensor, status: torch.Tensor,
-         bump: bool = False, lag: int = 0, max_spins: int = DEFAULT_MAX_SPINS, impl: str = "auto") -> None:
+def wait(
+    pad: torch.Tensor,
+    phase: int,
+    *,
+    num_ranks: int,
+    epoch: torch.Tensor,
+    status: torch.Tensor,
+    bump: bool = False,
+    lag: int = 0,
+    max_spins: int = DEFAULT_MAX_SPINS,
+    impl: str = "auto",
+) -> None:
     """Wait (see Wait) as a kernel of its own."""
-    w = Wait(pad=pad, phase=phase, num_ranks=num_ranks, epoch=epoch, status=status, bump=bump, lag=lag,
-             max_spins=max_spins)
+    w = Wait(
+        pad=pad, phase=phase, num_ranks=num_ranks, epoch=epoch, status=status, bump=bump, lag=lag, max_spins=max_spins
+    )
     if not _triton(impl, pad, epoch):
         return w.run_torch()
     kernels()["wait"][(1,)](*w.args(), BUMP=bump, LAG=lag)
 
 
-def expert_base(recv_counts: torch.Tensor, base: torch.Tensor, expert_num_tokens: torch.Tensor,
-                overflow: torch.Tensor, *, rank: int, max_slots: int, wait_first: Wait | None = None,
-                impl: str = "auto") -> None:
+def expert_base(
+    recv_counts: torch.Tensor,
+    base: torch.Tensor,
+    expert_num_tokens: torch.Tensor,
+    overflow: torch.Tensor,
+    *,
+    rank: int,
+    max_slots: int,
+    wait_first: Wait | None = None,
+    impl: str = "auto",
+) -> None:
     """recv_counts (P, E+1) int32 -> base (P, E) int32 (exclusive sums over the sources in source_order(rank):
     this rank's own pairs from slot 0), expert_num_tokens (E,) = min(total, M); overflow (1,) int64 += the pairs
     past M. wait_first: the wait for the flags that publish recv_counts, run first by the same program (it may
@@ -460,12 +591,32 @@ def expert_base(recv_counts: torch.Tensor, base: torch.Tensor, expert_num_tokens
         overflow.view(-1).add_((total - max_slots).clamp(min=0).sum())
         return
     wait_args = (w.pad, w.slot, w.epoch, w.status, w.max_spins) if w is not None else (base, 0, base, base, 0)
-    kernels()["expert_base"][(1,)](recv_counts, base, expert_num_tokens, overflow, rank, P, E, max_slots,
-                                   *wait_args, EP2=next_pow2(E), WAIT=w is not None, LAG=w.lag if w is not None else 0)
+    kernels()["expert_base"][(1,)](
+        recv_counts,
+        base,
+        expert_num_tokens,
+        overflow,
+        rank,
+        P,
+        E,
+        max_slots,
+        *wait_args,
+        EP2=next_pow2(E),
+        WAIT=w is not None,
+        LAG=w.lag if w is not None else 0,
+    )
 
 
-def expand(recv_rows: torch.Tensor, recv_counts: torch.Tensor, base: torch.Tensor, slots: Slots, *, rank: int,
-           fmt: PushFormat, impl: str = "auto") -> None:
+def expand(
+    recv_rows: torch.Tensor,
+    recv_counts: torch.Tensor,
+    base: torch.Tensor,
+    slots: Slots,
+    *,
+    rank: int,
+    fmt: PushFormat,
+    impl: str = "auto",
+) -> None:
     """Every row received from another rank s (recv_rows ((P-1)*C, row_bytes) uint8, rows [q*C, q*C +
     recv_counts[s, E]) with q = recv_region(s, rank)) written to slot base[s, e] + position of each local expert
     e it names in slots.x, with its scale and (s, token), and its entries of the combine table (slots.table,
@@ -479,26 +630,58 @@ def expand(recv_rows: torch.Tensor, recv_counts: torch.Tensor, base: torch.Tenso
         return
     if not _triton(impl, recv_rows, recv_counts):
         recv = recv_rows.view((P - 1) * C, fmt.row_bytes)
-        words = recv[:, K: K + 4 * fmt.meta_words].contiguous().view(torch.int32)
+        words = recv[:, K : K + 4 * fmt.meta_words].contiguous().view(torch.int32)
         for s in source_order(rank, P)[1:]:
             nrows = int(recv_counts[s, E])
             q = recv_region(s, rank, P) * C
-            w = words[q: q + nrows]
-            ids, pos = w[:, 2: 2 + k].to(torch.int64), w[:, 2 + k: 2 + 2 * k].to(torch.int64)
+            w = words[q : q + nrows]
+            ids, pos = w[:, 2 : 2 + k].to(torch.int64), w[:, 2 + k : 2 + 2 * k].to(torch.int64)
             slot = base[s].to(torch.int64).index_select(0, ids.clamp(min=0).reshape(-1)).view(-1, k) + pos
-            slots.fill_torch(source=s, ids=ids, slot=slot, payload=recv[q: q + nrows, :K],
-                             scale=w[:, 0].view(torch.float32), token=w[:, 1],
-                             weights=w[:, 2 + 2 * k:].view(torch.float32),
-                             received=torch.arange(s * C, s * C + nrows, device=recv_rows.device))
+            slots.fill_torch(
+                source=s,
+                ids=ids,
+                slot=slot,
+                payload=recv[q : q + nrows, :K],
+                scale=w[:, 0].view(torch.float32),
+                token=w[:, 1],
+                weights=w[:, 2 + 2 * k :].view(torch.float32),
+                received=torch.arange(s * C, s * C + nrows, device=recv_rows.device),
+            )
         return
     kernels()["expand"][(grid_programs((P - 1) * C, recv_rows.device),)](
-        recv_rows, recv_counts, base, slots.x, slots.scale, slots.src, slots.table, slots.table_w, slots.tok, rank,
-        C, E, M, P, K=K, ROW_BYTES=fmt.row_bytes, BLOCK_W=min(512, next_pow2(K // 8)), K_TOP=k)
+        recv_rows,
+        recv_counts,
+        base,
+        slots.x,
+        slots.scale,
+        slots.src,
+        slots.table,
+        slots.table_w,
+        slots.tok,
+        rank,
+        C,
+        E,
+        M,
+        P,
+        K=K,
+        ROW_BYTES=fmt.row_bytes,
+        BLOCK_W=min(512, next_pow2(K // 8)),
+        K_TOP=k,
+    )
 
 
-def reduce_push(expert_out: torch.Tensor, recv_counts: torch.Tensor, table: torch.Tensor, table_w: torch.Tensor,
-                tok: torch.Tensor, out: Mapped, *, rank: int, then: Signal | None = None,
-                impl: str = "auto") -> None:
+def reduce_push(
+    expert_out: torch.Tensor,
+    recv_counts: torch.Tensor,
+    table: torch.Tensor,
+    table_w: torch.Tensor,
+    tok: torch.Tensor,
+    out: Mapped,
+    *,
+    rank: int,
+    then: Signal | None = None,
+    impl: str = "auto",
+) -> None:
     """For each received row of source s: sum_j table_w * expert_out[table] (float32; a zero weight reads
     nothing) as one bf16 row, pushed into rank s's combine buffer out.tensors[s] (P*C, K) at row rank*C + token.
     expert_out (E*M, K) bf16. then: a signal (no counts) the kernel's last program issues after every push."""
@@ -521,12 +704,31 @@ def reduce_push(expert_out: torch.Tensor, recv_counts: torch.Tensor, table: torc
     pad_ptrs, slot, epoch, done = then.kernel_args() if then is not None else (tok, 0, tok, tok)
     nb = -(-K // _BLOCK_SUM)
     grid = (grid_programs(P * C, expert_out.device, per_sm=max(1, PROGRAMS_PER_SM // nb)), nb)
-    kernels()["reduce_push"][grid](expert_out, recv_counts, table, table_w, tok, out.ptrs, rank, C, E, K, pad_ptrs,
-                                   slot, epoch, done, P, K_TOP=k, BLOCK=_BLOCK_SUM, SIGNAL=then is not None)
+    kernels()["reduce_push"][grid](
+        expert_out,
+        recv_counts,
+        table,
+        table_w,
+        tok,
+        out.ptrs,
+        rank,
+        C,
+        E,
+        K,
+        pad_ptrs,
+        slot,
+        epoch,
+        done,
+        P,
+        K_TOP=k,
+        BLOCK=_BLOCK_SUM,
+        SIGNAL=then is not None,
+    )
 
 
-def token_reduce(partials: torch.Tensor, row_index: torch.Tensor, out: torch.Tensor, *,
-                 impl: str = "auto") -> torch.Tensor:
+def token_reduce(
+    partials: torch.Tensor, row_index: torch.Tensor, out: torch.Tensor, *, impl: str = "auto"
+) -> torch.Tensor:
     """out[t] (n, K) = sum over ranks d with row_index[t, d] >= 0 of partials[d*C + t] ((P*C, K) bf16), in rank
     order, float32."""
     n, K = out.shape

@@ -25,8 +25,7 @@ def spin(pad, flag_slot, P, epoch, status, max_spins, BUMP: tl.constexpr, LAG: t
 
 
 @triton.jit
-def publish(pad_ptrs, flag_slot, me, epoch, counts, counts_ptrs, E, G, P, PUSH_COUNTS: tl.constexpr,
-            EP2: tl.constexpr):
+def publish(pad_ptrs, flag_slot, me, epoch, counts, counts_ptrs, E, G, P, PUSH_COUNTS: tl.constexpr, EP2: tl.constexpr):
     """Per destination d: (PUSH_COUNTS) this rank's pairs per local expert of d and its rows to d into d's
     count buffer, then a release store of the epoch into d's flag (flag_slot, me)."""
     if PUSH_COUNTS:
@@ -55,9 +54,24 @@ def last_done(done, nprog):
 
 
 @triton.jit
-def route_chunk_kernel(ids, n, chunk_hist, chunk_base, pos, row_index, G, E, P, W, K_TOP: tl.constexpr,
-                       KP2: tl.constexpr, BLOCK_T: tl.constexpr, PP2: tl.constexpr, BINS: tl.constexpr,
-                       PLACE: tl.constexpr):
+def route_chunk_kernel(
+    ids,
+    n,
+    chunk_hist,
+    chunk_base,
+    pos,
+    row_index,
+    G,
+    E,
+    P,
+    W,
+    K_TOP: tl.constexpr,
+    KP2: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    PP2: tl.constexpr,
+    BINS: tl.constexpr,
+    PLACE: tl.constexpr,
+):
     """Chunk c of BLOCK_T tokens. Count (PLACE False): its pairs per global expert and tokens per destination
     rank, chunk_hist[c] (G + P,). Place (PLACE True, after the scan): each pair's place, its chunk's first
     place for the expert plus the earlier tokens of the chunk that picked it (a token picks an expert once),
@@ -69,7 +83,7 @@ def route_chunk_kernel(ids, n, chunk_hist, chunk_base, pos, row_index, G, E, P, 
     g = tl.load(ids + t[:, None] * K_TOP + j[None, :], mask=cell, other=-1)
     cell = cell & (g >= 0)
     d = tl.arange(0, PP2)
-    member = tl.max(((tl.where(cell, g // E, -1)[:, :, None] == d[None, None, :])).to(tl.int32), axis=1)
+    member = tl.max((tl.where(cell, g // E, -1)[:, :, None] == d[None, None, :]).to(tl.int32), axis=1)
     if not PLACE:
         hist = tl.histogram(tl.reshape(tl.where(cell, g, G).to(tl.int32), (BLOCK_T * KP2,)), BINS)  # G: none
         bins = tl.arange(0, BINS)
@@ -85,13 +99,31 @@ def route_chunk_kernel(ids, n, chunk_hist, chunk_base, pos, row_index, G, E, P, 
         tl.store(pos + flat_t * K_TOP + flat_j, place, mask=ok)
         first = tl.load(chunk_base + c * W + G + d, mask=d < P, other=0)
         index = first[None, :] + tl.cumsum(member, axis=0) - member
-        tl.store(row_index + t[:, None] * P + d[None, :], tl.where(member > 0, index, -1),
-                 mask=(t < n)[:, None] & (d < P)[None, :])
+        tl.store(
+            row_index + t[:, None] * P + d[None, :],
+            tl.where(member > 0, index, -1),
+            mask=(t < n)[:, None] & (d < P)[None, :],
+        )
 
 
 @triton.jit
-def route_scan_kernel(chunk_hist, chunk_base, counts, NC, W, pad, flag_slot, P, epoch, status, max_spins,
-                      NCP2: tl.constexpr, WAIT: tl.constexpr, BUMP: tl.constexpr, LAG: tl.constexpr):
+def route_scan_kernel(
+    chunk_hist,
+    chunk_base,
+    counts,
+    NC,
+    W,
+    pad,
+    flag_slot,
+    P,
+    epoch,
+    status,
+    max_spins,
+    NCP2: tl.constexpr,
+    WAIT: tl.constexpr,
+    BUMP: tl.constexpr,
+    LAG: tl.constexpr,
+):
     """Per column (a global expert, then a destination rank): each chunk's first place, the column's total.
     WAIT: program 0 first runs a wait (spin), which the kernels after this one are ordered behind."""
     col = tl.program_id(0)
@@ -105,12 +137,46 @@ def route_scan_kernel(chunk_hist, chunk_base, counts, NC, W, pad, flag_slot, P, 
 
 
 @triton.jit
-def quantize_push_kernel(x, x_stride, scale_in, inv_fp8_max, ids, weights, pos, row_index, rows_ptrs, me, C,
-                         E, P, n, x_out, x_scale, x_src, table, table_w, tok, M, pad_ptrs, flag_slot, epoch, counts,
-                         counts_ptrs, done, K: tl.constexpr,
-                         ROW_BYTES: tl.constexpr, QUANTIZE: tl.constexpr, RECIPROCAL: tl.constexpr,
-                         NATIVE_FP8: tl.constexpr, BLOCK_W: tl.constexpr, K_TOP: tl.constexpr,
-                         KP2: tl.constexpr, SIGNAL: tl.constexpr, PUSH_COUNTS: tl.constexpr, EP2: tl.constexpr):
+def quantize_push_kernel(
+    x,
+    x_stride,
+    scale_in,
+    inv_fp8_max,
+    ids,
+    weights,
+    pos,
+    row_index,
+    rows_ptrs,
+    me,
+    C,
+    E,
+    P,
+    n,
+    x_out,
+    x_scale,
+    x_src,
+    table,
+    table_w,
+    tok,
+    M,
+    pad_ptrs,
+    flag_slot,
+    epoch,
+    counts,
+    counts_ptrs,
+    done,
+    K: tl.constexpr,
+    ROW_BYTES: tl.constexpr,
+    QUANTIZE: tl.constexpr,
+    RECIPROCAL: tl.constexpr,
+    NATIVE_FP8: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    K_TOP: tl.constexpr,
+    KP2: tl.constexpr,
+    SIGNAL: tl.constexpr,
+    PUSH_COUNTS: tl.constexpr,
+    EP2: tl.constexpr,
+):
     # grid-stride over tokens: fewer programs than tokens, so the signal's count stays small
     for t32 in range(tl.program_id(0), n, tl.num_programs(0)):
         t = t32 + tl.zeros([], tl.int64)  # (the interpreter's range gives Python ints)
@@ -185,8 +251,9 @@ def quantize_push_kernel(x, x_stride, scale_in, inv_fp8_max, ids, weights, pos, 
 
 
 @triton.jit
-def signal_kernel(pad_ptrs, flag_slot, me, epoch, counts, counts_ptrs, E, G, P,
-                  PUSH_COUNTS: tl.constexpr, EP2: tl.constexpr):
+def signal_kernel(
+    pad_ptrs, flag_slot, me, epoch, counts, counts_ptrs, E, G, P, PUSH_COUNTS: tl.constexpr, EP2: tl.constexpr
+):
     publish(pad_ptrs, flag_slot, me, epoch, counts, counts_ptrs, E, G, P, PUSH_COUNTS, EP2)
 
 
@@ -196,8 +263,24 @@ def wait_kernel(pad, flag_slot, P, epoch, status, max_spins, BUMP: tl.constexpr,
 
 
 @triton.jit
-def expert_base_kernel(recv_counts, base, expert_num_tokens, overflow, me, P, E, M, pad, flag_slot, epoch, status,
-                       max_spins, EP2: tl.constexpr, WAIT: tl.constexpr, LAG: tl.constexpr):
+def expert_base_kernel(
+    recv_counts,
+    base,
+    expert_num_tokens,
+    overflow,
+    me,
+    P,
+    E,
+    M,
+    pad,
+    flag_slot,
+    epoch,
+    status,
+    max_spins,
+    EP2: tl.constexpr,
+    WAIT: tl.constexpr,
+    LAG: tl.constexpr,
+):
     if WAIT:  # the counts it reads are the peers' (their READY flags publish them)
         spin(pad, flag_slot, P, epoch, status, max_spins, False, LAG)
     e = tl.arange(0, EP2)
@@ -212,8 +295,26 @@ def expert_base_kernel(recv_counts, base, expert_num_tokens, overflow, me, P, E,
 
 
 @triton.jit
-def expand_kernel(recv_rows, recv_counts, base, x, x_scale, x_src, table, table_w, tok, me, C, E, M, P,
-                  K: tl.constexpr, ROW_BYTES: tl.constexpr, BLOCK_W: tl.constexpr, K_TOP: tl.constexpr):
+def expand_kernel(
+    recv_rows,
+    recv_counts,
+    base,
+    x,
+    x_scale,
+    x_src,
+    table,
+    table_w,
+    tok,
+    me,
+    C,
+    E,
+    M,
+    P,
+    K: tl.constexpr,
+    ROW_BYTES: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    K_TOP: tl.constexpr,
+):
     # grid-stride over the rows of the other ranks (this rank's own went to their slots in quantize_push):
     # region remote // C of the receive buffer is rank (me + 1 + region) % P's (push.recv_region)
     for remote in range(tl.program_id(0), (P - 1) * C, tl.num_programs(0)):
@@ -251,9 +352,26 @@ def expand_kernel(recv_rows, recv_counts, base, x, x_scale, x_src, table, table_
 
 
 @triton.jit
-def reduce_push_kernel(expert_out, recv_counts, table, table_w, tok, out_ptrs, me, C, E, K,
-                       pad_ptrs, flag_slot, epoch, done, P, K_TOP: tl.constexpr, BLOCK: tl.constexpr,
-                       SIGNAL: tl.constexpr):
+def reduce_push_kernel(
+    expert_out,
+    recv_counts,
+    table,
+    table_w,
+    tok,
+    out_ptrs,
+    me,
+    C,
+    E,
+    K,
+    pad_ptrs,
+    flag_slot,
+    epoch,
+    done,
+    P,
+    K_TOP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SIGNAL: tl.constexpr,
+):
     for pid in range(tl.program_id(0), P * C, tl.num_programs(0)):  # grid-stride over received rows
         src = pid // C
         if pid % C < tl.load(recv_counts + src * (E + 1) + E):

@@ -82,8 +82,7 @@ class SymmMemComm(Comm):
     name = "symm-mem"
     graph_capturable = True
 
-    def __init__(self, layout: DispatchLayout, accountant: Accountant, *, out_dtype: torch.dtype,
-                 device: torch.device):
+    def __init__(self, layout: DispatchLayout, accountant: Accountant, *, out_dtype: torch.dtype, device: torch.device):
         import torch.distributed._symmetric_memory as symm_mem
 
         if out_dtype != torch.bfloat16:
@@ -100,9 +99,11 @@ class SymmMemComm(Comm):
             try:
                 peers = [tensor if p == rank else handle.get_buffer(p, tuple(shape), dtype) for p in range(P)]
             except RuntimeError as exc:
-                raise CommUnavailable(f"comm symm-mem: this GPU cannot map its peers' buffers (peers are reached "
-                                      f"by load/store only within one node): {str(exc).splitlines()[0]}; "
-                                      "use nccl") from exc
+                raise CommUnavailable(
+                    f"comm symm-mem: this GPU cannot map its peers' buffers (peers are reached "
+                    f"by load/store only within one node): {str(exc).splitlines()[0]}; "
+                    "use nccl"
+                ) from exc
             return tensor, Mapped.of(peers, device), handle
 
         # the other ranks' rows (push.recv_region); a rank's own pairs go straight into its slots, so at P = 1
@@ -117,8 +118,10 @@ class SymmMemComm(Comm):
         words = FLAG_BASE + NUM_PHASES * P
         pad_bytes = int(handle.signal_pad_size)  # type: ignore[attr-defined]
         if 4 * words > pad_bytes:
-            raise CommUnavailable(f"comm symm-mem: {P} ranks need {4 * words} B of signal pad; torch's is "
-                                  f"{pad_bytes} (symm_mem.set_signal_pad_size)")
+            raise CommUnavailable(
+                f"comm symm-mem: {P} ranks need {4 * words} B of signal pad; torch's is "
+                f"{pad_bytes} (symm_mem.set_signal_pad_size)"
+            )
         pads = [handle.get_signal_pad(p, (words,), torch.int32) for p in range(P)]  # type: ignore[attr-defined]
         self.pad, self.pads = pads[rank], Mapped.of(pads, device)
         a = accountant.alloc
@@ -133,45 +136,107 @@ class SymmMemComm(Comm):
         self.epoch = a("dispatch", (1,), torch.int32)
         self.status = a("dispatch", (1,), torch.int32)
         self.done = a("dispatch", (2,), torch.int32)  # finished programs of quantize_push and of reduce_push
-        local = (self.pos, self.row_index, self.counts, self.route_scratch, self.base, self.table, self.table_w,
-                 self.tok, self.epoch, self.status, self.done)
+        local = (
+            self.pos,
+            self.row_index,
+            self.counts,
+            self.route_scratch,
+            self.base,
+            self.table,
+            self.table_w,
+            self.tok,
+            self.epoch,
+            self.status,
+            self.done,
+        )
         harness_bytes = sum(t.nbytes for t in (self.recv_rows, self.recv_counts, self.combine_recv, *local))
-        super().__init__(layout, BatchedBuffers.allocate(layout, accountant, out_dtype=out_dtype),
-                         harness_bytes=harness_bytes)
+        super().__init__(
+            layout, BatchedBuffers.allocate(layout, accountant, out_dtype=out_dtype), harness_bytes=harness_bytes
+        )
         for t in (self.recv_counts, self.epoch, self.status, self.table_w, self.done):
             t.zero_()
         self.pad[FLAG_BASE:].zero_()
         torch.cuda.synchronize(device)
         dist.barrier()  # every rank's flags and counts are zero before any rank signals
 
-    def dispatch(self, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                 quantize: Quantize, stages: Stages) -> DispatchHandle:
+    def dispatch(
+        self,
+        tokens: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        quantize: Quantize,
+        stages: Stages,
+    ) -> DispatchHandle:
         L, b, fmt = self.layout, self.batched, self.fmt
         n, P, E = tokens.shape[0], L.num_ranks, L.num_local_experts
         L.check_tokens(n)  # the invariant that keeps every expert's rows inside its M
         assert b.expert_x_flat is not None and b.expert_x_scale_flat is not None and b.expert_src_flat is not None
         stages.begin()
-        consumed = push.Wait(pad=self.pad, phase=CONSUMED, num_ranks=P, epoch=self.epoch, status=self.status,
-                             bump=True, lag=1)
-        push.route_layout(topk_ids, self.pos, self.row_index, self.counts, num_local_experts=E, num_ranks=P,
-                          scratch=self.route_scratch, wait_first=consumed)
+        consumed = push.Wait(
+            pad=self.pad, phase=CONSUMED, num_ranks=P, epoch=self.epoch, status=self.status, bump=True, lag=1
+        )
+        push.route_layout(
+            topk_ids,
+            self.pos,
+            self.row_index,
+            self.counts,
+            num_local_experts=E,
+            num_ranks=P,
+            scratch=self.route_scratch,
+            wait_first=consumed,
+        )
         stages.lap("dispatch.layout")
         if quantize is quantize_per_token:  # fused: each bf16 token read once
             x, scale = tokens, None
         else:  # another quantize kernel (vLLM's): its FP8 rows and scales, pushed as they are
             x, scale = quantize(tokens)
             x = x.view(torch.uint8)
-        ready = push.Signal(pads=self.pads, phase=READY, rank=L.rank, epoch=self.epoch, done=self.done[0:1],
-                            counts=self.counts, recv_counts=self.counts_of, num_local_experts=E)
-        slots = push.Slots(x=b.expert_x_flat, scale=b.expert_x_scale_flat, src=b.expert_src_flat, table=self.table,
-                           table_w=self.table_w, tok=self.tok, max_slots=L.max_slots_per_expert)
-        push.quantize_push(x, scale, topk_ids, topk_weights, self.pos, self.row_index, self.rows, slots, fmt=fmt,
-                           rank=L.rank, capacity=L.buffer_tokens, num_local_experts=E, then=ready)
+        ready = push.Signal(
+            pads=self.pads,
+            phase=READY,
+            rank=L.rank,
+            epoch=self.epoch,
+            done=self.done[0:1],
+            counts=self.counts,
+            recv_counts=self.counts_of,
+            num_local_experts=E,
+        )
+        slots = push.Slots(
+            x=b.expert_x_flat,
+            scale=b.expert_x_scale_flat,
+            src=b.expert_src_flat,
+            table=self.table,
+            table_w=self.table_w,
+            tok=self.tok,
+            max_slots=L.max_slots_per_expert,
+        )
+        push.quantize_push(
+            x,
+            scale,
+            topk_ids,
+            topk_weights,
+            self.pos,
+            self.row_index,
+            self.rows,
+            slots,
+            fmt=fmt,
+            rank=L.rank,
+            capacity=L.buffer_tokens,
+            num_local_experts=E,
+            then=ready,
+        )
         stages.lap("dispatch.pack")
         # The exchange is the wait for every READY, run by expert_base's program before it reads the counts.
         ready_wait = push.Wait(pad=self.pad, phase=READY, num_ranks=P, epoch=self.epoch, status=self.status)
-        push.expert_base(self.recv_counts, self.base, b.expert_num_tokens, b.overflow, rank=L.rank,
-                         max_slots=L.max_slots_per_expert, wait_first=ready_wait)
+        push.expert_base(
+            self.recv_counts,
+            self.base,
+            b.expert_num_tokens,
+            b.overflow,
+            rank=L.rank,
+            max_slots=L.max_slots_per_expert,
+            wait_first=ready_wait,
+        )
         stages.lap("dispatch.exchange")
         push.expand(self.recv_rows, self.recv_counts, self.base, slots, rank=L.rank, fmt=fmt)
         # CONSUMED as a kernel of its own: on the H200 expand with the signal inside ran 5-6 us slower (a
@@ -180,8 +245,11 @@ class SymmMemComm(Comm):
         stages.lap("dispatch.unpack")
         rows_sent = n * L.max_ranks_per_token  # an upper bound: the exact figure would need a host read
         return DispatchHandle(
-            num_tokens=n, topk_weights=topk_weights, dispatch_bytes=rows_sent * fmt.row_bytes,
-            combine_bytes=rows_sent * L.hidden_size * self.combine_recv.element_size(), num_host_syncs=0,
+            num_tokens=n,
+            topk_weights=topk_weights,
+            dispatch_bytes=rows_sent * fmt.row_bytes,
+            combine_bytes=rows_sent * L.hidden_size * self.combine_recv.element_size(),
+            num_host_syncs=0,
             state=SymmMemState(row_index=self.row_index[:n]),
         )
 
@@ -190,10 +258,16 @@ class SymmMemComm(Comm):
         assert isinstance(st, SymmMemState)
         E, M, K = L.num_local_experts, L.max_slots_per_expert, L.hidden_size
         stages.begin()
-        push.reduce_push(expert_out.reshape(E * M, K), self.recv_counts, self.table, self.table_w, self.tok,
-                         self.partials_of, rank=L.rank,
-                         then=push.Signal(pads=self.pads, phase=COMBINED, rank=L.rank, epoch=self.epoch,
-                                          done=self.done[1:2]))
+        push.reduce_push(
+            expert_out.reshape(E * M, K),
+            self.recv_counts,
+            self.table,
+            self.table_w,
+            self.tok,
+            self.partials_of,
+            rank=L.rank,
+            then=push.Signal(pads=self.pads, phase=COMBINED, rank=L.rank, epoch=self.epoch, done=self.done[1:2]),
+        )
         stages.lap("combine.expert-reduce")
         push.wait(self.pad, COMBINED, num_ranks=L.num_ranks, epoch=self.epoch, status=self.status)
         stages.lap("combine.exchange")
@@ -209,8 +283,10 @@ class SymmMemComm(Comm):
         assert isinstance(st, SymmMemState)
         late = int(self.status.item())
         if late:
-            raise DispatchError(f"rank {L.rank}: a wait for peers {[p for p in range(L.num_ranks) if late >> p & 1]} "
-                                "ran past its spin budget (a peer stopped or fell behind)")
+            raise DispatchError(
+                f"rank {L.rank}: a wait for peers {[p for p in range(L.num_ranks) if late >> p & 1]} "
+                "ran past its spin budget (a peer stopped or fell behind)"
+            )
         P, C, K = L.num_ranks, L.buffer_tokens, L.hidden_size
         rows = self.combine_recv.view(P, C, K)[:, :n].transpose(0, 1).reshape(n * P, K)
         return rows, (st.row_index >= 0).float()

@@ -73,8 +73,9 @@ IMPLEMENTATIONS: dict[str, ExpertsImplementation] = {
 }
 
 
-def select_backend(name: str, device: torch.device, query: BackendQuery, *,
-                   kernels: KernelsLibrary | None = None) -> ExpertsBackend:
+def select_backend(
+    name: str, device: torch.device, query: BackendQuery, *, kernels: KernelsLibrary | None = None
+) -> ExpertsBackend:
     """The backend `name` for this device and scenario (`query`, harness.scenario.fit.backend_query).
 
     A named backend must pass its declaration (harness.core.backends.EXPERTS) and then its runtime probe; auto
@@ -92,8 +93,9 @@ def select_backend(name: str, device: torch.device, query: BackendQuery, *,
             return IMPLEMENTATIONS[backend.name].create(device, kernels=kernels)
         except BackendUnavailable as exc:
             skipped.append(f"{backend.name}: {exc}")
-    raise BackendUnavailable(EXPERTS.reason(AUTO, query)
-                             or f"experts_backend auto: none of its order runs here ({'; '.join(skipped)})")
+    raise BackendUnavailable(
+        EXPERTS.reason(AUTO, query) or f"experts_backend auto: none of its order runs here ({'; '.join(skipped)})"
+    )
 
 
 def kernels_record(backend: ExpertsBackend, kernels: KernelsLibrary | None) -> KernelsRecord:
@@ -101,7 +103,12 @@ def kernels_record(backend: ExpertsBackend, kernels: KernelsLibrary | None) -> K
     if backend.name != "vllm-ops" or kernels is None:
         return KernelsRecord(backend=backend.name, description=backend.kernels)
     return KernelsRecord(
-        backend=backend.name, description=kernels.describe(), release=kernels.release,
-        release_from=kernels.release_from, library=str(kernels.path), library_sha256=kernels.sha256,
-        library_bytes=kernels.num_bytes, torch_requirement=kernels.torch_requirement,
+        backend=backend.name,
+        description=kernels.describe(),
+        release=kernels.release,
+        release_from=kernels.release_from,
+        library=str(kernels.path),
+        library_sha256=kernels.sha256,
+        library_bytes=kernels.num_bytes,
+        torch_requirement=kernels.torch_requirement,
     )

@@ -1,6 +1,5 @@
 """What every experts backend shares: the weights, the workspace views, the backend protocol."""
 
-
 from __future__ import annotations
 
 import contextlib
@@ -52,8 +51,14 @@ def generate_expert(
 
 
 def make_weights(
-    *, rank: int, num_local_experts: int, hidden_size: int, intermediate_size: int, seed: int,
-    device: torch.device, accountant: Accountant,
+    *,
+    rank: int,
+    num_local_experts: int,
+    hidden_size: int,
+    intermediate_size: int,
+    seed: int,
+    device: torch.device,
+    accountant: Accountant,
 ) -> ExpertWeights:
     """FP8 weights of this rank's experts: global ids rank*E .. rank*E+E-1."""
     E, K, I = num_local_experts, hidden_size, intermediate_size
@@ -113,8 +118,14 @@ class Workspace:
         return self.ws2.numel() == 0
 
     @staticmethod
-    def check_fits(shapes: WorkspaceShapes, *, num_local_experts: int, max_slots_per_expert: int, hidden_size: int,
-                   intermediate_size: int) -> None:
+    def check_fits(
+        shapes: WorkspaceShapes,
+        *,
+        num_local_experts: int,
+        max_slots_per_expert: int,
+        hidden_size: int,
+        intermediate_size: int,
+    ) -> None:
         """Raise ValueError when the experts step's views do not fit the policy's buffers."""
         rows, K, I = num_local_experts * max_slots_per_expert, hidden_size, intermediate_size
         have = {"ws13": math.prod(shapes.ws13), "ws2": math.prod(shapes.ws2), "out": math.prod(shapes.out)}
@@ -129,8 +140,14 @@ class Workspace:
 
     @staticmethod
     def allocate(
-        shapes: WorkspaceShapes, accountant: Accountant, *, dtype: torch.dtype,
-        num_local_experts: int, max_slots_per_expert: int, hidden_size: int, intermediate_size: int,
+        shapes: WorkspaceShapes,
+        accountant: Accountant,
+        *,
+        dtype: torch.dtype,
+        num_local_experts: int,
+        max_slots_per_expert: int,
+        hidden_size: int,
+        intermediate_size: int,
     ) -> Workspace:
         E, M, K, I = num_local_experts, max_slots_per_expert, hidden_size, intermediate_size
         Workspace.check_fits(shapes, num_local_experts=E, max_slots_per_expert=M, hidden_size=K, intermediate_size=I)
@@ -147,8 +164,14 @@ class Workspace:
                 exc.allocated_bytes = common.numel() * common.element_size()  # type: ignore[attr-defined]
                 raise
         return Workspace(
-            shapes=shapes, common=common, ws2=ws2, num_local_experts=E, max_slots_per_expert=M,
-            hidden_size=K, intermediate_size=I, pool=pool,
+            shapes=shapes,
+            common=common,
+            ws2=ws2,
+            num_local_experts=E,
+            max_slots_per_expert=M,
+            hidden_size=K,
+            intermediate_size=I,
+            pool=pool,
         )
 
     def _rows(self) -> int:
@@ -156,7 +179,7 @@ class Workspace:
 
     def _view(self, buffer: torch.Tensor, start: int, width: int) -> torch.Tensor:
         rows = self._rows()
-        return buffer[start: start + rows * width].view(rows, width)
+        return buffer[start : start + rows * width].view(rows, width)
 
     @property
     def mm1_out(self) -> torch.Tensor:
@@ -223,8 +246,14 @@ class ExpertsBackend(Protocol):
         ...
 
     def apply(
-        self, *, expert_x: torch.Tensor, expert_x_scale: torch.Tensor, expert_num_tokens: torch.Tensor,
-        weights: ExpertWeights, workspace: Workspace, hooks: StageHooks | None = None,
+        self,
+        *,
+        expert_x: torch.Tensor,
+        expert_x_scale: torch.Tensor,
+        expert_num_tokens: torch.Tensor,
+        weights: ExpertWeights,
+        workspace: Workspace,
+        hooks: StageHooks | None = None,
     ) -> torch.Tensor:
         """Run the experts on the batched buffer; return workspace.out (E, M, K) bf16.
 

@@ -38,8 +38,14 @@ def scaled_matmul(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_sca
 
 
 def expert_forward(
-    x: torch.Tensor, x_scale: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w2: torch.Tensor,
-    w2_scale: torch.Tensor, *, store_dtype: torch.dtype | None = None,
+    x: torch.Tensor,
+    x_scale: torch.Tensor,
+    w1: torch.Tensor,
+    w1_scale: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    *,
+    store_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """One expert on its tokens: GEMM1 -> silu_and_mul -> per-token FP8 quant -> GEMM2, without any workspace.
 
@@ -78,8 +84,14 @@ class ReferenceExperts:
         return max(gemm1, gemm2, 4 * 3 * M * I) + 4 * ws.num_local_experts * M
 
     def apply(
-        self, *, expert_x: torch.Tensor, expert_x_scale: torch.Tensor, expert_num_tokens: torch.Tensor,
-        weights: ExpertWeights, workspace: Workspace, hooks: StageHooks | None = None,
+        self,
+        *,
+        expert_x: torch.Tensor,
+        expert_x_scale: torch.Tensor,
+        expert_num_tokens: torch.Tensor,
+        weights: ExpertWeights,
+        workspace: Workspace,
+        hooks: StageHooks | None = None,
     ) -> torch.Tensor:
         ws = workspace
         M = ws.max_slots_per_expert
@@ -103,12 +115,14 @@ class ReferenceExperts:
             hooks.after_out(ws)
         return out
 
-    def gemm1(self, ws: Workspace, spans: Spans, expert_x: torch.Tensor, expert_x_scale: torch.Tensor,
-              weights: ExpertWeights) -> None:
+    def gemm1(
+        self, ws: Workspace, spans: Spans, expert_x: torch.Tensor, expert_x_scale: torch.Tensor, weights: ExpertWeights
+    ) -> None:
         """mm1_out[rows] = x @ w1[e].T, float32 math, bf16 result."""
         for e, lo, hi in spans:
-            ws.mm1_out[lo:hi].copy_(scaled_matmul(expert_x[e, : hi - lo], expert_x_scale[e, : hi - lo],
-                                                  weights.w1[e], weights.w1_scale[e]))
+            ws.mm1_out[lo:hi].copy_(
+                scaled_matmul(expert_x[e, : hi - lo], expert_x_scale[e, : hi - lo], weights.w1[e], weights.w1_scale[e])
+            )
 
     def activation(self, ws: Workspace, spans: Spans) -> None:
         """act_out[rows] = silu(gate) * up of mm1_out[rows]."""
@@ -126,5 +140,6 @@ class ReferenceExperts:
     def gemm2(self, ws: Workspace, spans: Spans, act_scale: torch.Tensor, weights: ExpertWeights) -> None:
         """mm2_out[rows] = dequant(quant_out[rows]) @ w2[e].T, float32 math, bf16 result."""
         for e, lo, hi in spans:
-            ws.mm2_out[lo:hi].copy_(scaled_matmul(ws.quant_out[lo:hi], act_scale[lo:hi], weights.w2[e],
-                                                  weights.w2_scale[e]))
+            ws.mm2_out[lo:hi].copy_(
+                scaled_matmul(ws.quant_out[lo:hi], act_scale[lo:hi], weights.w2[e], weights.w2_scale[e])
+            )

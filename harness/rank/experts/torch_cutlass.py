@@ -71,7 +71,9 @@ class TorchCutlassExperts:
         it first): compute capability 9.0 or newer, and a torch with _scaled_grouped_mm."""
         major, minor = torch.cuda.get_device_capability(device)
         if major < 9:
-            raise BackendUnavailable(f"torch-cutlass needs compute capability 9.0 or newer, this GPU has {major}.{minor}")
+            raise BackendUnavailable(
+                f"torch-cutlass needs compute capability 9.0 or newer, this GPU has {major}.{minor}"
+            )
         if not hasattr(torch, "_scaled_grouped_mm"):
             raise BackendUnavailable(f"torch {torch.__version__} has no torch._scaled_grouped_mm")
         return TorchCutlassExperts(device)
@@ -90,8 +92,14 @@ class TorchCutlassExperts:
         return chunk_rows * scratch_bytes_per_row(K, I) + 4 * E * M + GEMM_LIBRARY_ALLOWANCE_BYTES
 
     def apply(
-        self, *, expert_x: torch.Tensor, expert_x_scale: torch.Tensor, expert_num_tokens: torch.Tensor,
-        weights: ExpertWeights, workspace: Workspace, hooks: StageHooks | None = None,
+        self,
+        *,
+        expert_x: torch.Tensor,
+        expert_x_scale: torch.Tensor,
+        expert_num_tokens: torch.Tensor,
+        weights: ExpertWeights,
+        workspace: Workspace,
+        hooks: StageHooks | None = None,
     ) -> torch.Tensor:
         ws = workspace
         E, M, K, I = ws.num_local_experts, ws.max_slots_per_expert, ws.hidden_size, ws.intermediate_size
@@ -99,11 +107,15 @@ class TorchCutlassExperts:
         mm1, act = ws.mm1_out.view(E, M, 2 * I), ws.act_out.view(E, M, I)
         quant, mm2 = ws.quant_out.view(E, M, I), ws.mm2_out.view(E, M, K)
         for e0, e1, r0, r1 in parts:  # GEMM1
-            mm1[e0:e1, r0:r1].copy_(torch._scaled_grouped_mm(
-                expert_x[e0:e1, r0:r1], weights.w1[e0:e1].transpose(-2, -1),
-                expert_x_scale[e0:e1, r0:r1].reshape(e1 - e0, r1 - r0), weights.w1_scale[e0:e1],
-                out_dtype=torch.bfloat16,
-            ))
+            mm1[e0:e1, r0:r1].copy_(
+                torch._scaled_grouped_mm(
+                    expert_x[e0:e1, r0:r1],
+                    weights.w1[e0:e1].transpose(-2, -1),
+                    expert_x_scale[e0:e1, r0:r1].reshape(e1 - e0, r1 - r0),
+                    weights.w1_scale[e0:e1],
+                    out_dtype=torch.bfloat16,
+                )
+            )
         for e0, e1, r0, r1 in parts:  # silu_and_mul
             torch.mul(F.silu(mm1[e0:e1, r0:r1, :I]), mm1[e0:e1, r0:r1, I:], out=act[e0:e1, r0:r1])
         if hooks is not None:
@@ -115,10 +127,15 @@ class TorchCutlassExperts:
         if hooks is not None:
             hooks.after_quant(ws, act_scale.view(E * M, 1))
         for e0, e1, r0, r1 in parts:  # GEMM2
-            mm2[e0:e1, r0:r1].copy_(torch._scaled_grouped_mm(
-                quant[e0:e1, r0:r1], weights.w2[e0:e1].transpose(-2, -1),
-                act_scale[e0:e1, r0:r1], weights.w2_scale[e0:e1], out_dtype=torch.bfloat16,
-            ))
+            mm2[e0:e1, r0:r1].copy_(
+                torch._scaled_grouped_mm(
+                    quant[e0:e1, r0:r1],
+                    weights.w2[e0:e1].transpose(-2, -1),
+                    act_scale[e0:e1, r0:r1],
+                    weights.w2_scale[e0:e1],
+                    out_dtype=torch.bfloat16,
+                )
+            )
         if hooks is not None:
             hooks.after_gemm2(ws, act_scale.view(E * M, 1))
         out = ws.out

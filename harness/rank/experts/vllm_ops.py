@@ -15,7 +15,12 @@ from harness.rank.experts.base import BackendUnavailable, ExpertWeights, StageHo
 from harness.sizing.vllm_source.kernels import KernelsLibrary, on_this_node
 from harness.sizing.vllm_source.sources import VllmSourceError
 
-REQUIRED_OPS = ("get_cutlass_batched_moe_mm_data", "cutlass_moe_mm", "silu_and_mul", "dynamic_per_token_scaled_fp8_quant")
+REQUIRED_OPS = (
+    "get_cutlass_batched_moe_mm_data",
+    "cutlass_moe_mm",
+    "silu_and_mul",
+    "dynamic_per_token_scaled_fp8_quant",
+)
 _LOADED: dict[str, str] = {}
 
 
@@ -99,21 +104,42 @@ class VllmOpsExperts:
         return 4 * E + 8 * E + 2 * 4 * 3 * E + 3 * 8 * E + 4 * E * M
 
     def apply(
-        self, *, expert_x: torch.Tensor, expert_x_scale: torch.Tensor, expert_num_tokens: torch.Tensor,
-        weights: ExpertWeights, workspace: Workspace, hooks: StageHooks | None = None,
+        self,
+        *,
+        expert_x: torch.Tensor,
+        expert_x_scale: torch.Tensor,
+        expert_num_tokens: torch.Tensor,
+        weights: ExpertWeights,
+        workspace: Workspace,
+        hooks: StageHooks | None = None,
     ) -> torch.Tensor:
         ops = torch.ops._C
         ws = workspace
         E, M, K, I = ws.num_local_experts, ws.max_slots_per_expert, ws.hidden_size, ws.intermediate_size
-        expert_offsets, problem_sizes1, problem_sizes2, strides_k, strides_2i, strides_i, act_scale = (
-            self._aux_tensors(E, M, K, I))
+        expert_offsets, problem_sizes1, problem_sizes2, strides_k, strides_2i, strides_i, act_scale = self._aux_tensors(
+            E, M, K, I
+        )
         # n is I (vLLM passes w2's last dim), not 2I.
-        ops.get_cutlass_batched_moe_mm_data(expert_offsets, problem_sizes1, problem_sizes2, expert_num_tokens, E, M, I, K)
+        ops.get_cutlass_batched_moe_mm_data(
+            expert_offsets, problem_sizes1, problem_sizes2, expert_num_tokens, E, M, I, K
+        )
         offsets = expert_offsets.to(torch.int64)
         a1q = expert_x.reshape(E * M, K)
         a1q_scale = expert_x_scale.reshape(E * M, 1)
-        ops.cutlass_moe_mm(ws.mm1_out, a1q, weights.w1, a1q_scale, weights.w1_scale, offsets, problem_sizes1,
-                           strides_k, strides_k, strides_2i, True, True)
+        ops.cutlass_moe_mm(
+            ws.mm1_out,
+            a1q,
+            weights.w1,
+            a1q_scale,
+            weights.w1_scale,
+            offsets,
+            problem_sizes1,
+            strides_k,
+            strides_k,
+            strides_2i,
+            True,
+            True,
+        )
         # Over the whole (E*M, 2I) view, padding included, as vLLM's apply_moe_activation does.
         ops.silu_and_mul(ws.act_out, ws.mm1_out)
         if hooks is not None:
@@ -121,8 +147,20 @@ class VllmOpsExperts:
         ops.dynamic_per_token_scaled_fp8_quant(ws.quant_out, ws.act_out, act_scale, None)
         if hooks is not None:
             hooks.after_quant(ws, act_scale)
-        ops.cutlass_moe_mm(ws.mm2_out, ws.quant_out, weights.w2, act_scale, weights.w2_scale, offsets, problem_sizes2,
-                           strides_i, strides_i, strides_k, True, True)
+        ops.cutlass_moe_mm(
+            ws.mm2_out,
+            ws.quant_out,
+            weights.w2,
+            act_scale,
+            weights.w2_scale,
+            offsets,
+            problem_sizes2,
+            strides_i,
+            strides_i,
+            strides_k,
+            True,
+            True,
+        )
         if hooks is not None:
             hooks.after_gemm2(ws, act_scale)
         out = ws.out

@@ -164,7 +164,12 @@ def _audit_class(tree: SourceTree, cls: ParsedClass, args: SizingArgs) -> ClassA
 
 
 # How prod(buffer) grows when (D, T) double: the token dim each pattern stands for.
-GROWTH_TOKEN_DIM: dict[tuple[float | None, float | None], str] = {(2, 2): "M", (4, 2): "M·D", (None, None): "none", (1, 1): "none"}
+GROWTH_TOKEN_DIM: dict[tuple[float | None, float | None], str] = {
+    (2, 2): "M",
+    (4, 2): "M·D",
+    (None, None): "none",
+    (1, 1): "none",
+}
 
 
 def _verdict(base: Evaluation, d_doubled: Evaluation, t_doubled: Evaluation, args: SizingArgs) -> tuple[str, str]:
@@ -315,8 +320,14 @@ def print_audit_table(result: AuditResult, *, file=None) -> None:
     )
     table = Table(show_lines=False)
     columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("class", "left"), ("file", "left"), ("verdict", "left"), ("ws13", "right"), ("ws2", "right"),
-        ("out", "right"), ("per GPU", "right"), ("x fixed", "right"),
+        ("class", "left"),
+        ("file", "left"),
+        ("verdict", "left"),
+        ("ws13", "right"),
+        ("ws2", "right"),
+        ("out", "right"),
+        ("per GPU", "right"),
+        ("x fixed", "right"),
     )
     for column, justify in columns:
         table.add_column(column, justify=justify, no_wrap=True)

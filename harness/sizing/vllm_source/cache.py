@@ -467,8 +467,9 @@ def _extract_members(
         wheel_sha256=wheel_origin.sha256,
         wheel_bytes=wheel.stat().st_size,
         wheel_sha256_checked_against=wheel_origin.checked_against,
-        record=CachedFile(path=record_name, sha256=hashlib.sha256(record_data).hexdigest(),
-                          size_bytes=len(record_data)),
+        record=CachedFile(
+            path=record_name, sha256=hashlib.sha256(record_data).hexdigest(), size_bytes=len(record_data)
+        ),
         files=tuple(f.path for f in files),
         hashes=tuple(files),
         torch_requirement=wheel_origin.torch_requirement,
@@ -493,11 +494,15 @@ def _extract_member(
         raise CacheError(f"{wheel} is damaged or altered: {name} is not in the wheel's RECORD")
     want_sha256, want_size = record[name]
     if want_size > MAX_MEMBER_BYTES:
-        raise CacheError(f"{wheel}: {name} is {want_size} bytes by its RECORD line; a member of a vLLM wheel is at "
-                         f"most {MAX_MEMBER_BYTES} bytes here")
+        raise CacheError(
+            f"{wheel}: {name} is {want_size} bytes by its RECORD line; a member of a vLLM wheel is at "
+            f"most {MAX_MEMBER_BYTES} bytes here"
+        )
     if (in_zip := archive.getinfo(name).file_size) != want_size:
-        raise CacheError(f"{wheel} is damaged or altered: {name} is {in_zip} bytes in the zip's directory, {want_size} "
-                         "by the wheel's RECORD")
+        raise CacheError(
+            f"{wheel} is damaged or altered: {name} is {in_zip} bytes in the zip's directory, {want_size} "
+            "by the wheel's RECORD"
+        )
     target = staging / name
     target.parent.mkdir(parents=True, exist_ok=True)
     digest, size = hashlib.sha256(), 0
@@ -508,15 +513,16 @@ def _extract_member(
                 break
             size += len(block)
             if size > want_size:
-                raise CacheError(f"{wheel} is damaged or altered: {name} holds more than the {want_size} bytes its "
-                                 "RECORD line says; not extracted")
+                raise CacheError(
+                    f"{wheel} is damaged or altered: {name} holds more than the {want_size} bytes its "
+                    "RECORD line says; not extracted"
+                )
             digest.update(block)
             target_handle.write(block)
     listed = CachedFile(path=name, sha256=digest.hexdigest(), size_bytes=size)
     if (want_sha256, want_size) != (listed.sha256, listed.size_bytes):
         raise CacheError(f"{wheel} is damaged or altered: {name} does not match the wheel's RECORD")
     return listed
-
 
 
 def _install(staging: Path, directory: Path, manifest: CacheManifest, *, with_ops: bool) -> CacheManifest:

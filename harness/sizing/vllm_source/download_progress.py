@@ -75,8 +75,14 @@ class _Bar:
             TransferSpeedColumn,
         )
 
-        self.progress = Progress(TextColumn(f"harness: {label}"), BarColumn(), DownloadColumn(binary_units=True),
-                                 TransferSpeedColumn(), TimeRemainingColumn(), console=Console(file=out))
+        self.progress = Progress(
+            TextColumn(f"harness: {label}"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=Console(file=out),
+        )
         self.task = self.progress.add_task(label, total=None)
         self.progress.start()
 
@@ -87,8 +93,9 @@ class _Bar:
         self.progress.stop()
 
 
-def run_with_progress(command: list[str], *, label: str, scratch: Path, timeout_s: float, out: IO[str],
-                      interval_s: float = LOG_INTERVAL_S) -> subprocess.CompletedProcess:
+def run_with_progress(
+    command: list[str], *, label: str, scratch: Path, timeout_s: float, out: IO[str], interval_s: float = LOG_INTERVAL_S
+) -> subprocess.CompletedProcess:
     """Run `command` (a pip download) with TMPDIR=scratch, reporting the bytes under scratch as they grow; its
     CompletedProcess with stdout and stderr captured whole. subprocess.TimeoutExpired past timeout_s (the child
     killed), as subprocess.run raises it."""
@@ -103,8 +110,10 @@ def run_with_progress(command: list[str], *, label: str, scratch: Path, timeout_
             sink.append(line)
             total[0] = total[0] or total_from_pip(line)
 
-    readers = [threading.Thread(target=read, args=(proc.stdout, captured["out"]), daemon=True),
-               threading.Thread(target=read, args=(proc.stderr, captured["err"]), daemon=True)]
+    readers = [
+        threading.Thread(target=read, args=(proc.stdout, captured["out"]), daemon=True),
+        threading.Thread(target=read, args=(proc.stderr, captured["err"]), daemon=True),
+    ]
     for reader in readers:
         reader.start()
     terminal = getattr(out, "isatty", lambda: False)()

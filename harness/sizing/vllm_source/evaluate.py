@@ -150,7 +150,9 @@ class SourceTree:
         bindings = _module_bindings(file, tree, package)
         for name, binding in bindings.items():
             if binding.kind == "class":
-                bindings[name] = Binding("class", binding.node, file, cls=ParsedClass(name, file, cast(ast.ClassDef, binding.node)))
+                bindings[name] = Binding(
+                    "class", binding.node, file, cls=ParsedClass(name, file, cast(ast.ClassDef, binding.node))
+                )
         parsed = ParsedModule(file, module, tree, imported_names, module_aliases, bindings)
         self.modules[file] = parsed
         self._file_by_module[module] = file

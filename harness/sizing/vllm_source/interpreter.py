@@ -977,7 +977,9 @@ class Interpreter:
     def _bind_arguments(self, function: Function, args: list, kwargs: dict, frame: _Frame) -> None:
         spec = function.node.args
         positional = [*spec.posonlyargs, *spec.args]
-        defaults = dict(zip([a.arg for a in positional[len(positional) - len(spec.defaults) :]], spec.defaults, strict=True))
+        defaults = dict(
+            zip([a.arg for a in positional[len(positional) - len(spec.defaults) :]], spec.defaults, strict=True)
+        )
         defaults.update({a.arg: d for a, d in zip(spec.kwonlyargs, spec.kw_defaults, strict=True) if d is not None})
         bound = frame.locals
         for parameter, value in zip(positional, args, strict=False):
@@ -1398,9 +1400,12 @@ BUILTINS: dict[str, Builtin] = {
     "str": Builtin("str", lambda interp, value="": str(_expect(value, (*_PLAIN_TYPES, DType))), str),
     "abs": Builtin("abs", lambda interp, value: abs(_expect(value, (int, float)))),
     "round": Builtin("round", lambda interp, value, digits=None: _round(value, digits)),
-    "divmod": Builtin("divmod", lambda interp, a, b: tuple(
-        interp.check_value(part) for part in divmod(_expect(a, (int, float)), _expect(b, (int, float)))
-    )),
+    "divmod": Builtin(
+        "divmod",
+        lambda interp, a, b: tuple(
+            interp.check_value(part) for part in divmod(_expect(a, (int, float)), _expect(b, (int, float)))
+        ),
+    ),
     "pow": Builtin("pow", _pow),
     "len": Builtin("len", lambda interp, value: len(_expect(value, (str, tuple, list, dict, range)))),
     "tuple": Builtin("tuple", lambda interp, iterable=(): tuple(_items(interp, iterable)), tuple),

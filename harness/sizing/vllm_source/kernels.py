@@ -66,13 +66,20 @@ def resolve_kernels(vllm: VllmSpec, *, cache_dir: Path | None = None) -> Kernels
     release = vllm.kernels if vllm.kernels != "installed" else None
     release = release or vllm.version
     source = locate(
-        version=release, wheel=Path(vllm.wheel) if vllm.wheel else None, src=Path(vllm.src) if vllm.src else None,
-        cache_dir=cache_dir, with_ops=True,
+        version=release,
+        wheel=Path(vllm.wheel) if vllm.wheel else None,
+        src=Path(vllm.src) if vllm.src else None,
+        cache_dir=cache_dir,
+        with_ops=True,
     )
     path = ops_library(source)
     return KernelsLibrary(
-        path=path, release=source.version, release_from=source.kind if source.version else None,
-        sha256=file_sha256(path), num_bytes=path.stat().st_size, torch_requirement=source.torch_requirement,
+        path=path,
+        release=source.version,
+        release_from=source.kind if source.version else None,
+        sha256=file_sha256(path),
+        num_bytes=path.stat().st_size,
+        torch_requirement=source.torch_requirement,
         origin=source.origin,
     )
 
@@ -108,11 +115,22 @@ def _given_file(path: Path, stated: str | None, cache_dir: Path | None) -> Kerne
                 f"not {stated}'s as vllm.kernels says"
             )
         torch_requirement = cached[1] if cached else None
-        return KernelsLibrary(path=path.resolve(), release=stated, release_from="given", sha256=sha256,
-                              num_bytes=num_bytes, torch_requirement=torch_requirement, origin=f"file {path.resolve()}")
+        return KernelsLibrary(
+            path=path.resolve(),
+            release=stated,
+            release_from="given",
+            sha256=sha256,
+            num_bytes=num_bytes,
+            torch_requirement=torch_requirement,
+            origin=f"file {path.resolve()}",
+        )
     return KernelsLibrary(
-        path=path.resolve(), release=cached[0] if cached else None, release_from="cache" if cached else None,
-        sha256=sha256, num_bytes=num_bytes, torch_requirement=cached[1] if cached else None,
+        path=path.resolve(),
+        release=cached[0] if cached else None,
+        release_from="cache" if cached else None,
+        sha256=sha256,
+        num_bytes=num_bytes,
+        torch_requirement=cached[1] if cached else None,
         origin=f"file {path.resolve()}",
     )
 

@@ -147,8 +147,12 @@ def _mentions(node: ast.AST, *, name: str | None = None, attr: str | None = None
 
 
 def run_expression(
-    files: ReleaseFiles, file: str, expression: ast.expr, names: dict[str, object],
-    *, self_of: tuple[ParsedClass, dict[str, object]] | None = None,
+    files: ReleaseFiles,
+    file: str,
+    expression: ast.expr,
+    names: dict[str, object],
+    *,
+    self_of: tuple[ParsedClass, dict[str, object]] | None = None,
 ) -> object:
     """expression's value in file's module scope with `names` bound (and `self` an instance of a parsed class
     carrying the given attributes); raises Unevaluable with the reason."""
@@ -390,8 +394,12 @@ def _branch(file: str, node: ast.If) -> Branch | None:
     use_fp8: ast.expr | None = None
     for statement in node.body:
         for inner in ast.walk(statement):
-            if (isinstance(inner, ast.Assign) and any(_binds(t, "all_to_all_args") for t in inner.targets)
-                    and isinstance(inner.value, ast.Call) and _mentions(inner.value.func, name="dict")):
+            if (
+                isinstance(inner, ast.Assign)
+                and any(_binds(t, "all_to_all_args") for t in inner.targets)
+                and isinstance(inner.value, ast.Call)
+                and _mentions(inner.value.func, name="dict")
+            ):
                 handle_args = {k.arg: k.value for k in inner.value.keywords if k.arg}
             if isinstance(inner, ast.Assign) and any(_binds(t, "use_fp8_dispatch") for t in inner.targets):
                 use_fp8 = inner.value

@@ -69,9 +69,11 @@ def _no_linux_wheel(version: str, pip_said: str) -> str:
         return pip_said
     failure = f"could not download vLLM release {version}"
     if version in offered:
-        return (f"{failure}: vllm=={version} is on the package index, but has no Linux x86-64 wheel under any "
-                f"platform tag ({LINUX_X86_64_TAGS[0]} .. {LINUX_X86_64_TAGS[-1]}); pass --vllm-wheel FILE or "
-                "--vllm-src DIR")
+        return (
+            f"{failure}: vllm=={version} is on the package index, but has no Linux x86-64 wheel under any "
+            f"platform tag ({LINUX_X86_64_TAGS[0]} .. {LINUX_X86_64_TAGS[-1]}); pass --vllm-wheel FILE or "
+            "--vllm-src DIR"
+        )
     pip_reason = pip_said.split("): ", 1)[-1]  # after "(asking the index for its sha256)"
     return f"{failure}: the package index has no vllm=={version} (pip: {pip_reason})"
 
@@ -108,8 +110,9 @@ def download_release(version: str, download_dir: Path) -> tuple[Path, str]:
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes", "--no-input",
         "--disable-pip-version-check", *PIP_PLATFORM_ARGS, "-d", str(download_dir), "-r", str(requirements),
     ]  # fmt: skip
-    completed = _run_pip(command, f"could not download vLLM release {version}",
-                         progress=(f"vllm=={version}", download_dir / "pip-tmp"))
+    completed = _run_pip(
+        command, f"could not download vLLM release {version}", progress=(f"vllm=={version}", download_dir / "pip-tmp")
+    )
     found = sorted(download_dir.glob("vllm-*.whl"))  # this process's own directory: any vllm wheel is the one
     if not found:
         raise CacheError(f"could not download vLLM release {version}: {pip_failure(completed)}")
@@ -145,8 +148,9 @@ def check_kept_wheel(wheel: Path, version: str, scratch: Path) -> str:
     return digest
 
 
-def _run_pip(command: list[str], failure: str, *, progress: tuple[str, Path] | None = None
-             ) -> subprocess.CompletedProcess:
+def _run_pip(
+    command: list[str], failure: str, *, progress: tuple[str, Path] | None = None
+) -> subprocess.CompletedProcess:
     """Run pip; on any failure raise CacheError(f"{failure}: why"). With `progress` (a label and a scratch
     directory), a download: a byte progress bar on a terminal, a line every few seconds in a log, on stderr."""
     from harness.sizing.vllm_source.download_progress import run_with_progress
@@ -155,8 +159,9 @@ def _run_pip(command: list[str], failure: str, *, progress: tuple[str, Path] | N
         if progress is None:
             completed = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
         else:
-            completed = run_with_progress(command, label=progress[0], scratch=progress[1], timeout_s=PIP_TIMEOUT_S,
-                                          out=sys.stderr)
+            completed = run_with_progress(
+                command, label=progress[0], scratch=progress[1], timeout_s=PIP_TIMEOUT_S, out=sys.stderr
+            )
     except subprocess.TimeoutExpired:
         raise CacheError(f"{failure}: pip took over {PIP_TIMEOUT_S} s; gave up") from None
     except OSError as error:

@@ -167,9 +167,7 @@ def _find_installed_spec():
 def _locate_installed() -> VllmSource:
     spec = _find_installed_spec()
     if spec is None or not spec.submodule_search_locations:
-        raise VllmSourceError(
-            f"no vLLM is installed in this Python ({sys.executable}); {SOURCE_FLAGS_HINT}"
-        )
+        raise VllmSourceError(f"no vLLM is installed in this Python ({sys.executable}); {SOURCE_FLAGS_HINT}")
     package_dir = Path(next(iter(spec.submodule_search_locations)))
     root = package_dir.parent
     _require_vllm_tree(root, what=f"the installed vLLM at {package_dir}")

@@ -282,15 +282,19 @@ def apply_arguments(point: Point, ws13: tuple[int, ...], ws2: tuple[int, ...]) -
         "a2_scale": None,
         "workspace13": WorkspaceTensor("workspace13", ws13, bf16, whole=True),
         "workspace2": WorkspaceTensor("workspace2", ws2, bf16, whole=True),
-        "expert_tokens_meta": StandIn("expert_tokens_meta", expert_num_tokens=FakeTensor((E,), i32),
-                                      expert_num_tokens_cpu=None),
-        "expert_tokens_metadata": StandIn("expert_tokens_metadata", expert_num_tokens=FakeTensor((E,), i32),
-                                          expert_num_tokens_cpu=None),  # the name up to ~0.10
+        "expert_tokens_meta": StandIn(
+            "expert_tokens_meta", expert_num_tokens=FakeTensor((E,), i32), expert_num_tokens_cpu=None
+        ),
+        "expert_tokens_metadata": StandIn(
+            "expert_tokens_metadata", expert_num_tokens=FakeTensor((E,), i32), expert_num_tokens_cpu=None
+        ),  # the name up to ~0.10
         "apply_router_weight_on_input": False,
         # Up to ~0.10 apply() took the scales and zero points as arguments.
         "w1_scale": FakeTensor((E, N, 1), f32) if quant.dtype else None,
         "w2_scale": FakeTensor((E, K, 1), f32) if quant.dtype else None,
-        "w1_zp": None, "w2_zp": None, "extra_expert_args": None,
+        "w1_zp": None,
+        "w2_zp": None,
+        "extra_expert_args": None,
     }
 
 

@@ -1,7 +1,7 @@
 """The sweep's outputs: a compact table (points grouped into boxes), JSON, and JUnit XML for a CI job.
 
-    harness vllm audit --sweep [--vllm-version X.Y.Z | --vllm-wheel FILE | --vllm-src DIR] [--json] [--junit FILE]
-        exit 0: no class double-counts or is under-sized; 1: one is; 2: bad input (one line on stderr)
+harness vllm audit --sweep [--vllm-version X.Y.Z | --vllm-wheel FILE | --vllm-src DIR] [--json] [--junit FILE]
+    exit 0: no class double-counts or is under-sized; 1: one is; 2: bad input (one line on stderr)
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ def verdict_line(result: ClassSweep) -> str:
         if unevaluated:
             return "unevaluated: " + unevaluated.most_common(1)[0][0]
         declined = Counter(o.detail for o in result.outcomes.values())
-        return "unevaluated: the class takes none of the swept points (most often: " + \
-            declined.most_common(1)[0][0] + ")"
+        return (
+            "unevaluated: the class takes none of the swept points (most often: " + declined.most_common(1)[0][0] + ")"
+        )
     found = [(o, points, box) for o, points, box in groups(result) if o.status == verdict]
     where = "; ".join(box_text(box, result) for _, _, box in found[:3]) + (" ..." if len(found) > 3 else "")
     count = sum(len(points) for _, points, _ in found)
@@ -91,8 +92,11 @@ def headline(result: ClassSweep) -> str:
         return f"under-sized at {len(under)} points ({' and '.join(forms)} activations)"
     if verdict == OVER:
         ratios = sorted({round(o.ratio, 2) for o in judged.values() if o.status == OVER and o.ratio})
-        return f"over-allocated by x{ratios[0]:g} to x{ratios[-1]:g} against apply()'s views" if len(ratios) > 1 \
+        return (
+            f"over-allocated by x{ratios[0]:g} to x{ratios[-1]:g} against apply()'s views"
+            if len(ratios) > 1
             else f"over-allocated by x{ratios[0]:g} against apply()'s views"
+        )
     if verdict == CONSISTENT:
         return "consistent everywhere it takes"
     return re.sub(r" \([^()]* line \d+\)", "", verdict_line(result))
@@ -129,8 +133,12 @@ def _values_text(values: list, domain: list) -> str:
         gated = [v for v in domain if v.endswith("_no_mul")]
         if values == gated:
             return "every non-gated"
-    if (all(isinstance(v, str) for v in values) and not any(v.endswith("_no_mul") for v in values)
-            and values == [v for v in domain if not v.endswith("_no_mul")] and len(values) > 2):
+    if (
+        all(isinstance(v, str) for v in values)
+        and not any(v.endswith("_no_mul") for v in values)
+        and values == [v for v in domain if not v.endswith("_no_mul")]
+        and len(values) > 2
+    ):
         return "every gated"
     return "{" + ",".join(str(v) for v in values) + "}"
 
@@ -146,7 +154,12 @@ def print_sweep(result: SweepResult, *, file=None) -> None:
                   f"activations: {', '.join(result.activations)}")  # fmt: skip
     table = Table(show_lines=False)
     columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("class", "left"), ("outcome", "left"), ("points", "right"), ("where", "left"), ("what", "left"))
+        ("class", "left"),
+        ("outcome", "left"),
+        ("points", "right"),
+        ("where", "left"),
+        ("what", "left"),
+    )
     for column, justify in columns:
         table.add_column(column, justify=justify, overflow="fold")
     for cls in result.classes:
@@ -204,8 +217,13 @@ def sweep_json(result: SweepResult) -> dict:
                 "live_set": c.live_set,
                 "points": len(c.outcomes),
                 "groups": [
-                    {"status": o.status, "detail": o.detail, "ratio": o.ratio, "points": len(points),
-                     "where": {axis: list(values) for axis, values in box.items()}}
+                    {
+                        "status": o.status,
+                        "detail": o.detail,
+                        "ratio": o.ratio,
+                        "points": len(points),
+                        "where": {axis: list(values) for axis, values in box.items()},
+                    }
                     for o, points, box in groups(c)
                 ],
             }
@@ -322,10 +340,22 @@ def releases_json(results: list[SweepResult], errors: dict[str, str]) -> dict:
     return {
         "schema_version": SWEEP_SCHEMA,
         "releases": [
-            {"vllm_version": r.version, "failed": [c.name for c in r.failed],
-             "classes": [{"name": c.name, "file": c.file, "verdict": c.verdict, "summary": verdict_line(c),
-                          "live_set": c.live_set, "points": len(c.outcomes), "counts": _counts(c)}
-                         for c in r.classes]}
+            {
+                "vllm_version": r.version,
+                "failed": [c.name for c in r.failed],
+                "classes": [
+                    {
+                        "name": c.name,
+                        "file": c.file,
+                        "verdict": c.verdict,
+                        "summary": verdict_line(c),
+                        "live_set": c.live_set,
+                        "points": len(c.outcomes),
+                        "counts": _counts(c),
+                    }
+                    for c in r.classes
+                ],
+            }
             for r in results
         ],
         "not_swept": errors,

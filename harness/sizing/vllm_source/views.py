@@ -159,7 +159,8 @@ class Tracer(Interpreter):
         if isinstance(value, WorkspaceTensor) and value.whole and name not in SHAPE_ATTRIBUTES:
             # .permute, .reshape, .narrow, ...: the buffer goes on in a form the tracer does not size.
             self.trace.escapes.setdefault(
-                value.buffer, f"{value.buffer} is used as .{name}(...) at line {self.line}, which the tracer does not size"
+                value.buffer,
+                f"{value.buffer} is used as .{name}(...) at line {self.line}, which the tracer does not size",
             )
             return Opaque(f"{value.buffer}.{name}")
         if isinstance(value, Opaque):
@@ -340,7 +341,9 @@ def init_parameter_default(program: Program, cls: object, name: str) -> str | No
     if init is not None:
         owner, spec = init.owner, init.node.args
         positional = [*spec.posonlyargs, *spec.args]
-        defaults = dict(zip([a.arg for a in positional[len(positional) - len(spec.defaults) :]], spec.defaults, strict=True))
+        defaults = dict(
+            zip([a.arg for a in positional[len(positional) - len(spec.defaults) :]], spec.defaults, strict=True)
+        )
         defaults.update({a.arg: d for a, d in zip(spec.kwonlyargs, spec.kw_defaults, strict=True) if d is not None})
         if name not in {a.arg for a in (*positional, *spec.kwonlyargs)}:
             return f"{owner.name}.__init__ takes no {name}"
