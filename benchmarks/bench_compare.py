@@ -194,8 +194,9 @@ def main() -> int:
         f"- machine: {m.node}, {m.cpus} CPUs ({m.cpu_model}), shared; load average (1 min) {m.load_avg_1m_before:.2f} "
         f"when the comparisons started, {m.load_avg_1m_after:.2f} when they ended; Python {m.python}, pydantic "
         f"{m.pydantic}",
-        f"- setup (write + collect both matrices): {setup_s:.1f} s; one matrix's report.json {matrix_bytes / 1e6:.1f} MB "
-        f"(the cells' summaries), its cells' own report.json files {cell_bytes / 1e6:.1f} MB (hashed, not parsed)",
+        f"- setup (write + collect both matrices): {setup_s:.1f} s; one matrix's report.json "
+        f"{matrix_bytes / 1e6:.1f} MB (the cells' summaries), its cells' own report.json files "
+        f"{cell_bytes / 1e6:.1f} MB (hashed, not parsed)",
         "",
         "| sample | wall s | CPU s | max RSS MB | exit |",
         "|---:|---:|---:|---:|---:|",

@@ -203,11 +203,12 @@ def markdown(r: dict[str, Any]) -> str:
             f"- {r['records']} records as one run: {r['one_run_cpu_s']:.2f} s CPU; as {r['split_cells']} cells of "
             f"{r['cell_ranks']}: {r['split_cpu_s']:.2f} s CPU: x{r['ratio']:.2f} (target <= x{r['ratio_target']:g}): "
             f"{verdict(r['ratio'] <= r['ratio_target'])}",
-            f"- {r['cells']} cells of one rank, every cell collected and the combined report: {r['cells_cpu_s']:.1f} s "
-            f"CPU, of which the combined report {r['cells_combined_cpu_s']:.1f} s (target <= {r['cells_target_s']:g} s): "
+            f"- {r['cells']} cells of one rank, every cell collected and the combined report: "
+            f"{r['cells_cpu_s']:.1f} s CPU, of which the combined report {r['cells_combined_cpu_s']:.1f} s "
+            f"(target <= {r['cells_target_s']:g} s): "
             f"{verdict(r['cells_cpu_s'] <= r['cells_target_s'])}",
-            f"- memory: collecting the {r['records']}-record run adds {r['collect_kib_per_record']:.0f} KiB a record to "
-            "the peak RSS of a fresh process (records streamed: each judged, folded and dropped as it is read)",
+            f"- memory: collecting the {r['records']}-record run adds {r['collect_kib_per_record']:.0f} KiB a record "
+            "to the peak RSS of a fresh process (records streamed: each judged, folded and dropped as it is read)",
             f"- the {r['cells']}-cell matrix's report.html {sizes['report.html'] / 2**10:.0f} KiB, report.md "
             f"{sizes['report.md'] / 2**10:.0f} KiB, report.json {sizes['report.json'] / 2**20:.1f} MiB",
             "",

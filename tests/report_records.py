@@ -147,7 +147,8 @@ def policy_result(
     c = contract(scenario, policy)
     baseline = 1_000_000_000 + rank if baseline_bytes is None else baseline_bytes
     gpu = device_kind == "cuda"
-    # Like harness.rank.lifecycle: a policy that did not run still records the memory seen (the failed allocation adds 0).
+    # Like harness.rank.lifecycle: a policy that did not run still records the memory seen (the failed allocation
+    # adds 0).
     unmeasured = MemoryMeasurement(
         method="nvml" if gpu else "rss",
         label="GPU memory (NVML device used)" if gpu else "CPU memory (process RSS)",

@@ -720,7 +720,8 @@ def _real_rank(info, scenario_data, run_dir):
 
 
 def test_records_of_real_gloo_ranks(tmp_path: Path) -> None:
-    """The collector on records that harness.rank.lifecycle really wrote: 2 CPU ranks, legacy over a budget, fixed fits."""
+    """The collector on records that harness.rank.lifecycle really wrote: 2 CPU ranks, legacy over a budget, fixed
+    fits."""
     from distributed_utils import parallel_launch
     from harness.core.records import RankRecord, RunManifest
 

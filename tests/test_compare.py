@@ -1,4 +1,5 @@
-"""The regression gate: exit codes 0 / 1 / 2, missing = regression, NaN, the runs' own spread, hardware, clear errors."""
+"""The regression gate: exit codes 0 / 1 / 2, missing = regression, NaN, the runs' own spread, hardware, clear
+errors."""
 
 from __future__ import annotations
 

@@ -115,7 +115,8 @@ def test_overrides_and_base_file(tmp_path: Path) -> None:
     [
         (
             {"base": BASE, "axes": {"parallel.num_dispatcher": [2]}},
-            "matrix.axes: unknown scenario field 'parallel.num_dispatcher': parallel has max_tokens_per_rank, num_dispatchers",
+            "matrix.axes: unknown scenario field 'parallel.num_dispatcher': parallel has max_tokens_per_rank, "
+            "num_dispatchers",
         ),
         ({"base": BASE, "axes": {"seed.value": [1]}}, "'seed' is a value, not a section"),
         ({"base": BASE, "axes": {"seed": []}}, "matrix.axes.seed: give at least one value"),

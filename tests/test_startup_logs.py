@@ -72,7 +72,8 @@ def _plan(name: str, cache_dir: Path):
     facts = load_model(model)
     source = locate(version=LAYER_RELEASE, cache_dir=cache_dir) if facts.is_moe else None
     return plan_source(facts, spec, source, gpu=case["gpu"], total_bytes=round(case["figures"]["gpu_total_gib"] * GIB),
-                       version=case["vllm_version"], cudagraph_estimate=case["settings"]["cudagraph_memory_estimate"])  # fmt: skip
+                       version=case["vllm_version"],
+                       cudagraph_estimate=case["settings"]["cudagraph_memory_estimate"])  # fmt: skip
 
 
 def _kv_error(name: str, cache_dir: Path) -> float:

@@ -256,7 +256,8 @@ def _judge(setup: RankSetup, state: BenchState, probes: Probes) -> BenchPolicy:
 
 
 def bench_policy(setup: RankSetup, policy: str, num_rounds: int, probes: Probes) -> BenchPolicy:
-    """Interleave every variant `num_rounds` times on one policy's workspace: allocate -> prepare -> iterate -> judge."""
+    """Interleave every variant `num_rounds` times on one policy's workspace: allocate -> prepare -> iterate ->
+    judge."""
     release_cached(setup.device)
     state = BenchState(policy=policy)
     _allocate(setup, state)

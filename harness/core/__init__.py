@@ -3,7 +3,8 @@
 Owns: the workspace contract of the batched-experts format (`contract`: sizing policies, SizingArgs, shapes and
 bytes, docs/design.md), the typed and versioned records that cross processes and files (`records`), the progress
 events that share their header (`events`), the version and hardware probes stamped into them (`environment`),
-the exit codes (`exits`), the write probe and process check before outputs (`files`), and the backends a scenario can name, with what each supports (`backends`).
+the exit codes (`exits`), the write probe and process check before outputs (`files`), and the backends a scenario
+can name, with what each supports (`backends`).
 
 May import: nothing from harness. Everything else may import it.
 """

@@ -224,7 +224,8 @@ COMM = BackendKind(
             name="nccl",
             devices=("cuda",),
             auto_rank=1,
-            description="packed rows over all_to_all_single in capacity-sized equal splits, no host read, graph-capturable",
+            description="packed rows over all_to_all_single in capacity-sized equal splits, no host read, "
+            "graph-capturable",
         ),
         Backend(
             field="comm", name="gloo", devices=("cpu",), auto_rank=2, description="the same packed rows on CPU ranks"

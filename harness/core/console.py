@@ -57,8 +57,9 @@ def show_every_column(wide: bool = True) -> None:
 
 def narrow_table(console: Console, table: Table, width: int) -> list[str]:
     """Drop `table`'s columns, the widest first (the rightmost of equals), never the first or an essential one
-    (ESSENTIAL_HEADERS), until it measures at most `width`; the headers of those dropped, in table order. Cells are never cut: what remains
-    is whole. Widest first: one wide column (a shape, a source path) makes room for several narrow figures."""
+    (ESSENTIAL_HEADERS), until it measures at most `width`; the headers of those dropped, in table order. Cells are
+    never cut: what remains is whole. Widest first: one wide column (a shape, a source path) makes room for several
+    narrow figures."""
     dropped: list[tuple[int, str]] = []
     options = console.options.update_width(_MEASURE_WIDTH)
     while Measurement.get(console, options, table).maximum > width:

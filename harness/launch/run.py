@@ -258,7 +258,8 @@ def run_scenario(
 ) -> int:
     """Launch one scenario into run_dir (claimed by the caller), collect it and print the summary; return the exit
     code. `on_collected` gets what collect produced (a matrix's combined report reuses the report, and the sha256
-    of the report.json written, instead of reading the records again). `plots=False`: a matrix's cell, whose report.html draws no figure (the matrix's page does)."""
+    of the report.json written, instead of reading the records again). `plots=False`: a matrix's cell, whose
+    report.html draws no figure (the matrix's page does)."""
     from harness.rank.lifecycle import rank_main
     from harness.report.collect import collect
     from harness.report.model import RunReport

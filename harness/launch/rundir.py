@@ -139,8 +139,9 @@ def clear_interrupted(run_dir: Path, *, stale_after_s: float = DEFAULT_START_S) 
 
 def _clear_dead_run(run_dir: Path, run_id: str | None) -> None:
     """What a run that was killed left in its directory, when run.json says it is that run's: its manifest, its
-    rank records, launch.json, OOM snapshots and their temporaries, and reports collected from them (stamped; nothing else), so the directory
-    can be run into again. Another run's files, and files collect did not write, are left alone."""
+    rank records, launch.json, OOM snapshots and their temporaries, and reports collected from them (stamped;
+    nothing else), so the directory can be run into again. Another run's files, and files collect did not write,
+    are left alone."""
     manifest = run_dir / "run.json"
     if run_id is None or not manifest.is_file() or manifest.is_symlink():
         return

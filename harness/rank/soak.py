@@ -24,9 +24,9 @@ the process boundary (benchmarks/soak_comm.py runs it on 2 GPUs or on gloo ranks
 
 Graph mode (a backend that captures: symm-mem): every rank holds C tokens each round (a graph has fixed shapes),
 fresh values and routing copied into static inputs before each replay; dispatch and combine are captured twice
-(the expert step runs eagerly between their replays), rank r sleeping r x delay cycles on the GPU before each in one pair and
-(P - 1 - r) x delay in the other, the pairs replayed in turn, so each rank is sometimes early and sometimes late
-and only the flags keep the round ordered.
+(the expert step runs eagerly between their replays), rank r sleeping r x delay cycles on the GPU before each in
+one pair and (P - 1 - r) x delay in the other, the pairs replayed in turn, so each rank is sometimes early and
+sometimes late and only the flags keep the round ordered.
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ class OomEntry:
     snapshot_file: str | None
 
     def sizes_text(self) -> str:
-        """'asked for 16,777,216 B (16.0 MiB); held 16,777,216 B (16.0 MiB) before it; budget 45,000,000 B (42.9 MiB)'"""
+        """E.g. 'asked for 16,777,216 B (16.0 MiB); held 16,777,216 B (16.0 MiB) before it; budget 45,000,000 B
+        (42.9 MiB)'."""
         parts = [f"asked for {_both(self.requested_bytes)}"]
         if self.held_bytes:
             parts.append(f"held {_both(self.held_bytes)} of its workspace before it")

@@ -193,7 +193,8 @@ class MemorySpec(_Strict):
     deployment_ballast: bool = Field(
         False,
         description="hold the rest of the deployment as ballast: every other layer's weights and the KV cache "
-        "at gpu_memory_utilization, predicted from the scenario's model and deployment section (docs/deployment-memory.md)",
+        "at gpu_memory_utilization, predicted from the scenario's model and deployment section "
+        "(docs/deployment-memory.md)",
     )
     snapshot_on_oom: bool = Field(
         True, description="with a budget on GPU: dump a CUDA allocator snapshot next to the records on OOM"

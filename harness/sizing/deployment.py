@@ -183,8 +183,8 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     max_len_default = defaults.Default(facts.max_position_embeddings or 0, f"{facts.ref('max_position_embeddings')}")
     max_model_len = int(pick("max_model_len", spec.max_model_len, max_len_default))
     batched = defaults.uses_batched_dp_moe(all2all, ep, dp)
-    tokens = int(pick("max_num_batched_tokens", spec.max_num_batched_tokens,
-                      defaults.max_num_batched_tokens(files, batched_dp=batched, gpu_bytes=gpu_bytes, gpu=gpu)))  # fmt: skip
+    tokens_default = defaults.max_num_batched_tokens(files, batched_dp=batched, gpu_bytes=gpu_bytes, gpu=gpu)
+    tokens = int(pick("max_num_batched_tokens", spec.max_num_batched_tokens, tokens_default))
     seqs_default = defaults.max_num_seqs(gpu_bytes, gpu)
     if spec.max_num_seqs is None and isinstance(seqs_default.value, int) and seqs_default.value > tokens:
         seqs_default = defaults.Default(tokens, f"{seqs_default.source}, capped at max_num_batched_tokens")
@@ -197,8 +197,8 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     if facts.is_moe and ep:
         physical = facts.num_routed_experts + redundant
         computed = local_experts or math.ceil(physical / (tp * dp))
-        settings.append(Setting(name="local_experts", value=computed, source=origin if local_experts else
-                                f"ceil(({facts.num_routed_experts} routed + {redundant} redundant) / EP {tp * dp})"))  # fmt: skip
+        formula = f"ceil(({facts.num_routed_experts} routed + {redundant} redundant) / EP {tp * dp})"
+        settings.append(Setting(name="local_experts", value=computed, source=origin if local_experts else formula))
         if local_experts:
             redundant = max(0, local_experts * tp * dp - facts.num_routed_experts)
     else:
@@ -282,8 +282,9 @@ def held_once_lines(facts: ModelFacts, r: Resolved, sharding: Sharding, layer_pl
         for name in ("deepep-nvl", "deepep-workspace", "deepep-rdma"):
             c = layer_plan.component(name)
             if c is not None and c.bytes is not None:
-                lines.append(DeploymentLine(group="held-once", name=name, bytes=c.bytes, kind="release",
-                                            source=f"{c.source} (one Buffer per process, every MoE layer)"))  # fmt: skip
+                lines.append(DeploymentLine(
+                    group="held-once", name=name, bytes=c.bytes, kind="release",
+                    source=f"{c.source} (one Buffer per process, every MoE layer)"))  # fmt: skip
         workspace = layer_plan.component("workspace")
         if workspace is not None and workspace.bytes is not None:
             copies = 2 if r.dbo else 1

@@ -47,8 +47,9 @@ def deployment_plan_without_release(scenario: Scenario, total_bytes: int) -> Dep
     r = resolve(facts, spec, None, None, gpu_bytes=total_bytes, gpu=None, local_experts=local, origin="scenario")
     predicted = run_predictions(scenario)
     workspace = fixed_shapes(scenario.sizing_args()).total_bytes
-    held = [DeploymentLine(group="held-once", name="moe-workspace", bytes=workspace, kind="exact",
-                           source="the fixed sizing policy's workspace (harness.core.contract.fixed_shapes)")]  # fmt: skip
+    held = [DeploymentLine(
+        group="held-once", name="moe-workspace", bytes=workspace, kind="exact",
+        source="the fixed sizing policy's workspace (harness.core.contract.fixed_shapes)")]  # fmt: skip
     if scenario.layer.all2all == "deepep-low-latency":
         rdma = predicted["deepep-rdma"]
         buffer_mb = scenario.layer.deepep_buffer_size_mb or DEFAULT_DEEPEP_BUFFER_MB
@@ -93,7 +94,7 @@ def ballast_parts(scenario: Scenario, total_bytes: int) -> list[BallastPart]:
         BallastPart("ballast-runtime", sum(line.bytes for line in runtime),
                     f"deployment model: the profile peak and the memory outside torch: {described(runtime)}"),
         BallastPart("ballast-kv-cache", plan.kv_cache_bytes,
-                    f"deployment model: the KV cache at gpu_memory_utilization {plan.setting('gpu_memory_utilization')} "
-                    f"of {total_bytes} B: {plan.kv_num_blocks} blocks x {plan.block_size} tokens x "
-                    f"{plan.kv_bytes_per_token} B/token"),
+                    "deployment model: the KV cache at gpu_memory_utilization "
+                    f"{plan.setting('gpu_memory_utilization')} of {total_bytes} B: {plan.kv_num_blocks} blocks x "
+                    f"{plan.block_size} tokens x {plan.kv_bytes_per_token} B/token"),
     ]  # fmt: skip

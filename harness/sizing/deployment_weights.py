@@ -177,8 +177,9 @@ def _groups(facts: ModelFacts, sharding: Sharding) -> list[_Group]:
     layers = facts.num_hidden_layers
     moe = len(facts.moe_layers)
     dense = layers - moe
-    quant = ("fp8" + (f" + f32 scales per {facts.weight_block_size[0]}x{facts.weight_block_size[1]} block"
-                      if facts.weight_block_size else " + per-tensor scale")) if facts.quant_method else facts.dtype  # fmt: skip
+    scales = (f" + f32 scales per {facts.weight_block_size[0]}x{facts.weight_block_size[1]} block"
+              if facts.weight_block_size else " + per-tensor scale")  # fmt: skip
+    quant = "fp8" + scales if facts.quant_method else facts.dtype
     groups: list[_Group] = []
     attn, how = attention_tensors(facts, tp)
     groups.append(_Group("attention", attn, layers, f"{cfg('num_attention_heads', 'kv_lora_rank')}: {how}, {quant}; "
@@ -197,8 +198,8 @@ def _groups(facts: ModelFacts, sharding: Sharding) -> list[_Group]:
                              f"{experts_ref}: {sharding.local_experts} local experts x (w13 (2x{I_gpu}, {K}) + w2 "
                              f"({K}, {I_gpu})), {quant}; x {moe} MoE layers ({layers_ref})"))  # fmt: skip
         gate = [facts.num_routed_experts * K * d] + ([facts.num_routed_experts * 4] if facts.is_mla else [])
-        groups.append(_Group("router", gate, moe, f"{experts_ref}: gate ({facts.num_routed_experts}, {K}) {facts.dtype}, "
-                             "replicated"
+        groups.append(_Group("router", gate, moe,
+                             f"{experts_ref}: gate ({facts.num_routed_experts}, {K}) {facts.dtype}, replicated"
                              + (" + f32 e_score_correction_bias" if facts.is_mla else "") + f"; x {moe}"))  # fmt: skip
         shared = facts.num_shared_experts * facts.moe_intermediate_size or facts.shared_expert_intermediate_size
         if shared:

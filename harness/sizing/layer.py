@@ -468,7 +468,8 @@ def _rdma_component(layout: Layout, run, args: DeepEPArgs) -> LayerComponent:
         verdicts.append(UNDER_SIZED)
     if not deepep.rdma_bytes_fit(requested):
         verdicts.append(OVER_CAP)
-    max_tokens = deepep.max_tokens_under_cap(hidden=args.hidden or layout.K, num_ranks=layout.D, num_experts=_int(asked["num_experts"]),
+    max_tokens = deepep.max_tokens_under_cap(hidden=args.hidden or layout.K, num_ranks=layout.D,
+                                             num_experts=_int(asked["num_experts"]),
                                              layout=layout.spec.deepep_layout)  # fmt: skip
     experts_ref = args.moe_num_experts.ref
     detail = (

@@ -163,7 +163,7 @@ def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None
         vocab_size=get("vocab_size"), tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
         num_attention_heads=heads, num_key_value_heads=get("num_key_value_heads", heads),
         head_dim=get("head_dim", 0) or hidden // heads, intermediate_size=get("intermediate_size", 0), dtype=dtype,
-        max_position_embeddings=data.get("max_position_embeddings") if type(data.get("max_position_embeddings")) is int else None,
+        max_position_embeddings=positions if type(positions := data.get("max_position_embeddings")) is int else None,
         lines=lines or {},
     )  # fmt: skip
     if arch in MLA_ARCHITECTURES:
@@ -173,7 +173,8 @@ def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None
                      v_head_dim=get("v_head_dim"))  # fmt: skip
     if arch in MOE_ARCHITECTURES:
         experts = data.get("n_routed_experts", data.get("num_experts", data.get("num_local_experts")))
-        facts.update(num_routed_experts=_int({"experts": experts}, "experts", where=path), top_k=get("num_experts_per_tok"),
+        facts.update(num_routed_experts=_int({"experts": experts}, "experts", where=path),
+                     top_k=get("num_experts_per_tok"),
                      moe_intermediate_size=get("moe_intermediate_size", facts["intermediate_size"]),
                      moe_layers=_moe_layers(data, layers, arch, path))  # fmt: skip
         if arch in MLA_ARCHITECTURES:
