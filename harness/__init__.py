@@ -15,4 +15,23 @@ Letters (docs/design.md, terms and letters):
     I  expert intermediate size; GEMM1 outputs N = 2I (gate + up), GEMM2 maps I -> K
 """
 
-__version__ = "0.1.0"
+import importlib
+import importlib.metadata
+
+UNKNOWN_VERSION = "0+unknown"  # neither installed nor built from git
+
+
+def _version() -> str:
+    """The version setuptools-scm derived from git when this tree was installed (harness/_version.py), else the
+    installed distribution's, else UNKNOWN_VERSION."""
+    try:
+        return str(importlib.import_module("harness._version").version)
+    except ImportError:
+        pass
+    try:
+        return importlib.metadata.version("moe-workspace-harness")
+    except importlib.metadata.PackageNotFoundError:
+        return UNKNOWN_VERSION
+
+
+__version__ = _version()
