@@ -35,3 +35,12 @@ def _version() -> str:
 
 
 __version__ = _version()
+
+
+def _configure_log() -> None:
+    from harness.core.log import configure, default_level
+
+    configure(default_level())
+
+
+_configure_log()

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import errno
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -13,6 +14,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from harness.core.backends import COMM, EXPERTS
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+from harness.core.log import LOG_LEVEL_ENV, LogLevelError, level_from, logging_at
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from harness.launch.overrides import ScenarioOverrides
@@ -349,7 +353,7 @@ def cmd_collect(ns: argparse.Namespace) -> int:
         )
     if (run_dir / "matrix.json").exists() and not (run_dir / "run.json").exists():
         try:
-            result = recollect_matrix(run_dir, progress=lambda line: print(line, file=sys.stderr, flush=True))
+            result = recollect_matrix(run_dir, progress=log.info)
         except MatrixError as exc:
             return _print_error(str(exc))
     else:
@@ -492,11 +496,24 @@ def _version_text() -> str:
     return text
 
 
+def _add_log_options(parser: argparse.ArgumentParser, *, default: Any) -> None:
+    """-v/-q, given before the command or after it (a command's own default is SUPPRESS: it keeps the first's)."""
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=default,
+        help=f"say more on stderr (repeatable: -vv); {LOG_LEVEL_ENV}=debug|info|warning|error sets the default",
+    )  # fmt: skip
+    parser.add_argument(
+        "-q", "--quiet", action="count", default=default,
+        help="say less on stderr: -q warnings and errors, -qq errors only; results on stdout are unchanged",
+    )  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="harness", description="EP+DP MoE workspace harness (vLLM PR #55579)")
     parser.add_argument(
         "--version", action=_VersionAction, nargs=0, help="the harness's version and, in a git checkout, its commit"
     )
+    _add_log_options(parser, default=0)
     sub = parser.add_subparsers(
         dest="command", required=True, parser_class=_Parser, help="what to do; `harness COMMAND --help` for its options"
     )
@@ -740,6 +757,15 @@ def main(argv: list[str] | None = None) -> int:
         ns.serve = serve
     if extras:  # refused by the subcommand's own parser, so a close option can be suggested
         ns.parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    try:
+        level = level_from(verbose=ns.verbose, quiet=ns.quiet, env=os.environ.get(LOG_LEVEL_ENV))
+    except LogLevelError as exc:
+        return _print_error(str(exc))
+    with logging_at(level):  # and back to what it was: an in-process caller's next call starts afresh
+        return _run(ns)
+
+
+def _run(ns: argparse.Namespace) -> int:
     if getattr(ns, "wide", False):
         from harness.core.console import show_every_column
 
@@ -750,7 +776,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM during a launch (harness.launch.Terminated)
         signum = int(getattr(exc, "signum", 2))  # SIGINT
-        print("harness: interrupted" + (" (SIGTERM)" if signum != 2 else ""), file=sys.stderr)
+        log.warning("interrupted" + (" (SIGTERM)" if signum != 2 else ""))
         return 128 + signum
     except OSError as exc:  # the backstop: every filesystem or permission error, on every command; a closed output
         # pipe too (`| head`): the command did not finish, so its verdict is not known, and a gate must not pass

@@ -8,6 +8,7 @@ default results/bench/<run-id>/ (ignored by git; the committed GPU benches keep 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,8 @@ from harness.launch.contract import LaunchError
 from harness.launch.overrides import ScenarioOverrides
 from harness.launch.sink import describe_failure
 from harness.scenario.schema import Scenario, ScenarioError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,7 +96,7 @@ def _run_ranks(
         launcher.close()
     if not ran.ok:
         for failure in ran.outcome.failures:
-            print(f"harness: {describe_failure(failure)}", file=sys.stderr)
+            log.warning(describe_failure(failure))
         return _error(ran.outcome.error) if ran.outcome.error else EXIT_ERROR
     return list(ran.records.values())
 

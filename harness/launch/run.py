@@ -18,6 +18,7 @@ any rank that died, hung or never started.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 import time
@@ -55,6 +56,8 @@ from harness.scenario.fit import Machine, can_run, resolve_device
 from harness.scenario.matrix import display_path
 from harness.scenario.schema import Scenario, ScenarioError, resolve_scenario_path
 from harness.scenario.source import display, missing_vllm_input, read_yaml_file
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from harness.report.collect import CollectResult
@@ -302,16 +305,13 @@ def run_scenario(
         outcome = run_ranks(request, launcher=launcher, console=console).outcome
     except KeyboardInterrupt:
         # The command layer prints "harness: interrupted" once; this line says where the finished work is.
-        print(
-            f"harness: the records that arrived are in {run_dir} (`harness collect {run_dir}` reports them)",
-            file=sys.stderr,
-        )
+        log.warning(f"the records that arrived are in {run_dir} (`harness collect {run_dir}` reports them)")
         raise
 
     if outcome.error:
-        print(f"harness: error: {outcome.error}", file=sys.stderr)
+        log.error(outcome.error)
     for failure in outcome.failures:
-        print(f"harness: {describe_failure(failure)}", file=sys.stderr)
+        log.warning(describe_failure(failure))
     result = collect(run_dir, plots=plots)
     if on_collected is not None and isinstance(result.report, RunReport):
         on_collected(result)

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import re
 import socket
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,8 @@ from harness.scenario.limits import shown as shown_value
 from harness.scenario.matrix import MATRIX_MANIFEST
 from harness.scenario.sections import safe_name
 from harness.scenario.source import display
+
+log = logging.getLogger(__name__)
 
 RESULTS_DIR = Path("results")
 CLAIM_FILE = ".harness-run"  # who writes this directory: "pid 123 on host since 2026-..., run <run-id>"
@@ -103,7 +105,7 @@ def _claimed_by_other(run_dir: Path, *, stale_after_s: float) -> str | None:
     if why is not None:
         (run_dir / CLAIM_FILE).unlink(missing_ok=True)
         _clear_dead_run(run_dir, match.group(4) if (match := _CLAIM_RE.match(owner)) else None)
-        print(f"harness: --out {shown}: {why}: taken over", file=sys.stderr, flush=True)
+        log.warning(f"--out {shown}: {why}: taken over")
         return None
     match = _CLAIM_RE.match(owner)
     if match is not None and match.group(2) != socket.gethostname():

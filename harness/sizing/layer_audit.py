@@ -14,6 +14,7 @@ versioned record) and layer-audit.md (the table docs/vllm-sources.md carries).
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import subprocess
 import sys
@@ -28,6 +29,8 @@ from harness.core.records import Record
 from harness.scenario.schema import Scenario, load_scenario
 from harness.sizing.layer import plan_layer_from
 from harness.sizing.vllm_source.sources import VllmSource, VllmSourceError, locate
+
+log = logging.getLogger(__name__)
 
 LAYER_AUDIT_SCHEMA = 1
 GIB = 2**30
@@ -262,7 +265,7 @@ def run_layer_audit(request: LayerAuditRequest) -> int:
         if not versions:
             raise VllmSourceError("--layer needs --releases A..B or X.Y.Z[,X.Y.Z...]")
         audit = audit_releases(versions, cache_dir=request.cache_dir,
-                               progress=lambda v: print(f"auditing vllm {v}", file=sys.stderr))  # fmt: skip
+                               progress=lambda v: log.info(f"auditing vllm {v}"))  # fmt: skip
     except VllmSourceError as error:
         print(f"harness: error: {error}", file=sys.stderr)
         return EXIT_ERROR

@@ -5,6 +5,7 @@ brings is verified and extracted by harness.sizing.vllm_source.cache."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -19,6 +20,8 @@ from harness.sizing.vllm_source.cache import (
     CacheError,
     sha256_file,
 )
+
+log = logging.getLogger(__name__)
 
 # Any local python can fetch the Linux x86-64 wheel: vLLM ships one cp38-abi3 wheel per release, under whichever
 # manylinux tag its build had (manylinux_2_28 from 0.22.0, manylinux_2_24 in 0.21.0, manylinux_2_31 in 0.15.0, ...):
@@ -93,8 +96,8 @@ def download_release(version: str, download_dir: Path) -> tuple[Path, str]:
     published hash and, for a pinned release, to the pin."""
     # Minutes on a slow link, with pip's own output captured: say what is happening, and how it went.
     log_download(download_dir.parents[2], version)
-    print(f"harness: downloading vllm=={version} with pip (a wheel of about 300 MB, once per release; cached in "
-          f"{download_dir.parent.parent})", file=sys.stderr, flush=True)  # fmt: skip
+    log.info(f"harness: downloading vllm=={version} with pip (a wheel of about 300 MB, once per release; cached in "
+             f"{download_dir.parent.parent})")  # fmt: skip
     started = time.monotonic()
     expected = published_sha256(version, download_dir / "pip-report-target")
     pinned = PINNED_WHEELS.get(version)
@@ -119,8 +122,8 @@ def download_release(version: str, download_dir: Path) -> tuple[Path, str]:
     digest = sha256_file(found[0])
     if digest != expected:
         raise CacheError(f"the download of vllm=={version} has sha256 {digest}, not the index's {expected}")
-    print(f"harness: downloaded {found[0].name} ({found[0].stat().st_size / 2**20:.0f} MiB in "
-          f"{time.monotonic() - started:.0f} s, sha256 as published)", file=sys.stderr, flush=True)  # fmt: skip
+    log.info(f"harness: downloaded {found[0].name} ({found[0].stat().st_size / 2**20:.0f} MiB in "
+             f"{time.monotonic() - started:.0f} s, sha256 as published)")  # fmt: skip
     return found[0], digest
 
 

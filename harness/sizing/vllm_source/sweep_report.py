@@ -7,6 +7,7 @@ harness vllm audit --sweep [--vllm-version X.Y.Z | --vllm-wheel FILE | --vllm-sr
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -39,6 +40,8 @@ from harness.sizing.vllm_source.sweep import (
     groups,
     sweep,
 )
+
+log = logging.getLogger(__name__)
 
 EXIT_FAILED = 1
 SWEEP_SCHEMA = 1
@@ -395,7 +398,7 @@ def run_sweep_releases(request: SweepReleasesRequest, resolve_releases: Callable
         return EXIT_ERROR
     results, errors = [], {}
     for version in versions:
-        print(f"sweeping vllm {version}", file=sys.stderr)
+        log.info(f"sweeping vllm {version}")
         try:
             results.append(sweep(source_tree(locate(version=version, cache_dir=request.cache_dir))))
         except VllmSourceError as error:
