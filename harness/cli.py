@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from harness.core.backends import COMM, EXPERTS
+from harness.core.errors import BadInput, HarnessError, InfrastructureError
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from harness.core.log import LOG_LEVEL_ENV, LogLevelError, level_from, logging_at
 
@@ -49,11 +50,6 @@ def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
-def _print_error(message: str) -> int:
-    print(f"harness: error: {message}", file=sys.stderr)
-    return EXIT_ERROR
-
-
 def _plan_matrix(matrix: Any, ns: argparse.Namespace) -> int:
     from harness.sizing.plan import matrix_plan_json, matrix_plan_lines, plan_matrix
 
@@ -70,7 +66,6 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     release, a budget's fit/OOM per release, and exit 1 when the scenario's layer.expect is not met."""
     from harness.scenario.limits import shown
     from harness.scenario.matrix import Matrix, load_input
-    from harness.scenario.schema import ScenarioError
     from harness.scenario.sections import GPU_MEMORY_BYTES
     from harness.sizing.plan import (
         layer_expectation_failures,
@@ -85,9 +80,9 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     )  # fmt: skip
 
     if ns.gpu is not None and ns.gpu not in GPU_MEMORY_BYTES:
-        return _print_error(f"--gpu {shown(ns.gpu)} is not a known GPU; allowed: {', '.join(GPU_MEMORY_BYTES)}")
+        raise BadInput(f"--gpu {shown(ns.gpu)} is not a known GPU; allowed: {', '.join(GPU_MEMORY_BYTES)}")
     if ns.budget_gb is not None and not 0 < ns.budget_gb < 1e6:
-        return _print_error(f"--budget-gb {ns.budget_gb} is not a budget in GB; allowed: above 0, below 1e6")
+        raise BadInput(f"--budget-gb {ns.budget_gb} is not a budget in GB; allowed: above 0, below 1e6")
     if getattr(ns, "serve", None) is not None or ns.scenario is None:
         from harness.sizing.deployment_cli import PlanServeRequest, plan_serve_command
 
@@ -95,26 +90,18 @@ def cmd_plan(ns: argparse.Namespace) -> int:
             scenario=ns.scenario, serve=tuple(ns.serve) if getattr(ns, "serve", None) is not None else None,
             vllm_versions=tuple(ns.vllm_version or ()), gpu=ns.gpu, budget_gb=ns.budget_gb, cache_dir=ns.cache_dir,
             fail_on_verdict=ns.fail_on_verdict, json=ns.json))  # fmt: skip
-    try:
-        loaded = load_input(ns.scenario)
-        if isinstance(loaded, Matrix):
-            return _plan_matrix(loaded, ns)
-        scenario = loaded
-        rows = make_plan(scenario, cache_dir=ns.cache_dir)
-        gpu = ns.gpu or scenario.memory.budget_gpu
-        budget = int(ns.budget_gb * 1e9) if ns.budget_gb else (GPU_MEMORY_BYTES[ns.gpu] if ns.gpu else
-                                                               scenario.memory.budget_bytes)  # fmt: skip
-        layers = make_layer_plans(scenario, layer_versions(scenario, ns.vllm_version), cache_dir=ns.cache_dir,
-                                  budget_bytes=budget, gpu=gpu if not ns.budget_gb else None,
-                                  wheel=ns.vllm_wheel, src=ns.vllm_src)  # fmt: skip
-    except ScenarioError as exc:
-        return _print_error(str(exc))
-    except Exception as exc:  # a release whose source cannot be had
-        from harness.sizing.vllm_source import VllmSourceError
-
-        if isinstance(exc, VllmSourceError):
-            return _print_error(str(exc))
-        raise
+    # ScenarioError, VllmSourceError (a release whose source cannot be had): one line from main.
+    loaded = load_input(ns.scenario)
+    if isinstance(loaded, Matrix):
+        return _plan_matrix(loaded, ns)
+    scenario = loaded
+    rows = make_plan(scenario, cache_dir=ns.cache_dir)
+    gpu = ns.gpu or scenario.memory.budget_gpu
+    budget = int(ns.budget_gb * 1e9) if ns.budget_gb else (GPU_MEMORY_BYTES[ns.gpu] if ns.gpu else
+                                                           scenario.memory.budget_bytes)  # fmt: skip
+    layers = make_layer_plans(scenario, layer_versions(scenario, ns.vllm_version), cache_dir=ns.cache_dir,
+                              budget_bytes=budget, gpu=gpu if not ns.budget_gb else None,
+                              wheel=ns.vllm_wheel, src=ns.vllm_src)  # fmt: skip
     failures = layer_expectation_failures(scenario, layers)
     from harness.sizing.deployment_cli import DeviceRequest, scenario_deployments
 
@@ -236,17 +223,17 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
             )
         )
     if ns.junit is not None and not ns.sweep:
-        return _print_error("--junit goes with --sweep")
+        raise BadInput("--junit goes with --sweep")
     if ns.sweep and ns.releases is not None:
         if ns.junit is not None:
-            return _print_error("--junit goes with --sweep of one source, not with --releases")
+            raise BadInput("--junit goes with --sweep of one source, not with --releases")
         from harness.sizing.layer_audit import resolve_releases
         from harness.sizing.vllm_source.sweep_report import SweepReleasesRequest, run_sweep_releases
 
         return run_sweep_releases(SweepReleasesRequest(releases=ns.releases, cache_dir=ns.cache_dir, out=ns.out,
                                                        json=ns.json), resolve_releases)  # fmt: skip
     if ns.releases is not None or ns.out is not None:
-        return _print_error("--releases and --out go with --layer or --sweep --releases")
+        raise BadInput("--releases and --out go with --layer or --sweep --releases")
     from harness.sizing.vllm_source import AuditRequest, run_audit
 
     return run_audit(
@@ -316,7 +303,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     from harness.launch.run import RunRequest, run_command
 
     if (missing := _missing_vllm_path(ns)) is not None:
-        return _print_error(missing)
+        raise BadInput(missing)
 
     return run_command(
         RunRequest(
@@ -338,24 +325,20 @@ def cmd_collect(ns: argparse.Namespace) -> int:
     from harness.core.console import make_console
     from harness.report.collect import collect
     from harness.report.matrix import recollect_matrix
-    from harness.scenario.matrix import MatrixError
 
     run_dir: Path = ns.run_dir
     if not run_dir.is_dir():
-        return _print_error(
+        raise BadInput(
             f"{run_dir}: no such run directory; `harness run` writes them under results/ "
             "(or --out), each holding run.json and ranks/"
         )
     if not (run_dir / "run.json").is_file() and not (run_dir / "matrix.json").is_file():
-        return _print_error(
+        raise BadInput(
             f"{run_dir}: not a run or matrix directory (no run.json or matrix.json): collect writes "
             "its reports only into one; give the directory `harness run --out` wrote"
         )
     if (run_dir / "matrix.json").exists() and not (run_dir / "run.json").exists():
-        try:
-            result = recollect_matrix(run_dir, progress=log.info)
-        except MatrixError as exc:
-            return _print_error(str(exc))
+        result = recollect_matrix(run_dir, progress=log.info)  # MatrixError: one line from main
     else:
         result = collect(run_dir)
     console = make_console()
@@ -392,16 +375,13 @@ def cmd_status(ns: argparse.Namespace) -> int:
     from harness.report.write import output_generations
 
     directory: Path = ns.run_dir
-    try:
-        status = read_status(directory)
-        report_generation = output_generations(directory).get("report.json")
-        if report_generation is not None and report_generation != status.generation:
-            raise StatusError(
-                f"{directory / STATUS_FILE} is of generation {status.generation}, report.json of "
-                f"{report_generation}; run `harness collect {directory}`"
-            )
-    except StatusError as exc:
-        return _print_error(str(exc))
+    status = read_status(directory)  # StatusError: one line from main, exit 2
+    report_generation = output_generations(directory).get("report.json")
+    if report_generation is not None and report_generation != status.generation:
+        raise StatusError(
+            f"{directory / STATUS_FILE} is of generation {status.generation}, report.json of "
+            f"{report_generation}; run `harness collect {directory}`"
+        )
     if ns.json:
         print(json.dumps(status.model_dump(mode="json")))
     else:
@@ -414,7 +394,7 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     from harness.core.files import probe_writable
 
     if (missing := _missing_vllm_path(ns)) is not None:
-        return _print_error(missing)
+        raise BadInput(missing)
 
     if ns.out is not None:
         probe_writable(ns.out, need_bytes=OUTPUT_BYTES)  # before any measuring
@@ -760,7 +740,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         level = level_from(verbose=ns.verbose, quiet=ns.quiet, env=os.environ.get(LOG_LEVEL_ENV))
     except LogLevelError as exc:
-        return _print_error(str(exc))
+        with logging_at(logging.INFO):
+            return _report(exc)
     with logging_at(level):  # and back to what it was: an in-process caller's next call starts afresh
         return _run(ns)
 
@@ -774,6 +755,10 @@ def _run(ns: argparse.Namespace) -> int:
         code = int(ns.func(ns))
         sys.stdout.flush()  # here, not at exit: a full device under stdout is one line, not a traceback
         return code
+    except HarnessError as exc:  # every refusal and failure of a command: one line, its exit code
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()  # what the command printed before it comes first
+        return _report(exc)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM during a launch (harness.launch.Terminated)
         signum = int(getattr(exc, "signum", 2))  # SIGINT
         log.warning("interrupted" + (" (SIGTERM)" if signum != 2 else ""))
@@ -781,6 +766,12 @@ def _run(ns: argparse.Namespace) -> int:
     except OSError as exc:  # the backstop: every filesystem or permission error, on every command; a closed output
         # pipe too (`| head`): the command did not finish, so its verdict is not known, and a gate must not pass
         return _os_error(exc)
+
+
+def _report(exc: HarnessError) -> int:
+    """The error as its one line (harness.core.log.error_line) and its exit code."""
+    log.error(str(exc))
+    return exc.exit_code
 
 
 def _drop_stdout() -> None:
@@ -800,7 +791,5 @@ def _os_error(exc: OSError) -> int:
     _drop_stdout()
     where = f"{exc.filename}: " if exc.filename else "writing the output: "
     code = errno.errorcode.get(exc.errno or -1)
-    text = f"harness: error: {where}{exc.strerror or exc}" + (f" ({code})" if code else "")
-    with contextlib.suppress(OSError):  # stderr is gone too: the exit code still says it
-        print(" ".join(text[:4096].split()), file=sys.stderr)
-    return EXIT_ERROR
+    text = f"{where}{exc.strerror or exc}" + (f" ({code})" if code else "")
+    return _report(InfrastructureError(" ".join(text[:4096].split())))  # a stderr that is gone drops the line

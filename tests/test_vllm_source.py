@@ -25,6 +25,7 @@ import harness.sizing.vllm_source.cache as cache_module
 import harness.sizing.vllm_source.registry as registry_module
 import harness.sizing.vllm_source.sources as sources_module
 from harness.core.contract import SizingArgs, fixed_shapes, legacy_shapes
+from harness.core.errors import HarnessError
 from harness.sizing.vllm_source import (
     CONSISTENT,
     DOUBLE_COUNT,
@@ -290,16 +291,20 @@ def test_run_audit_default_scenario_and_src(fake_scenarios, synthetic_tree, caps
 
 
 def test_run_audit_scenario_error(fake_scenarios, synthetic_tree, capsys):
-    assert run_audit(AuditRequest(vllm_src=synthetic_tree, scenario="broken.yaml")) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err.strip().splitlines() == ["harness: error: broken.yaml: num_dispatchers (0) must be at least 1"]
+    # The command raises; harness.cli.main shows it as `harness: error: MESSAGE` and exits with its code.
+    with pytest.raises(HarnessError) as refused:
+        run_audit(AuditRequest(vllm_src=synthetic_tree, scenario="broken.yaml"))
+    assert capsys.readouterr().out == ""
+    assert refused.value.exit_code == 2
+    assert str(refused.value) == "broken.yaml: num_dispatchers (0) must be at least 1"
 
 
-def test_run_audit_source_error(fake_scenarios, tmp_path, capsys):
-    assert run_audit(AuditRequest(vllm_src=tmp_path)) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("harness: error: --vllm-src") and "is not a vLLM tree" in err and len(err.splitlines()) == 1
+def test_run_audit_source_error(fake_scenarios, tmp_path):
+    with pytest.raises(HarnessError) as refused:
+        run_audit(AuditRequest(vllm_src=tmp_path))
+    message = str(refused.value)
+    assert refused.value.exit_code == 2
+    assert message.startswith("--vllm-src") and "is not a vLLM tree" in message and len(message.splitlines()) == 1
 
 
 def test_real_default_scenario(ds_v3_args):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,12 +20,12 @@ from harness.bench.markdown import render_markdown
 from harness.bench.rank import bench_policies, bench_rank_main
 from harness.bench.records import BenchFile, BenchRankRecord, BenchReport, CpuCost
 from harness.core.console import make_console
+from harness.core.errors import BadInput, InfrastructureError
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from harness.core.records import write_record, write_text_atomic
-from harness.launch.contract import LaunchError
 from harness.launch.overrides import ScenarioOverrides
 from harness.launch.sink import describe_failure
-from harness.scenario.schema import Scenario, ScenarioError
+from harness.scenario.schema import Scenario
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +42,6 @@ class BenchRequest:
     cpu_only: bool = False
     no_cpu_costs: bool = False
     command: tuple[str, ...] = ("harness", "bench")
-
-
-def _error(message: str) -> int:
-    print(f"harness: error: {message}", file=sys.stderr)
-    return EXIT_ERROR
 
 
 def _load(request: BenchRequest, num_gpus: int) -> Scenario:
@@ -71,7 +65,7 @@ def _run_ranks(
     device_type = resolve_device(scenario, num_gpus)
     reason = can_run(scenario, device_type=device_type, num_gpus=num_gpus)
     if reason is not None:
-        return _error(f"{scenario.name} cannot run here: {reason}")
+        raise BadInput(f"{scenario.name} cannot run here: {reason}")
     policies = tuple(bench_policies(scenario))
     console.print(
         f"{run_id}: {scenario.summary()}\nbench: {scenario.parallel.num_ranks} rank(s) on {device_type}, "
@@ -97,7 +91,9 @@ def _run_ranks(
     if not ran.ok:
         for failure in ran.outcome.failures:
             log.warning(describe_failure(failure))
-        return _error(ran.outcome.error) if ran.outcome.error else EXIT_ERROR
+        if ran.outcome.error:
+            raise InfrastructureError(ran.outcome.error)
+        return EXIT_ERROR
     return list(ran.records.values())
 
 
@@ -136,10 +132,7 @@ def bench_command(request: BenchRequest) -> int:
 
     console = make_console(stderr=request.json)  # with --json, stdout holds the report alone; progress goes to stderr
     num_gpus = local_gpu_count()
-    try:
-        scenario = _load(request, num_gpus)
-    except (ScenarioError, LaunchError) as exc:
-        return _error(str(exc))
+    scenario = _load(request, num_gpus)  # ScenarioError, LaunchError: one line from harness.cli.main
     run_id = make_run_id(f"bench-{scenario.name}")
     out: Path = request.out or (REPO_DIR / "results" / "bench" / run_id)
     records: list[BenchRankRecord] = []

@@ -3,7 +3,7 @@ configured at import (HARNESS_LOG_LEVEL's level, else INFO: a caller of the libr
 say) and again by the command line (`harness.cli.main`) from -v/--verbose, -q/--quiet and HARNESS_LOG_LEVEL.
 
 Log records are what the harness says about its own work on stderr: progress and status (INFO), what it took
-over or left out (WARNING), refusals and failures (ERROR, the one-line `harness: error: ...`). What a command
+over or left out (WARNING), refusals and failures (ERROR, one line after ERROR_PREFIX). What a command
 answers (tables, JSON, verdict lines) is its result and goes to stdout, never through the log.
 
 Levels: INFO by default; HARNESS_LOG_LEVEL (debug, info, warning, error, or a number) sets another default, each -v
@@ -19,6 +19,8 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
+from harness.core.errors import BadInput
+
 LOG_LEVEL_ENV = "HARNESS_LOG_LEVEL"
 ROOT_LOGGER = "harness"
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -26,11 +28,11 @@ ERROR_PREFIX = "harness: error: "  # every refusal and failure of the harness st
 
 
 def error_line(message: str) -> str:
-    """The one line an error is shown as: `harness: error: MESSAGE`."""
+    """The one line an error is shown as: ERROR_PREFIX, then the message."""
     return ERROR_PREFIX + message
 
 
-class LogLevelError(ValueError):
+class LogLevelError(BadInput, ValueError):
     """HARNESS_LOG_LEVEL holds something that is not a level (the message is the one-line refusal)."""
 
 
@@ -54,7 +56,7 @@ def level_from(*, verbose: int = 0, quiet: int = 0, env: str | None = None) -> i
 
 
 class _Formatter(logging.Formatter):
-    """INFO and DEBUG as written (progress lines); WARNING as `harness: ...`; ERROR as `harness: error: ...`."""
+    """INFO and DEBUG as written (progress lines); WARNING after `harness: `; ERROR as error_line gives it."""
 
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()

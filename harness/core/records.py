@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from harness.core.errors import InfrastructureError
+
 # 2: a rank records facts only; the verdicts of version 1 (Correctness.within_tolerance and first_diverging_stage,
 # PolicyResult.expectation_met) are made by the collector (harness.report.checks). A version 1 record still loads:
 # those three fields are read and dropped (_drop_verdicts).
@@ -42,7 +44,7 @@ ExpectedOutcome = Literal["fit", "oom"]  # what expect.outcomes may say of a pol
 CommBackend = Literal["symm-mem", "nccl", "gloo"]  # the dispatch/combine backends (harness.core.backends.COMM)
 
 
-class RecordError(Exception):
+class RecordError(InfrastructureError):
     """A record that cannot be read: missing, truncated, corrupt, or of a newer schema. `reason` names which."""
 
     def __init__(self, message: str, reason: RecordProblem = "corrupt") -> None:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from harness.core.errors import InfrastructureError
+
 if TYPE_CHECKING:
     from harness.core.records import RankFailure
     from harness.rank.distributed import RankInfo
@@ -23,7 +25,7 @@ def comm_backend_for(device_type: DeviceType) -> Literal["nccl", "gloo"]:
     return "nccl" if device_type == "cuda" else "gloo"
 
 
-class LaunchError(Exception):
+class LaunchError(InfrastructureError):
     """The launch itself failed (no cluster, placement not satisfied, bad fault spec): exit code 2."""
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -208,11 +207,6 @@ def run_ranks(request: RanksRequest, *, launcher: Launcher, console: Console) ->
 # One scenario, one matrix
 
 
-def _error(message: str) -> int:
-    print(f"harness: error: {message}", file=sys.stderr)
-    return EXIT_ERROR
-
-
 def _write_manifest(
     scenario: Scenario,
     *,
@@ -278,7 +272,8 @@ def run_scenario(
     )
     reason = can_run(scenario, device_type=device_type, machine=machine)
     if reason is not None:
-        return _error(f"{scenario.name} cannot run on {resources.description}: {reason}")
+        log.error(f"{scenario.name} cannot run on {resources.description}: {reason}")  # a matrix goes on
+        return EXIT_ERROR
 
     started = time.monotonic()
     _write_manifest(
@@ -355,11 +350,8 @@ def _dry_run(
 
 
 def run_command(request: RunRequest) -> int:
-    """Entry of `harness run`: the exit code."""
-    try:
-        return _run_command(request)
-    except (ScenarioError, LaunchError) as exc:
-        return _error(str(exc))
+    """Entry of `harness run`: the exit code; ScenarioError, LaunchError and the like reach harness.cli.main."""
+    return _run_command(request)
 
 
 def _read_input(path: Path) -> tuple[Any, bool]:
@@ -422,14 +414,8 @@ def _run_command(request: RunRequest) -> int:
         if missing is not None:
             raise LaunchError(f"{display(path)}: {missing}")
         if request.dry_run:
-            try:
-                _dry_run(scenario, launcher_name=launcher_name, request=request, run_dir=run_dir, console=console)
-            except Exception as exc:
-                from harness.sizing.vllm_source import VllmSourceError
-
-                if isinstance(exc, VllmSourceError):  # a release policy whose source cannot be had
-                    return _error(str(exc))
-                raise
+            # A release policy whose source cannot be had: VllmSourceError, one line from harness.cli.main.
+            _dry_run(scenario, launcher_name=launcher_name, request=request, run_dir=run_dir, console=console)
             return EXIT_OK
         # Claimed before the launcher starts (and torch is imported): a --out that cannot be made is refused now.
         claim = claim_run_dir(run_dir, run_id, exact=request.out is not None, stale_after_s=start_s)
@@ -581,8 +567,9 @@ def _run_cells(
                 )
             finally:
                 cell_claim.release()
-        except (ScenarioError, LaunchError) as exc:
-            code = _error(f"cell {cell.name}: {exc}")
+        except (ScenarioError, LaunchError) as exc:  # the matrix goes on with the next cell
+            log.error(f"cell {cell.name}: {exc}")
+            code = exc.exit_code
         console.print(f"cell {i} of {len(cells)} ({cell.name}): exit code {code}", highlight=False, markup=False)
     return collected
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -483,11 +482,10 @@ def compare_command(request: CompareRequest) -> int:
         comparison = compare_reports(
             baseline, current, options=options, baseline_path=str(request.baseline), current_path=str(request.current)
         )
-    except CompareError as exc:
+    except CompareError as exc:  # the one line comes from harness.cli.main
         if request.json:
             print(json.dumps({"status": "FAILED", "exit_code": EXIT_ERROR, "exit_reason": f"error: {exc}"}, indent=1))
-        print(f"harness: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        raise
     if request.json:
         print(json.dumps(comparison.to_json(), indent=1))
     else:

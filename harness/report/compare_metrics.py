@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from harness.core.errors import BadInput
 from harness.core.exits import EXIT_FAILED, EXIT_OK
 from harness.report.model import Aggregate, PolicySummary
 
@@ -17,7 +18,7 @@ GROUPS: tuple[Group, ...] = ("memory", "error", "time", "throughput", "coverage"
 OUTCOME_RANK = {"fit": 0, "oom": 1, "error": 2}  # higher is worse
 
 
-class CompareError(Exception):
+class CompareError(BadInput):
     """Input that cannot be compared; the message says which file and why, in one line."""
 
 

@@ -24,6 +24,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, JsonValue, field_validator
 
+from harness.core.errors import InfrastructureError
 from harness.core.records import Breakdown, KernelsRecord, OomRecord, StageCheck, Versions
 
 # 3: a matrix's cells carry their RunSummary (no per-rank entries) and the sha256 of their own report.json, and the
@@ -474,7 +475,7 @@ def _json_text(value: object, level: int, key: str | None) -> str:
     return json.dumps(value, allow_nan=False)
 
 
-class ReportFormatError(Exception):
+class ReportFormatError(InfrastructureError):
     """A report.json that is not a report this harness reads; the message says why in one line."""
 
 

@@ -16,6 +16,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from harness.core.errors import InfrastructureError
 from harness.core.exits import EXIT_ERROR
 from harness.report.load import read_contained
 from harness.report.model import Report
@@ -40,7 +41,7 @@ class RunStatus(BaseModel):
     exit_reason: str
 
 
-class StatusError(Exception):
+class StatusError(InfrastructureError):
     """status.json missing, unreadable or not one; the message says which and why, in one line."""
 
 

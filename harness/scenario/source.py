@@ -22,6 +22,7 @@ from yaml.composer import ComposerError
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from harness.core.errors import BadInput
 from harness.scenario.limits import (
     MAX_FILE_BYTES,
     MAX_INT_DIGITS,
@@ -35,7 +36,7 @@ from harness.scenario.limits import (
 )
 
 
-class ScenarioError(Exception):
+class ScenarioError(BadInput):
     """A scenario that cannot be loaded; the message names the file, the field, the value and what is allowed."""
 
 

@@ -13,14 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
-
-
-def _error(message: str) -> int:
-    import sys
-
-    print(f"harness: error: {message}", file=sys.stderr)
-    return EXIT_ERROR
+from harness.core.errors import BadInput
+from harness.core.exits import EXIT_FAILED, EXIT_OK
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,41 +51,31 @@ def _budget(device: DeviceRequest, scenario_gpu: str | None = None) -> tuple[str
 
 
 def plan_serve_command(request: PlanServeRequest) -> int:
+    from harness.scenario.source import ScenarioError
     from harness.sizing.deployment_plan import plan_serve
-    from harness.sizing.model_config import ModelConfigError
-    from harness.sizing.serve_args import ServeArgsError, parse_serve
-    from harness.sizing.vllm_source.sources import VllmSourceError
+    from harness.sizing.serve_args import parse_serve
 
     serve = list(request.serve) if request.serve is not None else None
     if request.scenario is not None and serve is not None:
-        return _error(
+        raise BadInput(
             "give a scenario or `-- vllm serve MODEL FLAGS`, not both (a scenario's deployment: section "
             "holds the same settings)"
         )
     if serve is None:
-        return _error(
+        raise BadInput(
             "plan needs a scenario, or `-- vllm serve MODEL FLAGS` after the options; see `harness plan --help`"
         )
-    try:
-        model, spec, ignored = parse_serve(serve)
-    except ServeArgsError as error:
-        return _error(str(error))
+    model, spec, ignored = parse_serve(serve)  # ServeArgsError: bad input, one line
     gpu, total = _budget(request)
     if total is None:
-        return _error("a deployment plan needs --gpu NAME or --budget-gb N (the GPU's total memory)")
+        raise BadInput("a deployment plan needs --gpu NAME or --budget-gb N (the GPU's total memory)")
     if not request.vllm_versions:
-        return _error("a deployment plan needs --vllm-version X.Y.Z (repeat it to compare releases)")
-    try:
+        raise BadInput("a deployment plan needs --vllm-version X.Y.Z (repeat it to compare releases)")
+    try:  # ModelConfigError, VllmSourceError: one line as they are
         plans = plan_serve(model, spec, list(dict.fromkeys(request.vllm_versions)), gpu=gpu, total_bytes=total,
                            cache_dir=request.cache_dir)  # fmt: skip
-    except (ModelConfigError, VllmSourceError) as error:
-        return _error(str(error))
-    except Exception as error:  # a scenario the layout makes invalid (harness.scenario.ScenarioError)
-        from harness.scenario.source import ScenarioError
-
-        if isinstance(error, ScenarioError):
-            return _error(f"the deployment's MoE layer: {error}")
-        raise
+    except ScenarioError as error:  # a scenario the layout makes invalid
+        raise BadInput(f"the deployment's MoE layer: {error}") from None
     code = EXIT_FAILED if request.fail_on_verdict and any(p.verdict.outcome != "starts" for p in plans) else EXIT_OK
     if request.json:
         print(json.dumps({"deployments": [p.model_dump(mode="json") for p in plans], "ignored_flags": ignored},

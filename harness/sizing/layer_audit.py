@@ -25,6 +25,7 @@ from typing import Literal
 from packaging.version import InvalidVersion, Version
 
 import harness
+from harness.core.errors import BadInput
 from harness.core.records import Record
 from harness.scenario.schema import Scenario, load_scenario
 from harness.sizing.layer import plan_layer_from
@@ -260,21 +261,16 @@ def run_layer_audit(request: LayerAuditRequest) -> int:
     from harness.core.exits import EXIT_ERROR, EXIT_OK
     from harness.core.records import write_json_atomic, write_text_atomic
 
-    try:
-        versions = resolve_releases(request.releases or request.vllm_version or "")
-        if not versions:
-            raise VllmSourceError("--layer needs --releases A..B or X.Y.Z[,X.Y.Z...]")
-        audit = audit_releases(versions, cache_dir=request.cache_dir,
-                               progress=lambda v: log.info(f"auditing vllm {v}"))  # fmt: skip
-    except VllmSourceError as error:
-        print(f"harness: error: {error}", file=sys.stderr)
-        return EXIT_ERROR
+    versions = resolve_releases(request.releases or request.vllm_version or "")  # VllmSourceError: one line, exit 2
+    if not versions:
+        raise BadInput("--layer needs --releases A..B or X.Y.Z[,X.Y.Z...]")
+    audit = audit_releases(versions, cache_dir=request.cache_dir,
+                           progress=lambda v: log.info(f"auditing vllm {v}"))  # fmt: skip
     table = audit_markdown(audit)
     out = request.out
     if out is not None:
         if out.exists() and not out.is_dir():
-            print(f"harness: error: --out {out} is not a directory", file=sys.stderr)
-            return EXIT_ERROR
+            raise BadInput(f"--out {out} is not a directory")
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out / "layer-audit.json", audit.model_dump(mode="json"))
         write_text_atomic(out / "layer-audit.md", table)

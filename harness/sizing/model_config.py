@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.core.errors import BadInput
+
 MODELS_DIR = Path(__file__).resolve().parents[1] / "defaults" / "models"
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB; a bigger file is not one
 
@@ -30,7 +32,7 @@ DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausal
 ARCHITECTURES = (*MOE_ARCHITECTURES, *DENSE_ARCHITECTURES)
 
 
-class ModelConfigError(Exception):
+class ModelConfigError(BadInput):
     """A model that cannot be read or is not one this model sizes; the message is one line."""
 
 

@@ -13,6 +13,7 @@ import re
 
 from pydantic import ValidationError
 
+from harness.core.errors import BadInput
 from harness.scenario.deployment import ALL2ALL_BACKENDS, KV_CACHE_DTYPES, DeploymentSpec
 
 # Flags that do not change the GPU memory of a worker: accepted, reported as ignored.
@@ -30,7 +31,7 @@ NEUTRAL_SWITCHES = (
 )  # fmt: skip
 
 
-class ServeArgsError(Exception):
+class ServeArgsError(BadInput):
     """One line: the flag, the value and what is allowed."""
 
 

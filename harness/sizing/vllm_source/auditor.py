@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from rich.console import JustifyMethod
 
 from harness.core.contract import RELEASE_POLICY_PREFIX, SizingArgs, WorkspaceShapes, fixed_shapes, legacy_shapes
-from harness.core.exits import EXIT_ERROR, EXIT_OK
+from harness.core.errors import BadInput
+from harness.core.exits import EXIT_OK
 from harness.sizing.vllm_source.evaluate import Evaluation, ParsedClass, SourceTree, source_tree
 from harness.sizing.vllm_source.sources import FUSED_MOE_DIR, VllmSource, VllmSourceError, locate, locate_release
 
@@ -258,21 +259,17 @@ class AuditRequest:
 def run_audit(request: AuditRequest) -> int:
     """`harness vllm audit`: 0 when no class double-counts, 1 when one does, 2 on errors (one line on stderr)."""
     if request.sweep and request.scenario is not None:
-        print("error: --scenario does not go with --sweep (the sweep takes its own grid)", file=sys.stderr)
-        return EXIT_ERROR
-    try:
-        args = None if request.sweep else _sizing_from_scenario(request.scenario)
-        source = locate(version=request.vllm_version, wheel=request.vllm_wheel, src=request.vllm_src,
-                        cache_dir=request.cache_dir)  # fmt: skip
-        if request.sweep:
-            from harness.sizing.vllm_source.sweep_report import SweepRequest, run_sweep
+        raise BadInput("--scenario does not go with --sweep (the sweep takes its own grid)")
+    # VllmSourceError and _ScenarioUnavailable reach harness.cli.main: one line, exit 2.
+    args = None if request.sweep else _sizing_from_scenario(request.scenario)
+    source = locate(version=request.vllm_version, wheel=request.vllm_wheel, src=request.vllm_src,
+                    cache_dir=request.cache_dir)  # fmt: skip
+    if request.sweep:
+        from harness.sizing.vllm_source.sweep_report import SweepRequest, run_sweep
 
-            return run_sweep(SweepRequest(json=request.json, junit=request.junit), source)
-        assert args is not None  # None only with --sweep, which returned above
-        result = audit(source, args)
-    except (VllmSourceError, _ScenarioUnavailable) as error:
-        print(f"harness: error: {error}", file=sys.stderr)  # the prefix every refusal of the harness has
-        return EXIT_ERROR
+        return run_sweep(SweepRequest(json=request.json, junit=request.junit), source)
+    assert args is not None  # None only with --sweep, which returned above
+    result = audit(source, args)
     if request.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
@@ -280,7 +277,7 @@ def run_audit(request: AuditRequest) -> int:
     return result.exit_code
 
 
-class _ScenarioUnavailable(Exception):
+class _ScenarioUnavailable(BadInput):
     """The scenario could not be loaded; carries the loader's message."""
 
 

@@ -43,6 +43,7 @@ from typing import Final, Literal, TypeGuard
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from harness.core.errors import InfrastructureError
 from harness.core.files import remove_dead_staging
 from harness.core.records import Record
 
@@ -60,7 +61,7 @@ MAX_MEMBER_BYTES = 1 << 30  # the largest member, the ops library, is about 80 M
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
 
-class CacheError(Exception):
+class CacheError(InfrastructureError):
     """A wheel or cache entry failed a check; the message is one line naming the path and what to do."""
 
 

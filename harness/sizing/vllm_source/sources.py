@@ -32,6 +32,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from harness.core.errors import InfrastructureError
 from harness.sizing.vllm_source.cache import (
     DAMAGED_ZIP_ERRORS,
     CacheError,
@@ -64,7 +65,7 @@ LAYER_FILES = (
 SOURCE_FLAGS_HINT = "pass --vllm-version X.Y.Z, --vllm-wheel FILE or --vllm-src DIR"
 
 
-class VllmSourceError(Exception):
+class VllmSourceError(InfrastructureError):
     """A vLLM source could not be found, fetched, read or evaluated; the message says which and why."""
 
 

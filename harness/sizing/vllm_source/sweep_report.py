@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import JustifyMethod
 
+from harness.core.errors import BadInput
 from harness.core.exits import EXIT_ERROR, EXIT_OK
 from harness.sizing.vllm_source.sweep import (
     AXES,
@@ -284,8 +285,7 @@ def run_sweep(request: SweepRequest, source) -> int:
         try:
             write_junit(result, junit)
         except OSError as error:
-            print(f"error: --junit {junit}: cannot be written ({error.strerror or error})", file=sys.stderr)
-            return EXIT_ERROR
+            raise BadInput(f"--junit {junit}: cannot be written ({error.strerror or error})") from None
     if request.json:
         print(json.dumps(sweep_json(result), indent=1))
     else:
@@ -386,16 +386,10 @@ def run_sweep_releases(request: SweepReleasesRequest, resolve_releases: Callable
 
     out = request.out
     if out is not None and out.exists() and not out.is_dir():
-        print(f"error: --out {out} is not a directory", file=sys.stderr)
-        return EXIT_ERROR
-    try:
-        versions = resolve_releases(request.releases)
-    except VllmSourceError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_ERROR
+        raise BadInput(f"--out {out} is not a directory")
+    versions = resolve_releases(request.releases)  # VllmSourceError: one line, exit 2
     if not versions:
-        print(f"error: --releases {request.releases!r} names no release", file=sys.stderr)
-        return EXIT_ERROR
+        raise BadInput(f"--releases {request.releases!r} names no release")
     results, errors = [], {}
     for version in versions:
         log.info(f"sweeping vllm {version}")
