@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.core.backends import COMM, EXPERTS, BackendQuery, DeviceType
+from harness.core.comm_buffers import CommLayout, comm_bytes
 from harness.core.contract import BUILTIN_POLICIES, DTYPE_BYTES, builtin_shapes
 from harness.core.units import human_bytes
 from harness.scenario.schema import Scenario
@@ -111,42 +112,34 @@ def backends_reason(scenario: Scenario, device_type: DeviceType) -> str | None:
     return EXPERTS.reason(scenario.experts_backend, query) or COMM.reason(scenario.comm, query)
 
 
+def comm_layout(s: Scenario) -> CommLayout:
+    """The sizes a rank's comm buffers are declared from (harness.core.comm_buffers), for this scenario: C is the
+    most tokens any rank routes (harness.rank.lifecycle.dispatch_layout)."""
+    return CommLayout(
+        num_local_experts=s.num_local_experts,
+        max_slots_per_expert=s.parallel.max_tokens_per_rank * s.parallel.num_dispatchers,
+        hidden_size=s.model.hidden_size or 0,
+        num_ranks=s.parallel.num_ranks,
+        buffer_tokens=max(s.num_tokens_on_rank(r) for r in range(s.parallel.num_ranks)),
+        top_k=s.model.top_k or 1,
+        out_itemsize=DTYPE_BYTES[s.model.workspace_dtype],
+    )
+
+
+def comm_backend(s: Scenario, device_type: DeviceType) -> str:
+    """The comm backend a rank would take: the scenario's, or for auto the first of its order that the data allow
+    (symm-mem on 2 GPUs or more)."""
+    if s.comm != "auto":
+        return s.comm
+    candidates = COMM.auto_candidates(backend_query(s, device_type))
+    return candidates[0].name if candidates else "gloo" if device_type == "cpu" else "nccl"
+
+
 def _comm_buffers_bytes(s: Scenario, device_type: DeviceType) -> tuple[int, int]:
-    """(dispatch, combine) bytes of the comm backend a rank would allocate (harness.rank.comm.create_comm): the
-    batched buffers with their sink row, and the backend's staging. auto is taken as the first backend of its
-    order that the data allow (symm-mem on 2 GPUs or more). DeepEP's comm region is not here: it is
-    harness.sizing.deepep's, above this layer."""
-    E, K, P = s.num_local_experts, s.model.hidden_size or 0, s.parallel.num_ranks
-    M, k = s.parallel.max_tokens_per_rank * s.parallel.num_dispatchers, s.model.top_k or 1
-    C, out_bytes = max(s.num_tokens_on_rank(r) for r in range(P)), DTYPE_BYTES[s.model.workspace_dtype]
-    batched = (E * M + 1) * (4 + 8) + 8 + E * 4  # scales, (source, token), the overflow count, expert_num_tokens
-    comm = s.comm
-    if comm == "auto":
-        candidates = COMM.auto_candidates(backend_query(s, device_type))
-        comm = candidates[0].name if candidates else comm
-    if comm == "symm-mem":
-        # harness.rank.comm.symm_mem: the other ranks' received rows (push.PushFormat), counts, the route layout,
-        # the combine table
-        row = K + -(-4 * (2 + 3 * k) // 16) * 16
-        staging = (
-            (P - 1) * C * row
-            + P * (E + 1) * 4
-            + C * k * 4
-            + C * P * 4
-            + (E * P + P) * 4
-            + P * E * 4
-            + P * C * (k * 12 + 4)
-            + 16
-            + 2 * -(-C // 16) * (E * P + P) * 4
-        )  # epoch, status, 2 done
-        return (E * M + 1) * K + batched + staging, (P * C + C) * K * out_bytes
-    # harness.rank.comm.collective, capacity-sized equal splits: send and receive rows of P*C each (every peer's
-    # region at its capacity C, so the split sizes are fixed), the counts both ways; in combine the partials sent
-    # and received (P*C rows each) and the output (C rows)
-    meta_bytes = -(-4 * (3 + (k + 1) // 2 + k) // 16) * 16  # harness.rank.comm.base.RowFormat
-    row = K + meta_bytes
-    staging = 2 * P * C * row + 2 * P * 8
-    return (E * M + 1) * K + batched + staging, (2 * P * C + C) * K * out_bytes
+    """(dispatch, combine) bytes of the comm backend a rank would allocate (harness.rank.comm.create_comm), from
+    the buffers harness.core.comm_buffers declares and harness.rank.comm allocates. DeepEP's comm region is not
+    here: it is harness.sizing.deepep's, above this layer."""
+    return comm_bytes(comm_backend(s, device_type), comm_layout(s))
 
 
 def estimate_rank_memory(scenario: Scenario, device_type: DeviceType) -> RankMemory:

@@ -10,6 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from harness.core.comm_buffers import (
+    CommLayout,
+    batched_buffers,
+    collective_meta_words,
+    padded_row_bytes,
+    shapes_of,
+)
 from harness.rank.memory import Accountant
 from harness.rank.quant import FP8_DTYPE
 
@@ -47,6 +54,18 @@ class DispatchLayout:
     def buffer_tokens(self) -> int:
         """C: the most tokens any rank dispatches; every send and receive buffer is sized from it."""
         return self.max_tokens if self.num_buffer_tokens is None else self.num_buffer_tokens
+
+    def comm_layout(self, out_dtype: torch.dtype) -> CommLayout:
+        """The sizes harness.core.comm_buffers declares every comm buffer from."""
+        return CommLayout(
+            num_local_experts=self.num_local_experts,
+            max_slots_per_expert=self.max_slots_per_expert,
+            hidden_size=self.hidden_size,
+            num_ranks=self.num_ranks,
+            buffer_tokens=self.buffer_tokens,
+            top_k=self.top_k,
+            out_itemsize=torch.empty((), dtype=out_dtype).element_size(),
+        )
 
     @property
     def max_ranks_per_token(self) -> int:
@@ -90,15 +109,15 @@ class RowFormat:
 
     @property
     def meta_words(self) -> int:
-        return 3 + self.id_words + self.top_k
+        return collective_meta_words(self.top_k)
 
     @property
     def meta_bytes(self) -> int:
-        return -(-4 * self.meta_words // 16) * 16
+        return padded_row_bytes(0, self.meta_words)
 
     @property
     def row_bytes(self) -> int:
-        return self.hidden_size + self.meta_bytes
+        return padded_row_bytes(self.hidden_size, self.meta_words)
 
     @property
     def payload_words(self) -> int:
@@ -139,22 +158,23 @@ class BatchedBuffers:
     ) -> BatchedBuffers:
         """`expert_x`, when given, is a receive buffer the collective writes straight into (E*M, K) uint8."""
         E, M, K = layout.num_local_experts, layout.max_slots_per_expert, layout.hidden_size
+        shape = shapes_of(batched_buffers(layout.comm_layout(out_dtype)))  # harness.core.comm_buffers
         a = accountant.alloc
-        x_flat = a("dispatch", (E * M + 1, K), torch.uint8) if expert_x is None else None
-        scale_flat = a("dispatch", (E * M + 1,), torch.float32)
-        src_flat = a("dispatch", (E * M + 1, 2), torch.int32)
+        x_flat = a("dispatch", shape["expert_x"], torch.uint8) if expert_x is None else None
+        scale_flat = a("dispatch", shape["expert_x_scale"], torch.float32)
+        src_flat = a("dispatch", shape["expert_src"], torch.int32)
         rows = x_flat[: E * M] if x_flat is not None else expert_x
         assert rows is not None  # expert_x is given exactly when x_flat is not allocated
         x = rows.view(FP8_DTYPE).view(E, M, K)
-        overflow = a("dispatch", (1,), torch.int64)
+        overflow = a("dispatch", shape["overflow"], torch.int64)
         overflow.zero_()
         return BatchedBuffers(
             expert_x=x,
             expert_x_scale=scale_flat[: E * M].view(E, M, 1),
             expert_src=src_flat[: E * M].view(E, M, 2),
-            expert_num_tokens=a("dispatch", (E,), torch.int32),
+            expert_num_tokens=a("dispatch", shape["expert_num_tokens"], torch.int32),
             overflow=overflow.view(()),
-            combine_out=a("combine", (layout.buffer_tokens, K), out_dtype),
+            combine_out=a("combine", shape["combine_out"], out_dtype),
             expert_x_flat=x_flat,
             expert_x_scale_flat=scale_flat,
             expert_src_flat=src_flat,

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from harness.core.comm_buffers import collective_buffers, shapes_of
 from harness.rank.comm.base import (
     BatchedBuffers,
     Comm,
@@ -74,16 +75,16 @@ class CollectiveComm(Comm):
 
     def __init__(self, layout: DispatchLayout, accountant: Accountant, *, out_dtype: torch.dtype):
         fmt = RowFormat(hidden_size=layout.hidden_size, top_k=layout.top_k)
-        C, P = layout.buffer_tokens, layout.num_ranks
+        shape = shapes_of(collective_buffers(layout.comm_layout(out_dtype)))  # harness.core.comm_buffers
         a = accountant.alloc
         # Each peer's region is C rows both ways: rank s's rows for rank d sit at [d*C, d*C + C) of s's send
-        # buffer and land at [s*C, s*C + C) of d's receive buffer.
-        self.send_rows = a("dispatch", (P * C, fmt.row_bytes), torch.uint8)
-        self.recv_rows = a("dispatch", (P * C, fmt.row_bytes), torch.uint8)
-        self.send_counts = a("dispatch", (P,), torch.int64)  # rows to each destination
-        self.recv_counts = a("dispatch", (P,), torch.int64)
-        self.combine_send = a("combine", (P * C, layout.hidden_size), out_dtype)  # one partial per received row
-        self.combine_recv = a("combine", (P * C, layout.hidden_size), out_dtype)
+        # buffer and land at [s*C, s*C + C) of d's receive buffer; a row is RowFormat's.
+        self.send_rows = a("dispatch", shape["send_rows"], torch.uint8)
+        self.recv_rows = a("dispatch", shape["recv_rows"], torch.uint8)
+        self.send_counts = a("dispatch", shape["send_counts"], torch.int64)  # rows to each destination
+        self.recv_counts = a("dispatch", shape["recv_counts"], torch.int64)
+        self.combine_send = a("combine", shape["combine_send"], out_dtype)  # one partial per received row
+        self.combine_recv = a("combine", shape["combine_recv"], out_dtype)
         harness_bytes = sum(
             t.nbytes
             for t in (

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from harness.core.comm_buffers import ROUTE_BLOCK_TOKENS, padded_row_bytes, push_meta_words, route_chunks
 from harness.rank.quant import FP8_MAX
 
 # Flag slots on each rank's pad (int32 words from FLAG_BASE): slot phase * P + peer holds the last epoch that
@@ -48,7 +49,7 @@ READY, CONSUMED, COMBINED = 0, 1, 2
 NUM_PHASES = 3
 FLAG_BASE = 256  # words below it are left to torch's own symmetric-memory barrier (channel * P + rank)
 DEFAULT_MAX_SPINS = 1 << 26  # a wait past this many polls (seconds on NVLink) gives up and sets the status
-_BLOCK_T = 16  # tokens of one route_layout chunk (its place kernel compares every pair of the chunk: (16 k)^2)
+_BLOCK_T = ROUTE_BLOCK_TOKENS  # tokens of one route_layout chunk (harness.core.comm_buffers)
 _BLOCK_SUM = 1024  # elements of a row one reduce program sums
 # torch on CUDA computes `amax / FP8_MAX` (a Python scalar divisor) as amax * float32(1 / FP8_MAX)
 # (aten's div_true_kernel_cuda); on CPU it divides. The fused quantize does what torch does on the tensor's device.
@@ -73,11 +74,11 @@ class PushFormat:
 
     @property
     def meta_words(self) -> int:
-        return 2 + 3 * self.top_k
+        return push_meta_words(self.top_k)
 
     @property
     def row_bytes(self) -> int:
-        return self.hidden_size + -(-4 * self.meta_words // 16) * 16
+        return padded_row_bytes(self.hidden_size, self.meta_words)
 
 
 def next_pow2(n: int) -> int:
@@ -229,11 +230,6 @@ def _triton(impl: str, *tensors: torch.Tensor) -> bool:
     from harness.rank.comm.fused import _use_triton
 
     return _use_triton(impl, *tensors)  # type: ignore[arg-type]
-
-
-def route_chunks(capacity: int) -> int:
-    """Chunks of route_layout's scratch for `capacity` tokens."""
-    return max(1, -(-capacity // _BLOCK_T))
 
 
 def route_layout(

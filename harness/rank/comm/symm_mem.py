@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 import harness.rank.comm.push as push
+from harness.core.comm_buffers import shapes_of, symm_mem_buffers
 from harness.rank.comm.base import (
     BatchedBuffers,
     Comm,
@@ -87,9 +88,8 @@ class SymmMemComm(Comm):
 
         if out_dtype != torch.bfloat16:
             raise CommUnavailable(f"comm symm-mem combines bf16 rows; the workspace dtype is {out_dtype}")
-        E, K = layout.num_local_experts, layout.hidden_size
-        C, P, k, rank = layout.buffer_tokens, layout.num_ranks, layout.top_k, layout.rank
-        self.fmt = fmt = PushFormat(hidden_size=K, top_k=k)
+        P, rank = layout.num_ranks, layout.rank
+        self.fmt = PushFormat(hidden_size=layout.hidden_size, top_k=layout.top_k)
         group = dist.group.WORLD.group_name  # type: ignore[union-attr]
 
         def symmetric(shape: tuple[int, ...], dtype: torch.dtype, kind: str) -> tuple[torch.Tensor, Mapped, object]:
@@ -108,13 +108,14 @@ class SymmMemComm(Comm):
 
         # the other ranks' rows (push.recv_region); a rank's own pairs go straight into its slots, so at P = 1
         # there is no receive buffer
+        shape = shapes_of(symm_mem_buffers(layout.comm_layout(out_dtype)))  # harness.core.comm_buffers
         if P > 1:
-            self.recv_rows, self.rows, _ = symmetric(((P - 1) * C, fmt.row_bytes), torch.uint8, "dispatch")
+            self.recv_rows, self.rows, _ = symmetric(shape["recv_rows"], torch.uint8, "dispatch")
         else:
-            self.recv_rows = torch.empty((0, fmt.row_bytes), dtype=torch.uint8, device=device)
+            self.recv_rows = torch.empty(shape["recv_rows"], dtype=torch.uint8, device=device)
             self.rows = Mapped.of([self.recv_rows], device)
-        self.recv_counts, self.counts_of, handle = symmetric((P, E + 1), torch.int32, "dispatch")
-        self.combine_recv, self.partials_of, _ = symmetric((P * C, K), out_dtype, "combine")
+        self.recv_counts, self.counts_of, handle = symmetric(shape["recv_counts"], torch.int32, "dispatch")
+        self.combine_recv, self.partials_of, _ = symmetric(shape["combine_recv"], out_dtype, "combine")
         words = FLAG_BASE + NUM_PHASES * P
         pad_bytes = int(handle.signal_pad_size)  # type: ignore[attr-defined]
         if 4 * words > pad_bytes:
@@ -125,17 +126,17 @@ class SymmMemComm(Comm):
         pads = [handle.get_signal_pad(p, (words,), torch.int32) for p in range(P)]  # type: ignore[attr-defined]
         self.pad, self.pads = pads[rank], Mapped.of(pads, device)
         a = accountant.alloc
-        self.pos = a("dispatch", (C, k), torch.int32)
-        self.row_index = a("dispatch", (C, P), torch.int32)
-        self.counts = a("dispatch", (E * P + P,), torch.int32)
-        self.route_scratch = a("dispatch", (2, push.route_chunks(C), E * P + P), torch.int32)
-        self.base = a("dispatch", (P, E), torch.int32)
-        self.table = a("dispatch", (P * C, k), torch.int64)
-        self.table_w = a("dispatch", (P * C, k), torch.float32)
-        self.tok = a("dispatch", (P * C,), torch.int32)
-        self.epoch = a("dispatch", (1,), torch.int32)
-        self.status = a("dispatch", (1,), torch.int32)
-        self.done = a("dispatch", (2,), torch.int32)  # finished programs of quantize_push and of reduce_push
+        self.pos = a("dispatch", shape["pos"], torch.int32)
+        self.row_index = a("dispatch", shape["row_index"], torch.int32)
+        self.counts = a("dispatch", shape["counts"], torch.int32)
+        self.route_scratch = a("dispatch", shape["route_scratch"], torch.int32)
+        self.base = a("dispatch", shape["base"], torch.int32)
+        self.table = a("dispatch", shape["table"], torch.int64)
+        self.table_w = a("dispatch", shape["table_w"], torch.float32)
+        self.tok = a("dispatch", shape["tok"], torch.int32)
+        self.epoch = a("dispatch", shape["epoch"], torch.int32)
+        self.status = a("dispatch", shape["status"], torch.int32)
+        self.done = a("dispatch", shape["done"], torch.int32)  # finished programs of quantize_push and of reduce_push
         local = (
             self.pos,
             self.row_index,
