@@ -1,12 +1,19 @@
-"""Human sizes: bytes in B, KiB, MiB, GiB or TiB with three significant digits ("56.0 GiB", "1.82 TiB").
+"""Byte units and how sizes are shown: the one place KiB, MiB, GiB and TiB are defined.
 
-Every human-facing size goes through `human_bytes`, so no output says "1.82e+03 GiB"; records and report.json
-keep the bytes themselves.
+Records and report.json keep the bytes themselves. A size shown to a person goes through `human_bytes` (three
+significant digits in the largest unit reached: "56.0 GiB", "1.82 TiB", never "1.82e+03 GiB") or, where the
+figure is compared against a log to the byte, `exact_bytes` ("38,168,170,112 B"); tables that hold one unit per
+column divide by these constants.
 """
 
 from __future__ import annotations
 
-_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+KIB = 2**10
+MIB = 2**20
+GIB = 2**30
+TIB = 2**40
+UNIT_BYTES = {"B": 1, "KiB": KIB, "MiB": MIB, "GiB": GIB, "TiB": TIB}  # torch's and NVML's spellings
+_UNITS = (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB))
 
 
 def human_bytes(num_bytes: float | int | None, *, none: str = "n/a") -> str:
@@ -21,6 +28,11 @@ def human_bytes(num_bytes: float | int | None, *, none: str = "n/a") -> str:
             digits = 2 if scaled < 10 else (1 if scaled < 100 else 0)
             return f"{sign}{scaled:.{digits}f} {unit}"
     return f"{sign}{int(value)} B"
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n, for n >= 1: Triton's block sizes and the sampler's rows."""
+    return 1 << max(0, (n - 1).bit_length())
 
 
 def exact_bytes(num_bytes: int) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.core.files import pid_alive, probe_writable
+from harness.core.units import MIB
 from harness.launch.contract import LaunchError
 from harness.report.write import REPORT_FILES, output_generations
 from harness.scenario.limits import shown as shown_value
@@ -254,7 +255,7 @@ def _probe(out: Path) -> None:
         what = "cannot write the run's records there" if out.is_dir() else "cannot create it"
         raise LaunchError(
             f"--out {display(out)}: {what} ({exc.strerror}); allowed: a writable directory with "
-            f"{RUN_DIR_MIN_FREE_BYTES // 2**20} MiB free at least"
+            f"{RUN_DIR_MIN_FREE_BYTES // MIB} MiB free at least"
         ) from None
 
 

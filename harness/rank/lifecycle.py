@@ -45,6 +45,7 @@ from harness.core.records import (
     Throughput,
     Timings,
 )
+from harness.core.rounding import CUDA_SMALL_SEGMENT_BYTES, RSS_ROUNDING_BYTES
 from harness.rank.check import CheckedPass
 from harness.rank.combine import combine
 from harness.rank.comm import Comm, create_comm, resolve_comm, row_kernels
@@ -61,7 +62,6 @@ from harness.rank.experts import (
 )
 from harness.rank.graphs import CapturedRound, capture_agreed
 from harness.rank.memory import (
-    RSS_ROUNDING_BYTES,
     Accountant,
     MemoryProbe,
     PeakSampler,
@@ -673,7 +673,7 @@ class _Step:
         segment for a small tensor) per tensor on GPU, with NVML showing exactly what it reserved; RSS within
         RSS_ROUNDING_BYTES plus 1% on CPU."""
         if self.device_type == "cuda":
-            slack = self.num_tensors * 20 * 2**20
+            slack = self.num_tensors * CUDA_SMALL_SEGMENT_BYTES
             within = (self.measured_delta_bytes == self.reserved_delta_bytes
                       and 0 <= self.measured_delta_bytes - self.allocated_bytes <= slack)  # fmt: skip
         else:

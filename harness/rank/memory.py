@@ -27,10 +27,12 @@ from typing import Literal
 import psutil
 import torch
 
+from harness.core.rounding import BASELINE_ROUNDING_BYTES
+from harness.core.units import UNIT_BYTES
+
 CATEGORIES = ("weights", "dispatch", "comm", "common", "ws2", "combine", "ballast")
 _TRIED_RE = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")
 _FREE_RE = re.compile(r"of which ([\d.]+) (B|KiB|MiB|GiB|TiB) is free")
-_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 class BudgetExceeded(torch.OutOfMemoryError):
@@ -46,7 +48,7 @@ def _bytes_from(pattern: re.Pattern[str], message: str) -> int | None:
     match = pattern.search(message)
     if not match:
         return None
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
+    return int(float(match.group(1)) * UNIT_BYTES[match.group(2)])
 
 
 def requested_bytes_from_message(message: str) -> int | None:
@@ -62,8 +64,8 @@ def free_bytes_from_message(message: str) -> int | None:
 def _torch_size(num_bytes: int) -> str:
     """A size as torch's OOM message writes it: two decimals in the largest unit it reaches ("56.00 GiB")."""
     for unit in ("TiB", "GiB", "MiB", "KiB"):
-        if num_bytes >= _UNITS[unit]:
-            return f"{num_bytes / _UNITS[unit]:.2f} {unit}"
+        if num_bytes >= UNIT_BYTES[unit]:
+            return f"{num_bytes / UNIT_BYTES[unit]:.2f} {unit}"
     return f"{num_bytes} B"
 
 
@@ -257,18 +259,10 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-# The caching allocator hands out large blocks in 2 MiB steps and small ones from 2 MiB segments: two baselines
-# taken from the same warmed state differ by whole such blocks at most.
-CUDA_ALLOCATOR_ROUNDING_BYTES = 2 * 2**20
-# RSS between two equal states moves with the interpreter's and malloc's own bookkeeping (arenas, freelists,
-# thread stacks) even after malloc_trim. Measured on the CPU smoke run (2 ranks, a CPU burner beside them): the
-# policies' baselines stay within 0.46-0.51 MiB; without the warm-up pass they differed by 13 MB.
-RSS_ROUNDING_BYTES = 4 * 2**20
-
-
 def baseline_rounding_bytes(device: torch.device) -> int:
-    """How far two policies' baselines may differ on this device although both start from the same state."""
-    return CUDA_ALLOCATOR_ROUNDING_BYTES if device.type == "cuda" else RSS_ROUNDING_BYTES
+    """How far two policies' baselines may differ on this device although both start from the same state
+    (harness.core.rounding: NVML's pages on a GPU, RSS's bookkeeping on a CPU)."""
+    return BASELINE_ROUNDING_BYTES["nvml" if device.type == "cuda" else "rss"]
 
 
 def _malloc_trim() -> None:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from harness.core.contract import BUILTIN_POLICIES, builtin_shapes
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from harness.core.records import Correctness, ExpectedOutcome, MemoryMeasurement, PolicyResult, RankRecord, StageCheck
-from harness.core.units import human_bytes
+from harness.core.rounding import CUDA_SMALL_SEGMENT_BYTES, UNRECORDED_BASELINE_ROUNDING_BYTES
+from harness.core.units import MIB, human_bytes
 from harness.report.model import Check, CheckCounts, CheckOutcome, Checks, Outcome, Problem
 from harness.scenario.schema import Scenario
 from harness.scenario.sections import WrongKernels
@@ -31,16 +32,12 @@ DEFAULT_MAX_ERROR = 0.06
 
 
 # The memory check: the device shows whole caching-allocator segments, so a small workspace rounds up (a 1-10 MiB
-# request takes a 20 MiB segment): at most one 20 MiB segment per buffer.
-ALLOCATOR_ROUNDING_BYTES = 2 * 20 * 2**20
+# request takes a 20 MiB segment): at most one such segment per buffer, two buffers.
+ALLOCATOR_ROUNDING_BYTES = 2 * CUDA_SMALL_SEGMENT_BYTES
 
 # The baseline check: how far two policies' baselines on one rank may differ and still be "the same state", for
 # records that do not carry their own allocator_rounding_bytes (those from before the rank's warm-up pass).
-#   nvml: the CUDA driver maps device memory in 2 MiB pages, the granularity of the caching allocator's segments
-#         and of NVML's "used", so equal states read equal to within one 2 MiB page.
-#   rss:  glibc keeps freed heap memory resident up to M_TRIM_THRESHOLD, which its dynamic mmap threshold raises
-#         to at most 2 x 32 MiB after a large free (mallopt(3)); equal states read equal to within that.
-BASELINE_ROUNDING_BYTES = {"nvml": 2 * 2**20, "rss": 64 * 2**20}
+BASELINE_ROUNDING_BYTES = UNRECORDED_BASELINE_ROUNDING_BYTES  # harness.core.rounding says why
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,7 +266,7 @@ def baseline_checks(record: RankRecord) -> dict[str, Check]:
             checks[policy] = Check(
                 outcome="fail",
                 message=(
-                    f"baseline {memory.baseline_bytes} B is {diff:+d} B ({diff / 2**20:+.1f} MiB) from {first}'s "
+                    f"baseline {memory.baseline_bytes} B is {diff:+d} B ({diff / MIB:+.1f} MiB) from {first}'s "
                     f"{reference.baseline_bytes} B, beyond the {rounding} B of {memory.method} rounding: the policies "
                     f"did not start from the same state ({_WARMUP_HINT[record.warmup]})"
                 ),

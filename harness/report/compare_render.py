@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from harness.core.exits import EXIT_OK
+from harness.core.units import GIB, MIB
 from harness.report.compare_metrics import METRICS, NO_SPREAD, Comparison, Row
 
 
@@ -16,7 +17,7 @@ def _fmt_value(metric: str, value: Any) -> str:
         return str(value)
     spec = METRICS[metric]
     if spec.unit == "bytes":
-        return f"{value / 2**30:.4g} GiB" if abs(value) >= 2**30 else f"{value / 2**20:.4g} MiB"
+        return f"{value / GIB:.4g} GiB" if abs(value) >= GIB else f"{value / MIB:.4g} MiB"
     if spec.unit == "rel":
         return f"{value:.3g}"
     return f"{value:.1f} {spec.unit}" if spec.unit == "us" else f"{value:.4g} {spec.unit}"

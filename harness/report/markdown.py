@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from harness.core.units import GIB, MIB
 from harness.report.evidence import (
     COMPONENT_HEADERS,
     COMPONENT_NOTE,
@@ -36,8 +37,6 @@ from harness.report.model import (
     ScenarioInfo,
 )
 
-GIB = 2**30
-MIB = 2**20
 MAX_LISTED = 50  # failed checks listed in Markdown; junit.xml and report.json hold all of them
 MAX_PROBLEMS_LISTED = 200  # problems listed in Markdown/HTML/terminal (a 1024-rank run that died whole stays readable)
 RANK_TABLE_MAX = 64  # per-rank rows in report.md and report.html; report.json holds every rank

@@ -14,6 +14,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from harness.core.backends import KINDS
+from harness.core.units import MIB
 from harness.scenario import limits as L
 from harness.scenario.fields import describe_type
 from harness.scenario.fit import CPU_RANK_OVERHEAD_BYTES, GPU_RANK_OVERHEAD_BYTES, MAX_RANKS_PER_CPU
@@ -80,7 +81,7 @@ def _doc(model: type[BaseModel]) -> str:
 
 def _limits() -> list[str]:
     """The limits every input is checked against before anything runs (harness.scenario.limits, .fit)."""
-    mib = 2**20
+    mib = MIB
     return [
         "## Limits",
         "",

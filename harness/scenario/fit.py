@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from harness.core.backends import COMM, EXPERTS, BackendQuery, DeviceType
 from harness.core.comm_buffers import CommLayout, comm_bytes
 from harness.core.contract import BUILTIN_POLICIES, DTYPE_BYTES, builtin_shapes
-from harness.core.units import human_bytes
+from harness.core.units import GIB, human_bytes
 from harness.scenario.schema import Scenario
 
 __all__ = [
@@ -39,8 +39,7 @@ MAX_RANKS_PER_CPU = 4
 # plus the gloo group and the interpreter's own.
 CPU_RANK_OVERHEAD_BYTES = 300 * 2**20
 # A CUDA context and NCCL's buffers, which the rank cannot do without.
-GPU_RANK_OVERHEAD_BYTES = 2**30
-GIB = 2**30
+GPU_RANK_OVERHEAD_BYTES = GIB
 
 
 @dataclass(frozen=True, kw_only=True)

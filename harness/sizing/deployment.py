@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import harness
 from harness.core.records import Record
+from harness.core.units import GIB
 from harness.scenario.deployment import DeploymentSpec
 from harness.sizing import profile_run
 from harness.sizing import release_defaults as defaults
@@ -37,7 +38,6 @@ from harness.sizing.kv_cache import DEFAULT_BLOCK_SIZE, kv_cache, kv_shape
 from harness.sizing.model_config import ModelFacts
 
 DEPLOYMENT_PLAN_SCHEMA = 1
-GIB = 2**30
 # Estimates, each with its basis: vLLM 0.19.0's own profiler figures in the 14 published H100 startup logs of
 # tests/data/startup_logs/ (llm-d-planner's validation runs; docs/deployment-memory.md lists them).
 # Non-torch memory the profile sees grow after the worker's first snapshot: the cuBLAS and cuBLASLt handles and the

@@ -30,6 +30,7 @@ from typing import Any, Literal
 import harness
 from harness.core.contract import SizingArgs, live_set_bytes
 from harness.core.records import Record
+from harness.core.units import GIB, MIB
 from harness.scenario.schema import Scenario
 from harness.scenario.sections import LayerSpec
 from harness.sizing import deepep
@@ -63,7 +64,6 @@ from harness.sizing.vllm_source.layer_source import (
 from harness.sizing.vllm_source.sources import VllmSource, VllmSourceError, locate_release
 
 LAYER_PLAN_SCHEMA = 1
-GIB = 2**30
 
 CONSISTENT = "consistent"
 OVER_ALLOCATED = "over-allocated"
@@ -572,7 +572,7 @@ def workspace_component(layout: Layout, source: VllmSource, class_name: str) -> 
     needed, needed_source = _needed_workspace(layout, tree, cls, evaluation, class_name)
     if needed is not None and allocated > needed and DOUBLE_COUNT not in verdicts:
         verdicts.append(OVER_ALLOCATED)
-        detail += f"; x{allocated / needed:.2f} the live set ({(allocated - needed) / 2**20:.0f} MiB over)"
+        detail += f"; x{allocated / needed:.2f} the live set ({(allocated - needed) / MIB:.0f} MiB over)"
     if needed is not None and needed_source:
         detail += f"; live set from {needed_source}"
     owner, method = tree.find_method(cls, "workspace_shapes") or (cls, cls.node)

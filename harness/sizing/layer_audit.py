@@ -27,6 +27,7 @@ from packaging.version import InvalidVersion, Version
 import harness
 from harness.core.errors import BadInput
 from harness.core.records import Record
+from harness.core.units import GIB
 from harness.scenario.schema import Scenario, load_scenario
 from harness.sizing.layer import plan_layer_from
 from harness.sizing.vllm_source.sources import VllmSource, VllmSourceError, locate
@@ -34,7 +35,6 @@ from harness.sizing.vllm_source.sources import VllmSource, VllmSourceError, loca
 log = logging.getLogger(__name__)
 
 LAYER_AUDIT_SCHEMA = 1
-GIB = 2**30
 FILE_REF = re.compile(r"([A-Za-z0-9_./-]+\.py):\d+")
 
 

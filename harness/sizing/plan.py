@@ -19,11 +19,9 @@ from harness.core.contract import (
     fixed_shapes,
     is_release_policy,
 )
+from harness.core.units import GIB, MIB
 from harness.scenario.matrix import Matrix
 from harness.scenario.schema import Scenario
-
-GIB = 2**30
-MIB = 2**20
 
 
 def policy_shapes(policy: str, args: SizingArgs, *, cache_dir: Path | None = None) -> WorkspaceShapes:

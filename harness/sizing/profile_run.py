@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.core.units import next_pow2
 from harness.sizing.model_config import ModelFacts, pad_vocab
 
 F32 = 4
@@ -88,7 +89,7 @@ def sampler_phase(facts: ModelFacts, *, num_tokens: int, max_num_seqs: int, tp: 
     _, sms, _ = gpu_facts(gpu)
     if R >= TRITON_MIN_ROWS:
         programs = min(sms, R)
-        rows = min(1 << (programs - 1).bit_length(), sms)
+        rows = min(next_pow2(programs), sms)
         topk = rows * V * F32
         sampling = 2 * R * V * F32  # probs and q, with the kernel's buffer (cached) still there
         top = f"probs + q 2 x ({R}, {V}) f32 + the Triton top-k/top-p buffer ({rows}, {V}) f32"

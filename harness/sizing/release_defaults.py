@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from harness.core.units import GIB
 from harness.sizing.vllm_source.layer_source import ReleaseFiles, env_default
 
 CACHE_FILE = "vllm/config/cache.py"
@@ -118,7 +119,7 @@ def max_num_seqs(gpu_bytes: int, gpu: str | None) -> Default:
 
 
 def _large_gpu(gpu_bytes: int, gpu: str | None) -> bool:
-    return gpu_bytes >= 70 * 2**30 and not (gpu or "").upper().startswith("A100")
+    return gpu_bytes >= 70 * GIB and not (gpu or "").upper().startswith("A100")
 
 
 def estimates_cudagraphs(files: ReleaseFiles | None, version: str | None = None) -> Default:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import torch
 
+from harness.core.units import next_pow2
 from harness.rank.comm.base import RowFormat
 
 Impl = Literal["auto", "triton", "torch"]
@@ -297,14 +298,10 @@ def place_rows(
         M,
         NUM_WORDS=payload.shape[1],
         k=k,
-        KP2=triton_next_power_of_2(k),
+        KP2=next_pow2(k),
         BLOCK=_BLOCK_WORDS,
     )
     return counts, table, bag_weights
-
-
-def triton_next_power_of_2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def pack_rows(
@@ -368,6 +365,6 @@ def pack_rows(
         PAYLOAD_WORDS=fmt.payload_words,
         ID_WORDS=fmt.id_words,
         k=k,
-        KP2=triton_next_power_of_2(k),
+        KP2=next_pow2(k),
         BLOCK=_BLOCK_WORDS,
     )

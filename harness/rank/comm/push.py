@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from harness.core.comm_buffers import ROUTE_BLOCK_TOKENS, padded_row_bytes, push_meta_words, route_chunks
+from harness.core.units import next_pow2
 from harness.rank.quant import FP8_MAX
 
 # Flag slots on each rank's pad (int32 words from FLAG_BASE): slot phase * P + peer holds the last epoch that
@@ -79,10 +80,6 @@ class PushFormat:
     @property
     def row_bytes(self) -> int:
         return padded_row_bytes(self.hidden_size, self.meta_words)
-
-
-def next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 @functools.cache

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 from harness.core.contract import RELEASE_POLICY_PREFIX, SizingArgs, WorkspaceShapes, fixed_shapes, legacy_shapes
 from harness.core.errors import BadInput
 from harness.core.exits import EXIT_OK
+from harness.core.units import GIB
 from harness.sizing.vllm_source.evaluate import Evaluation, ParsedClass, SourceTree, source_tree
 from harness.sizing.vllm_source.sources import FUSED_MOE_DIR, VllmSource, VllmSourceError, locate, locate_release
 
@@ -37,7 +38,6 @@ VERDICTS = (CONSISTENT, DOUBLE_COUNT, UNEVALUATED)
 
 CUTLASS_BATCHED_CLASS = "CutlassBatchedExpertsFp8"
 DEFAULT_SCENARIO_NAME = "deepseek-v3-dp32-pr55579.yaml"
-GIB = 1 << 30
 
 EXIT_DOUBLE_COUNT = 1  # the audit's EXIT_FAILED: a class double-counts
 

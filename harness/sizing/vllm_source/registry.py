@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from harness.core.units import MIB
 from harness.sizing.vllm_source.cache import (
     DOWNLOAD_LOG_NAME,
     PINNED_WHEELS,
@@ -122,7 +123,7 @@ def download_release(version: str, download_dir: Path) -> tuple[Path, str]:
     digest = sha256_file(found[0])
     if digest != expected:
         raise CacheError(f"the download of vllm=={version} has sha256 {digest}, not the index's {expected}")
-    log.info(f"harness: downloaded {found[0].name} ({found[0].stat().st_size / 2**20:.0f} MiB in "
+    log.info(f"harness: downloaded {found[0].name} ({found[0].stat().st_size / MIB:.0f} MiB in "
              f"{time.monotonic() - started:.0f} s, sha256 as published)")  # fmt: skip
     return found[0], digest
 
