@@ -27,14 +27,11 @@ from pathlib import Path
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_DIR))
-sys.path.insert(0, str(REPO_DIR / "tests"))
-
-sys.path.insert(0, str(REPO_DIR / "benchmarks"))
 
 from pydantic import BaseModel, ConfigDict  # noqa: E402
 
-from bench_matrix_collect import collect_as_run, synthetic_matrix  # noqa: E402
-from report_records import write_run  # noqa: E402
+from harness.bench.probe_matrix_collect import collect_as_run, synthetic_matrix  # noqa: E402
+from harness.bench.synthetic import write_run  # noqa: E402
 
 TARGET_CPU_S = 10.0
 TARGET_RSS_BYTES = 500 * 10**6

@@ -52,3 +52,26 @@ def test_the_rank_and_the_checks_share_the_roundings() -> None:
     assert baseline_rounding_bytes(torch.device("cpu")) == BASELINE_ROUNDING_BYTES["rss"] == 4 * MIB
     assert CHECKS_FALLBACK is UNRECORDED_BASELINE_ROUNDING_BYTES
     assert UNRECORDED_BASELINE_ROUNDING_BYTES["nvml"] == BASELINE_ROUNDING_BYTES["nvml"] == 2 * MIB
+
+
+def test_the_harness_imports_and_runs_nothing_from_tests_or_benchmarks() -> None:
+    """`harness bench` (and every other module) stands on harness/ alone: what it measures lives in the package."""
+    import ast
+
+    repo = HARNESS_DIR.parent
+    foreign = {p.stem for d in ("tests", "benchmarks") for p in (repo / d).glob("*.py")} | {"tests", "benchmarks"}
+    found = []
+    for path in sorted(HARNESS_DIR.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            found += [f"{path.relative_to(repo)} imports {n}" for n in names if n.split(".")[0] in foreign]
+            in_bench = path.parent.name == "bench"  # junit.xml's own "tests" attribute is not the folder
+            if in_bench and isinstance(node, ast.Constant) and node.value in ("tests", "benchmarks"):
+                found.append(f"{path.relative_to(repo)} names the {node.value}/ folder")
+    assert not found, found

@@ -32,10 +32,10 @@ CPU_TARGETS_S = {  # CPU seconds for the gated probes, wall seconds for the late
     "collect 1024 rank records": 2.0,
 }
 # CPU seconds of `harness plan` on a 1024-cell matrix with release policies; its target is twice the CPU of a
-# 1-cell plan of the same releases, measured in the same probe (benchmarks/bench_plan_matrix.py).
+# 1-cell plan of the same releases, measured in the same probe (harness.bench.probe_plan_matrix).
 PLAN_MATRIX_PROBE = "harness plan 1024-cell release matrix (CPU)"
 # CPU seconds of collecting 1024 records as 64 cells of 16 (target: 3 x the same records as one run, measured in the
-# same probe) and of a 1024-cell matrix's reports (target 60 s): benchmarks/bench_matrix_collect.py.
+# same probe) and of a 1024-cell matrix's reports (target 60 s): harness.bench.probe_matrix_collect.
 MATRIX_SPLIT_PROBE = "collect 1024 records as 64 cells of 16 (CPU)"
 MATRIX_CELLS_PROBE = "collect a 1024-cell matrix (CPU)"
 SUBPROCESS_TIMEOUT_S = 300.0
@@ -154,12 +154,9 @@ def _plan_commands(repeats: int, repo: Path) -> _Samples:
 
 
 def _collect_1024(repo: Path, progress: Progress) -> _Samples | None:
-    bench_collect = repo / "benchmarks" / "bench_collect.py"
-    if not bench_collect.exists():
-        return None
-    progress("collect 1024 rank records: benchmarks/bench_collect.py")
+    progress("collect 1024 rank records: harness.bench.probe_collect")
     done = subprocess.run(
-        [sys.executable, str(bench_collect), "--repeats", "3", "--json"],
+        [sys.executable, "-m", "harness.bench.probe_collect", "--repeats", "3", "--json"],
         capture_output=True,
         text=True,
         timeout=SUBPROCESS_TIMEOUT_S * 2,
@@ -167,7 +164,7 @@ def _collect_1024(repo: Path, progress: Progress) -> _Samples | None:
         check=False,
     )
     if done.returncode not in (0, 1) or not done.stdout.strip():
-        progress(f"collect 1024 rank records: skipped (bench_collect.py exited {done.returncode})")
+        progress(f"collect 1024 rank records: skipped (probe_collect exited {done.returncode})")
         return None
     data = json.loads(done.stdout.strip().splitlines()[-1])
     return _Samples("cpu", data["cpu_timings_s"], data["timings_s"])
@@ -216,14 +213,12 @@ def _cost(name: str, samples: _Samples) -> CpuCost:
 
 def _plan_matrix_cost(repo: Path, progress: Progress) -> CpuCost | None:
     """The 1024-cell plan's CPU against twice the 1-cell plan's; None when the releases are not at hand."""
-    script = repo / "benchmarks" / "bench_plan_matrix.py"
-    if not script.exists():
-        return None
-    progress(f"{PLAN_MATRIX_PROBE}: benchmarks/bench_plan_matrix.py (warm release cache)")
-    done = subprocess.run([sys.executable, str(script), "--repeats", "3", "--json"], capture_output=True, text=True,
-                          timeout=SUBPROCESS_TIMEOUT_S * 2, cwd=repo, check=False)  # fmt: skip
+    progress(f"{PLAN_MATRIX_PROBE}: harness.bench.probe_plan_matrix (warm release cache)")
+    done = subprocess.run([sys.executable, "-m", "harness.bench.probe_plan_matrix", "--repeats", "3", "--json"],
+                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S * 2, cwd=repo,
+                          check=False)  # fmt: skip
     if done.returncode not in (0, 1) or not done.stdout.strip():
-        progress(f"{PLAN_MATRIX_PROBE}: skipped (bench_plan_matrix.py exited {done.returncode})")
+        progress(f"{PLAN_MATRIX_PROBE}: skipped (probe_plan_matrix exited {done.returncode})")
         return None
     report = json.loads(done.stdout.strip().splitlines()[-1])
     target = report["target_ratio"] * report["one_cell_cpu_s"]
@@ -235,13 +230,10 @@ def _plan_matrix_cost(repo: Path, progress: Progress) -> CpuCost | None:
 
 
 def _matrix_collect_costs(repo: Path, progress: Progress) -> list[CpuCost]:
-    """The matrix collect targets, from one run of benchmarks/bench_matrix_collect.py; none when it is absent."""
-    script = repo / "benchmarks" / "bench_matrix_collect.py"
-    if not script.exists():
-        return []
-    progress(f"{MATRIX_SPLIT_PROBE}, {MATRIX_CELLS_PROBE}: benchmarks/bench_matrix_collect.py")
+    """The matrix collect targets, from one run of harness.bench.probe_matrix_collect; none when it fails."""
+    progress(f"{MATRIX_SPLIT_PROBE}, {MATRIX_CELLS_PROBE}: harness.bench.probe_matrix_collect")
     done = subprocess.run(
-        [sys.executable, str(script), "--repeats", "1", "--json"],
+        [sys.executable, "-m", "harness.bench.probe_matrix_collect", "--repeats", "1", "--json"],
         capture_output=True,
         text=True,
         timeout=SUBPROCESS_TIMEOUT_S * 2,
@@ -249,7 +241,7 @@ def _matrix_collect_costs(repo: Path, progress: Progress) -> list[CpuCost]:
         check=False,
     )
     if done.returncode not in (0, 1) or not done.stdout.strip():
-        progress(f"matrix collect: skipped (bench_matrix_collect.py exited {done.returncode})")
+        progress(f"matrix collect: skipped (probe_matrix_collect exited {done.returncode})")
         return []
     r = json.loads(done.stdout.strip().splitlines()[-1])
     split_target = r["ratio_target"] * r["one_run_cpu_s"]
