@@ -1,9 +1,9 @@
 """Byte units and how sizes are shown: the one place KiB, MiB, GiB and TiB are defined.
 
 Records and report.json keep the bytes themselves. A size shown to a person goes through `human_bytes` (three
-significant digits in the largest unit reached: "56.0 GiB", "1.82 TiB", never "1.82e+03 GiB") or, where the
-figure is compared against a log to the byte, `exact_bytes` ("38,168,170,112 B"); tables that hold one unit per
-column divide by these constants.
+significant digits in the largest unit reached: "56.0 GiB", "1.82 TiB", never "1.82e+03 GiB"), through
+`exact_bytes` where it is compared against a log to the byte ("38,168,170,112 B"), or is divided by these
+constants where a fixed unit is the point (a table's GiB column, vLLM's own "112.00 GiB").
 """
 
 from __future__ import annotations
