@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import json
 import logging
@@ -430,8 +429,10 @@ def _run(ns: argparse.Namespace) -> int:
         sys.stdout.flush()  # here, not at exit: a full device under stdout is one line, not a traceback
         return code
     except HarnessError as exc:  # every refusal and failure of a command: one line, its exit code
-        with contextlib.suppress(OSError):
+        try:
             sys.stdout.flush()  # what the command printed before it comes first
+        except OSError:
+            _drop_stdout()  # a closed pipe: nothing left for Python's flush at exit to fail on
         return _report(exc)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM during a launch (harness.launch.Terminated)
         signum = int(getattr(exc, "signum", 2))  # SIGINT
