@@ -37,9 +37,9 @@ _PREFIX = re.compile(r"^(?:\(\w+(?:_\w+)? pid=\d+\)\s+)?(?:\x1b\[[0-9;]*m)?(?:DE
 FIGURE_PATTERNS: dict[str, re.Pattern[str]] = {
     "model_loading": re.compile(rf"Model loading took {_NUM} ?GiB"),
     "breakdown": re.compile(rf"Total non KV cache memory: {_NUM} ?GiB; torch peak memory increase: {_NUM} ?GiB; "
-                            rf"non-torch forward increase memory: {_NUM} ?GiB"),  # fmt: skip
+                            rf"non-torch forward increase memory: {_NUM} ?GiB"),
     "breakdown_old": re.compile(rf"model weights take {_NUM} ?GiB; non_torch_memory takes {_NUM} ?GiB; PyTorch "
-                                rf"activation peak memory takes {_NUM} ?GiB"),  # fmt: skip
+                                rf"activation peak memory takes {_NUM} ?GiB"),
     "total_old": re.compile(rf"total_gpu_memory \({_NUM} ?GiB\) x gpu_memory_utilization \({_NUM}\) = {_NUM} ?GiB"),
     "cuda_graph_estimate": re.compile(rf"Estimated CUDA graph memory: {_NUM} ?GiB total"),
     "available_kv": re.compile(rf"Available KV cache memory: {_NUM} ?GiB"),
@@ -47,7 +47,7 @@ FIGURE_PATTERNS: dict[str, re.Pattern[str]] = {
     "concurrency": re.compile(rf"Maximum concurrency for {_INT} tokens per request: {_NUM}x"),
     "graphs_taken": re.compile(rf"Graph capturing finished in {_NUM} secs?, took {_NUM} ?GiB"),
     "free_on_startup": re.compile(rf"Free memory on device \({_NUM}/{_NUM} ?GiB\) on startup\. Desired GPU memory "
-                                  rf"utilization is \({_NUM}, {_NUM} ?GiB\)"),  # fmt: skip
+                                  rf"utilization is \({_NUM}, {_NUM} ?GiB\)"),
     "requested": re.compile(rf"Requested memory: {_NUM} \(util\), {_NUM} ?GiB"),
     "blocks": re.compile(rf"(?:# GPU blocks|num_gpu_blocks(?: is)?):? {_INT}"),
 }
@@ -58,6 +58,8 @@ OTHER_KEYS = re.compile(r"Profiling CUDA graph memory|Defaulting|Enforce eager|M
                         r"Using FlashAttention version|non-default args|Requested memory|KV cache memory in use")  # fmt: skip
 # A Python exception's last line, as vLLM's engine core prints it before "Engine core initialization failed".
 EXCEPTION = re.compile(r"^(?:\(\w+ pid=\d+\)\s+)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit)): (.+)$")
+VERSION = re.compile(r"(?:LLM engine \(v|vLLM API server version |vLLM version )v?([0-9]+\.[0-9]+\.[0-9]+)")
+DEFAULTING = re.compile(r"Defaulting (max_num_batched_tokens|max_num_seqs) to ([0-9]+) for (\w+) usage context")
 GENERIC_FAILURES = ("Engine core initialization failed", "See root cause above", "Worker failed with error")
 
 
@@ -70,6 +72,9 @@ class ParsedLog:
     error: str | None
     ready: bool  # the figures a startup ends with (the KV cache's size) were printed
     found: list[str] = field(default_factory=list)  # which FIGURE_PATTERNS matched
+    vllm_version: str | None = None  # as the log states it
+    defaults: dict[str, int] = field(default_factory=dict)  # what vLLM defaulted ("Defaulting ... usage context")
+    usage_context: str | None = None  # LLM_CLASS or OPENAI_API_SERVER, where the log says
 
 
 def message(line: str) -> str:
@@ -92,6 +97,9 @@ def parse_log(text: str) -> ParsedLog:
     key: list[str] = []
     found: list[str] = []
     errors: list[str] = []
+    version: str | None = None
+    defaulted: dict[str, int] = {}
+    usage: str | None = None
     for raw in text.splitlines():
         line = raw.rstrip()
         if len(line) > 20000:
@@ -134,6 +142,13 @@ def parse_log(text: str) -> ParsedLog:
                 values.setdefault("requested_gib", _float(g[1]))
             elif name == "blocks":
                 values["num_gpu_blocks"] = _int(g[0])
+        v = VERSION.search(line)
+        if v and version is None:
+            version = v.group(1)
+        d = DEFAULTING.search(line)
+        if d:
+            defaulted[d.group(1)] = int(d.group(2))
+            usage = d.group(3)
         m = ATTENTION.search(line)
         if m:
             hit = True
@@ -164,7 +179,8 @@ def parse_log(text: str) -> ParsedLog:
     # The error that explains a failed start: the first exception line (the root cause comes first).
     error = None if ready else (errors[0] if errors else None)
     return ParsedLog(figures=figures, backends=Backends(**backends), model_runner=runner,  # type: ignore[arg-type]
-                     key_lines=key, error=error, ready=ready, found=found)  # fmt: skip
+                     key_lines=key, error=error, ready=ready, found=found, vllm_version=version,
+                     defaults=defaulted, usage_context=usage)  # fmt: skip
 
 
 def llm_kwargs_to_serve(model: str, kwargs: dict) -> list[str]:
