@@ -68,15 +68,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     from harness.scenario.schema import ScenarioError
     from harness.scenario.sections import GPU_MEMORY_BYTES
     from harness.sizing.plan import (
-        layer_expectation_failures,
-        layer_notes,
-        layer_versions,
-        make_layer_plans,
-        make_plan,
-        plan_json,
-        plan_summary,
-        render_layer_plan,
-        render_plan,
+        layer_expectation_failures, layer_notes, layer_versions, make_layer_plans, make_plan, plan_json,
+        plan_summary, render_layer_plan, render_plan,
     )  # fmt: skip
 
     if ns.gpu is not None and ns.gpu not in GPU_MEMORY_BYTES:
@@ -128,9 +121,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         data["deployments"] = [plan.model_dump(mode="json") for plan in deployments[0]]
         print(json.dumps(data, indent=1))
         return code
-    from harness.core.console import (
-        make_console,  # rich: only once the input is good, so a refusal stays quick
-    )
+    from harness.core.console import make_console  # rich: only once the input is good, so a refusal stays quick
 
     console = make_console()
     console.print(render_plan(scenario, rows))
@@ -181,9 +172,9 @@ def human_budget(num_bytes: int) -> str:
 
 def cmd_scenarios(ns: argparse.Namespace) -> int:
     """The scenario files, each marked with whether this machine can run it, and why not (harness.scenario.fit)."""
+    from harness.core.console import make_console
     from rich.table import Table
 
-    from harness.core.console import make_console
     from harness.launch.machine import local_machine
     from harness.scenario.fit import can_run, resolve_device
     from harness.scenario.schema import ScenarioError, list_scenarios, load_scenario
@@ -232,10 +223,7 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
         if ns.junit is not None:
             return _print_error("--junit goes with --sweep of one source, not with --releases")
         from harness.sizing.layer_audit import resolve_releases
-        from harness.sizing.vllm_source.sweep_report import (
-            SweepReleasesRequest,
-            run_sweep_releases,
-        )
+        from harness.sizing.vllm_source.sweep_report import SweepReleasesRequest, run_sweep_releases
 
         return run_sweep_releases(SweepReleasesRequest(releases=ns.releases, cache_dir=ns.cache_dir, out=ns.out,
                                                        json=ns.json), resolve_releases)  # fmt: skip
@@ -309,6 +297,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
 def cmd_collect(ns: argparse.Namespace) -> int:
     """`harness collect RUN_DIR`: a run directory, or a matrix directory (it holds matrix.json)."""
     from harness.core.console import make_console
+
     from harness.report.collect import collect
     from harness.report.matrix import recollect_matrix
     from harness.scenario.matrix import MatrixError

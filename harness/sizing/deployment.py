@@ -31,11 +31,7 @@ from harness.core.records import Record
 from harness.scenario.deployment import DeploymentSpec
 from harness.sizing import profile_run
 from harness.sizing import release_defaults as defaults
-from harness.sizing.deployment_weights import (
-    Sharding,
-    routed_experts_bytes,
-    weight_lines,
-)
+from harness.sizing.deployment_weights import Sharding, routed_experts_bytes, weight_lines
 from harness.sizing.kv_cache import DEFAULT_BLOCK_SIZE, kv_cache, kv_shape
 from harness.sizing.model_config import ModelFacts
 
@@ -55,8 +51,8 @@ CUDAGRAPH_BYTES = 1 * GIB
 # vLLM and torch print it (to 0.01 GiB). Other GPUs fall back to NVML's total, labelled so.
 DEVICE_TOTAL_GIB: dict[str, tuple[float, str]] = {
     "H100-80GB": (79.19, "vLLM 0.19.0's worker snapshot total_memory=79.19GiB (llm-d-planner's H100 logs)"),
-    "H200-141GB": (139.81, ("torch's 'GPU has a total capacity of 139.81 GiB' and vLLM's total_gpu_memory (139.81GiB) on "
-                   "H200")),
+    "H200-141GB": (139.81, "torch's 'GPU has a total capacity of 139.81 GiB' and vLLM's total_gpu_memory (139.81GiB) on "
+                   "H200"),
 }
 
 
@@ -315,7 +311,7 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | None = 
     max_num_batched_tokens tokens (per DP rank) with DeepEP's receive tensors, and the dummy sampler over
     min(N, max_num_seqs) logits. The receive tensors are a line of their own (the run allocates them); the
     activations line is the larger phase less them."""
-    N, tp = r.max_num_batched_tokens, r.tp
+    N, tp = r.max_num_batched_tokens, r.tp  # noqa: N806
     lines = [line for line in layer_lines if line.group == "profile-peak"]
     if layer_plan is not None:
         recv = sum((c.bytes or 0) for c in layer_plan.components if c.name in ("dispatch-recv", "dispatch-quant"))
