@@ -54,13 +54,13 @@ FIGURE_PATTERNS: dict[str, re.Pattern[str]] = {
 ATTENTION = re.compile(r"Using (\w+) attention backend out of potential backends: \[([^\]]*)\]")
 MOE = re.compile(r"Using (.+?) MoE backend out of potential backends: \[([^\]]*)\]")
 EXPERTS = re.compile(r"Using (\w+) MoE backend\s*$")
-OTHER_KEYS = re.compile(r"Profiling CUDA graph memory|Defaulting|Enforce eager|Model Runner V2|V1 model runner|"
+OTHER_KEYS = re.compile(r"Initializing a V1 LLM engine|Profiling CUDA graph memory|Defaulting|Enforce eager|Model Runner V2|V1 model runner|"
                         r"Using FlashAttention version|non-default args|Requested memory|KV cache memory in use")  # fmt: skip
 # A Python exception's last line, as vLLM's engine core prints it before "Engine core initialization failed".
 EXCEPTION = re.compile(r"^(?:\(\w+ pid=\d+\)\s+)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit)): (.+)$")
 VERSION = re.compile(r"(?:LLM engine \(v|vLLM API server version |vLLM version )v?([0-9]+\.[0-9]+\.[0-9]+)")
 DEFAULTING = re.compile(r"Defaulting (max_num_batched_tokens|max_num_seqs) to ([0-9]+) for (\w+) usage context")
-GENERIC_FAILURES = ("Engine core initialization failed", "See root cause above", "Worker failed with error")
+GENERIC_FAILURES = ("Engine core initialization failed", "EngineCore failed to start", "See root cause above", "Worker failed with error")
 
 
 @dataclass
@@ -97,6 +97,7 @@ def parse_log(text: str) -> ParsedLog:
     key: list[str] = []
     found: list[str] = []
     errors: list[str] = []
+    logged_errors: list[str] = []
     version: str | None = None
     defaulted: dict[str, int] = {}
     usage: str | None = None
@@ -164,20 +165,22 @@ def parse_log(text: str) -> ParsedLog:
         if hit or OTHER_KEYS.search(line):
             shown = message(line)
             if shown not in key:
-                key.append(shown[:2000])
+                key.append(shown[:600] + (" ..." if len(shown) > 600 else ""))
         e = EXCEPTION.match(line.strip())
         if e and not any(g in e.group(2) for g in GENERIC_FAILURES):
             errors.append(f"{e.group(1)}: {e.group(2)}"[:500])
         elif re.search(r"\bERROR\b", line) and "Traceback" not in line and line.strip():
             text_error = message(line)
             if not any(g in text_error for g in GENERIC_FAILURES) and text_error:
-                errors.append(text_error[:500])
+                logged_errors.append(text_error[:500])
     figures = StartupFigures(**values)  # type: ignore[arg-type]
     if figures.non_kv_gib is None and "breakdown_old" in found and figures.model_loading_gib is not None:
         pass  # the old summary gives no total: leave it unset rather than invent one
     ready = figures.kv_cache_tokens is not None
-    # The error that explains a failed start: the first exception line (the root cause comes first).
-    error = None if ready else (errors[0] if errors else None)
+    # The error that explains a failed start: the first exception line (the root cause comes first in a chain),
+    # else the first ERROR line that is not the generic "initialization failed".
+    causes = errors or logged_errors
+    error = None if ready else (causes[0] if causes else None)
     return ParsedLog(figures=figures, backends=Backends(**backends), model_runner=runner,  # type: ignore[arg-type]
                      key_lines=key, error=error, ready=ready, found=found, vllm_version=version,
                      defaults=defaulted, usage_context=usage)  # fmt: skip
