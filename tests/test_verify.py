@@ -68,7 +68,7 @@ def test_the_parser_reads_vllm_0_26_lines():
 (EngineCore pid=2515) INFO 12-01 23:59:44 [v1/core/kv_cache_utils.py:2177] GPU KV cache size: 3,913,760 tokens
 (EngineCore pid=2515) INFO 12-01 23:59:44 [v1/core/kv_cache_utils.py:2178] Maximum concurrency for 4,096 tokens per request: 955.51x
 INFO 12-01 23:59:40 [config/scheduler.py:1] Defaulting max_num_batched_tokens to 16384 for LLM_CLASS usage context.
-"""  # noqa: E501
+"""
     parsed = parse_log(text)
     f = parsed.figures
     assert (f.model_loading_gib, f.non_kv_gib, f.torch_peak_increase_gib, f.non_torch_increase_gib) == \
@@ -86,7 +86,7 @@ def test_the_parser_names_vllms_own_error_for_a_failed_start():
 (EngineCore pid=9)   File "vllm/v1/worker/gpu_worker.py", line 400, in determine_available_memory
 (EngineCore pid=9) ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.
 RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
-"""  # noqa: E501
+"""
     parsed = parse_log(text)
     assert not parsed.ready
     assert parsed.error.startswith("ValueError: No available memory for the cache blocks")
@@ -183,7 +183,7 @@ elif mode == "fail":
     print("ValueError: To serve at least one request with the models's max seq len (4096), 0.5 GiB KV cache is needed", flush=True)
     sys.exit(1)
 time.sleep(600)
-"""  # noqa: E501
+"""
 
 
 def _gone(pid: int, within_s: float = 10.0) -> bool:
