@@ -96,6 +96,7 @@ RuntimeError: Engine core initialization failed. See root cause above. Failed co
     assert parse_log(logged).error == "[v1/engine/core.py:1] Worker proc died: CUDA out of memory"
 
 
+@pytest.mark.vllm_wheel
 def test_verify_log_within_tolerance_exits_0(tmp_path):
     log, serve = _startup(tmp_path, "qwen2.5-7b-4l")
     saved = tmp_path / "saved.yaml"
@@ -112,6 +113,7 @@ def test_verify_log_within_tolerance_exits_0(tmp_path):
     assert record.figures == load_record(REAL / "qwen2.5-7b-4l.yaml").figures and record.entry == "llm"
 
 
+@pytest.mark.vllm_wheel
 def test_verify_log_outside_tolerance_exits_1_and_names_the_lines(tmp_path):
     log, serve = _startup(tmp_path, "llama-8b-4l")
     result = run_harness("verify", "--entry", "llm", "--log", str(log), "--gpu", "H200-141GB",
@@ -167,6 +169,85 @@ def test_flags_become_the_llm_classs_keyword_arguments():
                       "compilation_config": {"cudagraph_mode": "PIECEWISE"}, "kv_cache_dtype": "fp8"}  # fmt: skip
     assert llm_kwargs_to_serve("m", {k: v for k, v in kwargs.items() if k != "model"})[3:5] == ["--max-model-len",
                                                                                                 "4096"]  # fmt: skip
+
+
+# --- the whole startup path, with a stand-in for the GPU machine ---------------------------------------------------
+
+STAND_IN = """#!/bin/sh
+# A Python with vLLM 0.26.0 "installed" that prints what real vLLM printed (a committed startup's key lines).
+case "$2" in
+  *importlib.metadata*) echo 0.26.0; exit 0;;
+esac
+printf '%s\\n' "$*" > {args}
+sleep 600 &
+echo $! > {grandchild}
+cat {log}
+{ready}
+sleep 600
+"""
+
+
+def _stand_in(tmp_path: Path, log: Path, ready: str) -> tuple[Path, dict[str, str]]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python = bin_dir / "python-with-vllm"
+    python.write_text(STAND_IN.format(args=tmp_path / "args", grandchild=tmp_path / "grandchild", log=log,
+                                      ready=ready))  # fmt: skip
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200'\n")
+    for f in (python, smi):
+        f.chmod(0o755)
+    return python, {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.mark.vllm_wheel
+@pytest.mark.parametrize("entry,ready", [("llm", "echo HARNESS-VERIFY-READY"),
+                                         ("serve", "echo 'INFO 12-01 23:59:59 [api_server.py:1] Application startup "
+                                                   "complete.'")])  # fmt: skip
+def test_a_startup_is_read_judged_saved_and_stopped(tmp_path, entry, ready):
+    log, serve = _startup(tmp_path, "qwen2.5-7b-4l")
+    python, env = _stand_in(tmp_path, log, ready)
+    saved = tmp_path / "saved.yaml"
+    result = run_harness("verify", "--entry", entry, "--python", str(python), "--timeout", "60", "--save",
+                         str(saved), "--", *serve, env=env)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "starting vLLM 0.26.0" in result.stderr and "on NVIDIA H200" in result.stderr
+    assert "every judged line within 1.0%" in result.stdout
+    args = (tmp_path / "args").read_text()
+    if entry == "llm":
+        assert '"max_num_batched_tokens": 8192' in args and "load_format='dummy'" in args
+    else:
+        assert "serve" in args and "--load-format dummy --skip-tokenizer-init" in args
+    assert _gone(int((tmp_path / "grandchild").read_text())), "vLLM's process group outlived the verify"
+    record = load_record(saved)
+    assert record.figures == load_record(REAL / "qwen2.5-7b-4l.yaml").figures and record.gpu == "H200-141GB"
+
+
+def test_a_startup_that_fails_names_vllms_error_and_exits_1(tmp_path):
+    log = tmp_path / "failed.log"
+    log.write_text("(EngineCore pid=9) INFO 12-01 23:51:40 [v1/worker/gpu/model_runner.py:305] Model loading took "
+                   "3.79 GiB and 2.1 seconds\n(EngineCore pid=9) ValueError: To serve at least one request with the "
+                   "models's max seq len (4096), (0.06 GiB KV cache is needed, which is larger than the available KV "
+                   "cache memory (0.01 GiB).\n")  # fmt: skip
+    _, serve = _startup(tmp_path, "qwen2.5-7b-4l")
+    python, env = _stand_in(tmp_path, log, "exit 1")
+    result = run_harness("verify", "--entry", "llm", "--python", str(python), "--timeout", "60", "--", *serve,
+                         env=env)  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "vLLM did not start: ValueError: To serve at least one request" in result.stdout
+    assert any(line.split()[:3] == ["verdict", "fails", "starts"] for line in result.stdout.splitlines())
+    assert result.stdout.splitlines()[-1] == "outside 1.0%: verdict"
+
+
+def test_what_cannot_start_here_is_said_plainly(tmp_path):
+    log, _ = _startup(tmp_path, "qwen2.5-7b-4l")
+    python, env = _stand_in(tmp_path, log, "")
+    tp = run_harness("verify", "--python", str(python), "--", "vllm", "serve", "qwen2.5-7b",
+                     "--tensor-parallel-size", "4", env=env)  # fmt: skip
+    assert tp.returncode == 2 and "TP 4 needs 4 GPUs and this machine shows 1" in tp.stderr
+    moe = run_harness("verify", "--python", str(python), "--", "vllm", "serve", "qwen3-30b-a3b",
+                      "--data-parallel-size", "8", "--enable-expert-parallel", env=env)  # fmt: skip
+    assert moe.returncode == 2 and "DP 8 with an MoE model" in moe.stderr and "--log FILE" in moe.stderr
 
 
 # --- the launcher, with real child processes that print what vLLM prints -------------------------------------------
