@@ -114,6 +114,21 @@ def test_verify_log_within_tolerance_exits_0(tmp_path):
 
 
 @pytest.mark.vllm_wheel
+def test_verify_log_json_is_a_typed_report_and_the_gpu_follows_from_the_total(tmp_path):
+    from harness.verify.compare import VerifyReport
+
+    log, serve = _startup(tmp_path, "qwen3-8b-4l")
+    result = run_harness("verify", "--entry", "llm", "--log", str(log), "--json", "--", *serve)
+    assert result.returncode == 0, result.stderr
+    got = VerifyReport.model_validate_json(result.stdout)
+    assert got.schema_version == 1 and got.within and got.record.gpu == "H200-141GB" and got.plan.gpu == "H200-141GB"
+    tokens = next(r for r in got.rows if r.name == "KV tokens")
+    assert tokens.logged == 7899904 and tokens.predicted == got.plan.kv_tokens and tokens.within
+    graphs = next(r for r in got.rows if r.name == "CUDA graphs")
+    assert graphs.logged == 0.0 and graphs.predicted == 0.0  # the V2 runner: no estimate, in the log or the plan
+
+
+@pytest.mark.vllm_wheel
 def test_verify_log_outside_tolerance_exits_1_and_names_the_lines(tmp_path):
     log, serve = _startup(tmp_path, "llama-8b-4l")
     result = run_harness("verify", "--entry", "llm", "--log", str(log), "--gpu", "H200-141GB",

@@ -84,14 +84,17 @@ def _record(request: VerifyRequest, serve: list[str], text: str, *, source: str,
     from harness.verify.logparse import parse_log
     from harness.verify.record import StartupRecord, StartupSettings
 
+    from harness.verify.planning import gpu_from_total
+
     parsed = parse_log(text)
     release = request.vllm_version or version or parsed.vllm_version
+    gpu = request.gpu or gpu_from_total(parsed.figures.gpu_total_gib) or "unknown"
     entry = request.entry if request.log is None or request.entry == "llm" else \
         ("llm" if parsed.usage_context == "LLM_CLASS" else "serve")  # fmt: skip
     settings = StartupSettings(max_num_batched_tokens=parsed.defaults.get("max_num_batched_tokens"),
                                max_num_seqs=parsed.defaults.get("max_num_seqs"))  # fmt: skip
     record = StartupRecord(
-        schema_version=2, source=source, vllm_version=release or "unknown", gpu=request.gpu or "unknown",
+        schema_version=2, source=source, vllm_version=release or "unknown", gpu=gpu,
         model=serve[2] if serve[:2] == ["vllm", "serve"] else serve[0], serve=serve, settings=settings,
         figures=parsed.figures, entry=entry, model_runner=parsed.model_runner,  # type: ignore[arg-type]
         backends=parsed.backends, key_lines=parsed.key_lines, startup_s=seconds,
@@ -203,20 +206,18 @@ def _save(request: VerifyRequest, record) -> None:
 def _judge(request: VerifyRequest, record, release: str) -> int:
     from harness.sizing.model_config import ModelConfigError
     from harness.sizing.vllm_source.sources import VllmSourceError
-    from harness.verify.compare import compare, header, outside
-    from harness.verify.planning import plan_record
+    from harness.verify.compare import compare, header, outside, report
+    from harness.verify.planning import gpu_from_total, plan_record
 
     _save(request, record)
+    gpu = request.gpu or gpu_from_total(record.figures.gpu_total_gib)
     try:
-        plan = plan_record(record, version=release, gpu=request.gpu, cache_dir=request.cache_dir, release=True)
+        plan = plan_record(record, version=release, gpu=gpu, cache_dir=request.cache_dir, release=True)
     except (ModelConfigError, VllmSourceError) as error:
         return _error(str(error))
     rows = compare(record, plan, request.tolerance_pct)
     if request.json:
-        import json
-
-        print(json.dumps({"record": record.model_dump(mode="json"), "plan": plan.model_dump(mode="json"),
-                          "rows": [r.__dict__ for r in rows]}, indent=1))  # fmt: skip
+        print(report(record, plan, rows, request.tolerance_pct).model_dump_json(indent=1))
     else:
         entry = "vllm serve" if record.entry == "serve" else "the LLM class"
         print(f"vLLM {release} ({entry}{', ' + record.model_runner.upper() + ' model runner' if record.model_runner else ''})"
@@ -224,11 +225,10 @@ def _judge(request: VerifyRequest, record, release: str) -> int:
         print(header())
         for row in rows:
             print(row.text())
-    if record.status != "ready" and not record.figures.kv_cache_tokens:
-        print(f"vLLM did not start: {record.error or 'no error line in its log'}")
     bad = outside(rows)
-    if bad:
-        print(f"outside {request.tolerance_pct}%: {', '.join(r.name for r in bad)}")
-        return EXIT_FAILED
-    print(f"every judged line within {request.tolerance_pct}%")
-    return EXIT_OK
+    if not request.json:
+        if record.status != "ready" and not record.figures.kv_cache_tokens:
+            print(f"vLLM did not start: {record.error or 'no error line in its log'}")
+        print(f"outside {request.tolerance_pct}%: {', '.join(r.name for r in bad)}" if bad else
+              f"every judged line within {request.tolerance_pct}%")  # fmt: skip
+    return EXIT_FAILED if bad else EXIT_OK

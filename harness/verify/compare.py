@@ -13,11 +13,15 @@ A line vLLM did not print is shown as such and not judged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from harness.sizing.deployment import GIB, DeploymentPlan
 from harness.verify.record import StartupRecord
+
+VERIFY_REPORT_SCHEMA = 1
 
 Judge = Literal["total", "term", "verdict", "shown"]
 
@@ -111,3 +115,35 @@ def header() -> str:
 
 def outside(rows: list[Row]) -> list[Row]:
     return [r for r in rows if r.within is False]
+
+
+class VerifyRow(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    logged: float | str | None
+    predicted: float | str | None
+    unit: str
+    judge: Judge
+    diff: float | None = None
+    pct: float | None = None
+    within: bool | None = None
+
+
+class VerifyReport(BaseModel):
+    """`harness verify --json`: what vLLM printed, the plan, and each line beside the other."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: int = VERIFY_REPORT_SCHEMA
+    kind: Literal["verify-report"] = "verify-report"
+    tolerance_pct: float
+    within: bool
+    record: StartupRecord
+    plan: DeploymentPlan
+    rows: list[VerifyRow]
+
+
+def report(record: StartupRecord, plan: DeploymentPlan, rows: list[Row], tolerance_pct: float) -> VerifyReport:
+    return VerifyReport(tolerance_pct=tolerance_pct, within=not outside(rows), record=record, plan=plan,
+                        rows=[VerifyRow(**asdict(r)) for r in rows])  # fmt: skip

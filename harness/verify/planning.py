@@ -16,6 +16,17 @@ from harness.verify.record import StartupRecord
 LLM_CLASS_DEFAULTS = {"max_num_batched_tokens": 16384, "max_num_seqs": 1024}
 
 
+def gpu_from_total(total_gib: float | None) -> str | None:
+    """The GPU whose total vLLM saw, where the log's total is one of the table's (harness.sizing.deployment
+    DEVICE_TOTAL_GIB, to the 0.01 GiB vLLM prints): a log names no GPU, but its total tells an H100 from an H200."""
+    from harness.sizing.deployment import DEVICE_TOTAL_GIB
+
+    if total_gib is None:
+        return None
+    near = [gpu for gpu, (gib, _) in DEVICE_TOTAL_GIB.items() if abs(gib - total_gib) <= 0.015]
+    return near[0] if len(near) == 1 else None
+
+
 def record_facts(record: StartupRecord) -> ModelFacts:
     if record.config is not None:
         return facts_from(dict(record.config), name=record.model, path=f"{record.model}/config.json")
