@@ -82,9 +82,8 @@ def _read_log(path: Path) -> str | int:
 def _record(request: VerifyRequest, serve: list[str], text: str, *, source: str, status: str | None = None,
             seconds: float | None = None, version: str | None = None):  # fmt: skip
     from harness.verify.logparse import parse_log
-    from harness.verify.record import StartupRecord, StartupSettings
-
     from harness.verify.planning import gpu_from_total
+    from harness.verify.record import StartupRecord, StartupSettings
 
     parsed = parse_log(text)
     release = request.vllm_version or version or parsed.vllm_version
