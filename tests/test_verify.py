@@ -215,10 +215,11 @@ def _stand_in(tmp_path: Path, log: Path, ready: str) -> tuple[Path, dict[str, st
     return python, {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
 
 
+SERVE_READY = "echo 'INFO 12-01 23:59:59 [api_server.py:1] Application startup complete.'"
+
+
 @pytest.mark.vllm_wheel
-@pytest.mark.parametrize("entry,ready", [("llm", "echo HARNESS-VERIFY-READY"),
-                                         ("serve", "echo 'INFO 12-01 23:59:59 [api_server.py:1] Application startup "
-                                                   "complete.'")])  # fmt: skip
+@pytest.mark.parametrize("entry,ready", [("llm", "echo HARNESS-VERIFY-READY"), ("serve", SERVE_READY)])
 def test_a_startup_is_read_judged_saved_and_stopped(tmp_path, entry, ready):
     log, serve = _startup(tmp_path, "qwen2.5-7b-4l")
     python, env = _stand_in(tmp_path, log, ready)
