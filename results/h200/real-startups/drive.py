@@ -36,17 +36,17 @@ KEEP = re.compile(
 def gpu_used_mib():
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
+                             capture_output=True, text=True, timeout=20, check=False).stdout
         return int(out.split()[0])
-    except Exception:
+    except Exception:  # noqa: BLE001  (no nvidia-smi, or no number: unknown)
         return -1
 
 
 def gpu_info():
     try:
         return subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20).stdout.strip()
-    except Exception as e:
+                              capture_output=True, text=True, timeout=20, check=False).stdout.strip()
+    except Exception as e:  # noqa: BLE001
         return f"nvidia-smi failed: {e}"
 
 
@@ -144,22 +144,23 @@ def run_one(spec, deadline):
 
 
 def main():
-    specs = json.load(open(sys.argv[1]))
+    with open(sys.argv[1]) as f:
+        specs = json.load(f)
     budget = float(sys.argv[2])
     deadline = T0 + budget
     os.makedirs(OUT, exist_ok=True)
-    out = open(os.path.join(OUT, "startups.jsonl"), "a")
-    tail = open(os.path.join(OUT, "tail.log"), "a")
+    out = open(os.path.join(OUT, "startups.jsonl"), "a")  # noqa: SIM115  (appended to as each startup ends)
+    tail = open(os.path.join(OUT, "tail.log"), "a")  # noqa: SIM115
     import importlib.metadata as md
 
     def ver(name):
         try:
             return md.version(name)
-        except Exception:
+        except Exception:  # noqa: BLE001
             return None
 
     t = time.time()
-    import torch  # noqa: F401
+    import torch
     import vllm
     from vllm import LLM  # noqa: F401  (imported once; each startup is a fork of this process)
 

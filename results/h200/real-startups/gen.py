@@ -1,4 +1,7 @@
-import json, os, copy
+import copy
+import json
+import os
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASE = {
  "qwen3-30b-a3b": {"architectures":["Qwen3MoeForCausalLM"],"attention_bias":False,"attention_dropout":0.0,"bos_token_id":151643,"decoder_sparse_step":1,"eos_token_id":151645,"head_dim":128,"hidden_act":"silu","hidden_size":2048,"initializer_range":0.02,"intermediate_size":6144,"max_position_embeddings":40960,"max_window_layers":48,"mlp_only_layers":[],"model_type":"qwen3_moe","moe_intermediate_size":768,"norm_topk_prob":True,"num_attention_heads":32,"num_experts":128,"num_experts_per_tok":8,"num_hidden_layers":48,"num_key_value_heads":4,"output_router_logits":False,"rms_norm_eps":1e-06,"rope_scaling":None,"rope_theta":1000000.0,"router_aux_loss_coef":0.001,"sliding_window":None,"tie_word_embeddings":False,"torch_dtype":"bfloat16","use_cache":True,"use_sliding_window":False,"vocab_size":151936},
@@ -24,7 +27,8 @@ def cfg(name, base, layers=None, quant=None, **over):
     if quant: c["quantization_config"] = quant
     c.update(over)
     d = os.path.join(HERE, "configs", name); os.makedirs(d, exist_ok=True)
-    json.dump(c, open(os.path.join(d, "config.json"), "w"), indent=1)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(c, f, indent=1)
 cfg("qwen3-moe-4l", "qwen3-30b-a3b", 4)
 cfg("qwen3-moe-4l-fp8block", "qwen3-30b-a3b", 4, FP8_BLOCK)
 cfg("qwen3-30b-a3b", "qwen3-30b-a3b")
@@ -43,7 +47,7 @@ cfg("qwen1.5-moe-4l", "qwen1.5-moe-a2.7b", 4)
 cfg("gpt-oss-20b", "gpt-oss-20b")
 cfg("gpt-oss-4l", "gpt-oss-20b", 4)
 
-D = dict(max_model_len=4096, max_num_batched_tokens=8192, max_num_seqs=256, gpu_memory_utilization=0.9)
+D = {"max_model_len": 4096, "max_num_batched_tokens": 8192, "max_num_seqs": 256, "gpu_memory_utilization": 0.9}
 S = []
 def llm(name, config, timeout=300, **kw):
     S.append({"name": name, "config": config, "entry": "llm", "kwargs": {**D, **kw}, "timeout": timeout, "need": 50})
@@ -94,5 +98,6 @@ llm("qwen3-moe-4l-fp8block-kvfp8", "qwen3-moe-4l-fp8block", kv_cache_dtype="fp8"
 for s in S:
     if s["entry"] == "llm":
         s["kwargs"] = {k: v for k, v in s["kwargs"].items() if v is not None}
-json.dump(S, open(os.path.join(HERE, "startups.json"), "w"), indent=1)
+with open(os.path.join(HERE, "startups.json"), "w") as f:
+    json.dump(S, f, indent=1)
 print(len(S), "startups")
