@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 READY_MARKER = "HARNESS-VERIFY-READY"
-READY = re.compile(rf"{READY_MARKER}|Application startup complete|Starting vLLM API server")
+# The API server logs "Starting vLLM server on ADDRESS" once its engine is up (entrypoints/openai/api_server.py),
+# then uvicorn "Application startup complete".
+READY = re.compile(rf"{READY_MARKER}|Application startup complete|Starting vLLM (?:API )?server on")
 # The LLM class's child: keyword arguments as JSON in argv[1]; prints the marker once the engine is up.
 LLM_CHILD = (
     "import json, sys\n"

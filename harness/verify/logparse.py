@@ -58,7 +58,7 @@ OTHER_KEYS = re.compile(r"Initializing a V1 LLM engine|Profiling CUDA graph memo
                         r"Using FlashAttention version|non-default args|Requested memory|KV cache memory in use")  # fmt: skip
 # A Python exception's last line, as vLLM's engine core prints it before "Engine core initialization failed".
 EXCEPTION = re.compile(r"^(?:\(\w+ pid=\d+\)\s+)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit)): (.+)$")
-VERSION = re.compile(r"(?:LLM engine \(v|vLLM API server version |vLLM version )v?([0-9]+\.[0-9]+\.[0-9]+)")
+VERSION = re.compile(r"(?:LLM engine \(v|vLLM (?:API )?server version |vLLM version )v?([0-9]+\.[0-9]+\.[0-9]+)")
 DEFAULTING = re.compile(r"Defaulting (max_num_batched_tokens|max_num_seqs) to ([0-9]+) for (\w+) usage context")
 GENERIC_FAILURES = ("Engine core initialization failed", "EngineCore failed to start", "See root cause above", "Worker failed with error")
 
