@@ -194,6 +194,8 @@ case "$2" in
   *importlib.metadata*) echo 0.26.0; exit 0;;
 esac
 printf '%s\\n' "$*" > {args}
+for a; do last=$a; done
+printf '%s' "$last" > {args}.last
 sleep 600 &
 echo $! > {grandchild}
 cat {log}
@@ -237,6 +239,20 @@ def test_a_startup_is_read_judged_saved_and_stopped(tmp_path, entry, ready):
     assert _gone(int((tmp_path / "grandchild").read_text())), "vLLM's process group outlived the verify"
     record = load_record(saved)
     assert record.figures == load_record(REAL / "qwen2.5-7b-4l.yaml").figures and record.gpu == "H200-141GB"
+
+
+@pytest.mark.vllm_wheel
+def test_a_preset_starts_from_its_config_facts(tmp_path):
+    """vLLM is started from a directory holding the preset's config facts as config.json."""
+    import json
+
+    log, _ = _startup(tmp_path, "qwen2.5-7b-4l")
+    python, env = _stand_in(tmp_path, log, "echo HARNESS-VERIFY-READY")
+    run_harness("verify", "--entry", "llm", "--python", str(python), "--timeout", "60", "--", "vllm", "serve",
+                "qwen2.5-7b", "--max-model-len", "4096", env=env)  # fmt: skip
+    kwargs = json.loads((tmp_path / "args.last").read_text())  # the LLM class's keyword arguments
+    assert kwargs["model"].endswith("/qwen2.5-7b") and kwargs["max_model_len"] == 4096
+    assert not Path(kwargs["model"]).exists(), "the preset's directory outlived the verify"
 
 
 def test_a_startup_that_fails_names_vllms_error_and_exits_1(tmp_path):

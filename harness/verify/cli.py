@@ -159,7 +159,7 @@ def _from_start(request: VerifyRequest, serve: list[str], model: str, spec, fact
     with tempfile.TemporaryDirectory(prefix="harness-verify-") as tmp:
         log_path = Path(tmp) / "vllm.log"
         try:
-            argv = command(request.python, request.entry, model, flags)
+            argv = command(request.python, request.entry, _model_dir(model, Path(tmp)), flags)
         except LaunchError as error:
             return _error(str(error))
         print(f"starting vLLM {release} ({'vllm serve' if request.entry == 'serve' else 'the LLM class'}, dummy "
@@ -178,6 +178,23 @@ def _from_start(request: VerifyRequest, serve: list[str], model: str, spec, fact
         _save(request, record)
         return EXIT_FAILED
     return _judge(request, record, release)
+
+
+def _model_dir(model: str, tmp: Path) -> str:
+    """What vLLM is started from: the directory given, or for a preset a directory holding its config facts as
+    config.json (vLLM builds the model from them; the dummy weights need nothing else)."""
+    import json
+
+    from harness.sizing.model_config import MODELS_DIR
+
+    if Path(model).is_dir():
+        return model
+    preset = MODELS_DIR / f"{model.lower()}.json"
+    data = {k: v for k, v in json.loads(preset.read_text(encoding="utf-8")).items() if not k.startswith("_")}
+    directory = tmp / model.lower()
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(data, indent=1), encoding="utf-8")
+    return str(directory)
 
 
 def _without_dp(flags: list[str]) -> list[str]:
