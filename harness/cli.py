@@ -463,7 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan, parser=p)
 
     p = sub.add_parser("verify", help="start real vLLM on dummy weights (or read its startup log, --log) and put "
-                       "its startup figures beside `harness plan`'s, line by line: 0 within --tolerance-pct, 1 outside")
+                       "its startup figures beside `harness plan`'s, line by line: 0 within --tolerance-pct, 1 outside",
+                       description="harness verify [OPTIONS] -- vllm serve MODEL FLAGS: MODEL a directory holding "
+                       "config.json or a preset; docs/deployment-memory.md")
     p.add_argument("--log", type=Path, default=None, metavar="FILE",
                    help="compare this vLLM startup log; nothing is started (no GPU needed)")
     p.add_argument("--entry", choices=("serve", "llm"), default="serve",

@@ -148,6 +148,7 @@ def test_verify_log_of_a_flag_the_plan_does_not_read_is_bad_input(tmp_path):
     (["--tolerance-pct", "-1"], "--tolerance-pct -1.0 is not a percentage; allowed: 0 to 100"),
     (["--timeout", "0"], "--timeout 0.0 is not a number of seconds"),
     (["--log", "/nonexistent/vllm.log"], "--log /nonexistent/vllm.log: no such file"),
+    (["--gpu", "H300"], "--gpu 'H300' is not a known GPU; allowed: A100-40GB"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(args, message):
     result = run_harness("verify", *args, "--", "vllm", "serve", "qwen3-30b-a3b")

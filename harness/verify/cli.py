@@ -51,6 +51,10 @@ def verify_command(request: VerifyRequest) -> int:
     if not 0 < request.timeout_s <= MAX_TIMEOUT_S:
         return _error(f"--timeout {request.timeout_s} is not a number of seconds; allowed: above 0, at most "
                       f"{MAX_TIMEOUT_S}")  # fmt: skip
+    from harness.scenario.sections import GPU_MEMORY_BYTES
+
+    if request.gpu is not None and request.gpu not in GPU_MEMORY_BYTES:
+        return _error(f"--gpu {request.gpu[:40]!r} is not a known GPU; allowed: {', '.join(GPU_MEMORY_BYTES)}")
     if request.entry not in ("serve", "llm"):
         return _error(f"--entry {request.entry[:20]!r}; allowed: serve, llm")
     serve = list(request.serve)
