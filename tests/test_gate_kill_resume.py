@@ -107,7 +107,8 @@ def test_a_dead_runs_temporaries_go_with_its_claim_and_final_records_stay(tmp_pa
     are final keeps them (it is collected again)."""
     run_dir = write_run(tmp_path / "run", make_scenario())
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    strays = [run_dir / ".report.json.abc.tmp", run_dir / ".status.json.x.tmp", run_dir / "ranks/.rank-00000.json.q.tmp"]
+    strays = [run_dir / ".report.json.abc.tmp", run_dir / ".status.json.x.tmp",
+              run_dir / "ranks/.rank-00000.json.q.tmp"]
     for stray in strays:
         stray.write_text("{")
     assert records_ended(run_dir)
