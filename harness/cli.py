@@ -567,8 +567,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Arguments are counted and measured before argparse sees them: it takes seconds for thousands of options and
+# minutes for 100,000. A `vllm serve` command after `--` has tens of flags; a JSON value (--eplb-config) kilobytes.
+MAX_ARGS, MAX_ARG_CHARS = 1024, 64 * 1024
+
+
+def _arguments_refused(argv: list[str]) -> str | None:
+    if len(argv) > MAX_ARGS:
+        return f"{len(argv)} command-line arguments; allowed: at most {MAX_ARGS}"
+    longest = max(range(len(argv)), key=lambda i: len(argv[i]), default=None)
+    if longest is not None and len(argv[longest]) > MAX_ARG_CHARS:
+        from harness.scenario.limits import shown_text
+
+        return (f"argument {longest + 1} ({shown_text(argv[longest], 40)}) is {len(argv[longest])} characters long; "
+                f"allowed: at most {MAX_ARG_CHARS}")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if (refused := _arguments_refused(argv)) is not None:
+        return _print_error(refused)
     serve = None
     if argv[:1] == ["plan"] and "--" in argv:  # `harness plan ... -- vllm serve MODEL FLAGS`
         cut = argv.index("--")

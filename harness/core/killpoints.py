@@ -1,9 +1,11 @@
-"""A test hook on the driver: HARNESS_KILL_AT="MOMENT[,nth=N][,signal=KILL|TERM|INT]" makes the driver send itself
-SIGNAL (SIGKILL by default) the Nth time (1st by default) it reaches MOMENT, so a test of what a killed run leaves
+"""A test hook on the driver: HARNESS_KILL_AT="MOMENT[,nth=N][,signal=KILL|TERM|INT|INT-GROUP]" makes the driver send
+itself SIGNAL (SIGKILL by default; INT-GROUP: SIGINT to its whole process group, the ranks too, as a terminal's
+Ctrl-C does) the Nth time (1st by default) it reaches MOMENT, so a test of what a killed run leaves
 behind acts at a named point of the run rather than racing a timer.
 
 Moments (docs/launch.md, "Fault injection"):
     launch             a run's run.json is written, no rank started yet
+    ranks-started      every rank's process or actor is started (they are joining, setting up)
     policy-done        a rank's record so far (one policy finished) is on disk
     record             a rank's final record is on disk
     write:FILE         a report file (report.json, report.md, junit.xml, report.html, status.json) has its temporary
@@ -22,9 +24,9 @@ import signal
 from dataclasses import dataclass
 
 KILL_ENV = "HARNESS_KILL_AT"
-MOMENTS = ("launch", "policy-done", "record", "matrix-collect")
+MOMENTS = ("launch", "ranks-started", "policy-done", "record", "matrix-collect")
 _WRITE_RE = re.compile(r"write:[A-Za-z0-9._-]{1,64}")
-_SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "INT": signal.SIGINT}
+_SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "INT": signal.SIGINT, "INT-GROUP": -signal.SIGINT}
 
 
 class KillSpecError(ValueError):
@@ -54,7 +56,7 @@ def parse_kill_spec(text: str | None) -> KillSpec | None:
             signum = _SIGNALS[value]
         else:
             raise KillSpecError(f"{KILL_ENV}={text[:200]!r}: {part[:80]!r}: allowed: nth=N (1 or more), "
-                                "signal=KILL|TERM|INT")
+                                "signal=KILL|TERM|INT|INT-GROUP")
     return KillSpec(moment=moment, nth=nth, signum=signum)
 
 
@@ -76,4 +78,7 @@ def kill_point(moment: str) -> None:
         return
     _reached[moment] = _reached.get(moment, 0) + 1
     if _reached[moment] == spec.nth:
-        os.kill(os.getpid(), spec.signum)
+        if spec.signum < 0:
+            os.killpg(os.getpgrp(), -spec.signum)
+        else:
+            os.kill(os.getpid(), spec.signum)
