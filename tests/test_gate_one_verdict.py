@@ -153,3 +153,23 @@ def test_status_and_compare_refuse_every_tampered_matrix_alike(tmp_path: Path, c
     assert main(["compare", str(base), str(cur)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 2 and "Traceback" not in err
+
+
+def test_compare_prints_one_line_per_problem_and_the_traceback_stays_in_the_record(tmp_path: Path, capsys) -> None:
+    base = write_run(tmp_path / "base", make_scenario())
+    cur = write_run(tmp_path / "cur", make_scenario(), failed_ranks={0: "error: RuntimeError: boom",
+                                                                      1: "died: exit code 1\n\x1b[2Jhidden"})
+    traceback = 'Traceback (most recent call last):\n  File "lifecycle.py", line 1, in rank_main\nRuntimeError: boom'
+    failed = cur / "ranks/rank-00000.failed.json"
+    failed.write_text(json.dumps({**_json(failed), "detail": traceback}))
+    collect(base), collect(cur)
+    capsys.readouterr()
+    assert main(["compare", str(base), str(cur)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    problems = _json(cur / "report.json")["problems"]
+    assert lines[0] == f"harness: error: the current run's records have {len(problems)} problem(s):"
+    assert len(lines) == 1 + len(problems) and all(line.startswith("  ") for line in lines[1:])
+    assert "  rank-failure: rank 0 on node-0: error: RuntimeError: boom (its traceback: " \
+           "ranks/rank-00000.failed.json)" in "\n".join(lines)
+    assert "Traceback" not in "\n".join(lines) and "\x1b" not in "\n".join(lines)
+    assert _json(failed)["detail"] == traceback  # kept in the record, which the line names
