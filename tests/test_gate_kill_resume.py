@@ -139,3 +139,24 @@ def test_a_malformed_kill_hook_is_refused_before_the_run(tmp_path: Path) -> None
     result = run_harness("run", str(_matrix_file(tmp_path)), "--out", str(tmp_path / "o"), env={KILL_ENV: "nowhere"})
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and KILL_ENV in result.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_single_runs_final_records_are_never_replaced_by_a_run_into_its_out(tmp_path: Path) -> None:
+    """A run killed while it collected (its claim left, naming a dead pid) keeps its records: a new run into the
+    same --out is refused, pointing at `harness collect`, and the killed writer's temporary is cleared."""
+    import socket
+
+    from harness.launch.contract import LaunchError
+    from harness.launch.rundir import check_out_dir
+
+    run_dir = write_run(tmp_path / "run", make_scenario())
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    (run_dir / CLAIM_FILE).write_text(f"pid 999999999 on {socket.gethostname()} since 2026-01-01T00:00:00+00:00, "
+                                      f"run {run_id}\n")
+    (run_dir / ".report.json.k.tmp").write_text("{")
+    records = {p.name: p.read_bytes() for p in (run_dir / "ranks").iterdir()}
+    with pytest.raises(LaunchError, match="records are complete .*harness collect"):
+        check_out_dir(run_dir)
+    assert {p.name: p.read_bytes() for p in (run_dir / "ranks").iterdir()} == records
+    assert (run_dir / "run.json").exists() and not (run_dir / ".report.json.k.tmp").exists()
+    assert not (run_dir / CLAIM_FILE).exists()

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 KILL_ENV = "HARNESS_KILL_AT"
 MOMENTS = ("launch", "ranks-started", "policy-done", "record", "matrix-collect")
 _WRITE_RE = re.compile(r"write:[A-Za-z0-9._-]{1,64}")
-_SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "INT": signal.SIGINT, "INT-GROUP": -signal.SIGINT}
+_SIGNALS: dict[str, int] = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "INT": signal.SIGINT,
+                            "INT-GROUP": -signal.SIGINT}  # negative: to the process group
 
 
 class KillSpecError(ValueError):
@@ -37,7 +38,7 @@ class KillSpecError(ValueError):
 class KillSpec:
     moment: str
     nth: int = 1
-    signum: int = signal.SIGKILL
+    signum: int = int(signal.SIGKILL)
 
 
 def parse_kill_spec(text: str | None) -> KillSpec | None:
@@ -47,7 +48,7 @@ def parse_kill_spec(text: str | None) -> KillSpec | None:
     if moment not in MOMENTS and not _WRITE_RE.fullmatch(moment):
         raise KillSpecError(f"{KILL_ENV}={text[:200]!r}: moment {moment[:80]!r} is not one of "
                             f"{', '.join(MOMENTS)}, write:FILE")
-    nth, signum = 1, signal.SIGKILL
+    nth, signum = 1, int(signal.SIGKILL)
     for part in rest:
         key, _, value = part.partition("=")
         if key == "nth" and value.isdigit() and 0 < int(value) < 1_000_000:

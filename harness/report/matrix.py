@@ -99,6 +99,7 @@ def _cell_report(matrix_dir: Path, cell: ScenarioCell, *,
         if write not in ("stale", "expected"):
             return report, None
         report = with_digest(report)
+        assert isinstance(report, RunReport)
         sha = file_sha256(dump_json(report).encode())
         if write == "expected":
             return report, sha
