@@ -45,7 +45,9 @@ def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
 
 
 def _print_error(message: str) -> int:
-    print(f"harness: error: {message}", file=sys.stderr)
+    from harness.scenario.limits import shown_line
+
+    print(f"harness: error: {shown_line(message)}", file=sys.stderr)
     return EXIT_ERROR
 
 

@@ -79,3 +79,13 @@ def test_a_model_name_is_printed_escaped(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "\x1b" not in err
     assert "deep\\nseek\\x1b[2J: the directory has no config.json" in err
+
+
+def test_what_a_model_directory_holds_is_printed_escaped(tmp_path, capsys):
+    model = tmp_path / "m\nodel"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["Evil\x1b[31mForCausalLM"], "hidden_size": 8}))
+    code = main(["plan", "--vllm-version", "0.30.0", "--gpu", "H200-141GB", "--", "vllm", "serve", str(model)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "\x1b" not in err, err
+    assert "m\\nodel" in err

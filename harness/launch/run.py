@@ -197,7 +197,9 @@ def run_ranks(request: RanksRequest, *, launcher: Launcher, console: Console) ->
 
 
 def _error(message: str) -> int:
-    print(f"harness: error: {message}", file=sys.stderr)
+    from harness.scenario.limits import shown_line
+
+    print(f"harness: error: {shown_line(message)}", file=sys.stderr)
     return EXIT_ERROR
 
 
@@ -457,9 +459,10 @@ def _run_matrix(request: RunRequest, matrix: Matrix, overrides: dict[str, Any], 
     launcher: Launcher | None = None
     try:
         launcher = make_launcher(launcher_name, address=request.address, num_cpus=cluster_cpus_for(scenarios))
-        collected = _run_cells(cells, scenarios, not_here, launcher=launcher, run_dir=run_dir, run_id=run_id,
-                               path=path, command=command, console=console, resume=request.resume,
-                               start_s=start_s)
+        with sigterm_as_interrupt():  # between cells too (after ray.init, which sets a SIGTERM handler of its own)
+            collected = _run_cells(cells, scenarios, not_here, launcher=launcher, run_dir=run_dir, run_id=run_id,
+                                   path=path, command=command, console=console, resume=request.resume,
+                                   start_s=start_s)
     finally:
         if launcher is not None:
             launcher.close()

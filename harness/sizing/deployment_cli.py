@@ -19,7 +19,9 @@ from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 def _error(message: str) -> int:
     import sys
 
-    print(f"harness: error: {message}", file=sys.stderr)
+    from harness.scenario.limits import shown_line
+
+    print(f"harness: error: {shown_line(message)}", file=sys.stderr)
     return EXIT_ERROR
 
 
