@@ -290,8 +290,8 @@ def _launch_and_collect(scenario: Scenario, *, launcher: Launcher, run_dir: Path
         result = collect(run_dir, plots=plots)
     except KeyboardInterrupt:
         # Every record is on disk: collecting again (or `--resume` for a matrix) writes the reports from them.
-        print(f"harness: the run's records are complete in {run_dir}; `harness collect {run_dir}` writes its "
-              "reports", file=sys.stderr)
+        print(f"harness: every record of the run is in {run_dir}; `harness collect {run_dir}` writes its reports",
+              file=sys.stderr)
         raise
     if on_collected is not None and isinstance(result.report, RunReport):
         on_collected(result)
