@@ -157,7 +157,7 @@ def build_parser(commands: Mapping[str, Command]) -> HarnessParser:
         dest="command", required=True, parser_class=HarnessParser,
         help="what to do; `harness COMMAND --help` for its options",
     )  # fmt: skip
-    for add in (_plan, _scenarios, _run, _collect, _compare, _status, _bench, _schema, _vllm):
+    for add in (_plan, _verify, _scenarios, _run, _collect, _compare, _status, _bench, _schema, _vllm):
         add(sub, commands)
     return parser
 
@@ -204,6 +204,58 @@ def _plan(sub: Subcommands, commands: Mapping[str, Command]) -> None:
     p.add_argument("--budget-gb", type=float, default=None, help="fit or OOM against this many GB (1e9 B) instead")
     _wide(p)
     p.set_defaults(func=commands["plan"], parser=p)
+
+
+def _verify(sub: Subcommands, commands: Mapping[str, Command]) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="start real vLLM on dummy weights (or read its startup log, --log) and put "
+        "its startup figures beside `harness plan`'s, line by line: 0 within --tolerance-pct, 1 outside",
+        description="harness verify [OPTIONS] -- vllm serve MODEL FLAGS: MODEL a directory holding "
+        "config.json or a preset; docs/deployment-memory.md",
+    )
+    p.add_argument(
+        "--log",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="compare this vLLM startup log; nothing is started (no GPU needed)",
+    )
+    p.add_argument(
+        "--entry",
+        choices=("serve", "llm"),
+        default="serve",
+        help="start `vllm serve` (default) or the LLM class, whose defaults differ (max_num_batched_tokens "
+        "16384, max_num_seqs 1024)",
+    )
+    p.add_argument(
+        "--tolerance-pct",
+        type=float,
+        default=1.0,
+        metavar="P",
+        help="largest difference judged ok, in percent (totals of what vLLM printed; the profile's small "
+        "terms of the requested memory); default 1",
+    )
+    p.add_argument("--timeout", type=float, default=900.0, metavar="S", help="stop vLLM after S seconds (default 900)")
+    p.add_argument("--python", default=sys.executable, help="the Python whose vLLM is started (default: this one)")
+    p.add_argument(
+        "--vllm-version",
+        default=None,
+        metavar="X.Y.Z",
+        help="the release to plan (default: the installed one, or the one the log names)",
+    )
+    p.add_argument("--gpu", default=None, metavar="NAME", help="the GPU's name for the plan (default: nvidia-smi's)")
+    p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP)
+    p.add_argument(
+        "--save",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write what vLLM printed as a startup record (YAML, the format of tests/data/startup_logs)",
+    )
+    p.add_argument("--keep-log", type=Path, default=None, metavar="FILE", help="write vLLM's whole startup log here")
+    _json(p)
+    p.set_defaults(func=commands["verify"], parser=p)
 
 
 def _scenarios(sub: Subcommands, commands: Mapping[str, Command]) -> None:

@@ -18,8 +18,9 @@ PR_CASE = "scenarios/deepseek-v3-dp32-pr55579.yaml"
         ((), "harness: error: the following arguments are required: command; see `harness --help`"),
         (
             ("rnu",),
-            "harness: error: argument command: invalid choice: 'rnu' (choose from 'plan', 'scenarios', 'run', "
-            "'collect', 'compare', 'status', 'bench', 'schema', 'vllm'); did you mean 'run'? See `harness --help`.",
+            "harness: error: argument command: invalid choice: 'rnu' (choose from 'plan', 'verify', 'scenarios', "
+            "'run', 'collect', 'compare', 'status', 'bench', 'schema', 'vllm'); did you mean 'run'? "
+            "See `harness --help`.",
         ),
         (
             ("plan",),

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from harness.core.errors import BadInput
+from harness.core.text import shown_line
 
 LOG_LEVEL_ENV = "HARNESS_LOG_LEVEL"
 ROOT_LOGGER = "harness"
@@ -28,7 +29,8 @@ ERROR_PREFIX = "harness: error: "  # every refusal and failure of the harness st
 
 
 def error_line(message: str) -> str:
-    """The one line an error is shown as: ERROR_PREFIX, then the message."""
+    """The one line an error is shown as: ERROR_PREFIX, then the message (its control characters escaped by the
+    formatter: a name read from a file never splits the line or sends an escape code)."""
     return ERROR_PREFIX + message
 
 
@@ -61,7 +63,7 @@ class _Formatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()
         if record.levelno >= logging.ERROR:
-            return error_line(message)
+            return error_line(shown_line(message))
         if record.levelno >= logging.WARNING:
             return "harness: " + message
         return message

@@ -76,6 +76,7 @@ from harness.report.model import (
     RunSummary,
     StageSpread,
 )
+from harness.scenario.limits import shown_text
 
 __all__ = [
     "EXACT",
@@ -346,15 +347,28 @@ def _baseline_passes(baseline: Report, options: Options, where: str) -> str | No
     )
 
 
+MAX_CAUSES_SHOWN, MAX_CAUSE_CHARS = 10, 300  # compare's error: a line per problem, this many, this long at most
+
+
 def _current_problems(current: Report) -> None:
     """Problems in the current run's records make the comparison meaningless: exit 2, naming them.
 
     A matrix cell that never ran is not one of them: its results are missing, which is a regression."""
     problems = [p for p in current.problems if p.kind != "missing-cell"]
     if problems:
-        shown = "; ".join(f"{f'[{p.cell}] ' if p.cell else ''}{p.kind}: {p.cause}" for p in problems[:3])
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise CompareError(f"the current run's records have {len(problems)} problem(s): {shown}{more}")
+        # One line per cause (its first line, control characters escaped): a rank's traceback stays in its record.
+        lines = [
+            shown_text(
+                f"{f'[{p.cell}] ' if p.cell else ''}{p.kind}: {(p.cause.strip().splitlines() or [''])[0]}",
+                MAX_CAUSE_CHARS,
+            )
+            for p in problems[:MAX_CAUSES_SHOWN]
+        ]
+        if len(problems) > MAX_CAUSES_SHOWN:
+            lines.append(f"(and {len(problems) - MAX_CAUSES_SHOWN} more: `harness collect` lists them all)")
+        raise CompareError(
+            f"the current run's records have {len(problems)} problem(s):" + "".join(f"\n  {line}" for line in lines)
+        )
 
 
 def _compare_matrices(base: MatrixReport, cur: MatrixReport, ctx: _Context, warnings: list[str]) -> list[Row]:

@@ -11,6 +11,10 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
+# Kept where they live, harness.core.text (the error line uses them); imported from here too.
+from harness.core.text import shown_line as shown_line
+from harness.core.text import shown_text as shown_text
+
 # Files
 MAX_FILE_BYTES = 64 * 1024  # scenario files are about 1 KiB, matrix files a few KiB
 MAX_PATH_CHARS = 4096  # a path in a field or on the command line (PATH_MAX on Linux)
@@ -95,9 +99,3 @@ def shown_key(key: str) -> str:
     text = key[: MAX_SHOWN_CHARS + 1]
     quoted = repr(text) if text.isascii() else ascii(text)
     return quoted if len(key) <= MAX_SHOWN_CHARS else quoted[:MAX_SHOWN_CHARS] + "..."
-
-
-def shown_text(text: str, limit: int = 200) -> str:
-    """A file name or other text for a message: control characters escaped, at most `limit` characters."""
-    text = text[: limit + 1].encode("unicode_escape").decode("ascii") if not text[: limit + 1].isprintable() else text
-    return text if len(text) <= limit else text[:limit] + "..."
