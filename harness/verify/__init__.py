@@ -6,4 +6,6 @@ logparse.py  a startup log's text into figures, backends, the model runner and v
 compare.py   the plan beside the record, line by line, with the difference of each and a tolerance
 launch.py    starting vLLM itself (the one place the project executes vLLM code), bounded and cleaned up
 cli.py       the command
+
+May import: harness.core, harness.scenario, harness.sizing.
 """
