@@ -72,17 +72,19 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         plan_summary, render_layer_plan, render_plan,
     )  # fmt: skip
 
-    if ns.gpu is not None and ns.gpu not in GPU_MEMORY_BYTES:
-        return _print_error(f"--gpu {shown(ns.gpu)} is not a known GPU; allowed: {', '.join(GPU_MEMORY_BYTES)}")
     if ns.budget_gb is not None and not 0 < ns.budget_gb < 1e6:
         return _print_error(f"--budget-gb {ns.budget_gb} is not a budget in GB; allowed: above 0, below 1e6")
     if getattr(ns, "serve", None) is not None or ns.scenario is None:
         from harness.sizing.deployment_cli import PlanServeRequest, plan_serve_command
 
+        # the deployment's GPU is checked against the GPU table (harness.sizing.gpus) there
         return plan_serve_command(PlanServeRequest(
             scenario=ns.scenario, serve=tuple(ns.serve) if getattr(ns, "serve", None) is not None else None,
             vllm_versions=tuple(ns.vllm_version or ()), gpu=ns.gpu, budget_gb=ns.budget_gb, cache_dir=ns.cache_dir,
-            fail_on_verdict=ns.fail_on_verdict, json=ns.json))  # fmt: skip
+            fail_on_verdict=ns.fail_on_verdict, json=ns.json, gpu_memory_gib=ns.gpu_memory_gib, gpu_sms=ns.gpu_sms,
+            gpu_capability=ns.gpu_capability))  # fmt: skip
+    if ns.gpu is not None and ns.gpu not in GPU_MEMORY_BYTES:
+        return _print_error(f"--gpu {shown(ns.gpu)} is not a known GPU; allowed: {', '.join(GPU_MEMORY_BYTES)}")
     try:
         loaded = load_input(ns.scenario)
         if isinstance(loaded, Matrix):
@@ -449,6 +451,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default=None, metavar="NAME",
                    help="fit or OOM of each release's layer on this GPU (default: the scenario's memory.budget_gpu)")
     p.add_argument("--budget-gb", type=float, default=None, help="fit or OOM against this many GB (1e9 B) instead")
+    p.add_argument("--gpu-memory-gib", type=float, default=None, metavar="X",
+                   help="a deployment on a GPU not in the table: the total torch reports, GiB")
+    p.add_argument("--gpu-sms", type=int, default=None, metavar="N", help="with --gpu-memory-gib: its SM count")
+    p.add_argument("--gpu-capability", default=None, metavar="M.m",
+                   help="with --gpu-memory-gib: its compute capability (e.g. 8.9)")
     p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_plan, parser=p)
 

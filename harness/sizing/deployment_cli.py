@@ -30,6 +30,9 @@ class DeviceRequest:
     gpu: str | None = None
     budget_gb: float | None = None
     cache_dir: Path | None = None
+    gpu_memory_gib: float | None = None  # any GPU not in the table: its torch total, SMs, compute capability
+    gpu_sms: int | None = None
+    gpu_capability: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,16 +46,20 @@ class PlanServeRequest(DeviceRequest):
     json: bool = False
 
 
-def _budget(device: DeviceRequest, scenario_gpu: str | None = None) -> tuple[str | None, int | None]:
-    """The GPU and the total vLLM sees on it: --budget-gb as given, a named GPU's mem_get_info total."""
-    from harness.scenario.sections import GPU_MEMORY_BYTES
-    from harness.sizing.deployment import device_total
+def _budget(device: DeviceRequest, scenario_gpu: str | None = None) -> tuple[Any, int | None]:
+    """The GPU (a row of harness.sizing.gpus, or None) and the total vLLM sees on it: --budget-gb as given, a named
+    GPU's torch total, --gpu-memory-gib's. Raises UnknownGpuError (one line) for a name not in the table."""
+    from harness.sizing import gpus
 
     if device.budget_gb:
         return None, int(device.budget_gb * 1e9)
+    if device.gpu_memory_gib is not None:
+        row = gpus.given(device.gpu_memory_gib, num_sms=device.gpu_sms, capability=device.gpu_capability)
+        return row, row.total_bytes
     gpu = device.gpu or scenario_gpu
     if gpu:
-        return gpu, device_total(gpu, GPU_MEMORY_BYTES[gpu])[0]
+        row = gpus.lookup(gpu)
+        return row, row.total_bytes
     return None, None
 
 
@@ -72,7 +79,12 @@ def plan_serve_command(request: PlanServeRequest) -> int:
         model, spec, ignored = parse_serve(serve)
     except ServeArgsError as error:
         return _error(str(error))
-    gpu, total = _budget(request)
+    from harness.sizing.gpus import UnknownGpuError
+
+    try:
+        gpu, total = _budget(request)
+    except UnknownGpuError as error:
+        return _error(str(error))
     if total is None:
         return _error("a deployment plan needs --gpu NAME or --budget-gb N (the GPU's total memory)")
     if not request.vllm_versions:
@@ -88,7 +100,9 @@ def plan_serve_command(request: PlanServeRequest) -> int:
         if isinstance(error, ScenarioError):
             return _error(f"the deployment's MoE layer: {error}")
         raise
-    code = EXIT_FAILED if request.fail_on_verdict and any(p.verdict.outcome != "starts" for p in plans) else EXIT_OK
+    # an approximate plan (a memory flag or GPU fact not modelled) is not a pass either
+    failed = any(p.verdict.outcome != "starts" or p.approximate for p in plans)
+    code = EXIT_FAILED if request.fail_on_verdict and failed else EXIT_OK
     if request.json:
         print(json.dumps({"deployments": [p.model_dump(mode="json") for p in plans], "ignored_flags": ignored},
                          indent=1))  # fmt: skip
@@ -106,8 +120,13 @@ def scenario_deployments(scenario, layers: list[Any], device: DeviceRequest,
     from harness.sizing.deployment_plan import plan_scenario
     from harness.sizing.model_config import ModelConfigError
 
+    from harness.sizing.gpus import UnknownGpuError
+
     versions = [p.vllm_version for p in layers if p.vllm_version]
-    gpu, total = _budget(device, scenario.memory.budget_gpu)
+    try:
+        gpu, total = _budget(device, scenario.memory.budget_gpu)
+    except UnknownGpuError as error:
+        return [], f"no deployment verdict: {error}"
     try:
         return plan_scenario(scenario, versions, gpu=gpu, total_bytes=total or budget, cache_dir=device.cache_dir), ""
     except (ModelConfigError, ValueError) as error:

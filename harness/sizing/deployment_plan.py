@@ -11,6 +11,7 @@ from harness.scenario.deployment import DeploymentSpec
 from harness.scenario.schema import Scenario, parse_scenario
 from harness.scenario.sections import LayerSpec
 from harness.sizing.deployment import GIB, DeploymentPlan, Resolved, plan_deployment, resolve
+from harness.sizing.gpus import Gpu
 from harness.sizing.model_config import ModelFacts, load_model
 
 LAYER_ALL2ALL = {"deepep_low_latency": "deepep-low-latency", "deepep_high_throughput": "deepep-high-throughput"}
@@ -64,7 +65,7 @@ def scenario_deployment(scenario: Scenario) -> tuple[str, DeploymentSpec]:
     return model, filled
 
 
-def plan_release(facts: ModelFacts, spec: DeploymentSpec, version: str, *, gpu: str | None, total_bytes: int,
+def plan_release(facts: ModelFacts, spec: DeploymentSpec, version: str, *, gpu: str | Gpu | None, total_bytes: int,
                  cache_dir: Path | None = None, base: Scenario | None = None,
                  local_experts: int | None = None, origin: str = "flag") -> DeploymentPlan:  # fmt: skip
     """One release's plan; raises VllmSourceError when the release cannot be had."""
@@ -75,7 +76,7 @@ def plan_release(facts: ModelFacts, spec: DeploymentSpec, version: str, *, gpu: 
                        origin=origin)  # fmt: skip
 
 
-def plan_source(facts: ModelFacts, spec: DeploymentSpec, source, *, gpu: str | None, total_bytes: int,
+def plan_source(facts: ModelFacts, spec: DeploymentSpec, source, *, gpu: str | Gpu | None, total_bytes: int,
                 base: Scenario | None = None, local_experts: int | None = None, origin: str = "flag",
                 version: str | None = None, cudagraph_estimate: bool | None = None) -> DeploymentPlan:  # fmt: skip
     """The plan from a VllmSource (its defaults and its MoE layer), or from none: a dense model needs no release
@@ -97,13 +98,13 @@ def plan_source(facts: ModelFacts, spec: DeploymentSpec, source, *, gpu: str | N
     return plan_deployment(facts, r, layer_plan, version=version, gpu=gpu, total_bytes=total_bytes)
 
 
-def plan_serve(model: str, spec: DeploymentSpec, versions: list[str], *, gpu: str | None, total_bytes: int,
+def plan_serve(model: str, spec: DeploymentSpec, versions: list[str], *, gpu: str | Gpu | None, total_bytes: int,
                cache_dir: Path | None = None) -> list[DeploymentPlan]:  # fmt: skip
     facts = load_model(model)
     return [plan_release(facts, spec, v, gpu=gpu, total_bytes=total_bytes, cache_dir=cache_dir) for v in versions]
 
 
-def plan_scenario(scenario: Scenario, versions: list[str], *, gpu: str | None, total_bytes: int,
+def plan_scenario(scenario: Scenario, versions: list[str], *, gpu: str | Gpu | None, total_bytes: int,
                   cache_dir: Path | None = None) -> list[DeploymentPlan]:  # fmt: skip
     model, spec = scenario_deployment(scenario)
     facts = load_model(model)

@@ -127,3 +127,24 @@ def estimates_cudagraphs(files: ReleaseFiles | None, version: str | None = None)
     if read.ok:
         return Default(bool(read.value), str(read.ref))
     return Default(False, f"table: {CUDAGRAPH_ENV} absent from envs.py ({read.reason})")
+
+
+MODULAR_KERNEL_FILE = "vllm/model_executor/layers/fused_moe/modular_kernel.py"
+
+
+def workspace_persistent(files: ReleaseFiles | None, version: str | None = None) -> Default:
+    """Whether the MoE workspace outlives the call: from the release whose modular_kernel.py takes it from
+    `current_workspace_manager()` (vllm/v1/worker/workspace.py: one buffer grown to the largest request and kept),
+    before that `torch.empty` per call, freed when the call returns (only the profile's peak sees it)."""
+    module = files.module(MODULAR_KERNEL_FILE) if files is not None else None
+    if module is not None:
+        for node in ast.walk(module):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                    node.func.id == "current_workspace_manager":  # fmt: skip
+                return Default(True, f"{MODULAR_KERNEL_FILE.removeprefix('vllm/')}:{node.lineno} "
+                                     "current_workspace_manager().get_simultaneous: kept")  # fmt: skip
+        return Default(False, f"{MODULAR_KERNEL_FILE.removeprefix('vllm/')}: workspace13/workspace2 torch.empty per "
+                              "call, freed on return")  # fmt: skip
+    on = _release_key(version) >= (0, 11, 0)
+    return Default(on, "table: per call in 0.10.1, the workspace manager in 0.19.0 on (kept); taken as kept from "
+                       "0.11.0")
