@@ -72,5 +72,9 @@ class DeploymentSpec(BaseModel):
     cudagraphs: bool | None = Field(
         None, description="CUDA graphs captured (False: -O0, --compilation-config cudagraph_mode NONE, "
         "--enforce-eager); None: the release's default")
+    dtype: Annotated[str, Field(min_length=1, max_length=20, pattern=r"^[a-z0-9_]+$")] | None = Field(
+        None, description="--dtype: the weights' and activations' dtype (auto: the checkpoint's)")
+    quantization: Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[a-z0-9_\-]+$")] | None = Field(
+        None, description="--quantization: the weights' format (e.g. fp8, online from a bf16 checkpoint)")
     approximate: list[Annotated[str, Field(max_length=300)]] = Field(
         default_factory=list, max_length=64, description="flags that change GPU memory the model does not size yet: the plan says it is approximate")

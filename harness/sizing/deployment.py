@@ -214,6 +214,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     all2all = str(pick("all2all_backend", spec.all2all_backend, defaults.all2all_backend(files)))
     row = gpus.resolve(gpu)
     approximate = list(spec.approximate)
+    approximate += _format_flags(facts, spec)
     if row is not None and not row.total_is_measured:
         approximate.append(f"{row.name}'s total is {row.total_kind}'s ({row.total_bytes / GIB:.2f} GiB): torch, which "
                            "vLLM divides, sees a few hundred MiB less")  # fmt: skip
@@ -278,6 +279,22 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
 
 
 FAMILIES = ("cutlass", "deep_gemm", "triton")
+DTYPE_NAMES = {"half": "float16", "float": "float32", "float16": "float16", "bfloat16": "bfloat16",
+               "float32": "float32"}  # fmt: skip
+
+
+def _format_flags(facts: ModelFacts, spec: DeploymentSpec) -> list[str]:
+    """--dtype and --quantization that differ from what the checkpoint is: routed to the weights' sizing; where
+    the model facts do not size them, the plan says it is approximate."""
+    reasons = []
+    dtype = DTYPE_NAMES.get(spec.dtype or "auto")
+    if dtype is not None and dtype != facts.dtype and not getattr(facts, "serve_dtype_applied", False):
+        reasons.append(f"--dtype {spec.dtype}: the weights and the KV cache are sized in the checkpoint's {facts.dtype}")
+    if spec.quantization and spec.quantization != (facts.quant_method or "") and \
+            not getattr(facts, "serve_quantization_applied", False):  # fmt: skip
+        reasons.append(f"--quantization {spec.quantization}: the weights are sized in the checkpoint's format "
+                       f"({facts.quant_method or facts.dtype})")  # fmt: skip
+    return reasons
 
 
 def _experts_family(value: str | None, approximate: list[str]) -> str | None:

@@ -64,7 +64,7 @@ def _budget(device: DeviceRequest, scenario_gpu: str | None = None) -> tuple[Any
 
 
 def plan_serve_command(request: PlanServeRequest) -> int:
-    from harness.sizing.deployment_plan import plan_serve
+    from harness.sizing.deployment_plan import plan_serve_line
     from harness.sizing.model_config import ModelConfigError
     from harness.sizing.serve_args import ServeArgsError, parse_serve
     from harness.sizing.vllm_source.sources import VllmSourceError
@@ -76,9 +76,10 @@ def plan_serve_command(request: PlanServeRequest) -> int:
     if serve is None:
         return _error("plan needs a scenario, or `-- vllm serve MODEL FLAGS` after the options; see `harness plan --help`")
     try:
-        model, spec, ignored = parse_serve(serve)
+        parse_serve(serve)  # the words themselves (a MODEL, values), before any release is fetched
     except ServeArgsError as error:
-        return _error(str(error))
+        if "not one the plan understands" not in str(error):  # a release's own flag is read with its parser
+            return _error(str(error))
     from harness.sizing.gpus import UnknownGpuError
 
     try:
@@ -86,13 +87,14 @@ def plan_serve_command(request: PlanServeRequest) -> int:
     except UnknownGpuError as error:
         return _error(str(error))
     if total is None:
-        return _error("a deployment plan needs --gpu NAME or --budget-gb N (the GPU's total memory)")
+        return _error("a deployment plan needs --gpu NAME, --gpu-memory-gib X or --budget-gb N (the GPU's total "
+                      "memory)")  # fmt: skip
     if not request.vllm_versions:
         return _error("a deployment plan needs --vllm-version X.Y.Z (repeat it to compare releases)")
     try:
-        plans = plan_serve(model, spec, list(dict.fromkeys(request.vllm_versions)), gpu=gpu, total_bytes=total,
-                           cache_dir=request.cache_dir)  # fmt: skip
-    except (ModelConfigError, VllmSourceError) as error:
+        plans, ignored = plan_serve_line(serve, list(dict.fromkeys(request.vllm_versions)), gpu=gpu,
+                                         total_bytes=total, cache_dir=request.cache_dir)  # fmt: skip
+    except (ModelConfigError, VllmSourceError, ServeArgsError) as error:
         return _error(str(error))
     except Exception as error:  # a scenario the layout makes invalid (harness.scenario.ScenarioError)
         from harness.scenario.source import ScenarioError

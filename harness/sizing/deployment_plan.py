@@ -104,6 +104,27 @@ def plan_serve(model: str, spec: DeploymentSpec, versions: list[str], *, gpu: st
     return [plan_release(facts, spec, v, gpu=gpu, total_bytes=total_bytes, cache_dir=cache_dir) for v in versions]
 
 
+def plan_serve_line(serve: list[str], versions: list[str], *, gpu: str | Gpu | None, total_bytes: int,
+                    cache_dir: Path | None = None) -> tuple[list[DeploymentPlan], list[str]]:  # fmt: skip
+    """Each release's plan of one `vllm serve` line, the line read with that release's own flags
+    (harness.sizing.release_flags); and the flags listed as changing no GPU memory. Raises ServeArgsError for a
+    flag or value the release does not take, VllmSourceError, ModelConfigError."""
+    from harness.sizing.release_flags import read_flags
+    from harness.sizing.serve_args import read_serve
+    from harness.sizing.vllm_source.sources import locate
+
+    plans, ignored = [], []
+    for version in versions:
+        source = locate(version=version, cache_dir=cache_dir)
+        parsed = read_serve(serve, read_flags(source.root, source.version))
+        estimate = parsed.env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS")
+        facts = load_model(parsed.model)
+        plans.append(plan_source(facts, parsed.spec, source, gpu=gpu, total_bytes=total_bytes,
+                                 cudagraph_estimate=None if estimate is None else estimate.strip() not in ("0", "")))
+        ignored += [flag for flag in parsed.ignored if flag not in ignored]
+    return plans, ignored
+
+
 def plan_scenario(scenario: Scenario, versions: list[str], *, gpu: str | Gpu | None, total_bytes: int,
                   cache_dir: Path | None = None) -> list[DeploymentPlan]:  # fmt: skip
     model, spec = scenario_deployment(scenario)
