@@ -48,6 +48,7 @@ GIB = 2**30
 # goes through torch's allocator (harness.sizing.profile_run).
 NON_TORCH_SINGLE_BYTES = int(0.25 * GIB)
 NON_TORCH_MULTI_BYTES = int(2.1 * GIB)
+NON_TORCH_PP_BYTES = int(0.07 * GIB)
 # The profiler's CUDA-graph estimate ("Estimated CUDA graph memory: X GiB total"): 0.57-1.69 GiB, mean 0.94.
 CUDAGRAPH_BYTES = 1 * GIB
 
@@ -63,7 +64,7 @@ def device_total(gpu: str | Gpu, nvml_bytes: int | None = None) -> tuple[int, st
     return nvml_bytes, "table: NVML's total (vLLM sees torch.cuda.mem_get_info's, a few hundred MiB less)"
 
 
-def non_torch_bytes(world_size: int, gpu: str | Gpu | None) -> tuple[int, str]:
+def non_torch_bytes(tp: int, gpu: str | Gpu | None, *, pp: int = 1, dp: int = 1) -> tuple[int, str]:
     """The memory outside torch the profile sees grow: on one GPU the cuBLAS/cuBLASLt handles and the kernels'
     modules (0.24-0.27 GiB in the single-GPU logs); with more ranks on NVLink, NCCL's NVLink/NVLS channel buffers and
     vLLM's custom all-reduce IPC buffers (2.06-2.13 GiB at TP 2 and 4 on H100 SXM); on PCIe machines custom
@@ -73,6 +74,11 @@ def non_torch_bytes(world_size: int, gpu: str | Gpu | None) -> tuple[int, str]:
     row = gpus.resolve(gpu)
     link = row.interconnect if row is not None else "nvlink"
     basis = "basis: published logs' non_torch_memory (docs/deployment-memory.md)"
+    world_size = tp * dp
+    if tp == 1 and pp > 1 and dp == 1:
+        # pipeline stages exchange activations point to point: the NCCL communicators are made before the worker's
+        # first snapshot, and the profile sees 0.07 GiB grow at PP 2 and PP 4 (llm-d-planner's H100 logs)
+        return NON_TORCH_PP_BYTES, f"estimate: pipeline stages (TP 1): kernel modules, NCCL p2p; {basis}"
     if world_size <= 1:
         return NON_TORCH_SINGLE_BYTES, f"estimate: cuBLAS handles, loaded kernel modules; {basis}"
     if link == "pcie":
@@ -286,9 +292,13 @@ DTYPE_NAMES = {"half": "float16", "float": "float32", "float16": "float16", "bfl
 def _format_flags(facts: ModelFacts, spec: DeploymentSpec) -> list[str]:
     """--dtype and --quantization that differ from what the checkpoint is: routed to the weights' sizing; where
     the model facts do not size them, the plan says it is approximate."""
+    from harness.sizing.model_config import DTYPE_BYTES
+
     reasons = []
     dtype = DTYPE_NAMES.get(spec.dtype or "auto")
-    if dtype is not None and dtype != facts.dtype and not getattr(facts, "serve_dtype_applied", False):
+    # float16 for a bfloat16 checkpoint changes no byte; float32 doubles the weights and the KV cache
+    if dtype is not None and DTYPE_BYTES[dtype] != facts.dtype_bytes and not getattr(facts, "serve_dtype_applied",
+                                                                                      False):
         reasons.append(f"--dtype {spec.dtype}: the weights and the KV cache are sized in the checkpoint's {facts.dtype}")
     if spec.quantization and spec.quantization != (facts.quant_method or "") and \
             not getattr(facts, "serve_quantization_applied", False):  # fmt: skip
@@ -418,8 +428,9 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
     layer = layer_plan if moe_here else None
     lines += [line for line in layer_lines if line.group != "profile-peak"] if moe_here else []
     lines += held_once_lines(facts, r, sharding, layer)
-    lines += profile_lines(facts, r, layer, gpu, layer_lines if moe_here else [])
-    non_torch, non_torch_source = non_torch_bytes(r.world_size, gpu if gpu is not None else r.gpu)
+    first, last = (stage[0] == 0, stage[0] == stage[1] - 1) if stage is not None else (True, True)
+    lines += profile_lines(facts, r, layer, gpu, layer_lines if moe_here else [], first=first, last=last)
+    non_torch, non_torch_source = non_torch_bytes(r.tp, gpu if gpu is not None else r.gpu, pp=r.pp, dp=r.dp)
     lines.append(DeploymentLine(group="non-torch", name="non-torch memory", bytes=non_torch, kind="estimate",
                                 source=non_torch_source))  # fmt: skip
     if r.cudagraph_estimate:
@@ -535,7 +546,8 @@ def _eplb(r: Resolved) -> bool:
 
 
 def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | None = None,
-                  layer_lines: list[DeploymentLine] = ()) -> list[DeploymentLine]:  # fmt: skip
+                  layer_lines: list[DeploymentLine] = (), *, first: bool = True,
+                  last: bool = True) -> list[DeploymentLine]:  # fmt: skip
     """The profile run's torch peak beyond the weights and the held-once buffers (harness.sizing.profile_run): the
     cuBLAS workspace, kept from the first GEMM, and the larger of two phases: the dummy forward of
     max_num_batched_tokens tokens (per DP rank) with DeepEP's receive tensors, and the dummy sampler over
@@ -561,8 +573,19 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
     cublas, cublas_source = profile_run.cublas_workspace(gpu)
     lines.append(DeploymentLine(group="profile-peak", name="cuBLAS workspace", bytes=cublas, kind="estimate",
                                 source=cublas_source))  # fmt: skip
+    if not first:
+        received = 2 * N * facts.hidden_size * facts.dtype_bytes
+        lines.append(DeploymentLine(
+            group="profile-peak", name="pipeline intermediate tensors", bytes=received, kind="exact",
+            source=f"a later pipeline stage's receive buffers, hidden_states and residual 2 x (N={N}, "
+            f"{facts.hidden_size}) {facts.dtype}, made in the first dummy run and kept (v1/worker/gpu_model_runner.py "
+            "_dummy_run: make_empty_intermediate_tensors(batch_size=max_num_tokens))"))  # fmt: skip
     forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv)
-    sampler = profile_run.sampler_phase(facts, num_tokens=N, max_num_seqs=r.max_num_seqs, tp=tp, gpu=gpu)
+    if last:
+        sampler = profile_run.sampler_phase(facts, num_tokens=N, max_num_seqs=r.max_num_seqs, tp=tp, gpu=gpu)
+    else:  # profile_run runs the dummy sampler on the last pipeline rank only
+        sampler = profile_run.Phase(0, "no dummy sampler (not the last pipeline stage: gpu_model_runner.py "
+                                       "profile_run runs it where get_pp_group().is_last_rank)")  # fmt: skip
     in_sampler = sampler.bytes >= forward.bytes
     _, _, gpu_source = profile_run.gpu_facts(gpu)
     lines.append(DeploymentLine(
