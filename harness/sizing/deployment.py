@@ -224,7 +224,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     if row is not None and not row.total_is_measured:
         approximate.append(f"{row.name}'s total is {row.total_kind}'s ({row.total_bytes / GIB:.2f} GiB): torch, which "
                            "vLLM divides, sees a few hundred MiB less")  # fmt: skip
-    moe_backend = str(pick("moe_backend", _experts_family(spec.moe_backend, approximate),
+    moe_backend = str(pick("moe_backend", _experts_family(spec.moe_backend, approximate if facts.is_moe else []),
                            default_experts_backend(facts, row)))
     gpu = gpus.label(gpu)
     utilization = float(pick("gpu_memory_utilization", spec.gpu_memory_utilization,  # type: ignore[arg-type]

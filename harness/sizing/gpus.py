@@ -110,16 +110,19 @@ GPUS: tuple[Gpu, ...] = (
         interconnect="nvlink", aliases=("H100-94GB", "H100-NVL-94GB"),
         source=f"94 GB HBM3, 132 SMs, sm_90, NVLink bridge pairs ({_NV}/h100/); NVML 95830 MiB (the harness's "
         "GPU_MEMORY_BYTES H100-94GB)"),
-    Gpu(name="H800", total_bytes=_gib(79.19), total_kind="nvml", num_sms=132, capability=(9, 0),
+    Gpu(name="H800", total_bytes=_mib(81559), total_kind="nvml", num_sms=132, capability=(9, 0),
         interconnect="nvlink", aliases=("H800-80GB",),
-        source="the H100 SXM5's export variant: 80 GB HBM3, 132 SMs, sm_90, NVLink (lower NVLink bandwidth); "
-        "total taken as the H100 SXM's"),
+        source="the H100 SXM5's export variant: 80 GB HBM3, 132 SMs, sm_90; eight on NVLink (NV8 in vLLM's "
+        "collect_env on H800s, github.com/vllm-project/vllm/issues/40755); NVML total taken as the H100 SXM's "
+        "81559 MiB"),
     Gpu(name="H20-96GB", total_bytes=_mib(97871), total_kind="nvml", num_sms=78, capability=(9, 0),
         interconnect="nvlink", aliases=("H20",),
-        source="NVML 97871 MiB (the harness's GPU_MEMORY_BYTES H20-96GB); 78 SMs, sm_90, NVLink 900 GB/s"),
+        source="NVML 97871 MiB (the harness's GPU_MEMORY_BYTES H20-96GB); the H100's silicon capped for export, "
+        "compute capability 9.0 (github.com/tile-ai/TileOPs/pull/1658), 78 SMs enabled, NVLink 900 GB/s"),
     Gpu(name="H20-141GB", total_bytes=_mib(143771), total_kind="nvml", num_sms=78, capability=(9, 0),
         interconnect="nvlink", aliases=("H20-3e", "H20-141G"),
-        source="the H20 with 141 GB HBM3e (as the H200's, NVML 143771 MiB); 78 SMs, sm_90, NVLink"),
+        source="the H20-3e: 141 GB HBM3e as the H200's (NVML 143771 MiB), compute capability 9.0 "
+        "(github.com/tile-ai/TileOPs/pull/1658); 78 SMs, NVLink"),
     Gpu(name="H200-141GB", total_bytes=_gib(139.81), total_kind="torch", num_sms=132, capability=(9, 0),
         interconnect="nvlink", aliases=("H200", "H200-SXM", "H200-SXM-141GB"),
         source="torch's 'GPU has a total capacity of 139.81 GiB' and vLLM's total_gpu_memory (139.81GiB), measured "
