@@ -274,9 +274,9 @@ def _read_flags(root_text: str, version: str | None) -> ReleaseFlags | None:
                 flags += _flags_of_calls(node, cli_file, classes)
     serve = _parse(root / SERVE)
     if serve is not None:
-        for node in ast.walk(serve):
-            if isinstance(node, ast.FunctionDef) and node.name == "subparser_init":
-                flags += _flags_of_calls(node, SERVE, classes)
+        for found in ast.walk(serve):
+            if isinstance(found, ast.FunctionDef) and found.name == "subparser_init":
+                flags += _flags_of_calls(found, SERVE, classes)
     table: dict[str, ReleaseFlag] = {}
     for flag in flags:
         for option in flag.options:

@@ -302,7 +302,8 @@ def read_serve(argv: list[str], release: ReleaseFlags | None = None) -> Parsed:
         if _neutral(option, release):
             ignored.append(option)
         else:
-            ref = release.get(option).ref if release is not None and release.get(option) else "the release"
+            declared = release.get(option) if release is not None else None
+            ref = declared.ref if declared is not None else "the release"
             approximate.append(f"{option} is not sized (it may change GPU memory; {ref})")
     return _spec(values, model_tag, ignored, approximate, env, release)
 
