@@ -326,3 +326,13 @@ def test_workspace_lifetime_and_dispatchers_per_release(cache_dir):
     assert per_call.line("moe-workspace (per call)").bytes == layer_workspace // 2
     kept_peak = plan.group_bytes("held-once") + plan.group_bytes("profile-peak")
     assert per_call.group_bytes("held-once") + per_call.group_bytes("profile-peak") <= kept_peak
+
+
+def test_an_all2all_backend_whose_buffers_are_not_sized_is_approximate():
+    facts = load_model("deepseek-v3")
+    for backend, approximate in (("deepep_low_latency", False), ("allgather_reducescatter", False),
+                                 ("mori_low_latency", True), ("flashinfer_nvlink_one_sided", True)):  # fmt: skip
+        spec = DeploymentSpec(model="deepseek-v3", data_parallel_size=8, enable_expert_parallel=True,
+                              all2all_backend=backend)  # fmt: skip
+        r = resolve(facts, spec, None, "0.30.0", gpu_bytes=H100.total_bytes, gpu=H100)
+        assert any(backend in reason for reason in r.approximate) == approximate, backend

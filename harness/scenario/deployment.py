@@ -38,8 +38,9 @@ class DeploymentSpec(BaseModel):
         None, description="--data-parallel-size; default in a scenario: parallel.num_dispatchers / TP")
     enable_expert_parallel: bool | None = Field(
         None, description="--enable-expert-parallel; default in a scenario: true (D dispatchers)")
-    all2all_backend: Literal[ALL2ALL_BACKENDS] | None = Field(  # type: ignore[valid-type]
-        None, description="--all2all-backend; default in a scenario: from layer.all2all, else the release's")
+    all2all_backend: Annotated[str, Field(min_length=1, max_length=60, pattern=r"^[a-z0-9_]+$")] | None = Field(
+        None, description="--all2all-backend: a value of the release's ParallelConfig.all2all_backend (e.g. "
+        f"{', '.join(ALL2ALL_BACKENDS[:4])}); default in a scenario: from layer.all2all, else the release's")
     moe_backend: Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[a-z0-9_]+$")] | None = Field(
         None, description="--moe-backend: the experts class family (cutlass, deep_gemm, triton; a release's own "
         "values, read from its config/kernel.py, are accepted too); default: the release's choice for the checkpoint "

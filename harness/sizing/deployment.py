@@ -221,6 +221,8 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     row = gpus.resolve(gpu)
     approximate = list(spec.approximate)
     approximate += _format_flags(facts, spec)
+    if ep and facts.is_moe and all2all not in SIZED_ALL2ALL:
+        approximate.append(f"--all2all-backend {all2all}: its buffers are not sized (the all-gather path's are used)")
     if row is not None and not row.total_is_measured:
         approximate.append(f"{row.name}'s total is {row.total_kind}'s ({row.total_bytes / GIB:.2f} GiB): torch, which "
                            "vLLM divides, sees a few hundred MiB less")  # fmt: skip
@@ -285,6 +287,8 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
 
 
 FAMILIES = ("cutlass", "deep_gemm", "triton")
+# the all-to-all backends whose buffers the layer model sizes (docs/layer-memory.md)
+SIZED_ALL2ALL = ("allgather_reducescatter", "naive", "deepep_low_latency", "deepep_high_throughput")
 DTYPE_NAMES = {"half": "float16", "float": "float32", "float16": "float16", "bfloat16": "bfloat16",
                "float32": "float32"}  # fmt: skip
 
