@@ -63,7 +63,6 @@ def _plan_matrix(matrix: Any, ns: argparse.Namespace) -> int:
 def cmd_plan(ns: argparse.Namespace) -> int:
     """Workspace per sizing policy; with releases (--vllm-version or vllm==X.Y.Z policies) the whole layer per
     release, a budget's fit/OOM per release, and exit 1 when the scenario's layer.expect is not met."""
-    from harness.scenario.limits import shown
     from harness.scenario.matrix import Matrix, load_input
     from harness.scenario.schema import ScenarioError
     from harness.scenario.sections import GPU_MEMORY_BYTES
@@ -83,8 +82,14 @@ def cmd_plan(ns: argparse.Namespace) -> int:
             vllm_versions=tuple(ns.vllm_version or ()), gpu=ns.gpu, budget_gb=ns.budget_gb, cache_dir=ns.cache_dir,
             fail_on_verdict=ns.fail_on_verdict, json=ns.json, gpu_memory_gib=ns.gpu_memory_gib, gpu_sms=ns.gpu_sms,
             gpu_capability=ns.gpu_capability))  # fmt: skip
-    if ns.gpu is not None and ns.gpu not in GPU_MEMORY_BYTES:
-        return _print_error(f"--gpu {shown(ns.gpu)} is not a known GPU; allowed: {', '.join(GPU_MEMORY_BYTES)}")
+    gpu_bytes = dict(GPU_MEMORY_BYTES)
+    if ns.gpu is not None and ns.gpu not in gpu_bytes:
+        from harness.sizing import gpus
+
+        try:  # any GPU of the deployment's table: its total as torch reports it
+            gpu_bytes[ns.gpu] = gpus.lookup(ns.gpu).total_bytes
+        except gpus.UnknownGpuError as error:
+            return _print_error(str(error))
     try:
         loaded = load_input(ns.scenario)
         if isinstance(loaded, Matrix):
@@ -92,7 +97,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         scenario = loaded
         rows = make_plan(scenario, cache_dir=ns.cache_dir)
         gpu = ns.gpu or scenario.memory.budget_gpu
-        budget = int(ns.budget_gb * 1e9) if ns.budget_gb else (GPU_MEMORY_BYTES[ns.gpu] if ns.gpu else
+        budget = int(ns.budget_gb * 1e9) if ns.budget_gb else (gpu_bytes[ns.gpu] if ns.gpu else
                                                                scenario.memory.budget_bytes)  # fmt: skip
         layers = make_layer_plans(scenario, layer_versions(scenario, ns.vllm_version), cache_dir=ns.cache_dir,
                                   budget_bytes=budget, gpu=gpu if not ns.budget_gb else None,

@@ -336,3 +336,11 @@ def test_an_all2all_backend_whose_buffers_are_not_sized_is_approximate():
                               all2all_backend=backend)  # fmt: skip
         r = resolve(facts, spec, None, "0.30.0", gpu_bytes=H100.total_bytes, gpu=H100)
         assert any(backend in reason for reason in r.approximate) == approximate, backend
+
+
+def test_a_scenario_plan_takes_any_gpu_of_the_table():
+    result = run_harness("plan", "deepseek-v3-dp32-pr55579", "--gpu", "L40S")
+    assert result.returncode == 0, result.stderr
+    result = run_harness("plan", "deepseek-v3-dp32-pr55579", "--gpu", "L40X")
+    assert result.returncode == 2 and "closest: L40, L40S" in result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
