@@ -51,6 +51,9 @@ def _budget(device: DeviceRequest, scenario_gpu: str | None = None) -> tuple[Any
     GPU's torch total, --gpu-memory-gib's. Raises UnknownGpuError (one line) for a name not in the table."""
     from harness.sizing import gpus
 
+    if device.gpu_memory_gib is None and (device.gpu_sms is not None or device.gpu_capability is not None):
+        raise gpus.UnknownGpuError("--gpu-sms and --gpu-capability describe a GPU given by --gpu-memory-gib X; "
+                                   "allowed: with --gpu-memory-gib")  # fmt: skip
     if device.budget_gb:
         return None, int(device.budget_gb * 1e9)
     if device.gpu_memory_gib is not None:
