@@ -329,7 +329,7 @@ def default_experts_backend(facts: ModelFacts, gpu: Gpu | None) -> defaults.Defa
     """The experts family vLLM picks without --moe-backend: unquantized MoE runs the Triton experts; FP8 runs the
     CUTLASS grouped GEMM where the GPU has it (compute capability 9.0 and 10.x: vLLM's cutlass_group_gemm_supported),
     else the Triton (or Marlin weight-only) experts."""
-    if not facts.quant_method:
+    if facts.quant_method != "fp8":
         return defaults.Default("triton", "table: unquantized MoE runs the Triton experts (\"Using TRITON backend for "
                                           "Unquantized MoE\")")  # fmt: skip
     major, minor = gpu.capability if gpu is not None else (9, 0)
