@@ -109,6 +109,9 @@ def test_the_gpu_sets_the_sampler_cublas_and_non_torch_terms():
     assert non_torch_bytes(2, h100)[0] == NON_TORCH_MULTI_BYTES
     assert non_torch_bytes(2, gpus.lookup("L40S"))[0] == NON_TORCH_SINGLE_BYTES
     assert non_torch_bytes(1, h100)[0] == NON_TORCH_SINGLE_BYTES
+    # the DP ranks of a dense model are independent engines; an MoE model's exchange tokens every layer
+    assert non_torch_bytes(1, h100, dp=4, moe=False)[0] == NON_TORCH_SINGLE_BYTES
+    assert non_torch_bytes(1, h100, dp=4, moe=True)[0] == NON_TORCH_MULTI_BYTES
 
 
 def test_the_fp8_experts_default_follows_the_compute_capability():

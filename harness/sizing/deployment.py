@@ -64,7 +64,7 @@ def device_total(gpu: str | Gpu, nvml_bytes: int | None = None) -> tuple[int, st
     return nvml_bytes, "table: NVML's total (vLLM sees torch.cuda.mem_get_info's, a few hundred MiB less)"
 
 
-def non_torch_bytes(tp: int, gpu: str | Gpu | None, *, pp: int = 1, dp: int = 1) -> tuple[int, str]:
+def non_torch_bytes(tp: int, gpu: str | Gpu | None, *, pp: int = 1, dp: int = 1, moe: bool = True) -> tuple[int, str]:
     """The memory outside torch the profile sees grow: on one GPU the cuBLAS/cuBLASLt handles and the kernels'
     modules (0.24-0.27 GiB in the single-GPU logs); with more ranks on NVLink, NCCL's NVLink/NVLS channel buffers and
     vLLM's custom all-reduce IPC buffers (2.06-2.13 GiB at TP 2 and 4 on H100 SXM); on PCIe machines custom
@@ -74,8 +74,10 @@ def non_torch_bytes(tp: int, gpu: str | Gpu | None, *, pp: int = 1, dp: int = 1)
     row = gpus.resolve(gpu)
     link = row.interconnect if row is not None else "nvlink"
     basis = "basis: published logs' non_torch_memory (docs/deployment-memory.md)"
-    world_size = tp * dp
-    if tp == 1 and pp > 1 and dp == 1:
+    # the ranks whose forward runs NCCL collectives together: the TP group, and the DP ranks of an MoE model (its
+    # experts' all-to-all); the DP ranks of a dense model are independent engines
+    world_size = tp * (dp if moe else 1)
+    if tp == 1 and pp > 1 and world_size == 1:
         # pipeline stages exchange activations point to point: the NCCL communicators are made before the worker's
         # first snapshot, and the profile sees 0.07 GiB grow at PP 2 and PP 4 (llm-d-planner's H100 logs)
         return NON_TORCH_PP_BYTES, f"estimate: pipeline stages (TP 1): kernel modules, NCCL p2p; {basis}"
@@ -434,7 +436,8 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
     lines += held_once_lines(facts, r, sharding, layer)
     first, last = (stage[0] == 0, stage[0] == stage[1] - 1) if stage is not None else (True, True)
     lines += profile_lines(facts, r, layer, gpu, layer_lines if moe_here else [], first=first, last=last)
-    non_torch, non_torch_source = non_torch_bytes(r.tp, gpu if gpu is not None else r.gpu, pp=r.pp, dp=r.dp)
+    non_torch, non_torch_source = non_torch_bytes(r.tp, gpu if gpu is not None else r.gpu, pp=r.pp, dp=r.dp,
+                                                  moe=facts.is_moe)  # fmt: skip
     lines.append(DeploymentLine(group="non-torch", name="non-torch memory", bytes=non_torch, kind="estimate",
                                 source=non_torch_source))  # fmt: skip
     if r.cudagraph_estimate:
