@@ -296,18 +296,16 @@ DTYPE_NAMES = {"half": "float16", "float": "float32", "float16": "float16", "bfl
 
 
 def _format_flags(facts: ModelFacts, spec: DeploymentSpec) -> list[str]:
-    """--dtype and --quantization that differ from what the checkpoint is: routed to the weights' sizing; where
-    the model facts do not size them, the plan says it is approximate."""
+    """--dtype and --quantization that change the checkpoint's bytes: routed to the weights' sizing (the spec carries
+    them); the model facts here size the checkpoint as it is, so the plan says it is approximate."""
     from harness.sizing.model_config import DTYPE_BYTES
 
     reasons = []
     dtype = DTYPE_NAMES.get(spec.dtype or "auto")
     # float16 for a bfloat16 checkpoint changes no byte; float32 doubles the weights and the KV cache
-    if dtype is not None and DTYPE_BYTES[dtype] != facts.dtype_bytes and not getattr(facts, "serve_dtype_applied",
-                                                                                      False):
+    if dtype is not None and DTYPE_BYTES[dtype] != facts.dtype_bytes:
         reasons.append(f"--dtype {spec.dtype}: the weights and the KV cache are sized in the checkpoint's {facts.dtype}")
-    if spec.quantization and spec.quantization != (facts.quant_method or "") and \
-            not getattr(facts, "serve_quantization_applied", False):  # fmt: skip
+    if spec.quantization and spec.quantization != (facts.quant_method or ""):
         reasons.append(f"--quantization {spec.quantization}: the weights are sized in the checkpoint's format "
                        f"({facts.quant_method or facts.dtype})")  # fmt: skip
     return reasons
