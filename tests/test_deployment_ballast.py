@@ -69,7 +69,8 @@ def test_ballast_parts_add_up_to_the_deployment(tmp_path):
     held = sum(p.bytes for p in parts.values()) + own + plan.line("moe-workspace").bytes + fixed.bytes
     assert 0 <= plan.requested_bytes - held < 16 * plan.kv_bytes_per_token
     # legacy's workspace leaves less: no KV cache for one request of max_model_len, the deployment does not start
-    legacy = policy_kv_cache(scenario, BUDGET_BYTES, "legacy", policy_shapes("legacy", scenario.sizing_args()).total_bytes)
+    legacy_workspace = policy_shapes("legacy", scenario.sizing_args()).total_bytes
+    legacy = policy_kv_cache(scenario, BUDGET_BYTES, "legacy", legacy_workspace)
     assert legacy.outcome in ("fails", "oom") and legacy.bytes == legacy.tokens == 0
 
 
@@ -97,7 +98,8 @@ def test_cpu_run_holds_the_ballast_and_legacy_runs_out(tmp_path):
     assert policies["legacy"]["status"] == "oom" and policies["legacy"]["oom"]["stage"] in ("workspace", "kv-cache")
     assert policies["legacy"]["deployment_kv"]["kv_tokens"] == 0
     assert "legacy" in result.stdout and "oom (expected oom): pass" in result.stdout
-    assert f"fit (expected fit): pass; KV cache {policies['fixed']['deployment_kv']['kv_tokens']} tokens" in result.stdout
+    fixed_tokens = policies["fixed"]["deployment_kv"]["kv_tokens"]
+    assert f"fit (expected fit): pass; KV cache {fixed_tokens} tokens" in result.stdout
 
 
 def test_cpu_ballast_needs_a_budget(tmp_path):

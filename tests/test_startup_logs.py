@@ -79,8 +79,9 @@ def _predicted_weights(case: dict) -> int:
     model, spec = _spec(case)
     facts = load_model(model)
     if spec.pipeline_parallel_size > 1:  # the binding stage's layers, as vLLM's get_pp_indices splits them
-        plan = plan_source(facts, spec, None, gpu=case["gpu"], total_bytes=round(case["figures"]["gpu_total_gib"] * GIB),
-                           version=case["vllm_version"], cudagraph_estimate=False)  # fmt: skip
+        total = round(case["figures"]["gpu_total_gib"] * GIB)
+        plan = plan_source(facts, spec, None, gpu=case["gpu"], total_bytes=total, version=case["vllm_version"],
+                           cudagraph_estimate=False)  # fmt: skip
         return plan.group_bytes("weights")
     tp, dp = spec.tensor_parallel_size, spec.data_parallel_size or 1
     ep = bool(spec.enable_expert_parallel) and tp * dp > 1

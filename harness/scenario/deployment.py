@@ -78,4 +78,5 @@ class DeploymentSpec(BaseModel):
     quantization: Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[a-z0-9_\-]+$")] | None = Field(
         None, description="--quantization: the weights' format (e.g. fp8, online from a bf16 checkpoint)")
     approximate: list[Annotated[str, Field(max_length=300)]] = Field(
-        default_factory=list, max_length=64, description="flags that change GPU memory the model does not size yet: the plan says it is approximate")
+        default_factory=list, max_length=64,
+        description="flags that change GPU memory the model does not size yet: the plan says it is approximate")

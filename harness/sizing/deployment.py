@@ -143,7 +143,8 @@ class DeploymentPlan(Record):
     verdict: Verdict
     # bytes per group (weights, held-once, profile-peak, non-torch, cuda-graphs, kv-cache, after-kv)
     group_totals: dict[str, int] = Field(default_factory=dict)
-    approximate: list[str] = Field(default_factory=list)  # why the plan is approximate: flags or GPU facts that change memory, not modelled
+    # why the plan is approximate: flags or GPU facts that change memory and are not modelled
+    approximate: list[str] = Field(default_factory=list)
 
     def setting(self, name: str) -> object:
         return next(s.value for s in self.settings if s.name == name)
@@ -304,7 +305,8 @@ def _format_flags(facts: ModelFacts, spec: DeploymentSpec) -> list[str]:
     dtype = DTYPE_NAMES.get(spec.dtype or "auto")
     # float16 for a bfloat16 checkpoint changes no byte; float32 doubles the weights and the KV cache
     if dtype is not None and DTYPE_BYTES[dtype] != facts.dtype_bytes:
-        reasons.append(f"--dtype {spec.dtype}: the weights and the KV cache are sized in the checkpoint's {facts.dtype}")
+        reasons.append(f"--dtype {spec.dtype}: the weights and the KV cache are sized in the checkpoint's "
+                       f"{facts.dtype}")
     if spec.quantization and spec.quantization != (facts.quant_method or ""):
         reasons.append(f"--quantization {spec.quantization}: the weights are sized in the checkpoint's format "
                        f"({facts.quant_method or facts.dtype})")  # fmt: skip
@@ -442,7 +444,8 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
         lines.append(DeploymentLine(group="cuda-graphs", name="CUDA-graph estimate", bytes=CUDAGRAPH_BYTES,
                                     kind="estimate", source=f"estimate: the profiler's graph-pool estimate "
                                     f"({_setting_source(r, 'cudagraph_memory_estimate')} on), subtracted before the "
-                                    "KV cache is sized; basis: published logs (docs/deployment-memory.md)"))  # fmt: skip
+                                    "KV cache is sized; basis: published logs "
+                                    "(docs/deployment-memory.md)"))  # fmt: skip
     row = gpus.resolve(gpu) or r.gpu
     total_source = device_total(row)[1] if row is not None and row.total_bytes == total_bytes else \
         "given: --budget-gb, --gpu-memory-gib or the GPU's total"  # fmt: skip
@@ -639,7 +642,8 @@ def _verdict(lines: list[DeploymentLine], layer_plan, total: int, requested: int
     if r.kv_cache_memory_bytes is not None and base > total:
         return Verdict(outcome="oom", component="KV cache",
                        text=f"OOM at KV cache: --kv-cache-memory-bytes {kv_line.bytes / GIB:.2f} GiB after "
-                       f"{held / GIB:.2f} GiB takes the GPU to {base / GIB:.2f} GiB of {total / GIB:.2f} GiB")  # fmt: skip
+                       f"{held / GIB:.2f} GiB takes the GPU to {base / GIB:.2f} GiB of "
+                       f"{total / GIB:.2f} GiB")  # fmt: skip
     graphs = next((line for line in lines if line.group == "after-kv" and line.name == "CUDA graphs"), None)
     if graphs is not None and base + graphs.bytes > total:
         return Verdict(outcome="oom", component=graphs.name,
@@ -653,7 +657,8 @@ def _verdict(lines: list[DeploymentLine], layer_plan, total: int, requested: int
         return Verdict(outcome="oom", component=sampler.name,
                        text=f"OOM at sampler warm-up: {sampler.bytes / GIB:.2f} GiB after the KV cache takes the GPU "
                        f"to {after / GIB:.2f} GiB of {total / GIB:.2f} GiB")  # fmt: skip
-    text = f"starts: {cache.tokens} tokens of KV cache, {cache.concurrency:.2f}x concurrency at {r.max_model_len} tokens"
+    text = (f"starts: {cache.tokens} tokens of KV cache, {cache.concurrency:.2f}x concurrency at {r.max_model_len} "
+            "tokens")
     if r.approximate:
         text += f" (approximate: {'; '.join(r.approximate)})"
     return Verdict(outcome="starts", text=text)

@@ -116,7 +116,8 @@ class _Classes:
             return []
         file, cls = found
         inherited = [f for base in cls.bases if isinstance(base, ast.Name) for f in self.fields(base.id, seen + 1)]
-        own = [(file, item) for item in cls.body if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+        own = [(file, item) for item in cls.body
+               if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
                and not _is_classvar(item.annotation)]  # fmt: skip
         names = {item.target.id for _, item in own}  # type: ignore[union-attr]
         return [f for f in inherited if f[1].target.id not in names] + own  # type: ignore[union-attr]

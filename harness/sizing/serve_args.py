@@ -41,7 +41,8 @@ NO_GPU_MEMORY = frozenset({
     "--kv-events-config", "--otlp-traces-endpoint", "--collect-detailed-traces", "--show-hidden-metrics-for-version",
     "--scheduling-policy", "--scheduler-cls", "--async-scheduling", "--no-async-scheduling", "--stream-interval",
     "--worker-cls", "--worker-extension-cls", "--max-parallel-loading-workers", "--ray-workers-use-nsight",
-    "--disable-custom-all-reduce", "--logprobs-mode", "--max-logprobs", "--config", "--grpc", "--model-loader-extra-config",
+    "--disable-custom-all-reduce", "--logprobs-mode", "--max-logprobs", "--config", "--grpc",
+    "--model-loader-extra-config",
     "--safetensors-load-strategy", "--pt-load-map-location", "--long-prefill-token-threshold",
     "--max-num-partial-prefills", "--max-long-partial-prefills", "--disable-chunked-mm-input", "--runner", "--convert",
     "--task", "--enable-sleep-mode", "--aggregate-engine-logging", "--reasoning-parser-plugin",
@@ -308,7 +309,8 @@ def read_serve(argv: list[str], release: ReleaseFlags | None = None) -> Parsed:
     return _spec(values, model_tag, ignored, approximate, env, release)
 
 
-_SWITCHES = frozenset({"--trust-remote-code", "--disable-log-requests", "--disable-log-stats", "--enable-auto-tool-choice",
+_SWITCHES = frozenset({"--trust-remote-code", "--disable-log-requests", "--disable-log-stats",
+                       "--enable-auto-tool-choice",
                        "--enable-prefix-caching", "--enable-chunked-prefill", "--headless",
                        "--disable-uvicorn-access-log", "--enable-log-requests", "--enable-log-outputs",
                        "--async-scheduling", "--disable-custom-all-reduce", "--grpc", "--enable-sleep-mode",
