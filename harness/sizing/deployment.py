@@ -226,9 +226,6 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     approximate += _format_flags(facts, spec)
     if ep and facts.is_moe and all2all not in SIZED_ALL2ALL:
         approximate.append(f"--all2all-backend {all2all}: its buffers are not sized (the all-gather path's are used)")
-    if row is not None and not row.total_is_measured:
-        approximate.append(f"{row.name}'s total is {row.total_kind}'s ({row.total_bytes / GIB:.2f} GiB): torch, which "
-                           "vLLM divides, sees a few hundred MiB less")  # fmt: skip
     moe_backend = str(pick("moe_backend", _experts_family(spec.moe_backend, approximate if facts.is_moe else []),
                            default_experts_backend(facts, row)))
     gpu = gpus.label(gpu)
