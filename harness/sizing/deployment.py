@@ -466,12 +466,14 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
     max_len = r.max_model_len
     cache = kv_cache(shape, available, r.block_size, max_len)
     if r.max_model_len_auto:
-        # config/model.py + v1/core/kv_cache_utils.py: max_model_len auto takes the longest length whose blocks fit
+        # v1/core/kv_cache_utils.py _auto_fit_max_model_len: the longest length whose blocks fit (a binary search on
+        # max_memory_usage_bytes: ceil(L / block_size) pages of every layer), at most the model's derived length
         fitted = min(facts.max_position_embeddings or cache.tokens, cache.tokens)
         max_len = max(fitted, 1)
         r = dataclasses.replace(r, max_model_len=max_len, settings=(*r.settings, Setting(
             name="max_model_len_fitted", value=max_len, source="--max-model-len auto: the longest that the KV cache "
-            f"holds, at most max_position_embeddings ({facts.max_position_embeddings})")))  # fmt: skip
+            f"holds, at most max_position_embeddings ({facts.max_position_embeddings}); v1/core/kv_cache_utils.py "
+            "_auto_fit_max_model_len")))  # fmt: skip
         cache = kv_cache(shape, available, r.block_size, max_len)
     kv_bytes = cache.num_blocks * r.block_size * shape.bytes_per_token
     lines.append(DeploymentLine(group="kv-cache", name="KV cache", bytes=kv_bytes, kind="exact",
