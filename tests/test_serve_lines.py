@@ -350,3 +350,12 @@ def test_a_scenario_plan_takes_any_gpu_of_the_table():
     result = run_harness("plan", "deepseek-v3-dp32-pr55579", "--gpu", "L40X")
     assert result.returncode == 2 and "closest: L40, L40S" in result.stderr
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+
+
+def test_the_plan_record_round_trips_with_its_version():
+    from harness.sizing.deployment import DEPLOYMENT_PLAN_SCHEMA, DeploymentPlan
+
+    plan = _dense("vllm serve qwen3-8b --max-model-len 8192 --cudagraph-capture-sizes 1 2")
+    again = DeploymentPlan.model_validate_json(plan.model_dump_json())
+    assert again == plan and again.schema_version == DEPLOYMENT_PLAN_SCHEMA == 2
+    assert again.approximate == plan.approximate and again.group_totals == plan.group_totals

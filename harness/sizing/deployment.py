@@ -38,7 +38,7 @@ from harness.sizing.gpus import Gpu
 from harness.sizing.kv_cache import DEFAULT_BLOCK_SIZE, kv_cache, kv_shape
 from harness.sizing.model_config import ModelFacts
 
-DEPLOYMENT_PLAN_SCHEMA = 1
+DEPLOYMENT_PLAN_SCHEMA = 2  # 2: group_totals and approximate
 GIB = 2**30
 # Estimates, each with its basis: vLLM 0.19.0's own profiler figures in the 14 published H100 startup logs of
 # tests/data/startup_logs/ (llm-d-planner's validation runs; docs/deployment-memory.md lists them).
