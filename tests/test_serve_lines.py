@@ -261,7 +261,7 @@ def test_cuda_graph_settings(flags, graphs):
 
 @pytest.mark.parametrize("flags", ["--cudagraph-capture-sizes 1 2 4 8", "--max-cudagraph-capture-size 64",
                                    "--compilation-config {\"cudagraph_mode\":\"PIECEWISE\"}", "-O1",
-                                   "--calculate-kv-scales", "--env VLLM_MOE_DP_CHUNK_SIZE=128",
+                                   "--calculate-kv-scales", "--env VLLM_FUSED_MOE_CHUNK_SIZE=1024",
                                    "--num-gpu-blocks-override 1000"])  # fmt: skip
 def test_memory_flags_not_sized_make_the_plan_approximate(flags):
     plan = _dense(f"vllm serve qwen3-8b --max-model-len 8192 {flags}")
@@ -323,13 +323,14 @@ def test_workspace_lifetime_and_dispatchers_per_release(cache_dir):
     layer_plan = plan_layer_from(layer_scenario(facts, r), source)
     layer_workspace = layer_plan.component("workspace").bytes
     plan = plan_deployment(facts, r, layer_plan, version="0.29.0", gpu=H100, total_bytes=H100.total_bytes)
-    # TP + EP: the 2 DP ranks dispatch, not the 4 EP ranks
-    assert plan.line("moe-workspace").bytes == layer_workspace // 2 and plan.line("moe-workspace").group == "held-once"
+    # TP + EP: every rank of the EP group dispatches, TP ranks included (num_dispatchers=all2all_manager.world_size)
+    assert r.num_dispatchers == 4 and layer_scenario(facts, r).parallel.num_dispatchers == 4
+    assert plan.line("moe-workspace").bytes == layer_workspace and plan.line("moe-workspace").group == "held-once"
     # a release that allocates the workspace per call: it is in the profile's peak, once, and not held
     per_call = plan_deployment(facts, dataclasses.replace(r, workspace_persistent=False), layer_plan,
                                version="0.10.1", gpu=H100, total_bytes=H100.total_bytes)  # fmt: skip
     assert per_call.line("moe-workspace") is None
-    assert per_call.line("moe-workspace (per call)").bytes == layer_workspace // 2
+    assert per_call.line("moe-workspace (per call)").bytes == layer_workspace
     kept_peak = plan.group_bytes("held-once") + plan.group_bytes("profile-peak")
     assert per_call.group_bytes("held-once") + per_call.group_bytes("profile-peak") <= kept_peak
 
@@ -359,3 +360,28 @@ def test_the_plan_record_round_trips_with_its_version():
     again = DeploymentPlan.model_validate_json(plan.model_dump_json())
     assert again == plan and again.schema_version == DEPLOYMENT_PLAN_SCHEMA == 2
     assert again.approximate == plan.approximate and again.group_totals == plan.group_totals
+
+
+@pytest.mark.vllm_wheel
+def test_the_moe_layers_tokens_per_dp_rank_per_release(cache_dir):
+    """FusedMoEConfig.max_num_tokens, as each release's fused_moe/layer.py passes it: 0.19.0 the DP chunk
+    (envs.VLLM_MOE_DP_CHUNK_SIZE, 256, or --env), 0.29.0 the scheduler's max_num_batched_tokens."""
+    from harness.sizing import release_defaults
+    from harness.sizing.layer import _tree
+    from harness.sizing.vllm_source import locate
+    from harness.sizing.vllm_source.layer_source import ReleaseFiles
+
+    def files(version: str) -> ReleaseFiles:
+        source = locate(version=version, cache_dir=cache_dir)
+        return ReleaseFiles(source, _tree(source))
+
+    old, new = files("0.19.0"), files("0.29.0")
+    chunk = release_defaults.moe_max_num_tokens(old, max_num_batched_tokens=8192, dp=4)
+    assert chunk.value == 256 and "VLLM_MOE_DP_CHUNK_SIZE" in chunk.source and "envs.py:" in chunk.source
+    given = release_defaults.moe_max_num_tokens(old, max_num_batched_tokens=8192, dp=4, chunk_env=128)
+    assert given.value == 128 and "--env VLLM_MOE_DP_CHUNK_SIZE=128" in given.source
+    batched = release_defaults.moe_max_num_tokens(new, max_num_batched_tokens=8192, dp=4)
+    assert batched.value == 8192 and "max_num_tokens=max_num_batched_tokens" in batched.source
+    assert release_defaults.moe_max_num_tokens(old, max_num_batched_tokens=8192, dp=1).value == 8192
+    parsed = read_serve("qwen3-30b-a3b -dp 4 -ep --env VLLM_MOE_DP_CHUNK_SIZE=128".split())
+    assert parsed.spec.moe_dp_chunk_size == 128 and not parsed.spec.approximate

@@ -70,6 +70,9 @@ class DeploymentSpec(BaseModel):
         0.0, description="--cpu-offload-gb: weights kept in host memory (GiB)")
     max_model_len_auto: bool = Field(
         False, description="--max-model-len auto or -1: the longest context the KV cache holds")
+    moe_dp_chunk_size: Annotated[int, Field(gt=0, le=MAX_MODEL_LEN)] | None = Field(
+        None, description="--env VLLM_MOE_DP_CHUNK_SIZE=N: the tokens per DP rank of the MoE layer, in releases whose "
+        "fused_moe/layer.py reads it")
     cudagraphs: bool | None = Field(
         None, description="CUDA graphs captured (False: -O0, --compilation-config cudagraph_mode NONE, "
         "--enforce-eager); None: the release's default")

@@ -178,6 +178,7 @@ class Resolved:
     cudagraph_estimate: bool
     settings: tuple[Setting, ...]
     pp: int = 1
+    moe_max_num_tokens: int = 0  # FusedMoEConfig.max_num_tokens: T of the MoE layer (0: max_num_batched_tokens)
     cudagraphs: bool = True  # graphs captured at all (no: --enforce-eager, -O0, cudagraph_mode NONE)
     workspace_persistent: bool = True
     kv_cache_memory_bytes: int | None = None
@@ -196,9 +197,9 @@ class Resolved:
 
     @property
     def num_dispatchers(self) -> int:
-        """The ranks that dispatch tokens under EP: the DP ranks (fused_moe: all2all_manager.world_size // TP); the
-        TP ranks of one DP rank hold the same tokens."""
-        return self.dp if self.ep else 1
+        """The ranks that dispatch tokens under EP: the EP group, TP ranks included (fused_moe/all2all_utils.py:
+        num_dispatchers=all2all_manager.world_size, the EP group's size)."""
+        return self.tp * self.dp if self.ep else 1
 
 
 def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None, *, gpu_bytes: int,
@@ -266,6 +267,10 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     settings.append(Setting(name="enable_dbo", value=spec.enable_dbo, source=origin))
     settings.append(Setting(name="enforce_eager", value=spec.enforce_eager, source=origin))
     pp = int(pick("pipeline_parallel_size", spec.pipeline_parallel_size))
+    moe_tokens = tokens
+    if facts.is_moe and origin != "scenario":  # a scenario's layout states its layer's T
+        moe_tokens = int(pick("moe_max_num_tokens", None, defaults.moe_max_num_tokens(  # type: ignore[arg-type]
+            files, max_num_batched_tokens=tokens, dp=dp, chunk_env=spec.moe_dp_chunk_size)))
     persistent = defaults.workspace_persistent(files, version)
     settings.append(Setting(name="moe_workspace_persistent", value=bool(persistent.value), source=persistent.source))
     if spec.kv_cache_memory_bytes is not None:
@@ -280,7 +285,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
                     max_model_len=max_model_len, max_num_batched_tokens=tokens, max_num_seqs=seqs, block_size=block,
                     kv_cache_dtype=kv_dtype, num_redundant_experts=redundant, local_experts=computed,
                     dbo=spec.enable_dbo, eager=spec.enforce_eager, cudagraph_estimate=cudagraph,
-                    settings=tuple(settings), pp=pp, cudagraphs=graphs, workspace_persistent=bool(persistent.value),
+                    settings=tuple(settings), pp=pp, moe_max_num_tokens=moe_tokens, cudagraphs=graphs, workspace_persistent=bool(persistent.value),
                     kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
                     cpu_offload_bytes=round(spec.cpu_offload_gb * GIB), max_model_len_auto=spec.max_model_len_auto,
                     approximate=tuple(approximate), gpu=row)  # fmt: skip
@@ -532,16 +537,13 @@ def held_once_lines(facts: ModelFacts, r: Resolved, sharding: Sharding, layer_pl
 
 
 def moe_workspace(r: Resolved, layer_plan) -> tuple[int, str] | None:
-    """(bytes, source) of the MoE workspace at the deployment's M: the layer model's at D = TP x DP EP ranks,
-    scaled to D = DP dispatchers under TP + EP (the prepare/finalize's num_dispatchers is the all-to-all world size
-    // TP: the TP ranks of one DP rank hold the same tokens; the shapes are linear in M), x 2 with --enable-dbo."""
+    """(bytes, source) of the MoE workspace at the deployment's M: the layer model's, at D = TP x DP dispatchers
+    under EP (every release read here builds the prepare/finalize with num_dispatchers=all2all_manager.world_size,
+    the EP group's size, TP ranks included: fused_moe/all2all_utils.py), x 2 with --enable-dbo."""
     workspace = layer_plan.component("workspace") if layer_plan is not None else None
     if workspace is None or workspace.bytes is None:
         return None
     size, source = workspace.bytes, workspace.source
-    if r.ep and r.tp > 1:
-        size = size // r.tp
-        source += f"; M at D = DP {r.dp} dispatchers, not the {r.tp * r.dp} EP ranks (TP {r.tp} ranks share tokens)"
     if r.dbo:
         size *= 2
         source += ", x 2 micro-batches (--enable-dbo)"

@@ -38,7 +38,7 @@ def layer_scenario(facts: ModelFacts, r: Resolved, base: Scenario | None = None)
         "model": {"hidden_size": facts.hidden_size, "intermediate_size": I, "num_experts": facts.num_routed_experts,
                   "top_k": facts.top_k},
         "parallel": {"num_dispatchers": D, "num_ranks": D if D <= 1024 else 1, "num_local_experts": E,
-                     "max_tokens_per_rank": r.max_num_batched_tokens},
+                     "max_tokens_per_rank": r.moe_max_num_tokens or r.max_num_batched_tokens},
         "layer": layer,
     }  # fmt: skip
     return parse_scenario(data, path="deployment")

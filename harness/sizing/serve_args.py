@@ -159,7 +159,7 @@ MODELLED: tuple[Modelled, ...] = (
 _BY_OPTION = {option: m for m in MODELLED for option in m.options}
 # Environment variables that size GPU memory: modelled, or known and not yet sized (approximate).
 ENV_MODELLED = ("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS",)
-ENV_APPROXIMATE = ("VLLM_MOE_DP_CHUNK_SIZE", "VLLM_FUSED_MOE_CHUNK_SIZE", "VLLM_DEEPEP_BUFFER_SIZE_MB",
+ENV_APPROXIMATE = ("VLLM_FUSED_MOE_CHUNK_SIZE", "VLLM_DEEPEP_BUFFER_SIZE_MB",
                    "VLLM_DEEPEP_LOW_LATENCY_USE_MNNVL", "VLLM_MOE_USE_DEEP_GEMM", "VLLM_USE_DEEP_GEMM",
                    "VLLM_USE_FLASHINFER_MOE_FP8", "VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_ALL2ALL_BACKEND",
                    "VLLM_FLASHINFER_MOE_BACKEND", "VLLM_ALLREDUCE_USE_SYMM_MEM", "VLLM_USE_FLASHINFER_SAMPLER",
@@ -350,6 +350,12 @@ def _spec(values: dict[str, object], model_tag: str | None, ignored: list[str], 
     for name, value in env.items():
         if name == "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS":
             continue  # read by the caller (harness.sizing.deployment_plan)
+        if name == "VLLM_MOE_DP_CHUNK_SIZE":
+            try:
+                fields["moe_dp_chunk_size"] = _positive(value)
+            except ValueError as error:
+                raise ServeArgsError(f"vllm serve: --env {name} {error}") from None
+            continue
         if name in ENV_APPROXIMATE:
             approximate.append(f"--env {name}={value[:20]} is not sized")
     fields["approximate"] = approximate
