@@ -318,14 +318,21 @@ def test_workspace_lifetime_and_dispatchers_per_release(cache_dir):
     assert release_defaults.workspace_persistent(None, "0.10.1").value is False
     facts = load_model("qwen3-30b-a3b")
     spec = DeploymentSpec(model="qwen3-30b-a3b", tensor_parallel_size=2, data_parallel_size=2,
-                          enable_expert_parallel=True, max_model_len=8192)  # fmt: skip
+                          enable_expert_parallel=True, max_model_len=8192, all2all_backend="deepep_low_latency")
     r = resolve(facts, spec, files, "0.29.0", gpu_bytes=H100.total_bytes, gpu=H100)
     layer_plan = plan_layer_from(layer_scenario(facts, r), source)
     layer_workspace = layer_plan.component("workspace").bytes
     plan = plan_deployment(facts, r, layer_plan, version="0.29.0", gpu=H100, total_bytes=H100.total_bytes)
-    # TP + EP: every rank of the EP group dispatches, TP ranks included (num_dispatchers=all2all_manager.world_size)
+    # TP + EP through a batched all-to-all: every rank of the EP group dispatches (all2all_manager.world_size)
     assert r.num_dispatchers == 4 and layer_scenario(facts, r).parallel.num_dispatchers == 4
     assert plan.line("moe-workspace").bytes == layer_workspace and plan.line("moe-workspace").group == "held-once"
+    # through the all-gather dispatch: the DP group's tokens, M = T x DP, half the EP group's
+    gather = resolve(facts, spec.model_copy(update={"all2all_backend": "allgather_reducescatter"}), files, "0.29.0",
+                     gpu_bytes=H100.total_bytes, gpu=H100)  # fmt: skip
+    gather_layer = plan_layer_from(layer_scenario(facts, gather), source)
+    gather_plan = plan_deployment(facts, gather, gather_layer, version="0.29.0", gpu=H100, total_bytes=H100.total_bytes)
+    assert gather.num_dispatchers == 2
+    assert gather_plan.line("moe-workspace").bytes == gather_layer.component("workspace").bytes // 2
     # a release that allocates the workspace per call: it is in the profile's peak, once, and not held
     per_call = plan_deployment(facts, dataclasses.replace(r, workspace_persistent=False), layer_plan,
                                version="0.10.1", gpu=H100, total_bytes=H100.total_bytes)  # fmt: skip

@@ -197,9 +197,11 @@ class Resolved:
 
     @property
     def num_dispatchers(self) -> int:
-        """The ranks that dispatch tokens under EP: the EP group, TP ranks included (fused_moe/all2all_utils.py:
-        num_dispatchers=all2all_manager.world_size, the EP group's size)."""
-        return self.tp * self.dp if self.ep else 1
+        """The ranks whose tokens fill the MoE layer's M under EP: the EP group for the batched all-to-alls
+        (num_dispatchers=all2all_manager.world_size), the DP group for the all-gather dispatch (moe_workspace)."""
+        if not self.ep:
+            return 1
+        return self.dp if self.all2all in GATHER_ALL2ALL else self.tp * self.dp
 
 
 def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None, *, gpu_bytes: int,
@@ -294,6 +296,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
 FAMILIES = ("cutlass", "deep_gemm", "triton")
 # the all-to-all backends whose buffers the layer model sizes (docs/layer-memory.md)
 SIZED_ALL2ALL = ("allgather_reducescatter", "naive", "deepep_low_latency", "deepep_high_throughput")
+GATHER_ALL2ALL = ("allgather_reducescatter", "naive")  # dispatch by all-gather over the DP group
 DTYPE_NAMES = {"half": "float16", "float": "float32", "float16": "float16", "bfloat16": "bfloat16",
                "float32": "float32"}  # fmt: skip
 
@@ -537,13 +540,21 @@ def held_once_lines(facts: ModelFacts, r: Resolved, sharding: Sharding, layer_pl
 
 
 def moe_workspace(r: Resolved, layer_plan) -> tuple[int, str] | None:
-    """(bytes, source) of the MoE workspace at the deployment's M: the layer model's, at D = TP x DP dispatchers
-    under EP (every release read here builds the prepare/finalize with num_dispatchers=all2all_manager.world_size,
-    the EP group's size, TP ranks included: fused_moe/all2all_utils.py), x 2 with --enable-dbo."""
+    """(bytes, source) of the MoE workspace at the deployment's M, x 2 with --enable-dbo. The layer model's is at
+    D = TP x DP dispatchers under EP: the batched all-to-alls (DeepEP low-latency, ...) are built with
+    num_dispatchers=all2all_manager.world_size, the EP group, TP ranks included (fused_moe/all2all_utils.py). The
+    all-gather dispatch (allgather_reducescatter, naive) gathers over the DP group instead
+    (distributed/device_communicators/all2all.py AgRsAll2AllManager._get_comm_group; with sequence parallelism the
+    EP group, each TP rank holding 1/TP of the tokens): M = T x DP, the layer model's scaled by 1/TP (its shapes are
+    linear in M)."""
     workspace = layer_plan.component("workspace") if layer_plan is not None else None
     if workspace is None or workspace.bytes is None:
         return None
     size, source = workspace.bytes, workspace.source
+    if r.ep and r.tp > 1 and r.all2all in GATHER_ALL2ALL:
+        size //= r.tp
+        source += (f"; M = T x DP {r.dp}: the all-gather dispatch gathers over the DP group, not the {r.tp * r.dp} "
+                   "EP ranks (AgRsAll2AllManager._get_comm_group)")  # fmt: skip
     if r.dbo:
         size *= 2
         source += ", x 2 micro-batches (--enable-dbo)"
