@@ -180,9 +180,9 @@ def lookup(name: str) -> Gpu:
         return found
     close = difflib.get_close_matches(_key(name), list(_BY_KEY), n=4, cutoff=0.5)
     shown = list(dict.fromkeys(_BY_KEY[c].name for c in close))
-    hint = f"closest: {', '.join(shown)}; " if shown else ""
-    raise UnknownGpuError(f"--gpu {name[:40]!r} is not a known GPU; {hint}for another GPU give --gpu-memory-gib X "
-                          "(and --gpu-sms N, --gpu-capability M.m); known: " + ", ".join(names()))  # fmt: skip
+    hint = f"; closest: {', '.join(shown)}" if shown else ""
+    raise UnknownGpuError(f"--gpu {name[:40]!r} is not a known GPU; allowed: {', '.join(names())}, or for another "
+                          f"GPU --gpu-memory-gib X (and --gpu-sms N, --gpu-capability M.m){hint}")  # fmt: skip
 
 
 def given(memory_gib: float, *, num_sms: int | None = None, capability: str | None = None,
