@@ -411,10 +411,11 @@ def _stage_weight_lines(facts: ModelFacts, r: Resolved, sharding: Sharding, stag
         kept = sum(held)
         for i, line in enumerate(lines):
             if line.name == "embeddings + lm_head":
+                parts = [*(["embed_tokens"] if first else []), *(["lm_head + final norm"] if last else [])]
                 lines[i] = line.model_copy(update={"bytes": kept, "source": (
                     f"pipeline stage {index} of {pp} (layers {start}-{end - 1} of {whole.num_hidden_layers}, vLLM's "
-                    f"get_pp_indices): {'embed_tokens ' if first else ''}{'lm_head + final norm' if last else ''}"
-                    f"{'none (PPMissingLayer)' if not held else ''}; ({matrix} B per vocab matrix)")})
+                    f"get_pp_indices): {' and '.join(parts) or 'none (PPMissingLayer)'}; {matrix} B per vocab "
+                    "matrix")})
             elif line.name == "allocator rounding":
                 whole_matrices = 1 if facts.tie_word_embeddings else 2
                 dropped = whole_matrices - (int(first) + int(last))

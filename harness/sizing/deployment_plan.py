@@ -151,7 +151,9 @@ def render_deployment(plan: DeploymentPlan) -> Any:
 
     s = {x.name: x.value for x in plan.settings}
     title = (f"{plan.model}: the deployment per GPU, vLLM {plan.vllm_version}, {plan.gpu or 'budget'} "
-             f"({_gib(plan.total_bytes)} GiB)\nTP={s['tensor_parallel_size']} DP={s['data_parallel_size']} "
+             f"({_gib(plan.total_bytes)} GiB)\nTP={s['tensor_parallel_size']} "
+             f"{'PP=' + str(s['pipeline_parallel_size']) + ' ' if s.get('pipeline_parallel_size', 1) != 1 else ''}"
+             f"DP={s['data_parallel_size']} "
              f"EP={'on' if s['enable_expert_parallel'] else 'off'} all2all={s['all2all_backend']} "
              f"max_num_batched_tokens={s['max_num_batched_tokens']} max_num_seqs={s['max_num_seqs']} "
              f"max_model_len={s['max_model_len']} gpu_memory_utilization={s['gpu_memory_utilization']}")  # fmt: skip
