@@ -261,6 +261,9 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     estimate = defaults.estimates_cudagraphs(files, version)
     if cudagraph_estimate is not None:
         estimate = defaults.Default(cudagraph_estimate, f"{defaults.CUDAGRAPH_ENV}={int(cudagraph_estimate)}")
+    runner = defaults.v2_runner_without_estimate(facts.architecture, facts.is_moe, version)
+    if runner is not None and estimate.value:
+        estimate = defaults.Default(False, runner)
     graphs = not spec.enforce_eager and spec.cudagraphs is not False
     cudagraph = bool(estimate.value) and graphs
     settings.append(Setting(name="cudagraph_memory_estimate", value=cudagraph,
