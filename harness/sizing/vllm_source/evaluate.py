@@ -239,6 +239,20 @@ class SourceTree:
                 found.append(cls)
         return sorted(found, key=lambda c: (c.file, c.node.lineno))
 
+    def standard_classes(self) -> list[ParsedClass]:
+        """Every class that defines a concrete workspace_shapes in its own body and is not batched: the standard
+        format (tokens x hidden), in file then line order."""
+        batched = {c.key for c in self.batched_classes()}
+        found = [
+            cls
+            for classes in self.classes_by_name.values()
+            for cls in classes
+            if cls.key not in batched
+            and any(isinstance(node, ast.FunctionDef) and node.name == "workspace_shapes" and not _is_abstract(node)
+                    for node in cls.node.body)
+        ]  # fmt: skip
+        return sorted(found, key=lambda c: (c.file, c.node.lineno))
+
     def class_named(self, name: str) -> list[ParsedClass]:
         return list(self.classes_by_name.get(name, []))
 

@@ -42,6 +42,7 @@ from harness.sizing.vllm_source.interpreter import (
 )
 
 RESIZE_HELPER = "_resize_cache"
+_MISSING = object()
 SHAPE_ATTRIBUTES = frozenset({"shape", "size", "dtype", "ndim", "dim", "numel"})  # read a buffer, use none of it
 WORKSPACES = ("workspace13", "workspace2")
 
@@ -58,6 +59,15 @@ class WorkspaceTensor(FakeTensor):
         super().__init__(shape, dtype)
         self.buffer = buffer
         self.whole = whole
+
+
+class TokenCounts(FakeTensor):
+    """expert_tokens_meta.expert_num_tokens: (E,) counts, each at most `bound` (the M slots an expert holds in the
+    batched format). An element reads as its bound: the largest view apply() can take for that expert."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: DType, bound: int) -> None:
+        super().__init__(shape, dtype)
+        self.bound = bound
 
 
 @dataclass(frozen=True)
@@ -145,6 +155,28 @@ class Tracer(Interpreter):
                 raise
             return Opaque(f"{name} ({error.reason})")
 
+    def _subscript(self, container: object, key: object) -> object:
+        if isinstance(container, TokenCounts) and isinstance(key, int):
+            bound = container.bound
+            return StandIn("a token count", item=Builtin("Tensor.item", lambda interp: bound))
+        return super()._subscript(container, key)
+
+    def _reshaped(self, tensor: FakeTensor, args: tuple) -> FakeTensor:
+        """Tensor.view/reshape of an input tensor (not a workspace): the shape, with one -1 inferred."""
+        if len(args) == 1 and isinstance(args[0], (tuple, list)):
+            args = tuple(args[0])
+        if len(args) == 1 and isinstance(args[0], DType):
+            return FakeTensor(tensor.shape, args[0])
+        if not args or not all(isinstance(d, int) and not isinstance(d, bool) for d in args):
+            raise Unevaluable("views an input tensor in a shape the tracer cannot compute")
+        total, known = math.prod(tensor.shape), math.prod(d for d in args if d != -1)
+        if list(args).count(-1) > 1 or known == 0 or (-1 in args and total % known):
+            raise Unevaluable("views an input tensor in a shape that does not divide its elements")
+        shape = tuple(total // known if d == -1 else d for d in args)
+        if math.prod(shape) != total:
+            raise Unevaluable(f"views an input tensor of {total} elements as {shape}")
+        return FakeTensor(shape, tensor.dtype)
+
     def get_attribute(self, value: object, name: str) -> object:
         if isinstance(value, SuperProxy) and name == "__init__":
             return self._super_init(value)
@@ -152,6 +184,8 @@ class Tracer(Interpreter):
             return super().get_attribute(value, name)  # refuses dunders, as the interpreter does
         if isinstance(value, WorkspaceTensor) and name == "view":
             return Builtin("Tensor.view", lambda interp, *args, **kwargs: self._view(value, args, kwargs))
+        if type(value) is FakeTensor and name in ("view", "reshape"):
+            return Builtin(f"Tensor.{name}", lambda interp, *args: self._reshaped(value, args))
         if isinstance(value, WorkspaceTensor) and value.whole and name not in SHAPE_ATTRIBUTES:
             # .permute, .reshape, .narrow, ...: the buffer goes on in a form the tracer does not size.
             self.trace.escapes.setdefault(
@@ -222,6 +256,10 @@ class Tracer(Interpreter):
         try:
             if isinstance(node, ast.If):
                 return self._traced_if(node, frame)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                # A nested def (a callback handed to a kernel): never run, but it can be passed along.
+                frame.locals[node.name] = Opaque(f"the nested {node.name} (line {node.lineno})")
+                return None
             try:
                 return super()._exec(node, frame)
             except _Refused:
@@ -244,12 +282,23 @@ class Tracer(Interpreter):
             if self._over_budget():
                 raise
             self.undecided += 1
+            before = dict(frame.locals)
+            after = []
             try:
                 for branch in (node.body, node.orelse):
+                    frame.locals = dict(before)
                     self._exec_block(branch, frame)  # a return in either branch is not taken as the result
+                    after.append(frame.locals)
             finally:
                 self.undecided -= 1
+                frame.locals = after[0] if after else before
             self._forget(node, frame, error)
+            if len(after) == 2:
+                # A name both branches bind to the same plain value keeps it (num = M on either path, say).
+                for name, value in after[0].items():
+                    other = after[1].get(name, _MISSING)
+                    if isinstance(value, (int, str, tuple)) and type(other) is type(value) and other == value:
+                        frame.locals[name] = value
             return None
         return self._exec_block(node.body if test else node.orelse, frame)
 
