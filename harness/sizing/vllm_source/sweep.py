@@ -167,6 +167,7 @@ class Finding:
     line: int
     detail: str
     bytes_at: dict[str, int] = dataclasses.field(default_factory=dict)  # reference deployment -> bytes
+    notes: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclass
@@ -403,6 +404,7 @@ class _ClassEvaluator:
         self.constructor: dict[str, str | None] = {}
         self.quant = DEFAULT_QUANT.name  # the format of the full product: the first one the class takes
         self.failed_trace: ViewTrace | None = None
+        self.trace = True  # False: apply() is not traced
         self.exhausted: str | None = None
 
     def workspace(self, point: Point):
@@ -524,8 +526,10 @@ class _ClassEvaluator:
 
 
 def sweep_class(tree: SourceTree, cls: ParsedClass, activations: tuple[str, ...], fmt: str = BATCHED,
-                deadline: Deadline | None = None) -> ClassSweep:  # fmt: skip
+                deadline: Deadline | None = None, *, trace: bool = True) -> ClassSweep:  # fmt: skip
+    """trace=False: apply() is not traced (points are judged on their growth alone), for comparing workspaces."""
     evaluator = _ClassEvaluator(tree, cls, activations, fmt, deadline)
+    evaluator.trace = trace
     unset_allowed = init_parameter_default(evaluator.program, cls, "num_dispatchers") is None
     gated = next((a for a in activations if not a.endswith("_no_mul")), "silu")
     probe = Point(1, "set", "E·D", DEFAULT_QUANT.name, gated, *GRID_KI[0], BASE_E, BASE_T)
@@ -588,7 +592,7 @@ def _judge(evaluator: _ClassEvaluator, point: Point, live_notes: dict[str, int],
     under = _harness_live_set(evaluator, point, total)
     if under is not None:
         return dataclasses.replace(under, **known)
-    if not traces_live_set(point, evaluator.quant):
+    if not evaluator.trace or not traces_live_set(point, evaluator.quant):
         return Outcome(CONSISTENT, "token dim is M = T·D", **known)
     trace = evaluator.live(point, ws13, ws2)
     if trace.refusal is not None:
@@ -680,6 +684,22 @@ def _allocation_line(method: ast.FunctionDef, index: int) -> int:
             return max(line for line in assigned if line <= node.lineno) if any(
                 line <= node.lineno for line in assigned) else assigned[0]
     return element.lineno if element is not None else node.lineno
+
+
+def buffer_bytes(tree: SourceTree, swept: ClassSweep, buffer: str, args: SizingArgs) -> int | None:
+    """What a buffer of a swept class costs at one sizing (a reference deployment's T, D, E, K, I): all of
+    workspace2, or what workspace13 adds to the common buffer beyond the output; None when it does not evaluate."""
+    cls = next((c for c in tree.class_named(swept.name) if c.file.removeprefix("vllm/") == swept.file), None)
+    if cls is None:
+        return None
+    point = Point(args.num_dispatchers, "set", "E·D", DEFAULT_QUANT.name, args.activation, args.hidden_size,
+                  args.intermediate_size, args.num_local_experts, args.max_tokens_per_rank)  # fmt: skip
+    evaluator = _ClassEvaluator(tree, cls, (args.activation,), swept.format)
+    shapes = evaluator.workspace(point)
+    if isinstance(shapes, str):
+        return None
+    ws13, ws2, out = (math.prod(s) * args.dtype_bytes for s in shapes)
+    return ws2 if buffer == "workspace2" else max(ws13, out) - out
 
 
 def _weight_layout(tree: SourceTree, cls: ParsedClass) -> str:
@@ -780,7 +800,8 @@ def _peak_rss() -> int:
 
 
 def sweep(tree: SourceTree, *, class_filter: Callable[[str], bool] | None = None,
-          budget: SweepBudget | None = None, formats: tuple[str, ...] = (BATCHED, STANDARD)) -> SweepResult:  # fmt: skip
+          budget: SweepBudget | None = None, formats: tuple[str, ...] = (BATCHED, STANDARD),
+          trace: bool = True) -> SweepResult:  # fmt: skip
     """Every experts class that sizes a workspace (batched and standard format) over the grid, within budget."""
     budget = budget or SweepBudget()
     deadline = Deadline(budget)
@@ -801,7 +822,7 @@ def sweep(tree: SourceTree, *, class_filter: Callable[[str], bool] | None = None
     unparsed = {f: why for f, why in sorted(tree.unparsed.items()) if tree.may_define_batched_classes(f)}
     classes = []
     for cls, fmt in found:
-        classes.append(sweep_class(tree, cls, activations, fmt, deadline.share(budget.class_share)))
+        classes.append(sweep_class(tree, cls, activations, fmt, deadline.share(budget.class_share), trace=trace))
     if deadline.hit is not None:
         cut = [c.name for c in classes if any(deadline.hit in o.detail for o in c.outcomes.values())]
         limits.append(f"{deadline.hit}; points not evaluated in {len(cut)} classes: {', '.join(cut[:5])}"

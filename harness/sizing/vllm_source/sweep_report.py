@@ -178,6 +178,31 @@ def print_sweep(result: SweepResult, *, file=None) -> None:
     console.print(footer(result))
 
 
+def attach_reference_bytes(result: SweepResult, source) -> None:
+    """Each finding's buffer in bytes per GPU at the reference deployments the deployment model sizes (their
+    T, D, local experts, K, I): the class's own workspace_shapes evaluated there."""
+    if not result.findings:
+        return
+    try:
+        from harness.sizing.vllm_diff import reference_sizing
+
+        sizings = reference_sizing(source)
+    except Exception as error:  # noqa: BLE001 - the finding stands without its bytes; say why
+        for _, finding in result.findings:
+            finding.bytes_at["(not sized)"] = 0
+            finding.notes.append(f"reference deployments not sized: {str(error).splitlines()[0][:160]}")
+        return
+    from harness.sizing.vllm_source.evaluate import source_tree
+    from harness.sizing.vllm_source.sweep import buffer_bytes
+
+    tree = source_tree(source)
+    for cls, finding in result.findings:
+        for name, args in sizings.items():
+            found = buffer_bytes(tree, cls, finding.buffer, args)
+            if found is not None:
+                finding.bytes_at[name] = found
+
+
 def finding_line(finding) -> str:
     at = "; ".join(f"{name}: {b / 2**20:,.0f} MiB" for name, b in finding.bytes_at.items())
     return (f"{finding.detail}: {finding.buffer} is sized at {finding.file}:{finding.line}"
@@ -315,6 +340,7 @@ class SweepRequest:
 
     json: bool = False
     junit: Path | None = None
+    budget_s: float | None = None  # CPU seconds for the whole sweep; None: SweepBudget's default
 
 
 def run_sweep(request: SweepRequest, source) -> int:
@@ -322,7 +348,10 @@ def run_sweep(request: SweepRequest, source) -> int:
     written."""
     from harness.sizing.vllm_source.evaluate import source_tree
 
-    result = sweep(source_tree(source))
+    from harness.sizing.vllm_source.sweep import SweepBudget
+
+    result = sweep(source_tree(source), budget=SweepBudget(cpu_s=request.budget_s) if request.budget_s else None)
+    attach_reference_bytes(result, source)
     junit = request.junit
     if junit is not None:
         try:
