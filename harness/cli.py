@@ -574,7 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--junit", type=Path, default=None, metavar="FILE",
                    help="with --sweep: write JUnit XML, one testcase per (class, point group)")
     p.add_argument("--budget-s", type=float, default=None, metavar="S",
-                   help="CPU seconds for the whole audit or sweep (default 8 and 15: a hostile tree's bound); raise "
+                   help="CPU seconds for the whole audit or sweep (default 8 and 18: a hostile tree's bound); raise "
                         "it for a tree you trust")
     p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_vllm_audit, parser=p)

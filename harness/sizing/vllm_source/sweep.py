@@ -405,6 +405,8 @@ class _ClassEvaluator:
         self.quant = DEFAULT_QUANT.name  # the format of the full product: the first one the class takes
         self.failed_trace: ViewTrace | None = None
         self.trace = True  # False: apply() is not traced
+        self.exhausted_methods: set[str] = set()
+        self.refusals: dict[Point, str | None] = {}  # apply()'s refusal at each traced point
         self.exhausted: str | None = None
 
     def workspace(self, point: Point):
@@ -472,13 +474,20 @@ class _ClassEvaluator:
 
     def _static(self, method: str, arguments: tuple) -> bool | None:
         """A staticmethod of the class evaluated to a bool, or None when it does not evaluate."""
+        if method in self.exhausted_methods or (self.deadline is not None and self.deadline.spent() is not None):
+            return None
         interpreter = Interpreter(self.program, DEFAULT_BUDGET)
         try:
             value = interpreter.get_attribute(interpreter.instance(self.cls, {}), method)
             if not isinstance(value, (Function, BoundMethod)):
                 return None
             result = interpreter.call(value, arguments, {})
-        except (Unevaluable, RecursionError):
+        except Unevaluable as error:
+            if any(limit in str(error) for limit in BUDGET_REASONS):
+                self.exhausted_methods.add(method)  # a method that ran out of budget once is not called again
+            return None
+        except RecursionError:
+            self.exhausted_methods.add(method)
             return None
         return result if isinstance(result, bool) else None
 
@@ -501,6 +510,8 @@ class _ClassEvaluator:
         return self.support[key]
 
     def constructor_refusal(self, point: Point) -> str | None:
+        if self.deadline is not None and self.deadline.spent() is not None:
+            return None
         if point.quant not in self.constructor:
             attributes = point_attributes(point)
             kwargs = {"moe_config": attributes["moe_config"], "quant_config": attributes["quant_config"],
@@ -593,8 +604,15 @@ def _judge(evaluator: _ClassEvaluator, point: Point, live_notes: dict[str, int],
     if under is not None:
         return dataclasses.replace(under, **known)
     if not evaluator.trace or not traces_live_set(point, evaluator.quant):
+        # apply()'s refusals depend on the activation, the quantization and the shapes, not on D, E or T: a point
+        # off the traced sub-grid takes that of its traced sibling at D = 1, E and T at the base.
+        sibling = evaluator.refusals.get(dataclasses.replace(point, D=LIVE_D[0], E=BASE_E, T=BASE_T))
+        if sibling is not None:
+            return Outcome(REFUSED, f"apply() refuses (as at D = {LIVE_D[0]}, E = {BASE_E}, T = {BASE_T}): {sibling}",
+                           **known)  # fmt: skip
         return Outcome(CONSISTENT, "token dim is M = T·D", **known)
     trace = evaluator.live(point, ws13, ws2)
+    evaluator.refusals[point] = trace.refusal
     if trace.refusal is not None:
         return Outcome(REFUSED, f"apply() refuses: {trace.refusal}", **known)
     needs = {name: trace.need_bytes(name) for name in ("workspace13", "workspace2")}
@@ -748,8 +766,8 @@ class SweepBudget:
     """The bounds of one whole sweep (each evaluation has its own interpreter.Budget besides). The defaults keep a
     hostile tree's sweep within 20 s of CPU; `--budget-s` raises cpu_s for a tree one trusts."""
 
-    cpu_s: float = 15.0  # CPU seconds for the whole sweep; 0.33.0's 46 classes take a few
-    class_share: float = 0.25  # the most of cpu_s one class may take, so one hostile class leaves the others theirs
+    cpu_s: float = 18.0  # CPU seconds for the whole sweep: 0.33.0's 46 classes take about 10 (its slowest, 2.5)
+    class_share: float = 0.35  # the most of cpu_s one class may take, so one hostile class leaves the others theirs
     rss_bytes: int = 3 << 30  # the process's peak resident memory
     max_classes: int = 256  # 0.33.0 has 46
     max_activations: int = 32  # 0.33.0's MoEActivation has 11 members
