@@ -94,7 +94,7 @@ def test_two_source_trees_and_a_threshold(tmp_path):
     references = tmp_path / "refs.yaml"
     references.write_text(
         "schema_version: 1\ndeployments:\n"
-        f"  - name: pr\n    serve: vllm serve deepseek-v3 -dp 32 -ep --all2all-backend deepep_low_latency "
+        "  - name: pr\n    serve: vllm serve deepseek-v3 -dp 32 -ep --all2all-backend deepep_low_latency "
         "--moe-backend cutlass --enable-eplb --num-redundant-experts 256 --max-num-batched-tokens 256 "
         "--max-model-len 32768\n    gpu: H200-141GB\n")  # fmt: skip
     code, data = diff_json(str(base), str(head), "--references", str(references))

@@ -168,11 +168,17 @@ def test_batched_deep_gemm_unused_workspace2_is_a_named_finding(release, tmp_pat
     assert "FINDING: BatchedDeepGemmExperts allocates workspace2 and its apply() never views it" in table.stdout
 
 
-def test_not_derived_is_not_a_pass(swept, tmp_path):
-    cutedsl = by_name(swept)["FlashInferCuteDSLBatchedExperts"]
-    assert cutedsl.verdict == NOT_DERIVED and not cutedsl.failed
-    assert all(o.status in (NOT_DERIVED, UNSUPPORTED) for o in cutedsl.outcomes.values())
-    assert ".permute(...)" in cutedsl.live_set
+def test_not_derived_is_not_a_pass(swept):
+    pending = [c for c in swept.classes if c.verdict == NOT_DERIVED]
+    assert pending, "0.33.0 has classes whose apply() hands its workspaces to kernels the tracer does not know"
+    for cls in pending:
+        assert not cls.failed and cls.live_set.startswith("not derived")
+        assert all(o.status in (NOT_DERIVED, UNSUPPORTED, REFUSED, UNEVALUATED) for o in cls.outcomes.values())
+    from harness.sizing.vllm_source.sweep_report import footer
+
+    line = footer(swept)
+    assert line.startswith("OK: none of 46 experts classes (7 batched, 39 standard) double-counts or is under-sized")
+    assert "not derived or not evaluated (not a pass)" in line and pending[0].name in line
 
 
 # --- under-sizes planted in a copy of 0.33.0 ----------------------------------------------------------------------
@@ -185,6 +191,9 @@ def test_not_derived_is_not_a_pass(swept, tmp_path):
     # halved one still holds the view (next test); a quartered one is x2 short.
     ("NaiveBatchedExperts", NAIVE_FILE, "workspace2 = (self.max_num_tokens * num_dp, N)",
      "workspace2 = (self.max_num_tokens * num_dp, N // 4)"),
+    # FlashInfer CuteDSL hands workspace2, permuted, to its grouped GEMM as the gate-up output: m x N x E.
+    ("FlashInferCuteDSLBatchedExperts", CUTEDSL_FILE, "workspace2 = (local_num_experts, M, N)",
+     "workspace2 = (local_num_experts, M, N // 2)"),
 ])  # fmt: skip
 def test_planted_halved_workspace2_is_caught(tmp_path, release, name, file, old, new):
     cls = sweep_of(planted(tmp_path, release, file, old, new), name)[name]
@@ -223,15 +232,6 @@ def test_planted_num_dispatchers_drop_is_caught(tmp_path, release, name, file, o
     assert grown and all(o.detail == f"{buffer} does not grow with D while the output grows xD" for o in grown)
     # At D = 1 the drop changes nothing: those points are not under-sized.
     assert all(o.status != UNDER for p, o in cls.outcomes.items() if p.D == 1)
-
-
-def test_planted_cutedsl_halving_is_not_passed(tmp_path, release):
-    # FlashInfer CuteDSL hands workspace2 whole (permuted) to a CuteDSL GEMM whose output shape the tracer does not
-    # derive: a halved workspace2 cannot be told from the real one, so no point of it passes.
-    root = planted(tmp_path, release, CUTEDSL_FILE, "workspace2 = (local_num_experts, M, N)",
-                   "workspace2 = (local_num_experts, M, N // 2)")
-    cls = sweep_of(root, "FlashInferCuteDSLBatchedExperts")["FlashInferCuteDSLBatchedExperts"]
-    assert cls.verdict == NOT_DERIVED and not any(o.status == CONSISTENT for o in cls.outcomes.values())
 
 
 @pytest.mark.parametrize("plant", ["halved", "dispatchers dropped"])

@@ -25,6 +25,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from harness.core.contract import SizingArgs
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 
 DIFF_SCHEMA = 1
@@ -52,7 +53,7 @@ class ReferenceDeployment(_Model):
 
 
 class ReferenceSet(_Model):
-    schema_version: Literal[1] = REFERENCES_SCHEMA
+    schema_version: Literal[1] = 1  # REFERENCES_SCHEMA
     deployments: list[ReferenceDeployment] = Field(max_length=MAX_REFERENCES)
 
 
@@ -110,7 +111,7 @@ class ClassDiff(_Model):
 
 
 class VllmDiff(_Model):
-    schema_version: Literal[1] = DIFF_SCHEMA
+    schema_version: Literal[1] = 1  # DIFF_SCHEMA
     kind: Literal["vllm-diff"] = "vllm-diff"
     harness_version: str
     base: str
@@ -216,7 +217,8 @@ def compare_classes(base, head, base_tree, head_tree, threshold: float) -> list[
         worst = PointChange(where={a: getattr(pick[1], a) for a in AXES}, base_bytes=pick[2].total_bytes,
                             head_bytes=pick[3].total_bytes, base_shapes=_shapes(pick[2]),
                             head_shapes=_shapes(pick[3]))  # fmt: skip
-        change = "mixed" if grew and shrank else "grew" if grew else "shrank" if shrank else "same"
+        change: Literal["grew", "shrank", "mixed", "same"] = (
+            "mixed" if grew and shrank else "grew" if grew else "shrank" if shrank else "same")
         regression = None
         if top[0] > 1 + threshold:
             regression = (f"{name}'s workspace grows x{top[0]:.3g} at {_where(top[1])} "
@@ -262,7 +264,7 @@ def plan_reference(ref: ReferenceDeployment, source) -> Side | str:
     total = device_total(ref.gpu, GPU_MEMORY_BYTES[ref.gpu])[0]
     try:
         plan = plan_source(facts, spec, source, gpu=ref.gpu, total_bytes=total)
-    except Exception as error:  # noqa: BLE001 - a deployment the model refuses is reported, not fatal
+    except Exception as error:  # a deployment the model refuses is reported, not fatal
         from harness.scenario.source import ScenarioError
         from harness.sizing.vllm_source.sources import VllmSourceError
 
@@ -275,7 +277,7 @@ def plan_reference(ref: ReferenceDeployment, source) -> Side | str:
                 non_kv_bytes=plan.non_kv_bytes, kv_tokens=plan.kv_tokens, concurrency=plan.concurrency)  # fmt: skip
 
 
-def reference_sizing(source, references: list[ReferenceDeployment] | None = None) -> dict[str, object]:
+def reference_sizing(source, references: list[ReferenceDeployment] | None = None) -> dict[str, SizingArgs]:
     """Each reference deployment's MoE layer sizing (SizingArgs: T, D, local experts, K, I, top-k) as the deployment
     model resolves it on this source; those it cannot size are left out."""
     from harness.scenario.sections import GPU_MEMORY_BYTES
@@ -287,7 +289,7 @@ def reference_sizing(source, references: list[ReferenceDeployment] | None = None
     from harness.sizing.vllm_source.layer_source import ReleaseFiles
 
     files = ReleaseFiles(source, _tree(source))
-    found: dict[str, object] = {}
+    found: dict[str, SizingArgs] = {}
     for ref in references if references is not None else load_references(None):
         try:
             model, spec, _ = parse_serve(ref.serve.split())
@@ -410,8 +412,8 @@ def markdown(result: VllmDiff) -> str:
     else:
         lines.append("None: every class's workspace is the same at every point of the grid.")
     if blind:
-        lines += ["", f"Not comparable (workspace_shapes evaluated on neither side, or at no common point): "
-                      f"{', '.join(blind)}."]  # fmt: skip
+        lines += ["", ("Not comparable (workspace_shapes evaluated on neither side, or at no common point): "
+                       f"{', '.join(blind)}.")]  # fmt: skip
     lines += ["", "<sub>Grid and verdicts: docs/vllm-sources.md; this job: docs/vllm-ci.md.</sub>", ""]
     return "\n".join(lines)
 

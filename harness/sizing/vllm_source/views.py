@@ -109,6 +109,49 @@ class ViewTrace:
         return f"{buffer} is viewed only under conditions the tracer could not decide"
 
 
+def _permuted(tensor: FakeTensor, dims: tuple) -> FakeTensor:
+    """Tensor.permute: the same elements, the dims reordered; a whole workspace stays whole (a kernel entry below
+    may size what is written into it)."""
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+        dims = tuple(dims[0])
+    if sorted(d for d in dims if isinstance(d, int)) != list(range(len(tensor.shape))):
+        raise Unevaluable(f"permutes a tensor of {len(tensor.shape)} dims with {dims}")
+    shape = tuple(tensor.shape[d] for d in dims)
+    if isinstance(tensor, WorkspaceTensor):
+        return WorkspaceTensor(tensor.buffer, shape, tensor.dtype, whole=True)
+    return FakeTensor(shape, tensor.dtype)
+
+
+def _grouped_gemm_nt_masked(tracer: Tracer, args: list, kwargs: dict) -> bool:
+    """flashinfer_cutedsl_grouped_gemm_nt_masked(a, b, c, masked_m, ...): C[m, n, l] = A[m, k, l] · B[n, k, l]^T,
+    written into c "in logical [m, n, l]" (vLLM's flashinfer_cutedsl_batched_moe.py): c needs m x n x l elements,
+    n the rows of B. A workspace handed as c is sized by that; True when it could be."""
+    if len(args) < 3:
+        return False
+    b, c = args[1], args[2]
+    weight = b[0] if isinstance(b, (tuple, list)) and b else b
+    if not isinstance(c, WorkspaceTensor) or not c.whole or not isinstance(weight, FakeTensor) or len(c.shape) != 3:
+        return False
+    shape = (c.shape[0], weight.shape[0], c.shape[2])
+    tracer.trace.views.append(View(c.buffer, shape, c.dtype.itemsize, tracer.line, tracer.undecided == 0))
+    return True
+
+
+def _reads_first_argument(tracer: Tracer, args: list, kwargs: dict) -> bool:
+    """A kernel that only reads its first argument (silu_and_mul_scaled_nvfp4_experts_quantize(x, masked_m, scale):
+    x is the gate-up output a GEMM wrote, quantized into new tensors): a workspace passed there is not written."""
+    return bool(args) and isinstance(args[0], WorkspaceTensor) and not any(
+        isinstance(v, WorkspaceTensor) for v in (*args[1:], *kwargs.values()))
+
+
+# Kernels the tracer knows the output of, by the name the release calls them: each returns True when it accounted
+# for every workspace passed to it (nothing escapes then).
+KERNELS = {
+    "flashinfer_cutedsl_grouped_gemm_nt_masked": _grouped_gemm_nt_masked,
+    "silu_and_mul_scaled_nvfp4_experts_quantize": _reads_first_argument,
+}
+
+
 class _Refused(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -186,6 +229,8 @@ class Tracer(Interpreter):
             return Builtin("Tensor.view", lambda interp, *args, **kwargs: self._view(value, args, kwargs))
         if type(value) is FakeTensor and name in ("view", "reshape"):
             return Builtin(f"Tensor.{name}", lambda interp, *args: self._reshaped(value, args))
+        if isinstance(value, FakeTensor) and name == "permute" and (type(value) is FakeTensor or value.whole):
+            return Builtin("Tensor.permute", lambda interp, *dims: _permuted(value, dims))
         if isinstance(value, WorkspaceTensor) and value.whole and name not in SHAPE_ATTRIBUTES:
             # .permute, .reshape, .narrow, ...: the buffer goes on in a form the tracer does not size.
             self.trace.escapes.setdefault(
@@ -221,6 +266,9 @@ class Tracer(Interpreter):
         if isinstance(callee, Function) and callee.name == RESIZE_HELPER and callee.owner is None:
             return self._resize(list(args) + list(kwargs.values()))
         if isinstance(callee, Opaque):
+            kernel = KERNELS.get(callee.path.split(" ", 1)[0])
+            if kernel is not None and kernel(self, list(args), kwargs):
+                return Opaque(f"the result of {callee.path}")
             for value in (*args, *kwargs.values()):
                 if isinstance(value, WorkspaceTensor) and value.whole:
                     self.trace.escapes.setdefault(
@@ -228,6 +276,15 @@ class Tracer(Interpreter):
                     )
             return Opaque(f"the result of {callee.path}")
         return super()._call(callee, args, kwargs, node, frame)
+
+    def _assign(self, target, value, frame) -> None:
+        if isinstance(value, Opaque) and isinstance(target, (ast.Tuple, ast.List)):
+            # `a, b = kernel(...)`: each name holds a part of what the tracer does not follow.
+            for element in target.elts:
+                inner = element.value if isinstance(element, ast.Starred) else element
+                self._assign(inner, Opaque(f"{value.path}[...]"), frame)
+            return
+        super()._assign(target, value, frame)
 
     def _resize(self, args: list) -> object:
         if len(args) != 2:
