@@ -524,7 +524,7 @@ def near_budget_tree(root: Path, canary: Path, classes: int) -> Path:
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=harness_env(), capture_output=True,
-                          text=True, timeout=120, check=False)  # fmt: skip
+                          text=True, timeout=600, check=False)  # fmt: skip
 
 
 def test_near_budget_class_is_evaluated_not_refused(tmp_path):

@@ -133,7 +133,8 @@ def test_refused_points_are_not_judged(swept):
 
 def test_batched_deep_gemm_unused_workspace2_is_a_named_finding(release, tmp_path):
     junit = tmp_path / "sweep.xml"
-    completed = run_harness("vllm", "audit", "--sweep", "--vllm-version", VERSION, "--json", "--junit", str(junit))
+    completed = run_harness("vllm", "audit", "--sweep", "--vllm-version", VERSION, "--json", "--junit", str(junit),
+                            timeout_s=600)
     assert completed.returncode == 0, completed.stderr
     data = json.loads(completed.stdout)
     assert data["schema_version"] == 2
@@ -164,7 +165,7 @@ def test_batched_deep_gemm_unused_workspace2_is_a_named_finding(release, tmp_pat
     assert f"ws2=(16, {M}, 2048)" in outs and "uses_ws2_bytes=0" in outs
     assert any(c.get("name") == "finding: unused-buffer workspace2" for c in cases)
     # The table names it too, not only in a row.
-    table = run_harness("vllm", "audit", "--sweep", "--vllm-version", VERSION)
+    table = run_harness("vllm", "audit", "--sweep", "--vllm-version", VERSION, timeout_s=600)
     assert "FINDING: BatchedDeepGemmExperts allocates workspace2 and its apply() never views it" in table.stdout
 
 
@@ -252,7 +253,7 @@ def test_planted_under_size_fails_the_cli_gate(tmp_path, release):
                    "workspace2 = (num_experts * max_num_tokens * num_dispatchers, N)",
                    "workspace2 = (num_experts * max_num_tokens * num_dispatchers, N // 2)")
     junit = tmp_path / "sweep.xml"
-    completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(root), "--junit", str(junit))
+    completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(root), "--junit", str(junit), timeout_s=600)
     assert completed.returncode == 1, completed.stderr
     assert "FAILED: 1 of 46 experts classes (7 batched, 39 standard): BatchedMarlinExperts (under-sized)" in \
         completed.stdout

@@ -116,6 +116,7 @@ class SourceTree:
         self.classes_by_name: dict[str, list[ParsedClass]] = {}
         self._file_by_module: dict[str, str] = {}
         self._mro: dict[tuple[str, str], list[ParsedClass]] = {}
+        self._class_bindings: dict[tuple[tuple[str, str], str], Binding | None] = {}  # a class body is read once
         self._batched: list[ParsedClass] | None = None
         # evaluate() is a pure function of (class, sizing arguments) on a tree that does not change: a matrix plan
         # asks for the same point in many cells (T doubled in one cell is the next cell's T).
@@ -292,7 +293,12 @@ class SourceTree:
         return None
 
     def class_binding(self, cls: ParsedClass, name: str) -> Binding | None:
-        return _class_binding(cls, name)
+        key = (cls.key, name)
+        if key not in self._class_bindings:
+            if len(self._class_bindings) >= MAX_KEPT_EVALUATIONS:
+                return _class_binding(cls, name)
+            self._class_bindings[key] = _class_binding(cls, name)
+        return self._class_bindings[key]
 
     def mro(self, cls: ParsedClass) -> list[ParsedClass]:
         """Python's C3 order over the parsed bases (bases outside the parsed files are left out)."""
