@@ -211,7 +211,10 @@ def test_sweep_json_and_junit_of_0_30_0(tmp_path):
     assert cutlass["verdict"] == CONSISTENT and cutlass["summary"].startswith("consistent everywhere")
     assert sum(g["points"] for g in cutlass["groups"]) == cutlass["points"]
     suite = ET.parse(junit).getroot()
-    assert suite.get("failures") == "0" and int(suite.get("tests")) == sum(len(c["groups"]) for c in data["classes"])
+    # One testcase per point group, per finding (0.30.0: BatchedDeepGemmExperts' unused workspace2) and per limit.
+    assert [f["class"] for f in data["findings"]] == ["BatchedDeepGemmExperts"] and data["limits"] == []
+    assert suite.get("failures") == "0"
+    assert int(suite.get("tests")) == sum(len(c["groups"]) for c in data["classes"]) + len(data["findings"])
 
 
 def test_sweep_flag_combinations_are_one_line_errors(tmp_path):
