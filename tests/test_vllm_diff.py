@@ -41,7 +41,7 @@ def test_0_30_0_to_0_29_0_fails_on_the_pr_case_with_the_kv_tokens_it_costs(tmp_p
     # The PR case: 3.5 GiB -> 112 GiB of workspace per GPU, the deployment no longer starts, and every KV token of
     # 0.30.0's plan is lost.
     assert "starts -> oom" in pr_line and "3.50 -> 112.00 GiB" in pr_line
-    assert "model_executor/layers/fused_moe/cutlass_moe.py:" in pr_line
+    assert "model_executor/layers/fused_moe/experts/cutlass_moe.py:" in pr_line
     code, data = diff_json("0.30.0", "0.29.0")
     assert code == 1 and data["schema_version"] == 1 and data["kind"] == "vllm-diff"
     pr = next(d for d in data["deployments"] if d["name"] == PR_CASE)
@@ -51,7 +51,7 @@ def test_0_30_0_to_0_29_0_fails_on_the_pr_case_with_the_kv_tokens_it_costs(tmp_p
     assert pr["verdict_flip"] == "starts -> oom" and pr["regression"]
     cutlass = next(c for c in data["classes"] if c["name"] == CUTLASS)
     assert cutlass["change"] == "grew" and cutlass["max_growth"] == 256 and cutlass["regression"]
-    assert cutlass["file"].endswith("fused_moe/cutlass_moe.py")  # 0.29.0's file, where the change lands
+    assert cutlass["file"] == "model_executor/layers/fused_moe/experts/cutlass_moe.py" and cutlass["line"] > 0
     skipped = next(d for d in data["deployments"] if d["name"] == "gpt-oss-120b DP8")
     assert skipped["skipped"].startswith("the deployment model cannot size it yet: model gpt-oss-120b")
     suite = ET.parse(junit).getroot()
