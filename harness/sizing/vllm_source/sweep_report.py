@@ -212,9 +212,12 @@ def finding_line(finding) -> str:
 def footer(result: SweepResult) -> str:
     batched = sum(c.format == "batched" for c in result.classes)
     counted = f"{len(result.classes)} experts classes ({batched} batched, {len(result.classes) - batched} standard)"
-    pending = [c.name for c in result.classes if c.verdict in (NOT_DERIVED, UNEVALUATED)]
-    rest = (f"; {len(pending)} not derived or not evaluated (not a pass): {', '.join(pending[:6])}"
-            + (" ..." if len(pending) > 6 else "")) if pending else ""  # fmt: skip
+    parts = []
+    for verdict in (NOT_DERIVED, UNEVALUATED):
+        names = [c.name for c in result.classes if c.verdict == verdict]
+        if names:
+            parts.append(f"{len(names)} {verdict} ({', '.join(names[:8])}{' ...' if len(names) > 8 else ''})")
+    rest = f"; not a pass: {'; '.join(parts)}" if parts else ""
     if result.failed:
         names = ", ".join(f"{c.name} ({c.verdict})" for c in result.failed)
         return f"FAILED: {len(result.failed)} of {counted}: {names}{rest}"
