@@ -268,7 +268,9 @@ def plan_reference(ref: ReferenceDeployment, source) -> Side | str:
         from harness.scenario.source import ScenarioError
         from harness.sizing.vllm_source.sources import VllmSourceError
 
-        if isinstance(error, (ScenarioError, VllmSourceError, ValueError, ModelConfigError)):
+        from harness.sizing.vllm_source.interpreter import Unevaluable
+
+        if isinstance(error, (ScenarioError, VllmSourceError, ValueError, ModelConfigError, Unevaluable)):
             return f"the deployment model cannot size it on {source.label}: {str(error).splitlines()[0][:200]}"
         raise
     line = plan.line("moe-workspace")

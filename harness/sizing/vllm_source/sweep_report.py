@@ -189,8 +189,7 @@ def attach_reference_bytes(result: SweepResult, source) -> None:
         sizings = reference_sizing(source)
     except Exception as error:  # noqa: BLE001 - the finding stands without its bytes; say why
         for _, finding in result.findings:
-            finding.bytes_at["(not sized)"] = 0
-            finding.notes.append(f"reference deployments not sized: {str(error).splitlines()[0][:160]}")
+            finding.notes.append(f"reference deployments not sized: {(str(error).splitlines() or [''])[0][:160]}")
         return
     from harness.sizing.vllm_source.evaluate import source_tree
     from harness.sizing.vllm_source.sweep import buffer_bytes
@@ -206,7 +205,8 @@ def attach_reference_bytes(result: SweepResult, source) -> None:
 def finding_line(finding) -> str:
     at = "; ".join(f"{name}: {b / 2**20:,.0f} MiB" for name, b in finding.bytes_at.items())
     return (f"{finding.detail}: {finding.buffer} is sized at {finding.file}:{finding.line}"
-            + (f"; bytes per GPU at the reference deployments: {at}" if at else ""))
+            + (f"; bytes per GPU at the reference deployments: {at}" if at else "")
+            + "".join(f"; {note}" for note in finding.notes))
 
 
 def footer(result: SweepResult) -> str:
@@ -292,7 +292,7 @@ def point_text(point, outcome) -> str:
 
 def finding_json(cls, finding) -> dict:
     return {"class": cls.name, "kind": finding.kind, "buffer": finding.buffer, "file": finding.file,
-            "line": finding.line, "detail": finding.detail, "bytes_at": finding.bytes_at,
+            "line": finding.line, "detail": finding.detail, "bytes_at": finding.bytes_at, "notes": finding.notes,
             "text": finding_line(finding)}  # fmt: skip
 
 
