@@ -105,6 +105,8 @@ class ClassDiff(_Model):
     max_growth: float | None  # the largest head / base over the grid
     min_ratio: float | None  # the smallest head / base
     worst: PointChange | None  # the point of max_growth (or of min_ratio when nothing grew)
+    where_grew: list[str] = []  # the grid points where it grew, as boxes (`D=2..256, E=16, ...`)
+    where_shrank: list[str] = []
     verdict_base: str | None
     verdict_head: str | None
     regression: str | None = None
@@ -226,8 +228,16 @@ def compare_classes(base, head, base_tree, head_tree, threshold: float) -> list[
                           f"{shown.file}:{line})")  # fmt: skip
         found.append(ClassDiff(change=change, points_compared=len(ratios), points_grew=len(grew),
                                points_shrank=len(shrank), max_growth=top[0], min_ratio=low[0], worst=worst,
-                               regression=regression, **common))  # fmt: skip
+                               regression=regression, where_grew=_boxes([r[1] for r in grew], h),
+                               where_shrank=_boxes([r[1] for r in shrank], h), **common))  # fmt: skip
     return found
+
+
+def _boxes(points: list, swept) -> list[str]:
+    from harness.sizing.vllm_source.sweep import boxes
+    from harness.sizing.vllm_source.sweep_report import box_text
+
+    return [box_text(box, swept) for box in boxes(points)][:32] if points else []
 
 
 def _where(point) -> str:
@@ -288,7 +298,9 @@ def reference_sizing(source, references: list[ReferenceDeployment] | None = None
     from harness.sizing.layer import _tree
     from harness.sizing.model_config import ModelConfigError, load_model
     from harness.sizing.serve_args import ServeArgsError, parse_serve
+    from harness.sizing.vllm_source.interpreter import Unevaluable
     from harness.sizing.vllm_source.layer_source import ReleaseFiles
+    from harness.sizing.vllm_source.sources import VllmSourceError
 
     files = ReleaseFiles(source, _tree(source))
     found: dict[str, SizingArgs] = {}
@@ -299,7 +311,7 @@ def reference_sizing(source, references: list[ReferenceDeployment] | None = None
             total = device_total(ref.gpu, GPU_MEMORY_BYTES[ref.gpu])[0]
             r = resolve(facts, spec, files, source.version, gpu_bytes=total, gpu=ref.gpu)
             layer = layer_scenario(facts, r)
-        except (ServeArgsError, ModelConfigError, KeyError, ValueError):
+        except (ServeArgsError, ModelConfigError, KeyError, ValueError, VllmSourceError, Unevaluable):
             continue
         if layer is not None:
             found[ref.name] = layer.sizing_args()
@@ -411,6 +423,10 @@ def markdown(result: VllmDiff) -> str:
             where = _where_json(c.worst.where) if c.worst else "-"
             lines.append(f"| {c.name} | {c.format} | {c.change} | {c.points_grew} / {c.points_shrank} / "
                          f"{c.points_compared} | {ratio} | {where} | {c.file}:{c.line or '?'} |")  # fmt: skip
+        for c in changed:
+            if c.where_grew:
+                lines.append(f"- {c.name} grew at: {'; '.join(c.where_grew[:6])}"
+                             + (" ..." if len(c.where_grew) > 6 else ""))  # fmt: skip
     else:
         lines.append("None: every class's workspace is the same at every point of the grid.")
     if blind:
