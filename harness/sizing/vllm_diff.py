@@ -195,8 +195,8 @@ def compare_classes(base, head, base_tree, head_tree, threshold: float) -> list[
         tree, _ = trees[id(shown)]
         parsed = next((c for c in tree.class_named(name) if c.file.removeprefix("vllm/") == shown.file), None)
         line = _class_line(tree, parsed) if parsed is not None else None
-        common = dict(name=name, format=shown.format, file=shown.file, line=line,
-                      verdict_base=b.verdict if b else None, verdict_head=h.verdict if h else None)  # fmt: skip
+        common: dict = {"name": name, "format": shown.format, "file": shown.file, "line": line,
+                        "verdict_base": b.verdict if b else None, "verdict_head": h.verdict if h else None}
         if b is None or h is None:
             found.append(ClassDiff(change="added" if b is None else "removed", points_compared=0, points_grew=0,
                                    points_shrank=0, max_growth=None, min_ratio=None, worst=None, **common))  # fmt: skip
@@ -276,9 +276,8 @@ def plan_reference(ref: ReferenceDeployment, source) -> Side | str:
         plan = plan_source(facts, spec, source, gpu=ref.gpu, total_bytes=total)
     except Exception as error:  # a deployment the model refuses is reported, not fatal
         from harness.scenario.source import ScenarioError
-        from harness.sizing.vllm_source.sources import VllmSourceError
-
         from harness.sizing.vllm_source.interpreter import Unevaluable
+        from harness.sizing.vllm_source.sources import VllmSourceError
 
         if isinstance(error, (ScenarioError, VllmSourceError, ValueError, ModelConfigError, Unevaluable)):
             return f"the deployment model cannot size it on {source.label}: {str(error).splitlines()[0][:200]}"
@@ -320,7 +319,7 @@ def reference_sizing(source, references: list[ReferenceDeployment] | None = None
 
 def compare_deployment(ref: ReferenceDeployment, base_source, head_source, threshold: float) -> DeploymentDiff:
     base, head = plan_reference(ref, base_source), plan_reference(ref, head_source)
-    common = dict(name=ref.name, serve=" ".join(ref.serve.split()), gpu=ref.gpu)
+    common: dict = {"name": ref.name, "serve": " ".join(ref.serve.split()), "gpu": ref.gpu}
     if isinstance(base, str) or isinstance(head, str):
         return DeploymentDiff(skipped=base if isinstance(base, str) else head, **common)  # type: ignore[arg-type]
     tokens = head.kv_tokens - base.kv_tokens
