@@ -603,3 +603,29 @@ def test_ast_dense_files_are_capped(tmp_path):
     capped = {Path(f).name: why for f, why in tree.unparsed.items() if "AST nodes" in why}
     assert len(capped) == 1 and "over the 1500000 nodes kept of a tree" in next(iter(capped.values()))
     assert tree.ast_nodes <= 1_500_000
+
+
+def test_hostile_sweep_ends_within_the_default_budget(tmp_path):
+    # The defaults hold a hostile tree's sweep to 18 s of CPU (the bound is 20 s): it stops there with the line.
+    tree = near_budget_tree(tmp_path / "src", tmp_path, 30)
+    completed = run_cli("vllm", "audit", "--sweep", "--vllm-src", str(tree), "--json", cwd=tmp_path)
+    assert completed.returncode == 1, completed.stderr
+    (limit,) = json.loads(completed.stdout)["limits"]
+    assert limit.startswith("the sweep's time budget of 18 s of CPU ran out (--budget-s raises it for a tree you "
+                            "trust)")  # fmt: skip
+
+
+def test_the_cap_on_classes_is_reported(tmp_path):
+    body = "import vllm.model_executor.layers.fused_moe.modular_kernel as mk\n" + "".join(
+        f"\n\nclass Trivial{i}(mk.BatchedBase):\n    def workspace_shapes(SIGNATURE):\n"
+        f"        return ((local_num_experts, M, K), (0,), (local_num_experts, M, K))\n" for i in range(300))
+    root = tmp_path / "src"
+    fused_moe_package(root, tmp_path, body, "many_moe.py")
+    completed = run_cli("vllm", "audit", "--sweep", "--vllm-src", str(root), "--json", "--budget-s", "1",
+                        cwd=tmp_path)  # fmt: skip
+    assert completed.returncode == 1, completed.stderr
+    report = json.loads(completed.stdout)
+    assert len(report["classes"]) == 256
+    assert report["limits"][0] == ("300 experts classes: the first 256 are swept (the cap on classes); not swept: "
+                                   "Trivial256, Trivial257, Trivial258, Trivial259, Trivial260 ...")  # fmt: skip
+    assert report["limits"][1].startswith("the sweep's time budget of 1 s of CPU ran out")
