@@ -154,7 +154,8 @@ def _source_tree(source: VllmSource) -> SourceTree:
 
 def _audit_class(tree: SourceTree, cls: ParsedClass, args: SizingArgs) -> ClassAudit:
     file = _inside_vllm(cls.file)
-    evaluation = tree.evaluate(cls, args)
+    n = class_n(tree, cls, args)
+    evaluation = tree.evaluate(cls, args, n=n)
     if not evaluation.ok:
         return ClassAudit(name=cls.name, file=file, verdict=UNEVALUATED, shapes=None, reason=evaluation.reason)
     shapes = WorkspaceShapes(
@@ -172,13 +173,26 @@ def _audit_class(tree: SourceTree, cls: ParsedClass, args: SizingArgs) -> ClassA
         ("D", dataclasses.replace(args, num_dispatchers=2 * args.num_dispatchers)),
         ("T", dataclasses.replace(args, max_tokens_per_rank=2 * args.max_tokens_per_rank)),
     ):
-        probe = tree.evaluate(cls, probe_args)
+        probe = tree.evaluate(cls, probe_args, n=n)
         if not probe.ok:
             reason = f"evaluated for the scenario but not with {moved} doubled: {probe.reason}"
             return ClassAudit(name=cls.name, file=file, verdict=UNEVALUATED, shapes=shapes, reason=reason)
         probes[moved] = probe
     verdict, reason = _verdict(evaluation, probes["D"], probes["T"], args)
     return ClassAudit(name=cls.name, file=file, verdict=verdict, shapes=shapes, reason=reason)
+
+
+def class_n(tree: SourceTree, cls: ParsedClass, args: SizingArgs) -> int | None:
+    """The N the class's own moe_problem_size derives on its own weights (sweep.py), when it differs from the
+    harness's N (2I gated, I non-gated): Marlin's I. None when they agree or it does not evaluate."""
+    from harness.sizing.vllm_source.sweep import PLAIN, Point, _ClassEvaluator, _weight_layout
+
+    if _weight_layout(tree, cls) == PLAIN:
+        return None  # the modular kernel's default, w1.size(1): the harness's N
+    point = Point(args.num_dispatchers, "set", "E·D", "fp8-per-token", args.activation, args.hidden_size,
+                  args.intermediate_size, args.num_local_experts, args.max_tokens_per_rank)  # fmt: skip
+    n = _ClassEvaluator(tree, cls, (args.activation,)).n(point)
+    return None if n == args.N else n
 
 
 # How prod(buffer) grows when (D, T) double: the token dim each pattern stands for.

@@ -120,7 +120,7 @@ class SourceTree:
         self._batched: list[ParsedClass] | None = None
         # evaluate() is a pure function of (class, sizing arguments) on a tree that does not change: a matrix plan
         # asks for the same point in many cells (T doubled in one cell is the next cell's T).
-        self._evaluations: dict[tuple[tuple[str, str], SizingArgs], Evaluation] = {}
+        self._evaluations: dict[tuple[tuple[str, str], SizingArgs, int | None], Evaluation] = {}
         fused_moe = source.fused_moe_dir
         if not fused_moe.is_dir():
             raise VllmSourceError(f"{source.label}: no fused-MoE package at {fused_moe}")
@@ -311,22 +311,27 @@ class SourceTree:
 
     # --- evaluation ------------------------------------------------------------------------------------------
 
-    def evaluate(self, cls: ParsedClass, args: SizingArgs, *, budget: Budget = DEFAULT_BUDGET) -> Evaluation:
-        """cls.workspace_shapes on a stand-in self for these sizing arguments, interpreted from the AST."""
-        key = (cls.key, args)
+    def evaluate(self, cls: ParsedClass, args: SizingArgs, *, budget: Budget = DEFAULT_BUDGET,
+                 n: int | None = None) -> Evaluation:  # fmt: skip
+        """cls.workspace_shapes on a stand-in self for these sizing arguments, interpreted from the AST; n: the N
+        the class's own moe_problem_size derives, when it differs from args.N (Marlin: I)."""
+        key = (cls.key, args, n)
         if budget == DEFAULT_BUDGET and key in self._evaluations:
             return self._evaluations[key]
-        evaluation = self._evaluate(cls, args, budget)
+        evaluation = self._evaluate(cls, args, budget, n)
         if budget == DEFAULT_BUDGET and len(self._evaluations) < MAX_KEPT_EVALUATIONS:
             self._evaluations[key] = evaluation
         return evaluation
 
-    def _evaluate(self, cls: ParsedClass, args: SizingArgs, budget: Budget) -> Evaluation:
+    def _evaluate(self, cls: ParsedClass, args: SizingArgs, budget: Budget, n: int | None = None) -> Evaluation:
         interpreter = Interpreter(self, budget)
         try:
             instance = interpreter.instance(cls, standin_attributes(args))
             method = interpreter.get_attribute(instance, "workspace_shapes")
-            result = interpreter.call(method, (), _call_arguments(method, args))
+            arguments = _call_arguments(method, args)
+            if n is not None and "N" in arguments:
+                arguments["N"] = n
+            result = interpreter.call(method, (), arguments)
         except Unevaluable as error:
             return Evaluation(None, None, None, f"workspace_shapes {error}")
         except RecursionError:
