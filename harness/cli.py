@@ -569,12 +569,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Arguments are counted and measured before argparse sees them: it takes seconds for thousands of options and
-# minutes for 100,000. A `vllm serve` command after `--` has tens of flags; a JSON value (--eplb-config) kilobytes.
-MAX_ARGS, MAX_ARG_CHARS = 1024, 64 * 1024
-
-
 def _arguments_refused(argv: list[str]) -> str | None:
+    """Why the command line is refused before argparse reads it (harness.scenario.limits.MAX_ARGS), or None."""
+    from harness.scenario.limits import MAX_ARG_CHARS, MAX_ARGS
+
     if len(argv) > MAX_ARGS:
         return f"{len(argv)} command-line arguments; allowed: at most {MAX_ARGS}"
     longest = max(range(len(argv)), key=lambda i: len(argv[i]), default=None)

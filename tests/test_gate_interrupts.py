@@ -80,7 +80,8 @@ def test_what_the_launchers_start_ignores_sigint_and_the_driver_keeps_its_ctrl_c
 
 @pytest.mark.parametrize("argv", [["plan"] + [f"--x{i}" for i in range(100_000)], ["plan", "x" * 100_000]])
 def test_arguments_are_capped_before_argparse(argv: list[str], capsys) -> None:
-    from harness.cli import MAX_ARG_CHARS, MAX_ARGS, main
+    from harness.cli import main
+    from harness.scenario.limits import MAX_ARG_CHARS, MAX_ARGS
 
     assert main(argv) == 2
     err = capsys.readouterr().err
