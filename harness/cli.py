@@ -607,7 +607,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM during a launch (harness.launch.Terminated)
         signum = int(getattr(exc, "signum", 2))  # SIGINT
-        print("harness: interrupted" + (" (SIGTERM)" if signum != 2 else ""), file=sys.stderr)
+        notes = "".join(f"; {note}" for note in getattr(exc, "__notes__", ()))  # where the finished work is
+        print("harness: interrupted" + (" (SIGTERM)" if signum != 2 else "") + notes, file=sys.stderr)
         return 128 + signum
     except OSError as exc:  # the backstop: every filesystem or permission error, on every command; a closed output
         # pipe too (`| head`): the command did not finish, so its verdict is not known, and a gate must not pass
