@@ -645,12 +645,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Arguments are counted and measured before argparse sees them: it takes seconds for thousands of options and
-# minutes for 100,000. A `vllm serve` command after `--` has tens of flags; a JSON value (--eplb-config) kilobytes.
-MAX_ARGS, MAX_ARG_CHARS = 1024, 64 * 1024
-
-
 def _arguments_refused(argv: list[str]) -> str | None:
+    """Why the command line is refused before argparse reads it (harness.scenario.limits.MAX_ARGS), or None."""
+    from harness.scenario.limits import MAX_ARG_CHARS, MAX_ARGS
+
     if len(argv) > MAX_ARGS:
         return f"{len(argv)} command-line arguments; allowed: at most {MAX_ARGS}"
     longest = max(range(len(argv)), key=lambda i: len(argv[i]), default=None)
@@ -685,7 +683,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM during a launch (harness.launch.Terminated)
         signum = int(getattr(exc, "signum", 2))  # SIGINT
-        print("harness: interrupted" + (" (SIGTERM)" if signum != 2 else ""), file=sys.stderr)
+        notes = "".join(f"; {note}" for note in getattr(exc, "__notes__", ()))  # where the finished work is
+        print("harness: interrupted" + (" (SIGTERM)" if signum != 2 else "") + notes, file=sys.stderr)
         return 128 + signum
     except OSError as exc:  # the backstop: every filesystem or permission error, on every command; a closed output
         # pipe too (`| head`): the command did not finish, so its verdict is not known, and a gate must not pass
