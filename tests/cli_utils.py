@@ -68,7 +68,7 @@ def _exit_code(main: object, argv: list[str]) -> int:
             return exc.code or 0
         print(exc.code, file=sys.stderr)
         return 1
-    except Exception:  # the interpreter's own report of an uncaught exception
+    except Exception:  # noqa: BLE001 (the interpreter's own report of an uncaught exception)
         traceback.print_exc()
         return 1
 
