@@ -40,15 +40,15 @@ DRIVER_MARGIN_S = 10.0
 # --------------------------------------------------------------------------------------------------------------
 
 
-def test_default_run_is_smoke_on_cpu_with_a_record_per_rank(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    run = run_cli("--launcher", "local", "--out", str(out))
+def test_default_run_is_smoke_on_cpu_with_a_record_per_rank(smoke_run) -> None:
+    run, out = smoke_run, smoke_run.out  # `harness run --launcher local --out OUT` (tests/conftest.py)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "no scenario given: running smoke.yaml" in run.stdout
     manifest = read_record(out / "run.json")
     assert manifest.record_kind == "run" and manifest.scenario_name == "smoke" and manifest.launcher == "local"
     # The recorded command is the one that ran, every option set (here --launcher and --out) included.
     assert manifest.num_ranks == 2 and manifest.command == ["harness", "run", "--launcher", "local", "--out", str(out)]
+    assert run.command == manifest.command
     files = rank_files(out)
     assert sorted(files.records) == [0, 1] and not files.failures
     records = files.records.values()
