@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_utils import run_harness
+from cli_utils import run_cli_inproc
 
 from harness.scenario.schema import ScenarioError, load_scenario, parse_scenario
 from harness.sizing.deployment_ballast import BALLAST_PARTS, ballast_parts, deployment_plan_without_release
@@ -64,7 +64,7 @@ def test_ballast_parts_add_up_to_the_deployment(tmp_path):
 
 def test_cpu_run_holds_the_ballast_and_legacy_runs_out(tmp_path):
     out = tmp_path / "run"
-    result = run_harness("run", str(_scenario(tmp_path)), "--out", str(out), timeout_s=600)
+    result = run_cli_inproc("run", str(_scenario(tmp_path)), "--out", str(out))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     (record_path,) = sorted((out / "ranks").glob("rank-*.json"))
     record = json.loads(record_path.read_text())

@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from cli_utils import run_harness
+from cli_utils import run_cli_inproc
 from test_report_html import check_in_browser, chromium  # noqa: F401 (the session's browser fixture)
 
 from harness.core.units import human_bytes
@@ -24,7 +24,7 @@ MESSAGE = "CPU budget exceeded: Tried to allocate 16.00 MiB (16777216 bytes) for
 @pytest.fixture(scope="module")
 def budget_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("oom") / "run"
-    result = run_harness("run", "smoke-cpu-budget", "--out", str(run_dir), timeout_s=300)
+    result = run_cli_inproc("run", "smoke-cpu-budget", "--out", str(run_dir))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # The terminal summary too: the OOM line under the table.
     assert "legacy OOM at stage workspace on rank(s) 0, 1: asked for 16,777,216 B (16.0 MiB)" in result.stdout
