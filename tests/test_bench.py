@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+
+from cli_utils import run_cli_inproc
 
 from harness.bench.markdown import render_markdown
 from harness.bench.records import BenchReport, CpuCost
@@ -25,8 +26,7 @@ def _bench(tmp_path: Path, bench: dict, *extra: str) -> tuple[subprocess.Complet
     path = tmp_path / "tiny-bench.yaml"
     path.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "harness", "bench", str(path), "--no-cpu-costs", "--out", str(out),
-                           *extra], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    done = run_cli_inproc("bench", str(path), "--no-cpu-costs", "--out", str(out), *extra)
     return done, json.loads((out / "bench.json").read_text())
 
 

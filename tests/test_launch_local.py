@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_utils import run_cli_inproc
 from launch_helpers import REPO_DIR, cpu_load, harness_env, rank_files, report_policies, run_cli, tiny_scenario
 from pydantic import BaseModel
 from rich.console import Console
@@ -353,7 +354,7 @@ def test_matrix_runs_every_cell_past_a_failed_one(tmp_path: Path) -> None:
         "name": "two-cells", "base": base, "axes": {"experts_backend": ["torch-cutlass", "reference"]},
     }}, sort_keys=False))
     out = tmp_path / "matrix"
-    run = run_cli(str(matrix), "--out", str(out))
+    run = run_cli_inproc("run", str(matrix), "--out", str(out), base_env=harness_env())
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
     assert "needs GPUs" in run.stderr
     cells = sorted(p for p in out.iterdir() if p.is_dir())
