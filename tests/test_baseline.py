@@ -41,6 +41,7 @@ def compare(baseline: Path, current: Path, *flags: str) -> tuple[int, dict]:
     return cmp.returncode, json.loads(cmp.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
 def test_fresh_cpu_smoke_run_matches_the_committed_baseline(two_runs: tuple[Path, Path]) -> None:
     _, fresh = two_runs
@@ -54,6 +55,7 @@ def test_fresh_cpu_smoke_run_matches_the_committed_baseline(two_runs: tuple[Path
     assert not any(r["metric"] in ("dispatch_us", "experts_tflops") for r in result["rows"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
 def test_back_to_back_smoke_runs_pass_the_default_gate(two_runs: tuple[Path, Path]) -> None:
     """The plain `harness compare` of two runs on this machine: exit 0. Their timings are shown, not gated: on a
@@ -70,6 +72,7 @@ def test_back_to_back_smoke_runs_pass_the_default_gate(two_runs: tuple[Path, Pat
             assert (policy, metric) in gated, (policy, metric)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
 def test_a_deleted_policy_or_a_nan_fails_the_gate(two_runs: tuple[Path, Path], tmp_path: Path) -> None:
     first, second = two_runs
@@ -100,6 +103,7 @@ def float32_reorder_bound(num_terms: int) -> float:
     return num_terms * u / (1 - num_terms * u)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
 def test_back_to_back_runs_agree_to_the_byte_and_rss_to_the_page(two_runs: tuple[Path, Path]) -> None:
     """On one machine the same code gives the same allocator bytes, errors and outcomes, exactly (seeded routing
@@ -120,6 +124,7 @@ def test_back_to_back_runs_agree_to_the_byte_and_rss_to_the_page(two_runs: tuple
         _assert_within_a_page(mine, theirs)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
 def test_a_fresh_run_gives_the_baselines_bytes_and_its_errors_within_float32_reordering(
         two_runs: tuple[Path, Path]) -> None:

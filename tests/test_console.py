@@ -64,6 +64,7 @@ def test_piped_tables_are_whole(command):
     assert "\x1b[" not in result.stdout  # no colour codes in a log
 
 
+@pytest.mark.slow
 def test_run_smoke_piped_prints_no_ellipsis_and_a_whole_results_path(smoke_run, smoke_run_copy: Path):
     # The shared run (tests/conftest.py): `harness run` with stdout a pipe, --out a path longer than a log's width.
     out, result = smoke_run.out, smoke_run

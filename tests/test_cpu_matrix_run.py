@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from cli_utils import run_cli_inproc
 
+pytestmark = pytest.mark.slow  # real runs: rank processes
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -62,6 +62,7 @@ def test_ballast_parts_add_up_to_the_deployment(tmp_path):
     assert sum(p.bytes for p in parts.values()) + own + plan.line("moe-workspace").bytes <= plan.requested_bytes
 
 
+@pytest.mark.slow
 def test_cpu_run_holds_the_ballast_and_legacy_runs_out(tmp_path):
     out = tmp_path / "run"
     result = run_cli_inproc("run", str(_scenario(tmp_path)), "--out", str(out))
@@ -99,6 +100,7 @@ def _held_after_setup(info, scenario_path: str) -> dict:
             "parts": sum(c.allocated_bytes for c in setup.ballast)}
 
 
+@pytest.mark.slow
 def test_the_ballast_stays_allocated_after_setup(tmp_path):
     """The ballast must still be held when the policies run: a dropped tensor's memory goes back (on CPU its
     mapping is unmapped and RSS falls; on a GPU torch's allocator hands the cached block to the next workspace), and

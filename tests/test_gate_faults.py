@@ -162,6 +162,7 @@ def _pages(size: int) -> int:
     return math.ceil(size / PAGE) * PAGE
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_before_the_reports_keeps_every_record(tmp_path, request) -> None:
     """The probe at the start passes (9 MiB free, RUN_DIR_MIN_FREE_BYTES asked). Rank 1 stops once it is ready,
     before any record exists; the disk is then filled but for room for the ranks' records and not the reports.
@@ -197,6 +198,7 @@ def test_a_disk_that_fills_before_the_reports_keeps_every_record(tmp_path, reque
     assert report["problems"] == [] and report["hardware"]["num_ranks_reported"] == 2
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_between_policies_keeps_the_first_policys_records(tmp_path, request) -> None:
     """Rank 1 stops once its record so far for legacy is sent; rank 0 cannot finish fixed without it, so both
     ranks' legacy records are on disk and nothing else is written until rank 1 goes on. The disk is filled to

@@ -153,6 +153,7 @@ def test_a_live_claim_names_the_file_to_delete(tmp_path: Path) -> None:
         choose_run_dir(out, "r")
 
 
+@pytest.mark.slow
 def test_sigkill_a_real_run_then_run_again_on_the_same_out(tmp_path: Path) -> None:
     scenario_path = _tiny_yaml(tmp_path)
     bound_s = parse_scenario(TINY, path="<tiny>").launch.rank_timeout_s

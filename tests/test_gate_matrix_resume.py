@@ -11,12 +11,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from cli_utils import REPO_DIR, harness_env, run_cli_inproc
 from scenario_utils import TINY
 
 from harness.launch.rundir import CLAIM_FILE
 from harness.scenario.schema import parse_scenario
+
+pytestmark = pytest.mark.slow  # real runs: rank processes
 
 BOUND_S = parse_scenario(TINY, path="<tiny>").launch.rank_timeout_s  # the scenario's own bound on a rank
 

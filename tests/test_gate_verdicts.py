@@ -96,6 +96,7 @@ def test_a_failed_baseline_is_refused_in_one_line_unless_allowed(tmp_path: Path,
     assert any("not a passing run" in w for w in data["warnings"])
 
 
+@pytest.mark.slow
 def test_a_real_run_that_failed_its_expectation_fails_the_gate(tmp_path: Path, capsys) -> None:
     """A real `harness run` (TINY, two CPU ranks) whose scenario expects legacy to OOM: it fits, collect says
     FAILED, and compare (the run against itself, allowed as a baseline) fails on the run's own check."""

@@ -263,6 +263,7 @@ def test_the_corpus_covers_every_category() -> None:
 FIXTURE_BOUND_S = math.ceil(len(CASES) * len(COMMANDS) * HANG_S / NUM_CPUS_SEEN) + 60
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(FIXTURE_BOUND_S)
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)

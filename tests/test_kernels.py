@@ -72,6 +72,7 @@ def _run(backend: str) -> tuple[PolicyResult, list[int], int]:
     return PolicyResult.model_validate(result), counts, scenario.parallel.max_tokens_per_rank * 4
 
 
+@pytest.mark.slow
 def test_activation_wrong_past_a_row_is_named_with_its_row_experts_and_share(tmp_path):
     result, counts, M = _run("wrapping-activation")
     c = result.correctness
@@ -98,6 +99,7 @@ def test_activation_wrong_past_a_row_is_named_with_its_row_experts_and_share(tmp
     assert c.check_us is not None and c.check_us > 0
 
 
+@pytest.mark.slow
 def test_a_gemm_fed_the_wrong_weights_is_isolated_to_gemm1_and_its_expert(tmp_path):
     result, counts, M = _run("swapped-weights")
     c = result.correctness
@@ -131,6 +133,7 @@ def _correctness_verdict(tmp_path: Path, result: PolicyResult, *, release: str, 
     return report, report.ranks[0].policies[0].checks.correctness
 
 
+@pytest.mark.slow
 def test_collect_passes_kernels_wrong_as_expected_and_fails_them_otherwise(tmp_path):
     wrong, counts, M = _run("wrapping-activation")
     first = wrong.correctness.stages[2].first_wrong_row  # activation
@@ -188,6 +191,7 @@ def test_a_release_by_number_names_its_library_hash_size_and_torch_pin():
     assert resolve_kernels(VllmSpec(version="0.30.0")) == lib  # vllm.version means the same
 
 
+@pytest.mark.slow
 @pytest.mark.vllm_wheel
 def test_a_library_file_gets_its_release_from_the_cache_or_from_the_scenario(tmp_path):
     path = _cached_library("0.26.0")
@@ -278,6 +282,7 @@ def _matrix_file(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.vllm_wheel  # each cell's ranks load the release's ops library, from the shared cache
 @pytest.mark.timeout(4 * RUN_BOUND_S)  # three runs and a collect
 def test_a_kernels_matrix_runs_one_release_per_call_into_one_directory(tmp_path):

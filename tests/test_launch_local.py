@@ -41,6 +41,7 @@ DRIVER_MARGIN_S = 10.0
 # --------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_default_run_is_smoke_on_cpu_with_a_record_per_rank(smoke_run) -> None:
     run, out = smoke_run, smoke_run.out  # `harness run --launcher local --out OUT` (tests/conftest.py)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -71,6 +72,7 @@ def test_default_run_is_smoke_on_cpu_with_a_record_per_rank(smoke_run) -> None:
     print(f"local smoke: harness run -> report in {run.wall_s:.1f} s")
 
 
+@pytest.mark.slow
 def test_rank_killed_after_its_first_policy_keeps_both_ranks_first_results(tmp_path: Path) -> None:
     # The smoke run through the real CLI; rank 1 dies (os._exit) the moment its record so far for legacy is sent.
     out = tmp_path / "run"
@@ -96,6 +98,7 @@ def test_rank_killed_after_its_first_policy_keeps_both_ranks_first_results(tmp_p
     assert "died: exit code 1" in (out / "report.json").read_text()
 
 
+@pytest.mark.slow
 def test_killed_rank_is_dead_not_hung_on_a_loaded_machine(tmp_path: Path) -> None:
     scenario = tiny_scenario(tmp_path, collective_timeout_s=10)
     out = tmp_path / "run"
@@ -111,6 +114,7 @@ def test_killed_rank_is_dead_not_hung_on_a_loaded_machine(tmp_path: Path) -> Non
     assert 0 in files.ranks  # rank 0 has a record or its own failure, never nothing
 
 
+@pytest.mark.slow
 def test_hung_rank_is_bounded_by_the_collective_timeout_and_other_records_are_kept(tmp_path: Path) -> None:
     # The hang comes after rank 1's last collective, so rank 0 finishes: its record must survive the hang.
     timeout_s = 5.0
@@ -147,6 +151,7 @@ def _wait_for(paths: list[Path], timeout_s: float) -> None:
     assert all(p.exists() for p in paths), f"not written within {timeout_s:g} s: {[p for p in paths if not p.exists()]}"
 
 
+@pytest.mark.slow
 def test_ctrl_c_cleans_up_rank_processes_and_keeps_what_arrived(tmp_path: Path) -> None:
     scenario = tiny_scenario(tmp_path, collective_timeout_s=60)
     out = tmp_path / "run"
@@ -174,6 +179,7 @@ def test_ctrl_c_cleans_up_rank_processes_and_keeps_what_arrived(tmp_path: Path) 
     assert any(f.cause.startswith("interrupted") for f in files.failures.values())
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_driver_is_handled_like_ctrl_c(tmp_path: Path) -> None:
     scenario = tiny_scenario(tmp_path, collective_timeout_s=60)
     out = tmp_path / "run"
@@ -343,6 +349,7 @@ def test_job_runtime_env_is_valid_and_keeps_multicast_off() -> None:
 # ---- matrices ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_matrix_runs_every_cell_past_a_failed_one(tmp_path: Path) -> None:
     # The first cell asks for a GPU backend on a CPU-only machine and cannot run; the second must still run.
     import yaml

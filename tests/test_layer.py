@@ -133,6 +133,7 @@ def test_57894_budget_names_the_refused_buffer(cache_dir):
     assert "H100-80GB: REFUSED (deepep-rdma): 35.55 GiB is over the library's cap of 32.00 GiB" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.vllm_wheel
 def test_under_sized_when_a_tree_sizes_for_the_routed_experts_only(cache_dir, tmp_path):
     """A tree that passes DeepEP the routed experts alone (what #57894's title suspected) is under-sized: the
@@ -220,6 +221,7 @@ def test_a_scenario_without_a_layer_block_hashes_as_before():
 # --- the release-wide audit -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.vllm_wheel
 def test_layer_audit_names_the_file_that_fixed_55579(cache_dir, tmp_path):
     out = tmp_path / "audit"
@@ -258,6 +260,7 @@ def test_the_comm_paths_view_is_the_same_layout():
 # --- harness run: the components the rank allocates, measured against the prediction ---------------------------------
 
 
+@pytest.mark.slow
 def test_rank_setup_allocates_the_predicted_weights_and_dispatch_output():
     """The weights and the batched dispatch output the rank allocates are the layer model's bytes exactly; the
     measured step covers them (RSS here, NVML on a GPU)."""
@@ -293,6 +296,7 @@ def test_rank_setup_allocates_the_predicted_weights_and_dispatch_output():
     assert predicted["deepep-rdma"].bytes == ll(T, E * D, hidden=K, ranks=D).size_hint_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.vllm_wheel
 def test_a_hostile_tree_ends_unevaluated_quickly(cache_dir, tmp_path):
     """The layer readers run the release's code only in the budgeted interpreter: an endless manager, a recursive
@@ -380,6 +384,7 @@ def test_declared_redundant_experts_are_respected_or_refused():
     assert with_zero.scenario_hash == unset.scenario_hash
 
 
+@pytest.mark.slow
 @pytest.mark.vllm_wheel
 def test_plan_takes_a_source_tree_and_a_wheel_like_audit(cache_dir, tmp_path):
     release = locate(version="0.30.0", cache_dir=cache_dir)

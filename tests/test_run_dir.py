@@ -118,6 +118,7 @@ def test_a_file_name_that_is_no_safe_name_becomes_one(tmp_path: Path) -> None:
     assert scenario.name == "my-run--2-"
 
 
+@pytest.mark.slow
 def test_two_runs_given_the_same_out_at_once(tmp_path: Path) -> None:
     """Started together, exactly one run takes --out; the other exits 2 naming it, and the first completes."""
     scenario_path = tmp_path / "tiny.yaml"
