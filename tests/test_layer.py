@@ -226,7 +226,7 @@ def test_a_scenario_without_a_layer_block_hashes_as_before():
 def test_layer_audit_names_the_file_that_fixed_55579(cache_dir, tmp_path):
     out = tmp_path / "audit"
     result = run_cli_inproc("vllm", "audit", "--layer", "--releases", "0.29.0..0.30.0", "--out", str(out),
-                         "--cache-dir", str(cache_dir), timeout_s=600)  # fmt: skip
+                            "--cache-dir", str(cache_dir))  # fmt: skip
     assert result.returncode == 0, result.stderr
     data = json.loads((out / "layer-audit.json").read_text())
     assert data["schema_version"] == 1 and data["kind"] == "layer-audit"
