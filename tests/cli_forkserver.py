@@ -29,9 +29,19 @@ from pathlib import Path
 
 SERVER = Path(__file__).resolve()
 # What `harness plan` and a refusal of `harness run` import, loaded once in the server; torch is not among them.
-PRELOAD = ("harness.cli", "harness.scenario.schema", "harness.scenario.matrix", "harness.launch.overrides",
-           "harness.launch.run", "harness.sizing.plan", "harness.core.console", "pydantic", "yaml", "rich.console",
-           "rich.table")
+PRELOAD = (
+    "harness.cli",
+    "harness.scenario.schema",
+    "harness.scenario.matrix",
+    "harness.launch.overrides",
+    "harness.launch.run",
+    "harness.sizing.plan",
+    "harness.core.console",
+    "pydantic",
+    "yaml",
+    "rich.console",
+    "rich.table",
+)
 
 
 @dataclass(frozen=True)
@@ -56,8 +66,9 @@ class CliForkServer:
     """The client: started with the environment its commands see; run(job) from any thread, one job at a time."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self._proc = subprocess.Popen([sys.executable, str(SERVER)], env=env, stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, text=True, bufsize=1)
+        self._proc = subprocess.Popen(
+            [sys.executable, str(SERVER)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
         self._lock = threading.Lock()
         ready = self._proc.stdout.readline()  # type: ignore[union-attr]
         if ready.strip() != "ready":
@@ -92,10 +103,13 @@ def _child(job: Job) -> None:
     if job.cpu_s is not None:
         resource.setrlimit(resource.RLIMIT_CPU, (job.cpu_s, job.cpu_s + 1))
     if job.num_cpus is not None:
-        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:job.num_cpus])
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: job.num_cpus])
     os.chdir(job.cwd)
-    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, job.stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                            (2, job.stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+    for fd, path, flags in (
+        (0, os.devnull, os.O_RDONLY),
+        (1, job.stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+        (2, job.stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+    ):
         opened = os.open(path, flags, 0o600)
         os.dup2(opened, fd)
         os.close(opened)

@@ -35,25 +35,36 @@ def harness_env() -> dict[str, str]:
     return env
 
 
-def run_harness(*args: str, cwd: Path = REPO_DIR, timeout_s: float = 120.0,
-                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_harness(
+    *args: str, cwd: Path = REPO_DIR, timeout_s: float = 120.0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`python -m harness ARGS`; stdout and stderr captured as text. env: variables set on top of harness_env()."""
     return subprocess.run(
-        [sys.executable, "-m", "harness", *args], cwd=cwd, env={**harness_env(), **(env or {})}, capture_output=True,
-        text=True, timeout=timeout_s, check=False,
+        [sys.executable, "-m", "harness", *args],
+        cwd=cwd,
+        env={**harness_env(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
     )
 
 
-def run_cli_inproc(*args: str, cwd: Path = REPO_DIR, env: dict[str, str] | None = None,
-                   base_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli_inproc(
+    *args: str, cwd: Path = REPO_DIR, env: dict[str, str] | None = None, base_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`harness ARGS` through harness.cli.main in this process, as run_harness would give it (module docstring).
 
     env: variables set on top of base_env (default harness_env()), as run_harness takes them. Bounded by the test's
     own timeout (pytest-timeout), not a separate one: nothing here can kill a call that hangs."""
     from harness.cli import main
 
-    with _environment({**(harness_env() if base_env is None else base_env), **(env or {})}), _cwd(cwd), \
-            _cli_state(), _captured_fds() as captured:
+    with (
+        _environment({**(harness_env() if base_env is None else base_env), **(env or {})}),
+        _cwd(cwd),
+        _cli_state(),
+        _captured_fds() as captured,
+    ):
         code = _exit_code(main, list(args))
     return subprocess.CompletedProcess(["harness", *args], code, captured.stdout, captured.stderr)
 
@@ -98,6 +109,7 @@ def _cwd(path: Path) -> Iterator[None]:
 @contextmanager
 def _cli_state() -> Iterator[None]:
     """Logging's handlers, levels and switches, and `--wide`, as they were before the command."""
+
     def loggers() -> list[logging.Logger]:
         manager = logging.Logger.manager
         return [logging.root, *(lg for lg in list(manager.loggerDict.values()) if isinstance(lg, logging.Logger))]
@@ -139,8 +151,12 @@ def _captured_fds() -> Iterator[_Captured]:
         os.dup2(out_file.fileno(), 1)
         os.dup2(err_file.fileno(), 2)
         out = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8")
-        err = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)), encoding="utf-8",
-                               errors="backslashreplace", line_buffering=True)
+        err = io.TextIOWrapper(
+            io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+            encoding="utf-8",
+            errors="backslashreplace",
+            line_buffering=True,
+        )
         sys.stdout, sys.stderr = out, err
         try:
             yield captured

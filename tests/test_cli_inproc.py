@@ -14,15 +14,20 @@ from cli_utils import REPO_DIR, run_cli_inproc, run_harness
 PR_CASE = "scenarios/deepseek-v3-dp32-pr55579.yaml"
 
 
-@pytest.mark.parametrize("args", [
-    ("--help",),  # argparse's SystemExit(0)
-    ("rnu",),  # a usage error: SystemExit(2) and one line on stderr
-    ("plan", PR_CASE, "--json"),
-    ("plan", "smoek"),  # the command's own refusal: exit 2
-    ("collect", "no-such-run"),
-], ids=lambda args: " ".join(args))
-def test_the_same_exit_code_and_output_as_a_subprocess(args: tuple[str, ...], tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--help",),  # argparse's SystemExit(0)
+        ("rnu",),  # a usage error: SystemExit(2) and one line on stderr
+        ("plan", PR_CASE, "--json"),
+        ("plan", "smoek"),  # the command's own refusal: exit 2
+        ("collect", "no-such-run"),
+    ],
+    ids=lambda args: " ".join(args),
+)
+def test_the_same_exit_code_and_output_as_a_subprocess(
+    args: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A narrow terminal here: neither form may wrap at it (argparse's help would), both print as in a CI log.
     monkeypatch.setenv("COLUMNS", "33")
     child = run_harness(*args, cwd=tmp_path)
@@ -30,13 +35,15 @@ def test_the_same_exit_code_and_output_as_a_subprocess(args: tuple[str, ...], tm
     assert (here.returncode, here.stdout, here.stderr) == (child.returncode, child.stdout, child.stderr)
 
 
-def test_cwd_and_environment_are_the_commands_and_then_put_back(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cwd_and_environment_are_the_commands_and_then_put_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("COLUMNS", "33")  # a narrow terminal here; the command must not see it (run_harness drops it)
     before_cwd, before_env = os.getcwd(), dict(os.environ)
     # A name looked up from the working directory: found from tmp_path only if the command ran there.
-    (tmp_path / "mine.yaml").write_text((REPO_DIR / "scenarios" / "smoke.yaml").read_text().replace(
-        "name: smoke", "name: mine"))
+    (tmp_path / "mine.yaml").write_text(
+        (REPO_DIR / "scenarios" / "smoke.yaml").read_text().replace("name: smoke", "name: mine")
+    )
     result = run_cli_inproc("plan", "mine.yaml", "--json", cwd=tmp_path, env={"HARNESS_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     assert '"scenario": "mine"' in result.stdout
