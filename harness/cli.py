@@ -45,7 +45,9 @@ def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
 
 
 def _print_error(message: str) -> int:
-    print(f"harness: error: {message}", file=sys.stderr)
+    from harness.scenario.limits import shown_line
+
+    print(f"harness: error: {shown_line(message)}", file=sys.stderr)
     return EXIT_ERROR
 
 
@@ -92,7 +94,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         gpu = ns.gpu or scenario.memory.budget_gpu
         budget = int(ns.budget_gb * 1e9) if ns.budget_gb else (GPU_MEMORY_BYTES[ns.gpu] if ns.gpu else
                                                                scenario.memory.budget_bytes)  # fmt: skip
-        layers = make_layer_plans(scenario, layer_versions(scenario, ns.vllm_version), cache_dir=ns.cache_dir,
+        versions = layer_versions(scenario, ns.vllm_version)
+        layers = make_layer_plans(scenario, versions, cache_dir=ns.cache_dir,
                                   budget_bytes=budget, gpu=gpu if not ns.budget_gb else None,
                                   wheel=ns.vllm_wheel, src=ns.vllm_src)  # fmt: skip
     except ScenarioError as exc:
@@ -107,7 +110,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     from harness.sizing.deployment_cli import DeviceRequest, scenario_deployments
 
     device = DeviceRequest(gpu=ns.gpu, budget_gb=ns.budget_gb, cache_dir=ns.cache_dir)
-    deployments = scenario_deployments(scenario, layers, device, budget) if layers and budget else ([], "")
+    deployments = scenario_deployments(scenario, versions, device, budget, wheel=ns.vllm_wheel,
+                                       src=ns.vllm_src) if layers and budget else ([], "")  # the trees asked about
     if isinstance(deployments, int):
         return deployments
     failed_verdicts = [p for p in deployments[0] if p.verdict.outcome != "starts"] if ns.fail_on_verdict else []
@@ -337,19 +341,18 @@ def cmd_compare(ns: argparse.Namespace) -> int:
 
 def cmd_status(ns: argparse.Namespace) -> int:
     """`harness status DIR`: the recorded verdict (status.json) in one line, exiting with its code (0 pass, 1
-    failed checks, 2 errors); 2 when status.json is missing, unreadable or of another generation than report.json.
+    failed checks, 2 errors); 2 when status.json is missing or unreadable, or the directory fails compare's
+    verification (harness.report.compare_load.verify_directory): the same directory gives both commands one verdict.
     The CI one-liner for a Ray job, whose own exit code turns 2 into 1 (docs/launch.md)."""
-    from harness.report.status import STATUS_FILE, StatusError, read_status
-    from harness.report.write import output_generations
+    from harness.report.compare_load import verify_directory
+    from harness.report.compare_metrics import CompareError
+    from harness.report.status import StatusError, read_status
 
     directory: Path = ns.run_dir
     try:
         status = read_status(directory)
-        report_generation = output_generations(directory).get("report.json")
-        if report_generation is not None and report_generation != status.generation:
-            raise StatusError(f"{directory / STATUS_FILE} is of generation {status.generation}, report.json of "
-                              f"{report_generation}; run `harness collect {directory}`")
-    except StatusError as exc:
+        verify_directory(directory)  # what compare checks: report.json, its siblings, this verdict, the records
+    except (StatusError, CompareError) as exc:
         return _print_error(str(exc))
     if ns.json:
         print(json.dumps(status.model_dump(mode="json")))
@@ -424,6 +427,16 @@ def _version_text() -> str:
     return text
 
 
+def cmd_verify(ns: argparse.Namespace) -> int:
+    """Real vLLM's startup figures (a startup here, or --log) beside the plan (harness.verify)."""
+    from harness.verify.cli import VerifyRequest, verify_command
+
+    return verify_command(VerifyRequest(
+        serve=tuple(getattr(ns, "serve", None) or ()), log=ns.log, entry=ns.entry, tolerance_pct=ns.tolerance_pct,
+        timeout_s=ns.timeout, python=ns.python, vllm_version=ns.vllm_version, gpu=ns.gpu, cache_dir=ns.cache_dir,
+        save=ns.save, keep_log=ns.keep_log, json=ns.json))  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="harness", description="EP+DP MoE workspace harness (vLLM PR #55579)")
     parser.add_argument("--version", action=_VersionAction, nargs=0,
@@ -451,6 +464,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-gb", type=float, default=None, help="fit or OOM against this many GB (1e9 B) instead")
     p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_plan, parser=p)
+
+    p = sub.add_parser("verify", help="start real vLLM on dummy weights (or read its startup log, --log) and put "
+                       "its startup figures beside `harness plan`'s, line by line: 0 within --tolerance-pct, 1 outside",
+                       description="harness verify [OPTIONS] -- vllm serve MODEL FLAGS: MODEL a directory holding "
+                       "config.json or a preset; docs/deployment-memory.md")
+    p.add_argument("--log", type=Path, default=None, metavar="FILE",
+                   help="compare this vLLM startup log; nothing is started (no GPU needed)")
+    p.add_argument("--entry", choices=("serve", "llm"), default="serve",
+                   help="start `vllm serve` (default) or the LLM class, whose defaults differ (max_num_batched_tokens "
+                        "16384, max_num_seqs 1024)")
+    p.add_argument("--tolerance-pct", type=float, default=1.0, metavar="P",
+                   help="largest difference judged ok, in percent (totals of what vLLM printed; the profile's small "
+                        "terms of the requested memory); default 1")
+    p.add_argument("--timeout", type=float, default=900.0, metavar="S", help="stop vLLM after S seconds (default 900)")
+    p.add_argument("--python", default=sys.executable, help="the Python whose vLLM is started (default: this one)")
+    p.add_argument("--vllm-version", default=None, metavar="X.Y.Z",
+                   help="the release to plan (default: the installed one, or the one the log names)")
+    p.add_argument("--gpu", default=None, metavar="NAME", help="the GPU's name for the plan (default: nvidia-smi's)")
+    p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP)
+    p.add_argument("--save", type=Path, default=None, metavar="FILE",
+                   help="write what vLLM printed as a startup record (YAML, the format of tests/data/startup_logs)")
+    p.add_argument("--keep-log", type=Path, default=None, metavar="FILE", help="write vLLM's whole startup log here")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p.set_defaults(func=cmd_verify, parser=p)
 
     p = sub.add_parser("scenarios", help="list the scenario files")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
@@ -566,10 +603,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Arguments are counted and measured before argparse sees them: it takes seconds for thousands of options and
+# minutes for 100,000. A `vllm serve` command after `--` has tens of flags; a JSON value (--eplb-config) kilobytes.
+MAX_ARGS, MAX_ARG_CHARS = 1024, 64 * 1024
+
+
+def _arguments_refused(argv: list[str]) -> str | None:
+    if len(argv) > MAX_ARGS:
+        return f"{len(argv)} command-line arguments; allowed: at most {MAX_ARGS}"
+    longest = max(range(len(argv)), key=lambda i: len(argv[i]), default=None)
+    if longest is not None and len(argv[longest]) > MAX_ARG_CHARS:
+        from harness.scenario.limits import shown_text
+
+        return (f"argument {longest + 1} ({shown_text(argv[longest], 40)}) is {len(argv[longest])} characters long; "
+                f"allowed: at most {MAX_ARG_CHARS}")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if (refused := _arguments_refused(argv)) is not None:
+        return _print_error(refused)
     serve = None
-    if argv[:1] == ["plan"] and "--" in argv:  # `harness plan ... -- vllm serve MODEL FLAGS`
+    if argv[:1] in (["plan"], ["verify"]) and "--" in argv:  # `harness plan|verify ... -- vllm serve MODEL FLAGS`
         cut = argv.index("--")
         argv, serve = argv[:cut], argv[cut + 1:]
     ns, extras = build_parser().parse_known_args(argv)
