@@ -35,7 +35,6 @@ def _plan_matrix(matrix: Any, ns: argparse.Namespace) -> int:
 def cmd_plan(ns: argparse.Namespace) -> int:
     """Workspace per sizing policy; with releases (--vllm-version or vllm==X.Y.Z policies) the whole layer per
     release, a budget's fit/OOM per release, and exit 1 when the scenario's layer.expect is not met."""
-    from harness.scenario.limits import shown
     from harness.scenario.matrix import Matrix, load_input
     from harness.scenario.sections import GPU_MEMORY_BYTES
     from harness.sizing.plan import (
@@ -50,17 +49,23 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         render_plan,
     )  # fmt: skip
 
-    if ns.gpu is not None and ns.gpu not in GPU_MEMORY_BYTES:
-        raise BadInput(f"--gpu {shown(ns.gpu)} is not a known GPU; allowed: {', '.join(GPU_MEMORY_BYTES)}")
     if ns.budget_gb is not None and not 0 < ns.budget_gb < 1e6:
         raise BadInput(f"--budget-gb {ns.budget_gb} is not a budget in GB; allowed: above 0, below 1e6")
     if getattr(ns, "serve", None) is not None or ns.scenario is None:
         from harness.sizing.deployment_cli import PlanServeRequest, plan_serve_command
 
+        # the deployment's GPU is checked against the GPU table (harness.sizing.gpus) there
         return plan_serve_command(PlanServeRequest(
             scenario=ns.scenario, serve=tuple(ns.serve) if getattr(ns, "serve", None) is not None else None,
             vllm_versions=tuple(ns.vllm_version or ()), gpu=ns.gpu, budget_gb=ns.budget_gb, cache_dir=ns.cache_dir,
-            fail_on_verdict=ns.fail_on_verdict, json=ns.json))  # fmt: skip
+            fail_on_verdict=ns.fail_on_verdict, json=ns.json, gpu_memory_gib=ns.gpu_memory_gib, gpu_sms=ns.gpu_sms,
+            gpu_capability=ns.gpu_capability))  # fmt: skip
+    gpu_bytes = dict(GPU_MEMORY_BYTES)
+    if ns.gpu is not None and ns.gpu not in gpu_bytes:
+        from harness.sizing import gpus
+
+        # any GPU of the deployment's table: its total as torch reports it (UnknownGpuError: one line from main)
+        gpu_bytes[ns.gpu] = gpus.lookup(ns.gpu).total_bytes
     # ScenarioError, VllmSourceError (a release whose source cannot be had): one line from main.
     loaded = load_input(ns.scenario)
     if isinstance(loaded, Matrix):
@@ -68,7 +73,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     scenario = loaded
     rows = make_plan(scenario, cache_dir=ns.cache_dir)
     gpu = ns.gpu or scenario.memory.budget_gpu
-    budget = int(ns.budget_gb * 1e9) if ns.budget_gb else (GPU_MEMORY_BYTES[ns.gpu] if ns.gpu else
+    budget = int(ns.budget_gb * 1e9) if ns.budget_gb else (gpu_bytes[ns.gpu] if ns.gpu else
                                                            scenario.memory.budget_bytes)  # fmt: skip
     versions = layer_versions(scenario, ns.vllm_version)
     layers = make_layer_plans(scenario, versions, cache_dir=ns.cache_dir,
@@ -212,6 +217,8 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
         raise BadInput("--releases and --out go with --layer or --sweep --releases")
     from harness.sizing.vllm_source import AuditRequest, run_audit
 
+    if ns.budget_s is not None and not 0 < ns.budget_s <= 86400:
+        raise BadInput(f"--budget-s {ns.budget_s}: a number of CPU seconds in (0, 86400] is allowed")
     return run_audit(
         AuditRequest(
             vllm_version=ns.vllm_version,
@@ -222,6 +229,27 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
             json=ns.json,
             sweep=ns.sweep,
             junit=ns.junit,
+            budget_s=ns.budget_s,
+        )
+    )
+
+
+def cmd_vllm_diff(ns: argparse.Namespace) -> int:
+    from harness.sizing.vllm_diff import DiffRequest, run_diff
+
+    if ns.budget_s is not None and not 0 < ns.budget_s <= 86400:
+        raise BadInput(f"--budget-s {ns.budget_s}: a number of CPU seconds in (0, 86400] is allowed")
+    return run_diff(
+        DiffRequest(
+            base=ns.base,
+            head=ns.head,
+            references=ns.references,
+            threshold_pct=ns.threshold,
+            json=ns.json,
+            junit=ns.junit,
+            markdown=ns.markdown,
+            cache_dir=ns.cache_dir,
+            budget_s=ns.budget_s,
         )
     )
 
@@ -407,16 +435,14 @@ def build_parser() -> argparse.ArgumentParser:
     return build({
         "plan": cmd_plan, "scenarios": cmd_scenarios, "run": cmd_run, "collect": cmd_collect, "compare": cmd_compare,
         "status": cmd_status, "bench": cmd_bench, "schema": cmd_schema, "vllm audit": cmd_vllm_audit,
-        "verify": cmd_verify,
+        "verify": cmd_verify, "vllm diff": cmd_vllm_diff,
     })  # fmt: skip
 
 
-# Arguments are counted and measured before argparse sees them: it takes seconds for thousands of options and
-# minutes for 100,000. A `vllm serve` command after `--` has tens of flags; a JSON value (--eplb-config) kilobytes.
-MAX_ARGS, MAX_ARG_CHARS = 1024, 64 * 1024
-
-
 def _arguments_refused(argv: list[str]) -> str | None:
+    """Why the command line is refused before argparse reads it (harness.scenario.limits.MAX_ARGS), or None."""
+    from harness.scenario.limits import MAX_ARG_CHARS, MAX_ARGS
+
     if len(argv) > MAX_ARGS:
         return f"{len(argv)} command-line arguments; allowed: at most {MAX_ARGS}"
     longest = max(range(len(argv)), key=lambda i: len(argv[i]), default=None)
@@ -470,7 +496,8 @@ def _run(ns: argparse.Namespace) -> int:
         return _report(exc)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM during a launch (harness.launch.Terminated)
         signum = int(getattr(exc, "signum", 2))  # SIGINT
-        log.warning("interrupted" + (" (SIGTERM)" if signum != 2 else ""))
+        notes = "".join(f"; {note}" for note in getattr(exc, "__notes__", ()))  # where the finished work is
+        log.warning("interrupted" + (" (SIGTERM)" if signum != 2 else "") + notes)
         return 128 + signum
     except OSError as exc:  # the backstop: every filesystem or permission error, on every command; a closed output
         # pipe too (`| head`): the command did not finish, so its verdict is not known, and a gate must not pass

@@ -202,6 +202,17 @@ def _plan(sub: Subcommands, commands: Mapping[str, Command]) -> None:
         help="fit or OOM of each release's layer on this GPU (default: the scenario's memory.budget_gpu)",
     )
     p.add_argument("--budget-gb", type=float, default=None, help="fit or OOM against this many GB (1e9 B) instead")
+    p.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        default=None,
+        metavar="X",
+        help="a deployment on a GPU not in the table: the total torch reports, GiB",
+    )
+    p.add_argument("--gpu-sms", type=int, default=None, metavar="N", help="with --gpu-memory-gib: its SM count")
+    p.add_argument(
+        "--gpu-capability", default=None, metavar="M.m", help="with --gpu-memory-gib: its compute capability (e.g. 8.9)"
+    )
     _wide(p)
     p.set_defaults(func=commands["plan"], parser=p)
 
@@ -436,5 +447,42 @@ def _vllm(sub: Subcommands, commands: Mapping[str, Command]) -> None:
         metavar="FILE",
         help="with --sweep: write JUnit XML, one testcase per (class, point group)",
     )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="CPU seconds for the whole audit or sweep (default 8 and 18: a hostile tree's bound); raise "
+        "it for a tree you trust",
+    )
     _wide(p)
     p.set_defaults(func=commands["vllm audit"], parser=p)
+
+    p = vsub.add_parser(
+        "diff",
+        help="what a change does to the MoE workspace: every experts class over the sweep "
+        "grid and the reference deployments, BASE against HEAD (docs/vllm-ci.md)",
+    )
+    p.add_argument("base", metavar="BASE", help="a release X.Y.Z, a wheel file or a source tree directory")
+    p.add_argument("head", metavar="HEAD", help="a release X.Y.Z, a wheel file or a source tree directory")
+    p.add_argument(
+        "--references",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="reference deployments (YAML: `vllm serve` lines and GPUs; default: "
+        "harness/defaults/reference-deployments.yaml)",
+    )
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=1.0,
+        metavar="PCT",
+        help="a regression is a growth (or a KV cache loss) past this percentage (default 1)",
+    )
+    _json(p)
+    p.add_argument("--junit", type=Path, default=None, metavar="FILE", help="write JUnit XML")
+    p.add_argument("--markdown", type=Path, default=None, metavar="FILE", help="write the pull-request comment")
+    p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP)
+    p.add_argument("--budget-s", type=float, default=None, metavar="S", help="CPU seconds for each side's sweep")
+    p.set_defaults(func=commands["vllm diff"], parser=p)

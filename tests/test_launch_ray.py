@@ -38,7 +38,7 @@ from launch_helpers import (
     tiny_scenario,
 )
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 NUM_NODES = 4
 NUM_CPUS_PER_NODE = 2

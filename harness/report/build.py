@@ -307,6 +307,8 @@ def _rank_policy(
         checks=checks,
         first_diverging_stage=diverged.stage if diverged else None,
         check_us=c.check_us if c else None,
+        deployment_kv_tokens=result.deployment_kv.kv_tokens if result.deployment_kv else None,
+        deployment_verdict=result.deployment_kv.verdict if result.deployment_kv else None,
         stages=list(c.stages) if c else [],
     )
 
@@ -483,6 +485,10 @@ def _policy_summary(
         experts_us=_agg(e.experts_us for e in ran),
         combine_us=_agg(e.combine_us for e in ran),
         timing_spread=_widest(spreads) if spreads and len(spreads) == len(ran) else None,
+        deployment_kv_tokens=min(
+            (e.deployment_kv_tokens for e in entries if e.deployment_kv_tokens is not None), default=None
+        ),
+        deployment_verdict=next((e.deployment_verdict for e in entries if e.deployment_verdict), None),
         experts_tflops=_agg(e.experts_tflops for e in ran),
         dispatch_busbw_gbps=_agg(e.dispatch_busbw_gbps for e in ran),
         combine_busbw_gbps=_agg(e.combine_busbw_gbps for e in ran),

@@ -99,3 +99,8 @@ def shown_key(key: str) -> str:
     text = key[: MAX_SHOWN_CHARS + 1]
     quoted = repr(text) if text.isascii() else ascii(text)
     return quoted if len(key) <= MAX_SHOWN_CHARS else quoted[:MAX_SHOWN_CHARS] + "..."
+
+
+# The command line, counted and measured before argparse sees it (argparse takes minutes for 100,000 options): a
+# `vllm serve` command after `--` has tens of flags, a JSON value (--eplb-config) kilobytes.
+MAX_ARGS, MAX_ARG_CHARS = 1024, 64 * 1024

@@ -11,10 +11,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from harness.core.errors import BadInput
 from harness.core.exits import EXIT_FAILED, EXIT_OK
+
+
+def _error(message: str) -> NoReturn:
+    """Refuse in one line: harness.cli.main shows it and exits 2."""
+    raise BadInput(message)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,6 +29,9 @@ class DeviceRequest:
     gpu: str | None = None
     budget_gb: float | None = None
     cache_dir: Path | None = None
+    gpu_memory_gib: float | None = None  # any GPU not in the table: its torch total, SMs, compute capability
+    gpu_sms: int | None = None
+    gpu_capability: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,46 +45,72 @@ class PlanServeRequest(DeviceRequest):
     json: bool = False
 
 
-def _budget(device: DeviceRequest, scenario_gpu: str | None = None) -> tuple[str | None, int | None]:
-    """The GPU and the total vLLM sees on it: --budget-gb as given, a named GPU's mem_get_info total."""
-    from harness.scenario.sections import GPU_MEMORY_BYTES
-    from harness.sizing.deployment import device_total
+def _budget(device: DeviceRequest, scenario_gpu: str | None = None) -> tuple[Any, int | None]:
+    """The GPU (a row of harness.sizing.gpus, or None) and the total vLLM sees on it: --budget-gb as given, a named
+    GPU's torch total, --gpu-memory-gib's. Raises UnknownGpuError (one line) for a name not in the table."""
+    from harness.sizing import gpus
 
+    if device.gpu_memory_gib is None and (device.gpu_sms is not None or device.gpu_capability is not None):
+        raise gpus.UnknownGpuError("--gpu-sms and --gpu-capability describe a GPU given by --gpu-memory-gib X; "
+                                   "allowed: with --gpu-memory-gib")  # fmt: skip
     if device.budget_gb:
         return None, int(device.budget_gb * 1e9)
+    if device.gpu_memory_gib is not None:
+        row = gpus.given(device.gpu_memory_gib, num_sms=device.gpu_sms, capability=device.gpu_capability)
+        return row, row.total_bytes
     gpu = device.gpu or scenario_gpu
     if gpu:
-        return gpu, device_total(gpu, GPU_MEMORY_BYTES[gpu])[0]
+        row = gpus.lookup(gpu)
+        return row, row.total_bytes
     return None, None
 
 
 def plan_serve_command(request: PlanServeRequest) -> int:
-    from harness.scenario.source import ScenarioError
-    from harness.sizing.deployment_plan import plan_serve
-    from harness.sizing.serve_args import parse_serve
+    from harness.sizing.deployment_plan import plan_serve_line
+    from harness.sizing.model_config import ModelConfigError
+    from harness.sizing.serve_args import ServeArgsError, parse_serve
+    from harness.sizing.vllm_source.sources import VllmSourceError
 
     serve = list(request.serve) if request.serve is not None else None
     if request.scenario is not None and serve is not None:
-        raise BadInput(
+        return _error(
             "give a scenario or `-- vllm serve MODEL FLAGS`, not both (a scenario's deployment: section "
             "holds the same settings)"
         )
     if serve is None:
-        raise BadInput(
+        return _error(
             "plan needs a scenario, or `-- vllm serve MODEL FLAGS` after the options; see `harness plan --help`"
         )
-    model, spec, ignored = parse_serve(serve)  # ServeArgsError: bad input, one line
-    gpu, total = _budget(request)
+    try:
+        parse_serve(serve)  # the words themselves (a MODEL, values), before any release is fetched
+    except ServeArgsError as error:
+        if "not one the plan understands" not in str(error):  # a release's own flag is read with its parser
+            return _error(str(error))
+    from harness.sizing.gpus import UnknownGpuError
+
+    try:
+        gpu, total = _budget(request)
+    except UnknownGpuError as error:
+        return _error(str(error))
     if total is None:
-        raise BadInput("a deployment plan needs --gpu NAME or --budget-gb N (the GPU's total memory)")
+        return _error("a deployment plan needs --gpu NAME, --gpu-memory-gib X or --budget-gb N (the GPU's total "
+                      "memory)")  # fmt: skip
     if not request.vllm_versions:
-        raise BadInput("a deployment plan needs --vllm-version X.Y.Z (repeat it to compare releases)")
-    try:  # ModelConfigError, VllmSourceError: one line as they are
-        plans = plan_serve(model, spec, list(dict.fromkeys(request.vllm_versions)), gpu=gpu, total_bytes=total,
-                           cache_dir=request.cache_dir)  # fmt: skip
-    except ScenarioError as error:  # a scenario the layout makes invalid
-        raise BadInput(f"the deployment's MoE layer: {error}") from None
-    code = EXIT_FAILED if request.fail_on_verdict and any(p.verdict.outcome != "starts" for p in plans) else EXIT_OK
+        return _error("a deployment plan needs --vllm-version X.Y.Z (repeat it to compare releases)")
+    try:
+        plans, ignored = plan_serve_line(serve, list(dict.fromkeys(request.vllm_versions)), gpu=gpu,
+                                         total_bytes=total, cache_dir=request.cache_dir)  # fmt: skip
+    except (ModelConfigError, VllmSourceError, ServeArgsError) as error:
+        return _error(str(error))
+    except Exception as error:  # a scenario the layout makes invalid (harness.scenario.ScenarioError)
+        from harness.scenario.source import ScenarioError
+
+        if isinstance(error, ScenarioError):
+            return _error(f"the deployment's MoE layer: {error}")
+        raise
+    # an approximate plan (a memory flag or GPU fact not modelled) is not a pass either
+    failed = any(p.verdict.outcome != "starts" or p.approximate for p in plans)
+    code = EXIT_FAILED if request.fail_on_verdict and failed else EXIT_OK
     if request.json:
         print(json.dumps({"deployments": [p.model_dump(mode="json") for p in plans], "ignored_flags": ignored},
                          indent=1))  # fmt: skip
@@ -100,10 +134,14 @@ def scenario_deployments(
     """The scenario's deployment per release planned (`versions`, then the --vllm-wheel file and the --vllm-src
     tree themselves, as the layer table reads them), or ([], why not) when its model has no config facts."""
     from harness.sizing.deployment_plan import plan_scenario
+    from harness.sizing.gpus import UnknownGpuError
     from harness.sizing.model_config import ModelConfigError
     from harness.sizing.vllm_source.sources import locate
 
-    gpu, total = _budget(device, scenario.memory.budget_gpu)
+    try:
+        gpu, total = _budget(device, scenario.memory.budget_gpu)
+    except UnknownGpuError as error:
+        return [], f"no deployment verdict: {error}"
     sources = [locate(wheel=wheel, cache_dir=device.cache_dir)] if wheel is not None else []
     sources += [locate(src=src)] if src is not None else []
     try:
