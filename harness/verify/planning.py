@@ -24,8 +24,9 @@ def gpu_from_total(total_gib: float | None) -> str | None:
 
     if total_gib is None:
         return None
-    near = [g.name for g in GPUS if g.total_kind == "torch" and abs(g.total_bytes / GIB - total_gib) <= 0.015]
-    return near[0] if len(near) == 1 else None
+    near = [g for g in GPUS if g.total_kind == "torch" and abs(g.total_bytes / GIB - total_gib) <= 0.015]
+    # One total, one GPU: the table's first row of it (an H200 NVL sizes as the SXM it shares its memory with).
+    return near[0].name if near and len({g.total_bytes for g in near}) == 1 else None
 
 
 def record_facts(record: StartupRecord) -> ModelFacts:
