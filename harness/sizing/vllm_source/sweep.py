@@ -1,19 +1,27 @@
-"""`harness vllm audit --sweep`: every batched-experts class of a source, over a grid of layouts and shapes.
+"""`harness vllm audit --sweep`: every experts class that sizes a workspace, over a grid of layouts and shapes.
 
+    classes: the batched-experts ones (evaluate.batched_classes) and, in the standard format, every class whose body
+        defines a concrete workspace_shapes (evaluate.standard_classes); each sized with the N its own
+        moe_problem_size derives on its own weights (Marlin: I)
     grid (GRID_*): D x local experts E x T x (K, I) x activation x quantization x num_dispatchers x EPLB
         the full product of D, E, T, (K, I) at one gated and one non-gated activation; every activation of the
         release's MoEActivation (read with ast) x D x (K, I); each quantization format, num_dispatchers unset and
         an EPLB layout (E·D physical experts, one redundant per rank) x D x (K, I)
     per point: workspace_shapes (evaluate.py) -> ws13, ws2, out
         double-count    a buffer grows x D^2 from D = 1 to D (the token dim is M·D, not M = T·D)
-        under-sized     a view apply() takes of a buffer (views.py) needs more than the buffer holds, or, for
-                        CutlassBatchedExpertsFp8 at a gated activation, common + ws2 is below the live set the
-                        harness derives for the batched CUTLASS path (harness.core.contract.live_set_bytes)
+        under-sized     the output holds less than the format's (E, M, K) / (M, K); a workspace stays x1 with D
+                        while the output grows xD and it grows with T (the growth check); a view apply() takes of a
+                        buffer (views.py) needs more than the buffer holds; or, for CutlassBatchedExpertsFp8 at a
+                        gated activation, common + ws2 is below the harness's live set (harness.core.contract)
         over-allocated  common + ws2 is larger than the views need (common = max(ws13, out), which out aliases)
-        consistent      none of these
+        consistent      none of these, and what apply() uses is derived (here, or on the traced sub-grid)
+        not derived     none of these, but what apply() uses is not derived: not a pass
         unevaluated / refused / unsupported   with the reason: the evaluation stopped; the class's apply() or
                         constructor raises or asserts at the point; the class says it does not take the
                         activation or quantization (its own _supports_* methods, where they evaluate)
+    findings: a buffer apply() never touches while it costs bytes, with the line that sizes it
+    bounds: SweepBudget (CPU time and peak memory of the whole sweep, a share per class, caps on classes and
+        activations); what ran out of budget is memoized and reported (SweepResult.limits)
 
 The live set (apply()'s views) is traced on the sub-grid LIVE_SET_POINTS picks; elsewhere a point is judged on its
 growth with D alone. Nothing of the release is imported or executed.
