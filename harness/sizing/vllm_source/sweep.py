@@ -23,7 +23,7 @@
     bounds: SweepBudget (CPU time and peak memory of the whole sweep, a share per class, caps on classes and
         activations); what ran out of budget is memoized and reported (SweepResult.limits)
 
-The live set (apply()'s views) is traced on the sub-grid LIVE_SET_POINTS picks; elsewhere a point is judged on its
+The live set (apply()'s views) is traced on the sub-grid traces_live_set picks; elsewhere a point is judged on its
 growth with D alone. Nothing of the release is imported or executed.
 """
 
