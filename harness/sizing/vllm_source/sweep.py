@@ -776,7 +776,7 @@ class SweepBudget:
 
     cpu_s: float = 18.0  # CPU seconds for the whole sweep: 0.33.0's 46 classes take about 10 (its slowest, 2.5)
     class_share: float = 0.35  # the most of cpu_s one class may take, so one hostile class leaves the others theirs
-    rss_bytes: int = 3 << 30  # the process's peak resident memory
+    rss_bytes: int = 3 << 30  # what the process's peak resident memory may grow by during the sweep
     max_classes: int = 256  # 0.33.0 has 46
     max_activations: int = 32  # 0.33.0's MoEActivation has 11 members
 
@@ -788,6 +788,7 @@ class Deadline:
     def __init__(self, budget: SweepBudget, *, what: str = "sweep", start: float | None = None) -> None:
         self.budget, self.what = budget, what
         self.start = time.process_time() if start is None else start
+        self.start_rss = _peak_rss()  # the budget bounds what the peak grows by during this sweep
         self.hit: str | None = None
 
     def spent(self) -> str | None:
@@ -796,9 +797,9 @@ class Deadline:
             if used > self.budget.cpu_s:
                 self.hit = (f"the {self.what}'s time budget of {self.budget.cpu_s:g} s of CPU ran out "
                             "(--budget-s raises it for a tree you trust)")  # fmt: skip
-            elif _peak_rss() > self.budget.rss_bytes:
-                self.hit = (f"the {self.what}'s memory budget of {self.budget.rss_bytes >> 20} MiB peak resident "
-                            "memory ran out")  # fmt: skip
+            elif _peak_rss() - self.start_rss > self.budget.rss_bytes:
+                self.hit = (f"the {self.what}'s memory budget of {self.budget.rss_bytes >> 20} MiB more peak "
+                            "resident memory ran out")  # fmt: skip
         return self.hit
 
     def share(self, share: float) -> Deadline:
