@@ -56,8 +56,9 @@ def verdict_line(result: ClassSweep) -> str:
                                           if rest else "")  # fmt: skip
     if verdict == NOT_DERIVED:
         count = sum(o.status == NOT_DERIVED for o in result.outcomes.values())
-        return (f"not derived at {count} points: what apply() uses is not derived ({result.live_set.split(': ', 1)[-1]})"
-                " and no growth check fails; not a pass")  # fmt: skip
+        why = result.live_set.split(": ", 1)[-1]
+        return f"not derived at {count} points: what apply() uses is not derived ({why}) and no growth check fails; " \
+            "not a pass"
     if verdict == UNEVALUATED:
         unevaluated = Counter(o.detail for o in result.outcomes.values() if o.status == UNEVALUATED)
         if unevaluated:
@@ -222,7 +223,8 @@ def footer(result: SweepResult) -> str:
         names = ", ".join(f"{c.name} ({c.verdict})" for c in result.failed)
         return f"FAILED: {len(result.failed)} of {counted}: {names}{rest}"
     if result.limits:
-        return f"INCOMPLETE: the sweep stopped at a limit (LIMIT lines above); none of what was judged of {counted} fails{rest}"
+        return (f"INCOMPLETE: the sweep stopped at a limit (LIMIT lines above); none of what was judged of {counted} "
+                f"fails{rest}")
     return f"OK: none of {counted} double-counts or is under-sized{rest}"
 
 
@@ -310,7 +312,8 @@ def write_junit(result: SweepResult, path: Path) -> None:
             # The class alone: a release's dots in a classname would read as packages in CI viewers.
             case = ET.SubElement(suite, "testcase", classname=cls.name,
                                  name=f"{outcome.status}: {box_text(box, cls)}")  # fmt: skip
-            message = f"{cls.name} ({cls.file}, {cls.format}) {outcome.status} at {len(points)} points: {outcome.detail}"
+            message = (f"{cls.name} ({cls.file}, {cls.format}) {outcome.status} at {len(points)} points: "
+                       f"{outcome.detail}")
             if outcome.status in FAILING:
                 failures += 1
                 ET.SubElement(case, "failure", message=message, type=outcome.status).text = box_text(box, cls)
