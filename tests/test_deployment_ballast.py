@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_utils import run_harness
+from cli_utils import run_cli_inproc
 
 from harness.scenario.schema import ScenarioError, load_scenario, parse_scenario
 from harness.sizing.deployment_ballast import (
@@ -74,9 +74,10 @@ def test_ballast_parts_add_up_to_the_deployment(tmp_path):
     assert legacy.outcome in ("fails", "oom") and legacy.bytes == legacy.tokens == 0
 
 
+@pytest.mark.slow
 def test_cpu_run_holds_the_ballast_and_legacy_runs_out(tmp_path):
     out = tmp_path / "run"
-    result = run_harness("run", str(_scenario(tmp_path)), "--out", str(out), timeout_s=600)
+    result = run_cli_inproc("run", str(_scenario(tmp_path)), "--out", str(out))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     (record_path,) = sorted((out / "ranks").glob("rank-*.json"))
     record = json.loads(record_path.read_text())
@@ -122,6 +123,7 @@ def _held_after_setup(info, scenario_path: str) -> dict:
             "parts": sum(c.allocated_bytes for c in setup.ballast)}
 
 
+@pytest.mark.slow
 def test_the_ballast_stays_allocated_after_setup(tmp_path):
     """The ballast must still be held when the policies run: a dropped tensor's memory goes back (on CPU its
     mapping is unmapped and RSS falls; on a GPU torch's allocator hands the cached block to the next workspace), and

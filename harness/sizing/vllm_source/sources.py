@@ -448,7 +448,10 @@ def _read_wheel_metadata(wheel: Path) -> tuple[str | None, str | None]:
         except (*DAMAGED_ZIP_ERRORS, OSError) as error:
             raise CacheError(f"{wheel} is damaged: cannot read {member}: {error}") from None
     version = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Version:")), None)
-    return version, _torch_requirement(text.splitlines())
+    # the wheel's text, printed and named in the cache: control characters escaped, and kept to one path component
+    shown = shown_text(version, 64) if version is not None else None
+    return (shown if shown is None or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}", shown) else "unknown",
+            _torch_requirement(text.splitlines()))
 
 
 def _wanted_member(name: str) -> bool:
