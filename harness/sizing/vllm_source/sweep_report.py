@@ -12,6 +12,7 @@ import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,14 +180,15 @@ def print_sweep(result: SweepResult, *, file=None) -> None:
     console.print(footer(result))
 
 
-def attach_reference_bytes(result: SweepResult, source) -> None:
+def attach_reference_bytes(
+    result: SweepResult, source, reference_sizing: Callable[[Any], dict[str, Any]] | None
+) -> None:
     """Each finding's buffer in bytes per GPU at the reference deployments the deployment model sizes (their
-    T, D, local experts, K, I): the class's own workspace_shapes evaluated there."""
-    if not result.findings:
+    T, D, local experts, K, I): the class's own workspace_shapes evaluated there. reference_sizing gives those
+    sizings on a source (the deployment model's, handed in by the caller); without it the findings stand alone."""
+    if not result.findings or reference_sizing is None:
         return
     try:
-        from harness.sizing.vllm_diff import reference_sizing
-
         sizings = reference_sizing(source)
     except Exception as error:  # noqa: BLE001 - the finding stands without its bytes; say why
         for _, finding in result.findings:
@@ -347,6 +349,7 @@ class SweepRequest:
     json: bool = False
     junit: Path | None = None
     budget_s: float | None = None  # CPU seconds for the whole sweep; None: SweepBudget's default
+    reference_sizing: Callable[[Any], dict[str, Any]] | None = None  # see AuditRequest.reference_sizing
 
 
 def run_sweep(request: SweepRequest, source) -> int:
@@ -357,7 +360,7 @@ def run_sweep(request: SweepRequest, source) -> int:
     from harness.sizing.vllm_source.sweep import SweepBudget
 
     result = sweep(source_tree(source), budget=SweepBudget(cpu_s=request.budget_s) if request.budget_s else None)
-    attach_reference_bytes(result, source)
+    attach_reference_bytes(result, source, request.reference_sizing)
     junit = request.junit
     if junit is not None:
         try:
