@@ -215,6 +215,7 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
                                                        json=ns.json), resolve_releases)  # fmt: skip
     if ns.releases is not None or ns.out is not None:
         raise BadInput("--releases and --out go with --layer or --sweep --releases")
+    from harness.sizing.vllm_diff import reference_sizing
     from harness.sizing.vllm_source import AuditRequest, run_audit
 
     if ns.budget_s is not None and not 0 < ns.budget_s <= 86400:
@@ -230,6 +231,7 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
             sweep=ns.sweep,
             junit=ns.junit,
             budget_s=ns.budget_s,
+            reference_sizing=reference_sizing if ns.sweep else None,
         )
     )
 

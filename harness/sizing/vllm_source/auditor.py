@@ -17,9 +17,10 @@ import dataclasses
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import JustifyMethod
@@ -297,6 +298,9 @@ class AuditRequest:
     sweep: bool = False
     junit: Path | None = None  # with sweep: the JUnit XML file to write
     budget_s: float | None = None  # CPU seconds for the whole audit or sweep; None: the defaults
+    # with sweep: the reference deployments' layer sizings on a source (harness.sizing.vllm_diff.reference_sizing,
+    # handed in by the caller: the deployment model sits above this package); None: findings without their bytes
+    reference_sizing: Callable[[Any], dict[str, Any]] | None = None
 
 
 def run_audit(request: AuditRequest) -> int:
@@ -310,7 +314,15 @@ def run_audit(request: AuditRequest) -> int:
     if request.sweep:
         from harness.sizing.vllm_source.sweep_report import SweepRequest, run_sweep
 
-        return run_sweep(SweepRequest(json=request.json, junit=request.junit, budget_s=request.budget_s), source)
+        return run_sweep(
+            SweepRequest(
+                json=request.json,
+                junit=request.junit,
+                budget_s=request.budget_s,
+                reference_sizing=request.reference_sizing,
+            ),
+            source,
+        )
     assert args is not None  # None only with --sweep, which returned above
     result = audit(source, args, budget_s=request.budget_s)
     if request.json:

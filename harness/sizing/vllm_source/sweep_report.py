@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import JustifyMethod
@@ -64,9 +64,10 @@ def verdict_line(result: ClassSweep) -> str:
                                           if rest else "")  # fmt: skip
     if verdict == NOT_DERIVED:
         count = sum(o.status == NOT_DERIVED for o in result.outcomes.values())
+        why = result.live_set.split(": ", 1)[-1]
         return (
-            f"not derived at {count} points: what apply() uses is not derived ({result.live_set.split(': ', 1)[-1]})"
-            " and no growth check fails; not a pass"
+            f"not derived at {count} points: what apply() uses is not derived ({why}) and no growth check fails; "
+            "not a pass"
         )
     if verdict == UNEVALUATED:
         unevaluated = Counter(o.detail for o in result.outcomes.values() if o.status == UNEVALUATED)
@@ -202,14 +203,15 @@ def print_sweep(result: SweepResult, *, file=None) -> None:
     console.print(footer(result))
 
 
-def attach_reference_bytes(result: SweepResult, source) -> None:
+def attach_reference_bytes(
+    result: SweepResult, source, reference_sizing: Callable[[Any], dict[str, Any]] | None
+) -> None:
     """Each finding's buffer in bytes per GPU at the reference deployments the deployment model sizes (their
-    T, D, local experts, K, I): the class's own workspace_shapes evaluated there."""
-    if not result.findings:
+    T, D, local experts, K, I): the class's own workspace_shapes evaluated there. reference_sizing gives those
+    sizings on a source (the deployment model's, handed in by the caller); without it the findings stand alone."""
+    if not result.findings or reference_sizing is None:
         return
     try:
-        from harness.sizing.vllm_diff import reference_sizing
-
         sizings = reference_sizing(source)
     except Exception as error:  # noqa: BLE001 - the finding stands without its bytes; say why
         for _, finding in result.findings:
@@ -381,6 +383,7 @@ class SweepRequest:
     json: bool = False
     junit: Path | None = None
     budget_s: float | None = None  # CPU seconds for the whole sweep; None: SweepBudget's default
+    reference_sizing: Callable[[Any], dict[str, Any]] | None = None  # see AuditRequest.reference_sizing
 
 
 def run_sweep(request: SweepRequest, source) -> int:
@@ -390,7 +393,7 @@ def run_sweep(request: SweepRequest, source) -> int:
     from harness.sizing.vllm_source.sweep import SweepBudget
 
     result = sweep(source_tree(source), budget=SweepBudget(cpu_s=request.budget_s) if request.budget_s else None)
-    attach_reference_bytes(result, source)
+    attach_reference_bytes(result, source, request.reference_sizing)
     junit = request.junit
     if junit is not None:
         try:
