@@ -76,6 +76,11 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         return _print_error(f"--gpu {shown(ns.gpu)} is not a known GPU; allowed: {', '.join(GPU_MEMORY_BYTES)}")
     if ns.budget_gb is not None and not 0 < ns.budget_gb < 1e6:
         return _print_error(f"--budget-gb {ns.budget_gb} is not a budget in GB; allowed: above 0, below 1e6")
+    if getattr(ns, "search", False):  # `harness plan --search ... -- vllm serve ...` (harness/sizing/search_cli.py)
+        from harness.sizing.deployment_cli import DeviceRequest, _budget
+        from harness.sizing.search_cli import search_command
+
+        return search_command(ns, *_budget(DeviceRequest(gpu=ns.gpu, budget_gb=ns.budget_gb)))
     if getattr(ns, "serve", None) is not None or ns.scenario is None:
         from harness.sizing.deployment_cli import PlanServeRequest, plan_serve_command
 
@@ -450,6 +455,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fit or OOM of each release's layer on this GPU (default: the scenario's memory.budget_gpu)")
     p.add_argument("--budget-gb", type=float, default=None, help="fit or OOM against this many GB (1e9 B) instead")
     p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
+    from harness.sizing.search_cli import add_search_arguments
+
+    add_search_arguments(p)
     p.set_defaults(func=cmd_plan, parser=p)
 
     p = sub.add_parser("scenarios", help="list the scenario files")

@@ -5,13 +5,16 @@ its `deployment:` section), per release: the DeploymentPlan, its table, and what
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.scenario.deployment import DeploymentSpec
 from harness.scenario.schema import Scenario, parse_scenario
 from harness.scenario.sections import LayerSpec
 from harness.sizing.deployment import GIB, DeploymentPlan, Resolved, plan_deployment, resolve
 from harness.sizing.model_config import ModelFacts, load_model
+
+if TYPE_CHECKING:
+    from harness.sizing.search import ReleaseReads
 
 LAYER_ALL2ALL = {"deepep_low_latency": "deepep-low-latency", "deepep_high_throughput": "deepep-high-throughput"}
 
@@ -77,15 +80,17 @@ def plan_release(facts: ModelFacts, spec: DeploymentSpec, version: str, *, gpu: 
 
 def plan_source(facts: ModelFacts, spec: DeploymentSpec, source, *, gpu: str | None, total_bytes: int,
                 base: Scenario | None = None, local_experts: int | None = None, origin: str = "flag",
-                version: str | None = None, cudagraph_estimate: bool | None = None) -> DeploymentPlan:  # fmt: skip
+                version: str | None = None, cudagraph_estimate: bool | None = None,
+                reads: ReleaseReads | None = None) -> DeploymentPlan:  # fmt: skip
     """The plan from a VllmSource (its defaults and its MoE layer), or from none: a dense model needs no release
-    (defaults from the documented table, for `version`)."""
+    (defaults from the documented table, for `version`). `reads`: the release's parsed files and layer plans kept
+    across calls (a layout search plans many candidates of one release; harness.sizing.search)."""
     files = layer_plan = None
     if source is not None:
         from harness.sizing.layer import _tree, plan_layer_from
         from harness.sizing.vllm_source.layer_source import ReleaseFiles
 
-        files = ReleaseFiles(source, _tree(source))
+        files = reads.files if reads is not None else ReleaseFiles(source, _tree(source))
         version = source.version
     r = resolve(facts, spec, files, version, gpu_bytes=total_bytes, gpu=gpu, local_experts=local_experts,
                 origin=origin, cudagraph_estimate=cudagraph_estimate)  # fmt: skip
@@ -93,7 +98,7 @@ def plan_source(facts: ModelFacts, spec: DeploymentSpec, source, *, gpu: str | N
     if layer is not None:
         if source is None:
             raise ValueError(f"{facts.name} is an MoE model: its layer's workspace is read from a release")
-        layer_plan = plan_layer_from(layer, source)
+        layer_plan = reads.layer_plan(layer) if reads is not None else plan_layer_from(layer, source)
     return plan_deployment(facts, r, layer_plan, version=version, gpu=gpu, total_bytes=total_bytes)
 
 

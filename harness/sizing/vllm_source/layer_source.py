@@ -18,11 +18,13 @@ functions and constants resolve as they would in vLLM.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 from copy import deepcopy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from harness.sizing.vllm_source.evaluate import ParsedClass, SourceTree, source_tree
 from harness.sizing.vllm_source.interpreter import Builtin, Function, Interpreter, StandIn, Unevaluable
@@ -75,6 +77,7 @@ class ReleaseFiles:
         self.source = source
         self._parsed: dict[str, ast.Module | None] = {}
         self._tree = tree
+        self._reads: dict[tuple, object] = {}  # per_release: what was read once, by function and arguments
 
     @property
     def tree(self) -> SourceTree:
@@ -93,8 +96,11 @@ class ReleaseFiles:
         return self._parsed[file]
 
     def fused_moe_files(self) -> list[str]:
-        directory = self.source.root / FUSED_MOE_DIR
-        return sorted(p.relative_to(self.source.root).as_posix() for p in directory.rglob("*.py"))
+        key = ("fused_moe_files",)
+        if key not in self._reads:
+            directory = self.source.root / FUSED_MOE_DIR
+            self._reads[key] = sorted(p.relative_to(self.source.root).as_posix() for p in directory.rglob("*.py"))
+        return list(self._reads[key])  # type: ignore[call-overload]
 
     def find_class(self, name: str, files: list[str] | None = None) -> tuple[str, ast.ClassDef] | None:
         for file in files if files is not None else [*self.fused_moe_files(), ALL2ALL_FILE]:
@@ -103,6 +109,23 @@ class ReleaseFiles:
                 if isinstance(node, ast.ClassDef) and node.name == name:
                     return file, node
         return None
+
+
+_Read = TypeVar("_Read")
+
+
+def per_release(function: Callable[..., _Read]) -> Callable[..., _Read]:
+    """Read once per ReleaseFiles: a release's files do not change, so a read of the same arguments gives the same
+    value (a layout search asks each of them for hundreds of layouts)."""
+
+    @functools.wraps(function)
+    def once(files: ReleaseFiles, *args: Hashable, **kwargs: Hashable) -> _Read:
+        key = (function.__name__, args, tuple(sorted(kwargs.items())))
+        if key not in files._reads:
+            files._reads[key] = function(files, *args, **kwargs)
+        return files._reads[key]  # type: ignore[return-value]
+
+    return once
 
 
 def _parse(path: Path) -> ast.Module | None:
@@ -167,6 +190,7 @@ def run_expression(
 # --- envs.py --------------------------------------------------------------------------------------------------------
 
 
+@per_release
 def env_default(files: ReleaseFiles, name: str) -> Read:
     """The default an env var takes in this release: the literal second argument of os.getenv(NAME, ...)."""
     module = files.module(ENVS_FILE)
@@ -190,6 +214,7 @@ def env_default(files: ReleaseFiles, name: str) -> Read:
 # --- layer.py: what FusedMoEConfig.num_experts is -------------------------------------------------------------------
 
 
+@per_release
 def moe_num_experts(files: ReleaseFiles, *, num_routed_experts: int, num_redundant_experts: int) -> Read:
     """The value layer.py passes as FusedMoEConfig(num_experts=...) for a model of num_routed_experts with EPLB's
     num_redundant_experts: followed back through the assignments of the building function (and one helper call)."""
@@ -365,6 +390,7 @@ class Branch:
     use_fp8_dispatch: ast.expr | None
 
 
+@per_release
 def deepep_ll_branch(files: ReleaseFiles) -> Branch | None:
     """The first branch in fused_moe/ whose test reads `.use_deepep_ll_kernels` and that builds all_to_all_args."""
     for file in files.fused_moe_files():
