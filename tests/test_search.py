@@ -1,0 +1,190 @@
+"""`harness plan --search`: the layouts a serve line leaves open, each planned as `harness plan` plans it, ranked.
+
+The releases come from the harness's cache (downloaded on demand, as in tests/test_deployment.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from cli_utils import run_harness
+
+from harness.sizing.deployment import device_total
+from harness.sizing.deployment_plan import plan_serve
+from harness.sizing.search import SEARCH_SCHEMA, SearchReport, SearchRequest, gpu_counts_of, rank_key, search
+from harness.sizing.serve_args import parse_serve
+
+GPU = "H200-141GB"
+TOTAL = device_total(GPU, 0)[0]
+R1 = ("vllm", "serve", "deepseek-r1", "--max-model-len", "65536")
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    explicit = os.environ.get("HARNESS_CACHE_DIR")
+    return Path(explicit) if explicit else Path.home() / ".cache" / "moe-harness"
+
+
+def _request(serve: tuple[str, ...], versions: tuple[str, ...], counts: tuple[int, ...], cache_dir: Path,
+             **kwargs) -> SearchRequest:  # fmt: skip
+    return SearchRequest(serve=serve, vllm_versions=versions, gpu=GPU, total_bytes=TOTAL, gpu_counts=counts,
+                         cache_dir=cache_dir, **kwargs)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def r1_search(cache_dir) -> SearchReport:
+    return search(_request(R1, ("0.29.0", "0.33.0"), (16,), cache_dir))
+
+
+def test_best_layout_replanned_on_its_own_serve_line_agrees_to_the_token(r1_search, cache_dir):
+    best = next(c for c in r1_search.candidates if c.vllm_version == "0.33.0" and c.rank == 1)
+    assert best.gpus == best.tensor_parallel_size * best.data_parallel_size == 16
+    done = run_harness("plan", "--vllm-version", "0.33.0", "--gpu", GPU, "--cache-dir", str(cache_dir), "--json",
+                       "--", *best.serve)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)["deployments"][0]
+    assert plan["verdict"]["outcome"] == "starts"
+    assert plan["kv_tokens"] == best.per_gpu_kv_tokens
+    assert plan["kv_cache_bytes"] == best.kv_cache_bytes
+    assert plan["non_kv_bytes"] == best.non_kv_bytes
+    assert best.deployment_kv_tokens == plan["kv_tokens"] * best.data_parallel_size
+    # no layout of the search holds more KV across the deployment
+    assert best.deployment_kv_tokens == max(c.deployment_kv_tokens for c in r1_search.candidates
+                                            if c.vllm_version == "0.33.0")  # fmt: skip
+
+
+def test_mla_prefers_dp_tp_replicates_the_latent(r1_search):
+    """MLA's latent is whole on every GPU: at equal GPUs, TP 8 holds per GPU what DP 8 ranks would each hold."""
+    ranked = [c for c in r1_search.candidates if c.vllm_version == "0.33.0" and c.rank is not None]
+    best_tp = {tp: next(c for c in ranked if c.tensor_parallel_size == tp) for tp in (1, 2, 4, 8)}
+    assert best_tp[1].rank == 1
+    for tp, c in best_tp.items():
+        assert c.kv_bytes_per_token == 61 * 576 * 2  # not split by TP
+        assert c.deployment_kv_tokens == c.per_gpu_kv_tokens * (16 // tp)
+    # TP shards the weights, so a TP 8 GPU holds more tokens than a TP 1 GPU, but 8x fewer caches
+    assert best_tp[8].per_gpu_kv_tokens > best_tp[1].per_gpu_kv_tokens
+    assert best_tp[8].deployment_kv_tokens < best_tp[1].deployment_kv_tokens
+    why = next(r for r in r1_search.releases if r.vllm_version == "0.33.0").why
+    assert why[0].startswith(f"best: {best_tp[1].label} on 16 GPUs")
+    assert any("MLA's latent is not split by TP" in line for line in why[1:])
+
+
+def test_every_candidate_has_a_verdict_and_reasons_name_the_component(r1_search):
+    old = [c for c in r1_search.candidates if c.vllm_version == "0.29.0"]
+    assert {c.outcome for c in old} <= {"starts", "oom", "refused", "fails"}
+    not_starting = [c for c in old if c.outcome != "starts"]
+    assert not_starting and all(c.rank is None for c in not_starting)
+    for c in not_starting:
+        assert c.verdict.split(":")[0] in ("refused", "fails") or c.verdict.startswith("OOM at ")
+    # 0.29.0's batched CUTLASS workspace counts D twice: the default-token deepep_low_latency layout with CUTLASS
+    # forced is far larger there than on 0.33.0
+    assert r1_search.changes and r1_search.changes[0].startswith("vllm 0.29.0 -> 0.33.0: best ")
+
+
+def test_search_ranking_equals_planning_every_candidate_alone(cache_dir):
+    """A small grid: the cached release reads give each candidate exactly what a fresh `harness plan` gives."""
+    serve = (*R1, "--enable-expert-parallel", "--all2all-backend", "deepep_low_latency", "--moe-backend", "deep_gemm",
+             "--max-num-batched-tokens", "512")
+    report = search(_request(serve, ("0.30.0",), (8, 16), cache_dir))
+    assert 10 <= len(report.candidates) <= 40
+    assert {c.all2all_backend for c in report.candidates} == {"deepep_low_latency"}
+    assert {c.moe_backend for c in report.candidates} == {"deep_gemm"}
+    alone = []
+    for c in report.candidates:
+        model, spec, _ = parse_serve(list(c.serve))
+        [plan] = plan_serve(model, spec, ["0.30.0"], gpu=GPU, total_bytes=TOTAL, cache_dir=cache_dir)
+        assert (plan.verdict.text, plan.kv_tokens, plan.non_kv_bytes) == (c.verdict, c.per_gpu_kv_tokens
+                                                                         if c.outcome == "starts" else plan.kv_tokens,
+                                                                         c.non_kv_bytes)  # fmt: skip
+        if plan.verdict.outcome == "starts":
+            alone.append(c.model_copy(update={"per_gpu_kv_tokens": plan.kv_tokens,
+                                              "deployment_kv_tokens": plan.kv_tokens * c.data_parallel_size}))
+    expected = [c.label + f"@{c.gpus}" for c in sorted(alone, key=rank_key("kv-tokens"))]
+    ranked = sorted((c for c in report.candidates if c.rank is not None), key=lambda c: c.rank or 0)
+    assert [c.label + f"@{c.gpus}" for c in ranked] == expected
+
+
+def test_flags_on_the_line_are_constraints(cache_dir):
+    serve = (*R1, "--tensor-parallel-size", "2", "--enable-expert-parallel", "--all2all-backend",
+             "deepep_high_throughput", "--max-num-batched-tokens", "2048", "--kv-cache-dtype", "auto")
+    report = search(_request(serve, ("0.33.0",), (8, 16), cache_dir, allow=("kv-fp8",)))
+    assert {(c.tensor_parallel_size, c.data_parallel_size) for c in report.candidates} == {(2, 4), (2, 8)}
+    assert {c.all2all_backend for c in report.candidates} == {"deepep_high_throughput"}
+    assert {c.max_num_batched_tokens for c in report.candidates} == {2048}
+    assert {c.kv_cache_dtype for c in report.candidates} == {"auto"}
+    assert {c.num_redundant_experts for c in report.candidates} == {0, 8, 16, 32}
+
+
+def test_kv_fp8_only_when_allowed_and_doubles_tokens_per_byte(cache_dir):
+    serve = (*R1, "--enable-expert-parallel", "--all2all-backend", "allgather_reducescatter",
+             "--max-num-batched-tokens", "4096", "--eplb-config", '{"num_redundant_experts": 0}', "--enable-eplb")
+    plain = search(_request(serve, ("0.33.0",), (16,), cache_dir))
+    assert {c.kv_cache_dtype for c in plain.candidates} == {"auto"}
+    fp8 = search(_request(serve, ("0.33.0",), (16,), cache_dir, allow=("kv-fp8",)))
+    by = {(c.label.removesuffix(" kv fp8"), c.kv_cache_dtype): c for c in fp8.candidates}
+    for (label, dtype), c in by.items():
+        if dtype == "fp8":
+            auto = by[(label, "auto")]
+            assert c.kv_bytes_per_token * 2 == auto.kv_bytes_per_token
+            assert c.non_kv_bytes == auto.non_kv_bytes
+    assert fp8.candidates[0].kv_cache_dtype == "fp8" and fp8.input_hash != plain.input_hash
+
+
+def test_min_gpus_objective(cache_dir):
+    serve = (*R1, "--enable-expert-parallel", "--all2all-backend", "allgather_reducescatter",
+             "--max-num-batched-tokens", "8192", "--tensor-parallel-size", "1")
+    report = search(_request(serve, ("0.33.0",), (8, 16, 32), cache_dir, objective="min-gpus", min_concurrency=150))
+    ranked = sorted((c for c in report.candidates if c.rank is not None), key=lambda c: c.rank or 0)
+    assert ranked and all(c.deployment_concurrency >= 150 for c in ranked)
+    missed = [c for c in report.candidates if c.outcome == "starts" and c.rank is None]
+    assert missed and all(c.meets_min_concurrency is False and c.deployment_concurrency < 150 for c in missed)
+    assert ranked[0].gpus == min(c.gpus for c in ranked) and ranked[0].gpus > 8
+
+
+def test_json_report_is_typed_and_versioned(cache_dir):
+    done = run_harness("plan", "--search", "--gpu", GPU, "--gpus", "8", "--vllm-version", "0.33.0", "--cache-dir",
+                       str(cache_dir), "--json", "--", *R1, "--enable-expert-parallel")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # no progress in a pipe
+    report = SearchReport.model_validate(json.loads(done.stdout))
+    assert report.schema_version == SEARCH_SCHEMA and report.kind == "layout-search"
+    assert report.gpu == GPU and report.gpu_total_bytes == TOTAL and len(report.input_hash) == 64
+    assert report.candidates and all(c.enable_expert_parallel for c in report.candidates)
+    assert all(c.serve[:3] == ["vllm", "serve", "deepseek-r1"] for c in report.candidates)
+
+
+def test_text_output_table_reasons_and_changes(cache_dir):
+    done = run_harness("plan", "--search", "--gpu", GPU, "--gpus", "16", "--vllm-version", "0.29.0",
+                       "--vllm-version", "0.33.0", "--cache-dir", str(cache_dir), "--", *R1)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "deepseek-r1 on 16 x H200-141GB, vLLM 0.33.0" in out and "deployment KV tokens" in out
+    assert "vllm serve deepseek-r1 --max-model-len 65536 --tensor-parallel-size 1 --data-parallel-size 16" in out
+    assert "not ranked on 0.29.0:" in out and "why: best: " in out
+    assert "vllm 0.29.0 -> 0.33.0: best " in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--gpus", "8,x"), "--gpus '8,x': 'x' is not a GPU count"),
+    (("--gpus", "16", "--objective", "min-gpus"), "--objective min-gpus needs --min-concurrency"),
+    (("--gpus", "16", "--min-concurrency", "-1"), "--min-concurrency -1.0: allowed: a number above 0"),
+    (("--gpus", "0"), "'0' is not a GPU count"),
+])  # fmt: skip
+def test_bad_search_input_is_one_line_exit_2(args, message, cache_dir):
+    done = run_harness("plan", "--search", "--gpu", GPU, "--vllm-version", "0.33.0", "--cache-dir", str(cache_dir),
+                       *args, "--", *R1)  # fmt: skip
+    assert done.returncode == 2
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_search_without_a_serve_line_or_a_release_exit_2():
+    done = run_harness("plan", "--search", "--gpu", GPU, "--vllm-version", "0.33.0")
+    assert done.returncode == 2 and "--search needs `-- vllm serve MODEL FLAGS`" in done.stderr
+    done = run_harness("plan", "--search", "--gpu", GPU, "--", *R1)
+    assert done.returncode == 2 and "--search needs --vllm-version" in done.stderr
+
+
+def test_gpu_counts_parse():
+    assert gpu_counts_of("8, 16,32,16") == (8, 16, 32)
