@@ -188,3 +188,45 @@ def test_search_without_a_serve_line_or_a_release_exit_2():
 
 def test_gpu_counts_parse():
     assert gpu_counts_of("8, 16,32,16") == (8, 16, 32)
+
+
+# --- the experts backend vLLM would choose --------------------------------------------------------------------------
+
+
+def test_release_selection_picks_the_experts_backend(cache_dir):
+    """oracle/fp8.py on Hopper for block FP8: Triton for TP, FlashInfer's CUTLASS for EP in the standard format (not
+    sized: the table's family is planned, and the pick named), BatchedDeepGemm under deepep_low_latency."""
+    from harness.sizing.moe_selection import cutlass_refusal, pick_fp8
+    from harness.sizing.search import ReleaseReads
+    from harness.sizing.vllm_source.sources import locate
+
+    files = ReleaseReads(locate(version="0.33.0", cache_dir=cache_dir)).files
+    tp = pick_fp8(files, capability=90, ep_size=1, batched=False, block=True, all2all="allgather_reducescatter")
+    assert (tp.backend, tp.experts_class, tp.family) == ("TRITON", "TritonExperts", "triton")
+    assert tp.source.startswith("model_executor/layers/fused_moe/oracle/fp8.py:")
+    ep = pick_fp8(files, capability=90, ep_size=16, batched=False, block=True, all2all="allgather_reducescatter")
+    assert (ep.backend, ep.experts_class, ep.family) == ("FLASHINFER_CUTLASS", "FlashInferExperts", None)
+    ll = pick_fp8(files, capability=90, ep_size=16, batched=True, block=True, all2all="deepep_low_latency")
+    assert (ll.backend, ll.experts_class, ll.family) == ("BATCHED_DEEPGEMM", "BatchedDeepGemmExperts", "deep_gemm")
+    assert "VLLM_CUTLASS (allow_vllm_cutlass=False" in ll.source
+    assert "TRITON TritonExperts (Standard format)" in ll.source
+    # Blackwell: FlashInfer's TRT-LLM kernels are on the device there
+    blackwell = pick_fp8(files, capability=100, ep_size=1, batched=False, block=True, all2all="allgather_reducescatter")
+    assert blackwell.backend != "TRITON"
+    refusal = cutlass_refusal(files)
+    assert refusal is not None and refusal.startswith("refused: vLLM CUTLASS FP8 MoE backend is disabled")
+
+
+def test_plan_names_the_backend_it_assumed(cache_dir):
+    serve = ("--", "vllm", "serve", "deepseek-r1", "--data-parallel-size", "16", "--enable-expert-parallel",
+             "--all2all-backend", "deepep_low_latency", "--max-model-len", "65536")
+    done = run_harness("plan", "--vllm-version", "0.33.0", "--gpu", GPU, "--cache-dir", str(cache_dir), *serve)
+    assert done.returncode == 0, done.stderr
+    assert "experts backend: deep_gemm (model_executor/layers/fused_moe/oracle/fp8.py:" in done.stdout
+    assert "vLLM picks BATCHED_DEEPGEMM (BatchedDeepGemmExperts)" in done.stdout
+    forced = run_harness("plan", "--vllm-version", "0.33.0", "--gpu", GPU, "--cache-dir", str(cache_dir), "--json",
+                         *serve, "--moe-backend", "deep_gemm")  # fmt: skip
+    chosen = run_harness("plan", "--vllm-version", "0.33.0", "--gpu", GPU, "--cache-dir", str(cache_dir), "--json",
+                         *serve)  # fmt: skip
+    a, b = (json.loads(x.stdout)["deployments"][0] for x in (forced, chosen))
+    assert a["kv_tokens"] == b["kv_tokens"] and a["non_kv_bytes"] == b["non_kv_bytes"]

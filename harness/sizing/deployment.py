@@ -174,6 +174,11 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     backend_default = defaults.Default("cutlass", "table: the layer model's experts family for FP8 checkpoints") if \
         facts.quant_method else defaults.Default("triton", "table: unquantized MoE runs the Triton experts (\"Using "
                                                  "TRITON backend for Unquantized MoE\")")  # fmt: skip
+    if spec.moe_backend is None:  # the release's own selection, where it has one (harness.sizing.moe_selection)
+        from harness.sizing.moe_selection import default_backend
+
+        backend_default = default_backend(facts, files, gpu=gpu, tp=tp, dp=dp, ep=ep, all2all=all2all) or \
+            backend_default  # fmt: skip
     moe_backend = str(pick("moe_backend", spec.moe_backend, backend_default))
     utilization = float(pick("gpu_memory_utilization", spec.gpu_memory_utilization,  # type: ignore[arg-type]
                              defaults.gpu_memory_utilization(files, version)))  # fmt: skip

@@ -156,6 +156,8 @@ def deployment_notes(plan: DeploymentPlan) -> list[str]:
         f"{plan.kv_num_blocks} blocks of {plan.block_size}; {plan.concurrency:.2f}x concurrency at "
         f"{plan.max_model_len} tokens",
         *(["defaults from a documented table (not read from this release's files):", *tables] if tables else []),
+        *([f"experts backend: {x.value} ({x.source})" for x in plan.settings
+           if x.name == "moe_backend" and not x.source.startswith("table") and x.source not in ("flag", "scenario")]),
         f"vllm {plan.vllm_version} on {plan.gpu or 'the budget'}: {plan.verdict.text}",
     ]
 

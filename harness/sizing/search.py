@@ -390,6 +390,7 @@ def search(request: SearchRequest, progress: Progress | None = None) -> SearchRe
     from harness.sizing import release_defaults as defaults
     from harness.sizing.deployment_plan import plan_source
     from harness.sizing.model_config import load_model
+    from harness.sizing.moe_selection import cutlass_refusal
     from harness.sizing.serve_args import parse_serve
     from harness.sizing.vllm_source.sources import locate
 
@@ -412,6 +413,13 @@ def search(request: SearchRequest, progress: Progress | None = None) -> SearchRe
 
         layouts = [layout for n in request.gpu_counts
                    for layout in candidates(facts, spec, given, n, reads, request, default_tokens)]  # fmt: skip
+        refusal = cutlass_refusal(reads.files) if facts.quant_method == "fp8" else None
+        if refusal is not None:
+            forced = [x for x in layouts if x.moe_backend == "cutlass"]
+            layouts = [x for x in layouts if x.moe_backend != "cutlass"]
+            if forced or spec.moe_backend == "cutlass":
+                found.notes.append(f"--moe-backend cutlass on vLLM {version} for this FP8 checkpoint: {refusal}"
+                                   + (f"; {len(forced)} layouts forcing it not searched" if forced else ""))
         offered = offered_all2all(reads)
         unsized = [a for a in offered if a not in SIZED_ALL2ALL]
         if unsized and "all2all_backend" not in given:

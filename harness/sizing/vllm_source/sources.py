@@ -58,6 +58,7 @@ LAYER_FILES = (
     "vllm/config/parallel.py",
     "vllm/config/scheduler.py",
     "vllm/config/cache.py",  # gpu_memory_utilization's default (harness.sizing.release_defaults)
+    "vllm/model_executor/layers/quantization/fp8.py",  # Fp8MoEMethod's experts selection (harness.sizing.moe_selection)
 )
 # An entry made before LAYER_FILES were extracted has no hashes either (cache.py): it is extracted again.
 
