@@ -34,7 +34,7 @@ from typing import Any, Literal
 import harness
 from harness.core.records import Record
 from harness.scenario.deployment import DeploymentSpec
-from harness.scenario.schema import Scenario
+from harness.scenario.schema import Scenario, ScenarioError
 from harness.sizing.deployment import GIB, DeploymentPlan
 from harness.sizing.model_config import ModelFacts
 
@@ -49,6 +49,9 @@ SEARCH_BACKENDS = ("cutlass", "deep_gemm", "triton")
 TOKEN_GRID = (256, 1024, 4096, 16384)
 MAX_TP = 8  # TP within one node of 8 GPUs
 MAX_GPUS = 4096
+# Layer plans kept: the candidates vary the MoE layer in their outer loops, so a layer's candidates come together and
+# a small cache plans each once while the memory stays flat however many candidates there are.
+LAYER_CACHE = 64
 
 
 class SearchError(Exception):
@@ -68,19 +71,25 @@ class ReleaseReads:
 
         self.source = source
         self.files = ReleaseFiles(source, _tree(source))
-        self._layers: dict[str, Any] = {}
+        self._layers: dict[str, Any] = {}  # least recently used first
+        self.planned = 0
 
     def layer_plan(self, layer: Scenario) -> Any:
         from harness.sizing.layer import plan_layer_from
 
         key = layer.model_dump_json()
-        if key not in self._layers:
-            self._layers[key] = plan_layer_from(layer, self.source)
-        return self._layers[key]
+        plan = self._layers.pop(key, None)
+        if plan is None:
+            plan = plan_layer_from(layer, self.source, files=self.files)
+            self.planned += 1
+            if len(self._layers) >= LAYER_CACHE:
+                del self._layers[next(iter(self._layers))]  # the least recently used
+        self._layers[key] = plan
+        return plan
 
     @property
     def distinct_layers(self) -> int:
-        return len(self._layers)
+        return self.planned
 
 
 def offered_all2all(reads: ReleaseReads) -> tuple[str, ...]:
@@ -176,47 +185,39 @@ def tp_options(facts: ModelFacts, gpus: int) -> list[int]:
 def candidates(facts: ModelFacts, spec: DeploymentSpec, given: set[str], gpus: int, reads: ReleaseReads,
                request: SearchRequest, default_tokens: Callable[[bool], int]) -> Iterator[Layout]:  # fmt: skip
     """Every layout of `gpus` GPUs the serve line leaves open; `default_tokens(batched_dp)` is the release's
-    max_num_batched_tokens default (a token value equal to it is the default, not a second candidate)."""
+    max_num_batched_tokens default (a token value equal to it is the default, not a second candidate). TP x DP
+    varies innermost: under EP the MoE layer is the same for every split of the GPUs, so its plan is reused."""
     from harness.sizing import release_defaults as defaults
 
     tps = [spec.tensor_parallel_size] if "tensor_parallel_size" in given else tp_options(facts, gpus)
-    for tp in tps:
-        if gpus % tp:
-            continue
-        dp = gpus // tp
-        if "data_parallel_size" in given and spec.data_parallel_size != dp:
-            continue
-        eps = [bool(spec.enable_expert_parallel)] if "enable_expert_parallel" in given else \
-            ([False, True] if facts.is_moe and gpus > 1 else [False])  # fmt: skip
-        for ep in eps:
-            if "all2all_backend" in given:
-                all2alls: list[str | None] = [None]
-            elif ep:
-                offered = offered_all2all(reads) or SIZED_ALL2ALL
-                all2alls = [a for a in SIZED_ALL2ALL if a in offered]
-            else:
-                all2alls = [None]
-            for all2all in all2alls:
-                effective = all2all or spec.all2all_backend or "allgather_reducescatter"
-                batched = defaults.uses_batched_dp_moe(effective, ep, dp)
-                if "max_num_batched_tokens" in given:
-                    tokens: list[int | None] = [None]
-                else:
-                    default = default_tokens(batched)
-                    tokens = [None, *(t for t in TOKEN_GRID if t != default)]
-                if "num_redundant_experts" in given or not (ep and facts.is_moe):
-                    redundant: list[int | None] = [None]
-                else:
-                    redundant = [None, gpus, 2 * gpus]
-                backends: list[str | None] = [None]
-                if request.search_backends and "moe_backend" not in given and facts.is_moe:
-                    backends = [None, *SEARCH_BACKENDS]
-                kv: list[str | None] = [None]
-                if "kv-fp8" in request.allow and "kv_cache_dtype" not in given:
-                    kv = [None, "fp8"]
-                for t in tokens:
-                    for r in redundant:
-                        for b in backends:
+    pairs = [(tp, gpus // tp) for tp in tps if gpus % tp == 0 and
+             ("data_parallel_size" not in given or spec.data_parallel_size == gpus // tp)]  # fmt: skip
+    eps = [bool(spec.enable_expert_parallel)] if "enable_expert_parallel" in given else \
+        ([False, True] if facts.is_moe and gpus > 1 else [False])  # fmt: skip
+    tokens: list[int | None] = [None] if "max_num_batched_tokens" in given else [None, *TOKEN_GRID]
+    backends: list[str | None] = [None]
+    if request.search_backends and "moe_backend" not in given and facts.is_moe:
+        backends = [None, *SEARCH_BACKENDS]
+    kv: list[str | None] = [None]
+    if "kv-fp8" in request.allow and "kv_cache_dtype" not in given:
+        kv = [None, "fp8"]
+    for ep in eps:
+        if "all2all_backend" in given or not ep:
+            all2alls: list[str | None] = [None]
+        else:
+            offered = offered_all2all(reads) or SIZED_ALL2ALL
+            all2alls = [a for a in SIZED_ALL2ALL if a in offered]
+        redundant: list[int | None] = [None]
+        if ep and facts.is_moe and "num_redundant_experts" not in given:
+            redundant = [None, gpus, 2 * gpus]
+        for all2all in all2alls:
+            effective = all2all or spec.all2all_backend or "allgather_reducescatter"
+            for t in tokens:
+                for r in redundant:
+                    for b in backends:
+                        for tp, dp in pairs:
+                            if t is not None and t == default_tokens(defaults.uses_batched_dp_moe(effective, ep, dp)):
+                                continue  # the release's default: the candidate without the flag
                             for k in kv:
                                 yield Layout(gpus=gpus, tp=tp, dp=dp, ep=ep, all2all=all2all, moe_backend=b,
                                              max_num_batched_tokens=t, num_redundant_experts=r, kv_cache_dtype=k)
@@ -246,6 +247,29 @@ def serve_words(words: list[str], layout: Layout, given: set[str]) -> list[str]:
     if layout.kv_cache_dtype is not None:
         out += ["--kv-cache-dtype", layout.kv_cache_dtype]
     return out
+
+
+def spec_of(spec: DeploymentSpec, layout: Layout, given: set[str]) -> DeploymentSpec:
+    """The DeploymentSpec serve_words' line reads as (checked against parse_serve for the lines shown)."""
+    update: dict[str, object] = {}
+    if "tensor_parallel_size" not in given:
+        update["tensor_parallel_size"] = layout.tp
+    if "data_parallel_size" not in given:
+        update["data_parallel_size"] = layout.dp
+    if layout.ep and "enable_expert_parallel" not in given:
+        update["enable_expert_parallel"] = True
+    if layout.all2all is not None:
+        update["all2all_backend"] = layout.all2all
+    if layout.moe_backend is not None:
+        update["moe_backend"] = layout.moe_backend
+    if layout.max_num_batched_tokens is not None:
+        update["max_num_batched_tokens"] = layout.max_num_batched_tokens
+    if layout.num_redundant_experts is not None:
+        update["enable_eplb"] = True
+        update["num_redundant_experts"] = layout.num_redundant_experts
+    if layout.kv_cache_dtype is not None:
+        update["kv_cache_dtype"] = layout.kv_cache_dtype
+    return DeploymentSpec.model_validate({**spec.model_dump(), **update})
 
 
 # --- the records ----------------------------------------------------------------------------------------------------
@@ -345,6 +369,18 @@ def candidate_of(plan: DeploymentPlan, layout: Layout, serve: list[str], version
     )  # fmt: skip
 
 
+def unplanned(layout: Layout, serve: list[str], version: str, reason: str) -> SearchCandidate:
+    return SearchCandidate(
+        vllm_version=version, gpus=layout.gpus, tensor_parallel_size=layout.tp, data_parallel_size=layout.dp,
+        enable_expert_parallel=layout.ep, all2all_backend=layout.all2all or "", moe_backend=layout.moe_backend or "",
+        moe_backend_source="", max_num_batched_tokens=layout.max_num_batched_tokens or 0,
+        num_redundant_experts=layout.num_redundant_experts or 0, kv_cache_dtype=layout.kv_cache_dtype or "auto",
+        label=layout.label, outcome="unknown", verdict=reason, kv_bytes_per_token=0, non_kv_bytes=0,
+        kv_cache_bytes=0, per_gpu_kv_tokens=0, deployment_kv_tokens=0, per_gpu_concurrency=0.0,
+        deployment_concurrency=0.0, serve=serve,
+    )  # fmt: skip
+
+
 def rank_key(objective: Objective) -> Callable[[SearchCandidate], tuple]:
     """Best first. Ties: fewer GPUs, then the larger token budget per step, then less TP, then the label."""
     if objective == "concurrency":
@@ -358,15 +394,17 @@ def rank_key(objective: Objective) -> Callable[[SearchCandidate], tuple]:
 def rank(candidates: list[SearchCandidate], objective: Objective,
          min_concurrency: float | None) -> list[SearchCandidate]:  # fmt: skip
     """The candidates with rank set (those that start, and reach --min-concurrency when given), best first, then
-    the rest in their order."""
-    out = []
-    for c in candidates:
-        meets = None if min_concurrency is None else c.deployment_concurrency >= min_concurrency
-        out.append(c.model_copy(update={"meets_min_concurrency": meets}))
-    eligible = sorted((c for c in out if c.outcome == "starts" and c.meets_min_concurrency is not False),
-                      key=rank_key(objective))  # fmt: skip
-    ranked = [c.model_copy(update={"rank": i}) for i, c in enumerate(eligible, 1)]
-    rest = [c for c in out if not (c.outcome == "starts" and c.meets_min_concurrency is not False)]
+    the rest in their order. Each record is copied once (a large search holds one copy at a time)."""
+    def meets(c: SearchCandidate) -> bool | None:
+        return None if min_concurrency is None else c.deployment_concurrency >= min_concurrency
+
+    def eligible(c: SearchCandidate) -> bool:
+        return c.outcome == "starts" and meets(c) is not False
+
+    order = sorted((c for c in candidates if eligible(c)), key=rank_key(objective))
+    ranked = [c.model_copy(update={"meets_min_concurrency": meets(c), "rank": i}) for i, c in enumerate(order, 1)]
+    del order
+    rest = [c.model_copy(update={"meets_min_concurrency": meets(c)}) for c in candidates if not eligible(c)]
     return ranked + rest
 
 
@@ -425,15 +463,28 @@ def search(request: SearchRequest, progress: Progress | None = None) -> SearchRe
         if unsized and "all2all_backend" not in given:
             found.notes.append(f"all2all backends vLLM {version} offers that the plan does not size, not searched: "
                                f"{', '.join(unsized)}")  # fmt: skip
+        by_line: dict[str, Layout] = {}
         for i, layout in enumerate(layouts):
             serve = serve_words(words, layout, given)
-            _, layout_spec, _ = parse_serve(serve)
-            plan = plan_source(facts, layout_spec, reads.source, gpu=request.gpu, total_bytes=request.total_bytes,
-                               reads=reads)  # fmt: skip
-            found.candidates.append(candidate_of(plan, layout, serve, version))
+            layout_spec = spec_of(spec, layout, given)
+            by_line[shlex.join(serve)] = layout
+            try:
+                plan = plan_source(facts, layout_spec, reads.source, gpu=request.gpu,
+                                   total_bytes=request.total_bytes, reads=reads)  # fmt: skip
+            except ScenarioError as error:  # the MoE layer at this layout is not one the layer model takes
+                found.candidates.append(unplanned(layout, serve, version, f"unknown: the MoE layer: {error}"))
+            else:
+                found.candidates.append(candidate_of(plan, layout, serve, version))
             if progress is not None:
                 progress(version, i + 1, len(layouts))
-        found.candidates = rank(found.candidates, request.objective, request.min_concurrency)
+        planned, found.candidates = found.candidates, []
+        found.candidates = rank(planned, request.objective, request.min_concurrency)
+        del planned
+        for c in found.candidates[:request.top]:  # the lines a user pastes read back as the spec that was planned
+            planned = spec_of(spec, by_line[c.serve_line], given)
+            if parse_serve(c.serve)[1] != planned:
+                raise RuntimeError(f"the search planned {planned!r} for `{c.serve_line}`, which reads as "
+                                   f"{parse_serve(c.serve)[1]!r}")  # fmt: skip
         releases.append(found)
     return _report(request, facts, releases)
 

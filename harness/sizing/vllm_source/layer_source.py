@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from harness.sizing.vllm_source.evaluate import ParsedClass, SourceTree, source_tree
-from harness.sizing.vllm_source.interpreter import Builtin, Function, Interpreter, StandIn, Unevaluable
+from harness.sizing.vllm_source.interpreter import (
+    Builtin,
+    Function,
+    Interpreter,
+    StandIn,
+    Unevaluable,
+    forget_function,
+)
 from harness.sizing.vllm_source.sources import FUSED_MOE_DIR, VllmSource
 
 ENVS_FILE = "vllm/envs.py"
@@ -185,6 +192,8 @@ def run_expression(
         return interpreter.call(Function(file, node), (), bound)
     except RecursionError:
         raise Unevaluable("nests deeper than Python's own stack allows") from None
+    finally:
+        forget_function(node)  # made for this call: the interpreter's cache need not keep it
 
 
 # --- envs.py --------------------------------------------------------------------------------------------------------
@@ -495,6 +504,7 @@ def manager_kwargs(
     return ManagerKwargs(ref=where, kwargs=result, size_hint_calls=calls)
 
 
+@functools.lru_cache(maxsize=64)  # one copy per manager method (a parsed tree's node: kept as long as the tree)
 def _with_standin_modules(method: ast.FunctionDef, modules: tuple[str, ...]) -> ast.FunctionDef:
     """A copy of method whose imports of `modules` are gone and which takes them as keyword-only parameters."""
     copy = deepcopy(method)
