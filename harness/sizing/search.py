@@ -572,7 +572,21 @@ def release_changes(releases: list[ReleaseSearch]) -> list[str]:
             f"{b.deployment_concurrency:.2f}x): {b.deployment_kv_tokens - a.deployment_kv_tokens:+d} tokens"
             + (f"; {b.label} on {before.version}: {same.verdict}" if same is not None and same.label != a.label
                else ""))  # fmt: skip
+        lines.append(f"vllm {before.version} -> {after.version}: {_largest_change(before, after)}")
     return lines
+
+
+def _largest_change(before: ReleaseSearch, after: ReleaseSearch) -> str:
+    """How many layouts the release changes, and the one it changes most (deployment KV tokens)."""
+    old = {(c.gpus, c.label): c for c in before.candidates}
+    changed = [(c.deployment_kv_tokens - old[k].deployment_kv_tokens, c, old[k]) for c in after.candidates
+               if (k := (c.gpus, c.label)) in old and (c.outcome, c.deployment_kv_tokens) !=
+               (old[k].outcome, old[k].deployment_kv_tokens)]  # fmt: skip
+    if not changed:
+        return f"no layout changes ({len(after.candidates)} compared)"
+    gain, b, a = max(changed, key=lambda x: (abs(x[0]), x[1].label))
+    return (f"{len(changed)} of {len(after.candidates)} layouts change; the most: {b.label} ({b.gpus} GPUs) "
+            f"{a.outcome} {a.deployment_kv_tokens} -> {b.outcome} {b.deployment_kv_tokens} tokens ({gain:+d})")
 
 
 # --- output ---------------------------------------------------------------------------------------------------------
