@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.scenario.limits import shown_text
+
 MODELS_DIR = Path(__file__).resolve().parents[1] / "defaults" / "models"
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB; a bigger file is not one
 
@@ -100,14 +102,15 @@ def load_model(model: str) -> ModelFacts:
     if path.is_dir():
         config = path / "config.json"
         if not config.is_file():
-            raise ModelConfigError(f"model {model}: the directory has no config.json (vllm serve reads it from there)")
-        return parse_config(config, name=path.name)
+            raise ModelConfigError(f"model {shown_text(model)}: the directory has no config.json (vllm serve reads it "
+                                   "from there)")
+        return parse_config(config, name=shown_text(path.name))  # a name printed as it is: escaped once, here
     if path.is_file() and path.suffix == ".json":
-        return parse_config(path, name=path.parent.name or path.stem)
+        return parse_config(path, name=shown_text(path.parent.name or path.stem))
     preset = MODELS_DIR / f"{model.lower()}.json"
     if re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", model.lower()) and preset.is_file():
         return parse_config(preset, name=model.lower(), shown=f"harness/defaults/models/{preset.name}")
-    raise ModelConfigError(f"model {model}: not a directory with config.json nor a preset; presets: "
+    raise ModelConfigError(f"model {shown_text(model)}: not a directory with config.json nor a preset; presets: "
                            f"{', '.join(preset_names())}")  # fmt: skip
 
 
