@@ -103,13 +103,13 @@ def _eval(node: ast.expr, p: _Platform, names: dict[str, object], assumed: list[
         raise _Unknown(ast.unparse(node)[:80])
     if isinstance(node, ast.Attribute):
         attr = node.attr
-        values = {"ep_size": p.ep_size, "use_deepep_v2_kernels": p.all2all == "deepep_v2",
+        known: dict[str, object] = {"ep_size": p.ep_size, "use_deepep_v2_kernels": p.all2all == "deepep_v2",
                   "use_batched_activation_format": p.batched, "use_fi_nvl_two_sided_kernels": False,
                   "use_fi_nvl_one_sided_kernels": False,
                   "use_deepep_ll_kernels": p.batched and p.all2all == "deepep_low_latency",
                   "use_deepep_ht_kernels": p.ep_size > 1 and p.all2all == "deepep_high_throughput"}  # fmt: skip
-        if attr in values:
-            return values[attr]
+        if attr in known:
+            return known[attr]
         raise _Unknown(f"attribute {attr}")
     if isinstance(node, ast.Call):
         func = node.func
@@ -337,8 +337,8 @@ def pick_fp8(files: ReleaseFiles, *, capability: int, ep_size: int, batched: boo
 def _supported_or_assumed(files: ReleaseFiles, cls: str, p: _Platform, assumed: list[str]) -> bool:
     """_supports_quant_scheme and _supports_parallel_config where they evaluate; taken as supported otherwise
     (named in the pick's source)."""
-    for method, names in (("_supports_quant_scheme", {"weight_key": p.weight_key, "activation_key": p.activation_key}),
-                          ("_supports_parallel_config", {})):  # fmt: skip
+    keys: dict[str, object] = {"weight_key": p.weight_key, "activation_key": p.activation_key}
+    for method, names in (("_supports_quant_scheme", keys), ("_supports_parallel_config", {})):
         try:
             if not _method_value(files, cls, method, p, names, assumed):
                 return False
@@ -397,6 +397,6 @@ def cutlass_refusal(files: ReleaseFiles) -> str | None:
     for node in ast.walk(select):
         if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args and \
                 isinstance(node.exc.args[0], ast.Constant) and "CUTLASS" in str(node.exc.args[0].value):  # fmt: skip
-            return (f"refused: {node.exc.args[0].value} ({ORACLE_FILE.removeprefix('vllm/')}:{node.lineno}; "
+            return (f"refused: {node.exc.args[0].value!s} ({ORACLE_FILE.removeprefix('vllm/')}:{node.lineno}; "
                     f"allow_vllm_cutlass=False, {where})")  # fmt: skip
     return None

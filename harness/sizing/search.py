@@ -477,9 +477,9 @@ def search(request: SearchRequest, progress: Progress | None = None) -> SearchRe
                 found.candidates.append(candidate_of(plan, layout, serve, version))
             if progress is not None:
                 progress(version, i + 1, len(layouts))
-        planned, found.candidates = found.candidates, []
-        found.candidates = rank(planned, request.objective, request.min_concurrency)
-        del planned
+        unranked, found.candidates = found.candidates, []
+        found.candidates = rank(unranked, request.objective, request.min_concurrency)
+        del unranked
         for c in found.candidates[:request.top]:  # the lines a user pastes read back as the spec that was planned
             planned = spec_of(spec, by_line[c.serve_line], given)
             if parse_serve(c.serve)[1] != planned:
