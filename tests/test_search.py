@@ -230,3 +230,24 @@ def test_plan_names_the_backend_it_assumed(cache_dir):
                          *serve)  # fmt: skip
     a, b = (json.loads(x.stdout)["deployments"][0] for x in (forced, chosen))
     assert a["kv_tokens"] == b["kv_tokens"] and a["non_kv_bytes"] == b["non_kv_bytes"]
+
+
+def test_constraints_that_leave_no_layout_exit_2(cache_dir):
+    done = run_harness("plan", "--search", "--gpu", GPU, "--gpus", "16", "--vllm-version", "0.33.0", "--cache-dir",
+                       str(cache_dir), "--", *R1, "--tensor-parallel-size", "3")  # fmt: skip
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "--gpus 16: no layout of these GPU counts fits --tensor-parallel-size" in done.stderr
+
+
+def test_dense_gqa_model_tp_splits_the_kv_heads(cache_dir):
+    """Llama-3.1-8B (8 KV heads of 128, 32 layers, bf16): TP splits the heads, so a TP 4 GPU stores a quarter of
+    each token; no EP, no experts backend."""
+    serve = ("vllm", "serve", "llama-3.1-8b", "--max-model-len", "8192", "--max-num-batched-tokens", "8192")
+    report = search(SearchRequest(serve=serve, vllm_versions=("0.33.0",), gpu="H100-80GB",
+                                  total_bytes=device_total("H100-80GB", 0)[0], gpu_counts=(4,), cache_dir=cache_dir))
+    by_tp = {c.tensor_parallel_size: c for c in report.candidates}
+    assert set(by_tp) == {1, 2, 4} and not any(c.enable_expert_parallel for c in report.candidates)
+    for tp, c in by_tp.items():
+        assert c.kv_bytes_per_token == 32 * 2 * (8 // tp) * 128 * 2
+        assert c.deployment_kv_tokens == c.per_gpu_kv_tokens * (4 // tp)
+    assert report.releases[0].notes == []

@@ -451,6 +451,12 @@ def search(request: SearchRequest, progress: Progress | None = None) -> SearchRe
 
         layouts = [layout for n in request.gpu_counts
                    for layout in candidates(facts, spec, given, n, reads, request, default_tokens)]  # fmt: skip
+        if not layouts:
+            fixed = ", ".join(f"--{g.replace('_', '-')}" for g in ("tensor_parallel_size", "data_parallel_size")
+                              if g in given) or "the attention heads"  # fmt: skip
+            raise SearchError(f"--gpus {','.join(map(str, request.gpu_counts))}: no layout of these GPU counts "
+                              f"fits {fixed} of the serve line (TP x DP must equal the GPUs, TP a power of two up "
+                              f"to {MAX_TP} dividing {facts.num_attention_heads} attention heads)")  # fmt: skip
         refusal = cutlass_refusal(reads.files) if facts.quant_method == "fp8" else None
         if refusal is not None:
             forced = [x for x in layouts if x.moe_backend == "cutlass"]
@@ -460,7 +466,7 @@ def search(request: SearchRequest, progress: Progress | None = None) -> SearchRe
                                    + (f"; {len(forced)} layouts forcing it not searched" if forced else ""))
         offered = offered_all2all(reads)
         unsized = [a for a in offered if a not in SIZED_ALL2ALL]
-        if unsized and "all2all_backend" not in given:
+        if unsized and "all2all_backend" not in given and facts.is_moe:
             found.notes.append(f"all2all backends vLLM {version} offers that the plan does not size, not searched: "
                                f"{', '.join(unsized)}")  # fmt: skip
         by_line: dict[str, Layout] = {}
@@ -497,7 +503,7 @@ def _report(request: SearchRequest, facts: ModelFacts, releases: list[ReleaseSea
             vllm_version=r.version, candidates=len(r.candidates),
             starting=sum(c.outcome == "starts" for c in r.candidates), distinct_layers=r.reads.distinct_layers,
             best=best.label if best else None, why=why_it_wins(r.candidates, request.objective, facts),
-            notes=[*backend_notes(r.candidates), *r.notes]))  # fmt: skip
+            notes=[*(backend_notes(r.candidates) if facts.is_moe else []), *r.notes]))  # fmt: skip
     return SearchReport(
         harness_version=harness.__version__, python_version=platform.python_version(),
         input_hash=input_hash(request), model=facts.name, gpu=request.gpu, gpu_total_bytes=request.total_bytes,
