@@ -5,8 +5,8 @@ and peak RSS (resource.getrusage of the child).
     python benchmarks/bench_search.py [--json]
 
 Both searches are DeepSeek-R1 on H200 with vLLM 0.33.0 (the release fetched into the cache if absent) at
---max-model-len 65536 with --allow kv-fp8: the small one over 8, 16 and 32 GPUs (1134 candidates), the large one
-over 8 to 96 GPUs in steps of 8 with --search-backends (13554 candidates). Targets: the small search at most 10 s of
+--max-model-len 65536 with --allow kv-fp8: the small one over 8, 16 and 32 GPUs (1074 candidates), the large one
+over 8 to 96 GPUs in steps of 8 with --search-backends (13374 candidates). Targets: the small search at most 10 s of
 CPU per 1,000 candidates; the large one at most the small one's CPU per candidate (ten times the candidates at most
 ten times the CPU) and at most twice its peak RSS (the memory flat: what a candidate keeps is its record).
 """

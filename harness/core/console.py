@@ -35,6 +35,7 @@ ESSENTIAL_HEADERS = frozenset({
     "metric", "change", "verdict",  # compare, vllm audit
     "class", "per GPU",  # vllm audit
     "here",  # scenarios
+    "layout", "deployment KV tokens",  # plan --search
 })
 _every_column = False  # --wide: a terminal gets every column too
 

@@ -216,6 +216,8 @@ def candidates(facts: ModelFacts, spec: DeploymentSpec, given: set[str], gpus: i
                 for r in redundant:
                     for b in backends:
                         for tp, dp in pairs:
+                            if dp == 1 and all2all not in (None, SIZED_ALL2ALL[0]):
+                                continue  # vLLM runs no all-to-all kernels at DP 1 (use_all2all_kernels)
                             if t is not None and t == default_tokens(defaults.uses_batched_dp_moe(effective, ep, dp)):
                                 continue  # the release's default: the candidate without the flag
                             for k in kv:
@@ -617,6 +619,8 @@ def render_release(report: SearchReport, version: str, top: int) -> list[Any]:
         table.add_row(str(c.rank), c.label, str(c.gpus), str(c.per_gpu_kv_tokens), str(c.deployment_kv_tokens),
                       f"{c.deployment_concurrency:.2f}x", c.outcome, c.serve_line)  # fmt: skip
     out: list[Any] = [table]
+    if ranked:
+        out.append(f"best on {version}: {ranked[0].serve_line}")
     if len(ranked) > top:
         out.append(f"... {len(ranked) - top} more that start (--top N shows more; --json has every one)")
     reasons: dict[str, list[SearchCandidate]] = {}
