@@ -251,3 +251,15 @@ def test_dense_gqa_model_tp_splits_the_kv_heads(cache_dir):
         assert c.kv_bytes_per_token == 32 * 2 * (8 // tp) * 128 * 2
         assert c.deployment_kv_tokens == c.per_gpu_kv_tokens * (4 // tp)
     assert report.releases[0].notes == []
+
+
+def test_fail_on_verdict_when_no_layout_starts(cache_dir):
+    args = ("plan", "--search", "--gpu", GPU, "--gpus", "8", "--vllm-version", "0.33.0", "--cache-dir", str(cache_dir),
+            "--json")  # fmt: skip
+    serve = ("--", *R1, "--gpu-memory-utilization", "0.3", "--enable-expert-parallel")
+    done = run_harness(*args, "--fail-on-verdict", *serve)
+    assert done.returncode == 1, done.stderr
+    report = SearchReport.model_validate(json.loads(done.stdout))
+    assert report.releases[0].best is None and all(c.rank is None for c in report.candidates)
+    assert {c.outcome for c in report.candidates} <= {"oom", "fails", "refused"}
+    assert run_harness(*args, *serve).returncode == 0
