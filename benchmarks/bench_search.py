@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import resource
 import subprocess
 import sys
@@ -29,9 +30,30 @@ GRIDS = {
     "small": {"gpu_counts": (8, 16, 32), "search_backends": False},
     "large": {"gpu_counts": tuple(range(8, 97, 8)), "search_backends": True},
 }
+BENCH_SEARCH_SCHEMA = 1
 CPU_PER_1000_TARGET_S = 10.0
 MEMORY_RATIO_TARGET = 2.0
 TIMEOUT_S = 900
+
+
+def _records():  # typed records for what crosses from a child to the parent (and out with --json)
+    sys.path.insert(0, str(REPO_DIR))
+    from harness.core.records import Record
+
+    class SearchBenchRun(Record):
+        schema_version: int = BENCH_SEARCH_SCHEMA
+        kind: str = "search-bench-run"
+        grid: str
+        candidates: int
+        cpu_s: float
+        wall_s: float
+        distinct_layers: int
+        peak_rss_bytes: int
+        vllm_version: str = VERSION
+        gpu: str = GPU
+        python_version: str = platform.python_version()
+
+    return SearchBenchRun
 
 
 def child(grid: str) -> dict:
@@ -46,9 +68,10 @@ def child(grid: str) -> dict:
     c0, t0 = time.process_time(), time.perf_counter()
     report = search(request)
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-    return {"grid": grid, "candidates": len(report.candidates), "cpu_s": cpu, "wall_s": wall,
-            "distinct_layers": report.releases[0].distinct_layers,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # fmt: skip
+    run = _records()(grid=grid, candidates=len(report.candidates), cpu_s=cpu, wall_s=wall,
+                     distinct_layers=report.releases[0].distinct_layers,
+                     peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # fmt: skip
+    return run.model_dump(mode="json")
 
 
 def measure() -> dict:
@@ -58,13 +81,14 @@ def measure() -> dict:
                               timeout=TIMEOUT_S, cwd=REPO_DIR, check=False)  # fmt: skip
         if done.returncode != 0 or not done.stdout.strip():
             raise RuntimeError(f"bench_search.py --child {grid} exited {done.returncode}: {done.stderr.strip()[-400:]}")
-        runs[grid] = json.loads(done.stdout.strip().splitlines()[-1])
+        runs[grid] = _records().model_validate_json(done.stdout.strip().splitlines()[-1]).model_dump(mode="json")
     small, large = runs["small"], runs["large"]
     per_1000 = small["cpu_s"] * 1000 / small["candidates"]
     large_target = small["cpu_s"] * large["candidates"] / small["candidates"]
     memory_ratio = large["peak_rss_bytes"] / small["peak_rss_bytes"]
     return {
-        "runs": runs, "small_cpu_per_1000_s": per_1000, "small_target_per_1000_s": CPU_PER_1000_TARGET_S,
+        "schema_version": BENCH_SEARCH_SCHEMA, "kind": "search-bench", "runs": runs,
+        "small_cpu_per_1000_s": per_1000, "small_target_per_1000_s": CPU_PER_1000_TARGET_S,
         "large_cpu_target_s": large_target, "memory_ratio": memory_ratio, "memory_ratio_target": MEMORY_RATIO_TARGET,
         "meets_small": per_1000 <= CPU_PER_1000_TARGET_S, "meets_large": large["cpu_s"] <= large_target,
         "meets_memory": memory_ratio <= MEMORY_RATIO_TARGET,
