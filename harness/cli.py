@@ -83,6 +83,10 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         from harness.sizing.search_cli import search_command
 
         return search_command(ns, *_budget(DeviceRequest(gpu=ns.gpu, budget_gb=ns.budget_gb)))
+    from harness.sizing.search_cli import stray_search_option
+
+    if (stray := stray_search_option(ns)) is not None:
+        return _print_error(stray)
     if getattr(ns, "serve", None) is not None or ns.scenario is None:
         from harness.sizing.deployment_cli import PlanServeRequest, plan_serve_command
 

@@ -263,3 +263,24 @@ def test_fail_on_verdict_when_no_layout_starts(cache_dir):
     assert report.releases[0].best is None and all(c.rank is None for c in report.candidates)
     assert {c.outcome for c in report.candidates} <= {"oom", "fails", "refused"}
     assert run_harness(*args, *serve).returncode == 0
+
+
+def test_concurrency_objective_ranks_by_requests_served(cache_dir):
+    serve = (*R1, "--enable-expert-parallel", "--all2all-backend", "allgather_reducescatter",
+             "--max-num-batched-tokens", "2048")
+    report = search(_request(serve, ("0.33.0",), (8, 16), cache_dir, objective="concurrency"))
+    ranked = sorted((c for c in report.candidates if c.rank is not None), key=lambda c: c.rank or 0)
+    values = [c.deployment_concurrency for c in ranked]
+    assert len(ranked) > 4 and values == sorted(values, reverse=True)
+    for c in ranked:  # W = blocks / ceil(L / block) per GPU, x DP
+        assert c.deployment_concurrency == pytest.approx(c.per_gpu_kv_tokens / 16 / (65536 / 16) * c.data_parallel_size)
+
+
+def test_search_options_without_search_and_oversized_searches_exit_2(cache_dir):
+    done = run_harness("plan", "--gpus", "16", "--vllm-version", "0.33.0", "--gpu", GPU, "--", *R1)
+    assert done.returncode == 2 and "--gpus goes with --search" in done.stderr
+    counts = ",".join(str(n) for n in range(8, 4097, 8))
+    done = run_harness("plan", "--search", "--gpus", counts, "--search-backends", "--allow", "kv-fp8",
+                       "--vllm-version", "0.33.0", "--gpu", GPU, "--cache-dir", str(cache_dir), "--", *R1)  # fmt: skip
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "(512 counts)" in done.stderr and "allowed: at most 200000" in done.stderr

@@ -49,6 +49,7 @@ SEARCH_BACKENDS = ("cutlass", "deep_gemm", "triton")
 TOKEN_GRID = (256, 1024, 4096, 16384)
 MAX_TP = 8  # TP within one node of 8 GPUs
 MAX_GPUS = 4096
+MAX_CANDIDATES = 200_000  # per release: about three minutes of CPU
 # Layer plans kept: the candidates vary the MoE layer in their outer loops, so a layer's candidates come together and
 # a small cache plans each once while the memory stays flat however many candidates there are.
 LAYER_CACHE = 64
@@ -453,10 +454,14 @@ def search(request: SearchRequest, progress: Progress | None = None) -> SearchRe
 
         layouts = [layout for n in request.gpu_counts
                    for layout in candidates(facts, spec, given, n, reads, request, default_tokens)]  # fmt: skip
+        if len(layouts) > MAX_CANDIDATES:
+            raise SearchError(f"--gpus {_counts(request.gpu_counts)}: {len(layouts)} layouts on vLLM "
+                              f"{version}; allowed: at most {MAX_CANDIDATES} (give fewer GPU counts, or fix flags "
+                              "on the serve line)")  # fmt: skip
         if not layouts:
             fixed = ", ".join(f"--{g.replace('_', '-')}" for g in ("tensor_parallel_size", "data_parallel_size")
                               if g in given) or "the attention heads"  # fmt: skip
-            raise SearchError(f"--gpus {','.join(map(str, request.gpu_counts))}: no layout of these GPU counts "
+            raise SearchError(f"--gpus {_counts(request.gpu_counts)}: no layout of these GPU counts "
                               f"fits {fixed} of the serve line (TP x DP must equal the GPUs, TP a power of two up "
                               f"to {MAX_TP} dividing {facts.num_attention_heads} attention heads)")  # fmt: skip
         refusal = cutlass_refusal(reads.files) if facts.quant_method == "fp8" else None
@@ -495,6 +500,11 @@ def search(request: SearchRequest, progress: Progress | None = None) -> SearchRe
                                    f"{parse_serve(c.serve)[1]!r}")  # fmt: skip
         releases.append(found)
     return _report(request, facts, releases)
+
+
+def _counts(counts: tuple[int, ...]) -> str:
+    text = ",".join(map(str, counts))
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(counts)} counts)"
 
 
 def _report(request: SearchRequest, facts: ModelFacts, releases: list[ReleaseSearch]) -> SearchReport:

@@ -34,6 +34,15 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top", type=int, default=10, metavar="N", help="with --search: rows of each ranked table")
 
 
+def stray_search_option(ns: argparse.Namespace) -> str | None:
+    """The message for a search option given without --search (it would change nothing), or None."""
+    given = [flag for flag, value in (("--gpus", ns.gpus), ("--objective", ns.objective != "kv-tokens" or None),
+                                      ("--min-concurrency", ns.min_concurrency), ("--allow", ns.allow),
+                                      ("--search-backends", ns.search_backends or None),
+                                      ("--top", ns.top != 10 or None)) if value]  # fmt: skip
+    return f"{given[0]} goes with --search (harness plan --search ... -- vllm serve MODEL FLAGS)" if given else None
+
+
 def _error(message: str) -> int:
     print(f"harness: error: {message}", file=sys.stderr)
     return EXIT_ERROR
