@@ -38,6 +38,7 @@ def r1_search(cache_dir) -> SearchReport:
     return search(_request(R1, ("0.29.0", "0.33.0"), (16,), cache_dir))
 
 
+@pytest.mark.vllm_wheel
 def test_best_layout_replanned_on_its_own_serve_line_agrees_to_the_token(r1_search, cache_dir):
     best = next(c for c in r1_search.candidates if c.vllm_version == "0.33.0" and c.rank == 1)
     assert best.gpus == best.tensor_parallel_size * best.data_parallel_size == 16
@@ -55,6 +56,7 @@ def test_best_layout_replanned_on_its_own_serve_line_agrees_to_the_token(r1_sear
                                             if c.vllm_version == "0.33.0")  # fmt: skip
 
 
+@pytest.mark.vllm_wheel
 def test_mla_prefers_dp_tp_replicates_the_latent(r1_search):
     """MLA's latent is whole on every GPU: at equal GPUs, TP 8 holds per GPU what DP 8 ranks would each hold."""
     ranked = [c for c in r1_search.candidates if c.vllm_version == "0.33.0" and c.rank is not None]
@@ -71,6 +73,7 @@ def test_mla_prefers_dp_tp_replicates_the_latent(r1_search):
     assert any("MLA's latent is not split by TP" in line for line in why[1:])
 
 
+@pytest.mark.vllm_wheel
 def test_every_candidate_has_a_verdict_and_reasons_name_the_component(r1_search):
     old = [c for c in r1_search.candidates if c.vllm_version == "0.29.0"]
     assert {c.outcome for c in old} <= {"starts", "oom", "refused", "fails"}
@@ -83,6 +86,7 @@ def test_every_candidate_has_a_verdict_and_reasons_name_the_component(r1_search)
     assert r1_search.changes and r1_search.changes[0].startswith("vllm 0.29.0 -> 0.33.0: best ")
 
 
+@pytest.mark.vllm_wheel
 def test_search_ranking_equals_planning_every_candidate_alone(cache_dir):
     """A small grid: the cached release reads give each candidate exactly what a fresh `harness plan` gives."""
     serve = (*R1, "--enable-expert-parallel", "--all2all-backend", "deepep_low_latency", "--moe-backend", "deep_gemm",
@@ -106,6 +110,7 @@ def test_search_ranking_equals_planning_every_candidate_alone(cache_dir):
     assert [c.label + f"@{c.gpus}" for c in ranked] == expected
 
 
+@pytest.mark.vllm_wheel
 def test_flags_on_the_line_are_constraints(cache_dir):
     serve = (*R1, "--tensor-parallel-size", "2", "--enable-expert-parallel", "--all2all-backend",
              "deepep_high_throughput", "--max-num-batched-tokens", "2048", "--kv-cache-dtype", "auto")
@@ -117,6 +122,7 @@ def test_flags_on_the_line_are_constraints(cache_dir):
     assert {c.num_redundant_experts for c in report.candidates} == {0, 8, 16, 32}
 
 
+@pytest.mark.vllm_wheel
 def test_kv_fp8_only_when_allowed_and_doubles_tokens_per_byte(cache_dir):
     serve = (*R1, "--enable-expert-parallel", "--all2all-backend", "allgather_reducescatter",
              "--max-num-batched-tokens", "4096", "--eplb-config", '{"num_redundant_experts": 0}', "--enable-eplb")
@@ -132,6 +138,7 @@ def test_kv_fp8_only_when_allowed_and_doubles_tokens_per_byte(cache_dir):
     assert fp8.candidates[0].kv_cache_dtype == "fp8" and fp8.input_hash != plain.input_hash
 
 
+@pytest.mark.vllm_wheel
 def test_min_gpus_objective(cache_dir):
     serve = (*R1, "--enable-expert-parallel", "--all2all-backend", "allgather_reducescatter",
              "--max-num-batched-tokens", "8192", "--tensor-parallel-size", "1")
@@ -143,6 +150,7 @@ def test_min_gpus_objective(cache_dir):
     assert ranked[0].gpus == min(c.gpus for c in ranked) and ranked[0].gpus > 8
 
 
+@pytest.mark.vllm_wheel
 def test_json_report_is_typed_and_versioned(cache_dir):
     done = run_harness("plan", "--search", "--gpu", GPU, "--gpus", "8", "--vllm-version", "0.33.0", "--cache-dir",
                        str(cache_dir), "--json", "--", *R1, "--enable-expert-parallel")  # fmt: skip
@@ -155,6 +163,7 @@ def test_json_report_is_typed_and_versioned(cache_dir):
     assert all(c.serve[:3] == ["vllm", "serve", "deepseek-r1"] for c in report.candidates)
 
 
+@pytest.mark.vllm_wheel
 def test_text_output_table_reasons_and_changes(cache_dir):
     done = run_harness("plan", "--search", "--gpu", GPU, "--gpus", "16", "--vllm-version", "0.29.0",
                        "--vllm-version", "0.33.0", "--cache-dir", str(cache_dir), "--", *R1)  # fmt: skip
@@ -172,6 +181,7 @@ def test_text_output_table_reasons_and_changes(cache_dir):
     (("--gpus", "16", "--min-concurrency", "-1"), "--min-concurrency -1.0: allowed: a number above 0"),
     (("--gpus", "0"), "'0' is not a GPU count"),
 ])  # fmt: skip
+@pytest.mark.vllm_wheel
 def test_bad_search_input_is_one_line_exit_2(args, message, cache_dir):
     done = run_harness("plan", "--search", "--gpu", GPU, "--vllm-version", "0.33.0", "--cache-dir", str(cache_dir),
                        *args, "--", *R1)  # fmt: skip
@@ -193,6 +203,7 @@ def test_gpu_counts_parse():
 # --- the experts backend vLLM would choose --------------------------------------------------------------------------
 
 
+@pytest.mark.vllm_wheel
 def test_release_selection_picks_the_experts_backend(cache_dir):
     """oracle/fp8.py on Hopper for block FP8: Triton for TP, FlashInfer's CUTLASS for EP in the standard format (not
     sized: the table's family is planned, and the pick named), BatchedDeepGemm under deepep_low_latency."""
@@ -217,6 +228,7 @@ def test_release_selection_picks_the_experts_backend(cache_dir):
     assert refusal is not None and refusal.startswith("refused: vLLM CUTLASS FP8 MoE backend is disabled")
 
 
+@pytest.mark.vllm_wheel
 def test_plan_names_the_backend_it_assumed(cache_dir):
     serve = ("--", "vllm", "serve", "deepseek-r1", "--data-parallel-size", "16", "--enable-expert-parallel",
              "--all2all-backend", "deepep_low_latency", "--max-model-len", "65536")
@@ -232,6 +244,7 @@ def test_plan_names_the_backend_it_assumed(cache_dir):
     assert a["kv_tokens"] == b["kv_tokens"] and a["non_kv_bytes"] == b["non_kv_bytes"]
 
 
+@pytest.mark.vllm_wheel
 def test_constraints_that_leave_no_layout_exit_2(cache_dir):
     done = run_harness("plan", "--search", "--gpu", GPU, "--gpus", "16", "--vllm-version", "0.33.0", "--cache-dir",
                        str(cache_dir), "--", *R1, "--tensor-parallel-size", "3")  # fmt: skip
@@ -239,6 +252,7 @@ def test_constraints_that_leave_no_layout_exit_2(cache_dir):
     assert "--gpus 16: no layout of these GPU counts fits --tensor-parallel-size" in done.stderr
 
 
+@pytest.mark.vllm_wheel
 def test_dense_gqa_model_tp_splits_the_kv_heads(cache_dir):
     """Llama-3.1-8B (8 KV heads of 128, 32 layers, bf16): TP splits the heads, so a TP 4 GPU stores a quarter of
     each token; no EP, no experts backend."""
@@ -253,6 +267,7 @@ def test_dense_gqa_model_tp_splits_the_kv_heads(cache_dir):
     assert report.releases[0].notes == []
 
 
+@pytest.mark.vllm_wheel
 def test_fail_on_verdict_when_no_layout_starts(cache_dir):
     args = ("plan", "--search", "--gpu", GPU, "--gpus", "8", "--vllm-version", "0.33.0", "--cache-dir", str(cache_dir),
             "--json")  # fmt: skip
@@ -265,6 +280,7 @@ def test_fail_on_verdict_when_no_layout_starts(cache_dir):
     assert run_harness(*args, *serve).returncode == 0
 
 
+@pytest.mark.vllm_wheel
 def test_concurrency_objective_ranks_by_requests_served(cache_dir):
     serve = (*R1, "--enable-expert-parallel", "--all2all-backend", "allgather_reducescatter",
              "--max-num-batched-tokens", "2048")
@@ -276,6 +292,7 @@ def test_concurrency_objective_ranks_by_requests_served(cache_dir):
         assert c.deployment_concurrency == pytest.approx(c.per_gpu_kv_tokens / 16 / (65536 / 16) * c.data_parallel_size)
 
 
+@pytest.mark.vllm_wheel
 def test_search_options_without_search_and_oversized_searches_exit_2(cache_dir):
     done = run_harness("plan", "--gpus", "16", "--vllm-version", "0.33.0", "--gpu", GPU, "--", *R1)
     assert done.returncode == 2 and "--gpus goes with --search" in done.stderr
@@ -284,3 +301,24 @@ def test_search_options_without_search_and_oversized_searches_exit_2(cache_dir):
                        "--vllm-version", "0.33.0", "--gpu", GPU, "--cache-dir", str(cache_dir), "--", *R1)  # fmt: skip
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
     assert "(512 counts)" in done.stderr and "allowed: at most 200000" in done.stderr
+
+
+@pytest.mark.vllm_wheel
+def test_block_fp8_qwen3_moe_on_0_26_0_runs_triton_without_ep(tmp_path, cache_dir):
+    """vLLM 0.26.0 started a block-FP8 Qwen3 MoE on an H200 with the Triton experts, where the table said CUTLASS:
+    the plan reads that pick from the release's oracle (which logs it as "Using TRITON Fp8 MoE backend ...")."""
+    from harness.sizing.model_config import MODELS_DIR
+
+    config = json.loads((MODELS_DIR / "qwen3-30b-a3b.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128],
+                                     "activation_scheme": "dynamic", "fmt": "e4m3"}  # fmt: skip
+    (tmp_path / "Qwen3-30B-A3B-FP8").mkdir()
+    (tmp_path / "Qwen3-30B-A3B-FP8" / "config.json").write_text(json.dumps(config))
+    model = str(tmp_path / "Qwen3-30B-A3B-FP8")
+    done = run_harness("plan", "--vllm-version", "0.26.0", "--gpu", GPU, "--cache-dir", str(cache_dir), "--json",
+                       "--", "vllm", "serve", model, "--max-model-len", "8192")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    settings = {s["name"]: s for s in json.loads(done.stdout)["deployments"][0]["settings"]}
+    assert settings["moe_backend"]["value"] == "triton"
+    assert settings["moe_backend"]["source"].startswith("model_executor/layers/fused_moe/oracle/fp8.py:")
+    assert "vLLM picks TRITON (TritonExperts)" in settings["moe_backend"]["source"]
