@@ -358,29 +358,28 @@ def _pick(backend: str, cls: str, priority: ast.FunctionDef, order: list[str], p
     return Pick(backend, cls, FAMILIES.get(backend), text)
 
 
-def default_backend(facts, files: ReleaseFiles | None, *, gpu: str | None, tp: int, dp: int, ep: bool,
-                    all2all: str) -> Default | None:  # fmt: skip
-    """The `moe_backend` default of a deployment: what the release's selection picks, or None (the caller's table)
-    for an unquantized model, a release without the oracle, or no release at hand."""
-    from harness.sizing import profile_run
+def default_backend(facts, files: ReleaseFiles | None, *, gpu, tp: int, dp: int, ep: bool, all2all: str,
+                    fallback: Default) -> Default:  # fmt: skip
+    """The `moe_backend` default of a deployment: what the release's selection picks for an FP8 MoE checkpoint on
+    the GPU (a harness.sizing.gpus row, or None: compute capability 9.0 assumed); `fallback` (the table's family)
+    for an unquantized model, a release without the oracle or no release at hand, and, named, where vLLM's pick is
+    one the plan does not size."""
     from harness.sizing.release_defaults import uses_batched_dp_moe
 
     if files is None or facts.quant_method != "fp8" or not facts.is_moe:
-        return None
-    major, _, gpu_source = profile_run.gpu_facts(gpu)
-    pick = pick_fp8(files, capability=major * 10, ep_size=tp * dp if ep else 1,
+        return fallback
+    major, minor = gpu.capability if gpu is not None else (9, 0)
+    where = f"{gpu.name if gpu is not None else 'GPU'}: compute capability {major}.{minor}" + \
+        ("" if gpu is not None else " assumed")  # fmt: skip
+    pick = pick_fp8(files, capability=major * 10 + minor, ep_size=tp * dp if ep else 1,
                     batched=uses_batched_dp_moe(all2all, ep, dp), block=facts.weight_block_size is not None,
                     all2all=all2all)  # fmt: skip
     if pick is None:
-        return None
+        return fallback
     if pick.family is None:
-        return Default(table_family(facts), f"table: the layer model's experts family for FP8 checkpoints, as "
-                       f"{pick.experts_class or 'the pick'} is not sized by the plan; {pick.source}")  # fmt: skip
-    return Default(pick.family, f"{pick.source} ({gpu_source})")
-
-
-def table_family(facts) -> str:
-    return "cutlass" if facts.quant_method else "triton"
+        return Default(fallback.value, f"{fallback.source}, as {pick.experts_class or 'the pick'} is not sized by "
+                       f"the plan; {pick.source} ({where})")  # fmt: skip
+    return Default(pick.family, f"{pick.source} ({where})")
 
 
 @per_release

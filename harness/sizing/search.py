@@ -155,11 +155,19 @@ class SearchRequest:
 
 
 def given_flags(words: list[str]) -> set[str]:
-    """The DeploymentSpec fields the serve line sets (by flag, its aliases included)."""
-    from harness.sizing.serve_args import _parser
+    """The DeploymentSpec fields the serve line sets (by flag, its aliases and spellings included, as
+    serve_args reads them; `--no-X` sets X too)."""
+    from harness.sizing.serve_args import _BY_OPTION, _normalize
 
-    by_option = {o: a.dest for a in _parser()._actions for o in a.option_strings}
-    given = {by_option[w.split("=")[0]] for w in words if w.split("=")[0] in by_option}
+    given = set()
+    for word in words:
+        if not word.startswith("-"):
+            continue
+        option = _normalize(word)[0]
+        base = "--" + option[5:] if option.startswith("--no-") else option
+        modelled = _BY_OPTION.get(option) or _BY_OPTION.get(base)
+        if modelled is not None:
+            given.add(modelled.dest)
     if "eplb_config" in given:
         given.add("num_redundant_experts")
     return given
