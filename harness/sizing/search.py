@@ -143,7 +143,7 @@ class Layout:
 class SearchRequest:
     serve: tuple[str, ...]
     vllm_versions: tuple[str, ...]
-    gpu: str | None
+    gpu: Any  # a GPU's name, or a row of harness.sizing.gpus
     total_bytes: int
     gpu_counts: tuple[int, ...]
     objective: Objective = "kv-tokens"
@@ -352,8 +352,15 @@ class SearchReport(Record):
     candidates: list[SearchCandidate]
 
 
+def gpu_name(request: SearchRequest) -> str | None:
+    """The GPU's name: request.gpu is a name or a row of harness.sizing.gpus (--gpu-memory-gib gives one)."""
+    from harness.sizing import gpus
+
+    return gpus.label(request.gpu)
+
+
 def input_hash(request: SearchRequest) -> str:
-    data = {"serve": list(request.serve), "vllm_versions": list(request.vllm_versions), "gpu": request.gpu,
+    data = {"serve": list(request.serve), "vllm_versions": list(request.vllm_versions), "gpu": gpu_name(request),
             "total_bytes": request.total_bytes, "gpu_counts": list(request.gpu_counts),
             "objective": request.objective, "min_concurrency": request.min_concurrency,
             "allow": sorted(request.allow), "search_backends": request.search_backends}  # fmt: skip
@@ -457,7 +464,7 @@ def search(request: SearchRequest, progress: Progress | None = None) -> SearchRe
 
         def default_tokens(batched: bool, files=reads.files) -> int:
             value = defaults.max_num_batched_tokens(files, batched_dp=batched, gpu_bytes=request.total_bytes,
-                                                    gpu=request.gpu).value  # fmt: skip
+                                                    gpu=gpu_name(request)).value  # fmt: skip
             return int(value)  # type: ignore[call-overload]
 
         layouts = [layout for n in request.gpu_counts
@@ -526,7 +533,7 @@ def _report(request: SearchRequest, facts: ModelFacts, releases: list[ReleaseSea
             notes=[*(backend_notes(r.candidates) if facts.is_moe else []), *r.notes]))  # fmt: skip
     return SearchReport(
         harness_version=harness.__version__, python_version=platform.python_version(),
-        input_hash=input_hash(request), model=facts.name, gpu=request.gpu, gpu_total_bytes=request.total_bytes,
+        input_hash=input_hash(request), model=facts.name, gpu=gpu_name(request), gpu_total_bytes=request.total_bytes,
         gpu_counts=list(request.gpu_counts), vllm_versions=[r.version for r in releases],
         objective=request.objective, min_concurrency=request.min_concurrency, allow=list(request.allow),
         search_backends=request.search_backends, serve=list(request.serve), releases=out,
