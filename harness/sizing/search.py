@@ -47,6 +47,9 @@ ALLOWANCES = ("kv-fp8",)
 SIZED_ALL2ALL = ("allgather_reducescatter", "deepep_low_latency", "deepep_high_throughput")
 SEARCH_BACKENDS = ("cutlass", "deep_gemm", "triton")
 TOKEN_GRID = (256, 1024, 4096, 16384)
+# Pipeline stages: each holds its share of the layers, their weights and their KV cache (no replication, unlike
+# MLA's latent under TP); the ranking shows where that helps.
+PP_OPTIONS = (1, 2, 4)
 MAX_TP = 8  # TP within one node of 8 GPUs
 MAX_GPUS = 4096
 MAX_CANDIDATES = 200_000  # per release: about three minutes of CPU
@@ -122,10 +125,12 @@ class Layout:
     max_num_batched_tokens: int | None
     num_redundant_experts: int | None
     kv_cache_dtype: str | None
+    pp: int = 1
 
     @property
     def label(self) -> str:
-        parts = [f"TP{self.tp} DP{self.dp}", "EP" if self.ep else "no-EP"]
+        split = f"TP{self.tp} PP{self.pp} DP{self.dp}" if self.pp > 1 else f"TP{self.tp} DP{self.dp}"
+        parts = [split, "EP" if self.ep else "no-EP"]
         if self.ep and self.all2all:
             parts.append(self.all2all)
         if self.moe_backend:
@@ -199,8 +204,10 @@ def candidates(facts: ModelFacts, spec: DeploymentSpec, given: set[str], gpus: i
     from harness.sizing import release_defaults as defaults
 
     tps = [spec.tensor_parallel_size] if "tensor_parallel_size" in given else tp_options(facts, gpus)
-    pairs = [(tp, gpus // tp) for tp in tps if gpus % tp == 0 and
-             ("data_parallel_size" not in given or spec.data_parallel_size == gpus // tp)]  # fmt: skip
+    pps = [spec.pipeline_parallel_size] if "pipeline_parallel_size" in given else \
+        [pp for pp in PP_OPTIONS if pp <= facts.num_hidden_layers]  # fmt: skip
+    splits = [(tp, pp, gpus // (tp * pp)) for tp in tps for pp in pps if gpus % (tp * pp) == 0 and
+              ("data_parallel_size" not in given or spec.data_parallel_size == gpus // (tp * pp))]  # fmt: skip
     eps = [bool(spec.enable_expert_parallel)] if "enable_expert_parallel" in given else \
         ([False, True] if facts.is_moe and gpus > 1 else [False])  # fmt: skip
     tokens: list[int | None] = [None] if "max_num_batched_tokens" in given else [None, *TOKEN_GRID]
@@ -224,13 +231,13 @@ def candidates(facts: ModelFacts, spec: DeploymentSpec, given: set[str], gpus: i
             for t in tokens:
                 for r in redundant:
                     for b in backends:
-                        for tp, dp in pairs:
+                        for tp, pp, dp in splits:
                             if dp == 1 and all2all not in (None, SIZED_ALL2ALL[0]):
                                 continue  # vLLM runs no all-to-all kernels at DP 1 (use_all2all_kernels)
                             if t is not None and t == default_tokens(defaults.uses_batched_dp_moe(effective, ep, dp)):
                                 continue  # the release's default: the candidate without the flag
                             for k in kv:
-                                yield Layout(gpus=gpus, tp=tp, dp=dp, ep=ep, all2all=all2all, moe_backend=b,
+                                yield Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=ep, all2all=all2all, moe_backend=b,
                                              max_num_batched_tokens=t, num_redundant_experts=r, kv_cache_dtype=k)
 
 
@@ -241,6 +248,8 @@ def serve_words(words: list[str], layout: Layout, given: set[str]) -> list[str]:
         out = ["vllm", "serve", *(out[1:] if out[:1] == ["serve"] else out)]
     if "tensor_parallel_size" not in given:
         out += ["--tensor-parallel-size", str(layout.tp)]
+    if "pipeline_parallel_size" not in given and layout.pp > 1:
+        out += ["--pipeline-parallel-size", str(layout.pp)]
     if "data_parallel_size" not in given:
         out += ["--data-parallel-size", str(layout.dp)]
     if layout.ep and "enable_expert_parallel" not in given:
@@ -265,6 +274,8 @@ def spec_of(spec: DeploymentSpec, layout: Layout, given: set[str]) -> Deployment
     update: dict[str, object] = {}
     if "tensor_parallel_size" not in given:
         update["tensor_parallel_size"] = layout.tp
+    if "pipeline_parallel_size" not in given:
+        update["pipeline_parallel_size"] = layout.pp
     if "data_parallel_size" not in given:
         update["data_parallel_size"] = layout.dp
     if layout.ep and "enable_expert_parallel" not in given:
@@ -293,6 +304,7 @@ class SearchCandidate(Record):
     gpus: int
     tensor_parallel_size: int
     data_parallel_size: int
+    pipeline_parallel_size: int = 1
     enable_expert_parallel: bool
     all2all_backend: str
     moe_backend: str
@@ -375,7 +387,8 @@ def candidate_of(plan: DeploymentPlan, layout: Layout, serve: list[str], version
     concurrency = plan.concurrency if starts else 0.0
     return SearchCandidate(
         vllm_version=version, gpus=layout.gpus, tensor_parallel_size=int(s["tensor_parallel_size"].value),
-        data_parallel_size=dp, enable_expert_parallel=bool(s["enable_expert_parallel"].value),
+        data_parallel_size=dp, pipeline_parallel_size=int(s["pipeline_parallel_size"].value),
+        enable_expert_parallel=bool(s["enable_expert_parallel"].value),
         all2all_backend=str(s["all2all_backend"].value), moe_backend=str(s["moe_backend"].value),
         moe_backend_source=s["moe_backend"].source, max_num_batched_tokens=int(s["max_num_batched_tokens"].value),
         num_redundant_experts=int(s["num_redundant_experts"].value), kv_cache_dtype=str(s["kv_cache_dtype"].value),
@@ -390,6 +403,7 @@ def candidate_of(plan: DeploymentPlan, layout: Layout, serve: list[str], version
 def unplanned(layout: Layout, serve: list[str], version: str, reason: str) -> SearchCandidate:
     return SearchCandidate(
         vllm_version=version, gpus=layout.gpus, tensor_parallel_size=layout.tp, data_parallel_size=layout.dp,
+        pipeline_parallel_size=layout.pp,
         enable_expert_parallel=layout.ep, all2all_backend=layout.all2all or "", moe_backend=layout.moe_backend or "",
         moe_backend_source="", max_num_batched_tokens=layout.max_num_batched_tokens or 0,
         num_redundant_experts=layout.num_redundant_experts or 0, kv_cache_dtype=layout.kv_cache_dtype or "auto",
@@ -571,10 +585,18 @@ def why_it_wins(candidates: list[SearchCandidate], objective: Objective, facts: 
              f"{best.per_gpu_kv_tokens} tokens per GPU x DP {best.data_parallel_size} caches = "
              f"{best.deployment_kv_tokens} tokens ({best.deployment_concurrency:.2f}x concurrency at "
              f"{_max_len(best)})"]  # fmt: skip
-    for tp in sorted({c.tensor_parallel_size for c in ranked if c.gpus == best.gpus} - {best.tensor_parallel_size}):
-        other = next(c for c in ranked if c.gpus == best.gpus and c.tensor_parallel_size == tp)
-        split = ("MLA's latent is not split by TP: each of the TP GPUs holds the same tokens" if facts.is_mla else
-                 f"TP {tp} splits the KV heads: {other.kv_bytes_per_token} B/token per GPU")  # fmt: skip
+    splits = {(c.tensor_parallel_size, c.pipeline_parallel_size) for c in ranked if c.gpus == best.gpus}
+    for tp, pp in sorted(splits - {(best.tensor_parallel_size, best.pipeline_parallel_size)}):
+        other = next(c for c in ranked if c.gpus == best.gpus and (c.tensor_parallel_size,
+                                                                   c.pipeline_parallel_size) == (tp, pp))  # fmt: skip
+        parts = []
+        if tp > 1:
+            parts.append(f"MLA's latent is not split by TP: its {tp} TP GPUs hold the same tokens" if facts.is_mla
+                         else f"TP {tp} splits the KV heads")  # fmt: skip
+        if pp > 1:
+            parts.append(f"PP {pp} splits the layers")
+        split = "; ".join(parts) + f": {other.kv_bytes_per_token} B/token per GPU" if parts else \
+            f"{other.kv_bytes_per_token} B/token per GPU"  # fmt: skip
         lines.append(f"vs {other.label}: {other.non_kv_bytes / GIB:.2f} GiB before the KV cache, "
                      f"{other.per_gpu_kv_tokens} tokens per GPU x DP {other.data_parallel_size} = "
                      f"{other.deployment_kv_tokens} tokens ({split}); {_metric(best, objective)} against "
