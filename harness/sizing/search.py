@@ -7,7 +7,9 @@ files, each source read, and one layer plan per distinct MoE layer); each candid
 deployment's arithmetic.
 
     searched (what the serve line leaves out)      values
-    --tensor-parallel-size x --data-parallel-size  TP a power of two within a node (<= 8) dividing the GPUs, DP the rest
+    --tensor-parallel-size x --pipeline-parallel-size x --data-parallel-size
+                                                   TP a power of two within a node (<= 8) dividing the GPUs and the
+                                                   attention heads, PP 1, 2 or 4, DP the rest
     --enable-expert-parallel                       on and off (MoE models; one GPU: off)
     --all2all-backend                              the release's All2AllBackend values the layer model sizes
     --moe-backend                                  the release's own choice (moe_selection); --search-backends: each
@@ -15,8 +17,9 @@ deployment's arithmetic.
     --enable-eplb --eplb-config                    0, EP and 2 x EP redundant experts (EP on)
     --kv-cache-dtype                               auto; fp8 too with --allow kv-fp8
 
-A deployment's KV cache: each DP rank holds its own, and a DP rank's TP GPUs share one (GQA splits its KV heads
-over them; MLA's latent is replicated on every one), so the deployment holds per-GPU tokens x DP.
+A deployment's KV cache: each DP rank holds its own, and a DP rank's TP x PP GPUs share one (GQA splits its KV
+heads over the TP GPUs, MLA's latent is replicated on every one; a stage holds its layers'), so the deployment
+holds per-GPU tokens x DP.
 """
 
 from __future__ import annotations
