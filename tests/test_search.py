@@ -330,3 +330,23 @@ def test_block_fp8_qwen3_moe_on_0_26_0_runs_triton_without_ep(tmp_path, cache_di
     assert settings["moe_backend"]["value"] == "triton"
     assert settings["moe_backend"]["source"].startswith("model_executor/layers/fused_moe/oracle/fp8.py:")
     assert "vLLM picks TRITON (TritonExperts)" in settings["moe_backend"]["source"]
+
+
+@pytest.mark.vllm_wheel
+def test_selection_agrees_with_a_real_startup_on_an_h200(cache_dir):
+    """tests/data/real_startups/qwen3-moe-4l-fp8block.yaml: vLLM 0.26.0 on one H200 logged "Using TRITON Fp8 MoE
+    backend out of potential backends: [...]" for a block-FP8 Qwen3 MoE; the selection read from 0.26.0's oracle
+    gives the same backend and the same list in the same order (VLLM_CUTLASS removed: allow_vllm_cutlass=False)."""
+    from harness.sizing.moe_selection import pick_fp8
+    from harness.sizing.search import ReleaseReads
+    from harness.sizing.vllm_source.sources import locate
+    from harness.verify.planning import record_facts
+    from harness.verify.record import load_record
+
+    record = load_record(Path(__file__).resolve().parent / "data" / "real_startups" / "qwen3-moe-4l-fp8block.yaml")
+    facts = record_facts(record)
+    assert facts.quant_method == "fp8" and facts.weight_block_size == (128, 128) and record.gpu == GPU
+    files = ReleaseReads(locate(version=record.vllm_version, cache_dir=cache_dir)).files
+    pick = pick_fp8(files, capability=90, ep_size=1, batched=False, block=True, all2all="allgather_reducescatter")
+    assert f"{pick.backend} Fp8" == record.backends.moe == "TRITON Fp8"
+    assert list(pick.candidates) == list(record.backends.moe_candidates)

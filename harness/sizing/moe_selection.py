@@ -21,6 +21,7 @@ is named, and the plan takes the next backend in the release's order that it siz
 from __future__ import annotations
 
 import ast
+import dataclasses
 from dataclasses import dataclass
 
 from harness.sizing.release_defaults import Default
@@ -52,6 +53,7 @@ class Pick:
     experts_class: str | None
     family: str | None  # what the plan sizes: cutlass, deep_gemm, triton (None: no backend it sizes)
     source: str
+    candidates: tuple[str, ...] = ()  # the backends in the order vLLM tries them (what it logs as "potential")
 
 
 class _Unknown(Exception):
@@ -326,7 +328,8 @@ def pick_fp8(files: ReleaseFiles, *, capability: int, ep_size: int, batched: boo
                 elif not _supported_or_assumed(files, cls, p, assumed):
                     why = "not this quantization or parallel config"
                 else:
-                    return _pick(backend, cls, priority, order, passed, assumed)
+                    pick = _pick(backend, cls, priority, order, passed, assumed)
+                    return dataclasses.replace(pick, candidates=tuple(b for b in order if b not in removed))
             except _Unknown as error:
                 why = f"not evaluated: {error}"
             passed.append(f"{backend} {cls} ({why})")
