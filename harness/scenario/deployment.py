@@ -18,6 +18,7 @@ ALL2ALL_BACKENDS = (
     "flashinfer_all2allv", "mori",
 )  # fmt: skip
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
 MAX_MODEL_LEN = 1 << 24
 MAX_PARALLEL = 4096
 
@@ -56,3 +57,8 @@ class DeploymentSpec(BaseModel):
         "scenario: its E x D slots beyond the routed experts")
     enable_dbo: bool = Field(False, description="--enable-dbo: two micro-batches, two MoE workspaces")
     enforce_eager: bool = Field(False, description="--enforce-eager: no CUDA graphs")
+    dtype: Literal[DTYPES] = Field(  # type: ignore[valid-type]
+        "auto", description="--dtype: the weights' and activations' dtype (auto: the checkpoint's; float32 "
+        "checkpoints run in bfloat16)")
+    quantization: Literal["fp8"] | None = Field(
+        None, description="--quantization fp8: an unquantized checkpoint quantized to fp8 on load")

@@ -172,7 +172,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     ep = bool(pick("enable_expert_parallel", spec.enable_expert_parallel or False)) and tp * dp > 1
     all2all = str(pick("all2all_backend", spec.all2all_backend, defaults.all2all_backend(files)))
     backend_default = defaults.Default("cutlass", "table: the layer model's experts family for FP8 checkpoints") if \
-        facts.quant_method else defaults.Default("triton", "table: unquantized MoE runs the Triton experts (\"Using "
+        facts.quant_method == "fp8" else defaults.Default("triton", "table: unquantized MoE runs the Triton experts (\"Using "
                                                  "TRITON backend for Unquantized MoE\")")  # fmt: skip
     moe_backend = str(pick("moe_backend", spec.moe_backend, backend_default))
     utilization = float(pick("gpu_memory_utilization", spec.gpu_memory_utilization,  # type: ignore[arg-type]
@@ -250,11 +250,13 @@ def plan_deployment(facts: ModelFacts, r: Resolved, layer_plan, *, version: str 
     requested = int(total_bytes * r.utilization)
     non_kv = sum(line.bytes for line in lines)
     shape = kv_shape(facts, r.tp, r.kv_cache_dtype)
-    cache = kv_cache(shape, requested - non_kv, r.block_size, r.max_model_len)
-    kv_bytes = cache.num_blocks * r.block_size * shape.bytes_per_token
+    cache = kv_cache(shape, requested - non_kv, r.block_size, r.max_model_len, r.max_num_batched_tokens)
+    kv_bytes = cache.bytes
+    hybrid = (f" in {cache.groups} groups of {cache.group_size} layers (hybrid KV cache manager)"
+              if cache.group_size else "")  # fmt: skip
     lines.append(DeploymentLine(group="kv-cache", name="KV cache", bytes=kv_bytes, kind="exact",
-                                source=f"{cache.num_blocks} blocks x {r.block_size} tokens x {shape.bytes_per_token} "
-                                f"B/token: {shape.formula}"))  # fmt: skip
+                                source=f"{cache.num_blocks} blocks x {cache.block_size} tokens{hybrid} x "
+                                f"{shape.bytes_per_token} B/token: {shape.formula}"))  # fmt: skip
     sampler = r.max_num_seqs * facts.vocab_size * 4
     lines.append(DeploymentLine(group="after-kv", name="sampler warm-up", bytes=sampler, kind="exact",
                                 source=f"max_num_seqs {r.max_num_seqs} x vocab {facts.vocab_size} x 4 B (f32 logits, "
@@ -265,7 +267,7 @@ def plan_deployment(facts: ModelFacts, r: Resolved, layer_plan, *, version: str 
         vllm_version=version, gpu=gpu, total_bytes=total_bytes, settings=list(r.settings), lines=lines,
         requested_bytes=requested, non_kv_bytes=non_kv, kv_bytes_per_token=shape.bytes_per_token,
         kv_formula=shape.formula, kv_cache_bytes=kv_bytes, kv_tokens=cache.tokens, kv_num_blocks=cache.num_blocks,
-        block_size=r.block_size, max_model_len=r.max_model_len, concurrency=cache.concurrency, verdict=verdict,
+        block_size=cache.block_size, max_model_len=r.max_model_len, concurrency=cache.concurrency, verdict=verdict,
     )  # fmt: skip
 
 

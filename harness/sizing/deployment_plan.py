@@ -28,7 +28,9 @@ def layer_scenario(facts: ModelFacts, r: Resolved, base: Scenario | None = None)
         I = facts.moe_intermediate_size  # noqa: E741
     else:
         D, E, I = r.dp, facts.num_routed_experts, facts.moe_intermediate_size // (r.tp * r.dp)  # noqa: E741, N806
-    quant = ("fp8-block" if facts.weight_block_size else "fp8-per-token") if facts.quant_method == "fp8" else "bf16"
+    scheme = facts.quant.scheme if facts.quant is not None else ""
+    quant = ("fp8-block" if facts.weight_block_size else "fp8-per-token") if facts.quant_method == "fp8" else \
+        "wna16" if scheme in ("wna16", "awq", "gptq") and r.moe_backend == "triton" else "bf16"  # fmt: skip
     base_layer = base.layer if base is not None else LayerSpec()
     layer = {**base_layer.model_dump(), "all2all": all2all, "moe_backend": r.moe_backend, "quant": quant,
              "num_redundant_experts": max(0, E * D - facts.num_routed_experts), "expect": {}}  # fmt: skip
@@ -99,14 +101,14 @@ def plan_source(facts: ModelFacts, spec: DeploymentSpec, source, *, gpu: str | N
 
 def plan_serve(model: str, spec: DeploymentSpec, versions: list[str], *, gpu: str | None, total_bytes: int,
                cache_dir: Path | None = None) -> list[DeploymentPlan]:  # fmt: skip
-    facts = load_model(model)
+    facts = load_model(model, dtype=spec.dtype, quantization=spec.quantization)
     return [plan_release(facts, spec, v, gpu=gpu, total_bytes=total_bytes, cache_dir=cache_dir) for v in versions]
 
 
 def plan_scenario(scenario: Scenario, versions: list[str], *, gpu: str | None, total_bytes: int,
                   cache_dir: Path | None = None) -> list[DeploymentPlan]:  # fmt: skip
     model, spec = scenario_deployment(scenario)
-    facts = load_model(model)
+    facts = load_model(model, dtype=spec.dtype, quantization=spec.quantization)
     local = scenario.num_local_experts if spec.enable_expert_parallel and spec.num_redundant_experts is None else None
     return [plan_release(facts, spec, v, gpu=gpu, total_bytes=total_bytes, cache_dir=cache_dir, base=scenario,
                          local_experts=local, origin="scenario") for v in versions]  # fmt: skip

@@ -8,12 +8,12 @@ dropped a flag could say a deployment starts when it does not.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 
 from pydantic import ValidationError
 
-from harness.scenario.deployment import ALL2ALL_BACKENDS, KV_CACHE_DTYPES, DeploymentSpec
+from harness.scenario.deployment import ALL2ALL_BACKENDS, DTYPES, KV_CACHE_DTYPES, DeploymentSpec
+from harness.sizing.model_config import loads_bounded
 
 # Flags that do not change the GPU memory of a worker: accepted, reported as ignored.
 NEUTRAL_FLAGS_WITH_VALUE = (
@@ -21,7 +21,7 @@ NEUTRAL_FLAGS_WITH_VALUE = (
     "--reasoning-parser", "--chat-template", "--tokenizer", "--tokenizer-mode", "--seed", "--download-dir",
     "--distributed-executor-backend", "--data-parallel-address", "--data-parallel-rpc-port",
     "--data-parallel-size-local", "--data-parallel-start-rank", "--api-server-count", "--load-format",
-    "--dtype", "--revision",
+    "--revision",
 )  # fmt: skip
 NEUTRAL_SWITCHES = (
     "--trust-remote-code", "--disable-log-requests", "--disable-log-stats", "--enable-auto-tool-choice",
@@ -90,6 +90,8 @@ def _parser() -> _Parser:
     p.add_argument("--num-redundant-experts", type=_count, default=None)
     p.add_argument("--enable-dbo", action="store_true", default=False)
     p.add_argument("--enforce-eager", action="store_true", default=False)
+    p.add_argument("--dtype", choices=DTYPES, default="auto")
+    p.add_argument("--quantization", "-q", choices=("fp8",), default=None)
     for flag in NEUTRAL_FLAGS_WITH_VALUE:
         p.add_argument(flag, dest="ignored_" + flag.strip("-").replace("-", "_"), default=None)
     for flag in NEUTRAL_SWITCHES:
@@ -133,7 +135,7 @@ def parse_serve(argv: list[str]) -> tuple[str, DeploymentSpec, list[str]]:
             max_model_len=ns.max_model_len, max_num_batched_tokens=ns.max_num_batched_tokens,
             max_num_seqs=ns.max_num_seqs, kv_cache_dtype=ns.kv_cache_dtype, block_size=ns.block_size,
             enable_eplb=ns.enable_eplb, num_redundant_experts=redundant, enable_dbo=ns.enable_dbo,
-            enforce_eager=ns.enforce_eager,
+            enforce_eager=ns.enforce_eager, dtype=ns.dtype, quantization=ns.quantization,
         )  # fmt: skip
     except ValidationError as error:
         first = error.errors()[0]
@@ -151,9 +153,10 @@ def _is_ignored(flag: str) -> bool:
 
 def _eplb_redundant(text: str, older: int | None) -> int | None:
     try:
-        config = json.loads(text)
-    except ValueError:
-        raise ServeArgsError(f"vllm serve: --eplb-config {text[:60]!r} is not JSON; e.g. "
+        config = loads_bounded(text, what="--eplb-config")
+    except ValueError as error:
+        why = str(error) if "nests" in str(error) else "is not JSON"
+        raise ServeArgsError(f"vllm serve: --eplb-config {text[:40]!r}: {why}; vLLM reads a JSON object, e.g. "
                              "'{\"num_redundant_experts\": 32}'") from None  # fmt: skip
     if not isinstance(config, dict):
         raise ServeArgsError(f"vllm serve: --eplb-config {text[:60]!r} is not a JSON object")

@@ -1,0 +1,311 @@
+"""Checkpoint formats: what one linear (or one FusedMoE's stacked experts) allocates on the GPU, tensor by tensor,
+as vLLM's quantization methods create them (`create_weights`) and keep them after `process_weights_after_loading`.
+
+    format (quantization_config)             per weight (out, in)                  beside it
+    fp8, block [bo, bi] (fp8.py)             (out, in) fp8, 1 B                    weight_scale_inv (ceil(out/bo), ceil(in/bi)) f32
+    fp8, per tensor (fp8.py; online          (out, in) fp8                         one f32 scale per logical shard (qkv 3,
+      `--quantization fp8`)                                                        gate_up 2, others 1)
+    fp8 / int8 per channel (compressed-      (out, in) 1 B                         weight_scale (out, 1) f32
+      tensors W8A8, fbgemm_fp8)
+    WNA16 pack-quantized (compressed-        (out, in x bits / 32) int32           weight_scale (out, in / g) act dtype; zero
+      tensors W4A16/W8A16)                                                         points (out x bits / 32, in / g) int32 when
+                                                                                   asymmetric; weight_shape (2,) int64
+    AWQ (awq.py, awq_marlin.py)              qweight (in, out x bits / 32) int32   scales (in / g, out) act dtype, qzeros
+                                                                                   (in / g, out x bits / 32) int32
+    GPTQ (gptq.py, gptq_marlin.py)           qweight (in x bits / 32, out) int32   scales (in / g, out), qzeros as AWQ (dropped
+                                                                                   by Marlin when symmetric), g_idx (in,) int32
+                                                                                   (kept with its sort indices under desc_act)
+    NVFP4 (modelopt_fp4, compressed-         (out, in / 2) uint8                   weight_scale (out, in / 16) fp8, a global f32
+      tensors nvfp4-pack-quantized)                                                scale and an input scale per logical shard
+    MXFP4 (mxfp4.py, experts only)           (E, N, K / 2) uint8                   scales (E, N, K / 32) uint8 (e8m0), biases
+                                                                                   f32 after the Triton backend's conversion
+
+Marlin (awq_marlin, gptq_marlin, compressed-tensors WNA16 on Hopper, NVFP4 without FP4 tensor cores) repacks the
+weight into a tensor of the same bytes and adds a workspace per linear: `marlin_make_workspace_new`, one int32 per
+SM (x 4 for the MoE kernel), quantization/utils/marlin_utils.py. The bytes per weight are exact for the layouts
+above; the Triton MXFP4 backend's swizzled copy is taken at the checkpoint's bytes (its padding is not modelled).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+FP8_SCALE = 4  # f32
+INT32 = 4
+
+
+@dataclass(frozen=True)
+class Quant:
+    """One checkpoint format: how its quantized linears are laid out, and which modules it leaves unquantized."""
+
+    method: str  # quantization_config.quant_method as vLLM names it (fp8, compressed-tensors, awq, ...)
+    scheme: str  # fp8-block, fp8-tensor, fp8-channel, int8-channel, int8-tensor, wna16, awq, gptq, nvfp4, mxfp4
+    bits: int = 8
+    group_size: int = 0  # WNA16/AWQ/GPTQ: the group; 0 per channel (the whole input row)
+    symmetric: bool = True
+    block: tuple[int, int] | None = None
+    act_order: bool = False  # GPTQ desc_act / compressed-tensors actorder "group": g_idx kept
+    marlin: bool = False  # repacked for the Marlin kernel (+ a workspace per linear)
+    experts_only: bool = False  # MXFP4 in gpt-oss: only FusedMoE layers are quantized
+    ignore: tuple[str, ...] = ()  # module-name patterns left unquantized (ignore, modules_to_not_convert, ...)
+    online: bool = False  # `--quantization fp8` of an unquantized checkpoint
+    source: str = ""
+
+    @property
+    def label(self) -> str:
+        detail = {
+            "fp8-block": f"fp8 + f32 scales per {self.block[0]}x{self.block[1]} block" if self.block else "fp8",
+            "fp8-tensor": "fp8 + a per-tensor f32 scale" + (" (online --quantization fp8)" if self.online else ""),
+            "fp8-channel": "fp8 + per-channel f32 scales",
+            "int8-channel": "int8 + per-channel f32 scales",
+            "int8-tensor": "int8 + a per-tensor f32 scale",
+            "wna16": f"int{self.bits} packed in int32, group {self.group_size or 'channel'}"
+            + ("" if self.symmetric else " + zero points") + (" (Marlin)" if self.marlin else ""),
+            "awq": f"AWQ int{self.bits} group {self.group_size} + zero points" + (" (Marlin)" if self.marlin else ""),
+            "gptq": f"GPTQ int{self.bits} group {self.group_size}" + (" desc_act" if self.act_order else "")
+            + (" (Marlin)" if self.marlin else ""),
+            "nvfp4": "NVFP4: fp4 pairs + fp8 scales per 16" + (" (Marlin)" if self.marlin else ""),
+            "mxfp4": "MXFP4 experts: fp4 pairs + e8m0 scales per 32",
+        }
+        return f"{self.method} {detail.get(self.scheme, self.scheme)}"
+
+    def quantizes(self, module: str, *, expert: bool = False) -> bool:
+        """Whether vLLM builds `module` (e.g. model.layers.0.self_attn.qkv_proj) with this quantization."""
+        if self.experts_only and not expert:
+            return False
+        return not any(_matches(pattern, module) for pattern in self.ignore)
+
+
+def _matches(pattern: str, module: str) -> bool:
+    """compressed-tensors `re:` patterns, fnmatch-like `*` patterns (modules_to_not_convert, exclude_modules) and
+    plain names, which match the module or any module under it (vLLM's is_layer_skipped: prefix / substring)."""
+    if pattern.startswith("re:"):
+        try:
+            return re.fullmatch(pattern[3:], module) is not None or re.match(pattern[3:], module) is not None
+        except re.error:
+            return False
+    if "*" in pattern:
+        regex = "^" + ".*".join(re.escape(p) for p in pattern.split("*")) + "($|\\.)"
+        return re.match(regex, module) is not None
+    return f".{pattern}." in f".{module}."
+
+
+def linear_tensors(q: Quant | None, out_f: int, in_f: int, act_bytes: int, *, stacked: int = 1, shards: int = 1,
+                   quantized: bool = True) -> list[int]:  # fmt: skip
+    """The bytes of each tensor one linear allocates (weight and its scales, zero points, indices), `stacked`
+    experts sharing each tensor as FusedMoE's w13 / w2 do. `shards`: the logical matrices a merged linear holds
+    (QKV 3, gate_up 2), each with its own per-tensor scale."""
+    E = stacked  # noqa: N806
+    if q is None or not quantized:
+        return [E * out_f * in_f * act_bytes]
+    s = q.scheme
+    if s == "fp8-block":
+        bo, bi = q.block or (128, 128)
+        return [E * out_f * in_f, E * math.ceil(out_f / bo) * math.ceil(in_f / bi) * FP8_SCALE]
+    if s == "fp8-tensor":
+        return [E * out_f * in_f, E * shards * FP8_SCALE]
+    if s in ("fp8-channel", "int8-channel"):
+        return [E * out_f * in_f, E * out_f * FP8_SCALE]
+    if s == "int8-tensor":
+        return [E * out_f * in_f, E * shards * FP8_SCALE]
+    if s == "mxfp4":
+        return [E * out_f * in_f // 2, E * out_f * math.ceil(in_f / 32)]
+    if s == "nvfp4":
+        tensors = [E * out_f * in_f // 2, E * out_f * math.ceil(in_f / 16), E * shards * 4, E * shards * 4]
+        return tensors + ([_marlin_workspace(stacked > 1)] if q.marlin else [])
+    groups = math.ceil(in_f / q.group_size) if q.group_size > 0 else 1
+    packed = E * out_f * in_f * q.bits // 8
+    scales = E * groups * out_f * act_bytes
+    zeros = E * groups * math.ceil(out_f * q.bits / 32) * INT32
+    tensors = [packed, scales]
+    if s == "wna16":
+        if not q.symmetric:
+            tensors.append(zeros)
+        if q.act_order:
+            tensors += [E * in_f * INT32] * (2 if q.marlin else 1)
+        tensors.append(16 if E == 1 else E * 2 * INT32)  # weight_shape: (2,) int64, (E, 2) per expert
+    elif s == "awq":
+        tensors.append(zeros)
+    elif s == "gptq":
+        if not (q.marlin and q.symmetric):
+            tensors.append(zeros)
+        if q.act_order or not q.marlin:
+            tensors += [E * in_f * INT32] * (2 if q.marlin else 1)  # g_idx (+ its sort indices under Marlin)
+    if q.marlin:
+        tensors.append(_marlin_workspace(stacked > 1))
+    return tensors
+
+
+SMS = 132  # H100 SXM / H200; the Marlin workspace is one int32 per SM (marlin_utils.marlin_make_workspace_new)
+
+
+def _marlin_workspace(moe: bool) -> int:
+    return SMS * (4 if moe else 1) * INT32
+
+
+class QuantConfigError(ValueError):
+    """A quantization_config vLLM cannot read, in one line."""
+
+
+# What each format accepts as the activation dtype (the quantization config's get_supported_act_dtypes; vLLM
+# refuses any other --dtype: config/vllm.py _get_quantization_config "... is not supported for quantization
+# method ...").
+SUPPORTED_ACT_DTYPES: dict[str, tuple[str, ...]] = {
+    "fp8": ("bfloat16", "float16"),
+    "fbgemm_fp8": ("bfloat16", "float16"),
+    "modelopt": ("bfloat16", "float16"),
+    "modelopt_fp4": ("bfloat16", "float16"),
+    "mxfp4": ("bfloat16",),
+    "compressed-tensors": ("float32", "float16", "bfloat16"),
+    "awq": ("float16",),
+    "awq_marlin": ("float16", "bfloat16"),
+    "gptq": ("float16",),
+    "gptq_marlin": ("float16", "bfloat16"),
+}
+
+
+def _int_field(config: dict, key: str, default: int, where: str, allowed: tuple[int, ...] | None = None) -> int:
+    value = config.get(key, default)
+    if value is None:
+        value = default
+    if type(value) is not int or (allowed is not None and value not in allowed):
+        raise QuantConfigError(f"{where}.{key} = {str(value)[:30]!r}; vLLM accepts "
+                               + (", ".join(map(str, allowed)) if allowed else "an integer"))  # fmt: skip
+    return value
+
+
+def _patterns(value: object, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise QuantConfigError(f"{where} = {str(value)[:40]!r} is not a list of module names")
+    return tuple(v[:200] for v in value[:1000])
+
+
+def parse_quant(config: object, *, where: str = "quantization_config") -> Quant:
+    """The Quant of a config.json's quantization_config (a JSON object), as vLLM reads it."""
+    if not isinstance(config, dict):
+        raise QuantConfigError(f"{where} = {str(config)[:40]!r} is not a JSON object; vLLM reads "
+                               f"{where}.quant_method from one")  # fmt: skip
+    method = config.get("quant_method")
+    if not isinstance(method, str) or not method:
+        raise QuantConfigError(f"{where}.quant_method = {str(method)[:30]!r}; vLLM accepts one of: "
+                               + ", ".join(sorted(SUPPORTED_ACT_DTYPES)))  # fmt: skip
+    method = method.lower()
+    if method == "fp8":
+        block = config.get("weight_block_size")
+        if block is not None:
+            if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)):
+                raise QuantConfigError(f"{where}.weight_block_size = {str(block)[:30]}; vLLM accepts two positive "
+                                       "integers [block_n, block_k]")  # fmt: skip
+            return Quant("fp8", "fp8-block", block=(block[0], block[1]), ignore=_ignored(config, where),
+                         source="layers/quantization/fp8.py Fp8LinearMethod / Fp8MoEMethod: fp8 weight + "
+                         "weight_scale_inv per block")  # fmt: skip
+        return Quant("fp8", "fp8-tensor", ignore=_ignored(config, where),
+                     source="layers/quantization/fp8.py: fp8 weight + one f32 weight_scale per logical shard")
+    if method == "fbgemm_fp8":
+        return Quant("fbgemm_fp8", "fp8-channel", ignore=_patterns(config.get("modules_to_not_convert"), where),
+                     source="layers/quantization/fbgemm_fp8.py: fp8 weight + (out, 1) f32 weight_scale")
+    if method == "mxfp4":
+        return Quant("mxfp4", "mxfp4", bits=4, group_size=32, experts_only=True,
+                     ignore=_patterns(config.get("modules_to_not_convert"), where),
+                     source="layers/quantization/mxfp4.py Mxfp4MoEMethod.create_weights: w13 (E, 2I, K/2) u8, "
+                     "scales (E, 2I, K/32) u8, biases; other linears unquantized")  # fmt: skip
+    if method in ("awq", "awq_marlin"):
+        bits = _int_field(config, "bits", _int_field(config, "w_bit", 4, where), where, (4,))
+        group = _int_field(config, "group_size", _int_field(config, "q_group_size", 128, where), where)
+        return Quant("awq_marlin", "awq", bits=bits, group_size=max(group, 0), symmetric=False, marlin=True,
+                     ignore=_patterns(config.get("modules_to_not_convert"), where),
+                     source="layers/quantization/awq.py create_weights (qweight, qzeros, scales); awq_marlin.py "
+                     "repacks them for Marlin on compute capability 8.0+ (vLLM's default for AWQ there)")  # fmt: skip
+    if method in ("gptq", "gptq_marlin"):
+        bits = _int_field(config, "bits", 4, where, (2, 3, 4, 8))
+        group = _int_field(config, "group_size", 128, where)
+        sym = config.get("sym", True) is not False
+        desc = bool(config.get("desc_act", False))
+        marlin = sym and bits in (4, 8)
+        return Quant("gptq_marlin" if marlin else "gptq", "gptq", bits=bits, group_size=max(group, 0),
+                     symmetric=sym, act_order=desc, marlin=marlin,
+                     source="layers/quantization/gptq.py create_weights (qweight, g_idx, qzeros, scales); "
+                     "gptq_marlin.py for symmetric 4/8-bit: repacked, qzeros and an unused g_idx dropped")  # fmt: skip
+    if method in ("modelopt", "modelopt_fp4"):
+        algo = str(config.get("quant_algo") or (config.get("quantization") or {}).get("quant_algo", ""))[:30] \
+            if isinstance(config.get("quantization", {}), dict) else ""  # fmt: skip
+        exclude = _patterns(config.get("exclude_modules") or (config.get("quantization") or {}).get("exclude_modules"),
+                            where)  # fmt: skip
+        if algo.upper() == "FP8":
+            return Quant("modelopt", "fp8-tensor", ignore=exclude,
+                         source="layers/quantization/modelopt.py ModelOptFp8LinearMethod: fp8 weight, f32 "
+                         "weight_scale and input_scale per shard")  # fmt: skip
+        if algo.upper() == "NVFP4":
+            return Quant("modelopt_fp4", "nvfp4", bits=4, group_size=16, marlin=True, ignore=exclude,
+                         source="layers/quantization/modelopt.py ModelOptNvFp4LinearMethod: (out, in/2) u8, fp8 "
+                         "scales per 16, weight_scale_2 and input_scale; Marlin FP4 on GPUs without FP4 tensor "
+                         "cores (Hopper)")  # fmt: skip
+        raise QuantConfigError(f"{where}.quant_algo = {algo!r}; vLLM's modelopt accepts FP8, NVFP4")
+    if method == "compressed-tensors":
+        return _compressed_tensors(config, where)
+    raise QuantConfigError(f"{where}.quant_method = {method[:30]!r} is not one this plan sizes; it sizes: fp8, "
+                           "fbgemm_fp8, mxfp4, awq, gptq, modelopt (FP8, NVFP4), compressed-tensors")  # fmt: skip
+
+
+def _ignored(config: dict, where: str) -> tuple[str, ...]:
+    return _patterns(config.get("ignored_layers") or config.get("modules_to_not_convert"), where)
+
+
+def _compressed_tensors(config: dict, where: str) -> Quant:
+    """compressed-tensors: the first config group's weights scheme (compressed_tensors.py _get_scheme_from_parts)."""
+    groups = config.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise QuantConfigError(f"{where}.config_groups = {str(groups)[:30]!r}; compressed-tensors needs at least "
+                               "one group with a weights scheme")  # fmt: skip
+    group = next(iter(groups.values()))
+    weights = group.get("weights") if isinstance(group, dict) else None
+    if not isinstance(weights, dict):
+        raise QuantConfigError(f"{where}.config_groups weights = {str(weights)[:30]!r} is not a JSON object")
+    acts = group.get("input_activations")
+    fmt = str(config.get("format") or group.get("format") or "")[:40]
+    kind = weights.get("type", "int")
+    bits = _int_field(weights, "num_bits", 8, f"{where}.weights", (4, 8))
+    strategy = str(weights.get("strategy", "tensor"))
+    ignore = _patterns(config.get("ignore"), f"{where}.ignore")
+    if fmt == "nvfp4-pack-quantized" or (kind == "float" and bits == 4):
+        return Quant("compressed-tensors", "nvfp4", bits=4, group_size=16, marlin=True, ignore=ignore,
+                     source="compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py (W4A16 Marlin FP4 on "
+                     "Hopper): weight_packed (out, in/2) u8, weight_scale (out, in/16) fp8, weight_global_scale, "
+                     "input_global_scale")  # fmt: skip
+    if acts is None or fmt == "pack-quantized":  # weight-only: WNA16
+        gsize = weights.get("group_size")
+        group_size = gsize if type(gsize) is int and gsize > 0 else 0
+        return Quant("compressed-tensors", "wna16", bits=bits, group_size=group_size,
+                     symmetric=weights.get("symmetric", True) is not False,
+                     act_order=weights.get("actorder") == "group", marlin=True, ignore=ignore,
+                     source="compressed_tensors/schemes/compressed_tensors_wNa16.py: weight_packed (out, in x "
+                     f"{bits}/32) int32, weight_scale (out, in/{group_size or 'in'}), weight_shape; Marlin "
+                     "(MarlinLinearKernel, compressed_tensors_moe.py CompressedTensorsWNA16MarlinMoEMethod)")  # fmt: skip
+    if kind == "float" and bits == 8:
+        scheme = "fp8-block" if strategy == "block" else "fp8-channel" if strategy == "channel" else "fp8-tensor"
+        block = weights.get("block_structure")
+        blk = (block[0], block[1]) if isinstance(block, list) and len(block) == 2 and all(
+            type(b) is int and b > 0 for b in block) else None  # fmt: skip
+        return Quant("compressed-tensors", scheme, block=blk, ignore=ignore,
+                     source="compressed_tensors/schemes/compressed_tensors_w8a8_fp8.py: fp8 weight + f32 "
+                     f"weight_scale per {strategy}")  # fmt: skip
+    if kind == "int" and bits == 8:
+        return Quant("compressed-tensors", "int8-channel" if strategy == "channel" else "int8-tensor", ignore=ignore,
+                     symmetric=weights.get("symmetric", True) is not False,
+                     source="compressed_tensors/schemes/compressed_tensors_w8a8_int8.py: int8 weight + f32 "
+                     f"weight_scale per {strategy}")  # fmt: skip
+    raise QuantConfigError(f"{where}: weights type {str(kind)[:10]!r} num_bits {bits} format {fmt!r} is not a "
+                           "compressed-tensors scheme this plan sizes (W4A16/W8A16, W8A8 FP8/INT8, NVFP4)")  # fmt: skip
+
+
+def online_fp8() -> Quant:
+    """`--quantization fp8` of an unquantized checkpoint: Fp8Config(is_checkpoint_fp8_serialized=False), every
+    linear but the embeddings and lm_head quantized per tensor after loading (fp8.py process_weights_after_loading:
+    ops.scaled_fp8_quant gives one f32 scale per logical shard)."""
+    return Quant("fp8", "fp8-tensor", online=True,
+                 source="--quantization fp8: layers/quantization/fp8.py, the checkpoint's weights quantized per "
+                 "tensor on load")  # fmt: skip
