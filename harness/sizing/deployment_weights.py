@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from harness.sizing.model_config import ModelFacts, pad_vocab
 from harness.sizing.quant_formats import linear_tensors as quant_linear
+from harness.sizing.quant_formats import marlin_moe_workspace
 
 # torch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, the default configuration: no expandable
 # segments, no max_split_size): kMinBlockSize, kSmallSize, kMinLargeAlloc, kRoundLarge.
@@ -214,6 +215,8 @@ def routed_experts_tensors(facts: ModelFacts, sharding: Sharding) -> tuple[list[
     mod = f"model.layers.{facts.moe_layers[0] if facts.moe_layers else 0}.mlp.experts"
     tensors = (linear_tensors(facts, 2 * I, K, stacked=E, module=mod, shards=2)
                + linear_tensors(facts, K, I, stacked=E, module=mod))  # fmt: skip
+    tensors += marlin_moe_workspace(facts.quant if facts.quant is not None and facts.quant.quantizes(mod, expert=True)
+                                    else None)  # fmt: skip
     if facts.expert_bias:
         width = 4 if facts.quant is not None and facts.quant.scheme == "mxfp4" else facts.dtype_bytes
         tensors += [E * 2 * I * width, E * K * width]

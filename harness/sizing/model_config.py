@@ -56,6 +56,13 @@ MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_le
                 "max_sequence_length", "max_seq_length", "seq_len")  # fmt: skip
 
 
+# Fields a config.json may leave out because transformers' config class supplies them, which vLLM then reads:
+# transformers/models/gemma3/configuration_gemma3.py Gemma3TextConfig (gemma-3-27b-it's text_config has neither).
+CONFIG_CLASS_DEFAULTS: dict[str, dict[str, int]] = {
+    "gemma3_text": {"vocab_size": 262208, "max_position_embeddings": 131072, "sliding_window_pattern": 6},
+}
+
+
 class ModelConfigError(Exception):
     """A model that cannot be read or is not one this model sizes; the message is one line."""
 
@@ -307,6 +314,15 @@ def parse_config(path: Path, *, name: str, shown: str | None = None, dtype: str 
                       quantization=quantization)  # fmt: skip
 
 
+def shown(value: object) -> str:
+    """A config value as config.json spells it, cut to 40 characters and printable on one line."""
+    try:
+        text = json.dumps(value, ensure_ascii=True)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _int(data: dict, key: str, default: int | None = None, *, where: str, minimum: int = 0) -> int:
     value = data.get(key, default)
     if value is None and default is None:
@@ -314,7 +330,7 @@ def _int(data: dict, key: str, default: int | None = None, *, where: str, minimu
     if value is None:
         value = default
     if type(value) is not int or not minimum <= value <= 10**8:
-        raise ModelConfigError(f"{where}: {key} = {str(value)[:40]!r}; vLLM needs an integer >= {minimum}")
+        raise ModelConfigError(f"{where}: {key} = {shown(value)}; vLLM needs an integer >= {minimum}")
     return value
 
 
@@ -323,7 +339,7 @@ def _layer_list(data: dict, key: str, layers: int, where: str) -> set[int]:
     if value is None:
         return set()
     if not isinstance(value, list) or not all(type(v) is int and 0 <= v < max(layers, 1) for v in value):
-        raise ModelConfigError(f"{where}: {key} = {str(value)[:40]}; vLLM reads a list of layer indices "
+        raise ModelConfigError(f"{where}: {key} = {shown(value)}; vLLM reads a list of layer indices "
                                f"0..{layers - 1}")  # fmt: skip
     return set(value)
 
@@ -354,17 +370,19 @@ def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None
     archs = data.get("architectures") or []
     arch = next((a for a in archs if a in ARCHITECTURES), None) if isinstance(archs, list) else None
     if arch is None:
-        raise ModelConfigError(f"{path}: architectures {str(archs)[:80]} is not one this model sizes; allowed: "
+        raise ModelConfigError(f"{path}: architectures {shown(archs)} is not one this model sizes; allowed: "
                                f"{', '.join(ARCHITECTURES)}")  # fmt: skip
     top = data
     text = data.get("text_config")
     if text is not None and not isinstance(text, dict):
-        raise ModelConfigError(f"{path}: text_config = {str(text)[:40]!r} is not a JSON object")
+        raise ModelConfigError(f"{path}: text_config = {shown(text)} is not a JSON object")
     if isinstance(text, dict) and "hidden_size" not in data:
         data = {**text, "architectures": archs}
         for key in ("quantization_config", "torch_dtype", "tie_word_embeddings"):
             if key in top and key not in data:
                 data[key] = top[key]
+    for key, value in CONFIG_CLASS_DEFAULTS.get(str(data.get("model_type")), {}).items():
+        data.setdefault(key, value)
     quant_raw = data.get("quantization_config")
     try:
         quant = parse_quant(quant_raw) if quant_raw is not None else None
@@ -393,7 +411,7 @@ def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None
     max_len = _max_len(data, path)
     config_dtype = data.get("torch_dtype") or data.get("dtype") or "bfloat16"
     if not isinstance(config_dtype, str) or DTYPE_NAMES.get(config_dtype, config_dtype) not in DTYPE_BYTES:
-        raise ModelConfigError(f"{path}: torch_dtype {str(config_dtype)[:30]!r}; allowed: {', '.join(DTYPE_BYTES)}")
+        raise ModelConfigError(f"{path}: torch_dtype {shown(config_dtype)}; allowed: {', '.join(DTYPE_BYTES)}")
     config_dtype = DTYPE_NAMES.get(config_dtype, config_dtype)
     facts: dict = dict(
         name=name, path=path, architecture=arch, hidden_size=hidden, num_hidden_layers=layers,
@@ -425,7 +443,7 @@ def _max_len(data: dict, path: str) -> int:
         if key in data:
             value = data[key]
             if type(value) is not int or value < 1:
-                raise ModelConfigError(f"{path}: {key} = {str(value)[:40]!r}; vLLM derives max_model_len from it and "
+                raise ModelConfigError(f"{path}: {key} = {shown(value)}; vLLM derives max_model_len from it and "
                                        "needs an integer >= 1")  # fmt: skip
             return value
     raise ModelConfigError(f"{path}: max_position_embeddings is missing (nor any of {', '.join(MAX_LEN_KEYS[1:])}); "
@@ -500,7 +518,7 @@ def _attention_facts(data: dict, facts: dict, arch: str, layers: int, path: str,
         nope = data.get("no_rope_layers")
         if nope is not None and not (isinstance(nope, list) and len(nope) == layers and
                                      all(v in (0, 1) for v in nope)):  # fmt: skip
-            raise ModelConfigError(f"{path}: no_rope_layers = {str(nope)[:40]}; vLLM reads a list of 0/1, one per "
+            raise ModelConfigError(f"{path}: no_rope_layers = {shown(nope)}; vLLM reads a list of 0/1, one per "
                                    f"layer ({layers})")  # fmt: skip
         interval = get("no_rope_layer_interval", 4, minimum=1)
         rope = nope if nope else [int((i + 1) % interval != 0) for i in range(layers)]
@@ -528,7 +546,7 @@ def _layer_types(data: dict, layers: int, path: str) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list) or len(value) != layers or not all(v in LAYER_TYPES for v in value):
-        raise ModelConfigError(f"{path}: layer_types = {str(value)[:40]}; vLLM reads one of "
+        raise ModelConfigError(f"{path}: layer_types = {shown(value)}; vLLM reads one of "
                                f"{', '.join(LAYER_TYPES)} per layer ({layers})")  # fmt: skip
     return [LAYER_TYPES[v] for v in value]
 
@@ -540,7 +558,7 @@ def _vision(config: dict, arch: str, path: str) -> VisionTower:
     if arch in LLAMA4:
         ratio = config.get("pixel_shuffle_ratio", 0.5)
         if not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
-            raise ModelConfigError(f"{path}: vision_config.pixel_shuffle_ratio = {str(ratio)[:20]!r}; vLLM needs a "
+            raise ModelConfigError(f"{path}: vision_config.pixel_shuffle_ratio = {shown(ratio)}; vLLM needs a "
                                    "number in (0, 1]")  # fmt: skip
         return VisionTower("llama4", get("hidden_size"), get("intermediate_size"), get("num_hidden_layers"),
                            get("patch_size"), get("image_size"), get("num_channels", 3),

@@ -3,8 +3,9 @@ as vLLM's quantization methods create them (`create_weights`) and keep them afte
 
     format (quantization_config)             per weight (out, in)                  beside it
     fp8, block [bo, bi] (fp8.py)             (out, in) fp8, 1 B                    weight_scale_inv (ceil(out/bo), ceil(in/bi)) f32
-    fp8, per tensor (fp8.py; online          (out, in) fp8                         one f32 scale per logical shard (qkv 3,
-      `--quantization fp8`)                                                        gate_up 2, others 1)
+    fp8, per tensor (fp8.py, modelopt.py;    (out, in) fp8                         one f32 scale (the logical shards' max,
+      online `--quantization fp8`)                                                 requantize_with_max_scale), + a static
+                                                                                   input scale (ModelOpt)
     fp8 / int8 per channel (compressed-      (out, in) 1 B                         weight_scale (out, 1) f32
       tensors W8A8, fbgemm_fp8)
     WNA16 pack-quantized (compressed-        (out, in x bits / 32) int32           weight_scale (out, in / g) act dtype; zero
@@ -15,8 +16,8 @@ as vLLM's quantization methods create them (`create_weights`) and keep them afte
     GPTQ (gptq.py, gptq_marlin.py)           qweight (in x bits / 32, out) int32   scales (in / g, out), qzeros as AWQ (dropped
                                                                                    by Marlin when symmetric), g_idx (in,) int32
                                                                                    (kept with its sort indices under desc_act)
-    NVFP4 (modelopt_fp4, compressed-         (out, in / 2) uint8                   weight_scale (out, in / 16) fp8, a global f32
-      tensors nvfp4-pack-quantized)                                                scale and an input scale per logical shard
+    NVFP4 (modelopt_fp4, compressed-         (out, in / 2) uint8                   weight_scale (out, in / 16) fp8, one global
+      tensors nvfp4-pack-quantized)                                                f32 scale and one input scale
     MXFP4 (mxfp4.py, experts only)           (E, N, K / 2) uint8                   scales (E, N, K / 32) uint8 (e8m0), biases
                                                                                    f32 after the Triton backend's conversion
 
@@ -28,6 +29,7 @@ above; the Triton MXFP4 backend's swizzled copy is taken at the checkpoint's byt
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -51,6 +53,7 @@ class Quant:
     experts_only: bool = False  # MXFP4 in gpt-oss: only FusedMoE layers are quantized
     ignore: tuple[str, ...] = ()  # module-name patterns left unquantized (ignore, modules_to_not_convert, ...)
     online: bool = False  # `--quantization fp8` of an unquantized checkpoint
+    static_input: bool = False  # a static input scale per linear (ModelOpt FP8, static compressed-tensors)
     source: str = ""
 
     @property
@@ -104,17 +107,18 @@ def linear_tensors(q: Quant | None, out_f: int, in_f: int, act_bytes: int, *, st
     if s == "fp8-block":
         bo, bi = q.block or (128, 128)
         return [E * out_f * in_f, E * math.ceil(out_f / bo) * math.ceil(in_f / bi) * FP8_SCALE]
-    if s == "fp8-tensor":
-        return [E * out_f * in_f, E * shards * FP8_SCALE]
+    if s == "fp8-tensor":  # the shards' scales are requantized to their max (w8a8_utils.requantize_with_max_scale)
+        return [E * out_f * in_f, E * FP8_SCALE] + ([E * FP8_SCALE] if q.static_input else [])
     if s in ("fp8-channel", "int8-channel"):
-        return [E * out_f * in_f, E * out_f * FP8_SCALE]
+        return [E * out_f * in_f, E * out_f * FP8_SCALE] + ([E * FP8_SCALE] if q.static_input else [])
     if s == "int8-tensor":
-        return [E * out_f * in_f, E * shards * FP8_SCALE]
+        return [E * out_f * in_f, E * FP8_SCALE] + ([E * FP8_SCALE] if q.static_input else [])
     if s == "mxfp4":
         return [E * out_f * in_f // 2, E * out_f * math.ceil(in_f / 32)]
     if s == "nvfp4":
-        tensors = [E * out_f * in_f // 2, E * out_f * math.ceil(in_f / 16), E * shards * 4, E * shards * 4]
-        return tensors + ([_marlin_workspace(stacked > 1)] if q.marlin else [])
+        # weight, its fp8 scales per 16, and the global weight and input scales (the shards' max: one each)
+        tensors = [E * out_f * in_f // 2, E * out_f * math.ceil(in_f / 16), E * 4, E * 4]
+        return tensors + ([_marlin_workspace(False)] if q.marlin and stacked == 1 else [])
     groups = math.ceil(in_f / q.group_size) if q.group_size > 0 else 1
     packed = E * out_f * in_f * q.bits // 8
     scales = E * groups * out_f * act_bytes
@@ -125,7 +129,7 @@ def linear_tensors(q: Quant | None, out_f: int, in_f: int, act_bytes: int, *, st
             tensors.append(zeros)
         if q.act_order:
             tensors += [E * in_f * INT32] * (2 if q.marlin else 1)
-        tensors.append(16 if E == 1 else E * 2 * INT32)  # weight_shape: (2,) int64, (E, 2) per expert
+        tensors.append(16 if E == 1 else E * 2 * act_bytes)  # weight_shape: (2,) int64; (E, 2) in the act dtype
     elif s == "awq":
         tensors.append(zeros)
     elif s == "gptq":
@@ -133,8 +137,8 @@ def linear_tensors(q: Quant | None, out_f: int, in_f: int, act_bytes: int, *, st
             tensors.append(zeros)
         if q.act_order or not q.marlin:
             tensors += [E * in_f * INT32] * (2 if q.marlin else 1)  # g_idx (+ its sort indices under Marlin)
-    if q.marlin:
-        tensors.append(_marlin_workspace(stacked > 1))
+    if q.marlin and stacked == 1:  # the MoE kernel's one workspace per layer: marlin_workspace()
+        tensors.append(_marlin_workspace(False))
     return tensors
 
 
@@ -143,6 +147,11 @@ SMS = 132  # H100 SXM / H200; the Marlin workspace is one int32 per SM (marlin_u
 
 def _marlin_workspace(moe: bool) -> int:
     return SMS * (4 if moe else 1) * INT32
+
+
+def marlin_moe_workspace(q: Quant | None) -> list[int]:
+    """The Marlin MoE kernel's workspace, one per FusedMoE layer (marlin_make_workspace_new(device, 4))."""
+    return [_marlin_workspace(True)] if q is not None and q.marlin else []
 
 
 class QuantConfigError(ValueError):
@@ -166,12 +175,20 @@ SUPPORTED_ACT_DTYPES: dict[str, tuple[str, ...]] = {
 }
 
 
+def _shown(value: object) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=True)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _int_field(config: dict, key: str, default: int, where: str, allowed: tuple[int, ...] | None = None) -> int:
     value = config.get(key, default)
     if value is None:
         value = default
     if type(value) is not int or (allowed is not None and value not in allowed):
-        raise QuantConfigError(f"{where}.{key} = {str(value)[:30]!r}; vLLM accepts "
+        raise QuantConfigError(f"{where}.{key} = {_shown(value)}; vLLM accepts "
                                + (", ".join(map(str, allowed)) if allowed else "an integer"))  # fmt: skip
     return value
 
@@ -180,25 +197,25 @@ def _patterns(value: object, where: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise QuantConfigError(f"{where} = {str(value)[:40]!r} is not a list of module names")
+        raise QuantConfigError(f"{where} = {_shown(value)} is not a list of module names")
     return tuple(v[:200] for v in value[:1000])
 
 
 def parse_quant(config: object, *, where: str = "quantization_config") -> Quant:
     """The Quant of a config.json's quantization_config (a JSON object), as vLLM reads it."""
     if not isinstance(config, dict):
-        raise QuantConfigError(f"{where} = {str(config)[:40]!r} is not a JSON object; vLLM reads "
+        raise QuantConfigError(f"{where} = {_shown(config)} is not a JSON object; vLLM reads "
                                f"{where}.quant_method from one")  # fmt: skip
     method = config.get("quant_method")
     if not isinstance(method, str) or not method:
-        raise QuantConfigError(f"{where}.quant_method = {str(method)[:30]!r}; vLLM accepts one of: "
+        raise QuantConfigError(f"{where}.quant_method = {_shown(method)}; vLLM accepts one of: "
                                + ", ".join(sorted(SUPPORTED_ACT_DTYPES)))  # fmt: skip
     method = method.lower()
     if method == "fp8":
         block = config.get("weight_block_size")
         if block is not None:
             if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)):
-                raise QuantConfigError(f"{where}.weight_block_size = {str(block)[:30]}; vLLM accepts two positive "
+                raise QuantConfigError(f"{where}.weight_block_size = {_shown(block)}; vLLM accepts two positive "
                                        "integers [block_n, block_k]")  # fmt: skip
             return Quant("fp8", "fp8-block", block=(block[0], block[1]), ignore=_ignored(config, where),
                          source="layers/quantization/fp8.py Fp8LinearMethod / Fp8MoEMethod: fp8 weight + "
@@ -236,7 +253,7 @@ def parse_quant(config: object, *, where: str = "quantization_config") -> Quant:
         exclude = _patterns(config.get("exclude_modules") or (config.get("quantization") or {}).get("exclude_modules"),
                             where)  # fmt: skip
         if algo.upper() == "FP8":
-            return Quant("modelopt", "fp8-tensor", ignore=exclude,
+            return Quant("modelopt", "fp8-tensor", ignore=exclude, static_input=True,
                          source="layers/quantization/modelopt.py ModelOptFp8LinearMethod: fp8 weight, f32 "
                          "weight_scale and input_scale per shard")  # fmt: skip
         if algo.upper() == "NVFP4":
@@ -247,7 +264,7 @@ def parse_quant(config: object, *, where: str = "quantization_config") -> Quant:
         raise QuantConfigError(f"{where}.quant_algo = {algo!r}; vLLM's modelopt accepts FP8, NVFP4")
     if method == "compressed-tensors":
         return _compressed_tensors(config, where)
-    raise QuantConfigError(f"{where}.quant_method = {method[:30]!r} is not one this plan sizes; it sizes: fp8, "
+    raise QuantConfigError(f"{where}.quant_method = {_shown(method)} is not one this plan sizes; it sizes: fp8, "
                            "fbgemm_fp8, mxfp4, awq, gptq, modelopt (FP8, NVFP4), compressed-tensors")  # fmt: skip
 
 
@@ -259,12 +276,12 @@ def _compressed_tensors(config: dict, where: str) -> Quant:
     """compressed-tensors: the first config group's weights scheme (compressed_tensors.py _get_scheme_from_parts)."""
     groups = config.get("config_groups")
     if not isinstance(groups, dict) or not groups:
-        raise QuantConfigError(f"{where}.config_groups = {str(groups)[:30]!r}; compressed-tensors needs at least "
+        raise QuantConfigError(f"{where}.config_groups = {_shown(groups)}; compressed-tensors needs at least "
                                "one group with a weights scheme")  # fmt: skip
     group = next(iter(groups.values()))
     weights = group.get("weights") if isinstance(group, dict) else None
     if not isinstance(weights, dict):
-        raise QuantConfigError(f"{where}.config_groups weights = {str(weights)[:30]!r} is not a JSON object")
+        raise QuantConfigError(f"{where}.config_groups weights = {_shown(weights)} is not a JSON object")
     acts = group.get("input_activations")
     fmt = str(config.get("format") or group.get("format") or "")[:40]
     kind = weights.get("type", "int")
@@ -290,16 +307,21 @@ def _compressed_tensors(config: dict, where: str) -> Quant:
         block = weights.get("block_structure")
         blk = (block[0], block[1]) if isinstance(block, list) and len(block) == 2 and all(
             type(b) is int and b > 0 for b in block) else None  # fmt: skip
-        return Quant("compressed-tensors", scheme, block=blk, ignore=ignore,
+        return Quant("compressed-tensors", scheme, block=blk, ignore=ignore, static_input=_static(acts),
                      source="compressed_tensors/schemes/compressed_tensors_w8a8_fp8.py: fp8 weight + f32 "
                      f"weight_scale per {strategy}")  # fmt: skip
     if kind == "int" and bits == 8:
         return Quant("compressed-tensors", "int8-channel" if strategy == "channel" else "int8-tensor", ignore=ignore,
+                     static_input=_static(acts),
                      symmetric=weights.get("symmetric", True) is not False,
                      source="compressed_tensors/schemes/compressed_tensors_w8a8_int8.py: int8 weight + f32 "
                      f"weight_scale per {strategy}")  # fmt: skip
-    raise QuantConfigError(f"{where}: weights type {str(kind)[:10]!r} num_bits {bits} format {fmt!r} is not a "
+    raise QuantConfigError(f"{where}: weights type {_shown(kind)} num_bits {bits} format {_shown(fmt)} is not a "
                            "compressed-tensors scheme this plan sizes (W4A16/W8A16, W8A8 FP8/INT8, NVFP4)")  # fmt: skip
+
+
+def _static(acts: object) -> bool:
+    return isinstance(acts, dict) and acts.get("dynamic") is False and acts.get("strategy") == "tensor"
 
 
 def online_fp8() -> Quant:
