@@ -37,9 +37,11 @@ if ! command -v chromium >/dev/null 2>&1; then
     fi
 fi
 
-# Every vLLM wheel download appends a line to the cache's downloads.log (harness.sizing.vllm_source.cache): on a warm
-# cache (~/.cache/moe-harness persists between CI runs on one machine) a run adds none.
-DOWNLOAD_LOG="${HARNESS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/moe-harness}/downloads.log"
+# Every vLLM wheel download appends a line to the cache's downloads.log (harness.sizing.vllm_source.cache). The tests
+# read releases from a cache of their own (tests/conftest.py: $HARNESS_TEST_CACHE_DIR, else moe-harness-tests beside
+# the user's cache), which persists between runs on one machine: on a warm cache a run adds none.
+USER_CACHE="${HARNESS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/moe-harness}"
+DOWNLOAD_LOG="${HARNESS_TEST_CACHE_DIR:-${USER_CACHE}-tests}/downloads.log"
 logged_downloads() { if [ -f "$DOWNLOAD_LOG" ]; then wc -l < "$DOWNLOAD_LOG"; else echo 0; fi; }
 downloads_before="$(logged_downloads)"
 

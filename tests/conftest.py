@@ -1,5 +1,9 @@
+import atexit
+import fcntl
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -9,14 +13,87 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+# --- the tests' own release cache -------------------------------------------------------------------------------------
+# The tests read vLLM releases from a cache of their own, never from the one a user's or another job's harness writes
+# to: another process's downloads can then neither fail the download guard below nor slow a test down. It persists
+# between runs ($HARNESS_TEST_CACHE_DIR, else a `moe-harness-tests` folder beside the user's cache), so a second run
+# downloads nothing, and each session first takes in, as hard links, the finished entries the user's cache holds and
+# it lacks. A second test session running at the same time gets a private copy of it for its lifetime.
+
+
+def _user_cache_dir() -> Path:
+    explicit = os.environ.get("HARNESS_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "moe-harness"
+
+
+def _finished_entries(cache: Path) -> list[Path]:
+    """The entries (vllm/<version>/<kind>) whose extraction finished: a manifest, and no staging suffix."""
+    found = []
+    for manifest in sorted(cache.glob("vllm/*/*/manifest.json")):
+        entry = manifest.parent
+        if ".partial-" not in entry.name and ".replaced-" not in entry.name:
+            found.append(entry)
+    return found
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links refused: a copy
+        shutil.copy2(src, dst)
+
+
+def _take_in(source: Path, target: Path) -> None:
+    """Each finished entry of source that target lacks, placed with one rename (never a half-copied entry)."""
+    if source.resolve() == target.resolve() or not source.is_dir():
+        return
+    for entry in _finished_entries(source):
+        dest = target / entry.relative_to(source)
+        if dest.exists():
+            continue
+        staging = dest.with_name(f"{dest.name}.partial-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            shutil.copytree(entry, staging, copy_function=_link_or_copy)
+            os.rename(staging, dest)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _tests_cache_dir() -> Path:
+    user = _user_cache_dir()
+    explicit = os.environ.get("HARNESS_TEST_CACHE_DIR")
+    shared = Path(explicit).expanduser() if explicit else user.with_name(user.name + "-tests")
+    shared.mkdir(parents=True, exist_ok=True)
+    lock = open(shared / ".session.lock", "w")  # noqa: SIM115  held open for the session's lifetime
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # another test session holds it: a private cache for this one, from both
+        lock.close()
+        private = Path(tempfile.mkdtemp(prefix="moe-harness-tests-"))
+        atexit.register(shutil.rmtree, private, ignore_errors=True)
+        _take_in(shared, private)
+        _take_in(user, private)
+        return private
+    globals()["_SESSION_LOCK"] = lock
+    _take_in(user, shared)
+    return shared
+
+
+TESTS_CACHE_DIR = _tests_cache_dir()
+os.environ["HARNESS_CACHE_DIR"] = str(TESTS_CACHE_DIR)  # every harness the tests start, in process or not, reads it
+
+
 import pytest  # noqa: E402
 
 
 def _download_log() -> Path:
     from harness.sizing.vllm_source.cache import DOWNLOAD_LOG_NAME
-    from harness.sizing.vllm_source.sources import default_cache_dir
 
-    return default_cache_dir() / DOWNLOAD_LOG_NAME
+    return TESTS_CACHE_DIR / DOWNLOAD_LOG_NAME
 
 
 def _logged_downloads(log: Path) -> list[str]:
@@ -37,5 +114,5 @@ def _wheel_downloads_need_the_vllm_wheel_mark(request: pytest.FixtureRequest):
         return
     fetched = _logged_downloads(log)[before:]
     if fetched:
-        pytest.fail(f"{request.node.nodeid} downloaded vLLM wheel(s) into {log.parent} without the vllm_wheel mark: "
+        pytest.fail(f"{request.node.nodeid} downloaded vLLM wheel(s) into the tests' cache {log.parent} without the vllm_wheel mark: "
                     + ", ".join(fetched), pytrace=False)
