@@ -18,13 +18,17 @@ as vLLM's quantization methods create them (`create_weights`) and keep them afte
                                                                                    (kept with its sort indices under desc_act)
     NVFP4 (modelopt_fp4, compressed-         (out, in / 2) uint8                   weight_scale (out, in / 16) fp8, one global
       tensors nvfp4-pack-quantized)                                                f32 scale and one input scale
-    MXFP4 (mxfp4.py, experts only)           (E, N, K / 2) uint8                   scales (E, N, K / 32) uint8 (e8m0), biases
-                                                                                   f32 after the Triton backend's conversion
+    MXFP4 (mxfp4.py, experts only)           (E, N, K / 2) uint8                   scales (E, N, K / 32) uint8 (e8m0), twice:
+                                                                                   the Triton backend's swizzled copy beside
+                                                                                   the loaded one, which process_weights_
+                                                                                   after_loading keeps (it deletes only the
+                                                                                   weights); biases f32 after its conversion
 
 Marlin (awq_marlin, gptq_marlin, compressed-tensors WNA16 on Hopper, NVFP4 without FP4 tensor cores) repacks the
 weight into a tensor of the same bytes and adds a workspace per linear: `marlin_make_workspace_new`, one int32 per
 SM (x 4 for the MoE kernel), quantization/utils/marlin_utils.py. The bytes per weight are exact for the layouts
-above; the Triton MXFP4 backend's swizzled copy is taken at the checkpoint's bytes (its padding is not modelled).
+above; the Triton MXFP4 backend's swizzled tensors are taken at the checkpoint's bytes (the layout's padding is not
+modelled: openai/gpt-oss-120b on an H100 logs 64.38 GiB, vLLM issue #33155, where these layouts give 64.25).
 """
 
 from __future__ import annotations
@@ -113,8 +117,9 @@ def linear_tensors(q: Quant | None, out_f: int, in_f: int, act_bytes: int, *, st
         return [E * out_f * in_f, E * out_f * FP8_SCALE] + ([E * FP8_SCALE] if q.static_input else [])
     if s == "int8-tensor":
         return [E * out_f * in_f, E * FP8_SCALE] + ([E * FP8_SCALE] if q.static_input else [])
-    if s == "mxfp4":
-        return [E * out_f * in_f // 2, E * out_f * math.ceil(in_f / 32)]
+    if s == "mxfp4":  # the Triton backend swizzles weight and scales, then deletes the weight only: two scales
+        scales = E * out_f * math.ceil(in_f / 32)
+        return [E * out_f * in_f // 2, scales, scales]
     if s == "nvfp4":
         # weight, its fp8 scales per 16, and the global weight and input scales (the shards' max: one each)
         tensors = [E * out_f * in_f // 2, E * out_f * math.ceil(in_f / 16), E * 4, E * 4]
