@@ -44,9 +44,10 @@ def test_gpt_oss_20b_mxfp4_experts_sinks_and_biases():
     f = load_model("gpt-oss-20b")
     K, I, E, L, V = 2880, 2880, 32, 24, 201088  # noqa: E741, N806
     attention = (64 + 16) * 64 * K * 2 + (64 + 16) * 64 * 2 + K * 64 * 64 * 2 + K * 2 + 64 * 2  # qkv, o, biases, sinks
-    # mxfp4.py: w13 (E, 2I, K/2) u8 + scales (E, 2I, K/32) u8, w2 (E, K, I/2) + (E, K, I/32); biases f32 (Triton)
-    # and the Triton backend's swizzled scales beside the loaded ones (it deletes only the loaded weights)
-    experts = E * (2 * I * K // 2 + 2 * 2 * I * K // 32 + K * I // 2 + 2 * K * I // 32) + E * (2 * I + K) * 4
+    # mxfp4.py: w13 (E, 2I, K/2) u8 + scales (E, 2I, K/32) u8, w2 (E, K, I/2) + (E, K, I/32); biases f32 (Triton);
+    # the Triton backend's swizzled scales beside the loaded ones (it deletes only the loaded weights), their rows
+    # padded to 256 (2I = 5760 -> 5888, K = 2880 -> 3072); the values need no padding (5760, 2880 rows of 1440 B)
+    experts = E * (2 * I * K // 2 + 2 * I * 90 + 5888 * 90 + K * I // 2 + K * 90 + 3072 * 90) + E * (2 * I + K) * 4
     router = E * K * 2 + E * 2
     w = _weights(f)
     assert w["attention (sliding)"] == w["attention (full)"] == 12 * attention
@@ -78,7 +79,7 @@ def test_gpt_oss_120b_under_ep():
     f = load_model("gpt-oss-120b")
     K, I = 2880, 2880  # noqa: E741, N806
     w = _weights(f, tp=1, ep=8)
-    per_expert = (2 * I * K + K * I) // 2 + 2 * (2 * I * K + K * I) // 32 + (2 * I + K) * 4
+    per_expert = (2 * I * K + K * I) // 2 + (2 * I + K) * 90 + (5888 + 3072) * 90 + (2 * I + K) * 4
     assert w["routed experts"] == 36 * 16 * per_expert
 
 
@@ -105,9 +106,13 @@ def test_llama4_scout_interleaved_moe_chunked_attention_and_vision_tower():
     once = H * 3 * 14 * 14 * 2 + H * 2 + ((336 // 14) ** 2 + 1) * H * 2 + 4 * H * 2  # patch, class, positions, norms
     once += 4096 * (H * 4) * 2 + 4096 * 4096 * 2 + K * 4096 * 2  # pixel-shuffle MLP fc1, fc2; multi_modal_projector
     assert w["vision tower"] == 34 * layer + once
-    # vLLM turns the hybrid manager off for chunked local attention: every layer holds full KV
-    shape = kv_shape(f, tp=1)
-    assert shape.bytes_per_token == 48 * 2 * 8 * 128 * 2 and not shape.kinds
+    # 12 full and 36 chunked layers: groups of 12, 4 groups; a request holds ceil(min(8192 + T, L) / 16) chunked
+    # blocks in each of the 3 chunked groups
+    shape = kv_shape(f, tp=4)
+    assert shape.bytes_per_token == 48 * 2 * 2 * 128 * 2
+    cache = kv_cache(shape, 16 * GIB, 16, 32768, 8192)
+    assert cache.num_blocks == 16 * GIB // (16 * 2 * 2 * 128 * 2) // 12 and cache.tokens == cache.num_blocks // 4 * 16
+    assert cache.blocks_per_request == 32768 // 16 + 3 * (8192 + 8192) // 16
 
 
 def test_llama4_maverick_alternates_dense_and_moe_layers():

@@ -351,12 +351,14 @@ def weight_lines(facts: ModelFacts, sharding: Sharding) -> list[WeightLine]:
 
 
 def rotary_cache_bytes(facts: ModelFacts) -> tuple[int, str]:
-    """get_rope's cos_sin_cache, shared by every layer: (positions, rotary_dim) in the model dtype (gpt-oss builds
-    its rope in f32); partial rotary (GLM, MiniMax-M2, Qwen3-Next) caches rotary_dim columns."""
+    """get_rope's cos_sin_cache, shared by every layer of one rope configuration: (positions, rotary_dim) in the
+    model dtype (gpt-oss builds its rope in f32); partial rotary (GLM, MiniMax-M2, Qwen3-Next) caches rotary_dim
+    columns; rope_scaling sets the positions (harness.sizing.model_config._rope_positions)."""
     rotary_dim = facts.qk_rope_head_dim if facts.is_mla else facts.rotary_dim or facts.head_dim
-    positions = facts.max_position_embeddings or 0
+    caches = facts.rope_positions or (facts.max_position_embeddings or 0,)
     dtype = facts.rotary_dtype or facts.dtype
     width = 4 if dtype == "float32" else facts.dtype_bytes
-    return positions * rotary_dim * width, (
-        f"{facts.ref('max_position_embeddings')}: cos_sin_cache ({positions}, {rotary_dim}) {dtype}, one for "
-        "every layer (get_rope's cache)")  # fmt: skip
+    shapes = " + ".join(f"({positions}, {rotary_dim})" for positions in caches)
+    return sum(caches) * rotary_dim * width, (
+        f"{facts.ref('rope_scaling', 'max_position_embeddings')}: cos_sin_cache {shapes} {dtype}, shared by the "
+        "layers (get_rope's cache; rope_scaling's positions)")  # fmt: skip

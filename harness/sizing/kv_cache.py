@@ -19,12 +19,15 @@
                       mamba_utils.py gated_delta_net_state_shape), and the attention block size grows to hold it:
                       16 x ceil(state / (16 x attention bytes per token)) (HybridAttentionMambaModelConfig)
     one request       blocks per request: full ceil(L / block), sliding ceil(min(window - 1 + T, L) / block) + 1,
-                      linear 1 (kv_cache_interface.py max_memory_usage_bytes), summed over the groups
+                      chunked ceil(min(chunk + T, L) / block), linear 1 (kv_cache_interface.py
+                      max_memory_usage_bytes), summed over the groups
     concurrency       num_blocks / blocks per request                          ("Maximum concurrency for L tokens")
     fails             when one request's blocks do not fit                     (vLLM's "To serve at least one request")
 
-Llama-4's chunked local attention layers are full attention in the KV cache: vLLM disables the hybrid manager for
-chunked local attention unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is set (config/vllm.py).
+Llama-4's chunked local attention layers are a KV type of their own (ChunkedLocalAttentionSpec: a request holds
+ceil(min(chunk + T, L) / block) blocks of them), as the hybrid manager runs them where
+VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is on (config/vllm.py; the published 0.19.0 log of
+Llama-4-Scout shows its 4 groups: 365,968 tokens of 91,495 blocks).
 """
 
 from __future__ import annotations
@@ -56,8 +59,9 @@ class KvShape:
     num_layers: int  # layers with a KV page (attention, and linear attention's state)
     dtype: str
     formula: str
-    kinds: tuple[str, ...] = ()  # per layer: full | sliding | linear; () when every layer is full attention
+    kinds: tuple[str, ...] = ()  # per layer: full | sliding | chunked | linear; () when every layer is full attention
     sliding_window: int = 0
+    attention_chunk_size: int = 0
     state_bytes: int = 0  # one linear-attention layer's state per request (conv + temporal)
     required_block_size: int = 0  # a backend that takes one block size only (FlashMLA sparse: 64)
 
@@ -96,21 +100,22 @@ def kv_shape(facts: ModelFacts, tp: int, kv_cache_dtype: str = "auto") -> KvShap
                        required_block_size=FLASHMLA_SPARSE_BLOCK if index else 0)  # fmt: skip
     kv = kv_heads_per_rank(facts, tp)
     per_layer = 2 * kv * facts.head_dim * width
-    kinds = tuple("full" if k == "chunked" else k for k in facts.kinds)
+    kinds = facts.kinds
     attention = sum(1 for k in kinds if k != "linear")
     formula = (f"{attention} layers x 2 x {kv} KV heads per GPU (of {facts.num_key_value_heads}, TP {tp}) x "
                f"{facts.head_dim} head_dim x {width} B ({dtype})")  # fmt: skip
     state = 0
     if "sliding" in kinds:
         formula += f"; {kinds.count('sliding')} of them sliding-window ({facts.sliding_window} tokens)"
-    if "chunked" in facts.kinds:
-        formula += "; chunked local layers held as full attention (hybrid manager off for them)"
+    if "chunked" in kinds:
+        formula += f"; {kinds.count('chunked')} of them chunked local ({facts.attention_chunk_size} tokens)"
     if "linear" in kinds:
         state, how = linear_state_bytes(facts, tp)
         formula += f"; + {kinds.count('linear')} linear-attention layers' state {state} B a request ({how})"
     return KvShape(per_layer * attention, per_layer, layers if state else attention, dtype, formula,
-                   kinds=kinds if len(set(kinds)) > 1 or "sliding" in kinds else (),
-                   sliding_window=facts.sliding_window, state_bytes=state)  # fmt: skip
+                   kinds=kinds if len(set(kinds)) > 1 or kinds[0] != "full" else (),
+                   sliding_window=facts.sliding_window, attention_chunk_size=facts.attention_chunk_size,
+                   state_bytes=state)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,8 @@ class KvCache:
 def _request_blocks(kind: str, shape: KvShape, block: int, max_model_len: int, batched: int) -> int:
     if kind == "sliding":
         return math.ceil(min(shape.sliding_window - 1 + batched, max_model_len) / block) + 1
+    if kind == "chunked":
+        return math.ceil(min(shape.attention_chunk_size + batched, max_model_len) / block)
     if kind == "linear":
         return 1
     return math.ceil(max_model_len / block)

@@ -126,6 +126,7 @@ class ModelFacts:
     gated_attention: bool = False  # Qwen3-Next: q_proj also makes the output gate (2x the query width)
     rotary_dim: int = 0  # partial rotary (GLM, MiniMax, Qwen3-Next); 0: head_dim
     rotary_dtype: str = ""  # gpt-oss builds its rope cache in f32
+    rope_positions: tuple[int, ...] = ()  # rows of each distinct get_rope cache (rope_scaling; Gemma 3 has two)
     norms_per_layer: int = 2  # Gemma 2/3: 4
     layer_kinds: tuple[str, ...] = ()  # per layer: full | sliding | chunked | linear
     sliding_window: int = 0
@@ -535,6 +536,36 @@ def _attention_facts(data: dict, facts: dict, arch: str, layers: int, path: str,
                      linear_value_head_dim=get("linear_value_head_dim", minimum=1),
                      linear_conv_kernel_dim=get("linear_conv_kernel_dim", minimum=1))  # fmt: skip
     facts["layer_kinds"] = tuple(kinds) if set(kinds) != {"full"} else ()
+    facts["rope_positions"] = _rope_positions(data, facts, arch, path)
+
+
+def _rope_positions(data: dict, facts: dict, arch: str, path: str) -> tuple[int, ...]:
+    """How many positions each rotary cache holds (rotary_embedding/__init__.py get_rope; one cache per distinct
+    configuration): max_position_embeddings, times the factor for linear and dynamic scaling (their
+    _compute_cos_sin_cache covers max_position x scaling_factor), original_max_position_embeddings x factor for yarn;
+    llama3 and no scaling cover max_position. Gemma 3 keeps two: its sliding layers' unscaled local rope and its
+    global layers' scaled one."""
+    positions = facts["max_position_embeddings"]
+    scaling = data.get("rope_scaling")
+    if scaling is None:
+        return (positions,)
+    if not isinstance(scaling, dict):
+        raise ModelConfigError(f"{path}: rope_scaling = {shown(scaling)} is not a JSON object (vLLM reads its "
+                               "rope_type and factor)")  # fmt: skip
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    factor = scaling.get("factor", 1)
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1e4:
+        raise ModelConfigError(f"{path}: rope_scaling.factor = {shown(factor)}; vLLM needs a positive number")
+    if kind in ("linear", "dynamic"):
+        scaled = int(positions * factor)
+    elif kind in ("yarn", "deepseek_yarn"):
+        original = scaling.get("original_max_position_embeddings", positions)
+        scaled = int(original * factor) if type(original) is int and original > 0 else positions
+    else:
+        scaled = positions
+    if arch in ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration") and scaled != positions:
+        return (positions, scaled)
+    return (scaled,)
 
 
 LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": "linear",

@@ -18,17 +18,17 @@ as vLLM's quantization methods create them (`create_weights`) and keep them afte
                                                                                    (kept with its sort indices under desc_act)
     NVFP4 (modelopt_fp4, compressed-         (out, in / 2) uint8                   weight_scale (out, in / 16) fp8, one global
       tensors nvfp4-pack-quantized)                                                f32 scale and one input scale
-    MXFP4 (mxfp4.py, experts only)           (E, N, K / 2) uint8                   scales (E, N, K / 32) uint8 (e8m0), twice:
+    MXFP4 (mxfp4.py, experts only)           (E, N, K / 2) uint8, swizzled         scales (E, N, K / 32) uint8 (e8m0), twice:
                                                                                    the Triton backend's swizzled copy beside
-                                                                                   the loaded one, which process_weights_
-                                                                                   after_loading keeps (it deletes only the
-                                                                                   weights); biases f32 after its conversion
+                                                                                   the loaded one, which it keeps (it
+                                                                                   deletes only the loaded weights); biases
+                                                                                   f32 after its conversion
 
 Marlin (awq_marlin, gptq_marlin, compressed-tensors WNA16 on Hopper, NVFP4 without FP4 tensor cores) repacks the
 weight into a tensor of the same bytes and adds a workspace per linear: `marlin_make_workspace_new`, one int32 per
 SM (x 4 for the MoE kernel), quantization/utils/marlin_utils.py. The bytes per weight are exact for the layouts
-above; the Triton MXFP4 backend's swizzled tensors are taken at the checkpoint's bytes (the layout's padding is not
-modelled: openai/gpt-oss-120b on an H100 logs 64.38 GiB, vLLM issue #33155, where these layouts give 64.25).
+above, the Triton MXFP4 backend's swizzled ones with triton_kernels' Hopper padding (openai/gpt-oss-120b on an H100
+logs 64.38 GiB, vLLM issue #33155; these layouts give 64.41).
 """
 
 from __future__ import annotations
@@ -117,9 +117,13 @@ def linear_tensors(q: Quant | None, out_f: int, in_f: int, act_bytes: int, *, st
         return [E * out_f * in_f, E * out_f * FP8_SCALE] + ([E * FP8_SCALE] if q.static_input else [])
     if s == "int8-tensor":
         return [E * out_f * in_f, E * FP8_SCALE] + ([E * FP8_SCALE] if q.static_input else [])
-    if s == "mxfp4":  # the Triton backend swizzles weight and scales, then deletes the weight only: two scales
-        scales = E * out_f * math.ceil(in_f / 32)
-        return [E * out_f * in_f // 2, scales, scales]
+    if s == "mxfp4":  # the Triton backend swizzles weight and scales, then deletes the loaded weight only
+        groups = math.ceil(in_f / 32)
+        # triton_kernels' Hopper layouts pad the swizzled copies: values to 16 rows x 32 bytes
+        # (HopperMXValueLayout), scales to 256 rows (2 x 8 warps x 2 x 8) x 2 columns (HopperMXScaleLayout)
+        values = E * _up(out_f, 16) * _up(in_f // 2, 32)
+        swizzled_scales = E * _up(out_f, 256) * _up(groups, 2)
+        return [values, E * out_f * groups, swizzled_scales]
     if s == "nvfp4":
         # weight, its fp8 scales per 16, and the global weight and input scales (the shards' max: one each)
         tensors = [E * out_f * in_f // 2, E * out_f * math.ceil(in_f / 16), E * 4, E * 4]
@@ -148,6 +152,10 @@ def linear_tensors(q: Quant | None, out_f: int, in_f: int, act_bytes: int, *, st
 
 
 SMS = 132  # H100 SXM / H200; the Marlin workspace is one int32 per SM (marlin_utils.marlin_make_workspace_new)
+
+
+def _up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 def _marlin_workspace(moe: bool) -> int:
