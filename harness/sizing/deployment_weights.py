@@ -13,9 +13,11 @@
     once                     embed_tokens and lm_head (vocab padded to 64, / TP; one of them when tied), final norm,
                              the rotary cos/sin cache (shared by every layer)
 
-Quantized linears (quantization_config fp8) hold 1 B per element and, with a weight_block_size, one f32 scale per
-block; embeddings, lm_head, norms and routers stay in the model's dtype. All bytes are exact for the tensors
-listed; the tensors vLLM allocates that are not listed are what the published-log test measures.
+Quantized linears hold their checkpoint format's layout (harness.sizing.quant_formats: FP8, compressed-tensors,
+AWQ, GPTQ, NVFP4, MXFP4), but the modules the format ignores; embeddings, lm_head, norms and routers stay in the
+model's dtype. Beyond the decoder: attention sinks and biases (gpt-oss), DeepSeek-V3.2's indexer, Qwen3-Next's gated
+delta net, and a vision tower (Llama-4, Gemma 3). All bytes are exact for the tensors listed; the tensors vLLM
+allocates that are not listed are what the published-log tests measure.
 
 What vLLM logs ("Model loading took X GiB") is torch's allocated bytes, and torch's CUDA caching allocator gives a
 tensor a block at least as large as asked (allocator_block_bytes): the last line, allocator rounding, is that
