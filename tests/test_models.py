@@ -380,11 +380,15 @@ BAD = [
     ({"quantization_config": "fp8"}, 'quantization_config = "fp8" is not a JSON object'),
     ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}}, "weight_block_size = [128]"),
     ({"quantization_config": {"quant_method": "bitsandbytes"}}, 'quant_method = "bitsandbytes"'),
-    ({"torch_dtype": "int8"}, "torch_dtype \"int8\""),
+    ({"torch_dtype": "int8"}, 'torch_dtype "int8"'),
+    ({"num_key_value_heads": 5}, "num_key_value_heads = 5; vLLM's attention needs it to divide"),
+    ({"architectures": "LlamaForCausalLM"}, "is not one this model sizes"),
+    ({"text_config": "llama"}, 'text_config = "llama" is not a JSON object'),
+    ({"rope_scaling": {"rope_type": "linear", "factor": "x"}}, 'rope_scaling.factor = "x"'),
 ]
 
 
-@pytest.mark.parametrize(("change", "message"), BAD, ids=[m.split(" ")[0] for _, m in BAD])
+@pytest.mark.parametrize(("change", "message"), BAD, ids=[next(iter(c)) + str(i) for i, (c, _) in enumerate(BAD)])
 def test_bad_model_configs_one_line_exit_2(tmp_path, change, message):
     config = {**LLAMA_8B, **change}
     config = {k: v for k, v in config.items() if v is not None}
@@ -410,6 +414,9 @@ def test_bad_configs_through_the_cli(tmp_path):
         assert result.returncode == 2, (name, result.stderr)
         assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
         assert message in result.stderr, (name, result.stderr)
+    result = run_harness("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--", "vllm", "serve",
+                         "llama-3.1-8b", "--tensor-parallel-size", "3")  # fmt: skip
+    assert result.returncode == 2 and "num_attention_heads = 32; vLLM needs it divisible by" in result.stderr
     deep = '{"num_redundant_experts": ' + "[" * 3000 + "]" * 3000 + "}"
     result = run_harness("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--", "vllm", "serve",
                          "deepseek-v3", "--enable-eplb", "--eplb-config", deep)  # fmt: skip

@@ -11,7 +11,7 @@ from harness.scenario.deployment import DeploymentSpec
 from harness.scenario.schema import Scenario, parse_scenario
 from harness.scenario.sections import LayerSpec
 from harness.sizing.deployment import GIB, DeploymentPlan, Resolved, plan_deployment, resolve
-from harness.sizing.model_config import ModelFacts, load_model
+from harness.sizing.model_config import ModelFacts, check_parallel, load_model
 
 LAYER_ALL2ALL = {"deepep_low_latency": "deepep-low-latency", "deepep_high_throughput": "deepep-high-throughput"}
 
@@ -102,6 +102,7 @@ def plan_source(facts: ModelFacts, spec: DeploymentSpec, source, *, gpu: str | N
 def plan_serve(model: str, spec: DeploymentSpec, versions: list[str], *, gpu: str | None, total_bytes: int,
                cache_dir: Path | None = None) -> list[DeploymentPlan]:  # fmt: skip
     facts = load_model(model, dtype=spec.dtype, quantization=spec.quantization)
+    check_parallel(facts, spec.tensor_parallel_size)
     return [plan_release(facts, spec, v, gpu=gpu, total_bytes=total_bytes, cache_dir=cache_dir) for v in versions]
 
 
@@ -109,6 +110,7 @@ def plan_scenario(scenario: Scenario, versions: list[str], *, gpu: str | None, t
                   cache_dir: Path | None = None) -> list[DeploymentPlan]:  # fmt: skip
     model, spec = scenario_deployment(scenario)
     facts = load_model(model, dtype=spec.dtype, quantization=spec.quantization)
+    check_parallel(facts, spec.tensor_parallel_size)
     local = scenario.num_local_experts if spec.enable_expert_parallel and spec.num_redundant_experts is None else None
     return [plan_release(facts, spec, v, gpu=gpu, total_bytes=total_bytes, cache_dir=cache_dir, base=scenario,
                          local_experts=local, origin="scenario") for v in versions]  # fmt: skip

@@ -409,6 +409,9 @@ def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None
     if head_dim <= 0:
         raise ModelConfigError(f"{path}: head_dim is hidden_size {hidden} // num_attention_heads {heads} = 0; vLLM "
                                "needs head_dim >= 1")  # fmt: skip
+    if heads % kv_heads:
+        raise ModelConfigError(f"{path}: num_key_value_heads = {kv_heads}; vLLM's attention needs it to divide "
+                               f"num_attention_heads ({heads})")  # fmt: skip
     max_len = _max_len(data, path)
     config_dtype = data.get("torch_dtype") or data.get("dtype") or "bfloat16"
     if not isinstance(config_dtype, str) or DTYPE_NAMES.get(config_dtype, config_dtype) not in DTYPE_BYTES:
@@ -432,7 +435,10 @@ def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None
     if arch in MOE_ARCHITECTURES:
         _moe_facts(data, facts, arch, layers, path, get)
     _attention_facts(data, facts, arch, layers, path, get)
-    if isinstance(top.get("vision_config"), dict) and arch in (*LLAMA4, "Gemma3ForConditionalGeneration"):
+    if arch in ("Llama4ForConditionalGeneration", "Gemma3ForConditionalGeneration"):
+        if not isinstance(top.get("vision_config"), dict):
+            raise ModelConfigError(f"{path}: vision_config = {shown(top.get('vision_config'))}; vLLM builds "
+                                   f"{arch}'s vision tower from a vision_config object")  # fmt: skip
         facts["vision"] = _vision(top["vision_config"], arch, path)
     return ModelFacts(**facts)
 
@@ -615,6 +621,19 @@ def _moe_layers(data: dict, layers: int, arch: str, path: str) -> tuple[int, ...
         step = _int(data, "interleave_moe_layer_step", 1, where=path)
         return tuple(i for i in range(layers) if step > 0 and (i + 1) % step == 0)
     return tuple(range(layers))
+
+
+def check_parallel(facts: ModelFacts, tp: int) -> None:
+    """What vLLM refuses of a model at this tensor parallel size (config/model.py verify_with_parallel_config:
+    attention heads divisible by TP; linear attention's heads too)."""
+    if facts.num_attention_heads % tp:
+        raise ModelConfigError(f"{facts.path}: num_attention_heads = {facts.num_attention_heads}; vLLM needs it "
+                               f"divisible by --tensor-parallel-size {tp}")  # fmt: skip
+    for key, heads in (("linear_num_key_heads", facts.linear_num_key_heads),
+                       ("linear_num_value_heads", facts.linear_num_value_heads)):  # fmt: skip
+        if heads % tp:
+            raise ModelConfigError(f"{facts.path}: {key} = {heads}; vLLM needs it divisible by "
+                                   f"--tensor-parallel-size {tp}")  # fmt: skip
 
 
 def pad_vocab(vocab_size: int, tp: int, pad_to: int = 64) -> int:
