@@ -343,6 +343,12 @@ def test_dtype_float32_refused_with_fp8_checkpoints():
         load_model("gpt-oss-20b", dtype="float16")
     _, spec, _ = parse_serve(["vllm", "serve", "llama-3.1-8b", "--dtype", "float32", "--quantization", "fp8"])
     assert (spec.dtype, spec.quantization) == ("float32", "fp8")
+    # --quantization naming the checkpoint's own method is valid (awq is run as awq_marlin); another is refused
+    assert load_model("gpt-oss-20b", quantization="mxfp4").quant.method == "mxfp4"
+    with pytest.raises(ModelConfigError, match="does not match"):
+        load_model("deepseek-v3", quantization="awq")
+    with pytest.raises(ModelConfigError, match="has no quantization_config"):
+        load_model("llama-3.1-8b", quantization="gptq")
 
 
 # --- hub ids --------------------------------------------------------------------------------------------------------

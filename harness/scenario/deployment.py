@@ -19,6 +19,8 @@ ALL2ALL_BACKENDS = (
 )  # fmt: skip
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
+QUANTIZATIONS = ("fp8", "fbgemm_fp8", "mxfp4", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors",
+                 "modelopt", "modelopt_fp4")  # fmt: skip
 MAX_MODEL_LEN = 1 << 24
 MAX_PARALLEL = 4096
 
@@ -60,5 +62,6 @@ class DeploymentSpec(BaseModel):
     dtype: Literal[DTYPES] = Field(  # type: ignore[valid-type]
         "auto", description="--dtype: the weights' and activations' dtype (auto: the checkpoint's; float32 "
         "checkpoints run in bfloat16)")
-    quantization: Literal["fp8"] | None = Field(
-        None, description="--quantization fp8: an unquantized checkpoint quantized to fp8 on load")
+    quantization: Literal[QUANTIZATIONS] | None = Field(  # type: ignore[valid-type]
+        None, description="--quantization: fp8 quantizes an unquantized checkpoint on load; the others name the "
+        "checkpoint's own format")

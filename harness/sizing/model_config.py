@@ -390,14 +390,7 @@ def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None
     except QuantConfigError as error:
         raise ModelConfigError(f"{path}: {error}") from None
     if quantization is not None:
-        if quantization != "fp8":
-            raise ModelConfigError(f"--quantization {quantization[:30]!r} is not one this plan sizes; it sizes fp8 "
-                                   "(online, of an unquantized checkpoint) or the checkpoint's own format")  # fmt: skip
-        if quant is None:
-            quant = online_fp8()
-        elif quant.method != "fp8":
-            raise ModelConfigError(f"--quantization fp8 does not match the checkpoint's quantization_config "
-                                   f"(quant_method {quant.method}); vLLM refuses a different method")  # fmt: skip
+        quant = _given_quantization(quantization, quant, path)
     def get(key: str, default: int | None = None, minimum: int = 0) -> int:
         return _int(data, key, default, where=path, minimum=minimum)
 
@@ -441,6 +434,28 @@ def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None
                                    f"{arch}'s vision tower from a vision_config object")  # fmt: skip
         facts["vision"] = _vision(top["vision_config"], arch, path)
     return ModelFacts(**facts)
+
+
+# --quantization values that name the same checkpoint format (vLLM's override_quantization_method upgrades awq and
+# gptq checkpoints to their Marlin methods on GPUs that run them).
+SAME_METHOD = {"awq": "awq_marlin", "gptq": "gptq_marlin", "modelopt_fp4": "modelopt"}
+
+
+def _given_quantization(given: str, quant: Quant | None, path: str) -> Quant:
+    """vllm serve --quantization: fp8 quantizes an unquantized checkpoint on load; otherwise it must name the
+    checkpoint's own method (config/model.py _verify_quantization refuses a mismatch)."""
+    if quant is None:
+        if given != "fp8":
+            raise ModelConfigError(f"--quantization {given}: {path} has no quantization_config; vLLM quantizes an "
+                                   "unquantized checkpoint on load with fp8 only (of the methods this plan sizes)")  # fmt: skip
+        return online_fp8()
+    def canonical(method: str) -> str:
+        return SAME_METHOD.get(method, method)
+
+    if canonical(given) != canonical(quant.method):
+        raise ModelConfigError(f"--quantization {given} does not match {path}'s quantization_config (quant_method "
+                               f"{quant.method}); vLLM refuses the mismatch")  # fmt: skip
+    return quant
 
 
 def _max_len(data: dict, path: str) -> int:

@@ -12,7 +12,7 @@ import re
 
 from pydantic import ValidationError
 
-from harness.scenario.deployment import ALL2ALL_BACKENDS, DTYPES, KV_CACHE_DTYPES, DeploymentSpec
+from harness.scenario.deployment import ALL2ALL_BACKENDS, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, DeploymentSpec
 from harness.sizing.model_config import loads_bounded
 
 # Flags that do not change the GPU memory of a worker: accepted, reported as ignored.
@@ -91,7 +91,7 @@ def _parser() -> _Parser:
     p.add_argument("--enable-dbo", action="store_true", default=False)
     p.add_argument("--enforce-eager", action="store_true", default=False)
     p.add_argument("--dtype", choices=DTYPES, default="auto")
-    p.add_argument("--quantization", "-q", choices=("fp8",), default=None)
+    p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=None)
     for flag in NEUTRAL_FLAGS_WITH_VALUE:
         p.add_argument(flag, dest="ignored_" + flag.strip("-").replace("-", "_"), default=None)
     for flag in NEUTRAL_SWITCHES:
