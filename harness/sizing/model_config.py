@@ -57,9 +57,11 @@ MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_le
 
 
 # Fields a config.json may leave out because transformers' config class supplies them, which vLLM then reads:
-# transformers/models/gemma3/configuration_gemma3.py Gemma3TextConfig (gemma-3-27b-it's text_config has neither).
+# transformers/models/gemma3/configuration_gemma3.py Gemma3TextConfig (gemma-3-4b-it's text_config gives neither its
+# vocabulary, its positions nor its heads).
 CONFIG_CLASS_DEFAULTS: dict[str, dict[str, int]] = {
-    "gemma3_text": {"vocab_size": 262208, "max_position_embeddings": 131072, "sliding_window_pattern": 6},
+    "gemma3_text": {"vocab_size": 262208, "max_position_embeddings": 131072, "sliding_window_pattern": 6,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256},
 }
 
 
