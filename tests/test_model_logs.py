@@ -64,7 +64,7 @@ def test_cases_cover_the_architectures_and_formats():
             "Gemma3ForConditionalGeneration"} <= archs  # fmt: skip
     formats = {(f.quant.method, f.quant.scheme) if f.quant else f.dtype for f in (_facts(c)[0] for c in CASES.values())}
     assert {("mxfp4", "mxfp4"), ("fp8", "fp8-tensor"), ("compressed-tensors", "fp8-channel"),
-            ("compressed-tensors", "int8-channel"), "float32", "float16"} <= formats  # fmt: skip
+            ("compressed-tensors", "int8-channel"), ("gptq_marlin", "gptq"), "float32", "float16"} <= formats  # fmt: skip
     for name, case in CASES.items():
         assert case["url"].startswith("https://github.com/"), name
 

@@ -266,14 +266,26 @@ def test_gptq_marlin_desc_act(tmp_path):
     assert _linears(f) == _per_layer(lambda o, i: o * i // 2 + i // 128 * o * 2 + 2 * i * 4 + WORKSPACE)
 
 
+def test_gptq_machete_without_act_order(tmp_path):
+    """GPTQ 4-bit, group 128, symmetric, no desc_act, on Hopper: Machete prepacks qweight in place and keeps the
+    scales, qzeros and g_idx as loaded, without a workspace."""
+    f = _llama_with(tmp_path, {"bits": 4, "desc_act": False, "group_size": 128, "quant_method": "gptq", "sym": True},
+                    dtype="float16")  # fmt: skip
+    assert _linears(f) == _per_layer(lambda o, i: o * i // 2 + i // 128 * o * 2 + i // 128 * o // 8 * 4 + i * 4)
+
+
 def test_compressed_tensors_w4a16(tmp_path):
-    """RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16: pack-quantized int4, group 128, symmetric: weight_packed
-    (out, in/8) int32, weight_scale (out, in/128) bf16, weight_shape (2,) int64, Marlin."""
-    f = _llama_with(tmp_path, {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
-                               "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
-                               "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-                                           "group_size": 128}}}})  # fmt: skip
-    assert _linears(f) == _per_layer(lambda o, i: o * i // 2 + o * (i // 128) * 2 + 16 + WORKSPACE)
+    """A pack-quantized int4 compressed-tensors checkpoint (llm-compressor's W4A16 scheme: group 128, symmetric):
+    weight_packed (out, in/8) int32, weight_scale (out, in/128) bf16, weight_shape (2,) int64; Machete on Hopper
+    (no workspace); with actorder "group", Marlin keeps weight_g_idx and its sort indices and a workspace."""
+    scheme = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128}
+    quant = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
+             "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "weights": scheme}}}
+    f = _llama_with(tmp_path, quant)
+    assert _linears(f) == _per_layer(lambda o, i: o * i // 2 + o * (i // 128) * 2 + 16)
+    scheme["actorder"] = "group"
+    f = _llama_with(tmp_path, quant)
+    assert _linears(f) == _per_layer(lambda o, i: o * i // 2 + o * (i // 128) * 2 + 2 * i * 4 + 16 + WORKSPACE)
 
 
 def test_compressed_tensors_w8a8_fp8_and_int8(tmp_path):

@@ -24,9 +24,12 @@ as vLLM's quantization methods create them (`create_weights`) and keep them afte
                                                                                    deletes only the loaded weights); biases
                                                                                    f32 after its conversion
 
-Marlin (awq_marlin, gptq_marlin, compressed-tensors WNA16 on Hopper, NVFP4 without FP4 tensor cores) repacks the
-weight into a tensor of the same bytes and adds a workspace per linear: `marlin_make_workspace_new`, one int32 per
-SM (x 4 for the MoE kernel), quantization/utils/marlin_utils.py. The bytes per weight are exact for the layouts
+Marlin (awq_marlin, gptq_marlin and compressed-tensors WNA16 with act order, their MoE layers, NVFP4 without FP4
+tensor cores) repacks the weight into a tensor of the same bytes and adds a workspace per linear:
+`marlin_make_workspace_new`, one int32 per SM (x 4 for the MoE kernel), quantization/utils/marlin_utils.py. GPTQ and
+WNA16 linears without act order run Machete on Hopper: the weight prepacked in place, every other tensor kept as
+loaded (GPTQ's qzeros and g_idx too), no workspace (RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16's published
+0.19.0 log: "Using MacheteLinearKernel for GPTQMarlinLinearMethod", 5.38 GiB). The bytes per weight are exact for the layouts
 above, the Triton MXFP4 backend's swizzled ones with triton_kernels' Hopper padding (openai/gpt-oss-120b on an H100
 logs 64.38 GiB, vLLM issue #33155; these layouts give 64.41).
 """
@@ -69,14 +72,20 @@ class Quant:
             "int8-channel": "int8 + per-channel f32 scales",
             "int8-tensor": "int8 + a per-tensor f32 scale",
             "wna16": f"int{self.bits} packed in int32, group {self.group_size or 'channel'}"
-            + ("" if self.symmetric else " + zero points") + (" (Marlin)" if self.marlin else ""),
+            + ("" if self.symmetric else " + zero points") + self._kernel,
             "awq": f"AWQ int{self.bits} group {self.group_size} + zero points" + (" (Marlin)" if self.marlin else ""),
             "gptq": f"GPTQ int{self.bits} group {self.group_size}" + (" desc_act" if self.act_order else "")
-            + (" (Marlin)" if self.marlin else ""),
+            + self._kernel,
             "nvfp4": "NVFP4: fp4 pairs + fp8 scales per 16" + (" (Marlin)" if self.marlin else ""),
             "mxfp4": "MXFP4 experts: fp4 pairs + e8m0 scales per 32",
         }
         return f"{self.method} {detail.get(self.scheme, self.scheme)}"
+
+    @property
+    def _kernel(self) -> str:
+        if not self.marlin:
+            return ""
+        return " (Marlin)" if self.act_order else " (Machete linears, Marlin MoE)"
 
     def quantizes(self, module: str, *, expert: bool = False) -> bool:
         """Whether vLLM builds `module` (e.g. model.layers.0.self_attn.qkv_proj) with this quantization."""
@@ -133,6 +142,10 @@ def linear_tensors(q: Quant | None, out_f: int, in_f: int, act_bytes: int, *, st
     scales = E * groups * out_f * act_bytes
     zeros = E * groups * math.ceil(out_f * q.bits / 32) * INT32
     tensors = [packed, scales]
+    # On Hopper a linear without act order runs Machete (MacheteLinearKernel, first of choose_mp_linear_kernel's
+    # kernels at compute capability 9.0): it prepacks the weight in place and keeps every other tensor as loaded,
+    # with no workspace. With act order, and for MoE layers, Marlin.
+    machete = stacked == 1 and q.marlin and not q.act_order and s in ("wna16", "gptq")
     if s == "wna16":
         if not q.symmetric:
             tensors.append(zeros)
@@ -142,11 +155,13 @@ def linear_tensors(q: Quant | None, out_f: int, in_f: int, act_bytes: int, *, st
     elif s == "awq":
         tensors.append(zeros)
     elif s == "gptq":
-        if not (q.marlin and q.symmetric):
+        if machete or not (q.marlin and q.symmetric):
             tensors.append(zeros)
-        if q.act_order or not q.marlin:
+        if machete:
+            tensors.append(in_f * INT32)  # g_idx, kept as loaded
+        elif q.act_order or not q.marlin:
             tensors += [E * in_f * INT32] * (2 if q.marlin else 1)  # g_idx (+ its sort indices under Marlin)
-    if q.marlin and stacked == 1:  # the MoE kernel's one workspace per layer: marlin_workspace()
+    if q.marlin and stacked == 1 and not machete:  # the MoE kernel's one workspace per layer: marlin_workspace()
         tensors.append(_marlin_workspace(False))
     return tensors
 
