@@ -64,7 +64,7 @@ def test_cases_cover_the_architectures_and_formats():
             "Gemma3ForConditionalGeneration"} <= archs  # fmt: skip
     formats = {(f.quant.method, f.quant.scheme) if f.quant else f.dtype for f in (_facts(c)[0] for c in CASES.values())}
     assert {("mxfp4", "mxfp4"), ("fp8", "fp8-tensor"), ("compressed-tensors", "fp8-channel"),
-            ("compressed-tensors", "int8-channel"), ("gptq_marlin", "gptq"), "float32", "float16"} <= formats  # fmt: skip
+            ("compressed-tensors", "int8-channel"), ("gptq_marlin", "gptq"), "float32", "float16"} <= formats
     for name, case in CASES.items():
         assert case["url"].startswith("https://github.com/"), name
 
@@ -119,8 +119,9 @@ def test_kv_cache_within_two_percent(name, cache_dir):
         from harness.sizing.vllm_source import locate
 
         source = locate(version=LAYER_RELEASE, cache_dir=cache_dir)
-    plan = plan_source(facts, spec, source, gpu=case["gpu"], total_bytes=round(case["figures"]["gpu_total_gib"] * GIB),
-                       version=case["vllm_version"], cudagraph_estimate=case["settings"]["cudagraph_memory_estimate"])  # fmt: skip
+    total = round(case["figures"]["gpu_total_gib"] * GIB)
+    plan = plan_source(facts, spec, source, gpu=case["gpu"], total_bytes=total, version=case["vllm_version"],
+                       cudagraph_estimate=case["settings"]["cudagraph_memory_estimate"])
     logged = case["figures"]["available_kv_cache_gib"] * GIB
     error = (plan.requested_bytes - plan.non_kv_bytes - logged) / logged
     assert abs(error) < 0.02, f"{name}: {error:+.2%}"

@@ -230,7 +230,7 @@ def test_dense_families():
 # --- checkpoint formats ---------------------------------------------------------------------------------------------
 
 LLAMA_8B = _preset("llama-3.1-8b")  # meta-llama/Llama-3.1-8B-Instruct's shapes, which these releases quantize
-Q, O, GU, D = ((32 + 16) * 128, 4096), (4096, 4096), (2 * 14336, 4096), (4096, 14336)  # (out, in) per linear
+Q, O, GU, D = ((32 + 16) * 128, 4096), (4096, 4096), (2 * 14336, 4096), (4096, 14336)  # noqa: E741  (out, in)
 WORKSPACE = 132 * 4  # marlin_make_workspace_new: one int32 per SM of an H200
 
 
@@ -303,10 +303,10 @@ def test_compressed_tensors_w8a8_fp8_and_int8(tmp_path):
 def test_nvfp4_compressed_tensors_and_modelopt(tmp_path):
     """RedHatAI/Meta-Llama-3.1-8B-Instruct-NVFP4 (nvfp4-pack-quantized) and nvidia's ModelOpt NVFP4 exports: fp4
     pairs (out, in/2), fp8 scales per 16 (out, in/16), one global and one input f32 scale; Marlin FP4 on Hopper."""
+    fp4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}
     ct = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "ignore": ["lm_head"],
-          "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float",
-                            "strategy": "tensor_group", "group_size": 16}, "input_activations": {"num_bits": 4,
-                            "type": "float", "strategy": "tensor_group", "group_size": 16, "dynamic": "local"}}}}  # fmt: skip
+          "config_groups": {"group_0": {"targets": ["Linear"], "weights": fp4,
+                                        "input_activations": {**fp4, "dynamic": "local"}}}}
     modelopt = {"quant_method": "modelopt", "quant_algo": "NVFP4", "exclude_modules": ["lm_head"]}
     for quant in (ct, modelopt):
         f = _llama_with(tmp_path, quant)
@@ -322,6 +322,17 @@ def test_modelopt_fp8_and_online_fp8(tmp_path):
     assert _linears(online) == _per_layer(lambda o, i: o * i + 4)
     w = _weights(online)
     assert w["embeddings + lm_head"] == _weights(load_model("llama-3.1-8b"))["embeddings + lm_head"]  # stay bf16
+
+
+def test_fbgemm_fp8(tmp_path):
+    """fbgemm_fp8 (meta-llama's FP8 releases, e.g. Llama-3.1-405B-Instruct-FP8): fp8 weights, an f32 scale per output
+    channel and the f32 input_scale_ub of each linear (fbgemm_fp8.py); modules_to_not_convert stay in bf16."""
+    f = _llama_with(tmp_path, {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+                               "modules_to_not_convert": ["lm_head", "model.layers.0.mlp"]})  # fmt: skip
+    w = _weights(f)
+    assert w["attention"] == 32 * sum(o * i + o * 4 + 4 for o, i in (Q, O))
+    assert w["dense MLP"] == 31 * sum(o * i + o * 4 + 4 for o, i in (GU, D))
+    assert w["dense MLP, bfloat16 (ignored by the format: layers 0)"] == sum(o * i * 2 for o, i in (GU, D))
 
 
 def test_fp8_block_qwen3_235b_preset():

@@ -100,10 +100,12 @@ def _first(facts: ModelFacts, kind: str) -> int:
     return next((i for i, k in enumerate(facts.kinds) if k == kind), 0)
 
 
-def attention_tensors(facts: ModelFacts, tp: int, kind: str = "full") -> tuple[list[int], str]:
-    """The tensors of one layer's attention on one GPU (of a layer of `kind`), and how they are made."""
+def attention_tensors(facts: ModelFacts, tp: int, kind: str = "full",
+                      layer: int | None = None) -> tuple[list[int], str]:  # fmt: skip
+    """The tensors of one layer's attention on one GPU (layer `layer`, else the first of `kind`), and how they are
+    made."""
     K, d = facts.hidden_size, facts.dtype_bytes  # noqa: N806
-    layer = _first(facts, kind)
+    layer = _first(facts, kind) if layer is None else layer
     mod = f"model.layers.{layer}.self_attn"
     if kind == "linear":
         return linear_attention_tensors(facts, tp, layer)
@@ -209,12 +211,14 @@ def experts_intermediate(facts: ModelFacts, sharding: Sharding) -> int:
     return I
 
 
-def routed_experts_tensors(facts: ModelFacts, sharding: Sharding) -> tuple[list[int], int]:
+def routed_experts_tensors(facts: ModelFacts, sharding: Sharding, layer: int | None = None) -> tuple[list[int], int]:
     """(tensors, I per GPU) of one MoE layer: w13 (E, 2I, K) and w2 (E, K, I), each with its scales (and gpt-oss's
     biases: bf16 in the checkpoint, f32 once the Triton MXFP4 backend has converted them)."""
     E, K = sharding.local_experts, facts.hidden_size  # noqa: N806
     I = experts_intermediate(facts, sharding)  # noqa: E741, N806
-    mod = f"model.layers.{facts.moe_layers[0] if facts.moe_layers else 0}.mlp.experts"
+    if layer is None:
+        layer = facts.moe_layers[0] if facts.moe_layers else 0
+    mod = f"model.layers.{layer}.mlp.experts"
     tensors = (linear_tensors(facts, 2 * I, K, stacked=E, module=mod, shards=2)
                + linear_tensors(facts, K, I, stacked=E, module=mod))  # fmt: skip
     tensors += marlin_moe_workspace(facts.quant if facts.quant is not None and facts.quant.quantizes(mod, expert=True)
@@ -243,53 +247,101 @@ def _quant_label(facts: ModelFacts) -> str:
     return facts.quant.label if facts.quant is not None else facts.dtype
 
 
+def _label(facts: ModelFacts, suffix: str) -> str:
+    return facts.dtype if suffix else _quant_label(facts)
+
+
+def _by_layer(facts: ModelFacts, indices: list[int], make) -> list[tuple[list[int], int, str, str]]:  # noqa: ANN001
+    """One module kind over the layers that hold it, as (tensors, layers, how, name suffix): layers whose tensors
+    differ (a format's ignore list naming some layers) make groups of their own, the ones left in the activation
+    dtype suffixed so."""
+    buckets: dict[tuple[int, ...], list[int]] = {}
+    hows: dict[tuple[int, ...], str] = {}
+    for i in indices:
+        tensors, how = make(i)
+        buckets.setdefault(tuple(tensors), []).append(i)
+        hows[tuple(tensors)] = how
+    out = []
+    for tensors, members in buckets.items():
+        suffix = "" if len(buckets) == 1 or facts.quant is None or not _unquantized(facts, tensors, buckets) else \
+            f", {facts.dtype} (ignored by the format: layers {_spans(members)})"  # fmt: skip
+        out.append((list(tensors), len(members), hows[tensors], suffix))
+    return out
+
+
+def _unquantized(facts: ModelFacts, tensors: tuple[int, ...], buckets: dict) -> bool:
+    """The bucket left in the activation dtype: the largest bytes of the differing buckets."""
+    return sum(tensors) == max(sum(t) for t in buckets)
+
+
+def _spans(members: list[int]) -> str:
+    """0, 3-5, 9: the layers listed as runs."""
+    spans: list[str] = []
+    start = members[0]
+    for a, b in zip(members, [*members[1:], -1], strict=True):
+        if b != a + 1:
+            spans.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(spans[:8]) + (", ..." if len(spans) > 8 else "")
+
+
 def _groups(facts: ModelFacts, sharding: Sharding) -> list[_Group]:
     d, K, tp = facts.dtype_bytes, facts.hidden_size, sharding.tp  # noqa: N806
     cfg = facts.ref
     layers = facts.num_hidden_layers
     moe = len(facts.moe_layers)
     dense = layers - moe
-    quant = _quant_label(facts)
     groups: list[_Group] = []
     kinds = facts.kinds
     for kind in dict.fromkeys(kinds):
-        count = kinds.count(kind)
-        attn, how = attention_tensors(facts, tp, kind)
         name = "attention" if len(set(kinds)) == 1 else f"attention ({kind})"
-        groups.append(_Group(name, attn, count, f"{cfg('num_attention_heads', 'kv_lora_rank')}: {how}, {quant}; "
-                             f"x {count} layers"))  # fmt: skip
+        indices = [i for i, k in enumerate(kinds) if k == kind]
+        def make(i: int, kind: str = kind) -> tuple[list[int], str]:
+            return attention_tensors(facts, tp, kind, i)
+
+        for tensors, count, how, suffix in _by_layer(facts, indices, make):
+            groups.append(_Group(name + suffix, tensors, count, f"{cfg('num_attention_heads', 'kv_lora_rank')}: "
+                                 f"{how}, {_label(facts, suffix)}; x {count} layers"))  # fmt: skip
     norms = facts.norms_per_layer
     groups.append(_Group("layer norms", [K * d] * norms, layers, f"{cfg('hidden_size')}: {norms} RMSNorm ({K}) per "
                          "layer"))  # fmt: skip
     if dense:
         size = facts.intermediate_size
-        first = next(i for i in range(layers) if i not in facts.moe_layers)
-        groups.append(_Group("dense MLP", mlp_tensors(facts, size, tp, f"model.layers.{first}.mlp"), dense,
-                             f"{cfg('intermediate_size_mlp', 'intermediate_size')}: gate_up (2x{size // tp}, {K}), "
-                             f"down ({K}, {size // tp}), {quant}; x {dense} dense layers"))  # fmt: skip
+        indices = [i for i in range(layers) if i not in facts.moe_layers]
+        how = f"gate_up (2x{size // tp}, {K}), down ({K}, {size // tp})"
+        for tensors, count, _, suffix in _by_layer(facts, indices, lambda i: (
+                mlp_tensors(facts, size, tp, f"model.layers.{i}.mlp"), how)):  # fmt: skip
+            groups.append(_Group("dense MLP" + suffix, tensors, count,
+                                 f"{cfg('intermediate_size_mlp', 'intermediate_size')}: {how}, "
+                                 f"{_label(facts, suffix)}; x {count} dense layers"))  # fmt: skip
     if moe:
-        first = facts.moe_layers[0]
-        experts, I_gpu = routed_experts_tensors(facts, sharding)  # noqa: N806
         experts_ref = cfg("n_routed_experts", "num_experts", "num_local_experts")
-        layers_ref = cfg("first_k_dense_replace", "decoder_sparse_step", "interleave_moe_layer_step", "num_hidden_layers")
-        groups.append(_Group("routed experts", experts, moe,
-                             f"{experts_ref}: {sharding.local_experts} local experts x (w13 (2x{I_gpu}, {K}) + w2 "
-                             f"({K}, {I_gpu})){' + biases' if facts.expert_bias else ''}, {quant}; x {moe} MoE "
-                             f"layers ({layers_ref})"))  # fmt: skip
+        layers_ref = cfg("first_k_dense_replace", "decoder_sparse_step", "interleave_moe_layer_step",
+                         "num_hidden_layers")  # fmt: skip
+        I_gpu = experts_intermediate(facts, sharding)  # noqa: N806
+        how = (f"{sharding.local_experts} local experts x (w13 (2x{I_gpu}, {K}) + w2 ({K}, {I_gpu}))"
+               f"{' + biases' if facts.expert_bias else ''}")  # fmt: skip
+        for tensors, count, _, suffix in _by_layer(facts, list(facts.moe_layers), lambda i: (
+                routed_experts_tensors(facts, sharding, i)[0], how)):  # fmt: skip
+            groups.append(_Group("routed experts" + suffix, tensors, count, f"{experts_ref}: {how}, "
+                                 f"{_label(facts, suffix)}; x {count} MoE layers ({layers_ref})"))  # fmt: skip
         E = facts.num_routed_experts  # noqa: N806
         router_d = 4 if facts.router_dtype == "float32" else d
-        gate = [E * K * router_d] + ([E * router_d] if facts.router_bias else []) + ([E * 4] if facts.score_bias else [])
+        gate = [E * K * router_d] + ([E * router_d] if facts.router_bias else []) + \
+            ([E * 4] if facts.score_bias else [])  # fmt: skip
+        extras = (" + bias" if facts.router_bias else "") + \
+            (" + f32 e_score_correction_bias" if facts.score_bias else "")  # fmt: skip
         groups.append(_Group("router", gate, moe, f"{experts_ref}: gate ({E}, {K}) "
-                             f"{facts.router_dtype or facts.dtype}, replicated"
-                             + (" + bias" if facts.router_bias else "")
-                             + (" + f32 e_score_correction_bias" if facts.score_bias else "") + f"; x {moe}"))  # fmt: skip
+                             f"{facts.router_dtype or facts.dtype}, replicated{extras}; x {moe}"))  # fmt: skip
         shared = facts.num_shared_experts * facts.moe_intermediate_size or facts.shared_expert_intermediate_size
         if shared:
             gate = [K * d] if facts.shared_expert_intermediate_size else []  # Qwen's shared_expert_gate (1, K)
-            groups.append(_Group("shared experts",
-                                 mlp_tensors(facts, shared, tp, f"model.layers.{first}.mlp.shared_experts") + gate, moe,
-                                 f"{cfg('n_shared_experts', 'shared_expert_intermediate_size', 'intermediate_size')}: "
-                                 f"an MLP of intermediate {shared} / TP {tp}, {quant}; x {moe}"))  # fmt: skip
+            how = f"an MLP of intermediate {shared} / TP {tp}"
+            for tensors, count, _, suffix in _by_layer(facts, list(facts.moe_layers), lambda i: (
+                    mlp_tensors(facts, shared, tp, f"model.layers.{i}.mlp.shared_experts") + gate, how)):  # fmt: skip
+                ref = cfg("n_shared_experts", "shared_expert_intermediate_size", "intermediate_size")
+                groups.append(_Group("shared experts" + suffix, tensors, count,
+                                     f"{ref}: {how}, {_label(facts, suffix)}; x {count}"))  # fmt: skip
     vocab_rows = pad_vocab(facts.vocab_size, tp)
     tied = facts.tie_word_embeddings
     groups.append(_Group("embeddings + lm_head", [vocab_rows * K * d] * (1 if tied else 2) + [K * d], 1,

@@ -78,9 +78,9 @@ def linear_state_bytes(facts: ModelFacts, tp: int) -> tuple[int, str]:
         facts.linear_num_value_heads * facts.linear_value_head_dim  # fmt: skip
     conv = (facts.linear_conv_kernel_dim - 1) * (conv_dim // tp)
     temporal = facts.linear_num_value_heads // tp * facts.linear_key_head_dim * facts.linear_value_head_dim
-    return (conv + temporal) * facts.dtype_bytes, (f"conv ({facts.linear_conv_kernel_dim - 1}, {conv_dim // tp}) + "
-                                                   f"temporal ({facts.linear_num_value_heads // tp}, "
-                                                   f"{facts.linear_key_head_dim}, {facts.linear_value_head_dim})")  # fmt: skip
+    how = (f"conv ({facts.linear_conv_kernel_dim - 1}, {conv_dim // tp}) + temporal "
+           f"({facts.linear_num_value_heads // tp}, {facts.linear_key_head_dim}, {facts.linear_value_head_dim})")
+    return (conv + temporal) * facts.dtype_bytes, how
 
 
 def kv_shape(facts: ModelFacts, tp: int, kv_cache_dtype: str = "auto") -> KvShape:

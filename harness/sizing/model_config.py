@@ -449,7 +449,7 @@ def _given_quantization(given: str, quant: Quant | None, path: str) -> Quant:
     if quant is None:
         if given != "fp8":
             raise ModelConfigError(f"--quantization {given}: {path} has no quantization_config; vLLM quantizes an "
-                                   "unquantized checkpoint on load with fp8 only (of the methods this plan sizes)")  # fmt: skip
+                                   "unquantized checkpoint on load with fp8 only (of the methods sized here)")
         return online_fp8()
     def canonical(method: str) -> str:
         return SAME_METHOD.get(method, method)
@@ -507,8 +507,9 @@ def _attention_facts(data: dict, facts: dict, arch: str, layers: int, path: str,
     bias = bool(data.get("attention_bias", False))
     facts["attention_bias"] = arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM") or bias
     facts["o_proj_bias"] = arch == "GptOssForCausalLM" or (arch in ("LlamaForCausalLM", "MistralForCausalLM") and bias)
-    if arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Gemma3ForCausalLM",
-                "Gemma3ForConditionalGeneration") or (arch == "Glm4MoeForCausalLM" and data.get("use_qk_norm")):  # fmt: skip
+    head_norm = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Gemma3ForCausalLM",
+                 "Gemma3ForConditionalGeneration")  # fmt: skip
+    if arch in head_norm or (arch == "Glm4MoeForCausalLM" and data.get("use_qk_norm")):
         facts["qk_norm"] = "head"
     if arch == "MiniMaxM2ForCausalLM":
         facts["qk_norm"] = "full" if data.get("use_qk_norm", True) else ""

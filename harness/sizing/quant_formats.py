@@ -1,37 +1,32 @@
 """Checkpoint formats: what one linear (or one FusedMoE's stacked experts) allocates on the GPU, tensor by tensor,
 as vLLM's quantization methods create them (`create_weights`) and keep them after `process_weights_after_loading`.
 
-    format (quantization_config)             per weight (out, in)                  beside it
-    fp8, block [bo, bi] (fp8.py)             (out, in) fp8, 1 B                    weight_scale_inv (ceil(out/bo), ceil(in/bi)) f32
-    fp8, per tensor (fp8.py, modelopt.py;    (out, in) fp8                         one f32 scale (the logical shards' max,
-      online `--quantization fp8`)                                                 requantize_with_max_scale), + a static
-                                                                                   input scale (ModelOpt)
-    fp8 / int8 per channel (compressed-      (out, in) 1 B                         weight_scale (out, 1) f32
-      tensors W8A8, fbgemm_fp8)
-    WNA16 pack-quantized (compressed-        (out, in x bits / 32) int32           weight_scale (out, in / g) act dtype; zero
-      tensors W4A16/W8A16)                                                         points (out x bits / 32, in / g) int32 when
-                                                                                   asymmetric; weight_shape (2,) int64
-    AWQ (awq.py, awq_marlin.py)              qweight (in, out x bits / 32) int32   scales (in / g, out) act dtype, qzeros
-                                                                                   (in / g, out x bits / 32) int32
-    GPTQ (gptq.py, gptq_marlin.py)           qweight (in x bits / 32, out) int32   scales (in / g, out), qzeros as AWQ (dropped
-                                                                                   by Marlin when symmetric), g_idx (in,) int32
-                                                                                   (kept with its sort indices under desc_act)
-    NVFP4 (modelopt_fp4, compressed-         (out, in / 2) uint8                   weight_scale (out, in / 16) fp8, one global
-      tensors nvfp4-pack-quantized)                                                f32 scale and one input scale
-    MXFP4 (mxfp4.py, experts only)           (E, N, K / 2) uint8, swizzled         scales (E, N, K / 32) uint8 (e8m0), twice:
-                                                                                   the Triton backend's swizzled copy beside
-                                                                                   the loaded one, which it keeps (it
-                                                                                   deletes only the loaded weights); biases
-                                                                                   f32 after its conversion
+    fp8 with a block [bo, bi] (fp8.py): the (out, in) weight in 1 B, weight_scale_inv (ceil(out/bo), ceil(in/bi)) f32
+    fp8 per tensor (fp8.py, modelopt.py, online `--quantization fp8`): 1 B, one f32 scale (the logical shards'
+        max, w8a8_utils.requantize_with_max_scale), ModelOpt's static input scale
+    fp8 / int8 per channel (compressed-tensors W8A8, fbgemm_fp8): 1 B, weight_scale (out, 1) f32 (+ fbgemm's
+        input_scale_ub)
+    WNA16 pack-quantized (compressed-tensors W4A16/W8A16): weight_packed (out, in x bits / 32) int32,
+        weight_scale (out, in / g) in the activation dtype, zero points (out x bits / 32, in / g) int32 when
+        asymmetric, weight_shape (2,) int64
+    AWQ (awq.py, awq_marlin.py): qweight (in, out x bits / 32) int32, scales (in / g, out), qzeros
+        (in / g, out x bits / 32) int32
+    GPTQ (gptq.py, gptq_marlin.py): qweight (in x bits / 32, out) int32, scales (in / g, out), qzeros as AWQ's,
+        g_idx (in,) int32
+    NVFP4 (modelopt_fp4, compressed-tensors nvfp4-pack-quantized): (out, in / 2) uint8, weight_scale (out, in / 16)
+        fp8, one global f32 scale and one input scale
+    MXFP4 (mxfp4.py, experts only): (E, N, K / 2) uint8 swizzled, scales (E, N, K / 32) uint8 (e8m0) twice: the
+        Triton backend's swizzled copy beside the loaded one, which it keeps (it deletes only the loaded weights);
+        biases f32 after its conversion
 
 Marlin (awq_marlin, gptq_marlin and compressed-tensors WNA16 with act order, their MoE layers, NVFP4 without FP4
 tensor cores) repacks the weight into a tensor of the same bytes and adds a workspace per linear:
 `marlin_make_workspace_new`, one int32 per SM (x 4 for the MoE kernel), quantization/utils/marlin_utils.py. GPTQ and
 WNA16 linears without act order run Machete on Hopper: the weight prepacked in place, every other tensor kept as
 loaded (GPTQ's qzeros and g_idx too), no workspace (RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16's published
-0.19.0 log: "Using MacheteLinearKernel for GPTQMarlinLinearMethod", 5.38 GiB). The bytes per weight are exact for the layouts
-above, the Triton MXFP4 backend's swizzled ones with triton_kernels' Hopper padding (openai/gpt-oss-120b on an H100
-logs 64.38 GiB, vLLM issue #33155; these layouts give 64.41).
+0.19.0 log: "Using MacheteLinearKernel for GPTQMarlinLinearMethod", 5.38 GiB). The bytes per weight are exact for the
+layouts above, the Triton MXFP4 backend's swizzled ones with triton_kernels' Hopper padding (openai/gpt-oss-120b on
+an H100 logs 64.38 GiB, vLLM issue #33155; these layouts give 64.38).
 """
 
 from __future__ import annotations
@@ -252,7 +247,9 @@ def parse_quant(config: object, *, where: str = "quantization_config") -> Quant:
                      source="layers/quantization/fp8.py: fp8 weight + one f32 weight_scale per logical shard")
     if method == "fbgemm_fp8":
         return Quant("fbgemm_fp8", "fp8-channel", ignore=_patterns(config.get("modules_to_not_convert"), where),
-                     source="layers/quantization/fbgemm_fp8.py: fp8 weight + (out, 1) f32 weight_scale")
+                     static_input=True,
+                     source="layers/quantization/fbgemm_fp8.py: fp8 weight + (out, 1) f32 weight_scale + the f32 "
+                     "input_scale_ub")  # fmt: skip
     if method == "mxfp4":
         return Quant("mxfp4", "mxfp4", bits=4, group_size=32, experts_only=True,
                      ignore=_patterns(config.get("modules_to_not_convert"), where),
@@ -329,7 +326,7 @@ def _compressed_tensors(config: dict, where: str) -> Quant:
                      act_order=weights.get("actorder") == "group", marlin=True, ignore=ignore,
                      source="compressed_tensors/schemes/compressed_tensors_wNa16.py: weight_packed (out, in x "
                      f"{bits}/32) int32, weight_scale (out, in/{group_size or 'in'}), weight_shape; Marlin "
-                     "(MarlinLinearKernel, compressed_tensors_moe.py CompressedTensorsWNA16MarlinMoEMethod)")  # fmt: skip
+                     "(MarlinLinearKernel), compressed_tensors_moe.py CompressedTensorsWNA16MarlinMoEMethod")
     if kind == "float" and bits == 8:
         scheme = "fp8-block" if strategy == "block" else "fp8-channel" if strategy == "channel" else "fp8-tensor"
         block = weights.get("block_structure")
