@@ -18,9 +18,6 @@ ALL2ALL_BACKENDS = (
     "flashinfer_all2allv", "mori",
 )  # fmt: skip
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
-DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
-QUANTIZATIONS = ("fp8", "fbgemm_fp8", "mxfp4", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors",
-                 "modelopt", "modelopt_fp4")  # fmt: skip
 MAX_MODEL_LEN = 1 << 24
 MAX_PARALLEL = 4096
 
@@ -59,9 +56,7 @@ class DeploymentSpec(BaseModel):
         "scenario: its E x D slots beyond the routed experts")
     enable_dbo: bool = Field(False, description="--enable-dbo: two micro-batches, two MoE workspaces")
     enforce_eager: bool = Field(False, description="--enforce-eager: no CUDA graphs")
-    dtype: Literal[DTYPES] = Field(  # type: ignore[valid-type]
-        "auto", description="--dtype: the weights' and activations' dtype (auto: the checkpoint's; float32 "
-        "checkpoints run in bfloat16)")
-    quantization: Literal[QUANTIZATIONS] | None = Field(  # type: ignore[valid-type]
-        None, description="--quantization: fp8 quantizes an unquantized checkpoint on load; the others name the "
-        "checkpoint's own format")
+    dtype: Annotated[str, Field(min_length=1, max_length=20, pattern=r"^[a-z0-9_]+$")] | None = Field(
+        None, description="--dtype: the weights' and activations' dtype (auto: the checkpoint's)")
+    quantization: Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[a-z0-9_\-]+$")] | None = Field(
+        None, description="--quantization: the weights' format (e.g. fp8, online from a bf16 checkpoint)")

@@ -43,6 +43,7 @@ MAX_JSON_DEPTH = 64  # a config.json nests a few levels; deeper JSON is refused 
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "half": 2, "float": 4}
 DTYPE_NAMES = {"half": "float16", "float": "float32"}
+DTYPE_CHOICES = ("auto", "bfloat16", "float16", "half", "float32", "float")  # vllm serve --dtype
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK2ForCausalLM", "DeepseekV32ForCausalLM")
 QWEN_MOE = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3NextForCausalLM")
 LLAMA4 = ("Llama4ForConditionalGeneration", "Llama4ForCausalLM")
@@ -226,7 +227,7 @@ def hub_snapshot_config(hub_id: str) -> Path | None:
     return None
 
 
-def load_model(model: str, *, dtype: str = "auto", quantization: str | None = None) -> ModelFacts:
+def load_model(model: str, *, dtype: str | None = "auto", quantization: str | None = None) -> ModelFacts:
     """A local directory holding config.json, a config.json file, a preset name or a hub id (a preset's, or one in
     the local Hugging Face cache). `dtype` and `quantization` are vllm serve's --dtype and --quantization."""
     if len(model) > 4096 or "\0" in model or not model.isprintable():
@@ -302,7 +303,7 @@ def loads_bounded(text: str, *, what: str, max_depth: int = MAX_JSON_DEPTH) -> o
         raise ValueError(f"{what} nests too deep to read") from None
 
 
-def parse_config(path: Path, *, name: str, shown: str | None = None, dtype: str = "auto",
+def parse_config(path: Path, *, name: str, shown: str | None = None, dtype: str | None = "auto",
                  quantization: str | None = None) -> ModelFacts:  # fmt: skip
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
@@ -347,10 +348,10 @@ def _layer_list(data: dict, key: str, layers: int, where: str) -> set[int]:
     return set(value)
 
 
-def _resolve_dtype(config_dtype: str, dtype: str, quant: Quant | None, where: str) -> str:
+def _resolve_dtype(config_dtype: str, dtype: str | None, quant: Quant | None, where: str) -> str:
     """vLLM's --dtype (config/model.py _get_and_verify_dtype): auto is the checkpoint's dtype, float32 checkpoints
     downcast to bfloat16; the quantization's supported activation dtypes refuse the rest."""
-    dtype = DTYPE_NAMES.get(dtype, dtype)
+    dtype = DTYPE_NAMES.get(dtype or "auto", dtype or "auto")
     if dtype == "auto":
         resolved = "bfloat16" if config_dtype == "float32" else config_dtype
         if quant is not None and resolved not in SUPPORTED_ACT_DTYPES.get(quant.method, (resolved,)):
@@ -368,7 +369,7 @@ def _resolve_dtype(config_dtype: str, dtype: str, quant: Quant | None, where: st
     return resolved
 
 
-def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None = None, dtype: str = "auto",
+def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None = None, dtype: str | None = "auto",
                quantization: str | None = None) -> ModelFacts:  # fmt: skip
     archs = data.get("architectures") or []
     arch = next((a for a in archs if a in ARCHITECTURES), None) if isinstance(archs, list) else None

@@ -177,6 +177,11 @@ def marlin_moe_workspace(q: Quant | None) -> list[int]:
     return [_marlin_workspace(True)] if q is not None and q.marlin else []
 
 
+# vllm serve --quantization values whose checkpoint formats are sized here (fp8 also quantizes an unquantized one)
+QUANTIZATION_CHOICES = ("fp8", "fbgemm_fp8", "mxfp4", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors",
+                        "modelopt", "modelopt_fp4")  # fmt: skip
+
+
 class QuantConfigError(ValueError):
     """A quantization_config vLLM cannot read, in one line."""
 

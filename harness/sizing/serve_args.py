@@ -12,8 +12,9 @@ import re
 
 from pydantic import ValidationError
 
-from harness.scenario.deployment import ALL2ALL_BACKENDS, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, DeploymentSpec
-from harness.sizing.model_config import loads_bounded
+from harness.scenario.deployment import ALL2ALL_BACKENDS, KV_CACHE_DTYPES, DeploymentSpec
+from harness.sizing.model_config import DTYPE_CHOICES, loads_bounded
+from harness.sizing.quant_formats import QUANTIZATION_CHOICES
 
 # Flags that do not change the GPU memory of a worker: accepted, reported as ignored.
 NEUTRAL_FLAGS_WITH_VALUE = (
@@ -90,8 +91,8 @@ def _parser() -> _Parser:
     p.add_argument("--num-redundant-experts", type=_count, default=None)
     p.add_argument("--enable-dbo", action="store_true", default=False)
     p.add_argument("--enforce-eager", action="store_true", default=False)
-    p.add_argument("--dtype", choices=DTYPES, default="auto")
-    p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=None)
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default=None)
+    p.add_argument("--quantization", "-q", choices=QUANTIZATION_CHOICES, default=None)
     for flag in NEUTRAL_FLAGS_WITH_VALUE:
         p.add_argument(flag, dest="ignored_" + flag.strip("-").replace("-", "_"), default=None)
     for flag in NEUTRAL_SWITCHES:
