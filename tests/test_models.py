@@ -95,7 +95,7 @@ def test_llama4_scout_interleaved_moe_chunked_attention_and_vision_tower():
     """meta-llama/Llama-4-Scout-17B-16E-Instruct: 48 layers all MoE (interleave_moe_layer_step 1), 16 experts of
     8192 + one shared expert, hidden 5120, 40 q / 8 KV heads of 128, chunked local attention (8192) but every 4th
     layer (NoPE, global); vision encoder 34 layers of 1408 (MLP 5632), patch 14 at 336."""
-    f = load_model("llama-4-scout-17b-16e")
+    f = load_model("llama-4-scout")
     K, I, L = 5120, 8192, 48  # noqa: E741, N806
     assert f.moe_layers == tuple(range(L)) and f.kinds.count("chunked") == 36 and f.kinds.count("full") == 12
     w = _weights(f)
@@ -118,7 +118,7 @@ def test_llama4_scout_interleaved_moe_chunked_attention_and_vision_tower():
 def test_llama4_maverick_alternates_dense_and_moe_layers():
     """meta-llama/Llama-4-Maverick-17B-128E-Instruct: interleave_moe_layer_step 2: odd layers MoE (128 experts of
     8192), even layers a dense MLP of intermediate_size_mlp 16384."""
-    f = load_model("llama-4-maverick-17b-128e")
+    f = load_model("llama-4-maverick")
     K = 5120  # noqa: N806
     assert f.moe_layers == tuple(range(1, 48, 2))
     w = _weights(f, tp=8)
@@ -201,15 +201,15 @@ def test_gemma_2_and_3():
     """google/gemma-2-9b-it (float32 checkpoint: vLLM runs it in bfloat16 unless --dtype float32; sliding 4096 on
     even layers, 4 norms a layer, tied) and google/gemma-3-27b-it (62 layers, 5 sliding (1024) to 1 full, q/k
     norms, a SigLIP tower; vocab 262208 and 131072 positions from transformers' Gemma3TextConfig)."""
-    g2 = load_model("gemma-2-9b")
+    g2 = load_model("gemma-2-9b-it")
     assert (g2.checkpoint_dtype, g2.dtype) == ("float32", "bfloat16")
     K = 3584  # noqa: N806
     w = _weights(g2)
     assert w["layer norms"] == 42 * 4 * K * 2 and w["embeddings + lm_head"] == 256000 * K * 2 + K * 2
-    f32 = load_model("gemma-2-9b", dtype="float32")
+    f32 = load_model("gemma-2-9b-it", dtype="float32")
     assert _tensors_total(_weights(f32)) == 2 * _tensors_total(w)
     assert kv_shape(f32, tp=1).bytes_per_token == 2 * kv_shape(g2, tp=1).bytes_per_token == 2 * 42 * 2 * 8 * 256 * 2
-    g3 = load_model("gemma-3-27b")
+    g3 = load_model("gemma-3-27b-it")
     assert g3.vocab_size == 262208 and g3.max_position_embeddings == 131072
     assert g3.kinds.count("full") == 10 and g3.kinds.count("sliding") == 52
     cache = kv_cache(kv_shape(g3, tp=1), 30 * GIB, 16, 32768, 8192)
