@@ -61,7 +61,8 @@ def cache_dir() -> Path:
 def test_cases_cover_the_architectures_and_formats():
     archs = {_facts(c)[0].architecture for c in CASES.values()}
     assert {"GptOssForCausalLM", "Llama4ForConditionalGeneration", "Gemma2ForCausalLM",
-            "Gemma3ForConditionalGeneration"} <= archs  # fmt: skip
+            "Gemma3ForConditionalGeneration", "GemmaForCausalLM", "GraniteForCausalLM", "Phi3ForCausalLM",
+            "PhiForCausalLM"} <= archs  # fmt: skip
     formats = {(f.quant.method, f.quant.scheme) if f.quant else f.dtype for f in (_facts(c)[0] for c in CASES.values())}
     assert {("mxfp4", "mxfp4"), ("fp8", "fp8-tensor"), ("compressed-tensors", "fp8-channel"),
             ("compressed-tensors", "int8-channel"), ("gptq_marlin", "gptq"), "float32", "float16"} <= formats

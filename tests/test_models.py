@@ -217,6 +217,25 @@ def test_gemma_2_and_3():
     assert cache.num_blocks == 30 * GIB // (16 * 2 * 16 * 128 * 2) // 10
 
 
+def test_phi2_gemma1_granite_phi3():
+    """microsoft/phi-2 (PhiForCausalLM: q/k/v and dense biases, one LayerNorm a layer, fc1/fc2 with biases, a biased
+    lm_head, partial rotary 0.4), google/gemma-7b (tied, 2 norms), ibm-granite/granite-3.1-8b-instruct and
+    microsoft/phi-4 (Llama's layout)."""
+    phi2 = _weights(load_model("phi-2"))
+    K, I, V = 2560, 10240, 51200  # noqa: E741, N806
+    assert phi2["attention"] == 32 * (3 * K * K * 2 + 3 * K * 2 + K * K * 2 + K * 2)
+    assert phi2["dense MLP"] == 32 * (I * K * 2 + I * 2 + K * I * 2 + K * 2)
+    assert phi2["layer norms"] == 32 * 2 * K * 2
+    assert phi2["embeddings + lm_head"] == 2 * V * K * 2 + 2 * K * 2 + V * 2
+    assert phi2["rotary cache"] == 2048 * 32 * 2
+    gemma = _weights(load_model("gemma-7b"))
+    assert gemma["embeddings + lm_head"] == 256000 * 3072 * 2 + 3072 * 2 and gemma["layer norms"] == 28 * 2 * 3072 * 2
+    granite = _weights(load_model("granite-3.1-8b"))
+    assert granite["dense MLP"] == 40 * 3 * 12800 * 4096 * 2
+    assert granite["embeddings + lm_head"] == 49216 * 4096 * 2 + 4096 * 2  # 49155 padded to 64, tied
+    assert kv_shape(load_model("phi-4"), tp=1).bytes_per_token == 40 * 2 * 10 * 128 * 2
+
+
 def test_dense_families():
     """mistralai/Mistral-7B-Instruct-v0.3 (no sliding window), Llama-3.1-8B, Qwen2.5-7B (q/k/v biases), Qwen3-8B
     (q/k norms): KV bytes per token and the attention line."""

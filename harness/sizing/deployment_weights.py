@@ -194,6 +194,10 @@ def attention_bytes(facts: ModelFacts, tp: int) -> tuple[int, str]:
 
 def mlp_tensors(facts: ModelFacts, intermediate: int, tp: int, module: str = "model.layers.0.mlp") -> list[int]:
     I_tp = intermediate // tp  # noqa: N806
+    if not facts.mlp_gated:  # phi.py PhiMLP: fc1 (ColumnParallel, bias split) and fc2 (RowParallel, whole bias)
+        d = facts.dtype_bytes
+        return (linear_tensors(facts, I_tp, facts.hidden_size, module=f"{module}.fc1") + [I_tp * d]
+                + linear_tensors(facts, facts.hidden_size, I_tp, module=f"{module}.fc2") + [facts.hidden_size * d])
     return (linear_tensors(facts, 2 * I_tp, facts.hidden_size, module=f"{module}.gate_up_proj", shards=2)
             + linear_tensors(facts, facts.hidden_size, I_tp, module=f"{module}.down_proj"))  # fmt: skip
 
@@ -303,8 +307,9 @@ def _groups(facts: ModelFacts, sharding: Sharding) -> list[_Group]:
             groups.append(_Group(name + suffix, tensors, count, f"{cfg('num_attention_heads', 'kv_lora_rank')}: "
                                  f"{how}, {_label(facts, suffix)}; x {count} layers"))  # fmt: skip
     norms = facts.norms_per_layer
-    groups.append(_Group("layer norms", [K * d] * norms, layers, f"{cfg('hidden_size')}: {norms} RMSNorm ({K}) per "
-                         "layer"))  # fmt: skip
+    norm = "LayerNorm (weight + bias)" if facts.norm_bias else "RMSNorm"
+    groups.append(_Group("layer norms", [K * d * (2 if facts.norm_bias else 1)] * norms, layers,
+                         f"{cfg('hidden_size')}: {norms} {norm} ({K}) per layer"))  # fmt: skip
     if dense:
         size = facts.intermediate_size
         indices = [i for i in range(layers) if i not in facts.moe_layers]
@@ -344,7 +349,8 @@ def _groups(facts: ModelFacts, sharding: Sharding) -> list[_Group]:
                                      f"{ref}: {how}, {_label(facts, suffix)}; x {count}"))  # fmt: skip
     vocab_rows = pad_vocab(facts.vocab_size, tp)
     tied = facts.tie_word_embeddings
-    groups.append(_Group("embeddings + lm_head", [vocab_rows * K * d] * (1 if tied else 2) + [K * d], 1,
+    final = [K * d * (2 if facts.norm_bias else 1)] + ([vocab_rows * d] if facts.lm_head_bias else [])
+    groups.append(_Group("embeddings + lm_head", [vocab_rows * K * d] * (1 if tied else 2) + final, 1,
                          f"{cfg('vocab_size')}: ({vocab_rows}, {K}) {facts.dtype} per GPU (vocab padded to 64, / TP "
                          f"{tp}){', tied' if tied else ' x 2 (embed_tokens, lm_head)'} + final norm"))  # fmt: skip
     rotary, how = rotary_cache_bytes(facts)

@@ -5,7 +5,8 @@ the line of config.json it came from.
 
     architectures          which vLLM model class builds the layers (model_executor/models/*.py): DeepSeek V2/V3/
                            V3.2 and Kimi-K2 (MLA), Qwen2/3-MoE, Qwen3-Next, Mixtral, gpt-oss, GLM-4.5/4.6,
-                           MiniMax-M2, Llama-4, and the dense Llama, Mistral, Qwen2/3, Gemma 2/3
+                           MiniMax-M2, Llama-4, and the dense Llama, Mistral, Granite, Phi-2/3/4, Qwen2/3,
+                           Gemma 1/2/3
     hidden_size, num_hidden_layers, vocab_size, tie_word_embeddings
     attention              GQA: num_attention_heads, num_key_value_heads, head_dim, biases, q/k norms, sinks
                            MLA: q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim
@@ -50,7 +51,9 @@ LLAMA4 = ("Llama4ForConditionalGeneration", "Llama4ForCausalLM")
 MOE_ARCHITECTURES = (*MLA_ARCHITECTURES, *QWEN_MOE, "MixtralForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM",
                      "MiniMaxM2ForCausalLM", *LLAMA4)  # fmt: skip
 GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
-DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", *GEMMA)
+LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "GraniteForCausalLM", "Phi3ForCausalLM")
+DENSE_ARCHITECTURES = (*LLAMA_LIKE, "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM", *GEMMA,
+                       "PhiForCausalLM")  # fmt: skip
 ARCHITECTURES = (*MOE_ARCHITECTURES, *DENSE_ARCHITECTURES)
 # The keys vLLM derives max_model_len from, in its order (config/model.py _get_and_verify_max_len).
 MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
@@ -130,7 +133,10 @@ class ModelFacts:
     rotary_dim: int = 0  # partial rotary (GLM, MiniMax, Qwen3-Next); 0: head_dim
     rotary_dtype: str = ""  # gpt-oss builds its rope cache in f32
     rope_positions: tuple[int, ...] = ()  # rows of each distinct get_rope cache (rope_scaling; Gemma 3 has two)
-    norms_per_layer: int = 2  # Gemma 2/3: 4
+    norms_per_layer: int = 2  # Gemma 2/3: 4; Phi-2: 1 (attention and MLP in parallel)
+    norm_bias: bool = False  # LayerNorm (weight and bias) in place of RMSNorm: Phi-2
+    mlp_gated: bool = True  # gate_up + down; Phi-2: fc1 + fc2 with biases
+    lm_head_bias: bool = False  # Phi-2
     layer_kinds: tuple[str, ...] = ()  # per layer: full | sliding | chunked | linear
     sliding_window: int = 0
     attention_chunk_size: int = 0
@@ -507,7 +513,11 @@ def _attention_facts(data: dict, facts: dict, arch: str, layers: int, path: str,
     head_dim = facts["head_dim"]
     bias = bool(data.get("attention_bias", False))
     facts["attention_bias"] = arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM") or bias
-    facts["o_proj_bias"] = arch == "GptOssForCausalLM" or (arch in ("LlamaForCausalLM", "MistralForCausalLM") and bias)
+    facts["o_proj_bias"] = arch in ("GptOssForCausalLM", "PhiForCausalLM") or (arch in LLAMA_LIKE and bias)
+    if arch == "PhiForCausalLM":  # phi.py: qkv_proj and dense with biases, one LayerNorm, fc1/fc2, a biased lm_head
+        facts.update(attention_bias=True, norms_per_layer=1, norm_bias=True, mlp_gated=False, lm_head_bias=True)
+    if arch == "GemmaForCausalLM":
+        facts["tie_word_embeddings"] = bool(data.get("tie_word_embeddings", True))
     head_norm = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Gemma3ForCausalLM",
                  "Gemma3ForConditionalGeneration")  # fmt: skip
     if arch in head_norm or (arch == "Glm4MoeForCausalLM" and data.get("use_qk_norm")):
