@@ -433,6 +433,10 @@ BAD = [
     ({"architectures": "LlamaForCausalLM"}, "is not one this model sizes"),
     ({"text_config": "llama"}, 'text_config = "llama" is not a JSON object'),
     ({"rope_scaling": {"rope_type": "linear", "factor": "x"}}, 'rope_scaling.factor = "x"'),
+    ({"num_hidden_layers": 10**7}, "num_hidden_layers = 10000000; at most 1024"),
+    ({"quantization_config": {"quant_method": "compressed-tensors", "ignore": ["re:(.*)*x"], "config_groups": {
+        "g": {"weights": {"num_bits": 4, "type": "int"}}}}}, "is not a regex matched in bounded time"),
+    ({"quantization_config": {"quant_method": "fp8", "modules_to_not_convert": ["x"] * 300}}, "at most 256"),
 ]
 
 

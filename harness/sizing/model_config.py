@@ -41,6 +41,7 @@ from harness.sizing.quant_formats import (
 MODELS_DIR = Path(__file__).resolve().parents[1] / "defaults" / "models"
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB; a bigger file is not one
 MAX_JSON_DEPTH = 64  # a config.json nests a few levels; deeper JSON is refused before it is parsed
+MAX_LAYERS = 1024  # a layer count beyond this is not a model's (it would only make the plan slow)
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "half": 2, "float": 4}
 DTYPE_NAMES = {"half": "float16", "float": "float32"}
@@ -405,6 +406,9 @@ def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None
 
     hidden = get("hidden_size", minimum=1)
     layers = get("num_hidden_layers", minimum=1)
+    if layers > MAX_LAYERS:
+        raise ModelConfigError(f"{path}: num_hidden_layers = {layers}; at most {MAX_LAYERS} are read (vLLM's models "
+                               "have a few hundred at most)")  # fmt: skip
     heads = get("num_attention_heads", minimum=1)
     kv_heads = get("num_key_value_heads", heads, minimum=1)
     head_dim = get("head_dim", 0) or hidden // heads

@@ -221,12 +221,67 @@ def _int_field(config: dict, key: str, default: int, where: str, allowed: tuple[
     return value
 
 
+MAX_PATTERNS = 256  # a checkpoint's ignore list names a few modules (or a regex each); more is not read
+MAX_PATTERN_CHARS = 200
+MAX_REGEX_REPEATS = 4
+
+
 def _patterns(value: object, where: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise QuantConfigError(f"{where} = {_shown(value)} is not a list of module names")
-    return tuple(v[:200] for v in value[:1000])
+    if len(value) > MAX_PATTERNS or any(len(v) > MAX_PATTERN_CHARS for v in value):
+        raise QuantConfigError(f"{where}: {len(value)} patterns; at most {MAX_PATTERNS} of at most "
+                               f"{MAX_PATTERN_CHARS} characters are read")  # fmt: skip
+    for pattern in value:
+        if pattern.startswith("re:") and not _regex_is_bounded(pattern[3:]):
+            raise QuantConfigError(f"{where}: pattern {_shown(pattern)} is not a regex matched in bounded time "
+                                   f"(invalid, a back-reference, a repeat inside a repeat, or over "
+                                   f"{MAX_REGEX_REPEATS} unbounded repeats)")  # fmt: skip
+    return tuple(value)
+
+
+def _regex_is_bounded(pattern: str) -> bool:
+    """Whether `pattern` compiles and cannot backtrack exponentially on a module name: no back-references, no
+    unbounded repeat nested in another, at most MAX_REGEX_REPEATS unbounded repeats (vLLM matches compressed-tensors'
+    `re:` patterns with re.match; the plan must not hang on a hostile one)."""
+    from re import _constants as c  # type: ignore[attr-defined]
+    from re import _parser  # type: ignore[attr-defined]
+
+    try:
+        tree = _parser.parse(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return False
+    repeats = 0
+
+    def walk(items, inside: bool) -> bool:  # noqa: ANN001
+        nonlocal repeats
+        for op, av in items:
+            if op in (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", c.MAX_REPEAT)):
+                low, high, sub = av
+                unbounded = high is c.MAXREPEAT or high > 1
+                if unbounded:
+                    if inside:
+                        return False
+                    repeats += 1
+                if not walk(sub, inside or unbounded):
+                    return False
+            elif op in (c.GROUPREF, c.GROUPREF_EXISTS):
+                return False
+            elif op == c.SUBPATTERN:
+                if not walk(av[-1], inside):
+                    return False
+            elif op == c.BRANCH:
+                if not all(walk(branch, inside) for branch in av[1]):
+                    return False
+            elif op in (c.ASSERT, c.ASSERT_NOT) and not walk(av[-1], inside):
+                return False
+            elif op == getattr(c, "ATOMIC_GROUP", None) and not walk(av, inside):
+                return False
+        return True
+
+    return walk(tree, False) and repeats <= MAX_REGEX_REPEATS
 
 
 def parse_quant(config: object, *, where: str = "quantization_config") -> Quant:
