@@ -275,9 +275,8 @@ def _regex_is_bounded(pattern: str) -> bool:
             elif op == c.BRANCH:
                 if not all(walk(branch, inside) for branch in av[1]):
                     return False
-            elif op in (c.ASSERT, c.ASSERT_NOT) and not walk(av[-1], inside):
-                return False
-            elif op == getattr(c, "ATOMIC_GROUP", None) and not walk(av, inside):
+            elif (op in (c.ASSERT, c.ASSERT_NOT) and not walk(av[-1], inside)) or (
+                    op == getattr(c, "ATOMIC_GROUP", None) and not walk(av, inside)):  # fmt: skip
                 return False
         return True
 
