@@ -27,11 +27,7 @@ LOGS = Path(__file__).resolve().parent / "data" / "model_logs"
 CASES = {p.stem: yaml.safe_load(p.read_text()) for p in sorted(LOGS.glob("*.yaml"))}
 LAYER_RELEASE = "0.29.0"
 
-WEIGHT_GAPS = {
-    "gpt-oss-20b-tp2-h100": "at TP 2 vLLM logs 7.01 GiB, 0.12 GiB over the MXFP4 layout (experts padded to 1472, the "
-                            "Triton backend's swizzled copies); its own log prints 6.76 GiB before processing, 0.18 "
-                            "GiB over the checkpoint's tensors already: not found in gpt_oss.py or mxfp4.py",
-}  # fmt: skip
+WEIGHT_GAPS: dict[str, str] = {}
 KV_MISSES = {
     "gpt-oss-20b-tp2-h100": "the profile peak is 0.35 GiB over the log's: the MoE workspace is the release's Triton "
                             "experts', standing in for OAI's Triton MXFP4 kernel (matmul_ogs), which the layer model "

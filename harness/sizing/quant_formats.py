@@ -25,8 +25,9 @@ tensor cores) repacks the weight into a tensor of the same bytes and adds a work
 WNA16 linears without act order run Machete on Hopper: the weight prepacked in place, every other tensor kept as
 loaded (GPTQ's qzeros and g_idx too), no workspace (RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16's published
 0.19.0 log: "Using MacheteLinearKernel for GPTQMarlinLinearMethod", 5.38 GiB). The bytes per weight are exact for the
-layouts above, the Triton MXFP4 backend's swizzled ones with triton_kernels' Hopper padding (openai/gpt-oss-120b on
-an H100 logs 64.38 GiB, vLLM issue #33155; these layouts give 64.38).
+layouts above, the Triton MXFP4 backend's swizzled ones with triton_kernels' Hopper padding: gpt-oss-20b at TP 2 logs
+7.01 GiB in vLLM 0.19.0 (llm-d-planner's run), where they give 7.02; openai/gpt-oss-120b on an H100 logs 64.38 GiB in
+0.14.1 (vLLM issue #33155), as they give with that release's 16 x 32 value padding.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class Quant:
     ignore: tuple[str, ...] = ()  # module-name patterns left unquantized (ignore, modules_to_not_convert, ...)
     online: bool = False  # `--quantization fp8` of an unquantized checkpoint
     static_input: bool = False  # a static input scale per linear (ModelOpt FP8, static compressed-tensors)
+    # MXFP4's swizzled values on Hopper: rows x bytes padded to these (triton_kernels' HopperMXValueLayout)
+    swizzle_align: tuple[int, int] = (64, 64)
     source: str = ""
 
     @property
@@ -123,9 +126,11 @@ def linear_tensors(q: Quant | None, out_f: int, in_f: int, act_bytes: int, *, st
         return [E * out_f * in_f, E * FP8_SCALE] + ([E * FP8_SCALE] if q.static_input else [])
     if s == "mxfp4":  # the Triton backend swizzles weight and scales, then deletes the loaded weight only
         groups = math.ceil(in_f / 32)
-        # triton_kernels' Hopper layouts pad the swizzled copies: values to 16 rows x 32 bytes
-        # (HopperMXValueLayout), scales to 256 rows (2 x 8 warps x 2 x 8) x 2 columns (HopperMXScaleLayout)
-        values = E * _up(out_f, 16) * _up(in_f // 2, 32)
+        # triton_kernels' Hopper layouts pad the swizzled copies: values to 64 rows x 64 bytes (the
+        # HopperMXValueLayoutTransformation vLLM vendors, third_party/triton_kernels; the pip triton_kernels of older
+        # releases padded to 16 x 32), scales to 256 rows (2 x 8 warps x 2 x 8) x 2 columns (HopperMXScaleLayout)
+        rows, width = q.swizzle_align
+        values = E * _up(out_f, rows) * _up(in_f // 2, width)
         swizzled_scales = E * _up(out_f, 256) * _up(groups, 2)
         return [values, E * out_f * groups, swizzled_scales]
     if s == "nvfp4":
