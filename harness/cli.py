@@ -45,7 +45,9 @@ def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
 
 
 def _print_error(message: str) -> int:
-    print(f"harness: error: {message}", file=sys.stderr)
+    from harness.scenario.limits import shown_line
+
+    print(f"harness: error: {shown_line(message)}", file=sys.stderr)
     return EXIT_ERROR
 
 
@@ -92,7 +94,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         gpu = ns.gpu or scenario.memory.budget_gpu
         budget = int(ns.budget_gb * 1e9) if ns.budget_gb else (GPU_MEMORY_BYTES[ns.gpu] if ns.gpu else
                                                                scenario.memory.budget_bytes)  # fmt: skip
-        layers = make_layer_plans(scenario, layer_versions(scenario, ns.vllm_version), cache_dir=ns.cache_dir,
+        versions = layer_versions(scenario, ns.vllm_version)
+        layers = make_layer_plans(scenario, versions, cache_dir=ns.cache_dir,
                                   budget_bytes=budget, gpu=gpu if not ns.budget_gb else None,
                                   wheel=ns.vllm_wheel, src=ns.vllm_src)  # fmt: skip
     except ScenarioError as exc:
@@ -107,7 +110,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     from harness.sizing.deployment_cli import DeviceRequest, scenario_deployments
 
     device = DeviceRequest(gpu=ns.gpu, budget_gb=ns.budget_gb, cache_dir=ns.cache_dir)
-    deployments = scenario_deployments(scenario, layers, device, budget) if layers and budget else ([], "")
+    deployments = scenario_deployments(scenario, versions, device, budget, wheel=ns.vllm_wheel,
+                                       src=ns.vllm_src) if layers and budget else ([], "")  # the trees asked about
     if isinstance(deployments, int):
         return deployments
     failed_verdicts = [p for p in deployments[0] if p.verdict.outcome != "starts"] if ns.fail_on_verdict else []
@@ -337,19 +341,18 @@ def cmd_compare(ns: argparse.Namespace) -> int:
 
 def cmd_status(ns: argparse.Namespace) -> int:
     """`harness status DIR`: the recorded verdict (status.json) in one line, exiting with its code (0 pass, 1
-    failed checks, 2 errors); 2 when status.json is missing, unreadable or of another generation than report.json.
+    failed checks, 2 errors); 2 when status.json is missing or unreadable, or the directory fails compare's
+    verification (harness.report.compare_load.verify_directory): the same directory gives both commands one verdict.
     The CI one-liner for a Ray job, whose own exit code turns 2 into 1 (docs/launch.md)."""
-    from harness.report.status import STATUS_FILE, StatusError, read_status
-    from harness.report.write import output_generations
+    from harness.report.compare_load import verify_directory
+    from harness.report.compare_metrics import CompareError
+    from harness.report.status import StatusError, read_status
 
     directory: Path = ns.run_dir
     try:
         status = read_status(directory)
-        report_generation = output_generations(directory).get("report.json")
-        if report_generation is not None and report_generation != status.generation:
-            raise StatusError(f"{directory / STATUS_FILE} is of generation {status.generation}, report.json of "
-                              f"{report_generation}; run `harness collect {directory}`")
-    except StatusError as exc:
+        verify_directory(directory)  # what compare checks: report.json, its siblings, this verdict, the records
+    except (StatusError, CompareError) as exc:
         return _print_error(str(exc))
     if ns.json:
         print(json.dumps(status.model_dump(mode="json")))
@@ -566,8 +569,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Arguments are counted and measured before argparse sees them: it takes seconds for thousands of options and
+# minutes for 100,000. A `vllm serve` command after `--` has tens of flags; a JSON value (--eplb-config) kilobytes.
+MAX_ARGS, MAX_ARG_CHARS = 1024, 64 * 1024
+
+
+def _arguments_refused(argv: list[str]) -> str | None:
+    if len(argv) > MAX_ARGS:
+        return f"{len(argv)} command-line arguments; allowed: at most {MAX_ARGS}"
+    longest = max(range(len(argv)), key=lambda i: len(argv[i]), default=None)
+    if longest is not None and len(argv[longest]) > MAX_ARG_CHARS:
+        from harness.scenario.limits import shown_text
+
+        return (f"argument {longest + 1} ({shown_text(argv[longest], 40)}) is {len(argv[longest])} characters long; "
+                f"allowed: at most {MAX_ARG_CHARS}")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if (refused := _arguments_refused(argv)) is not None:
+        return _print_error(refused)
     serve = None
     if argv[:1] == ["plan"] and "--" in argv:  # `harness plan ... -- vllm serve MODEL FLAGS`
         cut = argv.index("--")

@@ -16,6 +16,7 @@ from harness.core.records import rank_record_path, write_record
 from harness.report.compare import load_report
 from harness.report.matrix import collect_matrix
 from harness.report.model import content_digest
+from harness.report.write import REPORT_FILES
 from harness.scenario.matrix import load_matrix
 from harness.scenario.sections import REPO_DIR
 
@@ -67,7 +68,7 @@ def test_the_matrix_report_holds_summaries_and_compares_as_the_whole_reports(tmp
     cur = _matrix(tmp_path, "cur", overrides={0: {"legacy": {"status": "oom"}}, 1: {"fixed": {"experts_us": 1.0}}})
     data = json.loads((cur / "report.json").read_text())
     assert data["report_schema_version"] == 3 and all("ranks" not in c["report"] for c in data["cells"])
-    assert load_report(cur).source == "report.json"  # verified by bytes: no cell report and no record parsed
+    assert load_report(cur).source == "report.json"  # verified by bytes, then against the report its records give
     code, referenced = _compare(capsys, str(base), str(cur))
     assert code == 1 and referenced["num_regressions"] > 0
 
@@ -75,7 +76,8 @@ def test_the_matrix_report_holds_summaries_and_compares_as_the_whole_reports(tmp
     in_memory = {name: tmp_path / f"{name}-records" for name in ("base", "cur")}
     for name, where in in_memory.items():
         shutil.copytree(tmp_path / name, where)
-        (where / "report.json").unlink()
+        for output in REPORT_FILES:  # records only: report.json alone deleted is a tampered directory
+            (where / output).unlink(missing_ok=True)
     assert load_report(in_memory["cur"]).source == "records (collected in memory)"
     assert _compare(capsys, str(in_memory["base"]), str(in_memory["cur"])) == (code, referenced)
 
@@ -84,7 +86,7 @@ def test_the_matrix_report_holds_summaries_and_compares_as_the_whole_reports(tmp
         shutil.copytree(tmp_path / name, tmp_path / f"{name}-v2")
         _as_version_2(tmp_path / f"{name}-v2")
     loaded = load_report(tmp_path / "cur-v2")
-    assert loaded.digest == "verified" and loaded.source == "report.json" and loaded.report.report_schema_version == 2
+    assert loaded.source == "records (collected in memory: report.json is of schema version 2)"
     assert _compare(capsys, str(tmp_path / "base-v2"), str(tmp_path / "cur-v2")) == (code, referenced)
     assert _compare(capsys, str(tmp_path / "base-v2"), str(cur)) == (code, referenced)
 
@@ -161,12 +163,14 @@ def test_an_unsafe_cell_name_in_a_matrix_report_is_refused(tmp_path: Path, capsy
 
 def test_the_committed_version_2_matrix_reads_and_collects_again_to_the_same_comparison(tmp_path: Path,
                                                                                          capsys) -> None:
-    """results/ keeps matrices collected before the cells were referenced: they are read as they are, and the same
-    records collected again (as version 3) compare exactly as they did."""
+    """results/ keeps matrices collected before the cells were referenced: with their records beside them, the
+    report is re-derived from the records once its verdict agrees, and the same records collected again (as
+    version 3) compare exactly as they did."""
     committed = REPO_DIR / "results/h200/1xh200-matrix-nightly-releases"
     baseline = REPO_DIR / "results/baselines/h200/1xh200-matrix-nightly-releases"
     loaded = load_report(committed)
-    assert (loaded.report.report_schema_version, loaded.digest, loaded.source) == (2, "verified", "report.json")
+    assert loaded.report.report_schema_version == 3
+    assert loaded.source == "records (collected in memory: report.json is of schema version 2)"
     code, as_committed = _compare(capsys, str(baseline), str(committed))
     assert code == 0 and as_committed["num_unchanged"] > 0
     again = tmp_path / committed.name  # the matrix's run id is its directory's name

@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from harness.core.killpoints import kill_point
+
 # 2: a rank records facts only; the verdicts of version 1 (Correctness.within_tolerance and first_diverging_stage,
 # PolicyResult.expectation_met) are made by the collector (harness.report.checks). A version 1 record still loads:
 # those three fields are read and dropped (_drop_verdicts).
@@ -411,6 +413,7 @@ def write_text_atomic(path: Path, text: str) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        kill_point(f"write:{path.name}")  # a test hook: the driver killed with the temporary on disk
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)

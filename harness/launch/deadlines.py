@@ -11,14 +11,16 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from harness.launch.contract import LaunchPlan
 from harness.launch.sink import RunSink
 
 POLL_INTERVAL_S = 0.2
+T = TypeVar("T")
 
 
 @dataclass
@@ -88,3 +90,25 @@ def exit_cause(exitcode: int) -> str:
     if exitcode == 0:
         return "died: exited with code 0 before sending its record"
     return f"died: exit code {exitcode}"
+
+
+def without_sigint(start: Callable[[], T]) -> T:
+    """Call `start` (which starts processes: a rank, a local Ray cluster's GCS and raylet, which start the rank
+    actors' workers) so that what it starts ignores SIGINT from its first instruction. Ctrl-C in a terminal goes to
+    the whole foreground process group; a rank interrupted while it started (Python's own imports: "Fatal Python
+    error: init_import_site") or inside a collective printed its traceback. The driver alone takes the Ctrl-C and
+    stops the ranks.
+
+    A signal mask is not inherited (a fork-exec clears it), an ignored disposition is, and Python installs its
+    KeyboardInterrupt handler only over the default one. So SIGINT is ignored while `start` runs, and blocked
+    meanwhile: a Ctrl-C in that window stays pending for the driver (a blocked signal is never discarded as
+    ignored) and arrives once its handler is back."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread sets handlers
+        return start()
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)

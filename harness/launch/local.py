@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from harness.core.events import Placed
+from harness.core.killpoints import kill_point
 from harness.launch.contract import ClusterResources, LaunchOutcome, LaunchPlan, RankEntry
-from harness.launch.deadlines import POLL_INTERVAL_S, RankWatch, exit_cause
+from harness.launch.deadlines import POLL_INTERVAL_S, RankWatch, exit_cause, without_sigint
 from harness.launch.rank_side import format_exception, rank_entry
 from harness.launch.sink import RunSink
 from harness.rank.distributed import RankInfo, apply_safe_env, free_port
@@ -58,17 +59,6 @@ def _rank_process(scenario: Scenario, info: RankInfo, run_dir: str, conn: Connec
         conn.close()
 
 
-def _start_without_sigint(proc: BaseProcess) -> None:
-    """Start a rank with SIGINT blocked, a mask it keeps: Ctrl-C in a terminal goes to the whole foreground
-    process group, and a rank interrupted inside a collective printed torch's C++ backtrace. The driver alone
-    takes the Ctrl-C and stops the ranks (_stop: SIGTERM, then SIGKILL)."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        proc.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 class LocalLauncher:
     name: Literal["local"] = "local"
 
@@ -95,7 +85,7 @@ class LocalLauncher:
                 reader, writer = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_rank_process, args=(plan.scenario, info, str(plan.run_dir), writer,
                                                                 plan.entry), name=f"harness-rank-{rank}")
-                _start_without_sigint(proc)
+                without_sigint(proc.start)  # Ctrl-C reaches the driver alone, which stops the ranks
                 writer.close()  # the child holds the only write end: its exit closes the pipe
                 procs[rank], pipes[rank] = proc, reader
                 sink.event(Placed(**sink.header, rank=rank, node=node, pid=proc.pid))
@@ -108,6 +98,7 @@ class LocalLauncher:
                     for r, p in procs.items()
                 ],
             })
+            kill_point("ranks-started")
             self._watch(plan, sink, procs, pipes)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into it by the driver
             _read_available(sink, pipes)

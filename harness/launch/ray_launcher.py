@@ -33,9 +33,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import harness
 from harness.core.events import Placed, Placing
+from harness.core.killpoints import kill_point
 from harness.rank.distributed import SAFE_NCCL_ENV, RankInfo, apply_safe_env, free_port
 from harness.launch.contract import ClusterResources, LaunchError, LaunchOutcome, LaunchPlan, RankEntry
-from harness.launch.deadlines import POLL_INTERVAL_S, RankWatch
+from harness.launch.deadlines import POLL_INTERVAL_S, RankWatch, without_sigint
 from harness.launch.faults import FAULT_ENV
 from harness.launch.rank_side import rank_entry
 from harness.launch.sink import RunSink
@@ -125,16 +126,20 @@ class RayLauncher:
             if address:
                 self.address = address
                 _check_reachable(address)
-                ray.init(address=address, **common)
+                without_sigint(lambda: ray.init(address=address, **common))
             elif os.environ.get("RAY_ADDRESS"):
                 self.address = os.environ["RAY_ADDRESS"]
                 _check_reachable(self.address)
-                ray.init(**common)
+                without_sigint(lambda: ray.init(**common))
             else:
                 # "local": never attach to a cluster someone started on this machine with `ray start`.
                 self.address = "local"
-                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **common)
-        except (ConnectionError, ValueError, RuntimeError, RayError) as exc:
+                without_sigint(lambda: ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                                                 **common))
+        except LaunchError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Ray raises its plain Exception too (a local cluster not up in time)
+            _quietly(ray.shutdown)  # whatever part of a local cluster did start goes with it
             raise LaunchError(connect_failure(self.address, exc)) from None
         self._owns_connection = True
 
@@ -181,6 +186,7 @@ class RayLauncher:
                 "master": f"{wheres[0]['node_ip']}:{wheres[0]['free_port']}",
                 "ranks": [{k: v for k, v in w.items() if k != "free_port"} | {"bundle_index": w["rank"]} for w in wheres],
             })
+            kill_point("ranks-started")
             refs = {}
             for rank, actor in enumerate(actors):
                 info = plan.rank_info(

@@ -29,6 +29,7 @@ from rich.console import Console
 
 from harness.core.console import make_console
 from harness.core.exits import EXIT_ERROR, EXIT_OK
+from harness.core.killpoints import KILL_ENV, KillSpecError, kill_point, parse_kill_spec
 from harness.core.records import RankRecord, RunManifest, scenario_digest, write_record
 from harness.launch.contract import DeviceType, comm_backend_for, LaunchError, LaunchOutcome, LaunchPlan, RankEntry
 from harness.launch.deadlines import sigterm_as_interrupt
@@ -38,7 +39,10 @@ from harness.launch.overrides import (
     ScenarioOverrides, default_scenario_path, load_with_overrides, override_scenario,
 )
 from harness.launch.progress import RunProgress
-from harness.launch.rundir import CLAIM_FILE, choose_run_dir, claim_run_dir, clear_interrupted, holds_matrix, make_run_id
+from harness.launch.rundir import (
+    CLAIM_FILE, choose_run_dir, claim_run_dir, clear_interrupted, holds_matrix, make_run_id, records_ended,
+    remove_temporaries, take_over_stale_claim,
+)
 from harness.launch.sink import RunSink, describe_failure
 from harness.scenario.fit import Machine, can_run, resolve_device
 from harness.scenario.matrix import display_path
@@ -193,7 +197,9 @@ def run_ranks(request: RanksRequest, *, launcher: Launcher, console: Console) ->
 
 
 def _error(message: str) -> int:
-    print(f"harness: error: {message}", file=sys.stderr)
+    from harness.scenario.limits import shown_line
+
+    print(f"harness: error: {shown_line(message)}", file=sys.stderr)
     return EXIT_ERROR
 
 
@@ -229,11 +235,8 @@ def run_scenario(
 ) -> int:
     """Launch one scenario into run_dir (claimed by the caller), collect it and print the summary; return the exit
     code. `on_collected` gets what collect produced (a matrix's combined report reuses the report, and the sha256
-    of the report.json written, instead of reading the records again). `plots=False`: a matrix's cell, whose report.html draws no figure (the matrix's page does)."""
-    from harness.rank.lifecycle import rank_main
-    from harness.report.collect import collect
-    from harness.report.model import RunReport
-
+    of the report.json written, instead of reading the records again). `plots=False`: a matrix's cell, whose
+    report.html draws no figure (the matrix's page does)."""
     resources = launcher.resources()
     device_type = resolve_device(scenario, resources.num_gpus)
     # Counts as the launcher sees them (torch's GPUs, Ray's CPUs and GPUs); memory was checked before the launcher.
@@ -244,8 +247,24 @@ def run_scenario(
         return _error(f"{scenario.name} cannot run on {resources.description}: {reason}")
 
     started = time.monotonic()
+    with sigterm_as_interrupt():  # SIGTERM is Ctrl-C from run.json to the last report: the launch and collect
+        return _launch_and_collect(scenario, launcher=launcher, run_dir=run_dir, run_id=run_id,
+                                   scenario_path=scenario_path, command=command, console=console,
+                                   on_collected=on_collected, plots=plots, device_type=device_type,
+                                   resources=resources, started=started)
+
+
+def _launch_and_collect(scenario: Scenario, *, launcher: Launcher, run_dir: Path, run_id: str,
+                        scenario_path: Path | None, command: list[str], console: Console,
+                        on_collected: Callable[[CollectResult], None] | None, plots: bool, device_type: DeviceType,
+                        resources: Any, started: float) -> int:
+    from harness.rank.lifecycle import rank_main
+    from harness.report.collect import collect
+    from harness.report.model import RunReport
+
     _write_manifest(scenario, run_dir=run_dir, run_id=run_id, scenario_path=scenario_path, launcher=launcher.name,
                     command=command)
+    kill_point("launch")
     console.print(
         f"{run_id}: {scenario.summary()}\n"
         f"{launcher.name} launcher on {resources.description}; {scenario.parallel.num_ranks} rank(s) on "
@@ -267,7 +286,13 @@ def run_scenario(
         print(f"harness: error: {outcome.error}", file=sys.stderr)
     for failure in outcome.failures:
         print(f"harness: {describe_failure(failure)}", file=sys.stderr)
-    result = collect(run_dir, plots=plots)
+    try:
+        result = collect(run_dir, plots=plots)
+    except KeyboardInterrupt:
+        # Every record is on disk: collecting again (or `--resume` for a matrix) writes the reports from them.
+        print(f"harness: every record of the run is in {run_dir}; `harness collect {run_dir}` writes its reports",
+              file=sys.stderr)
+        raise
     if on_collected is not None and isinstance(result.report, RunReport):
         on_collected(result)
     console.print(result.summary_table())
@@ -323,6 +348,10 @@ def _read_input(path: Path) -> tuple[Any, bool]:
 
 def _run_command(request: RunRequest) -> int:
     parse_fault_spec(os.environ.get(FAULT_ENV))  # a malformed test hook fails here, not inside a rank
+    try:
+        parse_kill_spec(os.environ.get(KILL_ENV))
+    except KillSpecError as exc:
+        raise LaunchError(str(exc)) from None
     overrides = request.overrides.dotted()
     console = make_console()
     command = list(request.command)
@@ -430,18 +459,37 @@ def _run_matrix(request: RunRequest, matrix: Matrix, overrides: dict[str, Any], 
     launcher: Launcher | None = None
     try:
         launcher = make_launcher(launcher_name, address=request.address, num_cpus=cluster_cpus_for(scenarios))
-        collected = _run_cells(cells, scenarios, not_here, launcher=launcher, run_dir=run_dir, run_id=run_id,
-                               path=path, command=command, console=console, resume=request.resume,
-                               start_s=start_s)
+        with sigterm_as_interrupt():  # between cells too (after ray.init, which sets a SIGTERM handler of its own)
+            collected = _run_cells(cells, scenarios, not_here, launcher=launcher, run_dir=run_dir, run_id=run_id,
+                                   path=path, command=command, console=console, resume=request.resume,
+                                   start_s=start_s)
     finally:
         if launcher is not None:
             launcher.close()
         claim.release()
-    # Every cell, run now (its report as collected when it finished) or earlier (collected here).
-    result = collect_matrix(run_dir, list(matrix.cells()), matrix=matrix, collected=collected)
+    # Every cell, run now (its report as collected when it finished) or earlier (collected here). SIGTERM is
+    # Ctrl-C here too: an interrupted matrix collect is done again by `harness collect DIR` or `--resume`.
+    with sigterm_as_interrupt():
+        kill_point("matrix-collect")
+        result = collect_matrix(run_dir, list(matrix.cells()), matrix=matrix, collected=collected)
     console.print(result.summary_table())
     console.print(f"results: {run_dir}", highlight=False, markup=False)
     return result.exit_code
+
+
+def cell_finished(cell_dir: Path) -> bool:
+    """A cell whose run finished and was collected: no claim, its five outputs of one generation (status.json, the
+    last written, among them), and that generation its records' (load.input_hash): kept as it is."""
+    from harness.report.load import input_hash
+    from harness.report.write import output_generations
+
+    if (cell_dir / CLAIM_FILE).exists():
+        return False
+    generations = set(output_generations(cell_dir).values())
+    if len(generations) != 1 or None in generations:
+        return False
+    generation = generations.pop()
+    return generation is not None and generation.rpartition("@")[2] == input_hash(cell_dir)[:16]
 
 
 def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str | None], *, launcher: Launcher,
@@ -449,33 +497,46 @@ def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str |
                start_s: float = 60.0) -> dict[str, CollectResult]:
     """The cells one after another, each claimed in the matrix directory; past a cell that fails or cannot run.
 
-    A cell that finished (collected, its claim released) is kept. One that was interrupted (run.json and a claim
-    left behind, or no report.json) is run again with `resume` (what the killed run left is replaced), else kept
-    and named. Returns what collect produced for each cell that ran, by cell name."""
+    A cell that finished (collected, its claim released) is kept. One whose records are final (records_ended: its
+    launch ended, and the run was killed while it collected) is collected again, never run again. One that was
+    interrupted before its records were final is run again with `resume` (what the killed run left is replaced),
+    else kept and named. A claim left by a killed run is taken over first. Returns what collect produced for each
+    cell that ran or was collected again, by cell name."""
     collected: dict[str, CollectResult] = {}
     for i, (cell, scenario, reason) in enumerate(zip(cells, scenarios, not_here), start=1):
         console.rule(f"cell {i} of {len(cells)}: {cell.name}")
         cell_dir = run_dir / cell.name
-        if (cell_dir / "run.json").exists():
-            # finished: collected and released (a claim left behind is a run that was killed, collected or not)
-            if (cell_dir / "report.json").exists() and not (cell_dir / CLAIM_FILE).exists():
-                console.print(f"cell {cell.name}: already run in {cell_dir}; kept (remove it to run it again)",
+        cell_run_id = f"{run_id}-{cell.name}"
+        try:
+            if cell_dir.is_dir() and not cell_dir.is_symlink():
+                take_over_stale_claim(cell_dir, stale_after_s=start_s)
+            if (cell_dir / "run.json").exists() and records_ended(cell_dir):
+                if cell_finished(cell_dir):
+                    console.print(f"cell {cell.name}: already run in {cell_dir}; kept (remove it to run it again)",
+                                  highlight=False, markup=False)
+                    continue
+                console.print(f"cell {cell.name}: its records are complete; collected again (not run again)",
                               highlight=False, markup=False)
+                code = _collect_cell_again(cell_dir, cell_run_id, collected, cell.name, console=console,
+                                           start_s=start_s)
+                console.print(f"cell {i} of {len(cells)} ({cell.name}): exit code {code}", highlight=False,
+                              markup=False)
                 continue
-            if not resume:
+            if (cell_dir / "run.json").exists() and not resume:
                 console.print(f"cell {cell.name}: interrupted in {cell_dir} (its run was stopped before the end); "
                               "kept: `--resume` runs it again", highlight=False, markup=False)
                 continue
-        try:
             if reason is not None:
                 raise LaunchError(reason)
             if resume and (cell_dir / "run.json").exists():
                 console.print(f"cell {cell.name}: interrupted; run again (--resume)", highlight=False, markup=False)
                 clear_interrupted(cell_dir, stale_after_s=start_s)
-            cell_claim = claim_run_dir(cell_dir, f"{run_id}-{cell.name}", stale_after_s=start_s)
+            elif cell_dir.is_dir() and not cell_dir.is_symlink():
+                remove_temporaries(cell_dir)  # a run killed before its run.json: only its temporaries are left
+            cell_claim = claim_run_dir(cell_dir, cell_run_id, stale_after_s=start_s)
             try:
                 code = run_scenario(
-                    scenario, launcher=launcher, run_dir=cell_claim.path, run_id=f"{run_id}-{cell.name}",
+                    scenario, launcher=launcher, run_dir=cell_claim.path, run_id=cell_run_id,
                     scenario_path=path, command=command, console=console,
                     on_collected=lambda result, name=cell.name: collected.__setitem__(name, result), plots=False,
                 )
@@ -485,6 +546,26 @@ def _run_cells(cells: list[Any], scenarios: list[Scenario], not_here: list[str |
             code = _error(f"cell {cell.name}: {exc}")
         console.print(f"cell {i} of {len(cells)} ({cell.name}): exit code {code}", highlight=False, markup=False)
     return collected
+
+
+def _collect_cell_again(cell_dir: Path, cell_run_id: str, collected: dict[str, CollectResult], name: str, *,
+                        console: Console, start_s: float) -> int:
+    """A cell whose records are final, collected again under its claim (a stray temporary of the killed collect
+    is removed first); its result joins `collected`."""
+    from harness.report.collect import collect
+    from harness.report.model import RunReport
+
+    remove_temporaries(cell_dir)
+    claim = claim_run_dir(cell_dir, cell_run_id, reuse=True, stale_after_s=start_s)
+    try:
+        with sigterm_as_interrupt():
+            result = collect(cell_dir, plots=False)
+    finally:
+        claim.release()
+    if isinstance(result.report, RunReport):
+        collected[name] = result
+    console.print(result.summary_table())
+    return result.exit_code
 
 
 def kernels_cells(matrix: Any, overrides: dict[str, Any]) -> list[Any]:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from harness.core.files import pid_alive, probe_writable
 from harness.launch.contract import LaunchError
+from harness.report.load import read_contained
 from harness.report.write import REPORT_FILES, output_generations
 from harness.scenario.matrix import MATRIX_MANIFEST
 from harness.scenario.sections import safe_name
@@ -131,22 +132,80 @@ def clear_interrupted(run_dir: Path, *, stale_after_s: float = DEFAULT_START_S) 
     _clear_dead_run(run_dir, run_id if isinstance(run_id, str) else None)
 
 
+def _json_of(run_dir: Path, path: Path) -> object:
+    """A JSON file inside run_dir, read within bounds; None when it cannot be read as JSON."""
+    raw = read_contained(run_dir.resolve(), path, limit=MAX_MANIFEST_BYTES)
+    if not isinstance(raw, bytes):
+        return None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+
+
+def records_ended(run_dir: Path) -> bool:
+    """Whether the launch of the run in run_dir ended, by its records alone: run.json names its ranks, and every
+    rank has its final record (`complete: true`) or a failure record other than an interruption (a rank that died
+    or hung ended too). Such a run's records are final: it is collected again, never run again or cleared.
+    A run killed before that (ranks still running, or stopped by an interrupt) is not ended."""
+    manifest = _json_of(run_dir, run_dir / "run.json")
+    if not isinstance(manifest, dict):
+        return False
+    run_id, num_ranks = manifest.get("run_id"), manifest.get("num_ranks")
+    if not isinstance(run_id, str) or not isinstance(num_ranks, int) or isinstance(num_ranks, bool) \
+            or not 0 < num_ranks <= 1 << 20:
+        return False
+    for rank in range(num_ranks):
+        final = _json_of(run_dir, run_dir / "ranks" / f"rank-{rank:05d}.json")
+        if isinstance(final, dict) and final.get("run_id") == run_id and final.get("record_kind") == "rank" \
+                and final.get("complete") is True:
+            continue
+        failed = _json_of(run_dir, run_dir / "ranks" / f"rank-{rank:05d}.failed.json")
+        if isinstance(failed, dict) and failed.get("run_id") == run_id and \
+                failed.get("record_kind") == "rank-failure" and isinstance(failed.get("cause"), str) and \
+                not failed["cause"].startswith("interrupted"):
+            continue
+        return False
+    return True
+
+
+def remove_temporaries(run_dir: Path) -> None:
+    """Temporary files that writers killed mid-write left in run_dir (each atomic write removes its own on any
+    exception, not on SIGKILL): the reports', the records', the write probe's. Only these writers' own names."""
+    names = [f".{name}.*.tmp" for name in (*REPORT_FILES, "run.json", "launch.json")] + [".harness-probe.*.tmp"]
+    for pattern in names:
+        for entry in run_dir.glob(pattern):
+            if entry.is_file() and not entry.is_symlink():
+                entry.unlink(missing_ok=True)
+    ranks = run_dir / "ranks"
+    if ranks.is_dir() and not ranks.is_symlink():
+        for entry in ranks.iterdir():
+            if re.fullmatch(r"\.rank-\d{5,}(\.failed)?\.json\.[^/]*\.tmp", entry.name) and entry.is_file():
+                entry.unlink(missing_ok=True)
+
+
 def _clear_dead_run(run_dir: Path, run_id: str | None) -> None:
     """What a run that was killed left in its directory, when run.json says it is that run's: its manifest, its
-    rank records, launch.json, OOM snapshots and their temporaries, and reports collected from them (stamped; nothing else), so the directory
-    can be run into again. Another run's files, and files collect did not write, are left alone."""
+    rank records, launch.json, OOM snapshots, every writer's temporaries, and reports collected from them (stamped;
+    nothing else), so the directory can be run into again. Another run's files, and files collect did not write,
+    are left alone. A run whose records are final (records_ended: it was killed after its launch ended, while it
+    collected) is never cleared: only its temporaries go, and it is collected again, not run again."""
     manifest = run_dir / "run.json"
     if run_id is None or not manifest.is_file() or manifest.is_symlink():
+        remove_temporaries(run_dir)
         return
     try:
         if manifest.stat().st_size > MAX_MANIFEST_BYTES or json.loads(manifest.read_bytes()).get("run_id") != run_id:
             return
     except (OSError, ValueError, AttributeError, RecursionError):
         return
+    remove_temporaries(run_dir)
+    if records_ended(run_dir):
+        return
     ranks = run_dir / "ranks"
     if ranks.is_dir() and not ranks.is_symlink():
         for entry in ranks.iterdir():
-            if re.fullmatch(r"(\.)?rank-\d{5,}(\.failed)?\.json(\.[^/]*\.tmp)?", entry.name) and entry.is_file():
+            if re.fullmatch(r"rank-\d{5,}(\.failed)?\.json", entry.name) and entry.is_file():
                 entry.unlink(missing_ok=True)
         if not any(ranks.iterdir()):
             ranks.rmdir()
@@ -156,15 +215,29 @@ def _clear_dead_run(run_dir: Path, run_id: str | None) -> None:
             entry.unlink(missing_ok=True)
         if not any(oom.iterdir()):
             oom.rmdir()
-    for pattern in (".run.json.*.tmp", "launch.json", ".launch.json.*.tmp"):  # launch.json: where each rank ran
-        for entry in run_dir.glob(pattern):
-            if entry.is_file():
-                entry.unlink(missing_ok=True)
+    (run_dir / "launch.json").unlink(missing_ok=True)  # where each rank ran
     stamped = output_generations(run_dir)  # reports a collect of the partial run wrote: collect's, stamped
     for name in REPORT_FILES:
         if stamped.get(name) is not None:
             (run_dir / name).unlink(missing_ok=True)
     manifest.unlink(missing_ok=True)
+
+
+def take_over_stale_claim(run_dir: Path, *, stale_after_s: float = DEFAULT_START_S) -> None:
+    """A claim file in run_dir that names no live run is removed (one line says why), and nothing else: what the
+    dead run left is the caller's to judge (a matrix cell whose records ended is collected again). LaunchError
+    naming the owner when the claim may be live."""
+    if not (run_dir / CLAIM_FILE).exists():
+        return
+    owner = _claim_owner(run_dir)
+    why = _stale_claim(run_dir, owner, stale_after_s)
+    if why is None:
+        refusal = _claimed_by_other(run_dir, stale_after_s=stale_after_s)
+        if refusal is not None:
+            raise LaunchError(refusal)
+        return
+    (run_dir / CLAIM_FILE).unlink(missing_ok=True)
+    print(f"harness: --out {display(run_dir)}: {why}: taken over", file=sys.stderr, flush=True)
 
 
 def _entries(directory: Path) -> list[str]:
@@ -202,6 +275,9 @@ def _check_existing_dir(out: Path, matrix_name: str | None, stale_after_s: float
                               "new directory")
         return _probe(out)
     if "run.json" in entries or "ranks" in entries:
+        if records_ended(out):
+            raise LaunchError(f"--out {shown} already holds a run whose records are complete (`harness collect "
+                              f"{shown}` reports it); give a new directory")
         raise LaunchError(f"--out {shown} already holds a run; give a new directory")
     if entries:
         raise LaunchError(f"--out {shown} is not empty ({len(entries)} entries); allowed: a new or empty directory")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.core.events import Event, EventError, Failed, Placed, PolicyDone, RecordWritten, parse_event
+from harness.core.killpoints import kill_point
 from harness.core.records import RankFailure, RankRecord, rank_record_path, write_json_atomic, write_record
 from harness.launch.contract import LaunchOutcome
 
@@ -92,6 +93,7 @@ class RunSink:
         if record is not None:
             write_record(rank_record_path(self.run_dir, rank), record)
             self.so_far[rank] = record
+            kill_point("policy-done")
 
     def _ended(self, rank: int) -> None:
         if self.first_end_at is None:
@@ -107,6 +109,7 @@ class RunSink:
             return
         write_record(rank_record_path(self.run_dir, rank), record)
         self.records[rank] = record
+        kill_point("record")
         self.so_far.pop(rank, None)
         self._ended(rank)
         self.event(RecordWritten(**self.header, rank=rank))

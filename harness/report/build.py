@@ -296,6 +296,18 @@ def _failure_text(failure: RankFailure) -> str:
     return f"{failure.cause}" + (f" ({failure.detail})" if failure.detail else "")
 
 
+def _failure_line(failure: RankFailure) -> str:
+    """The failure in one line, for a problem's cause: its cause's first line, and its detail when that is one line
+    too; a longer detail (a rank's traceback) stays in its record, which the line names."""
+    cause = (failure.cause.strip().splitlines() or [""])[0]
+    detail = failure.detail.strip()
+    if not detail:
+        return cause
+    if "\n" not in detail and "\r" not in detail:
+        return f"{cause} ({detail})"
+    return f"{cause} (its traceback: ranks/rank-{failure.rank:05d}.failed.json)"
+
+
 def _failure_problems(failures: tuple[RankFailure, ...], finished: dict[int, list[str]],
                       scenario_policies: list[str]) -> list[Problem]:
     """One problem per failed rank, naming what it finished before it failed (`finished`: the policies its record
@@ -307,7 +319,7 @@ def _failure_problems(failures: tuple[RankFailure, ...], finished: dict[int, lis
         kept = f"; finished {', '.join(done)}" if done else ""
         gone = f"; lost {', '.join(lost)}" if lost else ""
         problems.append(Problem(kind="rank-failure", rank=f.rank, path=f"ranks/rank-{f.rank:05d}.failed.json",
-                                cause=f"rank {f.rank} on {f.node}: {_failure_text(f)}{kept}{gone}"))
+                                cause=f"rank {f.rank} on {f.node}: {_failure_line(f)}{kept}{gone}"))
     return problems
 
 

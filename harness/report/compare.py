@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.core.exits import EXIT_ERROR, EXIT_OK
+from harness.scenario.limits import shown_text
 from harness.report.compare_load import LoadedReport, load_report
 from harness.report.compare_metrics import (
     EXACT,
@@ -256,15 +257,23 @@ def _baseline_passes(baseline: Report, options: Options, where: str) -> str | No
             "its aggregates may miss ranks and its numbers may be wrong")
 
 
+MAX_CAUSES_SHOWN, MAX_CAUSE_CHARS = 10, 300  # compare's error: a line per problem, this many, this long at most
+
+
 def _current_problems(current: Report) -> None:
     """Problems in the current run's records make the comparison meaningless: exit 2, naming them.
 
     A matrix cell that never ran is not one of them: its results are missing, which is a regression."""
     problems = [p for p in current.problems if p.kind != "missing-cell"]
     if problems:
-        shown = "; ".join(f"{f'[{p.cell}] ' if p.cell else ''}{p.kind}: {p.cause}" for p in problems[:3])
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise CompareError(f"the current run's records have {len(problems)} problem(s): {shown}{more}")
+        # One line per cause (its first line, control characters escaped): a rank's traceback stays in its record.
+        lines = [shown_text(f"{f'[{p.cell}] ' if p.cell else ''}{p.kind}: "
+                            f"{(p.cause.strip().splitlines() or [''])[0]}", MAX_CAUSE_CHARS)
+                 for p in problems[:MAX_CAUSES_SHOWN]]
+        if len(problems) > MAX_CAUSES_SHOWN:
+            lines.append(f"(and {len(problems) - MAX_CAUSES_SHOWN} more: `harness collect` lists them all)")
+        raise CompareError(f"the current run's records have {len(problems)} problem(s):" +
+                           "".join(f"\n  {line}" for line in lines))
 
 
 

@@ -25,7 +25,7 @@ from harness.report.collect import collect
 from harness.report.compare_metrics import CompareError
 from harness.report.load import MAX_RECORD_BYTES, input_hash, read_contained
 from harness.report.model import (
-    MatrixCell, MatrixReport, Report, ReportFormatError, RunReport, content_digest, parse_report,
+    MatrixCell, MatrixReport, Report, ReportFormatError, RunReport, content_digest, parse_report, with_digest,
 )
 from harness.report.status import STATUS_FILE, StatusError, read_status
 from harness.report.write import file_sha256, output_generations
@@ -118,14 +118,17 @@ def _digest_state(data: dict[str, Any]) -> Literal["verified", "absent", "change
         return "changed"
 
 
-def _collect_in_memory(directory: Path) -> Report:
+def _collect_in_memory(directory: Path, *, expected: bool = False, kind: str | None = None) -> Report:
+    """The report the records under `directory` give now, nothing written. `expected`: a matrix's cells name the
+    sha256 of the report.json collect writes for each, as the matrix report collected from them does. `kind`:
+    what report.json says the directory is (a run's records are collected as a run's, run.json missing or not)."""
     from harness.report.matrix import recollect_matrix
     from harness.scenario.matrix import MatrixError
 
-    if (directory / "run.json").exists() or (directory / "run.json").is_symlink():
+    if kind == "run" or (directory / "run.json").exists() or (directory / "run.json").is_symlink():
         return collect(directory, write=False).report
     try:
-        return recollect_matrix(directory, write=False).report
+        return recollect_matrix(directory, write="expected" if expected else False).report
     except MatrixError as exc:
         raise CompareError(str(exc)) from None
 
@@ -147,10 +150,11 @@ def _check_status(directory: Path, report: Report) -> None:
         status = read_status(directory)
     except StatusError as exc:
         raise CompareError(str(exc)) from None
-    if (status.generation, status.exit_code) != (report.generation, report.exit_code):
-        raise CompareError(f"{directory / STATUS_FILE} records exit {status.exit_code} of generation "
-                           f"{status.generation}, report.json exit {report.exit_code} of {report.generation}: "
-                           f"run `harness collect {directory}`")
+    if (status.generation, status.exit_code, status.status, status.kind) != \
+            (report.generation, report.exit_code, report.status, report.kind):
+        raise CompareError(f"{directory / STATUS_FILE} records exit {status.exit_code} ({status.status}) of generation "
+                           f"{status.generation}, report.json exit {report.exit_code} ({report.status}) of "
+                           f"{report.generation}: run `harness collect {directory}`")
 
 
 def _records_unchanged(directory: Path, report: RunReport) -> bool:
@@ -213,35 +217,77 @@ def _matrix_unchanged(directory: Path, report: MatrixReport) -> bool:
 
 
 def _verified(directory: Path, loaded: LoadedReport) -> LoadedReport:
-    """A directory's report.json, checked before any number of it is used: one generation with its siblings, its
-    content digest (an edited report.json is refused), and its records' bytes (changed records are refused); for a
-    matrix, matrix.json's bytes and each cell's own report.json's.
+    """A directory's report.json, checked before any number or verdict of it is used: one generation with its
+    siblings and status.json's verdict, its content digest (an edited report.json is refused), its records' bytes
+    (changed records are refused, naming the cell of a matrix), and then the report its records give now, held
+    against it whole: a report.json rewritten after collect with its content digest recomputed (a public sha256)
+    is refused, so no verdict is taken from report.json where records are present to re-derive it.
 
-    A report that verifies is used as it is (no record and no cell report is parsed); one without a digest (an
-    older harness's) is replaced by the records collected in memory, so every number comes from the records."""
+    Without records beside it (run.json, matrix.json), report.json is trusted as far as its digest and siblings go
+    (docs/reports.md). A report of an older schema version or without a digest is replaced by the records'
+    report, once their verdicts agree."""
     _check_siblings(directory, loaded)
     _check_status(directory, loaded.report)
     generation = loaded.report.generation
     if loaded.digest == "changed":
         raise CompareError(f"{directory / 'report.json'}: report.json was changed after collect (its content digest "
                            f"does not match its content): re-run `harness collect {directory}`")
-    if not any((directory / n).exists() for n in ("run.json", "matrix.json")):
-        return loaded
+    if not any((directory / n).exists() or (directory / n).is_symlink() for n in ("run.json", "matrix.json", "ranks")):
+        return loaded  # no records beside it: trusted as far as its digest and siblings go (docs/reports.md)
+    report = loaded.report
+    inputs_told = False  # the inputs' bytes are those report.json was collected from
     if loaded.digest == "verified":
-        report = loaded.report
         if isinstance(report, MatrixReport) and (directory / MATRIX_MANIFEST).exists():
-            if _matrix_unchanged(directory, report):
-                return loaded
-        elif isinstance(report, RunReport) and _records_unchanged(directory, report):
-            return loaded
-    fresh = _collect_in_memory(directory)
+            inputs_told = _matrix_unchanged(directory, report)  # CompareError naming a changed cell
+        elif isinstance(report, RunReport):
+            inputs_told = _records_unchanged(directory, report)
+    fresh = _collect_in_memory(directory, expected=True, kind=report.kind)
+    if isinstance(fresh, MatrixReport) and fresh.generation.rpartition("@")[2] == generation.rpartition("@")[2]:
+        # a matrix's run id is its directory's name when collected: a copy elsewhere is the same matrix
+        fresh = fresh.model_copy(update={"run_id": report.run_id, "generation": generation})
     if fresh.generation != generation:
         raise CompareError(f"{directory}: report.json is of generation {generation} but its records are now "
                            f"{fresh.generation} (changed, deleted or added since it was collected); run `harness "
                            f"collect {directory}`")
-    why = "its inputs changed in a way their bytes alone do not tell" if loaded.digest == "verified" else \
-        "report.json carries no content digest"
+    same_version = report.report_schema_version == fresh.report_schema_version
+    if loaded.digest == "verified" and same_version:
+        if isinstance(fresh, MatrixReport) and isinstance(report, MatrixReport):
+            fresh = fresh.model_copy(update={"manifest_sha256": report.manifest_sha256})  # matrix.json's bytes alone
+        if with_digest(fresh).content_digest != report.content_digest:
+            raise CompareError(_not_its_records(directory, report, fresh))
+        if inputs_told:
+            return loaded
+    elif (report.status, report.exit_code) != (fresh.status, fresh.exit_code):
+        raise CompareError(_not_its_records(directory, report, fresh))
+    why = ("its inputs changed in a way their bytes alone do not tell" if loaded.digest == "verified" and same_version
+           else "report.json carries no content digest" if loaded.digest != "verified"
+           else f"report.json is of schema version {report.report_schema_version}")
     return LoadedReport(report=fresh, source=f"records (collected in memory: {why})")
+
+
+def _not_its_records(directory: Path, report: Report, fresh: Report) -> str:
+    return (f"{directory / 'report.json'}: not the report its records give (it records {report.status}, exit "
+            f"{report.exit_code}; its records give {fresh.status}, exit {fresh.exit_code}): rewritten after collect; "
+            f"run `harness collect {directory}`")
+
+
+def verify_directory(directory: Path) -> LoadedReport:
+    """The one verification of a run or matrix directory that `harness compare` and `harness status` share: its
+    report.json (or, without one, its records collected in memory) with every check `_verified` makes; a
+    report.json deleted after collect (its stamped siblings, status.json among them, are still there) is refused.
+    CompareError (one line) for anything that fails."""
+    directory = Path(directory)
+    if (directory / "report.json").exists() or (directory / "report.json").is_symlink():
+        return _verified(directory, _parse_report_file(directory / "report.json"))
+    left = [name for name, generation in output_generations(directory).items() if generation is not None]
+    if left:
+        raise CompareError(f"{directory / 'report.json'}: missing, while {left[0]} of generation "
+                           f"{output_generations(directory)[left[0]]} that collect wrote with it is here (deleted "
+                           f"after collect); run `harness collect {directory}`")
+    if _has_records(directory):
+        return LoadedReport(report=_collect_in_memory(directory), source="records (collected in memory)")
+    raise CompareError(f"{directory}: neither report.json nor run.json nor matrix.json here; run `harness collect "
+                       f"{directory}` or give a report.json")
 
 
 def _has_records(directory: Path) -> bool:
@@ -256,12 +302,7 @@ def load_report(path: Path) -> LoadedReport:
     if path.name == "report.json" and path.is_file() and _has_records(path.parent):
         path = path.parent
     if path.is_dir():
-        if (path / "report.json").exists():
-            return _verified(path, _parse_report_file(path / "report.json"))
-        if _has_records(path):
-            return LoadedReport(report=_collect_in_memory(path), source="records (collected in memory)")
-        raise CompareError(f"{path}: neither report.json nor run.json nor matrix.json here; run `harness collect "
-                           f"{path}` or give a report.json")
+        return verify_directory(path)
     if not path.exists():
         raise CompareError(f"{path}: no such file or directory")
     loaded = _parse_report_file(path)

@@ -78,11 +78,12 @@ def matrix_cell(cell: ScenarioCell, report: RunReport, report_sha256: str | None
 
 
 def _cell_report(matrix_dir: Path, cell: ScenarioCell, *,
-                 write: bool | Literal["stale"]) -> tuple[RunReport, str | None]:
+                 write: bool | Literal["stale", "expected"]) -> tuple[RunReport, str | None]:
     """Collect one cell: its whole report and the sha256 of its report.json (None: none written). write="stale":
     write its reports only when they are not what collect writes now (a cell run by an earlier call keeps its
     files; one whose records changed since, whose report.json was edited, or whose reports are missing or of
-    another generation gets them rewritten)."""
+    another generation gets them rewritten). write="expected": nothing written; the sha256 is that of the
+    report.json collect writes from these records (what a matrix report collected from them names)."""
     name = check_cell_name(cell.name, str(matrix_dir / MATRIX_MANIFEST))
     cell_dir = matrix_dir / name
     if not (cell_dir.is_dir() and not cell_dir.is_symlink()):
@@ -95,10 +96,13 @@ def _cell_report(matrix_dir: Path, cell: ScenarioCell, *,
     report = result.report
     assert isinstance(report, RunReport)
     if write is not True:
-        if write != "stale":
+        if write not in ("stale", "expected"):
             return report, None
         report = with_digest(report)
+        assert isinstance(report, RunReport)
         sha = file_sha256(dump_json(report).encode())
+        if write == "expected":
+            return report, sha
         on_disk = read_contained(cell_dir.resolve(), cell_dir / "report.json", limit=4 * MAX_RECORD_BYTES)
         if set(output_generations(cell_dir).values()) == {report.generation} and isinstance(on_disk, bytes) \
                 and file_sha256(on_disk) == sha:
@@ -178,13 +182,15 @@ def _read_matrix_manifest(matrix_dir: Path, names: Collection[str] | None = None
     return data, cells, file_sha256(raw)
 
 
-def recollect_matrix(matrix_dir: Path, *, write: bool = True,
+def recollect_matrix(matrix_dir: Path, *, write: bool | Literal["expected"] = True,
                      progress: Callable[[str], None] | None = None) -> CollectResult:
     """`harness collect MATRIX_DIR`: collect again from matrix.json, as `collect_matrix` did after the run.
 
     `progress` gets one line per cell before it is collected (a cell's reports take about a second).
     `write=False` collects in memory and writes nothing (compare's check of a matrix report against its records);
     it then keeps each cell's summary only, so its memory is one cell's records and the summaries.
+    `write="expected"` too, with each cell's report_sha256 that of the report.json collect writes for it: the
+    matrix report its records give, to be held against the one on disk (harness.report.compare_load).
     """
     matrix_dir = Path(matrix_dir)
     data, cells, manifest_sha256 = _read_matrix_manifest(matrix_dir)
@@ -195,7 +201,7 @@ def recollect_matrix(matrix_dir: Path, *, write: bool = True,
             progress(f"collecting cell {i}/{len(cells)}: {cell.name}")
         report, sha = _cell_report(matrix_dir, cell, write=write)
         entries.append(matrix_cell(cell, report, sha))
-        if write:
+        if write is True:
             whole[cell.name] = report
     try:
         skipped = [SkippedCombination.model_validate(s) for s in data.get("skipped", [])]
@@ -209,7 +215,7 @@ def recollect_matrix(matrix_dir: Path, *, write: bool = True,
     except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
         raise MatrixError(f"{matrix_dir / MATRIX_MANIFEST}: cannot read the matrix manifest: "
                           f"{str(exc).splitlines()[0]}") from None
-    if not write:
+    if write is not True:
         return CollectResult(run_dir=matrix_dir, report=report)
     return write_outputs(matrix_dir, report, cell_reports=whole)
 

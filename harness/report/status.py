@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from harness.core.exits import EXIT_ERROR
 from harness.report.load import read_contained
@@ -38,6 +38,20 @@ class RunStatus(BaseModel):
     status: Literal["OK", "FAILED"]
     exit_code: Literal[0, 1, 2]
     exit_reason: str
+
+    @field_validator("exit_code", mode="before")
+    @classmethod
+    def _a_code_not_a_bool(cls, value: object) -> object:
+        if isinstance(value, bool):  # JSON's false is 0 to Python: an exit code is a number
+            raise ValueError(f"{str(value).lower()} is not an exit code; allowed: 0, 1, 2")
+        return value
+
+    @model_validator(mode="after")
+    def _status_is_its_code(self) -> RunStatus:
+        if (self.status == "OK") != (self.exit_code == 0):
+            raise ValueError(f"status {self.status} with exit code {self.exit_code}; allowed: OK with 0, FAILED with "
+                             "1 or 2")
+        return self
 
 
 class StatusError(Exception):
@@ -71,7 +85,7 @@ def read_status(directory: Path) -> RunStatus:
         raise
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise StatusError(f"{path}: not a status file: {'.'.join(str(p) for p in first['loc'])}: "
-                          f"{first['msg']}") from None
+        where = ".".join(str(p) for p in first["loc"]) or "status"
+        raise StatusError(f"{path}: not a status file: {where}: {first['msg']}") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise StatusError(f"{path}: corrupt: {type(exc).__name__}") from None

@@ -97,6 +97,13 @@ def shown_key(key: str) -> str:
     return quoted if len(key) <= MAX_SHOWN_CHARS else quoted[:MAX_SHOWN_CHARS] + "..."
 
 
+def shown_line(text: str) -> str:
+    """A whole message for the terminal, in one line: control characters escaped (shown_text, uncut), so a name or
+    version read from a file or a directory (a MODEL, a tree's _version.py) never splits the line or sends an
+    escape code. Every one-line error the commands print goes through it."""
+    return shown_text(text, limit=max(200, len(text)))
+
+
 def shown_text(text: str, limit: int = 200) -> str:
     """A file name or other text for a message: control characters escaped, at most `limit` characters."""
     text = text[: limit + 1].encode("unicode_escape").decode("ascii") if not text[: limit + 1].isprintable() else text

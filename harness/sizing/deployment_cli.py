@@ -19,7 +19,9 @@ from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 def _error(message: str) -> int:
     import sys
 
-    print(f"harness: error: {message}", file=sys.stderr)
+    from harness.scenario.limits import shown_line
+
+    print(f"harness: error: {shown_line(message)}", file=sys.stderr)
     return EXIT_ERROR
 
 
@@ -100,16 +102,20 @@ def plan_serve_command(request: PlanServeRequest) -> int:
     return code
 
 
-def scenario_deployments(scenario, layers: list[Any], device: DeviceRequest,
-                         budget: int) -> tuple[list[Any], str] | int:
-    """The scenario's deployment per release planned, or ([], why not) when its model has no config facts."""
+def scenario_deployments(scenario, versions: list[str], device: DeviceRequest, budget: int, *,
+                         wheel: Path | None = None, src: Path | None = None) -> tuple[list[Any], str] | int:
+    """The scenario's deployment per release planned (`versions`, then the --vllm-wheel file and the --vllm-src
+    tree themselves, as the layer table reads them), or ([], why not) when its model has no config facts."""
     from harness.sizing.deployment_plan import plan_scenario
     from harness.sizing.model_config import ModelConfigError
+    from harness.sizing.vllm_source.sources import locate
 
-    versions = [p.vllm_version for p in layers if p.vllm_version]
     gpu, total = _budget(device, scenario.memory.budget_gpu)
+    sources = [locate(wheel=wheel, cache_dir=device.cache_dir)] if wheel is not None else []
+    sources += [locate(src=src)] if src is not None else []
     try:
-        return plan_scenario(scenario, versions, gpu=gpu, total_bytes=total or budget, cache_dir=device.cache_dir), ""
+        return plan_scenario(scenario, versions, gpu=gpu, total_bytes=total or budget, cache_dir=device.cache_dir,
+                             sources=sources), ""
     except (ModelConfigError, ValueError) as error:
         return [], f"no deployment verdict: {error}"
 

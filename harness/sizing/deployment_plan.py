@@ -4,6 +4,7 @@ its `deployment:` section), per release: the DeploymentPlan, its table, and what
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,13 +108,17 @@ def plan_serve(model: str, spec: DeploymentSpec, versions: list[str], *, gpu: st
 
 
 def plan_scenario(scenario: Scenario, versions: list[str], *, gpu: str | None, total_bytes: int,
-                  cache_dir: Path | None = None) -> list[DeploymentPlan]:  # fmt: skip
+                  cache_dir: Path | None = None, sources: Sequence[Any] = ()) -> list[DeploymentPlan]:  # fmt: skip
+    """One plan per release version, then one per VllmSource given (a --vllm-wheel, a --vllm-src tree): each sized
+    from what it was asked about, never from a cached release of the same version number."""
     model, spec = scenario_deployment(scenario)
     facts = load_model(model, dtype=spec.dtype, quantization=spec.quantization)
     check_parallel(facts, spec.tensor_parallel_size)
     local = scenario.num_local_experts if spec.enable_expert_parallel and spec.num_redundant_experts is None else None
-    return [plan_release(facts, spec, v, gpu=gpu, total_bytes=total_bytes, cache_dir=cache_dir, base=scenario,
-                         local_experts=local, origin="scenario") for v in versions]  # fmt: skip
+    plans = [plan_release(facts, spec, v, gpu=gpu, total_bytes=total_bytes, cache_dir=cache_dir, base=scenario,
+                          local_experts=local, origin="scenario") for v in versions]  # fmt: skip
+    return plans + [plan_source(facts, spec, source, gpu=gpu, total_bytes=total_bytes, base=scenario,
+                                local_experts=local, origin="scenario") for source in sources]  # fmt: skip
 
 
 # --- output ---------------------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.scenario.limits import shown_text
 from harness.sizing.quant_formats import (
     SUPPORTED_ACT_DTYPES,
     Quant,
@@ -237,16 +238,19 @@ def hub_snapshot_config(hub_id: str) -> Path | None:
 def load_model(model: str, *, dtype: str | None = "auto", quantization: str | None = None) -> ModelFacts:
     """A local directory holding config.json, a config.json file, a preset name or a hub id (a preset's, or one in
     the local Hugging Face cache). `dtype` and `quantization` are vllm serve's --dtype and --quantization."""
-    if len(model) > 4096 or "\0" in model or not model.isprintable():
-        raise ModelConfigError(f"model {model[:60]!r}: not a usable path or name")
+    if len(model) > 4096 or "\0" in model:
+        raise ModelConfigError(f"model {shown_text(model, 60)}: not a usable path or name")
     path = Path(model)
     if path.is_dir():
         config = path / "config.json"
         if not config.is_file():
-            raise ModelConfigError(f"model {model}: the directory has no config.json (vllm serve reads it from there)")
-        return parse_config(config, name=path.name, dtype=dtype, quantization=quantization)
+            raise ModelConfigError(f"model {shown_text(model)}: the directory has no config.json (vllm serve reads it "
+                                   "from there)")
+        # a name printed as it is: escaped once, here
+        return parse_config(config, name=shown_text(path.name), dtype=dtype, quantization=quantization)
     if path.is_file() and path.suffix == ".json":
-        return parse_config(path, name=path.parent.name or path.stem, dtype=dtype, quantization=quantization)
+        return parse_config(path, name=shown_text(path.parent.name or path.stem), dtype=dtype,
+                            quantization=quantization)  # fmt: skip
     preset = MODELS_DIR / f"{model.lower()}.json"
     if re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", model.lower()) and preset.is_file():
         return parse_config(preset, name=model.lower(), shown=f"harness/defaults/models/{preset.name}", dtype=dtype,
@@ -261,9 +265,9 @@ def load_model(model: str, *, dtype: str | None = "auto", quantization: str | No
         if cached is not None:
             return parse_config(cached, name=model.split("/")[1], dtype=dtype, quantization=quantization)
         raise ModelConfigError(f"model {model}: a hub id that is neither a preset nor in the local Hugging Face cache "
-                               f"({_hub_caches()[0]}); give a directory holding its config.json, or one of the "
+                               f"({shown_text(str(_hub_caches()[0]))}); give a directory holding its config.json, or one of the "
                                f"presets: {', '.join(preset_names())}")  # fmt: skip
-    raise ModelConfigError(f"model {model}: not a directory with config.json nor a preset; presets: "
+    raise ModelConfigError(f"model {shown_text(model)}: not a directory with config.json nor a preset; presets: "
                            f"{', '.join(preset_names())}")  # fmt: skip
 
 
@@ -312,16 +316,17 @@ def loads_bounded(text: str, *, what: str, max_depth: int = MAX_JSON_DEPTH) -> o
 
 def parse_config(path: Path, *, name: str, shown: str | None = None, dtype: str | None = "auto",
                  quantization: str | None = None) -> ModelFacts:  # fmt: skip
+    where = shown or shown_text(str(path))  # printed as it is: escaped once, here
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ModelConfigError(f"{path}: {path.stat().st_size} bytes is not a config.json (at most 1 MiB)")
+            raise ModelConfigError(f"{where}: {path.stat().st_size} bytes is not a config.json (at most 1 MiB)")
         text = path.read_text(encoding="utf-8")
         data = loads_bounded(text, what="config.json")
     except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise ModelConfigError(f"{path}: not a readable JSON config: {str(error)[:120]}") from None
+        raise ModelConfigError(f"{where}: not a readable JSON config: {shown_text(str(error), 120)}") from None
     if not isinstance(data, dict):
-        raise ModelConfigError(f"{path}: a config.json is a JSON object")
-    return facts_from(data, name=name, path=shown or str(path), lines=_key_lines(text), dtype=dtype,
+        raise ModelConfigError(f"{where}: a config.json is a JSON object")
+    return facts_from(data, name=name, path=where, lines=_key_lines(text), dtype=dtype,
                       quantization=quantization)  # fmt: skip
 
 

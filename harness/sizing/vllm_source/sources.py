@@ -32,6 +32,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from harness.scenario.limits import shown_text
 from harness.sizing.vllm_source.registry import check_kept_wheel, download_release
 from harness.sizing.vllm_source.cache import (
     DAMAGED_ZIP_ERRORS,
@@ -235,7 +236,7 @@ def _version_from_tree(root: Path) -> str | None:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
             names = {t.id for t in node.targets if isinstance(t, ast.Name)}
             if names & {"__version__", "version"} and isinstance(node.value.value, str):
-                return node.value.value
+                return shown_text(node.value.value, 64)  # the tree's text, printed: control characters escaped
     return None
 
 
