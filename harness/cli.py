@@ -427,6 +427,16 @@ def _version_text() -> str:
     return text
 
 
+def cmd_verify(ns: argparse.Namespace) -> int:
+    """Real vLLM's startup figures (a startup here, or --log) beside the plan (harness.verify)."""
+    from harness.verify.cli import VerifyRequest, verify_command
+
+    return verify_command(VerifyRequest(
+        serve=tuple(getattr(ns, "serve", None) or ()), log=ns.log, entry=ns.entry, tolerance_pct=ns.tolerance_pct,
+        timeout_s=ns.timeout, python=ns.python, vllm_version=ns.vllm_version, gpu=ns.gpu, cache_dir=ns.cache_dir,
+        save=ns.save, keep_log=ns.keep_log, json=ns.json))  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="harness", description="EP+DP MoE workspace harness (vLLM PR #55579)")
     parser.add_argument("--version", action=_VersionAction, nargs=0,
@@ -454,6 +464,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-gb", type=float, default=None, help="fit or OOM against this many GB (1e9 B) instead")
     p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_plan, parser=p)
+
+    p = sub.add_parser("verify", help="start real vLLM on dummy weights (or read its startup log, --log) and put "
+                       "its startup figures beside `harness plan`'s, line by line: 0 within --tolerance-pct, 1 outside",
+                       description="harness verify [OPTIONS] -- vllm serve MODEL FLAGS: MODEL a directory holding "
+                       "config.json or a preset; docs/deployment-memory.md")
+    p.add_argument("--log", type=Path, default=None, metavar="FILE",
+                   help="compare this vLLM startup log; nothing is started (no GPU needed)")
+    p.add_argument("--entry", choices=("serve", "llm"), default="serve",
+                   help="start `vllm serve` (default) or the LLM class, whose defaults differ (max_num_batched_tokens "
+                        "16384, max_num_seqs 1024)")
+    p.add_argument("--tolerance-pct", type=float, default=1.0, metavar="P",
+                   help="largest difference judged ok, in percent (totals of what vLLM printed; the profile's small "
+                        "terms of the requested memory); default 1")
+    p.add_argument("--timeout", type=float, default=900.0, metavar="S", help="stop vLLM after S seconds (default 900)")
+    p.add_argument("--python", default=sys.executable, help="the Python whose vLLM is started (default: this one)")
+    p.add_argument("--vllm-version", default=None, metavar="X.Y.Z",
+                   help="the release to plan (default: the installed one, or the one the log names)")
+    p.add_argument("--gpu", default=None, metavar="NAME", help="the GPU's name for the plan (default: nvidia-smi's)")
+    p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP)
+    p.add_argument("--save", type=Path, default=None, metavar="FILE",
+                   help="write what vLLM printed as a startup record (YAML, the format of tests/data/startup_logs)")
+    p.add_argument("--keep-log", type=Path, default=None, metavar="FILE", help="write vLLM's whole startup log here")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p.set_defaults(func=cmd_verify, parser=p)
 
     p = sub.add_parser("scenarios", help="list the scenario files")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
@@ -591,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     if (refused := _arguments_refused(argv)) is not None:
         return _print_error(refused)
     serve = None
-    if argv[:1] == ["plan"] and "--" in argv:  # `harness plan ... -- vllm serve MODEL FLAGS`
+    if argv[:1] in (["plan"], ["verify"]) and "--" in argv:  # `harness plan|verify ... -- vllm serve MODEL FLAGS`
         cut = argv.index("--")
         argv, serve = argv[:cut], argv[cut + 1:]
     ns, extras = build_parser().parse_known_args(argv)

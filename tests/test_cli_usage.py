@@ -14,7 +14,7 @@ PR_CASE = "scenarios/deepseek-v3-dp32-pr55579.yaml"
 
 @pytest.mark.parametrize(("args", "says"), [
     ((), "harness: error: the following arguments are required: command; see `harness --help`"),
-    (("rnu",), "harness: error: argument command: invalid choice: 'rnu' (choose from 'plan', 'scenarios', 'run', "
+    (("rnu",), "harness: error: argument command: invalid choice: 'rnu' (choose from 'plan', 'verify', 'scenarios', 'run', "
                "'collect', 'compare', 'status', 'bench', 'schema', 'vllm'); did you mean 'run'? See `harness --help`."),
     (("plan",), "harness: error: plan needs a scenario, or `-- vllm serve MODEL FLAGS` after the options; see "
                 "`harness plan --help`"),

@@ -22,6 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "report": {"core", "scenario", "sizing"},
     "launch": {"core", "scenario", "sizing", "rank", "report"},
     "bench": {"core", "scenario", "sizing", "rank", "launch", "report"},
+    "verify": {"core", "scenario", "sizing"},
 }
 TOP_MODULES = {"cli", "__main__", "__init__"}  # the command layer may import anything
 

@@ -204,6 +204,9 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     estimate = defaults.estimates_cudagraphs(files, version)
     if cudagraph_estimate is not None:
         estimate = defaults.Default(cudagraph_estimate, f"{defaults.CUDAGRAPH_ENV}={int(cudagraph_estimate)}")
+    runner = defaults.v2_runner_without_estimate(facts.architecture, facts.is_moe, version)
+    if runner is not None and estimate.value:
+        estimate = defaults.Default(False, runner)
     cudagraph = bool(estimate.value) and not spec.enforce_eager
     settings.append(Setting(name="cudagraph_memory_estimate", value=cudagraph,
                             source="--enforce-eager" if spec.enforce_eager else estimate.source))  # fmt: skip

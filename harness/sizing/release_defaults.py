@@ -127,3 +127,30 @@ def estimates_cudagraphs(files: ReleaseFiles | None, version: str | None = None)
     if read.ok:
         return Default(bool(read.value), str(read.ref))
     return Default(False, f"table: {CUDAGRAPH_ENV} absent from envs.py ({read.reason})")
+
+
+# Releases whose "V2" model runner (v1/worker/gpu/model_runner.py) makes no CUDA-graph estimate, and which
+# architectures they run on it by default: 0.26.0's VllmConfig.use_v2_model_runner (config/vllm.py:550-622) takes
+# V2 for a generate model that is not hybrid and is either not MoE or one of DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES
+# (config/vllm.py:68); its profile_cudagraph_memory returns 0 (v1/worker/gpu/model_runner.py:705), so the graphs
+# come out of the headroom after the KV cache. 0.30.0's V2 runner estimates (_profile_cudagraph_memory) and
+# runs every architecture: not listed. Real 0.26.0 startups on one H200 confirm the runner per architecture
+# (tests/data/real_startups).
+V2_RUNNER_WITHOUT_ESTIMATE: dict[str, frozenset[str]] = {
+    "0.26.0": frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
+                         "InklingForConditionalGeneration", "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"}),
+}  # fmt: skip
+V2_RUNNER_SOURCE = ("table: vLLM {version} runs {arch} on its V2 model runner (config/vllm.py use_v2_model_runner: "
+                    "{why}), whose profile_cudagraph_memory returns 0 (v1/worker/gpu/model_runner.py)")  # fmt: skip
+
+
+def v2_runner_without_estimate(architecture: str, is_moe: bool, version: str | None) -> str | None:
+    """The source line when `version` runs this architecture on a model runner that makes no CUDA-graph estimate
+    (VLLM_USE_V2_MODEL_RUNNER unset); None otherwise."""
+    listed = V2_RUNNER_WITHOUT_ESTIMATE.get(version or "")
+    if listed is None:
+        return None
+    if not is_moe or architecture in listed:
+        why = "not an MoE model" if not is_moe else "in DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES"
+        return V2_RUNNER_SOURCE.format(version=version, arch=architecture, why=why)
+    return None

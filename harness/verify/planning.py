@@ -1,0 +1,70 @@
+"""`harness plan`'s prediction for what a startup record describes: the same model (its config facts), the same
+settings (the serve command, and what the LLM class defaulted), the GPU total vLLM saw, the release it ran."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.scenario.deployment import DeploymentSpec
+from harness.sizing.deployment import GIB, DeploymentPlan
+from harness.sizing.model_config import ModelFacts, facts_from, load_model
+from harness.sizing.serve_args import parse_serve
+from harness.verify.record import StartupRecord
+
+# The LLM class's scheduler defaults on a GPU of 70 GiB or more (engine/arg_utils.py get_batch_defaults,
+# UsageContext.LLM_CLASS; vLLM logs "Defaulting max_num_batched_tokens to 16384 for LLM_CLASS usage context").
+LLM_CLASS_DEFAULTS = {"max_num_batched_tokens": 16384, "max_num_seqs": 1024}
+
+
+def gpu_from_total(total_gib: float | None) -> str | None:
+    """The GPU whose total vLLM saw, where the log's total is one of the table's (harness.sizing.deployment
+    DEVICE_TOTAL_GIB, to the 0.01 GiB vLLM prints): a log names no GPU, but its total tells an H100 from an H200."""
+    from harness.sizing.deployment import DEVICE_TOTAL_GIB
+
+    if total_gib is None:
+        return None
+    near = [gpu for gpu, (gib, _) in DEVICE_TOTAL_GIB.items() if abs(gib - total_gib) <= 0.015]
+    return near[0] if len(near) == 1 else None
+
+
+def record_facts(record: StartupRecord) -> ModelFacts:
+    if record.config is not None:
+        return facts_from(dict(record.config), name=record.model, path=f"{record.model}/config.json")
+    return load_model(record.model)
+
+
+def record_spec(record: StartupRecord) -> tuple[str, DeploymentSpec]:
+    model, spec, _ = parse_serve(list(record.serve))
+    given = {k: v for k in ("max_num_batched_tokens", "max_num_seqs")
+             if (v := getattr(record.settings, k)) is not None}  # fmt: skip
+    if record.entry == "llm":
+        for key, value in LLM_CLASS_DEFAULTS.items():
+            if getattr(spec, key) is None:
+                given.setdefault(key, value)
+    return model, spec.model_copy(update=given)
+
+
+def plan_record(record: StartupRecord, *, version: str | None = None, gpu: str | None = None,
+                cache_dir: Path | None = None, source=None, release: bool | None = None) -> DeploymentPlan:  # fmt: skip
+    """The plan for the record's release (or `version`); the release's source is read for MoE models (their layer)
+    and, with release=True, for every model (its defaults)."""
+    from harness.sizing.deployment_plan import plan_source
+
+    facts = record_facts(record)
+    _, spec = record_spec(record)
+    version = version or record.vllm_version
+    if source is None and (release or facts.is_moe):
+        from harness.sizing.vllm_source import locate
+
+        source = locate(version=version, cache_dir=cache_dir)
+    gpu = gpu or record.gpu
+    total = record.figures.gpu_total_gib
+    if total is None:
+        from harness.scenario.sections import GPU_MEMORY_BYTES
+        from harness.sizing.deployment import device_total
+
+        total_bytes = device_total(gpu, GPU_MEMORY_BYTES[gpu])[0] if gpu in GPU_MEMORY_BYTES else 0
+    else:
+        total_bytes = round(total * GIB)
+    return plan_source(facts, spec, source, gpu=gpu, total_bytes=total_bytes, version=version,
+                       cudagraph_estimate=record.settings.cudagraph_memory_estimate)  # fmt: skip

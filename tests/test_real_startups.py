@@ -1,0 +1,173 @@
+"""The deployment model against real vLLM 0.26.0 startups on one H200 (tests/data/real_startups/*.yaml: dummy
+weights, a config directory holding only config.json, what vLLM printed; results/h200/real-startups says how).
+
+Targets (docs/deployment-memory.md keeps the error per case):
+- the KV tokens within 1% on every startup, at most 0.3% mean;
+- each line the log prints within 0.05 GiB: weights ("Model loading took"), the profile's torch peak and non-torch
+  increase, the CUDA-graph estimate (0 where vLLM made none).
+Where the model misses, the case is a strict expected failure naming the mechanism; the target is not moved.
+MoE cases read their layer's workspace from the 0.26.0 release, so they are marked vllm_wheel.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.sizing.deployment import GIB
+from harness.sizing.kv_cache import kv_shape
+from harness.sizing.release_defaults import v2_runner_without_estimate
+from harness.verify.logparse import parse_log
+from harness.verify.planning import plan_record, record_facts, record_spec
+from harness.verify.record import load_record
+
+DATA = Path(__file__).resolve().parent / "data" / "real_startups"
+CASES = {p.stem: load_record(p) for p in sorted(DATA.glob("*.yaml"))}
+
+# What the plan does not take in: flags the serve parser reads as neutral or refuses (harness/sizing/serve_args.py).
+FLAG_GAPS = {
+    "llama-8b-4l-fp32": "--dtype float32 is read as neutral (serve_args NEUTRAL_FLAGS_WITH_VALUE): vLLM builds the "
+                        "model in float32, 4 B per parameter (7.23 GiB logged, 2x bfloat16's 3.61)",
+    "qwen3-moe-4l-online-fp8": "--quantization fp8 is refused by the serve parser: online FP8 (Fp8Config from a "
+                               "bfloat16 checkpoint) stores the linear and expert weights at 1 B per parameter",
+}  # fmt: skip
+# Lines the model misses on a startup the plan can make, and why.
+V1_GRAPHS = ("0.26.0's V1 model runner measures its CUDA-graph estimate by capturing the first two graphs of each "
+             "mode and extrapolating (v1/worker/gpu_model_runner.py profile_cudagraph_memory: first capture + "
+             "(n-1) x the second); the plan holds a flat 1 GiB (0.21-0.26 GiB measured on these 2-4 layer models)")  # fmt: skip
+V2_PEAK = ("0.26.0's V2 model runner profiles differently from the V1 profile_run the plan models "
+           "(harness/sizing/profile_run.py): v1/worker/gpu/model_runner.py profile_run runs the dummy forward with "
+           "skip_attn=True and samples through the V2 Sampler's own buffers")  # fmt: skip
+LINE_GAPS: dict[tuple[str, str], str] = {
+    **{(n, "CUDA graphs"): V1_GRAPHS for n, c in CASES.items()
+       if c.model_runner == "v1" and c.figures.cuda_graph_estimate_gib is not None and n not in FLAG_GAPS},
+    ("dsv2-lite-4l", "torch peak"): V2_PEAK,
+    ("llama-8b-4l", "torch peak"): V2_PEAK,
+    ("llama-8b-4l-eager", "torch peak"): V2_PEAK,
+    ("llama-8b-4l-fp8tensor", "torch peak"): V2_PEAK,
+    ("qwen1.5-moe-4l", "torch peak"): V2_PEAK,
+    ("qwen3-8b-4l", "torch peak"): V2_PEAK,
+    ("llama-8b-4l-fp8tensor", "weights"): "vLLM logs 0.06 GiB over the per-tensor FP8 tensors listed (2.86 GiB "
+                                          "against 2.80): not found yet in Fp8LinearMethod's "
+                                          "process_weights_after_loading",
+}  # fmt: skip
+MEAN_GAP = ("the V1 runner's CUDA-graph estimate (0.74-0.79 GiB over what vLLM measured on the four V1 cases) "
+            "takes the mean KV-token error to 0.31%")  # fmt: skip
+
+
+# The lines each flag gap moves (the plan of a refused flag is no plan at all).
+FLAG_LINES = {"llama-8b-4l-fp32": ("weights", "torch peak"),
+              "qwen3-moe-4l-online-fp8": ("weights", "torch peak", "non-torch", "CUDA graphs")}
+
+
+def _marks(name: str, reason: str | None = None, line: str | None = None) -> list:
+    marks = [pytest.mark.vllm_wheel] if record_facts(CASES[name]).is_moe else []
+    if line is None or line in FLAG_LINES.get(name, ()):
+        reason = reason or FLAG_GAPS.get(name)
+    if reason:
+        marks.append(pytest.mark.xfail(strict=True, reason=reason))
+    return marks
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    import os
+
+    explicit = os.environ.get("HARNESS_CACHE_DIR")
+    return Path(explicit) if explicit else Path.home() / ".cache" / "moe-harness"
+
+
+def _plan(name: str, cache_dir: Path):
+    return plan_record(CASES[name], cache_dir=cache_dir)
+
+
+def test_the_startups_cover_the_model_surface():
+    assert len(CASES) >= 14
+    archs = {record_facts(c).architecture for c in CASES.values()}
+    assert {"Qwen3MoeForCausalLM", "MixtralForCausalLM", "DeepseekV2ForCausalLM", "LlamaForCausalLM",
+            "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM"} <= archs  # fmt: skip
+    assert any(c.llm_kwargs and c.llm_kwargs.get("kv_cache_dtype") == "fp8" for c in CASES.values())
+    assert any(c.llm_kwargs and c.llm_kwargs.get("enforce_eager") for c in CASES.values())
+    assert any(record_facts(c).weight_block_size for c in CASES.values())
+    for name, case in CASES.items():
+        assert case.schema_version == 2 and case.vllm_version == "0.26.0" and case.machine is not None, name
+        assert case.machine.gpu_name == "NVIDIA H200" and case.machine.torch.startswith("2.11.0"), name
+        assert case.entry == "llm" and case.llm_kwargs is not None and case.config is not None, name
+        assert case.figures.kv_cache_tokens and case.figures.model_loading_gib, name
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_record_is_what_its_key_lines_say(name):
+    """The figures are what the parser reads from the log lines kept with them (nothing typed by hand)."""
+    case = CASES[name]
+    parsed = parse_log("\n".join(case.key_lines))
+    assert parsed.figures == case.figures
+    assert parsed.backends == case.backends
+    assert parsed.model_runner == case.model_runner
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_model_runner_and_its_graph_estimate_per_architecture(name):
+    """0.26.0 picks the V2 runner for dense models and DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES; V2 prints no
+    CUDA-graph estimate; V1 prints one unless eager."""
+    case = CASES[name]
+    facts = record_facts(case)
+    v2 = v2_runner_without_estimate(facts.architecture, facts.is_moe, case.vllm_version) is not None
+    assert case.model_runner == ("v2" if v2 else "v1")
+    eager = bool(case.llm_kwargs and case.llm_kwargs.get("enforce_eager"))
+    assert (case.figures.cuda_graph_estimate_gib is not None) == (not v2 and not eager)
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n not in FLAG_GAPS])
+def test_kv_bytes_per_token_exact(name):
+    """The logged tokens are what the logged KV memory (to 0.01 GiB) holds at the model's bytes per token."""
+    case = CASES[name]
+    _, spec = record_spec(case)
+    shape = kv_shape(record_facts(case), spec.tensor_parallel_size, spec.kv_cache_dtype)
+    block = spec.block_size or 16
+    page = block * shape.bytes_per_token
+    gib = case.figures.available_kv_cache_gib
+    low, high = (gib - 0.005) * GIB // page * block, (gib + 0.005) * GIB // page * block
+    assert low <= case.figures.kv_cache_tokens <= high, (shape.bytes_per_token, low, high)
+
+
+def _kv_error(name: str, cache_dir: Path) -> float:
+    logged = CASES[name].figures.kv_cache_tokens
+    return (_plan(name, cache_dir).kv_tokens - logged) / logged
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n), id=n) for n in CASES])
+def test_kv_tokens_within_one_percent(name, cache_dir):
+    error = _kv_error(name, cache_dir)
+    assert abs(error) < 0.01, f"{name}: {error:+.2%}"
+
+
+@pytest.mark.vllm_wheel
+@pytest.mark.xfail(strict=True, reason=MEAN_GAP)
+def test_kv_tokens_mean_error(cache_dir):
+    errors = [abs(_kv_error(n, cache_dir)) for n in CASES if n not in FLAG_GAPS]
+    assert sum(errors) / len(errors) <= 0.003, f"mean {sum(errors) / len(errors):.3%}"
+
+
+LINES = ("weights", "torch peak", "non-torch", "CUDA graphs")
+
+
+def _line(plan, name: str) -> float:
+    groups = {"weights": ("weights",), "torch peak": ("held-once", "profile-peak"), "non-torch": ("non-torch",),
+              "CUDA graphs": ("cuda-graphs",)}[name]  # fmt: skip
+    return sum(plan.group_bytes(g) for g in groups) / GIB
+
+
+def _logged(case, name: str) -> float:
+    f = case.figures
+    return {"weights": f.model_loading_gib, "torch peak": f.torch_peak_increase_gib,
+            "non-torch": f.non_torch_increase_gib, "CUDA graphs": f.cuda_graph_estimate_gib or 0.0}[name]  # type: ignore[return-value]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,line", [pytest.param(n, x, marks=_marks(n, LINE_GAPS.get((n, x)), x),
+                                                    id=f"{n}-{x}")
+                                       for n in CASES for x in LINES])  # fmt: skip
+def test_each_logged_line_within_0_05_gib(name, line, cache_dir):
+    predicted, logged = _line(_plan(name, cache_dir), line), _logged(CASES[name], line)
+    assert abs(predicted - logged) <= 0.05, f"{name} {line}: {predicted:.3f} GiB predicted, {logged} GiB logged"
