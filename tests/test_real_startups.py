@@ -26,12 +26,7 @@ DATA = Path(__file__).resolve().parent / "data" / "real_startups"
 CASES = {p.stem: load_record(p) for p in sorted(DATA.glob("*.yaml"))}
 
 # What the plan does not take in: flags the serve parser reads as neutral or refuses (harness/sizing/serve_args.py).
-FLAG_GAPS = {
-    "llama-8b-4l-fp32": "--dtype float32 is read as neutral (serve_args NEUTRAL_FLAGS_WITH_VALUE): vLLM builds the "
-                        "model in float32, 4 B per parameter (7.23 GiB logged, 2x bfloat16's 3.61)",
-    "qwen3-moe-4l-online-fp8": "--quantization fp8 is refused by the serve parser: online FP8 (Fp8Config from a "
-                               "bfloat16 checkpoint) stores the linear and expert weights at 1 B per parameter",
-}  # fmt: skip
+FLAG_GAPS: dict[str, str] = {}
 # Lines the model misses on a startup the plan can make, and why.
 V1_GRAPHS = ("0.26.0's V1 model runner measures its CUDA-graph estimate by capturing the first two graphs of each "
              "mode and extrapolating (v1/worker/gpu_model_runner.py profile_cudagraph_memory: first capture + "
@@ -45,6 +40,7 @@ LINE_GAPS: dict[tuple[str, str], str] = {
     ("dsv2-lite-4l", "torch peak"): V2_PEAK,
     ("llama-8b-4l", "torch peak"): V2_PEAK,
     ("llama-8b-4l-eager", "torch peak"): V2_PEAK,
+    ("llama-8b-4l-fp32", "torch peak"): V2_PEAK,
     ("llama-8b-4l-fp8tensor", "torch peak"): V2_PEAK,
     ("qwen1.5-moe-4l", "torch peak"): V2_PEAK,
     ("qwen3-8b-4l", "torch peak"): V2_PEAK,
@@ -57,8 +53,7 @@ MEAN_GAP = ("the V1 runner's CUDA-graph estimate (0.74-0.79 GiB over what vLLM m
 
 
 # The lines each flag gap moves (the plan of a refused flag is no plan at all).
-FLAG_LINES = {"llama-8b-4l-fp32": ("weights", "torch peak"),
-              "qwen3-moe-4l-online-fp8": ("weights", "torch peak", "non-torch", "CUDA graphs")}
+FLAG_LINES: dict[str, tuple[str, ...]] = {}
 
 
 def _marks(name: str, reason: str | None = None, line: str | None = None) -> list:

@@ -137,11 +137,19 @@ def test_verify_log_outside_tolerance_exits_1_and_names_the_lines(tmp_path):
     assert "outside 0.05%: " in result.stdout and "KV tokens" in result.stdout.splitlines()[-1]
 
 
-def test_verify_log_of_a_flag_the_plan_does_not_read_is_bad_input(tmp_path):
+def test_verify_log_of_online_fp8_is_judged(tmp_path):
+    """--quantization fp8 is sized (online FP8 of the bfloat16 checkpoint): the startup's lines are judged."""
     log, serve = _startup(tmp_path, "qwen3-moe-4l-online-fp8")
     result = run_harness("verify", "--log", str(log), "--", *serve)
+    assert result.returncode == 0, result.stderr
+    assert "every judged line within" in result.stdout
+
+
+def test_verify_log_of_a_flag_the_plan_does_not_read_is_bad_input(tmp_path):
+    log, serve = _startup(tmp_path, "qwen3-moe-4l-online-fp8")
+    result = run_harness("verify", "--log", str(log), "--", *serve, "--swap-space", "4")
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.startswith("harness: error: vllm serve: flag --quantization is not one the plan understands")
+    assert result.stderr.startswith("harness: error: vllm serve: flag --swap-space is not one the plan understands")
 
 
 @pytest.mark.parametrize("args,message", [

@@ -28,9 +28,12 @@ def gpu_from_total(total_gib: float | None) -> str | None:
 
 
 def record_facts(record: StartupRecord) -> ModelFacts:
+    """The record's model as its serve command builds it (--dtype, --quantization)."""
+    _, spec, _ = parse_serve(list(record.serve))
     if record.config is not None:
-        return facts_from(dict(record.config), name=record.model, path=f"{record.model}/config.json")
-    return load_model(record.model)
+        return facts_from(dict(record.config), name=record.model, path=f"{record.model}/config.json",
+                          dtype=spec.dtype, quantization=spec.quantization)  # fmt: skip
+    return load_model(record.model, dtype=spec.dtype, quantization=spec.quantization)
 
 
 def record_spec(record: StartupRecord) -> tuple[str, DeploymentSpec]:
