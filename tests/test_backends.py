@@ -5,14 +5,12 @@ the schema reference, the fit check and the rank's selection all answer from the
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import typing
 
 import pytest
 import torch
 
-from cli_utils import REPO_DIR, harness_env
+from cli_utils import run_cli_inproc
 from harness.cli import build_parser
 from harness.core.backends import AUTO, COMM, EXPERTS, KINDS, BackendQuery
 from harness.rank import comm as rank_comm
@@ -137,9 +135,8 @@ def test_selection_on_a_cpu_rank_reads_the_declarations():
 
 
 def test_run_with_a_gpu_experts_backend_on_cpu_is_the_declared_line_and_exit_2(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "harness", "run", "smoke", "--device", "cpu", "--experts-backend",
-                           "torch-cutlass", "--out", str(tmp_path / "out")], cwd=REPO_DIR, capture_output=True,
-                          text=True, timeout=120, env=harness_env())
+    done = run_cli_inproc("run", "smoke", "--device", "cpu", "--experts-backend", "torch-cutlass", "--out",
+                          str(tmp_path / "out"))
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].endswith(EXPERTS.reason("torch-cutlass", CPU2) or "?"), lines

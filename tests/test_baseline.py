@@ -1,6 +1,7 @@
 """Fresh CPU runs of the smoke scenario through the real CLI: against the committed baseline, and against each other.
 
-Two runs of `harness run smoke`, back to back on this machine, are the inputs of every test here:
+Two runs of smoke on this machine (the shared run of tests/conftest.py and `harness run smoke`) are the inputs of
+every test here:
     - the fresh run against results/baselines/cpu-smoke: memory, error and outcome match (times depend on the
       machine, so `--ignore time --ignore throughput`); allocator bytes to the byte, errors within float32
       reordering (the baseline was made on another CPU);
@@ -12,11 +13,10 @@ Two runs of `harness run smoke`, back to back on this machine, are the inputs of
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_utils import run_cli_inproc
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "results" / "baselines" / "cpu-smoke"
@@ -25,26 +25,23 @@ BASELINE = ROOT / "results" / "baselines" / "cpu-smoke"
 RUN_TIMEOUT_S = 240
 
 
-def harness(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harness", *argv], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
-
-
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    out = tmp_path_factory.mktemp("smoke")
-    for name in ("first", "second"):
-        run = harness("run", "smoke", "--out", str(out / name), timeout=RUN_TIMEOUT_S)
-        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    return out / "first", out / "second"
+def two_runs(smoke_run, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The shared smoke run (tests/conftest.py) and a second one: two runs of smoke on this machine."""
+    assert smoke_run.returncode == 0, smoke_run.stdout[-2000:] + smoke_run.stderr[-2000:]
+    out = tmp_path_factory.mktemp("smoke") / "second"
+    run = run_cli_inproc("run", "smoke", "--out", str(out))
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    return smoke_run.out, out
 
 
 def compare(baseline: Path, current: Path, *flags: str) -> tuple[int, dict]:
-    cmp = harness("compare", str(baseline), str(current), "--json", *flags)
+    cmp = run_cli_inproc("compare", str(baseline), str(current), "--json", *flags)
     assert cmp.returncode in (0, 1, 2), cmp.stderr
     return cmp.returncode, json.loads(cmp.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
 def test_fresh_cpu_smoke_run_matches_the_committed_baseline(two_runs: tuple[Path, Path]) -> None:
     _, fresh = two_runs
@@ -58,6 +55,7 @@ def test_fresh_cpu_smoke_run_matches_the_committed_baseline(two_runs: tuple[Path
     assert not any(r["metric"] in ("dispatch_us", "experts_tflops") for r in result["rows"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
 def test_back_to_back_smoke_runs_pass_the_default_gate(two_runs: tuple[Path, Path]) -> None:
     """The plain `harness compare` of two runs on this machine: exit 0. Their timings are shown, not gated: on a
@@ -74,6 +72,7 @@ def test_back_to_back_smoke_runs_pass_the_default_gate(two_runs: tuple[Path, Pat
             assert (policy, metric) in gated, (policy, metric)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
 def test_a_deleted_policy_or_a_nan_fails_the_gate(two_runs: tuple[Path, Path], tmp_path: Path) -> None:
     first, second = two_runs
@@ -104,6 +103,7 @@ def float32_reorder_bound(num_terms: int) -> float:
     return num_terms * u / (1 - num_terms * u)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
 def test_back_to_back_runs_agree_to_the_byte_and_rss_to_the_page(two_runs: tuple[Path, Path]) -> None:
     """On one machine the same code gives the same allocator bytes, errors and outcomes, exactly (seeded routing
@@ -124,6 +124,7 @@ def test_back_to_back_runs_agree_to_the_byte_and_rss_to_the_page(two_runs: tuple
         _assert_within_a_page(mine, theirs)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
 def test_a_fresh_run_gives_the_baselines_bytes_and_its_errors_within_float32_reordering(
         two_runs: tuple[Path, Path]) -> None:
@@ -181,19 +182,19 @@ def test_compare_flags_a_doubled_workspace_against_the_baseline(tmp_path: Path) 
             if policy["policy"] == "fixed" and policy.get("memory"):
                 policy["memory"]["workspace_delta_bytes"] *= 2
         path.write_text(json.dumps(record, indent=1))
-    assert harness("collect", str(current)).returncode in (0, 1)
-    cmp = harness("compare", str(BASELINE), str(current), "--ignore", "time", "--ignore", "throughput")
+    assert run_cli_inproc("collect", str(current)).returncode in (0, 1)
+    cmp = run_cli_inproc("compare", str(BASELINE), str(current), "--ignore", "time", "--ignore", "throughput")
     assert cmp.returncode == 1, cmp.stdout + cmp.stderr
     assert "workspace_delta_avg_bytes" in cmp.stdout and "regression" in cmp.stdout
 
 
 def test_the_committed_baseline_is_one_generation() -> None:
     """Its report.json, report.md, junit.xml and report.html come from its records as they are committed."""
-    cmp = harness("compare", str(BASELINE), str(BASELINE))
+    cmp = run_cli_inproc("compare", str(BASELINE), str(BASELINE))
     assert cmp.returncode == 0, cmp.stdout[-2000:] + cmp.stderr
 
 
 def test_ignore_names_an_unknown_group_clearly() -> None:
-    cmp = harness("compare", str(BASELINE), str(BASELINE), "--ignore", "speed")
+    cmp = run_cli_inproc("compare", str(BASELINE), str(BASELINE), "--ignore", "speed")
     assert cmp.returncode == 2
     assert "--ignore 'speed': unknown metric or group" in cmp.stderr and "groups: memory, error, time" in cmp.stderr

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+
+from cli_utils import run_cli_inproc
 
 from harness.bench.markdown import render_markdown
 from harness.bench.records import BenchReport, CpuCost
@@ -25,11 +26,11 @@ def _bench(tmp_path: Path, bench: dict, *extra: str) -> tuple[subprocess.Complet
     path = tmp_path / "tiny-bench.yaml"
     path.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "harness", "bench", str(path), "--no-cpu-costs", "--out", str(out),
-                           *extra], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    done = run_cli_inproc("bench", str(path), "--no-cpu-costs", "--out", str(out), *extra)
     return done, json.loads((out / "bench.json").read_text())
 
 
+@pytest.mark.slow
 def test_bench_reports_every_variant_per_rank_and_passes_low_thresholds(tmp_path):
     done, data = _bench(tmp_path, {"iterations": 3, "experts_ratio_min": 0.01, "comm_busbw_ratio_min": 0.001}, "--json")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -75,6 +76,7 @@ def test_bench_reports_every_variant_per_rank_and_passes_low_thresholds(tmp_path
     assert float(low) > 0 and "0.0..0.0" not in fixed_row  # CPU TFLOP/s at 4 significant digits
 
 
+@pytest.mark.slow
 def test_cpu_ranks_never_fail_on_the_comm_ratios(tmp_path):
     done, data = _bench(tmp_path, {"iterations": 2, "experts_ratio_min": 0.01, "comm_busbw_ratio_min": 50.0,
                                    "comm_bound_ratio_min": 50.0})
@@ -82,6 +84,7 @@ def test_cpu_ranks_never_fail_on_the_comm_ratios(tmp_path):
     assert data["report"]["failures"] == [] and data["report"]["ok"] is True
 
 
+@pytest.mark.slow
 def test_bench_below_a_scenario_threshold_exits_1_and_names_it(tmp_path):
     done, data = _bench(tmp_path, {"iterations": 2, "experts_ratio_min": 50.0})
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]

@@ -1,16 +1,18 @@
-"""The `harness` command as a user runs it: subprocesses of the real CLI, exit codes and output checked."""
+"""The `harness` command as a user runs it: the real CLI (in this process, and once as `python -m harness`), exit
+codes and output checked."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from cli_utils import REPO_DIR, harness_env, run_harness
+from cli_utils import REPO_DIR, harness_env, run_cli_inproc, run_harness
 
 from harness.scenario.schema import Scenario, load_scenario
 from harness.scenario.doc import REGENERATE, schema_markdown
@@ -21,7 +23,7 @@ SCENARIO_FILES = sorted(p.name for p in (REPO_DIR / "scenarios").glob("*.yaml"))
 
 
 def test_plan_prints_the_pr_case():
-    result = run_harness("plan", PR_CASE)
+    result = run_cli_inproc("plan", PR_CASE)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "legacy 112 GiB (32x fixed); fixed 3.5 GiB (1x fixed); lower-bound 3.5 GiB (1x fixed)" in out
@@ -33,14 +35,14 @@ def test_plan_prints_the_pr_case():
 
 def test_plan_of_a_small_scenario_reads_in_mib():
     # smoke's workspaces are 8 and 32 MiB: "0.007812 GiB" was what the plan printed before.
-    result = run_harness("plan", "smoke")
+    result = run_cli_inproc("plan", "smoke")
     assert result.returncode == 0, result.stderr
     assert "legacy 32 MiB (4x fixed); fixed 8 MiB (1x fixed); lower-bound 8 MiB (1x fixed)" in result.stdout
     assert "GiB" not in result.stdout
 
 
 def test_plan_json_gives_bytes_as_ints():
-    result = run_harness("plan", PR_CASE, "--json")
+    result = run_harness("plan", PR_CASE, "--json")  # `python -m harness` itself, the module's entry point
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["scenario"] == "deepseek-v3-dp32-pr55579"
@@ -54,14 +56,14 @@ def test_plan_json_gives_bytes_as_ints():
 
 
 def test_plan_finds_a_scenario_by_name_from_any_directory(tmp_path):
-    result = run_harness("plan", "deepseek-v3-dp32-pr55579", "--json", cwd=tmp_path)
+    result = run_cli_inproc("plan", "deepseek-v3-dp32-pr55579", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["policies"][1]["total_bytes"] == FIXED_BYTES
 
 
 @pytest.mark.parametrize("name", SCENARIO_FILES)
 def test_every_scenario_file_plans(name):
-    result = run_harness("plan", f"scenarios/{name}", "--json")
+    result = run_cli_inproc("plan", f"scenarios/{name}", "--json")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     fixed = next(p for p in plan["policies"] if p["name"] == "fixed")["total_bytes"]
@@ -70,7 +72,7 @@ def test_every_scenario_file_plans(name):
 
 
 def test_scenarios_lists_every_file_with_its_summary():
-    result = run_harness("scenarios")
+    result = run_cli_inproc("scenarios")
     assert result.returncode == 0, result.stderr
     for name in SCENARIO_FILES:
         assert name in result.stdout
@@ -80,7 +82,7 @@ def test_scenarios_lists_every_file_with_its_summary():
 
 
 def test_scenarios_json():
-    result = run_harness("scenarios", "--json")
+    result = run_cli_inproc("scenarios", "--json")
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)["scenarios"]
     assert [row["file"] for row in rows] == SCENARIO_FILES
@@ -90,7 +92,7 @@ def test_scenarios_json():
 
 
 def test_schema_prints_markdown_with_every_top_level_field():
-    result = run_harness("schema")
+    result = run_cli_inproc("schema")
     assert result.returncode == 0, result.stderr
     assert result.stdout == schema_markdown()
     assert result.stdout.startswith("# Scenario file reference\n")
@@ -105,12 +107,17 @@ def test_committed_schema_doc_is_current():
     assert committed == schema_markdown(), f"docs/scenario-schema.md is stale: regenerate it with `{REGENERATE}`"
 
 
+COMMANDS = ("plan", "verify", "scenarios", "run", "collect", "compare", "status", "bench", "schema", "vllm")
+
+
 def test_help_shows_usage_and_every_command():
-    result = run_harness("--help")
-    assert result.returncode == 0
+    result = run_cli_inproc("--help")
+    assert result.returncode == 0 and result.stderr == ""
     assert result.stdout.startswith("usage: harness ")
-    for command in ("plan", "scenarios", "run", "collect", "compare", "status", "bench", "schema", "vllm"):
-        assert command in result.stdout
+    assert "{" + ",".join(COMMANDS) + "}" in result.stdout  # argparse's choices, in the order they are declared
+    # One line per command under "positional arguments": its name, then its summary.
+    listed = re.findall(r"^    (\S+) +\S", result.stdout, flags=re.MULTILINE)
+    assert listed == list(COMMANDS), result.stdout
 
 
 def _installed_entry_point() -> str | None:

@@ -9,11 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_utils import REPO_DIR, run_harness
+from cli_utils import REPO_DIR, run_cli_inproc
 
 
 def test_version_names_the_package_and_the_commit():
-    result = run_harness("--version")
+    result = run_cli_inproc("--version")
     assert result.returncode == 0
     from harness import __version__
 
@@ -30,7 +30,7 @@ def test_scenarios_marks_what_runs_here_and_why_not():
     from harness.scenario.fit import can_run, resolve_device
     from harness.scenario.schema import load_scenario
 
-    result = run_harness("scenarios", "--json")
+    result = run_cli_inproc("scenarios", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     machine = local_machine()
@@ -42,7 +42,7 @@ def test_scenarios_marks_what_runs_here_and_why_not():
         # The reason up to the machine's free RAM, which moves between two reads of it.
         assert (row["why_not"] or "").split("; allowed:")[0] == (reason or "").split("; allowed:")[0], row
         assert "e+" not in (reason or ""), reason  # human sizes: "1.78 TiB", never "1.82e+03 GiB"
-    table = run_harness("scenarios").stdout
+    table = run_cli_inproc("scenarios").stdout
     assert re.search(r"\d+ of \d+ run on ", table)
 
 
@@ -50,7 +50,7 @@ def test_scenarios_marks_what_runs_here_and_why_not():
                                          ("--vllm-src", "no-such-tree")])
 def test_a_missing_vllm_input_is_refused_before_any_rank(tmp_path: Path, flag: str, value: str):
     out = tmp_path / "run"
-    result = run_harness("run", "smoke", flag, value, "--out", str(out))
+    result = run_cli_inproc("run", "smoke", flag, value, "--out", str(out))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"harness: error: {flag} {value}: no such file"), lines
@@ -73,9 +73,9 @@ def test_a_ray_connection_failure_names_the_token(monkeypatch):
 
 @pytest.mark.vllm_wheel
 def test_fail_on_verdict_fails_a_layer_deepep_refuses():
-    plain = run_harness("plan", "vllm-57894-eplb-deepep-ll", "--vllm-version", "0.33.0", "--json")
+    plain = run_cli_inproc("plan", "vllm-57894-eplb-deepep-ll", "--vllm-version", "0.33.0", "--json")
     assert plain.returncode == 0, plain.stderr  # the expectation (over-cap) holds: the plan alone is data
-    gated = run_harness("plan", "vllm-57894-eplb-deepep-ll", "--vllm-version", "0.33.0", "--json",
+    gated = run_cli_inproc("plan", "vllm-57894-eplb-deepep-ll", "--vllm-version", "0.33.0", "--json",
                         "--fail-on-verdict")
     assert gated.returncode == 1, gated.stderr
     assert json.loads(gated.stdout)["layer_verdict_failures"] == ["vllm 0.33.0: deepep-rdma over-cap"]

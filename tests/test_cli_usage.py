@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from cli_utils import run_harness
+from cli_utils import run_cli_inproc
 
 from harness.cli import build_parser
 
@@ -35,7 +35,7 @@ PR_CASE = "scenarios/deepseek-v3-dp32-pr55579.yaml"
      "see `harness vllm audit --help`"),
 ])
 def test_usage_errors_are_one_line_with_a_suggestion(args, says):
-    result = run_harness(*args)
+    result = run_cli_inproc(*args)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [says]
     assert result.stdout == ""
@@ -63,14 +63,14 @@ def test_every_argument_of_every_command_has_help():
 
 @pytest.mark.parametrize("command", ["run", "collect", "compare", "bench", "vllm audit"])
 def test_help_names_every_option(command):
-    result = run_harness(*command.split(), "--help")
+    result = run_cli_inproc(*command.split(), "--help")
     assert result.returncode == 0
     assert result.stdout.startswith(f"usage: harness {command}")
     assert result.stderr == ""
 
 
 def test_collect_of_a_missing_directory_says_where_runs_are(tmp_path):
-    result = run_harness("collect", str(tmp_path / "no-such-run"))
+    result = run_cli_inproc("collect", str(tmp_path / "no-such-run"))
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         f"harness: error: {tmp_path / 'no-such-run'}: no such run directory; `harness run` writes them under "

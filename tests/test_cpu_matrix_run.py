@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_utils import run_cli_inproc
+
+pytestmark = pytest.mark.slow  # real runs: rank processes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -16,8 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.timeout(300)
 def test_cpu_ci_matrix_runs_every_cell_and_writes_one_report(tmp_path):
     out = tmp_path / "matrix"
-    done = subprocess.run([sys.executable, "-m", "harness", "run", "scenarios/matrix/cpu-ci.yaml", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=280)
+    done = run_cli_inproc("run", "scenarios/matrix/cpu-ci.yaml", "--out", str(out))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     assert report["kind"] == "matrix" and report["exit_code"] == 0

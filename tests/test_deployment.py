@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from cli_utils import run_harness
+from cli_utils import run_cli_inproc
 
 from harness.scenario.schema import ScenarioError, load_scenario, parse_scenario
 from harness.sizing.deployment_weights import Sharding, allocator_block_bytes, weight_lines
@@ -44,7 +44,7 @@ def test_serve_flags_are_read():
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["vllm", "serve", "m", "--speculative-config", "{}"], "flag --speculative-config is not one the plan understands"),
+    (["vllm", "serve", "m", "--speculatve-config", "{}"], "flag --speculatve-config is not one the plan understands"),
     (["m", "--num-redundant-experts", "8"], "needs --enable-eplb"),
     (["m", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
     (["m", "--enable-eplb", "--eplb-config", "{bad"], "is not JSON"),
@@ -56,13 +56,16 @@ def test_serve_flags_refused_in_one_line(argv, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-def test_cli_unknown_flag_and_missing_model_exit_2():
-    result = run_harness("plan", "--vllm-version", "0.30.0", "--gpu", "H200-141GB", "--", "vllm", "serve",
-                         "deepseek-v3", "--swap-space", "4")  # fmt: skip
+@pytest.mark.vllm_wheel
+def test_cli_unknown_flag_and_missing_model_exit_2(cache_dir):
+    plan = ("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--cache-dir", str(cache_dir), "--")
+    result = run_cli_inproc(*plan, "vllm", "serve", "deepseek-v3", "--tensor-paralel-size", "4")
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
-    assert "flag --swap-space is not one the plan understands" in result.stderr
-    result = run_harness("plan", "--vllm-version", "0.30.0", "--gpu", "H200-141GB", "--", "vllm", "serve", "/no/model")
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "harness: error: vllm serve: flag --tensor-paralel-size is not one vLLM 0.29.0 has; closest: " \
+                   "--tensor-parallel-size, --data-parallel-size, --pipeline-parallel-size"  # fmt: skip
+    assert "Traceback" not in result.stderr
+    result = run_cli_inproc(*plan, "vllm", "serve", "/no/model")
     assert result.returncode == 2 and "not a directory with config.json nor a preset" in result.stderr
 
 
@@ -178,7 +181,7 @@ def test_serve_command_per_release_and_exit_codes(cache_dir):
              "--all2all-backend", "deepep_low_latency", "--max-model-len", "32768"]  # fmt: skip
     args = ["plan", "--vllm-version", "0.29.0", "--vllm-version", "0.30.0", "--gpu", "H200-141GB",
             "--cache-dir", str(cache_dir), "--json"]  # fmt: skip
-    result = run_harness(*args, *serve)
+    result = run_cli_inproc(*args, *serve)
     assert result.returncode == 0, result.stderr
     legacy, fixed = json.loads(result.stdout)["deployments"]
     settings = {s["name"]: s for s in fixed["settings"]}
@@ -188,14 +191,14 @@ def test_serve_command_per_release_and_exit_codes(cache_dir):
     assert legacy["kv_tokens"] < fixed["kv_tokens"]
     assert [line["name"] for line in legacy["lines"][-2:]] == ["KV cache", "sampler warm-up"]
     # the fixed release starts, the legacy one at E=8 starts too but with less KV: --fail-on-verdict exits 0
-    assert run_harness(*args, "--fail-on-verdict", *serve).returncode == 0
-    small = run_harness(*args[:-1], "--fail-on-verdict", *serve, "--gpu-memory-utilization", "0.3")
+    assert run_cli_inproc(*args, "--fail-on-verdict", *serve).returncode == 0
+    small = run_cli_inproc(*args[:-1], "--fail-on-verdict", *serve, "--gpu-memory-utilization", "0.3")
     assert small.returncode == 1 and "fails:" in small.stdout
 
 
 @pytest.mark.vllm_wheel
 def test_layer_line_never_says_fit(cache_dir):
-    result = run_harness("plan", "deepseek-v3-dp32-pr55579", "--vllm-version", "0.29.0", "--gpu", "H200-141GB",
+    result = run_cli_inproc("plan", "deepseek-v3-dp32-pr55579", "--vllm-version", "0.29.0", "--gpu", "H200-141GB",
                          "--cache-dir", str(cache_dir))  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "FIT" not in result.stdout

@@ -18,14 +18,22 @@ pytest.importorskip("triton", reason="Triton is not installed (pip install -e '.
 BF16_ULP = 2.0**-7  # relative spacing of bf16 near 1 (8 significant bits)
 
 
-@pytest.fixture(params=["interpreter", pytest.param("cuda", marks=pytest.mark.gpu)])
+HAS_CUDA = torch.cuda.is_available()
+
+
+# Each case runs where its device is and is skipped, with the reason, where it is not: the interpreter case on a
+# machine without CUDA (CI), the compiled case on a GPU machine (scripts/gpu/comm-graph.sh runs `-m gpu` there).
+@pytest.fixture(params=[
+    pytest.param("interpreter", marks=pytest.mark.skipif(
+        HAS_CUDA, reason="a CUDA GPU is here: Triton compiles for it (the cuda cases) instead of interpreting")),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not HAS_CUDA, reason="needs a CUDA GPU: Triton compiles the kernels for it (run with -m gpu on the device)")]),
+])
 def device(request):
     if request.param == "interpreter":
         if os.environ.get("TRITON_INTERPRET") != "1":
-            pytest.skip("a CUDA GPU is here: Triton compiles for it (the cuda cases) instead of interpreting")
+            pytest.skip("TRITON_INTERPRET is set to something other than 1: Triton would not interpret")
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     return torch.device("cuda")
 
 

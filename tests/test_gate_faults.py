@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_utils import REPO_DIR, harness_env, run_harness
+from cli_utils import REPO_DIR, harness_env, run_cli_inproc
 from fs_utils import fill, free_bytes, mount_tmpfs, one_line_exit_2, remount_read_only
 from test_vllm_source import METADATA, make_wheel
 
@@ -63,7 +63,7 @@ def _files_under(root: Path) -> list[Path]:
 def test_a_cache_that_fills_during_extraction_is_one_line_and_leaves_no_staging(tmp_path, request, command) -> None:
     cache = mount_tmpfs(tmp_path / "cache", request, size="512k")
     wheel = _wheel(tmp_path)
-    result = run_harness(*_commands(wheel)[command], env={"HARNESS_CACHE_DIR": str(cache)}, timeout_s=START_BOUND_S)
+    result = run_cli_inproc(*_commands(wheel)[command], env={"HARNESS_CACHE_DIR": str(cache)})
     one_line_exit_2(result, str(cache / "vllm" / "0.9.9"), "No space left on device")
     assert not list(cache.rglob("*.partial-*")) and _files_under(cache) == []  # the staging folder went with it
     assert free_bytes(cache) == 512 << 10
@@ -74,7 +74,7 @@ def test_a_read_only_cache_is_one_line(tmp_path, request, command) -> None:
     cache = mount_tmpfs(tmp_path / "cache", request)
     remount_read_only(cache)  # chmod does not stop root; a read-only mount does
     wheel = _wheel(tmp_path)
-    result = run_harness(*_commands(wheel)[command], env={"HARNESS_CACHE_DIR": str(cache)}, timeout_s=START_BOUND_S)
+    result = run_cli_inproc(*_commands(wheel)[command], env={"HARNESS_CACHE_DIR": str(cache)})
     one_line_exit_2(result, str(cache), "Read-only file system")
     assert _files_under(cache) == []
 
@@ -155,13 +155,14 @@ def _collect_a_copy(out: Path, tmp_path: Path) -> subprocess.CompletedProcess[st
     for name in ("run.json", "launch.json"):
         shutil.copy2(out / name, copy / name)
     shutil.copytree(out / "ranks", copy / "ranks")
-    return run_harness("collect", str(copy), timeout_s=START_BOUND_S)
+    return run_cli_inproc("collect", str(copy))
 
 
 def _pages(size: int) -> int:
     return math.ceil(size / PAGE) * PAGE
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_before_the_reports_keeps_every_record(tmp_path, request) -> None:
     """The probe at the start passes (9 MiB free, RUN_DIR_MIN_FREE_BYTES asked). Rank 1 stops once it is ready,
     before any record exists; the disk is then filled but for room for the ranks' records and not the reports.
@@ -197,6 +198,7 @@ def test_a_disk_that_fills_before_the_reports_keeps_every_record(tmp_path, reque
     assert report["problems"] == [] and report["hardware"]["num_ranks_reported"] == 2
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_between_policies_keeps_the_first_policys_records(tmp_path, request) -> None:
     """Rank 1 stops once its record so far for legacy is sent; rank 0 cannot finish fixed without it, so both
     ranks' legacy records are on disk and nothing else is written until rank 1 goes on. The disk is filled to

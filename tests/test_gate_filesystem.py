@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_utils import REPO_DIR, harness_env, run_harness
+from cli_utils import REPO_DIR, harness_env, run_cli_inproc
 from fs_utils import fill, mount_tmpfs, one_line_exit_2, remount_read_only
 from scenario_utils import TINY
 
@@ -55,7 +55,7 @@ def _tiny_yaml(tmp_path: Path, **launch) -> Path:
 def test_run_out_on_a_read_only_or_full_filesystem_is_refused_before_anything_runs(tmp_path, request, where) -> None:
     fs = request.getfixturevalue("read_only" if where == "read-only" else "full")
     for out in (fs / "new", fs / "inside") if where == "read-only" else (fs / "new",):
-        result = run_harness("run", str(_tiny_yaml(tmp_path)), "--out", str(out), timeout_s=START_BOUND_S)
+        result = run_cli_inproc("run", str(_tiny_yaml(tmp_path)), "--out", str(out))
         err = one_line_exit_2(result, f"--out {out}")
         if where == "read-only":  # access(2) sees a read-only filesystem; the probe write sees it too
             assert "is not writable by this user" in err or "Read-only file system" in err, err
@@ -65,13 +65,13 @@ def test_run_out_on_a_read_only_or_full_filesystem_is_refused_before_anything_ru
 
 
 def test_bench_out_read_only_is_refused_before_measuring(read_only: Path) -> None:
-    result = run_harness("bench", "--cpu-only", "--out", str(read_only / "bench"), timeout_s=START_BOUND_S)
+    result = run_cli_inproc("bench", "--cpu-only", "--out", str(read_only / "bench"))
     one_line_exit_2(result, str(read_only), "Read-only file system (EROFS)")
 
 
 def test_layer_audit_out_read_only_is_refused_before_auditing(read_only: Path, tmp_path: Path) -> None:
-    result = run_harness("vllm", "audit", "--layer", "--releases", "0.29.0", "--out", str(read_only / "audit"),
-                         "--cache-dir", str(tmp_path / "cache"), timeout_s=START_BOUND_S)
+    result = run_cli_inproc("vllm", "audit", "--layer", "--releases", "0.29.0", "--out", str(read_only / "audit"),
+                            "--cache-dir", str(tmp_path / "cache"))
     one_line_exit_2(result, str(read_only), "Read-only file system (EROFS)")
     assert "auditing vllm" not in result.stderr and not (tmp_path / "cache").exists()
 
@@ -106,7 +106,7 @@ def test_collect_into_a_read_only_run_is_one_line(read_only: Path, tmp_path: Pat
     subprocess.run(["mount", "-o", "remount,rw", str(read_only)], check=True)
     subprocess.run(["cp", "-r", str(run_dir), str(read_only / "run")], check=True)
     subprocess.run(["mount", "-o", "remount,ro", str(read_only)], check=True)
-    result = run_harness("collect", str(read_only / "run"), timeout_s=START_BOUND_S)
+    result = run_cli_inproc("collect", str(read_only / "run"))
     assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr
     assert "cannot write the reports into" in result.stdout and "Read-only file system" in result.stdout
 
@@ -153,6 +153,7 @@ def test_a_live_claim_names_the_file_to_delete(tmp_path: Path) -> None:
         choose_run_dir(out, "r")
 
 
+@pytest.mark.slow
 def test_sigkill_a_real_run_then_run_again_on_the_same_out(tmp_path: Path) -> None:
     scenario_path = _tiny_yaml(tmp_path)
     bound_s = parse_scenario(TINY, path="<tiny>").launch.rank_timeout_s
@@ -170,7 +171,7 @@ def test_sigkill_a_real_run_then_run_again_on_the_same_out(tmp_path: Path) -> No
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert (out / CLAIM_FILE).exists() and (out / "run.json").exists()  # killed mid-run: the claim is left
-    again = run_harness("run", str(scenario_path), "--out", str(out), timeout_s=bound_s + START_BOUND_S)
+    again = run_cli_inproc("run", str(scenario_path), "--out", str(out))
     assert "which is no longer running: taken over" in again.stderr, again.stderr[-3000:]
     # the run ran to the end into the same --out: every rank's record is there and no problem is reported (its
     # checks are TINY's business: two iterations without warm-up on a loaded CPU)

@@ -11,12 +11,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
-from cli_utils import REPO_DIR, harness_env, run_harness
+from cli_utils import REPO_DIR, harness_env, run_cli_inproc
 from scenario_utils import TINY
 
 from harness.launch.rundir import CLAIM_FILE
 from harness.scenario.schema import parse_scenario
+
+pytestmark = pytest.mark.slow  # real runs: rank processes
 
 BOUND_S = parse_scenario(TINY, path="<tiny>").launch.rank_timeout_s  # the scenario's own bound on a rank
 
@@ -51,14 +54,14 @@ def test_an_interrupted_matrix_is_collected_as_one_and_resumed(tmp_path: Path) -
     kept = (first / "report.json").read_bytes()
     assert (second / "run.json").exists() and (second / CLAIM_FILE).exists()
 
-    collected = run_harness("collect", str(out), timeout_s=BOUND_S)  # a matrix, with its unfinished cell named
+    collected = run_cli_inproc("collect", str(out))  # a matrix, with its unfinished cell named
     assert collected.returncode == 2 and "Traceback" not in collected.stdout + collected.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["kind"] == "matrix" and [c["name"] for c in report["cells"]] == [first.name, second.name]
 
-    again = run_harness("run", str(matrix), "--out", str(out), timeout_s=2 * BOUND_S)
+    again = run_cli_inproc("run", str(matrix), "--out", str(out))
     assert f"cell {second.name}: interrupted" in again.stdout and "--resume" in again.stdout
-    resumed = run_harness("run", str(matrix), "--out", str(out), "--resume", timeout_s=2 * BOUND_S)
+    resumed = run_cli_inproc("run", str(matrix), "--out", str(out), "--resume")
     assert resumed.returncode in (0, 1), resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"cell {first.name}: already run" in resumed.stdout
     assert (first / "report.json").read_bytes() == kept  # the finished cell was kept as it was
@@ -70,7 +73,6 @@ def test_an_interrupted_matrix_is_collected_as_one_and_resumed(tmp_path: Path) -
 
 
 def test_resume_needs_an_interrupted_matrix_directory(tmp_path: Path) -> None:
-    result = run_harness("run", str(_matrix_file(tmp_path)), "--out", str(tmp_path / "new"), "--resume",
-                         timeout_s=BOUND_S)
+    result = run_cli_inproc("run", str(_matrix_file(tmp_path)), "--out", str(tmp_path / "new"), "--resume")
     assert result.returncode == 2 and "holds no matrix.json" in result.stderr
     assert not (tmp_path / "new").exists()

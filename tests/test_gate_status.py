@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_utils import run_harness
+from cli_utils import run_cli_inproc
 from report_records import make_scenario, write_run
 
 from harness.cli import main
@@ -27,7 +27,7 @@ def test_status_exits_with_the_recorded_verdict(tmp_path: Path, make, code: int)
     assert status == {"schema_version": 1, "record_kind": "status", "kind": "run", "run_id": report["run_id"],
                       "generation": report["generation"], "status": report["status"], "exit_code": code,
                       "exit_reason": report["exit_reason"]}
-    result = run_harness("status", str(run_dir))
+    result = run_cli_inproc("status", str(run_dir))
     assert result.returncode == code, result.stderr
     assert result.stdout == f"{run_dir}: {report['status']} (exit {code}): {report['exit_reason']}\n"
 

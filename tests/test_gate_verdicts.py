@@ -96,23 +96,21 @@ def test_a_failed_baseline_is_refused_in_one_line_unless_allowed(tmp_path: Path,
     assert any("not a passing run" in w for w in data["warnings"])
 
 
+@pytest.mark.slow
 def test_a_real_run_that_failed_its_expectation_fails_the_gate(tmp_path: Path, capsys) -> None:
     """A real `harness run` (TINY, two CPU ranks) whose scenario expects legacy to OOM: it fits, collect says
     FAILED, and compare (the run against itself, allowed as a baseline) fails on the run's own check."""
     import copy
 
     import yaml
-    from cli_utils import run_harness
+    from cli_utils import run_cli_inproc
     from scenario_utils import TINY
-
-    from harness.scenario.schema import parse_scenario
 
     data = copy.deepcopy(TINY)
     data["expect"] = {"outcomes": {"legacy": "oom", "fixed": "fit"}}
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(data))
-    bound_s = parse_scenario(data, path="<tiny>").launch.rank_timeout_s
     out = tmp_path / "run"
-    ran = run_harness("run", str(tmp_path / "tiny.yaml"), "--out", str(out), timeout_s=bound_s + 60)
+    ran = run_cli_inproc("run", str(tmp_path / "tiny.yaml"), "--out", str(out))
     assert ran.returncode == 1, ran.stdout[-3000:] + ran.stderr[-3000:]
     assert json.loads((out / "report.json").read_text())["status"] == "FAILED"
     assert main(["compare", str(out), str(out)]) == 2

@@ -2,19 +2,21 @@
 
 tests/hostile/ holds the corpus: one small file per input (its header says the category, what it tries and a
 fragment the refusal must contain), and generated.yaml for inputs that cannot be literal files (FIFOs, devices,
-sockets, links, files of megabytes), made in a temporary directory here. Every input goes through both commands
-as a subprocess of the real CLI, and the test asserts, for each: exit code 2, exactly one line on stderr naming
-the problem, no traceback, nothing on stdout, done within CPU_LIMIT_S of CPU time under an address-space limit of
+sockets, links, files of megabytes), made in a temporary directory here. Every input goes through both commands,
+each in a process of its own, and the test asserts, for each: exit code 2, exactly one line on stderr naming the
+problem, no traceback, nothing on stdout, done within CPU_LIMIT_S of CPU time under an address-space limit of
 ADDRESS_SPACE_BYTES, and no file created or removed anywhere under the temporary root (the working directory is
 four levels down, so a name climbing out with ../../../ stays inside it) nor in the repository's results/.
 
-The bounds are the child's own CPU time and memory (RLIMIT_CPU, RLIMIT_AS: the kernel stops it past either), not
-wall-clock time, so a loaded machine slows a case without failing it. Both commands refuse before importing torch
-or spawning a rank: a refusal costs one interpreter start plus the imports of pydantic, PyYAML and rich, about
-0.3 s of CPU and 60 MB. An input the checks miss costs far more: `harness run` imports torch (more than 1 GiB of
-address space, so it fails under the limit with a traceback) and starts ranks; a loop spends its CPU seconds. An
-input that blocks without spending CPU (a FIFO read) is caught by HANG_S of wall clock: the scenario's own bound
-on starting a run (launch.placement_timeout_s), far beyond any refusal under any load.
+The processes are forked from a server (tests/cli_forkserver.py) that has imported the CLI and what a refusal
+needs (pydantic, PyYAML, rich) but not torch, and each runs `harness ARGS` as `python -m harness` does: the
+corpus costs forks, not hundreds of interpreter starts. The bounds are the child's own CPU time and memory
+(RLIMIT_CPU, RLIMIT_AS: the kernel stops it past either), not wall-clock time, so a loaded machine slows a case
+without failing it. Both commands refuse before importing torch or spawning a rank. An input the checks miss costs
+far more: `harness run` imports torch (more than 1 GiB of address space, so it fails under the limit with a
+traceback) and starts ranks; a loop spends its CPU seconds. An input that blocks without spending CPU (a FIFO
+read) is caught by HANG_S of wall clock: the scenario's own bound on starting a run
+(launch.placement_timeout_s), far beyond any refusal under any load.
 
 Inputs whose header says `plan: accepted` are well formed, so `harness plan` (pure data) plans them, exit 0; only
 `harness run` refuses them, because this machine cannot hold them (ranks per core, memory per rank): the child
@@ -26,13 +28,10 @@ from __future__ import annotations
 
 import math
 import os
+import queue
 import re
-import resource
 import signal
 import socket
-import subprocess
-import sys
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cli_forkserver import CliForkServer, Job
 from cli_utils import REPO_DIR, harness_env
 from scenario_utils import TINY
 
@@ -173,13 +173,6 @@ def _listing(root: Path) -> list[str]:
     return sorted(found)
 
 
-def _child_limits() -> None:
-    """In the child before exec: the memory and CPU-time bounds, and the CPU count of the CI machine."""
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_BYTES, ADDRESS_SPACE_BYTES))
-    resource.setrlimit(resource.RLIMIT_CPU, (CPU_LIMIT_S, CPU_LIMIT_S + 1))
-    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:NUM_CPUS_SEEN])
-
-
 @dataclass(frozen=True, kw_only=True)
 class Outcome:
     returncode: int | None  # None: still running after HANG_S without spending its CPU bound (blocked; killed)
@@ -190,7 +183,7 @@ class Outcome:
     skipped: str | None = None
 
 
-def _run(case: Case, command: str, root: Path) -> Outcome:
+def _run(server: CliForkServer, case: Case, command: str, root: Path, streams: Path) -> Outcome:
     work = root / "w" / "x" / "y" / "z"
     work.mkdir(parents=True)
     inputs = root / "inputs"
@@ -204,32 +197,50 @@ def _run(case: Case, command: str, root: Path) -> Outcome:
                            skipped="no directory here that this user cannot write")
         args += ["--out", str(out)]
     before = _listing(root)
-    env = dict(harness_env(), CUDA_VISIBLE_DEVICES="")
-    started = time.monotonic()
-    try:
-        proc = subprocess.run([sys.executable, "-m", "harness", *args], cwd=work, env=env, capture_output=True,
-                              encoding="utf-8", errors="replace", timeout=HANG_S, preexec_fn=_child_limits,
-                              check=False)
-        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        returncode = None
-        stdout = (exc.stdout or b"").decode("utf-8", "replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        stderr = (exc.stderr or b"").decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
-    wall_s = time.monotonic() - started
+    answer = server.run(Job(args=args, cwd=str(work), stdout=str(streams / "stdout"), stderr=str(streams / "stderr"),
+                            wall_s=HANG_S, address_space_bytes=ADDRESS_SPACE_BYTES, cpu_s=CPU_LIMIT_S,
+                            num_cpus=NUM_CPUS_SEEN))
+    stdout, stderr = (_read(streams / name) for name in ("stdout", "stderr"))
     after = _listing(root)
     changed = sorted(set(before) ^ set(after))
-    return Outcome(returncode=returncode, stdout=stdout, stderr=stderr, wall_s=wall_s, changed=changed)
+    return Outcome(returncode=answer.returncode, stdout=stdout, stderr=stderr, wall_s=answer.wall_s, changed=changed)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8", "replace").replace("\r\n", "\n")
+    except FileNotFoundError:
+        return ""
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Outcome]:
-    """Every case through both commands, two subprocesses at a time (the CI machine's cores)."""
+    """Every case through both commands, two processes at a time (the CI machine's cores)."""
     results_dir = REPO_DIR / "results"
     results_before = sorted(os.listdir(results_dir)) if results_dir.is_dir() else []
     jobs = [(case, command) for case in CASES for command in COMMANDS]
     roots = [tmp_path_factory.mktemp(f"{case.id}-{command}") for case, command in jobs]
-    with ThreadPoolExecutor(max_workers=NUM_CPUS_SEEN) as pool:
-        done = list(pool.map(lambda job: _run(*job[0], job[1]), zip(jobs, roots)))
+    streams = [tmp_path_factory.mktemp("streams") for _ in jobs]  # outside each root: it must not change
+    env = dict(harness_env(), CUDA_VISIBLE_DEVICES="")
+    servers: queue.Queue[CliForkServer] = queue.Queue()
+    started = [CliForkServer(env) for _ in range(NUM_CPUS_SEEN)]
+    for server in started:
+        servers.put(server)
+
+    def one(job: tuple[tuple[Case, str], Path, Path]) -> Outcome:
+        (case, command), root, stream_dir = job
+        server = servers.get()
+        try:
+            return _run(server, case, command, root, stream_dir)
+        finally:
+            servers.put(server)
+
+    try:
+        with ThreadPoolExecutor(max_workers=NUM_CPUS_SEEN) as pool:
+            done = list(pool.map(one, zip(jobs, roots, streams)))
+    finally:
+        for server in started:
+            server.close()
     for root in roots:  # the read-only directories, so pytest can remove the temporary tree
         for ro in root.rglob("read-only"):
             ro.chmod(0o755)
@@ -252,6 +263,7 @@ def test_the_corpus_covers_every_category() -> None:
 FIXTURE_BOUND_S = math.ceil(len(CASES) * len(COMMANDS) * HANG_S / NUM_CPUS_SEEN) + 60
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(FIXTURE_BOUND_S)
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)

@@ -72,6 +72,7 @@ def _run(backend: str) -> tuple[PolicyResult, list[int], int]:
     return PolicyResult.model_validate(result), counts, scenario.parallel.max_tokens_per_rank * 4
 
 
+@pytest.mark.slow
 def test_activation_wrong_past_a_row_is_named_with_its_row_experts_and_share(tmp_path):
     result, counts, M = _run("wrapping-activation")
     c = result.correctness
@@ -98,6 +99,7 @@ def test_activation_wrong_past_a_row_is_named_with_its_row_experts_and_share(tmp
     assert c.check_us is not None and c.check_us > 0
 
 
+@pytest.mark.slow
 def test_a_gemm_fed_the_wrong_weights_is_isolated_to_gemm1_and_its_expert(tmp_path):
     result, counts, M = _run("swapped-weights")
     c = result.correctness
@@ -131,6 +133,7 @@ def _correctness_verdict(tmp_path: Path, result: PolicyResult, *, release: str, 
     return report, report.ranks[0].policies[0].checks.correctness
 
 
+@pytest.mark.slow
 def test_collect_passes_kernels_wrong_as_expected_and_fails_them_otherwise(tmp_path):
     wrong, counts, M = _run("wrapping-activation")
     first = wrong.correctness.stages[2].first_wrong_row  # activation
@@ -188,6 +191,7 @@ def test_a_release_by_number_names_its_library_hash_size_and_torch_pin():
     assert resolve_kernels(VllmSpec(version="0.30.0")) == lib  # vllm.version means the same
 
 
+@pytest.mark.slow
 @pytest.mark.vllm_wheel
 def test_a_library_file_gets_its_release_from_the_cache_or_from_the_scenario(tmp_path):
     path = _cached_library("0.26.0")
@@ -278,13 +282,14 @@ def _matrix_file(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.vllm_wheel  # each cell's ranks load the release's ops library, from the shared cache
 @pytest.mark.timeout(4 * RUN_BOUND_S)  # three runs and a collect
 def test_a_kernels_matrix_runs_one_release_per_call_into_one_directory(tmp_path):
-    from cli_utils import run_harness
+    from cli_utils import run_cli_inproc
 
     matrix, out = _matrix_file(tmp_path), tmp_path / "matrix"
-    first = run_harness("run", str(matrix), "--kernels", "0.26.0", "--out", str(out), timeout_s=RUN_BOUND_S)
+    first = run_cli_inproc("run", str(matrix), "--kernels", "0.26.0", "--out", str(out))
     cells = sorted(p.name for p in out.iterdir() if p.is_dir())
     assert cells == ["K512-I256_D4_T128_kernels-0.26.0"], first.stdout[-2000:] + first.stderr[-2000:]
     # The other release's cell is named as not run, in one line; the run is incomplete, so exit 2.
@@ -294,17 +299,16 @@ def test_a_kernels_matrix_runs_one_release_per_call_into_one_directory(tmp_path)
     assert missing["cell"] == "K512-I256_D4_T128_kernels-0.30.0" and "\n" not in missing["cause"]
 
     kept = (out / cells[0] / "run.json").read_text()
-    second = run_harness("run", str(matrix), "--kernels", "0.30.0", "--out", str(out), timeout_s=RUN_BOUND_S)
+    second = run_cli_inproc("run", str(matrix), "--kernels", "0.30.0", "--out", str(out))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
     assert (out / cells[0] / "run.json").read_text() == kept  # the first call's cell, kept as it was
-    again = run_harness("collect", str(out))
+    again = run_cli_inproc("collect", str(out))
     assert again.returncode == 0, again.stdout[-2000:]
     report = json.loads((out / "report.json").read_text())
     assert [c["name"] for c in report["cells"]] == ["K512-I256_D4_T128_kernels-0.26.0", "K512-I256_D4_T128_kernels-0.30.0"]
     assert all(c["report"]["exit_code"] == 0 for c in report["cells"])
 
-    wrong = run_harness("run", str(matrix), "--kernels", "0.29.0", "--out", str(tmp_path / "other"),
-                        timeout_s=RUN_BOUND_S)
+    wrong = run_cli_inproc("run", str(matrix), "--kernels", "0.29.0", "--out", str(tmp_path / "other"))
     assert wrong.returncode == 2
     assert "--kernels 0.29.0: the matrix's vllm.kernels axis has 0.26.0, 0.30.0" in wrong.stderr
     assert len(wrong.stderr.strip().splitlines()) == 1
@@ -313,12 +317,12 @@ def test_a_kernels_matrix_runs_one_release_per_call_into_one_directory(tmp_path)
 @pytest.mark.timeout(RUN_BOUND_S)
 def test_a_kernels_file_that_is_not_there_is_refused_before_any_rank(tmp_path):
     import yaml
-    from cli_utils import run_harness
+    from cli_utils import run_cli_inproc
 
     scenario = tmp_path / "small.yaml"
     scenario.write_text(yaml.safe_dump(dict(SMALL, name="small")))
-    done = run_harness("run", str(scenario), "--kernels", "0.26.0", "--vllm-ops-library", "/nonexistent/lib.so",
-                       "--out", str(tmp_path / "run"), timeout_s=RUN_BOUND_S)
+    done = run_cli_inproc("run", str(scenario), "--kernels", "0.26.0", "--vllm-ops-library", "/nonexistent/lib.so",
+                          "--out", str(tmp_path / "run"))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "harness: error: --vllm-ops-library /nonexistent/lib.so: no such file or directory; allowed: vLLM's compiled "
@@ -326,7 +330,7 @@ def test_a_kernels_file_that_is_not_there_is_refused_before_any_rank(tmp_path):
     assert not (tmp_path / "run").exists()  # no run directory, no rank: the ranks' path is run_ranks' own test
     # The scenario file's own vllm.ops_library is checked as early.
     scenario.write_text(yaml.safe_dump(dict(SMALL, name="small", vllm={"ops_library": "/nonexistent/lib.so"})))
-    done = run_harness("run", str(scenario), "--out", str(tmp_path / "run"), timeout_s=RUN_BOUND_S)
+    done = run_cli_inproc("run", str(scenario), "--out", str(tmp_path / "run"))
     assert done.returncode == 2 and not (tmp_path / "run").exists()
     assert "vllm.ops_library /nonexistent/lib.so: no such file or directory" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1

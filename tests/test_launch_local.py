@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_utils import run_cli_inproc
 from launch_helpers import REPO_DIR, cpu_load, harness_env, rank_files, report_policies, run_cli, tiny_scenario
 from pydantic import BaseModel
 from rich.console import Console
@@ -40,15 +41,16 @@ DRIVER_MARGIN_S = 10.0
 # --------------------------------------------------------------------------------------------------------------
 
 
-def test_default_run_is_smoke_on_cpu_with_a_record_per_rank(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    run = run_cli("--launcher", "local", "--out", str(out))
+@pytest.mark.slow
+def test_default_run_is_smoke_on_cpu_with_a_record_per_rank(smoke_run) -> None:
+    run, out = smoke_run, smoke_run.out  # `harness run --launcher local --out OUT` (tests/conftest.py)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "no scenario given: running smoke.yaml" in run.stdout
     manifest = read_record(out / "run.json")
     assert manifest.record_kind == "run" and manifest.scenario_name == "smoke" and manifest.launcher == "local"
     # The recorded command is the one that ran, every option set (here --launcher and --out) included.
     assert manifest.num_ranks == 2 and manifest.command == ["harness", "run", "--launcher", "local", "--out", str(out)]
+    assert run.command == manifest.command
     files = rank_files(out)
     assert sorted(files.records) == [0, 1] and not files.failures
     records = files.records.values()
@@ -70,6 +72,7 @@ def test_default_run_is_smoke_on_cpu_with_a_record_per_rank(tmp_path: Path) -> N
     print(f"local smoke: harness run -> report in {run.wall_s:.1f} s")
 
 
+@pytest.mark.slow
 def test_rank_killed_after_its_first_policy_keeps_both_ranks_first_results(tmp_path: Path) -> None:
     # The smoke run through the real CLI; rank 1 dies (os._exit) the moment its record so far for legacy is sent.
     out = tmp_path / "run"
@@ -95,6 +98,7 @@ def test_rank_killed_after_its_first_policy_keeps_both_ranks_first_results(tmp_p
     assert "died: exit code 1" in (out / "report.json").read_text()
 
 
+@pytest.mark.slow
 def test_killed_rank_is_dead_not_hung_on_a_loaded_machine(tmp_path: Path) -> None:
     scenario = tiny_scenario(tmp_path, collective_timeout_s=10)
     out = tmp_path / "run"
@@ -110,6 +114,7 @@ def test_killed_rank_is_dead_not_hung_on_a_loaded_machine(tmp_path: Path) -> Non
     assert 0 in files.ranks  # rank 0 has a record or its own failure, never nothing
 
 
+@pytest.mark.slow
 def test_hung_rank_is_bounded_by_the_collective_timeout_and_other_records_are_kept(tmp_path: Path) -> None:
     # The hang comes after rank 1's last collective, so rank 0 finishes: its record must survive the hang.
     timeout_s = 5.0
@@ -146,6 +151,7 @@ def _wait_for(paths: list[Path], timeout_s: float) -> None:
     assert all(p.exists() for p in paths), f"not written within {timeout_s:g} s: {[p for p in paths if not p.exists()]}"
 
 
+@pytest.mark.slow
 def test_ctrl_c_cleans_up_rank_processes_and_keeps_what_arrived(tmp_path: Path) -> None:
     scenario = tiny_scenario(tmp_path, collective_timeout_s=60)
     out = tmp_path / "run"
@@ -173,6 +179,7 @@ def test_ctrl_c_cleans_up_rank_processes_and_keeps_what_arrived(tmp_path: Path) 
     assert any(f.cause.startswith("interrupted") for f in files.failures.values())
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_driver_is_handled_like_ctrl_c(tmp_path: Path) -> None:
     scenario = tiny_scenario(tmp_path, collective_timeout_s=60)
     out = tmp_path / "run"
@@ -236,8 +243,22 @@ def test_unknown_policy_override_names_the_allowed_ones(capsys: pytest.CaptureFi
 
 
 def test_policies_override_narrows_expectations(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """smoke expects an outcome of each of its three policies; `--policies` keeps only the expectations of the
+    policies it keeps, so a run of fewer policies is not failed for the ones it left out."""
+    from harness.launch.overrides import ScenarioOverrides, load_with_overrides
+
+    smoke = REPO_DIR / "scenarios" / "smoke.yaml"
+    assert load_with_overrides(smoke, {}).expect.outcomes == {"legacy": "fit", "fixed": "fit", "lower-bound": "fit"}
+    narrowed = load_with_overrides(smoke, ScenarioOverrides(policies="fixed").dotted())
+    assert narrowed.policies == ["fixed"] and narrowed.expect.outcomes == {"fixed": "fit"}
+    two = load_with_overrides(smoke, ScenarioOverrides(policies="lower-bound, legacy").dotted())
+    assert two.policies == ["lower-bound", "legacy"] and two.expect.outcomes == {"legacy": "fit", "lower-bound": "fit"}
+    assert narrowed.expect.max_error == two.expect.max_error == 0.06  # the other expectations stay as they were
+    # The command takes it: a dry run of the narrowed scenario plans and launches nothing.
     code = cli_main(["run", "scenarios/smoke.yaml", "--policies", "fixed", "--dry-run", "--out", str(tmp_path / "r")])
-    assert code == 0, capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "would launch: local launcher" in captured.out and not (tmp_path / "r").exists()
 
 
 def test_dry_run_shows_the_plan_and_the_launch_and_runs_nothing(capsys: pytest.CaptureFixture[str],
@@ -328,6 +349,7 @@ def test_job_runtime_env_is_valid_and_keeps_multicast_off() -> None:
 # ---- matrices ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_matrix_runs_every_cell_past_a_failed_one(tmp_path: Path) -> None:
     # The first cell asks for a GPU backend on a CPU-only machine and cannot run; the second must still run.
     import yaml
@@ -339,7 +361,7 @@ def test_matrix_runs_every_cell_past_a_failed_one(tmp_path: Path) -> None:
         "name": "two-cells", "base": base, "axes": {"experts_backend": ["torch-cutlass", "reference"]},
     }}, sort_keys=False))
     out = tmp_path / "matrix"
-    run = run_cli(str(matrix), "--out", str(out))
+    run = run_cli_inproc("run", str(matrix), "--out", str(out), base_env=harness_env())
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
     assert "needs GPUs" in run.stderr
     cells = sorted(p for p in out.iterdir() if p.is_dir())

@@ -30,7 +30,7 @@ from harness.launch import FAULT_ENV
 from harness.rank.distributed import SAFE_NCCL_ENV, free_port
 from harness.scenario.schema import load_scenario
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 NUM_NODES = 4
 NUM_CPUS_PER_NODE = 2

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cli_utils import run_harness
+from cli_utils import run_cli_inproc
 
 from harness.scenario.schema import ScenarioError, load_scenario, parse_scenario
 from harness.sizing import deepep
@@ -106,7 +106,7 @@ def test_readers_on_vllm_0_33_0(cache_dir):
 def test_57894_on_0_33_0_json(cache_dir):
     """What vLLM 0.33.0 asks DeepEP for: 448 experts (redundant ones included), 35.55 GiB; dispatch needs the
     same 448 experts, so the buffer is not under-sized; it is over DeepEP's 32 GiB cap."""
-    result = run_harness("plan", str(CASE_57894), "--vllm-version", "0.33.0", "--json", "--cache-dir", str(cache_dir))
+    result = run_cli_inproc("plan", str(CASE_57894), "--vllm-version", "0.33.0", "--json", "--cache-dir", str(cache_dir))
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     (plan,) = data["layers"]
@@ -127,12 +127,13 @@ def test_57894_on_0_33_0_json(cache_dir):
 
 @pytest.mark.vllm_wheel
 def test_57894_budget_names_the_refused_buffer(cache_dir):
-    result = run_harness("plan", str(CASE_57894), "--vllm-version", "0.33.0", "--gpu", "H100-80GB",
+    result = run_cli_inproc("plan", str(CASE_57894), "--vllm-version", "0.33.0", "--gpu", "H100-80GB",
                          "--cache-dir", str(cache_dir))  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "H100-80GB: REFUSED (deepep-rdma): 35.55 GiB is over the library's cap of 32.00 GiB" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.vllm_wheel
 def test_under_sized_when_a_tree_sizes_for_the_routed_experts_only(cache_dir, tmp_path):
     """A tree that passes DeepEP the routed experts alone (what #57894's title suspected) is under-sized: the
@@ -183,7 +184,7 @@ def test_a_failed_layer_expectation_exits_1(cache_dir, tmp_path):
     text = CASE_57894.read_text().replace("deepep-rdma: [over-cap]", "deepep-rdma: [under-sized]")
     path = tmp_path / "wrong.yaml"
     path.write_text(text)
-    result = run_harness("plan", str(path), "--vllm-version", "0.33.0", "--cache-dir", str(cache_dir))
+    result = run_cli_inproc("plan", str(path), "--vllm-version", "0.33.0", "--cache-dir", str(cache_dir))
     assert result.returncode == 1, result.stdout + result.stderr
     assert "FAILED: vllm 0.33.0 deepep-rdma: expected under-sized, found over-cap" in result.stdout
 
@@ -192,7 +193,7 @@ def test_a_failed_layer_expectation_exits_1(cache_dir, tmp_path):
 
 
 def test_unknown_gpu_is_one_line_exit_2():
-    result = run_harness("plan", str(CASE_57894), "--gpu", "H300")
+    result = run_cli_inproc("plan", str(CASE_57894), "--gpu", "H300")
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "--gpu 'H300' is not a known GPU; allowed:" in result.stderr
 
@@ -220,11 +221,12 @@ def test_a_scenario_without_a_layer_block_hashes_as_before():
 # --- the release-wide audit -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.vllm_wheel
 def test_layer_audit_names_the_file_that_fixed_55579(cache_dir, tmp_path):
     out = tmp_path / "audit"
-    result = run_harness("vllm", "audit", "--layer", "--releases", "0.29.0..0.30.0", "--out", str(out),
-                         "--cache-dir", str(cache_dir), timeout_s=600)  # fmt: skip
+    result = run_cli_inproc("vllm", "audit", "--layer", "--releases", "0.29.0..0.30.0", "--out", str(out),
+                            "--cache-dir", str(cache_dir))  # fmt: skip
     assert result.returncode == 0, result.stderr
     data = json.loads((out / "layer-audit.json").read_text())
     assert data["schema_version"] == 1 and data["kind"] == "layer-audit"
@@ -240,7 +242,7 @@ def test_layer_audit_names_the_file_that_fixed_55579(cache_dir, tmp_path):
 
 
 def test_releases_without_layer_is_a_usage_error():
-    result = run_harness("vllm", "audit", "--releases", "0.30.0")
+    result = run_cli_inproc("vllm", "audit", "--releases", "0.30.0")
     assert result.returncode == 2 and "--releases and --out go with --layer" in result.stderr
 
 
@@ -258,6 +260,7 @@ def test_the_comm_paths_view_is_the_same_layout():
 # --- harness run: the components the rank allocates, measured against the prediction ---------------------------------
 
 
+@pytest.mark.slow
 def test_rank_setup_allocates_the_predicted_weights_and_dispatch_output():
     """The weights and the batched dispatch output the rank allocates are the layer model's bytes exactly; the
     measured step covers them (RSS here, NVML on a GPU)."""
@@ -293,6 +296,7 @@ def test_rank_setup_allocates_the_predicted_weights_and_dispatch_output():
     assert predicted["deepep-rdma"].bytes == ll(T, E * D, hidden=K, ranks=D).size_hint_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.vllm_wheel
 def test_a_hostile_tree_ends_unevaluated_quickly(cache_dir, tmp_path):
     """The layer readers run the release's code only in the budgeted interpreter: an endless manager, a recursive
@@ -376,19 +380,20 @@ def test_declared_redundant_experts_are_respected_or_refused():
     assert with_zero.scenario_hash == unset.scenario_hash
 
 
+@pytest.mark.slow
 @pytest.mark.vllm_wheel
 def test_plan_takes_a_source_tree_and_a_wheel_like_audit(cache_dir, tmp_path):
     release = locate(version="0.30.0", cache_dir=cache_dir)
     tree = tmp_path / "tree"
     shutil.copytree(release.root / "vllm", tree / "vllm")
-    by_version = run_harness("plan", str(CASE_55579), "--vllm-version", "0.30.0", "--json")
-    by_tree = run_harness("plan", str(CASE_55579), "--vllm-src", str(tree), "--json")
+    by_version = run_cli_inproc("plan", str(CASE_55579), "--vllm-version", "0.30.0", "--json")
+    by_tree = run_cli_inproc("plan", str(CASE_55579), "--vllm-src", str(tree), "--json")
     assert by_version.returncode == by_tree.returncode == 0, by_tree.stderr
     (from_release,) = json.loads(by_version.stdout)["layers"]
     (from_tree,) = json.loads(by_tree.stdout)["layers"]
     assert from_tree["vllm_version"] == "0.30.0"
     assert [(c["name"], c["bytes"]) for c in from_tree["components"]] == \
         [(c["name"], c["bytes"]) for c in from_release["components"]]  # fmt: skip
-    missing = run_harness("plan", str(CASE_55579), "--vllm-wheel", str(tmp_path / "none.whl"))
+    missing = run_cli_inproc("plan", str(CASE_55579), "--vllm-wheel", str(tmp_path / "none.whl"))
     assert missing.returncode == 2 and "--vllm-wheel" in missing.stderr and "no such file" in missing.stderr
     assert missing.stderr.strip().count("\n") == 0

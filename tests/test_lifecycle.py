@@ -7,6 +7,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from distributed_utils import parallel_launch
@@ -55,6 +56,7 @@ def _policies_with_a_failing_backend(info, scenario_data: dict, run_dir: str) ->
     return [measure_policy(setup, policy, None)[0].model_dump(mode="json") for policy in scenario.policies]
 
 
+@pytest.mark.slow
 def test_one_ranks_backend_error_ends_that_policy_on_every_rank_and_the_run_goes_on(tmp_path: Path) -> None:
     scenario = tiny(**{"policies": ["legacy", "fixed", "lower-bound"]})
     started = time.monotonic()
@@ -84,6 +86,7 @@ def _rank_record(info, scenario_data: dict, run_dir: str) -> dict:
     return rank_main(parse_scenario(scenario_data), info, Path(run_dir)).model_dump(mode="json")
 
 
+@pytest.mark.slow
 def test_lower_bound_allocates_its_live_set_where_it_is_below_fixed(tmp_path: Path) -> None:
     # N/2 < K < N (I=64, N=128, K=96): fixed's two buffers need N + K per row, the live set max(N + N/2, 2K).
     # T=1024 makes the live set 6 MiB, so the memory check's 2% (123 KiB) is far above RSS's page-sized noise from

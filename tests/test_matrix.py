@@ -284,8 +284,8 @@ def test_a_stored_scenario_of_an_older_harness_reads_its_default_redundant_exper
 
 
 def test_the_committed_h200_matrix_baseline_compares_with_itself():
-    from cli_utils import run_harness
+    from cli_utils import run_cli_inproc
 
     baseline = REPO_DIR / "results" / "baselines" / "h200" / "1xh200-matrix-nightly-releases"
-    result = run_harness("compare", str(baseline), str(baseline))
+    result = run_cli_inproc("compare", str(baseline), str(baseline))
     assert result.returncode == 0, result.stdout[-1500:] + result.stderr[-1500:]

@@ -30,6 +30,8 @@ from harness.launch.overrides import DEFAULT_CPU_SCENARIO
 from harness.rank.distributed import free_port
 from harness.scenario.schema import load_scenario
 
+pytestmark = pytest.mark.slow  # real runs: rank processes and Ray clusters
+
 README_ADDRESS = "http://127.0.0.1:8265"  # Ray's default dashboard address, as the README writes it
 HEAD_START_S = 60.0  # `ray start --head` up to a dashboard that answers, on a loaded 2-core machine
 # Beyond the scenario's own bounds: uploading the working dir, the job driver importing torch, the report.

@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from cli_utils import run_harness
+from cli_utils import run_cli_inproc
 from test_report_html import check_in_browser, chromium  # noqa: F401 (the session's browser fixture)
 
 from harness.core.units import human_bytes
@@ -24,13 +24,14 @@ MESSAGE = "CPU budget exceeded: Tried to allocate 16.00 MiB (16777216 bytes) for
 @pytest.fixture(scope="module")
 def budget_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("oom") / "run"
-    result = run_harness("run", "smoke-cpu-budget", "--out", str(run_dir), timeout_s=300)
+    result = run_cli_inproc("run", "smoke-cpu-budget", "--out", str(run_dir))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # The terminal summary too: the OOM line under the table.
     assert "legacy OOM at stage workspace on rank(s) 0, 1: asked for 16,777,216 B (16.0 MiB)" in result.stdout
     return run_dir
 
 
+@pytest.mark.slow
 def test_the_record_keeps_the_oom_and_what_it_held(budget_run: Path) -> None:
     report = json.loads((budget_run / "report.json").read_text())
     legacy = [e for r in report["ranks"] for e in r["policies"] if e["policy"] == "legacy"]
@@ -43,6 +44,7 @@ def test_the_record_keeps_the_oom_and_what_it_held(budget_run: Path) -> None:
     assert report["exit_code"] == 0  # legacy's OOM is what the scenario expects
 
 
+@pytest.mark.slow
 def test_report_md_shows_the_oom_and_the_budget(budget_run: Path) -> None:
     text = (budget_run / "report.md").read_text()
     assert "# memory budget: 45,000,000 B (42.9 MiB) from memory.budget_gb 0.045" in text
@@ -62,6 +64,7 @@ def test_report_md_shows_the_oom_and_the_budget(budget_run: Path) -> None:
     assert len({tuple(i for i, ch in enumerate(line) if ch == "|") for line in table}) == 1
 
 
+@pytest.mark.slow
 def test_junit_carries_the_oom_and_times(budget_run: Path) -> None:
     root = ET.parse(budget_run / "junit.xml").getroot()
     suite = root.find("testsuite")
@@ -80,6 +83,7 @@ def test_junit_carries_the_oom_and_times(budget_run: Path) -> None:
     assert props["memory.budget_bytes"] == str(BUDGET)
 
 
+@pytest.mark.slow
 def test_report_html_shows_the_oom_and_the_cpu_budget_line(budget_run: Path) -> None:
     text = (budget_run / "report.html").read_text()
     section = text.split('id="ooms"')[1].split("</table>")[0]
@@ -89,6 +93,7 @@ def test_report_html_shows_the_oom_and_the_cpu_budget_line(budget_run: Path) -> 
     assert "memory budget: 45,000,000 B" in text.split('id="header">')[1]
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_budget_report_in_chromium(chromium: str, tmp_path: Path, budget_run: Path) -> None:
     report = json.loads((budget_run / "report.json").read_text())

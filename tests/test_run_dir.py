@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_utils import REPO_DIR, harness_env
+from cli_utils import REPO_DIR, harness_env, run_cli_inproc
 from scenario_utils import TINY
 
 from harness.launch import LaunchError
@@ -118,6 +118,7 @@ def test_a_file_name_that_is_no_safe_name_becomes_one(tmp_path: Path) -> None:
     assert scenario.name == "my-run--2-"
 
 
+@pytest.mark.slow
 def test_two_runs_given_the_same_out_at_once(tmp_path: Path) -> None:
     """Started together, exactly one run takes --out; the other exits 2 naming it, and the first completes."""
     scenario_path = tmp_path / "tiny.yaml"
@@ -144,9 +145,7 @@ def test_two_runs_given_the_same_out_at_once(tmp_path: Path) -> None:
 def test_a_ray_job_without_out_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     # Inside `ray job submit` (its supervisor sets RAY_JOB_CONFIG_JSON_ENV_VAR in the driver) results/ would be in
     # Ray's temporary copy of the working directory, deleted with the job: the run must name --out instead.
-    env = harness_env() | {"RAY_JOB_CONFIG_JSON_ENV_VAR": "{}"}
-    run = subprocess.run([sys.executable, "-m", "harness", "run", "smoke"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=60, check=False)
+    run = run_cli_inproc("run", "smoke", cwd=tmp_path, env={"RAY_JOB_CONFIG_JSON_ENV_VAR": "{}"})
     assert run.returncode == 2, run.stdout + run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "give --out an absolute path" in lines[0] and "Traceback" not in run.stderr

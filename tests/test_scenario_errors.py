@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cli_utils import REPO_DIR, harness_env, run_harness
+from cli_utils import REPO_DIR, harness_env, run_cli_inproc
 
 from harness.scenario.schema import ScenarioError, load_scenario
 from harness.scenario.sections import SCENARIOS_DIR
@@ -148,7 +148,7 @@ def test_bad_scenario_message(tmp_path, case):
     for fragment in case.says:
         assert fragment in message, f"{fragment!r} not in {message!r}"
 
-    result = run_harness("plan", str(path))
+    result = run_cli_inproc("plan", str(path))
     assert result.returncode == 2, result
     assert result.stdout == ""
     assert result.stderr == f"harness: error: {message}\n"
@@ -168,12 +168,12 @@ def test_every_problem_is_reported_at_once(tmp_path):
 
 
 def test_plan_takes_a_matrix_file_and_plans_every_cell() -> None:
-    result = run_harness("plan", "scenarios/matrix/cpu-ci.yaml")
+    result = run_cli_inproc("plan", "scenarios/matrix/cpu-ci.yaml")
     assert result.returncode == 0, result.stderr
     assert "matrix cpu-ci (cpu-ci.yaml): 2 of 2 valid cells" in result.stdout
     assert "cell K512-I256_D2_T128:" in result.stdout and "cell K512-I256_D4_T128:" in result.stdout
     assert "missing field" not in result.stdout + result.stderr
-    data = json.loads(run_harness("plan", "scenarios/matrix/cpu-ci.yaml", "--json").stdout)
+    data = json.loads(run_cli_inproc("plan", "scenarios/matrix/cpu-ci.yaml", "--json").stdout)
     assert [c["cell"] for c in data["cells"]] == ["K512-I256_D2_T128", "K512-I256_D4_T128"]
     assert data["cells"][1]["sizing"]["D"] == 4 and data["skipped"] == []
 
@@ -193,6 +193,6 @@ def test_a_mistyped_name_gets_a_suggestion_without_importing_torch(command: str)
 
 @pytest.mark.parametrize("command", ["plan", "run"])
 def test_a_name_longer_than_a_file_name_is_one_line(command: str) -> None:
-    result = run_harness(command, "n" * 300)
+    result = run_cli_inproc(command, "n" * 300)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "no such scenario file" in result.stderr

@@ -41,6 +41,7 @@ def test_round_inputs_cover_every_kind_and_are_the_same_on_every_rank():
     assert seen[("idle", 4 % L.num_ranks)].shape[0] == 0
 
 
+@pytest.mark.slow
 def test_soak_on_gloo_ranks_checks_every_routed_pair_and_token():
     data = tiny(**{"parallel.num_dispatchers": 4, "parallel.num_local_experts": 4, "model.top_k": 3}).model_dump(
         mode="json")

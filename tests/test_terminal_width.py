@@ -87,6 +87,7 @@ def test_wide_keeps_every_column_on_a_terminal():
     assert any("source" in row for row in table_rows(lines))
 
 
+@pytest.mark.slow
 def test_run_fits(tmp_path: Path):
     rc, lines = in_pty("run", "smoke", "--out", str(tmp_path / "run"))
     assert rc == 0, "\n".join(lines[-40:])

@@ -28,7 +28,7 @@ from harness.sizing.vllm_source.sweep import (
     sweep,
 )
 from harness.sizing.vllm_source.sources import default_cache_dir
-from tests.cli_utils import run_harness
+from cli_utils import run_cli_inproc
 
 CUTLASS = "CutlassBatchedExpertsFp8"
 TRITON = "BatchedTritonExperts"
@@ -123,9 +123,10 @@ def test_planted_num_dp_regression_fails_with_class_and_points(tmp_path):
     root = planted_tree(tmp_path, CUTLASS_FILE, "workspace1 = (experts_per_worker, M, max(N, K))",
                         "workspace1 = (experts_per_worker, M * self.num_dispatchers, max(N, K))")
     junit = tmp_path / "sweep.xml"
-    completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(root), "--junit", str(junit))
+    completed = run_cli_inproc("vllm", "audit", "--sweep", "--vllm-src", str(root), "--junit", str(junit))
     assert completed.returncode == 1, completed.stderr
-    assert f"FAILED: 1 of 7 batched classes: {CUTLASS} (double-count)" in completed.stdout
+    assert re.search(rf"FAILED: 1 of \d+ experts classes \(7 batched, \d+ standard\): {CUTLASS} \(double-count\)",
+                     completed.stdout), completed.stdout[-2000:]
     assert "double-counts at" in completed.stdout and "D=2..256" in completed.stdout
     suite = ET.parse(junit).getroot()
     failures = [case for case in suite.iter("testcase") if case.find("failure") is not None]
@@ -152,7 +153,7 @@ def test_planted_non_gated_sized_as_gated_is_under_sized(tmp_path):
     # Gated activations are untouched: consistent wherever the class takes them.
     gated = [o.status for p, o in triton.outcomes.items() if not p.activation.endswith("_no_mul")]
     assert set(gated) <= {CONSISTENT, REFUSED, UNSUPPORTED} and gated.count(CONSISTENT) > 300
-    completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(root))
+    completed = run_cli_inproc("vllm", "audit", "--sweep", "--vllm-src", str(root))
     assert completed.returncode == 1
     assert f"{TRITON} (under-sized)" in completed.stdout
 
@@ -170,10 +171,10 @@ def test_boxes_cover_each_point_once():
 
 
 def test_sweep_input_errors(tmp_path):
-    completed = run_harness("vllm", "audit", "--junit", str(tmp_path / "x.xml"))
+    completed = run_cli_inproc("vllm", "audit", "--junit", str(tmp_path / "x.xml"))
     assert completed.returncode == 2 and completed.stderr.strip().count("\n") == 0
     assert "--junit goes with --sweep" in completed.stderr
-    completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(tmp_path / "missing"))
+    completed = run_cli_inproc("vllm", "audit", "--sweep", "--vllm-src", str(tmp_path / "missing"))
     assert completed.returncode == 2 and "no such directory" in completed.stderr
     assert completed.stderr.strip().count("\n") == 0
 
@@ -200,7 +201,7 @@ def test_a_release_the_index_does_not_have_says_so(tmp_path):
 @pytest.mark.vllm_wheel
 def test_sweep_json_and_junit_of_0_30_0(tmp_path):
     junit = tmp_path / "sweep.xml"
-    completed = run_harness("vllm", "audit", "--sweep", "--vllm-version", "0.30.0", "--json", "--junit", str(junit))
+    completed = run_cli_inproc("vllm", "audit", "--sweep", "--vllm-version", "0.30.0", "--json", "--junit", str(junit))
     assert completed.returncode == 0, completed.stderr
     data = json.loads(completed.stdout)
     assert data["vllm_version"] == "0.30.0" and data["failed"] == []
@@ -208,7 +209,10 @@ def test_sweep_json_and_junit_of_0_30_0(tmp_path):
     assert cutlass["verdict"] == CONSISTENT and cutlass["summary"].startswith("consistent everywhere")
     assert sum(g["points"] for g in cutlass["groups"]) == cutlass["points"]
     suite = ET.parse(junit).getroot()
-    assert suite.get("failures") == "0" and int(suite.get("tests")) == sum(len(c["groups"]) for c in data["classes"])
+    # One testcase per point group, per finding (0.30.0: BatchedDeepGemmExperts' unused workspace2) and per limit.
+    assert [f["class"] for f in data["findings"]] == ["BatchedDeepGemmExperts"] and data["limits"] == []
+    assert suite.get("failures") == "0"
+    assert int(suite.get("tests")) == sum(len(c["groups"]) for c in data["classes"]) + len(data["findings"])
 
 
 def test_sweep_flag_combinations_are_one_line_errors(tmp_path):
@@ -217,7 +221,7 @@ def test_sweep_flag_combinations_are_one_line_errors(tmp_path):
         (("--sweep", "--releases", "0.29.0", "--junit", str(tmp_path / "x.xml")), "--junit goes with --sweep of one"),
         (("--sweep", "--out", str(tmp_path)), "--releases and --out go with --layer or --sweep --releases"),
     ):
-        completed = run_harness("vllm", "audit", *args)
+        completed = run_cli_inproc("vllm", "audit", *args)
         assert completed.returncode == 2, args
         assert message in completed.stderr and completed.stderr.strip().count("\n") == 0, completed.stderr
 

@@ -104,6 +104,10 @@ class StartupRecord(_Strict):
     status: Literal["ready", "failed", "timeout"] = "ready"
     error: str | None = None  # vLLM's own error line, for a startup that did not finish
     note: str | None = None
+    # published logs (version 1 files): why the model does not size a case yet, and a pipeline-parallel run's stages
+    unsized: str | None = None
+    stages: list[dict[str, Any]] | None = None
+    binding_stage: int | None = None
 
 
 class RecordError(Exception):
