@@ -147,9 +147,9 @@ def test_verify_log_of_online_fp8_is_judged(tmp_path):
 
 def test_verify_log_of_a_flag_the_plan_does_not_read_is_bad_input(tmp_path):
     log, serve = _startup(tmp_path, "qwen3-moe-4l-online-fp8")
-    result = run_harness("verify", "--log", str(log), "--", *serve, "--swap-space", "4")
+    result = run_harness("verify", "--log", str(log), "--", *serve, "--no-such-flag", "4")
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.startswith("harness: error: vllm serve: flag --swap-space is not one the plan understands")
+    assert result.stderr.startswith("harness: error: vllm serve: flag --no-such-flag is not one the plan understands")
 
 
 @pytest.mark.parametrize("args,message", [
