@@ -240,13 +240,15 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
                                                        json=ns.json), resolve_releases)  # fmt: skip
     if ns.releases is not None or ns.out is not None:
         return _print_error("--releases and --out go with --layer or --sweep --releases")
+    from harness.sizing.vllm_diff import reference_sizing
     from harness.sizing.vllm_source import AuditRequest, run_audit
 
     if ns.budget_s is not None and not 0 < ns.budget_s <= 86400:
         return _print_error(f"--budget-s {ns.budget_s}: a number of CPU seconds in (0, 86400] is allowed")
     return run_audit(AuditRequest(vllm_version=ns.vllm_version, vllm_wheel=ns.vllm_wheel, vllm_src=ns.vllm_src,
                                   cache_dir=ns.cache_dir, scenario=ns.scenario, json=ns.json, sweep=ns.sweep,
-                                  junit=ns.junit, budget_s=ns.budget_s))
+                                  junit=ns.junit, budget_s=ns.budget_s,
+                                  reference_sizing=reference_sizing if ns.sweep else None))
 
 
 def cmd_vllm_diff(ns: argparse.Namespace) -> int:

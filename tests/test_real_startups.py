@@ -25,7 +25,7 @@ from harness.verify.record import load_record
 DATA = Path(__file__).resolve().parent / "data" / "real_startups"
 CASES = {p.stem: load_record(p) for p in sorted(DATA.glob("*.yaml"))}
 
-# What the plan does not take in: flags the serve parser reads as neutral or refuses (harness/sizing/serve_args.py).
+# What the plan does not size yet of a flag (none: --dtype float32 and --quantization fp8 are sized).
 FLAG_GAPS: dict[str, str] = {}
 # Lines the model misses on a startup the plan can make, and why.
 V1_GRAPHS = ("0.26.0's V1 model runner measures its CUDA-graph estimate by capturing the first two graphs of each "
@@ -52,7 +52,7 @@ MEAN_GAP = ("the V1 runner's CUDA-graph estimate (0.74-0.79 GiB over what vLLM m
             "takes the mean KV-token error to 0.31%")  # fmt: skip
 
 
-# The lines each flag gap moves (the plan of a refused flag is no plan at all).
+# The lines each flag gap moves (none: --dtype and --quantization are sized by the model facts).
 FLAG_LINES: dict[str, tuple[str, ...]] = {}
 
 

@@ -152,6 +152,16 @@ def test_verify_log_of_a_flag_the_plan_does_not_read_is_bad_input(tmp_path):
     assert result.stderr.startswith("harness: error: vllm serve: flag --no-such-flag is not one the plan understands")
 
 
+def test_verify_log_of_a_flag_of_the_release_is_compared(tmp_path):
+    """--quantization is a flag of the release: accepted and routed to the weights' sizing, so verify compares the
+    startup line by line instead of refusing it (where the model facts do not size it, the weights line says so)."""
+    log, serve = _startup(tmp_path, "qwen3-moe-4l-online-fp8")
+    result = run_harness("verify", "--log", str(log), "--", *serve)
+    assert result.returncode in (0, 1), result.stderr
+    assert "harness: error" not in result.stderr
+    assert any(line.startswith("weights ") for line in result.stdout.splitlines())
+
+
 @pytest.mark.parametrize("args,message", [
     (["--tolerance-pct", "-1"], "--tolerance-pct -1.0 is not a percentage; allowed: 0 to 100"),
     (["--timeout", "0"], "--timeout 0.0 is not a number of seconds"),

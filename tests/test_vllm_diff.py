@@ -122,7 +122,8 @@ def test_two_source_trees_and_a_threshold(tmp_path):
 def test_bad_input_is_one_line_and_exit_2(args, says):
     completed = run_harness("vllm", "diff", *args)
     assert completed.returncode == 2, completed.stdout + completed.stderr
-    assert says in completed.stderr and completed.stderr.strip().count("\n") == 0 and "Traceback" not in completed.stderr
+    assert says in completed.stderr and completed.stderr.strip().count("\n") == 0
+    assert "Traceback" not in completed.stderr
 
 
 def test_bad_references_file_names_the_field(tmp_path):

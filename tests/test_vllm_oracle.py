@@ -152,8 +152,8 @@ def test_batched_deep_gemm_unused_workspace2_is_a_named_finding(release, tmp_pat
     deep_gemm = next(c for c in data["classes"] if c["name"] == "BatchedDeepGemmExperts")
     rows = [dict(zip(fields, row)) for row in deep_gemm["point_rows"]]
     assert len(rows) == deep_gemm["points"]
-    pr = next(r for r in rows if (r["D"], r["E"], r["T"], r["K"], r["activation"], r["quant"], r["experts"],
-                                  r["dispatchers"]) == (32, 16, 256, 7168, "silu", "fp8-block", "E·D", "set"))  # fmt: skip
+    where = ("D", "E", "T", "K", "activation", "quant", "experts", "dispatchers")
+    pr = next(r for r in rows if tuple(r[k] for k in where) == (32, 16, 256, 7168, "silu", "fp8-block", "E·D", "set"))
     M = 256 * 32  # noqa: N806
     assert pr["ws13"] == [16, M, 7168] and pr["ws2"] == [16, M, 2048] and pr["out"] == [16, M, 7168]
     assert pr["total_bytes"] == 2 * (16 * M * 7168 + 16 * M * 2048)

@@ -53,6 +53,15 @@ NON_TORCH_PP_BYTES = int(0.07 * GIB)
 CUDAGRAPH_BYTES = 1 * GIB
 
 
+# The totals vLLM printed in the startup logs this project holds (tests/data/startup_logs, tests/data/real_startups),
+# by GPU: a log names no GPU, its total tells an H100 from an H200 (harness.verify.planning.gpu_from_total). The
+# values are the GPU table's (harness.sizing.gpus).
+DEVICE_TOTAL_GIB: dict[str, tuple[float, str]] = {
+    name: (round(gpus.lookup(name).total_bytes / GIB, 2), gpus.lookup(name).source)
+    for name in ("H100-80GB", "H200-141GB")
+}
+
+
 def device_total(gpu: str | Gpu, nvml_bytes: int | None = None) -> tuple[int, str]:
     """(bytes, source) of the total vLLM sees on this GPU: the GPU table's row (harness.sizing.gpus)."""
     row = gpus.resolve(gpu)

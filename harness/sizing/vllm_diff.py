@@ -242,7 +242,8 @@ def _boxes(points: list, swept) -> list[str]:
 
 def _where(point) -> str:
     return (f"D={point.D} E={point.E} T={point.T} K={point.K} I={point.I} {point.activation} {point.quant}"
-            + ("" if point.experts == "E·D" else " EPLB") + ("" if point.dispatchers == "set" else " dispatchers unset"))
+            + ("" if point.experts == "E·D" else " EPLB")
+            + ("" if point.dispatchers == "set" else " dispatchers unset"))
 
 
 def _gib(num_bytes: int | None) -> str:

@@ -18,7 +18,9 @@ import json
 import math
 import sys
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from harness.sizing.vllm_source.evaluate import Evaluation, ParsedClass, SourceTree, source_tree
 from harness.sizing.vllm_source.sources import FUSED_MOE_DIR, VllmSource, VllmSourceError, locate, locate_release
@@ -281,6 +283,9 @@ class AuditRequest:
     sweep: bool = False
     junit: Path | None = None  # with sweep: the JUnit XML file to write
     budget_s: float | None = None  # CPU seconds for the whole audit or sweep; None: the defaults
+    # with sweep: the reference deployments' layer sizings on a source (harness.sizing.vllm_diff.reference_sizing,
+    # handed in by the caller: the deployment model sits above this package); None: findings without their bytes
+    reference_sizing: Callable[[Any], dict[str, Any]] | None = None
 
 
 def run_audit(request: AuditRequest) -> int:
@@ -295,7 +300,8 @@ def run_audit(request: AuditRequest) -> int:
         if request.sweep:
             from harness.sizing.vllm_source.sweep_report import SweepRequest, run_sweep
 
-            return run_sweep(SweepRequest(json=request.json, junit=request.junit, budget_s=request.budget_s), source)
+            return run_sweep(SweepRequest(json=request.json, junit=request.junit, budget_s=request.budget_s,
+                                          reference_sizing=request.reference_sizing), source)
         result = audit(source, args, budget_s=request.budget_s)
     except (VllmSourceError, _ScenarioUnavailable) as error:
         print(f"harness: error: {error}", file=sys.stderr)  # the prefix every refusal of the harness has

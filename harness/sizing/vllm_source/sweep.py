@@ -1,21 +1,29 @@
-"""`harness vllm audit --sweep`: every batched-experts class of a source, over a grid of layouts and shapes.
+"""`harness vllm audit --sweep`: every experts class that sizes a workspace, over a grid of layouts and shapes.
 
+    classes: the batched-experts ones (evaluate.batched_classes) and, in the standard format, every class whose body
+        defines a concrete workspace_shapes (evaluate.standard_classes); each sized with the N its own
+        moe_problem_size derives on its own weights (Marlin: I)
     grid (GRID_*): D x local experts E x T x (K, I) x activation x quantization x num_dispatchers x EPLB
         the full product of D, E, T, (K, I) at one gated and one non-gated activation; every activation of the
         release's MoEActivation (read with ast) x D x (K, I); each quantization format, num_dispatchers unset and
         an EPLB layout (E·D physical experts, one redundant per rank) x D x (K, I)
     per point: workspace_shapes (evaluate.py) -> ws13, ws2, out
         double-count    a buffer grows x D^2 from D = 1 to D (the token dim is M·D, not M = T·D)
-        under-sized     a view apply() takes of a buffer (views.py) needs more than the buffer holds, or, for
-                        CutlassBatchedExpertsFp8 at a gated activation, common + ws2 is below the live set the
-                        harness derives for the batched CUTLASS path (harness.core.contract.live_set_bytes)
+        under-sized     the output holds less than the format's (E, M, K) / (M, K); a workspace stays x1 with D
+                        while the output grows xD and it grows with T (the growth check); a view apply() takes of a
+                        buffer (views.py) needs more than the buffer holds; or, for CutlassBatchedExpertsFp8 at a
+                        gated activation, common + ws2 is below the harness's live set (harness.core.contract)
         over-allocated  common + ws2 is larger than the views need (common = max(ws13, out), which out aliases)
-        consistent      none of these
+        consistent      none of these, and what apply() uses is derived (here, or on the traced sub-grid)
+        not derived     none of these, but what apply() uses is not derived: not a pass
         unevaluated / refused / unsupported   with the reason: the evaluation stopped; the class's apply() or
                         constructor raises or asserts at the point; the class says it does not take the
                         activation or quantization (its own _supports_* methods, where they evaluate)
+    findings: a buffer apply() never touches while it costs bytes, with the line that sizes it
+    bounds: SweepBudget (CPU time and peak memory of the whole sweep, a share per class, caps on classes and
+        activations); what ran out of budget is memoized and reported (SweepResult.limits)
 
-The live set (apply()'s views) is traced on the sub-grid LIVE_SET_POINTS picks; elsewhere a point is judged on its
+The live set (apply()'s views) is traced on the sub-grid traces_live_set picks; elsewhere a point is judged on its
 growth with D alone. Nothing of the release is imported or executed.
 """
 
@@ -768,7 +776,7 @@ class SweepBudget:
 
     cpu_s: float = 18.0  # CPU seconds for the whole sweep: 0.33.0's 46 classes take about 10 (its slowest, 2.5)
     class_share: float = 0.35  # the most of cpu_s one class may take, so one hostile class leaves the others theirs
-    rss_bytes: int = 3 << 30  # the process's peak resident memory
+    rss_bytes: int = 3 << 30  # what the process's peak resident memory may grow by during the sweep
     max_classes: int = 256  # 0.33.0 has 46
     max_activations: int = 32  # 0.33.0's MoEActivation has 11 members
 
@@ -780,6 +788,7 @@ class Deadline:
     def __init__(self, budget: SweepBudget, *, what: str = "sweep", start: float | None = None) -> None:
         self.budget, self.what = budget, what
         self.start = time.process_time() if start is None else start
+        self.start_rss = _peak_rss()  # the budget bounds what the peak grows by during this sweep
         self.hit: str | None = None
 
     def spent(self) -> str | None:
@@ -788,9 +797,9 @@ class Deadline:
             if used > self.budget.cpu_s:
                 self.hit = (f"the {self.what}'s time budget of {self.budget.cpu_s:g} s of CPU ran out "
                             "(--budget-s raises it for a tree you trust)")  # fmt: skip
-            elif _peak_rss() > self.budget.rss_bytes:
-                self.hit = (f"the {self.what}'s memory budget of {self.budget.rss_bytes >> 20} MiB peak resident "
-                            "memory ran out")  # fmt: skip
+            elif _peak_rss() - self.start_rss > self.budget.rss_bytes:
+                self.hit = (f"the {self.what}'s memory budget of {self.budget.rss_bytes >> 20} MiB more peak "
+                            "resident memory ran out")  # fmt: skip
         return self.hit
 
     def share(self, share: float) -> Deadline:

@@ -12,6 +12,7 @@ import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,8 +57,9 @@ def verdict_line(result: ClassSweep) -> str:
                                           if rest else "")  # fmt: skip
     if verdict == NOT_DERIVED:
         count = sum(o.status == NOT_DERIVED for o in result.outcomes.values())
-        return (f"not derived at {count} points: what apply() uses is not derived ({result.live_set.split(': ', 1)[-1]})"
-                " and no growth check fails; not a pass")  # fmt: skip
+        why = result.live_set.split(": ", 1)[-1]
+        return f"not derived at {count} points: what apply() uses is not derived ({why}) and no growth check fails; " \
+            "not a pass"
     if verdict == UNEVALUATED:
         unevaluated = Counter(o.detail for o in result.outcomes.values() if o.status == UNEVALUATED)
         if unevaluated:
@@ -178,14 +180,15 @@ def print_sweep(result: SweepResult, *, file=None) -> None:
     console.print(footer(result))
 
 
-def attach_reference_bytes(result: SweepResult, source) -> None:
+def attach_reference_bytes(
+    result: SweepResult, source, reference_sizing: Callable[[Any], dict[str, Any]] | None
+) -> None:
     """Each finding's buffer in bytes per GPU at the reference deployments the deployment model sizes (their
-    T, D, local experts, K, I): the class's own workspace_shapes evaluated there."""
-    if not result.findings:
+    T, D, local experts, K, I): the class's own workspace_shapes evaluated there. reference_sizing gives those
+    sizings on a source (the deployment model's, handed in by the caller); without it the findings stand alone."""
+    if not result.findings or reference_sizing is None:
         return
     try:
-        from harness.sizing.vllm_diff import reference_sizing
-
         sizings = reference_sizing(source)
     except Exception as error:  # noqa: BLE001 - the finding stands without its bytes; say why
         for _, finding in result.findings:
@@ -222,7 +225,8 @@ def footer(result: SweepResult) -> str:
         names = ", ".join(f"{c.name} ({c.verdict})" for c in result.failed)
         return f"FAILED: {len(result.failed)} of {counted}: {names}{rest}"
     if result.limits:
-        return f"INCOMPLETE: the sweep stopped at a limit (LIMIT lines above); none of what was judged of {counted} fails{rest}"
+        return (f"INCOMPLETE: the sweep stopped at a limit (LIMIT lines above); none of what was judged of {counted} "
+                f"fails{rest}")
     return f"OK: none of {counted} double-counts or is under-sized{rest}"
 
 
@@ -310,7 +314,8 @@ def write_junit(result: SweepResult, path: Path) -> None:
             # The class alone: a release's dots in a classname would read as packages in CI viewers.
             case = ET.SubElement(suite, "testcase", classname=cls.name,
                                  name=f"{outcome.status}: {box_text(box, cls)}")  # fmt: skip
-            message = f"{cls.name} ({cls.file}, {cls.format}) {outcome.status} at {len(points)} points: {outcome.detail}"
+            message = (f"{cls.name} ({cls.file}, {cls.format}) {outcome.status} at {len(points)} points: "
+                       f"{outcome.detail}")
             if outcome.status in FAILING:
                 failures += 1
                 ET.SubElement(case, "failure", message=message, type=outcome.status).text = box_text(box, cls)
@@ -344,6 +349,7 @@ class SweepRequest:
     json: bool = False
     junit: Path | None = None
     budget_s: float | None = None  # CPU seconds for the whole sweep; None: SweepBudget's default
+    reference_sizing: Callable[[Any], dict[str, Any]] | None = None  # see AuditRequest.reference_sizing
 
 
 def run_sweep(request: SweepRequest, source) -> int:
@@ -354,7 +360,7 @@ def run_sweep(request: SweepRequest, source) -> int:
     from harness.sizing.vllm_source.sweep import SweepBudget
 
     result = sweep(source_tree(source), budget=SweepBudget(cpu_s=request.budget_s) if request.budget_s else None)
-    attach_reference_bytes(result, source)
+    attach_reference_bytes(result, source, request.reference_sizing)
     junit = request.junit
     if junit is not None:
         try:
