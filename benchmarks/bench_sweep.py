@@ -3,7 +3,7 @@
     python benchmarks/bench_sweep.py [--versions 0.29.0,0.30.0] [--repeats 3] [--json]
 
 Each release is located and parsed once (warm cache, as a CI job that already fetched it), then swept `repeats`
-times; the figure is the median CPU time (user + sys, time.process_time) of one sweep. Target: a few seconds of
+times; the figure is the median CPU time (user + sys, time.process_time) of one sweep. Target: 12 s of
 CPU per release on a 2-core machine.
 """
 
@@ -24,7 +24,7 @@ from harness.sizing.vllm_source.evaluate import source_tree as _source_tree  # n
 from harness.sizing.vllm_source.sources import locate  # noqa: E402
 from harness.sizing.vllm_source.sweep import sweep  # noqa: E402
 
-TARGET_CPU_S = 5.0
+TARGET_CPU_S = 12.0  # every experts class (0.33.0: 46, 7 of them batched), under the sweep's default 18 s budget
 
 
 def main() -> int:

@@ -65,7 +65,6 @@ def _plan_matrix(matrix: Any, ns: argparse.Namespace) -> int:
 def cmd_plan(ns: argparse.Namespace) -> int:
     """Workspace per sizing policy; with releases (--vllm-version or vllm==X.Y.Z policies) the whole layer per
     release, a budget's fit/OOM per release, and exit 1 when the scenario's layer.expect is not met."""
-    from harness.scenario.limits import shown
     from harness.scenario.matrix import Matrix, load_input
     from harness.scenario.schema import ScenarioError
     from harness.scenario.sections import GPU_MEMORY_BYTES
@@ -74,17 +73,25 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         plan_summary, render_layer_plan, render_plan,
     )  # fmt: skip
 
-    if ns.gpu is not None and ns.gpu not in GPU_MEMORY_BYTES:
-        return _print_error(f"--gpu {shown(ns.gpu)} is not a known GPU; allowed: {', '.join(GPU_MEMORY_BYTES)}")
     if ns.budget_gb is not None and not 0 < ns.budget_gb < 1e6:
         return _print_error(f"--budget-gb {ns.budget_gb} is not a budget in GB; allowed: above 0, below 1e6")
     if getattr(ns, "serve", None) is not None or ns.scenario is None:
         from harness.sizing.deployment_cli import PlanServeRequest, plan_serve_command
 
+        # the deployment's GPU is checked against the GPU table (harness.sizing.gpus) there
         return plan_serve_command(PlanServeRequest(
             scenario=ns.scenario, serve=tuple(ns.serve) if getattr(ns, "serve", None) is not None else None,
             vllm_versions=tuple(ns.vllm_version or ()), gpu=ns.gpu, budget_gb=ns.budget_gb, cache_dir=ns.cache_dir,
-            fail_on_verdict=ns.fail_on_verdict, json=ns.json))  # fmt: skip
+            fail_on_verdict=ns.fail_on_verdict, json=ns.json, gpu_memory_gib=ns.gpu_memory_gib, gpu_sms=ns.gpu_sms,
+            gpu_capability=ns.gpu_capability))  # fmt: skip
+    gpu_bytes = dict(GPU_MEMORY_BYTES)
+    if ns.gpu is not None and ns.gpu not in gpu_bytes:
+        from harness.sizing import gpus
+
+        try:  # any GPU of the deployment's table: its total as torch reports it
+            gpu_bytes[ns.gpu] = gpus.lookup(ns.gpu).total_bytes
+        except gpus.UnknownGpuError as error:
+            return _print_error(str(error))
     try:
         loaded = load_input(ns.scenario)
         if isinstance(loaded, Matrix):
@@ -92,7 +99,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         scenario = loaded
         rows = make_plan(scenario, cache_dir=ns.cache_dir)
         gpu = ns.gpu or scenario.memory.budget_gpu
-        budget = int(ns.budget_gb * 1e9) if ns.budget_gb else (GPU_MEMORY_BYTES[ns.gpu] if ns.gpu else
+        budget = int(ns.budget_gb * 1e9) if ns.budget_gb else (gpu_bytes[ns.gpu] if ns.gpu else
                                                                scenario.memory.budget_bytes)  # fmt: skip
         versions = layer_versions(scenario, ns.vllm_version)
         layers = make_layer_plans(scenario, versions, cache_dir=ns.cache_dir,
@@ -233,11 +240,25 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
                                                        json=ns.json), resolve_releases)  # fmt: skip
     if ns.releases is not None or ns.out is not None:
         return _print_error("--releases and --out go with --layer or --sweep --releases")
+    from harness.sizing.vllm_diff import reference_sizing
     from harness.sizing.vllm_source import AuditRequest, run_audit
 
+    if ns.budget_s is not None and not 0 < ns.budget_s <= 86400:
+        return _print_error(f"--budget-s {ns.budget_s}: a number of CPU seconds in (0, 86400] is allowed")
     return run_audit(AuditRequest(vllm_version=ns.vllm_version, vllm_wheel=ns.vllm_wheel, vllm_src=ns.vllm_src,
                                   cache_dir=ns.cache_dir, scenario=ns.scenario, json=ns.json, sweep=ns.sweep,
-                                  junit=ns.junit))
+                                  junit=ns.junit, budget_s=ns.budget_s,
+                                  reference_sizing=reference_sizing if ns.sweep else None))
+
+
+def cmd_vllm_diff(ns: argparse.Namespace) -> int:
+    from harness.sizing.vllm_diff import DiffRequest, run_diff
+
+    if ns.budget_s is not None and not 0 < ns.budget_s <= 86400:
+        return _print_error(f"--budget-s {ns.budget_s}: a number of CPU seconds in (0, 86400] is allowed")
+    return run_diff(DiffRequest(base=ns.base, head=ns.head, references=ns.references, threshold_pct=ns.threshold,
+                                json=ns.json, junit=ns.junit, markdown=ns.markdown, cache_dir=ns.cache_dir,
+                                budget_s=ns.budget_s))
 
 
 def recorded_command(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> list[str]:
@@ -462,6 +483,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default=None, metavar="NAME",
                    help="fit or OOM of each release's layer on this GPU (default: the scenario's memory.budget_gpu)")
     p.add_argument("--budget-gb", type=float, default=None, help="fit or OOM against this many GB (1e9 B) instead")
+    p.add_argument("--gpu-memory-gib", type=float, default=None, metavar="X",
+                   help="a deployment on a GPU not in the table: the total torch reports, GiB")
+    p.add_argument("--gpu-sms", type=int, default=None, metavar="N", help="with --gpu-memory-gib: its SM count")
+    p.add_argument("--gpu-capability", default=None, metavar="M.m",
+                   help="with --gpu-memory-gib: its compute capability (e.g. 8.9)")
     p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_plan, parser=p)
 
@@ -598,17 +624,33 @@ def build_parser() -> argparse.ArgumentParser:
                         "quantization, num_dispatchers unset and EPLB (docs/vllm-sources.md)")
     p.add_argument("--junit", type=Path, default=None, metavar="FILE",
                    help="with --sweep: write JUnit XML, one testcase per (class, point group)")
+    p.add_argument("--budget-s", type=float, default=None, metavar="S",
+                   help="CPU seconds for the whole audit or sweep (default 8 and 18: a hostile tree's bound); raise "
+                        "it for a tree you trust")
     p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.set_defaults(func=cmd_vllm_audit, parser=p)
+    p = vsub.add_parser("diff", help="what a change does to the MoE workspace: every experts class over the sweep "
+                                     "grid and the reference deployments, BASE against HEAD (docs/vllm-ci.md)")
+    p.add_argument("base", metavar="BASE", help="a release X.Y.Z, a wheel file or a source tree directory")
+    p.add_argument("head", metavar="HEAD", help="a release X.Y.Z, a wheel file or a source tree directory")
+    p.add_argument("--references", type=Path, default=None, metavar="FILE",
+                   help="reference deployments (YAML: `vllm serve` lines and GPUs; default: "
+                        "harness/defaults/reference-deployments.yaml)")
+    p.add_argument("--threshold", type=float, default=1.0, metavar="PCT",
+                   help="a regression is a growth (or a KV cache loss) past this percentage (default 1)")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p.add_argument("--junit", type=Path, default=None, metavar="FILE", help="write JUnit XML")
+    p.add_argument("--markdown", type=Path, default=None, metavar="FILE", help="write the pull-request comment")
+    p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP)
+    p.add_argument("--budget-s", type=float, default=None, metavar="S", help="CPU seconds for each side's sweep")
+    p.set_defaults(func=cmd_vllm_diff, parser=p)
     return parser
 
 
-# Arguments are counted and measured before argparse sees them: it takes seconds for thousands of options and
-# minutes for 100,000. A `vllm serve` command after `--` has tens of flags; a JSON value (--eplb-config) kilobytes.
-MAX_ARGS, MAX_ARG_CHARS = 1024, 64 * 1024
-
-
 def _arguments_refused(argv: list[str]) -> str | None:
+    """Why the command line is refused before argparse reads it (harness.scenario.limits.MAX_ARGS), or None."""
+    from harness.scenario.limits import MAX_ARG_CHARS, MAX_ARGS
+
     if len(argv) > MAX_ARGS:
         return f"{len(argv)} command-line arguments; allowed: at most {MAX_ARGS}"
     longest = max(range(len(argv)), key=lambda i: len(argv[i]), default=None)
@@ -643,7 +685,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM during a launch (harness.launch.Terminated)
         signum = int(getattr(exc, "signum", 2))  # SIGINT
-        print("harness: interrupted" + (" (SIGTERM)" if signum != 2 else ""), file=sys.stderr)
+        notes = "".join(f"; {note}" for note in getattr(exc, "__notes__", ()))  # where the finished work is
+        print("harness: interrupted" + (" (SIGTERM)" if signum != 2 else "") + notes, file=sys.stderr)
         return 128 + signum
     except OSError as exc:  # the backstop: every filesystem or permission error, on every command; a closed output
         # pipe too (`| head`): the command did not finish, so its verdict is not known, and a gate must not pass

@@ -478,7 +478,8 @@ def test_hostile_apply_is_traced_without_running_anything(tmp_path):
     assert snapshot(tmp_path) == before and list(canary.iterdir()) == []
     assert completed.returncode == 0, completed.stderr
     (cls,) = json.loads(completed.stdout)["classes"]
-    assert cls["name"] == "EscapesInApply" and cls["verdict"] == "consistent"
+    # Nothing of what apply() uses is derived: no point passes (not derived), none fails.
+    assert cls["name"] == "EscapesInApply" and cls["verdict"] == "not derived"
     # The endless loop ran out of the step budget on the first trace; the live set says so.
     assert cls["live_set"].startswith("not derived: apply could not be traced: exceeded the step budget")
 
@@ -499,3 +500,132 @@ def test_hostile_tree_sweep_runs_nothing_and_writes_nothing(tmp_path):
     assert {c["name"] for c in report["classes"]} == set(EXPECTED_REASONS)
     assert all(c["verdict"] == "unevaluated" for c in report["classes"])
     assert set(report["unparsed"]) >= {f"{FUSED_MOE}/fifo_moe.py", f"{FUSED_MOE}/huge_moe.py"}
+
+
+# --- bounded in total: the whole audit and sweep, not only each evaluation ----------------------------------------
+
+# A class whose workspace_shapes runs just under the step budget: each point costs a full budget, never an error.
+NEAR_BUDGET_CLASS = """
+
+class NearBudget{index}(mk.BatchedBase):
+    def workspace_shapes(SIGNATURE):
+        total = 0
+        for step in range(11000):
+            total = total + 1
+        return ((local_num_experts, M, K), (local_num_experts, M, K), (local_num_experts, M, K))
+"""
+
+
+def near_budget_tree(root: Path, canary: Path, classes: int) -> Path:
+    body = "import vllm.model_executor.layers.fused_moe.modular_kernel as mk\n" + "".join(
+        NEAR_BUDGET_CLASS.format(index=i) for i in range(classes))
+    fused_moe_package(root, canary, body, "slow_moe.py")
+    return root
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=harness_env(), capture_output=True,
+                          text=True, timeout=600, check=False)  # fmt: skip
+
+
+def test_near_budget_class_is_evaluated_not_refused(tmp_path):
+    # The class itself is within the per-evaluation budget: what bounds a tree of them is the whole-sweep budget.
+    tree = SourceTree(locate(src=near_budget_tree(tmp_path / "src", tmp_path, 1)))
+    (cls,) = tree.batched_classes()
+    from harness.core.contract import SizingArgs
+
+    args = SizingArgs(max_tokens_per_rank=4, num_dispatchers=2, num_local_experts=1, num_global_experts=2,
+                      hidden_size=8, intermediate_size=8, top_k=1)  # fmt: skip
+    assert tree.evaluate(cls, args).ws13 == (1, 8, 8)
+
+
+def test_hostile_sweep_ends_within_its_budget_with_a_clear_line(tmp_path):
+    tree = near_budget_tree(tmp_path / "src", tmp_path, 30)
+    completed = run_cli("vllm", "audit", "--sweep", "--vllm-src", str(tree), "--json", "--budget-s", "2", cwd=tmp_path)
+    assert completed.returncode == 1, completed.stderr  # not a pass: the tree was not swept whole
+    report = json.loads(completed.stdout)
+    (limit,) = report["limits"]
+    assert limit.startswith("the sweep's time budget of 2 s of CPU ran out (--budget-s raises it for a tree you "
+                            "trust); points not evaluated in ")  # fmt: skip
+    assert len(report["classes"]) == 30
+    cut = [c for c in report["classes"] if any(g["status"] == "unevaluated" and "time budget of 2 s" in g["detail"]
+                                              for g in c["groups"])]  # fmt: skip
+    assert len(cut) >= 25  # the first few classes took the budget; the rest carry the reason
+    table = run_cli("vllm", "audit", "--sweep", "--vllm-src", str(tree), "--budget-s", "2", cwd=tmp_path)
+    assert table.returncode == 1
+    assert "LIMIT: the sweep's time budget of 2 s of CPU ran out" in table.stdout
+    assert "INCOMPLETE: the sweep stopped at a limit" in table.stdout
+
+
+def test_hostile_audit_ends_within_its_budget(tmp_path):
+    tree = near_budget_tree(tmp_path / "src", tmp_path, 400)
+    completed = run_cli("vllm", "audit", "--vllm-src", str(tree), "--json", "--budget-s", "1", cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    classes = json.loads(completed.stdout)["classes"]
+    assert len(classes) == 256  # the cap on classes per audit
+    out_of_time = [c for c in classes if "the audit's time budget of 1 s of CPU ran out" in c["reason"]]
+    assert len(out_of_time) > 200 and all(c["verdict"] == "unevaluated" for c in out_of_time)
+
+
+def test_huge_activation_enum_and_looping_supports_are_capped(tmp_path):
+    root = tmp_path / "src"
+    package = fused_moe_package(root, tmp_path, """
+        import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+
+        class LoopingSupport(mk.BatchedBase):
+            @staticmethod
+            def _supports_activation(activation):
+                while True:
+                    pass
+
+            def workspace_shapes(SIGNATURE):
+                return ((local_num_experts, M, K), (0,), (local_num_experts, M, K))
+    """, "looping_moe.py")
+    members = "\n".join(f'    A{i} = "a{i}"' for i in range(10_000))
+    (package / "activation.py").write_text(f"class MoEActivation:\n{members}\n")
+    completed = run_cli("vllm", "audit", "--sweep", "--vllm-src", str(root), "--json", cwd=tmp_path)
+    report = json.loads(completed.stdout)
+    assert report["activations"] == [f"a{i}" for i in range(32)]
+    assert report["limits"][0] == ("MoEActivation has 10000 members: the first 32 are swept (the cap on "
+                                   "activations)")  # fmt: skip
+    (cls,) = report["classes"]
+    # The looping _supports_activation ran out of its step budget once, and was not called again.
+    assert cls["name"] == "LoopingSupport" and cls["verdict"] in ("not derived", "consistent")
+
+
+def test_ast_dense_files_are_capped(tmp_path):
+    root = tmp_path / "src"
+    package = fused_moe_package(root, tmp_path, "x = 1\n", "plain_moe.py")
+    dense = "# BatchedExperts\nx = (" + "1," * 450_000 + ")\n"  # about 900 kB, 450,000 AST nodes each
+    for i in range(4):
+        (package / f"dense{i}_moe.py").write_text(dense)
+    tree = SourceTree(locate(src=root))
+    capped = {Path(f).name: why for f, why in tree.unparsed.items() if "AST nodes" in why}
+    assert len(capped) == 1 and "over the 1500000 nodes kept of a tree" in next(iter(capped.values()))
+    assert tree.ast_nodes <= 1_500_000
+
+
+def test_hostile_sweep_ends_within_the_default_budget(tmp_path):
+    # The defaults hold a hostile tree's sweep to 18 s of CPU (the bound is 20 s): it stops there with the line.
+    tree = near_budget_tree(tmp_path / "src", tmp_path, 30)
+    completed = run_cli("vllm", "audit", "--sweep", "--vllm-src", str(tree), "--json", cwd=tmp_path)
+    assert completed.returncode == 1, completed.stderr
+    (limit,) = json.loads(completed.stdout)["limits"]
+    assert limit.startswith("the sweep's time budget of 18 s of CPU ran out (--budget-s raises it for a tree you "
+                            "trust)")  # fmt: skip
+
+
+def test_the_cap_on_classes_is_reported(tmp_path):
+    body = "import vllm.model_executor.layers.fused_moe.modular_kernel as mk\n" + "".join(
+        f"\n\nclass Trivial{i}(mk.BatchedBase):\n    def workspace_shapes(SIGNATURE):\n"
+        f"        return ((local_num_experts, M, K), (0,), (local_num_experts, M, K))\n" for i in range(300))
+    root = tmp_path / "src"
+    fused_moe_package(root, tmp_path, body, "many_moe.py")
+    completed = run_cli("vllm", "audit", "--sweep", "--vllm-src", str(root), "--json", "--budget-s", "1",
+                        cwd=tmp_path)  # fmt: skip
+    assert completed.returncode == 1, completed.stderr
+    report = json.loads(completed.stdout)
+    assert len(report["classes"]) == 256
+    assert report["limits"][0] == ("300 experts classes: the first 256 are swept (the cap on classes); not swept: "
+                                   "Trivial256, Trivial257, Trivial258, Trivial259, Trivial260 ...")  # fmt: skip
+    assert report["limits"][1].startswith("the sweep's time budget of 1 s of CPU ran out")

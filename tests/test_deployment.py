@@ -44,7 +44,7 @@ def test_serve_flags_are_read():
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["vllm", "serve", "m", "--speculative-config", "{}"], "flag --speculative-config is not one the plan understands"),
+    (["vllm", "serve", "m", "--speculatve-config", "{}"], "flag --speculatve-config is not one the plan understands"),
     (["m", "--num-redundant-experts", "8"], "needs --enable-eplb"),
     (["m", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
     (["m", "--enable-eplb", "--eplb-config", "{bad"], "is not JSON"),
@@ -56,13 +56,16 @@ def test_serve_flags_refused_in_one_line(argv, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-def test_cli_unknown_flag_and_missing_model_exit_2():
-    result = run_cli_inproc("plan", "--vllm-version", "0.30.0", "--gpu", "H200-141GB", "--", "vllm", "serve",
-                         "deepseek-v3", "--swap-space", "4")  # fmt: skip
+@pytest.mark.vllm_wheel
+def test_cli_unknown_flag_and_missing_model_exit_2(cache_dir):
+    plan = ("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--cache-dir", str(cache_dir), "--")
+    result = run_cli_inproc(*plan, "vllm", "serve", "deepseek-v3", "--tensor-paralel-size", "4")
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
-    assert "flag --swap-space is not one the plan understands" in result.stderr
-    result = run_cli_inproc("plan", "--vllm-version", "0.30.0", "--gpu", "H200-141GB", "--", "vllm", "serve", "/no/model")
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "harness: error: vllm serve: flag --tensor-paralel-size is not one vLLM 0.29.0 has; closest: " \
+                   "--tensor-parallel-size, --data-parallel-size, --pipeline-parallel-size"  # fmt: skip
+    assert "Traceback" not in result.stderr
+    result = run_cli_inproc(*plan, "vllm", "serve", "/no/model")
     assert result.returncode == 2 and "not a directory with config.json nor a preset" in result.stderr
 
 

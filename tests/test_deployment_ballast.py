@@ -1,7 +1,9 @@
 """memory.deployment_ballast: `harness run` holds the rest of the deployment (every other layer's weights, the
-buffers held once, the runtime estimates and the KV cache at gpu_memory_utilization) so a policy runs out of
-memory where the deployment would. On CPU ranks with small shapes: each part allocated to the byte of the
-deployment model's prediction and seen by RSS; the legacy workspace no longer fits, the fixed one does."""
+buffers held once, the runtime estimates) and, after each policy's workspace, the KV cache vLLM sizes from what is
+left, so a policy runs out of memory where the deployment would and starts with the KV tokens it would. On CPU
+ranks with small shapes: each part allocated to the byte of the deployment model's prediction and seen by RSS;
+the legacy workspace leaves no KV cache, the fixed one does. The PR case's sizing agrees with `harness plan` per
+policy."""
 
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ import yaml
 from cli_utils import run_cli_inproc
 
 from harness.scenario.schema import ScenarioError, load_scenario, parse_scenario
-from harness.sizing.deployment_ballast import BALLAST_PARTS, ballast_parts, deployment_plan_without_release
+from harness.sizing.deployment_ballast import (
+    BALLAST_PARTS, KV_PART, ballast_parts, deployment_plan_without_release, policy_kv_cache,
+)
+from harness.sizing.plan import policy_shapes
 
 BUDGET_BYTES = 360_000_000
 TINY_CONFIG = {  # a one-layer Mixtral-shaped model: 32 experts of hidden 512, intermediate 256
@@ -49,8 +54,9 @@ def test_ballast_parts_add_up_to_the_deployment(tmp_path):
     parts = {p.name: p for p in ballast_parts(scenario, BUDGET_BYTES)}
     assert list(parts) == list(BALLAST_PARTS)
     plan = deployment_plan_without_release(scenario, BUDGET_BYTES)
-    assert parts["ballast-kv-cache"].bytes == plan.kv_cache_bytes > 0
-    assert parts["ballast-kv-cache"].bytes == plan.kv_num_blocks * 16 * plan.kv_bytes_per_token
+    fixed = policy_kv_cache(scenario, BUDGET_BYTES, "fixed", plan.line("moe-workspace").bytes)
+    assert fixed.bytes == plan.kv_cache_bytes == plan.kv_num_blocks * 16 * plan.kv_bytes_per_token > 0
+    assert fixed.tokens == plan.kv_tokens and fixed.outcome == "starts"
     # every weight of the one layer (32 experts unsharded, attention, embeddings) less the run's 2 FP8 experts
     own = 2 * (2 * 256 * 512 + 512 * 256) + 2 * (2 * 256 + 512) * 4
     assert parts["ballast-weights"].bytes == plan.group_bytes("weights") - own
@@ -58,8 +64,14 @@ def test_ballast_parts_add_up_to_the_deployment(tmp_path):
     assert plan.line("dispatch receive") is None
     assert parts["ballast-runtime"].bytes == (plan.group_bytes("non-torch") + plan.line("activations").bytes
                                               + plan.line("cuBLAS workspace").bytes)  # fmt: skip
-    # what the run adds (its layer's weights, each policy's workspace) brings the process to the requested memory
-    assert sum(p.bytes for p in parts.values()) + own + plan.line("moe-workspace").bytes <= plan.requested_bytes
+    # what the run adds (its layer's weights, the policy's workspace, the KV cache after it) brings the process to the
+    # requested memory, to less than one block
+    held = sum(p.bytes for p in parts.values()) + own + plan.line("moe-workspace").bytes + fixed.bytes
+    assert 0 <= plan.requested_bytes - held < 16 * plan.kv_bytes_per_token
+    # legacy's workspace leaves less: no KV cache for one request of max_model_len, the deployment does not start
+    legacy_workspace = policy_shapes("legacy", scenario.sizing_args()).total_bytes
+    legacy = policy_kv_cache(scenario, BUDGET_BYTES, "legacy", legacy_workspace)
+    assert legacy.outcome in ("fails", "oom") and legacy.bytes == legacy.tokens == 0
 
 
 @pytest.mark.slow
@@ -76,8 +88,19 @@ def test_cpu_run_holds_the_ballast_and_legacy_runs_out(tmp_path):
         assert part["allocated_bytes"] == part["predicted_bytes"] == expected[name], name
         assert part["within_rounding"], part
     assert ballast["ballast-runtime"]["measured_delta_bytes"] >= ballast["ballast-runtime"]["allocated_bytes"] - 4 * 2**20
+    policies = {p["policy"]: p for p in record["policies"]}
+    scenario = parse_scenario(record["scenario"])
+    for name, result_ in policies.items():
+        kv = policy_kv_cache(scenario, BUDGET_BYTES, name, result_["contract"]["total_bytes"])
+        assert result_["deployment_kv"]["kv_tokens"] == kv.tokens and result_["deployment_kv"]["outcome"] == kv.outcome
+    fixed_kv = policies["fixed"]["deployment_kv"]["component"]
+    assert fixed_kv["name"] == KV_PART and fixed_kv["allocated_bytes"] == fixed_kv["predicted_bytes"] > 0
+    assert fixed_kv["within_rounding"], fixed_kv
+    assert policies["legacy"]["status"] == "oom" and policies["legacy"]["oom"]["stage"] in ("workspace", "kv-cache")
+    assert policies["legacy"]["deployment_kv"]["kv_tokens"] == 0
     assert "legacy" in result.stdout and "oom (expected oom): pass" in result.stdout
-    assert "fit (expected fit): pass" in result.stdout
+    fixed_tokens = policies["fixed"]["deployment_kv"]["kv_tokens"]
+    assert f"fit (expected fit): pass; KV cache {fixed_tokens} tokens" in result.stdout
 
 
 def test_cpu_ballast_needs_a_budget(tmp_path):
@@ -110,3 +133,32 @@ def test_the_ballast_stays_allocated_after_setup(tmp_path):
     (result,) = parallel_launch(1, _held_after_setup, str(_scenario(tmp_path)), timeout_s=300)
     assert result["held"] == result["parts"] > 300_000_000
     assert result["rss_growth"] >= result["parts"]  # every part's pages are still in RSS
+
+
+PR_CASE = Path(__file__).resolve().parents[1] / "scenarios" / "deepseek-v3-dp32-pr55579-deployment.yaml"
+H200_TOTAL = round(139.81 * 2**30)
+
+
+@pytest.mark.vllm_wheel
+@pytest.mark.parametrize(("local_experts", "verdicts"), [
+    (8, {"legacy": "starts", "fixed": "starts"}),  # legacy's 56 GiB workspace fits and costs KV cache
+    (16, {"legacy": "oom", "fixed": "starts"}),  # legacy's 112 GiB does not fit
+])  # fmt: skip
+def test_pr_case_ballast_sizes_each_policy_as_the_plan(local_experts, verdicts, tmp_path):
+    """The ballast's KV cache per policy is what `harness plan` gives the release that holds that workspace (legacy:
+    vLLM 0.29.0, fixed: 0.30.0), on one H200: the same verdict, the same KV tokens, the same workspace bytes."""
+    from harness.sizing.deployment_plan import plan_scenario
+
+    data = yaml.safe_load(PR_CASE.read_text())
+    data["parallel"]["num_local_experts"] = local_experts
+    scenario = parse_scenario(data)
+    plans = dict(zip(("legacy", "fixed"), plan_scenario(scenario, ["0.29.0", "0.30.0"], gpu="H200-141GB",
+                                                        total_bytes=H200_TOTAL), strict=True))  # fmt: skip
+    for policy, plan in plans.items():
+        workspace = policy_shapes(policy, scenario.sizing_args()).total_bytes
+        assert plan.line("moe-workspace").bytes == workspace
+        kv = policy_kv_cache(scenario, H200_TOTAL, policy, workspace)
+        assert (kv.outcome, kv.tokens) == (plan.verdict.outcome, plan.kv_tokens) == \
+            (verdicts[policy], plan.kv_tokens if verdicts[policy] == "starts" else 0), policy  # fmt: skip
+    if local_experts == 8:  # the docs' figures: 392192 -> 1221120 tokens
+        assert (plans["legacy"].kv_tokens, plans["fixed"].kv_tokens) == (392192, 1221120)

@@ -89,3 +89,39 @@ def test_what_a_model_directory_holds_is_printed_escaped(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "\x1b" not in err, err
     assert "m\\nodel" in err
+
+
+@pytest.mark.vllm_wheel
+def test_a_wheels_deployment_verdict_comes_from_the_wheel(cache_dir, tmp_path, capsys):
+    """--vllm-wheel feeds the deployment plan as --vllm-src does: a wheel of 0.29.0's files whose METADATA claims
+    0.30.0 is sized from its own double-counting layer."""
+    import base64
+    import hashlib
+    import zipfile
+
+    release = locate(version="0.29.0", cache_dir=cache_dir)
+    wheel = tmp_path / "vllm-0.30.0-py3-none-any.whl"
+    members = {str(p.relative_to(release.root)): p.read_bytes() for p in sorted((release.root / "vllm").rglob("*.py"))}
+    members["vllm-0.30.0.dist-info/METADATA"] = b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.30.0\n"
+    record = "".join(f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+                     f"{len(data)}\n" for name, data in members.items())
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+        archive.writestr("vllm-0.30.0.dist-info/RECORD", record + "vllm-0.30.0.dist-info/RECORD,,\n")
+    (deployment,) = _plan(capsys, "--vllm-wheel", str(wheel), "--cache-dir", str(tmp_path / "cache"))["deployments"]
+    assert deployment["vllm_version"] == "0.30.0" and deployment["verdict"]["outcome"] == "oom"
+    assert _workspace(deployment) == 112 * GIB
+
+
+@pytest.mark.parametrize("claimed,read", [("0.30.0", "0.30.0"), ("../../x", "unknown"), ("1.0\x1b[2J", "unknown")])
+def test_a_wheels_version_is_one_safe_path_component(tmp_path, claimed: str, read: str) -> None:
+    """A wheel's METADATA version names its cache directory and is printed: kept to one path component, and escaped."""
+    import zipfile
+
+    from harness.sizing.vllm_source.sources import _read_wheel_metadata
+
+    wheel = tmp_path / "vllm-0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("vllm-0.dist-info/METADATA", f"Metadata-Version: 2.1\nName: vllm\nVersion: {claimed}\n")
+    assert _read_wheel_metadata(wheel)[0] == read

@@ -88,7 +88,9 @@ def expected_other_classes(args: SizingArgs) -> dict[str, tuple[tuple[int, ...],
         "BatchedTritonExperts": ((E, rows, max(K, N)), (E, rows, N // 2), (E, rows, K)),
         "BatchedDeepGemmExperts": ((E, rows, max(K, N)), (E, rows, N // 2), (E, rows, K)),
         "NaiveBatchedExperts": ((E, rows, K), (rows, N), (E, rows, K)),
-        "BatchedMarlinExperts": ((E * rows, max(K, 2 * N)), (E * rows, N), (E, rows, K)),
+        # Marlin's own moe_problem_size gives N = I (marlin_moe_intermediate_size: w2_packed.size(1) * 16).
+        "BatchedMarlinExperts": ((E * rows, max(K, 2 * args.intermediate_size)), (E * rows, args.intermediate_size),
+                                 (E, rows, K)),
         # Uses the M argument; K is not doubled because the stand-in does not use NVFP4 dispatch.
         "FlashInferCuteDSLBatchedExperts": ((E, args.M, K), (E, args.M, N), (E, args.M, K)),
     }

@@ -262,6 +262,18 @@ class KernelsRecord(Record):
     torch_requirement: str | None = None  # the release's torch pin, e.g. "torch==2.13.0"
 
 
+class DeploymentKv(Record):
+    """memory.deployment_ballast: the KV cache the deployment sizes with this policy's workspace (vLLM's order:
+    weights, held once, the profile run with the workspace, then the KV cache from what is left), and what the run
+    allocated for it, measured like a component."""
+
+    outcome: str  # the deployment model's verdict with this workspace: starts, fails, oom, refused
+    verdict: str
+    kv_tokens: int
+    num_blocks: int
+    component: ComponentMemory | None = None  # ballast-kv-cache as allocated (None when the deployment does not start)
+
+
 class PolicyResult(Record):
     policy: str
     status: Literal["ok", "oom", "error"]
@@ -277,6 +289,7 @@ class PolicyResult(Record):
     # Ranks whose own OOM or error ended this policy; every rank stops the policy together (they agree before the
     # next collective). None in older records.
     failed_ranks: list[int] | None = None
+    deployment_kv: DeploymentKv | None = None  # memory.deployment_ballast only
 
 
 class ComponentMemory(Record):

@@ -276,10 +276,9 @@ def _launch_and_collect(scenario: Scenario, *, launcher: Launcher, run_dir: Path
                            title=f"{scenario.name}: {launcher.name} launcher")
     try:
         outcome = run_ranks(request, launcher=launcher, console=console).outcome
-    except KeyboardInterrupt:
-        # The command layer prints "harness: interrupted" once; this line says where the finished work is.
-        print(f"harness: the records that arrived are in {run_dir} (`harness collect {run_dir}` reports them)",
-              file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        # The command layer prints "harness: interrupted" once, in one line with this note of where the work is.
+        exc.add_note(f"the records that arrived are in {run_dir} (`harness collect {run_dir}` reports them)")
         raise
 
     if outcome.error:
@@ -288,10 +287,9 @@ def _launch_and_collect(scenario: Scenario, *, launcher: Launcher, run_dir: Path
         print(f"harness: {describe_failure(failure)}", file=sys.stderr)
     try:
         result = collect(run_dir, plots=plots)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         # Every record is on disk: collecting again (or `--resume` for a matrix) writes the reports from them.
-        print(f"harness: every record of the run is in {run_dir}; `harness collect {run_dir}` writes its reports",
-              file=sys.stderr)
+        exc.add_note(f"every record of the run is in {run_dir}; `harness collect {run_dir}` writes its reports")
         raise
     if on_collected is not None and isinstance(result.report, RunReport):
         on_collected(result)
@@ -463,18 +461,29 @@ def _run_matrix(request: RunRequest, matrix: Matrix, overrides: dict[str, Any], 
             collected = _run_cells(cells, scenarios, not_here, launcher=launcher, run_dir=run_dir, run_id=run_id,
                                    path=path, command=command, console=console, resume=request.resume,
                                    start_s=start_s)
+    except KeyboardInterrupt as exc:
+        exc.add_note(_resume_note(path, run_dir))
+        raise
     finally:
         if launcher is not None:
             launcher.close()
         claim.release()
     # Every cell, run now (its report as collected when it finished) or earlier (collected here). SIGTERM is
     # Ctrl-C here too: an interrupted matrix collect is done again by `harness collect DIR` or `--resume`.
-    with sigterm_as_interrupt():
-        kill_point("matrix-collect")
-        result = collect_matrix(run_dir, list(matrix.cells()), matrix=matrix, collected=collected)
+    try:
+        with sigterm_as_interrupt():
+            kill_point("matrix-collect")
+            result = collect_matrix(run_dir, list(matrix.cells()), matrix=matrix, collected=collected)
+    except KeyboardInterrupt as exc:
+        exc.add_note(_resume_note(path, run_dir))
+        raise
     console.print(result.summary_table())
     console.print(f"results: {run_dir}", highlight=False, markup=False)
     return result.exit_code
+
+
+def _resume_note(path: Path, run_dir: Path) -> str:
+    return f"`harness run {display(path)} --out {display(run_dir)} --resume` finishes the matrix, finished cells kept"
 
 
 def cell_finished(cell_dir: Path) -> bool:

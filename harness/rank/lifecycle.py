@@ -30,8 +30,8 @@ from harness.core.contract import WorkspaceShapes
 from harness.core.environment import collect_hardware, collect_versions
 from harness.core.events import Done, PolicyDone, PolicyStarted, RankEvent, Ready
 from harness.core.records import (
-    Breakdown, CommRecord, ComponentMemory, ContractBytes, Correctness, MemoryMeasurement, OomRecord, PolicyResult,
-    RankRecord, Throughput, Timings,
+    Breakdown, CommRecord, ComponentMemory, ContractBytes, Correctness, DeploymentKv, MemoryMeasurement, OomRecord,
+    PolicyResult, RankRecord, Throughput, Timings,
 )
 from harness.rank.check import CheckedPass
 from harness.rank.combine import combine
@@ -219,6 +219,8 @@ class PolicyState:
     correctness: Correctness | None = None
     timing_mode: Literal["graph", "eager"] = "eager"  # how the timed dispatch and combine ran
     timing_reason: str | None = None  # why eager
+    kv_tensor: torch.Tensor | None = None  # memory.deployment_ballast: this policy's KV cache, after its workspace
+    deployment_kv: DeploymentKv | None = None
 
     def fail(self, setup: RankSetup, stage: str, exc: Exception, requested_bytes: int | None = None) -> None:
         self.own = StageFailure.of(stage, exc)
@@ -384,6 +386,7 @@ def _result(setup: RankSetup, state: PolicyState, memory: MemoryMeasurement, bre
         policy=state.policy, status=status, contract=_contract(state.shapes), memory=memory, breakdown=breakdown,
         timings=timings, throughput=throughput, correctness=correctness, expected_outcome=expected,
         oom=state.oom, error=error, failed_ranks=sorted(state.failed) if state.failed else None,
+        deployment_kv=state.deployment_kv,
     )
 
 
@@ -403,6 +406,8 @@ def measure_policy(setup: RankSetup, policy: str, progress: Progress | None) -> 
     baseline = _baseline(setup)
     with PeakSampler(setup.probe, interval_s=s.memory.sample_interval_ms / 1e3) as sampler, state.snapshot:
         _allocate(setup, state, baseline)
+        if s.memory.deployment_ballast:
+            _deployment_kv(setup, state, allocate=not state.failed)
         if not state.failed:
             _iterate(setup, state)
         synchronize(setup.device)
@@ -413,9 +418,44 @@ def measure_policy(setup: RankSetup, policy: str, progress: Progress | None) -> 
     counts = [int(c) for c in setup.buffers.expert_num_tokens.tolist()]
     if state.workspace is not None:
         state.workspace.release(setup.accountant)
-    state.workspace = state.combined = None
+    if state.kv_tensor is not None:
+        setup.accountant.release("ballast", state.kv_tensor)
+    state.workspace = state.combined = state.kv_tensor = None
     release_cached(setup.device)
     return result, counts
+
+
+class DeploymentDoesNotStart(torch.OutOfMemoryError):
+    """vLLM's "No available memory for the cache blocks" / "To serve at least one request": what is left after the
+    policy's workspace holds no KV cache for one request. Counted as an OOM of the deployment at its KV cache."""
+
+
+def _deployment_kv(setup: RankSetup, state: PolicyState, *, allocate: bool) -> None:
+    """memory.deployment_ballast, after the policy's workspace: the KV cache vLLM would size from what is left
+    (harness.sizing.deployment_ballast.policy_kv_cache), allocated and measured; a deployment that would not start
+    ends the policy as out of memory at the kv-cache stage. allocate False (the workspace itself failed): recorded
+    only."""
+    from harness.sizing.deployment_ballast import KV_PART, policy_kv_cache
+
+    s, acc = setup.scenario, setup.accountant
+    total = free_and_total_bytes(setup.device, acc)[1] or 0
+    kv = policy_kv_cache(s, total, state.policy, state.shapes.total_bytes)
+    component = None
+    if not allocate:
+        state.deployment_kv = DeploymentKv(outcome=kv.outcome, verdict=kv.verdict, kv_tokens=kv.tokens,
+                                           num_blocks=kv.num_blocks)  # fmt: skip
+        return
+    try:
+        if kv.outcome != "starts":
+            raise DeploymentDoesNotStart(f"the deployment does not start with {state.policy}'s workspace: {kv.verdict}")
+        predicted = {KV_PART: Prediction(kv.bytes, kv.source)}
+        state.kv_tensor, step = _measured_step(setup.probe, acc, lambda: acc.alloc("ballast", (kv.bytes,), torch.uint8))
+        component = step.component(KV_PART, predicted, step.allocated_bytes)
+    except Exception as exc:  # noqa: BLE001 - an OOM here is the policy's outcome: agreed below, recorded
+        state.fail(setup, "kv-cache", exc, kv.bytes or None)
+    state.deployment_kv = DeploymentKv(outcome=kv.outcome, verdict=kv.verdict, kv_tokens=kv.tokens,
+                                       num_blocks=kv.num_blocks, component=component)  # fmt: skip
+    state.failed = agree(state.own, setup.device)
 
 
 def _throughput(setup: RankSetup, timings: Timings, handle: DispatchHandle) -> Throughput:

@@ -242,6 +242,8 @@ def _rank_policy(record: RankRecord, result: PolicyResult, checks: Checks, expec
         max_rel_error=c.max_rel_error if c else None, max_abs_error=c.max_abs_error if c else None,
         num_wrong_slots=c.num_wrong_slots if c else None, oom=result.oom, error=result.error, checks=checks,
         first_diverging_stage=diverged.stage if diverged else None, check_us=c.check_us if c else None,
+        deployment_kv_tokens=result.deployment_kv.kv_tokens if result.deployment_kv else None,
+        deployment_verdict=result.deployment_kv.verdict if result.deployment_kv else None,
         stages=list(c.stages) if c else [],
     )
 
@@ -360,6 +362,9 @@ def _policy_summary(policy: str, ranks: list[RankEntry], contracts: dict[str, An
         dispatch_us=_agg(e.dispatch_us for e in ran), experts_us=_agg(e.experts_us for e in ran),
         combine_us=_agg(e.combine_us for e in ran),
         timing_spread=_widest(spreads) if spreads and all(s is not None for s in spreads) else None,  # type: ignore[arg-type]
+        deployment_kv_tokens=min((e.deployment_kv_tokens for e in entries if e.deployment_kv_tokens is not None),
+                                 default=None),
+        deployment_verdict=next((e.deployment_verdict for e in entries if e.deployment_verdict), None),
         experts_tflops=_agg(e.experts_tflops for e in ran),
         dispatch_busbw_gbps=_agg(e.dispatch_busbw_gbps for e in ran),
         combine_busbw_gbps=_agg(e.combine_busbw_gbps for e in ran),

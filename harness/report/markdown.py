@@ -101,10 +101,12 @@ def fmt_time(unix_s: float | None) -> str:
 def outcome_text(summary: PolicySummary) -> str:
     """Outcome against the expectation at a glance: `oom (expected oom): pass`."""
     outcome = summary.outcome or "no result"
+    # memory.deployment_ballast: the KV cache the deployment starts with on this policy's workspace
+    kv = f"; KV cache {summary.deployment_kv_tokens} tokens" if summary.deployment_kv_tokens else ""
     if summary.expected_outcome is None:
-        return f"{outcome} (no expectation)"
+        return f"{outcome} (no expectation){kv}"
     verdict = {"pass": "pass", "fail": "FAIL", "error": "ERROR", "skip": "skip"}[summary.expectation]
-    return f"{outcome} (expected {summary.expected_outcome}): {verdict}"
+    return f"{outcome} (expected {summary.expected_outcome}): {verdict}{kv}"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -180,6 +180,9 @@ class RankPolicy(ReportModel):
     first_diverging_stage: str | None = None
     check_us: float | None = None
     stages: list[StageCheck] = []
+    # memory.deployment_ballast: the KV cache the deployment sizes with this policy's workspace, and its verdict
+    deployment_kv_tokens: int | None = None
+    deployment_verdict: str | None = None
 
 
 class RankEntry(ReportModel):
@@ -240,6 +243,8 @@ class PolicySummary(ReportModel):
     combine_busbw_gbps: Aggregate | None
     num_wrong_slots: int
     checks: PolicyCheckCounts
+    deployment_kv_tokens: int | None = None  # memory.deployment_ballast: the fewest over ranks
+    deployment_verdict: str | None = None
 
 
 class ScenarioInfo(ReportModel):

@@ -117,6 +117,8 @@ def _limits() -> list[str]:
         f"{GPU_RANK_OVERHEAD_BYTES // mib} MiB on GPU); CPU: plus the largest workspace, times the ranks, at most "
         "the available RAM (and the cgroup's limit); GPU: plus the ballast, at most the GPU's total memory and the "
         "budget (a workspace past it is an OOM the run records) |",
+        f"| command line (every command) | at most {L.MAX_ARGS} arguments of at most {L.MAX_ARG_CHARS} characters each, "
+        "counted before argparse reads them (argparse takes minutes for 100,000 options) |",
         "| `--out` | a new path, or an empty directory this user may write; claimed atomically, so a second run "
         "given the same `--out` at once is refused, naming the first |",
     ]

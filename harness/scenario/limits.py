@@ -97,6 +97,11 @@ def shown_key(key: str) -> str:
     return quoted if len(key) <= MAX_SHOWN_CHARS else quoted[:MAX_SHOWN_CHARS] + "..."
 
 
+# The command line, counted and measured before argparse sees it (argparse takes minutes for 100,000 options): a
+# `vllm serve` command after `--` has tens of flags, a JSON value (--eplb-config) kilobytes.
+MAX_ARGS, MAX_ARG_CHARS = 1024, 64 * 1024
+
+
 def shown_line(text: str) -> str:
     """A whole message for the terminal, in one line: control characters escaped (shown_text, uncut), so a name or
     version read from a file or a directory (a MODEL, a tree's _version.py) never splits the line or sends an

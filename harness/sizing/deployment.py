@@ -26,16 +26,19 @@ import platform
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import Field
+
 import harness
 from harness.core.records import Record
 from harness.scenario.deployment import DeploymentSpec
-from harness.sizing import profile_run
+from harness.sizing import gpus, profile_run
 from harness.sizing import release_defaults as defaults
 from harness.sizing.deployment_weights import Sharding, routed_experts_bytes, weight_lines
+from harness.sizing.gpus import Gpu
 from harness.sizing.kv_cache import DEFAULT_BLOCK_SIZE, kv_cache, kv_shape
 from harness.sizing.model_config import ModelFacts
 
-DEPLOYMENT_PLAN_SCHEMA = 1
+DEPLOYMENT_PLAN_SCHEMA = 2  # 2: group_totals and approximate
 GIB = 2**30
 # Estimates, each with its basis: vLLM 0.19.0's own profiler figures in the 14 published H100 startup logs of
 # tests/data/startup_logs/ (llm-d-planner's validation runs; docs/deployment-memory.md lists them).
@@ -45,23 +48,57 @@ GIB = 2**30
 # goes through torch's allocator (harness.sizing.profile_run).
 NON_TORCH_SINGLE_BYTES = int(0.25 * GIB)
 NON_TORCH_MULTI_BYTES = int(2.1 * GIB)
+NON_TORCH_PP_BYTES = int(0.07 * GIB)
 # The profiler's CUDA-graph estimate ("Estimated CUDA graph memory: X GiB total"): 0.57-1.69 GiB, mean 0.94.
 CUDAGRAPH_BYTES = 1 * GIB
-# What vLLM divides by: torch.cuda.mem_get_info's total, a few hundred MiB under NVML's (GPU_MEMORY_BYTES), as
-# vLLM and torch print it (to 0.01 GiB). Other GPUs fall back to NVML's total, labelled so.
+
+
+# The totals vLLM printed in the startup logs this project holds (tests/data/startup_logs, tests/data/real_startups),
+# by GPU: a log names no GPU, its total tells an H100 from an H200 (harness.verify.planning.gpu_from_total). The
+# values are the GPU table's (harness.sizing.gpus).
 DEVICE_TOTAL_GIB: dict[str, tuple[float, str]] = {
-    "H100-80GB": (79.19, "vLLM 0.19.0's worker snapshot total_memory=79.19GiB (llm-d-planner's H100 logs)"),
-    "H200-141GB": (139.81, "torch's 'GPU has a total capacity of 139.81 GiB' and vLLM's total_gpu_memory (139.81GiB) on "
-                   "H200"),
+    name: (round(gpus.lookup(name).total_bytes / GIB, 2), gpus.lookup(name).source)
+    for name in ("H100-80GB", "H200-141GB")
 }
 
 
-def device_total(gpu: str, nvml_bytes: int) -> tuple[int, str]:
-    """(bytes, source) of the total vLLM sees on this GPU."""
-    if gpu in DEVICE_TOTAL_GIB:
-        gib, source = DEVICE_TOTAL_GIB[gpu]
-        return round(gib * GIB), f"table: {source}"
+def device_total(gpu: str | Gpu, nvml_bytes: int | None = None) -> tuple[int, str]:
+    """(bytes, source) of the total vLLM sees on this GPU: the GPU table's row (harness.sizing.gpus)."""
+    row = gpus.resolve(gpu)
+    if row is not None:
+        kind = "" if row.total_is_measured else f" ({row.total_kind}: torch's total is a few hundred MiB less)"
+        return row.total_bytes, f"table: {row.source}{kind}"
+    if nvml_bytes is None:
+        raise gpus.UnknownGpuError(f"--gpu {str(gpu)[:40]!r} is not a known GPU")
     return nvml_bytes, "table: NVML's total (vLLM sees torch.cuda.mem_get_info's, a few hundred MiB less)"
+
+
+def non_torch_bytes(tp: int, gpu: str | Gpu | None, *, pp: int = 1, dp: int = 1, moe: bool = True) -> tuple[int, str]:
+    """The memory outside torch the profile sees grow: on one GPU the cuBLAS/cuBLASLt handles and the kernels'
+    modules (0.24-0.27 GiB in the single-GPU logs); with more ranks on NVLink, NCCL's NVLink/NVLS channel buffers and
+    vLLM's custom all-reduce IPC buffers (2.06-2.13 GiB at TP 2 and 4 on H100 SXM); on PCIe machines custom
+    all-reduce is off beyond two GPUs (custom_all_reduce.py: not fully NVLink-connected) and NCCL's P2P/SHM buffers
+    are small: the 0.20 GiB logged at TP 4 on 24 GB PCIe cards (github.com/vllm-project/vllm/pull/14447) is the
+    single-GPU term."""
+    row = gpus.resolve(gpu)
+    link = row.interconnect if row is not None else "nvlink"
+    basis = "basis: published logs' non_torch_memory (docs/deployment-memory.md)"
+    # the ranks whose forward runs NCCL collectives together: the TP group, and the DP ranks of an MoE model (its
+    # experts' all-to-all); the DP ranks of a dense model are independent engines
+    world_size = tp * (dp if moe else 1)
+    if tp == 1 and pp > 1 and world_size == 1:
+        # pipeline stages exchange activations point to point: the NCCL communicators are made before the worker's
+        # first snapshot, and the profile sees 0.07 GiB grow at PP 2 and PP 4 (llm-d-planner's H100 logs)
+        return NON_TORCH_PP_BYTES, f"estimate: pipeline stages (TP 1): kernel modules, NCCL p2p; {basis}"
+    if world_size <= 1:
+        return NON_TORCH_SINGLE_BYTES, f"estimate: cuBLAS handles, loaded kernel modules; {basis}"
+    if link == "pcie":
+        return NON_TORCH_SINGLE_BYTES, (f"estimate: cuBLAS handles, loaded kernel modules; {world_size} ranks on PCIe: "
+                                        "no custom all-reduce buffers, small NCCL P2P/SHM buffers; basis: 0.20 GiB at "
+                                        "TP 4 on PCIe (vllm-project/vllm/pull/14447)")  # fmt: skip
+    return NON_TORCH_MULTI_BYTES, (f"estimate: cuBLAS handles, loaded kernel modules, NCCL's NVLink buffers and custom "
+                                   f"all-reduce buffers ({world_size} ranks on NVLink{'' if row else ', assumed'}); "
+                                   f"{basis}")  # fmt: skip
 
 
 Kind = Literal["exact", "release", "estimate"]
@@ -113,6 +150,10 @@ class DeploymentPlan(Record):
     max_model_len: int
     concurrency: float
     verdict: Verdict
+    # bytes per group (weights, held-once, profile-peak, non-torch, cuda-graphs, kv-cache, after-kv)
+    group_totals: dict[str, int] = Field(default_factory=dict)
+    # why the plan is approximate: flags or GPU facts that change memory and are not modelled
+    approximate: list[str] = Field(default_factory=list)
 
     def setting(self, name: str) -> object:
         return next(s.value for s in self.settings if s.name == name)
@@ -145,14 +186,35 @@ class Resolved:
     eager: bool
     cudagraph_estimate: bool
     settings: tuple[Setting, ...]
+    pp: int = 1
+    moe_max_num_tokens: int = 0  # FusedMoEConfig.max_num_tokens: T of the MoE layer (0: max_num_batched_tokens)
+    cudagraphs: bool = True  # graphs captured at all (no: --enforce-eager, -O0, cudagraph_mode NONE)
+    workspace_persistent: bool = True
+    kv_cache_memory_bytes: int | None = None
+    cpu_offload_bytes: int = 0
+    max_model_len_auto: bool = False
+    approximate: tuple[str, ...] = ()
+    gpu: Gpu | None = None
 
     @property
     def ep_size(self) -> int:
         return self.tp * self.dp if self.ep else 1
 
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.dp * self.pp
+
+    @property
+    def num_dispatchers(self) -> int:
+        """The ranks whose tokens fill the MoE layer's M under EP: the EP group for the batched all-to-alls
+        (num_dispatchers=all2all_manager.world_size), the DP group for the all-gather dispatch (moe_workspace)."""
+        if not self.ep:
+            return 1
+        return self.dp if self.all2all in GATHER_ALL2ALL else self.tp * self.dp
+
 
 def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None, *, gpu_bytes: int,
-            gpu: str | None, local_experts: int | None = None, origin: str = "flag",
+            gpu: str | Gpu | None, local_experts: int | None = None, origin: str = "flag",
             cudagraph_estimate: bool | None = None) -> Resolved:  # fmt: skip
     """Defaults filled from the release (files: its ReleaseFiles) or, where it does not say or no release is at
     hand (files None), the documented table; `origin` names where the given settings came from (flag, scenario);
@@ -171,10 +233,14 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     dp = int(pick("data_parallel_size", spec.data_parallel_size or 1))
     ep = bool(pick("enable_expert_parallel", spec.enable_expert_parallel or False)) and tp * dp > 1
     all2all = str(pick("all2all_backend", spec.all2all_backend, defaults.all2all_backend(files)))
-    backend_default = defaults.Default("cutlass", "table: the layer model's experts family for FP8 checkpoints") if \
-        facts.quant_method else defaults.Default("triton", "table: unquantized MoE runs the Triton experts (\"Using "
-                                                 "TRITON backend for Unquantized MoE\")")  # fmt: skip
-    moe_backend = str(pick("moe_backend", spec.moe_backend, backend_default))
+    row = gpus.resolve(gpu)
+    approximate = list(spec.approximate)
+    approximate += _format_flags(facts, spec)
+    if ep and facts.is_moe and all2all not in SIZED_ALL2ALL:
+        approximate.append(f"--all2all-backend {all2all}: its buffers are not sized (the all-gather path's are used)")
+    moe_backend = str(pick("moe_backend", _experts_family(spec.moe_backend, approximate if facts.is_moe else []),
+                           default_experts_backend(facts, row)))
+    gpu = gpus.label(gpu)
     utilization = float(pick("gpu_memory_utilization", spec.gpu_memory_utilization,  # type: ignore[arg-type]
                              defaults.gpu_memory_utilization(files, version)))  # fmt: skip
     max_len_default = defaults.Default(facts.max_position_embeddings or 0, f"{facts.ref('max_position_embeddings')}")
@@ -207,16 +273,91 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     runner = defaults.v2_runner_without_estimate(facts.architecture, facts.is_moe, version)
     if runner is not None and estimate.value:
         estimate = defaults.Default(False, runner)
-    cudagraph = bool(estimate.value) and not spec.enforce_eager
+    graphs = not spec.enforce_eager and spec.cudagraphs is not False
+    cudagraph = bool(estimate.value) and graphs
     settings.append(Setting(name="cudagraph_memory_estimate", value=cudagraph,
-                            source="--enforce-eager" if spec.enforce_eager else estimate.source))  # fmt: skip
+                            source="--enforce-eager" if spec.enforce_eager else "no CUDA graphs (-O0 or cudagraph_mode "
+                            "NONE)" if not graphs else estimate.source))  # fmt: skip
     settings.append(Setting(name="enable_dbo", value=spec.enable_dbo, source=origin))
     settings.append(Setting(name="enforce_eager", value=spec.enforce_eager, source=origin))
+    pp = int(pick("pipeline_parallel_size", spec.pipeline_parallel_size))
+    moe_tokens = tokens
+    if facts.is_moe and origin != "scenario":  # a scenario's layout states its layer's T
+        moe_tokens = int(pick("moe_max_num_tokens", None, defaults.moe_max_num_tokens(  # type: ignore[arg-type]
+            files, max_num_batched_tokens=tokens, dp=dp, chunk_env=spec.moe_dp_chunk_size)))
+    persistent = defaults.workspace_persistent(files, version)
+    settings.append(Setting(name="moe_workspace_persistent", value=bool(persistent.value), source=persistent.source))
+    if spec.kv_cache_memory_bytes is not None:
+        settings.append(Setting(name="kv_cache_memory_bytes", value=spec.kv_cache_memory_bytes, source=origin))
+    if spec.cpu_offload_gb:
+        settings.append(Setting(name="cpu_offload_gb", value=spec.cpu_offload_gb, source=origin))
+    if spec.max_model_len_auto:
+        settings.append(Setting(name="max_model_len_auto", value=True, source=origin))
+    if row is not None:
+        settings.append(Setting(name="gpu", value=row.describe, source=row.source))
     return Resolved(tp=tp, dp=dp, ep=ep, all2all=all2all, moe_backend=moe_backend, utilization=utilization,
                     max_model_len=max_model_len, max_num_batched_tokens=tokens, max_num_seqs=seqs, block_size=block,
                     kv_cache_dtype=kv_dtype, num_redundant_experts=redundant, local_experts=computed,
                     dbo=spec.enable_dbo, eager=spec.enforce_eager, cudagraph_estimate=cudagraph,
-                    settings=tuple(settings))  # fmt: skip
+                    settings=tuple(settings), pp=pp, moe_max_num_tokens=moe_tokens, cudagraphs=graphs, workspace_persistent=bool(persistent.value),
+                    kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
+                    cpu_offload_bytes=round(spec.cpu_offload_gb * GIB), max_model_len_auto=spec.max_model_len_auto,
+                    approximate=tuple(approximate), gpu=row)  # fmt: skip
+
+
+FAMILIES = ("cutlass", "deep_gemm", "triton")
+# the all-to-all backends whose buffers the layer model sizes (docs/layer-memory.md)
+SIZED_ALL2ALL = ("allgather_reducescatter", "naive", "deepep_low_latency", "deepep_high_throughput")
+GATHER_ALL2ALL = ("allgather_reducescatter", "naive")  # dispatch by all-gather over the DP group
+DTYPE_NAMES = {"half": "float16", "float": "float32", "float16": "float16", "bfloat16": "bfloat16",
+               "float32": "float32"}  # fmt: skip
+
+
+def _format_flags(facts: ModelFacts, spec: DeploymentSpec) -> list[str]:
+    """--dtype and --quantization that change the checkpoint's bytes: routed to the weights' sizing (the spec carries
+    them); the model facts here size the checkpoint as it is, so the plan says it is approximate."""
+    from harness.sizing.model_config import DTYPE_BYTES
+
+    reasons = []
+    dtype = DTYPE_NAMES.get(spec.dtype or "auto")
+    # float16 for a bfloat16 checkpoint changes no byte; float32 doubles the weights and the KV cache
+    if dtype is not None and DTYPE_BYTES[dtype] != facts.dtype_bytes:
+        reasons.append(f"--dtype {spec.dtype}: the weights and the KV cache are sized in the checkpoint's "
+                       f"{facts.dtype}")
+    if spec.quantization and spec.quantization != (facts.quant_method or ""):
+        reasons.append(f"--quantization {spec.quantization}: the weights are sized in the checkpoint's format "
+                       f"({facts.quant_method or facts.dtype})")  # fmt: skip
+    return reasons
+
+
+def _experts_family(value: str | None, approximate: list[str]) -> str | None:
+    """The layer model's experts family for a --moe-backend value: its own names, `auto` (the default), a release's
+    other values by the family they run (flashinfer_cutlass: CUTLASS); others take the default's, flagged."""
+    if value is None or value == "auto":
+        return None
+    if value in FAMILIES:
+        return value
+    for family in FAMILIES:
+        if family in value:
+            return family
+    approximate.append(f"--moe-backend {value}: its experts' workspace is not sized; the default family's is used")
+    return None
+
+
+def default_experts_backend(facts: ModelFacts, gpu: Gpu | None) -> defaults.Default:
+    """The experts family vLLM picks without --moe-backend: unquantized MoE runs the Triton experts; FP8 runs the
+    CUTLASS grouped GEMM where the GPU has it (compute capability 9.0 and 10.x: vLLM's cutlass_group_gemm_supported),
+    else the Triton (or Marlin weight-only) experts."""
+    if facts.quant_method != "fp8":
+        return defaults.Default("triton", "table: unquantized MoE runs the Triton experts (\"Using TRITON backend for "
+                                          "Unquantized MoE\")")  # fmt: skip
+    major, minor = gpu.capability if gpu is not None else (9, 0)
+    where = f"compute capability {major}.{minor}{'' if gpu is not None else ' (assumed)'}"
+    if (major, minor) == (9, 0) or major == 10:
+        return defaults.Default("cutlass", f"table: FP8 MoE on {where}: the CUTLASS grouped GEMM "
+                                           "(cutlass_group_gemm_supported: 90, 100)")  # fmt: skip
+    return defaults.Default("triton", f"table: FP8 MoE on {where}: no CUTLASS FP8 grouped GEMM "
+                                      "(cutlass_group_gemm_supported: 90, 100 only); the Triton experts")  # fmt: skip
 
 
 def sharding_of(facts: ModelFacts, r: Resolved) -> Sharding:
@@ -224,51 +365,163 @@ def sharding_of(facts: ModelFacts, r: Resolved) -> Sharding:
     return Sharding(tp=r.tp, moe_tp=1 if r.ep else r.tp * r.dp, local_experts=r.local_experts)
 
 
-def plan_deployment(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | None, gpu: str | None,
+def stage_layers(num_layers: int, pp: int) -> list[tuple[int, int]]:
+    """[start, end) of each pipeline stage's layers: vLLM's get_pp_indices (model_executor/models/utils.py) without
+    VLLM_PP_LAYER_PARTITION: num_layers // pp each, the remainder one more on the stages before the last."""
+    sizes = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        sizes[-i] += 1
+    bounds, start = [], 0
+    for size in sizes:
+        bounds.append((start, start + size))
+        start += size
+    return bounds
+
+
+def stage_facts(facts: ModelFacts, start: int, end: int) -> ModelFacts:
+    """The model as one pipeline stage holds it: layers [start, end), its MoE layers among them."""
+    moe = tuple(i - start for i in facts.moe_layers if start <= i < end)
+    return dataclasses.replace(facts, num_hidden_layers=end - start, moe_layers=moe)
+
+
+def plan_deployment(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | None, gpu: str | Gpu | None,
                     total_bytes: int, layer_lines: list[DeploymentLine] = ()) -> DeploymentPlan:  # fmt: skip
     """layer_plan: the MoE layer's LayerPlan for this release at the deployment's layout (None for dense, or
-    without a release: then `layer_lines` give the MoE layer's buffers)."""
-    sharding = sharding_of(facts, r)
+    without a release: then `layer_lines` give the MoE layer's buffers). With pipeline parallelism every stage is
+    planned and the one with the fewest KV tokens is returned: vLLM sizes the KV cache of every worker and keeps
+    the smallest block count (v1/engine/core.py, min over the workers)."""
+    if r.pp <= 1:
+        return _plan_stage(facts, r, layer_plan, version=version, gpu=gpu, total_bytes=total_bytes,
+                           layer_lines=layer_lines, stage=None)  # fmt: skip
+    plans = []
+    bounds = stage_layers(facts.num_hidden_layers, r.pp)
+    for index, (start, end) in enumerate(bounds):
+        plans.append(_plan_stage(stage_facts(facts, start, end), r, layer_plan, version=version, gpu=gpu,
+                                 total_bytes=total_bytes, layer_lines=layer_lines,
+                                 stage=(index, r.pp, start, end, facts)))  # fmt: skip
+    order = {"refused": 0, "unknown": 1, "oom": 2, "fails": 3, "starts": 4}
+    return min(plans, key=lambda p: (order[p.verdict.outcome], p.kv_tokens))
+
+
+def _vocab_matrix_bytes(facts: ModelFacts, tp: int) -> int:
+    from harness.sizing.model_config import pad_vocab
+
+    return pad_vocab(facts.vocab_size, tp) * facts.hidden_size * facts.dtype_bytes
+
+
+def _stage_weight_lines(facts: ModelFacts, r: Resolved, sharding: Sharding, stage) -> list[DeploymentLine]:
     lines = [DeploymentLine(group="weights", name=w.name, bytes=w.bytes, kind="exact", source=w.source)
              for w in weight_lines(facts, sharding)]  # fmt: skip
-    lines += [line for line in layer_lines if line.group != "profile-peak"]
-    lines += held_once_lines(facts, r, sharding, layer_plan)
-    lines += profile_lines(facts, r, layer_plan, gpu, layer_lines)
-    multi = r.tp * r.dp > 1
-    lines.append(DeploymentLine(
-        group="non-torch", name="non-torch memory", bytes=NON_TORCH_MULTI_BYTES if multi else NON_TORCH_SINGLE_BYTES,
-        kind="estimate", source="estimate: cuBLAS handles, loaded kernel modules"
-        f"{', NCCL and custom all-reduce buffers' if multi else ''}; "
-        "basis: published logs' non_torch_memory (docs/deployment-memory.md)"))  # fmt: skip
+    if stage is not None:
+        from harness.sizing.deployment_weights import allocator_block_bytes
+
+        index, pp, start, end, whole = stage
+        matrix = _vocab_matrix_bytes(facts, r.tp)
+        first, last = index == 0, index == pp - 1
+        held = [matrix] if first else []
+        held += [matrix, facts.hidden_size * facts.dtype_bytes] if last else []
+        kept = sum(held)
+        for i, line in enumerate(lines):
+            if line.name == "embeddings + lm_head":
+                parts = [*(["embed_tokens"] if first else []), *(["lm_head + final norm"] if last else [])]
+                lines[i] = line.model_copy(update={"bytes": kept, "source": (
+                    f"pipeline stage {index} of {pp} (layers {start}-{end - 1} of {whole.num_hidden_layers}, vLLM's "
+                    f"get_pp_indices): {' and '.join(parts) or 'none (PPMissingLayer)'}; {matrix} B per vocab "
+                    "matrix")})
+            elif line.name == "allocator rounding":
+                whole_matrices = 1 if facts.tie_word_embeddings else 2
+                dropped = whole_matrices - (int(first) + int(last))
+                fix = dropped * (allocator_block_bytes(matrix) - matrix)
+                lines[i] = line.model_copy(update={"bytes": max(0, line.bytes - fix)})
+    if r.cpu_offload_bytes:
+        total = sum(line.bytes for line in lines)
+        offloaded = min(r.cpu_offload_bytes, total)
+        lines.append(DeploymentLine(group="weights", name="cpu offload", bytes=-offloaded, kind="estimate",
+                                    source=f"--cpu-offload-gb: {offloaded} B of parameters kept in host memory, "
+                                    "module by module until the budget is used (model_executor/models/utils.py "
+                                    "maybe_offload_to_cpu); the module granularity is not modelled"))  # fmt: skip
+    return lines
+
+
+def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | None, gpu: str | Gpu | None,
+                total_bytes: int, layer_lines, stage) -> DeploymentPlan:  # fmt: skip
+    sharding = sharding_of(facts, r)
+    gpu_name = gpus.label(gpu)
+    lines = _stage_weight_lines(facts, r, sharding, stage)
+    moe_here = facts.is_moe
+    layer = layer_plan if moe_here else None
+    lines += [line for line in layer_lines if line.group != "profile-peak"] if moe_here else []
+    lines += held_once_lines(facts, r, sharding, layer)
+    first, last = (stage[0] == 0, stage[0] == stage[1] - 1) if stage is not None else (True, True)
+    lines += profile_lines(facts, r, layer, gpu, layer_lines if moe_here else [], first=first, last=last)
+    non_torch, non_torch_source = non_torch_bytes(r.tp, gpu if gpu is not None else r.gpu, pp=r.pp, dp=r.dp,
+                                                  moe=facts.is_moe)  # fmt: skip
+    lines.append(DeploymentLine(group="non-torch", name="non-torch memory", bytes=non_torch, kind="estimate",
+                                source=non_torch_source))  # fmt: skip
     if r.cudagraph_estimate:
         lines.append(DeploymentLine(group="cuda-graphs", name="CUDA-graph estimate", bytes=CUDAGRAPH_BYTES,
                                     kind="estimate", source=f"estimate: the profiler's graph-pool estimate "
-                                    f"({_setting_source(r, 'cudagraph_memory_estimate')} on); basis: published "
-                                    "logs (docs/deployment-memory.md)"))  # fmt: skip
-    table = DEVICE_TOTAL_GIB.get(gpu or "")
-    total_source = device_total(gpu or "", total_bytes)[1] if table and round(table[0] * GIB) == total_bytes else \
-        "given: --budget-gb, or the GPU's NVML total"  # fmt: skip
-    r = dataclasses.replace(r, settings=(*r.settings, Setting(name="gpu_total_bytes", value=total_bytes,
-                                                                 source=total_source)))  # fmt: skip
+                                    f"({_setting_source(r, 'cudagraph_memory_estimate')} on), subtracted before the "
+                                    "KV cache is sized; basis: published logs "
+                                    "(docs/deployment-memory.md)"))  # fmt: skip
+    row = gpus.resolve(gpu) or r.gpu
+    total_source = device_total(row)[1] if row is not None and row.total_bytes == total_bytes else \
+        "given: --budget-gb, --gpu-memory-gib or the GPU's total"  # fmt: skip
+    extra = [Setting(name="gpu_total_bytes", value=total_bytes, source=total_source)]
+    if stage is not None:
+        extra.append(Setting(name="pipeline_stage", value=f"{stage[0]} of {stage[1]}: layers {stage[2]}-{stage[3] - 1}",
+                             source="the stage with the fewest KV tokens (vLLM keeps the smallest block count)"))
+    r = dataclasses.replace(r, settings=(*r.settings, *extra))
     requested = int(total_bytes * r.utilization)
     non_kv = sum(line.bytes for line in lines)
     shape = kv_shape(facts, r.tp, r.kv_cache_dtype)
-    cache = kv_cache(shape, requested - non_kv, r.block_size, r.max_model_len)
+    approximate = list(r.approximate)
+    if r.kv_cache_memory_bytes is not None:
+        # gpu_worker.py determine_available_memory: with kv_cache_memory_bytes the profile is skipped and the cache
+        # is exactly that size; what the rest needs is not checked against gpu_memory_utilization.
+        available = r.kv_cache_memory_bytes
+        kv_source = f"--kv-cache-memory-bytes {available} (profiling skipped; gpu_memory_utilization not applied)"
+    else:
+        available = requested - non_kv
+        kv_source = "requested - everything before the KV cache"
+    max_len = r.max_model_len
+    cache = kv_cache(shape, available, r.block_size, max_len)
+    if r.max_model_len_auto:
+        # v1/core/kv_cache_utils.py _auto_fit_max_model_len: the longest length whose blocks fit (a binary search on
+        # max_memory_usage_bytes: ceil(L / block_size) pages of every layer), at most the model's derived length
+        fitted = min(facts.max_position_embeddings or cache.tokens, cache.tokens)
+        max_len = max(fitted, 1)
+        r = dataclasses.replace(r, max_model_len=max_len, settings=(*r.settings, Setting(
+            name="max_model_len_fitted", value=max_len, source="--max-model-len auto: the longest that the KV cache "
+            f"holds, at most max_position_embeddings ({facts.max_position_embeddings}); v1/core/kv_cache_utils.py "
+            "_auto_fit_max_model_len")))  # fmt: skip
+        cache = kv_cache(shape, available, r.block_size, max_len)
     kv_bytes = cache.num_blocks * r.block_size * shape.bytes_per_token
     lines.append(DeploymentLine(group="kv-cache", name="KV cache", bytes=kv_bytes, kind="exact",
                                 source=f"{cache.num_blocks} blocks x {r.block_size} tokens x {shape.bytes_per_token} "
-                                f"B/token: {shape.formula}"))  # fmt: skip
+                                f"B/token: {shape.formula}; {kv_source}"))  # fmt: skip
+    if r.cudagraphs and not r.cudagraph_estimate:
+        lines.append(DeploymentLine(group="after-kv", name="CUDA graphs", bytes=CUDAGRAPH_BYTES, kind="estimate",
+                                    source="estimate: graphs captured after the KV cache is sized (this release's "
+                                    "profiler does not subtract them: "
+                                    f"{_setting_source(r, 'cudagraph_memory_estimate')}); beyond what was requested; "
+                                    "basis: published logs' estimates (docs/deployment-memory.md)"))  # fmt: skip
     sampler = r.max_num_seqs * facts.vocab_size * 4
     lines.append(DeploymentLine(group="after-kv", name="sampler warm-up", bytes=sampler, kind="exact",
                                 source=f"max_num_seqs {r.max_num_seqs} x vocab {facts.vocab_size} x 4 B (f32 logits, "
                                 "v1/worker/gpu_worker.py compile_or_warm_up_model)"))  # fmt: skip
-    verdict = _verdict(lines, layer_plan, total_bytes, requested, cache, r)
+    r = dataclasses.replace(r, approximate=tuple(approximate))
+    verdict = _verdict(lines, layer, total_bytes, requested, cache, r)
+    groups: dict[str, int] = {}
+    for line in lines:
+        groups[line.group] = groups.get(line.group, 0) + line.bytes
     return DeploymentPlan(
         harness_version=harness.__version__, python_version=platform.python_version(), model=facts.name,
-        vllm_version=version, gpu=gpu, total_bytes=total_bytes, settings=list(r.settings), lines=lines,
+        vllm_version=version, gpu=gpu_name, total_bytes=total_bytes, settings=list(r.settings), lines=lines,
         requested_bytes=requested, non_kv_bytes=non_kv, kv_bytes_per_token=shape.bytes_per_token,
         kv_formula=shape.formula, kv_cache_bytes=kv_bytes, kv_tokens=cache.tokens, kv_num_blocks=cache.num_blocks,
         block_size=r.block_size, max_model_len=r.max_model_len, concurrency=cache.concurrency, verdict=verdict,
+        group_totals=groups, approximate=list(approximate),
     )  # fmt: skip
 
 
@@ -284,14 +537,13 @@ def held_once_lines(facts: ModelFacts, r: Resolved, sharding: Sharding, layer_pl
             if c is not None and c.bytes is not None:
                 lines.append(DeploymentLine(group="held-once", name=name, bytes=c.bytes, kind="release",
                                             source=f"{c.source} (one Buffer per process, every MoE layer)"))  # fmt: skip
-        workspace = layer_plan.component("workspace")
-        if workspace is not None and workspace.bytes is not None:
-            copies = 2 if r.dbo else 1
-            lines.append(DeploymentLine(
-                group="held-once", name="moe-workspace", bytes=workspace.bytes * copies, kind="release",
-                source=f"{workspace.source}; one for every layer (fused_moe/modular_kernel.py: "
-                f"current_workspace_manager){', x 2 micro-batches (--enable-dbo)' if r.dbo else ''}; "
-                f"allocated in the profile run, kept"))  # fmt: skip
+        workspace = moe_workspace(r, layer_plan)
+        if workspace is not None and r.workspace_persistent:
+            ws_bytes, ws_source = workspace
+            lines.append(DeploymentLine(group="held-once", name="moe-workspace", bytes=ws_bytes, kind="release",
+                                        source=f"{ws_source}; one for every layer (fused_moe/modular_kernel.py: "
+                                        "current_workspace_manager), allocated in the profile run, kept ("
+                                        f"{_setting_source(r, 'moe_workspace_persistent')})"))  # fmt: skip
     if r.num_redundant_experts or (facts.is_moe and r.ep and _eplb(r)):
         one_layer, _ = routed_experts_bytes(facts, sharding)
         lines.append(DeploymentLine(group="held-once", name="eplb-transfer-buffer", bytes=one_layer, kind="estimate",
@@ -300,12 +552,35 @@ def held_once_lines(facts: ModelFacts, r: Resolved, sharding: Sharding, layer_pl
     return lines
 
 
+def moe_workspace(r: Resolved, layer_plan) -> tuple[int, str] | None:
+    """(bytes, source) of the MoE workspace at the deployment's M, x 2 with --enable-dbo. The layer model's is at
+    D = TP x DP dispatchers under EP: the batched all-to-alls (DeepEP low-latency, ...) are built with
+    num_dispatchers=all2all_manager.world_size, the EP group, TP ranks included (fused_moe/all2all_utils.py). The
+    all-gather dispatch (allgather_reducescatter, naive) gathers over the DP group instead
+    (distributed/device_communicators/all2all.py AgRsAll2AllManager._get_comm_group; with sequence parallelism the
+    EP group, each TP rank holding 1/TP of the tokens): M = T x DP, the layer model's scaled by 1/TP (its shapes are
+    linear in M)."""
+    workspace = layer_plan.component("workspace") if layer_plan is not None else None
+    if workspace is None or workspace.bytes is None:
+        return None
+    size, source = workspace.bytes, workspace.source
+    if r.ep and r.tp > 1 and r.all2all in GATHER_ALL2ALL:
+        size //= r.tp
+        source += (f"; M = T x DP {r.dp}: the all-gather dispatch gathers over the DP group, not the {r.tp * r.dp} "
+                   "EP ranks (AgRsAll2AllManager._get_comm_group)")  # fmt: skip
+    if r.dbo:
+        size *= 2
+        source += ", x 2 micro-batches (--enable-dbo)"
+    return size, source
+
+
 def _eplb(r: Resolved) -> bool:
     return any(s.name == "num_redundant_experts" and s.value for s in r.settings)
 
 
-def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | None = None,
-                  layer_lines: list[DeploymentLine] = ()) -> list[DeploymentLine]:  # fmt: skip
+def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | None = None,
+                  layer_lines: list[DeploymentLine] = (), *, first: bool = True,
+                  last: bool = True) -> list[DeploymentLine]:  # fmt: skip
     """The profile run's torch peak beyond the weights and the held-once buffers (harness.sizing.profile_run): the
     cuBLAS workspace, kept from the first GEMM, and the larger of two phases: the dummy forward of
     max_num_batched_tokens tokens (per DP rank) with DeepEP's receive tensors, and the dummy sampler over
@@ -320,15 +595,34 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | None = 
                                         source=f"{layer_plan.component('dispatch-recv').source}; one layer's at a "
                                         "time, in the forward"))  # fmt: skip
     recv = sum(line.bytes for line in lines if line.name == "dispatch receive")
+    per_call = 0
+    workspace = moe_workspace(r, layer_plan) if not r.workspace_persistent else None
+    if workspace is not None:
+        per_call = workspace[0]
+        lines.append(DeploymentLine(group="profile-peak", name="moe-workspace (per call)", bytes=per_call,
+                                    kind="release", source=f"{workspace[1]}; allocated in each MoE call and freed "
+                                    f"on return ({_setting_source(r, 'moe_workspace_persistent')}): counted once, in "
+                                    "the forward's peak"))  # fmt: skip
     cublas, cublas_source = profile_run.cublas_workspace(gpu)
     lines.append(DeploymentLine(group="profile-peak", name="cuBLAS workspace", bytes=cublas, kind="estimate",
                                 source=cublas_source))  # fmt: skip
+    if not first:
+        received = 2 * N * facts.hidden_size * facts.dtype_bytes
+        lines.append(DeploymentLine(
+            group="profile-peak", name="pipeline intermediate tensors", bytes=received, kind="exact",
+            source=f"a later pipeline stage's receive buffers, hidden_states and residual 2 x (N={N}, "
+            f"{facts.hidden_size}) {facts.dtype}, made in the first dummy run and kept (v1/worker/gpu_model_runner.py "
+            "_dummy_run: make_empty_intermediate_tensors(batch_size=max_num_tokens))"))  # fmt: skip
     forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv)
-    sampler = profile_run.sampler_phase(facts, num_tokens=N, max_num_seqs=r.max_num_seqs, tp=tp, gpu=gpu)
+    if last:
+        sampler = profile_run.sampler_phase(facts, num_tokens=N, max_num_seqs=r.max_num_seqs, tp=tp, gpu=gpu)
+    else:  # profile_run runs the dummy sampler on the last pipeline rank only
+        sampler = profile_run.Phase(0, "no dummy sampler (not the last pipeline stage: gpu_model_runner.py "
+                                       "profile_run runs it where get_pp_group().is_last_rank)")  # fmt: skip
     in_sampler = sampler.bytes >= forward.bytes
     _, _, gpu_source = profile_run.gpu_facts(gpu)
     lines.append(DeploymentLine(
-        group="profile-peak", name="activations", bytes=max(forward.bytes, sampler.bytes) - recv,
+        group="profile-peak", name="activations", bytes=max(forward.bytes, sampler.bytes - per_call) - recv,
         kind="exact" if in_sampler else "estimate",
         source=f"peak in the {'dummy sampler' if in_sampler else 'forward pass'}: max({forward.detail}; "
         f"{sampler.detail}){' less the dispatch receive above' if recv else ''}; vLLM 0.19.0's profile_run "
@@ -359,7 +653,7 @@ def _verdict(lines: list[DeploymentLine], layer_plan, total: int, requested: int
                            text=f"OOM at {line.name}: {line.bytes / GIB:.2f} GiB takes the GPU to {running / GIB:.2f} "
                            f"GiB of its {total / GIB:.2f} GiB")  # fmt: skip
     non_kv = running
-    if non_kv >= requested:
+    if non_kv >= requested and r.kv_cache_memory_bytes is None:
         return Verdict(outcome="fails", component="KV cache",
                        text=f"fails: no memory left for the KV cache ({non_kv / GIB:.2f} GiB before it, over the "
                        f"{requested / GIB:.2f} GiB requested at gpu_memory_utilization {r.utilization})")  # fmt: skip
@@ -367,12 +661,29 @@ def _verdict(lines: list[DeploymentLine], layer_plan, total: int, requested: int
         return Verdict(outcome="fails", component="KV cache",
                        text=f"fails: the KV cache cannot hold one request of {r.max_model_len} tokens "
                        f"({cache.tokens} tokens in {cache.available_bytes / GIB:.2f} GiB)")  # fmt: skip
+    held = non_kv
+    kv_line = next(line for line in lines if line.group == "kv-cache")
+    base = requested if r.kv_cache_memory_bytes is None else held + kv_line.bytes
+    if r.kv_cache_memory_bytes is not None and base > total:
+        return Verdict(outcome="oom", component="KV cache",
+                       text=f"OOM at KV cache: --kv-cache-memory-bytes {kv_line.bytes / GIB:.2f} GiB after "
+                       f"{held / GIB:.2f} GiB takes the GPU to {base / GIB:.2f} GiB of "
+                       f"{total / GIB:.2f} GiB")  # fmt: skip
+    graphs = next((line for line in lines if line.group == "after-kv" and line.name == "CUDA graphs"), None)
+    if graphs is not None and base + graphs.bytes > total:
+        return Verdict(outcome="oom", component=graphs.name,
+                       text=f"OOM at CUDA graphs: {graphs.bytes / GIB:.2f} GiB captured after the KV cache takes the "
+                       f"GPU to {(base + graphs.bytes) / GIB:.2f} GiB of {total / GIB:.2f} GiB")  # fmt: skip
+    base += graphs.bytes if graphs is not None else 0
     sampler = next(line for line in lines if line.name == "sampler warm-up")
     transient = sum(line.bytes for line in lines if line.group == "profile-peak" and line.name == "activations")
-    after = requested + max(0, sampler.bytes - transient)
+    after = base + max(0, sampler.bytes - transient)
     if after > total:
         return Verdict(outcome="oom", component=sampler.name,
                        text=f"OOM at sampler warm-up: {sampler.bytes / GIB:.2f} GiB after the KV cache takes the GPU "
                        f"to {after / GIB:.2f} GiB of {total / GIB:.2f} GiB")  # fmt: skip
-    return Verdict(outcome="starts", text=f"starts: {cache.tokens} tokens of KV cache, {cache.concurrency:.2f}x "
-                   f"concurrency at {r.max_model_len} tokens")  # fmt: skip
+    text = (f"starts: {cache.tokens} tokens of KV cache, {cache.concurrency:.2f}x concurrency at {r.max_model_len} "
+            "tokens")
+    if r.approximate:
+        text += f" (approximate: {'; '.join(r.approximate)})"
+    return Verdict(outcome="starts", text=text)

@@ -32,6 +32,9 @@ class DeviceRequest:
     gpu: str | None = None
     budget_gb: float | None = None
     cache_dir: Path | None = None
+    gpu_memory_gib: float | None = None  # any GPU not in the table: its torch total, SMs, compute capability
+    gpu_sms: int | None = None
+    gpu_capability: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,21 +48,28 @@ class PlanServeRequest(DeviceRequest):
     json: bool = False
 
 
-def _budget(device: DeviceRequest, scenario_gpu: str | None = None) -> tuple[str | None, int | None]:
-    """The GPU and the total vLLM sees on it: --budget-gb as given, a named GPU's mem_get_info total."""
-    from harness.scenario.sections import GPU_MEMORY_BYTES
-    from harness.sizing.deployment import device_total
+def _budget(device: DeviceRequest, scenario_gpu: str | None = None) -> tuple[Any, int | None]:
+    """The GPU (a row of harness.sizing.gpus, or None) and the total vLLM sees on it: --budget-gb as given, a named
+    GPU's torch total, --gpu-memory-gib's. Raises UnknownGpuError (one line) for a name not in the table."""
+    from harness.sizing import gpus
 
+    if device.gpu_memory_gib is None and (device.gpu_sms is not None or device.gpu_capability is not None):
+        raise gpus.UnknownGpuError("--gpu-sms and --gpu-capability describe a GPU given by --gpu-memory-gib X; "
+                                   "allowed: with --gpu-memory-gib")  # fmt: skip
     if device.budget_gb:
         return None, int(device.budget_gb * 1e9)
+    if device.gpu_memory_gib is not None:
+        row = gpus.given(device.gpu_memory_gib, num_sms=device.gpu_sms, capability=device.gpu_capability)
+        return row, row.total_bytes
     gpu = device.gpu or scenario_gpu
     if gpu:
-        return gpu, device_total(gpu, GPU_MEMORY_BYTES[gpu])[0]
+        row = gpus.lookup(gpu)
+        return row, row.total_bytes
     return None, None
 
 
 def plan_serve_command(request: PlanServeRequest) -> int:
-    from harness.sizing.deployment_plan import plan_serve
+    from harness.sizing.deployment_plan import plan_serve_line
     from harness.sizing.model_config import ModelConfigError
     from harness.sizing.serve_args import ServeArgsError, parse_serve
     from harness.sizing.vllm_source.sources import VllmSourceError
@@ -71,18 +81,25 @@ def plan_serve_command(request: PlanServeRequest) -> int:
     if serve is None:
         return _error("plan needs a scenario, or `-- vllm serve MODEL FLAGS` after the options; see `harness plan --help`")
     try:
-        model, spec, ignored = parse_serve(serve)
+        parse_serve(serve)  # the words themselves (a MODEL, values), before any release is fetched
     except ServeArgsError as error:
+        if "not one the plan understands" not in str(error):  # a release's own flag is read with its parser
+            return _error(str(error))
+    from harness.sizing.gpus import UnknownGpuError
+
+    try:
+        gpu, total = _budget(request)
+    except UnknownGpuError as error:
         return _error(str(error))
-    gpu, total = _budget(request)
     if total is None:
-        return _error("a deployment plan needs --gpu NAME or --budget-gb N (the GPU's total memory)")
+        return _error("a deployment plan needs --gpu NAME, --gpu-memory-gib X or --budget-gb N (the GPU's total "
+                      "memory)")  # fmt: skip
     if not request.vllm_versions:
         return _error("a deployment plan needs --vllm-version X.Y.Z (repeat it to compare releases)")
     try:
-        plans = plan_serve(model, spec, list(dict.fromkeys(request.vllm_versions)), gpu=gpu, total_bytes=total,
-                           cache_dir=request.cache_dir)  # fmt: skip
-    except (ModelConfigError, VllmSourceError) as error:
+        plans, ignored = plan_serve_line(serve, list(dict.fromkeys(request.vllm_versions)), gpu=gpu,
+                                         total_bytes=total, cache_dir=request.cache_dir)  # fmt: skip
+    except (ModelConfigError, VllmSourceError, ServeArgsError) as error:
         return _error(str(error))
     except Exception as error:  # a scenario the layout makes invalid (harness.scenario.ScenarioError)
         from harness.scenario.source import ScenarioError
@@ -90,7 +107,9 @@ def plan_serve_command(request: PlanServeRequest) -> int:
         if isinstance(error, ScenarioError):
             return _error(f"the deployment's MoE layer: {error}")
         raise
-    code = EXIT_FAILED if request.fail_on_verdict and any(p.verdict.outcome != "starts" for p in plans) else EXIT_OK
+    # an approximate plan (a memory flag or GPU fact not modelled) is not a pass either
+    failed = any(p.verdict.outcome != "starts" or p.approximate for p in plans)
+    code = EXIT_FAILED if request.fail_on_verdict and failed else EXIT_OK
     if request.json:
         print(json.dumps({"deployments": [p.model_dump(mode="json") for p in plans], "ignored_flags": ignored},
                          indent=1))  # fmt: skip
@@ -110,7 +129,12 @@ def scenario_deployments(scenario, versions: list[str], device: DeviceRequest, b
     from harness.sizing.model_config import ModelConfigError
     from harness.sizing.vllm_source.sources import locate
 
-    gpu, total = _budget(device, scenario.memory.budget_gpu)
+    from harness.sizing.gpus import UnknownGpuError
+
+    try:
+        gpu, total = _budget(device, scenario.memory.budget_gpu)
+    except UnknownGpuError as error:
+        return [], f"no deployment verdict: {error}"
     sources = [locate(wheel=wheel, cache_dir=device.cache_dir)] if wheel is not None else []
     sources += [locate(src=src)] if src is not None else []
     try:

@@ -12,6 +12,7 @@ from harness.scenario.deployment import DeploymentSpec
 from harness.scenario.schema import Scenario, parse_scenario
 from harness.scenario.sections import LayerSpec
 from harness.sizing.deployment import GIB, DeploymentPlan, Resolved, plan_deployment, resolve
+from harness.sizing.gpus import Gpu
 from harness.sizing.model_config import ModelFacts, load_model
 
 LAYER_ALL2ALL = {"deepep_low_latency": "deepep-low-latency", "deepep_high_throughput": "deepep-high-throughput"}
@@ -38,7 +39,7 @@ def layer_scenario(facts: ModelFacts, r: Resolved, base: Scenario | None = None)
         "model": {"hidden_size": facts.hidden_size, "intermediate_size": I, "num_experts": facts.num_routed_experts,
                   "top_k": facts.top_k},
         "parallel": {"num_dispatchers": D, "num_ranks": D if D <= 1024 else 1, "num_local_experts": E,
-                     "max_tokens_per_rank": r.max_num_batched_tokens},
+                     "max_tokens_per_rank": r.moe_max_num_tokens or r.max_num_batched_tokens},
         "layer": layer,
     }  # fmt: skip
     return parse_scenario(data, path="deployment")
@@ -65,7 +66,7 @@ def scenario_deployment(scenario: Scenario) -> tuple[str, DeploymentSpec]:
     return model, filled
 
 
-def plan_release(facts: ModelFacts, spec: DeploymentSpec, version: str, *, gpu: str | None, total_bytes: int,
+def plan_release(facts: ModelFacts, spec: DeploymentSpec, version: str, *, gpu: str | Gpu | None, total_bytes: int,
                  cache_dir: Path | None = None, base: Scenario | None = None,
                  local_experts: int | None = None, origin: str = "flag") -> DeploymentPlan:  # fmt: skip
     """One release's plan; raises VllmSourceError when the release cannot be had."""
@@ -76,7 +77,7 @@ def plan_release(facts: ModelFacts, spec: DeploymentSpec, version: str, *, gpu: 
                        origin=origin)  # fmt: skip
 
 
-def plan_source(facts: ModelFacts, spec: DeploymentSpec, source, *, gpu: str | None, total_bytes: int,
+def plan_source(facts: ModelFacts, spec: DeploymentSpec, source, *, gpu: str | Gpu | None, total_bytes: int,
                 base: Scenario | None = None, local_experts: int | None = None, origin: str = "flag",
                 version: str | None = None, cudagraph_estimate: bool | None = None) -> DeploymentPlan:  # fmt: skip
     """The plan from a VllmSource (its defaults and its MoE layer), or from none: a dense model needs no release
@@ -98,13 +99,34 @@ def plan_source(facts: ModelFacts, spec: DeploymentSpec, source, *, gpu: str | N
     return plan_deployment(facts, r, layer_plan, version=version, gpu=gpu, total_bytes=total_bytes)
 
 
-def plan_serve(model: str, spec: DeploymentSpec, versions: list[str], *, gpu: str | None, total_bytes: int,
+def plan_serve(model: str, spec: DeploymentSpec, versions: list[str], *, gpu: str | Gpu | None, total_bytes: int,
                cache_dir: Path | None = None) -> list[DeploymentPlan]:  # fmt: skip
     facts = load_model(model)
     return [plan_release(facts, spec, v, gpu=gpu, total_bytes=total_bytes, cache_dir=cache_dir) for v in versions]
 
 
-def plan_scenario(scenario: Scenario, versions: list[str], *, gpu: str | None, total_bytes: int,
+def plan_serve_line(serve: list[str], versions: list[str], *, gpu: str | Gpu | None, total_bytes: int,
+                    cache_dir: Path | None = None) -> tuple[list[DeploymentPlan], list[str]]:  # fmt: skip
+    """Each release's plan of one `vllm serve` line, the line read with that release's own flags
+    (harness.sizing.release_flags); and the flags listed as changing no GPU memory. Raises ServeArgsError for a
+    flag or value the release does not take, VllmSourceError, ModelConfigError."""
+    from harness.sizing.release_flags import read_flags
+    from harness.sizing.serve_args import read_serve
+    from harness.sizing.vllm_source.sources import locate
+
+    plans, ignored = [], []
+    for version in versions:
+        source = locate(version=version, cache_dir=cache_dir)
+        parsed = read_serve(serve, read_flags(source.root, source.version))
+        estimate = parsed.env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS")
+        facts = load_model(parsed.model)
+        plans.append(plan_source(facts, parsed.spec, source, gpu=gpu, total_bytes=total_bytes,
+                                 cudagraph_estimate=None if estimate is None else estimate.strip() not in ("0", "")))
+        ignored += [flag for flag in parsed.ignored if flag not in ignored]
+    return plans, ignored
+
+
+def plan_scenario(scenario: Scenario, versions: list[str], *, gpu: str | Gpu | None, total_bytes: int,
                   cache_dir: Path | None = None, sources: Sequence[Any] = ()) -> list[DeploymentPlan]:  # fmt: skip
     """One plan per release version, then one per VllmSource given (a --vllm-wheel, a --vllm-src tree): each sized
     from what it was asked about, never from a cached release of the same version number."""
@@ -129,7 +151,9 @@ def render_deployment(plan: DeploymentPlan) -> Any:
 
     s = {x.name: x.value for x in plan.settings}
     title = (f"{plan.model}: the deployment per GPU, vLLM {plan.vllm_version}, {plan.gpu or 'budget'} "
-             f"({_gib(plan.total_bytes)} GiB)\nTP={s['tensor_parallel_size']} DP={s['data_parallel_size']} "
+             f"({_gib(plan.total_bytes)} GiB)\nTP={s['tensor_parallel_size']} "
+             f"{'PP=' + str(s['pipeline_parallel_size']) + ' ' if s.get('pipeline_parallel_size', 1) != 1 else ''}"
+             f"DP={s['data_parallel_size']} "
              f"EP={'on' if s['enable_expert_parallel'] else 'off'} all2all={s['all2all_backend']} "
              f"max_num_batched_tokens={s['max_num_batched_tokens']} max_num_seqs={s['max_num_seqs']} "
              f"max_model_len={s['max_model_len']} gpu_memory_utilization={s['gpu_memory_utilization']}")  # fmt: skip

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.sizing import gpus
+from harness.sizing.gpus import Gpu
 from harness.sizing.model_config import ModelFacts, pad_vocab
 
 F32 = 4
@@ -43,13 +45,8 @@ CUBLAS_WORKSPACE_SM90_PLUS = 4096 * 8 * 1024  # CublasHandlePool.cpp: 32 MiB on 
 CUBLAS_WORKSPACE_BEFORE_SM90 = 4096 * 1024 * 2 + 16 * 1024 * 8  # ':4096:2:16:8'
 
 # What the profile depends on of the GPU: its compute capability's major (the cuBLAS workspace) and its SM count
-# (the Triton sampler's programs). Other GPUs are taken as an H100's, labelled so.
-GPU_FACTS: dict[str, tuple[int, int, str]] = {
-    "H100-80GB": (9, 132, "H100 SXM5: compute capability 9.0, 132 SMs"),
-    "H200-141GB": (9, 132, "H200: compute capability 9.0, 132 SMs"),
-    "A100-40GB": (8, 108, "A100: compute capability 8.0, 108 SMs"),
-    "A100-80GB": (8, 108, "A100: compute capability 8.0, 108 SMs"),
-}
+# (the Triton sampler's programs), from the GPU table (harness.sizing.gpus). A GPU not named is taken as an H100's,
+# labelled so.
 DEFAULT_GPU_FACTS = (9, 132, "GPU not in the table: an H100's compute capability 9.0 and 132 SMs assumed")
 
 
@@ -61,12 +58,16 @@ class Phase:
     detail: str
 
 
-def gpu_facts(gpu: str | None) -> tuple[int, int, str]:
+def gpu_facts(gpu: str | Gpu | None) -> tuple[int, int, str]:
     """(compute capability major, SMs, source) of the GPU the deployment runs on."""
-    return GPU_FACTS.get(gpu or "", DEFAULT_GPU_FACTS)
+    row = gpus.resolve(gpu)
+    if row is None:
+        return DEFAULT_GPU_FACTS
+    major, minor = row.capability
+    return major, row.num_sms, f"{row.name}: compute capability {major}.{minor}, {row.num_sms} SMs"
 
 
-def cublas_workspace(gpu: str | None) -> tuple[int, str]:
+def cublas_workspace(gpu: str | Gpu | None) -> tuple[int, str]:
     """(bytes, source) of PyTorch's cuBLAS workspace on the main stream (cuBLASLt shares it)."""
     major, _, where = gpu_facts(gpu)
     size = CUBLAS_WORKSPACE_SM90_PLUS if major in (9, 10, 12) else CUBLAS_WORKSPACE_BEFORE_SM90
@@ -75,7 +76,7 @@ def cublas_workspace(gpu: str | None) -> tuple[int, str]:
                   f"0.19.0's pin; {where})")  # fmt: skip
 
 
-def sampler_phase(facts: ModelFacts, *, num_tokens: int, max_num_seqs: int, tp: int, gpu: str | None) -> Phase:
+def sampler_phase(facts: ModelFacts, *, num_tokens: int, max_num_seqs: int, tp: int, gpu: str | Gpu | None) -> Phase:
     """What profile_run holds while its dummy sampler draws, beyond the buffers held before it (module docstring):
     hidden (N, K) + 2 (R, K) activations, logits (R, V') in the activation dtype, the f32 (R, V) copies and the
     top-k/top-p kernel's buffer."""

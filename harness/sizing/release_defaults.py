@@ -129,6 +129,62 @@ def estimates_cudagraphs(files: ReleaseFiles | None, version: str | None = None)
     return Default(False, f"table: {CUDAGRAPH_ENV} absent from envs.py ({read.reason})")
 
 
+MODULAR_KERNEL_FILE = "vllm/model_executor/layers/fused_moe/modular_kernel.py"
+
+
+def workspace_persistent(files: ReleaseFiles | None, version: str | None = None) -> Default:
+    """Whether the MoE workspace outlives the call: from the release whose modular_kernel.py takes it from
+    `current_workspace_manager()` (vllm/v1/worker/workspace.py: one buffer grown to the largest request and kept),
+    before that `torch.empty` per call, freed when the call returns (only the profile's peak sees it)."""
+    module = files.module(MODULAR_KERNEL_FILE) if files is not None else None
+    if module is not None:
+        for node in ast.walk(module):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                    node.func.id == "current_workspace_manager":  # fmt: skip
+                return Default(True, f"{MODULAR_KERNEL_FILE.removeprefix('vllm/')}:{node.lineno} "
+                                     "current_workspace_manager().get_simultaneous: kept")  # fmt: skip
+        return Default(False, f"{MODULAR_KERNEL_FILE.removeprefix('vllm/')}: workspace13/workspace2 torch.empty per "
+                              "call, freed on return")  # fmt: skip
+    on = _release_key(version) >= (0, 11, 0)
+    return Default(on, "table: per call in 0.10.1, the workspace manager in 0.19.0 on (kept); taken as kept from "
+                       "0.11.0")
+
+
+FUSED_MOE_LAYER_FILE = "vllm/model_executor/layers/fused_moe/layer.py"
+DP_CHUNK_ENV = "VLLM_MOE_DP_CHUNK_SIZE"
+
+
+def moe_max_num_tokens(files: ReleaseFiles | None, *, max_num_batched_tokens: int, dp: int,
+                       chunk_env: int | None = None) -> Default:  # fmt: skip
+    """The tokens per DP rank the MoE layer is built for (FusedMoEConfig.max_num_tokens: DeepEP's
+    num_max_dispatch_tokens_per_rank, the batched experts' T, the chunk the DP ranks process together): what the
+    release's fused_moe/layer.py passes, `envs.VLLM_MOE_DP_CHUNK_SIZE` (0.19.0: 256, or `--env`) or the scheduler's
+    `max_num_batched_tokens` (0.29.0 on). One DP rank runs no DP chunking: its max_num_batched_tokens."""
+    if dp <= 1:
+        return Default(max_num_batched_tokens, "one DP rank: the step's max_num_batched_tokens")
+    module = files.module(FUSED_MOE_LAYER_FILE) if files is not None else None
+    if module is None:
+        return Default(max_num_batched_tokens, "table: FusedMoEConfig(max_num_tokens=max_num_batched_tokens) (no "
+                                               "fused_moe/layer.py at hand)")  # fmt: skip
+    for node in ast.walk(module):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "FusedMoEConfig":
+            for keyword in node.keywords:
+                if keyword.arg != "max_num_tokens":
+                    continue
+                text = ast.unparse(keyword.value)
+                where = f"{FUSED_MOE_LAYER_FILE.removeprefix('vllm/')}:{keyword.value.lineno} max_num_tokens={text}"
+                if DP_CHUNK_ENV in text:
+                    if chunk_env is not None:
+                        return Default(chunk_env, f"{where}; --env {DP_CHUNK_ENV}={chunk_env}")
+                    read = env_default(files, DP_CHUNK_ENV)  # type: ignore[arg-type]
+                    if read.ok and isinstance(read.value, int):
+                        return Default(read.value, f"{where}; {read.ref}")
+                    return Default(256, f"{where}; table: {DP_CHUNK_ENV} 256 ({read.reason})")
+                return Default(max_num_batched_tokens, where)
+    return Default(max_num_batched_tokens, f"table: {FUSED_MOE_LAYER_FILE.removeprefix('vllm/')} builds no "
+                                           "FusedMoEConfig(max_num_tokens=...): max_num_batched_tokens")  # fmt: skip
+
+
 # Releases whose "V2" model runner (v1/worker/gpu/model_runner.py) makes no CUDA-graph estimate, and which
 # architectures they run on it by default: 0.26.0's VllmConfig.use_v2_model_runner (config/vllm.py:550-622) takes
 # V2 for a generate model that is not hybrid and is either not MoE or one of DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES

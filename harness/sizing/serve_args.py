@@ -1,104 +1,230 @@
-"""`vllm serve MODEL FLAGS`, read as vLLM users write it, into a DeploymentSpec.
+"""`vllm serve MODEL FLAGS`, read as vLLM users write it, into a DeploymentSpec: every flag of the release.
 
-Only the flags that change memory are read; a handful that do not (host, port, names, logging, parsers) are
-accepted and listed as ignored. Any other flag is refused with one line naming it: a plan that silently
-dropped a flag could say a deployment starts when it does not.
+With a release (harness.sizing.release_flags: the flags its EngineArgs and frontend parsers declare) every flag it
+has is accepted and a flag it has not is refused with one line naming the closest ones. Each accepted flag is one of:
+
+    modelled        it changes a worker's GPU memory and the plan sizes it (MODELLED below)
+    no GPU memory   ports, logging, parsers, tokenizer options, host memory (--swap-space): listed as ignored
+    approximate     it may change GPU memory and is not sized yet: the plan's verdict says it is approximate, and
+                    `--fail-on-verdict` does not pass it
+
+FlexibleArgumentParser's spellings are read as vLLM reads them: `--flag=value`, `--flag_name`, `-O3`/`-O 3`,
+`--json-flag.key value`. `--env NAME=VALUE` (the harness's, not vLLM's) gives the environment the server runs with.
+Without a release (no source at hand) only the modelled flags and the frontend's usual ones are known.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from harness.scenario.deployment import ALL2ALL_BACKENDS, KV_CACHE_DTYPES, DeploymentSpec
+from harness.scenario.deployment import ALL2ALL_BACKENDS, DeploymentSpec
+from harness.sizing.release_flags import ReleaseFlags
 
-# Flags that do not change the GPU memory of a worker: accepted, reported as ignored.
-NEUTRAL_FLAGS_WITH_VALUE = (
+# Flags that change no GPU memory of a worker, beyond the frontend's own (entrypoints/*/cli_args.py, serve.py).
+NO_GPU_MEMORY = frozenset({
     "--host", "--port", "--served-model-name", "--api-key", "--uvicorn-log-level", "--tool-call-parser",
     "--reasoning-parser", "--chat-template", "--tokenizer", "--tokenizer-mode", "--seed", "--download-dir",
     "--distributed-executor-backend", "--data-parallel-address", "--data-parallel-rpc-port",
-    "--data-parallel-size-local", "--data-parallel-start-rank", "--api-server-count", "--load-format",
-    "--dtype", "--revision",
-)  # fmt: skip
-NEUTRAL_SWITCHES = (
-    "--trust-remote-code", "--disable-log-requests", "--disable-log-stats", "--enable-auto-tool-choice",
-    "--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-chunked-prefill", "--headless",
-    "--disable-uvicorn-access-log",
-)  # fmt: skip
-
-
-class ServeArgsError(Exception):
-    """One line: the flag, the value and what is allowed."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ServeArgsError(f"vllm serve: {message}")
+    "--data-parallel-size-local", "--data-parallel-start-rank", "--data-parallel-rank", "--data-parallel-backend",
+    "--data-parallel-hybrid-lb", "--data-parallel-external-lb", "--api-server-count", "--load-format", "--revision",
+    "--code-revision", "--tokenizer-revision", "--trust-remote-code", "--disable-log-requests", "--disable-log-stats",
+    "--enable-log-requests", "--enable-log-outputs", "--enable-auto-tool-choice", "--enable-prefix-caching",
+    "--prefix-caching-hash-algo", "--enable-chunked-prefill", "--headless", "--disable-uvicorn-access-log",
+    "--swap-space", "--generation-config", "--override-generation-config", "--config-format", "--hf-config-path",
+    "--hf-token", "--ignore-patterns", "--use-tqdm-on-load", "--master-addr", "--master-port", "--nnodes",
+    "--node-rank", "--distributed-timeout-seconds", "--structured-outputs-config", "--guided-decoding-backend",
+    "--kv-events-config", "--otlp-traces-endpoint", "--collect-detailed-traces", "--show-hidden-metrics-for-version",
+    "--scheduling-policy", "--scheduler-cls", "--async-scheduling", "--no-async-scheduling", "--stream-interval",
+    "--worker-cls", "--worker-extension-cls", "--max-parallel-loading-workers", "--ray-workers-use-nsight",
+    "--disable-custom-all-reduce", "--logprobs-mode", "--max-logprobs", "--config", "--grpc",
+    "--model-loader-extra-config",
+    "--safetensors-load-strategy", "--pt-load-map-location", "--long-prefill-token-threshold",
+    "--max-num-partial-prefills", "--max-long-partial-prefills", "--disable-chunked-mm-input", "--runner", "--convert",
+    "--task", "--enable-sleep-mode", "--aggregate-engine-logging", "--reasoning-parser-plugin",
+    "--tool-parser-plugin", "--enable-eplb-log-balancedness", "--eplb-log-balancedness",
+})  # fmt: skip
+NO_GPU_MEMORY_WHY = {
+    "--swap-space": "host memory (CPU swap space), not the GPU's",
+    "--disable-custom-all-reduce": "custom all-reduce's buffers are within the non-torch estimate",
+    "--enable-chunked-prefill": "chunked prefill is on in V1 either way; max_num_batched_tokens is read on its own",
+}
 
 
 def _size(text: str) -> int:
-    """vLLM's human-readable integers (arg_utils.human_readable_int): 32768, 32k (x 1000), 32K (x 1024), 1m, 1M."""
-    match = re.fullmatch(r"(\d{1,9})([kKmM]?)", text.strip())
+    """vLLM's human-readable integers (arg_utils.human_readable_int): 32768, 32k (x 1000), 32K (x 1024), 1m, 1M,
+    1g, 1G."""
+    match = re.fullmatch(r"(\d{1,12}(?:\.\d{1,6})?)([kKmMgG]?)", text.strip())
     if match is None:
-        raise argparse.ArgumentTypeError(f"{text[:30]!r} is not a token count (e.g. 32768, 32k, 32K)")
-    scale = {"": 1, "k": 1000, "K": 1024, "m": 10**6, "M": 2**20}[match.group(2)]
-    return int(match.group(1)) * scale
+        raise ValueError(f"{text[:30]!r} is not a count (e.g. 32768, 32k, 32K)")
+    scale = {"": 1, "k": 1000, "K": 1024, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30}[match.group(2)]
+    value = float(match.group(1)) * scale
+    if match.group(2) == "" and "." in match.group(1):
+        raise ValueError(f"{text[:30]!r} is not an integer")
+    return int(value)
 
 
 def _fraction(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:30]!r} is not a number in (0, 1]") from None
+        raise ValueError(f"{text[:30]!r} is not a number in (0, 1]") from None
     if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text[:30]!r} is not a number in (0, 1]")
+        raise ValueError(f"{text[:30]!r} is not a number in (0, 1]")
     return value
 
 
 def _positive(text: str) -> int:
     if not re.fullmatch(r"\d{1,7}", text) or int(text) == 0:
-        raise argparse.ArgumentTypeError(f"{text[:30]!r} is not an integer > 0")
+        raise ValueError(f"{text[:30]!r} is not an integer > 0")
     return int(text)
 
 
 def _count(text: str) -> int:
     if not re.fullmatch(r"\d{1,7}", text):
-        raise argparse.ArgumentTypeError(f"{text[:30]!r} is not an integer >= 0")
+        raise ValueError(f"{text[:30]!r} is not an integer >= 0")
     return int(text)
 
 
-def _parser() -> _Parser:
-    p = _Parser(prog="vllm serve", add_help=False, allow_abbrev=False)
-    p.add_argument("model_tag", nargs="?", default=None)
-    p.add_argument("--model", default=None)
-    p.add_argument("--tensor-parallel-size", "-tp", type=_positive, default=1)
-    p.add_argument("--data-parallel-size", "-dp", type=_positive, default=None)
-    p.add_argument("--enable-expert-parallel", "-ep", action="store_true", default=False)
-    p.add_argument("--all2all-backend", choices=ALL2ALL_BACKENDS, default=None)
-    p.add_argument("--moe-backend", choices=("cutlass", "deep_gemm", "triton"), default=None)
-    p.add_argument("--gpu-memory-utilization", type=_fraction, default=None)
-    p.add_argument("--max-model-len", type=_size, default=None)
-    p.add_argument("--max-num-batched-tokens", type=_size, default=None)
-    p.add_argument("--max-num-seqs", type=_positive, default=None)
-    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
-    p.add_argument("--block-size", type=_positive, default=None)
-    p.add_argument("--enable-eplb", action="store_true", default=False)
-    p.add_argument("--eplb-config", default=None)
-    p.add_argument("--num-redundant-experts", type=_count, default=None)
-    p.add_argument("--enable-dbo", action="store_true", default=False)
-    p.add_argument("--enforce-eager", action="store_true", default=False)
-    for flag in NEUTRAL_FLAGS_WITH_VALUE:
-        p.add_argument(flag, dest="ignored_" + flag.strip("-").replace("-", "_"), default=None)
-    for flag in NEUTRAL_SWITCHES:
-        p.add_argument(flag, dest="ignored_" + flag.strip("-").replace("-", "_"), action="store_true", default=False)
-    return p
+def _gib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text[:30]!r} is not a size in GiB >= 0") from None
+    if not 0 <= value < 1 << 20:
+        raise ValueError(f"{text[:30]!r} is not a size in GiB >= 0")
+    return value
 
 
-def parse_serve(argv: list[str]) -> tuple[str, DeploymentSpec, list[str]]:
+def _word(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.:/\-]{1,80}", text):
+        raise ValueError(f"{text[:30]!r} is not a name")
+    return text
+
+
+def _text(text: str) -> str:
+    return text[:4000]
+
+
+def _bool(text: str) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Modelled:
+    """A flag the deployment model reads."""
+
+    options: tuple[str, ...]
+    dest: str
+    arity: str  # switch (no value) or value
+    convert: Callable[[str], object]
+
+
+MODELLED: tuple[Modelled, ...] = (
+    Modelled(("--model",), "model", "value", _text),
+    Modelled(("--tensor-parallel-size", "-tp"), "tensor_parallel_size", "value", _positive),
+    Modelled(("--data-parallel-size", "-dp"), "data_parallel_size", "value", _positive),
+    Modelled(("--pipeline-parallel-size", "-pp"), "pipeline_parallel_size", "value", _positive),
+    Modelled(("--enable-expert-parallel", "-ep"), "enable_expert_parallel", "switch", _bool),
+    Modelled(("--all2all-backend",), "all2all_backend", "value", _word),
+    Modelled(("--moe-backend",), "moe_backend", "value", _word),
+    Modelled(("--gpu-memory-utilization",), "gpu_memory_utilization", "value", _fraction),
+    Modelled(("--max-model-len",), "max_model_len", "value", _text),
+    Modelled(("--max-num-batched-tokens",), "max_num_batched_tokens", "value", _size),
+    Modelled(("--max-num-seqs",), "max_num_seqs", "value", _positive),
+    Modelled(("--kv-cache-dtype",), "kv_cache_dtype", "value", _word),
+    Modelled(("--block-size",), "block_size", "value", _positive),
+    Modelled(("--enable-eplb",), "enable_eplb", "switch", _bool),
+    Modelled(("--eplb-config",), "eplb_config", "value", _text),
+    Modelled(("--num-redundant-experts",), "num_redundant_experts", "value", _count),
+    Modelled(("--enable-dbo",), "enable_dbo", "switch", _bool),
+    Modelled(("--enforce-eager",), "enforce_eager", "switch", _bool),
+    Modelled(("--kv-cache-memory-bytes",), "kv_cache_memory_bytes", "value", _size),
+    Modelled(("--cpu-offload-gb",), "cpu_offload_gb", "value", _gib),
+    Modelled(("--dtype",), "dtype", "value", _word),
+    Modelled(("--quantization", "-q"), "quantization", "value", _word),
+    Modelled(("--optimization-level",), "optimization_level", "value", _word),
+    Modelled(("--compilation-config", "-cc"), "compilation_config", "value", _text),
+    Modelled(("--cudagraph-capture-sizes",), "cudagraph_capture_sizes", "list", _text),
+    Modelled(("--max-cudagraph-capture-size",), "max_cudagraph_capture_size", "value", _text),
+    Modelled(("--limit-mm-per-prompt",), "limit_mm_per_prompt", "value", _text),
+    Modelled(("--calculate-kv-scales",), "calculate_kv_scales", "switch", _bool),
+    Modelled(("--disable-hybrid-kv-cache-manager",), "disable_hybrid_kv_cache_manager", "switch", _bool),
+    Modelled(("--num-gpu-blocks-override",), "num_gpu_blocks_override", "value", _positive),
+)  # fmt: skip
+_BY_OPTION = {option: m for m in MODELLED for option in m.options}
+# Environment variables that size GPU memory: modelled, or known and not yet sized (approximate).
+ENV_MODELLED = ("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS",)
+ENV_APPROXIMATE = ("VLLM_FUSED_MOE_CHUNK_SIZE", "VLLM_DEEPEP_BUFFER_SIZE_MB",
+                   "VLLM_DEEPEP_LOW_LATENCY_USE_MNNVL", "VLLM_MOE_USE_DEEP_GEMM", "VLLM_USE_DEEP_GEMM",
+                   "VLLM_USE_FLASHINFER_MOE_FP8", "VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_ALL2ALL_BACKEND",
+                   "VLLM_FLASHINFER_MOE_BACKEND", "VLLM_ALLREDUCE_USE_SYMM_MEM", "VLLM_USE_FLASHINFER_SAMPLER",
+                   "PYTORCH_CUDA_ALLOC_CONF", "NCCL_NVLS_ENABLE", "NCCL_BUFFSIZE")  # fmt: skip
+
+
+class ServeArgsError(Exception):
+    """One line: the flag, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """The serve line read: the model, its DeploymentSpec, the flags listed as changing no GPU memory, the
+    environment given with --env."""
+
+    model: str
+    spec: DeploymentSpec
+    ignored: list[str]
+    env: dict[str, str]
+
+
+def _normalize(word: str) -> tuple[str, str | None]:
+    """(option, inline value) as FlexibleArgumentParser reads it: --a_b=1 -> (--a-b, 1); --cc.x=1 -> (--cc, x=1);
+    -O3 -> (-O, 3)."""
+    if word.startswith("-O") and not word.startswith("--") and word != "-O":
+        return "-O", word[2:].lstrip("=")
+    option, eq, value = word.partition("=")
+    inline = value if eq else None
+    if "." in option and option.startswith("-"):
+        option, _, key = option.partition(".")
+        inline = f"{key}={inline}" if inline is not None else f"{key}="
+    if option.startswith("--"):
+        option = "--" + option[2:].replace("_", "-")
+    return option, inline
+
+
+def _release_arity(option: str, release: ReleaseFlags | None) -> str | None:
+    if release is None:
+        return None
+    flag = release.get(option)
+    if flag is None:
+        return None
+    return {"switch": "switch", "bool": "switch", "value": "value", "list": "list"}[flag.arity]
+
+
+def _refuse_unknown(option: str, release: ReleaseFlags | None) -> ServeArgsError:
+    if release is not None:
+        close = release.close(option)
+        hint = f"closest: {', '.join(close)}" if close else "see `vllm serve --help` of that release"
+        return ServeArgsError(f"vllm serve: flag {option[:60]} is not one vLLM {release.version} has; {hint}")
+    known = sorted(o for o in (*_BY_OPTION, *NO_GPU_MEMORY) if o.startswith("--"))
+    import difflib
+
+    close = difflib.get_close_matches(option, known, n=3, cutoff=0.6)
+    return ServeArgsError(f"vllm serve: flag {option[:60]} is not one the plan understands without a release"
+                          + (f"; closest: {', '.join(close)}" if close else ""))  # fmt: skip
+
+
+def parse_serve(argv: list[str], release: ReleaseFlags | None = None) -> tuple[str, DeploymentSpec, list[str]]:
     """(model, spec, ignored flags) from `vllm serve MODEL FLAGS` (the leading `vllm serve` may be left out)."""
+    parsed = read_serve(argv, release)
+    return parsed.model, parsed.spec, parsed.ignored
+
+
+def read_serve(argv: list[str], release: ReleaseFlags | None = None) -> Parsed:
     words = list(argv)
     if words[:2] == ["vllm", "serve"]:
         words = words[2:]
@@ -107,34 +233,134 @@ def parse_serve(argv: list[str]) -> tuple[str, DeploymentSpec, list[str]]:
     elif words[:1] == ["vllm"]:
         raise ServeArgsError("vllm serve: only `vllm serve MODEL ...` is read; got `vllm "
                              f"{' '.join(words[1:2])[:30]}`")  # fmt: skip
-    unknown = [w.split("=")[0] for w in words if w.startswith("-")]
-    parser = _parser()
-    known = {o for a in parser._actions for o in a.option_strings}
-    bad = next((w for w in unknown if w not in known), None)
-    if bad is not None:
-        raise ServeArgsError(f"vllm serve: flag {bad[:60]} is not one the plan understands; it reads: "
-                             + ", ".join(sorted(o for o in known if o.startswith("--") and not _is_ignored(o))))
-    ns = parser.parse_args(words)
-    model = ns.model or ns.model_tag
+    values: dict[str, object] = {}
+    ignored: list[str] = []
+    approximate: list[str] = []
+    env: dict[str, str] = {}
+    model_tag: str | None = None
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if not word.startswith("-") or re.fullmatch(r"-\d+", word):
+            if model_tag is None:
+                model_tag = word
+                continue
+            raise ServeArgsError(f"vllm serve: unexpected word {word[:60]!r} (one MODEL only)")
+        option, inline = _normalize(word)
+        if option == "--env":
+            text = inline if inline is not None else (words[i] if i < len(words) else "")
+            i += inline is None
+            match = re.fullmatch(r"([A-Z_][A-Z0-9_]{0,80})=(.{0,200})", text)
+            if match is None:
+                raise ServeArgsError(f"vllm serve: --env {text[:40]!r}: allowed: NAME=VALUE")
+            env[match.group(1)] = match.group(2)
+            continue
+        if option == "-O" and release is not None and release.optimization_flag:
+            option = release.optimization_flag
+        elif option == "-O":
+            option = "--optimization-level"
+        modelled = _BY_OPTION.get(option)
+        negated = option.startswith("--no-") and _BY_OPTION.get("--" + option[5:]) is not None
+        in_release = release is None or release.get(option) is not None
+        if release is not None and not in_release:
+            raise _refuse_unknown(option, release)
+        arity = _release_arity(option, release) or (modelled.arity if modelled else None)
+        if arity is None:
+            if option in NO_GPU_MEMORY:
+                arity = "value" if inline is not None or (i < len(words) and not words[i].startswith("-")
+                                                          and option not in _SWITCHES) else "switch"  # fmt: skip
+            else:
+                raise _refuse_unknown(option, release)
+        value: object = True
+        if arity == "value":
+            if inline is None:
+                if i >= len(words):
+                    raise ServeArgsError(f"vllm serve: {option} needs a value")
+                inline = words[i]
+                i += 1
+            value = inline
+        elif arity == "list":
+            items = [inline] if inline is not None else []
+            while i < len(words) and not words[i].startswith("-"):
+                items.append(words[i])
+                i += 1
+            if not items:
+                raise ServeArgsError(f"vllm serve: {option} needs one or more values")
+            value = items
+        if negated:
+            values[_BY_OPTION["--" + option[5:]].dest] = False
+            continue
+        if modelled is not None:
+            if modelled.arity == "list" or arity == "list":
+                values[modelled.dest] = value if isinstance(value, list) else [value]
+                continue
+            try:
+                values[modelled.dest] = modelled.convert(value) if isinstance(value, str) else value
+            except ValueError as error:
+                raise ServeArgsError(f"vllm serve: {option} {error}") from None
+            continue
+        if _neutral(option, release):
+            ignored.append(option)
+        else:
+            declared = release.get(option) if release is not None else None
+            ref = declared.ref if declared is not None else "the release"
+            approximate.append(f"{option} is not sized (it may change GPU memory; {ref})")
+    return _spec(values, model_tag, ignored, approximate, env, release)
+
+
+_SWITCHES = frozenset({"--trust-remote-code", "--disable-log-requests", "--disable-log-stats",
+                       "--enable-auto-tool-choice",
+                       "--enable-prefix-caching", "--enable-chunked-prefill", "--headless",
+                       "--disable-uvicorn-access-log", "--enable-log-requests", "--enable-log-outputs",
+                       "--async-scheduling", "--disable-custom-all-reduce", "--grpc", "--enable-sleep-mode",
+                       "--data-parallel-hybrid-lb", "--data-parallel-external-lb", "--disable-chunked-mm-input",
+                       "--enable-eplb-log-balancedness", "--ray-workers-use-nsight", "--use-tqdm-on-load",
+                       "--aggregate-engine-logging"})  # fmt: skip
+
+
+def _neutral(option: str, release: ReleaseFlags | None) -> bool:
+    base = "--" + option[5:] if option.startswith("--no-") else option
+    if base in NO_GPU_MEMORY:
+        return True
+    flag = release.get(option) if release is not None else None
+    # the frontend's flags (host, ports, TLS, CORS, parsers, ...) never reach a worker
+    return flag is not None and flag.ref.startswith("entrypoints/")
+
+
+def _spec(values: dict[str, object], model_tag: str | None, ignored: list[str], approximate: list[str],
+          env: dict[str, str], release: ReleaseFlags | None) -> Parsed:  # fmt: skip
+    given = values.pop("model", None)
+    model = given or model_tag
     if model is None:
         raise ServeArgsError("vllm serve: no MODEL given; allowed: a model directory holding config.json or a preset")
-    if ns.model and ns.model_tag and ns.model != ns.model_tag:
-        raise ServeArgsError(f"vllm serve: MODEL {ns.model_tag[:60]} and --model {ns.model[:60]} differ")
-    redundant = ns.num_redundant_experts
-    if ns.eplb_config is not None:
-        redundant = _eplb_redundant(ns.eplb_config, redundant)
-    ignored = [f"--{k.removeprefix('ignored_').replace('_', '-')}" for k, v in vars(ns).items()
-               if k.startswith("ignored_") and v not in (None, False)]  # fmt: skip
+    if given and model_tag and given != model_tag:
+        raise ServeArgsError(f"vllm serve: MODEL {model_tag[:60]} and --model {str(given)[:60]} differ")
+    _check_choices(values, release)
+    redundant = values.pop("num_redundant_experts", None)
+    eplb = values.pop("eplb_config", None)
+    if eplb is not None:
+        redundant = _eplb_redundant(str(eplb), redundant)  # type: ignore[arg-type]
+    fields: dict[str, object] = {k: v for k, v in values.items() if k in DeploymentSpec.model_fields}
+    fields["num_redundant_experts"] = redundant
+    _max_model_len(values, fields)
+    _kv_dtype(values, fields, approximate)
+    _graphs(values, fields, approximate, release)
+    _other_memory_flags(values, fields, approximate, ignored)
+    for name, value in env.items():
+        if name == "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS":
+            continue  # read by the caller (harness.sizing.deployment_plan)
+        if name == "VLLM_MOE_DP_CHUNK_SIZE":
+            try:
+                fields["moe_dp_chunk_size"] = _positive(value)
+            except ValueError as error:
+                raise ServeArgsError(f"vllm serve: --env {name} {error}") from None
+            continue
+        if name in ENV_APPROXIMATE:
+            approximate.append(f"--env {name}={value[:20]} is not sized")
+    fields["approximate"] = approximate
     try:
-        spec = DeploymentSpec(
-            model=model, tensor_parallel_size=ns.tensor_parallel_size, data_parallel_size=ns.data_parallel_size or 1,
-            enable_expert_parallel=ns.enable_expert_parallel, all2all_backend=ns.all2all_backend,
-            moe_backend=ns.moe_backend, gpu_memory_utilization=ns.gpu_memory_utilization,
-            max_model_len=ns.max_model_len, max_num_batched_tokens=ns.max_num_batched_tokens,
-            max_num_seqs=ns.max_num_seqs, kv_cache_dtype=ns.kv_cache_dtype, block_size=ns.block_size,
-            enable_eplb=ns.enable_eplb, num_redundant_experts=redundant, enable_dbo=ns.enable_dbo,
-            enforce_eager=ns.enforce_eager,
-        )  # fmt: skip
+        spec = DeploymentSpec(model=str(model), **fields)  # type: ignore[arg-type]
     except ValidationError as error:
         first = error.errors()[0]
         field = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "vllm serve"
@@ -142,11 +368,120 @@ def parse_serve(argv: list[str]) -> tuple[str, DeploymentSpec, list[str]]:
     if spec.num_redundant_experts and not spec.enable_eplb:
         raise ServeArgsError(f"vllm serve: num_redundant_experts {spec.num_redundant_experts} needs --enable-eplb "
                              "(vLLM refuses it otherwise, config/parallel.py)")  # fmt: skip
-    return model, spec, ignored
+    return Parsed(model=str(model), spec=spec, ignored=ignored, env=env)
 
 
-def _is_ignored(flag: str) -> bool:
-    return flag in NEUTRAL_FLAGS_WITH_VALUE or flag in NEUTRAL_SWITCHES
+def _check_choices(values: dict[str, object], release: ReleaseFlags | None) -> None:
+    for option, dest, fallback in (("--all2all-backend", "all2all_backend", ALL2ALL_BACKENDS),
+                                   ("--moe-backend", "moe_backend", None),
+                                   ("--kv-cache-dtype", "kv_cache_dtype", None),
+                                   ("--dtype", "dtype", None)):  # fmt: skip
+        value = values.get(dest)
+        if value is None:
+            continue
+        allowed = release.choices(option) if release is not None else fallback
+        if allowed and value not in allowed:
+            raise ServeArgsError(f"vllm serve: {option} {str(value)[:40]}: allowed"
+                                 f"{f' in vLLM {release.version}' if release is not None else ''}: "
+                                 f"{', '.join(allowed)}")  # fmt: skip
+
+
+def _max_model_len(values: dict[str, object], fields: dict[str, object]) -> None:
+    text = values.get("max_model_len")
+    if text is None:
+        return
+    if str(text).strip().lower() in ("auto", "-1"):
+        fields["max_model_len"] = None
+        fields["max_model_len_auto"] = True
+        return
+    try:
+        fields["max_model_len"] = _size(str(text))
+    except ValueError as error:
+        raise ServeArgsError(f"vllm serve: --max-model-len {error}; or auto / -1") from None
+
+
+def _kv_dtype(values: dict[str, object], fields: dict[str, object], approximate: list[str]) -> None:
+    value = values.get("kv_cache_dtype")
+    if value is None:
+        return
+    known = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+    if value in known:
+        fields["kv_cache_dtype"] = value
+    elif str(value).startswith("fp8"):
+        fields["kv_cache_dtype"] = "fp8"
+        approximate.append(f"--kv-cache-dtype {value}: sized as 1-byte fp8 (its scales are not)")
+    elif value == "float16":
+        fields["kv_cache_dtype"] = "bfloat16"  # two bytes either way
+    else:
+        fields["kv_cache_dtype"] = "auto"
+        approximate.append(f"--kv-cache-dtype {value}: sized in the model's dtype")
+
+
+def _graphs(values: dict[str, object], fields: dict[str, object], approximate: list[str],
+            release: ReleaseFlags | None) -> None:  # fmt: skip
+    """-O / --optimization-level and --compilation-config: whether CUDA graphs are captured at all (modelled),
+    other graph settings (capture sizes, piecewise vs full) change the graph pool (approximate)."""
+    level = values.get("optimization_level")
+    if level is not None:
+        text = str(level).strip()
+        old = release is not None and release.optimization_flag == "--compilation-config"
+        if text in ("0",) and not old:
+            fields["cudagraphs"] = False  # config/vllm.py OPTIMIZATION_LEVEL_00: cudagraph_mode NONE
+        elif text in ("2", "3") and not old:
+            pass  # the default level's graphs (-O2; -O3 is the same)
+        else:
+            approximate.append(f"-O{text}: its CUDA-graph mode's memory is not sized")
+    config = values.get("compilation_config")
+    if config is not None:
+        settings = _compilation_settings(str(config))
+        mode = str(settings.get("cudagraph_mode", "")).upper()
+        if mode == "NONE" or settings.get("level") in (0, "0") or settings.get("mode") in (0, "0", "NONE", "none"):
+            if mode == "NONE":
+                fields["cudagraphs"] = False
+            else:
+                approximate.append("--compilation-config without compilation: its CUDA graphs are not sized")
+        elif {"cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_mode", "full_cuda_graph"} & \
+                set(settings):  # fmt: skip
+            approximate.append("--compilation-config's CUDA-graph settings are not sized (the graph estimate is "
+                               "the default's)")  # fmt: skip
+    for dest, option in (("cudagraph_capture_sizes", "--cudagraph-capture-sizes"),
+                         ("max_cudagraph_capture_size", "--max-cudagraph-capture-size")):  # fmt: skip
+        if values.get(dest) is not None:
+            approximate.append(f"{option}: the graph pool for other capture sizes is not sized (the estimate is "
+                               "the default's)")  # fmt: skip
+
+
+def _compilation_settings(text: str) -> dict[str, object]:
+    """--compilation-config '{...}', a level (old releases: -O3 is --compilation-config 3), or key=value (the
+    dotted form)."""
+    text = text.strip()
+    if re.fullmatch(r"\d", text):
+        return {"level": int(text)}
+    if "=" in text and not text.startswith("{"):
+        key, _, value = text.partition("=")
+        return {key.strip(): value.strip()}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise ServeArgsError(f"vllm serve: --compilation-config {text[:60]!r} is not JSON") from None
+    if not isinstance(data, dict):
+        raise ServeArgsError(f"vllm serve: --compilation-config {text[:60]!r} is not a JSON object")
+    return data
+
+
+def _other_memory_flags(values: dict[str, object], fields: dict[str, object], approximate: list[str],
+                        ignored: list[str]) -> None:  # fmt: skip
+    if values.get("limit_mm_per_prompt") is not None:
+        ignored.append("--limit-mm-per-prompt")  # text-only models: no encoder cache (multimodal ones are not sized)
+    if values.get("disable_hybrid_kv_cache_manager"):
+        ignored.append("--disable-hybrid-kv-cache-manager")  # full attention in every layer: one KV group either way
+    if values.get("calculate_kv_scales"):
+        approximate.append("--calculate-kv-scales: the first forward's scale computation is not sized")
+    if values.get("num_gpu_blocks_override") is not None:
+        approximate.append("--num-gpu-blocks-override: the KV cache's blocks are set, not sized")
+    for dest in ("dtype", "quantization"):
+        if values.get(dest) is not None:
+            fields[dest] = values[dest]  # routed to the weights' sizing (harness.sizing.deployment.resolve)
 
 
 def _eplb_redundant(text: str, older: int | None) -> int | None:

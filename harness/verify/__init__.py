@@ -6,4 +6,6 @@
     compare.py   the plan beside the record, line by line, with the difference of each and a tolerance
     launch.py    starting vLLM itself (the one place the project executes vLLM code), bounded and cleaned up
     cli.py       the command
+
+May import: harness.core, harness.scenario, harness.sizing.
 """

@@ -4,8 +4,9 @@
 Version 1 (the published logs' files, which carry no schema_version): where the log came from, the release, GPU,
 model and `vllm serve` command, the settings that move memory and the figures vLLM printed. Version 2 adds, all
 optional: how vLLM was started (`entry`: the API server or the LLM class, whose defaults differ), the backends
-vLLM chose, the model runner, the log's key lines, the machine, the date, the model's config facts and, for a
-startup that did not finish, its status and vLLM's own error line. A version 1 file is a valid version 2 record.
+vLLM chose, the model runner, the log's key lines, the machine, the date, the model's config facts, for a
+startup that did not finish its status and vLLM's own error line, for a pipeline-parallel run every stage's
+figures, and what the deployment model does not size yet. A version 1 file is a valid version 2 record.
 """
 
 from __future__ import annotations
@@ -65,6 +66,18 @@ class Backends(_Strict):
     moe_experts: str | None = None  # "Using TritonExperts MoE backend"
 
 
+class StageFigures(_Strict):
+    """One pipeline stage's worker: what its "Memory profiling takes" and "Model loading took" lines printed."""
+
+    stage: int
+    non_kv_gib: float | None = None
+    torch_peak_increase_gib: float | None = None
+    non_torch_increase_gib: float | None = None
+    weights_gib: float | None = None
+    model_loading_gib: float | None = None
+    available_kv_cache_gib: float | None = None  # printed by the first worker; the others': requested - non-KV
+
+
 class Machine(_Strict):
     gpu_name: str
     gpu_memory_mib: int | None = None
@@ -104,6 +117,11 @@ class StartupRecord(_Strict):
     status: Literal["ready", "failed", "timeout"] = "ready"
     error: str | None = None  # vLLM's own error line, for a startup that did not finish
     note: str | None = None
+    # pipeline-parallel runs: every stage's figures, and the stage whose KV cache has the fewest blocks (the tokens
+    # vLLM reports are that stage's; `figures` are its)
+    stages: list[StageFigures] = Field(default_factory=list)
+    binding_stage: int | None = None
+    unsized: str | None = None  # what the deployment model does not size of this run yet (an architecture, a format)
 
 
 class RecordError(Exception):

@@ -7,7 +7,7 @@
 #   comm          harness run + bench of every comm backend: PR case (1, 2 GPUs), DP2, skewed    needs 2 GPUs
 #   comm-graph    the comm yardstick on one GPU: push-kernel tests, graph-replayed benches       1 GPU [quick]
 #   comm-tests    the comm path's gpu-marked tests (tests/test_fused.py, tests/test_comm.py)   1 or 2 GPUs
-#   deployment    the PR case inside its deployment (ballast): legacy OOMs, fixed fits, NVML    1 GPU (H200)
+#   deployment    the PR case inside its deployment (ballast), E=16 and 8: KV per policy, NVML  1 GPU (H200)
 #   input-checks  harness run's machine checks: what the GPUs cannot hold is refused in one line  1 or 2 GPUs
 #   kernels       vLLM's ops from releases: GPU tests, the #42860 scenario and matrix cell     VERSION[=LIB] ...
 #   layer         the layer's components and workspaces, allocated and measured                 1 GPU [BACKEND [LIB]]

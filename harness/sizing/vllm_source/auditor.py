@@ -18,7 +18,9 @@ import json
 import math
 import sys
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from harness.sizing.vllm_source.evaluate import Evaluation, ParsedClass, SourceTree, source_tree
 from harness.sizing.vllm_source.sources import FUSED_MOE_DIR, VllmSource, VllmSourceError, locate, locate_release
@@ -99,11 +101,32 @@ class AuditResult:
         }
 
 
-def audit(source: VllmSource, args: SizingArgs, *, class_names: tuple[str, ...] | None = None) -> AuditResult:
-    """Evaluate every batched-experts class of source (or only those named) and give each a verdict."""
+AUDIT_CPU_S = 8.0  # the whole audit of a tree, however many classes it holds: a hostile tree ends within 10 s
+MAX_AUDIT_CLASSES = 256  # 0.33.0 has 7 batched classes
+
+
+def audit(source: VllmSource, args: SizingArgs, *, class_names: tuple[str, ...] | None = None,
+          budget_s: float | None = None) -> AuditResult:  # fmt: skip
+    """Evaluate every batched-experts class of source (or only those named) and give each a verdict, within a CPU
+    budget for the whole audit (budget_s, default AUDIT_CPU_S): classes past it are unevaluated with that reason."""
+    import time
+
+    start, limit = time.process_time(), budget_s or AUDIT_CPU_S
     tree = _source_tree(source)
     classes = [c for c in tree.batched_classes() if class_names is None or c.name in class_names]
-    audits = [_audit_class(tree, cls, args) for cls in classes]
+    audits = []
+    for index, cls in enumerate(classes):
+        if index >= MAX_AUDIT_CLASSES:
+            audits.append(ClassAudit(name=f"({len(classes) - index} more classes)", file="-", verdict=UNEVALUATED,
+                                     shapes=None, reason=f"the cap of {MAX_AUDIT_CLASSES} classes per audit was hit"))
+            break
+        if time.process_time() - start > limit:
+            audits += [ClassAudit(name=c.name, file=_inside_vllm(c.file), verdict=UNEVALUATED, shapes=None,
+                                  reason=f"not evaluated: the audit's time budget of {limit:g} s of CPU ran out "
+                                         "(--budget-s raises it for a tree you trust)")
+                       for c in classes[index:MAX_AUDIT_CLASSES]]  # fmt: skip
+            break
+        audits.append(_audit_class(tree, cls, args))
     for file, why in sorted(tree.unparsed.items()):
         if class_names is None and tree.may_define_batched_classes(file):
             audits.append(ClassAudit(name="(unparsed file)", file=_inside_vllm(file), verdict=UNEVALUATED,
@@ -133,7 +156,8 @@ def _source_tree(source: VllmSource) -> SourceTree:
 
 def _audit_class(tree: SourceTree, cls: ParsedClass, args: SizingArgs) -> ClassAudit:
     file = _inside_vllm(cls.file)
-    evaluation = tree.evaluate(cls, args)
+    n = class_n(tree, cls, args)
+    evaluation = tree.evaluate(cls, args, n=n)
     if not evaluation.ok:
         return ClassAudit(name=cls.name, file=file, verdict=UNEVALUATED, shapes=None, reason=evaluation.reason)
     shapes = WorkspaceShapes(
@@ -151,13 +175,26 @@ def _audit_class(tree: SourceTree, cls: ParsedClass, args: SizingArgs) -> ClassA
         ("D", dataclasses.replace(args, num_dispatchers=2 * args.num_dispatchers)),
         ("T", dataclasses.replace(args, max_tokens_per_rank=2 * args.max_tokens_per_rank)),
     ):
-        probe = tree.evaluate(cls, probe_args)
+        probe = tree.evaluate(cls, probe_args, n=n)
         if not probe.ok:
             reason = f"evaluated for the scenario but not with {moved} doubled: {probe.reason}"
             return ClassAudit(name=cls.name, file=file, verdict=UNEVALUATED, shapes=shapes, reason=reason)
         probes[moved] = probe
     verdict, reason = _verdict(evaluation, probes["D"], probes["T"], args)
     return ClassAudit(name=cls.name, file=file, verdict=verdict, shapes=shapes, reason=reason)
+
+
+def class_n(tree: SourceTree, cls: ParsedClass, args: SizingArgs) -> int | None:
+    """The N the class's own moe_problem_size derives on its own weights (sweep.py), when it differs from the
+    harness's N (2I gated, I non-gated): Marlin's I. None when they agree or it does not evaluate."""
+    from harness.sizing.vllm_source.sweep import PLAIN, Point, _ClassEvaluator, _weight_layout
+
+    if _weight_layout(tree, cls) == PLAIN:
+        return None  # the modular kernel's default, w1.size(1): the harness's N
+    point = Point(args.num_dispatchers, "set", "E·D", "fp8-per-token", args.activation, args.hidden_size,
+                  args.intermediate_size, args.num_local_experts, args.max_tokens_per_rank)  # fmt: skip
+    n = _ClassEvaluator(tree, cls, (args.activation,)).n(point)
+    return None if n == args.N else n
 
 
 # How prod(buffer) grows when (D, T) double: the token dim each pattern stands for.
@@ -245,6 +282,10 @@ class AuditRequest:
     json: bool = False
     sweep: bool = False
     junit: Path | None = None  # with sweep: the JUnit XML file to write
+    budget_s: float | None = None  # CPU seconds for the whole audit or sweep; None: the defaults
+    # with sweep: the reference deployments' layer sizings on a source (harness.sizing.vllm_diff.reference_sizing,
+    # handed in by the caller: the deployment model sits above this package); None: findings without their bytes
+    reference_sizing: Callable[[Any], dict[str, Any]] | None = None
 
 
 def run_audit(request: AuditRequest) -> int:
@@ -259,8 +300,9 @@ def run_audit(request: AuditRequest) -> int:
         if request.sweep:
             from harness.sizing.vllm_source.sweep_report import SweepRequest, run_sweep
 
-            return run_sweep(SweepRequest(json=request.json, junit=request.junit), source)
-        result = audit(source, args)
+            return run_sweep(SweepRequest(json=request.json, junit=request.junit, budget_s=request.budget_s,
+                                          reference_sizing=request.reference_sizing), source)
+        result = audit(source, args, budget_s=request.budget_s)
     except (VllmSourceError, _ScenarioUnavailable) as error:
         print(f"harness: error: {error}", file=sys.stderr)  # the prefix every refusal of the harness has
         return EXIT_ERROR

@@ -538,7 +538,9 @@ def _install(staging: Path, directory: Path, manifest: CacheManifest, *, with_op
             winner = load_entry(directory)
         except CacheError:
             winner = None  # damaged: this extraction replaces it
-        if winner is not None and winner.wheel_sha256 == manifest.wheel_sha256 and serves(winner, with_ops=with_ops):
+        # the entry there wins unless it holds fewer files than this extraction (made when fewer were wanted)
+        if winner is not None and winner.wheel_sha256 == manifest.wheel_sha256 and serves(winner, with_ops=with_ops) \
+                and set(manifest.files) <= set(winner.files):  # fmt: skip
             return winner
         try:
             os.rename(directory, aside)

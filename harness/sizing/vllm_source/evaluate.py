@@ -53,6 +53,9 @@ MAX_SOURCE_FILE_BYTES = 1 << 20
 MAX_SOURCE_TREE_BYTES = 16 << 20
 
 MAX_KEPT_EVALUATIONS = 1 << 16  # a few MB of shapes at most
+# AST nodes kept of a whole tree: 0.33.0's fused_moe parses to 213,976 nodes (0.29.0: 175,339); a tree of AST-dense
+# files (15 MiB of `x=(1,2,...)`) would keep tens of millions, several GB. Files past the cap are listed, not parsed.
+MAX_AST_NODES = 1_500_000
 
 MODULAR_KERNEL_STANDIN = {
     "FusedMoEActivationFormat": FORMAT_ENUM_STANDIN,
@@ -109,13 +112,15 @@ class SourceTree:
         self.source = source
         self.modules: dict[str, ParsedModule] = {}
         self.unparsed: dict[str, str] = {}  # file -> why ast could not read it
+        self.ast_nodes = 0  # kept so far, against MAX_AST_NODES
         self.classes_by_name: dict[str, list[ParsedClass]] = {}
         self._file_by_module: dict[str, str] = {}
         self._mro: dict[tuple[str, str], list[ParsedClass]] = {}
+        self._class_bindings: dict[tuple[tuple[str, str], str], Binding | None] = {}  # a class body is read once
         self._batched: list[ParsedClass] | None = None
         # evaluate() is a pure function of (class, sizing arguments) on a tree that does not change: a matrix plan
         # asks for the same point in many cells (T doubled in one cell is the next cell's T).
-        self._evaluations: dict[tuple[tuple[str, str], SizingArgs], Evaluation] = {}
+        self._evaluations: dict[tuple[tuple[str, str], SizingArgs, int | None], Evaluation] = {}
         fused_moe = source.fused_moe_dir
         if not fused_moe.is_dir():
             raise VllmSourceError(f"{source.label}: no fused-MoE package at {fused_moe}")
@@ -132,6 +137,12 @@ class SourceTree:
         except (SyntaxError, UnicodeDecodeError, ValueError, RecursionError, MemoryError, OSError) as error:
             self.unparsed[file] = f"{type(error).__name__}: {error}"
             return
+        nodes = sum(1 for _ in ast.walk(tree))
+        if self.ast_nodes + nodes > MAX_AST_NODES:
+            self.unparsed[file] = (f"{nodes} AST nodes, over the {MAX_AST_NODES} nodes kept of a tree "
+                                   f"({self.ast_nodes} already kept)")  # fmt: skip
+            return
+        self.ast_nodes += nodes
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         imported_names: dict[str, tuple[str, str]] = {}
         module_aliases: dict[str, str] = {}
@@ -239,6 +250,20 @@ class SourceTree:
                 found.append(cls)
         return sorted(found, key=lambda c: (c.file, c.node.lineno))
 
+    def standard_classes(self) -> list[ParsedClass]:
+        """Every class that defines a concrete workspace_shapes in its own body and is not batched: the standard
+        format (tokens x hidden), in file then line order."""
+        batched = {c.key for c in self.batched_classes()}
+        found = [
+            cls
+            for classes in self.classes_by_name.values()
+            for cls in classes
+            if cls.key not in batched
+            and any(isinstance(node, ast.FunctionDef) and node.name == "workspace_shapes" and not _is_abstract(node)
+                    for node in cls.node.body)
+        ]  # fmt: skip
+        return sorted(found, key=lambda c: (c.file, c.node.lineno))
+
     def class_named(self, name: str) -> list[ParsedClass]:
         return list(self.classes_by_name.get(name, []))
 
@@ -268,7 +293,12 @@ class SourceTree:
         return None
 
     def class_binding(self, cls: ParsedClass, name: str) -> Binding | None:
-        return _class_binding(cls, name)
+        key = (cls.key, name)
+        if key not in self._class_bindings:
+            if len(self._class_bindings) >= MAX_KEPT_EVALUATIONS:
+                return _class_binding(cls, name)
+            self._class_bindings[key] = _class_binding(cls, name)
+        return self._class_bindings[key]
 
     def mro(self, cls: ParsedClass) -> list[ParsedClass]:
         """Python's C3 order over the parsed bases (bases outside the parsed files are left out)."""
@@ -281,22 +311,27 @@ class SourceTree:
 
     # --- evaluation ------------------------------------------------------------------------------------------
 
-    def evaluate(self, cls: ParsedClass, args: SizingArgs, *, budget: Budget = DEFAULT_BUDGET) -> Evaluation:
-        """cls.workspace_shapes on a stand-in self for these sizing arguments, interpreted from the AST."""
-        key = (cls.key, args)
+    def evaluate(self, cls: ParsedClass, args: SizingArgs, *, budget: Budget = DEFAULT_BUDGET,
+                 n: int | None = None) -> Evaluation:  # fmt: skip
+        """cls.workspace_shapes on a stand-in self for these sizing arguments, interpreted from the AST; n: the N
+        the class's own moe_problem_size derives, when it differs from args.N (Marlin: I)."""
+        key = (cls.key, args, n)
         if budget == DEFAULT_BUDGET and key in self._evaluations:
             return self._evaluations[key]
-        evaluation = self._evaluate(cls, args, budget)
+        evaluation = self._evaluate(cls, args, budget, n)
         if budget == DEFAULT_BUDGET and len(self._evaluations) < MAX_KEPT_EVALUATIONS:
             self._evaluations[key] = evaluation
         return evaluation
 
-    def _evaluate(self, cls: ParsedClass, args: SizingArgs, budget: Budget) -> Evaluation:
+    def _evaluate(self, cls: ParsedClass, args: SizingArgs, budget: Budget, n: int | None = None) -> Evaluation:
         interpreter = Interpreter(self, budget)
         try:
             instance = interpreter.instance(cls, standin_attributes(args))
             method = interpreter.get_attribute(instance, "workspace_shapes")
-            result = interpreter.call(method, (), _call_arguments(method, args))
+            arguments = _call_arguments(method, args)
+            if n is not None and "N" in arguments:
+                arguments["N"] = n
+            result = interpreter.call(method, (), arguments)
         except Unevaluable as error:
             return Evaluation(None, None, None, f"workspace_shapes {error}")
         except RecursionError:

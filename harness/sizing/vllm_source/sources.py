@@ -59,7 +59,16 @@ LAYER_FILES = (
     "vllm/config/parallel.py",
     "vllm/config/scheduler.py",
     "vllm/config/cache.py",  # gpu_memory_utilization's default (harness.sizing.release_defaults)
+    # the flags `vllm serve` accepts (harness.sizing.release_flags): the engine's and the frontend's parsers
+    "vllm/engine/arg_utils.py",
+    "vllm/entrypoints/openai/cli_args.py",
+    "vllm/entrypoints/launchers/cli_args.py",
+    "vllm/entrypoints/cli/serve.py",
+    "vllm/utils/argparse_utils.py",
+    "vllm/config.py",  # the config classes before vllm/config/ was a package
 )
+# Whole directories of python files the deployment model reads: the config classes (field types, Literal choices).
+LAYER_DIRS = ("vllm/config/",)
 # An entry made before LAYER_FILES were extracted has no hashes either (cache.py): it is extracted again.
 
 SOURCE_FLAGS_HINT = "pass --vllm-version X.Y.Z, --vllm-wheel FILE or --vllm-src DIR"
@@ -318,13 +327,26 @@ def _locate_release(version: str, cache_dir: Path, *, with_ops: bool, keep_wheel
         # keep_wheel: the verified wheel file stays in the cache too (a caller that needs the file, not the tree),
         # fetched once; later calls find it and download nothing.
         wheel_kept = not keep_wheel or any((version_dir / "wheel").glob("vllm-*.whl"))
-        if serves(manifest, with_ops=with_ops) and wheel_kept:
+        if serves(manifest, with_ops=with_ops) and wheel_kept and not _lacks_wanted(directory, manifest):
             return _source_from_manifest(directory, manifest)
         # An ops library extracted earlier stays: re-extracting (an older entry, a sizing-only reader) must not
         # drop the kernels, which would cost the next kernels run a 300 MB download.
         with_ops = with_ops or _find_ops_library(directory) is not None
         manifest = _fetch_release(version, version_dir, with_ops=with_ops, keep_wheel=keep_wheel)
     return _source_from_manifest(directory, manifest)
+
+
+def _lacks_wanted(directory: Path, manifest: CacheManifest) -> bool:
+    """An entry extracted before a file the harness now reads was wanted: its wheel's RECORD (kept in the entry,
+    checked on use) lists a wanted member the entry does not hold. It is extracted again."""
+    from harness.sizing.vllm_source.cache import MAX_RECORD_BYTES, parse_record, read_regular_file
+
+    try:
+        listed = parse_record(read_regular_file(directory / manifest.record.path, MAX_RECORD_BYTES))
+    except (CacheError, OSError, ValueError):
+        return False  # load_entry checked the RECORD already; nothing more to learn here
+    held = set(manifest.files)
+    return any(_wanted_member(name) and name not in held for name in listed)
 
 
 def _same_version(found: str | None, asked: str) -> bool:
@@ -426,12 +448,17 @@ def _read_wheel_metadata(wheel: Path) -> tuple[str | None, str | None]:
         except (*DAMAGED_ZIP_ERRORS, OSError) as error:
             raise CacheError(f"{wheel} is damaged: cannot read {member}: {error}") from None
     version = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Version:")), None)
-    return version, _torch_requirement(text.splitlines())
+    # the wheel's text, printed and named in the cache: control characters escaped, and kept to one path component
+    shown = shown_text(version, 64) if version is not None else None
+    return (shown if shown is None or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}", shown) else "unknown",
+            _torch_requirement(text.splitlines()))
 
 
 def _wanted_member(name: str) -> bool:
     if ".." in name.split("/") or name.startswith("/"):
         return False
     if name == VERSION_FILE or name in LAYER_FILES:
+        return True
+    if name.endswith(".py") and any(name.startswith(d) and "/" not in name[len(d):] for d in LAYER_DIRS):
         return True
     return name.startswith(FUSED_MOE_DIR + "/") and name.endswith(".py")

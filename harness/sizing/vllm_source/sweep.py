@@ -1,21 +1,29 @@
-"""`harness vllm audit --sweep`: every batched-experts class of a source, over a grid of layouts and shapes.
+"""`harness vllm audit --sweep`: every experts class that sizes a workspace, over a grid of layouts and shapes.
 
+    classes: the batched-experts ones (evaluate.batched_classes) and, in the standard format, every class whose body
+        defines a concrete workspace_shapes (evaluate.standard_classes); each sized with the N its own
+        moe_problem_size derives on its own weights (Marlin: I)
     grid (GRID_*): D x local experts E x T x (K, I) x activation x quantization x num_dispatchers x EPLB
         the full product of D, E, T, (K, I) at one gated and one non-gated activation; every activation of the
         release's MoEActivation (read with ast) x D x (K, I); each quantization format, num_dispatchers unset and
         an EPLB layout (E·D physical experts, one redundant per rank) x D x (K, I)
     per point: workspace_shapes (evaluate.py) -> ws13, ws2, out
         double-count    a buffer grows x D^2 from D = 1 to D (the token dim is M·D, not M = T·D)
-        under-sized     a view apply() takes of a buffer (views.py) needs more than the buffer holds, or, for
-                        CutlassBatchedExpertsFp8 at a gated activation, common + ws2 is below the live set the
-                        harness derives for the batched CUTLASS path (harness.core.contract.live_set_bytes)
+        under-sized     the output holds less than the format's (E, M, K) / (M, K); a workspace stays x1 with D
+                        while the output grows xD and it grows with T (the growth check); a view apply() takes of a
+                        buffer (views.py) needs more than the buffer holds; or, for CutlassBatchedExpertsFp8 at a
+                        gated activation, common + ws2 is below the harness's live set (harness.core.contract)
         over-allocated  common + ws2 is larger than the views need (common = max(ws13, out), which out aliases)
-        consistent      none of these
+        consistent      none of these, and what apply() uses is derived (here, or on the traced sub-grid)
+        not derived     none of these, but what apply() uses is not derived: not a pass
         unevaluated / refused / unsupported   with the reason: the evaluation stopped; the class's apply() or
                         constructor raises or asserts at the point; the class says it does not take the
                         activation or quantization (its own _supports_* methods, where they evaluate)
+    findings: a buffer apply() never touches while it costs bytes, with the line that sizes it
+    bounds: SweepBudget (CPU time and peak memory of the whole sweep, a share per class, caps on classes and
+        activations); what ran out of budget is memoized and reported (SweepResult.limits)
 
-The live set (apply()'s views) is traced on the sub-grid LIVE_SET_POINTS picks; elsewhere a point is judged on its
+The live set (apply()'s views) is traced on the sub-grid traces_live_set picks; elsewhere a point is judged on its
 growth with D alone. Nothing of the release is imported or executed.
 """
 
@@ -25,6 +33,7 @@ import ast
 import dataclasses
 import itertools
 import math
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -43,6 +52,7 @@ from harness.sizing.vllm_source.interpreter import (
     DTYPES,
     Activation,
     BoundMethod,
+    Builtin,
     FakeTensor,
     Function,
     Interpreter,
@@ -50,6 +60,7 @@ from harness.sizing.vllm_source.interpreter import (
     Unevaluable,
 )
 from harness.sizing.vllm_source.views import (
+    TokenCounts,
     ViewTrace,
     WorkspaceTensor,
     init_parameter_default,
@@ -103,6 +114,10 @@ QUANT_BY_NAME = {q.name: q for q in QUANT_FORMATS}
 
 CONSISTENT, DOUBLE, UNDER, OVER = "consistent", "double-count", "under-sized", "over-allocated"
 UNEVALUATED, REFUSED, UNSUPPORTED = "unevaluated", "refused", "unsupported"
+NOT_DERIVED = "not derived"  # neither apply()'s views nor a growth check can judge the point: not a pass
+BATCHED, STANDARD = "batched", "standard"
+MARLIN_UTILS_MODULE = "vllm.model_executor.layers.quantization.utils.marlin_utils"
+MARLIN_TILE = 16  # marlin_utils.marlin_moe_intermediate_size: N = w2_packed.size(1) * marlin_tile_size (16)
 FAILING = (DOUBLE, UNDER)
 
 
@@ -145,6 +160,22 @@ class Outcome:
     detail: str  # what groups points: the same detail for every point of a pattern
     ratio: float | None = None  # allocated / needed, for over-allocated and under-sized
     total_bytes: int | None = None
+    shapes: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None  # ws13, ws2, out
+    N: int | None = None  # noqa: N815 - the N the class is sized with at the point (its own convention)
+    uses: tuple[int | None, int | None] | None = None  # bytes of ws13, ws2 apply()'s views need (None: not derived)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something named on its own, not only in a point group: a buffer apply() never touches."""
+
+    kind: str  # "unused-buffer"
+    buffer: str  # "workspace13" | "workspace2"
+    file: str
+    line: int
+    detail: str
+    bytes_at: dict[str, int] = dataclasses.field(default_factory=dict)  # reference deployment -> bytes
+    notes: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclass
@@ -153,6 +184,9 @@ class ClassSweep:
     file: str
     outcomes: dict[Point, Outcome]
     live_set: str  # how the live set was had: "derived from apply() views", "not derived: ...", ...
+    format: str = BATCHED  # noqa: A003 - "batched" or "standard", the class's activation format
+    n_rule: str = "N = w1.size(1)"  # how the class's moe_problem_size derives N
+    findings: list[Finding] = dataclasses.field(default_factory=list)
 
     def by_status(self, status: str) -> list[Point]:
         return [p for p, o in self.outcomes.items() if o.status == status]
@@ -163,8 +197,9 @@ class ClassSweep:
             if self.by_status(status):
                 return status
         statuses = {o.status for o in self.outcomes.values()}
-        if CONSISTENT in statuses:
-            return CONSISTENT
+        for status in (CONSISTENT, NOT_DERIVED):
+            if status in statuses:
+                return status
         return UNEVALUATED
 
     @property
@@ -258,39 +293,80 @@ def point_attributes(point: Point) -> dict[str, object]:
     return attributes
 
 
-def apply_arguments(point: Point, ws13: tuple[int, ...], ws2: tuple[int, ...]) -> dict[str, object]:
-    """apply()'s tensors in the batched format: hidden states (E, M, K), w1 (E, N, K), w2 (E, K, N/2 or N)."""
+MARLIN, PLAIN = "marlin", "plain"
+
+
+def weights(point: Point, layout: str) -> tuple[FakeTensor, FakeTensor]:
+    """w1 and w2 as the class holds them. plain: w1 (E, N, K), w2 (E, K, N/2 or N), nvfp4 packing two values a byte
+    along the last dim. marlin (vLLM's marlin_utils tile layout, a tile of 16 along the reduced dim, 32 / bits values a
+    word): w13 (E, K/16, N13·16·bits/32), w2 (E, I/16, K·16·bits/32) with N13 = 2I gated, I non-gated."""
+    args = point.args()
+    quant = QUANT_BY_NAME[point.quant]
+    bf16 = DTYPES["bfloat16"]
+    act_dtype = DTYPES["float8_e4m3fn"] if quant.fp8 else DTYPES["uint8"] if quant.dtype else bf16
+    E, K, N = args.num_local_experts, args.K, args.N  # noqa: N806
+    if layout == MARLIN:
+        bits = 4 if quant.dtype == "nvfp4" else 8
+        i32 = DTYPES["int32"]
+        return (FakeTensor((E, K // MARLIN_TILE, N * MARLIN_TILE * bits // 32), i32),
+                FakeTensor((E, args.intermediate_size // MARLIN_TILE, K * MARLIN_TILE * bits // 32), i32))
+    packed = 2 if quant.dtype == "nvfp4" else 1  # nvfp4 packs two values a byte along the last dim
+    return FakeTensor((E, N, K // packed), act_dtype), FakeTensor((E, K, args.activation_out_dim // packed), act_dtype)
+
+
+def token_shape(point: Point, fmt: str, width: int) -> tuple[int, ...]:
+    """The experts' input/output rows: (E, M, width) in the batched format, (M, width) in the standard one."""
+    args = point.args()
+    return (args.num_local_experts, args.M, width) if fmt == BATCHED else (args.M, width)
+
+
+def apply_arguments(point: Point, ws13: tuple[int, ...], ws2: tuple[int, ...], fmt: str = BATCHED,
+                    layout: str = PLAIN) -> dict[str, object]:  # fmt: skip
+    """apply()'s tensors: hidden states (E, M, K) batched or (M, K) standard, the class's weights, the workspaces."""
     args = point.args()
     quant = QUANT_BY_NAME[point.quant]
     bf16, f32, i32 = DTYPES["bfloat16"], DTYPES["float32"], DTYPES["int32"]
     act_dtype = DTYPES["float8_e4m3fn"] if quant.fp8 else DTYPES["uint8"] if quant.dtype else bf16
-    E, M, K, N, T = args.num_local_experts, args.M, args.K, args.N, args.max_tokens_per_rank
-    packed = 2 if quant.dtype == "nvfp4" else 1  # nvfp4 packs two values a byte along the last dim
+    E, K, N = args.num_local_experts, args.K, args.N  # noqa: N806
+    # Rows routed to this rank: the standard format's topk_ids are (M, top_k); the batched format's the dispatcher's.
+    rows = args.M if fmt == STANDARD else args.max_tokens_per_rank
+    # nvfp4 and Marlin (weight-only) experts take bf16 hidden states and quantize them themselves.
+    hidden_dtype = bf16 if quant.dtype == "nvfp4" or layout == MARLIN else act_dtype
+    w1, w2 = weights(point, layout)
     return {
-        "output": FakeTensor((E, M, K), bf16),
-        # nvfp4 experts take bf16 hidden states and quantize them themselves (FlashInfer CuteDSL)
-        "hidden_states": FakeTensor((E, M, K), bf16) if packed == 2 else FakeTensor((E, M, K), act_dtype),
-        "w1": FakeTensor((E, N, K // packed), act_dtype),
-        "w2": FakeTensor((E, K, args.activation_out_dim // packed), act_dtype),
-        "topk_weights": FakeTensor((T, TOP_K), f32),
-        "topk_ids": FakeTensor((T, TOP_K), DTYPES["int64"]),
+        "output": FakeTensor(token_shape(point, fmt, K), bf16),
+        "hidden_states": FakeTensor(token_shape(point, fmt, K), hidden_dtype),
+        "w1": w1,
+        "w2": w2,
+        "topk_weights": FakeTensor((rows, TOP_K), f32),
+        "topk_ids": FakeTensor((rows, TOP_K), DTYPES["int64"]),
         "activation": Activation(point.activation),
         "global_num_experts": args.num_global_experts,
         "expert_map": None,
-        "a1q_scale": FakeTensor((E, M, 1), f32) if quant.dtype else None,
+        "a1q_scale": FakeTensor(token_shape(point, fmt, 1), f32) if quant.dtype else None,
         "a2_scale": None,
         "workspace13": WorkspaceTensor("workspace13", ws13, bf16, whole=True),
         "workspace2": WorkspaceTensor("workspace2", ws2, bf16, whole=True),
-        "expert_tokens_meta": StandIn("expert_tokens_meta", expert_num_tokens=FakeTensor((E,), i32),
-                                      expert_num_tokens_cpu=None),  # fmt: skip
-        "expert_tokens_metadata": StandIn("expert_tokens_metadata", expert_num_tokens=FakeTensor((E,), i32),
-                                          expert_num_tokens_cpu=None),  # the name up to ~0.10  # fmt: skip
+        "expert_tokens_meta": StandIn("expert_tokens_meta", expert_num_tokens=TokenCounts((E,), i32, args.M),
+                                      expert_num_tokens_cpu=None) if fmt == BATCHED else None,  # fmt: skip
+        "expert_tokens_metadata": StandIn("expert_tokens_metadata", expert_num_tokens=TokenCounts((E,), i32, args.M),
+                                          expert_num_tokens_cpu=None) if fmt == BATCHED else None,  # fmt: skip
         "apply_router_weight_on_input": False,
         # Up to ~0.10 apply() took the scales and zero points as arguments.
         "w1_scale": FakeTensor((E, N, 1), f32) if quant.dtype else None,
         "w2_scale": FakeTensor((E, K, 1), f32) if quant.dtype else None,
         "w1_zp": None, "w2_zp": None, "extra_expert_args": None,
     }  # fmt: skip
+
+
+def _marlin_intermediate_size(interp, w1, w2):
+    """marlin_utils.marlin_moe_intermediate_size: `return w2_packed.size(1) * marlin_tile_size` (16)."""
+    if not isinstance(w2, FakeTensor) or len(w2.shape) < 2:
+        raise Unevaluable("marlin_moe_intermediate_size of something that is not a packed weight")
+    return w2.shape[1] * MARLIN_TILE
+
+
+MARLIN_INTERMEDIATE_SIZE = Builtin("marlin_moe_intermediate_size", _marlin_intermediate_size)
 
 
 class _SweepProgram:
@@ -314,6 +390,8 @@ class _SweepProgram:
     def standin_import(self, module, name):
         if module == QUANT_KEYS_MODULE and name.startswith("k"):
             return name
+        if module == MARLIN_UTILS_MODULE and name == "marlin_moe_intermediate_size":
+            return MARLIN_INTERMEDIATE_SIZE
         return self.tree.standin_import(module, name)
 
 
@@ -321,14 +399,22 @@ class _SweepProgram:
 
 
 class _ClassEvaluator:
-    def __init__(self, tree: SourceTree, cls: ParsedClass, activations: tuple[str, ...]) -> None:
+    def __init__(self, tree: SourceTree, cls: ParsedClass, activations: tuple[str, ...], fmt: str = BATCHED,
+                 deadline: Deadline | None = None) -> None:  # fmt: skip
         self.tree, self.cls, self.program = tree, cls, _SweepProgram(tree)
         self.activations = activations
+        self.format = fmt
+        self.deadline = deadline
+        self.layout = _weight_layout(tree, cls)
+        self.n_values: dict[Point, int | str] = {}
         self.shapes: dict[Point, object] = {}
         self.support: dict[tuple[str, str], str | None] = {}
         self.constructor: dict[str, str | None] = {}
         self.quant = DEFAULT_QUANT.name  # the format of the full product: the first one the class takes
         self.failed_trace: ViewTrace | None = None
+        self.trace = True  # False: apply() is not traced
+        self.exhausted_methods: set[str] = set()
+        self.refusals: dict[Point, str | None] = {}  # apply()'s refusal at each traced point
         self.exhausted: str | None = None
 
     def workspace(self, point: Point):
@@ -337,12 +423,17 @@ class _ClassEvaluator:
         if self.exhausted is not None:
             return self.exhausted
         if point not in self.shapes:
+            if self.deadline is not None and (spent := self.deadline.spent()) is not None:
+                self.exhausted = spent
+                return spent
             interpreter = Interpreter(self.program, DEFAULT_BUDGET)
             try:
                 instance = interpreter.instance(self.cls, point_attributes(point))
                 method = interpreter.get_attribute(instance, "workspace_shapes")
-                result = interpreter.call(method, (), _call_arguments(method, point.args()))
-                evaluation = _normalize(result)
+                arguments = _call_arguments(method, point.args())
+                if "N" in arguments:
+                    arguments["N"] = self.n(point)
+                evaluation = _normalize(interpreter.call(method, (), arguments))
                 self.shapes[point] = (
                     (evaluation.ws13, evaluation.ws2, evaluation.out) if evaluation.ok else evaluation.reason
                 )
@@ -355,15 +446,56 @@ class _ClassEvaluator:
                 self.exhausted = found
         return self.shapes[point]
 
+    def n(self, point: Point) -> int:
+        """The N the release's modular kernel hands this class: its own moe_problem_size on its own weights
+        (Marlin's N = I from the packed w2); the harness's N (2I gated, I non-gated) when that does not evaluate."""
+        if point not in self.n_values:
+            self.n_values[point] = self._problem_n(point)
+        found = self.n_values[point]
+        return found if isinstance(found, int) else point.args().N
+
+    def n_rule(self) -> str:
+        rules = {("N = I" if v == p.I else "N = 2I" if v == 2 * p.I else f"N = {v}") if isinstance(v, int)
+                 else f"N = 2I / I (the harness's: {v})" for p, v in self.n_values.items()}  # fmt: skip
+        if not rules:
+            return "N = w1.size(1)"
+        return "; ".join(sorted(rules)) + ("" if self.layout == PLAIN else f" ({self.layout} weight layout)")
+
+    def _problem_n(self, point: Point) -> int | str:
+        interpreter = Interpreter(self.program, DEFAULT_BUDGET)
+        w1, w2 = weights(point, self.layout)
+        rows = point.args().M if self.format == STANDARD else point.T
+        arguments = {"a1": FakeTensor(token_shape(point, self.format, point.K), DTYPES["bfloat16"]), "w1": w1,
+                     "w2": w2, "topk_ids": FakeTensor((rows, TOP_K), DTYPES["int64"])}  # fmt: skip
+        try:
+            method = interpreter.get_attribute(interpreter.instance(self.cls, point_attributes(point)),
+                                               "moe_problem_size")  # fmt: skip
+            if not isinstance(method, BoundMethod):
+                return "moe_problem_size is not a method"
+            names = [a.arg for a in method.function.node.args.args[1:]]
+            result = interpreter.call(method, (), dict(zip(names, arguments.values())))
+        except (Unevaluable, RecursionError) as error:
+            return f"moe_problem_size: {error}"
+        if isinstance(result, tuple) and len(result) == 5 and isinstance(result[2], int):
+            return result[2]
+        return "moe_problem_size returned no (E, M, N, K, topk)"
+
     def _static(self, method: str, arguments: tuple) -> bool | None:
         """A staticmethod of the class evaluated to a bool, or None when it does not evaluate."""
+        if method in self.exhausted_methods or (self.deadline is not None and self.deadline.spent() is not None):
+            return None
         interpreter = Interpreter(self.program, DEFAULT_BUDGET)
         try:
             value = interpreter.get_attribute(interpreter.instance(self.cls, {}), method)
             if not isinstance(value, (Function, BoundMethod)):
                 return None
             result = interpreter.call(value, arguments, {})
-        except (Unevaluable, RecursionError):
+        except Unevaluable as error:
+            if any(limit in str(error) for limit in BUDGET_REASONS):
+                self.exhausted_methods.add(method)  # a method that ran out of budget once is not called again
+            return None
+        except RecursionError:
+            self.exhausted_methods.add(method)
             return None
         return result if isinstance(result, bool) else None
 
@@ -386,6 +518,8 @@ class _ClassEvaluator:
         return self.support[key]
 
     def constructor_refusal(self, point: Point) -> str | None:
+        if self.deadline is not None and self.deadline.spent() is not None:
+            return None
         if point.quant not in self.constructor:
             attributes = point_attributes(point)
             kwargs = {"moe_config": attributes["moe_config"], "quant_config": attributes["quant_config"],
@@ -400,14 +534,21 @@ class _ClassEvaluator:
         or huge apply() costs one budget per class, not one per point)."""
         if self.failed_trace is not None:
             return self.failed_trace
-        trace = trace_apply(self.program, self.cls, point_attributes(point), apply_arguments(point, ws13, ws2))
+        if self.deadline is not None and (spent := self.deadline.spent()) is not None:
+            self.failed_trace = ViewTrace(error=spent)
+            return self.failed_trace
+        trace = trace_apply(self.program, self.cls, point_attributes(point),
+                            apply_arguments(point, ws13, ws2, self.format, self.layout))  # fmt: skip
         if trace.error is not None:
             self.failed_trace = trace
         return trace
 
 
-def sweep_class(tree: SourceTree, cls: ParsedClass, activations: tuple[str, ...]) -> ClassSweep:
-    evaluator = _ClassEvaluator(tree, cls, activations)
+def sweep_class(tree: SourceTree, cls: ParsedClass, activations: tuple[str, ...], fmt: str = BATCHED,
+                deadline: Deadline | None = None, *, trace: bool = True) -> ClassSweep:  # fmt: skip
+    """trace=False: apply() is not traced (points are judged on their growth alone), for comparing workspaces."""
+    evaluator = _ClassEvaluator(tree, cls, activations, fmt, deadline)
+    evaluator.trace = trace
     unset_allowed = init_parameter_default(evaluator.program, cls, "num_dispatchers") is None
     gated = next((a for a in activations if not a.endswith("_no_mul")), "silu")
     probe = Point(1, "set", "E·D", DEFAULT_QUANT.name, gated, *GRID_KI[0], BASE_E, BASE_T)
@@ -415,8 +556,9 @@ def sweep_class(tree: SourceTree, cls: ParsedClass, activations: tuple[str, ...]
     evaluator.quant = taken[0] if taken else DEFAULT_QUANT.name
     outcomes: dict[Point, Outcome] = {}
     live_notes: dict[str, int] = defaultdict(int)
+    unused: dict[str, int] = {}  # buffer -> points where apply() is traced and never touches it
     for point in grid(activations, unset_allowed=unset_allowed, quant=evaluator.quant):
-        outcomes[point] = _judge(evaluator, point, live_notes)
+        outcomes[point] = _judge(evaluator, point, live_notes, unused)
     derived = live_notes.pop("derived", 0)
     if derived and not live_notes:
         live_set = f"derived from apply() views at {derived} points"
@@ -424,10 +566,17 @@ def sweep_class(tree: SourceTree, cls: ParsedClass, activations: tuple[str, ...]
         live_set = f"derived from apply() views at {derived} points; not derived at others: " + "; ".join(live_notes)
     else:
         live_set = "not derived: " + ("; ".join(live_notes) or "no point traced")
-    return ClassSweep(name=cls.name, file=cls.file.removeprefix("vllm/"), outcomes=outcomes, live_set=live_set)
+        # Growth alone cannot pass a point: without a view of what apply() uses, a workspace that grows like M may
+        # still be too small (halved, say).
+        outcomes = {p: dataclasses.replace(o, status=NOT_DERIVED, detail=o.detail.split(";")[0] +
+                                           "; what apply() uses is not derived") if o.status == CONSISTENT else o
+                    for p, o in outcomes.items()}  # fmt: skip
+    findings = [_unused_finding(tree, cls, buffer, count) for buffer, count in unused.items()]
+    return ClassSweep(name=cls.name, file=cls.file.removeprefix("vllm/"), outcomes=outcomes, live_set=live_set,
+                      format=fmt, n_rule=evaluator.n_rule(), findings=[f for f in findings if f is not None])
 
 
-def _judge(evaluator: _ClassEvaluator, point: Point, live_notes: dict[str, int]) -> Outcome:
+def _judge(evaluator: _ClassEvaluator, point: Point, live_notes: dict[str, int], unused: dict[str, int]) -> Outcome:
     why = evaluator.unsupported(point)
     if why is not None:
         return Outcome(UNSUPPORTED, why)
@@ -442,46 +591,72 @@ def _judge(evaluator: _ClassEvaluator, point: Point, live_notes: dict[str, int])
     w = point.args().dtype_bytes
     common = max(math.prod(ws13), math.prod(out)) * w
     total = common + math.prod(ws2) * w
+    n = evaluator.n(point)
+    known = dict(total_bytes=total, shapes=(tuple(ws13), tuple(ws2), tuple(out)), N=n)
     growth = _d_growth(evaluator, point, shapes)
     if isinstance(growth, Outcome):
-        return dataclasses.replace(growth, total_bytes=total)
-    double = [name for name, g in growth.items() if point.D > 1 and g == point.D**2]
+        return dataclasses.replace(growth, **known)
+    double = [name for name, g in growth.items() if point.D > 1 and g == point.D**2 and name != "out"]
     if double:
-        return Outcome(DOUBLE, f"token dim of {'/'.join(double)} is M·D: D counted twice", total_bytes=total)
+        return Outcome(DOUBLE, f"token dim of {'/'.join(double)} is M·D: D counted twice", **known)
+    # The output contract: apply() writes (E, M, K) in the batched format, (M, K) in the standard one.
+    rows = math.prod(token_shape(point, evaluator.format, point.K))
+    if 0 < math.prod(out) < rows:
+        return Outcome(UNDER, f"out holds x{math.prod(out) / rows:.3g} of the {evaluator.format} format's "
+                              f"{'(E, M, K)' if evaluator.format == BATCHED else '(M, K)'}",
+                       ratio=math.prod(out) / rows, **known)  # fmt: skip
+    stuck = _stuck_with_d(evaluator, point, growth)
+    if stuck:
+        return Outcome(UNDER, f"{'/'.join(stuck)} does not grow with D while the output grows xD", **known)
     under = _harness_live_set(evaluator, point, total)
     if under is not None:
-        return under
-    if not traces_live_set(point, evaluator.quant):
-        return Outcome(CONSISTENT, "token dim is M = T·D", total_bytes=total)
+        return dataclasses.replace(under, **known)
+    if not evaluator.trace or not traces_live_set(point, evaluator.quant):
+        # apply()'s refusals depend on the activation, the quantization and the shapes, not on D, E or T: a point
+        # off the traced sub-grid takes that of its traced sibling at D = 1, E and T at the base.
+        sibling = evaluator.refusals.get(dataclasses.replace(point, D=LIVE_D[0], E=BASE_E, T=BASE_T))
+        if sibling is not None:
+            return Outcome(REFUSED, f"apply() refuses (as at D = {LIVE_D[0]}, E = {BASE_E}, T = {BASE_T}): {sibling}",
+                           **known)  # fmt: skip
+        return Outcome(CONSISTENT, "token dim is M = T·D", **known)
     trace = evaluator.live(point, ws13, ws2)
+    evaluator.refusals[point] = trace.refusal
     if trace.refusal is not None:
-        return Outcome(REFUSED, f"apply() refuses: {trace.refusal}", total_bytes=total)
+        return Outcome(REFUSED, f"apply() refuses: {trace.refusal}", **known)
     needs = {name: trace.need_bytes(name) for name in ("workspace13", "workspace2")}
+    known["uses"] = (needs["workspace13"], needs["workspace2"])
     allocated = {"workspace13": math.prod(ws13) * w, "workspace2": math.prod(ws2) * w}
     for name, need in needs.items():
         if need is None:
             live_notes[trace.why_not_derived(name).split(" (", 1)[0]] += 1
         elif need > allocated[name]:
             return Outcome(UNDER, f"apply() views {name} to x{need / allocated[name]:.3g} of its size",
-                           ratio=allocated[name] / need, total_bytes=total)  # fmt: skip
+                           ratio=allocated[name] / need, **known)  # fmt: skip
     if None in needs.values():
-        return Outcome(CONSISTENT, "token dim is M = T·D; live set not derived", total_bytes=total)
+        return Outcome(NOT_DERIVED, "token dim is M = T·D; what apply() uses is not derived", **known)
     live_notes["derived"] += 1
+    for name, need in needs.items():
+        # What the untouched buffer costs: all of workspace2; of workspace13 what it adds to the common buffer
+        # beyond the output, which shares it.
+        cost = allocated[name] if name == "workspace2" else common - math.prod(out) * w
+        if need == 0 and cost > 0 and not any(v.buffer == name for v in trace.views):
+            unused[name] = unused.get(name, 0) + 1
     needed = max(needs["workspace13"], math.prod(out) * w) + needs["workspace2"]
     if needed and total > needed:
         ratio = total / needed
-        return Outcome(OVER, f"x{ratio:.3g} of what apply() views", ratio=ratio, total_bytes=total)
-    return Outcome(CONSISTENT, "token dim is M = T·D; sized to apply()'s views", total_bytes=total)
+        return Outcome(OVER, f"x{ratio:.3g} of what apply() views", ratio=ratio, **known)
+    return Outcome(CONSISTENT, "token dim is M = T·D; sized to apply()'s views", **known)
 
 
 def _d_growth(evaluator: _ClassEvaluator, point: Point, shapes) -> dict[str, float] | Outcome:
-    """prod(buffer) at the point over prod(buffer) at D = 1, per buffer; an Outcome when that cannot be had."""
+    """prod(buffer) at the point over prod(buffer) at D = 1, per buffer (ws13, ws2, out); an Outcome when that
+    cannot be had."""
     reference = point.reference()
     base = evaluator.workspace(reference) if reference != point else shapes
     if isinstance(base, str):
         return Outcome(UNEVALUATED, f"not evaluated at D = 1 to compare: {base}")
     growth: dict[str, float] = {}
-    for name, before, after in (("ws13", base[0], shapes[0]), ("ws2", base[1], shapes[1])):
+    for name, before, after in zip(("ws13", "ws2", "out"), base, shapes):
         b, a = math.prod(before), math.prod(after)
         if b == 0 or a == 0:
             continue
@@ -489,6 +664,79 @@ def _d_growth(evaluator: _ClassEvaluator, point: Point, shapes) -> dict[str, flo
         if point.dispatchers == "set" and growth[name] not in (1, point.D, point.D**2):
             return Outcome(UNEVALUATED, f"{name} grows x{growth[name]:g} from D = 1 to D = {point.D}")
     return growth
+
+
+def _stuck_with_d(evaluator: _ClassEvaluator, point: Point, growth: dict[str, float]) -> list[str]:
+    """The growth check: the workspaces that stay x1 from D = 1 to D while the output grows xD, and that do grow
+    with T (so they hold tokens: sized with T where M = T·D was due). Empty at D = 1 and without dispatchers set."""
+    if point.D == 1 or point.dispatchers != "set" or growth.get("out") != point.D:
+        return []
+    stuck = [name for name in ("ws13", "ws2") if growth.get(name) == 1]
+    if not stuck:
+        return []
+    doubled = dataclasses.replace(point, T=2 * point.T)
+    here, there = evaluator.workspace(point), evaluator.workspace(doubled)
+    if isinstance(here, str) or isinstance(there, str):
+        return []
+    index = {"ws13": 0, "ws2": 1}
+    return [name for name in stuck if math.prod(there[index[name]]) > math.prod(here[index[name]])]
+
+
+def _unused_finding(tree: SourceTree, cls: ParsedClass, buffer: str, points: int) -> Finding | None:
+    """The buffer apply() never touches, with the line of workspace_shapes that sizes it."""
+    found = tree.find_method(cls, "workspace_shapes")
+    if found is None:
+        return None
+    owner, method = found
+    line = _allocation_line(method, 0 if buffer == "workspace13" else 1)
+    return Finding("unused-buffer", buffer, owner.file.removeprefix("vllm/"), line,
+                   f"{cls.name} allocates {buffer} and its apply() never views it, nor hands it on "
+                   f"({points} traced points)")  # fmt: skip
+
+
+def _allocation_line(method: ast.FunctionDef, index: int) -> int:
+    """The line that builds element `index` of workspace_shapes' returned tuple: its last assignment when the
+    element is a name, else the return itself."""
+    returns = [n for n in ast.walk(method) if isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple)]
+    if not returns:
+        return method.lineno
+    node = returns[-1]
+    element = node.value.elts[index] if len(node.value.elts) > index else None  # type: ignore[union-attr]
+    if isinstance(element, ast.Name):
+        assigned = [n.lineno for n in ast.walk(method) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                    and any(isinstance(t, ast.Name) and t.id == element.id
+                            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]  # fmt: skip
+        if assigned:
+            return max(line for line in assigned if line <= node.lineno) if any(
+                line <= node.lineno for line in assigned) else assigned[0]
+    return element.lineno if element is not None else node.lineno
+
+
+def buffer_bytes(tree: SourceTree, swept: ClassSweep, buffer: str, args: SizingArgs) -> int | None:
+    """What a buffer of a swept class costs at one sizing (a reference deployment's T, D, E, K, I): all of
+    workspace2, or what workspace13 adds to the common buffer beyond the output; None when it does not evaluate."""
+    cls = next((c for c in tree.class_named(swept.name) if c.file.removeprefix("vllm/") == swept.file), None)
+    if cls is None:
+        return None
+    point = Point(args.num_dispatchers, "set", "E·D", DEFAULT_QUANT.name, args.activation, args.hidden_size,
+                  args.intermediate_size, args.num_local_experts, args.max_tokens_per_rank)  # fmt: skip
+    evaluator = _ClassEvaluator(tree, cls, (args.activation,), swept.format)
+    shapes = evaluator.workspace(point)
+    if isinstance(shapes, str):
+        return None
+    ws13, ws2, out = (math.prod(s) * args.dtype_bytes for s in shapes)
+    return ws2 if buffer == "workspace2" else max(ws13, out) - out
+
+
+def _weight_layout(tree: SourceTree, cls: ParsedClass) -> str:
+    """marlin when the class's moe_problem_size derives N from Marlin's packed weights, else plain."""
+    found = tree.find_method(cls, "moe_problem_size")
+    if found is not None:
+        for node in ast.walk(found[1]):
+            name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+            if name == "marlin_moe_intermediate_size":
+                return MARLIN
+    return PLAIN
 
 
 def _harness_live_set(evaluator: _ClassEvaluator, point: Point, total: int) -> Outcome | None:
@@ -510,19 +758,110 @@ class SweepResult:
     activations: tuple[str, ...]
     classes: list[ClassSweep]
     unparsed: dict[str, str]
+    limits: list[str] = dataclasses.field(default_factory=list)  # caps and budgets hit, one line each
 
     @property
     def failed(self) -> list[ClassSweep]:
         return [c for c in self.classes if c.failed]
 
+    @property
+    def findings(self) -> list[tuple[ClassSweep, Finding]]:
+        return [(c, f) for c in self.classes for f in c.findings]
 
-def sweep(tree: SourceTree, *, class_filter: Callable[[str], bool] | None = None) -> SweepResult:
+
+@dataclass(frozen=True)
+class SweepBudget:
+    """The bounds of one whole sweep (each evaluation has its own interpreter.Budget besides). The defaults keep a
+    hostile tree's sweep within 20 s of CPU; `--budget-s` raises cpu_s for a tree one trusts."""
+
+    cpu_s: float = 18.0  # CPU seconds for the whole sweep: 0.33.0's 46 classes take about 10 (its slowest, 2.5)
+    class_share: float = 0.35  # the most of cpu_s one class may take, so one hostile class leaves the others theirs
+    rss_bytes: int = 3 << 30  # what the process's peak resident memory may grow by during the sweep
+    max_classes: int = 256  # 0.33.0 has 46
+    max_activations: int = 32  # 0.33.0's MoEActivation has 11 members
+
+
+class Deadline:
+    """CPU time and peak memory against a SweepBudget: `spent()` is None while within it, else why not (and stays
+    so: what ran out of budget is not tried again)."""
+
+    def __init__(self, budget: SweepBudget, *, what: str = "sweep", start: float | None = None) -> None:
+        self.budget, self.what = budget, what
+        self.start = time.process_time() if start is None else start
+        self.start_rss = _peak_rss()  # the budget bounds what the peak grows by during this sweep
+        self.hit: str | None = None
+
+    def spent(self) -> str | None:
+        if self.hit is None:
+            used = time.process_time() - self.start
+            if used > self.budget.cpu_s:
+                self.hit = (f"the {self.what}'s time budget of {self.budget.cpu_s:g} s of CPU ran out "
+                            "(--budget-s raises it for a tree you trust)")  # fmt: skip
+            elif _peak_rss() - self.start_rss > self.budget.rss_bytes:
+                self.hit = (f"the {self.what}'s memory budget of {self.budget.rss_bytes >> 20} MiB more peak "
+                            "resident memory ran out")  # fmt: skip
+        return self.hit
+
+    def share(self, share: float) -> Deadline:
+        """A deadline for one part: share of the whole, never past the whole's own end."""
+        return _Nested(Deadline(dataclasses.replace(self.budget, cpu_s=self.budget.cpu_s * share), what=self.what),
+                       self)  # fmt: skip
+
+
+class _Nested(Deadline):
+    def __init__(self, part: Deadline, whole: Deadline) -> None:
+        super().__init__(part.budget, what=part.what, start=part.start)
+        self.whole = whole
+
+    def spent(self) -> str | None:
+        whole = self.whole.spent()
+        if whole is not None:
+            return whole
+        return super().spent()
+
+
+def _peak_rss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def sweep(tree: SourceTree, *, class_filter: Callable[[str], bool] | None = None,
+          budget: SweepBudget | None = None, formats: tuple[str, ...] = (BATCHED, STANDARD),
+          trace: bool = True) -> SweepResult:  # fmt: skip
+    """Every experts class that sizes a workspace (batched and standard format) over the grid, within budget."""
+    budget = budget or SweepBudget()
+    deadline = Deadline(budget)
+    limits: list[str] = []
     activations = activations_of(tree)
-    classes = [c for c in tree.batched_classes() if class_filter is None or class_filter(c.name)]
+    if len(activations) > budget.max_activations:
+        limits.append(f"MoEActivation has {len(activations)} members: the first {budget.max_activations} are swept "
+                      f"(the cap on activations)")  # fmt: skip
+        activations = activations[: budget.max_activations]
+    found = [(c, BATCHED) for c in tree.batched_classes()] if BATCHED in formats else []
+    found += [(c, STANDARD) for c in tree.standard_classes()] if STANDARD in formats else []
+    found = [(c, f) for c, f in found if class_filter is None or class_filter(c.name)]
+    if len(found) > budget.max_classes:
+        limits.append(f"{len(found)} experts classes: the first {budget.max_classes} are swept (the cap on classes); "
+                      f"not swept: {', '.join(c.name for c, _ in found[budget.max_classes:][:5])}"
+                      + (" ..." if len(found) > budget.max_classes + 5 else ""))  # fmt: skip
+        found = found[: budget.max_classes]
     unparsed = {f: why for f, why in sorted(tree.unparsed.items()) if tree.may_define_batched_classes(f)}
+    classes = []
+    for cls, fmt in found:
+        classes.append(sweep_class(tree, cls, activations, fmt, deadline.share(budget.class_share), trace=trace))
+    if deadline.hit is not None:
+        cut = [c.name for c in classes if any(deadline.hit in o.detail for o in c.outcomes.values())]
+        limits.append(f"{deadline.hit}; points not evaluated in {len(cut)} classes: {', '.join(cut[:5])}"
+                      + (" ..." if len(cut) > 5 else ""))  # fmt: skip
+    else:
+        short = [c.name for c in classes if any("s of CPU ran out" in o.detail for o in c.outcomes.values())]
+        if short:
+            limits.append(f"{len(short)} classes ran out of their share ({budget.class_share:g}) of the sweep's time "
+                          f"budget of {budget.cpu_s:g} s: {', '.join(short[:5])}" + (" ..." if len(short) > 5 else ""))
     return SweepResult(
         label=tree.source.label, version=tree.source.version, origin=tree.source.origin, activations=activations,
-        classes=[sweep_class(tree, cls, activations) for cls in classes], unparsed=unparsed,
+        classes=classes, unparsed=unparsed, limits=limits,
     )  # fmt: skip
 
 

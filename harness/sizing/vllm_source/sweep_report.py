@@ -12,6 +12,7 @@ import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from harness.sizing.vllm_source.sweep import (
     GRID_E,
     GRID_KI,
     GRID_T,
+    NOT_DERIVED,
     OVER,
     REFUSED,
     UNDER,
@@ -37,10 +39,12 @@ from harness.sizing.vllm_source.sweep import (
 )
 
 EXIT_FAILED = 1
-SWEEP_SCHEMA = 1
+SWEEP_SCHEMA = 2  # 2: standard-format classes, per-point shapes, bytes and uses, findings, limits
 MAX_ROWS_PER_CLASS = 8  # the rest is in --json and --junit
 STYLE = {DOUBLE: "bold red", UNDER: "bold red", OVER: "yellow", UNEVALUATED: "yellow", REFUSED: "dim",
-         UNSUPPORTED: "dim"}  # fmt: skip
+         UNSUPPORTED: "dim", NOT_DERIVED: "yellow"}  # fmt: skip
+POINT_FIELDS = ("D", "dispatchers", "experts", "quant", "activation", "K", "I", "E", "T", "N", "status", "ws13", "ws2",
+                "out", "total_bytes", "uses_ws13_bytes", "uses_ws2_bytes")  # fmt: skip
 
 
 def verdict_line(result: ClassSweep) -> str:
@@ -51,6 +55,11 @@ def verdict_line(result: ClassSweep) -> str:
         rest = len(result.outcomes) - judged
         return "consistent everywhere" + (f" it takes ({rest} points refused, unsupported or unevaluated)"
                                           if rest else "")  # fmt: skip
+    if verdict == NOT_DERIVED:
+        count = sum(o.status == NOT_DERIVED for o in result.outcomes.values())
+        why = result.live_set.split(": ", 1)[-1]
+        return f"not derived at {count} points: what apply() uses is not derived ({why}) and no growth check fails; " \
+            "not a pass"
     if verdict == UNEVALUATED:
         unevaluated = Counter(o.detail for o in result.outcomes.values() if o.status == UNEVALUATED)
         if unevaluated:
@@ -91,6 +100,8 @@ def headline(result: ClassSweep) -> str:
             else f"over-allocated by x{ratios[0]:g} against apply()'s views"
     if verdict == CONSISTENT:
         return "consistent everywhere it takes"
+    if verdict == NOT_DERIVED:
+        return "not derived (what apply() uses)"
     return re.sub(r" \([^()]* line \d+\)", "", verdict_line(result))
 
 
@@ -162,11 +173,61 @@ def print_sweep(result: SweepResult, *, file=None) -> None:
         console.print(f"{cls.name}: {verdict_line(cls)}", style=STYLE.get(cls.verdict, "") if cls.failed else "")
     for file, why in result.unparsed.items():
         console.print(f"  unparsed: {file}: {why}")
+    for cls, finding in result.findings:
+        console.print(f"FINDING: {finding_line(finding)}", style="bold yellow")
+    for line in result.limits:
+        console.print(f"LIMIT: {line}", style="bold yellow")
+    console.print(footer(result))
+
+
+def attach_reference_bytes(
+    result: SweepResult, source, reference_sizing: Callable[[Any], dict[str, Any]] | None
+) -> None:
+    """Each finding's buffer in bytes per GPU at the reference deployments the deployment model sizes (their
+    T, D, local experts, K, I): the class's own workspace_shapes evaluated there. reference_sizing gives those
+    sizings on a source (the deployment model's, handed in by the caller); without it the findings stand alone."""
+    if not result.findings or reference_sizing is None:
+        return
+    try:
+        sizings = reference_sizing(source)
+    except Exception as error:  # noqa: BLE001 - the finding stands without its bytes; say why
+        for _, finding in result.findings:
+            finding.notes.append(f"reference deployments not sized: {(str(error).splitlines() or [''])[0][:160]}")
+        return
+    from harness.sizing.vllm_source.evaluate import source_tree
+    from harness.sizing.vllm_source.sweep import buffer_bytes
+
+    tree = source_tree(source)
+    for cls, finding in result.findings:
+        for name, args in sizings.items():
+            found = buffer_bytes(tree, cls, finding.buffer, args)
+            if found is not None:
+                finding.bytes_at[name] = found
+
+
+def finding_line(finding) -> str:
+    at = "; ".join(f"{name}: {b / 2**20:,.0f} MiB" for name, b in finding.bytes_at.items())
+    return (f"{finding.detail}: {finding.buffer} is sized at {finding.file}:{finding.line}"
+            + (f"; bytes per GPU at the reference deployments: {at}" if at else "")
+            + "".join(f"; {note}" for note in finding.notes))
+
+
+def footer(result: SweepResult) -> str:
+    batched = sum(c.format == "batched" for c in result.classes)
+    counted = f"{len(result.classes)} experts classes ({batched} batched, {len(result.classes) - batched} standard)"
+    parts = []
+    for verdict in (NOT_DERIVED, UNEVALUATED):
+        names = [c.name for c in result.classes if c.verdict == verdict]
+        if names:
+            parts.append(f"{len(names)} {verdict} ({', '.join(names[:8])}{' ...' if len(names) > 8 else ''})")
+    rest = f"; not a pass: {'; '.join(parts)}" if parts else ""
     if result.failed:
         names = ", ".join(f"{c.name} ({c.verdict})" for c in result.failed)
-        console.print(f"FAILED: {len(result.failed)} of {len(result.classes)} batched classes: {names}")
-    else:
-        console.print(f"OK: none of {len(result.classes)} batched classes double-counts or is under-sized")
+        return f"FAILED: {len(result.failed)} of {counted}: {names}{rest}"
+    if result.limits:
+        return (f"INCOMPLETE: the sweep stopped at a limit (LIMIT lines above); none of what was judged of {counted} "
+                f"fails{rest}")
+    return f"OK: none of {counted} double-counts or is under-sized{rest}"
 
 
 def _axis(values: tuple) -> str:
@@ -190,14 +251,20 @@ def sweep_json(result: SweepResult) -> dict:
         "grid": {"D": list(GRID_D), "E": list(GRID_E), "T": list(GRID_T), "K_I": [list(p) for p in GRID_KI]},
         "failed": [c.name for c in result.failed],
         "unparsed": result.unparsed,
+        "limits": result.limits,
+        "findings": [finding_json(c, f) for c, f in result.findings],
+        "point_fields": list(POINT_FIELDS),
         "classes": [
             {
                 "name": c.name,
                 "file": c.file,
+                "format": c.format,
+                "n_rule": c.n_rule,
                 "verdict": c.verdict,
                 "summary": verdict_line(c),
                 "live_set": c.live_set,
                 "points": len(c.outcomes),
+                "point_rows": [point_row(p, o) for p, o in sorted(c.outcomes.items())],
                 "groups": [
                     {"status": o.status, "detail": o.detail, "ratio": o.ratio, "points": len(points),
                      "where": {axis: list(values) for axis, values in box.items()}}
@@ -207,6 +274,30 @@ def sweep_json(result: SweepResult) -> dict:
             for c in result.classes
         ],
     }
+
+
+def point_row(point, outcome) -> list:
+    """One point as the values of POINT_FIELDS: where it is, its verdict, the shapes, the bytes (common + ws2) and the
+    bytes of each workspace apply()'s views need (null: not derived or not traced there)."""
+    shapes = outcome.shapes or (None, None, None)
+    uses = outcome.uses or (None, None)
+    return [point.D, point.dispatchers, point.experts, point.quant, point.activation, point.K, point.I, point.E,
+            point.T, outcome.N, outcome.status, *(list(s) if s is not None else None for s in shapes),
+            outcome.total_bytes, *uses]  # fmt: skip
+
+
+def point_text(point, outcome) -> str:
+    row = dict(zip(POINT_FIELDS, point_row(point, outcome)))
+    where = " ".join(f"{k}={row[k]}" for k in POINT_FIELDS[:10])
+    shapes = " ".join(f"{k}={tuple(row[k]) if row[k] is not None else '-'}" for k in ("ws13", "ws2", "out"))
+    uses = " ".join(f"{k}={row[k] if row[k] is not None else 'not derived'}" for k in POINT_FIELDS[-2:])
+    return f"{where}: {outcome.status}; {shapes}; bytes={row['total_bytes']}; {uses}"
+
+
+def finding_json(cls, finding) -> dict:
+    return {"class": cls.name, "kind": finding.kind, "buffer": finding.buffer, "file": finding.file,
+            "line": finding.line, "detail": finding.detail, "bytes_at": finding.bytes_at, "notes": finding.notes,
+            "text": finding_line(finding)}  # fmt: skip
 
 
 def write_junit(result: SweepResult, path: Path) -> None:
@@ -223,15 +314,27 @@ def write_junit(result: SweepResult, path: Path) -> None:
             # The class alone: a release's dots in a classname would read as packages in CI viewers.
             case = ET.SubElement(suite, "testcase", classname=cls.name,
                                  name=f"{outcome.status}: {box_text(box, cls)}")  # fmt: skip
-            message = f"{cls.name} ({cls.file}) {outcome.status} at {len(points)} points: {outcome.detail}"
+            message = (f"{cls.name} ({cls.file}, {cls.format}) {outcome.status} at {len(points)} points: "
+                       f"{outcome.detail}")
             if outcome.status in FAILING:
                 failures += 1
                 ET.SubElement(case, "failure", message=message, type=outcome.status).text = box_text(box, cls)
-            elif outcome.status in (UNEVALUATED, REFUSED, UNSUPPORTED):
+            elif outcome.status in (UNEVALUATED, REFUSED, UNSUPPORTED, NOT_DERIVED):
                 skipped += 1
-                ET.SubElement(case, "skipped", message=message)
-            elif outcome.status == OVER:
-                ET.SubElement(case, "system-out").text = message
+                ET.SubElement(case, "skipped", message=message + ("; not a pass" if outcome.status == NOT_DERIVED
+                                                                  else ""))  # fmt: skip
+            # Every point of the group: where, the shapes, the bytes, what apply() uses, the verdict.
+            ET.SubElement(case, "system-out").text = "\n".join(
+                [message] + [point_text(p, cls.outcomes[p]) for p in sorted(points)])
+    for cls, finding in result.findings:
+        cases += 1
+        case = ET.SubElement(suite, "testcase", classname=cls.name, name=f"finding: {finding.kind} {finding.buffer}")
+        ET.SubElement(case, "system-out").text = finding_line(finding)
+    for line in result.limits:
+        cases += 1
+        failures += 1
+        case = ET.SubElement(suite, "testcase", classname="sweep", name="limit")
+        ET.SubElement(case, "failure", message=line, type="limit")
     suite.set("tests", str(cases))
     suite.set("failures", str(failures))
     suite.set("skipped", str(skipped))
@@ -245,6 +348,8 @@ class SweepRequest:
 
     json: bool = False
     junit: Path | None = None
+    budget_s: float | None = None  # CPU seconds for the whole sweep; None: SweepBudget's default
+    reference_sizing: Callable[[Any], dict[str, Any]] | None = None  # see AuditRequest.reference_sizing
 
 
 def run_sweep(request: SweepRequest, source) -> int:
@@ -252,7 +357,10 @@ def run_sweep(request: SweepRequest, source) -> int:
     written."""
     from harness.sizing.vllm_source.evaluate import source_tree
 
-    result = sweep(source_tree(source))
+    from harness.sizing.vllm_source.sweep import SweepBudget
+
+    result = sweep(source_tree(source), budget=SweepBudget(cpu_s=request.budget_s) if request.budget_s else None)
+    attach_reference_bytes(result, source, request.reference_sizing)
     junit = request.junit
     if junit is not None:
         try:
@@ -264,7 +372,7 @@ def run_sweep(request: SweepRequest, source) -> int:
         print(json.dumps(sweep_json(result), indent=1))
     else:
         print_sweep(result)
-    return EXIT_FAILED if result.failed else EXIT_OK
+    return EXIT_FAILED if result.failed or result.limits else EXIT_OK
 
 
 # --- across releases: the committed table ------------------------------------------------------------------------

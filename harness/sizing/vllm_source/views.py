@@ -42,6 +42,7 @@ from harness.sizing.vllm_source.interpreter import (
 )
 
 RESIZE_HELPER = "_resize_cache"
+_MISSING = object()
 SHAPE_ATTRIBUTES = frozenset({"shape", "size", "dtype", "ndim", "dim", "numel"})  # read a buffer, use none of it
 WORKSPACES = ("workspace13", "workspace2")
 
@@ -58,6 +59,15 @@ class WorkspaceTensor(FakeTensor):
         super().__init__(shape, dtype)
         self.buffer = buffer
         self.whole = whole
+
+
+class TokenCounts(FakeTensor):
+    """expert_tokens_meta.expert_num_tokens: (E,) counts, each at most `bound` (the M slots an expert holds in the
+    batched format). An element reads as its bound: the largest view apply() can take for that expert."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: DType, bound: int) -> None:
+        super().__init__(shape, dtype)
+        self.bound = bound
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,49 @@ class ViewTrace:
         if buffer in self.escapes:
             return self.escapes[buffer]
         return f"{buffer} is viewed only under conditions the tracer could not decide"
+
+
+def _permuted(tensor: FakeTensor, dims: tuple) -> FakeTensor:
+    """Tensor.permute: the same elements, the dims reordered; a whole workspace stays whole (a kernel entry below
+    may size what is written into it)."""
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+        dims = tuple(dims[0])
+    if sorted(d for d in dims if isinstance(d, int)) != list(range(len(tensor.shape))):
+        raise Unevaluable(f"permutes a tensor of {len(tensor.shape)} dims with {dims}")
+    shape = tuple(tensor.shape[d] for d in dims)
+    if isinstance(tensor, WorkspaceTensor):
+        return WorkspaceTensor(tensor.buffer, shape, tensor.dtype, whole=True)
+    return FakeTensor(shape, tensor.dtype)
+
+
+def _grouped_gemm_nt_masked(tracer: Tracer, args: list, kwargs: dict) -> bool:
+    """flashinfer_cutedsl_grouped_gemm_nt_masked(a, b, c, masked_m, ...): C[m, n, l] = A[m, k, l] · B[n, k, l]^T,
+    written into c "in logical [m, n, l]" (vLLM's flashinfer_cutedsl_batched_moe.py): c needs m x n x l elements,
+    n the rows of B. A workspace handed as c is sized by that; True when it could be."""
+    if len(args) < 3:
+        return False
+    b, c = args[1], args[2]
+    weight = b[0] if isinstance(b, (tuple, list)) and b else b
+    if not isinstance(c, WorkspaceTensor) or not c.whole or not isinstance(weight, FakeTensor) or len(c.shape) != 3:
+        return False
+    shape = (c.shape[0], weight.shape[0], c.shape[2])
+    tracer.trace.views.append(View(c.buffer, shape, c.dtype.itemsize, tracer.line, tracer.undecided == 0))
+    return True
+
+
+def _reads_first_argument(tracer: Tracer, args: list, kwargs: dict) -> bool:
+    """A kernel that only reads its first argument (silu_and_mul_scaled_nvfp4_experts_quantize(x, masked_m, scale):
+    x is the gate-up output a GEMM wrote, quantized into new tensors): a workspace passed there is not written."""
+    return bool(args) and isinstance(args[0], WorkspaceTensor) and not any(
+        isinstance(v, WorkspaceTensor) for v in (*args[1:], *kwargs.values()))
+
+
+# Kernels the tracer knows the output of, by the name the release calls them: each returns True when it accounted
+# for every workspace passed to it (nothing escapes then).
+KERNELS = {
+    "flashinfer_cutedsl_grouped_gemm_nt_masked": _grouped_gemm_nt_masked,
+    "silu_and_mul_scaled_nvfp4_experts_quantize": _reads_first_argument,
+}
 
 
 class _Refused(Exception):
@@ -145,6 +198,28 @@ class Tracer(Interpreter):
                 raise
             return Opaque(f"{name} ({error.reason})")
 
+    def _subscript(self, container: object, key: object) -> object:
+        if isinstance(container, TokenCounts) and isinstance(key, int):
+            bound = container.bound
+            return StandIn("a token count", item=Builtin("Tensor.item", lambda interp: bound))
+        return super()._subscript(container, key)
+
+    def _reshaped(self, tensor: FakeTensor, args: tuple) -> FakeTensor:
+        """Tensor.view/reshape of an input tensor (not a workspace): the shape, with one -1 inferred."""
+        if len(args) == 1 and isinstance(args[0], (tuple, list)):
+            args = tuple(args[0])
+        if len(args) == 1 and isinstance(args[0], DType):
+            return FakeTensor(tensor.shape, args[0])
+        if not args or not all(isinstance(d, int) and not isinstance(d, bool) for d in args):
+            raise Unevaluable("views an input tensor in a shape the tracer cannot compute")
+        total, known = math.prod(tensor.shape), math.prod(d for d in args if d != -1)
+        if list(args).count(-1) > 1 or known == 0 or (-1 in args and total % known):
+            raise Unevaluable("views an input tensor in a shape that does not divide its elements")
+        shape = tuple(total // known if d == -1 else d for d in args)
+        if math.prod(shape) != total:
+            raise Unevaluable(f"views an input tensor of {total} elements as {shape}")
+        return FakeTensor(shape, tensor.dtype)
+
     def get_attribute(self, value: object, name: str) -> object:
         if isinstance(value, SuperProxy) and name == "__init__":
             return self._super_init(value)
@@ -152,6 +227,10 @@ class Tracer(Interpreter):
             return super().get_attribute(value, name)  # refuses dunders, as the interpreter does
         if isinstance(value, WorkspaceTensor) and name == "view":
             return Builtin("Tensor.view", lambda interp, *args, **kwargs: self._view(value, args, kwargs))
+        if type(value) is FakeTensor and name in ("view", "reshape"):
+            return Builtin(f"Tensor.{name}", lambda interp, *args: self._reshaped(value, args))
+        if isinstance(value, FakeTensor) and name == "permute" and (type(value) is FakeTensor or value.whole):
+            return Builtin("Tensor.permute", lambda interp, *dims: _permuted(value, dims))
         if isinstance(value, WorkspaceTensor) and value.whole and name not in SHAPE_ATTRIBUTES:
             # .permute, .reshape, .narrow, ...: the buffer goes on in a form the tracer does not size.
             self.trace.escapes.setdefault(
@@ -187,6 +266,9 @@ class Tracer(Interpreter):
         if isinstance(callee, Function) and callee.name == RESIZE_HELPER and callee.owner is None:
             return self._resize(list(args) + list(kwargs.values()))
         if isinstance(callee, Opaque):
+            kernel = KERNELS.get(callee.path.split(" ", 1)[0])
+            if kernel is not None and kernel(self, list(args), kwargs):
+                return Opaque(f"the result of {callee.path}")
             for value in (*args, *kwargs.values()):
                 if isinstance(value, WorkspaceTensor) and value.whole:
                     self.trace.escapes.setdefault(
@@ -194,6 +276,15 @@ class Tracer(Interpreter):
                     )
             return Opaque(f"the result of {callee.path}")
         return super()._call(callee, args, kwargs, node, frame)
+
+    def _assign(self, target, value, frame) -> None:
+        if isinstance(value, Opaque) and isinstance(target, (ast.Tuple, ast.List)):
+            # `a, b = kernel(...)`: each name holds a part of what the tracer does not follow.
+            for element in target.elts:
+                inner = element.value if isinstance(element, ast.Starred) else element
+                self._assign(inner, Opaque(f"{value.path}[...]"), frame)
+            return
+        super()._assign(target, value, frame)
 
     def _resize(self, args: list) -> object:
         if len(args) != 2:
@@ -222,6 +313,10 @@ class Tracer(Interpreter):
         try:
             if isinstance(node, ast.If):
                 return self._traced_if(node, frame)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                # A nested def (a callback handed to a kernel): never run, but it can be passed along.
+                frame.locals[node.name] = Opaque(f"the nested {node.name} (line {node.lineno})")
+                return None
             try:
                 return super()._exec(node, frame)
             except _Refused:
@@ -244,12 +339,23 @@ class Tracer(Interpreter):
             if self._over_budget():
                 raise
             self.undecided += 1
+            before = dict(frame.locals)
+            after = []
             try:
                 for branch in (node.body, node.orelse):
+                    frame.locals = dict(before)
                     self._exec_block(branch, frame)  # a return in either branch is not taken as the result
+                    after.append(frame.locals)
             finally:
                 self.undecided -= 1
+                frame.locals = after[0] if after else before
             self._forget(node, frame, error)
+            if len(after) == 2:
+                # A name both branches bind to the same plain value keeps it (num = M on either path, say).
+                for name, value in after[0].items():
+                    other = after[1].get(name, _MISSING)
+                    if isinstance(value, (int, str, tuple)) and type(other) is type(value) and other == value:
+                        frame.locals[name] = value
             return None
         return self._exec_block(node.body if test else node.orelse, frame)
 

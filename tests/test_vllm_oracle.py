@@ -1,0 +1,270 @@
+"""The contract oracle of `harness vllm audit --sweep` on vLLM 0.33.0: every experts class that sizes a workspace,
+each with its own N, what apply() uses, named findings, and under-sizes planted in a copy of the release's files.
+
+The trees are copies of the cached 0.33.0 wheel's files, edited at test time; nothing of vLLM is committed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from harness.sizing.vllm_source import locate
+from harness.sizing.vllm_source.evaluate import source_tree
+from harness.sizing.vllm_source.sources import default_cache_dir
+from harness.sizing.vllm_source.sweep import (
+    BATCHED,
+    CONSISTENT,
+    NOT_DERIVED,
+    OVER,
+    REFUSED,
+    STANDARD,
+    UNDER,
+    UNEVALUATED,
+    UNSUPPORTED,
+    sweep,
+)
+from tests.cli_utils import run_harness
+
+pytestmark = pytest.mark.vllm_wheel
+
+VERSION = "0.33.0"
+EXPERTS = "vllm/model_executor/layers/fused_moe/experts"
+MARLIN_FILE = f"{EXPERTS}/marlin_moe.py"
+NAIVE_FILE = f"{EXPERTS}/fused_batched_moe.py"
+CUTEDSL_FILE = f"{EXPERTS}/flashinfer_cutedsl_batched_moe.py"
+HUMMING_FILE = f"{EXPERTS}/fused_humming_moe.py"
+
+
+@pytest.fixture(scope="module")
+def release():
+    return locate(version=VERSION, cache_dir=default_cache_dir())
+
+
+@pytest.fixture(scope="module")
+def swept(release):
+    return sweep(source_tree(release))
+
+
+def by_name(result) -> dict:
+    return {c.name: c for c in result.classes}
+
+
+def planted(tmp_path: Path, release, file: str, old: str, new: str) -> Path:
+    """A copy of the release's files with `old` replaced by `new` in file (exactly once)."""
+    root = tmp_path / "vllm-src"
+    shutil.copytree(release.root / "vllm", root / "vllm")
+    path = root / file
+    text = path.read_text()
+    assert text.count(old) == 1, f"{old!r} is not in {file} exactly once"
+    path.write_text(text.replace(old, new))
+    return root
+
+
+def sweep_of(root: Path, *names: str):
+    return by_name(sweep(source_tree(locate(src=root)), class_filter=lambda n: n in names))
+
+
+def test_every_class_that_sizes_a_workspace_is_swept(release, swept):
+    # Every class of 0.33.0 whose own body defines a concrete workspace_shapes, counted here from the files with ast.
+    import ast
+
+    defining = set()
+    for path in (release.root / "vllm/model_executor/layers/fused_moe").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef) and item.name == "workspace_shapes":
+                        body = [s for s in item.body if not (isinstance(s, ast.Expr) and isinstance(s.value,
+                                                                                                   ast.Constant))]
+                        abstract = all(isinstance(s, (ast.Raise, ast.Pass)) for s in body)
+                        if not abstract:
+                            defining.add(node.name)
+    names = {c.name for c in swept.classes}
+    # 45 define a concrete one (FallbackExperts' raises NotImplementedError); BatchedHummingGroupedExperts inherits
+    # HummingExpertsBase's and is swept in the batched format.
+    assert len(defining) == 45 and defining <= names
+    assert names - defining == {"BatchedHummingGroupedExperts"} and len(names) == 46
+    formats = {c.name: c.format for c in swept.classes}
+    assert sum(f == BATCHED for f in formats.values()) == 7
+    assert formats["TritonExperts"] == STANDARD and formats["DeepGemmExperts"] == STANDARD
+    assert formats["CutlassBatchedExpertsFp8"] == BATCHED
+    # Standard-format points carry bytes, as batched ones do.
+    triton = by_name(swept)["TritonExperts"]
+    judged = [o for o in triton.outcomes.values() if o.status in (CONSISTENT, OVER)]
+    assert len(judged) > 300 and all(o.total_bytes and o.shapes for o in judged)
+
+
+def test_marlin_is_sized_with_n_equal_to_i(swept):
+    """MarlinExpertsBase.moe_problem_size takes N from marlin_moe_intermediate_size (w2_packed.size(1) * 16 = I):
+    the batched class's shapes equal the hand computation with N = I, not 2I."""
+    marlin = by_name(swept)["BatchedMarlinExperts"]
+    assert marlin.n_rule.startswith("N = I")
+    point = next(p for p in marlin.outcomes if (p.D, p.E, p.T, p.K, p.I, p.activation, p.dispatchers, p.experts)
+                 == (32, 16, 256, 7168, 2048, "silu", "set", "E·D") and p.quant == "fp8-per-token")  # fmt: skip
+    outcome = marlin.outcomes[point]
+    E, T, D, K, I = 16, 256, 32, 7168, 2048  # noqa: N806, E741
+    N = I  # noqa: N806
+    assert outcome.N == N
+    assert outcome.shapes == ((E * T * D, max(K, 2 * N)), (E * T * D, N), (E, T * D, K))
+    assert outcome.total_bytes == 2 * (E * T * D * max(K, 2 * N) + E * T * D * N)
+    # Sized with the harness's N = 2I it would be (E·T·D, max(K, 4I)) and (E·T·D, 2I): x1.33 more here.
+    assert 2 * (E * T * D * max(K, 4 * I) + E * T * D * 2 * I) / outcome.total_bytes == pytest.approx(4 / 3)
+    # What apply() uses is derived from its views (through batched_fused_marlin_moe and _fused_marlin_moe).
+    assert marlin.live_set.startswith("derived from apply() views")
+    assert outcome.status in (CONSISTENT, OVER)
+    # The standard-format Marlin class uses the same convention.
+    assert by_name(swept)["MarlinExperts"].n_rule.startswith("N = I")
+
+
+def test_refused_points_are_not_judged(swept):
+    classes = by_name(swept)
+    for name in ("CutlassBatchedExpertsFp8", "CutlassExpertsFp8"):
+        relu2 = [o for p, o in classes[name].outcomes.items() if p.activation.startswith("relu2")]
+        assert relu2 and all(o.status in (UNSUPPORTED, REFUSED) for o in relu2), name
+    for name in ("BatchedTritonExperts", "TritonExperts"):
+        nvfp4 = [o for p, o in classes[name].outcomes.items() if p.quant == "nvfp4"]
+        assert nvfp4 and all(o.status in (UNSUPPORTED, REFUSED) for o in nvfp4), name
+
+
+def test_batched_deep_gemm_unused_workspace2_is_a_named_finding(release, tmp_path):
+    junit = tmp_path / "sweep.xml"
+    completed = run_harness("vllm", "audit", "--sweep", "--vllm-version", VERSION, "--json", "--junit", str(junit),
+                            timeout_s=600)
+    assert completed.returncode == 0, completed.stderr
+    data = json.loads(completed.stdout)
+    assert data["schema_version"] == 2
+    (finding,) = [f for f in data["findings"] if f["class"] == "BatchedDeepGemmExperts"]
+    assert finding["kind"] == "unused-buffer" and finding["buffer"] == "workspace2"
+    # The line of workspace_shapes that sizes it, read from the file here.
+    source = (release.root / "vllm" / finding["file"]).read_text().splitlines()
+    assert source[finding["line"] - 1].strip().startswith("workspace2 = (num_experts, max_num_tokens * num_dispatchers")
+    # Its bytes at the reference deployments the deployment model sizes: (E, T·D, N/2) bf16 with N = 2I.
+    assert finding["bytes_at"]["DeepSeek-V3 DP32 DeepEP LL (the case of vLLM PR 55579)"] == 16 * 256 * 32 * 2048 * 2
+    assert finding["bytes_at"]["Kimi-K2 DP48 DeepEP LL"] == 8 * 256 * 48 * 2048 * 2
+    assert "batched_deep_gemm_moe.py:" in finding["text"] and "DeepSeek-V3 DP32" in finding["text"]
+    # Per point: the shapes, the bytes, what apply() uses, the verdict.
+    fields = data["point_fields"]
+    deep_gemm = next(c for c in data["classes"] if c["name"] == "BatchedDeepGemmExperts")
+    rows = [dict(zip(fields, row)) for row in deep_gemm["point_rows"]]
+    assert len(rows) == deep_gemm["points"]
+    where = ("D", "E", "T", "K", "activation", "quant", "experts", "dispatchers")
+    pr = next(r for r in rows if tuple(r[k] for k in where) == (32, 16, 256, 7168, "silu", "fp8-block", "E·D", "set"))
+    M = 256 * 32  # noqa: N806
+    assert pr["ws13"] == [16, M, 7168] and pr["ws2"] == [16, M, 2048] and pr["out"] == [16, M, 7168]
+    assert pr["total_bytes"] == 2 * (16 * M * 7168 + 16 * M * 2048)
+    # apply() views workspace13 as (E, M, N) with N = 2I = 4096, and never workspace2.
+    assert pr["uses_ws2_bytes"] == 0 and pr["uses_ws13_bytes"] == 2 * 16 * M * 4096 and pr["status"] == OVER
+    suite = ET.parse(junit).getroot()
+    cases = [c for c in suite.iter("testcase") if c.get("classname") == "BatchedDeepGemmExperts"]
+    outs = "\n".join(c.findtext("system-out") or "" for c in cases)
+    assert f"ws2=(16, {M}, 2048)" in outs and "uses_ws2_bytes=0" in outs
+    assert any(c.get("name") == "finding: unused-buffer workspace2" for c in cases)
+    # The table names it too, not only in a row.
+    table = run_harness("vllm", "audit", "--sweep", "--vllm-version", VERSION, timeout_s=600)
+    assert "FINDING: BatchedDeepGemmExperts allocates workspace2 and its apply() never views it" in table.stdout
+
+
+def test_not_derived_is_not_a_pass(swept):
+    pending = [c for c in swept.classes if c.verdict == NOT_DERIVED]
+    assert pending, "0.33.0 has classes whose apply() hands its workspaces to kernels the tracer does not know"
+    for cls in pending:
+        assert not cls.failed and cls.live_set.startswith("not derived")
+        assert all(o.status in (NOT_DERIVED, UNSUPPORTED, REFUSED, UNEVALUATED) for o in cls.outcomes.values())
+    from harness.sizing.vllm_source.sweep_report import footer
+
+    line = footer(swept)
+    assert line.startswith("OK: none of 46 experts classes (7 batched, 39 standard) double-counts or is under-sized")
+    assert f"; not a pass: {len(pending)} not derived ({pending[0].name}" in line
+    assert "unevaluated (BatchedHummingGroupedExperts" in line
+
+
+# --- under-sizes planted in a copy of 0.33.0 ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "file", "old", "new"), [
+    ("BatchedMarlinExperts", MARLIN_FILE, "workspace2 = (num_experts * max_num_tokens * num_dispatchers, N)",
+     "workspace2 = (num_experts * max_num_tokens * num_dispatchers, N // 2)"),
+    # NaiveBatchedExperts' apply() views workspace2 as (num, w1.size(1) // 2): its (M, N) is twice that, so a
+    # halved one still holds the view (next test); a quartered one is x2 short.
+    ("NaiveBatchedExperts", NAIVE_FILE, "workspace2 = (self.max_num_tokens * num_dp, N)",
+     "workspace2 = (self.max_num_tokens * num_dp, N // 4)"),
+    # FlashInfer CuteDSL hands workspace2, permuted, to its grouped GEMM as the gate-up output: m x N x E.
+    ("FlashInferCuteDSLBatchedExperts", CUTEDSL_FILE, "workspace2 = (local_num_experts, M, N)",
+     "workspace2 = (local_num_experts, M, N // 2)"),
+])  # fmt: skip
+def test_planted_halved_workspace2_is_caught(tmp_path, release, name, file, old, new):
+    cls = sweep_of(planted(tmp_path, release, file, old, new), name)[name]
+    assert cls.verdict == UNDER and cls.failed
+    under = [o for o in cls.outcomes.values() if o.status == UNDER]
+    assert under and all(o.detail == "apply() views workspace2 to x2 of its size" for o in under)
+
+
+def test_naive_workspace2_is_twice_its_view(tmp_path, release):
+    root = planted(tmp_path, release, NAIVE_FILE, "workspace2 = (self.max_num_tokens * num_dp, N)",
+                   "workspace2 = (self.max_num_tokens * num_dp, N // 2)")
+    naive = sweep_of(root, "NaiveBatchedExperts")["NaiveBatchedExperts"]
+    traced = [o for p, o in naive.outcomes.items() if o.uses is not None and p.activation == "silu"]
+    # At gated points the halved workspace2 is exactly the (M, N/2) apply() views: consistent, not under-sized.
+    assert traced and all(o.uses[1] == 2 * o.shapes[1][0] * o.shapes[1][1] and o.status == CONSISTENT
+                          for o in traced)  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "file", "old", "new"), [
+    ("BatchedMarlinExperts", MARLIN_FILE,
+     "workspace13 = (num_experts * max_num_tokens * num_dispatchers, max(K, N * 2))",
+     "workspace13 = (num_experts * max_num_tokens, max(K, N * 2))"),
+    ("NaiveBatchedExperts", NAIVE_FILE, "workspace2 = (self.max_num_tokens * num_dp, N)",
+     "workspace2 = (self.max_num_tokens, N)"),
+    ("FlashInferCuteDSLBatchedExperts", CUTEDSL_FILE, "workspace2 = (local_num_experts, M, N)",
+     "workspace2 = (local_num_experts, self.max_num_tokens, N)"),
+])  # fmt: skip
+def test_planted_num_dispatchers_drop_is_caught(tmp_path, release, name, file, old, new):
+    # The mirror image of the double count: the workspace is D times too small while the output grows xD.
+    cls = sweep_of(planted(tmp_path, release, file, old, new), name)[name]
+    assert cls.verdict == UNDER and cls.failed
+    under = [p for p, o in cls.outcomes.items() if o.status == UNDER]
+    assert {p.D for p in under} == {2, 8, 32, 256}
+    buffer = "ws13" if "workspace13" in old else "ws2"
+    grown = [o for p, o in cls.outcomes.items() if o.status == UNDER and "does not grow with D" in o.detail]
+    assert grown and all(o.detail == f"{buffer} does not grow with D while the output grows xD" for o in grown)
+    # At D = 1 the drop changes nothing: those points are not under-sized.
+    assert all(o.status != UNDER for p, o in cls.outcomes.items() if p.D == 1)
+
+
+@pytest.mark.parametrize("plant", ["halved", "dispatchers dropped"])
+def test_planted_humming_is_not_passed(tmp_path, release, plant):
+    # BatchedHummingGroupedExperts sizes from the humming configs of a loaded layer (self.humming_configs): without
+    # vLLM there are none, so its workspace is not evaluated at any point, planted or not, and nothing passes.
+    old = "(workspace2_nbytes // elem_size,),"
+    new = "(workspace2_nbytes // elem_size // 2,)," if plant == "halved" else \
+        "(workspace2_nbytes // elem_size // self.num_dispatchers,),"
+    root = planted(tmp_path, release, HUMMING_FILE, old, new)
+    cls = sweep_of(root, "BatchedHummingGroupedExperts")["BatchedHummingGroupedExperts"]
+    assert cls.verdict == UNEVALUATED and not any(o.status == CONSISTENT for o in cls.outcomes.values())
+    assert any("humming_configs" in o.detail or "humming" in o.detail for o in cls.outcomes.values())
+
+
+def test_planted_under_size_fails_the_cli_gate(tmp_path, release):
+    root = planted(tmp_path, release, MARLIN_FILE,
+                   "workspace2 = (num_experts * max_num_tokens * num_dispatchers, N)",
+                   "workspace2 = (num_experts * max_num_tokens * num_dispatchers, N // 2)")
+    junit = tmp_path / "sweep.xml"
+    completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(root), "--junit", str(junit), timeout_s=600)
+    assert completed.returncode == 1, completed.stderr
+    assert "FAILED: 1 of 46 experts classes (7 batched, 39 standard): BatchedMarlinExperts (under-sized)" in \
+        completed.stdout
+    failures = [c for c in ET.parse(junit).getroot().iter("testcase") if c.find("failure") is not None]
+    assert failures and {c.get("classname") for c in failures} == {"BatchedMarlinExperts"}
+    assert all("apply() views workspace2 to x2" in c.find("failure").get("message") for c in failures)
+
+
+def test_the_release_itself_has_no_under_size(swept):
+    # Real classes whose workspace does not depend on M (a constant scratch) are not under-sized by the growth check:
+    # it fires only where a buffer grows with T but not with D while the output grows xD.
+    under = [(c.name, p) for c in swept.classes for p, o in c.outcomes.items() if o.status == UNDER]
+    assert under == [] and swept.failed == [] and swept.limits == []
