@@ -107,7 +107,7 @@ def test_committed_schema_doc_is_current():
     assert committed == schema_markdown(), f"docs/scenario-schema.md is stale: regenerate it with `{REGENERATE}`"
 
 
-COMMANDS = ("plan", "scenarios", "run", "collect", "compare", "status", "bench", "schema", "vllm")
+COMMANDS = ("plan", "verify", "scenarios", "run", "collect", "compare", "status", "bench", "schema", "vllm")
 
 
 def test_help_shows_usage_and_every_command():

@@ -28,7 +28,7 @@ PR_CASE = "scenarios/deepseek-v3-dp32-pr55579.yaml"
     (("compare", "results/a"),
      "harness compare: error: the following arguments are required: current; see `harness compare --help`"),
     (("vllm", "adit"),
-     "harness vllm: error: argument vllm_command: invalid choice: 'adit' (choose from 'audit'); "
+     "harness vllm: error: argument vllm_command: invalid choice: 'adit' (choose from 'audit', 'diff'); "
      "did you mean 'audit'? See `harness vllm --help`."),
     (("vllm", "audit", "--vllm-version", "0.30.0", "--vllm-src", "x"),
      "harness vllm audit: error: argument --vllm-src: not allowed with argument --vllm-version; "

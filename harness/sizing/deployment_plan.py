@@ -13,7 +13,7 @@ from harness.scenario.schema import Scenario, parse_scenario
 from harness.scenario.sections import LayerSpec
 from harness.sizing.deployment import GIB, DeploymentPlan, Resolved, plan_deployment, resolve
 from harness.sizing.gpus import Gpu
-from harness.sizing.model_config import ModelFacts, load_model
+from harness.sizing.model_config import ModelFacts, check_parallel, load_model
 
 if TYPE_CHECKING:
     from harness.sizing.search import ReleaseReads
@@ -33,7 +33,9 @@ def layer_scenario(facts: ModelFacts, r: Resolved, base: Scenario | None = None)
         I = facts.moe_intermediate_size  # noqa: E741
     else:
         D, E, I = r.dp, facts.num_routed_experts, facts.moe_intermediate_size // (r.tp * r.dp)  # noqa: E741, N806
-    quant = ("fp8-block" if facts.weight_block_size else "fp8-per-token") if facts.quant_method == "fp8" else "bf16"
+    scheme = facts.quant.scheme if facts.quant is not None else ""
+    quant = ("fp8-block" if facts.weight_block_size else "fp8-per-token") if facts.quant_method == "fp8" else \
+        "wna16" if scheme in ("wna16", "awq", "gptq") and r.moe_backend == "triton" else "bf16"  # fmt: skip
     base_layer = base.layer if base is not None else LayerSpec()
     layer = {**base_layer.model_dump(), "all2all": all2all, "moe_backend": r.moe_backend, "quant": quant,
              "num_redundant_experts": max(0, E * D - facts.num_routed_experts), "expect": {}}  # fmt: skip
@@ -106,7 +108,8 @@ def plan_source(facts: ModelFacts, spec: DeploymentSpec, source, *, gpu: str | G
 
 def plan_serve(model: str, spec: DeploymentSpec, versions: list[str], *, gpu: str | Gpu | None, total_bytes: int,
                cache_dir: Path | None = None) -> list[DeploymentPlan]:  # fmt: skip
-    facts = load_model(model)
+    facts = load_model(model, dtype=spec.dtype, quantization=spec.quantization)
+    check_parallel(facts, spec.tensor_parallel_size)
     return [plan_release(facts, spec, v, gpu=gpu, total_bytes=total_bytes, cache_dir=cache_dir) for v in versions]
 
 
@@ -124,7 +127,8 @@ def plan_serve_line(serve: list[str], versions: list[str], *, gpu: str | Gpu | N
         source = locate(version=version, cache_dir=cache_dir)
         parsed = read_serve(serve, read_flags(source.root, source.version))
         estimate = parsed.env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS")
-        facts = load_model(parsed.model)
+        facts = load_model(parsed.model, dtype=parsed.spec.dtype, quantization=parsed.spec.quantization)
+        check_parallel(facts, parsed.spec.tensor_parallel_size)
         plans.append(plan_source(facts, parsed.spec, source, gpu=gpu, total_bytes=total_bytes,
                                  cudagraph_estimate=None if estimate is None else estimate.strip() not in ("0", "")))
         ignored += [flag for flag in parsed.ignored if flag not in ignored]
@@ -136,7 +140,8 @@ def plan_scenario(scenario: Scenario, versions: list[str], *, gpu: str | Gpu | N
     """One plan per release version, then one per VllmSource given (a --vllm-wheel, a --vllm-src tree): each sized
     from what it was asked about, never from a cached release of the same version number."""
     model, spec = scenario_deployment(scenario)
-    facts = load_model(model)
+    facts = load_model(model, dtype=spec.dtype, quantization=spec.quantization)
+    check_parallel(facts, spec.tensor_parallel_size)
     local = scenario.num_local_experts if spec.enable_expert_parallel and spec.num_redundant_experts is None else None
     plans = [plan_release(facts, spec, v, gpu=gpu, total_bytes=total_bytes, cache_dir=cache_dir, base=scenario,
                           local_experts=local, origin="scenario") for v in versions]  # fmt: skip
