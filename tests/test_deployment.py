@@ -207,7 +207,8 @@ def test_pr_case_does_not_start_on_0_29_0_and_starts_on_0_30_0(cache_dir):
 @pytest.mark.vllm_wheel
 def test_serve_command_per_release_and_exit_codes(cache_dir):
     serve = ["--", "vllm", "serve", "deepseek-v3", "--data-parallel-size", "32", "--enable-expert-parallel",
-             "--all2all-backend", "deepep_low_latency", "--max-model-len", "32768"]  # fmt: skip
+             "--all2all-backend", "deepep_low_latency", "--moe-backend", "cutlass",
+             "--max-model-len", "32768"]  # fmt: skip
     args = ["plan", "--vllm-version", "0.29.0", "--vllm-version", "0.30.0", "--gpu", "H200-141GB",
             "--cache-dir", str(cache_dir), "--json"]  # fmt: skip
     result = run_cli_inproc(*args, *serve)

@@ -25,16 +25,8 @@ from harness.verify.record import load_record
 DATA = Path(__file__).resolve().parent / "data" / "real_startups"
 CASES = {p.stem: load_record(p) for p in sorted(DATA.glob("*.yaml"))}
 
-# What the plan does not size yet: flags routed to the weights' sizing that the model facts do not apply (the
-# plan says it is approximate: harness/sizing/serve_args.py, harness/sizing/deployment.py _format_flags).
-FLAG_GAPS = {
-    "llama-8b-4l-fp32": "--dtype float32 is routed to the weights' sizing, which sizes the checkpoint's bfloat16 "
-                        "(the plan says it is approximate): vLLM builds the model in float32, 4 B per parameter "
-                        "(7.23 GiB logged, 2x bfloat16's 3.61)",
-    "qwen3-moe-4l-online-fp8": "--quantization fp8 is routed to the weights' sizing, which sizes the checkpoint's "
-                               "bfloat16 (the plan says it is approximate): online FP8 (Fp8Config from a bfloat16 "
-                               "checkpoint) stores the linear and expert weights at 1 B per parameter",
-}  # fmt: skip
+# What the plan does not size yet of a flag (none: --dtype float32 and --quantization fp8 are sized).
+FLAG_GAPS: dict[str, str] = {}
 # Lines the model misses on a startup the plan can make, and why.
 V1_GRAPHS = ("0.26.0's V1 model runner measures its CUDA-graph estimate by capturing the first two graphs of each "
              "mode and extrapolating (v1/worker/gpu_model_runner.py profile_cudagraph_memory: first capture + "
@@ -49,6 +41,7 @@ LINE_GAPS: dict[tuple[str, str], str] = {
     ("dsv2-lite-4l", "torch peak"): V2_PEAK,
     ("llama-8b-4l", "torch peak"): V2_PEAK,
     ("llama-8b-4l-eager", "torch peak"): V2_PEAK,
+    ("llama-8b-4l-fp32", "torch peak"): V2_PEAK,
     ("llama-8b-4l-fp8tensor", "torch peak"): V2_PEAK,
     ("qwen1.5-moe-4l", "torch peak"): V2_PEAK,
     ("qwen3-8b-4l", "torch peak"): V2_PEAK,
@@ -60,9 +53,8 @@ MEAN_GAP = ("the V1 runner's CUDA-graph estimate (0.74-0.79 GiB over what vLLM m
             "takes the mean KV-token error to 0.31%")  # fmt: skip
 
 
-# The lines each flag gap moves (online FP8 moves the weights only; its CUDA graphs are the V1 runner's gap,
-# held under this flag's mark as the comprehension above leaves the flagged cases out).
-FLAG_LINES = {"llama-8b-4l-fp32": ("weights", "torch peak"), "qwen3-moe-4l-online-fp8": ("weights", "CUDA graphs")}
+# The lines each flag gap moves (none: --dtype and --quantization are sized by the model facts).
+FLAG_LINES: dict[str, tuple[str, ...]] = {}
 
 
 def _marks(name: str, reason: str | None = None, line: str | None = None) -> list:

@@ -42,7 +42,8 @@ def cache_dir() -> Path:
 def _dense(argv: str, gpu=H100, version: str = "0.30.0", estimate: bool | None = None):
     """A dense model's plan needs no release: its defaults come from the documented table."""
     parsed = read_serve(argv.split())
-    return plan_source(load_model(parsed.model), parsed.spec, None, gpu=gpu, total_bytes=gpu.total_bytes,
+    facts = load_model(parsed.model, dtype=parsed.spec.dtype, quantization=parsed.spec.quantization)
+    return plan_source(facts, parsed.spec, None, gpu=gpu, total_bytes=gpu.total_bytes,
                        version=version, cudagraph_estimate=estimate)  # fmt: skip
 
 
@@ -309,7 +310,9 @@ def test_flags_without_gpu_memory_and_routed_ones():
     float16 = _dense("vllm serve qwen3-8b --max-model-len 8192 --dtype float16")
     assert not float16.approximate  # two bytes as bfloat16
     float32 = _dense("vllm serve qwen3-8b --max-model-len 8192 --dtype float32")
-    assert float32.approximate and "--dtype float32" in float32.verdict.text
+    assert not float32.approximate  # sized: 4 B weights and KV (harness.sizing.model_config load_model)
+    assert float32.group_bytes("weights") > 1.9 * float16.group_bytes("weights")
+    assert float32.kv_bytes_per_token == 2 * float16.kv_bytes_per_token
 
 
 def test_json_group_totals_add_up():

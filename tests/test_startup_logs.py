@@ -30,7 +30,7 @@ from harness.scenario.deployment import DeploymentSpec
 from harness.sizing.deployment import _format_flags
 from harness.sizing.deployment_plan import plan_source
 from harness.sizing.deployment_weights import Sharding, weight_lines
-from harness.sizing.kv_cache import kv_shape
+from harness.sizing.kv_cache import kv_cache, kv_shape
 from harness.sizing.model_config import ModelConfigError, load_model
 from harness.sizing.serve_args import parse_serve
 from harness.verify.record import load_record
@@ -41,7 +41,24 @@ LOGS = Path(__file__).resolve().parent / "data" / "startup_logs"
 CASES = {p.stem: load_record(p).model_dump(mode="json", exclude_none=True) for p in sorted(LOGS.glob("*.yaml"))}
 LAYER_RELEASE = "0.29.0"
 # Cases the model misses, and why (docs/deployment-memory.md); each would be a strict xfail, so a fix shows up.
-KV_MISSES: dict[str, str] = {}
+KV_MISSES: dict[str, str] = {
+    "llmd-openai-gpt-oss-20b-h100-80gb-tp2pp1dp1-8192": "the profile peak is 0.35 GiB over the log's: the MoE "
+    "workspace is the release's Triton experts', standing in for OAI's Triton MXFP4 kernel (matmul_ogs)",
+}  # fmt: skip
+# Profile peaks the plan does not model for a case it sizes, and why; each a strict xfail.
+PEAK_MISSES = {
+    **{n: "the multimodal encoder's dummy run in the profile (its activations and the encoder cache) is not sized"
+       for n in ("llmd-google-gemma-3-12b-it-h100-80gb-tp1pp1dp1-8192", "llmd-google-gemma-3-27b-it-h100-80gb-"
+                 "tp1pp1dp1-8192", "llmd-google-gemma-3-4b-it-h100-80gb-tp1pp1dp1-8192",
+                 "llmd-meta-llama-llama-4-scout-h100-80gb-tp4pp1dp1-8192")},
+    **{n: "the peak falls in the dummy forward, an estimate: 0.867 GiB against 0.85 logged"
+       for n in ("llmd-granite-3-1-8b-h100-80gb-tp1pp1dp1-8192", "llmd-ibm-granite-granite-3-3-h100-80gb-"
+                 "tp1pp1dp1-8192")},
+    "llmd-meta-llama-llama-3-h100-80gb-tp1pp1dp1-8192-dtf32": "in float32 the peak is not the dummy sampler's: "
+    "1.84 GiB sized against 2.21 logged",
+    "llmd-openai-gpt-oss-20b-h100-80gb-tp2pp1dp1-8192": "the MoE workspace is the release's Triton experts', "
+    "standing in for OAI's Triton MXFP4 kernel: 3.22 GiB sized against 2.87 logged",
+}  # fmt: skip
 
 
 def _spec(case: dict) -> tuple[str, DeploymentSpec]:
@@ -57,7 +74,7 @@ def _unsized(name: str, aspect: str = "kv") -> str | None:
     case = CASES[name]
     model, spec = _spec(case)
     try:
-        facts = load_model(model)
+        facts = load_model(model, dtype=spec.dtype, quantization=spec.quantization)
     except ModelConfigError as error:
         # the file says what is missing (an architecture, a checkpoint format, config facts); once the model facts
         # read the model, the case is sized and the targets apply
@@ -78,7 +95,7 @@ def _sized() -> list[str]:
 
 def _predicted_weights(case: dict) -> int:
     model, spec = _spec(case)
-    facts = load_model(model)
+    facts = load_model(model, dtype=spec.dtype, quantization=spec.quantization)
     if spec.pipeline_parallel_size > 1:  # the binding stage's layers, as vLLM's get_pp_indices splits them
         total = round(case["figures"]["gpu_total_gib"] * GIB)
         plan = plan_source(facts, spec, None, gpu=case["gpu"], total_bytes=total, version=case["vllm_version"],
@@ -102,7 +119,8 @@ def _kv_cases() -> list[str]:
 def _needs_release(name: str) -> bool:
     if _unsized(name) is not None:
         return False
-    return load_model(_spec(CASES[name])[0]).is_moe
+    model, spec = _spec(CASES[name])
+    return load_model(model, dtype=spec.dtype, quantization=spec.quantization).is_moe
 
 
 def _plan(name: str, cache_dir: Path):
@@ -110,7 +128,7 @@ def _plan(name: str, cache_dir: Path):
 
     case = CASES[name]
     model, spec = _spec(case)
-    facts = load_model(model)
+    facts = load_model(model, dtype=spec.dtype, quantization=spec.quantization)
     source = locate(version=LAYER_RELEASE, cache_dir=cache_dir) if facts.is_moe else None
     return plan_source(facts, spec, source, gpu=case["gpu"], total_bytes=round(case["figures"]["gpu_total_gib"] * GIB),
                        version=case["vllm_version"],
@@ -149,6 +167,13 @@ WEIGHT_GAPS = {
     "deepseek-v2-lite-tp1-h100": "vLLM logs 0.13 GiB over the tensors listed (29.43 GiB against 29.30): not found in "
                                  "0.19.0's deepseek_v2.py or MLA's process_weights_after_loading, whose W_UK_T/W_UV "
                                  "are views of the unquantized kv_b_proj",
+    "llmd-google-gemma-3-27b-it-h100-80gb-tp1pp1dp1-8192": "0.011 GiB under the 51.45 GiB logged (0.02%): not found",
+    "llmd-google-gemma-3-4b-it-h100-80gb-tp1pp1dp1-8192": "0.008 GiB under the 8.58 GiB logged (0.09%): not found",
+    "llmd-granite-3-1-2b-h100-80gb-tp1pp1dp1-8192": "0.005 GiB under the 4.74 GiB logged (0.11%): not found",
+    "llmd-openai-gpt-oss-20b-h100-80gb-tp2pp1dp1-8192": "0.009 GiB over the 7.01 GiB logged (0.12%): not found "
+    "(the swizzled MXFP4 scales' padding is read from an older Hopper scale layout)",
+    "llmd-w4a16-redhatai-lla-h100-80gb-tp1pp1dp1-8192-dtf16": "0.011 GiB under the 5.38 GiB logged (0.2%): "
+    "Machete's prepacked weight is taken at the checkpoint's bytes",
 }  # fmt: skip
 
 
@@ -175,7 +200,7 @@ def test_kv_bytes_per_token_exact(name):
     blocks of 16; and, where logged, tokens = num_gpu_blocks x 16 and the concurrency is tokens / max_model_len."""
     case = CASES[name]
     model, spec = _spec(case)
-    facts = load_model(model)
+    facts = load_model(model, dtype=spec.dtype, quantization=spec.quantization)
     if spec.pipeline_parallel_size > 1:
         from harness.sizing.deployment import stage_facts, stage_layers
 
@@ -184,6 +209,16 @@ def test_kv_bytes_per_token_exact(name):
     shape = kv_shape(facts, spec.tensor_parallel_size, spec.kv_cache_dtype)
     figures, block = case["figures"], 16
     tokens = figures["kv_cache_tokens"]
+    max_len = figures.get("max_model_len") or spec.max_model_len
+    if shape.kinds or shape.required_block_size:  # vLLM's KV cache groups (harness.sizing.kv_cache): the hybrid rule
+        gib, batched = figures["available_kv_cache_gib"], case["settings"]["max_num_batched_tokens"]
+        low_c, high_c = (kv_cache(shape, round((gib + d) * GIB), block, max_len, batched) for d in (-0.005, 0.005))
+        assert low_c.tokens <= tokens <= high_c.tokens, (name, low_c.tokens, high_c.tokens)
+        if figures.get("num_gpu_blocks"):
+            blocks = figures["num_gpu_blocks"]
+            assert blocks // low_c.groups * low_c.block_size == tokens
+            assert blocks / low_c.blocks_per_request == pytest.approx(figures["max_concurrency"], abs=0.011)
+        return
     low, high = (figures["available_kv_cache_gib"] - 0.005) * GIB, (figures["available_kv_cache_gib"] + 0.005) * GIB
     page = block * shape.bytes_per_token
     assert low // page * block <= tokens <= high // page * block, (name, shape.bytes_per_token)
@@ -224,6 +259,8 @@ PEAK_IN_FORWARD = {
 def _peak_marks(name: str) -> list:
     if name in PEAK_IN_FORWARD:
         return [pytest.mark.xfail(strict=True, reason=PEAK_IN_FORWARD[name])]
+    if name in PEAK_MISSES:
+        return [pytest.mark.xfail(strict=True, reason=PEAK_MISSES[name])]
     return _xfail_if_unsized(name, "peak")
 
 

@@ -141,6 +141,21 @@ def test_verify_log_outside_tolerance_exits_1_and_names_the_lines(tmp_path):
     assert "outside 0.05%: " in result.stdout and "KV tokens" in result.stdout.splitlines()[-1]
 
 
+def test_verify_log_of_online_fp8_is_judged(tmp_path):
+    """--quantization fp8 is sized (online FP8 of the bfloat16 checkpoint): the startup's lines are judged."""
+    log, serve = _startup(tmp_path, "qwen3-moe-4l-online-fp8")
+    result = run_harness("verify", "--log", str(log), "--", *serve)
+    assert result.returncode == 0, result.stderr
+    assert "every judged line within" in result.stdout
+
+
+def test_verify_log_of_a_flag_the_plan_does_not_read_is_bad_input(tmp_path):
+    log, serve = _startup(tmp_path, "qwen3-moe-4l-online-fp8")
+    result = run_harness("verify", "--log", str(log), "--", *serve, "--no-such-flag", "4")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("harness: error: vllm serve: flag --no-such-flag is not one the plan understands")
+
+
 def test_verify_log_of_a_flag_of_the_release_is_compared(tmp_path):
     """--quantization is a flag of the release: accepted and routed to the weights' sizing, so verify compares the
     startup line by line instead of refusing it (where the model facts do not size it, the weights line says so)."""

@@ -38,6 +38,10 @@ PLAN_MATRIX_PROBE = "harness plan 1024-cell release matrix (CPU)"
 # same probe) and of a 1024-cell matrix's reports (target 60 s): harness.bench.probe_matrix_collect.
 MATRIX_SPLIT_PROBE = "collect 1024 records as 64 cells of 16 (CPU)"
 MATRIX_CELLS_PROBE = "collect a 1024-cell matrix (CPU)"
+# `harness plan --search` (benchmarks/bench_search.py): about 1,000 candidates at most 10 s of CPU per 1,000; about
+# 10,000 at most the small search's CPU per candidate, and at most twice its peak RSS (memory flat).
+SEARCH_SMALL_PROBE = "layout search ~1,000 candidates (CPU per 1,000)"
+SEARCH_LARGE_PROBE = "layout search ~10,000 candidates (CPU; peak RSS at most 2x the small search's)"
 SUBPROCESS_TIMEOUT_S = 300.0
 Progress = Callable[[str], None]
 
@@ -194,7 +198,12 @@ def cpu_costs(*, repeats: int = 3, with_ray: bool = True, progress: Progress = l
         results["collect 1024 rank records"] = _probe("collect 1024 rank records", collected, progress)
     plan_matrix = _plan_matrix_cost(REPO_DIR, progress)
     costs = [_cost(name, samples) for name, samples in results.items()]
-    return costs + ([plan_matrix] if plan_matrix is not None else []) + _matrix_collect_costs(REPO_DIR, progress)
+    return (
+        costs
+        + ([plan_matrix] if plan_matrix is not None else [])
+        + _matrix_collect_costs(REPO_DIR, progress)
+        + _search_costs(REPO_DIR, progress)
+    )
 
 
 def _cost(name: str, samples: _Samples) -> CpuCost:
@@ -267,3 +276,35 @@ def _matrix_collect_costs(repo: Path, progress: Progress) -> list[CpuCost]:
             clock="cpu",
         ),
     ]
+
+
+def _search_costs(repo: Path, progress: Progress) -> list[CpuCost]:
+    """The layout search's targets, from one run of benchmarks/bench_search.py; none when it is absent or the
+    release cannot be had."""
+    script = repo / "benchmarks" / "bench_search.py"
+    if not script.exists():
+        return []
+    progress("layout search: benchmarks/bench_search.py (DeepSeek-R1 on H200, vLLM 0.33.0)")
+    done = subprocess.run([sys.executable, str(script), "--json"], capture_output=True, text=True,
+                          timeout=SUBPROCESS_TIMEOUT_S * 4, cwd=repo, check=False)  # fmt: skip
+    if done.returncode not in (0, 1) or not done.stdout.strip():
+        progress(f"layout search: skipped (bench_search.py exited {done.returncode}: {_one_line(done.stderr)})")
+        return []
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    small, large = r["runs"]["small"], r["runs"]["large"]
+    progress(
+        f"{SEARCH_SMALL_PROBE}: {small['candidates']} candidates in {small['cpu_s']:.2f} s CPU = "
+        f"{r['small_cpu_per_1000_s']:.2f} s per 1,000 (target {r['small_target_per_1000_s']:g} s)"
+    )
+    progress(f"{SEARCH_LARGE_PROBE}: {large['candidates']} candidates in {large['cpu_s']:.2f} s CPU (target "
+             f"{r['large_cpu_target_s']:.2f} s); peak RSS {large['peak_rss_bytes'] / 2**20:.0f} MiB, x"
+             f"{r['memory_ratio']:.2f} the small search's {small['peak_rss_bytes'] / 2**20:.0f} MiB (target "
+             f"x{r['memory_ratio_target']:g})")  # fmt: skip
+    return [
+        CpuCost(name=SEARCH_SMALL_PROBE, median_s=r["small_cpu_per_1000_s"], samples_s=[small["cpu_s"]],
+                target_s=r["small_target_per_1000_s"], within_target=r["meets_small"], clock="cpu",
+                wall_median_s=small["wall_s"] * 1000 / small["candidates"]),
+        CpuCost(name=SEARCH_LARGE_PROBE, median_s=large["cpu_s"], samples_s=[large["cpu_s"]],
+                target_s=r["large_cpu_target_s"], within_target=r["meets_large"] and r["meets_memory"], clock="cpu",
+                wall_median_s=large["wall_s"]),
+    ]  # fmt: skip

@@ -44,6 +44,8 @@ ESSENTIAL_HEADERS = frozenset(
         "class",
         "per GPU",  # vllm audit
         "here",  # scenarios
+        "layout",
+        "deployment KV tokens",  # plan --search
     }
 )
 _every_column = False  # --wide: a terminal gets every column too

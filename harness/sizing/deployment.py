@@ -239,13 +239,14 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     approximate += _format_flags(facts, spec)
     if ep and facts.is_moe and all2all not in SIZED_ALL2ALL:
         approximate.append(f"--all2all-backend {all2all}: its buffers are not sized (the all-gather path's are used)")
-    moe_backend = str(
-        pick(
-            "moe_backend",
-            _experts_family(spec.moe_backend, approximate if facts.is_moe else []),
-            default_experts_backend(facts, row),
-        )
-    )
+    family = _experts_family(spec.moe_backend, approximate if facts.is_moe else [])
+    backend_default = default_experts_backend(facts, row)
+    if family is None:  # the release's own selection, where it has one (harness.sizing.moe_selection)
+        from harness.sizing.moe_selection import default_backend
+
+        backend_default = default_backend(facts, files, gpu=row, tp=tp, dp=dp, ep=ep, all2all=all2all,
+                                          fallback=backend_default)  # fmt: skip
+    moe_backend = str(pick("moe_backend", family, backend_default))
     gpu = gpus.label(gpu)
     utilization = float(pick("gpu_memory_utilization", spec.gpu_memory_utilization,
                              defaults.gpu_memory_utilization(files, version)))  # fmt: skip
@@ -359,21 +360,9 @@ DTYPE_NAMES = {"half": "float16", "float": "float32", "float16": "float16", "bfl
 
 
 def _format_flags(facts: ModelFacts, spec: DeploymentSpec) -> list[str]:
-    """--dtype and --quantization that change the checkpoint's bytes: routed to the weights' sizing (the spec carries
-    them); the model facts here size the checkpoint as it is, so the plan says it is approximate."""
-    from harness.sizing.model_config import DTYPE_BYTES
-
-    reasons = []
-    dtype = DTYPE_NAMES.get(spec.dtype or "auto")
-    # float16 for a bfloat16 checkpoint changes no byte; float32 doubles the weights and the KV cache
-    if dtype is not None and DTYPE_BYTES[dtype] != facts.dtype_bytes:
-        reasons.append(
-            f"--dtype {spec.dtype}: the weights and the KV cache are sized in the checkpoint's {facts.dtype}"
-        )
-    if spec.quantization and spec.quantization != (facts.quant_method or ""):
-        reasons.append(f"--quantization {spec.quantization}: the weights are sized in the checkpoint's format "
-                       f"({facts.quant_method or facts.dtype})")  # fmt: skip
-    return reasons
+    """--dtype and --quantization: sized, as the model facts are built with them (harness.sizing.model_config
+    load_model: the dtype's element size, the format's layout), so nothing is approximate here."""
+    return []
 
 
 def _experts_family(value: str | None, approximate: list[str]) -> str | None:
@@ -543,7 +532,7 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
         available = requested - non_kv
         kv_source = "requested - everything before the KV cache"
     max_len = r.max_model_len
-    cache = kv_cache(shape, available, r.block_size, max_len)
+    cache = kv_cache(shape, available, r.block_size, max_len, r.max_num_batched_tokens)
     if r.max_model_len_auto:
         # v1/core/kv_cache_utils.py _auto_fit_max_model_len: the longest length whose blocks fit (a binary search on
         # max_memory_usage_bytes: ceil(L / block_size) pages of every layer), at most the model's derived length
@@ -553,11 +542,12 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
             name="max_model_len_fitted", value=max_len, source="--max-model-len auto: the longest that the KV cache "
             f"holds, at most max_position_embeddings ({facts.max_position_embeddings}); v1/core/kv_cache_utils.py "
             "_auto_fit_max_model_len")))  # fmt: skip
-        cache = kv_cache(shape, available, r.block_size, max_len)
-    kv_bytes = cache.num_blocks * r.block_size * shape.bytes_per_token
+        cache = kv_cache(shape, available, r.block_size, max_len, r.max_num_batched_tokens)
+    kv_bytes = cache.bytes
+    grouped = f" in {cache.groups} groups of {cache.group_size} layers" if cache.group_size else ""
     lines.append(DeploymentLine(group="kv-cache", name="KV cache", bytes=kv_bytes, kind="exact",
-                                source=f"{cache.num_blocks} blocks x {r.block_size} tokens x {shape.bytes_per_token} "
-                                f"B/token: {shape.formula}; {kv_source}"))  # fmt: skip
+                                source=f"{cache.num_blocks} blocks x {cache.block_size} tokens{grouped}"
+                                f" x {shape.bytes_per_token} B/token: {shape.formula}; {kv_source}"))  # fmt: skip
     if r.cudagraphs and not r.cudagraph_estimate:
         lines.append(DeploymentLine(group="after-kv", name="CUDA graphs", bytes=CUDAGRAPH_BYTES, kind="estimate",
                                     source="estimate: graphs captured after the KV cache is sized (this release's "
@@ -578,7 +568,7 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
         vllm_version=version, gpu=gpu_name, total_bytes=total_bytes, settings=list(r.settings), lines=lines,
         requested_bytes=requested, non_kv_bytes=non_kv, kv_bytes_per_token=shape.bytes_per_token,
         kv_formula=shape.formula, kv_cache_bytes=kv_bytes, kv_tokens=cache.tokens, kv_num_blocks=cache.num_blocks,
-        block_size=r.block_size, max_model_len=r.max_model_len, concurrency=cache.concurrency, verdict=verdict,
+        block_size=cache.block_size, max_model_len=r.max_model_len, concurrency=cache.concurrency, verdict=verdict,
         group_totals=groups, approximate=list(approximate),
     )  # fmt: skip
 

@@ -7,14 +7,17 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.scenario.deployment import DeploymentSpec
 from harness.scenario.schema import Scenario, parse_scenario
 from harness.scenario.sections import LayerSpec
 from harness.sizing.deployment import GIB, DeploymentPlan, Resolved, plan_deployment, resolve
 from harness.sizing.gpus import Gpu
-from harness.sizing.model_config import ModelFacts, load_model
+from harness.sizing.model_config import ModelFacts, check_parallel, load_model
+
+if TYPE_CHECKING:
+    from harness.sizing.search import ReleaseReads
 
 LAYER_ALL2ALL = {"deepep_low_latency": "deepep-low-latency", "deepep_high_throughput": "deepep-high-throughput"}
 
@@ -31,7 +34,9 @@ def layer_scenario(facts: ModelFacts, r: Resolved, base: Scenario | None = None)
         I = facts.moe_intermediate_size
     else:
         D, E, I = r.dp, facts.num_routed_experts, facts.moe_intermediate_size // (r.tp * r.dp)
-    quant = ("fp8-block" if facts.weight_block_size else "fp8-per-token") if facts.quant_method == "fp8" else "bf16"
+    scheme = facts.quant.scheme if facts.quant is not None else ""
+    quant = ("fp8-block" if facts.weight_block_size else "fp8-per-token") if facts.quant_method == "fp8" else \
+        "wna16" if scheme in ("wna16", "awq", "gptq") and r.moe_backend == "triton" else "bf16"  # fmt: skip
     base_layer = base.layer if base is not None else LayerSpec()
     layer = {**base_layer.model_dump(), "all2all": all2all, "moe_backend": r.moe_backend, "quant": quant,
              "num_redundant_experts": max(0, E * D - facts.num_routed_experts), "expect": {}}  # fmt: skip
@@ -81,15 +86,17 @@ def plan_release(facts: ModelFacts, spec: DeploymentSpec, version: str, *, gpu: 
 
 def plan_source(facts: ModelFacts, spec: DeploymentSpec, source, *, gpu: str | Gpu | None, total_bytes: int,
                 base: Scenario | None = None, local_experts: int | None = None, origin: str = "flag",
-                version: str | None = None, cudagraph_estimate: bool | None = None) -> DeploymentPlan:  # fmt: skip
+                version: str | None = None, cudagraph_estimate: bool | None = None,
+                reads: ReleaseReads | None = None) -> DeploymentPlan:  # fmt: skip
     """The plan from a VllmSource (its defaults and its MoE layer), or from none: a dense model needs no release
-    (defaults from the documented table, for `version`)."""
+    (defaults from the documented table, for `version`). `reads`: the release's parsed files and layer plans kept
+    across calls (a layout search plans many candidates of one release; harness.sizing.search)."""
     files = layer_plan = None
     if source is not None:
         from harness.sizing.layer import _tree, plan_layer_from
         from harness.sizing.vllm_source.layer_source import ReleaseFiles
 
-        files = ReleaseFiles(source, _tree(source))
+        files = reads.files if reads is not None else ReleaseFiles(source, _tree(source))
         version = source.version
     r = resolve(facts, spec, files, version, gpu_bytes=total_bytes, gpu=gpu, local_experts=local_experts,
                 origin=origin, cudagraph_estimate=cudagraph_estimate)  # fmt: skip
@@ -97,13 +104,14 @@ def plan_source(facts: ModelFacts, spec: DeploymentSpec, source, *, gpu: str | G
     if layer is not None:
         if source is None:
             raise ValueError(f"{facts.name} is an MoE model: its layer's workspace is read from a release")
-        layer_plan = plan_layer_from(layer, source)
+        layer_plan = reads.layer_plan(layer) if reads is not None else plan_layer_from(layer, source)
     return plan_deployment(facts, r, layer_plan, version=version, gpu=gpu, total_bytes=total_bytes)
 
 
 def plan_serve(model: str, spec: DeploymentSpec, versions: list[str], *, gpu: str | Gpu | None, total_bytes: int,
                cache_dir: Path | None = None) -> list[DeploymentPlan]:  # fmt: skip
-    facts = load_model(model)
+    facts = load_model(model, dtype=spec.dtype, quantization=spec.quantization)
+    check_parallel(facts, spec.tensor_parallel_size)
     return [plan_release(facts, spec, v, gpu=gpu, total_bytes=total_bytes, cache_dir=cache_dir) for v in versions]
 
 
@@ -121,7 +129,8 @@ def plan_serve_line(serve: list[str], versions: list[str], *, gpu: str | Gpu | N
         source = locate(version=version, cache_dir=cache_dir)
         parsed = read_serve(serve, read_flags(source.root, source.version))
         estimate = parsed.env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS")
-        facts = load_model(parsed.model)
+        facts = load_model(parsed.model, dtype=parsed.spec.dtype, quantization=parsed.spec.quantization)
+        check_parallel(facts, parsed.spec.tensor_parallel_size)
         plans.append(
             plan_source(
                 facts,
@@ -141,7 +150,8 @@ def plan_scenario(scenario: Scenario, versions: list[str], *, gpu: str | Gpu | N
     """One plan per release version, then one per VllmSource given (a --vllm-wheel, a --vllm-src tree): each sized
     from what it was asked about, never from a cached release of the same version number."""
     model, spec = scenario_deployment(scenario)
-    facts = load_model(model)
+    facts = load_model(model, dtype=spec.dtype, quantization=spec.quantization)
+    check_parallel(facts, spec.tensor_parallel_size)
     local = scenario.num_local_experts if spec.enable_expert_parallel and spec.num_redundant_experts is None else None
     plans = [plan_release(facts, spec, v, gpu=gpu, total_bytes=total_bytes, cache_dir=cache_dir, base=scenario,
                           local_experts=local, origin="scenario") for v in versions]  # fmt: skip
@@ -190,6 +200,13 @@ def deployment_notes(plan: DeploymentPlan) -> list[str]:
         f"{plan.kv_num_blocks} blocks of {plan.block_size}; {plan.concurrency:.2f}x concurrency at "
         f"{plan.max_model_len} tokens",
         *(["defaults from a documented table (not read from this release's files):", *tables] if tables else []),
+        *(
+            [
+                f"experts backend: {x.value} ({x.source})"
+                for x in plan.settings
+                if x.name == "moe_backend" and not x.source.startswith("table") and x.source not in ("flag", "scenario")
+            ]
+        ),
         f"vllm {plan.vllm_version} on {plan.gpu or 'the budget'}: {plan.verdict.text}",
     ]
 

@@ -1,12 +1,33 @@
 """The KV cache vLLM makes of the memory left: bytes per token, blocks, tokens and concurrency (exact).
 
-bytes per token   GQA: layers x 2 (K and V) x KV heads per GPU x head_dim x dtype
-                  MLA: layers x (kv_lora_rank + qk_rope_head_dim) x dtype (the latent, not split by TP)
-num_blocks        available // (block_size x bytes per token)        (v1/core/kv_cache_utils.py: available //
-                                                                      page_size // num_layers)
-tokens            num_blocks x block_size                             ("GPU KV cache size: N tokens")
-concurrency       num_blocks / ceil(max_model_len / block_size)       ("Maximum concurrency for L tokens")
-one request       fails when ceil(L / block_size) blocks do not fit   (vLLM's "To serve at least one request")
+    bytes per token   GQA: layers x 2 (K and V) x KV heads per GPU x head_dim x dtype
+                      MLA: layers x (kv_lora_rank + qk_rope_head_dim) x dtype (the latent, not split by TP);
+                      DeepSeek-V3.2 adds its indexer's key cache, 132 B a token a layer (deepseek_v2.py
+                      DeepseekV32IndexerCache: index_head_dim fp8 + an f32 scale per 128), and with an fp8 cache
+                      FlashMLA sparse's fp8_ds_mla page of 656 B a token (kv_cache_interface.py MLAAttentionSpec)
+    one KV type       num_blocks = available // (block_size x bytes per token)   (v1/core/kv_cache_utils.py
+                      get_kv_cache_config_from_groups: available // page_size // num_layers, or over the summed
+                      pages of UniformTypeKVCacheSpecs when the layers' pages differ)
+                      tokens = num_blocks x block_size                         ("GPU KV cache size: N tokens")
+    hybrid            sliding-window and full layers (gpt-oss, Gemma 2/3), or full and linear-attention layers
+                      (Qwen3-Next): vLLM's hybrid KV cache manager (_get_kv_cache_groups_uniform_page_size) makes
+                      groups of group_size layers (the fewest layers of one type, or the most when they differ by
+                      less than 1.5x), ceil(n / group_size) groups per type; each of the group_size pools holds
+                      one page per block for one layer of every group:
+                      num_blocks = available // page_size // group_size; tokens = num_blocks // groups x block_size
+                      (_report_kv_cache_config). A linear-attention layer's page is its state (conv + temporal,
+                      mamba_utils.py gated_delta_net_state_shape), and the attention block size grows to hold it:
+                      16 x ceil(state / (16 x attention bytes per token)) (HybridAttentionMambaModelConfig)
+    one request       blocks per request: full ceil(L / block), sliding ceil(min(window - 1 + T, L) / block) + 1,
+                      chunked ceil(min(chunk + T, L) / block), linear 1 (kv_cache_interface.py
+                      max_memory_usage_bytes), summed over the groups
+    concurrency       num_blocks / blocks per request                          ("Maximum concurrency for L tokens")
+    fails             when one request's blocks do not fit                     (vLLM's "To serve at least one request")
+
+Llama-4's chunked local attention layers are a KV type of their own (ChunkedLocalAttentionSpec: a request holds
+ceil(min(chunk + T, L) / block) blocks of them), as the hybrid manager runs them where
+VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is on (config/vllm.py; the published 0.19.0 log of
+Llama-4-Scout shows its 4 groups: 365,968 tokens of 91,495 blocks).
 """
 
 from __future__ import annotations
@@ -17,23 +38,51 @@ from dataclasses import dataclass
 from harness.sizing.deployment_weights import kv_heads_per_rank
 from harness.sizing.model_config import ModelFacts
 
-KV_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+KV_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 # CacheConfig.DEFAULT_BLOCK_SIZE. MLA on Hopper runs FlashAttention MLA first (16-token pages: DeepSeek-V2-Lite's
 # published 0.19.0 log has 94097 blocks for 1,505,552 tokens); FlashMLA needs 64 (--block-size 64).
 DEFAULT_BLOCK_SIZE = 16
+FLASHMLA_SPARSE_BLOCK = 64  # DeepSeek-V3.2's sparse MLA backend (flashmla_sparse.py): 64-token pages only
+FP8_DS_MLA_BYTES = 656  # kv_cache_interface.py MLAAttentionSpec: fp8_ds_mla's page is block_size x 656
+KERNEL_BLOCK_ALIGNMENT = 16  # FlashAttention's supported kernel block sizes: multiples of 16
+
+
+def indexer_bytes_per_token(facts: ModelFacts) -> int:
+    """DeepSeek-V3.2's indexer key cache per token per layer: fp8 keys + an f32 scale per 128 values."""
+    return facts.index_head_dim + facts.index_head_dim // 128 * 4 if facts.index_head_dim else 0
 
 
 @dataclass(frozen=True)
 class KvShape:
-    bytes_per_token: int
-    per_layer_bytes_per_token: int
-    num_layers: int
+    bytes_per_token: int  # every attention layer's KV bytes per token on one GPU
+    per_layer_bytes_per_token: int  # one attention layer's (the page unit)
+    num_layers: int  # layers with a KV page (attention, and linear attention's state)
     dtype: str
     formula: str
+    kinds: tuple[str, ...] = ()  # per layer: full | sliding | chunked | linear; () when every layer is full attention
+    sliding_window: int = 0
+    attention_chunk_size: int = 0
+    state_bytes: int = 0  # one linear-attention layer's state per request (conv + temporal)
+    required_block_size: int = 0  # a backend that takes one block size only (FlashMLA sparse: 64)
 
 
 def kv_dtype(facts: ModelFacts, kv_cache_dtype: str) -> str:
     return facts.dtype if kv_cache_dtype == "auto" else kv_cache_dtype
+
+
+def linear_state_bytes(facts: ModelFacts, tp: int) -> tuple[int, str]:
+    """Qwen3-Next's gated delta net state per request per layer (mamba_utils.py gated_delta_net_state_shape):
+    conv (conv_kernel - 1, conv_dim / TP) and temporal (value heads / TP, head_k_dim, head_v_dim), both in the
+    model dtype (mamba_ssm_cache_dtype auto)."""
+    conv_dim = 2 * facts.linear_num_key_heads * facts.linear_key_head_dim + \
+        facts.linear_num_value_heads * facts.linear_value_head_dim  # fmt: skip
+    conv = (facts.linear_conv_kernel_dim - 1) * (conv_dim // tp)
+    temporal = facts.linear_num_value_heads // tp * facts.linear_key_head_dim * facts.linear_value_head_dim
+    how = (
+        f"conv ({facts.linear_conv_kernel_dim - 1}, {conv_dim // tp}) + temporal "
+        f"({facts.linear_num_value_heads // tp}, {facts.linear_key_head_dim}, {facts.linear_value_head_dim})"
+    )
+    return (conv + temporal) * facts.dtype_bytes, how
 
 
 def kv_shape(facts: ModelFacts, tp: int, kv_cache_dtype: str = "auto") -> KvShape:
@@ -41,15 +90,34 @@ def kv_shape(facts: ModelFacts, tp: int, kv_cache_dtype: str = "auto") -> KvShap
     width = KV_DTYPE_BYTES[dtype]
     layers = facts.num_hidden_layers
     if facts.is_mla:
-        per_layer = (facts.kv_lora_rank + facts.qk_rope_head_dim) * width
+        latent = facts.kv_lora_rank + facts.qk_rope_head_dim
+        index = indexer_bytes_per_token(facts)
+        per_layer = (FP8_DS_MLA_BYTES if index and width == 1 else latent * width) + index
         formula = (f"{layers} MLA layers x ({facts.kv_lora_rank} kv_lora_rank + {facts.qk_rope_head_dim} "
                    f"qk_rope_head_dim) x {width} B ({dtype}; the latent is not split by TP)")  # fmt: skip
-    else:
-        kv = kv_heads_per_rank(facts, tp)
-        per_layer = 2 * kv * facts.head_dim * width
-        formula = (f"{layers} layers x 2 x {kv} KV heads per GPU (of {facts.num_key_value_heads}, TP {tp}) x "
-                   f"{facts.head_dim} head_dim x {width} B ({dtype})")  # fmt: skip
-    return KvShape(per_layer * layers, per_layer, layers, dtype, formula)
+        if index:
+            formula = (f"{layers} MLA layers x ({'656 B fp8_ds_mla' if width == 1 else f'{latent} x {width} B'} + "
+                       f"{index} B indexer keys) ({dtype}; sparse MLA, 64-token blocks)")  # fmt: skip
+        return KvShape(per_layer * layers, per_layer, layers, dtype, formula,
+                       required_block_size=FLASHMLA_SPARSE_BLOCK if index else 0)  # fmt: skip
+    kv = kv_heads_per_rank(facts, tp)
+    per_layer = 2 * kv * facts.head_dim * width
+    kinds = facts.kinds
+    attention = sum(1 for k in kinds if k != "linear")
+    formula = (f"{attention} layers x 2 x {kv} KV heads per GPU (of {facts.num_key_value_heads}, TP {tp}) x "
+               f"{facts.head_dim} head_dim x {width} B ({dtype})")  # fmt: skip
+    state = 0
+    if "sliding" in kinds:
+        formula += f"; {kinds.count('sliding')} of them sliding-window ({facts.sliding_window} tokens)"
+    if "chunked" in kinds:
+        formula += f"; {kinds.count('chunked')} of them chunked local ({facts.attention_chunk_size} tokens)"
+    if "linear" in kinds:
+        state, how = linear_state_bytes(facts, tp)
+        formula += f"; + {kinds.count('linear')} linear-attention layers' state {state} B a request ({how})"
+    return KvShape(per_layer * attention, per_layer, layers if state else attention, dtype, formula,
+                   kinds=kinds if len(set(kinds)) > 1 or kinds[0] != "full" else (),
+                   sliding_window=facts.sliding_window, attention_chunk_size=facts.attention_chunk_size,
+                   state_bytes=state)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -58,14 +126,19 @@ class KvCache:
     block_size: int
     num_blocks: int
     max_model_len: int
+    groups: int = 1  # KV cache groups (hybrid models: one per group of group_size layers)
+    group_size: int = 0  # layers per group (0: one KV type)
+    page_bytes: int = 0  # one layer's page (hybrid)
+    request_blocks: int = 0  # blocks one max_model_len request takes, over every group (0: ceil(L / block))
+    bytes: int = 0  # the KV cache allocated
 
     @property
     def tokens(self) -> int:
-        return self.num_blocks * self.block_size
+        return self.num_blocks // self.groups * self.block_size
 
     @property
     def blocks_per_request(self) -> int:
-        return math.ceil(self.max_model_len / self.block_size)
+        return self.request_blocks or math.ceil(self.max_model_len / self.block_size)
 
     @property
     def concurrency(self) -> float:
@@ -76,8 +149,50 @@ class KvCache:
         return self.num_blocks >= self.blocks_per_request
 
 
-def kv_cache(shape: KvShape, available_bytes: int, block_size: int, max_model_len: int) -> KvCache:
-    page = block_size * shape.per_layer_bytes_per_token
-    blocks = max(0, available_bytes) // page // shape.num_layers
-    return KvCache(available_bytes=available_bytes, block_size=block_size, num_blocks=int(blocks),
-                   max_model_len=max_model_len)  # fmt: skip
+def _request_blocks(kind: str, shape: KvShape, block: int, max_model_len: int, batched: int) -> int:
+    if kind == "sliding":
+        return math.ceil(min(shape.sliding_window - 1 + batched, max_model_len) / block) + 1
+    if kind == "chunked":
+        return math.ceil(min(shape.attention_chunk_size + batched, max_model_len) / block)
+    if kind == "linear":
+        return 1
+    return math.ceil(max_model_len / block)
+
+
+def effective_block_size(shape: KvShape, block_size: int) -> int:
+    """The block size vLLM runs: the backend's one size (FlashMLA sparse), or one grown so an attention page holds
+    a linear-attention layer's state (HybridAttentionMambaModelConfig.verify_and_update_config)."""
+    if shape.required_block_size:
+        return shape.required_block_size
+    if shape.state_bytes:
+        align = KERNEL_BLOCK_ALIGNMENT
+        needed = align * math.ceil(shape.state_bytes / (align * shape.per_layer_bytes_per_token))
+        return max(block_size, needed)
+    return block_size
+
+
+def kv_cache(shape: KvShape, available_bytes: int, block_size: int, max_model_len: int,
+             max_num_batched_tokens: int = 8192) -> KvCache:  # fmt: skip
+    available = max(0, available_bytes)
+    block = effective_block_size(shape, block_size)
+    if not shape.kinds:
+        page = block * shape.per_layer_bytes_per_token
+        blocks = int(available // page // shape.num_layers)
+        return KvCache(available_bytes=available_bytes, block_size=block, num_blocks=blocks,
+                       max_model_len=max_model_len, bytes=blocks * page * shape.num_layers)  # fmt: skip
+    counts = {kind: shape.kinds.count(kind) for kind in dict.fromkeys(shape.kinds)}
+    page = block * shape.per_layer_bytes_per_token
+    if len(counts) == 1:  # one type, e.g. every layer sliding-window (UniformTypeKVCacheSpecs)
+        kind, layers = next(iter(counts.items()))
+        blocks = int(available // page // layers)
+        need = _request_blocks(kind, shape, block, max_model_len, max_num_batched_tokens)
+        return KvCache(available_bytes=available_bytes, block_size=block, num_blocks=blocks,
+                       max_model_len=max_model_len, request_blocks=need, bytes=blocks * page * layers)  # fmt: skip
+    smallest, largest = min(counts.values()), max(counts.values())
+    group_size = largest if largest < smallest * 1.5 else smallest
+    groups = {kind: math.ceil(n / group_size) for kind, n in counts.items()}
+    blocks = int(available // page // group_size)
+    need = sum(g * _request_blocks(k, shape, block, max_model_len, max_num_batched_tokens) for k, g in groups.items())
+    return KvCache(available_bytes=available_bytes, block_size=block, num_blocks=blocks, max_model_len=max_model_len,
+                   groups=sum(groups.values()), group_size=group_size, page_bytes=page, request_blocks=need,
+                   bytes=blocks * page * group_size)  # fmt: skip

@@ -200,10 +200,16 @@ def plan_layer(
 
 
 def plan_layer_from(
-    scenario: Scenario, source: VllmSource, *, budget_bytes: int | None = None, gpu: str | None = None
+    scenario: Scenario,
+    source: VllmSource,
+    *,
+    budget_bytes: int | None = None,
+    gpu: str | None = None,
+    files: ReleaseFiles | None = None,
 ) -> LayerPlan:
+    """`files`: the release's parsed files when the caller keeps them across plans (harness.sizing.search)."""
     layout = layout_of(scenario)
-    files = ReleaseFiles(source, _tree(source))
+    files = files if files is not None else ReleaseFiles(source, _tree(source))
     class_name = experts_class_name(layout)
     components = [weights_component(layout)]
     components += comm_components(layout, files)

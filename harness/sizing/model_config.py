@@ -1,40 +1,100 @@
-"""A model's config facts, read from its config.json (a local model directory, as `vllm serve DIR` takes one) or
-from a preset shipped in harness/defaults/models/ (the public config facts of the model it names: no weights, no
-download). Only what sizes memory is kept; each value remembers the line of config.json it came from.
+"""A model's config facts, read from its config.json (a local model directory, as `vllm serve DIR` takes one, a
+directory of the local Hugging Face cache for a hub id, or a preset shipped in harness/defaults/models/: the public
+config facts of the model it names: no weights, no download). Only what sizes memory is kept; each value remembers
+the line of config.json it came from.
 
-    architectures          which vLLM model class builds the layers (DeepseekV3, Qwen3Moe, Mixtral, Llama, ...)
+    architectures          which vLLM model class builds the layers (model_executor/models/*.py): DeepSeek V2/V3/
+                           V3.2 and Kimi-K2 (MLA), Qwen2/3-MoE, Qwen3-Next, Mixtral, gpt-oss, GLM-4.5/4.6,
+                           MiniMax-M2, Llama-4, and the dense Llama, Mistral, Granite, Phi-2/3/4, Qwen2/3,
+                           Gemma 1/2/3
     hidden_size, num_hidden_layers, vocab_size, tie_word_embeddings
-    attention              GQA: num_attention_heads, num_key_value_heads, head_dim
+    attention              GQA: num_attention_heads, num_key_value_heads, head_dim, biases, q/k norms, sinks
                            MLA: q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+                           per layer: full, sliding window, chunked local, or linear attention (Qwen3-Next's
+                           gated delta net, which keeps a state in place of KV); DeepSeek-V3.2's indexer
     MLP / MoE              intermediate_size (dense), moe_intermediate_size, routed experts (n_routed_experts,
                            num_experts or num_local_experts), num_experts_per_tok, shared experts, which layers are
-                           MoE (first_k_dense_replace, moe_layer_freq, decoder_sparse_step, mlp_only_layers)
-    quantization_config    fp8 with a weight block size, or none (the torch_dtype)
+                           MoE (first_k_dense_replace, moe_layer_freq, decoder_sparse_step, mlp_only_layers,
+                           interleave_moe_layer_step)
+    quantization_config    the checkpoint format (harness.sizing.quant_formats), or none (the torch_dtype)
+
+A config vLLM could not build is refused in one line naming the field, its value and what vLLM accepts.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.core.errors import BadInput
 from harness.scenario.limits import shown_text
+from harness.sizing.quant_formats import (
+    SUPPORTED_ACT_DTYPES,
+    Quant,
+    QuantConfigError,
+    online_fp8,
+    parse_quant,
+)
 
 MODELS_DIR = Path(__file__).resolve().parents[1] / "defaults" / "models"
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB; a bigger file is not one
+MAX_JSON_DEPTH = 64  # a config.json nests a few levels; deeper JSON is refused before it is parsed
+MAX_LAYERS = 1024  # a layer count beyond this is not a model's (it would only make the plan slow)
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "half": 2, "float": 4}
-MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK2ForCausalLM")
-MOE_ARCHITECTURES = (*MLA_ARCHITECTURES, "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM")
-DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+DTYPE_NAMES = {"half": "float16", "float": "float32"}
+DTYPE_CHOICES = ("auto", "bfloat16", "float16", "half", "float32", "float")  # vllm serve --dtype
+MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK2ForCausalLM", "DeepseekV32ForCausalLM")
+QWEN_MOE = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3NextForCausalLM")
+LLAMA4 = ("Llama4ForConditionalGeneration", "Llama4ForCausalLM")
+MOE_ARCHITECTURES = (*MLA_ARCHITECTURES, *QWEN_MOE, "MixtralForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM",
+                     "MiniMaxM2ForCausalLM", *LLAMA4)  # fmt: skip
+GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "GraniteForCausalLM", "Phi3ForCausalLM")
+DENSE_ARCHITECTURES = (*LLAMA_LIKE, "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM", *GEMMA,
+                       "PhiForCausalLM")  # fmt: skip
 ARCHITECTURES = (*MOE_ARCHITECTURES, *DENSE_ARCHITECTURES)
+# The keys vLLM derives max_model_len from, in its order (config/model.py _get_and_verify_max_len).
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_sequence_length", "max_seq_length", "seq_len")  # fmt: skip
 
 
-class ModelConfigError(BadInput):
+# Fields a config.json may leave out because transformers' config class supplies them, which vLLM then reads:
+# transformers/models/gemma3/configuration_gemma3.py Gemma3TextConfig (gemma-3-4b-it's text_config gives neither its
+# vocabulary, its positions nor its heads).
+CONFIG_CLASS_DEFAULTS: dict[str, dict[str, int]] = {
+    "gemma3_text": {
+        "vocab_size": 262208,
+        "max_position_embeddings": 131072,
+        "sliding_window_pattern": 6,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+    },
+}
+
+
+class ModelConfigError(Exception):
     """A model that cannot be read or is not one this model sizes; the message is one line."""
+
+
+@dataclass(frozen=True)
+class VisionTower:
+    """A ViT encoder's shapes (Llama-4's vision_model, Gemma 3's SigLIP) and its projector into the text model."""
+
+    kind: str  # llama4 | siglip
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    patch_size: int
+    image_size: int
+    num_channels: int
+    projector_in: int  # what the projector reads (Llama-4: vision_output_dim; SigLIP: hidden_size)
+    adapter_out: int = 0  # Llama-4's pixel-shuffle MLP output (projector_output_dim)
+    pixel_shuffle_ratio: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -58,17 +118,45 @@ class ModelFacts:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # DeepSeek-V3.2's indexer (sparse attention): its weights and its per-token key cache
+    index_n_heads: int = 0
+    index_head_dim: int = 0
     # MoE
     moe_intermediate_size: int = 0
     num_routed_experts: int = 0
     top_k: int = 0
-    num_shared_experts: int = 0  # DeepSeek: n_shared_experts MLPs of moe_intermediate_size
-    shared_expert_intermediate_size: int = 0  # Qwen2-MoE
+    num_shared_experts: int = 0  # DeepSeek, GLM, Llama-4: n_shared_experts MLPs of moe_intermediate_size
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE, Qwen3-Next (+ a shared_expert_gate)
     moe_layers: tuple[int, ...] = ()
-    attention_bias: bool = False  # Qwen2 has q/k/v biases
-    qk_norm: bool = False  # Qwen3: per-head RMSNorm of q and k
-    weight_block_size: tuple[int, int] | None = None  # fp8 block quantization
-    quant_method: str | None = None
+    router_dtype: str = ""  # the gate's dtype when vLLM builds it in f32 (GLM-4.5, MiniMax-M2); else the model's
+    router_bias: bool = False  # gpt-oss's router is a Linear with a bias
+    score_bias: bool = False  # e_score_correction_bias (f32): DeepSeek-V3, GLM-4.5, MiniMax-M2
+    expert_bias: bool = False  # gpt-oss: w13_bias, w2_bias
+    # attention
+    attention_bias: bool = False  # q/k/v biases (Qwen2, GLM-4.5, gpt-oss)
+    o_proj_bias: bool = False  # gpt-oss, Llama with attention_bias
+    qk_norm: str = ""  # "head": RMSNorm(head_dim) of q and k (Qwen3, Gemma 3, GLM-4.5); "full": MiniMax-M2's
+    attention_sinks: bool = False  # gpt-oss: one learned sink per head
+    gated_attention: bool = False  # Qwen3-Next: q_proj also makes the output gate (2x the query width)
+    rotary_dim: int = 0  # partial rotary (GLM, MiniMax, Qwen3-Next); 0: head_dim
+    rotary_dtype: str = ""  # gpt-oss builds its rope cache in f32
+    rope_positions: tuple[int, ...] = ()  # rows of each distinct get_rope cache (rope_scaling; Gemma 3 has two)
+    norms_per_layer: int = 2  # Gemma 2/3: 4; Phi-2: 1 (attention and MLP in parallel)
+    norm_bias: bool = False  # LayerNorm (weight and bias) in place of RMSNorm: Phi-2
+    mlp_gated: bool = True  # gate_up + down; Phi-2: fc1 + fc2 with biases
+    lm_head_bias: bool = False  # Phi-2
+    layer_kinds: tuple[str, ...] = ()  # per layer: full | sliding | chunked | linear
+    sliding_window: int = 0
+    attention_chunk_size: int = 0
+    # Qwen3-Next's linear attention (gated delta net)
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    vision: VisionTower | None = None
+    quant: Quant | None = None
+    checkpoint_dtype: str = ""  # the config's torch_dtype, before --dtype
     lines: dict[str, int] = field(default_factory=dict, compare=False)
 
     @property
@@ -83,6 +171,21 @@ class ModelFacts:
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
+    @property
+    def quant_method(self) -> str | None:
+        """fp8 for FP8 checkpoints of every kind the layer model knows (its experts family), else the method."""
+        if self.quant is None:
+            return None
+        return "fp8" if self.quant.scheme.startswith("fp8") else self.quant.method
+
+    @property
+    def weight_block_size(self) -> tuple[int, int] | None:
+        return self.quant.block if self.quant is not None and self.quant.scheme == "fp8-block" else None
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return self.layer_kinds or ("full",) * self.num_hidden_layers
+
     def ref(self, *keys: str) -> str:
         """'config.json:12' for the first key that has a line (the preset's file name for presets)."""
         for key in keys:
@@ -95,23 +198,83 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
 
 
-def load_model(model: str) -> ModelFacts:
-    """A local directory holding config.json, a config.json file, or a preset name."""
-    path = Path(model)
+def _preset_hub_ids() -> dict[str, str]:
+    """hub id (lower case) -> preset name, from each preset's `_hf_id` (or its `_source`'s first word)."""
+    ids: dict[str, str] = {}
+    for preset in sorted(MODELS_DIR.glob("*.json")):
+        try:
+            data = json.loads(preset.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        hub = data.get("_hf_id") or str(data.get("_source", "")).split(" ")[0]
+        if isinstance(hub, str) and "/" in hub:
+            ids[hub.lower()] = preset.stem
+    return ids
+
+
+def _hub_caches() -> list[Path]:
+    """Where huggingface_hub keeps snapshots: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return [Path(os.environ["HF_HUB_CACHE"])]
+    home = Path(os.environ["HF_HOME"]) if os.environ.get("HF_HOME") else Path.home() / ".cache" / "huggingface"
+    return [home / "hub"]
+
+
+def hub_snapshot_config(hub_id: str) -> Path | None:
+    """config.json of hub_id's snapshot in the local Hugging Face cache (models--org--name/snapshots/<rev>/): the
+    revision refs/main names, else the newest snapshot holding a config.json. Nothing is fetched."""
+    for cache in _hub_caches():
+        repo = cache / ("models--" + hub_id.replace("/", "--"))
+        snapshots = repo / "snapshots"
+        if not snapshots.is_dir():
+            continue
+        ref = repo / "refs" / "main"
+        try:
+            rev = ref.read_text(encoding="utf-8").strip()[:80] if ref.is_file() else ""
+        except OSError:
+            rev = ""
+        if rev and re.fullmatch(r"[0-9A-Za-z._-]+", rev) and (snapshots / rev / "config.json").is_file():
+            return snapshots / rev / "config.json"
+        found = [p / "config.json" for p in snapshots.iterdir() if (p / "config.json").is_file()]
+        if found:
+            return max(found, key=lambda p: p.stat().st_mtime)
+    return None
+
+
+def load_model(model: str, *, dtype: str | None = "auto", quantization: str | None = None) -> ModelFacts:
+    """A local directory holding config.json, a config.json file, a preset name or a hub id (a preset's, or one in
+    the local Hugging Face cache). `dtype` and `quantization` are vllm serve's --dtype and --quantization."""
     if len(model) > 4096 or "\0" in model:
-        raise ModelConfigError(f"model {model[:60]!r}...: not a usable path")
+        raise ModelConfigError(f"model {shown_text(model, 60)}: not a usable path or name")
+    path = Path(model)
     if path.is_dir():
         config = path / "config.json"
         if not config.is_file():
             raise ModelConfigError(
                 f"model {shown_text(model)}: the directory has no config.json (vllm serve reads it from there)"
             )
-        return parse_config(config, name=shown_text(path.name))  # a name printed as it is: escaped once, here
+        # a name printed as it is: escaped once, here
+        return parse_config(config, name=shown_text(path.name), dtype=dtype, quantization=quantization)
     if path.is_file() and path.suffix == ".json":
-        return parse_config(path, name=shown_text(path.parent.name or path.stem))
+        return parse_config(path, name=shown_text(path.parent.name or path.stem), dtype=dtype,
+                            quantization=quantization)  # fmt: skip
     preset = MODELS_DIR / f"{model.lower()}.json"
     if re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", model.lower()) and preset.is_file():
-        return parse_config(preset, name=model.lower(), shown=f"harness/defaults/models/{preset.name}")
+        return parse_config(preset, name=model.lower(), shown=f"harness/defaults/models/{preset.name}", dtype=dtype,
+                            quantization=quantization)  # fmt: skip
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}", model):
+        name = _preset_hub_ids().get(model.lower())
+        if name is not None:
+            preset = MODELS_DIR / f"{name}.json"
+            return parse_config(preset, name=name, shown=f"harness/defaults/models/{preset.name}", dtype=dtype,
+                                quantization=quantization)  # fmt: skip
+        cached = hub_snapshot_config(model)
+        if cached is not None:
+            return parse_config(cached, name=model.split("/")[1], dtype=dtype, quantization=quantization)
+        raise ModelConfigError(f"model {model}: a hub id that is neither a preset nor in the local Hugging Face cache "
+                               f"({shown_text(str(_hub_caches()[0]))}); give a directory holding its config.json, or "
+                               "one of the "
+                               f"presets: {', '.join(preset_names())}")  # fmt: skip
     raise ModelConfigError(f"model {shown_text(model)}: not a directory with config.json nor a preset; presets: "
                            f"{', '.join(preset_names())}")  # fmt: skip
 
@@ -125,95 +288,410 @@ def _key_lines(text: str) -> dict[str, int]:
     return lines
 
 
-def parse_config(path: Path, *, name: str, shown: str | None = None) -> ModelFacts:
+def json_depth(text: str) -> int:
+    """How deep `text`'s arrays and objects nest (strings skipped), without parsing it: deep JSON is refused
+    before json.loads would recurse into it."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def loads_bounded(text: str, *, what: str, max_depth: int = MAX_JSON_DEPTH) -> object:
+    """json.loads of a text nested at most max_depth deep; ValueError in one line otherwise."""
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise ValueError(f"{what} nests {depth} levels deep; at most {max_depth} are read")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{what} nests too deep to read") from None
+
+
+def parse_config(path: Path, *, name: str, shown: str | None = None, dtype: str | None = "auto",
+                 quantization: str | None = None) -> ModelFacts:  # fmt: skip
+    where = shown or shown_text(str(path))  # printed as it is: escaped once, here
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ModelConfigError(f"{path}: {path.stat().st_size} bytes is not a config.json (at most 1 MiB)")
+            raise ModelConfigError(f"{where}: {path.stat().st_size} bytes is not a config.json (at most 1 MiB)")
         text = path.read_text(encoding="utf-8")
-        data = json.loads(text)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
-        raise ModelConfigError(f"{path}: not a readable JSON config: {str(error)[:120]}") from None
+        data = loads_bounded(text, what="config.json")
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ModelConfigError(f"{where}: not a readable JSON config: {shown_text(str(error), 120)}") from None
     if not isinstance(data, dict):
-        raise ModelConfigError(f"{path}: a config.json is a JSON object")
-    if isinstance(data.get("text_config"), dict) and "hidden_size" not in data:
-        data = {**data["text_config"], "architectures": data.get("architectures", [])}
-    return facts_from(data, name=name, path=shown or str(path), lines=_key_lines(text))
+        raise ModelConfigError(f"{where}: a config.json is a JSON object")
+    return facts_from(data, name=name, path=where, lines=_key_lines(text), dtype=dtype,
+                      quantization=quantization)  # fmt: skip
 
 
-def _int(data: dict, key: str, default: int | None = None, *, where: str) -> int:
+def shown(value: object) -> str:
+    """A config value as config.json spells it, cut to 40 characters and printable on one line."""
+    try:
+        text = json.dumps(value, ensure_ascii=True)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _int(data: dict, key: str, default: int | None = None, *, where: str, minimum: int = 0) -> int:
     value = data.get(key, default)
     if value is None and default is None:
-        raise ModelConfigError(f"{where}: {key} is missing; a config.json of this architecture has it")
-    if type(value) is not int or not 0 <= value <= 10**7:
-        raise ModelConfigError(f"{where}: {key} = {str(value)[:40]} is not an integer in 0..1e7")
+        raise ModelConfigError(f"{where}: {key} is missing; vLLM reads it from the config.json of this architecture")
+    if value is None:
+        value = default
+    if type(value) is not int or not minimum <= value <= 10**8:
+        raise ModelConfigError(f"{where}: {key} = {shown(value)}; vLLM needs an integer >= {minimum}")
     return value
 
 
-def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None = None) -> ModelFacts:
+def _layer_list(data: dict, key: str, layers: int, where: str) -> set[int]:
+    value = data.get(key)
+    if value is None:
+        return set()
+    if not isinstance(value, list) or not all(type(v) is int and 0 <= v < max(layers, 1) for v in value):
+        raise ModelConfigError(f"{where}: {key} = {shown(value)}; vLLM reads a list of layer indices "
+                               f"0..{layers - 1}")  # fmt: skip
+    return set(value)
+
+
+def _resolve_dtype(config_dtype: str, dtype: str | None, quant: Quant | None, where: str) -> str:
+    """vLLM's --dtype (config/model.py _get_and_verify_dtype): auto is the checkpoint's dtype, float32 checkpoints
+    downcast to bfloat16; the quantization's supported activation dtypes refuse the rest."""
+    dtype = DTYPE_NAMES.get(dtype or "auto", dtype or "auto")
+    if dtype == "auto":
+        resolved = "bfloat16" if config_dtype == "float32" else config_dtype
+        if quant is not None and resolved not in SUPPORTED_ACT_DTYPES.get(quant.method, (resolved,)):
+            resolved = SUPPORTED_ACT_DTYPES[quant.method][0]  # e.g. AWQ's float16 checkpoints stay float16
+    elif dtype in DTYPE_BYTES:
+        resolved = dtype
+    else:
+        raise ModelConfigError(f"--dtype {dtype[:20]!r}; vLLM accepts auto, bfloat16, float16 (half), float32 (float)")
+    if quant is not None:
+        allowed = SUPPORTED_ACT_DTYPES.get(quant.method, ())
+        if allowed and resolved not in allowed:
+            raise ModelConfigError(f"{where}: --dtype {resolved} is not supported for quantization method "
+                                   f"{quant.method}; vLLM accepts {', '.join(allowed)} "
+                                   "(the method's get_supported_act_dtypes)")  # fmt: skip
+    return resolved
+
+
+def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None = None, dtype: str | None = "auto",
+               quantization: str | None = None) -> ModelFacts:  # fmt: skip
     archs = data.get("architectures") or []
     arch = next((a for a in archs if a in ARCHITECTURES), None) if isinstance(archs, list) else None
     if arch is None:
-        raise ModelConfigError(f"{path}: architectures {str(archs)[:80]} is not one this model sizes; allowed: "
+        raise ModelConfigError(f"{path}: architectures {shown(archs)} is not one this model sizes; allowed: "
                                f"{', '.join(ARCHITECTURES)}")  # fmt: skip
+    top = data
+    text = data.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise ModelConfigError(f"{path}: text_config = {shown(text)} is not a JSON object")
+    if isinstance(text, dict) and "hidden_size" not in data:
+        data = {**text, "architectures": archs}
+        for key in ("quantization_config", "torch_dtype", "tie_word_embeddings"):
+            if key in top and key not in data:
+                data[key] = top[key]
+    for key, value in CONFIG_CLASS_DEFAULTS.get(str(data.get("model_type")), {}).items():
+        data.setdefault(key, value)
+    quant_raw = data.get("quantization_config")
+    try:
+        quant = parse_quant(quant_raw) if quant_raw is not None else None
+    except QuantConfigError as error:
+        raise ModelConfigError(f"{path}: {error}") from None
+    if quantization is not None:
+        quant = _given_quantization(quantization, quant, path)
 
-    def get(key: str, default: int | None = None) -> int:
-        return _int(data, key, default, where=path)
+    def get(key: str, default: int | None = None, minimum: int = 0) -> int:
+        return _int(data, key, default, where=path, minimum=minimum)
 
-    hidden, layers, heads = get("hidden_size"), get("num_hidden_layers"), get("num_attention_heads")
-    dtype = str(data.get("torch_dtype") or data.get("dtype") or "bfloat16")
-    if dtype not in DTYPE_BYTES:
-        raise ModelConfigError(f"{path}: torch_dtype {dtype[:30]!r}; allowed: {', '.join(DTYPE_BYTES)}")
+    hidden = get("hidden_size", minimum=1)
+    layers = get("num_hidden_layers", minimum=1)
+    if layers > MAX_LAYERS:
+        raise ModelConfigError(f"{path}: num_hidden_layers = {layers}; at most {MAX_LAYERS} are read (vLLM's models "
+                               "have a few hundred at most)")  # fmt: skip
+    heads = get("num_attention_heads", minimum=1)
+    kv_heads = get("num_key_value_heads", heads, minimum=1)
+    head_dim = get("head_dim", 0) or hidden // heads
+    if head_dim <= 0:
+        raise ModelConfigError(f"{path}: head_dim is hidden_size {hidden} // num_attention_heads {heads} = 0; vLLM "
+                               "needs head_dim >= 1")  # fmt: skip
+    if heads % kv_heads:
+        raise ModelConfigError(f"{path}: num_key_value_heads = {kv_heads}; vLLM's attention needs it to divide "
+                               f"num_attention_heads ({heads})")  # fmt: skip
+    max_len = _max_len(data, path)
+    config_dtype = data.get("torch_dtype") or data.get("dtype") or "bfloat16"
+    if not isinstance(config_dtype, str) or DTYPE_NAMES.get(config_dtype, config_dtype) not in DTYPE_BYTES:
+        raise ModelConfigError(f"{path}: torch_dtype {shown(config_dtype)}; allowed: {', '.join(DTYPE_BYTES)}")
+    config_dtype = DTYPE_NAMES.get(config_dtype, config_dtype)
     facts: dict = dict(
         name=name, path=path, architecture=arch, hidden_size=hidden, num_hidden_layers=layers,
-        vocab_size=get("vocab_size"), tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
-        num_attention_heads=heads, num_key_value_heads=get("num_key_value_heads", heads),
-        head_dim=get("head_dim", 0) or hidden // heads, intermediate_size=get("intermediate_size", 0), dtype=dtype,
-        max_position_embeddings=positions if type(positions := data.get("max_position_embeddings")) is int else None,
-        lines=lines or {},
+        vocab_size=get("vocab_size", minimum=1), tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+        intermediate_size=get("intermediate_size", 0), dtype=_resolve_dtype(config_dtype, dtype, quant, path),
+        checkpoint_dtype=config_dtype, max_position_embeddings=max_len, lines=lines or {}, quant=quant,
     )  # fmt: skip
     if arch in MLA_ARCHITECTURES:
         q_lora = data.get("q_lora_rank")
-        facts.update(q_lora_rank=q_lora if type(q_lora) is int else None, kv_lora_rank=get("kv_lora_rank"),
-                     qk_nope_head_dim=get("qk_nope_head_dim"), qk_rope_head_dim=get("qk_rope_head_dim"),
-                     v_head_dim=get("v_head_dim"))  # fmt: skip
+        facts.update(q_lora_rank=q_lora if type(q_lora) is int and q_lora > 0 else None,
+                     kv_lora_rank=get("kv_lora_rank", minimum=1), qk_nope_head_dim=get("qk_nope_head_dim", minimum=1),
+                     qk_rope_head_dim=get("qk_rope_head_dim", minimum=1), v_head_dim=get("v_head_dim", minimum=1),
+                     score_bias=True)  # fmt: skip
+        if arch == "DeepseekV32ForCausalLM":
+            facts.update(index_n_heads=get("index_n_heads", minimum=1), index_head_dim=get("index_head_dim", minimum=1))
     if arch in MOE_ARCHITECTURES:
-        experts = data.get("n_routed_experts", data.get("num_experts", data.get("num_local_experts")))
-        facts.update(num_routed_experts=_int({"experts": experts}, "experts", where=path),
-                     top_k=get("num_experts_per_tok"),
-                     moe_intermediate_size=get("moe_intermediate_size", facts["intermediate_size"]),
-                     moe_layers=_moe_layers(data, layers, arch, path))  # fmt: skip
-        if arch in MLA_ARCHITECTURES:
-            facts["num_shared_experts"] = get("n_shared_experts", 0)
-        if arch == "Qwen2MoeForCausalLM":
-            facts["shared_expert_intermediate_size"] = get("shared_expert_intermediate_size", 0)
-    facts["attention_bias"] = arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") or bool(data.get("attention_bias"))
-    facts["qk_norm"] = arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
-    quant = data.get("quantization_config")
-    if isinstance(quant, dict):
-        method = str(quant.get("quant_method", ""))[:40]
-        if method != "fp8":
-            raise ModelConfigError(f"{path}: quantization_config.quant_method {method!r} is not one this model sizes; "
-                                   "allowed: fp8 (or no quantization_config)")  # fmt: skip
-        block = quant.get("weight_block_size")
-        facts["quant_method"] = "fp8"
-        if isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block):
-            facts["weight_block_size"] = (block[0], block[1])
+        _moe_facts(data, facts, arch, layers, path, get)
+    _attention_facts(data, facts, arch, layers, path, get)
+    if arch in ("Llama4ForConditionalGeneration", "Gemma3ForConditionalGeneration"):
+        if not isinstance(top.get("vision_config"), dict):
+            raise ModelConfigError(f"{path}: vision_config = {shown(top.get('vision_config'))}; vLLM builds "
+                                   f"{arch}'s vision tower from a vision_config object")  # fmt: skip
+        facts["vision"] = _vision(top["vision_config"], arch, path)
     return ModelFacts(**facts)
+
+
+# --quantization values that name the same checkpoint format (vLLM's override_quantization_method upgrades awq and
+# gptq checkpoints to their Marlin methods on GPUs that run them).
+SAME_METHOD = {"awq": "awq_marlin", "gptq": "gptq_marlin", "modelopt_fp4": "modelopt"}
+
+
+def _given_quantization(given: str, quant: Quant | None, path: str) -> Quant:
+    """vllm serve --quantization: fp8 quantizes an unquantized checkpoint on load; otherwise it must name the
+    checkpoint's own method (config/model.py _verify_quantization refuses a mismatch)."""
+    if quant is None:
+        if given != "fp8":
+            raise ModelConfigError(
+                f"--quantization {given}: {path} has no quantization_config; vLLM quantizes an "
+                "unquantized checkpoint on load with fp8 only (of the methods sized here)"
+            )
+        return online_fp8()
+
+    def canonical(method: str) -> str:
+        return SAME_METHOD.get(method, method)
+
+    if canonical(given) != canonical(quant.method):
+        raise ModelConfigError(f"--quantization {given} does not match {path}'s quantization_config (quant_method "
+                               f"{quant.method}); vLLM refuses the mismatch")  # fmt: skip
+    return quant
+
+
+def _max_len(data: dict, path: str) -> int:
+    """The derived max_model_len's source: the first of vLLM's keys present; refused when none is, or when it is
+    not a positive integer (vLLM's own fallback of 2048 would plan a context the model may not have)."""
+    for key in MAX_LEN_KEYS:
+        if key in data:
+            value = data[key]
+            if type(value) is not int or value < 1:
+                raise ModelConfigError(f"{path}: {key} = {shown(value)}; vLLM derives max_model_len from it and "
+                                       "needs an integer >= 1")  # fmt: skip
+            return value
+    raise ModelConfigError(f"{path}: max_position_embeddings is missing (nor any of {', '.join(MAX_LEN_KEYS[1:])}); "
+                           "vLLM would assume 2048 tokens: give the field")  # fmt: skip
+
+
+def _moe_facts(data: dict, facts: dict, arch: str, layers: int, path: str, get) -> None:
+    experts = data.get("n_routed_experts", data.get("num_experts", data.get("num_local_experts")))
+    facts["num_routed_experts"] = _int({"num_experts": experts}, "num_experts", where=path, minimum=1)
+    facts["top_k"] = get("num_experts_per_tok", minimum=1)
+    if facts["top_k"] > facts["num_routed_experts"]:
+        raise ModelConfigError(f"{path}: num_experts_per_tok = {facts['top_k']}; vLLM needs at most the "
+                               f"{facts['num_routed_experts']} routed experts")  # fmt: skip
+    if arch in LLAMA4:  # intermediate_size is the experts', intermediate_size_mlp the dense layers'
+        facts["moe_intermediate_size"] = get("intermediate_size", minimum=1)
+        facts["intermediate_size"] = get("intermediate_size_mlp", facts["moe_intermediate_size"])
+        facts["num_shared_experts"] = 1  # llama4.py Llama4MoE.shared_expert: one MLP of intermediate_size
+    elif arch in ("GptOssForCausalLM", "MiniMaxM2ForCausalLM", "MixtralForCausalLM"):
+        facts["moe_intermediate_size"] = get("intermediate_size", minimum=1)
+    else:
+        facts["moe_intermediate_size"] = get("moe_intermediate_size", facts["intermediate_size"] or None, minimum=1)
+    if arch in MLA_ARCHITECTURES or arch == "Glm4MoeForCausalLM":
+        facts["num_shared_experts"] = get("n_shared_experts", 0)
+    if arch in ("Qwen2MoeForCausalLM", "Qwen3NextForCausalLM"):
+        facts["shared_expert_intermediate_size"] = get("shared_expert_intermediate_size", 0)
+    if arch == "GptOssForCausalLM":
+        facts.update(router_bias=True, expert_bias=True)
+    if arch == "Glm4MoeForCausalLM":
+        facts.update(router_dtype="float32", score_bias=True)
+    if arch == "MiniMaxM2ForCausalLM":
+        facts.update(router_dtype="float32", score_bias=bool(data.get("use_routing_bias", False)))
+    facts["moe_layers"] = _moe_layers(data, layers, arch, path)
+
+
+def _attention_facts(data: dict, facts: dict, arch: str, layers: int, path: str, get) -> None:
+    head_dim = facts["head_dim"]
+    bias = bool(data.get("attention_bias", False))
+    facts["attention_bias"] = arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM") or bias
+    facts["o_proj_bias"] = arch in ("GptOssForCausalLM", "PhiForCausalLM") or (arch in LLAMA_LIKE and bias)
+    if arch == "PhiForCausalLM":  # phi.py: qkv_proj and dense with biases, one LayerNorm, fc1/fc2, a biased lm_head
+        facts.update(attention_bias=True, norms_per_layer=1, norm_bias=True, mlp_gated=False, lm_head_bias=True)
+    if arch == "GemmaForCausalLM":
+        facts["tie_word_embeddings"] = bool(data.get("tie_word_embeddings", True))
+    head_norm = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Gemma3ForCausalLM",
+                 "Gemma3ForConditionalGeneration")  # fmt: skip
+    if arch in head_norm or (arch == "Glm4MoeForCausalLM" and data.get("use_qk_norm")):
+        facts["qk_norm"] = "head"
+    if arch == "MiniMaxM2ForCausalLM":
+        facts["qk_norm"] = "full" if data.get("use_qk_norm", True) else ""
+    factor = data.get("partial_rotary_factor")
+    if isinstance(factor, (int, float)) and 0 < factor < 1:
+        facts["rotary_dim"] = int(head_dim * factor)
+    if arch == "MiniMaxM2ForCausalLM":
+        facts["rotary_dim"] = get("rotary_dim", head_dim, minimum=1)
+    if arch in GEMMA:
+        facts["norms_per_layer"] = 4
+        facts["tie_word_embeddings"] = bool(data.get("tie_word_embeddings", True))
+    kinds = ["full"] * layers
+    if arch == "GptOssForCausalLM":
+        facts.update(attention_sinks=True, rotary_dtype="float32")
+        window = get("sliding_window", minimum=1)
+        kinds = _layer_types(data, layers, path) or ["sliding" if i % 2 == 0 else "full" for i in range(layers)]
+        facts["sliding_window"] = window
+    elif arch in GEMMA:
+        window = get("sliding_window", 4096, minimum=1)
+        pattern = get("sliding_window_pattern", 6 if arch != "Gemma2ForCausalLM" else 2, minimum=1)
+        kinds = _layer_types(data, layers, path) or (
+            ["sliding" if i % 2 == 0 else "full" for i in range(layers)] if arch == "Gemma2ForCausalLM"
+            else ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(layers)])  # fmt: skip
+        facts["sliding_window"] = window
+    elif arch in ("MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM") and type(data.get("sliding_window")) \
+            is int and data.get("use_sliding_window", arch == "MistralForCausalLM"):  # fmt: skip
+        facts["sliding_window"] = get("sliding_window", minimum=1)
+        kinds = ["sliding"] * layers
+    elif arch in LLAMA4:
+        chunk = data.get("attention_chunk_size")
+        nope = data.get("no_rope_layers")
+        if nope is not None and not (isinstance(nope, list) and len(nope) == layers and
+                                     all(v in (0, 1) for v in nope)):  # fmt: skip
+            raise ModelConfigError(f"{path}: no_rope_layers = {shown(nope)}; vLLM reads a list of 0/1, one per "
+                                   f"layer ({layers})")  # fmt: skip
+        interval = get("no_rope_layer_interval", 4, minimum=1)
+        rope = nope if nope else [int((i + 1) % interval != 0) for i in range(layers)]
+        if type(chunk) is int and chunk > 0:
+            facts["attention_chunk_size"] = chunk
+            kinds = ["chunked" if rope[i] else "full" for i in range(layers)]
+    elif arch == "Qwen3NextForCausalLM":
+        interval = get("full_attention_interval", 4, minimum=1)
+        kinds = _layer_types(data, layers, path) or [
+            "full" if (i + 1) % interval == 0 else "linear" for i in range(layers)]  # fmt: skip
+        facts.update(gated_attention=True, linear_num_key_heads=get("linear_num_key_heads", minimum=1),
+                     linear_num_value_heads=get("linear_num_value_heads", minimum=1),
+                     linear_key_head_dim=get("linear_key_head_dim", minimum=1),
+                     linear_value_head_dim=get("linear_value_head_dim", minimum=1),
+                     linear_conv_kernel_dim=get("linear_conv_kernel_dim", minimum=1))  # fmt: skip
+    facts["layer_kinds"] = tuple(kinds) if set(kinds) != {"full"} else ()
+    facts["rope_positions"] = _rope_positions(data, facts, arch, path)
+
+
+def _rope_positions(data: dict, facts: dict, arch: str, path: str) -> tuple[int, ...]:
+    """How many positions each rotary cache holds (rotary_embedding/__init__.py get_rope; one cache per distinct
+    configuration): max_position_embeddings, times the factor for linear and dynamic scaling (their
+    _compute_cos_sin_cache covers max_position x scaling_factor), original_max_position_embeddings x factor for yarn;
+    llama3 and no scaling cover max_position. Gemma 3 keeps two: its sliding layers' unscaled local rope and its
+    global layers' scaled one."""
+    positions = facts["max_position_embeddings"]
+    scaling = data.get("rope_scaling")
+    if scaling is None:
+        return (positions,)
+    if not isinstance(scaling, dict):
+        raise ModelConfigError(f"{path}: rope_scaling = {shown(scaling)} is not a JSON object (vLLM reads its "
+                               "rope_type and factor)")  # fmt: skip
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    factor = scaling.get("factor", 1)
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1e4:
+        raise ModelConfigError(f"{path}: rope_scaling.factor = {shown(factor)}; vLLM needs a positive number")
+    if kind in ("linear", "dynamic"):
+        scaled = int(positions * factor)
+    elif kind in ("yarn", "deepseek_yarn"):
+        original = scaling.get("original_max_position_embeddings", positions)
+        scaled = int(original * factor) if type(original) is int and original > 0 else positions
+    else:
+        scaled = positions
+    if arch in ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration") and scaled != positions:
+        return (positions, scaled)
+    return (scaled,)
+
+
+LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": "linear",
+               "chunked_attention": "chunked"}  # fmt: skip
+
+
+def _layer_types(data: dict, layers: int, path: str) -> list[str]:
+    value = data.get("layer_types")
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) != layers or not all(v in LAYER_TYPES for v in value):
+        raise ModelConfigError(f"{path}: layer_types = {shown(value)}; vLLM reads one of "
+                               f"{', '.join(LAYER_TYPES)} per layer ({layers})")  # fmt: skip
+    return [LAYER_TYPES[v] for v in value]
+
+
+def _vision(config: dict, arch: str, path: str) -> VisionTower:
+    def get(key: str, default: int | None = None) -> int:
+        return _int(config, key, default, where=f"{path} vision_config", minimum=1)
+
+    if arch in LLAMA4:
+        ratio = config.get("pixel_shuffle_ratio", 0.5)
+        if not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+            raise ModelConfigError(f"{path}: vision_config.pixel_shuffle_ratio = {shown(ratio)}; vLLM needs a "
+                                   "number in (0, 1]")  # fmt: skip
+        return VisionTower("llama4", get("hidden_size"), get("intermediate_size"), get("num_hidden_layers"),
+                           get("patch_size"), get("image_size"), get("num_channels", 3),
+                           projector_in=get("vision_output_dim"), adapter_out=get("projector_output_dim"),
+                           pixel_shuffle_ratio=float(ratio))  # fmt: skip
+    return VisionTower(
+        "siglip",
+        get("hidden_size"),
+        get("intermediate_size"),
+        get("num_hidden_layers"),
+        get("patch_size"),
+        get("image_size"),
+        get("num_channels", 3),
+        projector_in=get("hidden_size"),
+    )
 
 
 def _moe_layers(data: dict, layers: int, arch: str, path: str) -> tuple[int, ...]:
     """Which decoder layers build a FusedMoE (vLLM's model files): DeepSeek from first_k_dense_replace on every
-    moe_layer_freq-th; Qwen MoE every decoder_sparse_step-th but mlp_only_layers; Mixtral every layer."""
-    if arch in MLA_ARCHITECTURES:
+    moe_layer_freq-th, GLM-4.5 from first_k_dense_replace; Qwen MoE every decoder_sparse_step-th but
+    mlp_only_layers; Llama-4 every interleave_moe_layer_step-th; Mixtral, gpt-oss and MiniMax-M2 every layer."""
+    if arch in MLA_ARCHITECTURES or arch == "Glm4MoeForCausalLM":
         first = _int(data, "first_k_dense_replace", 0, where=path)
-        freq = _int(data, "moe_layer_freq", 1, where=path) or 1
+        freq = _int(data, "moe_layer_freq", 1, where=path, minimum=1) if arch in MLA_ARCHITECTURES else 1
         return tuple(i for i in range(layers) if i >= first and i % freq == 0)
-    if arch in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
-        step = _int(data, "decoder_sparse_step", 1, where=path) or 1
-        only = data.get("mlp_only_layers") or []
-        only = set(only) if isinstance(only, list) else set()
+    if arch in QWEN_MOE:
+        step = _int(data, "decoder_sparse_step", 1, where=path, minimum=1)
+        only = _layer_list(data, "mlp_only_layers", layers, path)
         return tuple(i for i in range(layers) if i not in only and (i + 1) % step == 0)
+    if arch in LLAMA4:
+        step = _int(data, "interleave_moe_layer_step", 1, where=path)
+        return tuple(i for i in range(layers) if step > 0 and (i + 1) % step == 0)
     return tuple(range(layers))
+
+
+def check_parallel(facts: ModelFacts, tp: int) -> None:
+    """What vLLM refuses of a model at this tensor parallel size (config/model.py verify_with_parallel_config:
+    attention heads divisible by TP; linear attention's heads too)."""
+    if facts.num_attention_heads % tp:
+        raise ModelConfigError(f"{facts.path}: num_attention_heads = {facts.num_attention_heads}; vLLM needs it "
+                               f"divisible by --tensor-parallel-size {tp}")  # fmt: skip
+    for key, heads in (("linear_num_key_heads", facts.linear_num_key_heads),
+                       ("linear_num_value_heads", facts.linear_num_value_heads)):  # fmt: skip
+        if heads % tp:
+            raise ModelConfigError(f"{facts.path}: {key} = {heads}; vLLM needs it divisible by "
+                                   f"--tensor-parallel-size {tp}")  # fmt: skip
 
 
 def pad_vocab(vocab_size: int, tp: int, pad_to: int = 64) -> int:

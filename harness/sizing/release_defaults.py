@@ -184,7 +184,7 @@ def moe_max_num_tokens(files: ReleaseFiles | None, *, max_num_batched_tokens: in
                 if DP_CHUNK_ENV in text:
                     if chunk_env is not None:
                         return Default(chunk_env, f"{where}; --env {DP_CHUNK_ENV}={chunk_env}")
-                    read = env_default(files, DP_CHUNK_ENV)  # type: ignore[arg-type]
+                    read = env_default(files, DP_CHUNK_ENV)
                     if read.ok and isinstance(read.value, int):
                         return Default(read.value, f"{where}; {read.ref}")
                     return Default(256, f"{where}; table: {DP_CHUNK_ENV} 256 ({read.reason})")

@@ -15,7 +15,6 @@ Without a release (no source at hand) only the modelled flags and the frontend's
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -462,7 +461,9 @@ def _compilation_settings(text: str) -> dict[str, object]:
         key, _, value = text.partition("=")
         return {key.strip(): value.strip()}
     try:
-        data = json.loads(text)
+        from harness.sizing.model_config import loads_bounded
+
+        data = loads_bounded(text, what="--compilation-config")
     except ValueError:
         raise ServeArgsError(f"vllm serve: --compilation-config {text[:60]!r} is not JSON") from None
     if not isinstance(data, dict):
@@ -486,10 +487,13 @@ def _other_memory_flags(values: dict[str, object], fields: dict[str, object], ap
 
 
 def _eplb_redundant(text: str, older: int | None) -> int | None:
+    from harness.sizing.model_config import loads_bounded
+
     try:
-        config = json.loads(text)
-    except ValueError:
-        raise ServeArgsError(f"vllm serve: --eplb-config {text[:60]!r} is not JSON; e.g. "
+        config = loads_bounded(text, what="--eplb-config")
+    except ValueError as error:
+        why = str(error) if "nests" in str(error) else "is not JSON"
+        raise ServeArgsError(f"vllm serve: --eplb-config {text[:40]!r}: {why}; vLLM reads a JSON object, e.g. "
                              "'{\"num_redundant_experts\": 32}'") from None  # fmt: skip
     if not isinstance(config, dict):
         raise ServeArgsError(f"vllm serve: --eplb-config {text[:60]!r} is not a JSON object")

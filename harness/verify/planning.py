@@ -17,22 +17,26 @@ LLM_CLASS_DEFAULTS = {"max_num_batched_tokens": 16384, "max_num_seqs": 1024}
 
 
 def gpu_from_total(total_gib: float | None) -> str | None:
-    """The GPU whose total vLLM saw, where the log's total is one of the table's torch totals (harness.sizing.gpus,
-    to the 0.01 GiB vLLM prints): a log names no GPU, but its total tells an H100 from an H200."""
-    from harness.core.units import GIB
+    """The GPU whose total vLLM saw, where the log's total is one of the table's (harness.sizing.gpus, torch's
+    totals, to the 0.01 GiB vLLM prints): a log names no GPU, but its total tells an H100 from an H200."""
+    from harness.sizing.gpus import GIB as GPU_GIB
     from harness.sizing.gpus import GPUS
 
     if total_gib is None:
         return None
-    near = [g for g in GPUS if g.total_kind == "torch" and abs(g.total_bytes / GIB - total_gib) <= 0.015]
-    # One total, one GPU: the table's first row of it (an H200 NVL sizes as the SXM it shares its memory with).
-    return near[0].name if near and len({g.total_bytes for g in near}) == 1 else None
+    near = [g for g in GPUS if g.total_kind == "torch" and abs(g.total_bytes / GPU_GIB - total_gib) <= 0.015]
+    # GPUs of one total and one SM count differ only in their interconnect (H200 SXM and NVL): the table's first
+    same = {(g.total_bytes, g.num_sms) for g in near}
+    return near[0].name if len(same) == 1 else None
 
 
 def record_facts(record: StartupRecord) -> ModelFacts:
+    """The record's model as its serve command builds it (--dtype, --quantization)."""
+    _, spec, _ = parse_serve(list(record.serve))
     if record.config is not None:
-        return facts_from(dict(record.config), name=record.model, path=f"{record.model}/config.json")
-    return load_model(record.model)
+        return facts_from(dict(record.config), name=record.model, path=f"{record.model}/config.json",
+                          dtype=spec.dtype, quantization=spec.quantization)  # fmt: skip
+    return load_model(record.model, dtype=spec.dtype, quantization=spec.quantization)
 
 
 def record_spec(record: StartupRecord) -> tuple[str, DeploymentSpec]:

@@ -1190,6 +1190,13 @@ def cached_local_names(function: ast.FunctionDef) -> frozenset[str]:
     return names
 
 
+def forget_function(function: ast.FunctionDef) -> None:
+    """Drop a def made for one call (an expression wrapped as a function) from the cache, so it is not kept."""
+    found = _LOCAL_NAMES.get(id(function))
+    if found is not None and found[0] is function:
+        del _LOCAL_NAMES[id(function)]
+
+
 def local_names(function: ast.FunctionDef) -> frozenset[str]:
     """Names a def binds (its parameters and assignment targets): Python treats them as local everywhere in it."""
     spec = function.args

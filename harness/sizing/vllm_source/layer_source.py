@@ -19,16 +19,24 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeGuard
+from typing import TypeGuard, TypeVar
 
 from harness.sizing.vllm_source.evaluate import ParsedClass, SourceTree, source_tree
-from harness.sizing.vllm_source.interpreter import Builtin, Function, Interpreter, StandIn, Unevaluable
+from harness.sizing.vllm_source.interpreter import (
+    Builtin,
+    Function,
+    Interpreter,
+    StandIn,
+    Unevaluable,
+    forget_function,
+)
 from harness.sizing.vllm_source.sources import FUSED_MOE_DIR, VllmSource
 
 ENVS_FILE = "vllm/envs.py"
@@ -78,6 +86,7 @@ class ReleaseFiles:
         self.source = source
         self._parsed: dict[str, ast.Module | None] = {}
         self._tree = tree
+        self._reads: dict[tuple, object] = {}  # per_release: what was read once, by function and arguments
 
     @property
     def tree(self) -> SourceTree:
@@ -96,8 +105,11 @@ class ReleaseFiles:
         return self._parsed[file]
 
     def fused_moe_files(self) -> list[str]:
-        directory = self.source.root / FUSED_MOE_DIR
-        return sorted(p.relative_to(self.source.root).as_posix() for p in directory.rglob("*.py"))
+        key = ("fused_moe_files",)
+        if key not in self._reads:
+            directory = self.source.root / FUSED_MOE_DIR
+            self._reads[key] = sorted(p.relative_to(self.source.root).as_posix() for p in directory.rglob("*.py"))
+        return list(self._reads[key])  # type: ignore[call-overload]
 
     def find_class(self, name: str, files: list[str] | None = None) -> tuple[str, ast.ClassDef] | None:
         for file in files if files is not None else [*self.fused_moe_files(), ALL2ALL_FILE]:
@@ -106,6 +118,23 @@ class ReleaseFiles:
                 if isinstance(node, ast.ClassDef) and node.name == name:
                     return file, node
         return None
+
+
+_Read = TypeVar("_Read")
+
+
+def per_release(function: Callable[..., _Read]) -> Callable[..., _Read]:
+    """Read once per ReleaseFiles: a release's files do not change, so a read of the same arguments gives the same
+    value (a layout search asks each of them for hundreds of layouts)."""
+
+    @functools.wraps(function)
+    def once(files: ReleaseFiles, *args: Hashable, **kwargs: Hashable) -> _Read:
+        key = (function.__name__, args, tuple(sorted(kwargs.items())))
+        if key not in files._reads:
+            files._reads[key] = function(files, *args, **kwargs)
+        return files._reads[key]  # type: ignore[return-value]
+
+    return once
 
 
 def _parse(path: Path) -> ast.Module | None:
@@ -171,11 +200,14 @@ def run_expression(
         return interpreter.call(Function(file, node), (), bound)
     except RecursionError:
         raise Unevaluable("nests deeper than Python's own stack allows") from None
+    finally:
+        forget_function(node)  # made for this call: the interpreter's cache need not keep it
 
 
 # --- envs.py --------------------------------------------------------------------------------------------------------
 
 
+@per_release
 def env_default(files: ReleaseFiles, name: str) -> Read:
     """The default an env var takes in this release: the literal second argument of os.getenv(NAME, ...)."""
     module = files.module(ENVS_FILE)
@@ -199,6 +231,7 @@ def env_default(files: ReleaseFiles, name: str) -> Read:
 # --- layer.py: what FusedMoEConfig.num_experts is -------------------------------------------------------------------
 
 
+@per_release
 def moe_num_experts(files: ReleaseFiles, *, num_routed_experts: int, num_redundant_experts: int) -> Read:
     """The value layer.py passes as FusedMoEConfig(num_experts=...) for a model of num_routed_experts with EPLB's
     num_redundant_experts: followed back through the assignments of the building function (and one helper call)."""
@@ -343,7 +376,7 @@ def _unpack(target: ast.expr, value: object, name: str) -> dict[str, object]:
         return {target.id: value}
     if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, tuple) and len(value) == len(target.elts):
         out: dict[str, object] = {}
-        for element, item in zip(target.elts, value, strict=True):
+        for element, item in zip(target.elts, value, strict=False):
             if _binds(element, name):
                 out.update(_unpack(element, item, name))
         return out
@@ -374,6 +407,7 @@ class Branch:
     use_fp8_dispatch: ast.expr | None
 
 
+@per_release
 def deepep_ll_branch(files: ReleaseFiles) -> Branch | None:
     """The first branch in fused_moe/ whose test reads `.use_deepep_ll_kernels` and that builds all_to_all_args."""
     for file in files.fused_moe_files():
@@ -482,6 +516,7 @@ def manager_kwargs(
     return ManagerKwargs(ref=where, kwargs=result, size_hint_calls=calls)
 
 
+@functools.lru_cache(maxsize=64)  # one copy per manager method (a parsed tree's node: kept as long as the tree)
 def _with_standin_modules(method: ast.FunctionDef, modules: tuple[str, ...]) -> ast.FunctionDef:
     """A copy of method whose imports of `modules` are gone and which takes them as keyword-only parameters."""
     copy = deepcopy(method)

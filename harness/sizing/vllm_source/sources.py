@@ -67,6 +67,7 @@ LAYER_FILES = (
     "vllm/entrypoints/cli/serve.py",
     "vllm/utils/argparse_utils.py",
     "vllm/config.py",  # the config classes before vllm/config/ was a package
+    "vllm/model_executor/layers/quantization/fp8.py",  # Fp8MoEMethod's experts selection (harness.sizing.moe_selection)
 )
 # Whole directories of python files the deployment model reads: the config classes (field types, Literal choices).
 LAYER_DIRS = ("vllm/config/",)
