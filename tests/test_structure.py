@@ -129,7 +129,8 @@ def test_each_package_says_what_it_owns_and_may_import(package):
 # vLLM's own `vllm serve` command line (a DeploymentSpec), not the harness's.
 # The CPU-cost probes `harness bench` runs as processes of their own are scripts too (python -m harness.bench.probe_*).
 ARGPARSE_ALLOWED = {"harness.cli", "harness.cli_parsers", "harness.sizing.serve_args", "harness.bench.probe_collect",
-                    "harness.bench.probe_matrix_collect", "harness.bench.probe_plan_matrix"}  # fmt: skip
+                    "harness.bench.probe_matrix_collect", "harness.bench.probe_plan_matrix",
+                    "harness.bench.probe_search"}  # fmt: skip
 
 
 def argparse_users(root: Path) -> list[str]:

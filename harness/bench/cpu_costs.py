@@ -38,7 +38,7 @@ PLAN_MATRIX_PROBE = "harness plan 1024-cell release matrix (CPU)"
 # same probe) and of a 1024-cell matrix's reports (target 60 s): harness.bench.probe_matrix_collect.
 MATRIX_SPLIT_PROBE = "collect 1024 records as 64 cells of 16 (CPU)"
 MATRIX_CELLS_PROBE = "collect a 1024-cell matrix (CPU)"
-# `harness plan --search` (benchmarks/bench_search.py): about 1,000 candidates at most 10 s of CPU per 1,000; about
+# `harness plan --search` (harness.bench.probe_search): about 1,000 candidates at most 10 s of CPU per 1,000; about
 # 10,000 at most the small search's CPU per candidate, and at most twice its peak RSS (memory flat).
 SEARCH_SMALL_PROBE = "layout search ~1,000 candidates (CPU per 1,000)"
 SEARCH_LARGE_PROBE = "layout search ~10,000 candidates (CPU; peak RSS at most 2x the small search's)"
@@ -279,14 +279,11 @@ def _matrix_collect_costs(repo: Path, progress: Progress) -> list[CpuCost]:
 
 
 def _search_costs(repo: Path, progress: Progress) -> list[CpuCost]:
-    """The layout search's targets, from one run of benchmarks/bench_search.py; none when it is absent or the
-    release cannot be had."""
-    script = repo / "benchmarks" / "bench_search.py"
-    if not script.exists():
-        return []
-    progress("layout search: benchmarks/bench_search.py (DeepSeek-R1 on H200, vLLM 0.33.0)")
-    done = subprocess.run([sys.executable, str(script), "--json"], capture_output=True, text=True,
-                          timeout=SUBPROCESS_TIMEOUT_S * 4, cwd=repo, check=False)  # fmt: skip
+    """The layout search's targets, from one run of harness.bench.probe_search; none when the release cannot be
+    had."""
+    progress("layout search: harness.bench.probe_search (DeepSeek-R1 on H200, vLLM 0.33.0)")
+    done = subprocess.run([sys.executable, "-m", "harness.bench.probe_search", "--json"], capture_output=True,
+                          text=True, timeout=SUBPROCESS_TIMEOUT_S * 4, cwd=repo, check=False)  # fmt: skip
     if done.returncode not in (0, 1) or not done.stdout.strip():
         progress(f"layout search: skipped (bench_search.py exited {done.returncode}: {_one_line(done.stderr)})")
         return []

@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.core.errors import BadInput
 from harness.scenario.limits import shown_text
 from harness.sizing.quant_formats import (
     SUPPORTED_ACT_DTYPES,
@@ -77,7 +78,7 @@ CONFIG_CLASS_DEFAULTS: dict[str, dict[str, int]] = {
 }
 
 
-class ModelConfigError(Exception):
+class ModelConfigError(BadInput):
     """A model that cannot be read or is not one this model sizes; the message is one line."""
 
 

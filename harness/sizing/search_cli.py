@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
-from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+from harness.core.errors import BadInput
+from harness.core.exits import EXIT_FAILED, EXIT_OK
 
 
 def add_search_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,9 +68,9 @@ def stray_search_option(ns: argparse.Namespace) -> str | None:
     return f"{given[0]} goes with --search (harness plan --search ... -- vllm serve MODEL FLAGS)" if given else None
 
 
-def _error(message: str) -> int:
-    print(f"harness: error: {message}", file=sys.stderr)
-    return EXIT_ERROR
+def _error(message: str) -> NoReturn:
+    """Refuse in one line: harness.cli.main shows it and exits 2."""
+    raise BadInput(message)
 
 
 def search_command(ns: argparse.Namespace, gpu: str | None, total: int | None) -> int:
