@@ -51,12 +51,12 @@ def cmd_plan(ns: argparse.Namespace) -> int:
 
     if ns.budget_gb is not None and not 0 < ns.budget_gb < 1e6:
         raise BadInput(f"--budget-gb {ns.budget_gb} is not a budget in GB; allowed: above 0, below 1e6")
-    if getattr(ns, "search", False):  # `harness plan --search ... -- vllm serve ...` (harness/sizing/search_cli.py)
+    if getattr(ns, "search", False):  # `harness plan --search ... -- vllm serve ...` (harness/cli_search.py)
+        from harness.cli_search import search_command
         from harness.sizing.deployment_cli import DeviceRequest, _budget
-        from harness.sizing.search_cli import search_command
 
         return search_command(ns, *_budget(DeviceRequest(gpu=ns.gpu, budget_gb=ns.budget_gb)))
-    from harness.sizing.search_cli import stray_search_option
+    from harness.cli_search import stray_search_option
 
     if (stray := stray_search_option(ns)) is not None:
         raise BadInput(stray)

@@ -214,7 +214,7 @@ def _plan(sub: Subcommands, commands: Mapping[str, Command]) -> None:
         "--gpu-capability", default=None, metavar="M.m", help="with --gpu-memory-gib: its compute capability (e.g. 8.9)"
     )
     _wide(p)
-    from harness.sizing.search_cli import add_search_arguments
+    from harness.cli_search import add_search_arguments
 
     add_search_arguments(p)
     p.set_defaults(func=commands["plan"], parser=p)

@@ -256,8 +256,8 @@ def test_gpu_counts_parse():
 def test_release_selection_picks_the_experts_backend(cache_dir):
     """oracle/fp8.py on Hopper for block FP8: Triton for TP, FlashInfer's CUTLASS for EP in the standard format (not
     sized: the table's family is planned, and the pick named), BatchedDeepGemm under deepep_low_latency."""
+    from harness.sizing.deployment_plan import ReleaseReads
     from harness.sizing.moe_selection import cutlass_refusal, pick_fp8
-    from harness.sizing.search import ReleaseReads
     from harness.sizing.vllm_source.sources import locate
 
     files = ReleaseReads(locate(version="0.33.0", cache_dir=cache_dir)).files
@@ -403,8 +403,8 @@ def test_selection_agrees_with_a_real_startup_on_an_h200(cache_dir):
     """tests/data/real_startups/qwen3-moe-4l-fp8block.yaml: vLLM 0.26.0 on one H200 logged "Using TRITON Fp8 MoE
     backend out of potential backends: [...]" for a block-FP8 Qwen3 MoE; the selection read from 0.26.0's oracle
     gives the same backend and the same list in the same order (VLLM_CUTLASS removed: allow_vllm_cutlass=False)."""
+    from harness.sizing.deployment_plan import ReleaseReads
     from harness.sizing.moe_selection import pick_fp8
-    from harness.sizing.search import ReleaseReads
     from harness.sizing.vllm_source.sources import locate
     from harness.verify.planning import record_facts
     from harness.verify.record import load_record

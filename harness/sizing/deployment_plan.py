@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.scenario.deployment import DeploymentSpec
 from harness.scenario.schema import Scenario, parse_scenario
@@ -16,8 +16,39 @@ from harness.sizing.deployment import GIB, DeploymentPlan, Resolved, plan_deploy
 from harness.sizing.gpus import Gpu
 from harness.sizing.model_config import ModelFacts, check_parallel, load_model
 
-if TYPE_CHECKING:
-    from harness.sizing.search import ReleaseReads
+LAYER_CACHE = 64  # distinct MoE layer plans a ReleaseReads keeps (least recently used dropped first)
+
+
+class ReleaseReads:
+    """One release as the search reads it: its parsed files (with each source read kept, layer_source.per_release)
+    and one layer plan per distinct MoE layer scenario."""
+
+    def __init__(self, source: Any) -> None:
+        from harness.sizing.layer import _tree
+        from harness.sizing.vllm_source.layer_source import ReleaseFiles
+
+        self.source = source
+        self.files = ReleaseFiles(source, _tree(source))
+        self._layers: dict[str, Any] = {}  # least recently used first
+        self.planned = 0
+
+    def layer_plan(self, layer: Scenario) -> Any:
+        from harness.sizing.layer import plan_layer_from
+
+        key = layer.model_dump_json()
+        plan = self._layers.pop(key, None)
+        if plan is None:
+            plan = plan_layer_from(layer, self.source, files=self.files)
+            self.planned += 1
+            if len(self._layers) >= LAYER_CACHE:
+                del self._layers[next(iter(self._layers))]  # the least recently used
+        self._layers[key] = plan
+        return plan
+
+    @property
+    def distinct_layers(self) -> int:
+        return self.planned
+
 
 LAYER_ALL2ALL = {"deepep_low_latency": "deepep-low-latency", "deepep_high_throughput": "deepep-high-throughput"}
 

@@ -37,8 +37,9 @@ from typing import Any, Literal
 import harness
 from harness.core.records import Record
 from harness.scenario.deployment import DeploymentSpec
-from harness.scenario.schema import Scenario, ScenarioError
+from harness.scenario.schema import ScenarioError
 from harness.sizing.deployment import GIB, DeploymentPlan
+from harness.sizing.deployment_plan import ReleaseReads
 from harness.sizing.model_config import ModelFacts
 
 SEARCH_SCHEMA = 1
@@ -58,7 +59,6 @@ MAX_GPUS = 4096
 MAX_CANDIDATES = 200_000  # per release: about three minutes of CPU
 # Layer plans kept: the candidates vary the MoE layer in their outer loops, so a layer's candidates come together and
 # a small cache plans each once while the memory stays flat however many candidates there are.
-LAYER_CACHE = 64
 
 
 class SearchError(Exception):
@@ -66,37 +66,6 @@ class SearchError(Exception):
 
 
 # --- the release, read once -----------------------------------------------------------------------------------------
-
-
-class ReleaseReads:
-    """One release as the search reads it: its parsed files (with each source read kept, layer_source.per_release)
-    and one layer plan per distinct MoE layer scenario."""
-
-    def __init__(self, source: Any) -> None:
-        from harness.sizing.layer import _tree
-        from harness.sizing.vllm_source.layer_source import ReleaseFiles
-
-        self.source = source
-        self.files = ReleaseFiles(source, _tree(source))
-        self._layers: dict[str, Any] = {}  # least recently used first
-        self.planned = 0
-
-    def layer_plan(self, layer: Scenario) -> Any:
-        from harness.sizing.layer import plan_layer_from
-
-        key = layer.model_dump_json()
-        plan = self._layers.pop(key, None)
-        if plan is None:
-            plan = plan_layer_from(layer, self.source, files=self.files)
-            self.planned += 1
-            if len(self._layers) >= LAYER_CACHE:
-                del self._layers[next(iter(self._layers))]  # the least recently used
-        self._layers[key] = plan
-        return plan
-
-    @property
-    def distinct_layers(self) -> int:
-        return self.planned
 
 
 def offered_all2all(reads: ReleaseReads) -> tuple[str, ...]:
