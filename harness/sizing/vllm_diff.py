@@ -453,6 +453,8 @@ def _cell(text: str) -> str:
 
 
 def write_junit(result: VllmDiff, path: Path) -> None:
+    from harness.sizing.vllm_source.sweep_report import write_junit_suite
+
     suite = ET.Element("testsuite", name=f"harness vllm diff {result.base} {result.head}")
     cases = failures = skipped = 0
     for d in result.deployments:
@@ -477,16 +479,7 @@ def write_junit(result: VllmDiff, path: Path) -> None:
             ET.SubElement(case, "skipped", message=f"{c.name}: {c.change}")
         else:
             ET.SubElement(case, "system-out").text = f"{c.name}: {c.change} ({c.points_compared} points compared)"
-    for line in result.limits:
-        cases += 1
-        failures += 1
-        case = ET.SubElement(suite, "testcase", classname="sweep", name="limit")
-        ET.SubElement(case, "failure", message=line, type="limit")
-    suite.set("tests", str(cases))
-    suite.set("failures", str(failures))
-    suite.set("skipped", str(skipped))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+    write_junit_suite(suite, path, limits=result.limits, cases=cases, failures=failures, skipped=skipped)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -534,4 +527,5 @@ def run_diff(request: DiffRequest) -> int:
 
 def _error(message: str) -> NoReturn:
     """Refuse in one line: harness.cli.main shows it and exits 2."""
+
     raise BadInput(message)

@@ -364,7 +364,14 @@ def write_junit(result: SweepResult, path: Path) -> None:
         cases += 1
         case = ET.SubElement(suite, "testcase", classname=cls.name, name=f"finding: {finding.kind} {finding.buffer}")
         ET.SubElement(case, "system-out").text = finding_line(finding)
-    for line in result.limits:
+    write_junit_suite(suite, path, limits=result.limits, cases=cases, failures=failures, skipped=skipped)
+
+
+def write_junit_suite(
+    suite: ET.Element, path: Path, *, limits: list[str], cases: int, failures: int, skipped: int
+) -> None:
+    """Close a JUnit suite: each limit the run hit as a failed case, the counts, then the file (its folder made)."""
+    for line in limits:
         cases += 1
         failures += 1
         case = ET.SubElement(suite, "testcase", classname="sweep", name="limit")
