@@ -168,7 +168,9 @@ def test_release_source_metadata(cache_dir):
     assert (source.root / FUSED_MOE / "experts" / "cutlass_moe.py").is_file()
     # Only the fused-MoE sources were kept; the wheel itself was deleted.
     assert not list((cache_dir / "vllm" / "0.29.0").glob("wheel/*.whl"))
-    assert not (source.root / "vllm" / "engine").exists()
+    # Of the engine, only the parser the serve-line flags are read from (harness.sizing.release_flags).
+    assert sorted(p.name for p in (source.root / "vllm" / "engine").iterdir()) == ["arg_utils.py"]
+    assert not (source.root / "vllm" / "v1").exists() and not (source.root / "vllm" / "attention").exists()
 
 
 @pytest.mark.vllm_wheel
@@ -519,7 +521,9 @@ def test_synthetic_wheel_is_extracted_and_reused(tmp_path, synthetic_tree, ds_v3
     source = locate(wheel=wheel, cache_dir=tmp_path / "cache")
     assert source.kind == "wheel" and source.version == "0.9.9" and source.torch_requirement == "torch==2.7.1"
     assert source.root.parent == tmp_path / "cache" / "vllm" / "0.9.9"
-    assert not (source.root / "vllm" / "engine").exists()
+    # Of the engine, only the parser the serve-line flags are read from (harness.sizing.release_flags).
+    assert sorted(p.name for p in (source.root / "vllm" / "engine").iterdir()) == ["arg_utils.py"]
+    assert not (source.root / "vllm" / "v1").exists() and not (source.root / "vllm" / "attention").exists()
     assert {c.name: c.verdict for c in audit(source, ds_v3_args).classes} == SYNTHETIC_VERDICTS
     assert locate(wheel=wheel, cache_dir=tmp_path / "cache") == source
     with pytest.raises(VllmSourceError, match=r"vllm 0\.9\.9 .*no compiled ops library.*torch==2\.7\.1"):
