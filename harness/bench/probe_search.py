@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 SERVE = ("vllm", "serve", "deepseek-r1", "--max-model-len", "65536")
@@ -37,7 +38,7 @@ MEMORY_RATIO_TARGET = 2.0
 TIMEOUT_S = 900
 
 
-def _records():  # typed records for what crosses from a child to the parent (and out with --json)
+def _records() -> Any:  # typed records for what crosses from a child to the parent (and out with --json)
     sys.path.insert(0, str(REPO_DIR))
     from harness.core.records import Record
 
