@@ -517,7 +517,7 @@ def _run(ns: argparse.Namespace) -> int:
 
 def _report(exc: HarnessError) -> int:
     """The error as its one line (harness.core.log.error_line) and its exit code."""
-    log.error(str(exc))
+    log.error(str(exc), extra={"details": exc.details})
     return exc.exit_code
 
 

@@ -16,9 +16,14 @@ from harness.core.exits import EXIT_ERROR, EXIT_FAILED
 
 
 class HarnessError(Exception):
-    """A refusal or failure the command reports in one line, exiting with `exit_code`."""
+    """A refusal or failure the command reports in one line, exiting with `exit_code`. `details`: lines shown
+    indented under it, one per cause (each escaped on its own), where one line cannot name every cause."""
 
     exit_code: int = EXIT_ERROR
+
+    def __init__(self, *args: object, details: tuple[str, ...] = ()) -> None:
+        super().__init__(*args)
+        self.details = details
 
 
 class BadInput(HarnessError):

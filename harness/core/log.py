@@ -63,7 +63,8 @@ class _Formatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()
         if record.levelno >= logging.ERROR:
-            return error_line(shown_line(message))
+            details = getattr(record, "details", ())  # HarnessError.details: each its own escaped line
+            return error_line(shown_line(message)) + "".join(f"\n  {shown_line(d)}" for d in details)
         if record.levelno >= logging.WARNING:
             return "harness: " + message
         return message

@@ -366,9 +366,7 @@ def _current_problems(current: Report) -> None:
         ]
         if len(problems) > MAX_CAUSES_SHOWN:
             lines.append(f"(and {len(problems) - MAX_CAUSES_SHOWN} more: `harness collect` lists them all)")
-        raise CompareError(
-            f"the current run's records have {len(problems)} problem(s):" + "".join(f"\n  {line}" for line in lines)
-        )
+        raise CompareError(f"the current run's records have {len(problems)} problem(s):", details=tuple(lines))
 
 
 def _compare_matrices(base: MatrixReport, cur: MatrixReport, ctx: _Context, warnings: list[str]) -> list[Row]:
@@ -498,7 +496,8 @@ def compare_command(request: CompareRequest) -> int:
         )
     except CompareError as exc:  # the one line comes from harness.cli.main
         if request.json:
-            print(json.dumps({"status": "FAILED", "exit_code": EXIT_ERROR, "exit_reason": f"error: {exc}"}, indent=1))
+            reason = "".join([f"error: {exc}", *(f"\n  {line}" for line in exc.details)])
+            print(json.dumps({"status": "FAILED", "exit_code": EXIT_ERROR, "exit_reason": reason}, indent=1))
         raise
     if request.json:
         print(json.dumps(comparison.to_json(), indent=1))
