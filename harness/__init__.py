@@ -21,7 +21,7 @@ import importlib.metadata
 UNKNOWN_VERSION = "0+unknown"  # neither installed nor built from git
 
 
-def _version() -> str:
+def _read_version() -> str:
     """The version setuptools-scm derived from git when this tree was installed (harness/_version.py), else the
     installed distribution's, else UNKNOWN_VERSION."""
     try:
@@ -34,7 +34,7 @@ def _version() -> str:
         return UNKNOWN_VERSION
 
 
-__version__ = _version()
+__version__ = _read_version()  # not `_version`: that name is the generated submodule harness/_version.py
 
 
 def _configure_log() -> None:

@@ -59,10 +59,10 @@ def test_the_version_falls_back_to_the_install_then_to_unknown(monkeypatch: pyte
 
     monkeypatch.setattr(importlib, "import_module", no_version_file)
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.2.3")
-    assert harness._version() == "1.2.3"
+    assert harness._read_version() == "1.2.3"
 
     def not_installed(name: str) -> str:
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
-    assert harness._version() == harness.UNKNOWN_VERSION == "0+unknown"
+    assert harness._read_version() == harness.UNKNOWN_VERSION == "0+unknown"
