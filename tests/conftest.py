@@ -2,6 +2,7 @@ import atexit
 import fcntl
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -11,6 +12,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 # One thread per rank process: tests run several gloo ranks on a 2-core machine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+# A suite started in the background of a script (`cmd &`) inherits SIGINT ignored, as POSIX has it, and so would
+# every harness process it starts: the tests of Ctrl-C need SIGINT delivered. A Python handler, unlike an ignored
+# disposition, is not inherited across exec, so the processes the tests start get the default again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # --- the tests' own release cache -------------------------------------------------------------------------------------
