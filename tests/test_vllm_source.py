@@ -514,7 +514,12 @@ def test_zip_that_is_not_a_vllm_wheel(tmp_path):
 
 
 def test_synthetic_wheel_is_extracted_and_reused(tmp_path, synthetic_tree, ds_v3_args):
-    members = {"vllm-0.9.9.dist-info/METADATA": METADATA, "vllm/engine/huge.py": b"x = 1\n"}
+    members = {
+        "vllm-0.9.9.dist-info/METADATA": METADATA,
+        "vllm/engine/huge.py": b"x = 1\n",
+        "vllm/engine/arg_utils.py": b"class EngineArgs:\n    pass\n",
+        "vllm/v1/worker/gpu_worker.py": b"x = 1\n",
+    }
     for path in (synthetic_tree / FUSED_MOE).rglob("*.py"):
         members[path.relative_to(synthetic_tree).as_posix()] = path.read_bytes()
     wheel = make_wheel(tmp_path / "vllm-0.9.9-cp38-abi3-linux_x86_64.whl", members)
