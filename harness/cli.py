@@ -417,9 +417,28 @@ def cmd_bench(ns: argparse.Namespace) -> int:
             json=ns.json,
             cpu_only=ns.cpu_only,
             no_cpu_costs=ns.no_cpu_costs,
+            repeats=ns.repeats,
+            probes=_bench_probes(ns),
             command=tuple(recorded_command(ns.parser, ns)),
         )
     )
+
+
+def _bench_probes(ns: argparse.Namespace) -> tuple[str, ...] | None:
+    """--repeats and --probes checked: one line naming the value and what is allowed."""
+    from harness.bench.cpu_costs import MAX_REPEATS, PROBES
+    from harness.core.text import shown_text
+
+    if not 1 <= ns.repeats <= MAX_REPEATS:
+        raise BadInput(f"--repeats {ns.repeats}: allowed 1 to {MAX_REPEATS}")
+    if ns.probes is None:
+        return None
+    names = tuple(name.strip() for name in ns.probes.split(","))
+    unknown = [name for name in names if name not in PROBES]
+    if unknown or not names:
+        raise BadInput(f"--probes: {shown_text(unknown[0] if unknown else ns.probes, 40)!r} is not a probe; "
+                       f"allowed: {', '.join(PROBES)}")  # fmt: skip
+    return tuple(name for name in PROBES if name in names)
 
 
 def cmd_schema(ns: argparse.Namespace) -> int:

@@ -400,6 +400,11 @@ def _bench(sub: Subcommands, commands: Mapping[str, Command]) -> None:
     )
     p.add_argument("--cpu-only", action="store_true", help="only the CPU-side costs")
     p.add_argument("--no-cpu-costs", action="store_true", help="skip the CPU-side costs")
+    p.add_argument("--repeats", type=int, default=3, metavar="N",
+                   help="samples of each repeated CPU-side probe, 1 to 20 (default 3)")  # fmt: skip
+    p.add_argument("--probes", default=None, metavar="LIST",
+                   help="comma-separated CPU-side probes to run, of: plan, plan-command, run-local, run-ray, collect, "
+                   "plan-matrix, matrix-collect, search (default: all)")  # fmt: skip
     p.set_defaults(func=commands["bench"], parser=p)
 
 

@@ -71,21 +71,42 @@ def _take_in(source: Path, target: Path) -> None:
             shutil.rmtree(staging, ignore_errors=True)
 
 
+def _private_cache(shared: Path, user: Path, *, give_back: bool) -> Path:
+    """A private cache for this process's tests, from the shared one and the user's. give_back: at exit, the entries
+    it fetched go back into the shared cache (one rename each) and its download lines onto the shared log."""
+    private = Path(tempfile.mkdtemp(prefix="moe-harness-tests-"))
+    _take_in(shared, private)
+    _take_in(user, private)
+
+    def done() -> None:
+        if give_back:
+            _take_in(private, shared)
+            fetched = private / "downloads.log"
+            if fetched.is_file():
+                with open(shared / "downloads.log", "a", encoding="utf-8") as log:
+                    log.write(fetched.read_text(encoding="utf-8"))
+        shutil.rmtree(private, ignore_errors=True)
+
+    atexit.register(done)
+    return private
+
+
 def _tests_cache_dir() -> Path:
     user = _user_cache_dir()
     explicit = os.environ.get("HARNESS_TEST_CACHE_DIR")
     shared = Path(explicit).expanduser() if explicit else user.with_name(user.name + "-tests")
     shared.mkdir(parents=True, exist_ok=True)
+    # A pytest-xdist worker belongs to the session of the process that started it, which holds the lock: each worker
+    # reads a private cache of its own, so a download in one worker is never blamed on the test running in another.
+    session_cache = os.environ.get("HARNESS_TESTS_SESSION_CACHE")
+    if os.environ.get("PYTEST_XDIST_WORKER") and session_cache:
+        return _private_cache(Path(session_cache), user, give_back=True)
     lock = open(shared / ".session.lock", "w")  # noqa: SIM115  held open for the session's lifetime
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:  # another test session holds it: a private cache for this one, from both
         lock.close()
-        private = Path(tempfile.mkdtemp(prefix="moe-harness-tests-"))
-        atexit.register(shutil.rmtree, private, ignore_errors=True)
-        _take_in(shared, private)
-        _take_in(user, private)
-        return private
+        return _private_cache(shared, user, give_back=False)
     globals()["_SESSION_LOCK"] = lock
     _take_in(user, shared)
     return shared
@@ -93,6 +114,7 @@ def _tests_cache_dir() -> Path:
 
 TESTS_CACHE_DIR = _tests_cache_dir()
 os.environ["HARNESS_CACHE_DIR"] = str(TESTS_CACHE_DIR)  # every harness the tests start, in process or not, reads it
+os.environ.setdefault("HARNESS_TESTS_SESSION_CACHE", str(TESTS_CACHE_DIR))  # what this session's workers start from
 
 
 import pytest  # noqa: E402
@@ -191,3 +213,11 @@ def smoke_run_copy(smoke_run: SmokeRun, tmp_path: Path) -> Path:
 
 
 # ==== end of the shared smoke run ====================================================================================
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`--dist loadgroup`), the tests that start Ray clusters run one after another on one worker:
+    two clusters at once would share this machine's cores and its Ray session directory."""
+    for item in items:
+        if item.get_closest_marker("ray") is not None:
+            item.add_marker(pytest.mark.xdist_group("ray"))

@@ -12,23 +12,31 @@ from pathlib import Path
 
 import pytest
 
-from cli_utils import REPO_DIR, harness_env
+from cli_utils import REPO_DIR, harness_env, run_cli_inproc
 
 GATED = {"plan (in process)", "harness plan (command)", "collect 1024 rank records"}
 
 
-@pytest.mark.ray
+# The probes run here, once each: every gated kind (in process, a command, a child probe, a matrix probe) and the
+# local launch's latency. The Ray launch, the matrix collect and the layout search are `harness bench`'s to run.
+PROBES = "plan,plan-command,run-local,collect,plan-matrix"
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(600)
 def test_cpu_only_bench_measures_and_reports_its_targets(tmp_path: Path):
-    done = subprocess.run([sys.executable, "-m", "harness", "bench", "--cpu-only", "--json", "--out",
-                           str(tmp_path / "bench")], cwd=REPO_DIR, env=harness_env(), capture_output=True,
-                          text=True, timeout=1100)  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "harness", "bench", "--cpu-only", "--json", "--repeats", "1",
+                           "--probes", PROBES, "--out", str(tmp_path / "bench")], cwd=REPO_DIR, env=harness_env(),
+                          capture_output=True, text=True, timeout=550)  # fmt: skip
     assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
     assert "Traceback" not in done.stderr  # a probe that cannot measure says so in a line
     report = json.loads(done.stdout)
     costs = {c["name"]: c for c in report["cpu_costs"]}
-    assert GATED <= set(costs)
+    # Exactly the probes asked for, each sampled once (the in-process plan: 20 calls).
+    assert set(costs) == GATED | {"run to first rank ready (local)", "harness plan 1024-cell release matrix (CPU)"}
+    assert len(costs["harness plan (command)"]["samples_s"]) == 1
+    assert len(costs["run to first rank ready (local)"]["samples_s"]) == 1
+    assert len(costs["plan (in process)"]["samples_s"]) == 20
     for name in GATED:
         cost = costs[name]
         assert cost["clock"] == "cpu" and cost["gated"], cost
@@ -47,3 +55,21 @@ def test_cpu_only_bench_measures_and_reports_its_targets(tmp_path: Path):
     md = (tmp_path / "bench" / "bench.md").read_text()
     for name in GATED:
         assert f"| {name} |" in md
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--repeats", "0"], "harness: error: --repeats 0: allowed 1 to 20\n"),
+        (["--repeats", "21"], "harness: error: --repeats 21: allowed 1 to 20\n"),
+        (
+            ["--probes", "plan,serach"],
+            "harness: error: --probes: 'serach' is not a probe; allowed: plan, plan-command, "
+            "run-local, run-ray, collect, plan-matrix, matrix-collect, search\n",
+        ),
+    ],
+)
+def test_bench_probe_selection_refuses_what_it_does_not_have(tmp_path: Path, args: list[str], message: str):
+    result = run_cli_inproc("bench", "--cpu-only", *args, "--out", str(tmp_path / "bench"))
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", message)
+    assert not (tmp_path / "bench").exists()

@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from harness.bench.aggregate import summarize
-from harness.bench.cpu_costs import cpu_costs
+from harness.bench.cpu_costs import PROBES, cpu_costs
 from harness.bench.markdown import render_markdown
 from harness.bench.rank import bench_policies, bench_rank_main
 from harness.bench.records import BenchFile, BenchRankRecord, BenchReport, CpuCost
@@ -41,6 +41,8 @@ class BenchRequest:
     json: bool = False
     cpu_only: bool = False
     no_cpu_costs: bool = False
+    repeats: int = 3  # samples of each repeated CPU-side probe
+    probes: tuple[str, ...] | None = None  # the CPU-side probes to run (cpu_costs.PROBES); None: all
     command: tuple[str, ...] = ("harness", "bench")
 
 
@@ -144,7 +146,11 @@ def bench_command(request: BenchRequest) -> int:
     costs: list[CpuCost] = []
     if not request.no_cpu_costs:
         console.print("bench: CPU-side costs (each probe runs the real commands)", highlight=False, markup=False)
-        costs = cpu_costs(progress=lambda line: console.print(f"bench: {line}", highlight=False, markup=False))
+        costs = cpu_costs(
+            repeats=request.repeats,
+            probes=request.probes or PROBES,
+            progress=lambda line: console.print(f"bench: {line}", highlight=False, markup=False),
+        )
     report = _report(scenario, run_id=run_id, command=list(request.command), records=records, costs=costs)
     write_record(out / "bench.json", BenchFile(report=report, ranks=records))
     markdown = render_markdown(report, records)

@@ -44,6 +44,9 @@ SEARCH_SMALL_PROBE = "layout search ~1,000 candidates (CPU per 1,000)"
 SEARCH_LARGE_PROBE = "layout search ~10,000 candidates (CPU; peak RSS at most 2x the small search's)"
 SUBPROCESS_TIMEOUT_S = 300.0
 Progress = Callable[[str], None]
+# The probes `harness bench --probes` selects from, in the order they run.
+PROBES = ("plan", "plan-command", "run-local", "run-ray", "collect", "plan-matrix", "matrix-collect", "search")
+MAX_REPEATS = 20
 
 
 def time_call(fn: Callable[[], Any], *, repeat: int) -> tuple[list[float], list[float]]:
@@ -157,10 +160,10 @@ def _plan_commands(repeats: int, repo: Path) -> _Samples:
     return _Samples("cpu", [cpu for cpu, _ in runs], [wall for _, wall in runs])
 
 
-def _collect_1024(repo: Path, progress: Progress) -> _Samples | None:
+def _collect_1024(repeats: int, repo: Path, progress: Progress) -> _Samples | None:
     progress("collect 1024 rank records: harness.bench.probe_collect")
     done = subprocess.run(
-        [sys.executable, "-m", "harness.bench.probe_collect", "--repeats", "3", "--json"],
+        [sys.executable, "-m", "harness.bench.probe_collect", "--repeats", str(repeats), "--json"],
         capture_output=True,
         text=True,
         timeout=SUBPROCESS_TIMEOUT_S * 2,
@@ -174,35 +177,42 @@ def _collect_1024(repo: Path, progress: Progress) -> _Samples | None:
     return _Samples("cpu", data["cpu_timings_s"], data["timings_s"])
 
 
-def cpu_costs(*, repeats: int = 3, with_ray: bool = True, progress: Progress = lambda line: None) -> list[CpuCost]:
-    """Every probe of CPU_TARGETS_S that can run here; `progress` gets a line before and after each."""
+def cpu_costs(
+    *, repeats: int = 3, probes: tuple[str, ...] = PROBES, progress: Progress = lambda line: None
+) -> list[CpuCost]:
+    """The probes named (PROBES) that can run here, each repeated probe `repeats` times (the in-process plan 20
+    times; Ray's run once); `progress` gets a line before and after each."""
     from harness.scenario.schema import load_scenario
     from harness.scenario.sections import REPO_DIR
     from harness.sizing.plan import make_plan
 
-    pr = load_scenario("deepseek-v3-dp32-pr55579")
     results: dict[str, _Samples] = {}
-    progress("plan (in process): 20 calls")
-    in_process = _Samples("cpu", *time_call(lambda: make_plan(pr), repeat=20))
-    results["plan (in process)"] = _probe("plan (in process)", in_process, progress)
-    progress(f"harness plan (command): {repeats} runs")
-    results["harness plan (command)"] = _probe("harness plan (command)", _plan_commands(repeats, REPO_DIR), progress)
+    if "plan" in probes:
+        pr = load_scenario("deepseek-v3-dp32-pr55579")
+        progress("plan (in process): 20 calls")
+        in_process = _Samples("cpu", *time_call(lambda: make_plan(pr), repeat=20))
+        results["plan (in process)"] = _probe("plan (in process)", in_process, progress)
+    if "plan-command" in probes:
+        progress(f"harness plan (command): {repeats} runs")
+        commands = _plan_commands(repeats, REPO_DIR)
+        results["harness plan (command)"] = _probe("harness plan (command)", commands, progress)
     with tempfile.TemporaryDirectory() as tmp:
-        for launcher in ("local", "ray") if with_ray else ("local",):
+        for launcher in ("local", "ray"):
+            if f"run-{launcher}" not in probes:
+                continue
             name = f"run to first rank ready ({launcher})"
             samples = _run_to_ready(launcher, repeats if launcher == "local" else 1, REPO_DIR, Path(tmp), progress)
             if samples is not None:
                 results[name] = _probe(name, samples, progress)
-    collected = _collect_1024(REPO_DIR, progress)
-    if collected is not None:
+    if "collect" in probes and (collected := _collect_1024(repeats, REPO_DIR, progress)) is not None:
         results["collect 1024 rank records"] = _probe("collect 1024 rank records", collected, progress)
-    plan_matrix = _plan_matrix_cost(REPO_DIR, progress)
+    plan_matrix = _plan_matrix_cost(repeats, REPO_DIR, progress) if "plan-matrix" in probes else None
     costs = [_cost(name, samples) for name, samples in results.items()]
     return (
         costs
         + ([plan_matrix] if plan_matrix is not None else [])
-        + _matrix_collect_costs(REPO_DIR, progress)
-        + _search_costs(REPO_DIR, progress)
+        + (_matrix_collect_costs(REPO_DIR, progress) if "matrix-collect" in probes else [])
+        + (_search_costs(REPO_DIR, progress) if "search" in probes else [])
     )
 
 
@@ -220,11 +230,11 @@ def _cost(name: str, samples: _Samples) -> CpuCost:
     )
 
 
-def _plan_matrix_cost(repo: Path, progress: Progress) -> CpuCost | None:
+def _plan_matrix_cost(repeats: int, repo: Path, progress: Progress) -> CpuCost | None:
     """The 1024-cell plan's CPU against twice the 1-cell plan's; None when the releases are not at hand."""
     progress(f"{PLAN_MATRIX_PROBE}: harness.bench.probe_plan_matrix (warm release cache)")
-    done = subprocess.run([sys.executable, "-m", "harness.bench.probe_plan_matrix", "--repeats", "3", "--json"],
-                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S * 2, cwd=repo,
+    command = [sys.executable, "-m", "harness.bench.probe_plan_matrix", "--repeats", str(repeats), "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S * 2, cwd=repo,
                           check=False)  # fmt: skip
     if done.returncode not in (0, 1) or not done.stdout.strip():
         progress(f"{PLAN_MATRIX_PROBE}: skipped (probe_plan_matrix exited {done.returncode})")
