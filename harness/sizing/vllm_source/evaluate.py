@@ -409,6 +409,7 @@ def standin_attributes(args: SizingArgs) -> dict[str, object]:
         num_logical_experts=args.num_global_experts,
         experts_per_token=args.top_k,
         hidden_dim=args.hidden_size,
+        hidden_dim_unpadded=args.hidden_size,  # FusedMoEConfig.__post_init__: None -> hidden_dim
         intermediate_size_per_partition=args.intermediate_size,
         in_dtype=bf16,
         max_num_tokens=args.max_tokens_per_rank,

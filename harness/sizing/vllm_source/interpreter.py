@@ -309,6 +309,27 @@ class Interpreter:
             self.check_value(value, what="argument")
         return self._call(callee, list(args), dict(kwargs or {}), None, None)
 
+    def evaluate_in(self, function: Function, args: Iterable[object], kwargs: Mapping[str, object],
+                    prelude: Iterable[ast.stmt], expression: ast.expr) -> object:  # fmt: skip
+        """An expression of function's body with its parameters bound (args, kwargs, the defaults) after the prelude,
+        statements of the body before it, each run where it evaluates (an assignment to a plain name that does not
+        evaluate leaves the name unbound). Nothing but the prelude and the expression is run."""
+        args = list(args)
+        for value in (*args, *kwargs.values()):
+            self.check_value(value, what="argument")
+        frame = _Frame(function, function.file, {}, cached_local_names(function.node))
+        self._bind_arguments(function, args, dict(kwargs), frame)
+        if args:
+            frame.first_argument = args[0]
+        for statement in prelude:
+            if isinstance(statement, ast.Assign) and all(isinstance(t, ast.Name) for t in statement.targets):
+                try:
+                    self._exec_block([statement], frame)
+                except Unevaluable as error:
+                    if any(limit in str(error) for limit in ("budget", "nested deeper", "nests deeper")):
+                        raise
+        return self._eval(expression, frame)
+
     # --- budget and value checks -------------------------------------------------------------------------------
 
     def charge(self, steps: int = 1) -> None:

@@ -33,6 +33,7 @@ import ast
 import dataclasses
 import itertools
 import math
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -54,13 +55,16 @@ from harness.sizing.vllm_source.interpreter import (
     Activation,
     BoundMethod,
     Builtin,
+    DType,
     FakeTensor,
     Function,
     Interpreter,
+    MissingAttribute,
     StandIn,
     Unevaluable,
 )
 from harness.sizing.vllm_source.views import (
+    Opaque,
     TokenCounts,
     ViewTrace,
     WorkspaceTensor,
@@ -102,6 +106,29 @@ class QuantFormat:
     def fp8(self) -> bool:
         return self.dtype == "float8_e4m3fn"
 
+    @property
+    def weight_dtype(self) -> str | None:
+        return _key_dtype(self.weight_key)
+
+    @property
+    def act_dtype(self) -> str | None:
+        """What the activations are quantized to; None for weight-only formats (and bf16)."""
+        return _key_dtype(self.activation_key)
+
+    def element_dtype(self, dtype: str | None) -> DType:
+        """The tensor dtype of values in `dtype`: fp8 for fp8 / mxfp8, int8, uint8 for the packed 4-bit ones."""
+        if dtype in ("float8_e4m3fn", "mxfp8"):
+            return DTYPES["float8_e4m3fn"]
+        if dtype == "int8":
+            return DTYPES["int8"]
+        return DTYPES["uint8"] if dtype in PACKED_DTYPES else DTYPES["bfloat16"]
+
+    @property
+    def quant_config_dtype(self) -> object:
+        """quant_config.quant_dtype: a torch dtype (fp8, int8) or a string (nvfp4, mxfp4, ... in vLLM too)."""
+        act = self.act_dtype
+        return self.element_dtype(act) if act in ("float8_e4m3fn", "int8") else act
+
 
 QUANT_FORMATS = (
     QuantFormat("fp8-per-token", "kFp8StaticChannelSym", "kFp8DynamicTokenSym", "float8_e4m3fn", True, None),
@@ -112,6 +139,78 @@ QUANT_FORMATS = (
 )
 DEFAULT_QUANT = QUANT_FORMATS[0]
 QUANT_BY_NAME = {q.name: q for q in QUANT_FORMATS}
+# Beyond QUANT_FORMATS, a class is swept at the (weight, activation) QuantKey pairs its own _supports_quant_scheme
+# names (mxfp4, int8 / int4 weight-only, w4a8 ...): such a format's name is "<weight key>/<activation key or none>",
+# and what it stands for is read from vLLM's QuantKey naming (k<Dtype><Static|Dynamic><scale>): the dtype from the
+# prefix, per-token scales from "Token" in the activation key, 128-blocks from "128" in it.
+KEY_DTYPES = (("kNvfp4", "nvfp4"), ("kMxfp4", "mxfp4"), ("kMxfp8", "mxfp8"), ("kFp8", "float8_e4m3fn"),
+              ("kInt8", "int8"), ("kInt4", "int4"), ("kMxint4", "int4"))  # fmt: skip
+PACKED_DTYPES = ("nvfp4", "mxfp4", "int4")  # two values a byte along the last dim
+
+
+def _key_dtype(key: str | None) -> str | None:
+    if key is None:
+        return None
+    return next((dtype for prefix, dtype in KEY_DTYPES if key.startswith(prefix)), None)
+
+
+def quant_format(name: str) -> QuantFormat:
+    """A format of QUANT_FORMATS, or one named "<weight key>/<activation key or none>" (above)."""
+    if name in QUANT_BY_NAME:
+        return QUANT_BY_NAME[name]
+    weight, _, activation = name.partition("/")
+    act = None if activation in ("", "none") else activation
+    dtype = _key_dtype(act) or _key_dtype(weight)
+    block = (128, 128) if act is not None and "128" in act else None
+    return QuantFormat(name, weight, act, dtype, act is not None and "Token" in act, block)
+
+
+MAX_DECLARED_QUANTS = 12  # formats swept per class beyond QUANT_FORMATS
+
+
+def declared_quant_pairs(tree: SourceTree, cls: ParsedClass) -> tuple[str, ...]:
+    """The formats (quant_format names) a class's own _supports_quant_scheme names beyond QUANT_FORMATS, in the order
+    written: (weight, activation) tuples of QuantKey names (module-level lists the method reads count too), and the
+    keys it compares its weight and activation parameters with (`weight_key in (kInt4Static, ...)`, `activation_key
+    is None`), paired. Candidates only: the sweep keeps those the method, evaluated, accepts."""
+    found = tree.find_method(cls, "_supports_quant_scheme")
+    if found is None:
+        return ()
+    owner, method = found
+    nodes: list[ast.AST] = [method]
+    for node in ast.walk(method):
+        if isinstance(node, ast.Name) and not node.id.startswith("k"):
+            binding = tree.global_binding(owner.file, node.id)
+            if binding is not None and binding.kind == "value" and binding.node is not None:
+                nodes.append(binding.node)
+    standard = {(q.weight_key, q.activation_key) for q in QUANT_FORMATS}
+    names: dict[str, None] = {}
+    for root in nodes:
+        for node in ast.walk(root):
+            if not isinstance(node, ast.Tuple) or len(node.elts) != 2:
+                continue
+            keys = [e.id if isinstance(e, ast.Name) and e.id.startswith("k") else None
+                    if isinstance(e, ast.Constant) and e.value is None else "" for e in node.elts]  # fmt: skip
+            weight, activation = keys
+            if not weight or activation == "" or (weight, activation) in standard or _key_dtype(weight) is None:
+                continue
+            names[f"{weight}/{activation or 'none'}"] = None
+    params = [a.arg for a in method.args.args if a.arg not in ("self", "cls")]
+    compared: dict[str, dict[str | None, None]] = {name: {} for name in params[:2]}
+    for node in ast.walk(method):
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and node.left.id in compared:
+            for right in node.comparators:
+                for leaf in ast.walk(right):
+                    if isinstance(leaf, ast.Name) and leaf.id.startswith("k"):
+                        compared[node.left.id][leaf.id] = None
+                    elif isinstance(leaf, ast.Constant) and leaf.value is None:
+                        compared[node.left.id][None] = None
+    if len(params) >= 2:
+        for weight, activation in itertools.product(compared[params[0]], compared[params[1]] or {None: None}):
+            if weight is not None and (weight, activation) not in standard and _key_dtype(weight) is not None:
+                names[f"{weight}/{activation or 'none'}"] = None
+    return tuple(names)[:MAX_DECLARED_QUANTS]
+
 
 CONSISTENT, DOUBLE, UNDER, OVER = "consistent", "double-count", "under-sized", "over-allocated"
 UNEVALUATED, REFUSED, UNSUPPORTED = "unevaluated", "refused", "unsupported"
@@ -133,6 +232,7 @@ class Point:
     I: int
     E: int
     T: int
+    variant: str = ""  # the runtime flags the class reads, as swept: "is_sm100=True" (init_attribute)
 
     def args(self) -> SizingArgs:
         return SizingArgs(
@@ -227,12 +327,13 @@ def activations_of(tree: SourceTree) -> tuple[str, ...]:
     return FALLBACK_ACTIVATIONS
 
 
-def grid(activations: tuple[str, ...], *, unset_allowed: bool, quant: str = DEFAULT_QUANT.name) -> list[Point]:
+def grid(activations: tuple[str, ...], *, unset_allowed: bool, quant: str = DEFAULT_QUANT.name,
+         forms: tuple[str, ...] | None = None, quants: tuple[str, ...] = ()) -> list[Point]:  # fmt: skip
     """The points of one class (module docstring), each once, sorted; quant: the format of the full product
-    (the first one the class takes)."""
-    gated = next((a for a in activations if not a.endswith("_no_mul")), "silu")
-    plain = next((a for a in activations if a.endswith("_no_mul")), None)
-    forms = tuple(a for a in (gated, plain) if a is not None)
+    (the first one the class takes); forms: its gated and non-gated activation (the first ones the class takes;
+    by default the release's first of each); quants: formats swept beyond QUANT_FORMATS (declared_quant_pairs)."""
+    if forms is None:
+        forms = default_forms(activations)
     q0 = quant
     points = {
         Point(d, "set", "E·D", q0, act, k, i, e, t)
@@ -243,12 +344,23 @@ def grid(activations: tuple[str, ...], *, unset_allowed: bool, quant: str = DEFA
                itertools.product(GRID_D, GRID_KI, activations)}  # fmt: skip
     points |= {Point(d, "set", "E·D", q.name, act, k, i, **base) for d, (k, i), act, q in
                itertools.product(GRID_D, GRID_KI, forms, QUANT_FORMATS) if q.name != q0}  # fmt: skip
+    # A format the class declares beyond QUANT_FORMATS: at D = 1 and 32 only (what the growth check and the traced
+    # sub-grid need), which keeps the sweep's CPU time within its budget.
+    points |= {Point(d, "set", "E·D", q, act, k, i, **base) for d, (k, i), act, q in
+               itertools.product(LIVE_D, GRID_KI, forms, quants) if q != q0}  # fmt: skip
     points |= {Point(d, "set", "EPLB", q0, act, k, i, **base) for d, (k, i), act in
                itertools.product(GRID_D[1:], GRID_KI, forms)}  # fmt: skip
     if unset_allowed:
         points |= {Point(d, "unset", "E·D", q0, act, k, i, **base) for d, (k, i), act in
                    itertools.product(GRID_D, GRID_KI, forms)}  # fmt: skip
     return sorted(points)
+
+
+def default_forms(activations: tuple[str, ...]) -> tuple[str, ...]:
+    """The release's first gated and first non-gated (*_no_mul) activation."""
+    gated = next((a for a in activations if not a.endswith("_no_mul")), "silu")
+    plain = next((a for a in activations if a.endswith("_no_mul")), None)
+    return tuple(a for a in (gated, plain) if a is not None)
 
 
 def traces_live_set(point: Point, quant: str = DEFAULT_QUANT.name) -> bool:
@@ -264,14 +376,18 @@ def traces_live_set(point: Point, quant: str = DEFAULT_QUANT.name) -> bool:
 def point_attributes(point: Point) -> dict[str, object]:
     args = point.args()
     attributes = standin_attributes(args)
-    quant = QUANT_BY_NAME[point.quant]
-    fp8, f32 = DTYPES["float8_e4m3fn"], DTYPES["float32"]
+    quant = quant_format(point.quant)
+    f32 = DTYPES["float32"]
     old = cast(StandIn, attributes["quant_config"])
-    quant_dtype = fp8 if quant.fp8 else quant.dtype  # nvfp4 is a string in vLLM's quant config too
+    act, weight = quant.act_dtype, quant.weight_dtype
+    weight_dtype = quant.element_dtype(weight) if weight in ("float8_e4m3fn", "int8") else weight
     attributes["quant_config"] = StandIn(
         "self.quant_config", **{**old.attributes,
-        "quant_dtype": quant_dtype, "weight_quant_dtype": quant_dtype, "use_fp8_w8a8": quant.fp8,
-        "use_nvfp4_w4a4": quant.dtype == "nvfp4", "is_quantized": quant.dtype is not None,
+        "quant_dtype": quant.quant_config_dtype, "weight_quant_dtype": weight_dtype,
+        "use_fp8_w8a8": act == weight == "float8_e4m3fn", "use_int8_w8a8": act == weight == "int8",
+        "use_int8_w8a16": weight == "int8" and act is None, "use_int4_w4a16": weight == "int4" and act is None,
+        "use_mxfp4_w4a16": weight == "mxfp4" and act is None,
+        "use_nvfp4_w4a4": act == weight == "nvfp4", "is_quantized": weight is not None,
         "per_act_token_quant": quant.per_token, "per_out_ch_quant": quant.per_token,
         "block_shape": list(quant.block) if quant.block else None},
     )  # fmt: skip
@@ -302,19 +418,19 @@ def weights(point: Point, layout: str) -> tuple[FakeTensor, FakeTensor]:
     along the last dim. marlin (vLLM's marlin_utils tile layout, a tile of 16 along the reduced dim, 32 / bits values a
     word): w13 (E, K/16, N13·16·bits/32), w2 (E, I/16, K·16·bits/32) with N13 = 2I gated, I non-gated."""
     args = point.args()
-    quant = QUANT_BY_NAME[point.quant]
-    bf16 = DTYPES["bfloat16"]
-    act_dtype = DTYPES["float8_e4m3fn"] if quant.fp8 else DTYPES["uint8"] if quant.dtype else bf16
+    quant = quant_format(point.quant)
+    weight_dtype = quant.element_dtype(quant.weight_dtype)
     E, K, N = args.num_local_experts, args.K, args.N
     if layout == MARLIN:
-        bits = 4 if quant.dtype == "nvfp4" else 8
+        bits = 4 if quant.weight_dtype in PACKED_DTYPES else 8
         i32 = DTYPES["int32"]
         return (
             FakeTensor((E, K // MARLIN_TILE, N * MARLIN_TILE * bits // 32), i32),
             FakeTensor((E, args.intermediate_size // MARLIN_TILE, K * MARLIN_TILE * bits // 32), i32),
         )
-    packed = 2 if quant.dtype == "nvfp4" else 1  # nvfp4 packs two values a byte along the last dim
-    return FakeTensor((E, N, K // packed), act_dtype), FakeTensor((E, K, args.activation_out_dim // packed), act_dtype)
+    packed = 2 if quant.weight_dtype in PACKED_DTYPES else 1  # two 4-bit values a byte along the last dim
+    return (FakeTensor((E, N, K // packed), weight_dtype),
+            FakeTensor((E, K, args.activation_out_dim // packed), weight_dtype))  # fmt: skip
 
 
 def token_shape(point: Point, fmt: str, width: int) -> tuple[int, ...]:
@@ -327,14 +443,15 @@ def apply_arguments(point: Point, ws13: tuple[int, ...], ws2: tuple[int, ...], f
                     layout: str = PLAIN) -> dict[str, object]:  # fmt: skip
     """apply()'s tensors: hidden states (E, M, K) batched or (M, K) standard, the class's weights, the workspaces."""
     args = point.args()
-    quant = QUANT_BY_NAME[point.quant]
+    quant = quant_format(point.quant)
     bf16, f32, i32 = DTYPES["bfloat16"], DTYPES["float32"], DTYPES["int32"]
-    act_dtype = DTYPES["float8_e4m3fn"] if quant.fp8 else DTYPES["uint8"] if quant.dtype else bf16
+    act_dtype = quant.element_dtype(quant.act_dtype)
     E, K, N = args.num_local_experts, args.K, args.N
     # Rows routed to this rank: the standard format's topk_ids are (M, top_k); the batched format's the dispatcher's.
     rows = args.M if fmt == STANDARD else args.max_tokens_per_rank
     # nvfp4 and Marlin (weight-only) experts take bf16 hidden states and quantize them themselves.
-    hidden_dtype = bf16 if quant.dtype == "nvfp4" or layout == MARLIN else act_dtype
+    # Weight-only formats take them unquantized.
+    hidden_dtype = bf16 if quant.act_dtype in ("nvfp4", "mxfp4", None) or layout == MARLIN else act_dtype
     w1, w2 = weights(point, layout)
     return {
         "output": FakeTensor(token_shape(point, fmt, K), bf16),
@@ -346,7 +463,7 @@ def apply_arguments(point: Point, ws13: tuple[int, ...], ws2: tuple[int, ...], f
         "activation": Activation(point.activation),
         "global_num_experts": args.num_global_experts,
         "expert_map": None,
-        "a1q_scale": FakeTensor(token_shape(point, fmt, 1), f32) if quant.dtype else None,
+        "a1q_scale": FakeTensor(token_shape(point, fmt, 1), f32) if quant.act_dtype else None,
         "a2_scale": None,
         "workspace13": WorkspaceTensor("workspace13", ws13, bf16, whole=True),
         "workspace2": WorkspaceTensor("workspace2", ws2, bf16, whole=True),
@@ -378,6 +495,74 @@ def _marlin_intermediate_size(interp, w1, w2):
 
 
 MARLIN_INTERMEDIATE_SIZE = Builtin("marlin_moe_intermediate_size", _marlin_intermediate_size)
+
+
+# --- attributes the class's own __init__ assigns ------------------------------------------------------------------
+
+# Names whose values the machine decides (the platform, torch's device ops, the environment), not the config.
+RUNTIME_ROOTS = ("current_platform", "torch", "envs", "os")
+MAX_DERIVED = 6  # attributes derived per class
+MAX_FLAGS = 2  # runtime flags swept per class (2^flags variants)
+MISSING_SELF = re.compile(r"reads self\.(\w+), which the stand-in self does not carry")
+
+
+@dataclass(frozen=True)
+class InitAttribute:
+    """`self.<name> = <expression>`, a top-level statement of the __init__ the class runs (the first in its MRO
+    that assigns the name), with the statements before it."""
+
+    name: str
+    owner: ParsedClass
+    init: ast.FunctionDef
+    expression: ast.expr
+    prelude: tuple[ast.stmt, ...]
+
+    @property
+    def where(self) -> str:
+        return f"{self.owner.file.rsplit('/', 1)[-1]} line {self.expression.lineno}"
+
+    @property
+    def text(self) -> str:
+        return f"self.{self.name} = {ast.unparse(self.expression)}"
+
+    def runtime(self) -> bool:
+        """The expression (or a name the prelude assigns it from) reads a value of the machine (RUNTIME_ROOTS)."""
+        roots = {n.id for n in ast.walk(self.expression) if isinstance(n, ast.Name)}
+        for statement in self.prelude:
+            if isinstance(statement, ast.Assign) and any(isinstance(t, ast.Name) and t.id in roots
+                                                         for t in statement.targets):  # fmt: skip
+                roots |= {n.id for n in ast.walk(statement.value) if isinstance(n, ast.Name)}
+        return bool(roots & set(RUNTIME_ROOTS))
+
+
+def _assigns_self(statement: ast.AST, name: str) -> ast.expr | None:
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+        target, value = statement.targets[0], statement.value
+    elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+        target, value = statement.target, statement.value
+    else:
+        return None
+    if isinstance(target, ast.Attribute) and target.attr == name and isinstance(target.value, ast.Name):
+        return value if target.value.id == "self" else None
+    return None
+
+
+def init_attribute(tree: SourceTree, cls: ParsedClass, name: str) -> InitAttribute | str:
+    """Where the class's __init__ assigns self.<name>, or why that is not followed."""
+    for owner in tree.mro(cls):
+        binding = tree.class_binding(owner, "__init__")
+        if binding is None or not isinstance(binding.node, ast.FunctionDef):
+            continue
+        init = binding.node
+        found = [(i, v) for i, statement in enumerate(init.body) if (v := _assigns_self(statement, name)) is not None]
+        if found:
+            index, expression = found[-1]
+            return InitAttribute(name, owner, init, expression, tuple(init.body[:index]))
+        nested = [n for n in ast.walk(init) if _assigns_self(n, name) is not None]
+        if nested:
+            return (f"{owner.name}.__init__ assigns self.{name} only inside a block "
+                    f"({owner.file.rsplit('/', 1)[-1]} line {nested[0].lineno})")  # fmt: skip
+    return f"no parsed __init__ of {cls.name} assigns self.{name}"
 
 
 class _SweepProgram:
@@ -427,6 +612,9 @@ class _ClassEvaluator:
         self.exhausted_methods: set[str] = set()
         self.refusals: dict[Point, str | None] = {}  # apply()'s refusal at each traced point
         self.exhausted: str | None = None
+        self.derived: dict[str, InitAttribute] = {}  # attributes of self the class's __init__ assigns, derived
+        self.flags: dict[str, InitAttribute] = {}  # ... that the machine decides: swept at both values (variants)
+        self.underivable: dict[str, str] = {}  # ... and why they are not derived
 
     def workspace(self, point: Point):
         """(ws13, ws2, out) or the reason, memoized; once an evaluation runs out of a budget, the class's other
@@ -437,32 +625,114 @@ class _ClassEvaluator:
             if self.deadline is not None and (spent := self.deadline.spent()) is not None:
                 self.exhausted = spent
                 return spent
-            interpreter = Interpreter(self.program, DEFAULT_BUDGET)
-            try:
-                instance = interpreter.instance(self.cls, point_attributes(point))
-                method = interpreter.get_attribute(instance, "workspace_shapes")
-                arguments = _call_arguments(method, point.args())
-                if "N" in arguments:
-                    arguments["N"] = self.n(point)
-                evaluation = _normalize(interpreter.call(method, (), arguments))
-                self.shapes[point] = (
-                    (evaluation.ws13, evaluation.ws2, evaluation.out) if evaluation.ok else evaluation.reason
-                )
-            except Unevaluable as error:
-                self.shapes[point] = f"workspace_shapes {error}"
-            except RecursionError:
-                self.shapes[point] = "workspace_shapes nests deeper than Python's own stack allows"
+            for _ in range(MAX_DERIVED + 1):  # each round derives one more attribute of __init__, or ends
+                if not self._evaluate(point):
+                    break
             found = self.shapes[point]
             if isinstance(found, str) and any(limit in found for limit in BUDGET_REASONS):
                 self.exhausted = found
         return self.shapes[point]
 
+    def _evaluate(self, point: Point) -> bool:
+        """workspace_shapes at the point into self.shapes; True when it read an attribute of self that the class's
+        __init__ assigns and that is now derived (evaluate again)."""
+        interpreter = Interpreter(self.program, DEFAULT_BUDGET)
+        try:
+            instance = interpreter.instance(self.cls, self.attributes(point))
+            method = interpreter.get_attribute(instance, "workspace_shapes")
+            arguments = _call_arguments(method, point.args())
+            if "N" in arguments:
+                arguments["N"] = self.n(point)
+            evaluation = _normalize(interpreter.call(method, (), arguments))
+            self.shapes[point] = (
+                (evaluation.ws13, evaluation.ws2, evaluation.out) if evaluation.ok else evaluation.reason
+            )
+        except MissingAttribute as error:
+            match = MISSING_SELF.search(str(error))
+            name = match.group(1) if match else None
+            if name is not None and name not in (*self.derived, *self.flags, *self.underivable):
+                self.learn(name, point)
+                if name in self.derived:
+                    return True
+            if name in self.flags:
+                flag = self.flags[name]
+                why = f"; a runtime flag ({flag.text}, {flag.where}) the point's variant does not set"
+            elif name in self.underivable:
+                why = f"; not derived: {self.underivable[name]}"
+            elif name in self.derived:
+                why = f"; not derived at this point: {self.derived[name].text} does not evaluate here"
+            else:
+                why = ""
+            self.shapes[point] = f"workspace_shapes {error}{why}"
+        except Unevaluable as error:
+            self.shapes[point] = f"workspace_shapes {error}"
+        except RecursionError:
+            self.shapes[point] = "workspace_shapes nests deeper than Python's own stack allows"
+        return False
+
+    def attributes(self, point: Point) -> dict[str, object]:
+        """The stand-in self of the point: point_attributes, the runtime flags its variant sets, and the attributes
+        __init__ assigns that were derived (those that do not evaluate at the point are left out)."""
+        attributes = point_attributes(point)
+        for part in filter(None, point.variant.split(",")):
+            name, _, value = part.partition("=")
+            attributes[name] = value == "True"
+        for name, spec in self.derived.items():
+            try:
+                attributes[name] = self._derive(spec, point, attributes)
+            except (Unevaluable, RecursionError):
+                continue
+        return attributes
+
+    def _derive(self, spec: InitAttribute, point: Point, attributes: dict[str, object]) -> object:
+        """spec's expression as __init__ evaluates it, with the constructor's arguments of the point."""
+        interpreter = Interpreter(self.program, DEFAULT_BUDGET)
+        instance = interpreter.instance(self.cls, attributes)
+        given = {"moe_config": attributes["moe_config"], "quant_config": attributes["quant_config"],
+                 "max_num_tokens": point.T, "num_dispatchers": attributes.get("num_dispatchers")}  # fmt: skip
+        spec_args = spec.init.args
+        positional = [*spec_args.posonlyargs, *spec_args.args][1:]
+        with_default = {a.arg for a in positional[len(positional) - len(spec_args.defaults) :]}
+        with_default |= {a.arg for a, d in zip(spec_args.kwonlyargs, spec_args.kw_defaults, strict=True) if d}
+        names = [a.arg for a in (*positional, *spec_args.kwonlyargs)]
+        kwargs = {name: given[name] if name in given else Opaque(f"the argument {name}")
+                  for name in names if name in given or name not in with_default}  # fmt: skip
+        function = Function(spec.owner.file, spec.init, spec.owner, "method")
+        return interpreter.evaluate_in(function, [instance], kwargs, spec.prelude, spec.expression)
+
+    def learn(self, name: str, point: Point) -> None:
+        """Derive self.<name> from the class's __init__ (self.derived), or take it as a runtime flag to sweep both
+        values of (self.flags), or say why neither (self.underivable)."""
+        if len(self.derived) + len(self.flags) >= MAX_DERIVED:
+            self.underivable[name] = f"more than {MAX_DERIVED} attributes of __init__ to derive"
+            return
+        spec = init_attribute(self.tree, self.cls, name)
+        if isinstance(spec, str):
+            self.underivable[name] = spec
+            return
+        try:
+            self._derive(spec, point, self.attributes(point))
+        except (Unevaluable, RecursionError) as error:
+            if spec.runtime() and len(self.flags) < MAX_FLAGS:
+                self.flags[name] = spec
+            else:
+                self.underivable[name] = f"{spec.text} ({spec.where}): {error}"
+            return
+        self.derived[name] = spec
+
+    def variants(self) -> list[str]:
+        """The variants the class is swept at: each combination of its runtime flags' values ("" without)."""
+        return [",".join(f"{name}={value}" for name, value in zip(self.flags, values, strict=True))
+                for values in itertools.product((True, False), repeat=len(self.flags))] or [""]  # fmt: skip
+
     def n(self, point: Point) -> int:
         """The N the release's modular kernel hands this class: its own moe_problem_size on its own weights
         (Marlin's N = I from the packed w2); the harness's N (2I gated, I non-gated) when that does not evaluate."""
-        if point not in self.n_values:
-            self.n_values[point] = self._problem_n(point)
-        found = self.n_values[point]
+        # N is a weight dimension: the same at every D and T (the token counts), so it is derived once per the rest.
+        key = dataclasses.replace(point, D=1, T=BASE_T)
+        if key not in self.n_values:
+            self.n_values[key] = self._problem_n(key)
+        found = self.n_values[key]
         return found if isinstance(found, int) else point.args().N
 
     def n_rule(self) -> str:
@@ -479,7 +749,7 @@ class _ClassEvaluator:
         arguments = {"a1": FakeTensor(token_shape(point, self.format, point.K), DTYPES["bfloat16"]), "w1": w1,
                      "w2": w2, "topk_ids": FakeTensor((rows, TOP_K), DTYPES["int64"])}  # fmt: skip
         try:
-            method = interpreter.get_attribute(interpreter.instance(self.cls, point_attributes(point)),
+            method = interpreter.get_attribute(interpreter.instance(self.cls, self.attributes(point)),
                                                "moe_problem_size")  # fmt: skip
             if not isinstance(method, BoundMethod):
                 return "moe_problem_size is not a method"
@@ -513,26 +783,32 @@ class _ClassEvaluator:
     def unsupported(self, point: Point) -> str | None:
         """Why the class says it does not take the point's activation or quantization; None when it does or
         cannot tell."""
-        key = (point.activation, point.quant)
+        return self.activation_refusal(point.activation) or self.quant_refusal(point.quant)
+
+    def activation_refusal(self, activation: str) -> str | None:
+        key = ("activation", activation)
         if key not in self.support:
             reason = None
-            if point.activation.endswith("_no_mul") and self._static("_supports_no_act_and_mul", ()) is False:
+            if activation.endswith("_no_mul") and self._static("_supports_no_act_and_mul", ()) is False:
                 reason = "_supports_no_act_and_mul() is False: no non-gated activations"
-            elif self._static("_supports_activation", (Activation(point.activation),)) is False:
-                reason = f"_supports_activation({point.activation}) is False"
-            else:
-                quant = QUANT_BY_NAME[point.quant]
-                keys = (quant.weight_key, quant.activation_key)
-                if self._static("_supports_quant_scheme", keys) is False:
-                    reason = f"_supports_quant_scheme() is False for {point.quant}"
+            elif self._static("_supports_activation", (Activation(activation),)) is False:
+                reason = f"_supports_activation({activation}) is False"
             self.support[key] = reason
+        return self.support[key]
+
+    def quant_refusal(self, name: str) -> str | None:
+        key = ("quant", name)
+        if key not in self.support:
+            quant = quant_format(name)
+            refused = self._static("_supports_quant_scheme", (quant.weight_key, quant.activation_key)) is False
+            self.support[key] = f"_supports_quant_scheme() is False for {name}" if refused else None
         return self.support[key]
 
     def constructor_refusal(self, point: Point) -> str | None:
         if self.deadline is not None and self.deadline.spent() is not None:
             return None
         if point.quant not in self.constructor:
-            attributes = point_attributes(point)
+            attributes = self.attributes(point)
             kwargs = {"moe_config": attributes["moe_config"], "quant_config": attributes["quant_config"],
                       "max_num_tokens": point.T, "num_dispatchers": None,
                       # older CutlassExpertsFp8 takes the batched format as a flag (standin_attributes)
@@ -548,7 +824,7 @@ class _ClassEvaluator:
         if self.deadline is not None and (spent := self.deadline.spent()) is not None:
             self.failed_trace = ViewTrace(error=spent)
             return self.failed_trace
-        trace = trace_apply(self.program, self.cls, point_attributes(point),
+        trace = trace_apply(self.program, self.cls, self.attributes(point),
                             apply_arguments(point, ws13, ws2, self.format, self.layout))  # fmt: skip
         if trace.error is not None:
             self.failed_trace = trace
@@ -561,14 +837,30 @@ def sweep_class(tree: SourceTree, cls: ParsedClass, activations: tuple[str, ...]
     evaluator = _ClassEvaluator(tree, cls, activations, fmt, deadline)
     evaluator.trace = trace
     unset_allowed = init_parameter_default(evaluator.program, cls, "num_dispatchers") is None
-    gated = next((a for a in activations if not a.endswith("_no_mul")), "silu")
-    probe = Point(1, "set", "E·D", DEFAULT_QUANT.name, gated, *GRID_KI[0], BASE_E, BASE_T)
-    taken = [q.name for q in QUANT_FORMATS if evaluator.unsupported(dataclasses.replace(probe, quant=q.name)) is None]
+    # The formats the class's own _supports_quant_scheme names beyond QUANT_FORMATS, where it takes them; its first
+    # gated and non-gated activation it takes (the release's first of each when it takes none).
+    quants = tuple(q for q in declared_quant_pairs(tree, cls) if evaluator.quant_refusal(q) is None)
+    taken = [q for q in (*(q.name for q in QUANT_FORMATS), *quants) if evaluator.quant_refusal(q) is None]
     evaluator.quant = taken[0] if taken else DEFAULT_QUANT.name
+    defaults = default_forms(activations)
+    forms = tuple(next((a for a in activations if a.endswith("_no_mul") == plain and
+                        evaluator.activation_refusal(a) is None), default)
+                  for plain, default in zip((False, True), defaults, strict=False))  # fmt: skip
     outcomes: dict[Point, Outcome] = {}
     live_notes: dict[str, int] = defaultdict(int)
     unused: dict[str, int] = {}  # buffer -> points where apply() is traced and never touches it
-    for point in grid(activations, unset_allowed=unset_allowed, quant=evaluator.quant):
+    # One evaluation first: the attributes of __init__ it reads are derived, the runtime flags found (swept as
+    # variants, each point at each combination of their values).
+    probe = Point(1, "set", "E·D", evaluator.quant, forms[0], *GRID_KI[0], BASE_E, BASE_T)
+    if evaluator.unsupported(probe) is None:
+        evaluator.workspace(probe)
+    variants = evaluator.variants()
+    if variants != [""]:
+        evaluator.shapes.clear()
+    points = [dataclasses.replace(p, variant=v) for p in
+              grid(activations, unset_allowed=unset_allowed, quant=evaluator.quant, forms=forms, quants=quants)
+              for v in variants]  # fmt: skip
+    for point in points:
         outcomes[point] = _judge(evaluator, point, live_notes, unused)
     derived = live_notes.pop("derived", 0)
     if derived and not live_notes:
