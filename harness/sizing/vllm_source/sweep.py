@@ -339,19 +339,19 @@ def grid(activations: tuple[str, ...], *, unset_allowed: bool, quant: str = DEFA
         Point(d, "set", "E·D", q0, act, k, i, e, t)
         for d, e, t, (k, i), act in itertools.product(GRID_D, GRID_E, GRID_T, GRID_KI, forms)
     }
-    base = dict(E=BASE_E, T=BASE_T)
-    points |= {Point(d, "set", "E·D", q0, act, k, i, **base) for d, (k, i), act in
+
+    points |= {Point(d, "set", "E·D", q0, act, k, i, E=BASE_E, T=BASE_T) for d, (k, i), act in
                itertools.product(GRID_D, GRID_KI, activations)}  # fmt: skip
-    points |= {Point(d, "set", "E·D", q.name, act, k, i, **base) for d, (k, i), act, q in
+    points |= {Point(d, "set", "E·D", q.name, act, k, i, E=BASE_E, T=BASE_T) for d, (k, i), act, q in
                itertools.product(GRID_D, GRID_KI, forms, QUANT_FORMATS) if q.name != q0}  # fmt: skip
     # A format the class declares beyond QUANT_FORMATS: at D = 1 and 32 only (what the growth check and the traced
     # sub-grid need), which keeps the sweep's CPU time within its budget.
-    points |= {Point(d, "set", "E·D", q, act, k, i, **base) for d, (k, i), act, q in
+    points |= {Point(d, "set", "E·D", q, act, k, i, E=BASE_E, T=BASE_T) for d, (k, i), act, q in
                itertools.product(LIVE_D, GRID_KI, forms, quants) if q != q0}  # fmt: skip
-    points |= {Point(d, "set", "EPLB", q0, act, k, i, **base) for d, (k, i), act in
+    points |= {Point(d, "set", "EPLB", q0, act, k, i, E=BASE_E, T=BASE_T) for d, (k, i), act in
                itertools.product(GRID_D[1:], GRID_KI, forms)}  # fmt: skip
     if unset_allowed:
-        points |= {Point(d, "unset", "E·D", q0, act, k, i, **base) for d, (k, i), act in
+        points |= {Point(d, "unset", "E·D", q0, act, k, i, E=BASE_E, T=BASE_T) for d, (k, i), act in
                    itertools.product(GRID_D, GRID_KI, forms)}  # fmt: skip
     return sorted(points)
 
@@ -558,7 +558,7 @@ def init_attribute(tree: SourceTree, cls: ParsedClass, name: str) -> InitAttribu
         if found:
             index, expression = found[-1]
             return InitAttribute(name, owner, init, expression, tuple(init.body[:index]))
-        nested = [n for n in ast.walk(init) if _assigns_self(n, name) is not None]
+        nested = [n for n in ast.walk(init) if isinstance(n, ast.stmt) and _assigns_self(n, name) is not None]
         if nested:
             return (f"{owner.name}.__init__ assigns self.{name} only inside a block "
                     f"({owner.file.rsplit('/', 1)[-1]} line {nested[0].lineno})")  # fmt: skip

@@ -46,12 +46,12 @@ from harness.sizing.vllm_source.sweep import (
 log = logging.getLogger(__name__)
 
 EXIT_FAILED = 1
-SWEEP_SCHEMA = 2  # 2: standard-format classes, per-point shapes, bytes and uses, findings, limits
+SWEEP_SCHEMA = 2  # 2: standard-format classes, per-point shapes, bytes and uses, findings, limits (+ a variant)
 MAX_ROWS_PER_CLASS = 8  # the rest is in --json and --junit
 STYLE = {DOUBLE: "bold red", UNDER: "bold red", OVER: "yellow", UNEVALUATED: "yellow", REFUSED: "dim",
          UNSUPPORTED: "dim", NOT_DERIVED: "yellow"}  # fmt: skip
 POINT_FIELDS = ("D", "dispatchers", "experts", "quant", "activation", "K", "I", "E", "T", "N", "status", "ws13", "ws2",
-                "out", "total_bytes", "uses_ws13_bytes", "uses_ws2_bytes")  # fmt: skip
+                "out", "total_bytes", "uses_ws13_bytes", "uses_ws2_bytes", "variant")  # fmt: skip
 
 
 def verdict_line(result: ClassSweep) -> str:
@@ -315,15 +315,17 @@ def point_row(point, outcome) -> list:
     uses = outcome.uses or (None, None)
     return [point.D, point.dispatchers, point.experts, point.quant, point.activation, point.K, point.I, point.E,
             point.T, outcome.N, outcome.status, *(list(s) if s is not None else None for s in shapes),
-            outcome.total_bytes, *uses]  # fmt: skip
+            outcome.total_bytes, *uses, point.variant]  # fmt: skip
 
 
 def point_text(point, outcome) -> str:
     row = dict(zip(POINT_FIELDS, point_row(point, outcome), strict=False))
     where = " ".join(f"{k}={row[k]}" for k in POINT_FIELDS[:10])
     shapes = " ".join(f"{k}={tuple(row[k]) if row[k] is not None else '-'}" for k in ("ws13", "ws2", "out"))
-    uses = " ".join(f"{k}={row[k] if row[k] is not None else 'not derived'}" for k in POINT_FIELDS[-2:])
-    return f"{where}: {outcome.status}; {shapes}; bytes={row['total_bytes']}; {uses}"
+    uses = " ".join(f"{k}={row[k] if row[k] is not None else 'not derived'}"
+                    for k in ("uses_ws13_bytes", "uses_ws2_bytes"))  # fmt: skip
+    variant = f" ({point.variant})" if point.variant else ""
+    return f"{where}{variant}: {outcome.status}; {shapes}; bytes={row['total_bytes']}; {uses}"
 
 
 def finding_json(cls, finding) -> dict:
