@@ -38,6 +38,8 @@ MARLIN_FILE = f"{EXPERTS}/marlin_moe.py"
 NAIVE_FILE = f"{EXPERTS}/fused_batched_moe.py"
 CUTEDSL_FILE = f"{EXPERTS}/flashinfer_cutedsl_batched_moe.py"
 HUMMING_FILE = f"{EXPERTS}/fused_humming_moe.py"
+CUTLASS_FILE = f"{EXPERTS}/cutlass_moe.py"
+TRTLLM_MXFP4_FILE = f"{EXPERTS}/trtllm_mxfp4_moe.py"
 
 
 @pytest.fixture(scope="module")
@@ -267,16 +269,35 @@ def test_planted_under_size_fails_the_cli_gate(tmp_path, release):
         "workspace2 = (num_experts * max_num_tokens * num_dispatchers, N)",
         "workspace2 = (num_experts * max_num_tokens * num_dispatchers, N // 2)",
     )
+    # And in CutlassExpertsMxfp4, a standard-format class swept at the mxfp4 formats its _supports_quant_scheme
+    # names: apply() views (M·topk, N/2) of its (M·topk, N) workspace2, so a quartered one is x2 short.
+    cutlass = root / CUTLASS_FILE
+    head, tail = cutlass.read_text().split("class CutlassExpertsMxfp4(", 1)
+    assert "workspace2 = (M * topk, N)\n" in tail
+    cutlass.write_text(
+        head
+        + "class CutlassExpertsMxfp4("
+        + tail.replace("workspace2 = (M * topk, N)\n", "workspace2 = (M * topk, N // 4)\n", 1)
+    )
     junit = tmp_path / "sweep.xml"
     completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(root), "--junit", str(junit), timeout_s=600)
     assert completed.returncode == 1, completed.stderr
     assert (
-        "FAILED: 1 of 46 experts classes (7 batched, 39 standard): BatchedMarlinExperts (under-sized)"
-        in completed.stdout
+        "FAILED: 2 of 46 experts classes (7 batched, 39 standard): BatchedMarlinExperts (under-sized), "
+        "CutlassExpertsMxfp4 (under-sized)" in completed.stdout
     )
     failures = [c for c in ET.parse(junit).getroot().iter("testcase") if c.find("failure") is not None]
-    assert failures and {c.get("classname") for c in failures} == {"BatchedMarlinExperts"}
-    assert all("apply() views workspace2 to x2" in c.find("failure").get("message") for c in failures)
+    assert failures and {c.get("classname") for c in failures} == {"BatchedMarlinExperts", "CutlassExpertsMxfp4"}
+    messages = {c.get("classname"): set() for c in failures}
+    for case in failures:
+        messages[case.get("classname")].add(case.find("failure").get("message"))
+    assert all("apply() views workspace2 to x2 of its size" in m for m in messages["BatchedMarlinExperts"])
+    # x2 at the gated activations; x4 at the non-gated ones, where apply() views all of (M·topk, N).
+    mxfp4 = messages["CutlassExpertsMxfp4"]
+    assert any("workspace2 to x2 of its size" in m for m in mxfp4) and any(
+        "workspace2 to x4 of its" in m for m in mxfp4
+    )
+    assert all("workspace2 to x2 of its size" in m or "workspace2 to x4 of its size" in m for m in mxfp4)
 
 
 def test_the_release_itself_has_no_under_size(swept):
@@ -284,3 +305,79 @@ def test_the_release_itself_has_no_under_size(swept):
     # it fires only where a buffer grows with T but not with D while the output grows xD.
     under = [(c.name, p) for c in swept.classes for p, o in c.outcomes.items() if o.status == UNDER]
     assert under == [] and swept.failed == [] and swept.limits == []
+
+
+# --- classes swept at the formats and activations their own _supports_* methods take -------------------------------
+
+
+def at(cls, **where):
+    """The outcomes of the class's points that match `where` (Point fields), by point."""
+    return {p: o for p, o in cls.outcomes.items() if all(getattr(p, k) == v for k, v in where.items())}
+
+
+PR_POINT = dict(D=32, E=16, T=256, K=7168, I=2048, dispatchers="set", experts="E·D")
+
+
+def test_classes_of_other_formats_match_hand_computations(swept):
+    classes = by_name(swept)
+    M, topk, K, I = 256 * 32, 8, 7168, 2048  # the standard format's M = T·D rows; TOP_K of the sweep
+    # CutlassExpertsMxfp4 takes only mxfp4 weights (its _supports_quant_scheme): swept at the (weight, activation)
+    # QuantKey pairs it names. cutlass_moe.py, CutlassExpertsMxfp4.workspace_shapes:
+    #   workspace1 = (M * topk, max(2 * N, K)); workspace2 = (M * topk, N); output = (M, K), N = w1.size(1) = 2I.
+    mxfp4 = at(classes["CutlassExpertsMxfp4"], quant="kMxfp4Static/kMxfp4Dynamic", activation="silu", **PR_POINT)
+    ((_, outcome),) = mxfp4.items()
+    N = 2 * I
+    assert outcome.N == N
+    assert outcome.shapes == ((M * topk, max(2 * N, K)), (M * topk, N), (M, K))
+    assert outcome.total_bytes == 2 * (M * topk * max(2 * N, K) + M * topk * N)
+    assert not any(p.quant in ("fp8-per-token", "bf16", "nvfp4") and o.status not in (UNSUPPORTED,)
+                   for p, o in classes["CutlassExpertsMxfp4"].outcomes.items())  # fmt: skip
+    # TrtLlmMxfp4ExpertsModular's output is (M, self.hidden_dim_unpadded), an attribute its __init__ assigns
+    # (trtllm_mxfp4_moe.py: `self.hidden_dim_unpadded = (moe_config.hidden_dim_unpadded or moe_config.hidden_dim)`,
+    # FusedMoEConfig setting an unset hidden_dim_unpadded to hidden_dim): derived, (M, K); workspaces (0,), (0,).
+    trtllm = at(classes["TrtLlmMxfp4ExpertsModular"], quant="kMxfp4Static/none", activation="silu", **PR_POINT)
+    ((_, outcome),) = trtllm.items()
+    assert outcome.shapes == ((0,), (0,), (M, K)) and outcome.total_bytes == 2 * M * K
+    assert classes["TrtLlmMxfp4ExpertsModular"].verdict == CONSISTENT
+    # XPUExpertsMxFp4 reads self._expects_unquantized_inputs, which __init__ takes from the machine
+    # (xpu_moe.py: `is_xe2_or_xe3 = torch.ops._xpu_C.is_xe2_arch() or ...`): swept at both values, labelled.
+    # xpu_moe.py, XPUExpertsMxFp4.workspace_shapes: `logical_K = K if self.expects_unquantized_inputs else 2 * K`,
+    # `return (0,), (0,), (M, logical_K)`.
+    xpu = at(classes["XPUExpertsMxFp4"], quant="kMxfp4Static/kMxfp4Dynamic", activation="silu", **PR_POINT)
+    shapes = {p.variant: o.shapes for p, o in xpu.items()}
+    assert shapes == {"_expects_unquantized_inputs=True": ((0,), (0,), (M, K)),
+                      "_expects_unquantized_inputs=False": ((0,), (0,), (M, 2 * K))}  # fmt: skip
+
+
+def test_swept_coverage_of_0_33_0(swept):
+    # Every class is swept at some point it takes, but those whose workspace_shapes needs vLLM itself or a runtime
+    # object (each named with its reason); none of the newly taken formats is under-sized in the release.
+    unevaluated = {c.name: c for c in swept.classes if c.verdict == UNEVALUATED}
+    assert set(unevaluated) == {
+        "BatchedHummingGroupedExperts", "HummingExpertsBase", "B12xExperts", "DeepGemmExperts", "DeepGemmFP4Experts",
+        "FlashInferCuteDSLExperts", "AiterExperts", "TritonOrCutlassExperts", "TritonOrDeepGemmExperts",
+        "TrtLlmNvFp4ExpertsModular",
+    }  # fmt: skip
+    for cls in unevaluated.values():
+        assert not any(o.status == CONSISTENT for o in cls.outcomes.values())
+        assert any(o.status == UNEVALUATED and "workspace_shapes" in o.detail for o in cls.outcomes.values())
+    # TritonOrCutlassExperts' self.is_sm100 (`current_platform.has_device_capability(100)`) is swept at both values.
+    toc = by_name(swept)["TritonOrCutlassExperts"]
+    assert {p.variant for p in toc.outcomes} == {"is_sm100=True", "is_sm100=False"}
+    assert swept.failed == [] and swept.limits == []
+
+
+def test_planted_underivable_attribute_is_not_derived(tmp_path, release):
+    # An attribute __init__ computes with a helper the parsed files do not define: workspace_shapes' output cannot be
+    # sized, the class says which assignment and why, and nothing of it passes.
+    old = "self.hidden_dim_unpadded = (\n            moe_config.hidden_dim_unpadded or moe_config.hidden_dim\n        )"
+    root = planted(tmp_path, release, TRTLLM_MXFP4_FILE, old, "self.hidden_dim_unpadded = unknown_pad(moe_config)")
+    cls = sweep_of(root, "TrtLlmMxfp4ExpertsModular")["TrtLlmMxfp4ExpertsModular"]
+    assert cls.verdict == UNEVALUATED and not cls.failed
+    assert not any(o.status in (CONSISTENT, NOT_DERIVED, OVER) for o in cls.outcomes.values())
+    details = {o.detail for o in cls.outcomes.values() if o.status == UNEVALUATED}
+    assert details == {
+        "workspace_shapes reads self.hidden_dim_unpadded, which the stand-in self does not carry (trtllm_mxfp4_moe.py "
+        "line 334); not derived: self.hidden_dim_unpadded = unknown_pad(moe_config): uses the name 'unknown_pad', "
+        "which is only defined when vLLM is imported (trtllm_mxfp4_moe.py line 55)"
+    }

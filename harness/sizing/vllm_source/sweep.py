@@ -342,12 +342,9 @@ def grid(activations: tuple[str, ...], *, unset_allowed: bool, quant: str = DEFA
 
     points |= {Point(d, "set", "E·D", q0, act, k, i, E=BASE_E, T=BASE_T) for d, (k, i), act in
                itertools.product(GRID_D, GRID_KI, activations)}  # fmt: skip
-    points |= {Point(d, "set", "E·D", q.name, act, k, i, E=BASE_E, T=BASE_T) for d, (k, i), act, q in
-               itertools.product(GRID_D, GRID_KI, forms, QUANT_FORMATS) if q.name != q0}  # fmt: skip
-    # A format the class declares beyond QUANT_FORMATS: at D = 1 and 32 only (what the growth check and the traced
-    # sub-grid need), which keeps the sweep's CPU time within its budget.
     points |= {Point(d, "set", "E·D", q, act, k, i, E=BASE_E, T=BASE_T) for d, (k, i), act, q in
-               itertools.product(LIVE_D, GRID_KI, forms, quants) if q != q0}  # fmt: skip
+               itertools.product(GRID_D, GRID_KI, forms, (*(q.name for q in QUANT_FORMATS), *quants))
+               if q != q0}  # fmt: skip
     points |= {Point(d, "set", "EPLB", q0, act, k, i, E=BASE_E, T=BASE_T) for d, (k, i), act in
                itertools.product(GRID_D[1:], GRID_KI, forms)}  # fmt: skip
     if unset_allowed:
@@ -716,7 +713,7 @@ class _ClassEvaluator:
             if spec.runtime() and len(self.flags) < MAX_FLAGS:
                 self.flags[name] = spec
             else:
-                self.underivable[name] = f"{spec.text} ({spec.where}): {error}"
+                self.underivable[name] = f"{spec.text}: {error}"
             return
         self.derived[name] = spec
 
