@@ -25,14 +25,9 @@ from harness.sizing.serve_args import parse_serve
 GIB = 2**30
 LOGS = Path(__file__).resolve().parent / "data" / "model_logs"
 CASES = {p.stem: yaml.safe_load(p.read_text()) for p in sorted(LOGS.glob("*.yaml"))}
-LAYER_RELEASE = "0.29.0"
 
 WEIGHT_GAPS: dict[str, str] = {}
-KV_MISSES = {
-    "gpt-oss-20b-tp2-h100": "the profile peak is 0.35 GiB over the log's: the MoE workspace is the release's Triton "
-                            "experts', standing in for OAI's Triton MXFP4 kernel (matmul_ogs), which the layer model "
-                            "does not read",
-}  # fmt: skip
+KV_MISSES: dict[str, str] = {}
 
 
 def _spec(case: dict):
@@ -122,7 +117,7 @@ def test_kv_cache_within_two_percent(name, cache_dir):
     if facts.is_moe:
         from harness.sizing.vllm_source import locate
 
-        source = locate(version=LAYER_RELEASE, cache_dir=cache_dir)
+        source = locate(version=case["vllm_version"], cache_dir=cache_dir)
     total = round(case["figures"]["gpu_total_gib"] * GIB)
     plan = plan_source(
         facts,
@@ -136,3 +131,30 @@ def test_kv_cache_within_two_percent(name, cache_dir):
     logged = case["figures"]["available_kv_cache_gib"] * GIB
     error = (plan.requested_bytes - plan.non_kv_bytes - logged) / logged
     assert abs(error) < 0.02, f"{name}: {error:+.2%}"
+
+
+@pytest.mark.vllm_wheel
+def test_gpt_oss_runs_the_monolithic_triton_mxfp4_kernel_with_its_buffers_per_call(cache_dir):
+    """gpt-oss-20b at TP 2 on an H100 (the published log says "Using 'TRITON' Mxfp4 MoE backend" and "Using
+    MoEPrepareAndFinalizeNoDPEPMonolithic"): no modular workspace is held; the kernel's own buffers at M = 8192 are in
+    the forward's peak: 2 B x (M x topk 4 x I 1472 + M x K 2880 + M x topk x K). With DP 2 and EP the monolithic
+    class is refused (its _supports_parallel_config) and the modular workspace is back."""
+    from harness.sizing.vllm_source import locate
+
+    case = CASES["gpt-oss-20b-tp2-h100"]
+    facts, spec = _facts(case)
+    source = locate(version="0.19.0", cache_dir=cache_dir)
+    total = round(case["figures"]["gpu_total_gib"] * GIB)
+    plan = plan_source(facts, spec, source, gpu="H100-80GB", total_bytes=total, version="0.19.0",
+                       cudagraph_estimate=False)  # fmt: skip
+    names = {line.name: line for line in plan.lines}
+    assert "moe-workspace" not in names and "moe-workspace (per call)" not in names
+    per_call = names["moe kernel buffers (per call)"]
+    M = 8192
+    assert per_call.bytes == 2 * (M * 4 * 1472 + M * 2880 + M * 4 * 2880) == 332_398_592
+    assert per_call.source.startswith("OAITritonMxfp4ExpertsMonolithic (fused_moe/oracle/mxfp4.py:110)")
+    dp = spec.model_copy(update={"data_parallel_size": 2, "tensor_parallel_size": 1, "enable_expert_parallel": True})
+    plan = plan_source(facts, dp, source, gpu="H100-80GB", total_bytes=total, version="0.19.0",
+                       cudagraph_estimate=False)  # fmt: skip
+    names = {line.name: line for line in plan.lines}
+    assert "moe kernel buffers (per call)" not in names and names["moe-workspace"].bytes > 0

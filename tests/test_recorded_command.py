@@ -36,7 +36,7 @@ def _setting(action: argparse.Action) -> list[str]:
     if action.choices:
         value = next(str(c) for c in action.choices if c != action.default)
     elif action.type is int:
-        value = "3"
+        value = "4" if action.default == 3 else "3"
     elif action.type is float:
         value = "2.5"
     elif action.type is Path:

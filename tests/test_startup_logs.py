@@ -9,8 +9,8 @@ Targets (docs/deployment-memory.md lists the error per case):
 The breakdown the logs print is checked term by term too: the profile run's torch peak (harness.sizing.profile_run
 and the MoE workspace) within 0.01 GiB of "torch peak memory increase", as the log prints it to 0.01 GiB.
 
-Cases of MoE models read their layer's workspace from a release, so they are marked vllm_wheel: 0.29.0's experts
-classes, which other tests cache anyway. The logs' own 0.19.0 gives the same error on every case (to 0.01%).
+Cases of MoE models read their layer's workspace and the release's defaults from the log's own release, so they
+are marked vllm_wheel.
 
 A case the model does not size yet says why: `unsized` in its file (an architecture or a checkpoint format the
 model facts do not read, while they cannot load the model), or a flag the plan marks approximate (`--dtype float32`,
@@ -39,12 +39,8 @@ GIB = 2**30
 LOGS = Path(__file__).resolve().parent / "data" / "startup_logs"
 # Read through the record model (harness/verify/record.py: these files are its version 1), as plain data.
 CASES = {p.stem: load_record(p).model_dump(mode="json", exclude_none=True) for p in sorted(LOGS.glob("*.yaml"))}
-LAYER_RELEASE = "0.29.0"
 # Cases the model misses, and why (docs/deployment-memory.md); each would be a strict xfail, so a fix shows up.
-KV_MISSES: dict[str, str] = {
-    "llmd-openai-gpt-oss-20b-h100-80gb-tp2pp1dp1-8192": "the profile peak is 0.35 GiB over the log's: the MoE "
-    "workspace is the release's Triton experts', standing in for OAI's Triton MXFP4 kernel (matmul_ogs)",
-}  # fmt: skip
+KV_MISSES: dict[str, str] = {}
 # Profile peaks the plan does not model for a case it sizes, and why; each a strict xfail.
 PEAK_MISSES = {
     **{n: "the multimodal encoder's dummy run in the profile (its activations and the encoder cache) is not sized"
@@ -56,8 +52,6 @@ PEAK_MISSES = {
                  "tp1pp1dp1-8192")},
     "llmd-meta-llama-llama-3-h100-80gb-tp1pp1dp1-8192-dtf32": "in float32 the peak is not the dummy sampler's: "
     "1.84 GiB sized against 2.21 logged",
-    "llmd-openai-gpt-oss-20b-h100-80gb-tp2pp1dp1-8192": "the MoE workspace is the release's Triton experts', "
-    "standing in for OAI's Triton MXFP4 kernel: 3.22 GiB sized against 2.87 logged",
 }  # fmt: skip
 
 
@@ -129,7 +123,7 @@ def _plan(name: str, cache_dir: Path):
     case = CASES[name]
     model, spec = _spec(case)
     facts = load_model(model, dtype=spec.dtype, quantization=spec.quantization)
-    source = locate(version=LAYER_RELEASE, cache_dir=cache_dir) if facts.is_moe else None
+    source = locate(version=case["vllm_version"], cache_dir=cache_dir) if facts.is_moe else None
     return plan_source(facts, spec, source, gpu=case["gpu"], total_bytes=round(case["figures"]["gpu_total_gib"] * GIB),
                        version=case["vllm_version"],
                        cudagraph_estimate=case["settings"]["cudagraph_memory_estimate"])  # fmt: skip

@@ -34,3 +34,36 @@ def test_finished_entries_are_taken_in_whole_and_staging_is_left(tmp_path: Path)
     (taken / "vllm" / "b.py").write_text("y = 2\n")  # an entry already there is left as it is
     _take_in(user, tests)
     assert (taken / "vllm" / "b.py").exists()
+
+
+def test_an_xdist_worker_reads_a_private_copy_and_gives_back_what_it_fetched(tmp_path: Path):
+    """Under pytest-xdist a worker belongs to the session that started it: it reads a private copy of that session's
+    cache (so a download in one worker is never blamed on another's test) and, at exit, its new entries and its
+    download lines go back to the session's cache."""
+    import subprocess
+    import sys
+
+    shared, user = tmp_path / "shared", tmp_path / "user"
+    old = shared / "vllm" / "0.30.0" / "release"
+    old.mkdir(parents=True)
+    (old / "manifest.json").write_text("{}")
+    worker = (
+        "import sys, pathlib\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import conftest\n"
+        "private = conftest.TESTS_CACHE_DIR\n"
+        "print(private)\n"
+        "assert (private / 'vllm/0.30.0/release/manifest.json').exists()\n"
+        "new = private / 'vllm/0.33.0/release'\n"
+        "new.mkdir(parents=True)\n"
+        "(new / 'manifest.json').write_text('{}')\n"
+        "(private / 'downloads.log').write_text('{\"version\": \"0.33.0\"}\\n')\n"
+    )
+    env = {**os.environ, "PYTEST_XDIST_WORKER": "gw1", "HARNESS_TESTS_SESSION_CACHE": str(shared),
+           "HARNESS_CACHE_DIR": str(user)}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", worker], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    private = Path(done.stdout.strip())
+    assert private != shared and not private.exists()  # private, and removed at exit
+    assert (shared / "vllm" / "0.33.0" / "release" / "manifest.json").exists()
+    assert (shared / "downloads.log").read_text() == '{"version": "0.33.0"}\n'

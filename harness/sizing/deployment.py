@@ -196,6 +196,9 @@ class Resolved:
     max_model_len_auto: bool = False
     approximate: tuple[str, ...] = ()
     gpu: Gpu | None = None
+    # The monolithic experts class vLLM runs (and why), which allocates its buffers in each call instead of a modular
+    # workspace; "" for a modular experts class.
+    monolithic_experts: str = ""
 
     @property
     def ep_size(self) -> int:
@@ -247,6 +250,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         backend_default = default_backend(facts, files, gpu=row, tp=tp, dp=dp, ep=ep, all2all=all2all,
                                           fallback=backend_default)  # fmt: skip
     moe_backend = str(pick("moe_backend", family, backend_default))
+    monolithic = _monolithic_experts(facts, files, row, moe_backend, dp=dp, eplb=bool(spec.enable_eplb))
     gpu = gpus.label(gpu)
     utilization = float(pick("gpu_memory_utilization", spec.gpu_memory_utilization,
                              defaults.gpu_memory_utilization(files, version)))  # fmt: skip
@@ -348,6 +352,47 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         max_model_len_auto=spec.max_model_len_auto,
         approximate=tuple(approximate),
         gpu=row,
+        monolithic_experts=monolithic,
+    )
+
+
+def _monolithic_experts(facts: ModelFacts, files, row: Gpu | None, moe_backend: str, *, dp: int, eplb: bool) -> str:
+    """An MXFP4 MoE checkpoint on compute capability 9.x runs vLLM's TRITON MXFP4 backend (fused_moe/oracle/mxfp4.py
+    _get_priority_backends: FlashInfer's TRT-LLM MXFP4 kernels need 10.x, CK is ROCm's; the Triton classes take
+    9.0 <= capability < 11.0). Where the release's TRITON backend tries a monolithic class first, that class runs
+    when the deployment has no all-to-all kernels, no EPLB and DP <= 1 (its _supports_parallel_config): no modular
+    workspace; its buffers are allocated in each call (monolithic_call_bytes). "" otherwise."""
+    from harness.sizing.moe_selection import mxfp4_triton_monolithic
+
+    if not facts.is_moe or facts.quant is None or facts.quant.scheme != "mxfp4" or files is None:
+        return ""
+    capability = row.capability if row is not None else (9, 0)
+    if moe_backend != "triton" or capability[0] != 9 or dp > 1 or eplb:
+        return ""
+    cls = mxfp4_triton_monolithic(files)
+    if cls is None:
+        return ""
+    return (
+        f"{cls}: the TRITON MXFP4 backend on compute capability {capability[0]}.{capability[1]}, monolithic "
+        "with no all-to-all kernels, no EPLB and DP <= 1 (its _supports_parallel_config)"
+    )
+
+
+def monolithic_call_bytes(facts: ModelFacts, r: Resolved, sharding: Sharding) -> tuple[int, str]:
+    """What the monolithic Triton MXFP4 kernel allocates in one call of M tokens (the dummy forward's M =
+    max_num_batched_tokens), bf16: the first matmul_ogs's output, the SwiGLU-fused intermediate (M x topk, I), the
+    layer's output (M, K) (fused_moe/gpt_oss_triton_kernels_moe.py triton_kernel_moe_forward, triton_kernel_fused_
+    experts), and the second matmul_ogs's scratchpad (M x topk, K), which it takes for a scatter with more than one
+    expert per token on CUDA (third_party/triton_kernels/matmul_ogs.py init_allocation; split_k 1)."""
+    from harness.sizing.deployment_weights import experts_intermediate
+
+    M, topk, K = r.max_num_batched_tokens, facts.top_k, facts.hidden_size
+    I = experts_intermediate(facts, sharding)
+    size = 2 * (M * topk * I + M * K + M * topk * K)
+    return size, (
+        f"{r.monolithic_experts}: intermediate (M={M} x topk {topk}, I={I}) + output (M, K={K}) + the "
+        "scatter's scratchpad (M x topk, K), bf16 (gpt_oss_triton_kernels_moe.py "
+        "triton_kernel_fused_experts; triton_kernels matmul_ogs init_allocation)"
     )
 
 
@@ -592,7 +637,7 @@ def held_once_lines(facts: ModelFacts, r: Resolved, sharding: Sharding, layer_pl
                         source=f"{c.source} (one Buffer per process, every MoE layer)",
                     )
                 )
-        workspace = moe_workspace(r, layer_plan)
+        workspace = moe_workspace(r, layer_plan) if not r.monolithic_experts else None
         if workspace is not None and r.workspace_persistent:
             ws_bytes, ws_source = workspace
             lines.append(DeploymentLine(group="held-once", name="moe-workspace", bytes=ws_bytes, kind="release",
@@ -651,7 +696,12 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
                                         "time, in the forward"))  # fmt: skip
     recv = sum(line.bytes for line in lines if line.name == "dispatch receive")
     per_call = 0
-    workspace = moe_workspace(r, layer_plan) if not r.workspace_persistent else None
+    workspace = moe_workspace(r, layer_plan) if not r.workspace_persistent and not r.monolithic_experts else None
+    if r.monolithic_experts:
+        per_call, call_source = monolithic_call_bytes(facts, r, sharding_of(facts, r))
+        lines.append(DeploymentLine(group="profile-peak", name="moe kernel buffers (per call)", bytes=per_call,
+                                    kind="release", source=f"{call_source}; freed on return: counted once, in the "
+                                    "forward's peak"))  # fmt: skip
     if workspace is not None:
         per_call = workspace[0]
         lines.append(DeploymentLine(group="profile-peak", name="moe-workspace (per call)", bytes=per_call,

@@ -146,8 +146,8 @@ def _function(module: ast.Module, name: str) -> ast.FunctionDef | None:
     return next((n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
 
 
-def _backend_name(node: ast.expr) -> str | None:
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Fp8MoeBackend":
+def _backend_name(node: ast.expr, enum: str = "Fp8MoeBackend") -> str | None:
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == enum:
         return node.attr
     return None
 
@@ -173,12 +173,12 @@ def _priority(function: ast.FunctionDef, p: _Platform, assumed: list[str]) -> li
     return order
 
 
-def _kernel_classes(function: ast.FunctionDef) -> dict[str, list[str]]:
+def _kernel_classes(function: ast.FunctionDef, enum: str = "Fp8MoeBackend") -> dict[str, list[str]]:
     """backend_to_kernel_cls: each `backend == Fp8MoeBackend.X` branch's returned classes."""
     out: dict[str, list[str]] = {}
     for node in ast.walk(function):
         if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
-            backend = _backend_name(node.test.comparators[0])
+            backend = _backend_name(node.test.comparators[0], enum)
             ret = next((s for s in node.body if isinstance(s, ast.Return)), None)
             if backend and ret is not None and isinstance(ret.value, ast.List):
                 out[backend] = [e.id for e in ret.value.elts if isinstance(e, ast.Name)]
@@ -404,3 +404,34 @@ def cutlass_refusal(files: ReleaseFiles) -> str | None:
             return (f"refused: {node.exc.args[0].value!s} ({ORACLE_FILE.removeprefix('vllm/')}:{node.lineno}; "
                     f"allow_vllm_cutlass=False, {where})")  # fmt: skip
     return None
+
+
+MXFP4_ORACLE_FILE = "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py"
+
+
+@per_release
+def mxfp4_triton_monolithic(files: ReleaseFiles) -> str | None:
+    """Where the release's TRITON MXFP4 backend tries a monolithic experts class first, that class and where it is
+    read ("OAITritonMxfp4ExpertsMonolithic (fused_moe/oracle/mxfp4.py:249)"); else None. A monolithic class
+    (FusedMoEExpertsMonolithic) is one kernel call that allocates its own buffers: no modular workspace."""
+    module = files.module(MXFP4_ORACLE_FILE)
+    kernels = _function(module, "backend_to_kernel_cls") if module is not None else None
+    if kernels is None:
+        return None
+    classes = _kernel_classes(kernels, "Mxfp4MoeBackend").get("TRITON", [])
+    if not classes:
+        return None
+    first = next((c for c in files.tree.class_named(classes[0]) if c.node.name == classes[0]), None)
+    if first is None or not any(ast.unparse(b).endswith("FusedMoEExpertsMonolithic") for b in first.node.bases):
+        return None
+    line = next(
+        (
+            n.lineno
+            for n in ast.walk(kernels)
+            if isinstance(n, ast.Return)
+            and isinstance(n.value, ast.List)
+            and any(isinstance(e, ast.Name) and e.id == classes[0] for e in n.value.elts)
+        ),
+        kernels.lineno,
+    )
+    return f"{classes[0]} ({MXFP4_ORACLE_FILE.removeprefix('vllm/model_executor/layers/')}:{line})"

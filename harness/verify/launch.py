@@ -96,8 +96,11 @@ def command(python: str, entry: str, model: str, flags: list[str]) -> list[str]:
             "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(_free_port())]  # fmt: skip
 
 
-def stop_group(pgid: int, grace_s: float = 10.0) -> None:
-    """SIGTERM to the whole group (the API server, the engine core, its workers), then SIGKILL what is left."""
+def stop_group(pgid: int, grace_s: float = 10.0, leader: subprocess.Popen[bytes] | None = None) -> None:
+    """SIGTERM to the whole group (the API server, the engine core, its workers), then SIGKILL what is left.
+
+    leader: the group's first process when it is this process's child. It is reaped as soon as it exits: until then
+    it stays a zombie of the group, which would keep the group "alive" for the whole grace period."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pgid, sig)
@@ -105,11 +108,13 @@ def stop_group(pgid: int, grace_s: float = 10.0) -> None:
             return
         end = time.monotonic() + wait
         while time.monotonic() < end:
+            if leader is not None:
+                leader.poll()
             try:
                 os.killpg(pgid, 0)
             except ProcessLookupError:
                 return
-            time.sleep(0.2)
+            time.sleep(0.1)
 
 
 def launch(argv: list[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None) -> Launched:
@@ -132,7 +137,7 @@ def launch(argv: list[str], log_path: Path, timeout_s: float, env: dict[str, str
                 break
             time.sleep(0.5)
     finally:
-        stop_group(child.pid)
+        stop_group(child.pid, leader=child)
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=10)
     return Launched(status=status, log=log_path.read_text(errors="replace"), seconds=time.monotonic() - start,
