@@ -364,6 +364,16 @@ def test_swept_coverage_of_0_33_0(swept):
     # TritonOrCutlassExperts' self.is_sm100 (`current_platform.has_device_capability(100)`) is swept at both values.
     toc = by_name(swept)["TritonOrCutlassExperts"]
     assert {p.variant for p in toc.outcomes} == {"is_sm100=True", "is_sm100=False"}
+    # TritonOrDeepGemmExperts' `if is_deep_gemm_e8m0_used()` (a function of no argument, imported from vLLM) is
+    # swept at both values; each then stops at its own reason (a delegate object, a helper outside the parsed files).
+    tod = by_name(swept)["TritonOrDeepGemmExperts"]
+    assert {p.variant for p in tod.outcomes} == {"is_deep_gemm_e8m0_used()=True", "is_deep_gemm_e8m0_used()=False"}
+    reasons = {p.variant: o.detail.split(" (")[0] for p, o in tod.outcomes.items() if o.status == UNEVALUATED}
+    assert sorted(reasons.values()) == [
+        "workspace_shapes reads the argument experts.workspace_shapes, which the stand-in does not carry",
+        "workspace_shapes uses the name 'get_mk_alignment_for_contiguous_layout', which is only defined when vLLM "
+        "is imported",
+    ]
     assert swept.failed == [] and swept.limits == []
 
 

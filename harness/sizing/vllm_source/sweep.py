@@ -501,6 +501,27 @@ RUNTIME_ROOTS = ("current_platform", "torch", "envs", "os")
 MAX_DERIVED = 6  # attributes derived per class
 MAX_FLAGS = 2  # runtime flags swept per class (2^flags variants)
 MISSING_SELF = re.compile(r"reads self\.(\w+), which the stand-in self does not carry")
+UNIMPORTED = re.compile(r"uses the name '(\w+)', which is only defined when vLLM is imported")
+
+
+def zero_argument_calls(tree: SourceTree, cls: ParsedClass, name: str) -> bool:
+    """The class's file calls `name()` with no arguments and only as a condition (an if / while / conditional
+    expression's test, an operand of and / or / not): a truth value of nothing the config holds, so of the machine
+    (is_deep_gemm_e8m0_used()), swept at both values."""
+    parsed = tree.modules.get(cls.file)
+    if parsed is None:
+        return False
+    conditions: set[int] = set()
+    for node in ast.walk(parsed.tree):
+        if isinstance(node, (ast.If, ast.While, ast.IfExp)):
+            conditions.add(id(node.test))
+        elif isinstance(node, ast.BoolOp):
+            conditions.update(id(v) for v in node.values)
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            conditions.add(id(node.operand))
+    calls = [n for n in ast.walk(parsed.tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id == name]  # fmt: skip
+    return bool(calls) and all(not c.args and not c.keywords and id(c) in conditions for c in calls)
 
 
 @dataclass(frozen=True)
@@ -565,8 +586,9 @@ def init_attribute(tree: SourceTree, cls: ParsedClass, name: str) -> InitAttribu
 class _SweepProgram:
     """The source tree as the interpreter's Program, with quant_utils' QuantKey names as plain strings."""
 
-    def __init__(self, tree: SourceTree) -> None:
+    def __init__(self, tree: SourceTree, overrides: dict[str, object] | None = None) -> None:
         self.tree = tree
+        self.overrides = overrides or {}  # imported names a variant sets: a runtime flag function's value
 
     def global_binding(self, file, name):
         return self.tree.global_binding(file, name)
@@ -581,6 +603,8 @@ class _SweepProgram:
         return self.tree.class_binding(cls, name)
 
     def standin_import(self, module, name):
+        if name in self.overrides:
+            return self.overrides[name]
         if module == QUANT_KEYS_MODULE and name.startswith("k"):
             return name
         if module == MARLIN_UTILS_MODULE and name == "marlin_moe_intermediate_size":
@@ -612,6 +636,9 @@ class _ClassEvaluator:
         self.derived: dict[str, InitAttribute] = {}  # attributes of self the class's __init__ assigns, derived
         self.flags: dict[str, InitAttribute] = {}  # ... that the machine decides: swept at both values (variants)
         self.underivable: dict[str, str] = {}  # ... and why they are not derived
+        self.call_flags: dict[str, str] = {}  # functions of the machine workspace_shapes calls, imported from vLLM
+        self.checked_calls: set[str] = set()
+        self._programs: dict[str, _SweepProgram] = {}
 
     def workspace(self, point: Point):
         """(ws13, ws2, out) or the reason, memoized; once an evaluation runs out of a budget, the class's other
@@ -630,10 +657,23 @@ class _ClassEvaluator:
                 self.exhausted = found
         return self.shapes[point]
 
+    def program_for(self, point: Point) -> _SweepProgram:
+        """The program of the point: with the values its variant gives the runtime flag functions."""
+        calls = {part.removesuffix("()=True").removesuffix("()=False"): part.endswith("=True")
+                 for part in point.variant.split(",") if "()=" in part}  # fmt: skip
+        if not calls:
+            return self.program
+        if point.variant not in self._programs:
+            overrides: dict[str, object] = {
+                name: Builtin(name, lambda interp, value=value: value) for name, value in calls.items()
+            }
+            self._programs[point.variant] = _SweepProgram(self.tree, overrides)
+        return self._programs[point.variant]
+
     def _evaluate(self, point: Point) -> bool:
         """workspace_shapes at the point into self.shapes; True when it read an attribute of self that the class's
         __init__ assigns and that is now derived (evaluate again)."""
-        interpreter = Interpreter(self.program, DEFAULT_BUDGET)
+        interpreter = Interpreter(self.program_for(point), DEFAULT_BUDGET)
         try:
             instance = interpreter.instance(self.cls, self.attributes(point))
             method = interpreter.get_attribute(instance, "workspace_shapes")
@@ -662,7 +702,17 @@ class _ClassEvaluator:
                 why = ""
             self.shapes[point] = f"workspace_shapes {error}{why}"
         except Unevaluable as error:
-            self.shapes[point] = f"workspace_shapes {error}"
+            match = UNIMPORTED.search(str(error))
+            name = match.group(1) if match else None
+            if name is not None and name not in self.checked_calls:
+                self.checked_calls.add(name)  # the file is walked once per name, not once per point
+                if len(self.flags) + len(self.call_flags) < MAX_FLAGS and zero_argument_calls(
+                    self.tree, self.cls, name
+                ):
+                    self.call_flags[name] = f"{name}() takes no argument and is a condition: a value of the machine"
+            why = f"; a runtime flag ({self.call_flags[name]}) the point's variant does not set" if (
+                name in self.call_flags) else ""  # fmt: skip
+            self.shapes[point] = f"workspace_shapes {error}{why}"
         except RecursionError:
             self.shapes[point] = "workspace_shapes nests deeper than Python's own stack allows"
         return False
@@ -673,7 +723,8 @@ class _ClassEvaluator:
         attributes = point_attributes(point)
         for part in filter(None, point.variant.split(",")):
             name, _, value = part.partition("=")
-            attributes[name] = value == "True"
+            if not name.endswith("()"):  # a function's value is the program's (program_for)
+                attributes[name] = value == "True"
         for name, spec in self.derived.items():
             try:
                 attributes[name] = self._derive(spec, point, attributes)
@@ -719,8 +770,9 @@ class _ClassEvaluator:
 
     def variants(self) -> list[str]:
         """The variants the class is swept at: each combination of its runtime flags' values ("" without)."""
-        return [",".join(f"{name}={value}" for name, value in zip(self.flags, values, strict=True))
-                for values in itertools.product((True, False), repeat=len(self.flags))] or [""]  # fmt: skip
+        names = [*self.flags, *(f"{name}()" for name in self.call_flags)]
+        return [",".join(f"{name}={value}" for name, value in zip(names, values, strict=True))
+                for values in itertools.product((True, False), repeat=len(names))] or [""]  # fmt: skip
 
     def n(self, point: Point) -> int:
         """The N the release's modular kernel hands this class: its own moe_problem_size on its own weights
