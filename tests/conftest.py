@@ -114,7 +114,7 @@ def _tests_cache_dir() -> Path:
 
 TESTS_CACHE_DIR = _tests_cache_dir()
 os.environ["HARNESS_CACHE_DIR"] = str(TESTS_CACHE_DIR)  # every harness the tests start, in process or not, reads it
-os.environ.setdefault("HARNESS_TESTS_SESSION_CACHE", str(TESTS_CACHE_DIR))  # what this session's workers start from
+os.environ.setdefault("HARNESS_TESTS_SESSION_CACHE", str(TESTS_CACHE_DIR))  # what this run's workers start from
 
 
 import pytest  # noqa: E402
