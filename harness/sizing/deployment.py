@@ -199,6 +199,9 @@ class Resolved:
     # The monolithic experts class vLLM runs (and why), which allocates its buffers in each call instead of a modular
     # workspace; "" for a modular experts class.
     monolithic_experts: str = ""
+    # vLLM 0.26.0's V2 model runner (release_defaults.v2_runner_without_estimate), whose profile_run skips attention
+    # and samples through its own sampler (harness.sizing.profile_run.v2_sampler_phase)
+    v2_runner: bool = False
 
     @property
     def ep_size(self) -> int:
@@ -342,6 +345,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         dbo=spec.enable_dbo,
         eager=spec.enforce_eager,
         cudagraph_estimate=cudagraph,
+        v2_runner=runner is not None,
         settings=tuple(settings),
         pp=pp,
         moe_max_num_tokens=moe_tokens,
@@ -719,18 +723,31 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
             f"{facts.hidden_size}) {facts.dtype}, made in the first dummy run and kept (v1/worker/gpu_model_runner.py "
             "_dummy_run: make_empty_intermediate_tensors(batch_size=max_num_tokens))"))  # fmt: skip
     forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv)
-    if last:
+    eager_v2 = None
+    if r.v2_runner and r.eager and r.pp == 1 and not recv:
+        eager_v2 = profile_run.v2_eager_forward_phase(facts, num_tokens=N, tp=tp)
+    if eager_v2 is not None:
+        forward = eager_v2
+    elif r.v2_runner:
+        forward = profile_run.Phase(forward.bytes, f"{forward.detail}; the V2 runner's "
+                                    f"{'eager' if r.eager else 'compiled (torch.compile)'} forward of this model is "
+                                    "not read: 0.19.0's estimate")  # fmt: skip
+    if not last:  # profile_run runs the dummy sampler on the last pipeline rank only
+        sampler = profile_run.Phase(0, "no dummy sampler (not the last pipeline stage: the model runner's "
+                                       "profile_run runs it where the pipeline rank is the last)")  # fmt: skip
+    elif r.v2_runner:
+        sampler = profile_run.v2_sampler_phase(facts, num_tokens=N, max_num_seqs=r.max_num_seqs, tp=tp)
+    else:
         sampler = profile_run.sampler_phase(facts, num_tokens=N, max_num_seqs=r.max_num_seqs, tp=tp, gpu=gpu)
-    else:  # profile_run runs the dummy sampler on the last pipeline rank only
-        sampler = profile_run.Phase(0, "no dummy sampler (not the last pipeline stage: gpu_model_runner.py "
-                                       "profile_run runs it where get_pp_group().is_last_rank)")  # fmt: skip
     in_sampler = sampler.bytes >= forward.bytes
     _, _, gpu_source = profile_run.gpu_facts(gpu)
+    runner = ("vLLM 0.26.0's V2 runner's profile_run (v1/worker/gpu/model_runner.py)" if r.v2_runner
+              else "vLLM 0.19.0's profile_run")  # fmt: skip
     lines.append(DeploymentLine(
         group="profile-peak", name="activations", bytes=max(forward.bytes, sampler.bytes - per_call) - recv,
-        kind="exact" if in_sampler else "estimate",
+        kind="exact" if in_sampler or eager_v2 is not None else "estimate",
         source=f"peak in the {'dummy sampler' if in_sampler else 'forward pass'}: max({forward.detail}; "
-        f"{sampler.detail}){' less the dispatch receive above' if recv else ''}; vLLM 0.19.0's profile_run "
+        f"{sampler.detail}){' less the dispatch receive above' if recv else ''}; {runner} "
         f"(harness/sizing/profile_run.py); {gpu_source}"))  # fmt: skip
     return lines
 

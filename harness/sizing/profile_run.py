@@ -126,3 +126,88 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
     recv = f" + dispatch receive {dispatch_recv} B" if dispatch_recv else ""
     return Phase(total, f"forward {total} B = 4 x (N={N}, {K}) x {d} B + max(attention {attn} B, MLP {mlp} B){recv} "
                         "(estimate)")  # fmt: skip
+
+
+# vLLM 0.26.0's V2 model runner (v1/worker/gpu/model_runner.py), the runner release_defaults.v2_runner_without_estimate
+# names per architecture. Its profile_run (model_runner.py:673) runs `_dummy_run(max_num_tokens, skip_attn=True,
+# is_profile=True)`: the forward without attention metadata (execute_model: `skip_attn_for_dummy_run`, the backends'
+# `attn_metadata is None` branch fills the output with zeros, v1/attention/backends/flash_attn.py:847), eager
+# (dispatch_cg_and_sync_dp(need_eager=is_profile)), and then `_dummy_sampler_run` (model_runner.py:654) on
+# hidden_states[logits_indices]. Its request states, input buffers and sampler states are made in __init__ and
+# load_model, before the profiler's first snapshot, so they are outside the torch peak.
+#
+# The decoder layers whose eager forward is read here, and whether their MLP keeps gate_up through down_proj:
+#   models/llama.py LlamaMLP.forward: `x, _ = gate_up_proj(x); x = act_fn(x)`: gate_up freed before down_proj
+#   models/qwen2.py Qwen2MLP.forward (qwen3.py imports it as Qwen3MLP): `gate_up, _ = ...; x = act_fn(gate_up)`:
+#     gate_up held until the MLP returns
+V2_EAGER_LAYERS: dict[str, tuple[bool, str]] = {
+    "LlamaForCausalLM": (False, "models/llama.py LlamaMLP.forward (gate_up freed before down_proj)"),
+    "Qwen2ForCausalLM": (True, "models/qwen2.py Qwen2MLP.forward (gate_up held through down_proj)"),
+    "Qwen3ForCausalLM": (True, "models/qwen2.py Qwen2MLP.forward as Qwen3MLP (gate_up held through down_proj)"),
+}
+GUMBEL_BLOCK = 1024  # v1/worker/gpu/sample/gumbel.py gumbel_sample: BLOCK_SIZE
+
+
+def v2_sampler_phase(facts: ModelFacts, *, num_tokens: int, max_num_seqs: int, tp: int) -> Phase:
+    """What the V2 runner's profile_run holds while its dummy sampler runs (exact, shapes x dtypes):
+
+        hidden_states (N, K) d           _dummy_run's output, held by profile_run until its `del`
+        sample_hidden_states (R, K) d    hidden_states[input_batch.logits_indices] (_dummy_run's return)
+        logits (R, V') d                 model.compute_logits: lm_head, all-gathered over TP (a view [:, :V])
+        pos int64, input_ids int32 (R)   Sampler.__call__: input_batch.positions / input_ids [logits_indices]
+        local_argmax int64, local_max    gumbel_sample (v1/worker/gpu/sample/gumbel.py): (R, ceil(V / 1024)) each
+          f32 (R, ceil(V / 1024))
+
+    The dummy requests keep the sampling states' initial values (v1/worker/gpu/sample/states.py: temperature 0,
+    top_k = V, top_p 1, min_p 0), so temperature, min_p and top-k/top-p are skipped (no f32 copy, no sort) and no
+    logprobs are asked (no clone); the logit bias, penalties and bad words act in place."""
+    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
+    R = min(num_tokens, max_num_seqs)
+    V, V_pad = facts.vocab_size, pad_vocab(facts.vocab_size, tp) * tp
+    blocks = -(-V // GUMBEL_BLOCK)
+    hidden = N * K * d + R * K * d
+    logits = R * V_pad * d
+    small = R * (8 + 4) + R * blocks * (8 + F32)
+    total = hidden + logits + small
+    detail = (f"V2 sampler {total} B = hidden (N={N}, {K}) + (R={R}, {K}) x {d} B + logits ({R}, {V_pad}) x {d} B + "
+              f"positions, input ids and gumbel_sample's ({R}, {blocks}) int64 + f32 (v1/worker/gpu/model_runner.py "
+              "_dummy_sampler_run, v1/worker/gpu/sample/sampler.py)")  # fmt: skip
+    return Phase(total, detail)
+
+
+def v2_eager_forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int) -> Phase | None:
+    """The V2 runner's dummy forward without torch.compile (--enforce-eager), for the decoder layers of
+    V2_EAGER_LAYERS in the model dtype (no quantized GEMM inputs); None for any other model.
+
+    Eager, vLLM's own kernels run (platforms/cuda.py get_default_ir_op_priority: vllm_c before native when not
+    compiling): fused_add_rms_norm writes hidden_states and residual in place (ir/ops/layernorm.py, allow_inplace)
+    and the rotary embedding rotates q and k in place (rotary_embedding/base.py forward_cuda). The model's layer loop
+    (llama.py LlamaModel.forward, qwen2.py Qwen2Model.forward: `hidden_states, residual = layer(positions,
+    hidden_states, residual)`) holds the previous layer's output while the next layer runs, so from the second layer
+    on three (N, K) tensors are held through the MLP: that output (normalized in place as the layer's input), the
+    residual and the attention block's output (normalized in place as the MLP's input). With I = intermediate / TP,
+    D the head dim and H, KV the heads per rank, the larger of:
+
+        MLP         gate_up (N, 2I) + act_fn's (N, I); at down_proj act_fn's (N, I) + its output (N, K) (a second
+                    (N, K) for the all-reduce's output under TP), + gate_up where the MLP still holds it
+        attention   qkv_proj's (N, (H + 2 KV) D), the q/k norms' outputs (N, (H + KV) D) where the model has them,
+                    the attention output (N, H D) (attention.py Attention.forward: torch.empty) and o_proj's (N, K)
+                    (two under TP), over the layer's input and the residual"""
+    known = V2_EAGER_LAYERS.get(facts.architecture)
+    if known is None or facts.is_moe or facts.is_mla or facts.quant is not None:
+        return None
+    keeps_gate_up, mlp_source = known
+    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
+    inter = facts.intermediate_size // tp
+    heads, kv = facts.num_attention_heads // tp, max(1, facts.num_key_value_heads // tp)
+    reduced = N * K * d * (2 if tp > 1 else 1)  # RowParallelLinear's output, and the all-reduce's under TP
+    held = (3 if facts.num_hidden_layers >= 2 else 2) * N * K * d
+    gate_up, act = N * 2 * inter * d, N * inter * d
+    mlp = gate_up + act + reduced if keeps_gate_up else max(gate_up + act, act + reduced)
+    qk_norm = N * (heads + kv) * facts.head_dim * d if facts.qk_norm == "head" else 0
+    qkv, attn_out = N * (heads + 2 * kv) * facts.head_dim * d, N * heads * facts.head_dim * d
+    attn = 2 * N * K * d + qkv + qk_norm + attn_out + reduced
+    total = max(held + mlp, attn)
+    return Phase(total, f"eager forward {total} B = max({held // (N * K * d)} x (N={N}, {K}) x {d} B held + MLP {mlp} "
+                        f"B, attention {attn} B with the layer's input and residual) ({mlp_source}; "
+                        "v1/worker/gpu/model_runner.py profile_run, skip_attn)")  # fmt: skip
