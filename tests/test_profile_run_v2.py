@@ -99,3 +99,19 @@ def test_the_compiled_forward_is_labelled_an_estimate(name, tmp_path):
     plan = plan_record(load_record(STARTUPS / f"{name}.yaml"), cache_dir=tmp_path)
     line = next(line for line in plan.lines if line.name == "activations")
     assert line.kind == "estimate" and "compiled (torch.compile) forward of this model is not read" in line.source
+
+
+def test_v2_forward_estimate_counts_the_shared_experts():
+    """A Qwen2-MoE layer on the V2 runner: the forward estimate's MLP term is the router's f32 logits and top-k ids
+    and weights plus the shared expert's gate_up (N, 2 x 512) and act_fn (N, 512) outputs in bf16; the V1 runner's
+    estimate (0.19.0, kept as it was) counts the routing only."""
+    from harness.sizing.profile_run import forward_phase
+
+    facts = _facts("Qwen2MoeForCausalLM", intermediate_size=0, moe_layers=(0, 1), num_routed_experts=8, top_k=2,
+                   moe_intermediate_size=128, shared_expert_intermediate_size=512)  # fmt: skip
+    routing = 64 * 8 * 4 + 64 * 2 * 12
+    shared = 3 * 64 * 512 * 2
+    attention = 64 * (2 * 8 + 2 * 2) * 32 * 2
+    v2 = forward_phase(facts, num_tokens=64, tp=1, shared_experts=True)
+    assert v2.bytes == 4 * 64 * 256 * 2 + max(attention, routing + shared) == 131072 + 200192
+    assert forward_phase(facts, num_tokens=64, tp=1).bytes == 4 * 64 * 256 * 2 + max(attention, routing)

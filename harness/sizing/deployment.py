@@ -729,6 +729,7 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
     if eager_v2 is not None:
         forward = eager_v2
     elif r.v2_runner:
+        forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv, shared_experts=True)
         forward = profile_run.Phase(forward.bytes, f"{forward.detail}; the V2 runner's "
                                     f"{'eager' if r.eager else 'compiled (torch.compile)'} forward of this model is "
                                     "not read: 0.19.0's estimate")  # fmt: skip

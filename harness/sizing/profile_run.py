@@ -107,10 +107,15 @@ def sampler_phase(facts: ModelFacts, *, num_tokens: int, max_num_seqs: int, tp: 
                         f"x {d} B + {'f32 copy (R, V) + ' if f32_logits else ''}{top}")  # fmt: skip
 
 
-def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv: int = 0) -> Phase:
+def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv: int = 0,
+                  shared_experts: bool = False) -> Phase:  # fmt: skip
     """The dummy forward's transients (estimate): 4 (N, K) activation buffers and the larger of the attention
     projections' outputs and the MLP intermediates (the MoE's live in its workspace, held once: here the router's
-    f32 logits and the top-k ids and weights), plus DeepEP's receive tensors of one layer."""
+    f32 logits and the top-k ids and weights, and with `shared_experts` the shared experts' gate_up and act_fn
+    outputs, 3 (N, I_shared / TP), an MLP the experts' call runs beside the routed ones (0.26.0's
+    models/qwen2_moe.py: a Qwen2MoeMLP of shared_expert_intermediate_size; models/deepseek_v2.py DeepseekV2MoE: a
+    DeepseekV2MLP of moe_intermediate_size x n_shared_experts; both passed to the FusedMoE as shared_experts)), plus
+    DeepEP's receive tensors of one layer."""
     N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
     if facts.is_mla:
         heads = facts.num_attention_heads // tp
@@ -121,7 +126,12 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
     dense_intermediate = facts.intermediate_size // tp if len(facts.moe_layers) < facts.num_hidden_layers else 0
     mlp = 3 * N * dense_intermediate * d
     if facts.is_moe:
-        mlp = max(mlp, N * facts.num_routed_experts * 4 + N * facts.top_k * 12)
+        routing = N * facts.num_routed_experts * 4 + N * facts.top_k * 12
+        shared = 0
+        if shared_experts:  # the V2 runner's: the shared experts' MLP beside the routed ones
+            inter = facts.num_shared_experts * facts.moe_intermediate_size or facts.shared_expert_intermediate_size
+            shared = 3 * N * (inter // tp) * d
+        mlp = max(mlp, routing + shared)
     total = 4 * N * K * d + max(attn, mlp) + dispatch_recv
     recv = f" + dispatch receive {dispatch_recv} B" if dispatch_recv else ""
     return Phase(total, f"forward {total} B = 4 x (N={N}, {K}) x {d} B + max(attention {attn} B, MLP {mlp} B){recv} "
