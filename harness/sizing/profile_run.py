@@ -134,6 +134,8 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
         mlp = max(mlp, routing + shared)
     total = 4 * N * K * d + max(attn, mlp) + dispatch_recv
     recv = f" + dispatch receive {dispatch_recv} B" if dispatch_recv else ""
+    if facts.is_moe and shared_experts:
+        recv = f" (the MLP with the shared experts' gate_up and act_fn outputs){recv}"
     return Phase(total, f"forward {total} B = 4 x (N={N}, {K}) x {d} B + max(attention {attn} B, MLP {mlp} B){recv} "
                         "(estimate)")  # fmt: skip
 
