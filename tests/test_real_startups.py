@@ -43,7 +43,20 @@ LINE_GAPS: dict[tuple[str, str], str] = {
     ("dsv2-lite-4l", "torch peak"): V2_PEAK + "; and DeepSeek-V2's dense first layer runs before the MoE workspace "
                                     "exists (v1/worker/workspace.py _ensure_workspace_size grows it at the first MoE "
                                     "call), where the plan counts its MLP on top of the workspace",
+    ("dsv2-lite-4l-eager", "torch peak"): "DeepSeek-V2's dense first layer runs before the MoE workspace exists "
+                                          "(v1/worker/workspace.py _ensure_workspace_size grows it at the first MoE "
+                                          "call), where the plan counts its MLP on top of the workspace",
     ("llama-8b-4l", "torch peak"): V2_PEAK,
+    ("llama-8b-4l-bs64-seqs512", "torch peak"): V2_PEAK,
+    ("llama-8b-4l-kvfp8", "torch peak"): V2_PEAK,
+    ("llama-8b-4l-mbt32k", "torch peak"): V2_PEAK,
+    ("qwen3-8b-4l-fp8block", "torch peak"): V2_PEAK,
+    ("qwen3-8b-4l-verify-seqs128", "torch peak"): V2_PEAK,
+    ("gemma2-9b-4l", "torch peak"): V2_PEAK + "; Gemma-2 logs 0.91 GiB over the plan, more than any other V2 "
+                                              "case (not found yet)",
+    ("glm45-4l", "torch peak"): "GLM-4.5 on the V1 runner logs 0.08 GiB over the plan's profile peak: not found yet",
+    ("qwen3-moe-4l-len32k-seqs64-mbt4096", "torch peak"): "with 4096 batched tokens and 64 sequences the V1 "
+        "profile logs 0.15 GiB over the plan: not found yet (the same model at 8192 and 256 is within 0.01 GiB)",
     ("llama-8b-4l-fp32", "torch peak"): V2_PEAK,
     ("llama-8b-4l-fp8tensor", "torch peak"): V2_PEAK,
     ("qwen3-8b-4l", "torch peak"): V2_PEAK,
@@ -81,10 +94,16 @@ def _plan(name: str, cache_dir: Path):
 
 
 def test_the_startups_cover_the_model_surface():
-    assert len(CASES) >= 14
+    assert len(CASES) >= 37
     archs = {record_facts(c).architecture for c in CASES.values()}
     assert {"Qwen3MoeForCausalLM", "MixtralForCausalLM", "DeepseekV2ForCausalLM", "LlamaForCausalLM",
-            "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM"} <= archs  # fmt: skip
+            "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Gemma2ForCausalLM", "GraniteForCausalLM",
+            "Phi3ForCausalLM", "MistralForCausalLM", "Glm4MoeForCausalLM", "Qwen3NextForCausalLM",
+            "Llama4ForConditionalGeneration"} <= archs  # fmt: skip
+    kinds = {k for c in CASES.values() for k in record_facts(c).layer_kinds}
+    assert {"full", "sliding", "chunked", "linear"} <= kinds
+    modes = {(c.llm_kwargs or {}).get("compilation_config", {}).get("cudagraph_mode") for c in CASES.values()}
+    assert {"PIECEWISE", "FULL_DECODE_ONLY", "NONE"} <= modes
     assert any(c.llm_kwargs and c.llm_kwargs.get("kv_cache_dtype") == "fp8" for c in CASES.values())
     assert any(c.llm_kwargs and c.llm_kwargs.get("enforce_eager") for c in CASES.values())
     assert any(record_facts(c).weight_block_size for c in CASES.values())
@@ -108,16 +127,26 @@ def test_the_record_is_what_its_key_lines_say(name):
 @pytest.mark.parametrize("name", list(CASES))
 def test_model_runner_and_its_graph_estimate_per_architecture(name):
     """0.26.0 picks the V2 runner for dense models and DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES; V2 prints no
-    CUDA-graph estimate; V1 prints one unless eager."""
+    CUDA-graph estimate; V1 prints one unless eager or cudagraph_mode NONE."""
     case = CASES[name]
     facts = record_facts(case)
     v2 = v2_runner_without_estimate(facts.architecture, facts.is_moe, case.vllm_version) is not None
     assert case.model_runner == ("v2" if v2 else "v1")
-    eager = bool(case.llm_kwargs and case.llm_kwargs.get("enforce_eager"))
-    assert (case.figures.cuda_graph_estimate_gib is not None) == (not v2 and not eager)
+    kwargs = case.llm_kwargs or {}
+    no_graphs = (
+        bool(kwargs.get("enforce_eager")) or kwargs.get("compilation_config", {}).get("cudagraph_mode") == "NONE"
+    )
+    assert (case.figures.cuda_graph_estimate_gib is not None) == (not v2 and not no_graphs)
 
 
-@pytest.mark.parametrize("name", [n for n in CASES if n not in FLAG_GAPS])
+def _uniform_kv(name: str) -> bool:
+    """Every layer full attention: one KV cache group, so the tokens are the memory over the bytes per token. With
+    sliding-window or linear-attention layers vLLM's hybrid KV cache manager shares blocks between groups, and the
+    plan's own KV test below judges the tokens."""
+    return set(record_facts(CASES[name]).layer_kinds) <= {"full"}
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n not in FLAG_GAPS and _uniform_kv(n)])
 def test_kv_bytes_per_token_exact(name):
     """The logged tokens are what the logged KV memory (to 0.01 GiB) holds at the model's bytes per token."""
     case = CASES[name]
@@ -135,7 +164,25 @@ def _kv_error(name: str, cache_dir: Path) -> float:
     return (_plan(name, cache_dir).kv_tokens - logged) / logged
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n), id=n) for n in CASES])
+# Startups whose KV tokens the plan misses by more than 1%, and why.
+KV_GAPS: dict[str, str] = {
+    "qwen3-moe-4l-util05": V1_GRAPHS + ": 0.74 GiB over, 1.2% of a 62 GiB KV cache at gpu_memory_utilization 0.5",
+    "llama4-scout-4l-text": "with --limit-mm-per-prompt image=0 vLLM 0.26.0 loads no vision tower and runs no encoder "
+    "profile; the plan sizes both (1.71 GiB of weights over)",
+    "qwen3-next-4l": "Qwen3-Next's hybrid KV cache on 0.26.0 (three linear-attention layers' state per block beside "
+    "one full-attention layer) is not how the plan pages it: 64% under",
+}
+LINE_GAPS.update(
+    {
+        ("llama4-scout-4l-text", "weights"): KV_GAPS["llama4-scout-4l-text"],
+        ("llama4-scout-4l-text", "torch peak"): KV_GAPS["llama4-scout-4l-text"],
+        ("qwen3-next-4l", "torch peak"): "Qwen3-Next's linear-attention layers' profile peak (gated delta net) is not "
+        "modelled: 0.07 GiB over the plan",
+    }
+)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n, KV_GAPS.get(n)), id=n) for n in CASES])
 def test_kv_tokens_within_one_percent(name, cache_dir):
     error = _kv_error(name, cache_dir)
     assert abs(error) < 0.01, f"{name}: {error:+.2%}"

@@ -60,7 +60,8 @@ FIGURE_PATTERNS: dict[str, re.Pattern[str]] = {
 ATTENTION = re.compile(r"Using (\w+) attention backend out of potential backends: \[([^\]]*)\]")
 MOE = re.compile(r"Using (.+?) MoE backend out of potential backends: \[([^\]]*)\]")
 EXPERTS = re.compile(r"Using (\w+) MoE backend\s*$")
-OTHER_KEYS = re.compile(r"Initializing a V1 LLM engine|Profiling CUDA graph memory|Defaulting|Enforce eager|"
+OTHER_KEYS = re.compile(r"Initializing a V1 LLM engine|Profiling CUDA graph memory|CUDA graph memory: .*first-capture|"
+                        r"Defaulting|Enforce eager|"
                         r"Model Runner V2|V1 model runner|"
                         r"Using FlashAttention version|non-default args|Requested memory|"
                         r"KV cache memory in use")  # fmt: skip
