@@ -383,6 +383,18 @@ EDGES = """
 
     def unknown_iterable(value):
         return [x for x in value]
+
+    def deletes(a, b):
+        del a, b
+        return 1
+
+    def reads_deleted(a):
+        del a
+        return a
+
+    def deletes_item(rows):
+        del rows[0]
+        return rows
 """
 
 
@@ -438,6 +450,9 @@ def test_step_budget_bounds_loops_and_comparisons(edges):
         ("try_", {}, "uses Try, which is outside the evaluated subset (edges.py line"),
         ("mutate", {}, "assigns an item of a container"),
         ("unknown_iterable", {"value": StandIn("config")}, "iterates over <stand-in config>"),
+        # `del name` unbinds a local name, as in Python; a deleted name read again, or a deleted item, is refused.
+        ("reads_deleted", {"a": 1}, "reads the local name 'a' before it is assigned"),
+        ("deletes_item", {"rows": [1, 2]}, "deletes rows[0]; only local names are deleted in the subset"),
     ],
 )
 def test_outside_the_subset(edges, function, arguments, says):
@@ -445,6 +460,11 @@ def test_outside_the_subset(edges, function, arguments, says):
     with pytest.raises(Unevaluable) as raised:
         tree.call_function(file, function, arguments=arguments)
     assert says in str(raised.value)
+
+
+def test_del_of_local_names_is_evaluated(edges):
+    tree, file = edges
+    assert tree.call_function(file, "deletes", arguments={"a": 1, "b": (2, 3)}) == 1
 
 
 HOSTILE_APPLY = """

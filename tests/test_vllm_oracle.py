@@ -342,39 +342,122 @@ def test_classes_of_other_formats_match_hand_computations(swept):
     # XPUExpertsMxFp4 reads self._expects_unquantized_inputs, which __init__ takes from the machine
     # (xpu_moe.py: `is_xe2_or_xe3 = torch.ops._xpu_C.is_xe2_arch() or ...`): swept at both values, labelled.
     # xpu_moe.py, XPUExpertsMxFp4.workspace_shapes: `logical_K = K if self.expects_unquantized_inputs else 2 * K`,
-    # `return (0,), (0,), (M, logical_K)`.
+    # `return (0,), (0,), (M, logical_K)`. Where the prepare step quantizes (False), the K it is handed is that of
+    # the mxfp4 input packed two values a byte, 7168 / 2: logical_K is the hidden size either way.
     xpu = at(classes["XPUExpertsMxFp4"], quant="kMxfp4Static/kMxfp4Dynamic", activation="silu", **PR_POINT)
     shapes = {p.variant: o.shapes for p, o in xpu.items()}
     assert shapes == {"_expects_unquantized_inputs=True": ((0,), (0,), (M, K)),
-                      "_expects_unquantized_inputs=False": ((0,), (0,), (M, 2 * K))}  # fmt: skip
+                      "_expects_unquantized_inputs=False": ((0,), (0,), (M, K))}  # fmt: skip
 
 
 def test_swept_coverage_of_0_33_0(swept):
     # Every class is swept at some point it takes, but those whose workspace_shapes needs vLLM itself or a runtime
     # object (each named with its reason); none of the newly taken formats is under-sized in the release.
     unevaluated = {c.name: c for c in swept.classes if c.verdict == UNEVALUATED}
-    assert set(unevaluated) == {
-        "BatchedHummingGroupedExperts", "HummingExpertsBase", "B12xExperts", "DeepGemmExperts", "DeepGemmFP4Experts",
-        "FlashInferCuteDSLExperts", "AiterExperts", "TritonOrCutlassExperts", "TritonOrDeepGemmExperts",
-        "TrtLlmNvFp4ExpertsModular",
-    }  # fmt: skip
-    for cls in unevaluated.values():
+    # Each remaining class stops at a value of a kernel library vLLM wraps, not at vLLM's own code: the humming
+    # library's configs (vllm.utils.humming re-exports it), the b12x library's execution plan (b12x.py, after its
+    # `del N, ...`), DeepGEMM's contiguous-layout alignment (vllm.utils.deep_gemm asks the library), and
+    # TritonOrDeepGemmExperts delegates to DeepGemmExperts.
+    reasons = {
+        "BatchedHummingGroupedExperts": "imports vllm.utils.humming at call time",
+        "HummingExpertsBase": "imports vllm.utils.humming at call time",
+        "B12xExperts": "uses the name 'get_b12x_fused_moe'",
+        "DeepGemmExperts": "uses the name 'get_mk_alignment_for_contiguous_layout'",
+        "DeepGemmFP4Experts": "uses the name 'get_mk_alignment_for_contiguous_layout'",
+        "TritonOrDeepGemmExperts": "uses the name 'get_mk_alignment_for_contiguous_layout'",
+    }
+    assert set(unevaluated) == set(reasons)
+    for name, cls in unevaluated.items():
         assert not any(o.status == CONSISTENT for o in cls.outcomes.values())
-        assert any(o.status == UNEVALUATED and "workspace_shapes" in o.detail for o in cls.outcomes.values())
+        details = {o.detail for o in cls.outcomes.values() if o.status == UNEVALUATED}
+        # (DeepGemmExperts' `assert self.block_shape is not None` stops it first at the formats without blocks.)
+        assert all(d.startswith("workspace_shapes ") for d in details) and any(reasons[name] in d for d in details)
     # TritonOrCutlassExperts' self.is_sm100 (`current_platform.has_device_capability(100)`) is swept at both values.
     toc = by_name(swept)["TritonOrCutlassExperts"]
     assert {p.variant for p in toc.outcomes} == {"is_sm100=True", "is_sm100=False"}
     # TritonOrDeepGemmExperts' `if is_deep_gemm_e8m0_used()` (a function of no argument, imported from vLLM) is
-    # swept at both values; each then stops at its own reason (a delegate object, a helper outside the parsed files).
+    # swept at both values; both reach DeepGemmExperts' alignment, a value of the DeepGEMM library.
     tod = by_name(swept)["TritonOrDeepGemmExperts"]
     assert {p.variant for p in tod.outcomes} == {"is_deep_gemm_e8m0_used()=True", "is_deep_gemm_e8m0_used()=False"}
-    reasons = {p.variant: o.detail.split(" (")[0] for p, o in tod.outcomes.items() if o.status == UNEVALUATED}
-    assert sorted(reasons.values()) == [
-        "workspace_shapes reads the argument experts.workspace_shapes, which the stand-in does not carry",
-        "workspace_shapes uses the name 'get_mk_alignment_for_contiguous_layout', which is only defined when vLLM "
-        "is imported",
-    ]
     assert swept.failed == [] and swept.limits == []
+
+
+def test_delegating_and_flagged_classes_match_hand_computations(swept):
+    classes = by_name(swept)
+    M, topk, K, I = 256 * 32, 8, 7168, 2048
+    N = 2 * I
+    # TritonOrCutlassExperts (triton_cutlass_moe.py) is a FallbackExperts whose __init__ builds
+    # `experts=CutlassExpertsFp8(moe_config, quant_config)` and `fallback_experts=TritonExperts(...)`; its
+    # workspace_shapes hands off to the fallback when `self.is_sm100 and M <= 8`, else to the experts.
+    # cutlass_moe.py, CutlassExpertsFp8.workspace_shapes: (M * topk, max(N, K)), (M * topk, max(I, K)), (M, K).
+    toc = classes["TritonOrCutlassExperts"]
+    assert toc.verdict != UNEVALUATED
+    big = at(toc, quant="fp8-per-tensor", activation="silu", **PR_POINT)
+    assert {p.variant for p in big} == {"is_sm100=True", "is_sm100=False"}
+    for outcome in big.values():
+        assert outcome.shapes == ((M * topk, max(N, K)), (M * topk, max(I, K)), (M, K))
+        assert outcome.total_bytes == 2 * (M * topk * max(N, K) + M * topk * max(I, K))
+    # At M = 1 on SM100 the fallback: triton_moe.py, TritonExperts.workspace_shapes:
+    # (M, topk, max(I, K)), (M, topk, max(N, K)), (M, K).
+    small = at(toc, quant="fp8-per-token", activation="silu", D=1, E=16, T=1, K=K, I=I, experts="E·D")
+    shapes = {p.variant: o.shapes for p, o in small.items() if p.dispatchers == "set"}
+    assert shapes == {"is_sm100=True": ((1, topk, max(I, K)), (1, topk, max(N, K)), (1, K)),
+                      "is_sm100=False": ((topk, max(N, K)), (topk, max(I, K)), (1, K))}  # fmt: skip
+    # AiterExperts (rocm_aiter_moe.py) reads self.moe_config.use_mori_kernels, a property of FusedMoEConfig that
+    # is true when the all-to-all backend is MoRI: swept at both values. Its workspaces are (0,), (0,) and its
+    # output (M, K * 2 if use_mori_kernels and quant_config.use_mxfp4_w4a4 else K): (M, K) at every swept format.
+    aiter = classes["AiterExperts"]
+    assert aiter.verdict == CONSISTENT
+    assert {p.variant for p in aiter.outcomes} == {"moe_config.use_mori_kernels=True",
+                                                   "moe_config.use_mori_kernels=False"}  # fmt: skip
+    fp8 = at(aiter, quant="fp8-per-tensor", activation="silu", **PR_POINT)
+    assert len(fp8) == 2
+    assert all(o.shapes == ((0,), (0,), (M, K)) and o.total_bytes == 2 * M * K for o in fp8.values())
+
+
+def test_packed_k_classes_match_hand_computations(swept):
+    classes = by_name(swept)
+    M, K = 256 * 32, 7168
+    # The modular kernel hands workspace_shapes `K = a1.size(-1)` of moe_problem_size on the prepared input a1q;
+    # at nvfp4 the prepare step quantizes it two values a byte unless `expects_unquantized_inputs` (which both
+    # classes take from `self.per_token_activation`, an __init__ argument defaulting to False), so K = 7168 / 2.
+    # trtllm_nvfp4_moe.py: `assert self.hidden_dim == (K if self.expects_unquantized_inputs else K * 2)`,
+    # `output = (M, self.hidden_dim)`, workspaces (0,), (0,); flashinfer_cutedsl_moe.py the same.
+    for name in ("TrtLlmNvFp4ExpertsModular", "FlashInferCuteDSLExperts"):
+        cls = classes[name]
+        assert cls.verdict == CONSISTENT, (name, cls.verdict)
+        nvfp4 = at(cls, quant="nvfp4", activation="silu", **PR_POINT)
+        ((_, outcome),) = nvfp4.items()
+        assert outcome.shapes == ((0,), (0,), (M, K)) and outcome.total_bytes == 2 * M * K
+        assert not any(o.status == UNEVALUATED for o in cls.outcomes.values())
+
+
+def test_planted_output_under_size_in_a_packed_k_class_fails_the_gate(tmp_path, release):
+    root = planted(tmp_path, release, f"{EXPERTS}/trtllm_nvfp4_moe.py", "output = (M, self.hidden_dim)",
+                   "output = (M, self.hidden_dim // 2)")  # fmt: skip
+    cls = sweep_of(root, "TrtLlmNvFp4ExpertsModular")["TrtLlmNvFp4ExpertsModular"]
+    assert cls.verdict == UNDER and cls.failed
+    under = {o.detail for o in cls.outcomes.values() if o.status == UNDER}
+    assert under == {"out holds x0.5 of the standard format's (M, K)"}
+    completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(root), timeout_s=600)
+    assert completed.returncode == 1, completed.stderr
+    assert "TrtLlmNvFp4ExpertsModular (under-sized)" in completed.stdout
+
+
+def test_planted_under_size_in_a_delegating_class_fails_the_gate(tmp_path, release):
+    # TritonOrCutlassExperts hands half the top-k to the CUTLASS experts it builds: the buffers apply() views as
+    # (M * topk, ...) are x2 short, caught through the delegate, and the gate exits 1.
+    old = """            return self.experts.workspace_shapes(
+                M,
+                N,
+                K,
+                topk,"""
+    root = planted(tmp_path, release, f"{EXPERTS}/triton_cutlass_moe.py", old, old.replace("topk,", "topk // 2,"))
+    cls = sweep_of(root, "TritonOrCutlassExperts")["TritonOrCutlassExperts"]
+    assert cls.verdict == UNDER and cls.failed
+    completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(root), timeout_s=600)
+    assert completed.returncode == 1, completed.stderr
+    assert "TritonOrCutlassExperts (under-sized)" in completed.stdout
 
 
 def test_planted_underivable_attribute_is_not_derived(tmp_path, release):

@@ -513,6 +513,17 @@ class Interpreter:
             name = ", ".join(alias.name for alias in node.names)
         raise Unevaluable(f"imports {name} at call time, which needs vLLM itself")
 
+    def _stmt_delete(self, node: ast.Delete, frame: _Frame) -> None:
+        """`del name, ...` unbinds local names (Python: reading one afterwards is an error, as here); deleting an
+        attribute or an item changes a built object and stays outside the subset."""
+        for target in node.targets:
+            if not isinstance(target, ast.Name):
+                raise Unevaluable(f"deletes {ast.unparse(target)}; only local names are deleted in the subset")
+            if target.id not in frame.locals:
+                raise Unevaluable(f"deletes the local name {target.id!r}, which is not bound")
+            del frame.locals[target.id]
+        return None
+
     def _stmt_raise(self, node: ast.Raise, frame: _Frame) -> None:
         exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
         name = ast.unparse(exc) if isinstance(exc, (ast.Name, ast.Attribute)) else "an exception"
@@ -1057,6 +1068,7 @@ _STATEMENTS: dict[type, Callable[[Interpreter, Any, _Frame], object]] = {
     ast.Import: Interpreter._stmt_import,
     ast.ImportFrom: Interpreter._stmt_import,
     ast.Raise: Interpreter._stmt_raise,
+    ast.Delete: Interpreter._stmt_delete,
 }
 
 _EXPRESSIONS: dict[type, Callable[[Interpreter, Any, _Frame], object]] = {
@@ -1232,7 +1244,7 @@ def local_names(function: ast.FunctionDef) -> frozenset[str]:
             continue  # their bodies are their own scopes
         if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
             continue
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
             names.add(node.id)
         stack.extend(ast.iter_child_nodes(node))
     return frozenset(names)

@@ -53,6 +53,7 @@ from harness.sizing.vllm_source.interpreter import (
     DEFAULT_BUDGET,
     DTYPES,
     Activation,
+    Binding,
     BoundMethod,
     Builtin,
     DType,
@@ -383,7 +384,7 @@ def point_attributes(point: Point) -> dict[str, object]:
         "quant_dtype": quant.quant_config_dtype, "weight_quant_dtype": weight_dtype,
         "use_fp8_w8a8": act == weight == "float8_e4m3fn", "use_int8_w8a8": act == weight == "int8",
         "use_int8_w8a16": weight == "int8" and act is None, "use_int4_w4a16": weight == "int4" and act is None,
-        "use_mxfp4_w4a16": weight == "mxfp4" and act is None,
+        "use_mxfp4_w4a16": weight == "mxfp4" and act is None, "use_mxfp4_w4a4": act == weight == "mxfp4",
         "use_nvfp4_w4a4": act == weight == "nvfp4", "is_quantized": weight is not None,
         "per_act_token_quant": quant.per_token, "per_out_ch_quant": quant.per_token,
         "block_shape": list(quant.block) if quant.block else None},
@@ -437,8 +438,9 @@ def token_shape(point: Point, fmt: str, width: int) -> tuple[int, ...]:
 
 
 def apply_arguments(point: Point, ws13: tuple[int, ...], ws2: tuple[int, ...], fmt: str = BATCHED,
-                    layout: str = PLAIN) -> dict[str, object]:  # fmt: skip
-    """apply()'s tensors: hidden states (E, M, K) batched or (M, K) standard, the class's weights, the workspaces."""
+                    layout: str = PLAIN, *, packed: bool = False) -> dict[str, object]:  # fmt: skip
+    """apply()'s tensors: hidden states (E, M, K) batched or (M, K) standard (packed: (.., K/2) bytes, two 4-bit
+    values each, as the prepare step quantizes them), the class's weights, the workspaces."""
     args = point.args()
     quant = quant_format(point.quant)
     bf16, f32, i32 = DTYPES["bfloat16"], DTYPES["float32"], DTYPES["int32"]
@@ -452,7 +454,9 @@ def apply_arguments(point: Point, ws13: tuple[int, ...], ws2: tuple[int, ...], f
     w1, w2 = weights(point, layout)
     return {
         "output": FakeTensor(token_shape(point, fmt, K), bf16),
-        "hidden_states": FakeTensor(token_shape(point, fmt, K), hidden_dtype),
+        "hidden_states": FakeTensor(token_shape(point, fmt, K // 2), DTYPES["uint8"])
+        if packed
+        else FakeTensor(token_shape(point, fmt, K), hidden_dtype),
         "w1": w1,
         "w2": w2,
         "topk_weights": FakeTensor((rows, TOP_K), f32),
@@ -501,6 +505,9 @@ RUNTIME_ROOTS = ("current_platform", "torch", "envs", "os")
 MAX_DERIVED = 6  # attributes derived per class
 MAX_FLAGS = 2  # runtime flags swept per class (2^flags variants)
 MISSING_SELF = re.compile(r"reads self\.(\w+), which the stand-in self does not carry")
+MAX_REEXPORTS = 8  # imports followed to find the class a delegating __init__ builds
+QUANT_CONFIG = "quant_config"  # its properties are the point's quant format's (point_attributes), not the machine's
+MISSING_CONFIG = re.compile(r"reads self\.(\w+)\.(\w+), which the stand-in does not carry")
 UNIMPORTED = re.compile(r"uses the name '(\w+)', which is only defined when vLLM is imported")
 
 
@@ -522,6 +529,58 @@ def zero_argument_calls(tree: SourceTree, cls: ParsedClass, name: str) -> bool:
     calls = [n for n in ast.walk(parsed.tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
              and n.func.id == name]  # fmt: skip
     return bool(calls) and all(not c.args and not c.keywords and id(c) in conditions for c in calls)
+
+
+def config_flag(tree: SourceTree, cls: ParsedClass, config: str, name: str) -> str | None:
+    """Where the release defines self.<config>.<name> as a truth value of the deployment: the class that the
+    __init__ parameter <config> is annotated with has a property <name> whose every return is a comparison, a
+    boolean operation or a boolean constant, or reads the same-named such property of another class of its module
+    (FusedMoEConfig.use_mori_kernels returns moe_parallel_config.use_mori_kernels, an `and` of the backend's name).
+    None when it is not one: then the stand-in's missing attribute stays the reason."""
+    annotation = None
+    for owner in tree.mro(cls):
+        binding = tree.class_binding(owner, "__init__")
+        if binding is not None and isinstance(binding.node, ast.FunctionDef):
+            arguments = binding.node.args
+            found = [a for a in (*arguments.args, *arguments.kwonlyargs) if a.arg == config]
+            if found:
+                annotation = found[0].annotation
+                break
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        annotation = ast.parse(annotation.value, mode="eval").body if annotation.value.isidentifier() else None
+    if not isinstance(annotation, ast.Name):
+        return None
+    candidates = tree.class_named(annotation.id)
+    if len(candidates) != 1:
+        return None
+    config_cls = candidates[0]
+    return _truth_property(tree, config_cls, name, depth=0)
+
+
+def _truth_property(tree: SourceTree, config_cls: ParsedClass, name: str, depth: int) -> str | None:
+    prop = next((n for n in config_cls.node.body if isinstance(n, ast.FunctionDef) and n.name == name
+                 and any(isinstance(d, ast.Name) and d.id == "property" for d in n.decorator_list)), None)  # fmt: skip
+    if prop is None or depth > 2:
+        return None
+    returns = [n.value for n in ast.walk(prop) if isinstance(n, ast.Return)]
+    if not returns:
+        return None
+    where = f"{config_cls.name}.{name}, {config_cls.file.rsplit('/', 1)[-1]} line {prop.lineno}"
+    for value in returns:
+        if (
+            isinstance(value, (ast.BoolOp, ast.Compare))
+            or (isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.Not))
+            or (isinstance(value, ast.Constant) and isinstance(value.value, bool))
+        ):
+            continue
+        if isinstance(value, ast.Attribute) and value.attr == name:
+            others = [c for same_name in tree.classes_by_name.values() for c in same_name
+                      if c.file == config_cls.file and c.key != config_cls.key
+                      and _truth_property(tree, c, name, depth + 1) is not None]  # fmt: skip
+            if len(others) == 1:
+                continue
+        return None
+    return where
 
 
 @dataclass(frozen=True)
@@ -624,6 +683,12 @@ class _ClassEvaluator:
         self.deadline = deadline
         self.layout = _weight_layout(tree, cls)
         self.n_values: dict[Point, int | str] = {}
+        self.k_values: dict[Point, int] = {}  # the K moe_problem_size derives (packed_input), per n_values' key
+        self.packed: dict[tuple[str, str], bool] = {}  # (quant, variant) -> packed_input
+        sizing = tree.find_method(cls, "workspace_shapes")
+        self.sizes_by_input_quant = sizing is not None and any(
+            isinstance(n, ast.Attribute) and n.attr == "expects_unquantized_inputs" for n in ast.walk(sizing[1])
+        )
         self.shapes: dict[Point, object] = {}
         self.support: dict[tuple[str, str], str | None] = {}
         self.constructor: dict[str, str | None] = {}
@@ -637,6 +702,9 @@ class _ClassEvaluator:
         self.flags: dict[str, InitAttribute] = {}  # ... that the machine decides: swept at both values (variants)
         self.underivable: dict[str, str] = {}  # ... and why they are not derived
         self.call_flags: dict[str, str] = {}  # functions of the machine workspace_shapes calls, imported from vLLM
+        # truth-valued properties of a configuration class the stand-in config does not carry (the deployment's
+        # all-to-all backend, say): "moe_config.use_mori_kernels" -> where the release defines it; both values swept
+        self.config_flags: dict[str, str] = {}
         self.checked_calls: set[str] = set()
         self._programs: dict[str, _SweepProgram] = {}
 
@@ -673,13 +741,17 @@ class _ClassEvaluator:
     def _evaluate(self, point: Point) -> bool:
         """workspace_shapes at the point into self.shapes; True when it read an attribute of self that the class's
         __init__ assigns and that is now derived (evaluate again)."""
+        # N and K first: deriving them may derive attributes of __init__ the stand-in self then carries.
+        n, k = self.n(point), self.k(point)
         interpreter = Interpreter(self.program_for(point), DEFAULT_BUDGET)
         try:
             instance = interpreter.instance(self.cls, self.attributes(point))
             method = interpreter.get_attribute(instance, "workspace_shapes")
             arguments = _call_arguments(method, point.args())
             if "N" in arguments:
-                arguments["N"] = self.n(point)
+                arguments["N"] = n
+            if "K" in arguments:
+                arguments["K"] = k
             evaluation = _normalize(interpreter.call(method, (), arguments))
             self.shapes[point] = (
                 (evaluation.ws13, evaluation.ws2, evaluation.out) if evaluation.ok else evaluation.reason
@@ -691,7 +763,20 @@ class _ClassEvaluator:
                 self.learn(name, point)
                 if name in self.derived:
                     return True
-            if name in self.flags:
+            config = MISSING_CONFIG.search(str(error))
+            if (
+                config is not None
+                and config.group(1) != QUANT_CONFIG  # the quant format is a grid axis
+                and config.group(1) + "." + config.group(2) not in self.config_flags
+                and len(self.flags) + len(self.call_flags) + len(self.config_flags) < MAX_FLAGS
+            ):
+                where = config_flag(self.tree, self.cls, config.group(1), config.group(2))
+                if where is not None:
+                    self.config_flags[config.group(1) + "." + config.group(2)] = where  # fmt: skip
+            if config is not None and config.group(1) + "." + config.group(2) in self.config_flags:
+                flag_name = config.group(1) + "." + config.group(2)
+                why = f"; a runtime flag ({self.config_flags[flag_name]}) the point's variant does not set"
+            elif name in self.flags:
                 flag = self.flags[name]
                 why = f"; a runtime flag ({flag.text}, {flag.where}) the point's variant does not set"
             elif name in self.underivable:
@@ -723,7 +808,10 @@ class _ClassEvaluator:
         attributes = point_attributes(point)
         for part in filter(None, point.variant.split(",")):
             name, _, value = part.partition("=")
-            if not name.endswith("()"):  # a function's value is the program's (program_for)
+            config, dot, field_name = name.partition(".")
+            if dot and isinstance(standin := attributes.get(config), StandIn):  # a property of a config stand-in
+                attributes[config] = StandIn(standin.path, **{**standin.attributes, field_name: value == "True"})
+            elif not name.endswith("()"):  # a function's value is the program's (program_for)
                 attributes[name] = value == "True"
         for name, spec in self.derived.items():
             try:
@@ -743,10 +831,68 @@ class _ClassEvaluator:
         with_default = {a.arg for a in positional[len(positional) - len(spec_args.defaults) :]}
         with_default |= {a.arg for a, d in zip(spec_args.kwonlyargs, spec_args.kw_defaults, strict=True) if d}
         names = [a.arg for a in (*positional, *spec_args.kwonlyargs)]
-        kwargs = {name: given[name] if name in given else Opaque(f"the argument {name}")
-                  for name in names if name in given or name not in with_default}  # fmt: skip
+        built = self.built_experts(spec)
+        kwargs = {name: given[name] if name in given else
+                  interpreter.instance(built[name], attributes) if name in built else Opaque(f"the argument {name}")
+                  for name in names if name in given or name in built or name not in with_default}  # fmt: skip
         function = Function(spec.owner.file, spec.init, spec.owner, "method")
         return interpreter.evaluate_in(function, [instance], kwargs, spec.prelude, spec.expression)
+
+    def built_experts(self, spec: InitAttribute) -> dict[str, ParsedClass]:
+        """The experts objects a subclass's __init__ builds and hands to spec's __init__ (a delegating class:
+        `super().__init__(experts=CutlassExpertsFp8(moe_config, quant_config), ...)`): argument name -> the parsed
+        class it constructs from the subclass's own configuration arguments. Each is swept as an instance of that
+        class carrying the point's stand-in attributes, as the release builds it from the same configs."""
+        built: dict[str, ParsedClass] = {}
+        for owner in self.tree.mro(self.cls):
+            if owner.key == spec.owner.key:
+                break
+            binding = self.tree.class_binding(owner, "__init__")
+            if binding is None or not isinstance(binding.node, ast.FunctionDef):
+                continue
+            init = binding.node
+            parameters = {a.arg for a in (*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs)[1:]}
+            for statement in init.body:
+                call = statement.value if isinstance(statement, ast.Expr) else None
+                if not (
+                    isinstance(call, ast.Call)
+                    and isinstance(call.func, ast.Attribute)
+                    and call.func.attr == "__init__"
+                    and isinstance(call.func.value, ast.Call)
+                    and isinstance(call.func.value.func, ast.Name)
+                    and call.func.value.func.id == "super"
+                ):
+                    continue  # fmt: skip
+                for keyword in call.keywords:
+                    value = keyword.value
+                    if (
+                        keyword.arg is None
+                        or keyword.arg in built
+                        or not isinstance(value, ast.Call)
+                        or not isinstance(value.func, ast.Name)
+                        or value.keywords
+                        or not all(isinstance(a, ast.Name) and a.id in parameters for a in value.args)
+                    ):
+                        continue  # fmt: skip
+                    found = self.tree.global_binding(owner.file, value.func.id)
+                    target = self._class_of(owner.file, found, value.func.id)
+                    if target is not None and target.key != self.cls.key:
+                        built[keyword.arg] = target
+        return built
+
+    def _class_of(self, file: str, binding: Binding | None, name: str, depth: int = 0) -> ParsedClass | None:
+        """The parsed class a module-level name of file is (defined there or imported from a parsed module,
+        through at most MAX_REEXPORTS re-exports: a cycle of imports ends)."""
+        if binding is None or depth > MAX_REEXPORTS:
+            return None
+        if binding.kind == "class":
+            return cast(ParsedClass, binding.cls)
+        if binding.kind == "import":
+            module_file = self.tree.module_file(binding.module)
+            if module_file is not None:
+                return self._class_of(module_file, self.tree.global_binding(module_file, binding.original),
+                                      binding.original, depth + 1)  # fmt: skip
+        return None
 
     def learn(self, name: str, point: Point) -> None:
         """Derive self.<name> from the class's __init__ (self.derived), or take it as a runtime flag to sweep both
@@ -770,7 +916,7 @@ class _ClassEvaluator:
 
     def variants(self) -> list[str]:
         """The variants the class is swept at: each combination of its runtime flags' values ("" without)."""
-        names = [*self.flags, *(f"{name}()" for name in self.call_flags)]
+        names = [*self.flags, *(f"{name}()" for name in self.call_flags), *self.config_flags]
         return [",".join(f"{name}={value}" for name, value in zip(names, values, strict=True))
                 for values in itertools.product((True, False), repeat=len(names))] or [""]  # fmt: skip
 
@@ -780,9 +926,52 @@ class _ClassEvaluator:
         # N is a weight dimension: the same at every D and T (the token counts), so it is derived once per the rest.
         key = dataclasses.replace(point, D=1, T=BASE_T)
         if key not in self.n_values:
-            self.n_values[key] = self._problem_n(key)
+            size = self._problem_size(key)
+            self.n_values[key] = size[0] if isinstance(size, tuple) else size
+            self.k_values[key] = size[1] if isinstance(size, tuple) else point.K
         found = self.n_values[key]
         return found if isinstance(found, int) else point.args().N
+
+    def k(self, point: Point) -> int:
+        """The K the release's modular kernel hands this class: `K = a1.size(-1)` of its moe_problem_size on the
+        input the prepare step gives it (packed two values a byte for a 4-bit activation format the prepare step
+        quantizes, see packed_input); the hidden size when that does not evaluate."""
+        self.n(point)
+        return self.k_values.get(dataclasses.replace(point, D=1, T=BASE_T), point.K)
+
+    def packed_input(self, point: Point) -> bool:
+        """Whether apply() gets its hidden states packed two values a byte: the point's activation format is a
+        4-bit one (nvfp4, mxfp4) and the class's expects_unquantized_inputs is False, so the modular kernel's
+        prepare step quantizes them (`defer_input_quant=self.fused_experts.expects_unquantized_inputs`). False
+        when the property does not evaluate (the input as the older releases hand it: unquantized).
+
+        Only for a class whose own workspace_shapes reads expects_unquantized_inputs (sizes by the input's
+        quantization, and asserts the packed K against its hidden size); the others keep the unquantized input of
+        the grid, as the formats they are swept at include ones their _supports_quant_scheme cannot be evaluated
+        to refuse (it asks the platform)."""
+        if quant_format(point.quant).act_dtype not in PACKED_DTYPES or not self.sizes_by_input_quant:
+            return False
+        key = (point.quant, point.variant)
+        if key not in self.packed:
+            deferred: object = None
+            for _ in range(MAX_DERIVED + 1):  # each round derives one more attribute of __init__ it reads, or ends
+                interpreter = Interpreter(self.program_for(point), DEFAULT_BUDGET)
+                try:
+                    instance = interpreter.instance(self.cls, self.attributes(point))
+                    deferred = interpreter.get_attribute(instance, "expects_unquantized_inputs")
+                except MissingAttribute as error:
+                    match = MISSING_SELF.search(str(error))
+                    name = match.group(1) if match else None
+                    if name is None or name in (*self.derived, *self.flags, *self.underivable):
+                        break
+                    self.learn(name, point)
+                    if name in self.derived:
+                        continue
+                except (Unevaluable, RecursionError):
+                    pass
+                break
+            self.packed[key] = deferred is False
+        return self.packed[key]
 
     def n_rule(self) -> str:
         rules = {("N = I" if v == p.I else "N = 2I" if v == 2 * p.I else f"N = {v}") if isinstance(v, int)
@@ -791,11 +980,13 @@ class _ClassEvaluator:
             return "N = w1.size(1)"
         return "; ".join(sorted(rules)) + ("" if self.layout == PLAIN else f" ({self.layout} weight layout)")
 
-    def _problem_n(self, point: Point) -> int | str:
+    def _problem_size(self, point: Point) -> tuple[int, int] | str:
+        """(N, K) of the class's moe_problem_size on its weights and its input (a1q), or why not."""
         interpreter = Interpreter(self.program, DEFAULT_BUDGET)
         w1, w2 = weights(point, self.layout)
         rows = point.args().M if self.format == STANDARD else point.T
-        arguments = {"a1": FakeTensor(token_shape(point, self.format, point.K), DTYPES["bfloat16"]), "w1": w1,
+        width, dtype = (point.K // 2, DTYPES["uint8"]) if self.packed_input(point) else (point.K, DTYPES["bfloat16"])
+        arguments = {"a1": FakeTensor(token_shape(point, self.format, width), dtype), "w1": w1,
                      "w2": w2, "topk_ids": FakeTensor((rows, TOP_K), DTYPES["int64"])}  # fmt: skip
         try:
             method = interpreter.get_attribute(interpreter.instance(self.cls, self.attributes(point)),
@@ -807,7 +998,7 @@ class _ClassEvaluator:
         except (Unevaluable, RecursionError) as error:
             return f"moe_problem_size: {error}"
         if isinstance(result, tuple) and len(result) == 5 and isinstance(result[2], int):
-            return result[2]
+            return result[2], result[3] if isinstance(result[3], int) and not isinstance(result[3], bool) else width
         return "moe_problem_size returned no (E, M, N, K, topk)"
 
     def _static(self, method: str, arguments: tuple) -> bool | None:
@@ -874,7 +1065,8 @@ class _ClassEvaluator:
             self.failed_trace = ViewTrace(error=spent)
             return self.failed_trace
         trace = trace_apply(self.program, self.cls, self.attributes(point),
-                            apply_arguments(point, ws13, ws2, self.format, self.layout))  # fmt: skip
+                            apply_arguments(point, ws13, ws2, self.format, self.layout,
+                                            packed=self.packed_input(point)))  # fmt: skip
         if trace.error is not None:
             self.failed_trace = trace
         return trace
