@@ -202,6 +202,9 @@ class Resolved:
     # vLLM 0.26.0's V2 model runner (release_defaults.v2_runner_without_estimate), whose profile_run skips attention
     # and samples through its own sampler (harness.sizing.profile_run.v2_sampler_phase)
     v2_runner: bool = False
+    # The V1 runner's CUDA-graph estimate as harness.sizing.cudagraph_memory models it (None: the flat estimate)
+    cudagraph_bytes: int | None = None
+    cudagraph_detail: str = ""
 
     @property
     def ep_size(self) -> int:
@@ -218,6 +221,40 @@ class Resolved:
         if not self.ep:
             return 1
         return self.dp if self.all2all in GATHER_ALL2ALL else self.tp * self.dp
+
+
+def _graph_flags(spec: DeploymentSpec) -> list[str]:
+    """The graph settings a plan without the modelled estimate does not size."""
+    out = []
+    if spec.cudagraph_mode is not None and spec.cudagraph_mode != "NONE":
+        out.append("--compilation-config's CUDA-graph settings are not sized (the graph estimate is the default's)")
+    for value, option in ((spec.cudagraph_capture_sizes, "--cudagraph-capture-sizes"),
+                          (spec.max_cudagraph_capture_size, "--max-cudagraph-capture-size")):  # fmt: skip
+        if value is not None:
+            out.append(f"{option}: the graph pool for other capture sizes is not sized (the estimate is the "
+                       "default's)")  # fmt: skip
+    return out
+
+
+def _graph_estimate(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None, *, tp: int, seqs: int,
+                    tokens: int, gpu: Gpu | None, modelled: bool) -> tuple[int | None, str]:  # fmt: skip
+    """(bytes, detail) of the V1 runner's CUDA-graph estimate where the release makes it and subtracts it
+    (harness.sizing.cudagraph_memory); (None, why) where the plan keeps the flat estimate."""
+    from harness.sizing import cudagraph_memory
+
+    if not modelled:
+        return None, "no estimate subtracted"
+    has = defaults.v1_graph_estimate(version)
+    if not has.value:
+        return None, has.source
+    splits = defaults.flash_attn_max_splits(files)
+    threshold = defaults.shared_experts_stream_threshold(files)
+    found = cudagraph_memory.estimate(facts, tp=tp, max_num_seqs=seqs, max_num_batched_tokens=tokens,
+                                      mode=spec.cudagraph_mode, max_capture=spec.max_cudagraph_capture_size,
+                                      sizes=spec.cudagraph_capture_sizes, gpu=gpu, max_splits=int(str(splits.value)),
+                                      shared_stream_threshold=int(str(threshold.value)))  # fmt: skip
+    why = f"{has.source}; splits {splits.source}; shared-experts stream threshold {threshold.source}"
+    return found.total, f"{found.detail} ({why})"
 
 
 def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None, *, gpu_bytes: int,
@@ -304,6 +341,10 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     settings.append(Setting(name="cudagraph_memory_estimate", value=cudagraph,
                             source="--enforce-eager" if spec.enforce_eager else "no CUDA graphs (-O0 or cudagraph_mode "
                             "NONE)" if not graphs else estimate.source))  # fmt: skip
+    graph_bytes, graph_detail = _graph_estimate(facts, spec, files, version, tp=tp, seqs=seqs, tokens=tokens,
+                                                gpu=row, modelled=cudagraph)  # fmt: skip
+    if graph_bytes is None:
+        approximate += _graph_flags(spec)
     settings.append(Setting(name="enable_dbo", value=spec.enable_dbo, source=origin))
     settings.append(Setting(name="enforce_eager", value=spec.enforce_eager, source=origin))
     pp = int(pick("pipeline_parallel_size", spec.pipeline_parallel_size))
@@ -346,6 +387,8 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         eager=spec.enforce_eager,
         cudagraph_estimate=cudagraph,
         v2_runner=runner is not None,
+        cudagraph_bytes=graph_bytes,
+        cudagraph_detail=graph_detail,
         settings=tuple(settings),
         pp=pp,
         moe_max_num_tokens=moe_tokens,
@@ -549,7 +592,12 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
                                                   moe=facts.is_moe)  # fmt: skip
     lines.append(DeploymentLine(group="non-torch", name="non-torch memory", bytes=non_torch, kind="estimate",
                                 source=non_torch_source))  # fmt: skip
-    if r.cudagraph_estimate:
+    if r.cudagraph_estimate and r.cudagraph_bytes is not None:
+        lines.append(DeploymentLine(group="cuda-graphs", name="CUDA-graph estimate", bytes=r.cudagraph_bytes,
+                                    kind="estimate", source=f"estimate: the V1 runner's profile_cudagraph_memory "
+                                    f"({_setting_source(r, 'cudagraph_memory_estimate')} on), subtracted before the "
+                                    f"KV cache is sized: {r.cudagraph_detail}"))  # fmt: skip
+    elif r.cudagraph_estimate:
         lines.append(DeploymentLine(group="cuda-graphs", name="CUDA-graph estimate", bytes=CUDAGRAPH_BYTES,
                                     kind="estimate", source=f"estimate: the profiler's graph-pool estimate "
                                     f"({_setting_source(r, 'cudagraph_memory_estimate')} on), subtracted before the "

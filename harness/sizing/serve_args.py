@@ -440,15 +440,43 @@ def _graphs(values: dict[str, object], fields: dict[str, object], approximate: l
                 fields["cudagraphs"] = False
             else:
                 approximate.append("--compilation-config without compilation: its CUDA graphs are not sized")
-        elif {"cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_mode", "full_cuda_graph"} & \
-                set(settings):  # fmt: skip
-            approximate.append("--compilation-config's CUDA-graph settings are not sized (the graph estimate is "
-                               "the default's)")  # fmt: skip
-    for dest, option in (("cudagraph_capture_sizes", "--cudagraph-capture-sizes"),
-                         ("max_cudagraph_capture_size", "--max-cudagraph-capture-size")):  # fmt: skip
-        if values.get(dest) is not None:
-            approximate.append(f"{option}: the graph pool for other capture sizes is not sized (the estimate is "
-                               "the default's)")  # fmt: skip
+        else:
+            _graph_settings(settings, fields, approximate, "--compilation-config ")
+    _graph_settings({k: values[k] for k in ("cudagraph_capture_sizes", "max_cudagraph_capture_size")
+                     if values.get(k) is not None}, fields, approximate, "--")  # fmt: skip
+
+
+def _graph_settings(settings: dict[str, object], fields: dict[str, object], approximate: list[str],
+                    where: str) -> None:  # fmt: skip
+    """cudagraph_mode, max_cudagraph_capture_size and cudagraph_capture_sizes into the spec (the CUDA-graph
+    estimate counts the graphs from them: harness.sizing.cudagraph_memory)."""
+    from harness.scenario.deployment import CUDAGRAPH_MODES
+
+    mode = settings.get("cudagraph_mode")
+    if mode is not None:
+        text = str(mode).upper()
+        if text not in CUDAGRAPH_MODES:
+            raise ServeArgsError(f"vllm serve: {where}cudagraph_mode {str(mode)[:30]!r} is not one of "
+                                 f"{', '.join(CUDAGRAPH_MODES)}")  # fmt: skip
+        fields["cudagraph_mode"] = text
+    if settings.get("full_cuda_graph"):
+        approximate.append(f"{where}full_cuda_graph: the older spelling of FULL graphs is not sized")
+    largest = settings.get("max_cudagraph_capture_size")
+    if largest is not None:
+        value = _positive_int(largest, f"{where}max_cudagraph_capture_size")
+        fields["max_cudagraph_capture_size"] = value
+    sizes = settings.get("cudagraph_capture_sizes")
+    if sizes is not None:
+        items = sizes if isinstance(sizes, list) else re.split(r"[,\s]+", str(sizes).strip("[] "))
+        fields["cudagraph_capture_sizes"] = [_positive_int(v, f"{where}cudagraph_capture_sizes") for v in items
+                                             if str(v).strip()]  # fmt: skip
+
+
+def _positive_int(value: object, name: str) -> int:
+    text = str(value).strip()
+    if not re.fullmatch(r"\d{1,8}", text) or int(text) <= 0:
+        raise ServeArgsError(f"vllm serve: {name} {text[:30]!r} is not a positive integer")
+    return int(text)
 
 
 def _compilation_settings(text: str) -> dict[str, object]:
