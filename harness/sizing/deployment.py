@@ -7,8 +7,8 @@
     profile_run at max_num_batched_tokens                 the MoE workspace (held once, two with DBO; the release's
                                                           workspace_shapes) + the rest of the activations (estimate)
     non-torch memory (NCCL, cuBLAS, ...)                  estimate
-    CUDA-graph estimate (when the release's profiler      estimate
-      VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is on)
+    CUDA-graph estimate (when the release's profiler      the V1 runner's: harness.sizing.cudagraph_memory (graph
+      VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is on)     counts exact, each capture an estimate); else 1 GiB
     requested = total x gpu_memory_utilization            total: the GPU's mem_get_info total
     KV cache = requested - all of the above               kv_cache (exact given the rest)
     after the KV cache: CUDA graphs (when not estimated), the sampler warm-up (max_num_seqs x vocab x 4 B)
