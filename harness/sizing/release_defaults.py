@@ -250,8 +250,13 @@ def flash_attn_max_splits(files: ReleaseFiles | None) -> Default:
 def shared_experts_stream_threshold(files: ReleaseFiles | None) -> Default:
     """envs.py VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD: the largest batch whose shared experts run on the aux
     stream (model_executor/layers/fused_moe/runner/shared_experts.py)."""
-    if files is not None:
-        read = env_default(files, SHARED_STREAM_ENV)
-        if read.ok:
-            return Default(int(str(read.value)), str(read.ref))
+    module = files.module("vllm/envs.py") if files is not None else None
+    for node in ast.walk(module) if module is not None else ():
+        # "NAME": lambda: int(int(os.getenv("NAME", 256))): the default an int literal (env_default reads strings)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "getenv"
+                and len(node.args) >= 2 and isinstance(node.args[0], ast.Constant)
+                and node.args[0].value == SHARED_STREAM_ENV and isinstance(node.args[1], ast.Constant)):  # fmt: skip
+            value = node.args[1].value
+            if isinstance(value, int | str) and str(value).isdigit():
+                return Default(int(value), f"envs.py:{node.lineno} {SHARED_STREAM_ENV}")
     return Default(256, f"table: envs.py {SHARED_STREAM_ENV} 256 (0.19.0-0.30.0)")

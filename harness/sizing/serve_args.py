@@ -461,15 +461,20 @@ def _graph_settings(settings: dict[str, object], fields: dict[str, object], appr
         fields["cudagraph_mode"] = text
     if settings.get("full_cuda_graph"):
         approximate.append(f"{where}full_cuda_graph: the older spelling of FULL graphs is not sized")
+
+    def name(key: str) -> str:
+        return f"{where}{key.replace('_', '-')}" if where == "--" else f"{where}{key}"
+
     largest = settings.get("max_cudagraph_capture_size")
     if largest is not None:
-        value = _positive_int(largest, f"{where}max_cudagraph_capture_size")
-        fields["max_cudagraph_capture_size"] = value
+        fields["max_cudagraph_capture_size"] = _positive_int(largest, name("max_cudagraph_capture_size"))
     sizes = settings.get("cudagraph_capture_sizes")
     if sizes is not None:
-        items = sizes if isinstance(sizes, list) else re.split(r"[,\s]+", str(sizes).strip("[] "))
-        fields["cudagraph_capture_sizes"] = [_positive_int(v, f"{where}cudagraph_capture_sizes") for v in items
-                                             if str(v).strip()]  # fmt: skip
+        text = " ".join(map(str, sizes)) if isinstance(sizes, list) else str(sizes)
+        items = [v for v in re.split(r"[,\s\[\]]+", text) if v]
+        if not items:
+            raise ServeArgsError(f"vllm serve: {name('cudagraph_capture_sizes')} is empty; give positive integers")
+        fields["cudagraph_capture_sizes"] = [_positive_int(v, name("cudagraph_capture_sizes")) for v in items]
 
 
 def _positive_int(value: object, name: str) -> int:
