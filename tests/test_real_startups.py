@@ -304,3 +304,21 @@ def test_graph_settings_and_eager_change_the_estimate():
     assert cudagraph_memory.capture_sizes(max_num_seqs=4, max_num_batched_tokens=6)[-1] == 6
     chunked = record_facts(CASES["llama4-scout-4l-text"])
     assert cudagraph_memory.resolve_mode(chunked, None)[0] == "PIECEWISE"
+
+
+def test_full_graph_attention_accumulators_per_backend():
+    """FlashAttention's split-KV accumulators under full graphs: GQA at head_dim, FLASH_ATTN_MLA at the latent
+    kv_lora_rank (DeepSeek-V2-Lite: 16 heads, 512), none where another backend runs (FlashMLA for an fp8 KV cache,
+    FlashInfer on Blackwell, TRITON_ATTN in float32)."""
+    mla = record_facts(CASES["dsv2-lite-4l"])
+    assert (mla.num_attention_heads, mla.kv_lora_rank) == (16, 512)
+    assert cudagraph_memory.split_accumulators(mla, 256, 1, 32) == 32 * 16 * 256 * 513 * 4
+    assert cudagraph_memory.split_accumulators(mla, 256, 2, 32) == 32 * 8 * 256 * 513 * 4
+    assert cudagraph_memory.split_accumulators(mla, 256, 1, 32, kv_cache_dtype="fp8") == 0
+    gqa = record_facts(CASES["qwen3-moe-4l"])
+    assert cudagraph_memory.split_accumulators(gqa, 256, 1, 32, capability=10) == 0
+    assert cudagraph_memory.split_accumulators(record_facts(CASES["llama-8b-4l-fp32"]), 256, 1, 32) == 0
+    # FULL of mixed batches needs AttentionCGSupport.ALWAYS: gated delta net and MLA fall back to FULL_AND_PIECEWISE
+    assert cudagraph_memory.resolve_mode(record_facts(CASES["qwen3-next-4l"]), "FULL")[0] == "FULL_AND_PIECEWISE"
+    assert cudagraph_memory.resolve_mode(mla, "FULL")[0] == "FULL_AND_PIECEWISE"
+    assert cudagraph_memory.resolve_mode(gqa, "FULL")[0] == "FULL"

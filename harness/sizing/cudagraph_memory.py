@@ -36,7 +36,8 @@ stream of `graph_capture()` after `torch.accelerator.empty_cache()`:
                        sets num_splits to attention_config.flash_attn_max_num_splits_for_cuda_graph (32) under full
                        CUDA graphs (v1/attention/backends/flash_attn.py FlashAttentionMetadataBuilder.__init__ and
                        build: "intermediate buffers of size [num_splits, num_heads, num_tokens, head_size] are
-                       allocated"), out_accum and softmax_lse_accum in float32, one layer's at a time
+                       allocated"), out_accum and softmax_lse_accum in float32, one layer's at a time; MLA's
+                       FLASH_ATTN_MLA the same with the latent kv_lora_rank as the head size (mla/flashattn_mla.py)
     shared experts     with shared experts, a forward of at most VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD tokens
                        (envs.py, 256) runs them on the aux stream (model_executor/layers/fused_moe/runner/
                        shared_experts.py: MULTI_STREAM_OVERLAPPED; utils/torch_utils.py aux_stream), which the profile
@@ -52,7 +53,7 @@ from dataclasses import dataclass
 
 from harness.sizing.gpus import Gpu
 from harness.sizing.model_config import ModelFacts
-from harness.sizing.profile_run import cublas_workspace, forward_phase
+from harness.sizing.profile_run import cublas_workspace, forward_phase, gpu_facts
 
 MIB = 1 << 20
 PER_GRAPH_FLOOR = 1 << 20  # gpu_model_runner.py profile_cudagraph_memory: max(second sample, 1 << 20)
@@ -85,15 +86,29 @@ def capture_sizes(*, max_num_seqs: int, max_num_batched_tokens: int, max_capture
     return sorted(set(out))
 
 
-def resolve_mode(facts: ModelFacts, mode: str | None) -> tuple[str, str]:
-    """(the mode the runner captures, why): the given or default mode after the attention backends' support."""
+def full_graphs_always(facts: ModelFacts, capability: int) -> bool:
+    """Whether every attention builder supports FULL graphs of mixed batches (AttentionCGSupport.ALWAYS):
+    FlashAttention 3 (compute capability 9.x, flash_attn.py) and TRITON_ATTN (float32); FlashAttention 2, the MLA
+    backends and the linear-attention ones (gdn_attn.py, mamba_attn.py) support uniform batches only."""
+    if facts.is_mla or "linear" in facts.kinds:
+        return False
+    return facts.dtype_bytes == 4 or capability == 9
+
+
+def resolve_mode(facts: ModelFacts, mode: str | None, capability: int = 9) -> tuple[str, str]:
+    """(the mode the runner captures, why): the given or default mode after the attention backends' support
+    (config/compilation.py resolve_cudagraph_mode_and_sizes; attention is a splitting op by default)."""
     chosen = mode or DEFAULT_MODE
     why = "given" if mode else "config/compilation.py default"
     full_decode = chosen in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
     if full_decode and "chunked" in facts.kinds:
-        # resolve_cudagraph_mode_and_sizes: AttentionCGSupport.NEVER with attention split piecewise -> PIECEWISE
+        # AttentionCGSupport.NEVER with attention split piecewise -> PIECEWISE
         return "PIECEWISE", (f"{chosen} ({why}) -> PIECEWISE: chunked local attention's builder supports no CUDA "
                              "graph (chunked_local_attention.py: AttentionCGSupport.NEVER)")  # fmt: skip
+    if chosen == "FULL" and not full_graphs_always(facts, capability):
+        # mixed_mode FULL without AttentionCGSupport.ALWAYS -> FULL_AND_PIECEWISE
+        return "FULL_AND_PIECEWISE", (f"FULL ({why}) -> FULL_AND_PIECEWISE: an attention backend supports full graphs "
+                                      "of uniform batches only")  # fmt: skip
     return chosen, why
 
 
@@ -149,20 +164,28 @@ def exec_bytes(mode: str, facts: ModelFacts) -> int:
     return graphs * PIECE_GRAPH_EXEC // DRIVER_PAGE * DRIVER_PAGE
 
 
-def flash_attention_layers(facts: ModelFacts) -> bool:
-    """Whether the FULL graph runs FlashAttention's split-KV path: attention layers that are not MLA, in a 16-bit
-    dtype (float32 takes TRITON_ATTN: platforms/cuda.py), head size <= 256."""
+def split_head_size(facts: ModelFacts, *, capability: int, kv_cache_dtype: str = "auto") -> int:
+    """The value head size of FlashAttention's split-KV accumulators under full graphs, 0 where another backend
+    runs the FULL graph's attention. FlashAttention (v1/attention/backends/flash_attn.py) is what vLLM picks on
+    compute capability 8.x and 9.x for 16-bit attention of head size <= 256 (float32 takes TRITON_ATTN, Blackwell
+    FlashInfer: platforms/cuda.py); for MLA, FLASH_ATTN_MLA on 9.x with a 16-bit KV cache (fp8 takes FlashMLA), whose
+    value is the latent kv_lora_rank wide (mla/flashattn_mla.py: v=kv_c_cache, the same max_num_splits)."""
+    if capability not in (8, 9) or facts.dtype_bytes != 2:
+        return 0
+    if facts.is_mla:
+        return facts.kv_lora_rank if capability == 9 and not kv_cache_dtype.startswith("fp8") else 0
     kinds = set(facts.kinds)
-    return (not facts.is_mla and bool(kinds & {"full", "sliding"}) and facts.dtype_bytes == 2
-            and 0 < facts.head_dim <= 256)  # fmt: skip
+    return facts.head_dim if kinds & {"full", "sliding"} and 0 < facts.head_dim <= 256 else 0
 
 
-def split_accumulators(facts: ModelFacts, num_tokens: int, tp: int, max_splits: int) -> int:
+def split_accumulators(facts: ModelFacts, num_tokens: int, tp: int, max_splits: int, *, capability: int = 9,
+                       kv_cache_dtype: str = "auto") -> int:  # fmt: skip
     """out_accum (splits, heads, tokens, head_size) f32 + softmax_lse_accum (splits, heads, tokens) f32."""
-    if not flash_attention_layers(facts):
+    size = split_head_size(facts, capability=capability, kv_cache_dtype=kv_cache_dtype)
+    if not size:
         return 0
     heads = max(1, facts.num_attention_heads // tp)
-    return max_splits * heads * num_tokens * (facts.head_dim + 1) * 4
+    return max_splits * heads * num_tokens * (size + 1) * 4
 
 
 def shared_transients(facts: ModelFacts, num_tokens: int, tp: int) -> int:
@@ -178,9 +201,11 @@ def shared_transients(facts: ModelFacts, num_tokens: int, tp: int) -> int:
 def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_tokens: int,
              mode: str | None = None, max_capture: int | None = None, sizes: list[int] | None = None,
              gpu: str | Gpu | None = None, max_splits: int = DEFAULT_MAX_SPLITS,
-             shared_stream_threshold: int | None = DEFAULT_SHARED_STREAM_THRESHOLD) -> GraphEstimate:  # fmt: skip
+             shared_stream_threshold: int | None = DEFAULT_SHARED_STREAM_THRESHOLD,
+             kv_cache_dtype: str = "auto") -> GraphEstimate:  # fmt: skip
     """The estimate profile_cudagraph_memory prints ("Estimated CUDA graph memory: X GiB total")."""
-    chosen, why = resolve_mode(facts, mode)
+    capability, _, _ = gpu_facts(gpu)
+    chosen, why = resolve_mode(facts, mode, capability)
     if chosen == "NONE":
         return GraphEstimate("NONE", (), 0, "cudagraph_mode NONE: no graphs, no estimate")
     found = capture_sizes(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -199,7 +224,8 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
         n = graph_sizes[0]
         forward = forward_phase(facts, num_tokens=n, tp=tp).bytes
         new = max(0, forward - pool)
-        accum = split_accumulators(facts, n, tp, max_splits) if name == "FULL" else 0
+        accum = split_accumulators(facts, n, tp, max_splits, capability=capability,
+                                   kv_cache_dtype=kv_cache_dtype) if name == "FULL" else 0  # fmt: skip
         graph_exec = exec_bytes(name, facts)
         first_ws = workspace if index == 0 else 0
         first = first_ws + 2 * new + accum + aux[0] + graph_exec

@@ -252,7 +252,8 @@ def _graph_estimate(facts: ModelFacts, spec: DeploymentSpec, files, version: str
     found = cudagraph_memory.estimate(facts, tp=tp, max_num_seqs=seqs, max_num_batched_tokens=tokens,
                                       mode=spec.cudagraph_mode, max_capture=spec.max_cudagraph_capture_size,
                                       sizes=spec.cudagraph_capture_sizes, gpu=gpu, max_splits=int(str(splits.value)),
-                                      shared_stream_threshold=int(str(threshold.value)))  # fmt: skip
+                                      shared_stream_threshold=int(str(threshold.value)),
+                                      kv_cache_dtype=spec.kv_cache_dtype)  # fmt: skip
     why = f"{has.source}; splits {splits.source}; shared-experts stream threshold {threshold.source}"
     return found.total, f"{found.detail} ({why})"
 
