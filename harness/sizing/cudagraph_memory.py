@@ -24,14 +24,19 @@ The graphs counted (exact, vLLM 0.26.0):
                     FULL_AND_PIECEWISE, FULL of FULL) at every capture size; with a separate decode routine
                     (FULL_AND_PIECEWISE, FULL_DECODE_ONLY) FULL at the sizes <= max_num_seqs x (1 + spec tokens)
 
-What one capture holds (estimate): `_warmup_and_capture` runs the forward eagerly then captures it, all on the fresh
-stream of `graph_capture()` after `torch.accelerator.empty_cache()`:
+What one capture holds (estimate): `_warmup_and_capture` runs cudagraph_num_of_warmups eager forwards (1: config/
+vllm.py sets it whenever graphs are captured) and then captures, all on the fresh stream of `graph_capture()` after
+`torch.accelerator.empty_cache()`:
     cuBLAS workspace   PyTorch's, one per stream through the caching allocator (harness.sizing.profile_run
                        cublas_workspace): the capture stream's is new at the first capture
-    warm-up            the forward's transients at that size in the default pool, whose free segments
-                       empty_cache() gave back (harness.sizing.profile_run forward_phase)
-    graph pool         the same transients again, in the profiling graph pool (a fresh private pool); a later mode's
-                       first capture reuses what the earlier one freed there
+    forward            the forward's transients at that size (harness.sizing.profile_run forward_phase) counted
+                       twice: what the caching allocator's new segments hold for the warm-up and for the capture in
+                       the fresh profiling graph pool, where tensors of 1-10 MiB take 20 MiB segments and smaller ones
+                       2 MiB blocks (PyTorch's CUDACachingAllocator kLargeBuffer, kSmallBuffer), more than the tensors
+                       themselves. The live set of the compiled pieces is not read, so the segment count is not
+                       derived: twice the transients is the approximation (38 MiB against the 38 logged at 64 tokens,
+                       68 against 76 at 512, 42 against 60 at 128, where one 20 MiB segment is the difference). A later
+                       mode's first capture reuses what the earlier one left in both pools
     FULL attention     FlashAttention's split-KV accumulators, allocated inside the FULL graph: the metadata builder
                        sets num_splits to attention_config.flash_attn_max_num_splits_for_cuda_graph (32) under full
                        CUDA graphs (v1/attention/backends/flash_attn.py FlashAttentionMetadataBuilder.__init__ and
