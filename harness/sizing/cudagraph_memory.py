@@ -49,7 +49,8 @@ vllm.py sets it whenever graphs are captured) and then captures, all on the fres
                        run (max_num_batched_tokens) never used: the first measured capture at or under the threshold
                        adds that stream's cuBLAS workspace and, warm-up and graph pool, the shared MLP's transients in
                        the stream's own blocks (a clone of the input, gate_up, act_fn, the output)
-    graph exec         the driver's memory for the instantiated graphs (measured, below)
+    graph exec         the driver's memory for the instantiated graphs (measured, below; the per-graph sample is
+                       this alone: the second capture's tensors reuse the first's blocks in both pools)
 """
 
 from __future__ import annotations
@@ -65,10 +66,14 @@ PER_GRAPH_FLOOR = 1 << 20  # gpu_model_runner.py profile_cudagraph_memory: max(s
 DEFAULT_MAX_SPLITS = 32  # config/attention.py AttentionConfig.flash_attn_max_num_splits_for_cuda_graph (0.19-0.30)
 DEFAULT_SHARED_STREAM_THRESHOLD = 256  # envs.py VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (0.26.0)
 DRIVER_PAGE = 2 * MIB  # the free-memory figure moves in the driver's 2 MiB pages
-# Measured: the driver memory one instantiated piece graph takes, ~0.5 MiB, read off the second-capture samples of
-# the 2- and 4-layer startups of vLLM 0.26.0 on one H200 (tests/data/real_startups: PIECEWISE 2 MiB for 5 piece
-# graphs, the 1 MiB floor for 3, and for one FULL graph). The published 0.19.0 H100 logs of 26-62 layer models show
-# 4-12 MiB per PIECEWISE capture, less than this gives: it is not modelled per kernel node.
+# Measured, the driver's memory for instantiated graphs (not in vLLM's source), the second-capture samples:
+# - per layer, 6 MiB for a 32-layer capture in either mode (the published 0.19.0 H100 log of Llama-3.1-8B,
+#   tests/data/startup_logs/llama-3.1-8b-tp1-h100.yaml's source: "(51-1) x 6.00 MiB per-graph");
+# - per piece graph at most 0.5 MiB within the page the first capture opened: the 2- and 4-layer startups of
+#   0.26.0 on one H200 (tests/data/real_startup_graph_lines.yaml: PIECEWISE 2 MiB for 5 pieces, the 1 MiB floor for
+#   3 pieces and for one FULL graph).
+# Per kernel node it is not modelled: the published 26-80 layer logs show 4-20 MiB, this gives 4-16.
+EXEC_PER_LAYER = 6 * MIB // 32
 PIECE_GRAPH_EXEC = MIB // 2
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 DEFAULT_MODE = "FULL_AND_PIECEWISE"  # config/compilation.py CompilationConfig.cudagraph_mode's default (V1)
@@ -164,9 +169,15 @@ def piece_graphs(facts: ModelFacts) -> int:
 
 
 def exec_bytes(mode: str, facts: ModelFacts) -> int:
-    """The driver memory a capture's instantiated graphs add, in whole driver pages (measured, module docstring)."""
-    graphs = piece_graphs(facts) if mode == "PIECEWISE" else 1
-    return graphs * PIECE_GRAPH_EXEC // DRIVER_PAGE * DRIVER_PAGE
+    """The driver memory a capture's instantiated graphs add, in whole driver pages (measured, module docstring):
+    the layers' kernels at EXEC_PER_LAYER, a PIECEWISE capture opening a page for its piece graphs (rounded up)
+    unless its few pieces stay within the page already open (PIECE_GRAPH_EXEC each, rounded down), a FULL capture's
+    one graph continuing the open page (rounded down)."""
+    layers = facts.num_hidden_layers * EXEC_PER_LAYER
+    if mode == "PIECEWISE":
+        pieces = piece_graphs(facts) * PIECE_GRAPH_EXEC // DRIVER_PAGE * DRIVER_PAGE
+        return min(pieces, -(-layers // DRIVER_PAGE) * DRIVER_PAGE)
+    return layers // DRIVER_PAGE * DRIVER_PAGE
 
 
 def split_head_size(facts: ModelFacts, *, capability: int, kv_cache_dtype: str = "auto") -> int:
