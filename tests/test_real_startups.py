@@ -324,3 +324,25 @@ def test_full_graph_attention_accumulators_per_backend():
     assert cudagraph_memory.resolve_mode(record_facts(CASES["qwen3-next-4l"]), "FULL")[0] == "FULL_AND_PIECEWISE"
     assert cudagraph_memory.resolve_mode(mla, "FULL")[0] == "FULL_AND_PIECEWISE"
     assert cudagraph_memory.resolve_mode(gqa, "FULL")[0] == "FULL"
+
+
+@pytest.mark.vllm_wheel
+def test_each_pipeline_stage_estimates_its_own_layers(cache_dir):
+    """With pipeline parallelism each worker captures graphs of its stage's layers (the pieces and the per-graph
+    driver memory follow them): the plan's line is the estimate for the stage it returns."""
+    from harness.sizing.deployment import stage_facts
+    from harness.sizing.deployment_plan import plan_source
+    from harness.sizing.vllm_source import locate
+
+    case = CASES["qwen3-moe-4l"]
+    facts = record_facts(case)
+    _, spec = record_spec(case)
+    staged = spec.model_copy(update={"pipeline_parallel_size": 2})
+    plan = plan_source(facts, staged, locate(version="0.26.0", cache_dir=cache_dir), gpu=case.gpu,
+                       total_bytes=round(case.figures.gpu_total_gib * GIB), version="0.26.0")  # fmt: skip
+    assert spec.max_num_seqs is not None and spec.max_num_batched_tokens is not None
+    two = cudagraph_memory.estimate(stage_facts(facts, 0, 2), tp=1, max_num_seqs=spec.max_num_seqs,
+                                    max_num_batched_tokens=spec.max_num_batched_tokens, gpu=case.gpu)  # fmt: skip
+    whole = _graph_plan("qwen3-moe-4l")
+    assert plan.group_bytes("cuda-graphs") == two.total < whole.total
+    assert [m.per_graph for m in two.modes] == [1 << 20, 1 << 20]  # 3 pieces stay within the open page

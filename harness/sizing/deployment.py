@@ -21,9 +21,10 @@ memory is left for it), `starts` (N tokens, W x concurrency at L tokens).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -205,6 +206,8 @@ class Resolved:
     # The V1 runner's CUDA-graph estimate as harness.sizing.cudagraph_memory models it (None: the flat estimate)
     cudagraph_bytes: int | None = None
     cudagraph_detail: str = ""
+    # the same estimate for other facts (a pipeline stage's layers): facts -> (bytes, detail)
+    cudagraph_for: Callable[[ModelFacts], tuple[int | None, str]] | None = None
 
     @property
     def ep_size(self) -> int:
@@ -236,7 +239,7 @@ def _graph_flags(spec: DeploymentSpec) -> list[str]:
     return out
 
 
-def _graph_estimate(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None, *, tp: int, seqs: int,
+def _graph_estimate(facts: ModelFacts, *, spec: DeploymentSpec, files, version: str | None, tp: int, seqs: int,
                     tokens: int, gpu: Gpu | None, modelled: bool) -> tuple[int | None, str]:  # fmt: skip
     """(bytes, detail) of the V1 runner's CUDA-graph estimate where the release makes it and subtracts it
     (harness.sizing.cudagraph_memory); (None, why) where the plan keeps the flat estimate."""
@@ -342,8 +345,9 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     settings.append(Setting(name="cudagraph_memory_estimate", value=cudagraph,
                             source="--enforce-eager" if spec.enforce_eager else "no CUDA graphs (-O0 or cudagraph_mode "
                             "NONE)" if not graphs else estimate.source))  # fmt: skip
-    graph_bytes, graph_detail = _graph_estimate(facts, spec, files, version, tp=tp, seqs=seqs, tokens=tokens,
-                                                gpu=row, modelled=cudagraph)  # fmt: skip
+    graphs_for = functools.partial(_graph_estimate, spec=spec, files=files, version=version, tp=tp, seqs=seqs,
+                                   tokens=tokens, gpu=row, modelled=cudagraph)  # fmt: skip
+    graph_bytes, graph_detail = graphs_for(facts)
     if graph_bytes is None:
         approximate += _graph_flags(spec)
     settings.append(Setting(name="enable_dbo", value=spec.enable_dbo, source=origin))
@@ -390,6 +394,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         v2_runner=runner is not None,
         cudagraph_bytes=graph_bytes,
         cudagraph_detail=graph_detail,
+        cudagraph_for=graphs_for,
         settings=tuple(settings),
         pp=pp,
         moe_max_num_tokens=moe_tokens,
@@ -593,11 +598,14 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
                                                   moe=facts.is_moe)  # fmt: skip
     lines.append(DeploymentLine(group="non-torch", name="non-torch memory", bytes=non_torch, kind="estimate",
                                 source=non_torch_source))  # fmt: skip
-    if r.cudagraph_estimate and r.cudagraph_bytes is not None:
-        lines.append(DeploymentLine(group="cuda-graphs", name="CUDA-graph estimate", bytes=r.cudagraph_bytes,
+    graph_bytes, graph_detail = r.cudagraph_bytes, r.cudagraph_detail
+    if stage is not None and graph_bytes is not None and r.cudagraph_for is not None:
+        graph_bytes, graph_detail = r.cudagraph_for(facts)  # the stage's layers are what its worker captures
+    if r.cudagraph_estimate and graph_bytes is not None:
+        lines.append(DeploymentLine(group="cuda-graphs", name="CUDA-graph estimate", bytes=graph_bytes,
                                     kind="estimate", source=f"estimate: the V1 runner's profile_cudagraph_memory "
                                     f"({_setting_source(r, 'cudagraph_memory_estimate')} on), subtracted before the "
-                                    f"KV cache is sized: {r.cudagraph_detail}"))  # fmt: skip
+                                    f"KV cache is sized: {graph_detail}"))  # fmt: skip
     elif r.cudagraph_estimate:
         lines.append(DeploymentLine(group="cuda-graphs", name="CUDA-graph estimate", bytes=CUDAGRAPH_BYTES,
                                     kind="estimate", source=f"estimate: the profiler's graph-pool estimate "
