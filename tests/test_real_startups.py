@@ -350,3 +350,24 @@ def test_gemma3_drops_its_siglip_tower_the_same_way():
     assert plan("--language-model-only").group_bytes("weights") == text.group_bytes("weights")
     older = plan("--limit-mm-per-prompt", '{"image":0}', version="0.19.0")
     assert older.line("vision tower") is not None and older.setting("vision_tower") is True
+
+
+def test_a_window_request_counts_the_in_flight_tokens_on_0_26_0():
+    """0.26.0's SlidingWindowSpec / ChunkedLocalAttentionSpec hold window - 1 (chunk) + max_in_flight_tokens of a
+    request: max_concurrent_batches (async scheduling on: 2 on the V1 runner, PP + 1 on V2) x the batched tokens;
+    0.19.0 counted the batched tokens once."""
+    from harness.sizing.kv_cache import in_flight_tokens, kv_cache
+
+    assert in_flight_tokens("0.19.0", 8192, pp=1, v2_runner=False) == 8192
+    assert in_flight_tokens("0.26.0", 8192, pp=1, v2_runner=False) == 16384
+    assert in_flight_tokens("0.26.0", 8192, pp=1, v2_runner=True) == 16384
+    assert in_flight_tokens("0.26.0", 8192, pp=4, v2_runner=False) == 4 * 8192
+    assert in_flight_tokens("0.26.0", 8192, pp=4, v2_runner=True) == 5 * 8192
+    shape = kv_shape(record_facts(CASES["gemma2-9b-4l"]), 1)  # 2 sliding (4096) + 2 full layers
+    window = shape.sliding_window
+    old, new = (kv_cache(shape, 40 * GIB, 16, 32768, t) for t in (8192, 16384))
+    assert old.blocks_per_request == 32768 // 16 + -(-(window - 1 + 8192) // 16) + 1
+    assert new.blocks_per_request == 32768 // 16 + -(-(window - 1 + 16384) // 16) + 1
+    # and the record's startup (L 4096) is capped by max_model_len either way
+    short = [kv_cache(shape, 40 * GIB, 16, 4096, t).blocks_per_request for t in (8192, 16384)]
+    assert short[0] == short[1] == 2 * 256 + 1

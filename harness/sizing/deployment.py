@@ -37,7 +37,7 @@ from harness.sizing import gpus, profile_run
 from harness.sizing import release_defaults as defaults
 from harness.sizing.deployment_weights import Sharding, routed_experts_bytes, weight_lines
 from harness.sizing.gpus import Gpu
-from harness.sizing.kv_cache import DEFAULT_BLOCK_SIZE, kv_cache, kv_shape, tokens_from_concurrency
+from harness.sizing.kv_cache import DEFAULT_BLOCK_SIZE, in_flight_tokens, kv_cache, kv_shape, tokens_from_concurrency
 from harness.sizing.model_config import ModelFacts
 
 DEPLOYMENT_PLAN_SCHEMA = 2  # 2: group_totals and approximate
@@ -614,9 +614,8 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
         kv_source = "requested - everything before the KV cache"
     max_len = r.max_model_len
     by_concurrency = tokens_from_concurrency(version)  # how the release prints its tokens (kv_cache.py)
-    cache = kv_cache(
-        shape, available, r.block_size, max_len, r.max_num_batched_tokens, concurrency_tokens=by_concurrency
-    )
+    in_flight = in_flight_tokens(version, r.max_num_batched_tokens, pp=r.pp, v2_runner=r.v2_runner)
+    cache = kv_cache(shape, available, r.block_size, max_len, in_flight, concurrency_tokens=by_concurrency)
     if r.max_model_len_auto:
         # v1/core/kv_cache_utils.py _auto_fit_max_model_len: the longest length whose blocks fit (a binary search on
         # max_memory_usage_bytes: ceil(L / block_size) pages of every layer), at most the model's derived length
@@ -626,8 +625,7 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
             name="max_model_len_fitted", value=max_len, source="--max-model-len auto: the longest that the KV cache "
             f"holds, at most max_position_embeddings ({facts.max_position_embeddings}); v1/core/kv_cache_utils.py "
             "_auto_fit_max_model_len")))  # fmt: skip
-        cache = kv_cache(shape, available, r.block_size, max_len, r.max_num_batched_tokens,
-                         concurrency_tokens=by_concurrency)  # fmt: skip
+        cache = kv_cache(shape, available, r.block_size, max_len, in_flight, concurrency_tokens=by_concurrency)
     kv_bytes = cache.bytes
     grouped = f" in {cache.groups} groups of {cache.group_size} layers" if cache.group_size else ""
     lines.append(DeploymentLine(group="kv-cache", name="KV cache", bytes=kv_bytes, kind="exact",

@@ -28,7 +28,8 @@
                       every group (a linear-attention group holds one block a request)
     one request       blocks per request: full ceil(L / block), sliding ceil(min(window - 1 + T, L) / block) + 1,
                       chunked ceil(min(chunk + T, L) / block), linear 1 (kv_cache_interface.py
-                      max_memory_usage_bytes), summed over the groups
+                      max_memory_usage_bytes), summed over the groups; T is max_num_batched_tokens in 0.19.0 and
+                      VllmConfig.max_in_flight_tokens in 0.26.0 (in_flight_tokens)
     concurrency       num_blocks / blocks per request                          ("Maximum concurrency for L tokens";
                       kv_cache_utils.py get_max_concurrency_for_kv_cache_config: cdiv of the summed
                       max_memory_usage_bytes of the groups' specs by one block's bytes, MambaSpec's one page a
@@ -58,9 +59,24 @@ FLASHMLA_SPARSE_BLOCK = 64  # DeepSeek-V3.2's sparse MLA backend (flashmla_spars
 FP8_DS_MLA_BYTES = 656  # kv_cache_interface.py MLAAttentionSpec: fp8_ds_mla's page is block_size x 656
 KERNEL_BLOCK_ALIGNMENT = 16  # FlashAttention's supported kernel block sizes: multiples of 16
 # The first release (of those read) whose "GPU KV cache size" is int(max_concurrency x max_model_len)
-# (0.26.0's v1/core/kv_cache_utils.py get_kv_cache_capacity); 0.19.0's _report_kv_cache_config printed
-# num_blocks // len(kv_cache_groups) x min block size. The releases between were not read: they take 0.19.0's.
+# (0.26.0's v1/core/kv_cache_utils.py get_kv_cache_capacity) and whose window and chunk specs count
+# max_in_flight_tokens; 0.19.0's _report_kv_cache_config printed num_blocks // len(kv_cache_groups) x min block
+# size. The releases between were not read: they take 0.19.0's.
 CONCURRENCY_TOKENS_FROM = (0, 26, 0)
+
+
+def in_flight_tokens(version: str | None, max_num_batched_tokens: int, *, pp: int, v2_runner: bool) -> int:
+    """T of a sliding-window or chunked request's blocks. 0.26.0: VllmConfig.max_in_flight_tokens (config/vllm.py)
+    = max_concurrent_batches x max_num_batched_tokens, with async scheduling on by default (VllmConfig
+    __post_init__: async_scheduling None -> True for a generate model without speculative decoding): PP + 1 batches
+    on the V2 runner, 2 on the V1 runner at PP 1, else PP. 0.19.0 (SlidingWindowSpec/ChunkedLocalAttentionSpec
+    max_memory_usage_bytes): max_num_batched_tokens."""
+    from harness.sizing.release_defaults import _release_key
+
+    if _release_key(version) < CONCURRENCY_TOKENS_FROM:
+        return max_num_batched_tokens
+    batches = pp + 1 if v2_runner else (2 if pp <= 1 else pp)
+    return batches * max_num_batched_tokens
 
 
 def tokens_from_concurrency(version: str | None) -> bool:
