@@ -306,8 +306,9 @@ def test_flags_without_gpu_memory_and_routed_ones():
             "x",
         ]
     )
-    assert parsed.ignored == ["--tokenizer", "--limit-mm-per-prompt", "--disable-hybrid-kv-cache-manager"]
+    assert parsed.ignored == ["--tokenizer", "--disable-hybrid-kv-cache-manager"]
     assert (parsed.spec.dtype, parsed.spec.quantization) == ("float16", "fp8")
+    assert parsed.spec.limit_mm_per_prompt == {"image": 0}  # routed: a multimodal model's tower (vision_tower_built)
     float16 = _dense("vllm serve qwen3-8b --max-model-len 8192 --dtype float16")
     assert not float16.approximate  # two bytes as bfloat16
     float32 = _dense("vllm serve qwen3-8b --max-model-len 8192 --dtype float32")

@@ -26,6 +26,9 @@ MAX_MODEL_LEN = 1 << 24
 MAX_PARALLEL = 4096
 
 
+ModalityName = Annotated[str, Field(min_length=1, max_length=40)]
+
+
 class DeploymentSpec(BaseModel):
     """The serve settings; None takes the release's default (or, in a scenario, the scenario's layout)."""
 
@@ -115,6 +118,13 @@ class DeploymentSpec(BaseModel):
     quantization: Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[a-z0-9_\-]+$")] | None = Field(
         None, description="--quantization: the weights' format (e.g. fp8, online from a bf16 checkpoint)"
     )
+    limit_mm_per_prompt: dict[ModalityName, Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        max_length=16,
+        description="--limit-mm-per-prompt: the items a prompt may hold per modality (a modality left out: 999); "
+        "a multimodal model whose every tower modality is at 0 is built without that tower",
+    )
+    language_model_only: bool = Field(False, description="--language-model-only: every modality's limit at 0")
     approximate: list[Annotated[str, Field(max_length=300)]] = Field(
         default_factory=list,
         max_length=64,

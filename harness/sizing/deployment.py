@@ -38,7 +38,7 @@ from harness.sizing import gpus, profile_run
 from harness.sizing import release_defaults as defaults
 from harness.sizing.deployment_weights import Sharding, routed_experts_bytes, weight_lines
 from harness.sizing.gpus import Gpu
-from harness.sizing.kv_cache import DEFAULT_BLOCK_SIZE, kv_cache, kv_shape
+from harness.sizing.kv_cache import DEFAULT_BLOCK_SIZE, in_flight_tokens, kv_cache, kv_shape, tokens_from_concurrency
 from harness.sizing.model_config import ModelFacts
 
 DEPLOYMENT_PLAN_SCHEMA = 2  # 2: group_totals and approximate
@@ -197,6 +197,7 @@ class Resolved:
     max_model_len_auto: bool = False
     approximate: tuple[str, ...] = ()
     gpu: Gpu | None = None
+    vision_tower: bool = True  # a multimodal model's vision tower built (no: every image limit at 0)
     # The monolithic experts class vLLM runs (and why), which allocates its buffers in each call instead of a modular
     # workspace; "" for a modular experts class.
     monolithic_experts: str = ""
@@ -372,6 +373,10 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         settings.append(Setting(name="cpu_offload_gb", value=spec.cpu_offload_gb, source=origin))
     if spec.max_model_len_auto:
         settings.append(Setting(name="max_model_len_auto", value=True, source=origin))
+    tower = True
+    if facts.vision is not None:
+        tower, tower_source = vision_tower_built(spec, version)
+        settings.append(Setting(name="vision_tower", value=tower, source=tower_source))
     if row is not None:
         settings.append(Setting(name="gpu", value=row.describe, source=row.source))
     return Resolved(
@@ -405,8 +410,33 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         max_model_len_auto=spec.max_model_len_auto,
         approximate=tuple(approximate),
         gpu=row,
+        vision_tower=tower,
         monolithic_experts=monolithic,
     )
+
+
+# The first release (of those read) that builds a multimodal model without a tower whose every modality has a limit
+# of 0: 0.26.0's model_executor/models/interfaces.py SupportsMultiModal._mark_tower_model swaps the tower's modules
+# for StageMissingLayer (no weights allocated or loaded) where all(get_limit_per_prompt(m) == 0); Llama-4
+# (mllama4.py Llama4ForConditionalGeneration.__init__) and Gemma 3 (gemma3_mm.py) build their vision model and
+# projector inside _mark_tower_model(vllm_config, "image"). The releases before were not read: they build it.
+TOWER_SKIP_FROM = (0, 26, 0)
+TOWER_MODALITIES = ("image",)  # the vision towers' modalities (Llama-4's and Gemma 3's _mark_tower_model)
+
+
+def vision_tower_built(spec: DeploymentSpec, version: str | None) -> tuple[bool, str]:
+    """Whether the release builds (and loads) the vision tower, and why: config/multimodal.py
+    MultiModalConfig.get_limit_per_prompt is 0 under --language-model-only, the given count otherwise, 999 for a
+    modality left out of --limit-mm-per-prompt."""
+    limits = spec.limit_mm_per_prompt or {}
+    off = spec.language_model_only or all(limits.get(m, 999) == 0 for m in TOWER_MODALITIES)
+    if not off:
+        return True, "a limit above 0 for its modality (config/multimodal.py get_limit_per_prompt: 999 if not given)"
+    flag = "--language-model-only" if spec.language_model_only else "--limit-mm-per-prompt image=0"
+    if defaults._release_key(version) < TOWER_SKIP_FROM:
+        return True, f"{flag}: this release builds the tower anyway (before 0.26.0's _mark_tower_model)"
+    return False, (f"{flag}: models/interfaces.py _mark_tower_model builds no vision tower (StageMissingLayer) "
+                   "and gpu_model_runner.py profile_run runs no encoder profile")  # fmt: skip
 
 
 def _monolithic_experts(facts: ModelFacts, files, row: Gpu | None, moe_backend: str, *, dp: int, eplb: bool) -> str:
@@ -585,6 +615,8 @@ def _stage_weight_lines(facts: ModelFacts, r: Resolved, sharding: Sharding, stag
 
 def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | None, gpu: str | Gpu | None,
                 total_bytes: int, layer_lines, stage) -> DeploymentPlan:  # fmt: skip
+    if facts.vision is not None and not r.vision_tower:
+        facts = dataclasses.replace(facts, vision=None)  # sized as the language model alone (vision_tower_built)
     sharding = sharding_of(facts, r)
     gpu_name = gpus.label(gpu)
     lines = _stage_weight_lines(facts, r, sharding, stage)
@@ -638,7 +670,9 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
         available = requested - non_kv
         kv_source = "requested - everything before the KV cache"
     max_len = r.max_model_len
-    cache = kv_cache(shape, available, r.block_size, max_len, r.max_num_batched_tokens)
+    by_concurrency = tokens_from_concurrency(version)  # how the release prints its tokens (kv_cache.py)
+    in_flight = in_flight_tokens(version, r.max_num_batched_tokens, pp=r.pp, v2_runner=r.v2_runner)
+    cache = kv_cache(shape, available, r.block_size, max_len, in_flight, concurrency_tokens=by_concurrency)
     if r.max_model_len_auto:
         # v1/core/kv_cache_utils.py _auto_fit_max_model_len: the longest length whose blocks fit (a binary search on
         # max_memory_usage_bytes: ceil(L / block_size) pages of every layer), at most the model's derived length
@@ -648,7 +682,7 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
             name="max_model_len_fitted", value=max_len, source="--max-model-len auto: the longest that the KV cache "
             f"holds, at most max_position_embeddings ({facts.max_position_embeddings}); v1/core/kv_cache_utils.py "
             "_auto_fit_max_model_len")))  # fmt: skip
-        cache = kv_cache(shape, available, r.block_size, max_len, r.max_num_batched_tokens)
+        cache = kv_cache(shape, available, r.block_size, max_len, in_flight, concurrency_tokens=by_concurrency)
     kv_bytes = cache.bytes
     grouped = f" in {cache.groups} groups of {cache.group_size} layers" if cache.group_size else ""
     lines.append(DeploymentLine(group="kv-cache", name="KV cache", bytes=kv_bytes, kind="exact",

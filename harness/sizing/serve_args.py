@@ -152,6 +152,7 @@ MODELLED: tuple[Modelled, ...] = (
     Modelled(("--cudagraph-capture-sizes",), "cudagraph_capture_sizes", "list", _text),
     Modelled(("--max-cudagraph-capture-size",), "max_cudagraph_capture_size", "value", _text),
     Modelled(("--limit-mm-per-prompt",), "limit_mm_per_prompt", "value", _text),
+    Modelled(("--language-model-only",), "language_model_only", "switch", _bool),
     Modelled(("--calculate-kv-scales",), "calculate_kv_scales", "switch", _bool),
     Modelled(("--disable-hybrid-kv-cache-manager",), "disable_hybrid_kv_cache_manager", "switch", _bool),
     Modelled(("--num-gpu-blocks-override",), "num_gpu_blocks_override", "value", _positive),
@@ -507,7 +508,10 @@ def _compilation_settings(text: str) -> dict[str, object]:
 def _other_memory_flags(values: dict[str, object], fields: dict[str, object], approximate: list[str],
                         ignored: list[str]) -> None:  # fmt: skip
     if values.get("limit_mm_per_prompt") is not None:
-        ignored.append("--limit-mm-per-prompt")  # text-only models: no encoder cache (multimodal ones are not sized)
+        # the counts per modality; multimodal models build a tower only for modalities above 0 (weights sizing)
+        fields["limit_mm_per_prompt"] = _mm_limits(str(values["limit_mm_per_prompt"]))
+    if values.get("language_model_only"):
+        fields["language_model_only"] = True
     if values.get("disable_hybrid_kv_cache_manager"):
         ignored.append("--disable-hybrid-kv-cache-manager")  # full attention in every layer: one KV group either way
     if values.get("calculate_kv_scales"):
@@ -517,6 +521,34 @@ def _other_memory_flags(values: dict[str, object], fields: dict[str, object], ap
     for dest in ("dtype", "quantization"):
         if values.get(dest) is not None:
             fields[dest] = values[dest]  # routed to the weights' sizing (harness.sizing.deployment.resolve)
+
+
+def _mm_limits(text: str) -> dict[str, int]:
+    """--limit-mm-per-prompt '{"image": 0, "video": {"count": 1, ...}}': the count per modality, as 0.26.0's
+    config/multimodal.py MultiModalConfig._validate_limit_per_prompt reads it (an int is the legacy count form; an
+    object carries `count`, 999 where left out: BaseDummyOptions.count)."""
+    from harness.sizing.model_config import loads_bounded
+
+    allowed = "a JSON object of modality: count (e.g. '{\"image\": 0}'), or the dotted --limit-mm-per-prompt.image=0"
+    text = text.strip()
+    if "=" in text and not text.startswith("{"):  # the dotted form (_normalize): --limit-mm-per-prompt.image=0
+        key, _, value = text.partition("=")
+        text = f'{{"{key.strip()[:40]}": {value.strip()[:20] or "null"}}}'
+    try:
+        data = loads_bounded(text, what="--limit-mm-per-prompt")
+    except ValueError:
+        raise ServeArgsError(f"vllm serve: --limit-mm-per-prompt {text[:60]!r} is not JSON; allowed: "
+                             f"{allowed}") from None  # fmt: skip
+    if not isinstance(data, dict) or not data or len(data) > 16:
+        raise ServeArgsError(f"vllm serve: --limit-mm-per-prompt {text[:60]!r}; allowed: {allowed}")
+    limits: dict[str, int] = {}
+    for modality, value in data.items():
+        count = value.get("count", 999) if isinstance(value, dict) else value
+        if not re.fullmatch(r"[a-z_]{1,40}", str(modality)) or type(count) is not int or count < 0:
+            raise ServeArgsError(f"vllm serve: --limit-mm-per-prompt {str(modality)[:40]!r}: {str(value)[:40]!r}; "
+                                 f"allowed: {allowed}, counts >= 0")  # fmt: skip
+        limits[str(modality)] = count
+    return limits
 
 
 def _eplb_redundant(text: str, older: int | None) -> int | None:
