@@ -262,7 +262,9 @@ class Scenario(_Strict):
         if self.deployment == DeploymentSpec():
             del data["deployment"]  # likewise for scenarios without a deployment section
         else:
-            for key in ("limit_mm_per_prompt", "language_model_only"):  # unset: hashes as before the fields existed
+            unset_before = ("limit_mm_per_prompt", "language_model_only", "cudagraph_mode",
+                            "max_cudagraph_capture_size", "cudagraph_capture_sizes")  # fmt: skip
+            for key in unset_before:  # unset: hashes as before the fields existed
                 if not data["deployment"].get(key):
                     data["deployment"].pop(key, None)
         if not self.memory.deployment_ballast:
