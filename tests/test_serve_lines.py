@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -305,8 +306,9 @@ def test_flags_without_gpu_memory_and_routed_ones():
             "x",
         ]
     )
-    assert parsed.ignored == ["--tokenizer", "--limit-mm-per-prompt", "--disable-hybrid-kv-cache-manager"]
+    assert parsed.ignored == ["--tokenizer", "--disable-hybrid-kv-cache-manager"]
     assert (parsed.spec.dtype, parsed.spec.quantization) == ("float16", "fp8")
+    assert parsed.spec.limit_mm_per_prompt == {"image": 0}  # routed: a multimodal model's tower (vision_tower_built)
     float16 = _dense("vllm serve qwen3-8b --max-model-len 8192 --dtype float16")
     assert not float16.approximate  # two bytes as bfloat16
     float32 = _dense("vllm serve qwen3-8b --max-model-len 8192 --dtype float32")
@@ -422,3 +424,24 @@ def test_the_moe_layers_tokens_per_dp_rank_per_release(cache_dir):
     assert release_defaults.moe_max_num_tokens(old, max_num_batched_tokens=8192, dp=1).value == 8192
     parsed = read_serve(["qwen3-30b-a3b", "-dp", "4", "-ep", "--env", "VLLM_MOE_DP_CHUNK_SIZE=128"])
     assert parsed.spec.moe_dp_chunk_size == 128 and not parsed.spec.approximate
+
+
+@pytest.mark.parametrize("argv,field,value", [
+    ("--cudagraph-capture-sizes 1 2 4", "cudagraph_capture_sizes", [1, 2, 4]),
+    ("--max-cudagraph-capture-size 64", "max_cudagraph_capture_size", 64),
+    ("--compilation-config {\"cudagraph_mode\":\"full_decode_only\"}", "cudagraph_mode", "FULL_DECODE_ONLY"),
+    ("--compilation-config {\"cudagraph_capture_sizes\":[8,16]}", "cudagraph_capture_sizes", [8, 16]),
+])  # fmt: skip
+def test_graph_settings_reach_the_spec(argv, field, value):
+    parsed = read_serve(["qwen3-30b-a3b", *argv.split()])
+    assert getattr(parsed.spec, field) == value and not parsed.spec.approximate
+
+
+@pytest.mark.parametrize("argv,message", [
+    ("--max-cudagraph-capture-size x", "--max-cudagraph-capture-size 'x' is not a positive integer"),
+    ("--compilation-config {\"cudagraph_mode\":\"BOGUS\"}", "cudagraph_mode 'BOGUS' is not one of NONE, PIECEWISE"),
+    ("--compilation-config {\"cudagraph_capture_sizes\":[]}", "cudagraph_capture_sizes is empty"),
+])  # fmt: skip
+def test_bad_graph_settings_name_the_field(argv, message):
+    with pytest.raises(ServeArgsError, match=re.escape(message)):
+        read_serve(["qwen3-30b-a3b", *argv.split()])

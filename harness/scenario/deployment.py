@@ -20,9 +20,13 @@ ALL2ALL_BACKENDS = (
     "flashinfer_all2allv", "mori", "deepep_v2", "mori_high_throughput", "mori_low_latency",
     "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided",
 )  # fmt: skip
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 MAX_MODEL_LEN = 1 << 24
 MAX_PARALLEL = 4096
+
+
+ModalityName = Annotated[str, Field(min_length=1, max_length=40)]
 
 
 class DeploymentSpec(BaseModel):
@@ -99,12 +103,28 @@ class DeploymentSpec(BaseModel):
         description="CUDA graphs captured (False: -O0, --compilation-config cudagraph_mode NONE, "
         "--enforce-eager); None: the release's default",
     )
+    cudagraph_mode: Literal[CUDAGRAPH_MODES] | None = Field(  # type: ignore[valid-type]
+        None, description="--compilation-config cudagraph_mode; None: the release's default (FULL_AND_PIECEWISE)"
+    )
+    max_cudagraph_capture_size: Annotated[int, Field(gt=0, le=MAX_MODEL_LEN)] | None = Field(
+        None, description="--max-cudagraph-capture-size or --compilation-config max_cudagraph_capture_size"
+    )
+    cudagraph_capture_sizes: list[Annotated[int, Field(gt=0, le=MAX_MODEL_LEN)]] | None = Field(
+        None, max_length=4096, description="--cudagraph-capture-sizes or --compilation-config cudagraph_capture_sizes"
+    )
     dtype: Annotated[str, Field(min_length=1, max_length=20, pattern=r"^[a-z0-9_]+$")] | None = Field(
         None, description="--dtype: the weights' and activations' dtype (auto: the checkpoint's)"
     )
     quantization: Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[a-z0-9_\-]+$")] | None = Field(
         None, description="--quantization: the weights' format (e.g. fp8, online from a bf16 checkpoint)"
     )
+    limit_mm_per_prompt: dict[ModalityName, Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        max_length=16,
+        description="--limit-mm-per-prompt: the items a prompt may hold per modality (a modality left out: 999); "
+        "a multimodal model whose every tower modality is at 0 is built without that tower",
+    )
+    language_model_only: bool = Field(False, description="--language-model-only: every modality's limit at 0")
     approximate: list[Annotated[str, Field(max_length=300)]] = Field(
         default_factory=list,
         max_length=64,

@@ -261,6 +261,12 @@ class Scenario(_Strict):
             data["layer"]["num_redundant_experts"] = 0  # unset hashes as the 0 it used to default to
         if self.deployment == DeploymentSpec():
             del data["deployment"]  # likewise for scenarios without a deployment section
+        else:
+            unset_before = ("limit_mm_per_prompt", "language_model_only", "cudagraph_mode",
+                            "max_cudagraph_capture_size", "cudagraph_capture_sizes")  # fmt: skip
+            for key in unset_before:  # unset: hashes as before the fields existed
+                if not data["deployment"].get(key):
+                    data["deployment"].pop(key, None)
         if not self.memory.deployment_ballast:
             del data["memory"]["deployment_ballast"]
         if self.bench.comm_bound_ratio_min == BenchSpec.model_fields["comm_bound_ratio_min"].default:

@@ -7,8 +7,8 @@
     profile_run at max_num_batched_tokens                 the MoE workspace (held once, two with DBO; the release's
                                                           workspace_shapes) + the rest of the activations (estimate)
     non-torch memory (NCCL, cuBLAS, ...)                  estimate
-    CUDA-graph estimate (when the release's profiler      estimate
-      VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is on)
+    CUDA-graph estimate (when the release's profiler      the V1 runner's: harness.sizing.cudagraph_memory (graph
+      VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is on)     counts exact, each capture an estimate); else 1 GiB
     requested = total x gpu_memory_utilization            total: the GPU's mem_get_info total
     KV cache = requested - all of the above               kv_cache (exact given the rest)
     after the KV cache: CUDA graphs (when not estimated), the sampler warm-up (max_num_seqs x vocab x 4 B)
@@ -21,9 +21,10 @@ memory is left for it), `starts` (N tokens, W x concurrency at L tokens).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -37,7 +38,7 @@ from harness.sizing import gpus, profile_run
 from harness.sizing import release_defaults as defaults
 from harness.sizing.deployment_weights import Sharding, routed_experts_bytes, weight_lines
 from harness.sizing.gpus import Gpu
-from harness.sizing.kv_cache import DEFAULT_BLOCK_SIZE, kv_cache, kv_shape
+from harness.sizing.kv_cache import DEFAULT_BLOCK_SIZE, in_flight_tokens, kv_cache, kv_shape, tokens_from_concurrency
 from harness.sizing.model_config import ModelFacts
 
 DEPLOYMENT_PLAN_SCHEMA = 2  # 2: group_totals and approximate
@@ -196,12 +197,18 @@ class Resolved:
     max_model_len_auto: bool = False
     approximate: tuple[str, ...] = ()
     gpu: Gpu | None = None
+    vision_tower: bool = True  # a multimodal model's vision tower built (no: every image limit at 0)
     # The monolithic experts class vLLM runs (and why), which allocates its buffers in each call instead of a modular
     # workspace; "" for a modular experts class.
     monolithic_experts: str = ""
     # vLLM 0.26.0's V2 model runner (release_defaults.v2_runner_without_estimate), whose profile_run skips attention
     # and samples through its own sampler (harness.sizing.profile_run.v2_sampler_phase)
     v2_runner: bool = False
+    # The V1 runner's CUDA-graph estimate as harness.sizing.cudagraph_memory models it (None: the flat estimate)
+    cudagraph_bytes: int | None = None
+    cudagraph_detail: str = ""
+    # the same estimate for other facts (a pipeline stage's layers): facts -> (bytes, detail)
+    cudagraph_for: Callable[[ModelFacts], tuple[int | None, str]] | None = None
 
     @property
     def ep_size(self) -> int:
@@ -218,6 +225,41 @@ class Resolved:
         if not self.ep:
             return 1
         return self.dp if self.all2all in GATHER_ALL2ALL else self.tp * self.dp
+
+
+def _graph_flags(spec: DeploymentSpec) -> list[str]:
+    """The graph settings a plan without the modelled estimate does not size."""
+    out = []
+    if spec.cudagraph_mode is not None and spec.cudagraph_mode != "NONE":
+        out.append("--compilation-config's CUDA-graph settings are not sized (the graph estimate is the default's)")
+    for value, option in ((spec.cudagraph_capture_sizes, "--cudagraph-capture-sizes"),
+                          (spec.max_cudagraph_capture_size, "--max-cudagraph-capture-size")):  # fmt: skip
+        if value is not None:
+            out.append(f"{option}: the graph pool for other capture sizes is not sized (the estimate is the "
+                       "default's)")  # fmt: skip
+    return out
+
+
+def _graph_estimate(facts: ModelFacts, *, spec: DeploymentSpec, files, version: str | None, tp: int, seqs: int,
+                    tokens: int, gpu: Gpu | None, modelled: bool) -> tuple[int | None, str]:  # fmt: skip
+    """(bytes, detail) of the V1 runner's CUDA-graph estimate where the release makes it and subtracts it
+    (harness.sizing.cudagraph_memory); (None, why) where the plan keeps the flat estimate."""
+    from harness.sizing import cudagraph_memory
+
+    if not modelled:
+        return None, "no estimate subtracted"
+    has = defaults.v1_graph_estimate(version)
+    if not has.value:
+        return None, has.source
+    splits = defaults.flash_attn_max_splits(files)
+    threshold = defaults.shared_experts_stream_threshold(files)
+    found = cudagraph_memory.estimate(facts, tp=tp, max_num_seqs=seqs, max_num_batched_tokens=tokens,
+                                      mode=spec.cudagraph_mode, max_capture=spec.max_cudagraph_capture_size,
+                                      sizes=spec.cudagraph_capture_sizes, gpu=gpu, max_splits=int(str(splits.value)),
+                                      shared_stream_threshold=int(str(threshold.value)),
+                                      kv_cache_dtype=spec.kv_cache_dtype)  # fmt: skip
+    why = f"{has.source}; splits {splits.source}; shared-experts stream threshold {threshold.source}"
+    return found.total, f"{found.detail} ({why})"
 
 
 def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None, *, gpu_bytes: int,
@@ -304,6 +346,11 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     settings.append(Setting(name="cudagraph_memory_estimate", value=cudagraph,
                             source="--enforce-eager" if spec.enforce_eager else "no CUDA graphs (-O0 or cudagraph_mode "
                             "NONE)" if not graphs else estimate.source))  # fmt: skip
+    graphs_for = functools.partial(_graph_estimate, spec=spec, files=files, version=version, tp=tp, seqs=seqs,
+                                   tokens=tokens, gpu=row, modelled=cudagraph)  # fmt: skip
+    graph_bytes, graph_detail = graphs_for(facts)
+    if graph_bytes is None:
+        approximate += _graph_flags(spec)
     settings.append(Setting(name="enable_dbo", value=spec.enable_dbo, source=origin))
     settings.append(Setting(name="enforce_eager", value=spec.enforce_eager, source=origin))
     pp = int(pick("pipeline_parallel_size", spec.pipeline_parallel_size))
@@ -326,6 +373,10 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         settings.append(Setting(name="cpu_offload_gb", value=spec.cpu_offload_gb, source=origin))
     if spec.max_model_len_auto:
         settings.append(Setting(name="max_model_len_auto", value=True, source=origin))
+    tower = True
+    if facts.vision is not None:
+        tower, tower_source = vision_tower_built(spec, version)
+        settings.append(Setting(name="vision_tower", value=tower, source=tower_source))
     if row is not None:
         settings.append(Setting(name="gpu", value=row.describe, source=row.source))
     return Resolved(
@@ -346,6 +397,9 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         eager=spec.enforce_eager,
         cudagraph_estimate=cudagraph,
         v2_runner=runner is not None,
+        cudagraph_bytes=graph_bytes,
+        cudagraph_detail=graph_detail,
+        cudagraph_for=graphs_for,
         settings=tuple(settings),
         pp=pp,
         moe_max_num_tokens=moe_tokens,
@@ -356,8 +410,33 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         max_model_len_auto=spec.max_model_len_auto,
         approximate=tuple(approximate),
         gpu=row,
+        vision_tower=tower,
         monolithic_experts=monolithic,
     )
+
+
+# The first release (of those read) that builds a multimodal model without a tower whose every modality has a limit
+# of 0: 0.26.0's model_executor/models/interfaces.py SupportsMultiModal._mark_tower_model swaps the tower's modules
+# for StageMissingLayer (no weights allocated or loaded) where all(get_limit_per_prompt(m) == 0); Llama-4
+# (mllama4.py Llama4ForConditionalGeneration.__init__) and Gemma 3 (gemma3_mm.py) build their vision model and
+# projector inside _mark_tower_model(vllm_config, "image"). The releases before were not read: they build it.
+TOWER_SKIP_FROM = (0, 26, 0)
+TOWER_MODALITIES = ("image",)  # the vision towers' modalities (Llama-4's and Gemma 3's _mark_tower_model)
+
+
+def vision_tower_built(spec: DeploymentSpec, version: str | None) -> tuple[bool, str]:
+    """Whether the release builds (and loads) the vision tower, and why: config/multimodal.py
+    MultiModalConfig.get_limit_per_prompt is 0 under --language-model-only, the given count otherwise, 999 for a
+    modality left out of --limit-mm-per-prompt."""
+    limits = spec.limit_mm_per_prompt or {}
+    off = spec.language_model_only or all(limits.get(m, 999) == 0 for m in TOWER_MODALITIES)
+    if not off:
+        return True, "a limit above 0 for its modality (config/multimodal.py get_limit_per_prompt: 999 if not given)"
+    flag = "--language-model-only" if spec.language_model_only else "--limit-mm-per-prompt image=0"
+    if defaults._release_key(version) < TOWER_SKIP_FROM:
+        return True, f"{flag}: this release builds the tower anyway (before 0.26.0's _mark_tower_model)"
+    return False, (f"{flag}: models/interfaces.py _mark_tower_model builds no vision tower (StageMissingLayer) "
+                   "and gpu_model_runner.py profile_run runs no encoder profile")  # fmt: skip
 
 
 def _monolithic_experts(facts: ModelFacts, files, row: Gpu | None, moe_backend: str, *, dp: int, eplb: bool) -> str:
@@ -536,6 +615,8 @@ def _stage_weight_lines(facts: ModelFacts, r: Resolved, sharding: Sharding, stag
 
 def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | None, gpu: str | Gpu | None,
                 total_bytes: int, layer_lines, stage) -> DeploymentPlan:  # fmt: skip
+    if facts.vision is not None and not r.vision_tower:
+        facts = dataclasses.replace(facts, vision=None)  # sized as the language model alone (vision_tower_built)
     sharding = sharding_of(facts, r)
     gpu_name = gpus.label(gpu)
     lines = _stage_weight_lines(facts, r, sharding, stage)
@@ -549,7 +630,15 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
                                                   moe=facts.is_moe)  # fmt: skip
     lines.append(DeploymentLine(group="non-torch", name="non-torch memory", bytes=non_torch, kind="estimate",
                                 source=non_torch_source))  # fmt: skip
-    if r.cudagraph_estimate:
+    graph_bytes, graph_detail = r.cudagraph_bytes, r.cudagraph_detail
+    if stage is not None and graph_bytes is not None and r.cudagraph_for is not None:
+        graph_bytes, graph_detail = r.cudagraph_for(facts)  # the stage's layers are what its worker captures
+    if r.cudagraph_estimate and graph_bytes is not None:
+        lines.append(DeploymentLine(group="cuda-graphs", name="CUDA-graph estimate", bytes=graph_bytes,
+                                    kind="estimate", source=f"estimate: the V1 runner's profile_cudagraph_memory "
+                                    f"({_setting_source(r, 'cudagraph_memory_estimate')} on), subtracted before the "
+                                    f"KV cache is sized: {graph_detail}"))  # fmt: skip
+    elif r.cudagraph_estimate:
         lines.append(DeploymentLine(group="cuda-graphs", name="CUDA-graph estimate", bytes=CUDAGRAPH_BYTES,
                                     kind="estimate", source=f"estimate: the profiler's graph-pool estimate "
                                     f"({_setting_source(r, 'cudagraph_memory_estimate')} on), subtracted before the "
@@ -581,7 +670,9 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
         available = requested - non_kv
         kv_source = "requested - everything before the KV cache"
     max_len = r.max_model_len
-    cache = kv_cache(shape, available, r.block_size, max_len, r.max_num_batched_tokens)
+    by_concurrency = tokens_from_concurrency(version)  # how the release prints its tokens (kv_cache.py)
+    in_flight = in_flight_tokens(version, r.max_num_batched_tokens, pp=r.pp, v2_runner=r.v2_runner)
+    cache = kv_cache(shape, available, r.block_size, max_len, in_flight, concurrency_tokens=by_concurrency)
     if r.max_model_len_auto:
         # v1/core/kv_cache_utils.py _auto_fit_max_model_len: the longest length whose blocks fit (a binary search on
         # max_memory_usage_bytes: ceil(L / block_size) pages of every layer), at most the model's derived length
@@ -591,7 +682,7 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
             name="max_model_len_fitted", value=max_len, source="--max-model-len auto: the longest that the KV cache "
             f"holds, at most max_position_embeddings ({facts.max_position_embeddings}); v1/core/kv_cache_utils.py "
             "_auto_fit_max_model_len")))  # fmt: skip
-        cache = kv_cache(shape, available, r.block_size, max_len, r.max_num_batched_tokens)
+        cache = kv_cache(shape, available, r.block_size, max_len, in_flight, concurrency_tokens=by_concurrency)
     kv_bytes = cache.bytes
     grouped = f" in {cache.groups} groups of {cache.group_size} layers" if cache.group_size else ""
     lines.append(DeploymentLine(group="kv-cache", name="KV cache", bytes=kv_bytes, kind="exact",

@@ -14,14 +14,26 @@
                       groups of group_size layers (the fewest layers of one type, or the most when they differ by
                       less than 1.5x), ceil(n / group_size) groups per type; each of the group_size pools holds
                       one page per block for one layer of every group:
-                      num_blocks = available // page_size // group_size; tokens = num_blocks // groups x block_size
-                      (_report_kv_cache_config). A linear-attention layer's page is its state (conv + temporal,
-                      mamba_utils.py gated_delta_net_state_shape), and the attention block size grows to hold it:
-                      16 x ceil(state / (16 x attention bytes per token)) (HybridAttentionMambaModelConfig)
+                      num_blocks = available // page_size // group_size. A linear-attention layer's page is its
+                      state (conv + temporal, mamba_utils.py gated_delta_net_state_shape), padded to the attention
+                      page (MambaSpec page_size_padded), and the attention block size grows to hold it:
+                      16 x ceil(state / (16 x attention bytes per token)) (0.19.0: model_executor/models/config.py
+                      HybridAttentionMambaModelConfig.verify_and_update_config; 0.26.0: platforms/interface.py
+                      Platform._align_hybrid_block_size, its branch for mamba_cache_mode "none", which a hybrid model
+                      runs: engine/arg_utils.py turns prefix caching off by default for is_hybrid models)
+    printed tokens    0.19.0: num_blocks // groups x the smallest block size (kv_cache_utils.py
+                      _report_kv_cache_config); 0.26.0: int(max_concurrency x max_model_len) (kv_cache_utils.py
+                      get_kv_cache_configs -> get_kv_cache_capacity), which for a uniform model is the same figure
+                      where block_size divides max_model_len, and for a hybrid one counts each request's blocks in
+                      every group (a linear-attention group holds one block a request)
     one request       blocks per request: full ceil(L / block), sliding ceil(min(window - 1 + T, L) / block) + 1,
                       chunked ceil(min(chunk + T, L) / block), linear 1 (kv_cache_interface.py
-                      max_memory_usage_bytes), summed over the groups
-    concurrency       num_blocks / blocks per request                          ("Maximum concurrency for L tokens")
+                      max_memory_usage_bytes), summed over the groups; T is max_num_batched_tokens in 0.19.0 and
+                      VllmConfig.max_in_flight_tokens in 0.26.0 (in_flight_tokens)
+    concurrency       num_blocks / blocks per request                          ("Maximum concurrency for L tokens";
+                      kv_cache_utils.py get_max_concurrency_for_kv_cache_config: cdiv of the summed
+                      max_memory_usage_bytes of the groups' specs by one block's bytes, MambaSpec's one page a
+                      request where mamba_cache_mode is "none")
     fails             when one request's blocks do not fit                     (vLLM's "To serve at least one request")
 
 Llama-4's chunked local attention layers are a KV type of their own (ChunkedLocalAttentionSpec: a request holds
@@ -32,6 +44,7 @@ Llama-4-Scout shows its 4 groups: 365,968 tokens of 91,495 blocks).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -45,6 +58,32 @@ DEFAULT_BLOCK_SIZE = 16
 FLASHMLA_SPARSE_BLOCK = 64  # DeepSeek-V3.2's sparse MLA backend (flashmla_sparse.py): 64-token pages only
 FP8_DS_MLA_BYTES = 656  # kv_cache_interface.py MLAAttentionSpec: fp8_ds_mla's page is block_size x 656
 KERNEL_BLOCK_ALIGNMENT = 16  # FlashAttention's supported kernel block sizes: multiples of 16
+# The first release (of those read) whose "GPU KV cache size" is int(max_concurrency x max_model_len)
+# (0.26.0's v1/core/kv_cache_utils.py get_kv_cache_capacity) and whose window and chunk specs count
+# max_in_flight_tokens; 0.19.0's _report_kv_cache_config printed num_blocks // len(kv_cache_groups) x min block
+# size. The releases between were not read: they take 0.19.0's.
+CONCURRENCY_TOKENS_FROM = (0, 26, 0)
+
+
+def in_flight_tokens(version: str | None, max_num_batched_tokens: int, *, pp: int, v2_runner: bool) -> int:
+    """T of a sliding-window or chunked request's blocks. 0.26.0: VllmConfig.max_in_flight_tokens (config/vllm.py)
+    = max_concurrent_batches x max_num_batched_tokens, with async scheduling on by default (VllmConfig
+    __post_init__: async_scheduling None -> True for a generate model without speculative decoding): PP + 1 batches
+    on the V2 runner, 2 on the V1 runner at PP 1, else PP. 0.19.0 (SlidingWindowSpec/ChunkedLocalAttentionSpec
+    max_memory_usage_bytes): max_num_batched_tokens."""
+    from harness.sizing.release_defaults import _release_key
+
+    if _release_key(version) < CONCURRENCY_TOKENS_FROM:
+        return max_num_batched_tokens
+    batches = pp + 1 if v2_runner else (2 if pp <= 1 else pp)
+    return batches * max_num_batched_tokens
+
+
+def tokens_from_concurrency(version: str | None) -> bool:
+    """Whether `version` prints its KV tokens as int(max_concurrency x max_model_len) (no version: the newest)."""
+    from harness.sizing.release_defaults import _release_key
+
+    return _release_key(version) >= CONCURRENCY_TOKENS_FROM
 
 
 def indexer_bytes_per_token(facts: ModelFacts) -> int:
@@ -131,9 +170,14 @@ class KvCache:
     page_bytes: int = 0  # one layer's page (hybrid)
     request_blocks: int = 0  # blocks one max_model_len request takes, over every group (0: ceil(L / block))
     bytes: int = 0  # the KV cache allocated
+    concurrency_tokens: bool = False  # the printed tokens are int(concurrency x max_model_len) (0.26.0 on)
 
     @property
     def tokens(self) -> int:
+        if self.concurrency_tokens:
+            # v1/core/kv_cache_utils.py get_kv_cache_capacity: int(max_concurrency * max_model_len), the float
+            # max_concurrency = num_blocks / num_block_per_request (get_max_concurrency_for_kv_cache_config)
+            return int(self.num_blocks / self.blocks_per_request * self.max_model_len)
         return self.num_blocks // self.groups * self.block_size
 
     @property
@@ -172,7 +216,15 @@ def effective_block_size(shape: KvShape, block_size: int) -> int:
 
 
 def kv_cache(shape: KvShape, available_bytes: int, block_size: int, max_model_len: int,
-             max_num_batched_tokens: int = 8192) -> KvCache:  # fmt: skip
+             max_num_batched_tokens: int = 8192, *, concurrency_tokens: bool = False) -> KvCache:  # fmt: skip
+    """The cache vLLM makes of `available_bytes`; concurrency_tokens: the release prints its tokens as
+    int(concurrency x max_model_len) (tokens_from_concurrency), else as 0.19.0 did."""
+    cache = _kv_cache(shape, available_bytes, block_size, max_model_len, max_num_batched_tokens)
+    return dataclasses.replace(cache, concurrency_tokens=concurrency_tokens)
+
+
+def _kv_cache(shape: KvShape, available_bytes: int, block_size: int, max_model_len: int,
+              max_num_batched_tokens: int) -> KvCache:  # fmt: skip
     available = max(0, available_bytes)
     block = effective_block_size(shape, block_size)
     if not shape.kinds:

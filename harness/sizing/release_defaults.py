@@ -218,3 +218,45 @@ def v2_runner_without_estimate(architecture: str, is_moe: bool, version: str | N
         why = "not an MoE model" if not is_moe else "in DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES"
         return V2_RUNNER_SOURCE.format(version=version, arch=architecture, why=why)
     return None
+
+
+# The V1 model runner's CUDA-graph estimate (v1/worker/gpu_model_runner.py profile_cudagraph_memory: the first two
+# captures of each mode, harness.sizing.cudagraph_memory): present from 0.19.0 (absent in 0.15.1), the same
+# first-capture + (n - 1) x per-graph and max over modes in 0.19.0, 0.26.0, 0.29.0 and 0.30.0. 0.29.0 and later run
+# every architecture on the V2 runner by default (config/vllm.py use_v2_model_runner), whose estimate is its own.
+V1_GRAPH_ESTIMATE = ((0, 19, 0), (0, 29, 0))
+ATTENTION_FILE = "vllm/config/attention.py"
+SHARED_STREAM_ENV = "VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD"
+
+
+def v1_graph_estimate(version: str | None) -> Default:
+    """Whether the release's V1 runner makes the estimate harness.sizing.cudagraph_memory models."""
+    low, high = V1_GRAPH_ESTIMATE
+    key = _release_key(version)
+    on = version is not None and low <= key < high
+    span = f"from {'.'.join(map(str, low))} until {'.'.join(map(str, high))}"
+    return Default(on, f"table: v1/worker/gpu_model_runner.py profile_cudagraph_memory, the V1 runner's default {span} "
+                       f"(vLLM {version or 'unknown'})")  # fmt: skip
+
+
+def flash_attn_max_splits(files: ReleaseFiles | None) -> Default:
+    """AttentionConfig.flash_attn_max_num_splits_for_cuda_graph: FlashAttention's splits under full graphs."""
+    read = class_default(files, ATTENTION_FILE, "AttentionConfig", "flash_attn_max_num_splits_for_cuda_graph")
+    if read is not None and isinstance(read.value, int):
+        return read
+    return Default(32, "table: config/attention.py flash_attn_max_num_splits_for_cuda_graph = 32 (0.19.0-0.30.0)")
+
+
+def shared_experts_stream_threshold(files: ReleaseFiles | None) -> Default:
+    """envs.py VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD: the largest batch whose shared experts run on the aux
+    stream (model_executor/layers/fused_moe/runner/shared_experts.py)."""
+    module = files.module("vllm/envs.py") if files is not None else None
+    for node in ast.walk(module) if module is not None else ():
+        # "NAME": lambda: int(int(os.getenv("NAME", 256))): the default an int literal (env_default reads strings)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "getenv"
+                and len(node.args) >= 2 and isinstance(node.args[0], ast.Constant)
+                and node.args[0].value == SHARED_STREAM_ENV and isinstance(node.args[1], ast.Constant)):  # fmt: skip
+            value = node.args[1].value
+            if isinstance(value, int | str) and str(value).isdigit():
+                return Default(int(value), f"envs.py:{node.lineno} {SHARED_STREAM_ENV}")
+    return Default(256, f"table: envs.py {SHARED_STREAM_ENV} 256 (0.19.0-0.30.0)")

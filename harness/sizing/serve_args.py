@@ -152,6 +152,7 @@ MODELLED: tuple[Modelled, ...] = (
     Modelled(("--cudagraph-capture-sizes",), "cudagraph_capture_sizes", "list", _text),
     Modelled(("--max-cudagraph-capture-size",), "max_cudagraph_capture_size", "value", _text),
     Modelled(("--limit-mm-per-prompt",), "limit_mm_per_prompt", "value", _text),
+    Modelled(("--language-model-only",), "language_model_only", "switch", _bool),
     Modelled(("--calculate-kv-scales",), "calculate_kv_scales", "switch", _bool),
     Modelled(("--disable-hybrid-kv-cache-manager",), "disable_hybrid_kv_cache_manager", "switch", _bool),
     Modelled(("--num-gpu-blocks-override",), "num_gpu_blocks_override", "value", _positive),
@@ -440,15 +441,48 @@ def _graphs(values: dict[str, object], fields: dict[str, object], approximate: l
                 fields["cudagraphs"] = False
             else:
                 approximate.append("--compilation-config without compilation: its CUDA graphs are not sized")
-        elif {"cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_mode", "full_cuda_graph"} & \
-                set(settings):  # fmt: skip
-            approximate.append("--compilation-config's CUDA-graph settings are not sized (the graph estimate is "
-                               "the default's)")  # fmt: skip
-    for dest, option in (("cudagraph_capture_sizes", "--cudagraph-capture-sizes"),
-                         ("max_cudagraph_capture_size", "--max-cudagraph-capture-size")):  # fmt: skip
-        if values.get(dest) is not None:
-            approximate.append(f"{option}: the graph pool for other capture sizes is not sized (the estimate is "
-                               "the default's)")  # fmt: skip
+        else:
+            _graph_settings(settings, fields, approximate, "--compilation-config ")
+    _graph_settings({k: values[k] for k in ("cudagraph_capture_sizes", "max_cudagraph_capture_size")
+                     if values.get(k) is not None}, fields, approximate, "--")  # fmt: skip
+
+
+def _graph_settings(settings: dict[str, object], fields: dict[str, object], approximate: list[str],
+                    where: str) -> None:  # fmt: skip
+    """cudagraph_mode, max_cudagraph_capture_size and cudagraph_capture_sizes into the spec (the CUDA-graph
+    estimate counts the graphs from them: harness.sizing.cudagraph_memory)."""
+    from harness.scenario.deployment import CUDAGRAPH_MODES
+
+    mode = settings.get("cudagraph_mode")
+    if mode is not None:
+        text = str(mode).upper()
+        if text not in CUDAGRAPH_MODES:
+            raise ServeArgsError(f"vllm serve: {where}cudagraph_mode {str(mode)[:30]!r} is not one of "
+                                 f"{', '.join(CUDAGRAPH_MODES)}")  # fmt: skip
+        fields["cudagraph_mode"] = text
+    if settings.get("full_cuda_graph"):
+        approximate.append(f"{where}full_cuda_graph: the older spelling of FULL graphs is not sized")
+
+    def name(key: str) -> str:
+        return f"{where}{key.replace('_', '-')}" if where == "--" else f"{where}{key}"
+
+    largest = settings.get("max_cudagraph_capture_size")
+    if largest is not None:
+        fields["max_cudagraph_capture_size"] = _positive_int(largest, name("max_cudagraph_capture_size"))
+    sizes = settings.get("cudagraph_capture_sizes")
+    if sizes is not None:
+        text = " ".join(map(str, sizes)) if isinstance(sizes, list) else str(sizes)
+        items = [v for v in re.split(r"[,\s\[\]]+", text) if v]
+        if not items:
+            raise ServeArgsError(f"vllm serve: {name('cudagraph_capture_sizes')} is empty; give positive integers")
+        fields["cudagraph_capture_sizes"] = [_positive_int(v, name("cudagraph_capture_sizes")) for v in items]
+
+
+def _positive_int(value: object, name: str) -> int:
+    text = str(value).strip()
+    if not re.fullmatch(r"\d{1,8}", text) or int(text) <= 0:
+        raise ServeArgsError(f"vllm serve: {name} {text[:30]!r} is not a positive integer")
+    return int(text)
 
 
 def _compilation_settings(text: str) -> dict[str, object]:
@@ -474,7 +508,10 @@ def _compilation_settings(text: str) -> dict[str, object]:
 def _other_memory_flags(values: dict[str, object], fields: dict[str, object], approximate: list[str],
                         ignored: list[str]) -> None:  # fmt: skip
     if values.get("limit_mm_per_prompt") is not None:
-        ignored.append("--limit-mm-per-prompt")  # text-only models: no encoder cache (multimodal ones are not sized)
+        # the counts per modality; multimodal models build a tower only for modalities above 0 (weights sizing)
+        fields["limit_mm_per_prompt"] = _mm_limits(str(values["limit_mm_per_prompt"]))
+    if values.get("language_model_only"):
+        fields["language_model_only"] = True
     if values.get("disable_hybrid_kv_cache_manager"):
         ignored.append("--disable-hybrid-kv-cache-manager")  # full attention in every layer: one KV group either way
     if values.get("calculate_kv_scales"):
@@ -484,6 +521,34 @@ def _other_memory_flags(values: dict[str, object], fields: dict[str, object], ap
     for dest in ("dtype", "quantization"):
         if values.get(dest) is not None:
             fields[dest] = values[dest]  # routed to the weights' sizing (harness.sizing.deployment.resolve)
+
+
+def _mm_limits(text: str) -> dict[str, int]:
+    """--limit-mm-per-prompt '{"image": 0, "video": {"count": 1, ...}}': the count per modality, as 0.26.0's
+    config/multimodal.py MultiModalConfig._validate_limit_per_prompt reads it (an int is the legacy count form; an
+    object carries `count`, 999 where left out: BaseDummyOptions.count)."""
+    from harness.sizing.model_config import loads_bounded
+
+    allowed = "a JSON object of modality: count (e.g. '{\"image\": 0}'), or the dotted --limit-mm-per-prompt.image=0"
+    text = text.strip()
+    if "=" in text and not text.startswith("{"):  # the dotted form (_normalize): --limit-mm-per-prompt.image=0
+        key, _, value = text.partition("=")
+        text = f'{{"{key.strip()[:40]}": {value.strip()[:20] or "null"}}}'
+    try:
+        data = loads_bounded(text, what="--limit-mm-per-prompt")
+    except ValueError:
+        raise ServeArgsError(f"vllm serve: --limit-mm-per-prompt {text[:60]!r} is not JSON; allowed: "
+                             f"{allowed}") from None  # fmt: skip
+    if not isinstance(data, dict) or not data or len(data) > 16:
+        raise ServeArgsError(f"vllm serve: --limit-mm-per-prompt {text[:60]!r}; allowed: {allowed}")
+    limits: dict[str, int] = {}
+    for modality, value in data.items():
+        count = value.get("count", 999) if isinstance(value, dict) else value
+        if not re.fullmatch(r"[a-z_]{1,40}", str(modality)) or type(count) is not int or count < 0:
+            raise ServeArgsError(f"vllm serve: --limit-mm-per-prompt {str(modality)[:40]!r}: {str(value)[:40]!r}; "
+                                 f"allowed: {allowed}, counts >= 0")  # fmt: skip
+        limits[str(modality)] = count
+    return limits
 
 
 def _eplb_redundant(text: str, older: int | None) -> int | None:

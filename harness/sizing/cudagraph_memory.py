@@ -1,0 +1,260 @@
+"""The V1 model runner's CUDA-graph memory estimate, the one the memory profile subtracts from the KV budget.
+
+vLLM 0.19.0-0.30.0's V1 runner (v1/worker/gpu_model_runner.py `profile_cudagraph_memory`, called by
+v1/worker/gpu_worker.py `determine_available_memory` after `profile_run` unless cudagraph_mode is NONE, subtracted
+while VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is on) captures, per mode of `cudagraph_dispatcher.get_capture_descs()`
+(PIECEWISE first, then FULL; each mode's batch sizes largest first), the first two graphs into one throwaway graph
+pool, each sample `mem_before - free_after` of `torch.accelerator.get_memory_info()` (the driver's free memory):
+
+    first_capture[mode] = the first sample (the largest size)
+    per_graph[mode]     = max(the second sample, 1 MiB)       ("Use at least 1 MiB per graph for driver overhead")
+    total = max over modes of first_capture + sum over modes of (n_mode - 1) x per_graph[mode]
+            ("FULL and PIECEWISE graphs share the global pool ... Take the max")
+
+The graphs counted (exact, vLLM 0.26.0):
+    capture sizes   config/vllm.py `_set_cudagraph_sizes`: max_cudagraph_capture_size defaults to
+                    min(max_num_seqs x (1 + speculative tokens) x 2, 512), capped at max_num_batched_tokens; sizes
+                    [1, 2, 4] + range(8, min(max + 1, 256), 8) + range(256, max + 1, 16), plus max_num_batched_tokens
+                    when it is within the largest; or the given cudagraph_capture_sizes up to max_num_batched_tokens
+    mode            config/compilation.py `cudagraph_mode` (default FULL_AND_PIECEWISE), downgraded by
+                    `resolve_cudagraph_mode_and_sizes`: an attention builder with AttentionCGSupport.NEVER
+                    (model_executor/layers/attention/chunked_local_attention.py ChunkedLocalAttentionBuilder) turns
+                    FULL decode graphs into PIECEWISE
+    graphs per mode v1/cudagraph_dispatcher.py `initialize_cudagraph_keys`: the mixed mode (PIECEWISE of
+                    FULL_AND_PIECEWISE, FULL of FULL) at every capture size; with a separate decode routine
+                    (FULL_AND_PIECEWISE, FULL_DECODE_ONLY) FULL at the sizes <= max_num_seqs x (1 + spec tokens)
+
+What one capture holds (estimate): `_warmup_and_capture` runs cudagraph_num_of_warmups eager forwards (1: config/
+vllm.py sets it whenever graphs are captured) and then captures, all on the fresh stream of `graph_capture()` after
+`torch.accelerator.empty_cache()`:
+    cuBLAS workspace   PyTorch's, one per stream through the caching allocator (harness.sizing.profile_run
+                       cublas_workspace): the capture stream's is new at the first capture
+    forward            the forward's transients at that size (harness.sizing.profile_run forward_phase) counted
+                       twice: what the caching allocator's new segments hold for the warm-up and for the capture in
+                       the fresh profiling graph pool, where tensors of 1-10 MiB take 20 MiB segments and smaller ones
+                       2 MiB blocks (PyTorch's CUDACachingAllocator kLargeBuffer, kSmallBuffer), more than the tensors
+                       themselves. The live set of the compiled pieces is not read, so the segment count is not
+                       derived: twice the transients is the approximation (38 MiB against the 38 logged at 64 tokens,
+                       68 against 76 at 512, 42 against 60 at 128, where one 20 MiB segment is the difference). A later
+                       mode's first capture reuses what the earlier one left in both pools
+    FULL attention     FlashAttention's split-KV accumulators, allocated inside the FULL graph: the metadata builder
+                       sets num_splits to attention_config.flash_attn_max_num_splits_for_cuda_graph (32) under full
+                       CUDA graphs (v1/attention/backends/flash_attn.py FlashAttentionMetadataBuilder.__init__ and
+                       build: "intermediate buffers of size [num_splits, num_heads, num_tokens, head_size] are
+                       allocated"), out_accum and softmax_lse_accum in float32, one layer's at a time; MLA's
+                       FLASH_ATTN_MLA the same with the latent kv_lora_rank as the head size (mla/flashattn_mla.py)
+    shared experts     with shared experts, a forward of at most VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD tokens
+                       (envs.py, 256) runs them on the aux stream (model_executor/layers/fused_moe/runner/
+                       shared_experts.py: MULTI_STREAM_OVERLAPPED; utils/torch_utils.py aux_stream), which the profile
+                       run (max_num_batched_tokens) never used: the first measured capture at or under the threshold
+                       adds that stream's cuBLAS workspace and, warm-up and graph pool, the shared MLP's transients in
+                       the stream's own blocks (a clone of the input, gate_up, act_fn, the output)
+    graph exec         the driver's memory for the instantiated graphs (measured, below; the per-graph sample is
+                       this alone: the second capture's tensors reuse the first's blocks in both pools)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.sizing.gpus import Gpu
+from harness.sizing.model_config import ModelFacts
+from harness.sizing.profile_run import cublas_workspace, forward_phase, gpu_facts
+
+MIB = 1 << 20
+PER_GRAPH_FLOOR = 1 << 20  # gpu_model_runner.py profile_cudagraph_memory: max(second sample, 1 << 20)
+DEFAULT_MAX_SPLITS = 32  # config/attention.py AttentionConfig.flash_attn_max_num_splits_for_cuda_graph (0.19-0.30)
+DEFAULT_SHARED_STREAM_THRESHOLD = 256  # envs.py VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (0.26.0)
+DRIVER_PAGE = 2 * MIB  # the free-memory figure moves in the driver's 2 MiB pages
+# Measured, the driver's memory for instantiated graphs (not in vLLM's source), the second-capture samples:
+# - per layer, 6 MiB for a 32-layer capture in either mode (the published 0.19.0 H100 log of Llama-3.1-8B,
+#   the log at tests/data/startup_logs/llama-3.1-8b-tp1-h100.yaml's url: "(51-1) x 6.00 MiB per-graph" in both modes);
+# - per piece graph at most 0.5 MiB within the page the first capture opened: the 2- and 4-layer startups of
+#   0.26.0 on one H200 (tests/data/real_startup_graph_lines.yaml: PIECEWISE 2 MiB for 5 pieces, the 1 MiB floor for
+#   3 pieces and for one FULL graph).
+# Per kernel node it is not modelled: the published 26-80 layer logs show 4-20 MiB, this gives 4-16.
+EXEC_PER_LAYER = 6 * MIB // 32
+PIECE_GRAPH_EXEC = MIB // 2
+DEFAULT_MODE = "FULL_AND_PIECEWISE"  # config/compilation.py CompilationConfig.cudagraph_mode's default (V1)
+
+
+def capture_sizes(*, max_num_seqs: int, max_num_batched_tokens: int, max_capture: int | None = None,
+                  sizes: list[int] | None = None, spec_tokens: int = 0) -> list[int]:  # fmt: skip
+    """The capture sizes, ascending (vLLM 0.26.0 config/vllm.py `_set_cudagraph_sizes`)."""
+    largest = max_capture if max_capture is not None else min(max_num_seqs * (1 + spec_tokens) * 2, 512)
+    largest = min(max_num_batched_tokens, largest)
+    if sizes is not None:
+        return sorted({s for s in sizes if s <= max_num_batched_tokens})
+    out = [i for i in (1, 2, 4) if i <= largest]
+    if largest >= 8:
+        out += list(range(8, min(largest + 1, 256), 8))
+    if largest >= 256:
+        out += list(range(256, largest + 1, 16))
+    if max_num_batched_tokens <= largest:
+        out.append(max_num_batched_tokens)
+    return sorted(set(out))
+
+
+def full_graphs_always(facts: ModelFacts, capability: int) -> bool:
+    """Whether every attention builder supports FULL graphs of mixed batches (AttentionCGSupport.ALWAYS):
+    FlashAttention 3 (compute capability 9.x, flash_attn.py) and TRITON_ATTN (float32); FlashAttention 2, the MLA
+    backends and the linear-attention ones (gdn_attn.py, mamba_attn.py) support uniform batches only."""
+    if facts.is_mla or "linear" in facts.kinds:
+        return False
+    return facts.dtype_bytes == 4 or capability == 9
+
+
+def resolve_mode(facts: ModelFacts, mode: str | None, capability: int = 9) -> tuple[str, str]:
+    """(the mode the runner captures, why): the given or default mode after the attention backends' support
+    (config/compilation.py resolve_cudagraph_mode_and_sizes; attention is a splitting op by default)."""
+    chosen = mode or DEFAULT_MODE
+    why = "given" if mode else "config/compilation.py default"
+    full_decode = chosen in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+    if full_decode and "chunked" in facts.kinds:
+        # AttentionCGSupport.NEVER with attention split piecewise -> PIECEWISE
+        return "PIECEWISE", (f"{chosen} ({why}) -> PIECEWISE: chunked local attention's builder supports no CUDA "
+                             "graph (chunked_local_attention.py: AttentionCGSupport.NEVER)")  # fmt: skip
+    if chosen == "FULL" and not full_graphs_always(facts, capability):
+        # mixed_mode FULL without AttentionCGSupport.ALWAYS -> FULL_AND_PIECEWISE
+        return "FULL_AND_PIECEWISE", (f"FULL ({why}) -> FULL_AND_PIECEWISE: an attention backend supports full graphs "
+                                      "of uniform batches only")  # fmt: skip
+    return chosen, why
+
+
+def capture_descs(mode: str, sizes: list[int], *, max_num_seqs: int,
+                  spec_tokens: int = 0) -> list[tuple[str, list[int]]]:  # fmt: skip
+    """(runtime mode, sizes largest first) in capture order, PIECEWISE then FULL (v1/cudagraph_dispatcher.py
+    initialize_cudagraph_keys and get_capture_descs)."""
+    mixed = {"FULL_AND_PIECEWISE": "PIECEWISE", "FULL_DECODE_ONLY": "NONE"}.get(mode, mode)
+    separate = mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
+    keys: dict[str, set[int]] = {"PIECEWISE": set(), "FULL": set()}
+    if mixed != "NONE":
+        keys[mixed] |= set(sizes)
+    if separate:
+        q = 1 + spec_tokens
+        keys["FULL"] |= {s for s in sizes if q <= s <= q * max_num_seqs}
+    return [(m, sorted(keys[m], reverse=True)) for m in ("PIECEWISE", "FULL") if keys[m]]
+
+
+def combine(modes: list[tuple[int, int, int]]) -> int:
+    """profile_cudagraph_memory's total from (graphs, first_capture, per_graph) per mode."""
+    if not modes:
+        return 0
+    return max(first for _, first, _ in modes) + sum((n - 1) * per for n, _, per in modes)
+
+
+@dataclass(frozen=True)
+class ModeEstimate:
+    mode: str
+    graphs: int
+    largest: int
+    first_capture: int
+    per_graph: int
+    detail: str
+
+
+@dataclass(frozen=True)
+class GraphEstimate:
+    mode: str
+    modes: tuple[ModeEstimate, ...]
+    total: int
+    detail: str
+
+
+def piece_graphs(facts: ModelFacts) -> int:
+    """PIECEWISE graphs per capture: the compiled graph is split at each layer's attention op (and linear
+    attention's), one piece before each and one after the last (compilation/backends.py split_graph)."""
+    return facts.num_hidden_layers + 1
+
+
+def exec_bytes(mode: str, facts: ModelFacts) -> int:
+    """The driver memory a capture's instantiated graphs add, in whole driver pages (measured, module docstring):
+    the layers' kernels at EXEC_PER_LAYER, a PIECEWISE capture opening a page for its piece graphs (rounded up)
+    unless its few pieces stay within the page already open (PIECE_GRAPH_EXEC each, rounded down), a FULL capture's
+    one graph continuing the open page (rounded down)."""
+    layers = facts.num_hidden_layers * EXEC_PER_LAYER
+    if mode == "PIECEWISE":
+        pieces = piece_graphs(facts) * PIECE_GRAPH_EXEC // DRIVER_PAGE * DRIVER_PAGE
+        return min(pieces, -(-layers // DRIVER_PAGE) * DRIVER_PAGE)
+    return layers // DRIVER_PAGE * DRIVER_PAGE
+
+
+def split_head_size(facts: ModelFacts, *, capability: int, kv_cache_dtype: str = "auto") -> int:
+    """The value head size of FlashAttention's split-KV accumulators under full graphs, 0 where another backend
+    runs the FULL graph's attention. FlashAttention (v1/attention/backends/flash_attn.py) is what vLLM picks on
+    compute capability 8.x and 9.x for 16-bit attention of head size <= 256 (float32 takes TRITON_ATTN, Blackwell
+    FlashInfer: platforms/cuda.py); for MLA, FLASH_ATTN_MLA on 9.x with a 16-bit KV cache (fp8 takes FlashMLA), whose
+    value is the latent kv_lora_rank wide (mla/flashattn_mla.py: v=kv_c_cache, the same max_num_splits)."""
+    if capability not in (8, 9) or facts.dtype_bytes != 2:
+        return 0
+    if facts.is_mla:
+        return facts.kv_lora_rank if capability == 9 and not kv_cache_dtype.startswith("fp8") else 0
+    kinds = set(facts.kinds)
+    return facts.head_dim if kinds & {"full", "sliding"} and 0 < facts.head_dim <= 256 else 0
+
+
+def split_accumulators(facts: ModelFacts, num_tokens: int, tp: int, max_splits: int, *, capability: int = 9,
+                       kv_cache_dtype: str = "auto") -> int:  # fmt: skip
+    """out_accum (splits, heads, tokens, head_size) f32 + softmax_lse_accum (splits, heads, tokens) f32."""
+    size = split_head_size(facts, capability=capability, kv_cache_dtype=kv_cache_dtype)
+    if not size:
+        return 0
+    heads = max(1, facts.num_attention_heads // tp)
+    return max_splits * heads * num_tokens * (size + 1) * 4
+
+
+def shared_transients(facts: ModelFacts, num_tokens: int, tp: int) -> int:
+    """The shared experts' MLP on the aux stream: the input's clone and the output (N, K), gate_up (N, 2 I) and
+    act_fn's (N, I), I the shared intermediate size over TP; 0 without shared experts."""
+    inter = facts.num_shared_experts * facts.moe_intermediate_size or facts.shared_expert_intermediate_size
+    if not facts.is_moe or not inter:
+        return 0
+    d = facts.dtype_bytes
+    return num_tokens * (2 * facts.hidden_size + 3 * (inter // tp)) * d
+
+
+def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_tokens: int,
+             mode: str | None = None, max_capture: int | None = None, sizes: list[int] | None = None,
+             gpu: str | Gpu | None = None, max_splits: int = DEFAULT_MAX_SPLITS,
+             shared_stream_threshold: int | None = DEFAULT_SHARED_STREAM_THRESHOLD,
+             kv_cache_dtype: str = "auto") -> GraphEstimate:  # fmt: skip
+    """The estimate profile_cudagraph_memory prints ("Estimated CUDA graph memory: X GiB total")."""
+    capability, _, _ = gpu_facts(gpu)
+    chosen, why = resolve_mode(facts, mode, capability)
+    if chosen == "NONE":
+        return GraphEstimate("NONE", (), 0, "cudagraph_mode NONE: no graphs, no estimate")
+    found = capture_sizes(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                          max_capture=max_capture, sizes=sizes)  # fmt: skip
+    descs = capture_descs(chosen, found, max_num_seqs=max_num_seqs)
+    workspace, _ = cublas_workspace(gpu)
+    modes: list[ModeEstimate] = []
+    pool = 0  # the transients the profiling pool (and the default pool) already hold
+    aux_used = shared_stream_threshold is None or not shared_transients(facts, 1, tp)
+    for index, (name, graph_sizes) in enumerate(descs):
+        aux = [0, 0]  # what the aux stream adds to the first and second sample
+        for sample, size in enumerate(graph_sizes[:2]):
+            if not aux_used and shared_stream_threshold is not None and size <= shared_stream_threshold:
+                aux[sample] = workspace + 2 * shared_transients(facts, size, tp)
+                aux_used = True
+        n = graph_sizes[0]
+        forward = forward_phase(facts, num_tokens=n, tp=tp).bytes
+        new = max(0, forward - pool)
+        accum = split_accumulators(facts, n, tp, max_splits, capability=capability,
+                                   kv_cache_dtype=kv_cache_dtype) if name == "FULL" else 0  # fmt: skip
+        graph_exec = exec_bytes(name, facts)
+        first_ws = workspace if index == 0 else 0
+        first = first_ws + 2 * new + accum + aux[0] + graph_exec
+        pool = max(pool, forward)
+        per_graph = max(graph_exec + aux[1], PER_GRAPH_FLOOR)
+        parts = [f"cuBLAS workspace {first_ws} B (the capture stream's)" if first_ws else "",
+                 f"2 x {new} B forward transients at {n} tokens (warm-up, graph pool)" if new else "",
+                 f"split-KV accumulators {accum} B ({max_splits} splits)" if accum else "",
+                 f"shared experts' aux stream {aux[0]} B" if aux[0] else "",
+                 f"graph exec {graph_exec} B" if graph_exec else ""]  # fmt: skip
+        modes.append(ModeEstimate(name, len(graph_sizes), n, first, per_graph,
+                                  f"{name}={len(graph_sizes)} (largest={n}): first {first} B = "
+                                  + " + ".join(p for p in parts if p) + f"; per graph {per_graph} B"))  # fmt: skip
+    total = combine([(m.graphs, m.first_capture, m.per_graph) for m in modes])
+    detail = "; ".join([f"cudagraph_mode {chosen} ({why})", *(m.detail for m in modes),
+                        f"total = max(first captures) + sum((n - 1) x per graph) = {total} B"])  # fmt: skip
+    return GraphEstimate(chosen, tuple(modes), total, detail)
