@@ -444,6 +444,20 @@ def test_planted_output_under_size_in_a_packed_k_class_fails_the_gate(tmp_path, 
     assert "TrtLlmNvFp4ExpertsModular (under-sized)" in completed.stdout
 
 
+def test_a_config_property_that_is_not_a_truth_value_is_not_swept_as_a_flag(tmp_path, release):
+    # FusedMoEConfig.use_mori_kernels returning the backend's name (a str) is no flag of two values: AiterExperts
+    # stays unevaluated at the attribute its stand-in config does not carry, and nothing of it passes.
+    old = "    def use_mori_kernels(self):\n        return self.moe_parallel_config.use_mori_kernels"
+    root = planted(tmp_path, release, "vllm/model_executor/layers/fused_moe/config.py", old,
+                   old.replace("parallel_config.use_mori_kernels", "parallel_config.all2all_backend"))  # fmt: skip
+    cls = sweep_of(root, "AiterExperts")["AiterExperts"]
+    assert cls.verdict == UNEVALUATED and not any(o.status == CONSISTENT for o in cls.outcomes.values())
+    assert {p.variant for p in cls.outcomes} == {""}
+    details = {o.detail for o in cls.outcomes.values() if o.status == UNEVALUATED}
+    assert details == {"workspace_shapes reads self.moe_config.use_mori_kernels, which the stand-in does not carry "
+                       "(rocm_aiter_moe.py line 557)"}  # fmt: skip
+
+
 def test_planted_under_size_in_a_delegating_class_fails_the_gate(tmp_path, release):
     # TritonOrCutlassExperts hands half the top-k to the CUTLASS experts it builds: the buffers apply() views as
     # (M * topk, ...) are x2 short, caught through the delegate, and the gate exits 1.

@@ -767,9 +767,10 @@ class _ClassEvaluator:
             if (
                 config is not None
                 and config.group(1) != QUANT_CONFIG  # the quant format is a grid axis
-                and config.group(1) + "." + config.group(2) not in self.config_flags
+                and config.group(1) + "." + config.group(2) not in self.checked_calls
                 and len(self.flags) + len(self.call_flags) + len(self.config_flags) < MAX_FLAGS
             ):
+                self.checked_calls.add(config.group(1) + "." + config.group(2))  # the tree is read once per name
                 where = config_flag(self.tree, self.cls, config.group(1), config.group(2))
                 if where is not None:
                     self.config_flags[config.group(1) + "." + config.group(2)] = where  # fmt: skip
