@@ -11,6 +11,7 @@ MoE cases read their layer's workspace from the 0.26.0 release, so they are mark
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -84,7 +85,9 @@ def cache_dir() -> Path:
     return Path(explicit) if explicit else Path.home() / ".cache" / "moe-harness"
 
 
+@functools.cache
 def _plan(name: str, cache_dir: Path):
+    """One plan per record for the whole module: the tests read it, none changes it."""
     return plan_record(CASES[name], cache_dir=cache_dir)
 
 
