@@ -77,6 +77,12 @@ def test_what_the_launchers_start_ignores_sigint_and_the_driver_keeps_its_ctrl_c
     (a mask would not be inherited), and a Ctrl-C meanwhile reaches the driver once its handler is back."""
     import os
 
+    if len(os.listdir("/proc/self/task")) > 1:
+        pytest.skip(
+            "a pending SIGINT goes to a thread that does not block it, and the window ignores it: the test needs a "
+            "process of one thread (a pytest-xdist worker has more)"
+        )
+
     from harness.launch.deadlines import without_sigint
 
     child = without_sigint(

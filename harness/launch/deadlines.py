@@ -102,7 +102,8 @@ def without_sigint(start: Callable[[], T]) -> T:
     A signal mask is not inherited (a fork-exec clears it), an ignored disposition is, and Python installs its
     KeyboardInterrupt handler only over the default one. So SIGINT is ignored while `start` runs, and blocked
     meanwhile: a Ctrl-C in that window stays pending for the driver (a blocked signal is never discarded as
-    ignored) and arrives once its handler is back."""
+    ignored) and arrives once its handler is back. The mask is the calling thread's: in a process with other
+    threads, a Ctrl-C in that window may be delivered to one of them and is then ignored."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread sets handlers
         return start()
     previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

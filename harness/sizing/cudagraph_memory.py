@@ -70,7 +70,7 @@ DRIVER_PAGE = 2 * MIB  # the free-memory figure moves in the driver's 2 MiB page
 # - per layer, 6 MiB for a 32-layer capture in either mode (the published 0.19.0 H100 log of Llama-3.1-8B,
 #   the log at tests/data/startup_logs/llama-3.1-8b-tp1-h100.yaml's url: "(51-1) x 6.00 MiB per-graph" in both modes);
 # - per piece graph at most 0.5 MiB within the page the first capture opened: the 2- and 4-layer startups of
-#   0.26.0 on one H200 (tests/data/real_startup_graph_lines.yaml: PIECEWISE 2 MiB for 5 pieces, the 1 MiB floor for
+#   0.26.0 on one H200 (tests/data/real_startups key lines: PIECEWISE 2 MiB for 5 pieces, the 1 MiB floor for
 #   3 pieces and for one FULL graph).
 # Per kernel node it is not modelled: the published 26-80 layer logs show 4-20 MiB, this gives 4-16.
 EXEC_PER_LAYER = 6 * MIB // 32

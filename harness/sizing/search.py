@@ -464,12 +464,14 @@ def search(request: SearchRequest, progress: Progress | None = None) -> SearchRe
                                                     gpu=gpu_name(request)).value  # fmt: skip
             return int(value)  # type: ignore[call-overload]
 
-        layouts = [layout for n in request.gpu_counts
-                   for layout in candidates(facts, spec, given, n, reads, request, default_tokens)]  # fmt: skip
-        if len(layouts) > MAX_CANDIDATES:
-            raise SearchError(f"--gpus {_counts(request.gpu_counts)}: {len(layouts)} layouts on vLLM "
-                              f"{version}; allowed: at most {MAX_CANDIDATES} (give fewer GPU counts, or fix flags "
-                              "on the serve line)")  # fmt: skip
+        layouts: list[Layout] = []
+        for n in request.gpu_counts:  # counted as they are made: an oversized search stops at the cap, not after
+            for layout in candidates(facts, spec, given, n, reads, request, default_tokens):
+                layouts.append(layout)
+                if len(layouts) > MAX_CANDIDATES:
+                    raise SearchError(f"--gpus {_counts(request.gpu_counts)}: more than {MAX_CANDIDATES} layouts on "
+                                      f"vLLM {version}; allowed: at most {MAX_CANDIDATES} (give fewer GPU counts, or "
+                                      "fix flags on the serve line)")  # fmt: skip
         if not layouts:
             fixed = ", ".join(f"--{g.replace('_', '-')}" for g in ("tensor_parallel_size", "data_parallel_size")
                               if g in given) or "the attention heads"  # fmt: skip
