@@ -717,7 +717,7 @@ class _ClassEvaluator:
             if self.deadline is not None and (spent := self.deadline.spent()) is not None:
                 self.exhausted = spent
                 return spent
-            for _ in range(MAX_DERIVED + 1):  # each round derives one more attribute of __init__, or ends
+            for _ in range(MAX_DERIVED + 1):  # each pass derives one more attribute of __init__, or ends
                 if not self._evaluate(point):
                     break
             found = self.shapes[point]
@@ -955,7 +955,7 @@ class _ClassEvaluator:
         key = (point.quant, point.variant)
         if key not in self.packed:
             deferred: object = None
-            for _ in range(MAX_DERIVED + 1):  # each round derives one more attribute of __init__ it reads, or ends
+            for _ in range(MAX_DERIVED + 1):  # each pass derives one more attribute of __init__ it reads, or ends
                 interpreter = Interpreter(self.program_for(point), DEFAULT_BUDGET)
                 try:
                     instance = interpreter.instance(self.cls, self.attributes(point))
