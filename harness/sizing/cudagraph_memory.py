@@ -57,11 +57,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.core.units import MIB
 from harness.sizing.gpus import Gpu
 from harness.sizing.model_config import ModelFacts
 from harness.sizing.profile_run import cublas_workspace, forward_phase, gpu_facts
 
-MIB = 1 << 20
 PER_GRAPH_FLOOR = 1 << 20  # gpu_model_runner.py profile_cudagraph_memory: max(second sample, 1 << 20)
 DEFAULT_MAX_SPLITS = 32  # config/attention.py AttentionConfig.flash_attn_max_num_splits_for_cuda_graph (0.19-0.30)
 DEFAULT_SHARED_STREAM_THRESHOLD = 256  # envs.py VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (0.26.0)
