@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.sizing import cudagraph_memory
 from harness.core.units import MIB
+from harness.sizing import cudagraph_memory
 from harness.sizing.deployment import GIB
 from harness.sizing.kv_cache import kv_shape
 from harness.sizing.release_defaults import v2_runner_without_estimate
