@@ -23,6 +23,7 @@ PROBES = "plan,plan-command,run-local,collect,plan-matrix"
 
 
 @pytest.mark.slow
+@pytest.mark.vllm_wheel  # the release-matrix probe plans 0.29.0 and 0.30.0: a cold cache downloads them
 @pytest.mark.timeout(600)
 def test_cpu_only_bench_measures_and_reports_its_targets(tmp_path: Path):
     done = subprocess.run([sys.executable, "-m", "harness", "bench", "--cpu-only", "--json", "--repeats", "1",

@@ -61,6 +61,30 @@ LINE_GAPS: dict[tuple[str, str], str] = {
     ("llama-8b-4l-fp8tensor", "weights"): "vLLM logs 0.06 GiB over the per-tensor FP8 tensors listed (2.86 GiB "
                                           "against 2.80): not found yet in Fp8LinearMethod's "
                                           "process_weights_after_loading",
+    ("llama-8b-4l-ctfp8", "weights"): "vLLM logs 0.06 GiB over the compressed-tensors FP8 per-channel tensors "
+                                      "listed (2.86 GiB against 2.80, as for per-tensor FP8): not found yet",
+    ("llama-8b-4l-ctfp8", "torch peak"): V2_PEAK,
+    ("llama-3.1-8b", "torch peak"): V2_PEAK,
+    ("phi2-4l", "torch peak"): V2_PEAK + "; here the log is 0.18 GiB under the plan",
+    ("deepseek-v2-lite", "torch peak"): V2_PEAK + "; and DeepSeek-V2's dense first layer runs before the MoE "
+                                        "workspace exists (v1/worker/workspace.py _ensure_workspace_size grows it at "
+                                        "the first MoE call), where the plan counts its MLP on top of the workspace",
+    ("gemma3-4b-4l-text", "weights"): "the plan counts Gemma 3's global-attention rotary cache at 131072 x 8 "
+                                      "(linear rope_scaling) positions, (1048576, 256) bfloat16 = 0.5 GiB, that "
+                                      "vLLM's 2.05 GiB has no room for (2.52 planned): not found yet",
+    ("gemma3-4b-4l-text", "torch peak"): V2_PEAK + "; Gemma 3 (TRITON_ATTN chosen on the H200) logs 1.33 GiB, "
+                                         "twice the plan's 0.66: not found yet",
+    ("gpt-oss-4l", "weights"): "vLLM logs 4.00 GiB where the plan lists 4.10 for the MXFP4 experts (Triton MXFP4 "
+                               "backend), the bf16 attention with sinks and the untied 201088-row embeddings: the "
+                               "0.10 GiB not found yet",
+    ("gpt-oss-4l", "torch peak"): "gpt-oss on the V1 runner logs 1.17 GiB, 0.32 over the plan: the Triton MXFP4 "
+                                  "MoE kernels' transients (triton_kernels matmul_ogs) are not modelled",
+    ("mixtral-2l-online-fp8", "torch peak"): "online --quantization fp8 logs 0.16 GiB over the plan's peak (1.91 "
+                                             "GiB against 1.75; the checkpoint's own FP8 is within 0.01 on "
+                                             "Qwen3-MoE): not found yet",
+    ("qwen3-30b-a3b", "CUDA graphs"): "the per-graph driver memory, scaled per layer from one 32-layer log (6 MiB), "
+                                      "gives 10 MiB at 48 layers where the 48-layer Qwen3-30B-A3B logs 6 MiB per "
+                                      "PIECEWISE graph and 2 per FULL one: 0.89 GiB planned, 0.49 logged",
 }  # fmt: skip
 
 
@@ -92,12 +116,13 @@ def _plan(name: str, cache_dir: Path):
 
 
 def test_the_startups_cover_the_model_surface():
-    assert len(CASES) >= 37
+    assert len(CASES) >= 49
     archs = {record_facts(c).architecture for c in CASES.values()}
     assert {"Qwen3MoeForCausalLM", "MixtralForCausalLM", "DeepseekV2ForCausalLM", "LlamaForCausalLM",
             "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Gemma2ForCausalLM", "GraniteForCausalLM",
             "Phi3ForCausalLM", "MistralForCausalLM", "Glm4MoeForCausalLM", "Qwen3NextForCausalLM",
-            "Llama4ForConditionalGeneration"} <= archs  # fmt: skip
+            "Llama4ForConditionalGeneration", "GptOssForCausalLM", "MiniMaxM2ForCausalLM", "PhiForCausalLM",
+            "Gemma3ForConditionalGeneration"} <= archs  # fmt: skip
     kinds = {k for c in CASES.values() for k in record_facts(c).layer_kinds}
     assert {"full", "sliding", "chunked", "linear"} <= kinds
     modes = {(c.llm_kwargs or {}).get("compilation_config", {}).get("cudagraph_mode") for c in CASES.values()}
@@ -257,7 +282,23 @@ def test_every_v1_startup_with_graphs_has_its_estimate_lines():
     assert set(GRAPH_LINES) <= v1 and len(GRAPH_LINES) >= 10
 
 
-@pytest.mark.parametrize("name", sorted(GRAPH_LINES))
+# Startups whose per-mode figures the estimate misses (the combination and the counts hold on all), and why.
+GRAPH_GAPS = {
+    "gpt-oss-4l": "PIECEWISE's first capture at 1024 tokens logs 178 MiB against 115 planned: the Triton MXFP4 "
+    "MoE kernels' transients are not modelled",
+    "qwen3-30b-a3b": "PIECEWISE logs 6 MiB per graph at 48 layers, where the per-layer scaling of one 32-layer "
+    "log's 6 MiB gives 10: the driver's per-graph memory does not scale with the layers alone",
+    "qwen3-moe-4l-fp8block-kvfp8": "PIECEWISE's first capture logs 24 MiB against 68 planned, less than the capture "
+    "stream's 32 MiB cuBLAS workspace the plan counts: with block-FP8 linears and an fp8 KV cache no cuBLAS GEMM "
+    "may run in the piece graphs (not read yet)",
+}
+
+
+def _graph_marks(name: str) -> list:
+    return [pytest.mark.xfail(strict=True, reason=GRAPH_GAPS[name])] if name in GRAPH_GAPS else []
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_graph_marks(n), id=n) for n in sorted(GRAPH_LINES)])
 def test_the_total_combines_the_modes_as_the_release_does(name):
     """The logged total is max(first captures) + sum((n - 1) x per graph) of the logged per-mode lines (to the
     log's 0.01 GiB), the per-mode counts are the plan's, and the plan's first capture of each mode is within

@@ -72,7 +72,9 @@ DRIVER_PAGE = 2 * MIB  # the free-memory figure moves in the driver's 2 MiB page
 # - per piece graph at most 0.5 MiB within the page the first capture opened: the 2- and 4-layer startups of
 #   0.26.0 on one H200 (tests/data/real_startups key lines: PIECEWISE 2 MiB for 5 pieces, the 1 MiB floor for
 #   3 pieces and for one FULL graph).
-# Per kernel node it is not modelled: the published 26-80 layer logs show 4-20 MiB, this gives 4-16.
+# Per kernel node it is not modelled: the published 26-80 layer logs show 4-20 MiB, this gives 4-16. The per-layer
+# scaling is contradicted by the 48-layer Qwen3-30B-A3B started on the H200 (0.26.0): 6 MiB per PIECEWISE graph and
+# 2 per FULL graph logged, 10 and 8 here (tests/test_real_startups.py GRAPH_GAPS).
 EXEC_PER_LAYER = 6 * MIB // 32
 PIECE_GRAPH_EXEC = MIB // 2
 DEFAULT_MODE = "FULL_AND_PIECEWISE"  # config/compilation.py CompilationConfig.cudagraph_mode's default (V1)
@@ -93,6 +95,18 @@ def capture_sizes(*, max_num_seqs: int, max_num_batched_tokens: int, max_capture
     if max_num_batched_tokens <= largest:
         out.append(max_num_batched_tokens)
     return sorted(set(out))
+
+
+# Architectures whose config hook raises the largest capture size when neither cudagraph_capture_sizes nor
+# max_cudagraph_capture_size is set (vLLM 0.26.0 model_executor/models/config.py: GptOssForCausalLMConfig
+# verify_and_update_config, "Increase the max capture size from 512 to 1024 for performance"; the startup logs
+# "Overriding max cuda graph capture size to 1024", and gpt-oss-4l's PIECEWISE=83 (largest=1024)).
+MODEL_MAX_CAPTURE = {"GptOssForCausalLM": 1024}
+
+
+def model_max_capture(facts: ModelFacts) -> int | None:
+    """The largest capture size the architecture's config hook sets when the user sets none; None: the default."""
+    return MODEL_MAX_CAPTURE.get(facts.architecture)
 
 
 def full_graphs_always(facts: ModelFacts, capability: int) -> bool:
@@ -223,6 +237,8 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
     chosen, why = resolve_mode(facts, mode, capability)
     if chosen == "NONE":
         return GraphEstimate("NONE", (), 0, "cudagraph_mode NONE: no graphs, no estimate")
+    if max_capture is None and sizes is None:
+        max_capture = model_max_capture(facts)
     found = capture_sizes(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           max_capture=max_capture, sizes=sizes)  # fmt: skip
     descs = capture_descs(chosen, found, max_num_seqs=max_num_seqs)

@@ -21,6 +21,10 @@ os.makedirs(STATE, exist_ok=True)
 os.makedirs(LOGS, exist_ok=True)
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG")
 
+FIGURES = re.compile(
+    r"Model loading took|non KV cache memory|Estimated CUDA graph|Estimated .* CUDA graph memory|CUDA graph pool|"
+    r"Available KV cache|GPU KV cache size|Maximum concurrency|Graph capturing finished|Using .* backend"
+)
 KEEP = re.compile(
     r"Model loading took|non KV cache memory|torch peak memory|non-torch|Estimated CUDA graph|CUDA graph|"
     r"Available KV cache|GPU KV cache size|Maximum concurrency|backend|Backend|Defaulting|model runner|"
@@ -135,8 +139,8 @@ def run_one(spec, deadline):
     with open(log, errors="replace") as f:
         lines = f.read().splitlines()
     keep = [ln[:1500] for ln in lines if KEEP.search(ln)]
-    if len(keep) > 400:
-        keep = keep[:200] + keep[-200:]
+    if len(keep) > 400:  # the middle goes, except the figures' own lines (a per-layer DEBUG flood once cut them)
+        keep = keep[:200] + [ln for ln in keep[200:-200] if FIGURES.search(ln)] + keep[-200:]
     rec = {"name": spec["name"], "spec": spec, "status": status, "rc": rc, "wall_s": round(wall, 1),
            "gpu_used_after_mib": used, "lines": keep, "tail": [ln[:1500] for ln in lines[-60:]],
            "n_lines": len(lines), "t_offset_s": round(start - T0, 1)}

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Device side: $1 = seconds this call may use; $2 = "verify" to run harness verify live first.
+# Device side: $1 = seconds this call may use; $2 = "verify" to run harness verify live first; LIST = the
+# startups file (default .verify/startups2.json).
 T0=$(date +%s); BUDGET=$1
 source .oracle/env.sh || exit 3
 export VLLM_LOGGING_LEVEL=DEBUG
@@ -12,5 +13,5 @@ if [ "${2:-}" = verify ]; then
   echo "verify rc=$?" >> "$OUT/verify.out"; tail -40 "$OUT/verify.out"
 fi
 LEFT=$(( BUDGET - ($(date +%s) - T0) ))
-python3 .verify/drive.py .verify/startups2.json "$LEFT"
+python3 .verify/drive.py "${LIST:-.verify/startups2.json}" "$LEFT"
 cat "$OUT/tail.log"; nvidia-smi --query-gpu=memory.used --format=csv
