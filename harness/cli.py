@@ -214,6 +214,13 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
         )
     if ns.junit is not None and not ns.sweep:
         raise BadInput("--junit goes with --sweep")
+    classes = None
+    if ns.classes is not None:
+        classes = tuple(dict.fromkeys(n.strip() for n in ns.classes.split(",") if n.strip()))
+        if not ns.sweep or ns.releases is not None:
+            raise BadInput("--classes goes with --sweep of one source")
+        if not classes or not all(n.isidentifier() for n in classes):
+            raise BadInput(f"--classes {ns.classes}: comma-separated experts class names are allowed")
     if ns.sweep and ns.releases is not None:
         if ns.junit is not None:
             raise BadInput("--junit goes with --sweep of one source, not with --releases")
@@ -241,6 +248,7 @@ def cmd_vllm_audit(ns: argparse.Namespace) -> int:
             junit=ns.junit,
             budget_s=ns.budget_s,
             reference_sizing=reference_sizing if ns.sweep else None,
+            classes=classes,
         )
     )
 

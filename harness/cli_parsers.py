@@ -456,6 +456,12 @@ def _vllm(sub: Subcommands, commands: Mapping[str, Command]) -> None:
         help="with --sweep: write JUnit XML, one testcase per (class, point group)",
     )
     p.add_argument(
+        "--classes",
+        default=None,
+        metavar="NAME[,NAME]",
+        help="with --sweep: only these experts classes (a pull request's, say); the gate judges those alone",
+    )
+    p.add_argument(
         "--budget-s",
         type=float,
         default=None,

@@ -127,10 +127,13 @@ def test_planted_num_dp_regression_fails_with_class_and_points(tmp_path):
         "workspace1 = (experts_per_worker, M * self.num_dispatchers, max(N, K))",
     )
     junit = tmp_path / "sweep.xml"
-    completed = run_cli_inproc("vllm", "audit", "--sweep", "--vllm-src", str(root), "--junit", str(junit))
+    completed = run_cli_inproc("vllm", "audit", "--sweep", "--vllm-src", str(root), "--junit", str(junit),
+                               "--classes", CUTLASS)  # fmt: skip
     assert completed.returncode == 1, completed.stderr
     assert re.search(
-        rf"FAILED: 1 of \d+ experts classes \(7 batched, \d+ standard\): {CUTLASS} \(double-count\)", completed.stdout
+        rf"FAILED: 1 of 1 experts classes \(1 batched, 0 standard\), the 1 of \d+ that --classes names: {CUTLASS} "
+        r"\(double-count\)",
+        completed.stdout,
     ), completed.stdout[-2000:]
     assert "double-counts at" in completed.stdout and "D=2..256" in completed.stdout
     suite = ET.parse(junit).getroot()
@@ -158,7 +161,7 @@ def test_planted_non_gated_sized_as_gated_is_under_sized(tmp_path):
     # Gated activations are untouched: consistent wherever the class takes them.
     gated = [o.status for p, o in triton.outcomes.items() if not p.activation.endswith("_no_mul")]
     assert set(gated) <= {CONSISTENT, REFUSED, UNSUPPORTED} and gated.count(CONSISTENT) > 300
-    completed = run_cli_inproc("vllm", "audit", "--sweep", "--vllm-src", str(root))
+    completed = run_cli_inproc("vllm", "audit", "--sweep", "--vllm-src", str(root), "--classes", TRITON)
     assert completed.returncode == 1
     assert f"{TRITON} (under-sized)" in completed.stdout
 
@@ -228,6 +231,9 @@ def test_sweep_flag_combinations_are_one_line_errors(tmp_path):
         (("--sweep", "--scenario", "smoke"), "--scenario does not go with --sweep"),
         (("--sweep", "--releases", "0.29.0", "--junit", str(tmp_path / "x.xml")), "--junit goes with --sweep of one"),
         (("--sweep", "--out", str(tmp_path)), "--releases and --out go with --layer or --sweep --releases"),
+        (("--classes", "CutlassBatchedExpertsFp8"), "--classes goes with --sweep of one source"),
+        (("--sweep", "--releases", "0.29.0", "--classes", "X"), "--classes goes with --sweep of one source"),
+        (("--sweep", "--classes", "a-b,"), "--classes a-b,: comma-separated experts class names are allowed"),
     ):
         completed = run_cli_inproc("vllm", "audit", *args)
         assert completed.returncode == 2, args

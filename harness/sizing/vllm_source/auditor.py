@@ -297,6 +297,7 @@ class AuditRequest:
     json: bool = False
     sweep: bool = False
     junit: Path | None = None  # with sweep: the JUnit XML file to write
+    classes: tuple[str, ...] | None = None  # with sweep: only these experts classes; None: every one
     budget_s: float | None = None  # CPU seconds for the whole audit or sweep; None: the defaults
     # with sweep: the reference deployments' layer sizings on a source (harness.sizing.vllm_diff.reference_sizing,
     # handed in by the caller: the deployment model sits above this package); None: findings without their bytes
@@ -320,6 +321,7 @@ def run_audit(request: AuditRequest) -> int:
                 junit=request.junit,
                 budget_s=request.budget_s,
                 reference_sizing=request.reference_sizing,
+                classes=request.classes,
             ),
             source,
         )

@@ -1314,6 +1314,8 @@ class SweepResult:
     classes: list[ClassSweep]
     unparsed: dict[str, str]
     limits: list[str] = dataclasses.field(default_factory=list)  # caps and budgets hit, one line each
+    # the classes `--classes` named and how many the tree has; None: every class was swept
+    selected: tuple[tuple[str, ...], int] | None = None
 
     @property
     def failed(self) -> list[ClassSweep]:

@@ -240,6 +240,8 @@ def finding_line(finding) -> str:
 def footer(result: SweepResult) -> str:
     batched = sum(c.format == "batched" for c in result.classes)
     counted = f"{len(result.classes)} experts classes ({batched} batched, {len(result.classes) - batched} standard)"
+    if result.selected is not None:
+        counted += f", the {len(result.classes)} of {result.selected[1]} that --classes names"
     parts = []
     for verdict in (NOT_DERIVED, UNEVALUATED):
         names = [c.name for c in result.classes if c.verdict == verdict]
@@ -279,6 +281,9 @@ def sweep_json(result: SweepResult) -> dict:
         "failed": [c.name for c in result.failed],
         "unparsed": result.unparsed,
         "limits": result.limits,
+        "selected": None
+        if result.selected is None
+        else {"classes": list(result.selected[0]), "of": result.selected[1]},
         "findings": [finding_json(c, f) for c, f in result.findings],
         "point_fields": list(POINT_FIELDS),
         "classes": [
@@ -393,6 +398,22 @@ class SweepRequest:
     junit: Path | None = None
     budget_s: float | None = None  # CPU seconds for the whole sweep; None: SweepBudget's default
     reference_sizing: Callable[[Any], dict[str, Any]] | None = None  # see AuditRequest.reference_sizing
+    classes: tuple[str, ...] | None = None  # `--classes`: sweep only these experts classes; None: every one
+
+
+def selected_classes(tree, names: tuple[str, ...]) -> tuple[set[str], int]:
+    """The experts classes `--classes` names, each one the tree sweeps, and how many it has; a name it does not have
+    is bad input naming the closest ones."""
+    import difflib
+
+    available = {c.name for c in (*tree.batched_classes(), *tree.standard_classes())}
+    for name in names:
+        if name not in available:
+            close = difflib.get_close_matches(name, sorted(available), n=3, cutoff=0.5)
+            hint = f"; closest: {', '.join(close)}" if close else ""
+            raise BadInput(f"--classes {name}: {tree.source.label} has no experts class of that name that sizes a "
+                           f"workspace ({len(available)} do){hint}")  # fmt: skip
+    return set(names), len(available)
 
 
 def run_sweep(request: SweepRequest, source) -> int:
@@ -401,7 +422,14 @@ def run_sweep(request: SweepRequest, source) -> int:
     from harness.sizing.vllm_source.evaluate import source_tree
     from harness.sizing.vllm_source.sweep import SweepBudget
 
-    result = sweep(source_tree(source), budget=SweepBudget(cpu_s=request.budget_s) if request.budget_s else None)
+    tree = source_tree(source)
+    budget = SweepBudget(cpu_s=request.budget_s) if request.budget_s else None
+    if request.classes is None:
+        result = sweep(tree, budget=budget)
+    else:
+        named, available = selected_classes(tree, request.classes)
+        result = sweep(tree, budget=budget, class_filter=named.__contains__)
+        result.selected = (tuple(sorted(named)), available)
     attach_reference_bytes(result, source, request.reference_sizing)
     junit = request.junit
     if junit is not None:
