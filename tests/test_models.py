@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cli_utils import run_harness
+from cli_utils import run_cli_inproc
 from harness.sizing.deployment_weights import Sharding, weight_lines
 from harness.sizing.kv_cache import kv_cache, kv_shape
 from harness.sizing.model_config import ModelConfigError, load_model
@@ -422,7 +422,7 @@ def test_hub_ids_resolve_to_presets_and_the_local_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     facts = load_model("acme/Tiny-8B")
     assert facts.path == str(snapshot / "config.json") and facts.hidden_size == 4096
-    result = run_harness("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--", "vllm", "serve",
+    result = run_cli_inproc("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--", "vllm", "serve",
                          "acme/Unknown-1B", env={"HF_HOME": str(tmp_path)})  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
@@ -483,16 +483,16 @@ def test_bad_configs_through_the_cli(tmp_path):
         model = tmp_path / name
         model.mkdir()
         (model / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
-        result = run_harness("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--", "vllm", "serve",
+        result = run_cli_inproc("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--", "vllm", "serve",
                              str(model))  # fmt: skip
         assert result.returncode == 2, (name, result.stderr)
         assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
         assert message in result.stderr, (name, result.stderr)
-    result = run_harness("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--", "vllm", "serve",
+    result = run_cli_inproc("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--", "vllm", "serve",
                          "llama-3.1-8b", "--tensor-parallel-size", "3")  # fmt: skip
     assert result.returncode == 2 and "num_attention_heads = 32; vLLM needs it divisible by" in result.stderr
     deep = '{"num_redundant_experts": ' + "[" * 3000 + "]" * 3000 + "}"
-    result = run_harness("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--", "vllm", "serve",
+    result = run_cli_inproc("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--", "vllm", "serve",
                          "deepseek-v3", "--enable-eplb", "--eplb-config", deep)  # fmt: skip
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
     assert "--eplb-config" in result.stderr and "nests 3001 levels deep" in result.stderr

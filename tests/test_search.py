@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_utils import run_harness
+from cli_utils import run_cli_inproc
 from harness.sizing.deployment import device_total
 from harness.sizing.deployment_plan import plan_serve
 from harness.sizing.search import SEARCH_SCHEMA, SearchReport, SearchRequest, gpu_counts_of, rank_key, search
@@ -42,7 +42,7 @@ def r1_search(cache_dir) -> SearchReport:
 def test_best_layout_replanned_on_its_own_serve_line_agrees_to_the_token(r1_search, cache_dir):
     best = next(c for c in r1_search.candidates if c.vllm_version == "0.33.0" and c.rank == 1)
     assert best.gpus == best.tensor_parallel_size * best.pipeline_parallel_size * best.data_parallel_size == 16
-    done = run_harness("plan", "--vllm-version", "0.33.0", "--gpu", GPU, "--cache-dir", str(cache_dir), "--json",
+    done = run_cli_inproc("plan", "--vllm-version", "0.33.0", "--gpu", GPU, "--cache-dir", str(cache_dir), "--json",
                        "--", *best.serve)  # fmt: skip
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)["deployments"][0]
@@ -201,7 +201,7 @@ def test_min_gpus_objective(cache_dir):
 
 @pytest.mark.vllm_wheel
 def test_json_report_is_typed_and_versioned(cache_dir):
-    done = run_harness("plan", "--search", "--gpu", GPU, "--gpus", "8", "--vllm-version", "0.33.0", "--cache-dir",
+    done = run_cli_inproc("plan", "--search", "--gpu", GPU, "--gpus", "8", "--vllm-version", "0.33.0", "--cache-dir",
                        str(cache_dir), "--json", "--", *R1, "--enable-expert-parallel")  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""  # no progress in a pipe
@@ -214,7 +214,7 @@ def test_json_report_is_typed_and_versioned(cache_dir):
 
 @pytest.mark.vllm_wheel
 def test_text_output_table_reasons_and_changes(cache_dir):
-    done = run_harness("plan", "--search", "--gpu", GPU, "--gpus", "16", "--vllm-version", "0.29.0",
+    done = run_cli_inproc("plan", "--search", "--gpu", GPU, "--gpus", "16", "--vllm-version", "0.29.0",
                        "--vllm-version", "0.33.0", "--cache-dir", str(cache_dir), "--", *R1)  # fmt: skip
     assert done.returncode == 0, done.stderr
     out = done.stdout
@@ -232,16 +232,16 @@ def test_text_output_table_reasons_and_changes(cache_dir):
 ])  # fmt: skip
 @pytest.mark.vllm_wheel
 def test_bad_search_input_is_one_line_exit_2(args, message, cache_dir):
-    done = run_harness("plan", "--search", "--gpu", GPU, "--vllm-version", "0.33.0", "--cache-dir", str(cache_dir),
+    done = run_cli_inproc("plan", "--search", "--gpu", GPU, "--vllm-version", "0.33.0", "--cache-dir", str(cache_dir),
                        *args, "--", *R1)  # fmt: skip
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
 
 
 def test_search_without_a_serve_line_or_a_release_exit_2():
-    done = run_harness("plan", "--search", "--gpu", GPU, "--vllm-version", "0.33.0")
+    done = run_cli_inproc("plan", "--search", "--gpu", GPU, "--vllm-version", "0.33.0")
     assert done.returncode == 2 and "--search needs `-- vllm serve MODEL FLAGS`" in done.stderr
-    done = run_harness("plan", "--search", "--gpu", GPU, "--", *R1)
+    done = run_cli_inproc("plan", "--search", "--gpu", GPU, "--", *R1)
     assert done.returncode == 2 and "--search needs --vllm-version" in done.stderr
 
 
@@ -292,13 +292,13 @@ def test_plan_names_the_backend_it_assumed(cache_dir):
         "--max-model-len",
         "65536",
     )
-    done = run_harness("plan", "--vllm-version", "0.33.0", "--gpu", GPU, "--cache-dir", str(cache_dir), *serve)
+    done = run_cli_inproc("plan", "--vllm-version", "0.33.0", "--gpu", GPU, "--cache-dir", str(cache_dir), *serve)
     assert done.returncode == 0, done.stderr
     assert "experts backend: deep_gemm (model_executor/layers/fused_moe/oracle/fp8.py:" in done.stdout
     assert "vLLM picks BATCHED_DEEPGEMM (BatchedDeepGemmExperts)" in done.stdout
-    forced = run_harness("plan", "--vllm-version", "0.33.0", "--gpu", GPU, "--cache-dir", str(cache_dir), "--json",
+    forced = run_cli_inproc("plan", "--vllm-version", "0.33.0", "--gpu", GPU, "--cache-dir", str(cache_dir), "--json",
                          *serve, "--moe-backend", "deep_gemm")  # fmt: skip
-    chosen = run_harness("plan", "--vllm-version", "0.33.0", "--gpu", GPU, "--cache-dir", str(cache_dir), "--json",
+    chosen = run_cli_inproc("plan", "--vllm-version", "0.33.0", "--gpu", GPU, "--cache-dir", str(cache_dir), "--json",
                          *serve)  # fmt: skip
     a, b = (json.loads(x.stdout)["deployments"][0] for x in (forced, chosen))
     assert a["kv_tokens"] == b["kv_tokens"] and a["non_kv_bytes"] == b["non_kv_bytes"]
@@ -306,7 +306,7 @@ def test_plan_names_the_backend_it_assumed(cache_dir):
 
 @pytest.mark.vllm_wheel
 def test_constraints_that_leave_no_layout_exit_2(cache_dir):
-    done = run_harness("plan", "--search", "--gpu", GPU, "--gpus", "16", "--vllm-version", "0.33.0", "--cache-dir",
+    done = run_cli_inproc("plan", "--search", "--gpu", GPU, "--gpus", "16", "--vllm-version", "0.33.0", "--cache-dir",
                        str(cache_dir), "--", *R1, "--tensor-parallel-size", "3")  # fmt: skip
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
     assert "--gpus 16: no layout of these GPU counts fits --tensor-parallel-size" in done.stderr
@@ -340,12 +340,12 @@ def test_fail_on_verdict_when_no_layout_starts(cache_dir):
     args = ("plan", "--search", "--gpu", GPU, "--gpus", "8", "--vllm-version", "0.33.0", "--cache-dir", str(cache_dir),
             "--json")  # fmt: skip
     serve = ("--", *R1, "--gpu-memory-utilization", "0.3", "--enable-expert-parallel")
-    done = run_harness(*args, "--fail-on-verdict", *serve)
+    done = run_cli_inproc(*args, "--fail-on-verdict", *serve)
     assert done.returncode == 1, done.stderr
     report = SearchReport.model_validate(json.loads(done.stdout))
     assert report.releases[0].best is None and all(c.rank is None for c in report.candidates)
     assert {c.outcome for c in report.candidates} <= {"oom", "fails", "refused"}
-    assert run_harness(*args, *serve).returncode == 0
+    assert run_cli_inproc(*args, *serve).returncode == 0
 
 
 @pytest.mark.vllm_wheel
@@ -368,10 +368,10 @@ def test_concurrency_objective_ranks_by_requests_served(cache_dir):
 
 @pytest.mark.vllm_wheel
 def test_search_options_without_search_and_oversized_searches_exit_2(cache_dir):
-    done = run_harness("plan", "--gpus", "16", "--vllm-version", "0.33.0", "--gpu", GPU, "--", *R1)
+    done = run_cli_inproc("plan", "--gpus", "16", "--vllm-version", "0.33.0", "--gpu", GPU, "--", *R1)
     assert done.returncode == 2 and "--gpus goes with --search" in done.stderr
     counts = ",".join(str(n) for n in range(8, 4097, 8))
-    done = run_harness("plan", "--search", "--gpus", counts, "--search-backends", "--allow", "kv-fp8",
+    done = run_cli_inproc("plan", "--search", "--gpus", counts, "--search-backends", "--allow", "kv-fp8",
                        "--vllm-version", "0.33.0", "--gpu", GPU, "--cache-dir", str(cache_dir), "--", *R1)  # fmt: skip
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
     assert "(512 counts)" in done.stderr and "allowed: at most 200000" in done.stderr
@@ -389,7 +389,7 @@ def test_block_fp8_qwen3_moe_on_0_26_0_runs_triton_without_ep(tmp_path, cache_di
     (tmp_path / "Qwen3-30B-A3B-FP8").mkdir()
     (tmp_path / "Qwen3-30B-A3B-FP8" / "config.json").write_text(json.dumps(config))
     model = str(tmp_path / "Qwen3-30B-A3B-FP8")
-    done = run_harness("plan", "--vllm-version", "0.26.0", "--gpu", GPU, "--cache-dir", str(cache_dir), "--json",
+    done = run_cli_inproc("plan", "--vllm-version", "0.26.0", "--gpu", GPU, "--cache-dir", str(cache_dir), "--json",
                        "--", "vllm", "serve", model, "--max-model-len", "8192")  # fmt: skip
     assert done.returncode == 0, done.stderr
     settings = {s["name"]: s for s in json.loads(done.stdout)["deployments"][0]["settings"]}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_utils import run_harness
+from cli_utils import run_cli_inproc
 from harness.scenario.deployment import DeploymentSpec
 from harness.sizing import gpus, profile_run
 from harness.sizing.deployment import (
@@ -96,7 +96,7 @@ def test_names_are_read_loosely_and_unknown_ones_refused_with_the_closest():
 
 
 def test_cli_unknown_gpu_exit_2_and_any_gpu_by_its_memory():
-    result = run_harness("plan", "--vllm-version", "0.30.0", "--gpu", "RTX-4090", "--", "vllm", "serve", "qwen3-8b")
+    result = run_cli_inproc("plan", "--vllm-version", "0.30.0", "--gpu", "RTX-4090", "--", "vllm", "serve", "qwen3-8b")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert "--gpu 'RTX-4090' is not a known GPU" in result.stderr and "--gpu-memory-gib" in result.stderr
@@ -216,10 +216,10 @@ def test_a_real_release_flags(cache_dir):
 def test_cli_an_approximate_plan_does_not_pass(cache_dir):
     args = ("plan", "--vllm-version", "0.29.0", "--gpu", "H100-80GB", "--cache-dir", str(cache_dir), "--json",
             "--fail-on-verdict", "--", "vllm", "serve", "qwen3-8b", "--max-model-len", "8192")  # fmt: skip
-    result = run_harness(*args, "--port", "8000")
+    result = run_cli_inproc(*args, "--port", "8000")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["ignored_flags"] == ["--port"]
-    result = run_harness(*args, "--cudagraph-capture-sizes", "1", "2", "4")
+    result = run_cli_inproc(*args, "--cudagraph-capture-sizes", "1", "2", "4")
     assert result.returncode == 1, result.stderr
     (plan,) = json.loads(result.stdout)["deployments"]
     assert plan["verdict"]["outcome"] == "starts"
@@ -385,9 +385,9 @@ def test_an_all2all_backend_whose_buffers_are_not_sized_is_approximate():
 
 
 def test_a_scenario_plan_takes_any_gpu_of_the_table():
-    result = run_harness("plan", "deepseek-v3-dp32-pr55579", "--gpu", "L40S")
+    result = run_cli_inproc("plan", "deepseek-v3-dp32-pr55579", "--gpu", "L40S")
     assert result.returncode == 0, result.stderr
-    result = run_harness("plan", "deepseek-v3-dp32-pr55579", "--gpu", "L40X")
+    result = run_cli_inproc("plan", "deepseek-v3-dp32-pr55579", "--gpu", "L40X")
     assert result.returncode == 2 and "closest: L40, L40S" in result.stderr
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
 

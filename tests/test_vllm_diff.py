@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_utils import run_harness
+from cli_utils import run_cli_inproc
 from harness.sizing.vllm_diff import VllmDiff, markdown
 from harness.sizing.vllm_source import locate
 from harness.sizing.vllm_source.sources import default_cache_dir
@@ -24,7 +24,7 @@ GIB = 1 << 30
 
 
 def diff_json(*args: str) -> tuple[int, dict]:
-    completed = run_harness("vllm", "diff", *args, "--json", timeout_s=600)
+    completed = run_cli_inproc("vllm", "diff", *args, "--json")
     assert completed.returncode in (0, 1), completed.stderr
     return completed.returncode, json.loads(completed.stdout)
 
@@ -122,7 +122,7 @@ def test_two_source_trees_and_a_threshold(tmp_path):
     (("0.30.0", "0.29.0", "--budget-s", "0"), "--budget-s 0.0: a number of CPU seconds in (0, 86400] is allowed"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(args, says):
-    completed = run_harness("vllm", "diff", *args)
+    completed = run_cli_inproc("vllm", "diff", *args)
     assert completed.returncode == 2, completed.stdout + completed.stderr
     assert says in completed.stderr and completed.stderr.strip().count("\n") == 0
     assert "Traceback" not in completed.stderr
@@ -131,10 +131,10 @@ def test_bad_input_is_one_line_and_exit_2(args, says):
 def test_bad_references_file_names_the_field(tmp_path):
     bad = tmp_path / "refs.yaml"
     bad.write_text("schema_version: 1\ndeployments:\n  - name: x\n    serve: vllm serve deepseek-v3\n")
-    completed = run_harness("vllm", "diff", "0.30.0", "0.29.0", "--references", str(bad))
+    completed = run_cli_inproc("vllm", "diff", "0.30.0", "0.29.0", "--references", str(bad))
     assert completed.returncode == 2
     assert "deployments.0.gpu: Field required" in completed.stderr and completed.stderr.count("\n") == 1
     wheel = tmp_path / "x.txt"
     wheel.write_text("x")
-    completed = run_harness("vllm", "diff", str(wheel), "0.29.0")
+    completed = run_cli_inproc("vllm", "diff", str(wheel), "0.29.0")
     assert completed.returncode == 2 and "a file that is not a wheel (*.whl)" in completed.stderr
