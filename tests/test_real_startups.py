@@ -69,9 +69,6 @@ LINE_GAPS: dict[tuple[str, str], str] = {
     ("deepseek-v2-lite", "torch peak"): V2_PEAK + "; and DeepSeek-V2's dense first layer runs before the MoE "
                                         "workspace exists (v1/worker/workspace.py _ensure_workspace_size grows it at "
                                         "the first MoE call), where the plan counts its MLP on top of the workspace",
-    ("gemma3-4b-4l-text", "weights"): "the plan counts Gemma 3's global-attention rotary cache at 131072 x 8 "
-                                      "(linear rope_scaling) positions, (1048576, 256) bfloat16 = 0.5 GiB, that "
-                                      "vLLM's 2.05 GiB has no room for (2.52 planned): not found yet",
     ("gemma3-4b-4l-text", "torch peak"): V2_PEAK + "; Gemma 3 (TRITON_ATTN chosen on the H200) logs 1.33 GiB, "
                                          "twice the plan's 0.66: not found yet",
     ("gpt-oss-4l", "weights"): "vLLM logs 4.00 GiB where the plan lists 4.10 for the MXFP4 experts (Triton MXFP4 "

@@ -601,7 +601,7 @@ def _rope_positions(data: dict, facts: dict, arch: str, path: str) -> tuple[int,
     configuration): max_position_embeddings, times the factor for linear and dynamic scaling (their
     _compute_cos_sin_cache covers max_position x scaling_factor), original_max_position_embeddings x factor for yarn;
     llama3 and no scaling cover max_position. Gemma 3 keeps two: its sliding layers' unscaled local rope and its
-    global layers' scaled one."""
+    global layers' scaled one, each where a layer of its type exists."""
     positions = facts["max_position_embeddings"]
     scaling = data.get("rope_scaling")
     if scaling is None:
@@ -621,7 +621,10 @@ def _rope_positions(data: dict, facts: dict, arch: str, path: str) -> tuple[int,
     else:
         scaled = positions
     if arch in ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration") and scaled != positions:
-        return (positions, scaled)
+        # gemma3.py builds each layer's rope from its layer type: the cache of a type no layer has is never made
+        # (a config cut to its first layers may hold sliding ones alone)
+        kinds = set(facts.get("layer_kinds") or ("full",))
+        return tuple(n for n, kind in ((positions, "sliding"), (scaled, "full")) if kind in kinds)
     return (scaled,)
 
 
