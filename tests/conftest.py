@@ -216,8 +216,11 @@ def smoke_run_copy(smoke_run: SmokeRun, tmp_path: Path) -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`--dist loadgroup`), the tests that start Ray clusters run one after another on one worker:
-    two clusters at once would share this machine's cores and its Ray session directory."""
+    """Under pytest-xdist (`--dist loadgroup`) a module's tests run on one worker, so its module fixtures (a sweep of a
+    release, the hostile corpus) are built once; and the tests that start Ray clusters run one after another on one
+    worker: two clusters at once would share this machine's cores and its Ray session directory."""
     for item in items:
-        if item.get_closest_marker("ray") is not None:
-            item.add_marker(pytest.mark.xdist_group("ray"))
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        ray = item.get_closest_marker("ray") is not None
+        item.add_marker(pytest.mark.xdist_group("ray" if ray else item.nodeid.split("::", 1)[0]))

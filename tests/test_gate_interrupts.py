@@ -72,6 +72,7 @@ def test_a_ray_cluster_that_does_not_start_is_one_line(tmp_path: Path, monkeypat
     assert not (tmp_path / "out").exists()  # claimed, and released empty
 
 
+@pytest.mark.one_thread
 def test_what_the_launchers_start_ignores_sigint_and_the_driver_keeps_its_ctrl_c() -> None:
     """Ranks and a local Ray cluster are started through without_sigint: what they start inherits SIGINT ignored
     (a mask would not be inherited), and a Ctrl-C meanwhile reaches the driver once its handler is back."""
