@@ -38,12 +38,14 @@ def _user_cache_dir() -> Path:
 
 
 def _finished_entries(cache: Path) -> list[Path]:
-    """The entries (vllm/<version>/<kind>) whose extraction finished: a manifest, and no staging suffix."""
+    """The entries (vllm/<version>/<kind>) whose extraction finished: a manifest, and no staging suffix; and the
+    release wheels kept on request (vllm/<version>/wheel/*.whl, verified again on every use)."""
     found = []
     for manifest in sorted(cache.glob("vllm/*/*/manifest.json")):
         entry = manifest.parent
         if ".partial-" not in entry.name and ".replaced-" not in entry.name:
             found.append(entry)
+    found += sorted({whl.parent for whl in cache.glob("vllm/*/wheel/vllm-*.whl")})
     return found
 
 

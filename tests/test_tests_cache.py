@@ -36,6 +36,20 @@ def test_finished_entries_are_taken_in_whole_and_staging_is_left(tmp_path: Path)
     assert (taken / "vllm" / "b.py").exists()
 
 
+def test_a_kept_release_wheel_is_taken_in(tmp_path: Path):
+    # A release's wheel kept on request (vllm/<version>/wheel/, placed with one rename and verified on every use) has
+    # no manifest: without it a worker's private cache would download the release again.
+    user, tests = tmp_path / "user", tmp_path / "tests"
+    kept = user / "vllm" / "0.30.0" / "wheel"
+    kept.mkdir(parents=True)
+    name = "vllm-0.30.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    (kept / name).write_bytes(b"PK")
+    (user / "vllm" / "0.31.0" / "wheel").mkdir(parents=True)  # nothing kept there
+    _take_in(user, tests)
+    assert (tests / "vllm" / "0.30.0" / "wheel" / name).read_bytes() == b"PK"
+    assert sorted(p.name for p in (tests / "vllm").iterdir()) == ["0.30.0"]
+
+
 def test_an_xdist_worker_reads_a_private_copy_and_gives_back_what_it_fetched(tmp_path: Path):
     """Under pytest-xdist a worker belongs to the session that started it: it reads a private copy of that session's
     cache (so a download in one worker is never blamed on another's test) and, at exit, its new entries and its
