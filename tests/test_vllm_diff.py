@@ -24,7 +24,8 @@ GIB = 1 << 30
 
 
 def diff_json(*args: str) -> tuple[int, dict]:
-    completed = run_cli_inproc("vllm", "diff", *args, "--json")
+    # both sides are trusted trees: each sweep gets room for a loaded machine (the default is a hostile tree's bound)
+    completed = run_cli_inproc("vllm", "diff", *args, "--json", "--budget-s", "120")
     assert completed.returncode in (0, 1), completed.stderr
     return completed.returncode, json.loads(completed.stdout)
 
