@@ -38,7 +38,7 @@ from harness.sizing import gpus, profile_run
 from harness.sizing import release_defaults as defaults
 from harness.sizing.deployment_weights import Sharding, routed_experts_bytes, weight_lines
 from harness.sizing.gpus import Gpu
-from harness.sizing.kv_cache import DEFAULT_BLOCK_SIZE, in_flight_tokens, kv_cache, kv_shape, tokens_from_concurrency
+from harness.sizing.kv_cache import default_block_size, in_flight_tokens, kv_cache, kv_shape, tokens_from_concurrency
 from harness.sizing.model_config import ModelFacts
 
 DEPLOYMENT_PLAN_SCHEMA = 2  # 2: group_totals and approximate
@@ -313,9 +313,9 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     if spec.max_num_seqs is None and isinstance(seqs_default.value, int) and seqs_default.value > tokens:
         seqs_default = defaults.Default(tokens, f"{seqs_default.source}, capped at max_num_batched_tokens")
     seqs = int(pick("max_num_seqs", spec.max_num_seqs, seqs_default))
+    capability = profile_run.gpu_facts(row)[0]
     block = int(pick("block_size", spec.block_size, defaults.Default(
-        DEFAULT_BLOCK_SIZE, "table: CacheConfig.DEFAULT_BLOCK_SIZE 16 (FlashAttention, and FlashAttention MLA "
-        "on Hopper; --block-size 64 for FlashMLA)")))  # fmt: skip
+        *default_block_size(facts, capability, spec.kv_cache_dtype or "auto"))))  # fmt: skip
     kv_dtype = str(pick("kv_cache_dtype", spec.kv_cache_dtype))
     redundant = spec.num_redundant_experts or 0
     if facts.is_moe and ep:
@@ -572,9 +572,44 @@ def _vocab_matrix_bytes(facts: ModelFacts, tp: int) -> int:
     return pad_vocab(facts.vocab_size, tp) * facts.hidden_size * facts.dtype_bytes
 
 
+def _round256(n: int) -> int:
+    return -(-n // 256) * 256
+
+
+def sparse_attention_lines(facts: ModelFacts, r: Resolved) -> list[DeploymentLine]:
+    """DeepSeek-V3.2's buffers made while the model is built, so in what vLLM logs as the model's loading: the top-k
+    indices every layer's indexer writes (models/deepseek_v2.py DeepseekV2Model.__init__: topk_indices_buffer
+    (max_num_batched_tokens, index_topk) int32), and with an fp8 cache on compute capability 9.x, where
+    FLASH_ATTN_MLA_SPARSE takes 16-bit caches only and FLASHMLA_SPARSE runs fp8_ds_mla, the workspace its impl
+    reserves in __init__ and keeps a view of (v1/attention/backends/mla/flashmla_sparse.py FlashMLASparseImpl:
+    q_concat (max_num_batched_tokens, heads, kv_lora + qk_rope) bf16 and the prefill workspace
+    (5 x max_model_len, kv_lora + qk_rope) bf16, each rounded to 256 B by v1/worker/workspace.py get_simultaneous)."""
+    if not facts.index_topk:
+        return []
+    N = r.max_num_batched_tokens
+    topk = N * facts.index_topk * 4
+    lines = [DeploymentLine(group="weights", name="sparse indexer top-k buffer", bytes=topk, kind="exact",
+                            source=f"topk_indices_buffer ({N}, {facts.index_topk}) int32 (models/deepseek_v2.py "
+                            "DeepseekV2Model.__init__), shared by the layers")]  # fmt: skip
+    capability = profile_run.gpu_facts(r.gpu)[0]
+    if capability == 9 and r.kv_cache_dtype.startswith("fp8"):
+        head = facts.kv_lora_rank + facts.qk_rope_head_dim
+        heads = facts.num_attention_heads // r.tp
+        prefill_rows = 5 * r.max_model_len
+        size = _round256(N * heads * head * 2) + _round256(prefill_rows * head * 2)
+        lines.append(DeploymentLine(group="weights", name="FlashMLA sparse workspace", bytes=size, kind="exact",
+                                    source=f"FLASHMLA_SPARSE (fp8_ds_mla cache, compute capability 9.x) reserves in "
+                                    f"__init__ q_concat ({N}, {heads}, {head}) bf16 + the prefill workspace "
+                                    f"({prefill_rows}, {head}) bf16 and keeps a view (v1/attention/backends/mla/"
+                                    "flashmla_sparse.py FlashMLASparseImpl.__init__, "
+                                    "get_prefill_workspace_size)"))  # fmt: skip
+    return lines
+
+
 def _stage_weight_lines(facts: ModelFacts, r: Resolved, sharding: Sharding, stage) -> list[DeploymentLine]:
     lines = [DeploymentLine(group="weights", name=w.name, bytes=w.bytes, kind="exact", source=w.source)
              for w in weight_lines(facts, sharding)]  # fmt: skip
+    lines += sparse_attention_lines(facts, r)
     if stage is not None:
         from harness.sizing.deployment_weights import allocator_block_bytes
 
@@ -813,15 +848,24 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
             source=f"a later pipeline stage's receive buffers, hidden_states and residual 2 x (N={N}, "
             f"{facts.hidden_size}) {facts.dtype}, made in the first dummy run and kept (v1/worker/gpu_model_runner.py "
             "_dummy_run: make_empty_intermediate_tensors(batch_size=max_num_tokens))"))  # fmt: skip
-    forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv)
+    mla: dict[str, Any] = {}
+    if facts.is_mla:
+        kept = moe_workspace(r, layer_plan) if r.workspace_persistent and not r.monolithic_experts else None
+        held = kept[0] if kept is not None else 0
+        rows = profile_run.mla_workspace_rows(max_model_len=r.max_model_len, max_num_seqs=r.max_num_seqs,
+                                              block_size=r.block_size)  # fmt: skip
+        mla = {"mla_rows": rows, "eager": r.eager, "held_workspace": held}
+    forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv, **mla)
     eager_v2 = None
     if r.v2_runner and r.eager and r.pp == 1 and not recv:
         eager_v2 = profile_run.v2_eager_forward_phase(facts, num_tokens=N, tp=tp)
     if eager_v2 is not None:
         forward = eager_v2
     elif r.v2_runner:
-        forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv, shared_experts=True)
-        forward = profile_run.Phase(forward.bytes, f"{forward.detail}; the V2 runner's "
+        forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv, shared_experts=True,
+                                            **mla)  # fmt: skip
+        if not mla:
+            forward = profile_run.Phase(forward.bytes, f"{forward.detail}; the V2 runner's "
                                     f"{'eager' if r.eager else 'compiled (torch.compile)'} forward of this model is "
                                     "not read: 0.19.0's estimate")  # fmt: skip
     if not last:  # profile_run runs the dummy sampler on the last pipeline rank only

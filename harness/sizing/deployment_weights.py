@@ -430,6 +430,11 @@ def rotary_cache_bytes(facts: ModelFacts) -> tuple[int, str]:
     dtype = facts.rotary_dtype or facts.dtype
     width = 4 if dtype == "float32" else facts.dtype_bytes
     shapes = " + ".join(f"({positions}, {rotary_dim})" for positions in caches)
-    return sum(caches) * rotary_dim * width, (
-        f"{facts.ref('rope_scaling', 'max_position_embeddings')}: cos_sin_cache {shapes} {dtype}, shared by the "
-        "layers (get_rope's cache; rope_scaling's positions)")  # fmt: skip
+    # DeepSeek-V3.2's indexer builds its own rope, neox-style where the attention's is not (models/deepseek_v2.py
+    # DeepseekV2MLAAttention: indexer_rope_emb = get_rope(..., is_neox_style=not indexer_rope_interleave)): get_rope
+    # caches per configuration, so a second cos_sin_cache of the same shape
+    copies = 2 if facts.index_head_dim else 1
+    twice = " x 2 (the attention's and the sparse indexer's, neox-style)" if copies == 2 else ""
+    return copies * sum(caches) * rotary_dim * width, (
+        f"{facts.ref('rope_scaling', 'max_position_embeddings')}: cos_sin_cache {shapes} {dtype}{twice}, shared by "
+        "the layers (get_rope's cache; rope_scaling's positions)")  # fmt: skip

@@ -203,6 +203,44 @@ def _request_blocks(kind: str, shape: KvShape, block: int, max_model_len: int, b
     return math.ceil(max_model_len / block)
 
 
+# The block size vLLM runs an MLA model with when --block-size is not given: Platform.update_block_size_for_backend
+# (0.19.0 platforms/interface.py:427, 0.26.0 :609) takes the chosen backend's get_preferred_block_size: 16 where the
+# backend takes it (FLASH_ATTN_MLA and TRITON_MLA: MultipleOf(16)), else its smallest size (FLASHMLA and both sparse
+# backends: 64, FLASHINFER_MLA: 32, CUTLASS_MLA: 128). The backend is the first of platforms/cuda.py's MLA priorities
+# the GPU and KV dtype allow: compute capability 10.x FLASHINFER_MLA; 9.x FLASH_ATTN_MLA (16-bit KV only) then
+# FLASHMLA; others TRITON_MLA; DeepSeek-V3.2's sparse attention FLASH_ATTN_MLA_SPARSE or FLASHMLA_SPARSE.
+MLA_PREFERRED_BLOCK = {
+    "FLASH_ATTN_MLA": 16,
+    "TRITON_MLA": 16,
+    "FLASHMLA": 64,
+    "FLASHINFER_MLA": 32,
+    "FLASHMLA_SPARSE": FLASHMLA_SPARSE_BLOCK,
+}
+
+
+def mla_backend(facts: ModelFacts, capability: int, kv_cache_dtype: str = "auto") -> str:
+    """The MLA attention backend vLLM picks on a GPU of this compute capability (major), as above."""
+    if indexer_bytes_per_token(facts):
+        return "FLASHMLA_SPARSE"  # FLASH_ATTN_MLA_SPARSE on 9.x with a 16-bit cache: the same 64-token pages
+    if capability == 10:
+        return "FLASHINFER_MLA"
+    if capability == 9:
+        return "FLASH_ATTN_MLA" if KV_DTYPE_BYTES[kv_dtype(facts, kv_cache_dtype)] == 2 else "FLASHMLA"
+    return "TRITON_MLA"
+
+
+def default_block_size(facts: ModelFacts, capability: int, kv_cache_dtype: str = "auto") -> tuple[int, str]:
+    """--block-size when the serve line gives none, and why."""
+    if not facts.is_mla:
+        return DEFAULT_BLOCK_SIZE, "table: CacheConfig.DEFAULT_BLOCK_SIZE 16 (FlashAttention)"
+    backend = mla_backend(facts, capability, kv_cache_dtype)
+    return MLA_PREFERRED_BLOCK[backend], (
+        f"the MLA backend's preferred block size: {backend} on compute capability {capability}.x "
+        "(platforms/cuda.py priorities; Platform.update_block_size_for_backend, "
+        "AttentionBackend.get_preferred_block_size)"
+    )
+
+
 def effective_block_size(shape: KvShape, block_size: int) -> int:
     """The block size vLLM runs: the backend's one size (FlashMLA sparse), or one grown so an attention page holds
     a linear-attention layer's state (HybridAttentionMambaModelConfig.verify_and_update_config)."""

@@ -122,6 +122,7 @@ class ModelFacts:
     # DeepSeek-V3.2's indexer (sparse attention): its weights and its per-token key cache
     index_n_heads: int = 0
     index_head_dim: int = 0
+    index_topk: int = 0  # the tokens each query attends to (the top-k buffer's width)
     # MoE
     moe_intermediate_size: int = 0
     num_routed_experts: int = 0
@@ -452,7 +453,11 @@ def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None
                      qk_rope_head_dim=get("qk_rope_head_dim", minimum=1), v_head_dim=get("v_head_dim", minimum=1),
                      score_bias=True)  # fmt: skip
         if arch == "DeepseekV32ForCausalLM":
-            facts.update(index_n_heads=get("index_n_heads", minimum=1), index_head_dim=get("index_head_dim", minimum=1))
+            facts.update(
+                index_n_heads=get("index_n_heads", minimum=1),
+                index_head_dim=get("index_head_dim", minimum=1),
+                index_topk=get("index_topk", minimum=1),
+            )
     if arch in MOE_ARCHITECTURES:
         _moe_facts(data, facts, arch, layers, path, get)
     _attention_facts(data, facts, arch, layers, path, get)

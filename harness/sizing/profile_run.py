@@ -107,15 +107,55 @@ def sampler_phase(facts: ModelFacts, *, num_tokens: int, max_num_seqs: int, tp: 
                         f"x {d} B + {'f32 copy (R, V) + ' if f32_logits else ''}{top}")  # fmt: skip
 
 
+def mla_workspace_rows(*, max_model_len: int, max_num_seqs: int, block_size: int) -> int:
+    """The rows of MLA's chunked-prefill workspace (MLACommonMetadataBuilder.determine_chunked_prefill_workspace_size,
+    model_executor/layers/attention/mla_attention.py: 0.19.0:1393, 0.26.0:1688): 8 requests of max_model_len or 4
+    pages a request, at most 64Ki tokens, at least a page a request. The block size is the one the backend runs:
+    Platform.update_block_size_for_backend sets it after the model loads, before the profile run."""
+    rows = min(max(8 * max_model_len, 4 * max_num_seqs * block_size), 64 * 1024)
+    return max(rows, max_num_seqs * block_size)
+
+
+def mla_attention_point(facts: ModelFacts, *, num_tokens: int, tp: int, rows: int, eager: bool) -> Phase:
+    """What the dummy forward holds inside an MLA layer's attention call (exact, shapes x dtypes). Without attention
+    metadata MLAAttention.forward_impl allocates, to stand for the prefill context's up-projection, a
+    (rows, heads, qk_nope + v) tensor it never reads (mla_attention.py 0.19.0:553, 0.26.0:706: `_ = torch.empty(...)`,
+    alive until the call returns), beside its inputs and output (layers/mla.py MultiHeadLatentAttentionWrapper.forward):
+    q (N, heads x (qk_nope + qk_rope)), kv_c_normed (N, kv_lora_rank), k_pe (N, qk_rope), the output
+    (N, heads x v) (MLAAttention.forward: torch.empty(output_shape)) and the residual stream (N, K). Eager, the
+    caller's frame also keeps the normed hidden states (N, K) and the latent projections (fused_qkv_a_proj's
+    (N, q_lora + kv_lora + qk_rope) and the normed q_c (N, q_lora); without q_lora kv_a_proj_with_mqa's
+    (N, kv_lora + qk_rope)), which a compiled graph frees before the attention call."""
+    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
+    heads = facts.num_attention_heads // tp
+    nope, rope, v, latent = facts.qk_nope_head_dim, facts.qk_rope_head_dim, facts.v_head_dim, facts.kv_lora_rank
+    dummy = rows * heads * (nope + v) * d
+    inputs = N * (heads * (nope + rope) + latent + rope + heads * v + K) * d
+    held = 0
+    if eager:
+        q_lora = facts.q_lora_rank or 0
+        held = N * (K + (2 * q_lora if q_lora else 0) + latent + rope) * d
+    total = dummy + inputs + held
+    eager_part = f" + the eager caller's normed hidden states and latent projections {held} B" if eager else ""
+    return Phase(total, f"MLA attention {total} B = the profile's stand-in for the prefill up-projection ({rows}, "
+                        f"{heads}, {nope + v}) x {d} B + q, kv_c_normed, k_pe, output and residual at N={N} "
+                        f"{inputs} B{eager_part}")  # fmt: skip
+
+
 def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv: int = 0,
-                  shared_experts: bool = False) -> Phase:  # fmt: skip
+                  shared_experts: bool = False, mla_rows: int = 0, eager: bool = False,
+                  held_workspace: int = 0) -> Phase:  # fmt: skip
     """The dummy forward's transients (estimate): 4 (N, K) activation buffers and the larger of the attention
     projections' outputs and the MLP intermediates (the MoE's live in its workspace, held once: here the router's
     f32 logits and the top-k ids and weights, and with `shared_experts` the shared experts' gate_up and act_fn
     outputs, 3 (N, I_shared / TP), an MLP the experts' call runs beside the routed ones (0.26.0's
     models/qwen2_moe.py: a Qwen2MoeMLP of shared_expert_intermediate_size; models/deepseek_v2.py DeepseekV2MoE: a
     DeepseekV2MLP of moe_intermediate_size x n_shared_experts; both passed to the FusedMoE as shared_experts)), plus
-    DeepEP's receive tensors of one layer."""
+    DeepEP's receive tensors of one layer.
+
+    An MLA model's attention is its exact point (mla_attention_point, `mla_rows` the chunked-prefill workspace's
+    rows), and with a persistent MoE workspace (`held_workspace`, made by the first MoE layer's call and kept) the
+    dense layers before the first MoE layer peak without it: their point is counted less it."""
     N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
     if facts.is_mla:
         heads = facts.num_attention_heads // tp
@@ -124,18 +164,33 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
         heads, kv = facts.num_attention_heads // tp, max(1, facts.num_key_value_heads // tp)
         attn = N * (2 * heads + 2 * kv) * facts.head_dim * d
     dense_intermediate = facts.intermediate_size // tp if len(facts.moe_layers) < facts.num_hidden_layers else 0
-    mlp = 3 * N * dense_intermediate * d
+    dense = 3 * N * dense_intermediate * d
+    mlp = dense
+    routing = shared = 0
     if facts.is_moe:
         routing = N * facts.num_routed_experts * 4 + N * facts.top_k * 12
-        shared = 0
         if shared_experts:  # the V2 runner's: the shared experts' MLP beside the routed ones
             inter = facts.num_shared_experts * facts.moe_intermediate_size or facts.shared_expert_intermediate_size
             shared = 3 * N * (inter // tp) * d
         mlp = max(mlp, routing + shared)
-    total = 4 * N * K * d + max(attn, mlp) + dispatch_recv
     recv = f" + dispatch receive {dispatch_recv} B" if dispatch_recv else ""
     if facts.is_moe and shared_experts:
         recv = f" (the MLP with the shared experts' gate_up and act_fn outputs){recv}"
+    if facts.is_mla and mla_rows:
+        point = mla_attention_point(facts, num_tokens=N, tp=tp, rows=mla_rows, eager=eager)
+        moe_layers = facts.moe_layers
+        dense_first = bool(moe_layers) and all(
+            i < min(moe_layers) for i in range(facts.num_hidden_layers) if i not in set(moe_layers)
+        )
+        dense_point = 4 * N * K * d + dense - (held_workspace if dense_first else 0)
+        moe_point = 4 * N * K * d + routing + shared
+        total = max(point.bytes, dense_point, moe_point) + dispatch_recv
+        before = " (before the first MoE layer: less the MoE workspace it has not made yet)" if dense_first and \
+            held_workspace else ""  # fmt: skip
+        return Phase(total, f"forward {total} B = max({point.detail}; dense MLP 4 x (N={N}, {K}) x {d} B + {dense} B"
+                            f"{before}; MoE layer 4 x (N, {K}) + {routing + shared} B){recv} (the MLP points "
+                            "estimate)")  # fmt: skip
+    total = 4 * N * K * d + max(attn, mlp) + dispatch_recv
     return Phase(total, f"forward {total} B = 4 x (N={N}, {K}) x {d} B + max(attention {attn} B, MLP {mlp} B){recv} "
                         "(estimate)")  # fmt: skip
 
