@@ -57,7 +57,7 @@ echo "scripts/test.sh: ruff check, ruff format --check and mypy found nothing"
 WORKERS=${WORKERS:-2}
 set +e
 if [ "$WORKERS" -gt 0 ]; then
-    python -m pytest -q -p no:cacheprovider --timeout="$TEST_TIMEOUT_S" -n "$WORKERS" --dist loadgroup \
+    python -m pytest -q -p no:cacheprovider --timeout="$TEST_TIMEOUT_S" -n "$WORKERS" --dist loadscope \
         -m "not one_thread" "$@"
     rc=$?
     python -m pytest -q -p no:cacheprovider --timeout="$TEST_TIMEOUT_S" -m one_thread "$@"

@@ -217,12 +217,40 @@ def smoke_run_copy(smoke_run: SmokeRun, tmp_path: Path) -> Path:
 # ==== end of the shared smoke run ====================================================================================
 
 
+# ==== pytest-xdist: a module per worker ===============================================================================
+# Under pytest-xdist (scripts/test.sh: `-n 2 --dist loadscope`) each module's tests run on one worker, so its module
+# fixtures (a sweep of a release, the hostile corpus, a Ray cluster) are built once; and the modules that start Ray
+# clusters run one after another on one worker: two clusters at once would share this machine's cores. The grouping
+# is the scheduler's (pytest_xdist_make_scheduler), by module path: xdist_group marks do not group under pytest 9,
+# whose node ids no longer take pytest-xdist's group suffix.
+RAY_MODULES = ("tests/test_launch_ray.py", "tests/test_readme_ray.py")
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The scope a test is scheduled with: its module, or "ray" for the modules that start Ray clusters."""
+    module = nodeid.split("::", 1)[0]
+    return "ray" if module in RAY_MODULES else module
+
+
+def module_scheduling():
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return ModuleScheduling
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") not in ("loadscope", "loadgroup"):
+        return None
+    return module_scheduling()(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`--dist loadgroup`) a module's tests run on one worker, so its module fixtures (a sweep of a
-    release, the hostile corpus) are built once; and the tests that start Ray clusters run one after another on one
-    worker: two clusters at once would share this machine's cores and its Ray session directory."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        ray = item.get_closest_marker("ray") is not None
-        item.add_marker(pytest.mark.xdist_group("ray" if ray else item.nodeid.split("::", 1)[0]))
+    """A test marked `ray` outside RAY_MODULES would run beside the others' clusters: refused at collection."""
+    stray = sorted({item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("ray") is not None}
+                   - set(RAY_MODULES))  # fmt: skip
+    if stray:
+        raise pytest.UsageError(f"tests marked ray outside tests/conftest.py RAY_MODULES: {', '.join(stray)}")

@@ -81,3 +81,22 @@ def test_an_xdist_worker_reads_a_private_copy_and_gives_back_what_it_fetched(tmp
     assert private != shared and not private.exists()  # private, and removed at exit
     assert (shared / "vllm" / "0.33.0" / "release" / "manifest.json").exists()
     assert (shared / "downloads.log").read_text() == '{"version": "0.33.0"}\n'
+
+
+def test_xdist_schedules_a_module_per_worker_and_the_ray_modules_together():
+    """The scheduler tests/conftest.py gives pytest-xdist puts every test of a module in one scope (its module
+    fixtures built once) and both Ray modules in one (their clusters one after another)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    import conftest
+
+    scheduling = conftest.module_scheduling()
+    assert issubclass(scheduling, LoadScopeScheduling)
+    scope = scheduling._split_scope.__get__(object.__new__(scheduling))
+    assert (
+        scope("tests/test_hostile_inputs.py::test_hostile_input_is_refused[acc-x-plan]")
+        == scope("tests/test_hostile_inputs.py::test_hostile_input_is_refused[tb-y-run]")
+        == "tests/test_hostile_inputs.py"
+    )
+    assert scope("tests/test_launch_ray.py::test_a") == scope("tests/test_readme_ray.py::test_b") == "ray"
+    assert scope("tests/test_search.py::test_c") != scope("tests/test_models.py::test_d")
