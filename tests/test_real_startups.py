@@ -62,17 +62,14 @@ LINE_GAPS: dict[tuple[str, str], str] = {
     ("phi2-4l", "torch peak"): V2_PEAK + "; here the log is 0.18 GiB under the plan",
     ("gemma3-4b-4l-text", "torch peak"): V2_PEAK + "; Gemma 3 (TRITON_ATTN chosen on the H200) logs 1.33 GiB, "
                                          "twice the plan's 0.66: not found yet",
-    ("gpt-oss-4l", "weights"): "vLLM logs 4.00 GiB where the plan lists 4.10 for the MXFP4 experts (Triton MXFP4 "
-                               "backend), the bf16 attention with sinks and the untied 201088-row embeddings: the "
-                               "0.10 GiB not found yet",
     ("gpt-oss-4l", "torch peak"): "gpt-oss on the V1 runner logs 1.17 GiB, 0.32 over the plan: the Triton MXFP4 "
                                   "MoE kernels' transients (triton_kernels matmul_ogs) are not modelled",
     ("mixtral-2l-online-fp8", "torch peak"): "online --quantization fp8 logs 0.16 GiB over the plan's peak (1.91 "
                                              "GiB against 1.75; the checkpoint's own FP8 is within 0.01 on "
                                              "Qwen3-MoE): not found yet",
-    ("gpt-oss-20b", "weights"): "vLLM logs 13.03 GiB where the plan lists 13.65 for the 24-layer model: the same "
-                                "0.026 GiB a layer as gpt-oss-4l's 0.10 over 4 layers, not found yet in the Triton "
-                                "MXFP4 backend's weight layout",
+    ("gpt-oss-20b", "weights"): "vLLM logs 13.03 GiB where the plan lists 13.09 for the 24-layer model (the "
+                                "four-layer one is within 0.01): 2.6 MB a layer not found yet in the Triton MXFP4 "
+                                "backend's swizzled layout",
     ("gpt-oss-20b", "torch peak"): "gpt-oss logs 1.17 GiB, 0.32 over the plan, as gpt-oss-4l: the Triton MXFP4 MoE "
                                    "kernels' transients (triton_kernels matmul_ogs) are not modelled",
     ("gpt-oss-20b", "CUDA graphs"): "PIECEWISE logs 4 MiB a graph over 83 graphs where the per-layer scaling of the "
@@ -624,3 +621,35 @@ def test_sparse_attention_buffers_counted_with_the_weights(cache_dir):
     assert "FlashMLA sparse workspace" not in bf16 and "sparse indexer top-k buffer" in bf16
     logged = CASES["dsv32-4l-kvfp8"].figures.model_loading_gib - CASES["dsv32-4l"].figures.model_loading_gib
     assert abs(names["FlashMLA sparse workspace"] / GIB - logged) < 0.01
+
+
+@pytest.mark.vllm_wheel
+def test_mxfp4_loaded_scales_per_release(cache_dir):
+    """0.19.0's Triton MXFP4 branch deletes the loaded weights and keeps their block scales beside the swizzled copy;
+    0.26.0's deletes the scales too, so the four-layer gpt-oss's experts are (E, 2I, K/32) + (E, K, I/32) bytes a
+    layer lighter: 4.006 GiB planned where vLLM 0.26.0 logged 4.00."""
+    from harness.sizing import release_defaults
+    from harness.sizing.layer import _tree
+    from harness.sizing.vllm_source import locate
+    from harness.sizing.vllm_source.layer_source import ReleaseFiles
+
+    def kept(version: str):
+        source = locate(version=version, cache_dir=cache_dir)
+        return release_defaults.mxfp4_keeps_loaded_scales(ReleaseFiles(source, _tree(source)))
+
+    old, new = kept("0.19.0"), kept("0.26.0")
+    assert (old.value, new.value) == (True, False)
+    assert new.source.startswith("model_executor/layers/fused_moe/oracle/mxfp4.py:")
+    assert "del layer.w13_weight_scale" in new.source
+    import dataclasses
+
+    from harness.sizing.quant_formats import linear_tensors
+
+    q = record_facts(CASES["gpt-oss-4l"]).quant
+    assert q.loaded_scales_kept  # the config's own facts; the plan drops them for 0.26.0
+    freed = dataclasses.replace(q, loaded_scales_kept=False)
+    w13, w2 = (5760, 2880), (2880, 2880)  # (2I, K), (K, I) of 32 experts, e8m0 scales per 32 of the input
+    kept_bytes = sum(linear_tensors(q, *w13, 2, stacked=32)) + sum(linear_tensors(q, *w2, 2, stacked=32))
+    freed_bytes = sum(linear_tensors(freed, *w13, 2, stacked=32)) + sum(linear_tensors(freed, *w2, 2, stacked=32))
+    assert kept_bytes - freed_bytes == 32 * (5760 * 90 + 2880 * 90) == 24_883_200
+    assert abs(_line(_plan("gpt-oss-4l", cache_dir), "weights") - CASES["gpt-oss-4l"].figures.model_loading_gib) < 0.01

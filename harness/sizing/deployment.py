@@ -192,6 +192,7 @@ class Resolved:
     moe_max_num_tokens: int = 0  # FusedMoEConfig.max_num_tokens: T of the MoE layer (0: max_num_batched_tokens)
     cudagraphs: bool = True  # graphs captured at all (no: --enforce-eager, -O0, cudagraph_mode NONE)
     workspace_persistent: bool = True
+    mxfp4_scales_kept: bool = True  # the Triton MXFP4 backend keeps the loaded block scales beside the swizzled ones
     kv_cache_memory_bytes: int | None = None
     cpu_offload_bytes: int = 0
     max_model_len_auto: bool = False
@@ -366,6 +367,11 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
             )
         )
     persistent = defaults.workspace_persistent(files, version)
+    mxfp4_scales = None
+    if facts.quant is not None and facts.quant.scheme == "mxfp4":
+        mxfp4_scales = defaults.mxfp4_keeps_loaded_scales(files)
+        settings.append(Setting(name="mxfp4_loaded_scales_kept", value=bool(mxfp4_scales.value),
+                                source=mxfp4_scales.source))  # fmt: skip
     settings.append(Setting(name="moe_workspace_persistent", value=bool(persistent.value), source=persistent.source))
     if spec.kv_cache_memory_bytes is not None:
         settings.append(Setting(name="kv_cache_memory_bytes", value=spec.kv_cache_memory_bytes, source=origin))
@@ -405,6 +411,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         moe_max_num_tokens=moe_tokens,
         cudagraphs=graphs,
         workspace_persistent=bool(persistent.value),
+        mxfp4_scales_kept=bool(mxfp4_scales.value) if mxfp4_scales is not None else True,
         kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
         cpu_offload_bytes=round(spec.cpu_offload_gb * GIB),
         max_model_len_auto=spec.max_model_len_auto,
@@ -652,6 +659,8 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
                 total_bytes: int, layer_lines, stage) -> DeploymentPlan:  # fmt: skip
     if facts.vision is not None and not r.vision_tower:
         facts = dataclasses.replace(facts, vision=None)  # sized as the language model alone (vision_tower_built)
+    if facts.quant is not None and facts.quant.scheme == "mxfp4" and not r.mxfp4_scales_kept:
+        facts = dataclasses.replace(facts, quant=dataclasses.replace(facts.quant, loaded_scales_kept=False))
     sharding = sharding_of(facts, r)
     gpu_name = gpus.label(gpu)
     lines = _stage_weight_lines(facts, r, sharding, stage)

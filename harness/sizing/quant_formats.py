@@ -16,8 +16,9 @@ as vLLM's quantization methods create them (`create_weights`) and keep them afte
     NVFP4 (modelopt_fp4, compressed-tensors nvfp4-pack-quantized): (out, in / 2) uint8, weight_scale (out, in / 16)
         fp8, one global f32 scale and one input scale
     MXFP4 (mxfp4.py, experts only): (E, N, K / 2) uint8 swizzled, scales (E, N, K / 32) uint8 (e8m0) twice: the
-        Triton backend's swizzled copy beside the loaded one, which it keeps (it deletes only the loaded weights);
-        biases f32 after its conversion
+        Triton backend's swizzled copy beside the loaded one, which it keeps in 0.19.0 (it deletes only the loaded
+        weights) and deletes in 0.26.0 (release_defaults.mxfp4_keeps_loaded_scales reads which); biases f32 after
+        its conversion
 
 Marlin (awq_marlin, gptq_marlin and compressed-tensors WNA16 with act order, their MoE layers, NVFP4 without FP4
 tensor cores) repacks the weight into a tensor of the same bytes and adds a workspace per linear:
@@ -59,6 +60,7 @@ class Quant:
     static_input: bool = False  # a static input scale per linear (ModelOpt FP8, static compressed-tensors)
     # MXFP4's swizzled values on Hopper: rows x bytes padded to these (triton_kernels' HopperMXValueLayout)
     swizzle_align: tuple[int, int] = (64, 64)
+    loaded_scales_kept: bool = True  # MXFP4: the loaded block scales kept beside the swizzled copy (until 0.26.0)
     source: str = ""
 
     @property
@@ -134,7 +136,7 @@ def linear_tensors(q: Quant | None, out_f: int, in_f: int, act_bytes: int, *, st
         rows, width = q.swizzle_align
         values = E * _up(out_f, rows) * _up(in_f // 2, width)
         swizzled_scales = E * _up(out_f, 256) * _up(groups, 2)
-        return [values, E * out_f * groups, swizzled_scales]
+        return [values, *([E * out_f * groups] if q.loaded_scales_kept else []), swizzled_scales]
     if s == "nvfp4":
         # weight, its fp8 scales per 16, and the global weight and input scales (the shards' max: one each)
         tensors = [E * out_f * in_f // 2, E * out_f * math.ceil(in_f / 16), E * 4, E * 4]

@@ -158,6 +158,28 @@ def workspace_persistent(files: ReleaseFiles | None, version: str | None = None)
     )
 
 
+MXFP4_ORACLE_FILE = "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py"
+
+
+def mxfp4_keeps_loaded_scales(files: ReleaseFiles | None) -> Default:
+    """Whether the Triton MXFP4 backend keeps the loaded block scales beside its swizzled copy: the release's
+    fused_moe/oracle/mxfp4.py, the branch `elif mxfp4_backend in TRITON_BACKENDS:` that calls _swizzle_mxfp4, deletes
+    `layer.w13_weight` and `layer.w2_weight` (0.19.0) and, later, `layer.w13_weight_scale` and `layer.w2_weight_scale`
+    too (0.26.0)."""
+    module = files.module(MXFP4_ORACLE_FILE) if files is not None else None
+    if module is None:
+        return Default(True, "table: kept, as in 0.19.0 (fused_moe/oracle/mxfp4.py deletes the loaded weights only)")
+    where = MXFP4_ORACLE_FILE.removeprefix("vllm/")
+    branches = [node for node in ast.walk(module) if isinstance(node, ast.If) and "TRITON_BACKENDS" in
+                ast.unparse(node.test) and "_swizzle_mxfp4" in ast.unparse(ast.Module(node.body, []))]  # fmt: skip
+    deleted = [node for branch in branches for stmt in branch.body for node in ast.walk(stmt)
+               if isinstance(node, ast.Delete) and any(ast.unparse(t) == "layer.w13_weight_scale"
+                                                       for t in node.targets)]  # fmt: skip
+    if branches and len(deleted) >= len(branches):
+        return Default(False, f"{where}:{deleted[0].lineno} del layer.w13_weight_scale after the swizzle: freed")
+    return Default(True, f"{where}: the Triton branch deletes the loaded weights only: the scales kept")
+
+
 FUSED_MOE_LAYER_FILE = "vllm/model_executor/layers/fused_moe/layer.py"
 DP_CHUNK_ENV = "VLLM_MOE_DP_CHUNK_SIZE"
 
