@@ -232,37 +232,12 @@ def xdist_scope(nodeid: str) -> str:
     return "ray" if module in RAY_MODULES else module
 
 
-# The heaviest scopes, started first (longest first) so that none starts last while the other worker idles: their wall
-# time on a 2-core machine (pytest --durations), the Ray modules' 290 s the longest. The rest follow by test count.
-HEAVY_SCOPES = ("ray", "tests/test_hostile_inputs.py", "tests/test_vllm_sweep.py", "tests/test_datapath.py",
-                "tests/test_vllm_oracle.py", "tests/test_launch_local.py", "tests/test_kernels.py",
-                "tests/test_vllm_diff.py", "tests/test_baseline.py", "tests/test_search.py", "tests/test_comm.py",
-                "tests/test_gate_kill_resume.py", "tests/test_verify.py", "tests/test_bench_loaded.py")  # fmt: skip
-
-
-def scope_order(scopes: dict[str, dict[str, bool]]) -> list[str]:
-    """The order scopes are handed out in: HEAVY_SCOPES first, in their order, then by test count."""
-    rank = {scope: i for i, scope in enumerate(HEAVY_SCOPES)}
-    return sorted(scopes, key=lambda scope: (rank.get(scope, len(rank)), -len(scopes[scope]), scope))
-
-
 def module_scheduling():
-    from collections import OrderedDict
-
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleScheduling(LoadScopeScheduling):
-        ordered = False
-
         def _split_scope(self, nodeid: str) -> str:
             return xdist_scope(nodeid)
-
-        def _assign_work_unit(self, node) -> None:
-            if not self.ordered:  # the first assignment: the queue is complete, nothing handed out yet
-                self.ordered = True
-                queue: dict[str, dict[str, bool]] = dict(getattr(self, "workqueue"))  # noqa: B009 (untyped base)
-                setattr(self, "workqueue", OrderedDict((scope, queue[scope]) for scope in scope_order(queue)))  # noqa: B010
-            super()._assign_work_unit(node)
 
     return ModuleScheduling
 

@@ -100,7 +100,3 @@ def test_xdist_schedules_a_module_per_worker_and_the_ray_modules_together():
     )
     assert scope("tests/test_launch_ray.py::test_a") == scope("tests/test_readme_ray.py::test_b") == "ray"
     assert scope("tests/test_search.py::test_c") != scope("tests/test_models.py::test_d")
-    queue = {"tests/test_models.py": dict.fromkeys("ab", False), "tests/test_cli.py": dict.fromkeys("abc", False),
-             "ray": dict.fromkeys("a", False), "tests/test_hostile_inputs.py": dict.fromkeys("a", False)}  # fmt: skip
-    assert conftest.scope_order(queue) == ["ray", "tests/test_hostile_inputs.py", "tests/test_cli.py",
-                                           "tests/test_models.py"]  # fmt: skip
