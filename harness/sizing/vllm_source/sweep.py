@@ -8,6 +8,10 @@
         release's MoEActivation (read with ast) x D x (K, I); each quantization format, num_dispatchers unset and
         an EPLB layout (E·D physical experts, one redundant per rank) x D x (K, I)
     per point: workspace_shapes (evaluate.py) -> ws13, ws2, out
+        values of the machine: an attribute __init__ takes from the platform, a no-argument function of vLLM used
+        as a condition, a truth-valued property of the configuration: both values swept (Point.variant); a
+        no-argument function of vLLM that an __init__ building the class asserts equal to an expression
+        (AssertedCall): that expression's value at the point, named with the assert's file:line in the variant
         double-count    a buffer grows x D^2 from D = 1 to D (the token dim is M·D, not M = T·D)
         under-sized     the output holds less than the format's (E, M, K) / (M, K); a workspace stays x1 with D
                         while the output grows xD and it grows with T (the growth check); a view apply() takes of a
@@ -65,6 +69,7 @@ from harness.sizing.vllm_source.interpreter import (
     Unevaluable,
 )
 from harness.sizing.vllm_source.views import (
+    AssertOperand,
     Opaque,
     TokenCounts,
     ViewTrace,
@@ -72,6 +77,7 @@ from harness.sizing.vllm_source.views import (
     init_parameter_default,
     trace_apply,
     trace_constructor,
+    trace_to_assert,
 )
 
 GRID_D = (1, 2, 8, 32, 256)
@@ -642,12 +648,163 @@ def init_attribute(tree: SourceTree, cls: ParsedClass, name: str) -> InitAttribu
     return f"no parsed __init__ of {cls.name} assigns self.{name}"
 
 
+# --- values an __init__ asserts ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AssertedCall:
+    """`assert <operand> == name()` (either way round) in an __init__ that building the class runs: its own (through
+    super().__init__) or that of an experts class its __init__ builds and hands on (a delegate). name() takes no
+    argument and is imported from a module of vLLM outside the parsed files, so nothing but the assert tells its
+    value: a class vLLM builds has name() == operand, evaluated at the assert with the point's configuration."""
+
+    module: str
+    name: str  # as the module defines it
+    runner: ParsedClass  # the class whose construction runs the assert: the swept class or a delegate it builds
+    owner: ParsedClass  # the class whose __init__ holds the assert
+    node: ast.Assert
+    operand: ast.expr
+
+    @property
+    def where(self) -> str:
+        return f"{self.owner.file.rsplit('/', 1)[-1]}:{self.node.lineno}"
+
+    @property
+    def text(self) -> str:
+        return ast.unparse(self.node.test)
+
+    @property
+    def part(self) -> str:
+        """The point's variant part: the function's value is the operand's, as asserted at file:line."""
+        operand = ast.unparse(self.operand)
+        shown = operand if len(operand) <= 60 and "," not in operand else "the asserted value"
+        return f"{self.name}()={shown} (asserted at {self.where})"
+
+
+MAX_DELEGATES = 4  # experts classes followed per class for asserts in their __init__
+
+
+def init_chain(tree: SourceTree, cls: ParsedClass) -> list[tuple[ParsedClass, ast.FunctionDef]]:
+    """The __init__s building cls runs: the first in its MRO, then each next one a `super().__init__(...)` calls."""
+    chain: list[tuple[ParsedClass, ast.FunctionDef]] = []
+    for owner in tree.mro(cls):
+        binding = tree.class_binding(owner, "__init__")
+        if binding is None or not isinstance(binding.node, ast.FunctionDef):
+            continue
+        if chain and not any(_is_super_init(n) for n in ast.walk(chain[-1][1])):
+            break
+        chain.append((owner, binding.node))
+    return chain
+
+
+def _is_super_init(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__"
+            and isinstance(node.func.value, ast.Call) and isinstance(node.func.value.func, ast.Name)
+            and node.func.value.func.id == "super")  # fmt: skip
+
+
+def built_classes(tree: SourceTree, cls: ParsedClass) -> list[ParsedClass]:
+    """The parsed classes cls's __init__s build on every path: `Class(a, b)` in a straight-line statement of the
+    chain (not under an if, loop or try), from the __init__'s own parameters, passed on by the same names."""
+    found: dict[tuple[str, str], ParsedClass] = {}
+    for owner, init in init_chain(tree, cls):
+        parameters = {a.arg for a in (*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs)[1:]}
+        for statement in init.body:
+            if not isinstance(statement, (ast.Expr, ast.Assign, ast.AnnAssign)):
+                continue
+            for node in ast.walk(statement):
+                if not (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and not node.keywords
+                    and all(isinstance(a, ast.Name) and a.id in parameters for a in node.args)
+                ):
+                    continue  # fmt: skip
+                target = class_of(tree, owner.file, tree.global_binding(owner.file, node.func.id))
+                if target is None or target.key == cls.key:
+                    continue
+                target_init = init_chain(tree, target)
+                names = [a.arg for a in (*target_init[0][1].args.posonlyargs, *target_init[0][1].args.args)[1:]] \
+                    if target_init else []  # fmt: skip
+                if [cast(ast.Name, a).id for a in node.args] == names[: len(node.args)]:
+                    found.setdefault(target.key, target)
+    return list(found.values())[:MAX_DELEGATES]
+
+
+def class_of(tree: SourceTree, file: str, binding: Binding | None, depth: int = 0) -> ParsedClass | None:
+    """The parsed class a module-level name of file is (defined there or imported from a parsed module, through at
+    most MAX_REEXPORTS re-exports: a cycle of imports ends)."""
+    if binding is None or depth > MAX_REEXPORTS:
+        return None
+    if binding.kind == "class":
+        return cast(ParsedClass, binding.cls)
+    if binding.kind == "import":
+        module_file = tree.module_file(binding.module)
+        if module_file is not None:
+            return class_of(tree, module_file, tree.global_binding(module_file, binding.original), depth + 1)
+    return None
+
+
+def asserted_calls(tree: SourceTree, cls: ParsedClass) -> dict[tuple[str, str], AssertedCall]:
+    """(module, name) -> the first AssertedCall of building cls: its own __init__ chain first, then its delegates'."""
+    found: dict[tuple[str, str], AssertedCall] = {}
+    for runner in (cls, *built_classes(tree, cls)):
+        for owner, init in init_chain(tree, runner):
+            for node in ast.walk(init):
+                if not (
+                    isinstance(node, ast.Assert)
+                    and isinstance(node.test, ast.Compare)
+                    and len(node.test.ops) == 1
+                    and isinstance(node.test.ops[0], ast.Eq)
+                ):
+                    continue  # fmt: skip
+                left, right = node.test.left, node.test.comparators[0]
+                for call, operand in ((left, right), (right, left)):
+                    if not (
+                        isinstance(call, ast.Call)
+                        and isinstance(call.func, ast.Name)
+                        and not call.args
+                        and not call.keywords
+                    ):
+                        continue  # fmt: skip
+                    binding = tree.global_binding(owner.file, call.func.id)
+                    if (
+                        binding is None
+                        or binding.kind != "import"
+                        or not binding.module.startswith("vllm.")
+                        or tree.module_file(binding.module) is not None
+                    ):
+                        continue
+                    key = (binding.module, binding.original)
+                    found.setdefault(key, AssertedCall(binding.module, binding.original, runner, owner, node, operand))
+    return found
+
+
+def indexed_call(tree: SourceTree, module: str, name: str) -> str | None:
+    """Where a parsed file indexes or unpacks what `name()` (imported from module) returns, `name()[0]` or
+    `a, b = name()`: the release's own code takes it for a sequence, never None. None where no file does."""
+    for file, parsed in tree.modules.items():
+        local = [alias for alias, imported in parsed.imported_names.items() if imported == (module, name)]
+        if not local:
+            continue
+        for node in ast.walk(parsed.tree):
+            if isinstance(node, ast.Subscript) or (
+                isinstance(node, ast.Assign) and isinstance(node.targets[0], (ast.Tuple, ast.List))
+            ):
+                call = node.value
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in local:
+                    return f"{file.rsplit('/', 1)[-1]}:{node.lineno}"
+    return None
+
+
 class _SweepProgram:
     """The source tree as the interpreter's Program, with quant_utils' QuantKey names as plain strings."""
 
-    def __init__(self, tree: SourceTree, overrides: dict[str, object] | None = None) -> None:
+    def __init__(self, tree: SourceTree, overrides: dict[str, object] | None = None,
+                 imports: dict[tuple[str, str], object] | None = None) -> None:  # fmt: skip
         self.tree = tree
         self.overrides = overrides or {}  # imported names a variant sets: a runtime flag function's value
+        self.imports = imports or {}  # (module, name) -> its value: a function whose value an __init__ asserts
 
     def global_binding(self, file, name):
         return self.tree.global_binding(file, name)
@@ -662,6 +819,8 @@ class _SweepProgram:
         return self.tree.class_binding(cls, name)
 
     def standin_import(self, module, name):
+        if (module, name) in self.imports:
+            return self.imports[(module, name)]
         if name in self.overrides:
             return self.overrides[name]
         if module == QUANT_KEYS_MODULE and name.startswith("k"):
@@ -707,6 +866,11 @@ class _ClassEvaluator:
         self.config_flags: dict[str, str] = {}
         self.checked_calls: set[str] = set()
         self._programs: dict[str, _SweepProgram] = {}
+        # functions of vLLM whose value only an assert of __init__ tells (AssertedCall): each takes the asserted value
+        # at each point, and those workspace_shapes or apply() call are named in the points' variant
+        self.asserted = asserted_calls(tree, cls)
+        self.asserted_used: set[tuple[str, str]] = set()
+        self._asserted: dict[tuple[Point, tuple[str, str]], AssertOperand] = {}
 
     def workspace(self, point: Point):
         """(ws13, ws2, out) or the reason, memoized; once an evaluation runs out of a budget, the class's other
@@ -725,18 +889,60 @@ class _ClassEvaluator:
                 self.exhausted = found
         return self.shapes[point]
 
-    def program_for(self, point: Point) -> _SweepProgram:
-        """The program of the point: with the values its variant gives the runtime flag functions."""
+    def program_for(self, point: Point, *, asserted: bool = True) -> _SweepProgram:
+        """The program of the point: with the values its variant gives the runtime flag functions, and (asserted)
+        the value each function of self.asserted takes at the point."""
         calls = {part.removesuffix("()=True").removesuffix("()=False"): part.endswith("=True")
-                 for part in point.variant.split(",") if "()=" in part}  # fmt: skip
-        if not calls:
+                 for part in point.variant.split(",") if part.endswith(("()=True", "()=False"))}  # fmt: skip
+        if not calls and not (asserted and self.asserted):
             return self.program
         if point.variant not in self._programs:
             overrides: dict[str, object] = {
                 name: Builtin(name, lambda interp, value=value: value) for name, value in calls.items()
             }
             self._programs[point.variant] = _SweepProgram(self.tree, overrides)
-        return self._programs[point.variant]
+        program = self._programs[point.variant]
+        if not (asserted and self.asserted):
+            return program
+        imports: dict[tuple[str, str], object] = {
+            key: Builtin(key[1], lambda interp, key=key: self.asserted_value(point, key)) for key in self.asserted
+        }
+        return _SweepProgram(self.tree, program.overrides, imports)
+
+    def asserted_operand(self, point: Point, key: tuple[str, str]) -> AssertOperand:
+        """The asserted call's operand where building the class at the point reaches its assert (memoized)."""
+        if (point, key) not in self._asserted:
+            spec = self.asserted[key]
+            attributes = self.attributes(point)
+            kwargs = {"moe_config": attributes["moe_config"], "quant_config": attributes["quant_config"],
+                      "max_num_tokens": point.T, "num_dispatchers": attributes.get("num_dispatchers")}  # fmt: skip
+            self._asserted[(point, key)] = trace_to_assert(self.program_for(point, asserted=False), spec.runner,
+                                                           attributes, kwargs, spec.node, spec.operand)  # fmt: skip
+        return self._asserted[(point, key)]
+
+    def asserted_value(self, point: Point, key: tuple[str, str]) -> object:
+        """What the function takes at the point: the operand of the assert that building the class reaches."""
+        spec = self.asserted[key]
+        found = self.asserted_operand(point, key)
+        if not found.known:
+            why = f"the constructor refuses first: {found.refusal}" if found.refusal else found.why
+            raise Unevaluable(f"calls {spec.name}(), whose value only `assert {spec.text}` ({spec.where}) gives, "
+                              f"and that assert is not reached with a value: {why}")  # fmt: skip
+        self.asserted_used.add(key)
+        return found.value
+
+    def asserted_refusal(self, point: Point) -> str | None:
+        """The constructor's refusal of the point that an asserted call shows: the assert's operand is None while
+        the release indexes the function's value (so it is never None: the assert fails), or a raise or failed
+        assert met on the way to it."""
+        for key, spec in self.asserted.items():
+            found = self.asserted_operand(point, key)
+            if found.refusal is not None:
+                return found.refusal
+            if found.known and found.value is None and (indexed := indexed_call(self.tree, *key)) is not None:
+                return (f"`assert {spec.text}` ({spec.where}) fails: {ast.unparse(spec.operand)} is None, and "
+                        f"{spec.name}() is a sequence, never None (the release indexes it, {indexed})")  # fmt: skip
+        return None
 
     def _evaluate(self, point: Point) -> bool:
         """workspace_shapes at the point into self.shapes; True when it read an attribute of self that the class's
@@ -875,25 +1081,10 @@ class _ClassEvaluator:
                         or not all(isinstance(a, ast.Name) and a.id in parameters for a in value.args)
                     ):
                         continue  # fmt: skip
-                    found = self.tree.global_binding(owner.file, value.func.id)
-                    target = self._class_of(owner.file, found, value.func.id)
+                    target = class_of(self.tree, owner.file, self.tree.global_binding(owner.file, value.func.id))
                     if target is not None and target.key != self.cls.key:
                         built[keyword.arg] = target
         return built
-
-    def _class_of(self, file: str, binding: Binding | None, name: str, depth: int = 0) -> ParsedClass | None:
-        """The parsed class a module-level name of file is (defined there or imported from a parsed module,
-        through at most MAX_REEXPORTS re-exports: a cycle of imports ends)."""
-        if binding is None or depth > MAX_REEXPORTS:
-            return None
-        if binding.kind == "class":
-            return cast(ParsedClass, binding.cls)
-        if binding.kind == "import":
-            module_file = self.tree.module_file(binding.module)
-            if module_file is not None:
-                return self._class_of(module_file, self.tree.global_binding(module_file, binding.original),
-                                      binding.original, depth + 1)  # fmt: skip
-        return None
 
     def learn(self, name: str, point: Point) -> None:
         """Derive self.<name> from the class's __init__ (self.derived), or take it as a runtime flag to sweep both
@@ -1065,7 +1256,7 @@ class _ClassEvaluator:
         if self.deadline is not None and (spent := self.deadline.spent()) is not None:
             self.failed_trace = ViewTrace(error=spent)
             return self.failed_trace
-        trace = trace_apply(self.program, self.cls, self.attributes(point),
+        trace = trace_apply(self.program_for(point), self.cls, self.attributes(point),
                             apply_arguments(point, ws13, ws2, self.format, self.layout,
                                             packed=self.packed_input(point)))  # fmt: skip
         if trace.error is not None:
@@ -1117,6 +1308,11 @@ def sweep_class(tree: SourceTree, cls: ParsedClass, activations: tuple[str, ...]
                                            "; what apply() uses is not derived") if o.status == CONSISTENT else o
                     for p, o in outcomes.items()}  # fmt: skip
     findings = [_unused_finding(tree, cls, buffer, count) for buffer, count in unused.items()]
+    # The functions that took a value an __init__ asserts, named in every point's variant with the assert's line.
+    parts = [spec.part for key, spec in evaluator.asserted.items() if key in evaluator.asserted_used]
+    if parts:
+        outcomes = {dataclasses.replace(p, variant=",".join(filter(None, (p.variant, *parts)))): o
+                    for p, o in outcomes.items()}  # fmt: skip
     return ClassSweep(
         name=cls.name,
         file=cls.file.removeprefix("vllm/"),
@@ -1132,6 +1328,9 @@ def _judge(evaluator: _ClassEvaluator, point: Point, live_notes: dict[str, int],
     why = evaluator.unsupported(point)
     if why is not None:
         return Outcome(UNSUPPORTED, why)
+    refusal = evaluator.asserted_refusal(point)
+    if refusal is not None:
+        return Outcome(REFUSED, f"the constructor refuses {point.quant}: {refusal}")
     if point.dispatchers == "unset":
         refusal = evaluator.constructor_refusal(point)
         if refusal is not None:

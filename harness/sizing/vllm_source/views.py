@@ -14,6 +14,8 @@ live set "not derived". A `raise` or a failed `assert` on a decided path is the 
 
     trace_apply(program, cls, attributes, arguments)  -> ViewTrace (views, escapes, refusal)
     trace_constructor(program, cls, attributes, kwargs) -> the refusal of __init__, or None
+    trace_to_assert(program, cls, attributes, kwargs, assert, operand) -> the operand's value at an assert of
+        __init__ that is reached on a decided path, the refusal met before it, or why neither
 """
 
 from __future__ import annotations
@@ -446,6 +448,64 @@ def trace_constructor(
     except (Unevaluable, RecursionError):
         return None
     return None
+
+
+class _Reached(Exception):  # not an Unevaluable: no statement of the tracer swallows it
+    def __init__(self, value: object = None, why: str | None = None) -> None:
+        super().__init__(why)
+        self.value, self.why = value, why
+
+
+class _AssertProbe(Tracer):
+    """The tracer, stopping at one assert of __init__ with the value of one of its operands there."""
+
+    def __init__(self, program: Program, target: ast.Assert, operand: ast.expr) -> None:
+        super().__init__(program)
+        self.target, self.operand = target, operand
+
+    def _exec(self, node: ast.stmt, frame) -> object:
+        if node is not self.target:
+            return super()._exec(node, frame)
+        if self.undecided:
+            raise _Reached(why="only under a condition the tracer could not decide")
+        try:
+            value = self._eval(self.operand, frame)
+        except Unevaluable as error:
+            raise _Reached(why=f"{ast.unparse(self.operand)} does not evaluate there: {error}") from None
+        if isinstance(value, Opaque):
+            raise _Reached(why=f"{ast.unparse(self.operand)} is {value.path} there, which the tracer does not follow")
+        raise _Reached(value)
+
+
+@dataclass(frozen=True)
+class AssertOperand:
+    """What cls.__init__(**kwargs) does on its way to one assert: reaches it on a decided path with the operand's
+    value (known), refuses before it (refusal: the raise or failed assert), or neither (why)."""
+
+    known: bool = False
+    value: object = None
+    refusal: str | None = None
+    why: str = ""
+
+
+def trace_to_assert(program: Program, cls: object, attributes: Mapping[str, object], kwargs: Mapping[str, object],
+                    target: ast.Assert, operand: ast.expr) -> AssertOperand:  # fmt: skip
+    """cls.__init__(**kwargs) traced up to `target` (an assert of an __init__ it runs); operand, an expression of
+    that assert, is evaluated there."""
+    tracer = _AssertProbe(program, target, operand)
+    try:
+        instance = tracer.instance(cls, attributes)
+        init = _init_function(program, cls)
+        if init is None:
+            return AssertOperand(why="no parsed __init__")
+        tracer.call(BoundMethod(init, instance), (), _by_parameter(init, kwargs))
+    except _Reached as reached:
+        return AssertOperand(known=True, value=reached.value) if reached.why is None else AssertOperand(why=reached.why)
+    except _Refused as refusal:
+        return AssertOperand(refusal=refusal.reason)
+    except (Unevaluable, RecursionError) as error:
+        return AssertOperand(why=f"__init__ stops before it: {error}")
+    return AssertOperand(why="__init__ does not reach it at this point")
 
 
 def init_parameter_default(program: Program, cls: object, name: str) -> str | None:
