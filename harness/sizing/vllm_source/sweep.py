@@ -12,9 +12,12 @@
         as a condition, a truth-valued property of the configuration: both values swept (Point.variant); a
         no-argument function of vLLM that an __init__ building the class asserts equal to an expression
         (AssertedCall): that expression's value at the point, named with the assert's file:line in the variant
-        double-count    a buffer grows x D^2 from D = 1 to D (the token dim is M·D, not M = T·D)
+        double-count    a buffer grows x D^2 from D = 1 to D (the token dim is M·D, not M = T·D); a size affine
+                        in the tokens and rounded up (a padding per expert) counts as xD / xD^2 where it equals
+                        what T·D / T·D^2 tokens get at D = 1
         under-sized     the output holds less than the format's (E, M, K) / (M, K); a workspace stays x1 with D
-                        while the output grows xD and it grows with T (the growth check); a view apply() takes of a
+                        while the output grows xD, it grows with T, and it holds less than T·D tokens get at D = 1
+                        (the growth check); a view apply() takes of a
                         buffer (views.py) needs more than the buffer holds; or, for CutlassBatchedExpertsFp8 at a
                         gated activation, common + ws2 is below the harness's live set (harness.core.contract)
         over-allocated  common + ws2 is larger than the views need (common = max(ws13, out), which out aliases)
@@ -1407,14 +1410,25 @@ def _d_growth(evaluator: _ClassEvaluator, point: Point, shapes) -> dict[str, flo
     if isinstance(base, str):
         return Outcome(UNEVALUATED, f"not evaluated at D = 1 to compare: {base}")
     growth: dict[str, float] = {}
-    for name, before, after in zip(("ws13", "ws2", "out"), base, shapes, strict=False):
+    for index, (name, before, after) in enumerate(zip(("ws13", "ws2", "out"), base, shapes, strict=False)):
         b, a = math.prod(before), math.prod(after)
         if b == 0 or a == 0:
             continue
         growth[name] = a / b
         if point.dispatchers == "set" and growth[name] not in (1, point.D, point.D**2):
-            return Outcome(UNEVALUATED, f"{name} grows x{growth[name]:g} from D = 1 to D = {point.D}")
+            # A size affine in the tokens, rounded up (a padding per expert, DeepGEMM's aligned M): what the buffer
+            # holds for T·D (or T·D²) tokens at D = 1 tells which token count it is sized by.
+            tokens = next((f for f in (point.D, point.D**2) if _buffer_at(evaluator, point, f, index) == a), None)
+            if tokens is None:
+                return Outcome(UNEVALUATED, f"{name} grows x{growth[name]:g} from D = 1 to D = {point.D}")
+            growth[name] = tokens
     return growth
+
+
+def _buffer_at(evaluator: _ClassEvaluator, point: Point, factor: int, index: int) -> int | None:
+    """prod(buffer `index`) at D = 1 with T·factor tokens per rank; None when that does not evaluate."""
+    shapes = evaluator.workspace(dataclasses.replace(point.reference(), T=point.T * factor))
+    return None if isinstance(shapes, str) else math.prod(shapes[index])
 
 
 def _stuck_with_d(evaluator: _ClassEvaluator, point: Point, growth: dict[str, float]) -> list[str]:
@@ -1430,7 +1444,12 @@ def _stuck_with_d(evaluator: _ClassEvaluator, point: Point, growth: dict[str, fl
     if isinstance(here, str) or isinstance(there, str):
         return []
     index = {"ws13": 0, "ws2": 1}
-    return [name for name in stuck if math.prod(there[index[name]]) > math.prod(here[index[name]])]
+    grows = [name for name in stuck if math.prod(there[index[name]]) > math.prod(here[index[name]])]
+    # ... and that hold less than the same M = T·D tokens get at D = 1 (a size rounded up to a padding may stay
+    # x1 from D = 1 to D and still be what M tokens need)
+    return [name for name in grows
+            if (same := _buffer_at(evaluator, point, point.D, index[name])) is None
+            or math.prod(here[index[name]]) < same]  # fmt: skip
 
 
 def _unused_finding(tree: SourceTree, cls: ParsedClass, buffer: str, points: int) -> Finding | None:
