@@ -1,5 +1,6 @@
-"""The contract oracle of `harness vllm audit --sweep` on vLLM 0.33.0: every experts class that sizes a workspace,
-each with its own N, what apply() uses, named findings, and under-sizes planted in a copy of the release's files.
+"""The contract oracle of `harness vllm audit --sweep` on vLLM 0.33.0 (and 0.19.0's DeepGemmExperts): every experts
+class that sizes a workspace, each with its own N, what apply() uses, named findings, and under-sizes planted in a
+copy of the release's files.
 
 The trees are copies of the cached 0.33.0 wheel's files, edited at test time; nothing of vLLM is committed.
 """
@@ -373,30 +374,90 @@ def test_swept_coverage_of_0_33_0(swept):
     unevaluated = {c.name: c for c in swept.classes if c.verdict == UNEVALUATED}
     # Each remaining class stops at a value of a kernel library vLLM wraps, not at vLLM's own code: the humming
     # library's configs (vllm.utils.humming re-exports it), the b12x library's execution plan (b12x.py, after its
-    # `del N, ...`), DeepGEMM's contiguous-layout alignment (vllm.utils.deep_gemm asks the library), and
-    # TritonOrDeepGemmExperts delegates to DeepGemmExperts.
+    # `del N, ...`), DeepGEMM's contiguous-layout alignment where no __init__ asserts it (DeepGemmFP4Experts), and
+    # DeepGEMM's per-call alignment, which deep_gemm_utils.compute_aligned_M_and_alignment asks for in a `try`
+    # (DeepGemmExperts, past the alignment its __init__ asserts).
     reasons = {
         "BatchedHummingGroupedExperts": "imports vllm.utils.humming at call time",
         "HummingExpertsBase": "imports vllm.utils.humming at call time",
         "B12xExperts": "uses the name 'get_b12x_fused_moe'",
-        "DeepGemmExperts": "uses the name 'get_mk_alignment_for_contiguous_layout'",
+        "DeepGemmExperts": "uses Try, which is outside the evaluated subset (deep_gemm_utils.py line",
         "DeepGemmFP4Experts": "uses the name 'get_mk_alignment_for_contiguous_layout'",
-        "TritonOrDeepGemmExperts": "uses the name 'get_mk_alignment_for_contiguous_layout'",
     }
     assert set(unevaluated) == set(reasons)
     for name, cls in unevaluated.items():
         assert not any(o.status == CONSISTENT for o in cls.outcomes.values())
         details = {o.detail for o in cls.outcomes.values() if o.status == UNEVALUATED}
-        # (DeepGemmExperts' `assert self.block_shape is not None` stops it first at the formats without blocks.)
         assert all(d.startswith("workspace_shapes ") for d in details) and any(reasons[name] in d for d in details)
+    verdicts = [c.verdict for c in swept.classes]
+    assert len(verdicts) == 46 and (verdicts.count(CONSISTENT), verdicts.count(OVER)) == (23, 10)
+    assert (verdicts.count(NOT_DERIVED), verdicts.count(UNEVALUATED)) == (8, 5)
     # TritonOrCutlassExperts' self.is_sm100 (`current_platform.has_device_capability(100)`) is swept at both values.
     toc = by_name(swept)["TritonOrCutlassExperts"]
     assert {p.variant for p in toc.outcomes} == {"is_sm100=True", "is_sm100=False"}
     # TritonOrDeepGemmExperts' `if is_deep_gemm_e8m0_used()` (a function of no argument, imported from vLLM) is
-    # swept at both values; both reach DeepGemmExperts' alignment, a value of the DeepGEMM library.
+    # swept at both values; the alignment it and DeepGemmExperts read is the one DeepGemmExperts' __init__ asserts.
     tod = by_name(swept)["TritonOrDeepGemmExperts"]
-    assert {p.variant for p in tod.outcomes} == {"is_deep_gemm_e8m0_used()=True", "is_deep_gemm_e8m0_used()=False"}
+    assert {p.variant.split(",")[0] for p in tod.outcomes} == {"is_deep_gemm_e8m0_used()=True",
+                                                                "is_deep_gemm_e8m0_used()=False"}  # fmt: skip
+    assert tod.verdict == OVER
     assert swept.failed == [] and swept.limits == []
+
+
+def _line_of(path: Path, text: str, after: str = "") -> int:
+    """The 1-based line of the only line of path that holds text (after the first line that holds `after`)."""
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if after in line) if after else 0
+    found = [i + 1 for i, line in enumerate(lines) if i >= start and text in line]
+    assert found, f"{text!r} is not in {path}"
+    return found[0]
+
+
+ALIGNMENT = "get_mk_alignment_for_contiguous_layout"
+DEEP_GEMM_ASSERT = f"assert quant_config.block_shape == {ALIGNMENT}()"
+
+
+def test_deep_gemm_alignment_is_the_block_shape_its_init_asserts(release, swept):
+    # deep_gemm_moe.py, DeepGemmExperts.__init__: `assert quant_config.block_shape ==
+    # get_mk_alignment_for_contiguous_layout()` outside MXFP8's [1, 32] blocks, so the alignment of a DeepGemmExperts
+    # vLLM builds is its quant config's block_shape: [128, 128] at fp8-block (kFp8Dynamic128Sym).
+    line = _line_of(release.root / EXPERTS / "deep_gemm_moe.py", DEEP_GEMM_ASSERT)
+    part = f"{ALIGNMENT}()=quant_config.block_shape (asserted at deep_gemm_moe.py:{line})"
+    classes = by_name(swept)
+    deep_gemm, tod = classes["DeepGemmExperts"], classes["TritonOrDeepGemmExperts"]
+    assert {p.variant for p in deep_gemm.outcomes} == {part}
+    assert {p.variant for p in tod.outcomes} == {f"is_deep_gemm_e8m0_used()={v},{part}" for v in (True, False)}
+    # The sweep's MXFP8 format carries no block_shape: the assert compares None with the alignment, a sequence the
+    # release indexes (`get_mk_alignment_for_contiguous_layout()[0]`), so vLLM refuses to build the class.
+    mxfp8 = {p: o for p, o in deep_gemm.outcomes.items() if p.quant == "kMxfp8Static/kMxfp8Dynamic"
+             and p.activation == "silu"}  # fmt: skip
+    assert len(mxfp8) == 20 and {o.status for o in mxfp8.values()} == {REFUSED}
+    (detail,) = {o.detail for o in mxfp8.values()}
+    assert f"`{DEEP_GEMM_ASSERT}` (deep_gemm_moe.py:{line}) fails" in detail
+    assert "quant_config.block_shape is None" in detail
+    # At fp8-block, past the alignment, workspace_shapes calls compute_aligned_M_and_alignment, whose `try` asks
+    # DeepGEMM for a per-call alignment (get_theoretical_mk_alignment_for_contiguous_layout, imported at call time).
+    try_line = _line_of(release.root / "vllm/model_executor/layers/fused_moe/deep_gemm_utils.py", "try:",
+                        after="def compute_aligned_M_and_alignment(")  # fmt: skip
+    block = {o.detail for p, o in deep_gemm.outcomes.items() if p.quant == "fp8-block" and o.status == UNEVALUATED}
+    assert block == {f"workspace_shapes uses Try, which is outside the evaluated subset (deep_gemm_utils.py line "
+                     f"{try_line})"}  # fmt: skip
+    # TritonOrDeepGemmExperts (triton_deep_gemm_moe.py) sizes for DeepGemmExperts when `is_deep_gemm_e8m0_used() or
+    # _valid_deep_gemm_shape(M, N, K)`, which is `align <= M and N % align == 0 and K % align == 0` with align =
+    # get_mk_alignment_for_contiguous_layout()[0] = 128 here; else for TritonExperts (triton_moe.py:
+    # (M, topk, max(N/2, K)), (M, topk, max(N, K)), (M, K)).
+    align, topk, K, I = 128, 8, 7168, 2048
+    N = 2 * I
+    for D in (1, 2, 8, 32, 256):
+        M = D  # T = 1
+        found = at(tod, quant="fp8-block", activation="silu", D=D, E=16, T=1, K=K, I=I, experts="E·D")
+        shapes = {p.variant.split(",")[0]: o for p, o in found.items() if p.dispatchers == "set"}
+        assert shapes["is_deep_gemm_e8m0_used()=True"].status == UNEVALUATED  # DeepGemmExperts, at the try
+        fallback = shapes["is_deep_gemm_e8m0_used()=False"]
+        if align <= M and N % align == 0 and K % align == 0:
+            assert fallback.status == UNEVALUATED and fallback.shapes is None
+        else:
+            assert fallback.shapes == ((M, topk, max(N // 2, K)), (M, topk, max(N, K)), (M, K))
 
 
 def test_delegating_and_flagged_classes_match_hand_computations(swept):
@@ -507,3 +568,50 @@ def test_planted_underivable_attribute_is_not_derived(tmp_path, release):
         "line 334); not derived: self.hidden_dim_unpadded = unknown_pad(moe_config): uses the name 'unknown_pad', "
         "which is only defined when vLLM is imported (trtllm_mxfp4_moe.py line 55)"
     }
+
+
+# vLLM 0.19.0's DeepGemmExperts sizes its workspaces from its block_shape and its apply() from DeepGEMM's alignment,
+# with no `try` in deep_gemm_utils.compute_aligned_M: there the asserted alignment lets apply()'s views be derived.
+OLD_DEEP_GEMM = "vllm/model_executor/layers/fused_moe/deep_gemm_moe.py"
+
+
+@pytest.fixture(scope="module")
+def release_0_19():
+    return locate(version="0.19.0", cache_dir=default_cache_dir())
+
+
+def test_deep_gemm_experts_of_0_19_0_match_hand_computations(release_0_19):
+    line = _line_of(release_0_19.root / OLD_DEEP_GEMM, DEEP_GEMM_ASSERT)
+    deep_gemm = by_name(sweep(source_tree(release_0_19), class_filter=lambda n: n == "DeepGemmExperts"))[
+        "DeepGemmExperts"
+    ]
+    assert {p.variant for p in deep_gemm.outcomes} == {
+        f"{ALIGNMENT}()=quant_config.block_shape (asserted at deep_gemm_moe.py:{line})"
+    }
+    # deep_gemm_moe.py, DeepGemmExperts.workspace_shapes: block_m = self.block_shape[0], M_sum = compute_aligned_M(M,
+    # topk, local_num_experts, block_m, ...), (M_sum, max(N/2, K)), (M_sum, max(N, K)), (M, K); deep_gemm_utils.py,
+    # compute_aligned_M: round_up(M * num_topk + local_num_experts * (alignment - 1), alignment).
+    M, topk, E, K, I, block_m = 256 * 32, 8, 16, 7168, 2048, 128
+    N = 2 * I
+    M_sum = -(-(M * topk + E * (block_m - 1)) // block_m) * block_m
+    ((_, outcome),) = at(deep_gemm, quant="fp8-block", activation="silu", **PR_POINT).items()
+    assert outcome.shapes == ((M_sum, max(N // 2, K)), (M_sum, max(N, K)), (M, K))
+    # apply(): M_sum from compute_aligned_M(..., alignment=get_mk_alignment_for_contiguous_layout()[0]) = 128, then
+    # fp8 views of workspace13 (M_sum, K) and (M_sum, N/2), bf16 views of workspace2 (M_sum, N) and (M_sum, K).
+    uses13, uses2 = M_sum * max(K, N // 2), 2 * M_sum * max(N, K)
+    assert outcome.uses == (uses13, uses2)
+    allocated = 2 * (max(M_sum * max(N // 2, K), M * K) + M_sum * max(N, K))
+    assert outcome.status == OVER and outcome.total_bytes == allocated
+    assert outcome.ratio == allocated / (max(uses13, 2 * M * K) + uses2)
+    assert deep_gemm.verdict == OVER and not deep_gemm.by_status(UNEVALUATED)
+
+
+def test_under_size_planted_in_deep_gemm_experts_is_caught(tmp_path, release_0_19):
+    # Half the rows of workspace2: apply()'s (M_sum, N) and (M_sum, K) views, with M_sum at the asserted alignment,
+    # need twice what it holds at K = 7168 (max(N, K) = K).
+    root = planted(tmp_path, release_0_19, OLD_DEEP_GEMM, "workspace2 = (M_sum, max(N, K))",
+                   "workspace2 = (M_sum // 2, max(N, K))")  # fmt: skip
+    deep_gemm = sweep_of(root, "DeepGemmExperts")["DeepGemmExperts"]
+    assert deep_gemm.failed and deep_gemm.verdict == UNDER
+    ((_, outcome),) = at(deep_gemm, quant="fp8-block", activation="silu", **PR_POINT).items()
+    assert outcome.status == UNDER and outcome.detail == "apply() views workspace2 to x2 of its size"
