@@ -30,6 +30,11 @@ def human_bytes(num_bytes: float | int | None, *, none: str = "n/a") -> str:
     return f"{sign}{int(value)} B"
 
 
+def round_up(value: int, multiple: int) -> int:
+    """value rounded up to a multiple of multiple (> 0), in integers: vLLM's round_up."""
+    return -(-value // multiple) * multiple
+
+
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n, for n >= 1: Triton's block sizes and the sampler's rows."""
     return 1 << max(0, (n - 1).bit_length())

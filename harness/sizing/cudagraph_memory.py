@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.core.units import MIB
+from harness.core.units import MIB, round_up
 from harness.sizing.gpus import Gpu
 from harness.sizing.model_config import ModelFacts
 from harness.sizing.profile_run import cublas_workspace, forward_phase, gpu_facts
@@ -189,7 +189,7 @@ def exec_bytes(mode: str, facts: ModelFacts) -> int:
     layers = facts.num_hidden_layers * EXEC_PER_LAYER
     if mode == "PIECEWISE":
         pieces = piece_graphs(facts) * PIECE_GRAPH_EXEC // DRIVER_PAGE * DRIVER_PAGE
-        return min(pieces, -(-layers // DRIVER_PAGE) * DRIVER_PAGE)
+        return min(pieces, round_up(layers, DRIVER_PAGE))
     return layers // DRIVER_PAGE * DRIVER_PAGE
 
 

@@ -31,9 +31,10 @@ See docs/layer-memory.md.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
+
+from harness.core.units import round_up
 
 INT_MAX = 2**31 - 1
 BUFFER_ALIGNMENT_BYTES = 128  # NUM_BUFFER_ALIGNMENT_BYTES / LEGACY_NUM_BUFFER_ALIGNMENT_BYTES
@@ -96,7 +97,7 @@ class LowLatencyLayout:
 
     @property
     def signal_bytes(self) -> int:
-        return _align_up(self.num_experts * 4, 128)
+        return round_up(self.num_experts * 4, 128)
 
     @property
     def total_bytes(self) -> int:
@@ -185,10 +186,6 @@ class LowLatencyRecv:
     @property
     def total_bytes(self) -> int:
         return self.x_bytes + self.scales_bytes + self.metadata_bytes
-
-
-def _align_up(value: int, alignment: int) -> int:
-    return math.ceil(value / alignment) * alignment
 
 
 # --- the comm path's view: one call, one record of every part (harness.rank.comm) ------------------------------------

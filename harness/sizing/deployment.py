@@ -32,7 +32,7 @@ from pydantic import Field
 
 import harness
 from harness.core.records import Record
-from harness.core.units import GIB
+from harness.core.units import GIB, round_up
 from harness.scenario.deployment import DeploymentSpec
 from harness.sizing import gpus, profile_run
 from harness.sizing import release_defaults as defaults
@@ -579,10 +579,6 @@ def _vocab_matrix_bytes(facts: ModelFacts, tp: int) -> int:
     return pad_vocab(facts.vocab_size, tp) * facts.hidden_size * facts.dtype_bytes
 
 
-def _round256(n: int) -> int:
-    return -(-n // 256) * 256
-
-
 def sparse_attention_lines(facts: ModelFacts, r: Resolved) -> list[DeploymentLine]:
     """DeepSeek-V3.2's buffers made while the model is built, so in what vLLM logs as the model's loading: the top-k
     indices every layer's indexer writes (models/deepseek_v2.py DeepseekV2Model.__init__: topk_indices_buffer
@@ -603,7 +599,7 @@ def sparse_attention_lines(facts: ModelFacts, r: Resolved) -> list[DeploymentLin
         head = facts.kv_lora_rank + facts.qk_rope_head_dim
         heads = facts.num_attention_heads // r.tp
         prefill_rows = 5 * r.max_model_len
-        size = _round256(N * heads * head * 2) + _round256(prefill_rows * head * 2)
+        size = round_up(N * heads * head * 2, 256) + round_up(prefill_rows * head * 2, 256)
         lines.append(DeploymentLine(group="weights", name="FlashMLA sparse workspace", bytes=size, kind="exact",
                                     source=f"FLASHMLA_SPARSE (fp8_ds_mla cache, compute capability 9.x) reserves in "
                                     f"__init__ q_concat ({N}, {heads}, {head}) bf16 + the prefill workspace "
@@ -864,7 +860,6 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
         rows = profile_run.mla_workspace_rows(max_model_len=r.max_model_len, max_num_seqs=r.max_num_seqs,
                                               block_size=r.block_size)  # fmt: skip
         mla = {"mla_rows": rows, "eager": r.eager, "held_workspace": held}
-    forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv, **mla)
     eager_v2 = None
     if r.v2_runner and r.eager and r.pp == 1 and not recv:
         eager_v2 = profile_run.v2_eager_forward_phase(facts, num_tokens=N, tp=tp)
@@ -875,8 +870,10 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
                                             **mla)  # fmt: skip
         if not mla:
             forward = profile_run.Phase(forward.bytes, f"{forward.detail}; the V2 runner's "
-                                    f"{'eager' if r.eager else 'compiled (torch.compile)'} forward of this model is "
-                                    "not read: 0.19.0's estimate")  # fmt: skip
+                                        f"{'eager' if r.eager else 'compiled (torch.compile)'} forward of this "
+                                        "model is not read: 0.19.0's estimate")  # fmt: skip
+    else:
+        forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv, **mla)
     if not last:  # profile_run runs the dummy sampler on the last pipeline rank only
         sampler = profile_run.Phase(0, "no dummy sampler (not the last pipeline stage: the model runner's "
                                        "profile_run runs it where the pipeline rank is the last)")  # fmt: skip

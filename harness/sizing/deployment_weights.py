@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.core.units import round_up
 from harness.sizing.model_config import ModelFacts, pad_vocab
 from harness.sizing.quant_formats import linear_tensors as quant_linear
 from harness.sizing.quant_formats import marlin_moe_workspace
@@ -63,10 +64,10 @@ def allocator_block_bytes(size: int) -> int:
     whole segment is its block. Requests up to 10 MiB are cut from a 2 MiB or a 20 MiB segment, with room left."""
     if size <= 0:
         return 0
-    rounded = -(-size // MIN_BLOCK) * MIN_BLOCK
+    rounded = round_up(size, MIN_BLOCK)
     if rounded <= SMALL_SIZE or rounded < MIN_LARGE_ALLOC:
         return rounded
-    segment = -(-rounded // ROUND_LARGE) * ROUND_LARGE
+    segment = round_up(rounded, ROUND_LARGE)
     return rounded if segment - rounded > SMALL_SIZE else segment
 
 
@@ -217,7 +218,7 @@ def experts_intermediate(facts: ModelFacts, sharding: Sharding) -> int:
     (mxfp4.py create_weights: round_up(intermediate_size_per_partition, 64))."""
     I = facts.moe_intermediate_size // sharding.moe_tp
     if facts.quant is not None and facts.quant.scheme == "mxfp4":
-        I = -(-I // 64) * 64
+        I = round_up(I, 64)
     return I
 
 

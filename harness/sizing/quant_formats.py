@@ -38,6 +38,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from harness.core.units import round_up
+
 FP8_SCALE = 4  # f32
 INT32 = 4
 
@@ -134,8 +136,8 @@ def linear_tensors(q: Quant | None, out_f: int, in_f: int, act_bytes: int, *, st
         # HopperMXValueLayoutTransformation vLLM vendors, third_party/triton_kernels; the pip triton_kernels of older
         # releases padded to 16 x 32), scales to 256 rows (2 x 8 warps x 2 x 8) x 2 columns (HopperMXScaleLayout)
         rows, width = q.swizzle_align
-        values = E * _up(out_f, rows) * _up(in_f // 2, width)
-        swizzled_scales = E * _up(out_f, 256) * _up(groups, 2)
+        values = E * round_up(out_f, rows) * round_up(in_f // 2, width)
+        swizzled_scales = E * round_up(out_f, 256) * round_up(groups, 2)
         return [values, *([E * out_f * groups] if q.loaded_scales_kept else []), swizzled_scales]
     if s == "nvfp4":
         # weight, its fp8 scales per 16, and the global weight and input scales (the shards' max: one each)
@@ -171,10 +173,6 @@ def linear_tensors(q: Quant | None, out_f: int, in_f: int, act_bytes: int, *, st
 
 
 SMS = 132  # H100 SXM / H200; the Marlin workspace is one int32 per SM (marlin_utils.marlin_make_workspace_new)
-
-
-def _up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def _marlin_workspace(moe: bool) -> int:
