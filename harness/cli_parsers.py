@@ -466,7 +466,7 @@ def _vllm(sub: Subcommands, commands: Mapping[str, Command]) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="CPU seconds for the whole audit or sweep (default 8 and 18: a hostile tree's bound); raise "
+        help="CPU seconds for the whole audit or sweep (default 8 and 60: a hostile tree's bound); raise "
         "it for a tree you trust",
     )
     _wide(p)
