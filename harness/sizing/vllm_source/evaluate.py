@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import os
 import stat
 from collections.abc import Mapping
@@ -387,10 +388,45 @@ def _cached_tree(source: VllmSource) -> SourceTree:
     return SourceTree(source)
 
 
+_EDITABLE_TREES: dict[VllmSource, tuple[str, SourceTree]] = {}
+MAX_EDITABLE_TREES = 4
+
+
 def source_tree(source: VllmSource) -> SourceTree:
     """The parsed tree, once per process for what cannot change (a release or wheel extraction) and shared by the
-    audit, the sweep, the policy path and the layer path; a tree users edit (--vllm-src, installed) is read again."""
-    return _cached_tree(source) if source.kind in ("release", "wheel") else SourceTree(source)
+    audit, the sweep, the policy path and the layer path. A tree users edit (--vllm-src, installed) is parsed again
+    unless its python files hold the same bytes as when it was last parsed (content_digest): hashing them costs a
+    small part of parsing them, and one command asks for the tree several times."""
+    if source.kind in ("release", "wheel"):
+        return _cached_tree(source)
+    digest = content_digest(source)
+    cached = _EDITABLE_TREES.get(source)
+    if digest is not None and cached is not None and cached[0] == digest:
+        return cached[1]
+    tree = SourceTree(source)
+    if digest is not None:
+        _EDITABLE_TREES.pop(source, None)
+        while len(_EDITABLE_TREES) >= MAX_EDITABLE_TREES:
+            _EDITABLE_TREES.pop(next(iter(_EDITABLE_TREES)))
+        _EDITABLE_TREES[source] = (digest, tree)
+    return tree
+
+
+def content_digest(source: VllmSource) -> str | None:
+    """sha256 over the fused-MoE package's listing (what _python_files takes and leaves) and the bytes of every file it
+    takes; None where the package cannot be listed or read (SourceTree then says why)."""
+    unparsed: dict[str, str] = {}
+    digest = hashlib.sha256()
+    try:
+        for path in _python_files(source.fused_moe_dir, unparsed, source.root):
+            data = _read_source_bytes(path)
+            digest.update(f"{path.relative_to(source.root).as_posix()}\0{len(data)}\0".encode())
+            digest.update(data)
+    except (OSError, VllmSourceError):
+        return None
+    for file, why in sorted(unparsed.items()):
+        digest.update(f"{file}\0{why}\0".encode())
+    return digest.hexdigest()
 
 
 def standin_attributes(args: SizingArgs) -> dict[str, object]:
