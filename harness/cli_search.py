@@ -16,7 +16,7 @@ from harness.core.exits import EXIT_FAILED, EXIT_OK
 
 
 def add_search_arguments(p: argparse.ArgumentParser) -> None:
-    from harness.sizing.search import ALLOWANCES, OBJECTIVES
+    from harness.sizing.search_choices import ALLOWANCES, OBJECTIVES
 
     p.add_argument(
         "--search",

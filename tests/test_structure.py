@@ -166,3 +166,18 @@ def test_argparse_users_finds_each_spelling(tmp_path):
     (package / "lazy.py").write_text("def f():\n    import argparse as ap\n    return ap\n")
     (package / "clean.py").write_text('"""takes no argparse.Namespace"""\nimport json\n')
     assert argparse_users(package) == ["harness.from_import", "harness.lazy", "harness.plain"]
+
+
+def test_the_parser_is_built_without_the_models_it_dispatches_to():
+    # Every command builds the whole parser first, so whatever building it imports, every invocation pays for (a
+    # refusal of bad input included): it takes option choices from light modules, not the deployment model or torch.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from harness.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in ('torch', 'harness.sizing.deployment', 'harness.sizing.search') if m in sys.modules))"
+    )
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "[]"

@@ -41,11 +41,9 @@ from harness.scenario.schema import ScenarioError
 from harness.sizing.deployment import GIB, DeploymentPlan
 from harness.sizing.deployment_plan import ReleaseReads
 from harness.sizing.model_config import ModelFacts
+from harness.sizing.search_choices import Objective
 
 SEARCH_SCHEMA = 1
-OBJECTIVES = ("kv-tokens", "concurrency", "min-gpus")
-Objective = Literal["kv-tokens", "concurrency", "min-gpus"]
-ALLOWANCES = ("kv-fp8",)
 # The all-to-all backends whose buffers the layer model reads from a release (harness.sizing.layer); a release's
 # others are listed as offered and not searched.
 SIZED_ALL2ALL = ("allgather_reducescatter", "deepep_low_latency", "deepep_high_throughput")
