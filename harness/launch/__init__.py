@@ -8,7 +8,7 @@ Owns:
     deadlines    RankWatch (the bounds of every wait), exit_cause, SIGTERM handled as Ctrl-C
     faults       HARNESS_INJECT_FAULT, the test hook that makes one rank die, hang or stop at a given point
     rank_side    rank_entry: the wrapper each rank's process runs around its RankEntry's main
-    local        the local launcher (torch.multiprocessing, spawn)
+    local        the local launcher (a fork server that has imported torch; a process per rank)
     ray_launcher the Ray launcher (a placement group, one actor per rank)
     machine      this machine's CPUs, GPUs and memory, probed without torch
     rundir       run ids and run directories, claimed atomically
@@ -24,7 +24,7 @@ command line and builds the requests.
 May import: harness.core, harness.scenario, harness.sizing, harness.rank, harness.report.
 
     harness run ──> Launcher.launch(LaunchPlan, RunSink)
-                      local  torch.multiprocessing (spawn); events and records come back over a pipe per rank
+                      local  a process per rank from a fork server; events and records come back over a pipe per rank
                       ray    one placement-group bundle and one actor per rank; events through a progress actor,
                              final records as Ray objects
                     in every rank: rank_entry() -> the RankEntry's main(scenario, RankInfo, run_dir, progress,

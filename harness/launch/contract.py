@@ -44,7 +44,7 @@ class RankEntry:
     """What a rank runs and what it returns, given by the caller so launchers import neither rank nor bench.
 
     `main(scenario, info, run_dir, progress, kernels=...)` returns a pydantic record; `record_model` validates it on the
-    driver. Both are module-level, so they pickle by reference into spawned processes and Ray actors.
+    driver. Both are module-level, so they pickle by reference into rank processes and Ray actors.
     """
 
     main: Callable[..., Any]

@@ -1,4 +1,9 @@
-"""The local launcher: one spawned process per rank on this machine, rendezvous at 127.0.0.1.
+"""The local launcher: one process per rank on this machine, rendezvous at 127.0.0.1.
+
+Ranks are forked from multiprocessing's fork server, which imports torch and the rank's code once per driver
+(`_rank_context`): a rank then starts in milliseconds instead of spending about 2 s of CPU importing torch, and
+inherits nothing of the driver's (its threads, a CUDA context): only the arguments, which carry the driver's
+environment and working directory at launch, and an ignored SIGINT.
 
 Each process runs `rank_entry` and sends ("event", data), then ("record", data) or ("error", (cause, detail))
 over a pipe of its own; the driver writes what arrives. Connection.send returns once the message is in the pipe,
@@ -38,10 +43,22 @@ TERMINATE_GRACE_S = 5.0
 EXIT_JOIN_S = 5.0
 
 
-def _rank_process(scenario: Scenario, info: RankInfo, run_dir: str, conn: Connection, entry: RankEntry) -> None:
-    """Body of one rank's process (spawned: nothing inherited but the arguments, the environment and the blocked
-    SIGINT, which the driver handles for it)."""
+def _rank_process(
+    scenario: Scenario,
+    info: RankInfo,
+    run_dir: str,
+    conn: Connection,
+    entry: RankEntry,
+    environ: dict[str, str],
+    cwd: str,
+) -> None:
+    """Body of one rank's process, forked from the fork server: the driver's environment and working directory
+    at launch replace the server's (which are those of the server's start), and SIGINT stays ignored (the driver
+    handles it for the rank)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
     apply_safe_env()
     if info.device_type == "cpu":
         import torch
@@ -75,7 +92,7 @@ class LocalLauncher:
 
     def launch(self, plan: LaunchPlan, sink: RunSink) -> LaunchOutcome:
         apply_safe_env()  # children inherit the environment; rank_entry applies it again
-        ctx = mp.get_context("spawn")
+        ctx = _rank_context(plan.entry)
         port = free_port("127.0.0.1")
         node = socket.gethostname()
         procs: dict[int, BaseProcess] = {}
@@ -91,7 +108,7 @@ class LocalLauncher:
                 reader, writer = ctx.Pipe(duplex=False)
                 proc = ctx.Process(
                     target=_rank_process,
-                    args=(plan.scenario, info, str(plan.run_dir), writer, plan.entry),
+                    args=(plan.scenario, info, str(plan.run_dir), writer, plan.entry, dict(os.environ), os.getcwd()),
                     name=f"harness-rank-{rank}",
                 )
                 without_sigint(proc.start)  # Ctrl-C reaches the driver alone, which stops the ranks
@@ -144,6 +161,15 @@ class LocalLauncher:
 
     def close(self) -> None:
         pass
+
+
+def _rank_context(entry: RankEntry) -> Any:
+    """The fork server's context. The server starts at the first rank of this process (inside `without_sigint`, so
+    it and every rank it forks ignore SIGINT) and imports torch and the rank's code first; it ends with this process.
+    The preload is fixed when the server starts: an entry from another module imports that module in its rank."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "harness.launch.rank_side", entry.main.__module__])
+    return ctx
 
 
 def _read_one(sink: RunSink, rank: int, conn: Connection) -> bool:

@@ -381,7 +381,7 @@ def _dry_run(
     else:
         where = "this machine"
         device = resolve_device(scenario, local_gpu_count())
-        placement = f"{scenario.parallel.num_ranks} spawned processes, rendezvous 127.0.0.1"
+        placement = f"{scenario.parallel.num_ranks} local processes, rendezvous 127.0.0.1"
     console.print(
         f"would launch: {launcher_name} launcher on {where}; device {device}; {placement}\n"
         f"bounds: placement {launch.placement_timeout_s:g} s, collectives {launch.collective_timeout_s:g} s, "
