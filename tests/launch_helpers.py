@@ -122,8 +122,14 @@ def report_policies(run_dir: Path) -> dict[int, dict[str, str]]:
 
 @contextmanager
 def cpu_load(num_processes: int = 1) -> Iterator[None]:
-    """A second CPU-heavy process beside the test (busy loops), as on a loaded CI machine; ended by its pid."""
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(num_processes)]
+    """The test runs beside `num_processes` CPU-heavy processes, as on a loaded CI machine: busy loops, ended by
+    their pid, for what the machine's load does not already hold.
+
+    The last minute's load average counts this test's own process and whatever else keeps a core busy (in the
+    suite's run, its other worker): the busy loops added are what it lacks of `num_processes` more than one, so the
+    suite does not spend its own CPU time making load it already has, and a test run alone is loaded all the same."""
+    already = max(0, int(os.getloadavg()[0]) - 1)
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(num_processes - already)]
     try:
         yield
     finally:
