@@ -32,46 +32,19 @@ CASES = {p.stem: load_record(p) for p in sorted(DATA.glob("*.yaml"))}
 # What the plan does not size yet of a flag (none: --dtype float32 and --quantization fp8 are sized).
 FLAG_GAPS: dict[str, str] = {}
 # Lines the model misses on a startup the plan can make, and why.
-V2_PEAK = ("0.26.0's V2 model runner's compiled forward is not modelled: its profile_run (v1/worker/gpu/"
-           "model_runner.py) runs the torch.compile'd model for the first time, and what Inductor's generated code "
-           "holds is not read; the plan takes 0.19.0's forward estimate (harness/sizing/profile_run.py "
-           "forward_phase) beside the V2 sampler (v2_sampler_phase), which is modelled, as is the eager forward "
-           "(v2_eager_forward_phase)")  # fmt: skip
 LINE_GAPS: dict[tuple[str, str], str] = {
-    ("llama-8b-4l", "torch peak"): V2_PEAK,
-    ("llama-8b-4l-bs64-seqs512", "torch peak"): V2_PEAK,
-    ("llama-8b-4l-kvfp8", "torch peak"): V2_PEAK,
-    ("llama-8b-4l-mbt32k", "torch peak"): V2_PEAK,
-    ("qwen3-8b-4l-fp8block", "torch peak"): V2_PEAK,
-    ("qwen3-8b-4l-verify-seqs128", "torch peak"): V2_PEAK,
-    ("gemma2-9b-4l", "torch peak"): V2_PEAK + "; Gemma-2 logs 0.91 GiB over the plan, more than any other V2 "
-                                              "case (not found yet)",
     ("glm45-4l", "torch peak"): "GLM-4.5 on the V1 runner logs 0.08 GiB over the plan's profile peak: not found yet",
-    ("qwen3-moe-4l-len32k-seqs64-mbt4096", "torch peak"): "with 4096 batched tokens and 64 sequences the V1 "
-        "profile logs 0.15 GiB over the plan: not found yet (the same model at 8192 and 256 is within 0.01 GiB)",
-    ("llama-8b-4l-fp32", "torch peak"): V2_PEAK,
-    ("llama-8b-4l-fp8tensor", "torch peak"): V2_PEAK,
-    ("qwen3-8b-4l", "torch peak"): V2_PEAK,
     ("llama-8b-4l-fp8tensor", "weights"): "vLLM logs 0.06 GiB over the per-tensor FP8 tensors listed (2.86 GiB "
                                           "against 2.80): not found yet in Fp8LinearMethod's "
                                           "process_weights_after_loading",
     ("llama-8b-4l-ctfp8", "weights"): "vLLM logs 0.06 GiB over the compressed-tensors FP8 per-channel tensors "
                                       "listed (2.86 GiB against 2.80, as for per-tensor FP8): not found yet",
-    ("llama-8b-4l-ctfp8", "torch peak"): V2_PEAK,
-    ("llama-3.1-8b", "torch peak"): V2_PEAK,
-    ("phi2-4l", "torch peak"): V2_PEAK + "; here the log is 0.18 GiB under the plan",
-    ("gemma3-4b-4l-text", "torch peak"): V2_PEAK + "; Gemma 3 (TRITON_ATTN chosen on the H200) logs 1.33 GiB, "
-                                         "twice the plan's 0.66: not found yet",
-    ("gpt-oss-4l", "torch peak"): "gpt-oss on the V1 runner logs 1.17 GiB, 0.32 over the plan: the Triton MXFP4 "
-                                  "MoE kernels' transients (triton_kernels matmul_ogs) are not modelled",
     ("mixtral-2l-online-fp8", "torch peak"): "online --quantization fp8 logs 0.16 GiB over the plan's peak (1.91 "
                                              "GiB against 1.75; the checkpoint's own FP8 is within 0.01 on "
                                              "Qwen3-MoE): not found yet",
     ("gpt-oss-20b", "weights"): "vLLM logs 13.03 GiB where the plan lists 13.09 for the 24-layer model (the "
                                 "four-layer one is within 0.01): 2.6 MB a layer not found yet in the Triton MXFP4 "
                                 "backend's swizzled layout",
-    ("gpt-oss-20b", "torch peak"): "gpt-oss logs 1.17 GiB, 0.32 over the plan, as gpt-oss-4l: the Triton MXFP4 MoE "
-                                   "kernels' transients (triton_kernels matmul_ogs) are not modelled",
     ("gpt-oss-20b", "CUDA graphs"): "PIECEWISE logs 4 MiB a graph over 83 graphs where the per-layer scaling of the "
                                     "driver's per-graph memory gives 6, and its first capture 180 MiB against 119 "
                                     "(the Triton MXFP4 kernels' transients): 0.74 GiB planned, 0.53 logged",
@@ -197,16 +170,11 @@ def _kv_error(name: str, cache_dir: Path) -> float:
 
 # Startups whose KV tokens the plan misses by more than 1%, and why.
 KV_GAPS: dict[str, str] = {
-    "llama4-scout-4l-text": "Llama-4 Scout's language-only profile logs 1.50 GiB over the plan's peak (the torch "
-    "peak line's gap, not found yet): the KV tokens 1.5% over",
     "dsv3-4l": "DeepSeek-V3 on FLASH_ATTN_MLA logs a torch peak 0.92 GiB over the plan's (the torch peak line's gap) "
     "and a PIECEWISE first capture of 2180 MiB: the KV tokens 1.24% over",
 }
 LINE_GAPS.update(
     {
-        ("llama4-scout-4l-text", "torch peak"): "Llama-4 Scout's language-only profile logs 1.50 GiB over the plan's "
-        "peak (2.76 GiB against 1.26; the vision tower and its encoder profile are gone, vision_tower_built): not "
-        "found yet",
         ("qwen3-next-4l", "torch peak"): "Qwen3-Next's profile logs 0.07 GiB over the plan's peak (1.34 GiB against "
         "1.27, the sampler phase's): not found yet. The V1 profile runs the gated delta net without attention "
         "metadata (qwen_gdn_linear_attn.py _forward_core returns after _warmup_prefill_kernels' 64-token pass), so "
@@ -662,3 +630,23 @@ def test_mxfp4_loaded_scales_per_release(cache_dir):
     freed_bytes = sum(linear_tensors(freed, *w13, 2, stacked=32)) + sum(linear_tensors(freed, *w2, 2, stacked=32))
     assert kept_bytes - freed_bytes == 32 * (5760 * 90 + 2880 * 90) == 24_883_200
     assert abs(_line(_plan("gpt-oss-4l", cache_dir), "weights") - CASES["gpt-oss-4l"].figures.model_loading_gib) < 0.01
+
+
+@pytest.mark.vllm_wheel
+def test_combo_kernel_benchmark_per_release(cache_dir):
+    """vLLM turns on Inductor's combo-kernel benchmark in CompilationConfig.__post_init__ (config/compilation.py),
+    read per release; with it the first compile benchmarks the fused rotary kernel on a copy of the rope cache:
+    Llama-4 Scout's (10485760, 128) bf16 cache makes its cold profile peak, 2.76 GiB, as vLLM 0.26.0 logged."""
+    from harness.sizing import release_defaults
+    from harness.sizing.layer import _tree
+    from harness.sizing.vllm_source import locate
+    from harness.sizing.vllm_source.layer_source import ReleaseFiles
+
+    for version in ("0.19.0", "0.26.0"):
+        source = locate(version=version, cache_dir=cache_dir)
+        read = release_defaults.benchmarks_combo_kernels(ReleaseFiles(source, _tree(source)), version)
+        assert read.value is True and read.source.startswith("config/compilation.py:"), read
+    plan = _plan("llama4-scout-4l-text", cache_dir)
+    line = next(line for line in plan.lines if line.name == "activations")
+    assert "rotary combo kernel's benchmark" in line.source and line.source.startswith("peak in the first compile")
+    assert abs(_line(plan, "torch peak") - CASES["llama4-scout-4l-text"].figures.torch_peak_increase_gib) < 0.01

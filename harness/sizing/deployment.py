@@ -205,6 +205,11 @@ class Resolved:
     # vLLM 0.26.0's V2 model runner (release_defaults.v2_runner_without_estimate), whose profile_run skips attention
     # and samples through its own sampler (harness.sizing.profile_run.v2_sampler_phase)
     v2_runner: bool = False
+    # The model is torch.compile'd in the profile run (not --enforce-eager): Inductor's first compile tunes its
+    # kernels there (harness.sizing.profile_run.compile_phase); `combo_benchmark`: the release sets Inductor's
+    # benchmark_combo_kernel (release_defaults.benchmarks_combo_kernels)
+    compiled: bool = False
+    combo_benchmark: bool = False
     # The V1 runner's CUDA-graph estimate as harness.sizing.cudagraph_memory models it (None: the flat estimate)
     cudagraph_bytes: int | None = None
     cudagraph_detail: str = ""
@@ -373,6 +378,9 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         settings.append(Setting(name="mxfp4_loaded_scales_kept", value=bool(mxfp4_scales.value),
                                 source=mxfp4_scales.source))  # fmt: skip
     settings.append(Setting(name="moe_workspace_persistent", value=bool(persistent.value), source=persistent.source))
+    combo = defaults.benchmarks_combo_kernels(files, version)
+    if not spec.enforce_eager:
+        settings.append(Setting(name="benchmark_combo_kernel", value=bool(combo.value), source=combo.source))
     if spec.kv_cache_memory_bytes is not None:
         settings.append(Setting(name="kv_cache_memory_bytes", value=spec.kv_cache_memory_bytes, source=origin))
     if spec.cpu_offload_gb:
@@ -403,6 +411,8 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         eager=spec.enforce_eager,
         cudagraph_estimate=cudagraph,
         v2_runner=runner is not None,
+        compiled=not spec.enforce_eager,
+        combo_benchmark=bool(combo.value) and not spec.enforce_eager,
         cudagraph_bytes=graph_bytes,
         cudagraph_detail=graph_detail,
         cudagraph_for=graphs_for,
@@ -863,8 +873,13 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
     eager_v2 = None
     if r.v2_runner and r.eager and r.pp == 1 and not recv:
         eager_v2 = profile_run.v2_eager_forward_phase(facts, num_tokens=N, tp=tp)
+    compiled_v2 = None
+    if r.v2_runner and r.compiled and r.pp == 1 and not recv:
+        compiled_v2 = profile_run.v2_compiled_forward_phase(facts, num_tokens=N, tp=tp, gpu=gpu, cublas=cublas)
     if eager_v2 is not None:
         forward = eager_v2
+    elif compiled_v2 is not None:
+        forward = compiled_v2
     elif r.v2_runner:
         forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv, shared_experts=True,
                                             **mla)  # fmt: skip
@@ -881,17 +896,42 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
         sampler = profile_run.v2_sampler_phase(facts, num_tokens=N, max_num_seqs=r.max_num_seqs, tp=tp)
     else:
         sampler = profile_run.sampler_phase(facts, num_tokens=N, max_num_seqs=r.max_num_seqs, tp=tp, gpu=gpu)
-    in_sampler = sampler.bytes >= forward.bytes
+    compile_ = profile_run.Phase(0, "")
+    if r.compiled:
+        rope = _largest_rope_cache(facts)
+        compile_ = profile_run.compile_phase(facts, num_tokens=N, tp=tp, gpu=gpu, first_rank=first,
+                                             combo=r.combo_benchmark, rope_cache=rope)  # fmt: skip
+    # the first compile runs before any GEMM or MoE call: it holds neither the cuBLAS workspace nor the MoE layer's
+    # buffers, per call or kept (its line is its bytes less them: the lines above and the held-once workspace add
+    # them back)
+    kept_ws = moe_workspace(r, layer_plan) if r.workspace_persistent and not r.monolithic_experts else None
+    held_ws = kept_ws[0] if kept_ws is not None else 0
+    candidates = {"forward pass": forward.bytes, "dummy sampler": sampler.bytes - per_call,
+                  "first compile": compile_.bytes - per_call - cublas - held_ws}  # fmt: skip
+    where = max(candidates, key=lambda k: candidates[k])
     _, _, gpu_source = profile_run.gpu_facts(gpu)
     runner = ("vLLM 0.26.0's V2 runner's profile_run (v1/worker/gpu/model_runner.py)" if r.v2_runner
               else "vLLM 0.19.0's profile_run")  # fmt: skip
+    exact = where == "dummy sampler" or where == "first compile" or eager_v2 is not None or (
+        where == "forward pass" and compiled_v2 is not None and tp == 1 and facts.quant is None)  # fmt: skip
+    compiled_part = f"; {compile_.detail}" if compile_.bytes else ""
     lines.append(DeploymentLine(
-        group="profile-peak", name="activations", bytes=max(forward.bytes, sampler.bytes - per_call) - recv,
-        kind="exact" if in_sampler or eager_v2 is not None else "estimate",
-        source=f"peak in the {'dummy sampler' if in_sampler else 'forward pass'}: max({forward.detail}; "
-        f"{sampler.detail}){' less the dispatch receive above' if recv else ''}; {runner} "
-        f"(harness/sizing/profile_run.py); {gpu_source}"))  # fmt: skip
+        group="profile-peak", name="activations", bytes=max(candidates.values()) - recv,
+        kind="exact" if exact else "estimate",
+        source=f"peak in the {where}: max({forward.detail}; {sampler.detail}{compiled_part})"
+        f"{' less the dispatch receive above' if recv else ''}; {runner} (harness/sizing/profile_run.py); "
+        f"{gpu_source}"))  # fmt: skip
     return lines
+
+
+def _largest_rope_cache(facts: ModelFacts) -> int:
+    """The bytes of the largest cos_sin_cache the model's rotary layers share (the one a layer's combo kernel reads;
+    deployment_weights.rotary_cache_bytes sums them)."""
+    if facts.is_mla:
+        return 0
+    rotary_dim = facts.rotary_dim or facts.head_dim
+    width = 4 if (facts.rotary_dtype or facts.dtype) == "float32" else facts.dtype_bytes
+    return max(facts.rope_positions or (facts.max_position_embeddings or 0,)) * rotary_dim * width
 
 
 def _verdict(lines: list[DeploymentLine], layer_plan, total: int, requested: int, cache, r: Resolved) -> Verdict:

@@ -278,3 +278,90 @@ def v2_eager_forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int) -> Ph
     return Phase(total, f"eager forward {total} B = max({held // (N * K * d)} x (N={N}, {K}) x {d} B held + MLP {mlp} "
                         f"B, attention {attn} B with the layer's input and residual) ({mlp_source}; "
                         "v1/worker/gpu/model_runner.py profile_run, skip_attn)")  # fmt: skip
+
+
+# The first compile. Where the model is torch.compile'd (not --enforce-eager), its first forward is the profile's
+# dummy run, so Inductor compiles inside profile_run and what it allocates to tune its Triton kernels counts in the
+# torch peak; a warm compile cache (a later startup of the same model and flags) skips it. Measured with the CUDA
+# caching allocator's history on one H200 under vLLM 0.26.0 and torch 2.11 (results/h200/profile-peak): on a cold
+# cache the profile's peak was one of three points, to the byte on 15 startups:
+#   1. the compile-time autotune block (torch/_inductor/codegen/wrapper.py generate_and_run_autotune_block) makes
+#      random example arguments for each generated kernel (select_algorithm.py generate_example_value ->
+#      torch/_dynamo/testing.py rand_strided) at the token count's size hint, N; the largest is the kernel that
+#      gathers the embedding rows and normalizes them for the first layer, whose arguments are a copy of the
+#      embedding table (V' / TP, K), its two (N, K) outputs (the residual and the normed input), the token ids
+#      (N) int32 and the norm's weight (K). Nothing else is allocated yet (no GEMM has run: no cuBLAS workspace).
+#   2. the combo kernel's benchmark: vLLM sets Inductor's combo_kernels and benchmark_combo_kernel
+#      (config/compilation.py CompilationConfig.__post_init__, release_defaults.benchmarks_combo_kernels), and the
+#      horizontally fused rotary kernel of q and k is benchmarked on random copies of its arguments
+#      (codegen/triton.py benchmark_combo_kernel: mod.get_args()): the rope cache (positions, rotary dim), the qkv
+#      projection (N, (H + 2 KV) D), q (N, H D) and k (N, KV D) (twice each where q/k norms or a partial rotary
+#      fuse in), the positions (N) int64 and the benchmarker's L2 flush buffer.
+#   3. the forward's first run, where each Triton kernel not yet tuned is benchmarked on its live arguments
+#      (runtime/triton_heuristics.py autotune_to_one_config), with the benchmarker's buffer that flushes the L2
+#      cache (runtime/benchmarking.py benchmark_gpu: torch.empty(L2_cache_size // 4, dtype=torch.int)) beside
+#      what the forward holds.
+L2_CACHE_BYTES = {"H200": (60 * 1024 * 1024, "measured: torch's benchmarker allocated 62914560 B on the H200"),
+                  "H100": (50 * 1024 * 1024, "NVIDIA's H100 datasheet: 50 MB L2")}  # fmt: skip
+L2_DEFAULT = (60 * 1024 * 1024, "the H200's measured 60 MiB taken (this GPU's L2 is not in the table)")
+TOKEN_IDS_BYTES = 4  # int32 input ids (InputBatch.input_ids)
+POSITIONS_BYTES = 8  # int64 positions
+
+
+def l2_cache(gpu: str | Gpu | None) -> tuple[int, str]:
+    """(bytes, source) of the buffer Inductor's benchmarker allocates to flush the L2 cache: its size."""
+    row = gpus.resolve(gpu)
+    name = row.name if row is not None else ""
+    for prefix, value in L2_CACHE_BYTES.items():
+        if name.startswith(prefix):
+            return value
+    return L2_DEFAULT
+
+
+def compile_phase(facts: ModelFacts, *, num_tokens: int, tp: int, gpu: str | Gpu | None, first_rank: bool,
+                  combo: bool, rope_cache: int) -> Phase:  # fmt: skip
+    """The first compile's largest tuning point (points 1 and 2 above; exact, shapes x dtypes): the embedding
+    kernel's example arguments on the first pipeline rank, and with `combo` the rotary combo kernel's benchmark
+    (`rope_cache` the rope cache's bytes). Neither holds the cuBLAS workspace (no GEMM has run)."""
+    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
+    rows = pad_vocab(facts.vocab_size, tp)
+    embed = rows * K * d + 2 * N * K * d + N * TOKEN_IDS_BYTES + K * d if first_rank else 0
+    rope, again = 0, False
+    l2, _ = l2_cache(gpu)
+    if combo and not facts.is_mla:
+        heads, kv, D = facts.num_attention_heads // tp, max(1, facts.num_key_value_heads // tp), facts.head_dim
+        again = facts.qk_norm == "head" or 0 < facts.rotary_dim < D
+        qk = N * (heads + kv) * D * d * (2 if again else 1)
+        rope = rope_cache + N * (heads + 2 * kv) * D * d + qk + N * POSITIONS_BYTES + l2
+    total = max(embed, rope)
+    parts = []
+    if embed:
+        parts.append(f"the embedding kernel's example arguments {embed} B (a copy of the table ({rows}, {K}), 2 x "
+                     f"(N={N}, {K}) outputs x {d} B, the ids and the norm's weight)")  # fmt: skip
+    if rope:
+        parts.append(f"the rotary combo kernel's benchmark {rope} B (the rope cache {rope_cache} B, qkv, q and k"
+                     f"{' twice' if again else ''} at N={N}, the positions and the {l2} B L2 flush)")  # fmt: skip
+    return Phase(total, f"first compile {total} B = max({'; '.join(parts) or 'nothing'}) (Inductor's tuning inside "
+                        "profile_run, measured on the H200: results/h200/profile-peak)")  # fmt: skip
+
+
+def v2_compiled_forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, gpu: str | Gpu | None,
+                              cublas: int) -> Phase | None:  # fmt: skip
+    """The V2 runner's compiled forward of a dense model (point 3 above): Inductor's generated code holds three
+    (N, K) tensors (the residual, the layer's input and the attention block's output) through the MLP, whose
+    gate_up (N, 2I) and activation (N, I) outputs (fc1's (N, I) and the activation's for an ungated MLP) are live
+    while the activation kernel is first tuned, beside the L2 flush buffer and the cuBLAS workspace (counted on
+    its own line, so less it here). Measured on the H200 (results/h200/profile-peak: Llama, Qwen3, Gemma 2/3,
+    Phi-2, float32 and 32768 tokens); None for an MoE or MLA model."""
+    if facts.is_moe or facts.is_mla:
+        return None
+    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
+    inter = facts.intermediate_size // tp
+    mlp = (3 if facts.mlp_gated else 2) * N * inter * d
+    l2, l2_source = l2_cache(gpu)
+    total = 3 * N * K * d + mlp + l2
+    kind = "gate_up (N, 2I) + act (N, I)" if facts.mlp_gated else "fc1 (N, I) + act (N, I)"
+    return Phase(total, f"compiled forward {total} B = 3 x (N={N}, {K}) x {d} B + {kind} at I={inter} {mlp} B + "
+                        f"the first run's L2 flush {l2} B ({l2_source}) (Inductor's code, measured on the H200: "
+                        f"results/h200/profile-peak; {'exact' if tp == 1 and facts.quant is None else 'estimate'}; "
+                        f"the cuBLAS workspace, {cublas} B, on its own line)")  # fmt: skip

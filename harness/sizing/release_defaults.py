@@ -282,3 +282,30 @@ def shared_experts_stream_threshold(files: ReleaseFiles | None) -> Default:
             if isinstance(value, int | str) and str(value).isdigit():
                 return Default(int(value), f"envs.py:{node.lineno} {SHARED_STREAM_ENV}")
     return Default(256, f"table: envs.py {SHARED_STREAM_ENV} 256 (0.19.0-0.30.0)")
+
+
+COMPILATION_FILE = "vllm/config/compilation.py"
+
+
+def benchmarks_combo_kernels(files: ReleaseFiles | None, version: str | None = None) -> Default:
+    """Whether the release turns on Inductor's combo-kernel benchmark, whose first compile benchmarks the fused
+    rotary kernel on random copies of its arguments inside the profile run (harness.sizing.profile_run
+    compile_phase): config/compilation.py CompilationConfig.__post_init__ sets
+    `self.inductor_compile_config["benchmark_combo_kernel"] = True` (0.19.0, 0.26.0; 0.33.0 `= not deterministic`,
+    on by default) when the torch it runs is 2.9 or later and the user set neither key."""
+    module = files.module(COMPILATION_FILE) if files is not None else None
+    where = COMPILATION_FILE.removeprefix("vllm/")
+    if module is not None:
+        for node in ast.walk(module):
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Subscript) and "inductor_compile_config" in ast.unparse(t.value)
+                and isinstance(t.slice, ast.Constant) and t.slice.value == "benchmark_combo_kernel"
+                for t in node.targets
+            ):  # fmt: skip
+                off = isinstance(node.value, ast.Constant) and node.value.value is False
+                return Default(not off, f"{where}:{node.lineno} inductor_compile_config['benchmark_combo_kernel'] = "
+                                        f"{ast.unparse(node.value)} (torch >= 2.9)")  # fmt: skip
+        return Default(False, f"{where}: sets no benchmark_combo_kernel")
+    on = _release_key(version) >= (0, 19, 0)
+    return Default(on, "table: config/compilation.py sets benchmark_combo_kernel from 0.19.0 (read in 0.19.0, 0.26.0, "
+                       "0.29.0, 0.30.0 and 0.33.0)")  # fmt: skip
