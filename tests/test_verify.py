@@ -137,9 +137,9 @@ def test_verify_log_json_is_a_typed_report_and_the_gpu_follows_from_the_total(tm
 def test_verify_log_outside_tolerance_exits_1_and_names_the_lines(tmp_path):
     log, serve = _startup(tmp_path, "llama-8b-4l")
     result = run_harness("verify", "--entry", "llm", "--log", str(log), "--gpu", "H200-141GB",
-                         "--tolerance-pct", "0.05", "--", *serve)  # fmt: skip
+                         "--tolerance-pct", "0.005", "--", *serve)  # fmt: skip
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "outside 0.05%: " in result.stdout and "KV tokens" in result.stdout.splitlines()[-1]
+    assert "outside 0.005%: " in result.stdout and "KV tokens" in result.stdout.splitlines()[-1]
 
 
 def test_verify_log_of_online_fp8_is_judged(tmp_path):

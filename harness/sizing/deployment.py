@@ -912,7 +912,8 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
     _, _, gpu_source = profile_run.gpu_facts(gpu)
     runner = ("vLLM 0.26.0's V2 runner's profile_run (v1/worker/gpu/model_runner.py)" if r.v2_runner
               else "vLLM 0.19.0's profile_run")  # fmt: skip
-    exact = where == "dummy sampler" or where == "first compile" or eager_v2 is not None or (
+    # the first compile was measured at TP 1 (under TP the embedding kernel's arguments are taken per rank: labelled)
+    exact = where == "dummy sampler" or (where == "first compile" and tp == 1) or eager_v2 is not None or (
         where == "forward pass" and compiled_v2 is not None and tp == 1 and facts.quant is None)  # fmt: skip
     compiled_part = f"; {compile_.detail}" if compile_.bytes else ""
     lines.append(DeploymentLine(

@@ -341,8 +341,9 @@ def compile_phase(facts: ModelFacts, *, num_tokens: int, tp: int, gpu: str | Gpu
     if rope:
         parts.append(f"the rotary combo kernel's benchmark {rope} B (the rope cache {rope_cache} B, qkv, q and k"
                      f"{' twice' if again else ''} at N={N}, the positions and the {l2} B L2 flush)")  # fmt: skip
+    measured = "measured on the H200 at TP 1" + ("; per rank under TP: an estimate" if tp > 1 else "")
     return Phase(total, f"first compile {total} B = max({'; '.join(parts) or 'nothing'}) (Inductor's tuning inside "
-                        "profile_run, measured on the H200: results/h200/profile-peak)")  # fmt: skip
+                        f"profile_run on a cold compile cache, {measured}: results/h200/profile-peak)")  # fmt: skip
 
 
 def v2_compiled_forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, gpu: str | Gpu | None,
