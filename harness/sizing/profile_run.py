@@ -283,8 +283,9 @@ def v2_eager_forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int) -> Ph
 # The first compile. Where the model is torch.compile'd (not --enforce-eager), its first forward is the profile's
 # dummy run, so Inductor compiles inside profile_run and what it allocates to tune its Triton kernels counts in the
 # torch peak; a warm compile cache (a later startup of the same model and flags) skips it. Measured with the CUDA
-# caching allocator's history on one H200 under vLLM 0.26.0 and torch 2.11 (results/h200/profile-peak): on a cold
-# cache the profile's peak was one of three points, to the byte on 15 startups:
+# caching allocator's history on one H200 under vLLM 0.26.0 and torch 2.11 (results/h200/profile-peak: 16 cold and
+# warm startups, the trace's peak vLLM's figure to the byte on 15): on a cold cache the peak was one of three
+# points on 13 of the 14 cold ones (GLM-4.5's: its compiled attention block after the first MoE layer, not modelled):
 #   1. the compile-time autotune block (torch/_inductor/codegen/wrapper.py generate_and_run_autotune_block) makes
 #      random example arguments for each generated kernel (select_algorithm.py generate_example_value ->
 #      torch/_dynamo/testing.py rand_strided) at the token count's size hint, N; the largest is the kernel that
