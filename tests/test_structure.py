@@ -181,3 +181,43 @@ def test_the_parser_is_built_without_the_models_it_dispatches_to():
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.strip() == "[]"
+
+
+def test_a_local_run_s_driver_does_without_torch_and_says_what_torch_says():
+    # A driver builds its ranks' infos, probes the machine and writes run.json's versions without importing torch
+    # (about 2 s of CPU that only the ranks need); the versions it writes are the ones torch itself gives.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, json; from harness.launch.local import LocalLauncher; from harness.launch.run import run_ranks; "
+        "from harness.rank.distributed import RankInfo, free_port; from harness.core.environment import "
+        "collect_versions; LocalLauncher().resources(); RankInfo(rank=0, world_size=1, master_addr='127.0.0.1', "
+        "master_port=free_port(), comm_backend='gloo', device_type='cpu'); v = collect_versions(); "
+        "imported = 'torch' in sys.modules; import torch; "
+        "print(json.dumps([imported, v.torch == torch.__version__, v.cuda == torch.version.cuda]))"
+    )
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "[false, true, true]"
+
+
+@pytest.mark.parametrize(
+    ("text", "cuda"),
+    [
+        (
+            "__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n",
+            "13.0",
+        ),
+        ("__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\n", None),
+        ("__version__ = '2.1.0'\ncuda = '12.1'\n", "12.1"),
+        ("cuda = compute()\n", None),
+        ("this is not python (\n", None),
+    ],
+)
+def test_the_cuda_build_is_read_from_torch_s_version_file(tmp_path, text, cuda):
+    from harness.core.environment import cuda_of_version_file
+
+    (tmp_path / "version.py").write_text(text)
+    assert cuda_of_version_file(tmp_path / "version.py") == cuda
+    assert cuda_of_version_file(tmp_path / "missing.py") is None

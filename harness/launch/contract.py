@@ -1,9 +1,11 @@
 """The launch contract: what a launcher is given (LaunchPlan, RankEntry), what it can place ranks on
-(ClusterResources) and what it returns (LaunchOutcome). Plain data; no torch until a rank's RankInfo is built.
+(ClusterResources) and what it returns (LaunchOutcome). Plain data: nothing here imports torch, which only the
+ranks need.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,23 @@ class ClusterResources:
     num_cpus: int
     num_nodes: int
     description: str  # one line, for messages: "2 nodes, 4 CPU, 0 GPU"
+
+
+@dataclass(frozen=True)
+class NamedMain:
+    """A rank's main named by its module and function. It pickles as those two names, so a driver hands it to its
+    ranks without importing the rank's code (and torch with it); the rank imports the module when it calls it."""
+
+    module: str
+    name: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(self.module), self.name)(*args, **kwargs)
+
+
+def main_module(main: Callable[..., Any]) -> str:
+    """The module a rank's main lives in, which a launcher may import ahead of the rank (the local fork server)."""
+    return main.module if isinstance(main, NamedMain) else main.__module__
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from harness.core.events import Placed
 from harness.core.killpoints import kill_point
-from harness.launch.contract import ClusterResources, LaunchOutcome, LaunchPlan, RankEntry
+from harness.launch.contract import ClusterResources, LaunchOutcome, LaunchPlan, RankEntry, main_module
 from harness.launch.deadlines import POLL_INTERVAL_S, RankWatch, exit_cause, without_sigint
+from harness.launch.machine import local_machine
 from harness.launch.rank_side import format_exception, rank_entry
 from harness.launch.sink import RunSink
 from harness.rank.distributed import RankInfo, apply_safe_env, free_port
@@ -79,9 +80,8 @@ class LocalLauncher:
     name: Literal["local"] = "local"
 
     def resources(self) -> ClusterResources:
-        import torch
-
-        num_gpus = torch.cuda.device_count()
+        # NVML's count under CUDA_VISIBLE_DEVICES, as the scenario's fit check sees it: no torch in the driver.
+        num_gpus = local_machine().num_gpus
         num_cpus = os.cpu_count() or 1
         return ClusterResources(
             num_gpus=num_gpus,
@@ -168,7 +168,7 @@ def _rank_context(entry: RankEntry) -> Any:
     it and every rank it forks ignore SIGINT) and imports torch and the rank's code first; it ends with this process.
     The preload is fixed when the server starts: an entry from another module imports that module in its rank."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "harness.launch.rank_side", entry.main.__module__])
+    ctx.set_forkserver_preload(["torch", "harness.launch.rank_side", main_module(entry.main)])
     return ctx
 
 

@@ -32,7 +32,15 @@ from harness.core.console import make_console
 from harness.core.exits import EXIT_ERROR, EXIT_OK
 from harness.core.killpoints import KILL_ENV, KillSpecError, kill_point, parse_kill_spec
 from harness.core.records import RankRecord, RunManifest, scenario_digest, write_record
-from harness.launch.contract import DeviceType, LaunchError, LaunchOutcome, LaunchPlan, RankEntry, comm_backend_for
+from harness.launch.contract import (
+    DeviceType,
+    LaunchError,
+    LaunchOutcome,
+    LaunchPlan,
+    NamedMain,
+    RankEntry,
+    comm_backend_for,
+)
 from harness.launch.deadlines import sigterm_as_interrupt
 from harness.launch.faults import FAULT_ENV, parse_fault_spec
 from harness.launch.launcher import Launcher
@@ -308,7 +316,6 @@ def _launch_and_collect(
     resources: Any,
     started: float,
 ) -> int:
-    from harness.rank.lifecycle import rank_main
     from harness.report.collect import collect
     from harness.report.model import RunReport
 
@@ -328,7 +335,7 @@ def _launch_and_collect(
         run_id=run_id,
         run_dir=run_dir,
         device_type=device_type,
-        main=rank_main,
+        main=NamedMain("harness.rank.lifecycle", "rank_main"),  # imported by the ranks, not this driver
         record_model=RankRecord,
         policies=tuple(scenario.policies),
         title=f"{scenario.name}: {launcher.name} launcher",

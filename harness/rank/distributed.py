@@ -1,5 +1,8 @@
 """One rendezvous for every launcher: launchers build `RankInfo`s, `init_rank` sets up torch.distributed; `agree`
-makes every rank take the same branch after a step that may have failed on some of them."""
+makes every rank take the same branch after a step that may have failed on some of them.
+
+torch is imported by what uses it, not by this module: a driver builds RankInfos and picks ports without importing
+torch (about 2 s of CPU), which only the ranks need."""
 
 from __future__ import annotations
 
@@ -7,10 +10,10 @@ import datetime
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch
 
 # NVLink multicast stays off in every process we start (it can take a shared host's GPUs out of service).
 SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -32,6 +35,8 @@ class RankInfo:
 
     @property
     def device(self) -> torch.device:
+        import torch
+
         return torch.device("cuda", self.device_index) if self.device_type == "cuda" else torch.device("cpu")
 
 
@@ -49,6 +54,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def init_rank(info: RankInfo) -> torch.device:
     """Join the process group of `info` and return this rank's device."""
+    import torch
+    import torch.distributed as dist
+
     apply_safe_env()
     device = info.device
     if device.type == "cuda":
@@ -69,6 +77,8 @@ def init_rank(info: RankInfo) -> torch.device:
 
 
 def shutdown_rank() -> None:
+    import torch.distributed as dist
+
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -89,6 +99,8 @@ class StageFailure:
     def of(stage: str, exc: BaseException) -> StageFailure:
         text = str(exc).strip()
         first = text.splitlines()[0] if text else ""
+        import torch
+
         kind: Literal["oom", "error"] = "oom" if isinstance(exc, torch.OutOfMemoryError) else "error"
         return StageFailure(kind=kind, stage=stage, message=f"{type(exc).__name__}: {first}"[:500])
 
@@ -100,6 +112,9 @@ def agree(own: StageFailure | None, device: torch.device) -> dict[int, StageFail
     common path costs one tiny collective. Raises what the collective raises when the group itself is broken (a
     dead peer), which ends the rank.
     """
+    import torch
+    import torch.distributed as dist
+
     world, rank = dist.get_world_size(), dist.get_rank()
     flags = torch.zeros(world, dtype=torch.int32, device=device)
     flags[rank] = 0 if own is None else (1 if own.kind == "oom" else 2)
