@@ -71,6 +71,7 @@ from harness.rank.memory import (
     baseline_rounding_bytes,
     free_and_total_bytes,
     free_bytes_from_message,
+    pay_first_op_costs,
     release_cached,
     requested_bytes_from_message,
     synchronize,
@@ -664,6 +665,7 @@ def setup_rank(
     apply_budget(device, budget)
     accountant = Accountant(device, budget_bytes=budget)
     probe = MemoryProbe(device)
+    pay_first_op_costs(device)  # before the first measured step, not inside it
     held: list[torch.Tensor] = []
     if s.memory.ballast_bytes:
         # Never paged in on CPU: it only stands for memory a deployment would hold.

@@ -69,12 +69,24 @@ def _torch_size(num_bytes: int) -> str:
     return f"{num_bytes} B"
 
 
+FIRST_OP_BYTES = 1 << 20  # above torch's parallel grain (32768 elements): the zeroing runs on the thread pool
+
+
 def _cpu_mapped(shape: tuple[int, ...], dtype: torch.dtype, num_bytes: int) -> torch.Tensor:
     """A CPU tensor on its own anonymous mapping: its pages join RSS when touched and leave it when freed,
     as a cudaMalloc'd block shows in NVML. malloc would reuse freed heap memory and hide the growth."""
     mapping = mmap.mmap(-1, num_bytes)
     flat = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps `mapping` alive as long as the tensor lives
     return flat.view(dtype).view(shape)
+
+
+def pay_first_op_costs(device: torch.device) -> None:
+    """On CPU, a process's first tensor op pages in torch's code for it and may start its thread pool: megabytes of
+    RSS that would otherwise land in the first measured step (about 5.5 MiB in a rank forked from the local
+    launcher's fork server, which imports torch but runs no op; 1.4 MiB in a spawned one). One op of the kind the
+    steps run (zeroing a mapped tensor, large enough to run on the pool), freed at once, pays it up front."""
+    if device.type == "cpu":
+        _cpu_mapped((FIRST_OP_BYTES,), torch.uint8, FIRST_OP_BYTES).zero_()
 
 
 class Accountant:
