@@ -123,6 +123,8 @@ class SourceTree:
         # evaluate() is a pure function of (class, sizing arguments) on a tree that does not change: a matrix plan
         # asks for the same point in many cells (T doubled in one cell is the next cell's T).
         self._evaluations: dict[tuple[tuple[str, str], SizingArgs, int | None], Evaluation] = {}
+        # what other modules read off the tree once and keep, by a key naming the reader first (sweep.indexed_call)
+        self.memo: dict[tuple[str, ...], object] = {}
         fused_moe = source.fused_moe_dir
         if not fused_moe.is_dir():
             raise VllmSourceError(f"{source.label}: no fused-MoE package at {fused_moe}")

@@ -706,31 +706,55 @@ def _is_super_init(node: ast.AST) -> bool:
             and node.func.value.func.id == "super")  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Construction:
+    """`Class(a, b)` in a straight-line statement of an __init__ (an expression statement or an assignment, not under
+    an if, loop or try): a parsed class built from the __init__'s own parameters, passed on by the same names, with
+    no keywords. keyword: the argument it is handed to a top-level `super().__init__(...)` as, if it is."""
+
+    call: ast.Call
+    target: ParsedClass
+    keyword: str | None
+
+
+def constructions(tree: SourceTree, owner: ParsedClass, init: ast.FunctionDef) -> list[Construction]:
+    """The Constructions of owner's __init__ (`init`), in the order written."""
+    parameters = {a.arg for a in (*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs)[1:]}
+    found: list[Construction] = []
+    for statement in init.body:
+        if not isinstance(statement, (ast.Expr, ast.Assign, ast.AnnAssign)):
+            continue
+        handed: dict[int, str] = {}  # id of a keyword's value -> the keyword, for `super().__init__(name=Class(..))`
+        if isinstance(statement, ast.Expr) and _is_super_init(statement.value):
+            handed = {id(k.value): k.arg for k in cast(ast.Call, statement.value).keywords if k.arg is not None}
+        for node in ast.walk(statement):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and not node.keywords
+                and all(isinstance(a, ast.Name) and a.id in parameters for a in node.args)
+            ):
+                continue  # fmt: skip
+            target = class_of(tree, owner.file, tree.global_binding(owner.file, node.func.id))
+            if target is not None:
+                found.append(Construction(node, target, handed.get(id(node))))
+    return found
+
+
 def built_classes(tree: SourceTree, cls: ParsedClass) -> list[ParsedClass]:
-    """The parsed classes cls's __init__s build on every path: `Class(a, b)` in a straight-line statement of the
-    chain (not under an if, loop or try), from the __init__'s own parameters, passed on by the same names."""
+    """The parsed classes cls's __init__s build on every path (Construction), whose own __init__ takes the
+    arguments by the names passed."""
     found: dict[tuple[str, str], ParsedClass] = {}
     for owner, init in init_chain(tree, cls):
-        parameters = {a.arg for a in (*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs)[1:]}
-        for statement in init.body:
-            if not isinstance(statement, (ast.Expr, ast.Assign, ast.AnnAssign)):
+        for built in constructions(tree, owner, init):
+            target = built.target
+            if target.key == cls.key:
                 continue
-            for node in ast.walk(statement):
-                if not (
-                    isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Name)
-                    and not node.keywords
-                    and all(isinstance(a, ast.Name) and a.id in parameters for a in node.args)
-                ):
-                    continue  # fmt: skip
-                target = class_of(tree, owner.file, tree.global_binding(owner.file, node.func.id))
-                if target is None or target.key == cls.key:
-                    continue
-                target_init = init_chain(tree, target)
-                names = [a.arg for a in (*target_init[0][1].args.posonlyargs, *target_init[0][1].args.args)[1:]] \
-                    if target_init else []  # fmt: skip
-                if [cast(ast.Name, a).id for a in node.args] == names[: len(node.args)]:
-                    found.setdefault(target.key, target)
+            target_init = init_chain(tree, target)
+            names = [a.arg for a in (*target_init[0][1].args.posonlyargs, *target_init[0][1].args.args)[1:]] \
+                if target_init else []  # fmt: skip
+            if [cast(ast.Name, a).id for a in built.call.args] == names[: len(built.call.args)]:
+                found.setdefault(target.key, target)
     return list(found.values())[:MAX_DELEGATES]
 
 
@@ -785,7 +809,15 @@ def asserted_calls(tree: SourceTree, cls: ParsedClass) -> dict[tuple[str, str], 
 
 def indexed_call(tree: SourceTree, module: str, name: str) -> str | None:
     """Where a parsed file indexes or unpacks what `name()` (imported from module) returns, `name()[0]` or
-    `a, b = name()`: the release's own code takes it for a sequence, never None. None where no file does."""
+    `a, b = name()`: the release's own code takes it for a sequence, never None. None where no file does. The tree
+    is walked once per (module, name): the answer is kept in tree.memo."""
+    key = ("indexed_call", module, name)
+    if key not in tree.memo:
+        tree.memo[key] = _indexed_call(tree, module, name)
+    return cast("str | None", tree.memo[key])
+
+
+def _indexed_call(tree: SourceTree, module: str, name: str) -> str | None:
     for file, parsed in tree.modules.items():
         local = [alias for alias, imported in parsed.imported_names.items() if imported == (module, name)]
         if not local:
@@ -868,7 +900,8 @@ class _ClassEvaluator:
         # all-to-all backend, say): "moe_config.use_mori_kernels" -> where the release defines it; both values swept
         self.config_flags: dict[str, str] = {}
         self.checked_calls: set[str] = set()
-        self._programs: dict[str, _SweepProgram] = {}
+        self._programs: dict[str, _SweepProgram] = {}  # variant -> the program of its runtime flag values
+        self._asserted_programs: dict[Point, _SweepProgram] = {}  # point -> ... and its asserted calls' values
         # functions of vLLM whose value only an assert of __init__ tells (AssertedCall): each takes the asserted value
         # at each point, and those workspace_shapes or apply() call are named in the points' variant
         self.asserted = asserted_calls(tree, cls)
@@ -907,10 +940,12 @@ class _ClassEvaluator:
         program = self._programs[point.variant]
         if not (asserted and self.asserted):
             return program
-        imports: dict[tuple[str, str], object] = {
-            key: Builtin(key[1], lambda interp, key=key: self.asserted_value(point, key)) for key in self.asserted
-        }
-        return _SweepProgram(self.tree, program.overrides, imports)
+        if point not in self._asserted_programs:
+            imports: dict[tuple[str, str], object] = {
+                key: Builtin(key[1], lambda interp, key=key: self.asserted_value(point, key)) for key in self.asserted
+            }
+            self._asserted_programs[point] = _SweepProgram(self.tree, program.overrides, imports)
+        return self._asserted_programs[point]
 
     def asserted_operand(self, point: Point, key: tuple[str, str]) -> AssertOperand:
         """The asserted call's operand where building the class at the point reaches its assert (memoized)."""
@@ -1060,33 +1095,10 @@ class _ClassEvaluator:
             binding = self.tree.class_binding(owner, "__init__")
             if binding is None or not isinstance(binding.node, ast.FunctionDef):
                 continue
-            init = binding.node
-            parameters = {a.arg for a in (*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs)[1:]}
-            for statement in init.body:
-                call = statement.value if isinstance(statement, ast.Expr) else None
-                if not (
-                    isinstance(call, ast.Call)
-                    and isinstance(call.func, ast.Attribute)
-                    and call.func.attr == "__init__"
-                    and isinstance(call.func.value, ast.Call)
-                    and isinstance(call.func.value.func, ast.Name)
-                    and call.func.value.func.id == "super"
-                ):
-                    continue  # fmt: skip
-                for keyword in call.keywords:
-                    value = keyword.value
-                    if (
-                        keyword.arg is None
-                        or keyword.arg in built
-                        or not isinstance(value, ast.Call)
-                        or not isinstance(value.func, ast.Name)
-                        or value.keywords
-                        or not all(isinstance(a, ast.Name) and a.id in parameters for a in value.args)
-                    ):
-                        continue  # fmt: skip
-                    target = class_of(self.tree, owner.file, self.tree.global_binding(owner.file, value.func.id))
-                    if target is not None and target.key != self.cls.key:
-                        built[keyword.arg] = target
+            for construction in constructions(self.tree, owner, binding.node):
+                keyword = construction.keyword
+                if keyword is not None and keyword not in built and construction.target.key != self.cls.key:
+                    built[keyword] = construction.target
         return built
 
     def learn(self, name: str, point: Point) -> None:
