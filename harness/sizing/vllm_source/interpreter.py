@@ -340,7 +340,10 @@ class Interpreter:
     def check_value(self, value: _T, *, what: str = "a value") -> _T:
         """value when it is within the size budget and of a type the interpreter holds; else Unevaluable."""
         budget = self.budget
-        if isinstance(value, bool) or value is None:
+        exact = type(value)
+        if exact is int and -budget.max_int < value < budget.max_int:  # type: ignore[operator]
+            return value
+        if exact in _HELD_EXACT or value is None or isinstance(value, bool):
             return value
         if isinstance(value, int):
             if -budget.max_int < value < budget.max_int:
@@ -413,7 +416,9 @@ class Interpreter:
 
     def _visit(self, node: ast.AST, frame: _Frame, handlers: dict[type, Any]) -> object:
         """One step: charged to the budget, nesting bounded, an error located at the node's file and line."""
-        self.charge()
+        self.steps += 1
+        if self.steps > self.budget.max_steps:
+            self.charge(0)  # raises the step budget's error
         self.nesting += 1
         try:
             handler = handlers.get(type(node))
@@ -1007,39 +1012,34 @@ class Interpreter:
         return signal.value if isinstance(signal, _Return) else None
 
     def _bind_arguments(self, function: Function, args: list, kwargs: dict, frame: _Frame) -> None:
-        spec = function.node.args
-        positional = [*spec.posonlyargs, *spec.args]
-        defaults = dict(
-            zip([a.arg for a in positional[len(positional) - len(spec.defaults) :]], spec.defaults, strict=True)
-        )
-        defaults.update({a.arg: d for a, d in zip(spec.kwonlyargs, spec.kw_defaults, strict=True) if d is not None})
+        facts = def_facts(function.node)
+        positional, defaults = facts.positional, facts.defaults
         bound = frame.locals
-        for parameter, value in zip(positional, args, strict=False):
-            bound[parameter.arg] = value
+        for name, value in zip(positional, args, strict=False):
+            bound[name] = value
         extra = args[len(positional) :]
-        if extra and spec.vararg is None:
+        if extra and facts.vararg is None:
             raise Unevaluable(f"{function.name}() takes {len(positional)} positional arguments, got {len(args)}")
-        if spec.vararg is not None:
-            bound[spec.vararg.arg] = tuple(extra)
+        if facts.vararg is not None:
+            bound[facts.vararg] = tuple(extra)
         leftover: dict[str, object] = {}
-        posonly = {a.arg for a in spec.posonlyargs}
         for name, value in kwargs.items():
-            if name in bound and name not in posonly:
+            if name in bound and name not in facts.posonly:
                 raise Unevaluable(f"{function.name}() got two values for {name!r}")
-            if name in defaults or name in {a.arg for a in (*spec.args, *spec.kwonlyargs)}:
+            if name in defaults or name in facts.keywords:
                 bound[name] = value
-            elif spec.kwarg is not None:
+            elif facts.kwarg is not None:
                 leftover[name] = value
             else:
                 raise Unevaluable(f"{function.name}() got an unexpected keyword argument {name!r}")
-        if spec.kwarg is not None:
-            bound[spec.kwarg.arg] = leftover
-        for parameter in (*positional, *spec.kwonlyargs):
-            if parameter.arg in bound:
+        if facts.kwarg is not None:
+            bound[facts.kwarg] = leftover
+        for name in facts.parameters:
+            if name in bound:
                 continue
-            if parameter.arg not in defaults:
-                raise Unevaluable(f"{function.name}() is missing the argument {parameter.arg!r}")
-            bound[parameter.arg] = self._default(function, defaults[parameter.arg])
+            if name not in defaults:
+                raise Unevaluable(f"{function.name}() is missing the argument {name!r}")
+            bound[name] = self._default(function, defaults[name])
 
     def _default(self, function: Function, node: ast.expr) -> object:
         # Python evaluates defaults when the def runs; here, when a call needs one, in the def's module.
@@ -1195,39 +1195,73 @@ def _def(binding: Binding) -> ast.FunctionDef:
 
 
 def _method_kind(node: ast.FunctionDef) -> str:
-    decorators = function_decorators(node)
-    for kind in (STATIC, CLASSMETHOD, PROPERTY, CACHED_PROPERTY):
-        if kind in decorators:
-            return kind
-    return METHOD
+    return def_facts(node).kind
 
 
 def owner_file(cls: Any) -> str:
     return cls.file
 
 
-# local_names of every def evaluated in this process, by the node's id; the node is kept with its names so the id
+@dataclass(frozen=True)
+class DefFacts:
+    """What calling a def needs from its AST, read once: the names it binds and how its parameters take arguments."""
+
+    local_names: frozenset[str]
+    positional: tuple[str, ...]  # positional-only, then positional-or-keyword
+    posonly: frozenset[str]
+    keywords: frozenset[str]  # the parameters a keyword argument may name (not the positional-only ones)
+    parameters: tuple[str, ...]  # positional, then keyword-only
+    defaults: dict[str, ast.expr]  # parameter -> its default's expression
+    vararg: str | None
+    kwarg: str | None
+    kind: str  # as a method: METHOD, STATIC, CLASSMETHOD, PROPERTY or CACHED_PROPERTY
+
+
+def _read_def(function: ast.FunctionDef) -> DefFacts:
+    spec = function.args
+    positional = [*spec.posonlyargs, *spec.args]
+    defaults = dict(
+        zip([a.arg for a in positional[len(positional) - len(spec.defaults) :]], spec.defaults, strict=True)
+    )
+    defaults.update({a.arg: d for a, d in zip(spec.kwonlyargs, spec.kw_defaults, strict=True) if d is not None})
+    decorators = function_decorators(function)
+    kind = next((k for k in (STATIC, CLASSMETHOD, PROPERTY, CACHED_PROPERTY) if k in decorators), METHOD)
+    return DefFacts(
+        local_names=local_names(function), positional=tuple(a.arg for a in positional),
+        posonly=frozenset(a.arg for a in spec.posonlyargs),
+        keywords=frozenset(a.arg for a in (*spec.args, *spec.kwonlyargs)),
+        parameters=tuple(a.arg for a in (*positional, *spec.kwonlyargs)), defaults=defaults,
+        vararg=spec.vararg.arg if spec.vararg is not None else None,
+        kwarg=spec.kwarg.arg if spec.kwarg is not None else None, kind=kind,
+    )  # fmt: skip
+
+
+# DefFacts of every def evaluated in this process, by the node's id; the node is kept with its facts so the id
 # cannot be reused while the entry lives. Parsed trees live as long (evaluate.source_tree), so this holds little.
-_LOCAL_NAMES: dict[int, tuple[ast.FunctionDef, frozenset[str]]] = {}
+_DEF_FACTS: dict[int, tuple[ast.FunctionDef, DefFacts]] = {}
 MAX_CACHED_FUNCTIONS = 1 << 15
 
 
-def cached_local_names(function: ast.FunctionDef) -> frozenset[str]:
-    found = _LOCAL_NAMES.get(id(function))
+def def_facts(function: ast.FunctionDef) -> DefFacts:
+    found = _DEF_FACTS.get(id(function))
     if found is not None and found[0] is function:
         return found[1]
-    if len(_LOCAL_NAMES) >= MAX_CACHED_FUNCTIONS:
-        _LOCAL_NAMES.clear()
-    names = local_names(function)
-    _LOCAL_NAMES[id(function)] = (function, names)
-    return names
+    if len(_DEF_FACTS) >= MAX_CACHED_FUNCTIONS:
+        _DEF_FACTS.clear()
+    facts = _read_def(function)
+    _DEF_FACTS[id(function)] = (function, facts)
+    return facts
+
+
+def cached_local_names(function: ast.FunctionDef) -> frozenset[str]:
+    return def_facts(function).local_names
 
 
 def forget_function(function: ast.FunctionDef) -> None:
     """Drop a def made for one call (an expression wrapped as a function) from the cache, so it is not kept."""
-    found = _LOCAL_NAMES.get(id(function))
+    found = _DEF_FACTS.get(id(function))
     if found is not None and found[0] is function:
-        del _LOCAL_NAMES[id(function)]
+        del _DEF_FACTS[id(function)]
 
 
 def local_names(function: ast.FunctionDef) -> frozenset[str]:
@@ -1501,3 +1535,6 @@ _HELD_TYPES = (
     DType, Activation, FakeTensor, StandIn, StandInEnum, Builtin, Function, BoundMethod, ClassObject, Instance,
     SuperProxy, ModuleObject, slice, _Missing,
 )  # fmt: skip
+# Held types check_value passes at once: no subclass of theirs is sized (Activation is a str of the release's names).
+_HELD_EXACT = frozenset({DType, FakeTensor, StandIn, StandInEnum, Builtin, Function, BoundMethod, ClassObject,
+                         Instance, SuperProxy, ModuleObject})  # fmt: skip

@@ -245,11 +245,15 @@ class Point:
     variant: str = ""  # the runtime flags the class reads, as swept: "is_sm100=True" (init_attribute)
 
     def args(self) -> SizingArgs:
-        return SizingArgs(
-            max_tokens_per_rank=self.T, num_dispatchers=self.D, num_local_experts=self.E,
-            num_global_experts=self.E * self.D, hidden_size=self.K, intermediate_size=self.I, top_k=TOP_K,
-            activation=self.activation,
-        )  # fmt: skip
+        found = self.__dict__.get("_args")  # built once per point (SizingArgs is frozen); not a field
+        if found is None:
+            found = SizingArgs(
+                max_tokens_per_rank=self.T, num_dispatchers=self.D, num_local_experts=self.E,
+                num_global_experts=self.E * self.D, hidden_size=self.K, intermediate_size=self.I, top_k=TOP_K,
+                activation=self.activation,
+            )  # fmt: skip
+            object.__setattr__(self, "_args", found)
+        return cast(SizingArgs, found)
 
     @property
     def region(self) -> str:
@@ -718,7 +722,15 @@ class Construction:
 
 
 def constructions(tree: SourceTree, owner: ParsedClass, init: ast.FunctionDef) -> list[Construction]:
-    """The Constructions of owner's __init__ (`init`), in the order written."""
+    """The Constructions of owner's __init__ (`init`), in the order written; read once (kept in tree.memo)."""
+    key = ("constructions", *owner.key)
+    found = tree.memo.get(key)
+    if not (isinstance(found, tuple) and found[0] is init):
+        found = tree.memo[key] = (init, _constructions(tree, owner, init))
+    return cast(list[Construction], found[1])
+
+
+def _constructions(tree: SourceTree, owner: ParsedClass, init: ast.FunctionDef) -> list[Construction]:
     parameters = {a.arg for a in (*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs)[1:]}
     found: list[Construction] = []
     for statement in init.body:
@@ -1571,18 +1583,26 @@ class SweepBudget:
     max_activations: int = 32  # 0.33.0's MoEActivation has 11 members
 
 
+# Wall-clock seconds between two readings of the CPU clock and the peak memory (each a system call; a sweep asks
+# about a hundred thousand times). One thread's CPU time grows no faster than the wall clock, so a budget is seen
+# spent at most this much CPU late.
+CHECK_EVERY_S = 0.005
+
+
 class Deadline:
     """CPU time and peak memory against a SweepBudget: `spent()` is None while within it, else why not (and stays
-    so: what ran out of budget is not tried again)."""
+    so: what ran out of budget is not tried again). The clocks are read at most every CHECK_EVERY_S."""
 
     def __init__(self, budget: SweepBudget, *, what: str = "sweep", start: float | None = None) -> None:
         self.budget, self.what = budget, what
         self.start = time.process_time() if start is None else start
         self.start_rss = _peak_rss()  # the budget bounds what the peak grows by during this sweep
         self.hit: str | None = None
+        self.next_check = 0.0  # time.monotonic() (no system call) before which the clocks are not read again
 
     def spent(self) -> str | None:
-        if self.hit is None:
+        if self.hit is None and (now := time.monotonic()) >= self.next_check:
+            self.next_check = now + CHECK_EVERY_S
             used = time.process_time() - self.start
             if used > self.budget.cpu_s:
                 self.hit = (f"the {self.what}'s time budget of {self.budget.cpu_s:g} s of CPU ran out "

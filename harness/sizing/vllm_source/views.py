@@ -178,11 +178,6 @@ class Tracer(Interpreter):
 
     # --- values the tracer holds ---------------------------------------------------------------------------
 
-    def check_value(self, value: _T, *, what: str = "a value") -> _T:
-        if isinstance(value, Opaque):
-            return value
-        return super().check_value(value, what=what)
-
     def _truth(self, value: object) -> bool:
         if isinstance(value, Opaque):
             raise Unevaluable(f"tests the truth of {value.path}, which the tracer does not follow")
@@ -391,7 +386,7 @@ class Tracer(Interpreter):
             frame.locals[name] = Opaque(f"{name} (not computed: {error.reason})")
 
 
-# The names each statement reads and binds, by the node's id (the node kept with them, see interpreter._LOCAL_NAMES).
+# The names each statement reads and binds, by the node's id (the node kept with them, see interpreter._DEF_FACTS).
 _NAMES: dict[int, tuple[ast.stmt, tuple[str, ...], tuple[str, ...]]] = {}
 
 
