@@ -263,7 +263,12 @@ class Point:
 
     def reference(self) -> Point:
         """The same point at D = 1 with num_dispatchers set and no EPLB: what D scales from."""
-        return dataclasses.replace(self, D=1, dispatchers="set", experts="E·D")
+        return Point(1, "set", "E·D", self.quant, self.activation, self.K, self.I, self.E, self.T, self.variant)
+
+    def weights_key(self) -> Point:
+        """The same point at D = 1 and T = BASE_T: what a weight dimension (N, K) is derived at."""
+        return Point(1, self.dispatchers, self.experts, self.quant, self.activation, self.K, self.I, self.E, BASE_T,
+                     self.variant)  # fmt: skip
 
 
 AXES = tuple(f.name for f in dataclasses.fields(Point))
@@ -914,6 +919,7 @@ class _ClassEvaluator:
         self.checked_calls: set[str] = set()
         self._programs: dict[str, _SweepProgram] = {}  # variant -> the program of its runtime flag values
         self._asserted_programs: dict[Point, _SweepProgram] = {}  # point -> ... and its asserted calls' values
+        self._attributes: dict[Point, tuple[int, dict[str, object]]] = {}  # point -> (len(derived), attributes)
         # functions of vLLM whose value only an assert of __init__ tells (AssertedCall): each takes the asserted value
         # at each point, and those workspace_shapes or apply() call are named in the points' variant
         self.asserted = asserted_calls(tree, cls)
@@ -1061,7 +1067,15 @@ class _ClassEvaluator:
 
     def attributes(self, point: Point) -> dict[str, object]:
         """The stand-in self of the point: point_attributes, the runtime flags its variant sets, and the attributes
-        __init__ assigns that were derived (those that do not evaluate at the point are left out)."""
+        __init__ assigns that were derived (those that do not evaluate at the point are left out). Built once per
+        point while self.derived stays the same (learn() forgets them); the caller does not change it (the
+        interpreter's Instance copies it)."""
+        found = self._attributes.get(point)
+        if found is None or found[0] != len(self.derived):
+            found = self._attributes[point] = (len(self.derived), self._build_attributes(point))
+        return found[1]
+
+    def _build_attributes(self, point: Point) -> dict[str, object]:
         attributes = point_attributes(point)
         for part in filter(None, point.variant.split(",")):
             name, _, value = part.partition("=")
@@ -1143,7 +1157,7 @@ class _ClassEvaluator:
         """The N the release's modular kernel hands this class: its own moe_problem_size on its own weights
         (Marlin's N = I from the packed w2); the harness's N (2I gated, I non-gated) when that does not evaluate."""
         # N is a weight dimension: the same at every D and T (the token counts), so it is derived once per the rest.
-        key = dataclasses.replace(point, D=1, T=BASE_T)
+        key = point.weights_key()
         if key not in self.n_values:
             size = self._problem_size(key)
             self.n_values[key] = size[0] if isinstance(size, tuple) else size
@@ -1156,7 +1170,7 @@ class _ClassEvaluator:
         input the prepare step gives it (packed two values a byte for a 4-bit activation format the prepare step
         quantizes, see packed_input); the hidden size when that does not evaluate."""
         self.n(point)
-        return self.k_values.get(dataclasses.replace(point, D=1, T=BASE_T), point.K)
+        return self.k_values.get(point.weights_key(), point.K)
 
     def packed_input(self, point: Point) -> bool:
         """Whether apply() gets its hidden states packed two values a byte: the point's activation format is a
@@ -1317,7 +1331,7 @@ def sweep_class(tree: SourceTree, cls: ParsedClass, activations: tuple[str, ...]
     variants = evaluator.variants()
     if variants != [""]:
         evaluator.shapes.clear()
-    points = [dataclasses.replace(p, variant=v) for p in
+    points = [dataclasses.replace(p, variant=v) if v else p for p in
               grid(activations, unset_allowed=unset_allowed, quant=evaluator.quant, forms=forms, quants=quants)
               for v in variants]  # fmt: skip
     for point in points:
