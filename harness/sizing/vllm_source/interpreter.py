@@ -414,14 +414,15 @@ class Interpreter:
     def _exec(self, node: ast.stmt, frame: _Frame) -> object:
         return self._visit(node, frame, _STATEMENTS)
 
-    def _visit(self, node: ast.AST, frame: _Frame, handlers: dict[type, Any]) -> object:
-        """One step: charged to the budget, nesting bounded, an error located at the node's file and line."""
+    def _visit(self, node: ast.AST, frame: _Frame, handlers: dict[type, Any] | None = None) -> object:
+        """One step: charged to the budget, nesting bounded, an error located at the node's file and line.
+        handlers: those of statements or (None) of expressions."""
         self.steps += 1
         if self.steps > self.budget.max_steps:
             self.charge(0)  # raises the step budget's error
         self.nesting += 1
         try:
-            handler = handlers.get(type(node))
+            handler = (handlers if handlers is not None else _EXPRESSIONS).get(type(node))
             if handler is None:
                 raise _outside(node, frame)
             if self.nesting > self.budget.max_nesting:
@@ -576,8 +577,7 @@ class Interpreter:
 
     # --- expressions -------------------------------------------------------------------------------------------
 
-    def _eval(self, node: ast.expr, frame: _Frame) -> object:
-        return self._visit(node, frame, _EXPRESSIONS)
+    _eval = _visit  # an expression: one step, with the handlers of expressions (no call between them)
 
     def _expr_constant(self, node: ast.Constant, frame: _Frame) -> object:
         if not isinstance(node.value, _PLAIN_TYPES):

@@ -266,9 +266,14 @@ class Point:
         return Point(1, "set", "E·D", self.quant, self.activation, self.K, self.I, self.E, self.T, self.variant)
 
     def weights_key(self) -> Point:
-        """The same point at D = 1 and T = BASE_T: what a weight dimension (N, K) is derived at."""
-        return Point(1, self.dispatchers, self.experts, self.quant, self.activation, self.K, self.I, self.E, BASE_T,
-                     self.variant)  # fmt: skip
+        """The same point at D = 1 and T = BASE_T: what a weight dimension (N, K) is derived at (built once, as
+        args())."""
+        found = self.__dict__.get("_weights_key")
+        if found is None:
+            found = Point(1, self.dispatchers, self.experts, self.quant, self.activation, self.K, self.I, self.E,
+                          BASE_T, self.variant)  # fmt: skip
+            object.__setattr__(self, "_weights_key", found)
+        return cast(Point, found)
 
 
 AXES = tuple(f.name for f in dataclasses.fields(Point))

@@ -27,15 +27,18 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from harness.sizing.vllm_source.interpreter import (
+    _STATEMENTS,
     DEFAULT_BUDGET,
     FORMAT_ENUM_STANDIN,
     AssertFailed,
     BoundMethod,
     Budget,
     Builtin,
+    ClassObject,
     DType,
     FakeTensor,
     Function,
+    Instance,
     Interpreter,
     MissingAttribute,
     Program,
@@ -167,6 +170,10 @@ class _Refused(Exception):
         self.reason = reason
 
 
+# Receivers whose attributes the tracer reads as the interpreter does (an attribute they lack is opaque).
+_PLAIN_RECEIVERS = frozenset({Instance, StandIn, ClassObject, DType})
+
+
 class Tracer(Interpreter):
     """The interpreter, tolerant of what it cannot follow, recording the workspace views (module docstring)."""
 
@@ -225,6 +232,11 @@ class Tracer(Interpreter):
         return FakeTensor(shape, tensor.dtype)
 
     def get_attribute(self, value: object, name: str) -> object:
+        if type(value) in _PLAIN_RECEIVERS and not name.startswith("__"):  # none of the cases below
+            try:
+                return super().get_attribute(value, name)
+            except MissingAttribute as error:
+                return Opaque(f".{name} ({error.reason})")
         if isinstance(value, SuperProxy) and name == "__init__":
             return self._super_init(value)
         if name.startswith("__"):
@@ -248,7 +260,7 @@ class Tracer(Interpreter):
             return Opaque(f"{value.buffer}.{name}")
         if isinstance(value, Opaque):
             return Opaque(f"{value.path}.{name}")
-        try:
+        try:  # as for _PLAIN_RECEIVERS
             return super().get_attribute(value, name)
         except MissingAttribute as error:
             return Opaque(f".{name} ({error.reason})")
@@ -327,7 +339,7 @@ class Tracer(Interpreter):
                 frame.locals[node.name] = Opaque(f"the nested {node.name} (line {node.lineno})")
                 return None
             try:
-                return super()._exec(node, frame)
+                return self._visit(node, frame, _STATEMENTS)  # Interpreter._exec
             except _Refused:
                 raise
             except Unevaluable as error:
