@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import math
+import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -825,9 +826,8 @@ class Interpreter:
             raise Unevaluable(f"orders {_describe_value(left)} and {_describe_value(right)}")
         a: Any = left  # Python decides whether the two order (a TypeError becomes Unevaluable)
         b: Any = right
-        compare = {ast.Lt: lambda: a < b, ast.LtE: lambda: a <= b,
-                   ast.Gt: lambda: a > b, ast.GtE: lambda: a >= b}[type(op)]  # fmt: skip
-        return bool(_run_plain(compare))
+        order = _ORDERINGS[type(op)]
+        return bool(_run_plain(lambda: order(a, b)))
 
     def _subscript(self, container: object, key: object) -> object:
         if isinstance(container, (tuple, list, str, range)) and isinstance(key, (int, slice)):
@@ -1050,6 +1050,9 @@ class Interpreter:
 
 
 _UNBOUND = object()
+_ORDERINGS: dict[type, Callable[[Any, Any], object]] = {
+    ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge
+}  # fmt: skip
 
 
 _STATEMENTS: dict[type, Callable[[Interpreter, Any, _Frame], object]] = {
