@@ -23,6 +23,27 @@ CUTLASS_FILE = "vllm/model_executor/layers/fused_moe/experts/cutlass_moe.py"
 GIB = 1 << 30
 
 
+@pytest.fixture(scope="module", autouse=True)
+def each_sweep_once():
+    """A tree's sweep with the same arguments runs once in this module: the diffs compare the same two releases both
+    ways, and one pair of trees at two thresholds. A tree is the parsed object evaluate.source_tree gives (the same
+    for a release, and for a source tree while its files hold the same bytes), so a planted tree is swept anew."""
+    from harness.sizing.vllm_source import sweep as sweep_module
+
+    real = sweep_module.sweep
+    done: dict[tuple[int, str], tuple[object, object]] = {}  # the tree is kept with its result: its id stays its own
+
+    def once(tree, **kwargs):
+        key = (id(tree), repr(sorted(kwargs.items())))
+        if key not in done:
+            done[key] = (tree, real(tree, **kwargs))
+        return done[key][1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sweep_module, "sweep", once)
+        yield
+
+
 def diff_json(*args: str) -> tuple[int, dict]:
     # both sides are trusted trees: each sweep gets room for a loaded machine (the default is a hostile tree's bound)
     completed = run_cli_inproc("vllm", "diff", *args, "--json", "--budget-s", "120")

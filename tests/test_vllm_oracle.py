@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_utils import run_harness
+from cli_utils import run_cli_inproc
 from harness.sizing.vllm_source import locate
 from harness.sizing.vllm_source.evaluate import source_tree
 from harness.sizing.vllm_source.sources import default_cache_dir
@@ -140,8 +140,8 @@ def test_refused_points_are_not_judged(swept):
 def test_batched_deep_gemm_unused_workspace2_is_a_named_finding(release, tmp_path):
     junit = tmp_path / "sweep.xml"
     # The gate of the one class named (`--classes`): a pull request's class is swept, judged and reported alone.
-    completed = run_harness("vllm", "audit", "--sweep", "--vllm-version", VERSION, "--classes",
-                            "BatchedDeepGemmExperts", "--json", "--junit", str(junit), timeout_s=600)  # fmt: skip
+    completed = run_cli_inproc("vllm", "audit", "--sweep", "--vllm-version", VERSION, "--classes",
+                               "BatchedDeepGemmExperts", "--json", "--junit", str(junit))  # fmt: skip
     assert completed.returncode == 0, completed.stderr
     data = json.loads(completed.stdout)
     assert data["schema_version"] == 2
@@ -174,15 +174,15 @@ def test_batched_deep_gemm_unused_workspace2_is_a_named_finding(release, tmp_pat
     assert f"ws2=(16, {M}, 2048)" in outs and "uses_ws2_bytes=0" in outs
     assert any(c.get("name") == "finding: unused-buffer workspace2" for c in cases)
     # The table names it too, not only in a row.
-    table = run_harness("vllm", "audit", "--sweep", "--vllm-version", VERSION, "--classes", "BatchedDeepGemmExperts",
-                        timeout_s=600)  # fmt: skip
+    table = run_cli_inproc("vllm", "audit", "--sweep", "--vllm-version", VERSION, "--classes",
+                           "BatchedDeepGemmExperts")  # fmt: skip
     assert "FINDING: BatchedDeepGemmExperts allocates workspace2 and its apply() never views it" in table.stdout
     assert table.stdout.rstrip().endswith(
         "OK: none of 1 experts classes (1 batched, 0 standard), the 1 of 46 that --classes names double-counts or is "
         "under-sized"
     )
     # A name the release does not have: one line with the closest names, exit 2.
-    wrong = run_harness("vllm", "audit", "--sweep", "--vllm-version", VERSION, "--classes", "BatchedDeepGemExperts")
+    wrong = run_cli_inproc("vllm", "audit", "--sweep", "--vllm-version", VERSION, "--classes", "BatchedDeepGemExperts")
     assert wrong.returncode == 2 and wrong.stderr.strip().count("\n") == 0
     assert wrong.stderr.startswith(
         "harness: error: --classes BatchedDeepGemExperts: vllm 0.33.0 has no experts class of that name that sizes a "
@@ -297,8 +297,8 @@ def test_planted_under_size_fails_the_cli_gate(tmp_path, release):
         + tail.replace("workspace2 = (M * topk, N)\n", "workspace2 = (M * topk, N // 4)\n", 1)
     )
     junit = tmp_path / "sweep.xml"
-    completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(root), "--junit", str(junit), "--classes",
-                            "BatchedMarlinExperts,CutlassExpertsMxfp4", timeout_s=600)  # fmt: skip
+    completed = run_cli_inproc("vllm", "audit", "--sweep", "--vllm-src", str(root), "--junit", str(junit),
+                               "--classes", "BatchedMarlinExperts,CutlassExpertsMxfp4")  # fmt: skip
     assert completed.returncode == 1, completed.stderr
     assert (
         "FAILED: 2 of 2 experts classes (1 batched, 1 standard), the 2 of 46 that --classes names: "
@@ -517,8 +517,8 @@ def test_planted_output_under_size_in_a_packed_k_class_fails_the_gate(tmp_path, 
     assert cls.verdict == UNDER and cls.failed
     under = {o.detail for o in cls.outcomes.values() if o.status == UNDER}
     assert under == {"out holds x0.5 of the standard format's (M, K)"}
-    completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(root), "--classes",
-                            "TrtLlmNvFp4ExpertsModular", timeout_s=600)  # fmt: skip
+    completed = run_cli_inproc("vllm", "audit", "--sweep", "--vllm-src", str(root), "--classes",
+                               "TrtLlmNvFp4ExpertsModular")  # fmt: skip
     assert completed.returncode == 1, completed.stderr
     assert "TrtLlmNvFp4ExpertsModular (under-sized)" in completed.stdout
 
@@ -548,8 +548,8 @@ def test_planted_under_size_in_a_delegating_class_fails_the_gate(tmp_path, relea
     root = planted(tmp_path, release, f"{EXPERTS}/triton_cutlass_moe.py", old, old.replace("topk,", "topk // 2,"))
     cls = sweep_of(root, "TritonOrCutlassExperts")["TritonOrCutlassExperts"]
     assert cls.verdict == UNDER and cls.failed
-    completed = run_harness("vllm", "audit", "--sweep", "--vllm-src", str(root), "--classes",
-                            "TritonOrCutlassExperts", timeout_s=600)  # fmt: skip
+    completed = run_cli_inproc("vllm", "audit", "--sweep", "--vllm-src", str(root), "--classes",
+                               "TritonOrCutlassExperts")  # fmt: skip
     assert completed.returncode == 1, completed.stderr
     assert "TritonOrCutlassExperts (under-sized)" in completed.stdout
 

@@ -30,6 +30,7 @@ from harness.sizing.vllm_source.sweep import (
     boxes,
     sweep,
 )
+from harness.sizing.vllm_source.sweep_report import sweep_json, write_junit
 
 CUTLASS = "CutlassBatchedExpertsFp8"
 TRITON = "BatchedTritonExperts"
@@ -215,12 +216,11 @@ def test_a_release_the_index_does_not_have_says_so(tmp_path):
 
 
 @pytest.mark.vllm_wheel
-def test_sweep_json_and_junit_of_0_30_0(tmp_path):
+def test_sweep_json_and_junit_of_0_30_0(sweeps, tmp_path):
+    # The whole release's JSON and JUnit, rendered from the module's sweep of 0.30.0 as the command renders its own.
     junit = tmp_path / "sweep.xml"
-    completed = run_cli_inproc("vllm", "audit", "--sweep", "--vllm-version", "0.30.0", "--json", "--junit", str(junit),
-                               "--budget-s", str(TRUSTED.cpu_s))  # fmt: skip
-    assert completed.returncode == 0, completed.stderr
-    data = json.loads(completed.stdout)
+    write_junit(sweeps["0.30.0"], junit)
+    data = json.loads(json.dumps(sweep_json(sweeps["0.30.0"])))
     assert data["vllm_version"] == "0.30.0" and data["failed"] == []
     cutlass = next(c for c in data["classes"] if c["name"] == CUTLASS)
     assert cutlass["verdict"] == CONSISTENT and cutlass["summary"].startswith("consistent everywhere")
@@ -230,6 +230,25 @@ def test_sweep_json_and_junit_of_0_30_0(tmp_path):
     assert [f["class"] for f in data["findings"]] == ["BatchedDeepGemmExperts"] and data["limits"] == []
     assert suite.get("failures") == "0"
     assert int(suite.get("tests")) == sum(len(c["groups"]) for c in data["classes"]) + len(data["findings"])
+    # The command, on two of its classes: the same entries as the whole release's, the finding's bytes at the
+    # reference deployments besides.
+    named = (CUTLASS, "BatchedDeepGemmExperts")
+    cli_junit = tmp_path / "cli.xml"
+    completed = run_cli_inproc("vllm", "audit", "--sweep", "--vllm-version", "0.30.0", "--json", "--junit",
+                               str(cli_junit), "--classes", ",".join(named),
+                               "--budget-s", str(TRUSTED.cpu_s))  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    cli = json.loads(completed.stdout)
+    assert cli["classes"] == [c for c in data["classes"] if c["name"] in named]
+    assert cli["selected"] == {"classes": sorted(named), "of": len(data["classes"])} and cli["limits"] == []
+    (finding,) = cli["findings"]
+    assert finding["class"] == "BatchedDeepGemmExperts" and finding["bytes_at"]
+    assert {k: v for k, v in finding.items() if k not in ("bytes_at", "text")} == {
+        k: v for k, v in data["findings"][0].items() if k not in ("bytes_at", "text")
+    }
+    cli_suite = ET.parse(cli_junit).getroot()
+    assert cli_suite.get("failures") == "0"
+    assert int(cli_suite.get("tests")) == sum(len(c["groups"]) for c in cli["classes"]) + 1
 
 
 def test_sweep_flag_combinations_are_one_line_errors(tmp_path):
