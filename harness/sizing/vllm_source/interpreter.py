@@ -296,6 +296,7 @@ class Interpreter:
         self._globals: dict[tuple[str, str], object] = {}
         self._resolving: set[tuple[str, str]] = set()
         self._shapes: dict[int, tuple[object, int, int]] = {}  # id -> (container, node count, depth)
+        self._lookups: dict[tuple[int, str], tuple[Any, Binding] | None] = {}  # (id of a class, name) -> _lookup
 
     # --- entry points ------------------------------------------------------------------------------------------
 
@@ -960,11 +961,19 @@ class Interpreter:
         return self._eval(cast(ast.expr, binding.node), _Frame(None, owner_file(owner), class_scope=owner))
 
     def _lookup(self, cls: Any, name: str) -> tuple[Any, Binding] | None:
+        """The first class of cls's MRO that binds name, with the binding; kept for this evaluation (the program does
+        not change during it, and cls, a class of the program, outlives it)."""
+        key = (id(cls), name)
+        if key in self._lookups:
+            return self._lookups[key]
+        found = None
         for owner in self.program.mro(cls):
             binding = self.program.class_binding(owner, name)
             if binding is not None:
-                return owner, binding
-        return None
+                found = owner, binding
+                break
+        self._lookups[key] = found
+        return found
 
     def _bind(self, function: Function, receiver: Instance | ClassObject) -> object:
         """What reading a def from a class gives: a bound method, the function, or the property's value."""

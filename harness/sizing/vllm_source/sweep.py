@@ -244,6 +244,15 @@ class Point:
     T: int
     variant: str = ""  # the runtime flags the class reads, as swept: "is_sm100=True" (init_attribute)
 
+    def __hash__(self) -> int:
+        """The dataclass's hash (of the fields' tuple), computed once per point: points key every memo of the sweep."""
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = hash((self.D, self.dispatchers, self.experts, self.quant, self.activation, self.K, self.I, self.E,
+                          self.T, self.variant))  # fmt: skip
+            object.__setattr__(self, "_hash", found)
+        return cast(int, found)
+
     def args(self) -> SizingArgs:
         found = self.__dict__.get("_args")  # built once per point (SizingArgs is frozen); not a field
         if found is None:
