@@ -100,3 +100,47 @@ def test_xdist_schedules_a_module_per_worker_and_the_ray_modules_together():
     )
     assert scope("tests/test_launch_ray.py::test_a") == scope("tests/test_readme_ray.py::test_b") == "ray"
     assert scope("tests/test_search.py::test_c") != scope("tests/test_models.py::test_d")
+
+
+def test_the_ray_scope_is_handed_out_first_then_the_largest_scopes():
+    """pytest-xdist's own scheduler, given tests/conftest.py's collection order and options, hands the Ray scope to
+    a worker first, then the other scopes by their number of tests, each scope's tests together in their order."""
+    from types import SimpleNamespace
+
+    import conftest
+
+    ids = ["tests/test_a.py::t1", "tests/test_launch_ray.py::r1", "tests/test_b.py::t1", "tests/test_b.py::t2",
+           "tests/test_readme_ray.py::r2", "tests/test_a.py::t2", "tests/test_b.py::t3",
+           "tests/test_c.py::t1"]  # fmt: skip
+    items = [SimpleNamespace(nodeid=i, get_closest_marker=lambda name: None) for i in ids]
+    conftest.pytest_collection_modifyitems(None, items)
+    collection = [i.nodeid for i in items]
+    assert collection == [
+        "tests/test_launch_ray.py::r1", "tests/test_readme_ray.py::r2",
+        "tests/test_b.py::t1", "tests/test_b.py::t2", "tests/test_b.py::t3",
+        "tests/test_a.py::t1", "tests/test_a.py::t2",
+        "tests/test_c.py::t1",
+    ]  # fmt: skip
+
+    class Worker:  # what the scheduler calls on a worker: the indices of the tests it is to run
+        shutting_down = False
+
+        def __init__(self) -> None:
+            self.sent: list[str] = []
+
+        def send_runtest_some(self, indices: list[int]) -> None:
+            self.sent += [collection[i] for i in indices]
+
+    options = SimpleNamespace(loadscopereorder=True, numprocesses=1, tx=["popen"], dist="loadscope", maxprocesses=None)
+    config = SimpleNamespace(option=options, getvalue=lambda name: getattr(options, name),
+                             getoption=lambda name, default=None: getattr(options, name, default))  # fmt: skip
+    scheduler = conftest.pytest_xdist_make_scheduler(config, None)
+    assert options.loadscopereorder is False  # the collection's order stands
+    worker = Worker()
+    scheduler.add_node(worker)
+    scheduler.add_node_collection(worker, collection)
+    scheduler.schedule()
+    assert worker.sent == collection[:5]  # two scopes to start with: the Ray scope, both modules, then the largest
+    for test in collection[:3]:
+        scheduler.mark_test_complete(worker, collection.index(test))
+    assert worker.sent == collection[:7]  # then the next largest, as the worker runs short
