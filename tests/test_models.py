@@ -120,6 +120,47 @@ def test_llama4_scout_interleaved_moe_chunked_attention_and_vision_tower():
     assert cache.blocks_per_request == 32768 // 16 + 3 * (8192 + 8192) // 16
 
 
+def test_llava_next_granite_vision_reads_its_language_model_and_siglip_tower():
+    """ibm-granite/granite-vision-3.3-2b: a Granite 2B language model from text_config; SigLIP built to the deepest of
+    four feature layers (-1: all 27), no post-norm; the projector's shapes are the ones vLLM 0.19.0's log prints,
+    (2048, 4608) and (2048, 2048) with biases, and image_newline (2048)."""
+    f = load_model("granite-vision-3.3-2b")
+    assert f.architecture == "GraniteForCausalLM" and f.num_hidden_layers == 40 and f.head_dim == 64
+    assert f.vision is not None and (f.vision.kind, f.vision.num_layers, f.vision.projector_in) == ("llava", 27, 4608)
+    H, F, K, patches = 1152, 4304, 2048, (384 // 14) ** 2
+    layer = 3 * H * H * 2 + 3 * H * 2 + H * H * 2 + H * 2 + F * H * 2 + F * 2 + H * F * 2 + H * 2 + 4 * H * 2
+    once = H * 3 * 14 * 14 * 2 + H * 2 + patches * H * 2 + patches * 8  # patch conv + bias, positions (+ int64 ids)
+    once += K * 4608 * 2 + K * 2 + K * K * 2 + K * 2 + K * 2  # linear_1, linear_2 with biases, image_newline
+    assert _weights(f)["vision tower"] == 27 * layer + once
+    # at TP 2 the SigLIP and projector linears split, the biases of the row-parallel ones stay whole
+    assert _weights(f, tp=2)["vision tower"] < _weights(f)["vision tower"]
+
+
+def test_multimodal_wrappers_refuse_what_they_do_not_size(tmp_path):
+    base = _preset("granite-vision-3.3-2b")
+    for change, message in (
+        ({"text_config": {**base["text_config"], "model_type": "phi3"}}, 'text_config.model_type = "phi3"'),
+        ({"vision_feature_layer": [0]}, "vision_feature_layer = [0]"),
+        ({"vision_config": {**base["vision_config"], "model_type": "clip_vision_model"}}, "siglip_vision_model"),
+    ):
+        (tmp_path / "config.json").write_text(json.dumps({**base, **change}))
+        with pytest.raises(ModelConfigError) as error:
+            load_model(str(tmp_path))
+        assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_pixtral_and_mistral3_towers_match_their_logged_weights():
+    """Mistral-Small-3.1-24B: Mistral's layout (PixtralForConditionalGeneration, nn.Linear tower whole on every GPU)
+    and the W8A8 checkpoint's Hugging Face layout (Mistral3ForConditionalGeneration: TP linears, + transformers'
+    PixtralRotaryEmbedding inv_freq (110^2, 64) f32) hold the same tower at TP 1 but that buffer."""
+    bf16, w8a8 = load_model("mistral-small-3.1-24b"), load_model("mistral-small-3.1-24b-w8a8")
+    assert bf16.architecture == w8a8.architecture == "MistralForCausalLM"
+    assert (bf16.vision.kind, w8a8.vision.kind) == ("pixtral", "pixtral_hf")
+    assert _weights(w8a8)["vision tower"] - _weights(bf16)["vision tower"] == 110 * 110 * 64 * 4
+    assert _weights(bf16, tp=2)["vision tower"] == _weights(bf16)["vision tower"]
+    assert _weights(w8a8, tp=2)["vision tower"] < _weights(w8a8)["vision tower"]
+
+
 def test_llama4_maverick_alternates_dense_and_moe_layers():
     """meta-llama/Llama-4-Maverick-17B-128E-Instruct: interleave_moe_layer_step 2: odd layers MoE (128 experts of
     8192), even layers a dense MLP of intermediate_size_mlp 16384."""

@@ -488,7 +488,8 @@ def test_the_tower_is_dropped_only_where_every_image_limit_is_zero():
     assert vision_tower_built(spec("--limit-mm-per-prompt", '{"image":1}'), "0.26.0")[0] is True
     assert vision_tower_built(spec("--language-model-only"), "0.26.0")[0] is False
     assert vision_tower_built(spec(), "0.26.0")[0] is True
-    assert vision_tower_built(spec("--limit-mm-per-prompt", '{"image":0}'), "0.19.0")[0] is True
+    assert vision_tower_built(spec("--limit-mm-per-prompt", '{"image":0}'), "0.19.0")[0] is False
+    assert vision_tower_built(spec("--limit-mm-per-prompt", '{"image":0}'), "0.8.5")[0] is True
     assert spec("--limit-mm-per-prompt.image=0").limit_mm_per_prompt == {"image": 0}
     for bad, says in (("image=x", "is not JSON"), ('{"image":-1}', "counts >= 0"), ("[0]", "a JSON object"),
                       ('{"image":true}', "counts >= 0")):  # fmt: skip
@@ -515,7 +516,7 @@ def test_gemma3_drops_its_siglip_tower_the_same_way():
     rounding = full.line("allocator rounding").bytes - text.line("allocator rounding").bytes
     assert full.group_bytes("weights") - text.group_bytes("weights") == tower.bytes + rounding
     assert plan("--language-model-only").group_bytes("weights") == text.group_bytes("weights")
-    older = plan("--limit-mm-per-prompt", '{"image":0}', version="0.19.0")
+    older = plan("--limit-mm-per-prompt", '{"image":0}', version="0.8.5")
     assert older.line("vision tower") is not None and older.setting("vision_tower") is True
 
 

@@ -433,12 +433,13 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
 
 
 # The first release (of those read) that builds a multimodal model without a tower whose every modality has a limit
-# of 0: 0.26.0's model_executor/models/interfaces.py SupportsMultiModal._mark_tower_model swaps the tower's modules
-# for StageMissingLayer (no weights allocated or loaded) where all(get_limit_per_prompt(m) == 0); Llama-4
-# (mllama4.py Llama4ForConditionalGeneration.__init__) and Gemma 3 (gemma3_mm.py) build their vision model and
-# projector inside _mark_tower_model(vllm_config, "image"). The releases before were not read: they build it.
-TOWER_SKIP_FROM = (0, 26, 0)
-TOWER_MODALITIES = ("image",)  # the vision towers' modalities (Llama-4's and Gemma 3's _mark_tower_model)
+# of 0: 0.19.0's (and 0.26.0's) model_executor/models/interfaces.py SupportsMultiModal._mark_tower_model swaps the
+# tower's modules for StageMissingLayer (no weights allocated or loaded) where all(get_limit_per_prompt(m) == 0);
+# Llama-4 (mllama4.py Llama4ForConditionalGeneration.__init__), Gemma 3 (gemma3_mm.py), LLaVA-NeXT, Mistral 3,
+# Pixtral and Kimi-VL build their vision model and projector inside _mark_tower_model(vllm_config, "image"). 0.8.5
+# has no _mark_tower_model and builds every tower; the releases between were not read: they are taken to build it.
+TOWER_SKIP_FROM = (0, 19, 0)
+TOWER_MODALITIES = ("image",)  # the vision towers' modalities (their _mark_tower_model(vllm_config, "image"))
 
 
 def vision_tower_built(spec: DeploymentSpec, version: str | None) -> tuple[bool, str]:
@@ -451,7 +452,7 @@ def vision_tower_built(spec: DeploymentSpec, version: str | None) -> tuple[bool,
         return True, "a limit above 0 for its modality (config/multimodal.py get_limit_per_prompt: 999 if not given)"
     flag = "--language-model-only" if spec.language_model_only else "--limit-mm-per-prompt image=0"
     if defaults._release_key(version) < TOWER_SKIP_FROM:
-        return True, f"{flag}: this release builds the tower anyway (before 0.26.0's _mark_tower_model)"
+        return True, f"{flag}: this release builds the tower anyway (before 0.19.0's _mark_tower_model)"
     return False, (f"{flag}: models/interfaces.py _mark_tower_model builds no vision tower (StageMissingLayer) "
                    "and gpu_model_runner.py profile_run runs no encoder profile")  # fmt: skip
 

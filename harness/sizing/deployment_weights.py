@@ -384,6 +384,8 @@ def vision_tensors(facts: ModelFacts, tp: int) -> tuple[list[int], str]:
              F // tp * H * d, F // tp * d, H * (F // tp) * d, H * d,  # fc1 + bias, fc2 + bias
              4 * H * d]  # two LayerNorms (weight + bias)  # fmt: skip
     patch_in = v.num_channels * v.patch_size**2
+    if v.kind in ("llava", "pixtral_hf", "pixtral", "moonvit"):
+        return _wrapper_vision_tensors(facts, tp)
     if v.kind == "llama4":
         inner = int(H / v.pixel_shuffle_ratio**2)
         once = [H // tp * patch_in * d, H * d, (patches + 1) * H * d, 4 * H * d,
@@ -393,13 +395,77 @@ def vision_tensors(facts: ModelFacts, tp: int) -> tuple[list[int], str]:
             f"Llama-4 vision encoder, {v.num_layers} layers of hidden {H}, MLP {F}, + pixel-shuffle MLP "
             f"({v.projector_in}, {inner}) and projector ({K}, {v.projector_in}), {facts.dtype}, / TP {tp}"
         )
-    else:
-        once = [H * patch_in * d + H * d, patches * H * d, 2 * H * d, H * K * d, H * d]
+    else:  # + siglip.py SiglipVisionEmbeddings' position_ids buffer (int64, not persistent: built on the GPU)
+        once = [H * patch_in * d + H * d, patches * H * d, patches * 8, 2 * H * d, H * K * d, H * d]
         how = (
             f"SigLIP vision encoder, {v.num_layers} layers of hidden {H}, MLP {F}, + projector ({H}, {K}), "
             f"{facts.dtype}, / TP {tp}"
         )
     return layer * v.num_layers + once, how
+
+
+def _wrapper_vision_tensors(facts: ModelFacts, tp: int) -> tuple[list[int], str]:
+    """The vision towers of LLaVA-NeXT, Mistral 3, Pixtral and Kimi-VL with their projectors, unquantized (the
+    checkpoints' formats leave them out), in the model dtype, per GPU:
+
+        llava       siglip.py SiglipVisionModel built to the deepest feature layer, without post_layernorm
+                    (llava_next.py: require_post_norm=False): the patch Conv2d + bias, the position embedding and its
+                    int64 position_ids, per layer qkv/out_proj and fc1/fc2 with biases (TP linears) and two
+                    LayerNorms; LlavaMultiModalProjector linear_1 (text hidden, vision hidden x feature layers) and
+                    linear_2 (text hidden, text hidden), Column/RowParallel with biases; image_newline
+        pixtral_hf  pixtral.py PixtralHFVisionModel: patch_conv without bias, ln_pre, per layer qkv_proj, o_proj,
+                    gate_up_proj, down_proj (TP linears, no biases) and two RMSNorms; transformers'
+                    PixtralRotaryEmbedding inv_freq (patches per side^2, head_dim) f32; mistral3.py's projector: norm,
+                    patch_merger.merging_layer (hidden, hidden x merge^2), linear_1 / linear_2 (Column/RowParallel)
+        pixtral     pixtral.py VisionTransformer (Mistral's layout): the same tensors in nn.Linear, whole on every
+                    GPU; pre_mm_projector_norm, PatchMerger, VisionLanguageAdapter w_in / w_out (nn.Linear)
+        moonvit     moonvit.py MoonVitPretrainedModel: the patch Conv2d + bias, the learned (h, w) position
+                    embedding, per layer wqkv/wo and fc0/fc1 with biases (TP linears) and two LayerNorms, the final
+                    LayerNorm; kimi_vl.py KimiVLMultiModalProjector: pre_norm (LayerNorm), linear_1 (hidden x k^2,
+                    hidden x k^2) and linear_2 (text hidden, hidden x k^2), ReplicatedLinear with biases"""
+    v, d, K = facts.vision, facts.dtype_bytes, facts.hidden_size
+    assert v is not None
+    H, F = v.hidden_size, v.intermediate_size
+    patch_in = v.num_channels * v.patch_size**2
+    pb = v.projector_bias
+    if v.kind == "llava":
+        patches = (v.image_size // v.patch_size) ** 2
+        layer = [3 * H // tp * H * d, 3 * H // tp * d, H * (H // tp) * d, H * d,
+                 F // tp * H * d, F // tp * d, H * (F // tp) * d, H * d, 4 * H * d]  # fmt: skip
+        once = [H * patch_in * d, H * d, patches * H * d, patches * 8,
+                K // tp * v.projector_in * d, *([K // tp * d] if pb else []),
+                K * (K // tp) * d, *([K * d] if pb else []), K * d]  # fmt: skip
+        return layer * v.num_layers + once, (
+            f"SigLIP vision encoder, {v.num_layers} layers of hidden {H}, MLP {F} (to the deepest feature layer, no "
+            f"post-norm), + projector ({K}, {v.projector_in}) and ({K}, {K}), image_newline, {facts.dtype}, / TP {tp}"
+        )
+    if v.kind in ("pixtral_hf", "pixtral"):
+        split = tp if v.kind == "pixtral_hf" else 1
+        layer = [3 * H // split * H * d, H * (H // split) * d, 2 * F // split * H * d, H * (F // split) * d,
+                 2 * H * d]  # fmt: skip
+        side = v.image_size // v.patch_size
+        merger = [H * v.projector_in * d] if v.merge > 1 else []
+        norm = [H * d] if v.pre_norm else []
+        once = [H * patch_in * d, H * d, *norm, *merger,
+                K // split * H * d, *([K // split * d] if pb else []),
+                K * (K // split) * d, *([K * d] if pb else [])]  # fmt: skip
+        if v.kind == "pixtral_hf":
+            once.append(side * side * (H // v.num_heads) * 4)
+        where = "Hugging Face layout, TP linears" if v.kind == "pixtral_hf" else "Mistral's layout, nn.Linear"
+        return layer * v.num_layers + once, (
+            f"Pixtral vision encoder ({where}), {v.num_layers} layers of hidden {H}, gated MLP {F}, + patch merger "
+            f"({H}, {v.projector_in}) and projector ({K}, {H}) and ({K}, {K}), {facts.dtype}, / {split}"
+        )
+    # moonvit
+    layer = [3 * H // tp * H * d, 3 * H // tp * d, H * (H // tp) * d, H * d,
+             F // tp * H * d, F // tp * d, H * (F // tp) * d, H * d, 4 * H * d]  # fmt: skip
+    M = v.projector_in
+    once = [H * patch_in * d, H * d, v.pos_emb[0] * v.pos_emb[1] * H * d, 2 * H * d,
+            2 * H * d, M * M * d, M * d, K * M * d, K * d]  # fmt: skip
+    return layer * v.num_layers + once, (
+        f"MoonViT vision encoder, {v.num_layers} layers of hidden {H}, MLP {F}, + projector ({M}, {M}) and ({K}, {M}) "
+        f"replicated, {facts.dtype}, / TP {tp}"
+    )
 
 
 def weight_tensors(facts: ModelFacts, sharding: Sharding) -> list[tuple[int, int]]:

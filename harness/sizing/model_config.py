@@ -6,7 +6,8 @@ the line of config.json it came from.
     architectures          which vLLM model class builds the layers (model_executor/models/*.py): DeepSeek V2/V3/
                            V3.2 and Kimi-K2 (MLA), Qwen2/3-MoE, Qwen3-Next, Mixtral, gpt-oss, GLM-4.5/4.6,
                            MiniMax-M2, Llama-4, and the dense Llama, Mistral, Granite, Phi-2/3/4, Qwen2/3,
-                           Gemma 1/2/3
+                           Gemma 1/2/3; the multimodal LLaVA-NeXT, Mistral 3, Pixtral and Kimi-VL as their
+                           text_config's language model plus their vision tower
     hidden_size, num_hidden_layers, vocab_size, tie_word_embeddings
     attention              GQA: num_attention_heads, num_key_value_heads, head_dim, biases, q/k norms, sinks
                            MLA: q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim
@@ -57,7 +58,14 @@ GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGenerati
 LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "GraniteForCausalLM", "Phi3ForCausalLM")
 DENSE_ARCHITECTURES = (*LLAMA_LIKE, "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM", *GEMMA,
                        "PhiForCausalLM")  # fmt: skip
-ARCHITECTURES = (*MOE_ARCHITECTURES, *DENSE_ARCHITECTURES)
+# Multimodal models whose language model is another architecture's, built from text_config
+# (init_vllm_registered_model(hf_config=config.text_config)): the vision tower and projector are sized beside it
+# (VisionTower), the language model as the architecture its text_config's model_type names.
+MULTIMODAL_WRAPPERS = ("LlavaNextForConditionalGeneration", "Mistral3ForConditionalGeneration",
+                       "PixtralForConditionalGeneration", "KimiVLForConditionalGeneration")  # fmt: skip
+TEXT_ARCHITECTURES = {"granite": "GraniteForCausalLM", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                      "deepseek_v3": "DeepseekV3ForCausalLM"}  # fmt: skip
+ARCHITECTURES = (*MOE_ARCHITECTURES, *DENSE_ARCHITECTURES, *MULTIMODAL_WRAPPERS)
 # The keys vLLM derives max_model_len from, in its order (config/model.py _get_and_verify_max_len).
 MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
                 "max_sequence_length", "max_seq_length", "seq_len")  # fmt: skip
@@ -84,9 +92,10 @@ class ModelConfigError(BadInput):
 
 @dataclass(frozen=True)
 class VisionTower:
-    """A ViT encoder's shapes (Llama-4's vision_model, Gemma 3's SigLIP) and its projector into the text model."""
+    """A ViT encoder's shapes (Llama-4's vision_model, Gemma 3's SigLIP, LLaVA-NeXT's SigLIP, Pixtral's, Kimi-VL's
+    MoonViT) and its projector into the text model."""
 
-    kind: str  # llama4 | siglip
+    kind: str  # llama4 | siglip | llava | pixtral_hf | pixtral | moonvit
     hidden_size: int
     intermediate_size: int
     num_layers: int
@@ -96,6 +105,11 @@ class VisionTower:
     projector_in: int  # what the projector reads (Llama-4: vision_output_dim; SigLIP: hidden_size)
     adapter_out: int = 0  # Llama-4's pixel-shuffle MLP output (projector_output_dim)
     pixel_shuffle_ratio: float = 0.0
+    merge: int = 1  # patches merged per side before the projector (Pixtral's spatial_merge_size, MoonViT's kernel)
+    projector_bias: bool = True  # the projector's linears have biases (multimodal_projector_bias, adapter_bias)
+    pos_emb: tuple[int, int] = (0, 0)  # MoonViT's learned (height, width) position embedding
+    num_heads: int = 0  # attention heads (Pixtral's rotary inv_freq is per head_dim)
+    pre_norm: bool = True  # an RMSNorm before the patch merger (Pixtral's pre_mm_projector_norm, Mistral 3's norm)
 
 
 @dataclass(frozen=True)
@@ -402,6 +416,14 @@ def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None
     text = data.get("text_config")
     if text is not None and not isinstance(text, dict):
         raise ModelConfigError(f"{path}: text_config = {shown(text)} is not a JSON object")
+    wrapper = arch if arch in MULTIMODAL_WRAPPERS else ""
+    if wrapper:
+        kind = text.get("model_type") if isinstance(text, dict) else None
+        if kind not in TEXT_ARCHITECTURES:
+            raise ModelConfigError(f"{path}: text_config.model_type = {shown(kind)}; {arch}'s language model is sized "
+                                   f"for {', '.join(TEXT_ARCHITECTURES)}")  # fmt: skip
+        arch = TEXT_ARCHITECTURES[kind]
+        archs = [arch]
     if isinstance(text, dict) and "hidden_size" not in data:
         data = {**text, "architectures": archs}
         for key in ("quantization_config", "torch_dtype", "tie_word_embeddings"):
@@ -461,11 +483,11 @@ def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None
     if arch in MOE_ARCHITECTURES:
         _moe_facts(data, facts, arch, layers, path, get)
     _attention_facts(data, facts, arch, layers, path, get)
-    if arch in ("Llama4ForConditionalGeneration", "Gemma3ForConditionalGeneration"):
+    if arch in ("Llama4ForConditionalGeneration", "Gemma3ForConditionalGeneration") or wrapper:
         if not isinstance(top.get("vision_config"), dict):
             raise ModelConfigError(f"{path}: vision_config = {shown(top.get('vision_config'))}; vLLM builds "
-                                   f"{arch}'s vision tower from a vision_config object")  # fmt: skip
-        facts["vision"] = _vision(top["vision_config"], arch, path)
+                                   f"{wrapper or arch}'s vision tower from a vision_config object")  # fmt: skip
+        facts["vision"] = _vision(top["vision_config"], wrapper or arch, path, top)
     return ModelFacts(**facts)
 
 
@@ -647,9 +669,12 @@ def _layer_types(data: dict, layers: int, path: str) -> list[str]:
     return [LAYER_TYPES[v] for v in value]
 
 
-def _vision(config: dict, arch: str, path: str) -> VisionTower:
+def _vision(config: dict, arch: str, path: str, top: dict | None = None) -> VisionTower:
     def get(key: str, default: int | None = None) -> int:
         return _int(config, key, default, where=f"{path} vision_config", minimum=1)
+
+    if arch in MULTIMODAL_WRAPPERS:
+        return _wrapper_vision(config, arch, path, top or {}, get)
 
     if arch in LLAMA4:
         ratio = config.get("pixel_shuffle_ratio", 0.5)
@@ -670,6 +695,54 @@ def _vision(config: dict, arch: str, path: str) -> VisionTower:
         get("num_channels", 3),
         projector_in=get("hidden_size"),
     )
+
+
+def _feature_layers(top: dict, layers: int, path: str) -> tuple[int, int]:
+    """(layers built, feature layers concatenated) of a LLaVA vision tower: llava.py _get_num_hidden_layers builds the
+    encoder up to the deepest of vision_feature_layer (an index or a list; negative from the end), and
+    LlavaMultiModalProjector reads the selected layers' hidden states side by side."""
+    value = top.get("vision_feature_layer", -2)
+    chosen = value if isinstance(value, list) else [value]
+    if not chosen or not all(type(v) is int and -layers <= v <= layers and v != 0 for v in chosen):
+        raise ModelConfigError(f"{path}: vision_feature_layer = {shown(value)}; vLLM reads a layer index (or a list "
+                               f"of them) from -{layers} to {layers}, not 0")  # fmt: skip
+    return max(v if v > 0 else layers + v + 1 for v in chosen), len(chosen)
+
+
+def _wrapper_vision(config: dict, arch: str, path: str, top: dict, get) -> VisionTower:
+    """The vision tower of a LLaVA-NeXT (SigLIP), Mistral 3 (Pixtral, Hugging Face layout), Pixtral (Mistral's own
+    layout) or Kimi-VL (MoonViT) model."""
+    H, F, layers = get("hidden_size"), get("intermediate_size"), get("num_hidden_layers")
+    patch, channels = get("patch_size"), get("num_channels", 3)
+    if arch == "LlavaNextForConditionalGeneration":
+        if config.get("model_type") != "siglip_vision_model":
+            raise ModelConfigError(f"{path}: vision_config.model_type = {shown(config.get('model_type'))}; the "
+                                   "LLaVA-NeXT vision tower is sized for siglip_vision_model")  # fmt: skip
+        built, features = _feature_layers(top, layers, path)
+        bias = top.get("multimodal_projector_bias", True)
+        return VisionTower("llava", H, F, built, patch, get("image_size"), channels, projector_in=H * features,
+                           projector_bias=bias is not False)  # fmt: skip
+    if arch == "KimiVLForConditionalGeneration":
+        kernel = config.get("merge_kernel_size", [2, 2])
+        if not (isinstance(kernel, list) and len(kernel) == 2 and all(type(k) is int and k > 0 for k in kernel)
+                and kernel[0] == kernel[1]):  # fmt: skip
+            raise ModelConfigError(f"{path}: vision_config.merge_kernel_size = {shown(kernel)}; vLLM's MoonViT reads "
+                                   "a square [k, k]")  # fmt: skip
+        pos_emb = (get("init_pos_emb_height"), get("init_pos_emb_width"))
+        return VisionTower("moonvit", H, F, layers, patch, 0, channels, projector_in=H * kernel[0] ** 2,
+                           merge=kernel[0], pos_emb=pos_emb)  # fmt: skip
+    image = get("image_size", config.get("max_image_size"))
+    merge = _int(top, "spatial_merge_size", config.get("spatial_merge_size", 1), where=path, minimum=1)
+    if arch == "PixtralForConditionalGeneration":  # Mistral's params.json layout: vision_encoder's own keys
+        # pixtral.py: the patch merger where mm_projector_id is "patch_merge", the RMSNorm before it where
+        # add_pre_mm_projector_layer_norm
+        merge = merge if config.get("mm_projector_id") == "patch_merge" else 1
+        return VisionTower("pixtral", H, F, layers, patch, image, channels, projector_in=H * merge**2, merge=merge,
+                           projector_bias=config.get("adapter_bias", True) is not False,
+                           pre_norm=config.get("add_pre_mm_projector_layer_norm") is True)  # fmt: skip
+    return VisionTower("pixtral_hf", H, F, layers, patch, image, channels, projector_in=H * merge**2, merge=merge,
+                       projector_bias=top.get("multimodal_projector_bias", True) is not False,
+                       num_heads=get("num_attention_heads"))  # fmt: skip
 
 
 def _moe_layers(data: dict, layers: int, arch: str, path: str) -> tuple[int, ...]:
