@@ -55,7 +55,7 @@ echo "scripts/test.sh: ruff check, ruff format --check and mypy found nothing"
 # Three workers (pytest-xdist, a module's tests on one worker: tests/conftest.py), then, in this process, the tests
 # that need a process of one thread (a worker has more). WORKERS=0 runs everything in one process. Three on a
 # 2-core machine: the suite waits on rank processes, Ray clusters and the timeouts it tests about as much as it
-# computes, and a third worker fills that time (here the tests took 597 s on three, 859 s on two, 792 s on four).
+# computes: a third worker fills that time, and a fourth only adds contention (CHANGELOG.md has the figures).
 WORKERS=${WORKERS:-3}
 set +e
 if [ "$WORKERS" -gt 0 ]; then
