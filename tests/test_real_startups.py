@@ -11,6 +11,7 @@ MoE cases read their layer's workspace from the 0.26.0 release, so they are mark
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness.core.units import MIB
-from harness.sizing import cudagraph_memory
+from harness.sizing import cudagraph_memory, release_defaults
 from harness.sizing.deployment import GIB
 from harness.sizing.kv_cache import kv_shape
 from harness.sizing.release_defaults import v2_runner_without_estimate
@@ -328,6 +329,21 @@ def test_first_capture_by_hand_for_a_small_config():
     # the second capture's graphs 6-10 hold the 9th: one page; the FULL ones none, the release's 1 MiB floor
     assert (piecewise.per_graph, full.per_graph) == (2 << 20, 1 << 20)
     assert got.total == 38010880 + 10 * (2 << 20) + 10 * (1 << 20) == 69468160
+
+
+def test_the_graph_exec_measurement_follows_the_release():
+    """From 0.26.0 the driver's graph-exec memory is the pages measured under that release's stack (the 48-layer
+    Qwen3-30B-A3B: 6 MiB a PIECEWISE graph and 2 a FULL one, as logged); before, the per-layer 6 MiB per 32 layers
+    of the published 0.19.0 H100 logs (a 32-layer model: 6 MiB in either mode, as the Llama-3.1-8B log prints)."""
+    assert release_defaults.graph_exec_pages("0.26.0").value is True
+    assert release_defaults.graph_exec_pages("0.19.0").value is False
+    facts = record_facts(CASES["qwen3-30b-a3b"])
+    base = dict(tp=1, max_num_seqs=256, max_num_batched_tokens=8192, gpu="H200")
+    measured = cudagraph_memory.estimate(facts, **base)
+    assert [m.per_graph for m in measured.modes] == [6 * MIB, 2 * MIB]
+    layers32 = dataclasses.replace(facts, num_hidden_layers=32)
+    scaled = cudagraph_memory.estimate(layers32, exec_pages=False, **base)
+    assert [m.per_graph for m in scaled.modes] == [6 * MIB, 6 * MIB]
 
 
 def test_graph_settings_and_eager_change_the_estimate():

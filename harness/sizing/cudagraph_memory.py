@@ -75,7 +75,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.core.units import MIB
+from harness.core.units import MIB, round_up
 from harness.sizing.gpus import Gpu
 from harness.sizing.model_config import ModelFacts
 from harness.sizing.profile_run import cublas_workspace, forward_phase, gpu_facts
@@ -90,6 +90,10 @@ GRAPH_OBJECTS = ((64 * 1024, 9), (48 * 1024, 36))
 NODE_EXEC = 1840  # a kernel node's share of its graph's block (16- and 64-node graphs: 2 MiB per ~1140 nodes)
 NODES_PER_PIECE = 15  # kernel nodes of a layer's piece graph (vLLM 0.26.0 captures, H200: 14-15)
 NODES_PER_LAYER_FULL = 18  # kernel nodes a layer adds to a FULL graph, its attention's included (17-18)
+# The releases before 0.26.0, measured on their own stack (the published 0.19.0 H100 logs, a CUDA 12 build): 6 MiB a
+# graph in either mode for a 32-layer capture (tests/data/startup_logs/llama-3.1-8b-tp1-h100.yaml's log: "(51-1) x
+# 6.00 MiB per-graph"), taken per layer, a PIECEWISE capture rounding up and a FULL one down.
+EXEC_PER_LAYER = 6 * MIB // 32
 DEFAULT_MODE = "FULL_AND_PIECEWISE"  # config/compilation.py CompilationConfig.cudagraph_mode's default (V1)
 
 
@@ -214,6 +218,14 @@ def object_pages(first: int, last: int) -> int:
     return pages
 
 
+def layer_exec_bytes(mode: str, facts: ModelFacts) -> int:
+    """The per-layer scaling of the releases before 0.26.0 (EXEC_PER_LAYER), in whole driver pages."""
+    layers = facts.num_hidden_layers * EXEC_PER_LAYER
+    if mode == "PIECEWISE":  # at most half a MiB a piece graph, rounded down, where the pieces are few
+        return min(piece_graphs(facts) * MIB // 2 // DRIVER_PAGE * DRIVER_PAGE, round_up(layers, DRIVER_PAGE))
+    return layers // DRIVER_PAGE * DRIVER_PAGE
+
+
 @dataclass
 class ExecPool:
     """The driver's graph-exec memory over the profile's captures: the graphs instantiated so far and the used
@@ -276,8 +288,10 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
              mode: str | None = None, max_capture: int | None = None, sizes: list[int] | None = None,
              gpu: str | Gpu | None = None, max_splits: int = DEFAULT_MAX_SPLITS,
              shared_stream_threshold: int | None = DEFAULT_SHARED_STREAM_THRESHOLD,
-             kv_cache_dtype: str = "auto") -> GraphEstimate:  # fmt: skip
-    """The estimate profile_cudagraph_memory prints ("Estimated CUDA graph memory: X GiB total")."""
+             kv_cache_dtype: str = "auto", exec_pages: bool = True) -> GraphEstimate:  # fmt: skip
+    """The estimate profile_cudagraph_memory prints ("Estimated CUDA graph memory: X GiB total"). `exec_pages`: the
+    driver's graph-exec memory as measured under 0.26.0's stack (ExecPool); False, the per-layer scaling of the
+    earlier releases' logs (release_defaults.graph_exec_pages says which)."""
     capability, _, _ = gpu_facts(gpu)
     chosen, why = resolve_mode(facts, mode, capability)
     if chosen == "NONE":
@@ -303,8 +317,11 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
         new = max(0, forward - pool)
         accum = split_accumulators(facts, n, tp, max_splits, capability=capability,
                                    kv_cache_dtype=kv_cache_dtype) if name == "FULL" else 0  # fmt: skip
-        graph_exec = exec_pool.capture(name, facts)
-        second_exec = exec_pool.capture(name, facts) if len(graph_sizes) > 1 else 0
+        if exec_pages:
+            graph_exec = exec_pool.capture(name, facts)
+            second_exec = exec_pool.capture(name, facts) if len(graph_sizes) > 1 else 0
+        else:
+            graph_exec = second_exec = layer_exec_bytes(name, facts)
         first_ws = workspace if index == 0 else 0
         first = first_ws + 2 * new + accum + aux[0] + graph_exec
         pool = max(pool, forward)
