@@ -34,8 +34,9 @@ vllm.py sets it whenever graphs are captured) and then captures, all on the fres
                        the fresh profiling graph pool, where tensors of 1-10 MiB take 20 MiB segments and smaller ones
                        2 MiB blocks (PyTorch's CUDACachingAllocator kLargeBuffer, kSmallBuffer), more than the tensors
                        themselves. The live set of the compiled pieces is not read, so the segment count is not
-                       derived: twice the transients is the approximation (38 MiB against the 38 logged at 64 tokens,
-                       68 against 76 at 512, 42 against 60 at 128, where one 20 MiB segment is the difference). A later
+                       derived: twice the transients is the approximation (Qwen3-MoE: 37 MiB against the 38 logged at
+                       64 tokens, 75 against 76 at 512, 43 against 60 at 128, where one 20 MiB segment is the
+                       difference). A later
                        mode's first capture reuses what the earlier one left in both pools
     FULL attention     FlashAttention's split-KV accumulators, allocated inside the FULL graph: the metadata builder
                        sets num_splits to attention_config.flash_attn_max_num_splits_for_cuda_graph (32) under full
