@@ -91,7 +91,7 @@ GRAPH_OBJECTS = ((64 * 1024, 9), (48 * 1024, 36))
 NODE_EXEC = 1840  # a kernel node's share of its graph's block (16- and 64-node graphs: 2 MiB per ~1140 nodes)
 NODES_PER_PIECE = 15  # kernel nodes of a layer's piece graph (vLLM 0.26.0 captures, H200: 14-15)
 NODES_PER_LAYER_FULL = 18  # kernel nodes a layer adds to a FULL graph, its attention's included (17-18)
-# The releases before 0.26.0, measured on their own stack (the published 0.19.0 H100 logs, a CUDA 12 build): 6 MiB a
+# The releases before 0.26.0, measured on their own stack (the published 0.19.0 H100 logs, torch 2.10): 6 MiB a
 # graph in either mode for a 32-layer capture (tests/data/startup_logs/llama-3.1-8b-tp1-h100.yaml's log: "(51-1) x
 # 6.00 MiB per-graph"), taken per layer, a PIECEWISE capture rounding up and a FULL one down.
 EXEC_PER_LAYER = 6 * MIB // 32

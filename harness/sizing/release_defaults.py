@@ -268,8 +268,8 @@ def graph_exec_pages(version: str | None) -> Default:
     """Which measurement of the driver's memory for instantiated graphs the CUDA-graph estimate takes
     (harness.sizing.cudagraph_memory): from 0.26.0 (torch 2.11.0+cu130), the per-graph objects and per-node blocks
     measured under that stack on an H200 (driver 580.159.04; results/h200/cudagraph-exec); before, the per-layer
-    6 MiB per 32 layers of the published 0.19.0 H100 logs, a CUDA 12 stack whose per-graph figures run higher
-    (Qwen3-30B-A3B's estimate 1.24 GiB there, 0.49 under 0.26.0 on the H200)."""
+    6 MiB per 32 layers of the published 0.19.0 H100 logs, another stack (torch 2.10, H100 machines) whose
+    per-graph figures run higher (Qwen3-30B-A3B's estimate 1.24 GiB there, 0.49 under 0.26.0 on the H200)."""
     on = version is None or _release_key(version) >= GRAPH_EXEC_PAGES
     return Default(on, f"table: graph-exec pages measured under 0.26.0's stack, per-layer scaling before "
                        f"(vLLM {version or 'unknown: the measured pages'})")  # fmt: skip
