@@ -34,8 +34,9 @@ vllm.py sets it whenever graphs are captured) and then captures, all on the fres
                        the fresh profiling graph pool, where tensors of 1-10 MiB take 20 MiB segments and smaller ones
                        2 MiB blocks (PyTorch's CUDACachingAllocator kLargeBuffer, kSmallBuffer), more than the tensors
                        themselves. The live set of the compiled pieces is not read, so the segment count is not
-                       derived: twice the transients is the approximation (38 MiB against the 38 logged at 64 tokens,
-                       68 against 76 at 512, 42 against 60 at 128, where one 20 MiB segment is the difference). A later
+                       derived: twice the transients is the approximation (Qwen3-MoE: 37 MiB against the 38 logged at
+                       64 tokens, 75 against 76 at 512, 43 against 60 at 128, where one 20 MiB segment is the
+                       difference). A later
                        mode's first capture reuses what the earlier one left in both pools
     FULL attention     FlashAttention's split-KV accumulators, allocated inside the FULL graph: the metadata builder
                        sets num_splits to attention_config.flash_attn_max_num_splits_for_cuda_graph (32) under full
@@ -50,11 +51,29 @@ vllm.py sets it whenever graphs are captured) and then captures, all on the fres
                        adds that stream's cuBLAS workspace and, warm-up and graph pool, the shared MLP's transients in
                        the stream's own blocks (a clone of the input, gate_up, act_fn, the output)
     graph exec         the driver's memory for the instantiated graphs (measured, below; the per-graph sample is
-                       this alone: the second capture's tensors reuse the first's blocks in both pools)
+                       this alone: the warm-up's new blocks are released by the empty_cache of torch.cuda.graph's
+                       entry at the first piece, and the capture's tensors reuse the first capture's blocks in the
+                       profiling pool)
+
+The driver's graph-exec memory, measured on one H200 (driver 580.159.04, CUDA 13.0, torch 2.11;
+results/h200/cudagraph-exec: free memory around each instantiation, in bare graphs and in vLLM 0.26.0's own
+profiling captures with each graph's nodes counted). The free-memory figure moves in 2 MiB pages, and two kinds of
+allocation fill them:
+    per graph       two objects, 64 and 48 KiB, each from its own run of pages (112 KiB a graph, 7 pages every 128
+                    graphs, whatever the node count): counted from the profile's first instantiated graph, the
+                    64 KiB run opens a page at the 9th graph and every 32nd after it, the 48 KiB run at the 36th and
+                    every 128/3 after it (the same counts in the bare graphs and in vLLM's captures)
+    per node        a block of about 1840 bytes a kernel node (2 MiB per about 1140 nodes of 16- and 64-node
+                    graphs), one block a graph, from a page open and empty when the profile begins; a block that
+                    does not fit in what the page has left opens a new one
+The kernel nodes of a graph are the compiled code's, not vLLM's source: 15 a layer's piece graph and 18 a layer
+in a FULL graph (its attention's too), as counted in vLLM 0.26.0's captures of Qwen3-30B-A3B (15, FULL 18),
+Mixtral-8x7B (14-15, FULL 17) and gpt-oss-20b (14, FULL 18) on the H200.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from harness.core.units import MIB, round_up
@@ -66,17 +85,16 @@ PER_GRAPH_FLOOR = 1 << 20  # gpu_model_runner.py profile_cudagraph_memory: max(s
 DEFAULT_MAX_SPLITS = 32  # config/attention.py AttentionConfig.flash_attn_max_num_splits_for_cuda_graph (0.19-0.30)
 DEFAULT_SHARED_STREAM_THRESHOLD = 256  # envs.py VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (0.26.0)
 DRIVER_PAGE = 2 * MIB  # the free-memory figure moves in the driver's 2 MiB pages
-# Measured, the driver's memory for instantiated graphs (not in vLLM's source), the second-capture samples:
-# - per layer, 6 MiB for a 32-layer capture in either mode (the published 0.19.0 H100 log of Llama-3.1-8B,
-#   the log at tests/data/startup_logs/llama-3.1-8b-tp1-h100.yaml's url: "(51-1) x 6.00 MiB per-graph" in both modes);
-# - per piece graph at most 0.5 MiB within the page the first capture opened: the 2- and 4-layer startups of
-#   0.26.0 on one H200 (tests/data/real_startups key lines: PIECEWISE 2 MiB for 5 pieces, the 1 MiB floor for
-#   3 pieces and for one FULL graph).
-# Per kernel node it is not modelled: the published 26-80 layer logs show 4-20 MiB, this gives 4-16. The per-layer
-# scaling is contradicted by the 48-layer Qwen3-30B-A3B started on the H200 (0.26.0): 6 MiB per PIECEWISE graph and
-# 2 per FULL graph logged, 10 and 8 here (tests/test_real_startups.py GRAPH_GAPS).
+# Measured, the driver's memory for instantiated graphs (module docstring; results/h200/cudagraph-exec): per graph,
+# (object bytes, the graph, counted from the profile's first, at which the object's run opens its first page).
+GRAPH_OBJECTS = ((64 * 1024, 9), (48 * 1024, 36))
+NODE_EXEC = 1840  # a kernel node's share of its graph's block (16- and 64-node graphs: 2 MiB per ~1140 nodes)
+NODES_PER_PIECE = 15  # kernel nodes of a layer's piece graph (vLLM 0.26.0 captures, H200: 14-15)
+NODES_PER_LAYER_FULL = 18  # kernel nodes a layer adds to a FULL graph, its attention's included (17-18)
+# The releases before 0.26.0, measured on their own stack (the published 0.19.0 H100 logs, torch 2.10): 6 MiB a
+# graph in either mode for a 32-layer capture (tests/data/startup_logs/llama-3.1-8b-tp1-h100.yaml's log: "(51-1) x
+# 6.00 MiB per-graph"), taken per layer, a PIECEWISE capture rounding up and a FULL one down.
 EXEC_PER_LAYER = 6 * MIB // 32
-PIECE_GRAPH_EXEC = MIB // 2
 DEFAULT_MODE = "FULL_AND_PIECEWISE"  # config/compilation.py CompilationConfig.cudagraph_mode's default (V1)
 
 
@@ -181,16 +199,56 @@ def piece_graphs(facts: ModelFacts) -> int:
     return facts.num_hidden_layers + 1
 
 
-def exec_bytes(mode: str, facts: ModelFacts) -> int:
-    """The driver memory a capture's instantiated graphs add, in whole driver pages (measured, module docstring):
-    the layers' kernels at EXEC_PER_LAYER, a PIECEWISE capture opening a page for its piece graphs (rounded up)
-    unless its few pieces stay within the page already open (PIECE_GRAPH_EXEC each, rounded down), a FULL capture's
-    one graph continuing the open page (rounded down)."""
-    layers = facts.num_hidden_layers * EXEC_PER_LAYER
+def graph_nodes(mode: str, facts: ModelFacts) -> tuple[int, int]:
+    """(graphs, kernel nodes a graph) one capture of `mode` instantiates."""
     if mode == "PIECEWISE":
-        pieces = piece_graphs(facts) * PIECE_GRAPH_EXEC // DRIVER_PAGE * DRIVER_PAGE
-        return min(pieces, round_up(layers, DRIVER_PAGE))
+        return piece_graphs(facts), NODES_PER_PIECE
+    return 1, facts.num_hidden_layers * NODES_PER_LAYER_FULL
+
+
+def object_pages(first: int, last: int) -> int:
+    """The pages the per-graph objects open while graphs first..last (counted from the profile's first) are
+    instantiated."""
+    pages = 0
+    for size, opens_at in GRAPH_OBJECTS:
+        step = DRIVER_PAGE / size  # graphs a page holds
+        k = max(0, int((first - opens_at) // step) - 1)
+        while (at := math.ceil(opens_at + k * step)) <= last:
+            pages += at >= first
+            k += 1
+    return pages
+
+
+def layer_exec_bytes(mode: str, facts: ModelFacts) -> int:
+    """The per-layer scaling of the releases before 0.26.0 (EXEC_PER_LAYER), in whole driver pages."""
+    layers = facts.num_hidden_layers * EXEC_PER_LAYER
+    if mode == "PIECEWISE":  # at most half a MiB a piece graph, rounded down, where the pieces are few
+        return min(piece_graphs(facts) * MIB // 2 // DRIVER_PAGE * DRIVER_PAGE, round_up(layers, DRIVER_PAGE))
     return layers // DRIVER_PAGE * DRIVER_PAGE
+
+
+@dataclass
+class ExecPool:
+    """The driver's graph-exec memory over the profile's captures: the graphs instantiated so far and the used
+    bytes of the node blocks' open page."""
+
+    graphs: int = 0
+    node_used: int = 0
+
+    def capture(self, mode: str, facts: ModelFacts) -> int:
+        """The bytes (whole pages) one capture of `mode` adds."""
+        graphs, nodes = graph_nodes(mode, facts)
+        pages = object_pages(self.graphs + 1, self.graphs + graphs)
+        self.graphs += graphs
+        block = nodes * NODE_EXEC
+        for _ in range(graphs):
+            if self.node_used + block > DRIVER_PAGE:
+                opened = -(-block // DRIVER_PAGE)
+                pages += opened
+                self.node_used = block - (opened - 1) * DRIVER_PAGE
+            else:
+                self.node_used += block
+        return pages * DRIVER_PAGE
 
 
 def split_head_size(facts: ModelFacts, *, capability: int, kv_cache_dtype: str = "auto") -> int:
@@ -231,8 +289,10 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
              mode: str | None = None, max_capture: int | None = None, sizes: list[int] | None = None,
              gpu: str | Gpu | None = None, max_splits: int = DEFAULT_MAX_SPLITS,
              shared_stream_threshold: int | None = DEFAULT_SHARED_STREAM_THRESHOLD,
-             kv_cache_dtype: str = "auto") -> GraphEstimate:  # fmt: skip
-    """The estimate profile_cudagraph_memory prints ("Estimated CUDA graph memory: X GiB total")."""
+             kv_cache_dtype: str = "auto", exec_pages: bool = True) -> GraphEstimate:  # fmt: skip
+    """The estimate profile_cudagraph_memory prints ("Estimated CUDA graph memory: X GiB total"). `exec_pages`: the
+    driver's graph-exec memory as measured under 0.26.0's stack (ExecPool); False, the per-layer scaling of the
+    earlier releases' logs (release_defaults.graph_exec_pages says which)."""
     capability, _, _ = gpu_facts(gpu)
     chosen, why = resolve_mode(facts, mode, capability)
     if chosen == "NONE":
@@ -246,6 +306,7 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
     modes: list[ModeEstimate] = []
     pool = 0  # the transients the profiling pool (and the default pool) already hold
     aux_used = shared_stream_threshold is None or not shared_transients(facts, 1, tp)
+    exec_pool = ExecPool()
     for index, (name, graph_sizes) in enumerate(descs):
         aux = [0, 0]  # what the aux stream adds to the first and second sample
         for sample, size in enumerate(graph_sizes[:2]):
@@ -257,11 +318,15 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
         new = max(0, forward - pool)
         accum = split_accumulators(facts, n, tp, max_splits, capability=capability,
                                    kv_cache_dtype=kv_cache_dtype) if name == "FULL" else 0  # fmt: skip
-        graph_exec = exec_bytes(name, facts)
+        if exec_pages:
+            graph_exec = exec_pool.capture(name, facts)
+            second_exec = exec_pool.capture(name, facts) if len(graph_sizes) > 1 else 0
+        else:
+            graph_exec = second_exec = layer_exec_bytes(name, facts)
         first_ws = workspace if index == 0 else 0
         first = first_ws + 2 * new + accum + aux[0] + graph_exec
         pool = max(pool, forward)
-        per_graph = max(graph_exec + aux[1], PER_GRAPH_FLOOR)
+        per_graph = max(second_exec + aux[1], PER_GRAPH_FLOOR)
         parts = [f"cuBLAS workspace {first_ws} B (the capture stream's)" if first_ws else "",
                  f"2 x {new} B forward transients at {n} tokens (warm-up, graph pool)" if new else "",
                  f"split-KV accumulators {accum} B ({max_splits} splits)" if accum else "",

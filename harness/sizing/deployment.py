@@ -259,12 +259,17 @@ def _graph_estimate(facts: ModelFacts, *, spec: DeploymentSpec, files, version: 
         return None, has.source
     splits = defaults.flash_attn_max_splits(files)
     threshold = defaults.shared_experts_stream_threshold(files)
+    exec_pages = defaults.graph_exec_pages(version)
     found = cudagraph_memory.estimate(facts, tp=tp, max_num_seqs=seqs, max_num_batched_tokens=tokens,
                                       mode=spec.cudagraph_mode, max_capture=spec.max_cudagraph_capture_size,
                                       sizes=spec.cudagraph_capture_sizes, gpu=gpu, max_splits=int(str(splits.value)),
                                       shared_stream_threshold=int(str(threshold.value)),
-                                      kv_cache_dtype=spec.kv_cache_dtype)  # fmt: skip
-    why = f"{has.source}; splits {splits.source}; shared-experts stream threshold {threshold.source}"
+                                      kv_cache_dtype=spec.kv_cache_dtype,
+                                      exec_pages=bool(exec_pages.value))  # fmt: skip
+    why = (
+        f"{has.source}; splits {splits.source}; shared-experts stream threshold {threshold.source}; "
+        f"graph exec {exec_pages.source}"
+    )
     return found.total, f"{found.detail} ({why})"
 
 

@@ -191,8 +191,19 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
                             f"{before}; MoE layer 4 x (N, {K}) + {routing + shared} B){recv} (the MLP points "
                             "estimate)")  # fmt: skip
     total = 4 * N * K * d + max(attn, mlp) + dispatch_recv
-    return Phase(total, f"forward {total} B = 4 x (N={N}, {K}) x {d} B + max(attention {attn} B, MLP {mlp} B){recv} "
-                        "(estimate)")  # fmt: skip
+    detail = f"4 x (N={N}, {K}) x {d} B + max(attention {attn} B, MLP {mlp} B){recv} (estimate)"
+    if facts.qk_norm == "head" and not eager:
+        # The compiled attention block of a model with q/k norms over the head dim (measured: GLM-4.5's peak,
+        # results/h200/profile-peak): qkv (N, (H + 2 KV) D), the q norm's, the rotary's and the attention's q-sized
+        # outputs (N, H D) each, one k-sized (N, KV D), over the layer's input and the residual (N, K)
+        block = 2 * N * K * d + N * (4 * heads + 3 * kv) * facts.head_dim * d + dispatch_recv
+        if block > total:
+            total = block
+            detail = (
+                f"the compiled attention block with q/k norms 2 x (N={N}, {K}) x {d} B + qkv, three q-sized "
+                f"and one k-sized outputs (N, (4 x {heads} + 3 x {kv}) x {facts.head_dim}) x {d} B{recv}"
+            )
+    return Phase(total, f"forward {total} B = {detail}")
 
 
 # vLLM 0.26.0's V2 model runner (v1/worker/gpu/model_runner.py), the runner release_defaults.v2_runner_without_estimate
@@ -285,7 +296,7 @@ def v2_eager_forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int) -> Ph
 # torch peak; a warm compile cache (a later startup of the same model and flags) skips it. Measured with the CUDA
 # caching allocator's history on one H200 under vLLM 0.26.0 and torch 2.11 (results/h200/profile-peak: 16 cold and
 # warm startups, the trace's peak vLLM's figure to the byte on 15): on a cold cache the peak was one of three
-# points on 13 of the 14 cold ones (GLM-4.5's: its compiled attention block after the first MoE layer, not modelled):
+# points on 13 of the 14 cold ones (GLM-4.5's: its compiled attention block after the first MoE layer, forward_phase):
 #   1. the compile-time autotune block (torch/_inductor/codegen/wrapper.py generate_and_run_autotune_block) makes
 #      random example arguments for each generated kernel (select_algorithm.py generate_example_value ->
 #      torch/_dynamo/testing.py rand_strided) at the token count's size hint, N; the largest is the kernel that

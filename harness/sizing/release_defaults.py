@@ -261,6 +261,20 @@ def v1_graph_estimate(version: str | None) -> Default:
                        f"(vLLM {version or 'unknown'})")  # fmt: skip
 
 
+GRAPH_EXEC_PAGES = (0, 26, 0)  # the release whose stack the driver's graph-exec memory was measured under
+
+
+def graph_exec_pages(version: str | None) -> Default:
+    """Which measurement of the driver's memory for instantiated graphs the CUDA-graph estimate takes
+    (harness.sizing.cudagraph_memory): from 0.26.0 (torch 2.11.0+cu130), the per-graph objects and per-node blocks
+    measured under that stack on an H200 (driver 580.159.04; results/h200/cudagraph-exec); before, the per-layer
+    6 MiB per 32 layers of the published 0.19.0 H100 logs, another stack (torch 2.10, H100 machines) whose
+    per-graph figures run higher (Qwen3-30B-A3B's estimate 1.24 GiB there, 0.49 under 0.26.0 on the H200)."""
+    on = version is None or _release_key(version) >= GRAPH_EXEC_PAGES
+    return Default(on, f"table: graph-exec pages measured under 0.26.0's stack, per-layer scaling before "
+                       f"(vLLM {version or 'unknown: the measured pages'})")  # fmt: skip
+
+
 def flash_attn_max_splits(files: ReleaseFiles | None) -> Default:
     """AttentionConfig.flash_attn_max_num_splits_for_cuda_graph: FlashAttention's splits under full graphs."""
     read = class_default(files, ATTENTION_FILE, "AttentionConfig", "flash_attn_max_num_splits_for_cuda_graph")
