@@ -5,7 +5,6 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -246,25 +245,12 @@ def module_scheduling():
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     if config.getvalue("dist") not in ("loadscope", "loadgroup"):
         return None
-    config.option.loadscopereorder = False  # the collection's order is already the one wanted (below)
     return module_scheduling()(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test marked `ray` outside RAY_MODULES would run beside the others' clusters: refused at collection.
-
-    Scopes are handed to the workers in this order (pytest_xdist_make_scheduler): the Ray scope first, the longest
-    a worker takes (clusters starting, actors importing torch), then the others by their number of tests, largest
-    first, as pytest-xdist orders them. Started last, the Ray scope would leave one worker running on alone."""
+    """A test marked `ray` outside RAY_MODULES would run beside the others' clusters: refused at collection."""
     stray = sorted({item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("ray") is not None}
                    - set(RAY_MODULES))  # fmt: skip
     if stray:
         raise pytest.UsageError(f"tests marked ray outside tests/conftest.py RAY_MODULES: {', '.join(stray)}")
-    tests_in = Counter(xdist_scope(item.nodeid) for item in items)
-    first = {scope: index for index, scope in enumerate(dict.fromkeys(xdist_scope(item.nodeid) for item in items))}
-
-    def order(item: pytest.Item) -> tuple[bool, int, int]:
-        scope = xdist_scope(item.nodeid)
-        return scope != "ray", -tests_in[scope], first[scope]
-
-    items.sort(key=order)  # stable: a scope's tests stay in their order, and together
