@@ -218,7 +218,7 @@ def smoke_run_copy(smoke_run: SmokeRun, tmp_path: Path) -> Path:
 
 
 # ==== pytest-xdist: a module per worker ===============================================================================
-# Under pytest-xdist (scripts/test.sh: `-n 3 --dist loadscope`) each module's tests run on one worker, so its module
+# Under pytest-xdist (scripts/test.sh: `-n 2 --dist loadscope`) each module's tests run on one worker, so its module
 # fixtures (a sweep of a release, the hostile corpus, a Ray cluster) are built once; and the modules that start Ray
 # clusters run one after another on one worker: two clusters at once would share this machine's cores. The grouping
 # is the scheduler's (pytest_xdist_make_scheduler), by module path: xdist_group marks do not group under pytest 9,
