@@ -34,7 +34,7 @@ import harness
 from harness.core.records import Record
 from harness.core.units import GIB, round_up
 from harness.scenario.deployment import DeploymentSpec
-from harness.sizing import gpus, profile_run
+from harness.sizing import gpus, mm_encoder, profile_run
 from harness.sizing import release_defaults as defaults
 from harness.sizing.deployment_weights import Sharding, routed_experts_bytes, weight_lines
 from harness.sizing.gpus import Gpu
@@ -199,6 +199,7 @@ class Resolved:
     approximate: tuple[str, ...] = ()
     gpu: Gpu | None = None
     vision_tower: bool = True  # a multimodal model's vision tower built (no: every image limit at 0)
+    image_limit: int = 999  # --limit-mm-per-prompt's image count (config/multimodal.py: 999 if not given)
     # The monolithic experts class vLLM runs (and why), which allocates its buffers in each call instead of a modular
     # workspace; "" for a modular experts class.
     monolithic_experts: str = ""
@@ -433,6 +434,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         approximate=tuple(approximate),
         gpu=row,
         vision_tower=tower,
+        image_limit=(spec.limit_mm_per_prompt or {}).get("image", mm_encoder.DEFAULT_IMAGE_LIMIT),
         monolithic_experts=monolithic,
     )
 
@@ -912,8 +914,20 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
     # them back)
     kept_ws = moe_workspace(r, layer_plan) if r.workspace_persistent and not r.monolithic_experts else None
     held_ws = kept_ws[0] if kept_ws is not None else 0
+    # the multimodal encoder's dummy run comes first (mm_encoder): its batch and outputs are held through the
+    # language model's phases (their own line), and its GEMMs have made the cuBLAS workspace before the first compile
+    encoder = None
+    if facts.vision is not None and not r.v2_runner:
+        encoder = mm_encoder.encoder_profile(facts, max_num_batched_tokens=N, max_num_seqs=r.max_num_seqs,
+                                             max_model_len=r.max_model_len, image_limit=r.image_limit)  # fmt: skip
+    held_encoder = encoder.held if encoder is not None else 0
+    if encoder is not None:
+        lines.append(DeploymentLine(group="profile-peak", name="encoder cache", bytes=held_encoder, kind="exact",
+                                    source=f"{encoder.detail} (harness/sizing/mm_encoder.py)"))  # fmt: skip
     candidates = {"forward pass": forward.bytes, "dummy sampler": sampler.bytes - per_call,
-                  "first compile": compile_.bytes - per_call - cublas - held_ws}  # fmt: skip
+                  "first compile": compile_.bytes - per_call - (0 if encoder else cublas) - held_ws}  # fmt: skip
+    if encoder is not None:  # before the language model's run: none of its buffers, the encoder cache not yet made
+        candidates["encoder run"] = encoder.run_peak - per_call - held_ws - held_encoder
     where = max(candidates, key=lambda k: candidates[k])
     _, _, gpu_source = profile_run.gpu_facts(gpu)
     runner = ("vLLM 0.26.0's V2 runner's profile_run (v1/worker/gpu/model_runner.py)" if r.v2_runner
@@ -922,6 +936,8 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
     exact = where == "dummy sampler" or (where == "first compile" and tp == 1) or eager_v2 is not None or (
         where == "forward pass" and compiled_v2 is not None and tp == 1 and facts.quant is None)  # fmt: skip
     compiled_part = f"; {compile_.detail}" if compile_.bytes else ""
+    if encoder is not None:
+        compiled_part += f"; {encoder.run_detail}, less the encoder cache line"
     lines.append(DeploymentLine(
         group="profile-peak", name="activations", bytes=max(candidates.values()) - recv,
         kind="exact" if exact else "estimate",

@@ -110,6 +110,11 @@ class VisionTower:
     pos_emb: tuple[int, int] = (0, 0)  # MoonViT's learned (height, width) position embedding
     num_heads: int = 0  # attention heads (Pixtral's rotary inv_freq is per head_dim)
     pre_norm: bool = True  # an RMSNorm before the patch merger (Pixtral's pre_mm_projector_norm, Mistral 3's norm)
+    # What the profile's dummy encoder run reads (harness.sizing.mm_encoder): Gemma 3's mm_tokens_per_image,
+    # LLaVA-NeXT's image_grid_pinpoints (height, width) and vision_feature_select_strategy
+    tokens_per_image: int = 0
+    pinpoints: tuple[tuple[int, int], ...] = ()
+    feature_select: str = "default"
 
 
 @dataclass(frozen=True)
@@ -684,7 +689,9 @@ def _vision(config: dict, arch: str, path: str, top: dict | None = None) -> Visi
         return VisionTower("llama4", get("hidden_size"), get("intermediate_size"), get("num_hidden_layers"),
                            get("patch_size"), get("image_size"), get("num_channels", 3),
                            projector_in=get("vision_output_dim"), adapter_out=get("projector_output_dim"),
-                           pixel_shuffle_ratio=float(ratio))  # fmt: skip
+                           pixel_shuffle_ratio=float(ratio), num_heads=_heads(config))  # fmt: skip
+    # Gemma3Config's mm_tokens_per_image (default 256): the projector's pooled tokens per image
+    tokens = _int(top or {}, "mm_tokens_per_image", 256, where=path, minimum=1)
     return VisionTower(
         "siglip",
         get("hidden_size"),
@@ -694,7 +701,32 @@ def _vision(config: dict, arch: str, path: str, top: dict | None = None) -> Visi
         get("image_size"),
         get("num_channels", 3),
         projector_in=get("hidden_size"),
+        num_heads=_heads(config),
+        tokens_per_image=tokens,
     )
+
+
+def _heads(config: dict) -> int:
+    """The vision tower's attention heads where the config gives them (0 where it does not: only the dummy encoder
+    run's sizing reads them)."""
+    value = config.get("num_attention_heads")
+    return value if type(value) is int and 0 < value <= 10**4 else 0
+
+
+# transformers' LlavaNextConfig default image_grid_pinpoints, where config.json leaves them out
+LLAVA_NEXT_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))
+
+
+def _pinpoints(top: dict, path: str) -> tuple[tuple[int, int], ...]:
+    value = top.get("image_grid_pinpoints")
+    if value is None:
+        return LLAVA_NEXT_PINPOINTS
+    if not (isinstance(value, list) and value and len(value) <= 1024 and all(
+            isinstance(p, list) and len(p) == 2 and all(type(x) is int and 0 < x <= 10**5 for x in p)
+            for p in value)):  # fmt: skip
+        raise ModelConfigError(f"{path}: image_grid_pinpoints = {shown(value)}; vLLM reads a list of [height, "
+                               "width] pairs of positive integers")  # fmt: skip
+    return tuple((p[0], p[1]) for p in value)
 
 
 def _feature_layers(top: dict, layers: int, path: str) -> tuple[int, int]:
@@ -720,8 +752,13 @@ def _wrapper_vision(config: dict, arch: str, path: str, top: dict, get) -> Visio
                                    "LLaVA-NeXT vision tower is sized for siglip_vision_model")  # fmt: skip
         built, features = _feature_layers(top, layers, path)
         bias = top.get("multimodal_projector_bias", True)
+        select = top.get("vision_feature_select_strategy", "default")
+        if select not in ("default", "full"):
+            raise ModelConfigError(f"{path}: vision_feature_select_strategy = {shown(select)}; vLLM reads default "
+                                   "or full")  # fmt: skip
         return VisionTower("llava", H, F, built, patch, get("image_size"), channels, projector_in=H * features,
-                           projector_bias=bias is not False)  # fmt: skip
+                           projector_bias=bias is not False, num_heads=_heads(config),
+                           pinpoints=_pinpoints(top, path), feature_select=select)  # fmt: skip
     if arch == "KimiVLForConditionalGeneration":
         kernel = config.get("merge_kernel_size", [2, 2])
         if not (isinstance(kernel, list) and len(kernel) == 2 and all(type(k) is int and k > 0 for k in kernel)
@@ -730,7 +767,7 @@ def _wrapper_vision(config: dict, arch: str, path: str, top: dict, get) -> Visio
                                    "a square [k, k]")  # fmt: skip
         pos_emb = (get("init_pos_emb_height"), get("init_pos_emb_width"))
         return VisionTower("moonvit", H, F, layers, patch, 0, channels, projector_in=H * kernel[0] ** 2,
-                           merge=kernel[0], pos_emb=pos_emb)  # fmt: skip
+                           merge=kernel[0], pos_emb=pos_emb, num_heads=_heads(config))  # fmt: skip
     image = get("image_size", config.get("max_image_size"))
     merge = _int(top, "spatial_merge_size", config.get("spatial_merge_size", 1), where=path, minimum=1)
     if arch == "PixtralForConditionalGeneration":  # Mistral's params.json layout: vision_encoder's own keys
@@ -739,7 +776,8 @@ def _wrapper_vision(config: dict, arch: str, path: str, top: dict, get) -> Visio
         merge = merge if config.get("mm_projector_id") == "patch_merge" else 1
         return VisionTower("pixtral", H, F, layers, patch, image, channels, projector_in=H * merge**2, merge=merge,
                            projector_bias=config.get("adapter_bias", True) is not False,
-                           pre_norm=config.get("add_pre_mm_projector_layer_norm") is True)  # fmt: skip
+                           pre_norm=config.get("add_pre_mm_projector_layer_norm") is True,
+                           num_heads=_heads(config))  # fmt: skip
     return VisionTower("pixtral_hf", H, F, layers, patch, image, channels, projector_in=H * merge**2, merge=merge,
                        projector_bias=top.get("multimodal_projector_bias", True) is not False,
                        num_heads=get("num_attention_heads"))  # fmt: skip
