@@ -318,3 +318,21 @@ def test_encoder_budget_and_items_match_the_log(name, cache_dir):
     assert (profile.budget, profile.items) == ENCODER_LOGGED[name]
     encoder = _plan(name, cache_dir).line("encoder cache")
     assert encoder is not None and encoder.bytes == profile.held
+
+
+def test_encoder_items_follow_the_decoder_budget_and_the_image_limit():
+    """Gemma-3-4B with one image a prompt and 4 sequences: the encoder budget (8192 // 256 = 32 items) is capped at
+    max_num_seqs x the items a prompt takes (encoder_budget.py _get_max_items): 4 items of one (3, 896, 896) crop and
+    (256, 2560) embeddings in bfloat16; with the image limit at 0 the tower is not built and no encoder is profiled."""
+    from harness.sizing.deployment_plan import plan_source
+
+    def plan(*flags: str):
+        model, spec, _ = parse_serve(["vllm", "serve", "gemma-3-4b-it", "--max-model-len", "8192", *flags])
+        facts = load_model(model)
+        return plan_source(facts, spec, None, gpu="H100-80GB", total_bytes=80 * GIB, version="0.19.0",
+                           cudagraph_estimate=False)  # fmt: skip
+
+    four = plan("--limit-mm-per-prompt", '{"image": 1}', "--max-num-seqs", "4").line("encoder cache")
+    assert four is not None and four.bytes == 4 * (3 * 896 * 896 * 2 + 256 * 2560 * 2)
+    assert "4 items" in four.source
+    assert plan("--limit-mm-per-prompt", '{"image": 0}').line("encoder cache") is None
