@@ -915,7 +915,8 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
     kept_ws = moe_workspace(r, layer_plan) if r.workspace_persistent and not r.monolithic_experts else None
     held_ws = kept_ws[0] if kept_ws is not None else 0
     # the multimodal encoder's dummy run comes first (mm_encoder): its batch and outputs are held through the
-    # language model's phases (their own line), and its GEMMs have made the cuBLAS workspace before the first compile
+    # language model's phases (their own line), and its GEMMs have made the cuBLAS workspace before the first compile.
+    # 0.26.0's V2 runner runs none (v1/worker/gpu/model_runner.py profile_run: _dummy_run and the sampler only)
     encoder = None
     if facts.vision is not None and not r.v2_runner:
         encoder = mm_encoder.encoder_profile(facts, max_num_batched_tokens=N, max_num_seqs=r.max_num_seqs,

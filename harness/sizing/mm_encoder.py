@@ -23,6 +23,8 @@ torch peak holds, beyond the language model's own phases (harness.sizing.profile
     cached    what the tower caches on the device for the process at its first call (MoonViT's rope table)
 
 and the encoder's own run peaks earlier, over its inputs, at the tower's largest layer point (an estimate below).
+vLLM 0.26.0's V1 runner has the same encoder profile (gpu_model_runner.py:6412); its V2 runner, which runs the
+non-MoE models there, has none (v1/worker/gpu/model_runner.py profile_run: `_dummy_run` and the sampler only).
 
 The budget (multimodal/encoder_budget.py, v1/core/encoder_cache_manager.py compute_mm_encoder_budget): T = the
 processor's maximum tokens per item; encoder budget = max(max_num_batched_tokens, T) (the compute budget and the
