@@ -105,7 +105,8 @@ def _llava_tokens(v: VisionTower, height: int, width: int) -> tuple[int, int]:
     """(tokens, tiles) of a LLaVA-NeXT image the size of a pinpoint: llava_next.py get_num_image_tokens with
     transformers' get_anyres_image_grid_shape (an image of a pinpoint's size fits that pinpoint)."""
     side = v.image_size // v.patch_size
-    base = side * side - (1 if v.feature_select == "default" else 0)  # vision.py get_num_selected_vision_tokens
+    # vision.py get_num_selected_vision_tokens: class 1, default all but the first, full all
+    base = 1 if v.feature_select == "class" else side * side - (1 if v.feature_select == "default" else 0)
     rows, cols = height // v.image_size, width // v.image_size
     if not rows or not cols:  # a pinpoint smaller than a tile: no grid (taken as no features)
         return 0, 0

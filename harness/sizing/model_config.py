@@ -753,9 +753,9 @@ def _wrapper_vision(config: dict, arch: str, path: str, top: dict, get) -> Visio
         built, features = _feature_layers(top, layers, path)
         bias = top.get("multimodal_projector_bias", True)
         select = top.get("vision_feature_select_strategy", "default")
-        if select not in ("default", "full"):
-            raise ModelConfigError(f"{path}: vision_feature_select_strategy = {shown(select)}; vLLM reads default "
-                                   "or full")  # fmt: skip
+        if select not in ("default", "full", "class"):  # vision.py get_num_selected_vision_tokens
+            raise ModelConfigError(f"{path}: vision_feature_select_strategy = {shown(select)}; vLLM reads class, "
+                                   "default or full")  # fmt: skip
         return VisionTower("llava", H, F, built, patch, get("image_size"), channels, projector_in=H * features,
                            projector_bias=bias is not False, num_heads=_heads(config),
                            pinpoints=_pinpoints(top, path), feature_select=select)  # fmt: skip
