@@ -36,7 +36,7 @@ from harness.core.units import GIB, round_up
 from harness.scenario.deployment import DeploymentSpec
 from harness.sizing import gpus, mm_encoder, profile_run
 from harness.sizing import release_defaults as defaults
-from harness.sizing.deployment_weights import Sharding, routed_experts_bytes, weight_lines
+from harness.sizing.deployment_weights import Sharding, experts_intermediate, routed_experts_bytes, weight_lines
 from harness.sizing.gpus import Gpu
 from harness.sizing.kv_cache import default_block_size, in_flight_tokens, kv_cache, kv_shape, tokens_from_concurrency
 from harness.sizing.model_config import ModelFacts
@@ -192,6 +192,10 @@ class Resolved:
     moe_max_num_tokens: int = 0  # FusedMoEConfig.max_num_tokens: T of the MoE layer (0: max_num_batched_tokens)
     cudagraphs: bool = True  # graphs captured at all (no: --enforce-eager, -O0, cudagraph_mode NONE)
     workspace_persistent: bool = True
+    # The release resolves DeepGEMM while an FP8 model is built (release_defaults.deep_gemm_workspace_at_load)
+    deep_gemm_at_load: bool = False
+    # The allocator's max_split_size while the release loads the model (release_defaults.load_max_split_size)
+    load_max_split: int | None = None
     mxfp4_scales_kept: bool = True  # the Triton MXFP4 backend keeps the loaded block scales beside the swizzled ones
     kv_cache_memory_bytes: int | None = None
     cpu_offload_bytes: int = 0
@@ -378,6 +382,8 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
             )
         )
     persistent = defaults.workspace_persistent(files, version)
+    deep_gemm = defaults.deep_gemm_workspace_at_load(version)
+    load_split = defaults.load_max_split_size(version)
     mxfp4_scales = None
     if facts.quant is not None and facts.quant.scheme == "mxfp4":
         mxfp4_scales = defaults.mxfp4_keeps_loaded_scales(files)
@@ -427,6 +433,8 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         moe_max_num_tokens=moe_tokens,
         cudagraphs=graphs,
         workspace_persistent=bool(persistent.value),
+        deep_gemm_at_load=bool(deep_gemm.value),
+        load_max_split=load_split.value if isinstance(load_split.value, int) else None,
         mxfp4_scales_kept=bool(mxfp4_scales.value) if mxfp4_scales is not None else True,
         kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
         cpu_offload_bytes=round(spec.cpu_offload_gb * GIB),
@@ -627,10 +635,34 @@ def sparse_attention_lines(facts: ModelFacts, r: Resolved) -> list[DeploymentLin
     return lines
 
 
+def deep_gemm_lines(facts: ModelFacts, r: Resolved) -> list[DeploymentLine]:
+    """DeepGEMM's cuBLASLt workspace, kept from the model's build, so in what vLLM logs as the model's loading
+    (release_defaults.deep_gemm_workspace_at_load): the first QuantFP8 built resolves DeepGEMM, which on compute
+    capability 9.x, 10.x and 12.x (platforms/cuda.py support_deep_gemm; PDL from 9.0) starts its DeviceRuntime. A
+    QuantFP8 is built by every FP8 linear's kernel (kernels/linear/scaled_mm ScaledMMLinearKernel.py
+    FP8ScaledMMLinearKernel.__init__: per-tensor, per-channel, block and online FP8 alike) and by the attention
+    layer's query quantization with an fp8 KV cache (model_executor/layers/attention/attention.py, on the backends
+    that take a quantized query: FlashAttention 3, the MLA backends). Once per process."""
+    if not r.deep_gemm_at_load or profile_run.gpu_facts(r.gpu)[0] not in (9, 10, 12):
+        return []
+    fp8_weights = facts.quant is not None and facts.quant.scheme.startswith("fp8")
+    fp8_cache = r.kv_cache_dtype.startswith("fp8")
+    if not (fp8_weights or fp8_cache):
+        return []
+    why = "the FP8 linears' QuantFP8" if fp8_weights else "the fp8 KV cache's query QuantFP8"
+    return [DeploymentLine(group="weights", name="DeepGEMM cuBLASLt workspace",
+                           bytes=defaults.DEEP_GEMM_CUBLASLT_WORKSPACE, kind="exact",
+                           source=f"{why} resolves DeepGEMM at the model's build (utils/deep_gemm.py _lazy_init -> "
+                           "set_pdl), whose DeviceRuntime keeps a 32 MiB cuBLASLt workspace (vllm/third_party/"
+                           "deep_gemm); measured in a real 0.26.0 startup's load "
+                           "(results/h200/load-snapshot)")]  # fmt: skip
+
+
 def _stage_weight_lines(facts: ModelFacts, r: Resolved, sharding: Sharding, stage) -> list[DeploymentLine]:
     lines = [DeploymentLine(group="weights", name=w.name, bytes=w.bytes, kind="exact", source=w.source)
-             for w in weight_lines(facts, sharding)]  # fmt: skip
+             for w in weight_lines(facts, sharding, r.load_max_split)]  # fmt: skip
     lines += sparse_attention_lines(facts, r)
+    lines += deep_gemm_lines(facts, r)
     if stage is not None:
         from harness.sizing.deployment_weights import allocator_block_bytes
 
@@ -657,7 +689,7 @@ def _stage_weight_lines(facts: ModelFacts, r: Resolved, sharding: Sharding, stag
             elif line.name == "allocator rounding":
                 whole_matrices = 1 if facts.tie_word_embeddings else 2
                 dropped = whole_matrices - (int(first) + int(last))
-                fix = dropped * (allocator_block_bytes(matrix) - matrix)
+                fix = dropped * (allocator_block_bytes(matrix, r.load_max_split) - matrix)
                 lines[i] = line.model_copy(update={"bytes": max(0, line.bytes - fix)})
     if r.cpu_offload_bytes:
         total = sum(line.bytes for line in lines)
@@ -675,6 +707,11 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
         facts = dataclasses.replace(facts, vision=None)  # sized as the language model alone (vision_tower_built)
     if facts.quant is not None and facts.quant.scheme == "mxfp4" and not r.mxfp4_scales_kept:
         facts = dataclasses.replace(facts, quant=dataclasses.replace(facts.quant, loaded_scales_kept=False))
+    if facts.quant is not None and facts.quant.scheme == "mxfp4":
+        align, group_multiple, _ = defaults.mxfp4_hopper_padding(version, profile_run.gpu_facts(gpu)[0])
+        facts = dataclasses.replace(
+            facts, quant=dataclasses.replace(facts.quant, swizzle_align=align, scale_groups_multiple=group_multiple)
+        )
     sharding = sharding_of(facts, r)
     gpu_name = gpus.label(gpu)
     lines = _stage_weight_lines(facts, r, sharding, stage)
@@ -878,6 +915,13 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
         rows = profile_run.mla_workspace_rows(max_model_len=r.max_model_len, max_num_seqs=r.max_num_seqs,
                                               block_size=r.block_size)  # fmt: skip
         mla = {"mla_rows": rows, "eager": r.eager, "held_workspace": held}
+    moe_call = 0
+    if facts.is_moe and not recv and not r.monolithic_experts:  # the modular experts without a dispatch
+        q = facts.quant
+        act = q.scheme if q is not None and q.scheme.startswith("fp8") else None
+        moe_call, _ = profile_run.moe_call_tensors(
+            facts, num_tokens=N, act_quant=act, intermediate=experts_intermediate(facts, sharding_of(facts, r))
+        )
     eager_v2 = None
     if r.v2_runner and r.eager and r.pp == 1 and not recv:
         eager_v2 = profile_run.v2_eager_forward_phase(facts, num_tokens=N, tp=tp)
@@ -896,7 +940,7 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
                                         f"{'eager' if r.eager else 'compiled (torch.compile)'} forward of this "
                                         "model is not read: 0.19.0's estimate")  # fmt: skip
     else:
-        forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv, **mla)
+        forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv, moe_call=moe_call, **mla)
     if not last:  # profile_run runs the dummy sampler on the last pipeline rank only
         sampler = profile_run.Phase(0, "no dummy sampler (not the last pipeline stage: the model runner's "
                                        "profile_run runs it where the pipeline rank is the last)")  # fmt: skip

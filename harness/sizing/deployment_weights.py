@@ -57,17 +57,21 @@ class WeightLine:
     count: int = 1  # how many layers hold one of these
 
 
-def allocator_block_bytes(size: int) -> int:
+def allocator_block_bytes(size: int, max_split: int | None = None) -> int:
     """The bytes torch's caching allocator counts as allocated for one fresh allocation of `size` bytes: round_size
     rounds to 512 B; a request over 1 MiB and of at least 10 MiB gets a segment rounded up to 2 MiB
     (get_allocation_size) and is split off it only when more than 1 MiB would remain (should_split), else the
-    whole segment is its block. Requests up to 10 MiB are cut from a 2 MiB or a 20 MiB segment, with room left."""
+    whole segment is its block. Requests up to 10 MiB are cut from a 2 MiB or a 20 MiB segment, with room left.
+    With a max_split_size (release_defaults.load_max_split_size), should_split never splits a request of at least
+    that size: its whole segment is its block."""
     if size <= 0:
         return 0
     rounded = round_up(size, MIN_BLOCK)
     if rounded <= SMALL_SIZE or rounded < MIN_LARGE_ALLOC:
         return rounded
     segment = round_up(rounded, ROUND_LARGE)
+    if max_split is not None and rounded >= max_split:
+        return segment
     return rounded if segment - rounded > SMALL_SIZE else segment
 
 
@@ -473,18 +477,20 @@ def weight_tensors(facts: ModelFacts, sharding: Sharding) -> list[tuple[int, int
     return [(b, g.count) for g in _groups(facts, sharding) for b in g.tensors]
 
 
-def weight_lines(facts: ModelFacts, sharding: Sharding) -> list[WeightLine]:
+def weight_lines(facts: ModelFacts, sharding: Sharding, max_split: int | None = None) -> list[WeightLine]:
     """Every weight of the model on one GPU, grouped: one line per kind, with the layer count, and the caching
-    allocator's rounding over all of them."""
+    allocator's rounding over all of them (`max_split`: the allocator's max_split_size while the model loads)."""
     groups = _groups(facts, sharding)
     lines = [WeightLine(g.name, sum(g.tensors) * g.count, g.source, g.count) for g in groups]
     tensors = weight_tensors(facts, sharding)
-    excess = sum((allocator_block_bytes(b) - b) * n for b, n in tensors)
+    excess = sum((allocator_block_bytes(b, max_split) - b) * n for b, n in tensors)
+    split = "" if max_split is None else (f"; under max_split_size {max_split} B (the release's load), a request of at "
+                                          "least that size holds its whole segment")  # fmt: skip
     lines.append(WeightLine("allocator rounding", excess,
                             f"torch's CUDA caching allocator over {sum(n for _, n in tensors)} weight tensors, each a "
                             "fresh allocation: 512 B rounding, and a whole 2 MiB-rounded segment where at most 1 MiB "
                             "would remain (c10/cuda/CUDACachingAllocator.cpp round_size, get_allocation_size, "
-                            "should_split)"))  # fmt: skip
+                            f"should_split){split}"))  # fmt: skip
     return lines
 
 

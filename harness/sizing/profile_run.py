@@ -33,6 +33,7 @@ phase carries over; other releases are taken to hold the same (labelled so in th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from harness.core.units import next_pow2
@@ -142,9 +143,39 @@ def mla_attention_point(facts: ModelFacts, *, num_tokens: int, tp: int, rows: in
                         f"{inputs} B{eager_part}")  # fmt: skip
 
 
+def moe_call_tensors(facts: ModelFacts, *, num_tokens: int, intermediate: int,
+                     act_quant: str | None) -> tuple[int, str]:  # fmt: skip
+    """What one modular experts call allocates beside its workspace, live at its quantization of the intermediate
+    (the allocator's history of a real 0.26.0 startup: results/h200/load-snapshot): the output
+    (fused_moe/modular_kernel.py FusedMoEKernel.apply: `torch.empty_like(hidden_states)`, (N, K)), and with FP8
+    activations (`act_quant`: the checkpoint's FP8 scheme) the prepare's quantized input a1q (N, K) fp8
+    (prepare_finalize/no_dp_ep.py _quantize_input) and the quantized intermediate a2q (N x topk, I) fp8
+    (experts/triton_moe.py TritonExperts.apply: moe_kernel_quantize_input, or silu_and_mul_per_block_quant for
+    128 x 128 blocks), with their f32 scales: one per tensor, per token for per-channel weights, per 128 for
+    blocks."""
+    if not facts.is_moe:
+        return 0, ""
+    N, K, d, topk = num_tokens, facts.hidden_size, facts.dtype_bytes, facts.top_k
+    output = N * K * d
+    if act_quant is None:
+        return output, f"the experts call's output (N={N}, {K}) x {d} B"
+    rows = N * topk
+    if act_quant == "fp8-block":
+        scales = (N * math.ceil(K / 128) + rows * math.ceil(intermediate / 128)) * 4
+    elif act_quant == "fp8-channel":
+        scales = (N + rows) * 4
+    else:
+        scales = 2 * 4
+    total = output + N * K + rows * intermediate + scales
+    return total, (
+        f"the experts call's output (N={N}, {K}) x {d} B + a1q (N, {K}) fp8 + a2q (N x topk {topk}, "
+        f"I={intermediate}) fp8 + {scales} B of scales"
+    )
+
+
 def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv: int = 0,
                   shared_experts: bool = False, mla_rows: int = 0, eager: bool = False,
-                  held_workspace: int = 0) -> Phase:  # fmt: skip
+                  held_workspace: int = 0, moe_call: int = 0) -> Phase:  # fmt: skip
     """The dummy forward's transients (estimate): 4 (N, K) activation buffers and the larger of the attention
     projections' outputs and the MLP intermediates (the MoE's live in its workspace, held once: here the router's
     f32 logits and the top-k ids and weights, and with `shared_experts` the shared experts' gate_up and act_fn
@@ -155,7 +186,8 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
 
     An MLA model's attention is its exact point (mla_attention_point, `mla_rows` the chunked-prefill workspace's
     rows), and with a persistent MoE workspace (`held_workspace`, made by the first MoE layer's call and kept) the
-    dense layers before the first MoE layer peak without it: their point is counted less it."""
+    dense layers before the first MoE layer peak without it: their point is counted less it. `moe_call`: the experts
+    call's own tensors beside its workspace (moe_call_tensors), in the MoE layer's point."""
     N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
     if facts.is_mla:
         heads = facts.num_attention_heads // tp
@@ -172,7 +204,7 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
         if shared_experts:  # the V2 runner's: the shared experts' MLP beside the routed ones
             inter = facts.num_shared_experts * facts.moe_intermediate_size or facts.shared_expert_intermediate_size
             shared = 3 * N * (inter // tp) * d
-        mlp = max(mlp, routing + shared)
+        mlp = max(mlp, routing + shared + moe_call)
     recv = f" + dispatch receive {dispatch_recv} B" if dispatch_recv else ""
     if facts.is_moe and shared_experts:
         recv = f" (the MLP with the shared experts' gate_up and act_fn outputs){recv}"
@@ -183,13 +215,13 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
             i < min(moe_layers) for i in range(facts.num_hidden_layers) if i not in set(moe_layers)
         )
         dense_point = 4 * N * K * d + dense - (held_workspace if dense_first else 0)
-        moe_point = 4 * N * K * d + routing + shared
+        moe_point = 4 * N * K * d + routing + shared + moe_call
         total = max(point.bytes, dense_point, moe_point) + dispatch_recv
         before = " (before the first MoE layer: less the MoE workspace it has not made yet)" if dense_first and \
             held_workspace else ""  # fmt: skip
         return Phase(total, f"forward {total} B = max({point.detail}; dense MLP 4 x (N={N}, {K}) x {d} B + {dense} B"
-                            f"{before}; MoE layer 4 x (N, {K}) + {routing + shared} B){recv} (the MLP points "
-                            "estimate)")  # fmt: skip
+                            f"{before}; MoE layer 4 x (N, {K}) + {routing + shared + moe_call} B){recv} (the MLP "
+                            "points estimate)")  # fmt: skip
     total = 4 * N * K * d + max(attn, mlp) + dispatch_recv
     detail = f"4 x (N={N}, {K}) x {d} B + max(attention {attn} B, MLP {mlp} B){recv} (estimate)"
     if facts.qk_norm == "head" and not eager:

@@ -62,6 +62,8 @@ class Quant:
     static_input: bool = False  # a static input scale per linear (ModelOpt FP8, static compressed-tensors)
     # MXFP4's swizzled values on Hopper: rows x bytes padded to these (triton_kernels' HopperMXValueLayout)
     swizzle_align: tuple[int, int] = (64, 64)
+    # MXFP4's scale groups padded to this multiple before the Hopper scale layout (0.26.0 on 9.0: 4)
+    scale_groups_multiple: int = 1
     loaded_scales_kept: bool = True  # MXFP4: the loaded block scales kept beside the swizzled copy (until 0.26.0)
     source: str = ""
 
@@ -134,10 +136,12 @@ def linear_tensors(q: Quant | None, out_f: int, in_f: int, act_bytes: int, *, st
         groups = math.ceil(in_f / 32)
         # triton_kernels' Hopper layouts pad the swizzled copies: values to 64 rows x 64 bytes (the
         # HopperMXValueLayoutTransformation vLLM vendors, third_party/triton_kernels; the pip triton_kernels of older
-        # releases padded to 16 x 32), scales to 256 rows (2 x 8 warps x 2 x 8) x 2 columns (HopperMXScaleLayout)
+        # releases padded to 16 x 32, as 0.26.0's vendored copy does again: release_defaults.mxfp4_hopper_padding),
+        # scales to 256 rows (2 x 8 warps x 2 x 8) x 2 columns (HopperMXScaleLayout), their groups first to
+        # scale_groups_multiple
         rows, width = q.swizzle_align
         values = E * round_up(out_f, rows) * round_up(in_f // 2, width)
-        swizzled_scales = E * round_up(out_f, 256) * round_up(groups, 2)
+        swizzled_scales = E * round_up(out_f, 256) * round_up(round_up(groups, q.scale_groups_multiple), 2)
         return [values, *([E * out_f * groups] if q.loaded_scales_kept else []), swizzled_scales]
     if s == "nvfp4":
         # weight, its fp8 scales per 16, and the global weight and input scales (the shards' max: one each)

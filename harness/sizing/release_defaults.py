@@ -323,3 +323,66 @@ def benchmarks_combo_kernels(files: ReleaseFiles | None, version: str | None = N
     on = _release_key(version) >= (0, 19, 0)
     return Default(on, "table: config/compilation.py sets benchmark_combo_kernel from 0.19.0 (read in 0.19.0, 0.26.0, "
                        "0.29.0, 0.30.0 and 0.33.0)")  # fmt: skip
+
+
+# DeepGEMM's DeviceRuntime (vllm/third_party/deep_gemm, csrc/jit/device_runtime.hpp) allocates a cuBLASLt workspace of
+# 32 MiB through torch's caching allocator when it is first touched, and keeps it for the process.
+DEEP_GEMM_CUBLASLT_WORKSPACE = 32 << 20
+DEEP_GEMM_AT_LOAD_RELEASES: dict[tuple[int, ...], str] = {(0, 26): "0.26.0"}
+
+
+def deep_gemm_workspace_at_load(version: str | None) -> Default:
+    """Whether building an FP8 model resolves DeepGEMM, whose first use keeps its cuBLASLt workspace (32 MiB) in what
+    vLLM logs as the model's loading. 0.26.0 (read): QuantFP8.__init__ (model_executor/layers/quantization/
+    input_quant_fp8.py) calls is_deep_gemm_e8m0_used(), whose utils/deep_gemm.py _lazy_init imports the vendored
+    deep_gemm and, on compute capability 9.0 and later (is_arch_support_pdl), calls its set_pdl, which starts the
+    DeviceRuntime and its workspace. Other releases are not read (their utils/deep_gemm.py and input_quant_fp8.py
+    differ from 0.26.0's; 0.19.0 ships no vendored DeepGEMM): taken as not allocated there."""
+    key = _release_key(version)[:2]
+    if version is not None and key in DEEP_GEMM_AT_LOAD_RELEASES:
+        return Default(True, "table: model_executor/layers/quantization/input_quant_fp8.py QuantFP8.__init__ -> "
+                             "utils/deep_gemm.py is_deep_gemm_e8m0_used -> _lazy_init -> _apply_pdl (set_pdl starts "
+                             f"DeepGEMM's DeviceRuntime) in {DEEP_GEMM_AT_LOAD_RELEASES[key]}")  # fmt: skip
+    return Default(False, "table: read in 0.26.0 only (not taken for other releases)")
+
+
+# triton_kernels' Hopper MXFP4 value layout as vendored: 0.19.0's HopperMXValueLayout pads the swizzled values to 64
+# rows x 64 bytes; the file 0.26.0 vendors (third_party/triton_kernels/tensor_details/layout_details/hopper_value.py,
+# the same file by its RECORD hash in 0.29.0, 0.30.0 and 0.33.0) packs, with mma_version 3, k_tile x warp_tile x
+# threads x scott_trick x contig = 1 x 2 x 4 x 2 x 1 = 16 rows and 4 x 2 x 4 x 1 x 1 = 32 bytes.
+MXFP4_VALUE_ALIGN_FROM: dict[tuple[int, ...], tuple[int, int]] = {(0, 26): (16, 32)}
+# 0.26.0's utils/mxfp4_utils.py _swizzle_mxfp4 pads the scale groups to a multiple of 4 on compute capability 9.0
+# before the Hopper scale layout ("Patches #47303: pad K (num scale groups) to 0 mod 4"); later releases' file differs
+# and is not read.
+MXFP4_SCALE_GROUPS_PAD: dict[tuple[int, ...], int] = {(0, 26): 4}
+
+
+def mxfp4_hopper_padding(version: str | None, capability: int) -> tuple[tuple[int, int], int, str]:
+    """(value rows x bytes alignment, scale-group multiple, source) of the Triton MXFP4 backend's swizzled copies on
+    Hopper for the release (MXFP4_VALUE_ALIGN_FROM, MXFP4_SCALE_GROUPS_PAD)."""
+    key = _release_key(version)[:2]
+    align, where = (64, 64), "64 x 64 (0.19.0's vendored HopperMXValueLayout)"
+    if key >= (0, 26):
+        align = MXFP4_VALUE_ALIGN_FROM[(0, 26)]
+        where = ("16 x 32 (third_party/triton_kernels hopper_value.py HopperMXValueLayout, mma_version 3: read in "
+                 "0.26.0, the same file in 0.29.0-0.33.0)")  # fmt: skip
+    pad = MXFP4_SCALE_GROUPS_PAD.get(key, 1) if version is not None and capability == 9 else 1
+    if pad > 1:
+        where += f"; scale groups padded to a multiple of {pad} (utils/mxfp4_utils.py _swizzle_mxfp4, 9.0)"
+    return align, pad, f"table: swizzled values padded to {where}"
+
+
+# vLLM 0.26.0's Worker.load_model builds the model under `_scoped_allocator_max_split(max_split_size_mb=20)`
+# (v1/worker/gpu_worker.py: "20 MiB is the minimum PyTorch allows"); other releases' gpu_worker.py is not read.
+LOAD_MAX_SPLIT_RELEASES: dict[tuple[int, ...], int] = {(0, 26): 20 << 20}
+
+
+def load_max_split_size(version: str | None) -> Default:
+    """The caching allocator's max_split_size while the release builds and loads the model (None: PyTorch's
+    default, no limit). With it, a request of at least that size is never split off its segment (CUDACachingAllocator
+    should_split), so a fresh one holds its whole 2 MiB-rounded segment."""
+    key = _release_key(version)[:2]
+    if version is not None and key in LOAD_MAX_SPLIT_RELEASES:
+        where = "v1/worker/gpu_worker.py Worker.load_model _scoped_allocator_max_split(max_split_size_mb=20)"
+        return Default(LOAD_MAX_SPLIT_RELEASES[key], f"table: {where} (0.26.0)")
+    return Default(None, "table: read in 0.26.0 only (PyTorch's default elsewhere: no limit)")
