@@ -664,3 +664,82 @@ def test_combo_kernel_benchmark_per_release(cache_dir):
     line = next(line for line in plan.lines if line.name == "activations")
     assert "rotary combo kernel's benchmark" in line.source and line.source.startswith("peak in the first compile")
     assert abs(_line(plan, "torch peak") - CASES["llama4-scout-4l-text"].figures.torch_peak_increase_gib) < 0.01
+
+
+def test_deep_gemm_workspace_in_the_fp8_loads(cache_dir):
+    """0.26.0 resolves DeepGEMM when an FP8 model is built (QuantFP8 -> utils/deep_gemm.py _lazy_init -> set_pdl),
+    and DeepGEMM's DeviceRuntime keeps a 32 MiB cuBLASLt workspace: the one block beside the parameters that a
+    load's allocator snapshot showed (results/h200/load-snapshot). The FP8 Llama and the bf16 Llama with an fp8 cache
+    log what the bf16 Llama logs less the linears' bytes saved plus it; the bf16 Llama and gpt-oss (MXFP4) have none."""
+    from harness.sizing import release_defaults
+
+    def workspace(name: str) -> int:
+        return sum(x.bytes for x in _plan(name, cache_dir).lines if x.name == "DeepGEMM cuBLASLt workspace")
+
+    for name in ("llama-8b-4l-fp8tensor", "llama-8b-4l-ctfp8", "llama-8b-4l-kvfp8", "qwen3-8b-4l-fp8block"):
+        assert workspace(name) == release_defaults.DEEP_GEMM_CUBLASLT_WORKSPACE == 32 * MIB, name
+    assert workspace("llama-8b-4l") == workspace("qwen3-8b-4l") == 0
+    assert workspace("gpt-oss-4l") == 0
+    assert release_defaults.deep_gemm_workspace_at_load("0.19.0").value is False
+    assert release_defaults.deep_gemm_workspace_at_load("0.26.0").value is True
+    # the fp8 cache alone moves the bf16 Llama's load by the workspace (3.63 -> 3.66 GiB logged)
+    logged = CASES["llama-8b-4l-kvfp8"].figures.model_loading_gib - CASES["llama-8b-4l"].figures.model_loading_gib
+    planned = _line(_plan("llama-8b-4l-kvfp8", cache_dir), "weights") - _line(
+        _plan("llama-8b-4l", cache_dir), "weights"
+    )
+    assert abs(planned - 32 * MIB / GIB) < 1e-9 and abs(planned - logged) <= 0.01
+
+
+def test_weights_of_20_mib_hold_their_segment_under_the_load_max_split():
+    """0.26.0's Worker.load_model runs under max_split_size_mb=20, and the caching allocator does not split a request
+    of at least max_split_size: gpt-oss's qkv_proj, 29,491,200 B asked, held 31,457,280 (its whole 2 MiB-rounded
+    segment) in the load's snapshot, where PyTorch's default would split it; requests under 20 MiB are unchanged."""
+    from harness.sizing import release_defaults
+    from harness.sizing.deployment_weights import allocator_block_bytes
+
+    split = release_defaults.load_max_split_size("0.26.0").value
+    assert split == 20 * MIB and release_defaults.load_max_split_size("0.19.0").value is None
+    assert allocator_block_bytes(29_491_200) == 29_491_200
+    assert allocator_block_bytes(29_491_200, split) == 31_457_280
+    assert allocator_block_bytes(23_592_960, split) == 25_165_824  # o_proj, as held
+    assert allocator_block_bytes(16 * MIB + 512 * 1024, split) == 16 * MIB + 512 * 1024  # under 20 MiB: split
+
+
+@pytest.mark.vllm_wheel
+def test_mxfp4_hopper_padding_per_release(cache_dir):
+    """0.26.0's vendored triton_kernels pads the swizzled MXFP4 values to 16 rows x 32 bytes (0.19.0's to 64 x 64)
+    and its _swizzle_mxfp4 pads the 90 scale groups to 92 on compute capability 9.0: gpt-oss's experts as the load's
+    snapshot held them, (32, 5760, 1440) and (32, 2880, 1440) bytes of values and 32 x 5888 x 92 + 32 x 3072 x 92
+    of scales a layer; gpt-oss-20b's weights within 0.01 GiB of its log (0.06 over with the 64 x 64 padding)."""
+    import dataclasses
+
+    from harness.sizing import release_defaults
+    from harness.sizing.quant_formats import linear_tensors
+
+    assert release_defaults.mxfp4_hopper_padding("0.19.0", 9)[:2] == ((64, 64), 1)
+    assert release_defaults.mxfp4_hopper_padding("0.26.0", 9)[:2] == ((16, 32), 4)
+    assert release_defaults.mxfp4_hopper_padding("0.26.0", 10)[:2] == ((16, 32), 1)
+    q = dataclasses.replace(record_facts(CASES["gpt-oss-4l"]).quant, loaded_scales_kept=False, swizzle_align=(16, 32),
+                            scale_groups_multiple=4)  # fmt: skip
+    assert linear_tensors(q, 5760, 2880, 2, stacked=32) == [32 * 5760 * 1440, 32 * 5888 * 92]
+    assert linear_tensors(q, 2880, 2880, 2, stacked=32) == [32 * 2880 * 1440, 32 * 3072 * 92]
+    assert (
+        abs(_line(_plan("gpt-oss-20b", cache_dir), "weights") - CASES["gpt-oss-20b"].figures.model_loading_gib) < 0.01
+    )
+
+
+@pytest.mark.vllm_wheel
+def test_fp8_experts_call_tensors_in_the_moe_peak(cache_dir):
+    """At Mixtral's online-FP8 profile peak (the allocator's history, results/h200/load-snapshot) the first MoE
+    layer's experts call holds, beside its kept workspace, its output (8192, 4096) bf16, the quantized input a1q
+    (8192, 4096) fp8 and the quantized intermediate a2q (8192 x 2, 14336) fp8: 1.91 GiB, as logged; the bf16
+    checkpoint's call holds only the output, under the attention point."""
+    from harness.sizing import profile_run
+
+    facts = record_facts(CASES["mixtral-2l-online-fp8"])
+    fp8, _ = profile_run.moe_call_tensors(facts, num_tokens=8192, intermediate=14336, act_quant=facts.quant.scheme)
+    bf16, _ = profile_run.moe_call_tensors(facts, num_tokens=8192, intermediate=14336, act_quant=None)
+    assert bf16 == 8192 * 4096 * 2
+    assert fp8 - bf16 == 8192 * 4096 + 8192 * 2 * 14336 + 8
+    plan = _plan("mixtral-2l-online-fp8", cache_dir)
+    assert abs(_line(plan, "torch peak") - CASES["mixtral-2l-online-fp8"].figures.torch_peak_increase_gib) < 0.01
