@@ -641,8 +641,9 @@ def deep_gemm_lines(facts: ModelFacts, r: Resolved) -> list[DeploymentLine]:
     capability 9.x, 10.x and 12.x (platforms/cuda.py support_deep_gemm; PDL from 9.0) starts its DeviceRuntime. A
     QuantFP8 is built by every FP8 linear's kernel (kernels/linear/scaled_mm ScaledMMLinearKernel.py
     FP8ScaledMMLinearKernel.__init__: per-tensor, per-channel, block and online FP8 alike) and by the attention
-    layer's query quantization with an fp8 KV cache (model_executor/layers/attention/attention.py, on the backends
-    that take a quantized query: FlashAttention 3, the MLA backends). Once per process."""
+    layer's query quantization with an fp8 KV cache (model_executor/layers/attention/attention.py, where the backend
+    takes a quantized query: FlashAttention 3 and the MLA backends do, on every fp8-cache startup measured; an fp8
+    cache is taken to build it on any backend). Once per process."""
     if not r.deep_gemm_at_load or profile_run.gpu_facts(r.gpu)[0] not in (9, 10, 12):
         return []
     fp8_weights = facts.quant is not None and facts.quant.scheme.startswith("fp8")
