@@ -24,11 +24,10 @@ class ReleaseReads:
     and one layer plan per distinct MoE layer scenario."""
 
     def __init__(self, source: Any) -> None:
-        from harness.sizing.layer import _tree
-        from harness.sizing.vllm_source.layer_source import ReleaseFiles
+        from harness.sizing.vllm_source.layer_source import release_files
 
         self.source = source
-        self.files = ReleaseFiles(source, _tree(source))
+        self.files = release_files(source)
         self._layers: dict[str, Any] = {}  # least recently used first
         self.planned = 0
 
@@ -124,10 +123,10 @@ def plan_source(facts: ModelFacts, spec: DeploymentSpec, source, *, gpu: str | G
     across calls (a layout search plans many candidates of one release; harness.sizing.search)."""
     files = layer_plan = None
     if source is not None:
-        from harness.sizing.layer import _tree, plan_layer_from
-        from harness.sizing.vllm_source.layer_source import ReleaseFiles
+        from harness.sizing.layer import plan_layer_from
+        from harness.sizing.vllm_source.layer_source import release_files
 
-        files = reads.files if reads is not None else ReleaseFiles(source, _tree(source))
+        files = reads.files if reads is not None else release_files(source)
         version = source.version
     r = resolve(facts, spec, files, version, gpu_bytes=total_bytes, gpu=gpu, local_experts=local_experts,
                 origin=origin, cudagraph_estimate=cudagraph_estimate)  # fmt: skip

@@ -60,6 +60,7 @@ from harness.sizing.vllm_source.layer_source import (
     module_constant,
     moe_num_experts,
     quant_call,
+    release_files,
 )
 from harness.sizing.vllm_source.sources import VllmSource, VllmSourceError, locate_release
 
@@ -209,7 +210,7 @@ def plan_layer_from(
 ) -> LayerPlan:
     """`files`: the release's parsed files when the caller keeps them across plans (harness.sizing.search)."""
     layout = layout_of(scenario)
-    files = files if files is not None else ReleaseFiles(source, _tree(source))
+    files = files if files is not None else release_files(source)
     class_name = experts_class_name(layout)
     components = [weights_component(layout)]
     components += comm_components(layout, files)

@@ -304,14 +304,13 @@ def reference_sizing(source, references: list[ReferenceDeployment] | None = None
     from harness.scenario.sections import GPU_MEMORY_BYTES
     from harness.sizing.deployment import device_total, resolve
     from harness.sizing.deployment_plan import layer_scenario
-    from harness.sizing.layer import _tree
     from harness.sizing.model_config import ModelConfigError, load_model
     from harness.sizing.serve_args import ServeArgsError, parse_serve
     from harness.sizing.vllm_source.interpreter import Unevaluable
-    from harness.sizing.vllm_source.layer_source import ReleaseFiles
+    from harness.sizing.vllm_source.layer_source import release_files
     from harness.sizing.vllm_source.sources import VllmSourceError
 
-    files = ReleaseFiles(source, _tree(source))
+    files = release_files(source)
     found: dict[str, SizingArgs] = {}
     for ref in references if references is not None else load_references(None):
         try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import functools
 import hashlib
 import io
 import json
@@ -365,7 +366,13 @@ def _read_member(archive: zipfile.ZipFile, member: str, wheel: Path) -> bytes:
 
 def parse_record(data: bytes) -> dict[str, tuple[str, int]]:
     """RECORD lines `path,sha256=<urlsafe base64>,size` as {path: (hex sha256, size)}; lines without a hash
-    (the RECORD itself) are left out."""
+    (the RECORD itself) are left out. The same bytes are parsed once per process (every use of a cache entry checks
+    its files against its RECORD, of several thousand lines); each caller gets its own dict."""
+    return dict(_parse_record_once(data))
+
+
+@functools.lru_cache(maxsize=16)
+def _parse_record_once(data: bytes) -> dict[str, tuple[str, int]]:
     entries: dict[str, tuple[str, int]] = {}
     for row in csv.reader(io.StringIO(data.decode("utf-8", errors="replace"))):
         if len(row) != 3 or not row[1].startswith("sha256=") or not row[2].isdigit():

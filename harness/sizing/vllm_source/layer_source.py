@@ -120,6 +120,20 @@ class ReleaseFiles:
         return None
 
 
+def release_files(source: VllmSource) -> ReleaseFiles:
+    """The parsed files of a source, with what was read of them (per_release): one per process for what cannot change
+    (a release or wheel extraction, as evaluate.source_tree keeps its tree), so plans of the same release (a layout
+    search, a matrix, `harness plan` over several serve lines) parse each file once; a new one for a tree users edit."""
+    if source.kind in ("release", "wheel"):
+        return _shared_release_files(source)
+    return ReleaseFiles(source, source_tree(source))
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_release_files(source: VllmSource) -> ReleaseFiles:
+    return ReleaseFiles(source)
+
+
 _Read = TypeVar("_Read")
 
 
