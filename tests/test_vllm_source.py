@@ -170,7 +170,9 @@ def test_release_source_metadata(cache_dir):
     assert not list((cache_dir / "vllm" / "0.29.0").glob("wheel/*.whl"))
     # Of the engine, only the parser the serve-line flags are read from (harness.sizing.release_flags).
     assert sorted(p.name for p in (source.root / "vllm" / "engine").iterdir()) == ["arg_utils.py"]
-    assert not (source.root / "vllm" / "v1").exists() and not (source.root / "vllm" / "attention").exists()
+    # Of the worker, only Worker.load_model's file (harness.sizing.release_defaults.load_max_split_size).
+    assert sorted(p.name for p in (source.root / "vllm" / "v1" / "worker").iterdir()) == ["gpu_worker.py"]
+    assert not (source.root / "vllm" / "attention").exists()
 
 
 @pytest.mark.vllm_wheel
@@ -519,6 +521,7 @@ def test_synthetic_wheel_is_extracted_and_reused(tmp_path, synthetic_tree, ds_v3
         "vllm/engine/huge.py": b"x = 1\n",
         "vllm/engine/arg_utils.py": b"class EngineArgs:\n    pass\n",
         "vllm/v1/worker/gpu_worker.py": b"x = 1\n",
+        "vllm/v1/worker/gpu_model_runner.py": b"x = 1\n",
     }
     for path in (synthetic_tree / FUSED_MOE).rglob("*.py"):
         members[path.relative_to(synthetic_tree).as_posix()] = path.read_bytes()
@@ -528,7 +531,9 @@ def test_synthetic_wheel_is_extracted_and_reused(tmp_path, synthetic_tree, ds_v3
     assert source.root.parent == tmp_path / "cache" / "vllm" / "0.9.9"
     # Of the engine, only the parser the serve-line flags are read from (harness.sizing.release_flags).
     assert sorted(p.name for p in (source.root / "vllm" / "engine").iterdir()) == ["arg_utils.py"]
-    assert not (source.root / "vllm" / "v1").exists() and not (source.root / "vllm" / "attention").exists()
+    # Of the worker, only Worker.load_model's file (harness.sizing.release_defaults.load_max_split_size).
+    assert sorted(p.name for p in (source.root / "vllm" / "v1" / "worker").iterdir()) == ["gpu_worker.py"]
+    assert not (source.root / "vllm" / "attention").exists()
     assert {c.name: c.verdict for c in audit(source, ds_v3_args).classes} == SYNTHETIC_VERDICTS
     assert locate(wheel=wheel, cache_dir=tmp_path / "cache") == source
     with pytest.raises(VllmSourceError, match=r"vllm 0\.9\.9 .*no compiled ops library.*torch==2\.7\.1"):

@@ -197,6 +197,9 @@ class Resolved:
     # The allocator's max_split_size while the release loads the model (release_defaults.load_max_split_size)
     load_max_split: int | None = None
     mxfp4_scales_kept: bool = True  # the Triton MXFP4 backend keeps the loaded block scales beside the swizzled ones
+    # The Triton MXFP4 backend's (value rows x bytes, scale-group multiple) on this GPU, read from the release's files
+    # where given (release_defaults.mxfp4_hopper_padding); None: asked of the table when planned
+    mxfp4_padding: tuple[tuple[int, int], int] | None = None
     kv_cache_memory_bytes: int | None = None
     cpu_offload_bytes: int = 0
     max_model_len_auto: bool = False
@@ -382,13 +385,21 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
             )
         )
     persistent = defaults.workspace_persistent(files, version)
-    deep_gemm = defaults.deep_gemm_workspace_at_load(version)
-    load_split = defaults.load_max_split_size(version)
+    deep_gemm = defaults.deep_gemm_workspace_at_load(version, files)
+    settings.append(Setting(name="deep_gemm_at_load", value=bool(deep_gemm.value), source=deep_gemm.source))
+    load_split = defaults.load_max_split_size(version, files)
+    settings.append(Setting(name="load_max_split_size", value=load_split.value if isinstance(load_split.value, int)
+                            else "none", source=load_split.source))  # fmt: skip
     mxfp4_scales = None
+    mxfp4_padding = None
     if facts.quant is not None and facts.quant.scheme == "mxfp4":
         mxfp4_scales = defaults.mxfp4_keeps_loaded_scales(files)
         settings.append(Setting(name="mxfp4_loaded_scales_kept", value=bool(mxfp4_scales.value),
                                 source=mxfp4_scales.source))  # fmt: skip
+        align, groups, padding_source = defaults.mxfp4_hopper_padding(version, profile_run.gpu_facts(gpu)[0], files)
+        mxfp4_padding = (align, groups)
+        settings.append(Setting(name="mxfp4_swizzle_padding", value=f"{align[0]} x {align[1]}, scale groups x {groups}",
+                                source=padding_source))  # fmt: skip
     settings.append(Setting(name="moe_workspace_persistent", value=bool(persistent.value), source=persistent.source))
     combo = defaults.benchmarks_combo_kernels(files, version)
     if not spec.enforce_eager:
@@ -436,6 +447,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         deep_gemm_at_load=bool(deep_gemm.value),
         load_max_split=load_split.value if isinstance(load_split.value, int) else None,
         mxfp4_scales_kept=bool(mxfp4_scales.value) if mxfp4_scales is not None else True,
+        mxfp4_padding=mxfp4_padding,
         kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
         cpu_offload_bytes=round(spec.cpu_offload_gb * GIB),
         max_model_len_auto=spec.max_model_len_auto,
@@ -709,7 +721,8 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
     if facts.quant is not None and facts.quant.scheme == "mxfp4" and not r.mxfp4_scales_kept:
         facts = dataclasses.replace(facts, quant=dataclasses.replace(facts.quant, loaded_scales_kept=False))
     if facts.quant is not None and facts.quant.scheme == "mxfp4":
-        align, group_multiple, _ = defaults.mxfp4_hopper_padding(version, profile_run.gpu_facts(gpu)[0])
+        capability = profile_run.gpu_facts(gpu)[0]
+        align, group_multiple = r.mxfp4_padding or defaults.mxfp4_hopper_padding(version, capability)[:2]
         facts = dataclasses.replace(
             facts, quant=dataclasses.replace(facts.quant, swizzle_align=align, scale_groups_multiple=group_multiple)
         )

@@ -134,11 +134,10 @@ def linear_tensors(q: Quant | None, out_f: int, in_f: int, act_bytes: int, *, st
         return [E * out_f * in_f, E * FP8_SCALE] + ([E * FP8_SCALE] if q.static_input else [])
     if s == "mxfp4":  # the Triton backend swizzles weight and scales, then deletes the loaded weight only
         groups = math.ceil(in_f / 32)
-        # triton_kernels' Hopper layouts pad the swizzled copies: values to 64 rows x 64 bytes (the
-        # HopperMXValueLayoutTransformation vLLM vendors, third_party/triton_kernels; the pip triton_kernels of older
-        # releases padded to 16 x 32, as 0.26.0's vendored copy does again: release_defaults.mxfp4_hopper_padding),
-        # scales to 256 rows (2 x 8 warps x 2 x 8) x 2 columns (HopperMXScaleLayout), their groups first to
-        # scale_groups_multiple
+        # triton_kernels' Hopper layouts pad the swizzled copies: values to swizzle_align (the HopperMXValueLayout
+        # vLLM vendors, third_party/triton_kernels: 64 rows x 64 bytes in 0.19.0, 16 x 32 from 0.22.0, read per
+        # release by release_defaults.mxfp4_hopper_padding), scales to 256 rows (2 x 8 warps x 2 x 8) x 2 columns
+        # (HopperMXScaleLayout), their groups first to scale_groups_multiple
         rows, width = q.swizzle_align
         values = E * round_up(out_f, rows) * round_up(in_f // 2, width)
         swizzled_scales = E * round_up(out_f, 256) * round_up(round_up(groups, q.scale_groups_multiple), 2)

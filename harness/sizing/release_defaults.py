@@ -6,11 +6,17 @@ has the file, else from a documented table (labelled `table`). Nothing is import
     max_num_batched_tokens (batched DP MoE)  config/scheduler.py DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP
     max_num_batched_tokens, max_num_seqs (vllm serve on a GPU)  engine/arg_utils.py get_batch_defaults: table
     CUDA-graph memory estimate on/off  envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
+    DeepGEMM started at the model's build  quantization/input_quant_fp8.py QuantFP8.__init__ -> utils/deep_gemm.py
+                                    is_deep_gemm_e8m0_used -> _lazy_init -> set_pdl; third_party/deep_gemm/__init__.py
+    the load's max_split_size       v1/worker/gpu_worker.py Worker.load_model _scoped_allocator_max_split
+    the MXFP4 Hopper padding        third_party/triton_kernels/.../hopper_value.py HopperMXValueLayout.swizzle_data;
+                                    quantization/utils/mxfp4_utils.py _swizzle_mxfp4
 """
 
 from __future__ import annotations
 
 import ast
+import math
 from dataclasses import dataclass
 
 from harness.core.units import GIB
@@ -325,64 +331,283 @@ def benchmarks_combo_kernels(files: ReleaseFiles | None, version: str | None = N
                        "0.29.0, 0.30.0 and 0.33.0)")  # fmt: skip
 
 
-# DeepGEMM's DeviceRuntime (vllm/third_party/deep_gemm, csrc/jit/device_runtime.hpp) allocates a cuBLASLt workspace of
-# 32 MiB through torch's caching allocator when it is first touched, and keeps it for the process.
+# --- what the startup allocates at the model's build and load, read from the release's files ---------------------
+
+
+def _function(module: ast.Module | None, name: str, class_name: str | None = None) -> ast.FunctionDef | None:
+    """A module-level function, or a method of a module-level class."""
+    body = module.body if module is not None else []
+    if class_name is not None:
+        cls = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
+        body = cls.body if cls is not None else []
+    return next((n for n in body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def _calls(node: ast.AST, name: str) -> list[ast.Call]:
+    """The calls of `name(...)` or `x.name(...)` under node."""
+    return [c for c in ast.walk(node) if isinstance(c, ast.Call)
+            and getattr(c.func, "id", getattr(c.func, "attr", None)) == name]  # fmt: skip
+
+
+def _short(file: str) -> str:
+    return file.removeprefix("vllm/")
+
+
+# DeepGEMM's DeviceRuntime (vllm/third_party/deep_gemm, csrc/jit/device_runtime.hpp: compiled into its _C, not shipped
+# as source) allocates a cuBLASLt workspace of 32 MiB through torch's caching allocator when it is first touched, and
+# keeps it for the process: the one block beside the parameters in a real 0.26.0 load's allocator snapshot
+# (results/h200/load-snapshot).
 DEEP_GEMM_CUBLASLT_WORKSPACE = 32 << 20
-DEEP_GEMM_AT_LOAD_RELEASES: dict[tuple[int, ...], str] = {(0, 26): "0.26.0"}
+INPUT_QUANT_FP8_FILE = "vllm/model_executor/layers/quantization/input_quant_fp8.py"
+DEEP_GEMM_FILE = "vllm/utils/deep_gemm.py"
+VENDORED_DEEP_GEMM_FILE = "vllm/third_party/deep_gemm/__init__.py"
+# The table, for a plan without release files, as deep_gemm_chain reads the releases: the chain holds in every one
+# from 0.24.0 to 0.33.0; 0.22.0-0.23.0's _lazy_init imports the vendored deep_gemm but calls no set_pdl; 0.19.0 vendors
+# none and its _lazy_init calls no set_pdl; 0.8.5 has neither file. 0.20-0.21 are not read (taken as not started).
+DEEP_GEMM_AT_LOAD_FROM = (0, 24)
+DEEP_GEMM_READ = "the chain read in every release 0.24.0-0.33.0, not in 0.8.5, 0.19.0 or 0.22.0-0.23.0"
 
 
-def deep_gemm_workspace_at_load(version: str | None) -> Default:
+def deep_gemm_workspace_at_load(version: str | None, files: ReleaseFiles | None = None) -> Default:
     """Whether building an FP8 model resolves DeepGEMM, whose first use keeps its cuBLASLt workspace (32 MiB) in what
-    vLLM logs as the model's loading. 0.26.0 (read): QuantFP8.__init__ (model_executor/layers/quantization/
-    input_quant_fp8.py) calls is_deep_gemm_e8m0_used(), whose utils/deep_gemm.py _lazy_init imports the vendored
-    deep_gemm and, on compute capability 9.0 and later (is_arch_support_pdl), calls its set_pdl, which starts the
-    DeviceRuntime and its workspace. Other releases are not read (their utils/deep_gemm.py and input_quant_fp8.py
-    differ from 0.26.0's; 0.19.0 ships no vendored DeepGEMM): taken as not allocated there."""
+    vLLM logs as the model's loading: read from the release's files where given (deep_gemm_chain), else the table
+    (DEEP_GEMM_AT_LOAD_FROM)."""
+    if files is not None:
+        read = deep_gemm_chain(files)
+        if read is not None:
+            return read
     key = _release_key(version)[:2]
-    if version is not None and key in DEEP_GEMM_AT_LOAD_RELEASES:
+    if version is not None and key >= DEEP_GEMM_AT_LOAD_FROM:
         return Default(True, "table: model_executor/layers/quantization/input_quant_fp8.py QuantFP8.__init__ -> "
                              "utils/deep_gemm.py is_deep_gemm_e8m0_used -> _lazy_init -> _apply_pdl (set_pdl starts "
-                             f"DeepGEMM's DeviceRuntime) in {DEEP_GEMM_AT_LOAD_RELEASES[key]}")  # fmt: skip
-    return Default(False, "table: read in 0.26.0 only (not taken for other releases)")
+                             f"DeepGEMM's DeviceRuntime): {DEEP_GEMM_READ}")  # fmt: skip
+    return Default(False, f"table: DeepGEMM not started at the model's build ({DEEP_GEMM_READ})")
 
 
-# triton_kernels' Hopper MXFP4 value layout as vendored: 0.19.0's HopperMXValueLayout pads the swizzled values to 64
-# rows x 64 bytes; the file 0.26.0 vendors (third_party/triton_kernels/tensor_details/layout_details/hopper_value.py,
-# the same file by its RECORD hash in 0.29.0, 0.30.0 and 0.33.0) packs, with mma_version 3, k_tile x warp_tile x
-# threads x scott_trick x contig = 1 x 2 x 4 x 2 x 1 = 16 rows and 4 x 2 x 4 x 1 x 1 = 32 bytes.
-MXFP4_VALUE_ALIGN_FROM: dict[tuple[int, ...], tuple[int, int]] = {(0, 26): (16, 32)}
-# 0.26.0's utils/mxfp4_utils.py _swizzle_mxfp4 pads the scale groups to a multiple of 4 on compute capability 9.0
-# before the Hopper scale layout ("Patches #47303: pad K (num scale groups) to 0 mod 4"); later releases' file differs
-# and is not read.
-MXFP4_SCALE_GROUPS_PAD: dict[tuple[int, ...], int] = {(0, 26): 4}
+def deep_gemm_chain(files: ReleaseFiles) -> Default | None:
+    """The chain in the release's files: QuantFP8.__init__ (model_executor/layers/quantization/input_quant_fp8.py)
+    calls is_deep_gemm_e8m0_used(); that function of utils/deep_gemm.py calls _lazy_init(); _lazy_init calls set_pdl
+    (directly or through a helper that looks it up, 0.26.0's _apply_pdl), on compute capability 9.0 and later
+    (is_arch_support_pdl); and the wheel's vendored deep_gemm (third_party/deep_gemm/__init__.py) has a set_pdl,
+    which starts its DeviceRuntime. envs.py's VLLM_USE_DEEP_GEMM default must be on (is_deep_gemm_supported). None
+    when the release has neither input_quant_fp8.py nor utils/deep_gemm.py (the table answers)."""
+    quant, utils = files.module(INPUT_QUANT_FP8_FILE), files.module(DEEP_GEMM_FILE)
+
+    def off(why: str) -> Default:
+        return Default(False, f"{why}: DeepGEMM not started at the model's build")
+
+    if quant is None and utils is None:
+        return off(f"{_short(INPUT_QUANT_FP8_FILE)} and {_short(DEEP_GEMM_FILE)} absent from the release")
+
+    init = _function(quant, "__init__", "QuantFP8")
+    asks = _calls(init, "is_deep_gemm_e8m0_used") if init is not None else []
+    if not asks:
+        return off(f"{_short(INPUT_QUANT_FP8_FILE)}: QuantFP8.__init__ does not call is_deep_gemm_e8m0_used()")
+    e8m0 = _function(utils, "is_deep_gemm_e8m0_used")
+    if e8m0 is None or not _calls(e8m0, "_lazy_init"):
+        return off(f"{_short(DEEP_GEMM_FILE)}: is_deep_gemm_e8m0_used does not call _lazy_init()")
+    lazy = _function(utils, "_lazy_init")
+    helpers = {n.name for n in (utils.body if utils is not None else []) if isinstance(n, ast.FunctionDef)
+               and any((isinstance(x, ast.Constant) and x.value == "set_pdl") or
+                       (isinstance(x, ast.Attribute) and x.attr == "set_pdl") for x in ast.walk(n))}  # fmt: skip
+    pdl = [c for name in ("set_pdl", *sorted(helpers)) for c in (_calls(lazy, name) if lazy is not None else [])]
+    if not pdl:
+        return off(f"{_short(DEEP_GEMM_FILE)}: _lazy_init calls no set_pdl")
+    vendored = files.module(VENDORED_DEEP_GEMM_FILE)
+    if vendored is None:
+        return off(f"{_short(DEEP_GEMM_FILE)}:{pdl[0].lineno} set_pdl, but the wheel vendors no deep_gemm "
+                   f"({_short(VENDORED_DEEP_GEMM_FILE)})")  # fmt: skip
+    exported = any((isinstance(n, ast.ImportFrom) and any(a.name == "set_pdl" for a in n.names)) or
+                   (isinstance(n, ast.FunctionDef) and n.name == "set_pdl") for n in ast.walk(vendored))  # fmt: skip
+    if not exported:
+        return off(f"{_short(VENDORED_DEEP_GEMM_FILE)} has no set_pdl")
+    switch = env_default(files, "VLLM_USE_DEEP_GEMM")
+    if switch.ok and not switch.value:
+        return off(f"{switch.ref} VLLM_USE_DEEP_GEMM is off by default")
+    return Default(True, f"{_short(INPUT_QUANT_FP8_FILE)}:{asks[0].lineno} QuantFP8.__init__ -> "
+                         f"{_short(DEEP_GEMM_FILE)}:{e8m0.lineno} is_deep_gemm_e8m0_used -> _lazy_init -> "
+                         f":{pdl[0].lineno} {getattr(pdl[0].func, 'id', 'set_pdl')} (set_pdl, compute capability 9.0 "
+                         f"on: is_arch_support_pdl) -> the vendored {_short(VENDORED_DEEP_GEMM_FILE)} set_pdl starts "
+                         "DeepGEMM's DeviceRuntime")  # fmt: skip
 
 
-def mxfp4_hopper_padding(version: str | None, capability: int) -> tuple[tuple[int, int], int, str]:
-    """(value rows x bytes alignment, scale-group multiple, source) of the Triton MXFP4 backend's swizzled copies on
-    Hopper for the release (MXFP4_VALUE_ALIGN_FROM, MXFP4_SCALE_GROUPS_PAD)."""
-    key = _release_key(version)[:2]
-    align, where = (64, 64), "64 x 64 (0.19.0's vendored HopperMXValueLayout)"
-    if key >= (0, 26):
-        align = MXFP4_VALUE_ALIGN_FROM[(0, 26)]
-        where = ("16 x 32 (third_party/triton_kernels hopper_value.py HopperMXValueLayout, mma_version 3: read in "
-                 "0.26.0, the same file in 0.29.0-0.33.0)")  # fmt: skip
-    pad = MXFP4_SCALE_GROUPS_PAD.get(key, 1) if version is not None and capability == 9 else 1
-    if pad > 1:
-        where += f"; scale groups padded to a multiple of {pad} (utils/mxfp4_utils.py _swizzle_mxfp4, 9.0)"
-    return align, pad, f"table: swizzled values padded to {where}"
+GPU_WORKER_FILE = "vllm/v1/worker/gpu_worker.py"
+# The table, for a plan without release files, as load_max_split_size reads the releases: Worker.load_model runs under
+# max_split_size_mb=20 in every release from 0.22.0 to 0.33.0, under none in 0.8.5 and 0.19.0; 0.20-0.21 are not read
+# (taken as none).
+LOAD_MAX_SPLIT_FROM: tuple[tuple[int, ...], int] = ((0, 22), 20 << 20)
+LOAD_MAX_SPLIT_READ = "read in every release 0.22.0-0.33.0; none in 0.8.5 and 0.19.0"
 
 
-# vLLM 0.26.0's Worker.load_model builds the model under `_scoped_allocator_max_split(max_split_size_mb=20)`
-# (v1/worker/gpu_worker.py: "20 MiB is the minimum PyTorch allows"); other releases' gpu_worker.py is not read.
-LOAD_MAX_SPLIT_RELEASES: dict[tuple[int, ...], int] = {(0, 26): 20 << 20}
-
-
-def load_max_split_size(version: str | None) -> Default:
+def load_max_split_size(version: str | None, files: ReleaseFiles | None = None) -> Default:
     """The caching allocator's max_split_size while the release builds and loads the model (None: PyTorch's
-    default, no limit). With it, a request of at least that size is never split off its segment (CUDACachingAllocator
-    should_split), so a fresh one holds its whole 2 MiB-rounded segment."""
+    default, no limit): the release's v1/worker/gpu_worker.py Worker.load_model, whose `with` runs the load under
+    `self._scoped_allocator_max_split(max_split_size_mb=20)` (0.26.0: "20 MiB is the minimum PyTorch allows"), read
+    where the release's files are given, else the table (LOAD_MAX_SPLIT_FROM). With it, a request of at least
+    that size is never split off its segment (CUDACachingAllocator should_split), so a fresh one holds its whole
+    2 MiB-rounded segment."""
+    module = files.module(GPU_WORKER_FILE) if files is not None else None
+    if module is not None:
+        load = _function(module, "load_model", "Worker")
+        where = f"{_short(GPU_WORKER_FILE)}:{load.lineno if load is not None else ''} Worker.load_model"
+        for with_node in [n for n in ast.walk(load) if isinstance(n, ast.With)] if load is not None else []:
+            for item in with_node.items:
+                for call in _calls(item.context_expr, "_scoped_allocator_max_split"):
+                    size = next((k.value for k in call.keywords if k.arg == "max_split_size_mb"),
+                                call.args[0] if call.args else None)  # fmt: skip
+                    if isinstance(size, ast.Constant) and isinstance(size.value, int):
+                        scoped = f"_scoped_allocator_max_split(max_split_size_mb={size.value})"
+                        return Default(size.value << 20, f"{_short(GPU_WORKER_FILE)}:{call.lineno} Worker.load_model "
+                                                         f"{scoped}")  # fmt: skip
+        return Default(None, f"{where} sets no max_split_size: PyTorch's default, no limit")
     key = _release_key(version)[:2]
-    if version is not None and key in LOAD_MAX_SPLIT_RELEASES:
-        where = "v1/worker/gpu_worker.py Worker.load_model _scoped_allocator_max_split(max_split_size_mb=20)"
-        return Default(LOAD_MAX_SPLIT_RELEASES[key], f"table: {where} (0.26.0)")
-    return Default(None, "table: read in 0.26.0 only (PyTorch's default elsewhere: no limit)")
+    since, limit = LOAD_MAX_SPLIT_FROM
+    if version is not None and key >= since:
+        scoped = f"_scoped_allocator_max_split(max_split_size_mb={limit >> 20})"
+        return Default(limit, f"table: v1/worker/gpu_worker.py Worker.load_model {scoped} ({LOAD_MAX_SPLIT_READ})")
+    return Default(None, f"table: PyTorch's default, no limit ({LOAD_MAX_SPLIT_READ})")
+
+
+HOPPER_VALUE_FILE = "vllm/third_party/triton_kernels/tensor_details/layout_details/hopper_value.py"
+MXFP4_UTILS_FILE = "vllm/model_executor/layers/quantization/utils/mxfp4_utils.py"
+# The tables, for a plan without release files, as hopper_value_align and scale_groups_multiple read the releases.
+# triton_kernels' Hopper MXFP4 value layout as vendored: 0.19.0's HopperMXValueLayout.swizzle_data pre-pads to
+# SWIZZLE_ALIGN_M x SWIZZLE_ALIGN_K = 64 x 64; the file every release from 0.22.0 to 0.33.0 vendors packs, with
+# mma_version 3, k_tile x warp_tile x threads x scott_trick x contig = 1 x 2 x 4 x 2 x 1 = 16 rows and
+# 4 x 2 x 4 x 1 x 1 = 32 bytes (before the first key: 64 x 64).
+MXFP4_VALUE_ALIGN_FROM: dict[tuple[int, ...], tuple[int, int]] = {(0, 22): (16, 32)}
+MXFP4_VALUE_ALIGN_READ = "read: 64 x 64 in 0.19.0, 16 x 32 in every release 0.22.0-0.33.0"
+# utils/mxfp4_utils.py _swizzle_mxfp4 pads the scale groups to a multiple of 4 on compute capability 9.0 before the
+# Hopper scale layout ("Patches #47303: pad K (num scale groups) to 0 mod 4") in every release from 0.26.0 to 0.33.0,
+# not in 0.19.0 or 0.22.0-0.25.1.
+MXFP4_SCALE_GROUPS_PAD_FROM: dict[tuple[int, ...], int] = {(0, 26): 4}
+MXFP4_SCALE_GROUPS_READ = "read: from 0.26.0 to 0.33.0, not in 0.19.0 or 0.22.0-0.25.1"
+
+
+def mxfp4_hopper_padding(version: str | None, capability: int,
+                         files: ReleaseFiles | None = None) -> tuple[tuple[int, int], int, str]:  # fmt: skip
+    """(value rows x bytes alignment, scale-group multiple, source) of the Triton MXFP4 backend's swizzled copies on
+    Hopper: read from the release's vendored hopper_value.py (hopper_value_align) and utils/mxfp4_utils.py
+    (scale_groups_multiple) where its files are given, else the tables (MXFP4_VALUE_ALIGN_FROM,
+    MXFP4_SCALE_GROUPS_PAD_FROM)."""
+    key = _release_key(version)[:2]
+    value = hopper_value_align(files) if files is not None else None
+    if value is not None:
+        align, where = value
+    else:
+        since = max((k for k in MXFP4_VALUE_ALIGN_FROM if key >= k), default=None)
+        align = MXFP4_VALUE_ALIGN_FROM[since] if since is not None else (64, 64)
+        where = (f"table: {align[0]} x {align[1]} (third_party/triton_kernels hopper_value.py HopperMXValueLayout; "
+                 f"{MXFP4_VALUE_ALIGN_READ})")  # fmt: skip
+    groups = scale_groups_multiple(files, capability) if files is not None else None
+    if groups is not None:
+        pad, pad_where = groups
+    else:
+        since = max((k for k in MXFP4_SCALE_GROUPS_PAD_FROM if key >= k), default=None)
+        pad = MXFP4_SCALE_GROUPS_PAD_FROM[since] if since is not None and version is not None and capability == 9 else 1
+        pad_where = f"table: utils/mxfp4_utils.py _swizzle_mxfp4 on 9.0, {MXFP4_SCALE_GROUPS_READ}"
+    where = f"swizzled values padded to {where}"
+    where += f"; scale groups padded to a multiple of {pad} ({pad_where})" if pad > 1 else f"; {pad_where}"
+    return align, pad, where
+
+
+def _evaluate(node: ast.expr, env: dict[str, object]) -> object:
+    """A constant, tuple, name bound in env, `self.attr`, arithmetic or `a if x == y else b` of those; None else."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.Name | ast.Attribute):
+        return env.get(ast.unparse(node))
+    if isinstance(node, ast.Tuple):
+        items = [_evaluate(e, env) for e in node.elts]
+        return tuple(items) if all(isinstance(i, int) for i in items) else None
+    if isinstance(node, ast.BinOp):
+        left, right = _evaluate(node.left, env), _evaluate(node.right, env)
+        if not isinstance(left, int) or not isinstance(right, int):
+            return None
+        ops = {ast.Mult: int.__mul__, ast.Add: int.__add__, ast.Sub: int.__sub__, ast.FloorDiv: int.__floordiv__}
+        op = ops.get(type(node.op))
+        return op(left, right) if op is not None and (right or not isinstance(node.op, ast.FloorDiv)) else None
+    if isinstance(node, ast.IfExp) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1:
+        left, right = _evaluate(node.test.left, env), _evaluate(node.test.comparators[0], env)
+        if left is None or right is None or not isinstance(node.test.ops[0], ast.Eq | ast.NotEq):
+            return None
+        holds = (left == right) == isinstance(node.test.ops[0], ast.Eq)
+        return _evaluate(node.body if holds else node.orelse, env)
+    return None
+
+
+def hopper_value_align(files: ReleaseFiles) -> tuple[tuple[int, int], str] | None:
+    """(rows, bytes) the vendored triton_kernels' HopperMXValueLayout.swizzle_data pads the values to, with the
+    layout's default mma_version (its __init__): the loop `for i, (a, b, c, s, d) in enumerate(zip(k_tile, ...))`
+    pads each dimension to the product of those tuples' entries, and a pre-pad to SWIZZLE_ALIGN_M x SWIZZLE_ALIGN_K
+    (0.19.0: 64 x 64) takes the least common multiple. None when the release vendors no such file or it does not
+    say (the table answers)."""
+    module = files.module(HOPPER_VALUE_FILE)
+    init, swizzle = _function(module, "__init__", "HopperMXValueLayout"), _function(module, "swizzle_data",
+                                                                                    "HopperMXValueLayout")  # fmt: skip
+    if init is None or swizzle is None:
+        return None
+    env: dict[str, object] = {}
+    positional = init.args.args[len(init.args.args) - len(init.args.defaults) :]
+    for arg, default in zip([*positional, *init.args.kwonlyargs], [*init.args.defaults, *init.args.kw_defaults],
+                            strict=True):  # fmt: skip
+        if default is not None:
+            env[f"self.{arg.arg}"] = _evaluate(default, env)
+    pack: tuple[int, ...] | None = None
+    for stmt in swizzle.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            env[stmt.targets[0].id] = _evaluate(stmt.value, env)
+        elif isinstance(stmt, ast.For) and isinstance(stmt.iter, ast.Call) and _calls(stmt.iter, "zip"):
+            (zipped,) = _calls(stmt.iter, "zip")[:1]
+            tiles = [env.get(ast.unparse(a)) for a in zipped.args]
+            product = next((s.value for s in stmt.body if isinstance(s, ast.Assign) and isinstance(s.value, ast.BinOp)
+                            and all(isinstance(t, ast.Name) and t.id == "pack" for t in s.targets)), None)  # fmt: skip
+            if product is None or not tiles or not all(isinstance(t, tuple) and len(t) == 2 for t in tiles):
+                return None
+            dims = [1, 1]
+            for tile in tiles:
+                dims = [d * int(t) for d, t in zip(dims, tile, strict=True)]  # type: ignore[call-overload]
+            pack = tuple(dims)
+    if pack is None:
+        return None
+    rows, cols = pack
+    prepad = [env.get("SWIZZLE_ALIGN_M"), env.get("SWIZZLE_ALIGN_K")]
+    names = ", ".join(ast.unparse(a) for a in _calls(swizzle, "zip")[0].args)
+    where = f"{rows} x {cols} ({_short(HOPPER_VALUE_FILE)}:{swizzle.lineno} HopperMXValueLayout.swizzle_data: {names}"
+    if isinstance(prepad[0], int) and isinstance(prepad[1], int):
+        rows, cols = math.lcm(rows, prepad[0]), math.lcm(cols, prepad[1])
+        where = f"{rows} x {cols} (SWIZZLE_ALIGN_M x SWIZZLE_ALIGN_K pre-pad, and " + where.split(" (", 1)[1]
+    mma = env.get("self.mma_version")
+    return (rows, cols), f"{where}, mma_version {mma})"
+
+
+def scale_groups_multiple(files: ReleaseFiles, capability: int) -> tuple[int, str] | None:
+    """The multiple utils/mxfp4_utils.py _swizzle_mxfp4 pads the scale groups (the scale's last dimension) to on this
+    compute capability: under `if current_platform.is_device_capability(NN):`, `pad_k = -K % M` and
+    `scale = torch.nn.functional.pad(scale, (0, pad_k))` (0.26.0: NN 90, M 4); 1 when the file pads none here. None
+    when the release has no such function (the table answers)."""
+    swizzle = _function(files.module(MXFP4_UTILS_FILE), "_swizzle_mxfp4")
+    if swizzle is None:
+        return None
+    where = f"{_short(MXFP4_UTILS_FILE)}:{swizzle.lineno} _swizzle_mxfp4"
+    for branch in [n for n in ast.walk(swizzle) if isinstance(n, ast.If)]:
+        test = branch.test
+        if not (isinstance(test, ast.Call) and getattr(test.func, "attr", None) == "is_device_capability"
+                and test.args and isinstance(test.args[0], ast.Constant)
+                and isinstance(test.args[0].value, int)):  # fmt: skip
+            continue
+        body = [n for stmt in branch.body for n in ast.walk(stmt)]
+        multiples = {t.id: n.value.right.value for n in body if isinstance(n, ast.Assign)
+                     for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.BinOp)
+                     and isinstance(n.value.op, ast.Mod) and isinstance(n.value.left, ast.UnaryOp)
+                     and isinstance(n.value.left.op, ast.USub) and isinstance(n.value.right, ast.Constant)
+                     and isinstance(n.value.right.value, int)}  # fmt: skip
+        for call in (c for c in _calls(ast.Module(branch.body, []), "pad") if c.args):
+            pads = call.args[1] if len(call.args) > 1 else None
+            if ast.unparse(call.args[0]) == "scale" and isinstance(pads, ast.Tuple) and pads.elts and \
+                    ast.unparse(pads.elts[-1]) in multiples:  # fmt: skip
+                multiple = int(multiples[ast.unparse(pads.elts[-1])])
+                if test.args[0].value == capability * 10:
+                    return multiple, f"{where}:{call.lineno}, is_device_capability({test.args[0].value})"
+                return 1, f"{where}: pads them on is_device_capability({test.args[0].value}) only"
+    return 1, f"{where}: pads no scale groups"

@@ -68,6 +68,15 @@ LAYER_FILES = (
     "vllm/utils/argparse_utils.py",
     "vllm/config.py",  # the config classes before vllm/config/ was a package
     "vllm/model_executor/layers/quantization/fp8.py",  # Fp8MoEMethod's experts selection (harness.sizing.moe_selection)
+    # the startup's allocations that harness.sizing.release_defaults reads per release: DeepGEMM resolved at the
+    # model's build (QuantFP8.__init__ -> is_deep_gemm_e8m0_used -> _lazy_init -> set_pdl), the load's
+    # max_split_size (Worker.load_model), the Triton MXFP4 backend's Hopper padding (value layout, scale groups)
+    "vllm/model_executor/layers/quantization/input_quant_fp8.py",
+    "vllm/utils/deep_gemm.py",
+    "vllm/third_party/deep_gemm/__init__.py",
+    "vllm/v1/worker/gpu_worker.py",
+    "vllm/model_executor/layers/quantization/utils/mxfp4_utils.py",
+    "vllm/third_party/triton_kernels/tensor_details/layout_details/hopper_value.py",
 )
 # Whole directories of python files the deployment model reads: the config classes (field types, Literal choices).
 LAYER_DIRS = ("vllm/config/",)
