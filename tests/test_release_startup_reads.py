@@ -72,6 +72,7 @@ def test_each_release_read_from_its_files(version):
     if started:
         assert deep_gemm.source.startswith("model_executor/layers/quantization/input_quant_fp8.py:"), deep_gemm
         assert "QuantFP8.__init__" in deep_gemm.source and "utils/deep_gemm.py:" in deep_gemm.source
+        assert "if current_platform.is_arch_support_pdl()" in deep_gemm.source, deep_gemm
     load = defaults.load_max_split_size(version, files)
     assert load.value == split and load.source.startswith("v1/worker/gpu_worker.py:"), load
     assert "Worker.load_model" in load.source
@@ -149,3 +150,33 @@ def test_mxfp4_padding_changed_in_a_copy(tmp_path, release_026):
     none = planted(tmp_path / "none", release_026, MXFP4_FILE, "pad_k = -K % 4", "pad_k = 0")
     align, groups, source = defaults.mxfp4_hopper_padding("0.26.0", 9, none)
     assert (align, groups) == ((16, 32), 1) and "pads no scale groups" in source, source
+
+
+# --- a plan takes what the release's files say -------------------------------------------------------------------
+
+DATA = Path(__file__).resolve().parent / "data" / "real_startups"
+
+
+@pytest.mark.parametrize(("version", "started"), [("0.19.0", False), ("0.30.0", True), ("0.33.0", True)])
+def test_a_plan_reads_the_release_it_plans(version, started):
+    """The real 0.26.0 startups' FP8 Llama and gpt-oss, planned for another release with its files: the DeepGEMM
+    workspace, the load's split limit and the MXFP4 padding as that release's files say, and named in the settings."""
+    from harness.verify.planning import plan_record
+    from harness.verify.record import load_record
+
+    def plan(name: str):
+        return plan_record(load_record(DATA / f"{name}.yaml"), version=version, release=True,
+                           cache_dir=default_cache_dir())  # fmt: skip
+
+    fp8 = plan("llama-8b-4l-fp8tensor")
+    settings = {s.name: s for s in fp8.settings}
+    workspace = sum(line.bytes for line in fp8.lines if line.name == "DeepGEMM cuBLASLt workspace")
+    assert workspace == (defaults.DEEP_GEMM_CUBLASLT_WORKSPACE if started else 0)
+    assert settings["deep_gemm_at_load"].value is started and not settings["deep_gemm_at_load"].source.startswith(
+        "table"
+    )
+    assert settings["load_max_split_size"].value == (20 * MIB if started else "none")
+    assert settings["load_max_split_size"].source.startswith("v1/worker/gpu_worker.py:")
+    padding = {s.name: s for s in plan("gpt-oss-4l").settings}["mxfp4_swizzle_padding"]
+    assert padding.value == ("16 x 32, scale groups x 4" if started else "64 x 64, scale groups x 1"), padding
+    assert "hopper_value.py:" in padding.source and "table" not in padding.source, padding

@@ -424,11 +424,13 @@ def deep_gemm_chain(files: ReleaseFiles) -> Default | None:
     switch = env_default(files, "VLLM_USE_DEEP_GEMM")
     if switch.ok and not switch.value:
         return off(f"{switch.ref} VLLM_USE_DEEP_GEMM is off by default")
+    guard = next((ast.unparse(n.test) for n in ast.walk(lazy or ast.Module([], [])) if isinstance(n, ast.If)
+                  and any(c is pdl[0] for stmt in n.body for c in ast.walk(stmt))), None)  # fmt: skip
+    helper = getattr(pdl[0].func, "id", "set_pdl")
     return Default(True, f"{_short(INPUT_QUANT_FP8_FILE)}:{asks[0].lineno} QuantFP8.__init__ -> "
                          f"{_short(DEEP_GEMM_FILE)}:{e8m0.lineno} is_deep_gemm_e8m0_used -> _lazy_init -> "
-                         f":{pdl[0].lineno} {getattr(pdl[0].func, 'id', 'set_pdl')} (set_pdl, compute capability 9.0 "
-                         f"on: is_arch_support_pdl) -> the vendored {_short(VENDORED_DEEP_GEMM_FILE)} set_pdl starts "
-                         "DeepGEMM's DeviceRuntime")  # fmt: skip
+                         f":{pdl[0].lineno} {helper} (set_pdl{f', if {guard}' if guard else ''}) -> the vendored "
+                         f"{_short(VENDORED_DEEP_GEMM_FILE)} set_pdl starts DeepGEMM's DeviceRuntime")  # fmt: skip
 
 
 GPU_WORKER_FILE = "vllm/v1/worker/gpu_worker.py"
@@ -554,6 +556,7 @@ def hopper_value_align(files: ReleaseFiles) -> tuple[tuple[int, int], str] | Non
         if default is not None:
             env[f"self.{arg.arg}"] = _evaluate(default, env)
     pack: tuple[int, ...] | None = None
+    names = ""
     for stmt in swizzle.body:
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
             env[stmt.targets[0].id] = _evaluate(stmt.value, env)
@@ -567,12 +570,11 @@ def hopper_value_align(files: ReleaseFiles) -> tuple[tuple[int, int], str] | Non
             dims = [1, 1]
             for tile in tiles:
                 dims = [d * int(t) for d, t in zip(dims, tile, strict=True)]  # type: ignore[call-overload]
-            pack = tuple(dims)
+            pack, names = tuple(dims), ", ".join(ast.unparse(a) for a in zipped.args)
     if pack is None:
         return None
     rows, cols = pack
     prepad = [env.get("SWIZZLE_ALIGN_M"), env.get("SWIZZLE_ALIGN_K")]
-    names = ", ".join(ast.unparse(a) for a in _calls(swizzle, "zip")[0].args)
     where = f"{rows} x {cols} ({_short(HOPPER_VALUE_FILE)}:{swizzle.lineno} HopperMXValueLayout.swizzle_data: {names}"
     if isinstance(prepad[0], int) and isinstance(prepad[1], int):
         rows, cols = math.lcm(rows, prepad[0]), math.lcm(cols, prepad[1])
