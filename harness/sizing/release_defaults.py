@@ -373,9 +373,7 @@ def deep_gemm_workspace_at_load(version: str | None, files: ReleaseFiles | None 
     vLLM logs as the model's loading: read from the release's files where given (deep_gemm_chain), else the table
     (DEEP_GEMM_AT_LOAD_FROM)."""
     if files is not None:
-        read = deep_gemm_chain(files)
-        if read is not None:
-            return read
+        return deep_gemm_chain(files)
     key = _release_key(version)[:2]
     if version is not None and key >= DEEP_GEMM_AT_LOAD_FROM:
         return Default(True, "table: model_executor/layers/quantization/input_quant_fp8.py QuantFP8.__init__ -> "
@@ -384,13 +382,13 @@ def deep_gemm_workspace_at_load(version: str | None, files: ReleaseFiles | None 
     return Default(False, f"table: DeepGEMM not started at the model's build ({DEEP_GEMM_READ})")
 
 
-def deep_gemm_chain(files: ReleaseFiles) -> Default | None:
+def deep_gemm_chain(files: ReleaseFiles) -> Default:
     """The chain in the release's files: QuantFP8.__init__ (model_executor/layers/quantization/input_quant_fp8.py)
     calls is_deep_gemm_e8m0_used(); that function of utils/deep_gemm.py calls _lazy_init(); _lazy_init calls set_pdl
     (directly or through a helper that looks it up, 0.26.0's _apply_pdl), on compute capability 9.0 and later
     (is_arch_support_pdl); and the wheel's vendored deep_gemm (third_party/deep_gemm/__init__.py) has a set_pdl,
-    which starts its DeviceRuntime. envs.py's VLLM_USE_DEEP_GEMM default must be on (is_deep_gemm_supported). None
-    when the release has neither input_quant_fp8.py nor utils/deep_gemm.py (the table answers)."""
+    which starts its DeviceRuntime. envs.py's VLLM_USE_DEEP_GEMM default must be on (is_deep_gemm_supported). The
+    first link missing (a release without these files: all of them) is named in the source."""
     quant, utils = files.module(INPUT_QUANT_FP8_FILE), files.module(DEEP_GEMM_FILE)
 
     def off(why: str) -> Default:
@@ -499,7 +497,7 @@ def mxfp4_hopper_padding(version: str | None, capability: int,
     else:
         since = max((k for k in MXFP4_VALUE_ALIGN_FROM if key >= k), default=None)
         align = MXFP4_VALUE_ALIGN_FROM[since] if since is not None else (64, 64)
-        where = (f"table: {align[0]} x {align[1]} (third_party/triton_kernels hopper_value.py HopperMXValueLayout; "
+        where = (f"{align[0]} x {align[1]} (table: third_party/triton_kernels hopper_value.py HopperMXValueLayout; "
                  f"{MXFP4_VALUE_ALIGN_READ})")  # fmt: skip
     groups = scale_groups_multiple(files, capability) if files is not None else None
     if groups is not None:
@@ -510,7 +508,7 @@ def mxfp4_hopper_padding(version: str | None, capability: int,
         pad_where = f"table: utils/mxfp4_utils.py _swizzle_mxfp4 on 9.0, {MXFP4_SCALE_GROUPS_READ}"
     where = f"swizzled values padded to {where}"
     where += f"; scale groups padded to a multiple of {pad} ({pad_where})" if pad > 1 else f"; {pad_where}"
-    return align, pad, where
+    return align, pad, f"table: {where}" if value is None and groups is None else where
 
 
 def _evaluate(node: ast.expr, env: dict[str, object]) -> object:
@@ -592,6 +590,7 @@ def scale_groups_multiple(files: ReleaseFiles, capability: int) -> tuple[int, st
     if swizzle is None:
         return None
     where = f"{_short(MXFP4_UTILS_FILE)}:{swizzle.lineno} _swizzle_mxfp4"
+    elsewhere = []
     for branch in [n for n in ast.walk(swizzle) if isinstance(n, ast.If)]:
         test = branch.test
         if not (isinstance(test, ast.Call) and getattr(test.func, "attr", None) == "is_device_capability"
@@ -611,5 +610,7 @@ def scale_groups_multiple(files: ReleaseFiles, capability: int) -> tuple[int, st
                 multiple = int(multiples[ast.unparse(pads.elts[-1])])
                 if test.args[0].value == capability * 10:
                     return multiple, f"{where}:{call.lineno}, is_device_capability({test.args[0].value})"
-                return 1, f"{where}: pads them on is_device_capability({test.args[0].value}) only"
+                elsewhere.append(f"is_device_capability({test.args[0].value})")
+    if elsewhere:
+        return 1, f"{where}: pads the scale groups on {', '.join(elsewhere)} only"
     return 1, f"{where}: pads no scale groups"
