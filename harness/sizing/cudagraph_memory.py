@@ -285,6 +285,24 @@ def shared_transients(facts: ModelFacts, num_tokens: int, tp: int) -> int:
     return num_tokens * (2 * facts.hidden_size + 3 * (inter // tp)) * d
 
 
+# Where every GEMM of the captured forward is a block-FP8 one (weight_block_size: vLLM's W8A8 block kernels, CUTLASS,
+# DeepGEMM or Triton, none through cuBLAS), no cuBLAS GEMM runs on the capture stream and it gets no workspace: the
+# architectures whose router gate takes the checkpoint's quantization (the attention and experts always do). Measured
+# on the H200 (results/h200/startup-gaps): qwen3-moe-4l-fp8block-kvfp8's first piece capture makes no 32 MiB segment,
+# warm-up or graph pool. An MLA model's absorbed attention multiplies in bf16 (torch.bmm) and keeps it.
+QUANTIZED_ROUTER_GATE = {"Qwen3MoeForCausalLM": "models/qwen3_moe.py Qwen3MoeSparseMoeBlock: self.gate = "
+                                                "ReplicatedLinear(..., quant_config=quant_config)"}  # fmt: skip
+
+
+def capture_runs_cublas(facts: ModelFacts) -> bool:
+    """Whether the captured forward runs a cuBLAS GEMM (and so makes the capture stream's workspace): False where
+    every linear of the decoder is block FP8 (QUANTIZED_ROUTER_GATE), not MLA, without shared experts (their gate
+    is unquantized)."""
+    shared = facts.num_shared_experts or facts.shared_expert_intermediate_size
+    return not (facts.weight_block_size is not None and facts.architecture in QUANTIZED_ROUTER_GATE
+                and not facts.is_mla and not shared)  # fmt: skip
+
+
 def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_tokens: int,
              mode: str | None = None, max_capture: int | None = None, sizes: list[int] | None = None,
              gpu: str | Gpu | None = None, max_splits: int = DEFAULT_MAX_SPLITS,
@@ -303,6 +321,7 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
                           max_capture=max_capture, sizes=sizes)  # fmt: skip
     descs = capture_descs(chosen, found, max_num_seqs=max_num_seqs)
     workspace, _ = cublas_workspace(gpu)
+    capture_ws = workspace if capture_runs_cublas(facts) else 0
     modes: list[ModeEstimate] = []
     pool = 0  # the transients the profiling pool (and the default pool) already hold
     aux_used = shared_stream_threshold is None or not shared_transients(facts, 1, tp)
@@ -323,11 +342,12 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
             second_exec = exec_pool.capture(name, facts) if len(graph_sizes) > 1 else 0
         else:
             graph_exec = second_exec = layer_exec_bytes(name, facts)
-        first_ws = workspace if index == 0 else 0
+        first_ws = capture_ws if index == 0 else 0
         first = first_ws + 2 * new + accum + aux[0] + graph_exec
         pool = max(pool, forward)
         per_graph = max(second_exec + aux[1], PER_GRAPH_FLOOR)
-        parts = [f"cuBLAS workspace {first_ws} B (the capture stream's)" if first_ws else "",
+        no_ws = "no cuBLAS workspace (every GEMM block FP8)" if index == 0 and not capture_ws else ""
+        parts = [f"cuBLAS workspace {first_ws} B (the capture stream's)" if first_ws else no_ws,
                  f"2 x {new} B forward transients at {n} tokens (warm-up, graph pool)" if new else "",
                  f"split-KV accumulators {accum} B ({max_splits} splits)" if accum else "",
                  f"shared experts' aux stream {aux[0]} B" if aux[0] else "",

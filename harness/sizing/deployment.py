@@ -955,6 +955,9 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
                                         "model is not read: 0.19.0's estimate")  # fmt: skip
     else:
         forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv, moe_call=moe_call, **mla)
+        gdn = profile_run.gdn_compiled_point(facts, num_tokens=N, tp=tp, gpu=gpu) if r.compiled and not recv else None
+        if gdn is not None and gdn.bytes > forward.bytes:
+            forward = profile_run.Phase(gdn.bytes, f"{gdn.detail}, over {forward.detail}")
     if not last:  # profile_run runs the dummy sampler on the last pipeline rank only
         sampler = profile_run.Phase(0, "no dummy sampler (not the last pipeline stage: the model runner's "
                                        "profile_run runs it where the pipeline rank is the last)")  # fmt: skip

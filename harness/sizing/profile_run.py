@@ -33,6 +33,7 @@ phase carries over; other releases are taken to hold the same (labelled so in th
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -410,3 +411,46 @@ def v2_compiled_forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, gp
                         f"the first run's L2 flush {l2} B ({l2_source}) (Inductor's code, measured on the H200: "
                         f"results/h200/profile-peak; {'exact' if tp == 1 and facts.quant is None else 'estimate'}; "
                         f"the cuBLAS workspace, {cublas} B, on its own line)")  # fmt: skip
+
+
+# The V1 runner's compiled Qwen3-Next (models/qwen3_next.py: Qwen3NextGatedDeltaNet with gqa_interleaved_layout=True).
+# The gated delta net's core is a splitting op (qwen_gdn_linear_attn.py forward_cuda:
+# torch.ops.vllm.qwen_gdn_attention_core(mixed_qkv, b, a, core_attn_out)), so a piece graph runs one linear layer's
+# tail (RMSNormGated over core_attn_out and z, out_proj, the MoE) and the next linear layer's head (the input norm,
+# in_proj_qkvz, in_proj_ba, the interleaved layout unpacked and concatenated, core_attn_out = torch.zeros). Measured
+# with the CUDA caching allocator's history on one H200 (vLLM 0.26.0, torch 2.11, results/h200/startup-gaps: the
+# trace's peak is vLLM's torch peak to 0.01 GiB), the profile's peak is in the first such piece, while its kernel
+# after the head's tensors is first tuned (runtime/triton_heuristics.py autotune_to_one_config, point 3 above): the
+# earlier piece's z, core_attn_out and residual, still held by the split graph's caller, and this piece's own.
+GDN_INTERLEAVED = {"Qwen3NextForCausalLM": "models/qwen3_next.py Qwen3NextGatedDeltaNet(gqa_interleaved_layout=True)"}
+
+
+def gdn_compiled_point(facts: ModelFacts, *, num_tokens: int, tp: int, gpu: str | Gpu | None) -> Phase | None:
+    """The compiled piece that joins two gated-delta-net layers (above; exact at TP 1, measured), with
+    KD = key heads x key dim / TP, VD = value heads x value dim / TP, NV = value heads / TP:
+
+        held from the piece before   z (N, VD), core_attn_out (N, VD), the residual (N, K)
+        this piece's                 z (N, VD), core_attn_out (N, VD), the residual (N, K), in_proj_qkvz's
+                                     (N, 2 KD + 2 VD), in_proj_ba's (N, 2 NV), the concatenated mixed_qkv
+                                     (N, 2 KD + VD), b and a (N, NV) each
+        the first run's L2 flush     (Inductor's benchmarker)
+
+    None for another model, or without two linear layers in a row. The MoE workspace (made by the tail's experts
+    call) and the cuBLAS workspace are live too and counted on their own lines."""
+    where = GDN_INTERLEAVED.get(facts.architecture)
+    kinds = facts.kinds
+    if where is None or not any(a == b == "linear" for a, b in itertools.pairwise(kinds)):
+        return None
+    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
+    kd = facts.linear_num_key_heads * facts.linear_key_head_dim // tp
+    vd = facts.linear_num_value_heads * facts.linear_value_head_dim // tp
+    nv = facts.linear_num_value_heads // tp
+    tensors = N * (2 * K + 4 * vd + (2 * kd + 2 * vd) + 2 * nv + (2 * kd + vd) + 2 * nv) * d
+    l2, l2_source = l2_cache(gpu)
+    total = tensors + l2
+    return Phase(total, f"the compiled piece joining two gated-delta-net layers {total} B = 2 x (z (N={N}, {vd}), "
+                        f"core_attn_out (N, {vd}), residual (N, {K})) + in_proj_qkvz (N, {2 * kd + 2 * vd}) + "
+                        f"in_proj_ba (N, {2 * nv}) + mixed_qkv (N, {2 * kd + vd}) + b, a (N, {nv}) x {d} B + the "
+                        f"first run's L2 flush {l2} B ({l2_source}) ({where}; qwen_gdn_linear_attn.py forward_cuda; "
+                        "measured on the H200: results/h200/startup-gaps; "
+                        f"{'exact' if tp == 1 else 'an estimate per rank under TP'})")  # fmt: skip
