@@ -1,0 +1,300 @@
+"""Device side: one real vLLM 0.26.0 startup in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), the CUDA caching
+allocator's history recorded over profile_run and over profile_cudagraph_memory; both analysed here into a small JSON
+(no trace leaves the machine). The process exits when profile_cudagraph_memory returns (or after profile_run when
+the startup is eager): no KV cache, no real capture.
+
+    python3 probe.py NAME UTIL [eager]  -> $OUT/NAME.json, $OUT/NAME.log
+
+profile_run: per-phase allocated/peak at each _dummy_run / _dummy_sampler_run boundary; the trace replayed to its
+peak (from the live blocks when recording began); the blocks live at the peak that were not live before, grouped by
+their Python stack (vllm/torch frames). profile_cudagraph_memory: at each _warmup_and_capture and _dummy_run
+boundary, free memory (cudaMemGetInfo), this process's used memory (NVML), reserved and allocated bytes, and the
+trace's events between boundaries: segment allocs/frees (with stacks) and the blocks allocated and still live at the
+interval's end, grouped by stack.
+"""
+
+import json
+import os
+import sys
+import time
+import traceback
+
+NAME, UTIL = sys.argv[1], float(sys.argv[2])
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.environ.get("OUT", "/tmp/out")
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ.setdefault("VLLM_DEEP_GEMM_WARMUP", "skip")
+os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+os.environ["VLLM_LOGGING_LEVEL"] = "DEBUG"
+KW = json.load(open(os.path.join(HERE, "kwargs.json")))[NAME]
+R = {"name": NAME, "kwargs": KW, "util": UTIL, "pid": os.getpid(), "t0": time.time()}
+
+
+def save():
+    with open(os.path.join(OUT, NAME + ".json"), "w") as f:
+        json.dump(R, f, indent=1)
+
+
+import torch  # noqa: E402
+
+try:
+    import pynvml
+
+    pynvml.nvmlInit()
+    NVH = pynvml.nvmlDeviceGetHandleByIndex(0)
+except Exception:  # noqa: BLE001
+    NVH = None
+
+
+def nvml_procs():
+    if NVH is None:
+        return None
+    try:
+        return {p.pid: p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(NVH)}
+    except Exception as e:  # noqa: BLE001
+        return str(e)[:100]
+
+
+def fr(frames, n=14):
+    out = []
+    for x in frames or []:
+        fn = x.get("filename", "")
+        if any(k in fn for k in ("/vllm/", "/torch/", "triton_kernels", "/triton/", "deep_gemm", "flash_attn",
+                                 "fla/", "/fla")):
+            out.append(f"{fn.split('site/')[-1]}:{x.get('line')}:{x.get('name')}")
+        if len(out) >= n:
+            break
+    return out
+
+
+def point(tag, **extra):
+    torch.cuda.synchronize()
+    f, _ = torch.cuda.mem_get_info()
+    p = {"tag": tag, "t_us": time.time_ns() // 1000, "free": f, "reserved": torch.cuda.memory_reserved(),
+         "allocated": torch.cuda.memory_allocated(), "max_allocated": torch.cuda.max_memory_allocated(),
+         "nvml": nvml_procs()}
+    p.update(extra)
+    return p
+
+
+def live_blocks(snap):
+    out = {}
+    for seg in snap["segments"]:
+        a = seg["address"]
+        for b in seg["blocks"]:
+            if b["state"] == "active_allocated":
+                out[a] = b["size"]
+            a += b["size"]
+    return out
+
+
+def rec(on):
+    if on:
+        torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=4_000_000)
+    else:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def trace(snap):
+    tr = snap.get("device_traces") or [[]]
+    d = torch.cuda.current_device()
+    return tr[d] if d < len(tr) else tr[0]
+
+
+def group(items, n=40):
+    """items: (size, frames) -> groups by stack, largest first."""
+    g = {}
+    for size, frames in items:
+        k = "|".join(frames[:8])
+        e = g.setdefault(k, {"bytes": 0, "n": 0, "sizes": {}, "frames": frames[:12]})
+        e["bytes"] += size
+        e["n"] += 1
+        e["sizes"][size] = e["sizes"].get(size, 0) + 1
+    out = sorted(g.values(), key=lambda e: -e["bytes"])[:n]
+    for e in out:
+        e["sizes"] = sorted(e["sizes"].items(), key=lambda kv: -kv[0] * kv[1])[:6]
+    return out
+
+
+def analyse_profile(base, events):
+    live = dict(base)
+    cur = sum(live.values())
+    start = cur
+    best, bi = cur, -1
+    for i, e in enumerate(events):
+        a = e["action"]
+        if a == "alloc":
+            live[e["addr"]] = e["size"]
+            cur += e["size"]
+        elif a == "free_completed":
+            cur -= live.pop(e["addr"], 0)
+        if cur > best:
+            best, bi = cur, i
+    live, info = dict(base), {}
+    for e in events[: bi + 1]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e["size"]
+            info[e["addr"]] = e
+        elif e["action"] == "free_completed":
+            live.pop(e["addr"], None)
+            info.pop(e["addr"], None)
+    new = [(live[a], fr(info[a].get("frames"))) for a in live if a in info]
+    # what stays live across the whole profile (allocated in it, never freed)
+    return {"start_live": start, "peak_replayed": best, "peak_over_start": best - start, "peak_index": bi,
+            "n_events": len(events), "peak_event_frames": fr(events[bi].get("frames"), 20) if bi >= 0 else [],
+            "new_at_peak_bytes": sum(s for s, _ in new), "new_at_peak": group(new, 50)}
+
+
+def analyse_intervals(events, points):
+    """Split events by the boundary points' times; per interval: segment allocs/frees and blocks still live."""
+    ts = [p["t_us"] for p in points]
+    out = []
+    j = 0
+    for k in range(len(points) - 1):
+        lo, hi = ts[k], ts[k + 1]
+        seg_a, seg_f, allocs, freed = [], [], {}, 0
+        while j < len(events) and events[j].get("time_us", 0) < lo:
+            j += 1
+        jj = j
+        while jj < len(events) and events[jj].get("time_us", 0) < hi:
+            e = events[jj]
+            a = e["action"]
+            if a == "segment_alloc":
+                seg_a.append((e["size"], fr(e.get("frames"))))
+            elif a in ("segment_free", "segment_unmap"):
+                seg_f.append(e["size"])
+            elif a == "alloc":
+                allocs[e["addr"]] = (e["size"], fr(e.get("frames")), e.get("stream", 0))
+            elif a == "free_completed":
+                if allocs.pop(e["addr"], None) is None:
+                    freed += e["size"]
+            jj += 1
+        out.append({"from": points[k]["tag"], "to": points[k + 1]["tag"], "n_events": jj - j,
+                    "segment_alloc_bytes": sum(s for s, _ in seg_a), "segment_allocs": group(seg_a, 20),
+                    "segment_free_bytes": sum(seg_f), "segment_frees": len(seg_f),
+                    "freed_older_bytes": freed,
+                    "still_live_bytes": sum(v[0] for v in allocs.values()),
+                    "still_live": group([(v[0], v[1]) for v in allocs.values()], 25),
+                    "streams": sorted({v[2] for v in allocs.values()})})
+    return out
+
+
+def patch():
+    import vllm.v1.worker.gpu_model_runner as v1
+
+    cls = v1.GPUModelRunner
+    st = {"phase": None, "points": []}
+
+    def mark(tag, **k):
+        if st["phase"] is not None:
+            st["points"].append(point(tag, **k))
+
+    for meth in ("_dummy_run", "_dummy_sampler_run", "_dummy_pooler_run", "_warmup_and_capture"):
+        if not hasattr(cls, meth):
+            continue
+        orig = getattr(cls, meth)
+
+        def w(self, *a, _o=orig, _m=meth, **k):
+            n = a[0] if a and isinstance(a[0], int) else getattr(a[0], "num_tokens", None) if a else None
+            mode = k.get("cudagraph_runtime_mode")
+            mark(f"{_m}>", tokens=n, mode=getattr(mode, "name", str(mode)))
+            r = _o(self, *a, **k)
+            mark(f"{_m}<", tokens=n)
+            return r
+
+        setattr(cls, meth, w)
+
+    orig_prof = cls.profile_run
+
+    def profile_run(self, *a, **k):
+        torch.cuda.synchronize()
+        rec(True)
+        s0 = torch.cuda.memory._snapshot()
+        base = live_blocks(s0)
+        st["phase"] = "profile"
+        st["points"] = [point("profile_run>")]
+        torch.cuda.reset_peak_memory_stats()
+        st["points"][0]["max_allocated"] = torch.cuda.max_memory_allocated()
+        try:
+            return _o_prof(self, *a, **k)
+        finally:
+            st["points"].append(point("profile_run<"))
+            try:
+                snap = torch.cuda.memory._snapshot()
+                rec(False)
+                ev = trace(snap)
+                t0 = st["points"][0]["t_us"]
+                R["profile"] = {"points": st["points"], "analysis": analyse_profile(base, ev),
+                                "first_event_t": ev[0].get("time_us") if ev else None, "t0": t0}
+            except Exception:  # noqa: BLE001
+                R["profile_error"] = traceback.format_exc()
+            st["phase"] = None
+            save()
+            if KW.get("enforce_eager"):
+                print("PROBE-DONE", NAME, flush=True)
+                os._exit(0)
+
+    _o_prof = orig_prof
+    cls.profile_run = profile_run
+
+    orig_graphs = cls.profile_cudagraph_memory
+
+    def profile_graphs(self, *a, **k):
+        torch.cuda.synchronize()
+        rec(True)
+        tcal = time.time_ns() // 1000
+        x = torch.empty(128, dtype=torch.float32, device="cuda")
+        del x
+        st["phase"] = "graphs"
+        st["points"] = [point("profile_cudagraph_memory>")]
+        result = None
+        try:
+            result = orig_graphs(self, *a, **k)
+            return result
+        finally:
+            st["points"].append(point("profile_cudagraph_memory<"))
+            try:
+                snap = torch.cuda.memory._snapshot()
+                rec(False)
+                ev = trace(snap)
+                cal = next((e.get("time_us") for e in ev if e["action"] == "alloc" and e["size"] == 512), None)
+                shift = 0
+                if cal is not None and abs(cal - tcal) > 1_000_000:
+                    shift = cal - tcal
+                    for p_ in st["points"]:
+                        p_["t_us"] += shift
+                R["graphs"] = {"clock": {"cal_event_us": cal, "cal_mark_us": tcal, "shift": shift},"points": st["points"], "result": result,
+                               "intervals": analyse_intervals(ev, st["points"]),
+                               "n_events": len(ev),
+                               "first_event_t": ev[0].get("time_us") if ev else None,
+                               "segments_end": [(s["address"], s["total_size"], s.get("segment_pool_id"), s["stream"])
+                                                for s in snap["segments"]][:400]}
+            except Exception:  # noqa: BLE001
+                R["graphs_error"] = traceback.format_exc()
+            st["phase"] = None
+            save()
+            print("PROBE-DONE", NAME, flush=True)
+            os._exit(0)
+
+    cls.profile_cudagraph_memory = profile_graphs
+
+
+def main():
+    patch()
+    from vllm import LLM
+
+    kw = dict(KW)
+    kw["gpu_memory_utilization"] = UTIL
+    try:
+        LLM(model=os.path.join(HERE, "configs", NAME), load_format="dummy", skip_tokenizer_init=True, **kw)
+        R["status"] = "ready"
+    except BaseException:  # noqa: BLE001
+        R["status"] = "failed"
+        R["error"] = traceback.format_exc()[-4000:]
+    R["wall_s"] = round(time.time() - R["t0"], 1)
+    save()
+    print("PROBE-END", NAME, R["status"], R["wall_s"], flush=True)
+    os._exit(0)
+
+
+main()
