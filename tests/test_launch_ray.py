@@ -1,6 +1,6 @@
 """The Ray launcher on real Ray clusters on this machine: a simulated multi-node cluster shared by the module
-(`ray.cluster_utils.Cluster`: a head without the dashboard and three workers of 2 CPUs each) and, for `ray job submit`, a real
-`ray start --head` with the dashboard on loopback. Ranks use gloo (no GPUs here).
+(`ray.cluster_utils.Cluster`: a head without the dashboard and three workers of 2 CPUs each) and, for
+`ray job submit`, a real `ray start --head` with the dashboard on loopback. Ranks use gloo (no GPUs here).
 
 Every driver is a subprocess of the real CLI (`python -m harness run --address ...`), bounded by a timeout.
 """
@@ -62,8 +62,11 @@ def cluster() -> Iterator[str]:
             initialize_head=True,
             # No dashboard: the launcher does not use it (the job test below starts a head with one), and on a
             # 2-core machine its nine processes cost 0.7 CPU-s in every 20 s idle and seconds at start
-            head_node_args={"num_cpus": NUM_CPUS_PER_NODE, "resources": {"harness_test_node": 1},
-                            "include_dashboard": False},  # fmt: skip
+            head_node_args={
+                "num_cpus": NUM_CPUS_PER_NODE,
+                "resources": {"harness_test_node": 1},
+                "include_dashboard": False,
+            },
         )
         for _ in range(NUM_NODES - 1):
             cluster.add_node(num_cpus=NUM_CPUS_PER_NODE, resources={"harness_test_node": 1})

@@ -375,7 +375,7 @@ def deep_gemm_workspace_at_load(version: str | None, files: ReleaseFiles | None 
     if files is not None:
         return deep_gemm_chain(files)
     key = _release_key(version)[:2]
-    if version is not None and key >= DEEP_GEMM_AT_LOAD_FROM:
+    if key >= DEEP_GEMM_AT_LOAD_FROM:
         return Default(True, "table: model_executor/layers/quantization/input_quant_fp8.py QuantFP8.__init__ -> "
                              "utils/deep_gemm.py is_deep_gemm_e8m0_used -> _lazy_init -> _apply_pdl (set_pdl starts "
                              f"DeepGEMM's DeviceRuntime): {DEEP_GEMM_READ}")  # fmt: skip
@@ -462,7 +462,7 @@ def load_max_split_size(version: str | None, files: ReleaseFiles | None = None) 
         return Default(None, f"{where} sets no max_split_size: PyTorch's default, no limit")
     key = _release_key(version)[:2]
     since, limit = LOAD_MAX_SPLIT_FROM
-    if version is not None and key >= since:
+    if key >= since:
         scoped = f"_scoped_allocator_max_split(max_split_size_mb={limit >> 20})"
         return Default(limit, f"table: v1/worker/gpu_worker.py Worker.load_model {scoped} ({LOAD_MAX_SPLIT_READ})")
     return Default(None, f"table: PyTorch's default, no limit ({LOAD_MAX_SPLIT_READ})")
@@ -504,7 +504,7 @@ def mxfp4_hopper_padding(version: str | None, capability: int,
         pad, pad_where = groups
     else:
         since = max((k for k in MXFP4_SCALE_GROUPS_PAD_FROM if key >= k), default=None)
-        pad = MXFP4_SCALE_GROUPS_PAD_FROM[since] if since is not None and version is not None and capability == 9 else 1
+        pad = MXFP4_SCALE_GROUPS_PAD_FROM[since] if since is not None and capability == 9 else 1
         pad_where = f"table: utils/mxfp4_utils.py _swizzle_mxfp4 on 9.0, {MXFP4_SCALE_GROUPS_READ}"
     where = f"swizzled values padded to {where}"
     where += f"; scale groups padded to a multiple of {pad} ({pad_where})" if pad > 1 else f"; {pad_where}"
