@@ -174,6 +174,18 @@ def moe_call_tensors(facts: ModelFacts, *, num_tokens: int, intermediate: int,
     )
 
 
+def activation_quant_bytes(facts: ModelFacts, rows: int, width: int) -> int:
+    """A W8A8 checkpoint's quantized copy of a linear's (rows, width) input, made while that input is live: 1 B an
+    element (int8: compressed-tensors W8A8 int8's ScaledMMLinearKernel, ops.scaled_int8_quant; FP8: the layer's
+    QuantFP8) and the dynamic scales, one f32 per token, or one per 128-element group for block FP8 (per-token-group
+    quant); none with a static input scale. The MLP's down projection has the widest input: (N, I / TP)."""
+    q = facts.quant
+    if q is None or not width or not q.scheme.startswith(("int8", "fp8")):
+        return 0
+    scales = 0 if q.static_input else rows * 4 * (width // q.block[1] if q.block else 1)
+    return rows * width + scales
+
+
 def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv: int = 0,
                   shared_experts: bool = False, mla_rows: int = 0, eager: bool = False,
                   held_workspace: int = 0, moe_call: int = 0) -> Phase:  # fmt: skip
@@ -197,7 +209,7 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
         heads, kv = facts.num_attention_heads // tp, max(1, facts.num_key_value_heads // tp)
         attn = N * (2 * heads + 2 * kv) * facts.head_dim * d
     dense_intermediate = facts.intermediate_size // tp if len(facts.moe_layers) < facts.num_hidden_layers else 0
-    dense = 3 * N * dense_intermediate * d
+    dense = 3 * N * dense_intermediate * d + activation_quant_bytes(facts, N, dense_intermediate)
     mlp = dense
     routing = shared = 0
     if facts.is_moe:
