@@ -373,6 +373,13 @@ def _groups(facts: ModelFacts, sharding: Sharding) -> list[_Group]:
     return groups
 
 
+def _encoder_layer(H: int, F: int, tp: int, d: int) -> list[int]:
+    """One ViT encoder layer's tensors per GPU (SigLIP, Llama-4's, MoonViT): qkv and o_proj with biases, fc1 and fc2
+    with biases (TP linears), two LayerNorms (weight and bias)."""
+    return [3 * H // tp * H * d, 3 * H // tp * d, H * (H // tp) * d, H * d,
+            F // tp * H * d, F // tp * d, H * (F // tp) * d, H * d, 4 * H * d]  # fmt: skip
+
+
 def vision_tensors(facts: ModelFacts, tp: int) -> tuple[list[int], str]:
     """The vision encoder and its projector, unquantized, their linears split over TP (vLLM's default
     mm_encoder_tp_mode "weights"): Llama-4's (mllama4.py Llama4VisionModel: the unfold patch linear, class and
@@ -384,9 +391,7 @@ def vision_tensors(facts: ModelFacts, tp: int) -> tuple[list[int], str]:
     assert v is not None
     H, F = v.hidden_size, v.intermediate_size
     patches = (v.image_size // v.patch_size) ** 2
-    layer = [3 * H // tp * H * d, 3 * H // tp * d, H * (H // tp) * d, H * d,  # qkv + bias, o_proj + bias
-             F // tp * H * d, F // tp * d, H * (F // tp) * d, H * d,  # fc1 + bias, fc2 + bias
-             4 * H * d]  # two LayerNorms (weight + bias)  # fmt: skip
+    layer = _encoder_layer(H, F, tp, d)
     patch_in = v.num_channels * v.patch_size**2
     if v.kind in ("llava", "pixtral_hf", "pixtral", "moonvit"):
         return _wrapper_vision_tensors(facts, tp)
@@ -434,8 +439,7 @@ def _wrapper_vision_tensors(facts: ModelFacts, tp: int) -> tuple[list[int], str]
     pb = v.projector_bias
     if v.kind == "llava":
         patches = (v.image_size // v.patch_size) ** 2
-        layer = [3 * H // tp * H * d, 3 * H // tp * d, H * (H // tp) * d, H * d,
-                 F // tp * H * d, F // tp * d, H * (F // tp) * d, H * d, 4 * H * d]  # fmt: skip
+        layer = _encoder_layer(H, F, tp, d)
         once = [H * patch_in * d, H * d, patches * H * d, patches * 8,
                 K // tp * v.projector_in * d, *([K // tp * d] if pb else []),
                 K * (K // tp) * d, *([K * d] if pb else []), K * d]  # fmt: skip
@@ -461,8 +465,7 @@ def _wrapper_vision_tensors(facts: ModelFacts, tp: int) -> tuple[list[int], str]
             f"({H}, {v.projector_in}) and projector ({K}, {H}) and ({K}, {K}), {facts.dtype}, / {split}"
         )
     # moonvit
-    layer = [3 * H // tp * H * d, 3 * H // tp * d, H * (H // tp) * d, H * d,
-             F // tp * H * d, F // tp * d, H * (F // tp) * d, H * d, 4 * H * d]  # fmt: skip
+    layer = _encoder_layer(H, F, tp, d)
     M = v.projector_in
     once = [H * patch_in * d, H * d, v.pos_emb[0] * v.pos_emb[1] * H * d, 2 * H * d,
             2 * H * d, M * M * d, M * d, K * M * d, K * d]  # fmt: skip
