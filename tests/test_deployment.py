@@ -17,7 +17,7 @@ from harness.sizing.model_config import ModelConfigError, load_model
 from harness.sizing.serve_args import ServeArgsError, parse_serve
 
 GIB = 2**30
-H200 = round(139.81 * GIB)  # what vLLM sees: torch.cuda.mem_get_info's total (harness.sizing.deployment)
+H200 = 150_109_880_320  # what vLLM sees: torch.cuda.mem_get_info's total (harness.sizing.deployment)
 
 
 @pytest.fixture(scope="session")

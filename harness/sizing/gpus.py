@@ -123,13 +123,14 @@ GPUS: tuple[Gpu, ...] = (
         interconnect="nvlink", aliases=("H20-3e", "H20-141G"),
         source="the H20-3e: 141 GB HBM3e as the H200's (NVML 143771 MiB), compute capability 9.0 "
         "(github.com/tile-ai/TileOPs/pull/1658); 78 SMs, NVLink"),
-    Gpu(name="H200-141GB", total_bytes=_gib(139.81), total_kind="torch", num_sms=132, capability=(9, 0),
+    Gpu(name="H200-141GB", total_bytes=150_109_880_320, total_kind="torch", num_sms=132, capability=(9, 0),
         interconnect="nvlink", aliases=("H200", "H200-SXM", "H200-SXM-141GB"),
-        source="torch's 'GPU has a total capacity of 139.81 GiB' and vLLM's total_gpu_memory (139.81GiB), measured "
-        f"on an H200 SXM (results/h200); NVML 143771 MiB; 132 SMs, sm_90, NVSwitch ({_NV}/h200/)"),
-    Gpu(name="H200-NVL", total_bytes=_gib(139.81), total_kind="torch", num_sms=132, capability=(9, 0),
+        source="torch.cuda.mem_get_info's total on an H200 SXM, driver 580.159.04 (results/h200: every run's "
+        "device_total_bytes; torch's 'GPU has a total capacity of 139.80 GiB', vLLM 0.26.0's 139.8 GiB); "
+        f"NVML 143771 MiB; 132 SMs, sm_90, NVSwitch ({_NV}/h200/)"),
+    Gpu(name="H200-NVL", total_bytes=150_109_880_320, total_kind="torch", num_sms=132, capability=(9, 0),
         interconnect="nvlink", aliases=("H200-NVL-141GB",),
-        source=f"141 GB HBM3e as the SXM's (torch total 139.81 GiB); 132 SMs, sm_90, NVLink bridges ({_NV}/h200/)"),
+        source=f"141 GB HBM3e as the SXM's (torch total 139.80 GiB); 132 SMs, sm_90, NVLink bridges ({_NV}/h200/)"),
     Gpu(name="GH200", total_bytes=_gib(96), total_kind="datasheet", num_sms=132, capability=(9, 0),
         interconnect="nvlink", aliases=("GH200-96GB",),
         source=f"Grace Hopper: 96 GB HBM3 on the H100 die, 132 SMs, sm_90 ({_NV}/grace-hopper-superchip/)"),

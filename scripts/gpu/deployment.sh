@@ -4,7 +4,7 @@
 # after each policy's workspace the KV cache vLLM sizes from what is left of gpu_memory_utilization 0.92 of the
 # device's total; NVML measures each part, and each policy must do what the release would: with 16 local experts
 # legacy (0.29.0's sizing) runs out of memory and fixed (0.30.0's) starts; with 8 both start, legacy with fewer KV
-# tokens (331552 against 1160480: `harness plan --vllm-version 0.29.0 --vllm-version 0.30.0 --gpu H200-141GB`).
+# tokens (330944 against 1159872: `harness plan --vllm-version 0.29.0 --vllm-version 0.30.0 --gpu H200-141GB`).
 #
 #   bash scripts/gpu/device.sh deployment [torch-cutlass]            (or: bash scripts/gpu/deployment.sh OUT_DIR ...)
 #
