@@ -40,6 +40,7 @@ from harness.sizing.deployment_weights import Sharding, experts_intermediate, ro
 from harness.sizing.gpus import Gpu
 from harness.sizing.kv_cache import default_block_size, in_flight_tokens, kv_cache, kv_shape, tokens_from_concurrency
 from harness.sizing.model_config import ModelFacts
+from harness.sizing.quant_formats import Quant
 
 DEPLOYMENT_PLAN_SCHEMA = 2  # 2: group_totals and approximate
 # Estimates, each with its basis: vLLM 0.19.0's own profiler figures in the 14 published H100 startup logs of
@@ -200,6 +201,9 @@ class Resolved:
     # The Triton MXFP4 backend's (value rows x bytes, scale-group multiple) on this GPU, read from the release's files
     # where given (release_defaults.mxfp4_hopper_padding); None: asked of the table when planned
     mxfp4_padding: tuple[tuple[int, int], int] | None = None
+    # the checkpoint format as this release builds it (ModelOpt's ignore key and lm_head, GPTQ's listed layers);
+    # None: the model facts' own
+    quant: Quant | None = None
     kv_cache_memory_bytes: int | None = None
     cpu_offload_bytes: int = 0
     max_model_len_auto: bool = False
@@ -400,6 +404,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         mxfp4_padding = (align, groups)
         settings.append(Setting(name="mxfp4_swizzle_padding", value=f"{align[0]} x {align[1]}, scale groups x {groups}",
                                 source=padding_source))  # fmt: skip
+    quant = _release_quant(facts, files, settings)
     settings.append(Setting(name="moe_workspace_persistent", value=bool(persistent.value), source=persistent.source))
     combo = defaults.benchmarks_combo_kernels(files, version)
     if not spec.enforce_eager:
@@ -448,6 +453,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         load_max_split=load_split.value if isinstance(load_split.value, int) else None,
         mxfp4_scales_kept=bool(mxfp4_scales.value) if mxfp4_scales is not None else True,
         mxfp4_padding=mxfp4_padding,
+        quant=quant,
         kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
         cpu_offload_bytes=round(spec.cpu_offload_gb * GIB),
         max_model_len_auto=spec.max_model_len_auto,
@@ -714,8 +720,37 @@ def _stage_weight_lines(facts: ModelFacts, r: Resolved, sharding: Sharding, stag
     return lines
 
 
+def _release_quant(facts: ModelFacts, files, settings: list[Setting]) -> Quant | None:
+    """The checkpoint format as the release builds it, where the release decides more than the config says; None:
+    the facts' own. ModelOpt: which key of a flat quantization_config lists the excluded modules, and whether the
+    lm_head is quantized; GPTQ: a directory without safetensors quantizes no linear outside FusedMoE in a release
+    that lists the quantized layers from them."""
+    quant = facts.quant
+    if quant is None:
+        return None
+    if quant.method in ("modelopt", "modelopt_fp4"):
+        key, lm_head = defaults.modelopt_reads(files)
+        if quant.nested:
+            settings.append(Setting(name="modelopt_excluded_from", value="quantization.exclude_modules",
+                                    source="the nested hf_quant_config form (modelopt.py from_config)"))  # fmt: skip
+            ignore = quant.ignore
+        else:
+            settings.append(Setting(name="modelopt_excluded_from", value=str(key.value), source=key.source))
+            ignore = dict(quant.ignore_by_key).get(str(key.value), ())
+        settings.append(Setting(name="modelopt_lm_head", value=bool(lm_head.value), source=lm_head.source))
+        return dataclasses.replace(quant, ignore=ignore, lm_head=bool(lm_head.value))
+    if quant.scheme == "gptq" and facts.checkpoint_tensors is False and not quant.layers_listed:
+        listed = defaults.gptq_layers_from_checkpoint(files)
+        settings.append(Setting(name="gptq_linears_quantized", value=not listed.value,
+                                source=f"{listed.source}; the model directory holds no *.safetensors"))  # fmt: skip
+        return dataclasses.replace(quant, dense_linears=not listed.value)
+    return None
+
+
 def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | None, gpu: str | Gpu | None,
                 total_bytes: int, layer_lines, stage) -> DeploymentPlan:  # fmt: skip
+    if r.quant is not None:
+        facts = dataclasses.replace(facts, quant=r.quant)
     if facts.vision is not None and not r.vision_tower:
         facts = dataclasses.replace(facts, vision=None)  # sized as the language model alone (vision_tower_built)
     if facts.quant is not None and facts.quant.scheme == "mxfp4" and not r.mxfp4_scales_kept:

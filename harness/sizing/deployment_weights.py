@@ -362,9 +362,18 @@ def _groups(facts: ModelFacts, sharding: Sharding) -> list[_Group]:
     vocab_rows = pad_vocab(facts.vocab_size, tp)
     tied = facts.tie_word_embeddings
     final = [K * d * (2 if facts.norm_bias else 1)] + ([vocab_rows * d] if facts.lm_head_bias else [])
-    groups.append(_Group("embeddings + lm_head", [vocab_rows * K * d] * (1 if tied else 2) + final, 1,
-                         f"{cfg('vocab_size')}: ({vocab_rows}, {K}) {facts.dtype} per GPU (vocab padded to 64, / TP "
-                         f"{tp}){', tied' if tied else ' x 2 (embed_tokens, lm_head)'} + final norm"))  # fmt: skip
+    q = facts.quant
+    if not tied and q is not None and q.lm_head and q.quantizes("lm_head"):  # ModelOpt builds ParallelLMHead quantized
+        head = quant_linear(q, vocab_rows, K, d)
+        groups.append(_Group("embeddings + lm_head", [vocab_rows * K * d, *head, *final], 1,
+                             f"{cfg('vocab_size')}: ({vocab_rows}, {K}) {facts.dtype} per GPU (vocab padded to 64, / "
+                             f"TP {tp}) embed_tokens, the lm_head in {q.label} (the release's get_quant_method "
+                             "quantizes ParallelLMHead; not in its ignore list) + final norm"))  # fmt: skip
+    else:
+        both = ", tied" if tied else " x 2 (embed_tokens, lm_head)"
+        groups.append(_Group("embeddings + lm_head", [vocab_rows * K * d] * (1 if tied else 2) + final, 1,
+                             f"{cfg('vocab_size')}: ({vocab_rows}, {K}) {facts.dtype} per GPU (vocab padded to 64, / "
+                             f"TP {tp}){both} + final norm"))  # fmt: skip
     rotary, how = rotary_cache_bytes(facts)
     groups.append(_Group("rotary cache", [rotary], 1, how))
     if facts.vision is not None:

@@ -24,6 +24,7 @@ A config vLLM could not build is refused in one line naming the field, its value
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -178,6 +179,9 @@ class ModelFacts:
     vision: VisionTower | None = None
     quant: Quant | None = None
     checkpoint_dtype: str = ""  # the config's torch_dtype, before --dtype
+    # the model directory's *.safetensors: True / False for a directory given on the serve line (what vLLM reads
+    # the quantized layers of some formats from), None for a preset or hub id (the published checkpoint)
+    checkpoint_tensors: bool | None = None
     lines: dict[str, int] = field(default_factory=dict, compare=False)
 
     @property
@@ -275,10 +279,12 @@ def load_model(model: str, *, dtype: str | None = "auto", quantization: str | No
                 f"model {shown_text(model)}: the directory has no config.json (vllm serve reads it from there)"
             )
         # a name printed as it is: escaped once, here
-        return parse_config(config, name=shown_text(path.name), dtype=dtype, quantization=quantization)
+        facts = parse_config(config, name=shown_text(path.name), dtype=dtype, quantization=quantization)
+        return dataclasses.replace(facts, checkpoint_tensors=_holds_safetensors(path))
     if path.is_file() and path.suffix == ".json":
-        return parse_config(path, name=shown_text(path.parent.name or path.stem), dtype=dtype,
-                            quantization=quantization)  # fmt: skip
+        facts = parse_config(path, name=shown_text(path.parent.name or path.stem), dtype=dtype,
+                             quantization=quantization)  # fmt: skip
+        return dataclasses.replace(facts, checkpoint_tensors=_holds_safetensors(path.parent))
     preset = MODELS_DIR / f"{model.lower()}.json"
     if re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", model.lower()) and preset.is_file():
         return parse_config(preset, name=model.lower(), shown=f"harness/defaults/models/{preset.name}", dtype=dtype,
@@ -298,6 +304,14 @@ def load_model(model: str, *, dtype: str | None = "auto", quantization: str | No
                                f"presets: {', '.join(preset_names())}")  # fmt: skip
     raise ModelConfigError(f"model {shown_text(model)}: not a directory with config.json nor a preset; presets: "
                            f"{', '.join(preset_names())}")  # fmt: skip
+
+
+def _holds_safetensors(directory: Path) -> bool:
+    """Whether the directory holds a *.safetensors file (its names only; nothing is read)."""
+    try:
+        return any(p.suffix == ".safetensors" for p in directory.iterdir())
+    except OSError:
+        return False
 
 
 def _key_lines(text: str) -> dict[str, int]:

@@ -15,6 +15,10 @@ as vLLM's quantization methods create them (`create_weights`) and keep them afte
         g_idx (in,) int32
     NVFP4 (modelopt_fp4, compressed-tensors nvfp4-pack-quantized): (out, in / 2) uint8, weight_scale (out, in / 16)
         fp8, one global f32 scale and one input scale
+    ModelOpt (FP8, NVFP4) also builds the lm_head in its format unless excluded, and a flat config.json form lists
+        the excluded modules under a key the release names (release_defaults.modelopt_reads: `ignore` in 0.26.0);
+        a release that lists GPTQ's quantized layers from the checkpoint's safetensors builds every linear outside
+        FusedMoE unquantized from a directory without them (release_defaults.gptq_layers_from_checkpoint)
     MXFP4 (mxfp4.py, experts only): (E, N, K / 2) uint8 swizzled, scales (E, N, K / 32) uint8 (e8m0) twice: the
         Triton backend's swizzled copy beside the loaded one, which it keeps in 0.19.0 (it deletes only the loaded
         weights) and deletes in 0.26.0 (release_defaults.mxfp4_keeps_loaded_scales reads which); biases f32 after
@@ -58,6 +62,16 @@ class Quant:
     marlin: bool = False  # repacked for the Marlin kernel (+ a workspace per linear)
     experts_only: bool = False  # MXFP4 in gpt-oss: only FusedMoE layers are quantized
     ignore: tuple[str, ...] = ()  # module-name patterns left unquantized (ignore, modules_to_not_convert, ...)
+    # ModelOpt: the patterns under each key a flat config.json quantization_config holds ("ignore",
+    # "exclude_modules"); the release's from_config picks one (release_defaults.modelopt_reads), and the nested
+    # hf_quant_config form ({"quantization": {...}}) reads its "exclude_modules" (then in `ignore`, nested=True)
+    ignore_by_key: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    nested: bool = False
+    lm_head: bool = False  # ParallelLMHead built with this format (ModelOpt's get_quant_method), unless ignored
+    # GPTQ: the linears outside FusedMoE are quantized (False: the release lists the quantized layers from the
+    # checkpoint's safetensors and a directory without them lists none: release_defaults.gptq_layers_from_checkpoint)
+    dense_linears: bool = True
+    layers_listed: bool = False  # GPTQ: modules_in_block_to_quantize given in the config
     online: bool = False  # `--quantization fp8` of an unquantized checkpoint
     static_input: bool = False  # a static input scale per linear (ModelOpt FP8, static compressed-tensors)
     # MXFP4's swizzled values on Hopper: rows x bytes padded to these (triton_kernels' HopperMXValueLayout)
@@ -95,7 +109,7 @@ class Quant:
 
     def quantizes(self, module: str, *, expert: bool = False) -> bool:
         """Whether vLLM builds `module` (e.g. model.layers.0.self_attn.qkv_proj) with this quantization."""
-        if self.experts_only and not expert:
+        if (self.experts_only or not self.dense_linears) and not expert:
             return False
         return not any(_matches(pattern, module) for pattern in self.ignore)
 
@@ -341,21 +355,28 @@ def parse_quant(config: object, *, where: str = "quantization_config") -> Quant:
         sym = config.get("sym", True) is not False
         desc = bool(config.get("desc_act", False))
         marlin = sym and bits in (4, 8)
+        listed = bool(config.get("modules_in_block_to_quantize"))
         return Quant("gptq_marlin" if marlin else "gptq", "gptq", bits=bits, group_size=max(group, 0),
-                     symmetric=sym, act_order=desc, marlin=marlin,
+                     symmetric=sym, act_order=desc, marlin=marlin, layers_listed=listed,
                      source="layers/quantization/gptq.py create_weights (qweight, g_idx, qzeros, scales); "
                      "gptq_marlin.py for symmetric 4/8-bit: repacked, qzeros and an unused g_idx dropped")  # fmt: skip
     if method in ("modelopt", "modelopt_fp4"):
         algo = str(config.get("quant_algo") or (config.get("quantization") or {}).get("quant_algo", ""))[:30] \
             if isinstance(config.get("quantization", {}), dict) else ""  # fmt: skip
-        exclude = _patterns(config.get("exclude_modules") or (config.get("quantization") or {}).get("exclude_modules"),
-                            where)  # fmt: skip
+        nested = isinstance(config.get("quantization"), dict)
+        by_key = (
+            () if nested else tuple((key, _patterns(config.get(key), where)) for key in ("ignore", "exclude_modules"))
+        )
+        exclude = _patterns(config["quantization"].get("exclude_modules"), where) if nested else \
+            dict(by_key)["ignore"]  # fmt: skip
         if algo.upper() == "FP8":
-            return Quant("modelopt", "fp8-tensor", ignore=exclude, static_input=True,
+            return Quant("modelopt", "fp8-tensor", static_input=True, ignore=exclude, ignore_by_key=by_key,
+                         nested=nested, lm_head=True,
                          source="layers/quantization/modelopt.py ModelOptFp8LinearMethod: fp8 weight, f32 "
                          "weight_scale and input_scale per shard")  # fmt: skip
         if algo.upper() == "NVFP4":
             return Quant("modelopt_fp4", "nvfp4", bits=4, group_size=16, marlin=True, ignore=exclude,
+                         ignore_by_key=by_key, nested=nested, lm_head=True,
                          source="layers/quantization/modelopt.py ModelOptNvFp4LinearMethod: (out, in/2) u8, fp8 "
                          "scales per 16, weight_scale_2 and input_scale; Marlin FP4 on GPUs without FP4 tensor "
                          "cores (Hopper)")  # fmt: skip

@@ -11,6 +11,8 @@ has the file, else from a documented table (labelled `table`). Nothing is import
     the load's max_split_size       v1/worker/gpu_worker.py Worker.load_model _scoped_allocator_max_split
     the MXFP4 Hopper padding        third_party/triton_kernels/.../hopper_value.py HopperMXValueLayout.swizzle_data;
                                     quantization/utils/mxfp4_utils.py _swizzle_mxfp4
+    ModelOpt's ignore key, lm_head  quantization/modelopt.py ModelOptQuantConfigBase.from_config, get_quant_method
+    GPTQ's quantized layers         quantization/auto_gptq.py (gptq_marlin.py) maybe_update_config
 """
 
 from __future__ import annotations
@@ -614,3 +616,60 @@ def scale_groups_multiple(files: ReleaseFiles, capability: int) -> tuple[int, st
     if elsewhere:
         return 1, f"{where}: pads the scale groups on {', '.join(elsewhere)} only"
     return 1, f"{where}: pads no scale groups"
+
+
+MODELOPT_FILE = "vllm/model_executor/layers/quantization/modelopt.py"
+GPTQ_FILES = ("vllm/model_executor/layers/quantization/auto_gptq.py",
+              "vllm/model_executor/layers/quantization/gptq_marlin.py")  # fmt: skip
+
+
+def modelopt_reads(files: ReleaseFiles | None) -> tuple[Default, Default]:
+    """ModelOpt as the release builds it: the key a flat config.json quantization_config's excluded modules are read
+    from (from_config's branch without a nested "quantization" dict: "ignore" in 0.26.0), and whether
+    get_quant_method builds ParallelLMHead (the lm_head) quantized."""
+    module = files.module(MODELOPT_FILE) if files is not None else None
+    where = _short(MODELOPT_FILE)
+    key = Default("ignore", 'table: as vLLM 0.26.0\'s quantization/modelopt.py from_config (config.get("ignore"))')
+    lm_head = Default(True, "table: as vLLM 0.26.0's quantization/modelopt.py get_quant_method (ParallelLMHead)")
+    if module is None:
+        return key, lm_head
+    for fn in (n for n in ast.walk(module) if isinstance(n, ast.FunctionDef) and n.name == "from_config"):
+        for branch in (n for n in ast.walk(fn) if isinstance(n, ast.If) and "quantization" in ast.unparse(n.test)
+                       and " in " in ast.unparse(n.test)):  # fmt: skip
+            for stmt in (s for n in branch.orelse for s in ast.walk(n) if isinstance(s, ast.Assign)):
+                if any(ast.unparse(t) == "exclude_modules" for t in stmt.targets):
+                    names = [c.value for c in ast.walk(stmt.value) if isinstance(c, ast.Constant)
+                             and isinstance(c.value, str)]  # fmt: skip
+                    if names:
+                        key = Default(names[0], f"{where}:{stmt.lineno} {ast.unparse(stmt)}")
+                        break
+    methods = [n for n in ast.walk(module) if isinstance(n, ast.FunctionDef) and n.name == "get_quant_method"]
+    # the branch that builds the format's linear method for ParallelLMHead (not the excluded modules' Unquantized one)
+    checks = [c for m in methods for n in ast.walk(m) if isinstance(n, ast.If)
+              and "Unquantized" not in ast.unparse(ast.Module(n.body, []))
+              for c in _calls(n.test, "isinstance") if "ParallelLMHead" in ast.unparse(c)]  # fmt: skip
+    lm_head = Default(bool(checks), f"{where}:{checks[0].lineno} {ast.unparse(checks[0])}" if checks else
+                      f"{where}: get_quant_method builds no ParallelLMHead")  # fmt: skip
+    return key, lm_head
+
+
+def gptq_layers_from_checkpoint(files: ReleaseFiles | None) -> Default:
+    """Whether the release's GPTQ config lists the quantized layers from the checkpoint's safetensors when the config
+    has no modules_in_block_to_quantize (maybe_update_config: get_safetensors_params_metadata, the layers whose
+    tensors are not f16/bf16/f32), so that a directory without safetensors (a config-only directory, as `harness
+    verify` and dummy-weight startups use) builds every linear outside FusedMoE unquantized."""
+    if files is None:
+        return Default(True, "table: as vLLM 0.26.0's quantization/auto_gptq.py maybe_update_config")
+    for file in GPTQ_FILES:
+        module = files.module(file)
+        if module is None:
+            continue
+        for fn in (n for n in ast.walk(module) if isinstance(n, ast.FunctionDef) and n.name == "maybe_update_config"):
+            reads = _calls(fn, "get_safetensors_params_metadata")
+            sets = [n for n in ast.walk(fn) if isinstance(n, ast.Assign)
+                    and any(ast.unparse(t) == "self.modules_in_block_to_quantize" for t in n.targets)]  # fmt: skip
+            if reads and sets:
+                return Default(True, f"{_short(file)}:{reads[0].lineno} maybe_update_config lists the quantized "
+                               "layers from the checkpoint's safetensors")  # fmt: skip
+        return Default(False, f"{_short(file)}: the config's format applies to every linear")
+    return Default(False, "the release's GPTQ files read: every linear takes the config's format")

@@ -88,6 +88,18 @@ def _read_log(path: Path) -> str | int:
         return _error(f"--log {path}: {error.strerror or error}")
 
 
+def _config_only(serve: list[str]) -> str:
+    """'; a config directory holding only config.json' when the served model is a directory without safetensors:
+    the record's plan then builds what vLLM builds from such a directory (harness.verify.planning.record_facts)."""
+    from harness.sizing.serve_args import parse_serve
+    from harness.verify.planning import CONFIG_ONLY
+
+    model = Path(parse_serve(serve)[0])
+    if model.is_dir() and not any(p.suffix == ".safetensors" for p in model.iterdir()):
+        return f"; {CONFIG_ONLY}"
+    return ""
+
+
 def _record(request: VerifyRequest, serve: list[str], text: str, *, source: str, status: str | None = None,
             seconds: float | None = None, version: str | None = None):  # fmt: skip
     from harness.verify.logparse import parse_log
@@ -189,7 +201,7 @@ def _from_start(request: VerifyRequest, serve: list[str], model: str, spec, fact
         request,
         serve,
         launched.log,
-        source=f"harness verify ({request.entry} entry)",
+        source=f"harness verify ({request.entry} entry)" + _config_only(serve),
         status=launched.status,
         seconds=round(launched.seconds, 1),
         version=release,

@@ -3,6 +3,7 @@ settings (the serve command, and what the LLM class defaulted), the GPU total vL
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from harness.scenario.deployment import DeploymentSpec
@@ -30,12 +31,18 @@ def gpu_from_total(total_gib: float | None) -> str | None:
     return near[0].name if len(same) == 1 else None
 
 
+CONFIG_ONLY = "a config directory holding only config.json"
+
+
 def record_facts(record: StartupRecord) -> ModelFacts:
     """The record's model as its serve command builds it (--dtype, --quantization)."""
     _, spec, _ = parse_serve(list(record.serve))
     if record.config is not None:
-        return facts_from(dict(record.config), name=record.model, path=f"{record.model}/config.json",
-                          dtype=spec.dtype, quantization=spec.quantization)  # fmt: skip
+        facts = facts_from(dict(record.config), name=record.model, path=f"{record.model}/config.json",
+                           dtype=spec.dtype, quantization=spec.quantization)  # fmt: skip
+        # a startup from a directory holding its config.json alone says so in its source
+        config_only = CONFIG_ONLY in " ".join(record.source.split())
+        return dataclasses.replace(facts, checkpoint_tensors=False if config_only else None)
     return load_model(record.model, dtype=spec.dtype, quantization=spec.quantization)
 
 

@@ -77,6 +77,11 @@ LAYER_FILES = (
     "vllm/v1/worker/gpu_worker.py",
     "vllm/model_executor/layers/quantization/utils/mxfp4_utils.py",
     "vllm/third_party/triton_kernels/tensor_details/layout_details/hopper_value.py",
+    # what the checkpoint formats build (harness.sizing.release_defaults): ModelOpt's ignore key and lm_head, GPTQ's
+    # quantized layers listed from the checkpoint's safetensors
+    "vllm/model_executor/layers/quantization/modelopt.py",
+    "vllm/model_executor/layers/quantization/auto_gptq.py",
+    "vllm/model_executor/layers/quantization/gptq_marlin.py",
 )
 # Whole directories of python files the deployment model reads: the config classes (field types, Literal choices).
 LAYER_DIRS = ("vllm/config/",)
