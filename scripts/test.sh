@@ -54,6 +54,20 @@ python -m ruff format --check "${LINTED[@]}"
 python -m mypy --cache-dir "${HARNESS_TEST_CACHE_DIR:-${USER_CACHE}-tests}/mypy"
 echo "scripts/test.sh: ruff check, ruff format --check and mypy found nothing"
 
+# The releases the tests read, fetched into the tests' cache before them: on a cold cache (a new machine, or entries
+# extracted before the harness read a file it reads now) each is one download here, not one inside whichever test
+# reaches it first. A warm cache fetches nothing.
+python - "${HARNESS_TEST_CACHE_DIR:-${USER_CACHE}-tests}" <<'PY'
+import sys
+from pathlib import Path
+
+from harness.sizing.vllm_source import locate
+
+for version in ("0.8.5", "0.19.0", "0.26.0", "0.29.0", "0.30.0", "0.33.0"):
+    locate(version=version, cache_dir=Path(sys.argv[1]), with_ops=version in ("0.26.0", "0.30.0"),
+           keep_wheel=version == "0.30.0")
+PY
+
 # Two workers (pytest-xdist, a module's tests on one worker: tests/conftest.py), then, in this process, the tests
 # that need a process of one thread (a worker has more). WORKERS=0 runs everything in one process. Two on a 2-core
 # machine: three were faster on a quiet one, but beside a CPU-bound process they starved the Ray tests' actors, and

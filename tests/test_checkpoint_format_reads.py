@@ -38,6 +38,7 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermedia
          "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                           "original_max_position_embeddings": 8192, "rope_type": "llama3"}}  # fmt: skip
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": True}
 VOCAB_ROWS, HIDDEN = 128256, 4096
 
 
@@ -50,7 +51,7 @@ def planted(tmp_path: Path, release, file: str, old: str, new: str) -> ReleaseFi
     """The release's checkpoint-format files (and what makes a source tree) copied, `old` replaced by `new` in file
     (exactly once)."""
     root = tmp_path / "vllm-src"
-    for name in (MODELOPT, *defaults.GPTQ_FILES, "vllm/_version.py", "vllm/envs.py",
+    for name in (MODELOPT, *defaults.GPTQ_FILES, *defaults.AWQ_FILES, "vllm/_version.py", "vllm/envs.py",
                  "vllm/model_executor/layers/fused_moe/__init__.py"):  # fmt: skip
         if (release.root / name).is_file():
             (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -68,6 +69,9 @@ def test_0_26_0_reads_and_the_tables_agree(release_026):
     assert "ParallelLMHead" in lm_head.source
     listed = defaults.gptq_layers_from_checkpoint(ReleaseFiles(release_026))
     assert listed.value is True and listed.source.startswith("model_executor/layers/quantization/auto_gptq.py:")
+    awq = defaults.awq_mixed_precision_kernel(ReleaseFiles(release_026))
+    assert awq.value is True and awq.source.startswith("model_executor/layers/quantization/auto_awq.py:")
+    assert defaults.awq_mixed_precision_kernel(None).value is True
     table_key, table_lm_head = defaults.modelopt_reads(None)
     assert (table_key.value, table_lm_head.value, defaults.gptq_layers_from_checkpoint(None).value) == \
         ("ignore", True, True)  # fmt: skip
@@ -86,6 +90,9 @@ def test_each_read_flips_with_its_construct(tmp_path, release_026):
     files = planted(tmp_path / "c", release_026, AUTO_GPTQ, "metadata = get_safetensors_params_metadata(",
                     "metadata = read_nothing(")  # fmt: skip
     assert defaults.gptq_layers_from_checkpoint(files).value is False
+    files = planted(tmp_path / "d", release_026, defaults.AWQ_FILES[0], "kernel_type = choose_mp_linear_kernel(",
+                    "kernel_type = pick_a_kernel(")  # fmt: skip
+    assert defaults.awq_mixed_precision_kernel(files).value is False
 
 
 def _model_dir(tmp_path: Path, quant: dict, *, safetensors: bool) -> Path:
@@ -97,10 +104,26 @@ def _model_dir(tmp_path: Path, quant: dict, *, safetensors: bool) -> Path:
     return directory
 
 
-def _plan(directory: Path, source=None):
+def _plan(directory: Path, source=None, gpu: str = "H200-141GB"):
     _, spec, _ = parse_serve(["vllm", "serve", str(directory), "--max-model-len", "4096"])
     facts = load_model(str(directory))
-    return plan_source(facts, spec, source, gpu="H200-141GB", total_bytes=150_109_880_320, version="0.26.0")
+    return plan_source(facts, spec, source, gpu=gpu, total_bytes=150_109_880_320, version="0.26.0")
+
+
+def test_awq_on_hopper_keeps_machete_zero_points(tmp_path, release_026):
+    """On compute capability 9.0 vLLM 0.26.0's AWQ linears run Machete (the real startup llama-8b-4l-awq: "Using
+    MacheteLinearKernel for AutoAWQMarlinLinearMethod"), which keeps the zero points, scales pre-applied, as an
+    (in / 128, out) bf16 tensor; on an A100 (8.0) Marlin keeps them packed and adds its workspace."""
+    directory = _model_dir(tmp_path, AWQ, safetensors=True)
+    hopper, ampere = _plan(directory, release_026), _plan(directory, release_026, gpu="A100-80GB")
+    assert {s.name: s.value for s in hopper.settings}["awq_linear_kernel"] == "machete"
+    assert "awq_linear_kernel" not in {s.name for s in ampere.settings}
+    layer_groups = {"attention": (HIDDEN // 128) * (6144 + 4096),  # qkv (4096 -> 6144), o (4096 -> 4096)
+                    "dense MLP": (HIDDEN // 128) * 28672 + (14336 // 128) * 4096}  # fmt: skip
+    for name, groups in layer_groups.items():
+        workspace = 2 * 132 * 4  # Marlin's per-linear workspace, one int32 per SM, two linears
+        extra = 4 * (groups * 2 - groups // 2 - workspace)  # four layers: bf16 zero points for packed int4 ones
+        assert hopper.line(name).bytes - ampere.line(name).bytes == extra, name  # type: ignore[union-attr]
 
 
 def test_gptq_from_a_config_only_directory_builds_its_linears_unquantized(tmp_path, release_026):

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cli_utils import run_cli_inproc
+from cli_utils import run_cli_inproc, without_download_lines
 from harness.sizing.deployment_weights import Sharding, weight_lines
 from harness.sizing.kv_cache import kv_cache, kv_shape
 from harness.sizing.model_config import ModelConfigError, load_model
@@ -466,7 +466,7 @@ def test_hub_ids_resolve_to_presets_and_the_local_cache(tmp_path, monkeypatch):
     result = run_cli_inproc("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--", "vllm", "serve",
                          "acme/Unknown-1B", env={"HF_HOME": str(tmp_path)})  # fmt: skip
     assert result.returncode == 2
-    assert result.stderr.strip().count("\n") == 0
+    assert without_download_lines(result.stderr).strip().count("\n") == 0
     assert "neither a preset nor in the local Hugging Face cache" in result.stderr and "presets:" in result.stderr
 
 
@@ -513,6 +513,7 @@ def test_bad_model_configs_one_line_exit_2(tmp_path, change, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+@pytest.mark.vllm_wheel  # plans for 0.29.0: its release read from the cache
 def test_bad_configs_through_the_cli(tmp_path):
     cases = {
         "mlp_only_layers": ({**_preset("qwen3-30b-a3b"), "mlp_only_layers": [[1]]}, "mlp_only_layers = [[1]]"),
@@ -527,7 +528,7 @@ def test_bad_configs_through_the_cli(tmp_path):
         result = run_cli_inproc("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--", "vllm", "serve",
                              str(model))  # fmt: skip
         assert result.returncode == 2, (name, result.stderr)
-        assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+        assert without_download_lines(result.stderr).strip().count("\n") == 0 and "Traceback" not in result.stderr
         assert message in result.stderr, (name, result.stderr)
     result = run_cli_inproc("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--", "vllm", "serve",
                          "llama-3.1-8b", "--tensor-parallel-size", "3")  # fmt: skip
@@ -535,5 +536,5 @@ def test_bad_configs_through_the_cli(tmp_path):
     deep = '{"num_redundant_experts": ' + "[" * 3000 + "]" * 3000 + "}"
     result = run_cli_inproc("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--", "vllm", "serve",
                          "deepseek-v3", "--enable-eplb", "--eplb-config", deep)  # fmt: skip
-    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
+    assert result.returncode == 2 and without_download_lines(result.stderr).strip().count("\n") == 0
     assert "--eplb-config" in result.stderr and "nests 3001 levels deep" in result.stderr

@@ -404,7 +404,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         mxfp4_padding = (align, groups)
         settings.append(Setting(name="mxfp4_swizzle_padding", value=f"{align[0]} x {align[1]}, scale groups x {groups}",
                                 source=padding_source))  # fmt: skip
-    quant = _release_quant(facts, files, settings)
+    quant = _release_quant(facts, files, settings, row.capability if row is not None else (9, 0))
     settings.append(Setting(name="moe_workspace_persistent", value=bool(persistent.value), source=persistent.source))
     combo = defaults.benchmarks_combo_kernels(files, version)
     if not spec.enforce_eager:
@@ -720,7 +720,7 @@ def _stage_weight_lines(facts: ModelFacts, r: Resolved, sharding: Sharding, stag
     return lines
 
 
-def _release_quant(facts: ModelFacts, files, settings: list[Setting]) -> Quant | None:
+def _release_quant(facts: ModelFacts, files, settings: list[Setting], capability: tuple[int, int]) -> Quant | None:
     """The checkpoint format as the release builds it, where the release decides more than the config says; None:
     the facts' own. ModelOpt: which key of a flat quantization_config lists the excluded modules, and whether the
     lm_head is quantized; GPTQ: a directory without safetensors quantizes no linear outside FusedMoE in a release
@@ -739,6 +739,11 @@ def _release_quant(facts: ModelFacts, files, settings: list[Setting]) -> Quant |
             ignore = dict(quant.ignore_by_key).get(str(key.value), ())
         settings.append(Setting(name="modelopt_lm_head", value=bool(lm_head.value), source=lm_head.source))
         return dataclasses.replace(quant, ignore=ignore, lm_head=bool(lm_head.value))
+    if quant.scheme == "awq" and quant.marlin and capability == (9, 0):
+        kernel = defaults.awq_mixed_precision_kernel(files)
+        settings.append(Setting(name="awq_linear_kernel", value="machete" if kernel.value else "marlin",
+                                source=f"{kernel.source}; compute capability 9.0"))  # fmt: skip
+        return dataclasses.replace(quant, machete=bool(kernel.value))
     if quant.scheme == "gptq" and facts.checkpoint_tensors is False and not quant.layers_listed:
         listed = defaults.gptq_layers_from_checkpoint(files)
         settings.append(Setting(name="gptq_linears_quantized", value=not listed.value,

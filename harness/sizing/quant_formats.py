@@ -10,7 +10,9 @@ as vLLM's quantization methods create them (`create_weights`) and keep them afte
         weight_scale (out, in / g) in the activation dtype, zero points (out x bits / 32, in / g) int32 when
         asymmetric, weight_shape (2,) int64
     AWQ (awq.py, awq_marlin.py): qweight (in, out x bits / 32) int32, scales (in / g, out), qzeros
-        (in / g, out x bits / 32) int32
+        (in / g, out x bits / 32) int32; under Machete (the mixed-precision kernel choice on compute capability 9.0,
+        release_defaults.awq_mixed_precision_kernel) the zero points, scales pre-applied, (in / g, out) in the
+        activation dtype
     GPTQ (gptq.py, gptq_marlin.py): qweight (in x bits / 32, out) int32, scales (in / g, out), qzeros as AWQ's,
         g_idx (in,) int32
     NVFP4 (modelopt_fp4, compressed-tensors nvfp4-pack-quantized): (out, in / 2) uint8, weight_scale (out, in / 16)
@@ -72,6 +74,9 @@ class Quant:
     # checkpoint's safetensors and a directory without them lists none: release_defaults.gptq_layers_from_checkpoint)
     dense_linears: bool = True
     layers_listed: bool = False  # GPTQ: modules_in_block_to_quantize given in the config
+    # AWQ: the linears run Machete (the release's mixed-precision kernel choice on compute capability 9.0): the zero
+    # points become an (in / group, out) tensor in the activation dtype, no Marlin workspace
+    machete: bool = False
     online: bool = False  # `--quantization fp8` of an unquantized checkpoint
     static_input: bool = False  # a static input scale per linear (ModelOpt FP8, static compressed-tensors)
     # MXFP4's swizzled values on Hopper: rows x bytes padded to these (triton_kernels' HopperMXValueLayout)
@@ -168,15 +173,15 @@ def linear_tensors(q: Quant | None, out_f: int, in_f: int, act_bytes: int, *, st
     # On Hopper a linear without act order runs Machete (MacheteLinearKernel, first of choose_mp_linear_kernel's
     # kernels at compute capability 9.0): it prepacks the weight in place and keeps every other tensor as loaded,
     # with no workspace. With act order, and for MoE layers, Marlin.
-    machete = stacked == 1 and q.marlin and not q.act_order and s in ("wna16", "gptq")
+    machete = stacked == 1 and q.marlin and not q.act_order and (s in ("wna16", "gptq") or (s == "awq" and q.machete))
     if s == "wna16":
         if not q.symmetric:
             tensors.append(zeros)
         if q.act_order:
             tensors += [E * in_f * INT32] * (2 if q.marlin else 1)
         tensors.append(16 if E == 1 else E * 2 * act_bytes)  # weight_shape: (2,) int64; (E, 2) in the act dtype
-    elif s == "awq":
-        tensors.append(zeros)
+    elif s == "awq":  # under Machete the zero points, scales pre-applied, in the activation dtype (machete.py)
+        tensors.append(groups * out_f * act_bytes if machete else zeros)
     elif s == "gptq":
         if machete or not (q.marlin and q.symmetric):
             tensors.append(zeros)

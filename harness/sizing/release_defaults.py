@@ -13,6 +13,7 @@ has the file, else from a documented table (labelled `table`). Nothing is import
                                     quantization/utils/mxfp4_utils.py _swizzle_mxfp4
     ModelOpt's ignore key, lm_head  quantization/modelopt.py ModelOptQuantConfigBase.from_config, get_quant_method
     GPTQ's quantized layers         quantization/auto_gptq.py (gptq_marlin.py) maybe_update_config
+    AWQ's linear kernel             quantization/auto_awq.py (awq_marlin.py): choose_mp_linear_kernel (Machete on 9.0)
 """
 
 from __future__ import annotations
@@ -673,3 +674,25 @@ def gptq_layers_from_checkpoint(files: ReleaseFiles | None) -> Default:
                                "layers from the checkpoint's safetensors")  # fmt: skip
         return Default(False, f"{_short(file)}: the config's format applies to every linear")
     return Default(False, "the release's GPTQ files read: every linear takes the config's format")
+
+
+AWQ_FILES = ("vllm/model_executor/layers/quantization/auto_awq.py",
+             "vllm/model_executor/layers/quantization/awq_marlin.py")  # fmt: skip
+
+
+def awq_mixed_precision_kernel(files: ReleaseFiles | None) -> Default:
+    """Whether the release's AWQ linear method takes its kernel from choose_mp_linear_kernel (the mixed-precision
+    kernels: Machete first on compute capability 9.0, which pre-applies the scales to the zero points and keeps them
+    as an (in / group, out) tensor in the activation dtype, kernels/linear/mixed_precision/machete.py) rather than
+    repacking for Marlin itself."""
+    if files is None:
+        return Default(True, "table: as vLLM 0.26.0's quantization/auto_awq.py (choose_mp_linear_kernel)")
+    for file in AWQ_FILES:
+        module = files.module(file)
+        if module is None:
+            continue
+        calls = _calls(module, "choose_mp_linear_kernel")
+        if calls:
+            return Default(True, f"{_short(file)}:{calls[0].lineno} choose_mp_linear_kernel")
+        return Default(False, f"{_short(file)}: the AWQ linears repack for Marlin (no choose_mp_linear_kernel)")
+    return Default(False, "the release's AWQ files read: the AWQ linears repack for Marlin")

@@ -82,6 +82,8 @@ LAYER_FILES = (
     "vllm/model_executor/layers/quantization/modelopt.py",
     "vllm/model_executor/layers/quantization/auto_gptq.py",
     "vllm/model_executor/layers/quantization/gptq_marlin.py",
+    "vllm/model_executor/layers/quantization/auto_awq.py",  # AWQ's linears through the mixed-precision kernels
+    "vllm/model_executor/layers/quantization/awq_marlin.py",
 )
 # Whole directories of python files the deployment model reads: the config classes (field types, Literal choices).
 LAYER_DIRS = ("vllm/config/",)
