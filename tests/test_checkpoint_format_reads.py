@@ -162,6 +162,11 @@ def test_modelopt_lm_head_follows_the_release(tmp_path, release_026, quant, lm_h
     else:  # fp8, one f32 weight scale and one input scale
         assert head == VOCAB_ROWS * HIDDEN + 4 + 4
     assert {s.name: s.value for s in plan.settings}["modelopt_lm_head"] is True
+    # no GEMM through cuBLAS when the lm_head is quantized too: the handle's 66 MiB never made
+    # (results/h200/cublas-nontorch; the real startups llama-8b-4l-modelopt-fp8 and -nvfp4 log 0.16 GiB)
+    non_torch = plan.line("non-torch memory")
+    assert non_torch.bytes == int(0.25 * GIB) - (66 * 2**20 if lm_head_quantized else 0)  # type: ignore[union-attr]
+    assert ("less the cuBLAS handle" in non_torch.source) is lm_head_quantized  # type: ignore[union-attr]
 
 
 def test_the_modelopt_startups_weights_as_vllm_logged():

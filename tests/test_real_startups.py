@@ -49,12 +49,6 @@ LINE_GAPS: dict[tuple[str, str], str] = {
                                "engine in its own process, VLLM_DEEP_GEMM_WARMUP=skip) with fresh cache directories "
                                "logs 4.52 GiB, cold and then warm (dsv3-4l-cold, dsv3-4l-warm), as did an in-process "
                                "repeat (results/h200/cudagraph-exec); what made the recorded 0.92 GiB is not known",
-    **{
-        (name, "non-torch"): "ModelOpt builds every linear and the lm_head quantized here (CUTLASS FP8 / Marlin FP4): "
-        "no GEMM runs through cuBLAS in the profile, and vLLM logs 0.16 GiB of non-torch memory against the 0.22-0.24 "
-        "of every other startup and the plan's 0.25 estimate; what cuBLAS's own module memory is, is not measured"
-        for name in ("llama-8b-4l-modelopt-fp8", "llama-8b-4l-nvfp4", "qwen3-moe-4l-nvfp4")
-    },
     ("dsv3-4l", "CUDA graphs"): "PIECEWISE's first capture logs 2180 MiB where the plan has 232 (FULL's, 2104 MiB, "
                                 "is FLASH_ATTN_MLA's 32 split-KV accumulators as planned): 2.26 GiB logged, 2.19 "
                                 "planned; the warm-up's MLA profile stand-in (2048 MiB) stays in a segment that "

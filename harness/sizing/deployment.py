@@ -52,6 +52,10 @@ DEPLOYMENT_PLAN_SCHEMA = 2  # 2: group_totals and approximate
 NON_TORCH_SINGLE_BYTES = int(0.25 * GIB)
 NON_TORCH_MULTI_BYTES = int(2.1 * GIB)
 NON_TORCH_PP_BYTES = int(0.07 * GIB)
+# The cuBLAS handle's own memory outside torch's allocator, made by the first GEMM through cuBLAS: 66 MiB on an H200
+# (torch 2.11.0+cu130, results/h200/cublas-nontorch). A model none of whose GEMMs runs through cuBLAS in the profile
+# never makes it: vLLM 0.26.0's fully quantized ModelOpt startups log 0.16 GiB where the others log 0.22-0.24.
+CUBLAS_HANDLE_BYTES = 66 * 2**20
 # The profiler's CUDA-graph estimate ("Estimated CUDA graph memory: X GiB total"): 0.57-1.69 GiB, mean 0.94.
 CUDAGRAPH_BYTES = 1 * GIB
 
@@ -102,6 +106,16 @@ def non_torch_bytes(tp: int, gpu: str | Gpu | None, *, pp: int = 1, dp: int = 1,
     return NON_TORCH_MULTI_BYTES, (f"estimate: cuBLAS handles, loaded kernel modules, NCCL's NVLink buffers and custom "
                                    f"all-reduce buffers ({world_size} ranks on NVLink{'' if row else ', assumed'}); "
                                    f"{basis}")  # fmt: skip
+
+
+def profile_skips_cublas(facts: ModelFacts) -> bool:
+    """Whether no GEMM of the profile run goes through cuBLAS: every linear, the lm_head included, built by the
+    checkpoint format's own kernels (CUTLASS, Marlin, Machete: a format that quantizes the lm_head and ignores no
+    module), no MLA (its absorbed batched matmuls), no vision tower and no linear-attention layers."""
+    q = facts.quant
+    return (q is not None and q.lm_head and not q.ignore and q.dense_linears and not q.experts_only
+            and not facts.tie_word_embeddings and not facts.kv_lora_rank and facts.vision is None
+            and "linear" not in facts.layer_kinds)  # fmt: skip
 
 
 Kind = Literal["exact", "release", "estimate"]
@@ -777,6 +791,11 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
     lines += profile_lines(facts, r, layer, gpu, layer_lines if moe_here else [], first=first, last=last)
     non_torch, non_torch_source = non_torch_bytes(r.tp, gpu if gpu is not None else r.gpu, pp=r.pp, dp=r.dp,
                                                   moe=facts.is_moe)  # fmt: skip
+    if profile_skips_cublas(facts):
+        non_torch -= CUBLAS_HANDLE_BYTES
+        non_torch_source += (f"; less the cuBLAS handle's {CUBLAS_HANDLE_BYTES} B (results/h200/cublas-nontorch): "
+                             f"{facts.quant.label if facts.quant else ''} builds every linear and the lm_head, no "
+                             "GEMM of the profile runs through cuBLAS")  # fmt: skip
     lines.append(DeploymentLine(group="non-torch", name="non-torch memory", bytes=non_torch, kind="estimate",
                                 source=non_torch_source))  # fmt: skip
     graph_bytes, graph_detail = r.cudagraph_bytes, r.cudagraph_detail
