@@ -123,7 +123,7 @@ def test_awq_on_hopper_keeps_machete_zero_points(tmp_path, release_026):
     for name, groups in layer_groups.items():
         workspace = 2 * 132 * 4  # Marlin's per-linear workspace, one int32 per SM, two linears
         extra = 4 * (groups * 2 - groups // 2 - workspace)  # four layers: bf16 zero points for packed int4 ones
-        assert hopper.line(name).bytes - ampere.line(name).bytes == extra, name  # type: ignore[union-attr]
+        assert hopper.line(name).bytes - ampere.line(name).bytes == extra, name
 
 
 def test_gptq_from_a_config_only_directory_builds_its_linears_unquantized(tmp_path, release_026):
@@ -134,15 +134,15 @@ def test_gptq_from_a_config_only_directory_builds_its_linears_unquantized(tmp_pa
     plain = _plan(_model_dir(tmp_path / "c", {"quant_method": "fp8", "ignored_layers": ["model"]},
                              safetensors=False))  # fmt: skip
     linears = ("attention", "dense MLP")
-    assert [bare.line(n).bytes for n in linears] == [plain.line(n).bytes for n in linears]  # type: ignore[union-attr]
-    assert all(full.line(n).bytes * 3 < bare.line(n).bytes for n in linears)  # type: ignore[union-attr]
+    assert [bare.line(n).bytes for n in linears] == [plain.line(n).bytes for n in linears]
+    assert all(full.line(n).bytes * 3 < bare.line(n).bytes for n in linears)
     setting = {s.name: s for s in bare.settings}["gptq_linears_quantized"]
     assert setting.value is False and "auto_gptq.py" in setting.source and "no *.safetensors" in setting.source
     assert "gptq_linears_quantized" not in {s.name for s in full.settings}
     # listed in the config: quantized whatever the directory holds
     listed = _plan(_model_dir(tmp_path / "d", {**GPTQ, "modules_in_block_to_quantize": [["self_attn.q_proj"]]},
                               safetensors=False), release_026)  # fmt: skip
-    assert listed.line("attention").bytes == full.line("attention").bytes  # type: ignore[union-attr]
+    assert listed.line("attention").bytes == full.line("attention").bytes
 
 
 @pytest.mark.parametrize(("quant", "lm_head_quantized"), [
@@ -154,7 +154,7 @@ def test_gptq_from_a_config_only_directory_builds_its_linears_unquantized(tmp_pa
 def test_modelopt_lm_head_follows_the_release(tmp_path, release_026, quant, lm_head_quantized):
     plan = _plan(_model_dir(tmp_path, quant, safetensors=False), release_026)
     bf16 = VOCAB_ROWS * HIDDEN * 2
-    head = plan.line("embeddings + lm_head").bytes - bf16 - HIDDEN * 2  # type: ignore[union-attr]  # less embed, norm
+    head = plan.line("embeddings + lm_head").bytes - bf16 - HIDDEN * 2  # less embed, norm
     if not lm_head_quantized:
         assert head == bf16
     elif quant.get("quant_algo") == "NVFP4":  # fp4 pairs, fp8 scales per 16, two f32 globals, Marlin's workspace
@@ -165,8 +165,8 @@ def test_modelopt_lm_head_follows_the_release(tmp_path, release_026, quant, lm_h
     # no GEMM through cuBLAS when the lm_head is quantized too: the handle's 66 MiB never made
     # (results/h200/cublas-nontorch; the real startups llama-8b-4l-modelopt-fp8 and -nvfp4 log 0.16 GiB)
     non_torch = plan.line("non-torch memory")
-    assert non_torch.bytes == int(0.25 * GIB) - (66 * 2**20 if lm_head_quantized else 0)  # type: ignore[union-attr]
-    assert ("less the cuBLAS handle" in non_torch.source) is lm_head_quantized  # type: ignore[union-attr]
+    assert non_torch.bytes == int(0.25 * GIB) - (66 * 2**20 if lm_head_quantized else 0)
+    assert ("less the cuBLAS handle" in non_torch.source) is lm_head_quantized
 
 
 def test_the_modelopt_startups_weights_as_vllm_logged():
