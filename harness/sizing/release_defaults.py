@@ -661,19 +661,27 @@ def gptq_layers_from_checkpoint(files: ReleaseFiles | None) -> Default:
     verify` and dummy-weight startups use) builds every linear outside FusedMoE unquantized."""
     if files is None:
         return Default(True, "table: as vLLM 0.26.0's quantization/auto_gptq.py maybe_update_config")
-    for file in GPTQ_FILES:
+    found = _first_module(files, GPTQ_FILES)
+    if found is None:
+        return Default(False, "the release's GPTQ files read: every linear takes the config's format")
+    file, module = found
+    for fn in (n for n in ast.walk(module) if isinstance(n, ast.FunctionDef) and n.name == "maybe_update_config"):
+        reads = _calls(fn, "get_safetensors_params_metadata")
+        sets = [n for n in ast.walk(fn) if isinstance(n, ast.Assign)
+                and any(ast.unparse(t) == "self.modules_in_block_to_quantize" for t in n.targets)]  # fmt: skip
+        if reads and sets:
+            return Default(True, f"{_short(file)}:{reads[0].lineno} maybe_update_config lists the quantized layers "
+                           "from the checkpoint's safetensors")  # fmt: skip
+    return Default(False, f"{_short(file)}: the config's format applies to every linear")
+
+
+def _first_module(files: ReleaseFiles, paths: tuple[str, ...]) -> tuple[str, ast.Module] | None:
+    """The first of paths the release has, parsed (a format's file was renamed between releases)."""
+    for file in paths:
         module = files.module(file)
-        if module is None:
-            continue
-        for fn in (n for n in ast.walk(module) if isinstance(n, ast.FunctionDef) and n.name == "maybe_update_config"):
-            reads = _calls(fn, "get_safetensors_params_metadata")
-            sets = [n for n in ast.walk(fn) if isinstance(n, ast.Assign)
-                    and any(ast.unparse(t) == "self.modules_in_block_to_quantize" for t in n.targets)]  # fmt: skip
-            if reads and sets:
-                return Default(True, f"{_short(file)}:{reads[0].lineno} maybe_update_config lists the quantized "
-                               "layers from the checkpoint's safetensors")  # fmt: skip
-        return Default(False, f"{_short(file)}: the config's format applies to every linear")
-    return Default(False, "the release's GPTQ files read: every linear takes the config's format")
+        if module is not None:
+            return file, module
+    return None
 
 
 AWQ_FILES = ("vllm/model_executor/layers/quantization/auto_awq.py",
@@ -687,12 +695,11 @@ def awq_mixed_precision_kernel(files: ReleaseFiles | None) -> Default:
     repacking for Marlin itself."""
     if files is None:
         return Default(True, "table: as vLLM 0.26.0's quantization/auto_awq.py (choose_mp_linear_kernel)")
-    for file in AWQ_FILES:
-        module = files.module(file)
-        if module is None:
-            continue
-        calls = _calls(module, "choose_mp_linear_kernel")
-        if calls:
-            return Default(True, f"{_short(file)}:{calls[0].lineno} choose_mp_linear_kernel")
-        return Default(False, f"{_short(file)}: the AWQ linears repack for Marlin (no choose_mp_linear_kernel)")
-    return Default(False, "the release's AWQ files read: the AWQ linears repack for Marlin")
+    found = _first_module(files, AWQ_FILES)
+    if found is None:
+        return Default(False, "the release's AWQ files read: the AWQ linears repack for Marlin")
+    file, module = found
+    calls = _calls(module, "choose_mp_linear_kernel")
+    if calls:
+        return Default(True, f"{_short(file)}:{calls[0].lineno} choose_mp_linear_kernel")
+    return Default(False, f"{_short(file)}: the AWQ linears repack for Marlin (no choose_mp_linear_kernel)")
