@@ -373,3 +373,28 @@ def test_a_real_vllm_startup_beside_the_plan(tmp_path):
     got = load_record(saved)
     assert got.status == "ready" and got.figures.kv_cache_tokens and got.figures.model_loading_gib
     assert "KV tokens" in result.stdout
+
+
+def test_a_config_only_directory_is_said_in_the_record_and_planned_so(tmp_path):
+    """A startup from a directory without safetensors says so in its record's source, and the record's plan then
+    builds what vLLM builds from such a directory (GPTQ's linears unquantized: harness.sizing.release_defaults)."""
+    import dataclasses
+    import json
+
+    from harness.verify.cli import _config_only
+    from harness.verify.planning import CONFIG_ONLY, record_facts
+
+    bare, full = tmp_path / "bare", tmp_path / "full"
+    for directory in (bare, full):
+        directory.mkdir()
+        (directory / "config.json").write_text("{}")
+    (full / "model-00001-of-00002.safetensors").write_bytes(b"")
+    assert _config_only(["vllm", "serve", str(bare), "--max-model-len", "4096"]) == f"; {CONFIG_ONLY}"
+    assert _config_only(["vllm", "serve", str(full)]) == ""
+    assert _config_only(["vllm", "serve", "qwen3-8b"]) == ""  # a preset: the published checkpoint
+    record = load_record(Path(__file__).parent / "data" / "real_startups" / "llama-8b-4l-gptq.yaml")
+    assert record_facts(record).checkpoint_tensors is False
+    assert json.loads(json.dumps(record.config))["quantization_config"]["quant_method"] == "gptq"
+    elsewhere = record.model_copy(update={"source": "harness verify (llm entry)"})
+    assert record_facts(elsewhere).checkpoint_tensors is None
+    assert dataclasses.replace(record_facts(elsewhere), checkpoint_tensors=False) == record_facts(record)
