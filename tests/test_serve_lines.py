@@ -445,3 +445,21 @@ def test_graph_settings_reach_the_spec(argv, field, value):
 def test_bad_graph_settings_name_the_field(argv, message):
     with pytest.raises(ServeArgsError, match=re.escape(message)):
         read_serve(["qwen3-30b-a3b", *argv.split()])
+
+
+def test_a_plan_without_a_release_names_the_installed_one(tmp_path):
+    """Without --vllm-version the plan is refused in one line; where a vLLM is installed (its package metadata, here
+    a dist-info folder on the path) the line names its release as the flag to give."""
+    from cli_utils import harness_env, run_harness
+
+    argv = ("plan", "--gpu", "H200-141GB", "--", "vllm", "serve", "qwen3-8b")
+    bare = run_harness(*argv)
+    assert bare.returncode == 2 and bare.stderr.strip().count("\n") == 0
+    assert "needs --vllm-version X.Y.Z, the release you run" in bare.stderr and "installed here" not in bare.stderr
+    site = tmp_path / "site"
+    (site / "vllm-0.26.0.dist-info").mkdir(parents=True)
+    (site / "vllm-0.26.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n")
+    path = os.pathsep.join((harness_env()["PYTHONPATH"], str(site)))
+    installed = run_harness(*argv, env={"PYTHONPATH": path})
+    assert installed.returncode == 2 and installed.stderr.strip().count("\n") == 0
+    assert "vLLM 0.26.0 is installed here: --vllm-version 0.26.0" in installed.stderr

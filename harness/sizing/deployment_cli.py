@@ -96,7 +96,10 @@ def plan_serve_command(request: PlanServeRequest) -> int:
         return _error("a deployment plan needs --gpu NAME, --gpu-memory-gib X or --budget-gb N (the GPU's total "
                       "memory)")  # fmt: skip
     if not request.vllm_versions:
-        return _error("a deployment plan needs --vllm-version X.Y.Z (repeat it to compare releases)")
+        installed = _installed_vllm()
+        hint = f"; vLLM {installed} is installed here: --vllm-version {installed}" if installed else ""
+        return _error(f"a deployment plan needs --vllm-version X.Y.Z, the release you run (repeat it to compare "
+                      f"releases){hint}")  # fmt: skip
     try:
         plans, ignored = plan_serve_line(serve, list(dict.fromkeys(request.vllm_versions)), gpu=gpu,
                                          total_bytes=total, cache_dir=request.cache_dir)  # fmt: skip
@@ -163,3 +166,16 @@ def print_deployments(console, plans: list[Any], note: str = "") -> None:
             console.print(line)
     for line in what_it_buys(plans):
         console.print(line)
+
+
+def _installed_vllm() -> str | None:
+    """The version of the vLLM installed in this environment, from its package metadata (nothing of it is
+    imported); None when there is none or its version is not a release number."""
+    import re
+    from importlib import metadata
+
+    try:
+        version = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+    return version if re.fullmatch(r"\d+\.\d+\.\d+", version) else None
