@@ -280,11 +280,11 @@ def load_model(model: str, *, dtype: str | None = "auto", quantization: str | No
             )
         # a name printed as it is: escaped once, here
         facts = parse_config(config, name=shown_text(path.name), dtype=dtype, quantization=quantization)
-        return dataclasses.replace(facts, checkpoint_tensors=_holds_safetensors(path))
+        return dataclasses.replace(facts, checkpoint_tensors=holds_safetensors(path))
     if path.is_file() and path.suffix == ".json":
         facts = parse_config(path, name=shown_text(path.parent.name or path.stem), dtype=dtype,
                              quantization=quantization)  # fmt: skip
-        return dataclasses.replace(facts, checkpoint_tensors=_holds_safetensors(path.parent))
+        return dataclasses.replace(facts, checkpoint_tensors=holds_safetensors(path.parent))
     preset = MODELS_DIR / f"{model.lower()}.json"
     if re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", model.lower()) and preset.is_file():
         return parse_config(preset, name=model.lower(), shown=f"harness/defaults/models/{preset.name}", dtype=dtype,
@@ -306,7 +306,7 @@ def load_model(model: str, *, dtype: str | None = "auto", quantization: str | No
                            f"{', '.join(preset_names())}")  # fmt: skip
 
 
-def _holds_safetensors(directory: Path) -> bool:
+def holds_safetensors(directory: Path) -> bool:
     """Whether the directory holds a *.safetensors file (its names only; nothing is read)."""
     try:
         return any(p.suffix == ".safetensors" for p in directory.iterdir())

@@ -91,11 +91,12 @@ def _read_log(path: Path) -> str | int:
 def _config_only(serve: list[str]) -> str:
     """'; a config directory holding only config.json' when the served model is a directory without safetensors:
     the record's plan then builds what vLLM builds from such a directory (harness.verify.planning.record_facts)."""
+    from harness.sizing.model_config import holds_safetensors
     from harness.sizing.serve_args import parse_serve
     from harness.verify.planning import CONFIG_ONLY
 
     model = Path(parse_serve(serve)[0])
-    if model.is_dir() and not any(p.suffix == ".safetensors" for p in model.iterdir()):
+    if model.is_dir() and not holds_safetensors(model):
         return f"; {CONFIG_ONLY}"
     return ""
 
