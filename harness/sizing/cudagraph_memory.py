@@ -43,7 +43,9 @@ vllm.py sets it whenever graphs are captured) and then captures, all on the fres
                        CUDA graphs (v1/attention/backends/flash_attn.py FlashAttentionMetadataBuilder.__init__ and
                        build: "intermediate buffers of size [num_splits, num_heads, num_tokens, head_size] are
                        allocated"), out_accum and softmax_lse_accum in float32, one layer's at a time; MLA's
-                       FLASH_ATTN_MLA the same with the latent kv_lora_rank as the head size (mla/flashattn_mla.py)
+                       FLASH_ATTN_MLA the same with the latent kv_lora_rank as the head size (mla/flashattn_mla.py).
+                       Sparse MLA's FLASH_ATTN_MLA_SPARSE (mla/flashattn_mla_sparse.py forward_mqa, 0.26.0 and
+                       0.30.0) passes no num_splits: FlashAttention 3 picks them (fa3_num_splits)
     shared experts     with shared experts, a forward of at most VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD tokens
                        (envs.py, 256) runs them on the aux stream (model_executor/layers/fused_moe/runner/
                        shared_experts.py: MULTI_STREAM_OVERLAPPED; utils/torch_utils.py aux_stream), which the profile
@@ -74,6 +76,7 @@ Mixtral-8x7B (14-15, FULL 17) and gpt-oss-20b (14, FULL 18) on the H200.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 
 from harness.core.units import MIB, round_up
@@ -265,6 +268,65 @@ def split_head_size(facts: ModelFacts, *, capability: int, kv_cache_dtype: str =
     return facts.head_dim if kinds & {"full", "sliding"} and 0 < facts.head_dim <= 256 else 0
 
 
+# FlashAttention 3's own split count, where the caller passes none (num_splits 0), as the fork vLLM builds has it
+# (vllm-project/flash-attention, hopper/flash_api.cpp mha_fwd and get_num_splits, hopper/heuristics.h
+# num_splits_heuristic, hopper/tile_size.h tile_size_fwd_sm90; those files unchanged there from 2026-01-16 to
+# 2026-08-06, vLLM 0.26.0's wheel is of 2026-07-25). Measured: DeepSeek-V3.2's FULL capture at 256 tokens on the H200
+# keeps 28 x (128, 256, 512) f32 of accumulators (results/h200/startup-gaps), the 28 this gives.
+FA3_MAX_SPLITS = 128  # get_num_splits: num_splits_heuristic(..., 128)
+FA3_L2_BYTES = 50 * 1024 * 1024  # num_splits_heuristic: "we assume that L2 size is 50MB"
+FA3_VARLEN_MAX_BATCHES = 992  # PREPARE_VARLEN_MAX_BATCHES_1CTA: "disable split for varlen and >992 batches"
+
+
+def _f32(x: float) -> float:
+    """x rounded to a C float, as the heuristic computes."""
+    return float(struct.unpack("f", struct.pack("f", x))[0])
+
+
+def fa3_splits_heuristic(total_mblocks: int, num_sms: int, num_n_blocks: int, num_m_blocks: int,
+                         size_one_kv_head: int, causal_or_local: bool,
+                         max_splits: int = FA3_MAX_SPLITS) -> int:  # fmt: skip
+    """hopper/heuristics.h num_splits_heuristic: the fewest splits within 85% of the best wave efficiency."""
+    if total_mblocks >= _f32(0.8 * num_sms):
+        if size_one_kv_head > FA3_L2_BYTES and num_m_blocks >= num_sms * 2 and not causal_or_local:
+            return min(-(-size_one_kv_head // FA3_L2_BYTES), max_splits)
+        return 1
+    if num_n_blocks <= 4:
+        return 1
+    max_splits = min(max_splits, num_sms, num_n_blocks)
+    efficiency = []
+    for splits in range(1, max_splits + 1):
+        waves = _f32(total_mblocks * splits / num_sms)
+        efficiency.append(_f32(waves / math.ceil(waves)))
+    floor = _f32(0.85 * max(efficiency))
+    return next((i + 1 for i, eff in enumerate(efficiency) if eff >= floor), 1)
+
+
+def fa3_mla_tile(head_size: int, head_size_v: int) -> tuple[int, int]:
+    """(kBlockM, kBlockN) of tile_size_fwd_sm90 for a 16-bit query of head size <= 64 with a wider value (q_v: MLA's
+    rope part as the query, the latent as the value)."""
+    if head_size > 64 or head_size_v not in (256, 512):
+        raise ValueError(f"FlashAttention 3's MLA tile is read for head size <= 64 and value 256 or 512, "
+                         f"not ({head_size}, {head_size_v})")  # fmt: skip
+    return (64, 64) if head_size_v == 512 else (128, 96)
+
+
+def fa3_sparse_mla_splits(facts: ModelFacts, num_tokens: int, tp: int, num_sms: int) -> int:
+    """The splits FlashAttention 3 picks for FLASH_ATTN_MLA_SPARSE's decode call (forward_mqa: one query a sequence,
+    max_seqlen_q 1, the rope part (qk_rope wide) as q, the latent as q_v and v, one KV head, a page table of the
+    index_topk selected tokens, so max_seqlen_k is index_topk). mha_fwd: a one-token query is not causal here
+    (head size <= 64); varlen over at most 992 sequences splits dynamically, so get_num_splits takes the batch as
+    1 and the heads packed (PackGQA) into the m blocks; more than 992 sequences take one split."""
+    if num_tokens > FA3_VARLEN_MAX_BATCHES:
+        return 1
+    d, dv, topk = facts.qk_rope_head_dim, facts.kv_lora_rank, facts.index_topk
+    block_m, block_n = fa3_mla_tile(round_up(d, 8), dv)
+    heads = max(1, facts.num_attention_heads // tp)
+    m_blocks = -(-heads // block_m)
+    n_blocks = -(-topk // block_n)
+    return fa3_splits_heuristic(m_blocks, num_sms, n_blocks, m_blocks, topk * (d + dv) * 2, False)
+
+
 def split_accumulators(facts: ModelFacts, num_tokens: int, tp: int, max_splits: int, *, capability: int = 9,
                        kv_cache_dtype: str = "auto") -> int:  # fmt: skip
     """out_accum (splits, heads, tokens, head_size) f32 + softmax_lse_accum (splits, heads, tokens) f32."""
@@ -311,7 +373,7 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
     """The estimate profile_cudagraph_memory prints ("Estimated CUDA graph memory: X GiB total"). `exec_pages`: the
     driver's graph-exec memory as measured under 0.26.0's stack (ExecPool); False, the per-layer scaling of the
     earlier releases' logs (release_defaults.graph_exec_pages says which)."""
-    capability, _, _ = gpu_facts(gpu)
+    capability, num_sms, _ = gpu_facts(gpu)
     chosen, why = resolve_mode(facts, mode, capability)
     if chosen == "NONE":
         return GraphEstimate("NONE", (), 0, "cudagraph_mode NONE: no graphs, no estimate")
@@ -335,7 +397,10 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
         n = graph_sizes[0]
         forward = forward_phase(facts, num_tokens=n, tp=tp).bytes
         new = max(0, forward - pool)
-        accum = split_accumulators(facts, n, tp, max_splits, capability=capability,
+        splits, how = max_splits, "attention_config's"
+        if facts.index_topk and name == "FULL":
+            splits, how = fa3_sparse_mla_splits(facts, n, tp, num_sms), "FlashAttention 3's heuristic, sparse MLA"
+        accum = split_accumulators(facts, n, tp, splits, capability=capability,
                                    kv_cache_dtype=kv_cache_dtype) if name == "FULL" else 0  # fmt: skip
         if exec_pages:
             graph_exec = exec_pool.capture(name, facts)
@@ -349,7 +414,7 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
         no_ws = "no cuBLAS workspace (every GEMM block FP8)" if index == 0 and not capture_ws else ""
         parts = [f"cuBLAS workspace {first_ws} B (the capture stream's)" if first_ws else no_ws,
                  f"2 x {new} B forward transients at {n} tokens (warm-up, graph pool)" if new else "",
-                 f"split-KV accumulators {accum} B ({max_splits} splits)" if accum else "",
+                 f"split-KV accumulators {accum} B ({splits} splits, {how})" if accum else "",
                  f"shared experts' aux stream {aux[0]} B" if aux[0] else "",
                  f"graph exec {graph_exec} B" if graph_exec else ""]  # fmt: skip
         modes.append(ModeEstimate(name, len(graph_sizes), n, first, per_graph,
