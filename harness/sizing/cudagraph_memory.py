@@ -45,7 +45,8 @@ vllm.py sets it whenever graphs are captured) and then captures, all on the fres
                        allocated"), out_accum and softmax_lse_accum in float32, one layer's at a time; MLA's
                        FLASH_ATTN_MLA the same with the latent kv_lora_rank as the head size (mla/flashattn_mla.py).
                        Sparse MLA's FLASH_ATTN_MLA_SPARSE (mla/flashattn_mla_sparse.py forward_mqa, 0.26.0 and
-                       0.30.0) passes no num_splits: FlashAttention 3 picks them (fa3_num_splits)
+                       0.30.0) passes no num_splits: FlashAttention 3 picks them (fa3_sparse_mla_splits). Over
+                       992 sequences FlashAttention 3 takes one split whatever it is asked, and then allocates none
     shared experts     with shared experts, a forward of at most VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD tokens
                        (envs.py, 256) runs them on the aux stream (model_executor/layers/fused_moe/runner/
                        shared_experts.py: MULTI_STREAM_OVERLAPPED; utils/torch_utils.py aux_stream), which the profile
@@ -316,7 +317,8 @@ def fa3_sparse_mla_splits(facts: ModelFacts, num_tokens: int, tp: int, num_sms: 
     max_seqlen_q 1, the rope part (qk_rope wide) as q, the latent as q_v and v, one KV head, a page table of the
     index_topk selected tokens, so max_seqlen_k is index_topk). mha_fwd: a one-token query is not causal here
     (head size <= 64); varlen over at most 992 sequences splits dynamically, so get_num_splits takes the batch as
-    1 and the heads packed (PackGQA) into the m blocks; more than 992 sequences take one split."""
+    1 and the heads packed (PackGQA) into the m blocks; more than 992 sequences (here tokens: forward_mqa's
+    cu_seqlens_q is one a token) take one split, whatever the caller asked."""
     if num_tokens > FA3_VARLEN_MAX_BATCHES:
         return 1
     d, dv, topk = facts.qk_rope_head_dim, facts.kv_lora_rank, facts.index_topk
@@ -329,9 +331,10 @@ def fa3_sparse_mla_splits(facts: ModelFacts, num_tokens: int, tp: int, num_sms: 
 
 def split_accumulators(facts: ModelFacts, num_tokens: int, tp: int, max_splits: int, *, capability: int = 9,
                        kv_cache_dtype: str = "auto") -> int:  # fmt: skip
-    """out_accum (splits, heads, tokens, head_size) f32 + softmax_lse_accum (splits, heads, tokens) f32."""
+    """out_accum (splits, heads, tokens, head_size) f32 + softmax_lse_accum (splits, heads, tokens) f32; none for one
+    split (mha_fwd allocates them only where num_splits > 1)."""
     size = split_head_size(facts, capability=capability, kv_cache_dtype=kv_cache_dtype)
-    if not size:
+    if not size or max_splits <= 1:
         return 0
     heads = max(1, facts.num_attention_heads // tp)
     return max_splits * heads * num_tokens * (size + 1) * 4
@@ -388,6 +391,7 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
     pool = 0  # the transients the profiling pool (and the default pool) already hold
     aux_used = shared_stream_threshold is None or not shared_transients(facts, 1, tp)
     exec_pool = ExecPool()
+    fa_full = split_head_size(facts, capability=capability, kv_cache_dtype=kv_cache_dtype) > 0
     for index, (name, graph_sizes) in enumerate(descs):
         aux = [0, 0]  # what the aux stream adds to the first and second sample
         for sample, size in enumerate(graph_sizes[:2]):
@@ -400,6 +404,9 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
         splits, how = max_splits, "attention_config's"
         if facts.index_topk and name == "FULL":
             splits, how = fa3_sparse_mla_splits(facts, n, tp, num_sms), "FlashAttention 3's heuristic, sparse MLA"
+        elif capability == 9 and min(n, max_num_seqs) > FA3_VARLEN_MAX_BATCHES:
+            # _dummy_run's batch: min(tokens, max_num_seqs) requests; FlashAttention 3 splits none over 992
+            splits, how = 1, f"over {FA3_VARLEN_MAX_BATCHES} sequences"
         accum = split_accumulators(facts, n, tp, splits, capability=capability,
                                    kv_cache_dtype=kv_cache_dtype) if name == "FULL" else 0  # fmt: skip
         if exec_pages:
@@ -415,6 +422,7 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
         parts = [f"cuBLAS workspace {first_ws} B (the capture stream's)" if first_ws else no_ws,
                  f"2 x {new} B forward transients at {n} tokens (warm-up, graph pool)" if new else "",
                  f"split-KV accumulators {accum} B ({splits} splits, {how})" if accum else "",
+                 f"no split-KV accumulators (one split: {how})" if name == "FULL" and splits == 1 and fa_full else "",
                  f"shared experts' aux stream {aux[0]} B" if aux[0] else "",
                  f"graph exec {graph_exec} B" if graph_exec else ""]  # fmt: skip
         modes.append(ModeEstimate(name, len(graph_sizes), n, first, per_graph,
