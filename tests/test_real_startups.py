@@ -400,6 +400,7 @@ def test_flash_attention_3_picks_the_sparse_mla_splits():
     assert cudagraph_memory.fa3_sparse_mla_splits(dsv32, 256, 1, 132) == 28
     assert cudagraph_memory.fa3_sparse_mla_splits(dsv32, 256, 2, 132) == 28  # 64 heads: 1 m block, 32 / 132 best
     assert cudagraph_memory.fa3_sparse_mla_splits(dsv32, 993, 1, 132) == 1  # varlen over 992 sequences: no split
+    assert cudagraph_memory.fa3_mla_tile(64, 384) is None  # a value width whose tile is not read: the config's 32
     got = cudagraph_memory.estimate(dsv32, tp=1, max_num_seqs=256, max_num_batched_tokens=8192, gpu="H200")
     full = got.modes[1]
     assert (full.mode, full.largest) == ("FULL", 256)

@@ -303,26 +303,29 @@ def fa3_splits_heuristic(total_mblocks: int, num_sms: int, num_n_blocks: int, nu
     return next((i + 1 for i, eff in enumerate(efficiency) if eff >= floor), 1)
 
 
-def fa3_mla_tile(head_size: int, head_size_v: int) -> tuple[int, int]:
+def fa3_mla_tile(head_size: int, head_size_v: int) -> tuple[int, int] | None:
     """(kBlockM, kBlockN) of tile_size_fwd_sm90 for a 16-bit query of head size <= 64 with a wider value (q_v: MLA's
-    rope part as the query, the latent as the value)."""
+    rope part as the query, the latent as the value); None for the shapes not read here."""
     if head_size > 64 or head_size_v not in (256, 512):
-        raise ValueError(f"FlashAttention 3's MLA tile is read for head size <= 64 and value 256 or 512, "
-                         f"not ({head_size}, {head_size_v})")  # fmt: skip
+        return None
     return (64, 64) if head_size_v == 512 else (128, 96)
 
 
-def fa3_sparse_mla_splits(facts: ModelFacts, num_tokens: int, tp: int, num_sms: int) -> int:
+def fa3_sparse_mla_splits(facts: ModelFacts, num_tokens: int, tp: int, num_sms: int) -> int | None:
     """The splits FlashAttention 3 picks for FLASH_ATTN_MLA_SPARSE's decode call (forward_mqa: one query a sequence,
     max_seqlen_q 1, the rope part (qk_rope wide) as q, the latent as q_v and v, one KV head, a page table of the
     index_topk selected tokens, so max_seqlen_k is index_topk). mha_fwd: a one-token query is not causal here
     (head size <= 64); varlen over at most 992 sequences splits dynamically, so get_num_splits takes the batch as
     1 and the heads packed (PackGQA) into the m blocks; more than 992 sequences (here tokens: forward_mqa's
-    cu_seqlens_q is one a token) take one split, whatever the caller asked."""
+    cu_seqlens_q is one a token) take one split, whatever the caller asked. None where the tile of the model's
+    head sizes is not read (fa3_mla_tile)."""
     if num_tokens > FA3_VARLEN_MAX_BATCHES:
         return 1
     d, dv, topk = facts.qk_rope_head_dim, facts.kv_lora_rank, facts.index_topk
-    block_m, block_n = fa3_mla_tile(round_up(d, 8), dv)
+    tile = fa3_mla_tile(round_up(d, 8), dv)
+    if tile is None:
+        return None
+    block_m, block_n = tile
     heads = max(1, facts.num_attention_heads // tp)
     m_blocks = -(-heads // block_m)
     n_blocks = -(-topk // block_n)
@@ -402,8 +405,8 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
         forward = forward_phase(facts, num_tokens=n, tp=tp).bytes
         new = max(0, forward - pool)
         splits, how = max_splits, "attention_config's"
-        if facts.index_topk and name == "FULL":
-            splits, how = fa3_sparse_mla_splits(facts, n, tp, num_sms), "FlashAttention 3's heuristic, sparse MLA"
+        if facts.index_topk and name == "FULL" and (picked := fa3_sparse_mla_splits(facts, n, tp, num_sms)):
+            splits, how = picked, "FlashAttention 3's heuristic, sparse MLA"
         elif capability == 9 and min(n, max_num_seqs) > FA3_VARLEN_MAX_BATCHES:
             # _dummy_run's batch: min(tokens, max_num_seqs) requests; FlashAttention 3 splits none over 992
             splits, how = 1, f"over {FA3_VARLEN_MAX_BATCHES} sequences"
