@@ -22,7 +22,8 @@ os.makedirs(LOGS, exist_ok=True)
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG")
 
 FIGURES = re.compile(
-    r"Model loading took|non KV cache memory|Estimated CUDA graph|Estimated .* CUDA graph memory|CUDA graph pool|"
+    r"Model loading took|non KV cache memory|Profiling CUDA graph memory|Estimated CUDA graph|"
+    r"Estimated .* CUDA graph memory|CUDA graph pool|"
     r"Available KV cache|GPU KV cache size|Maximum concurrency|Graph capturing finished|Using .* backend"
 )
 KEEP = re.compile(
