@@ -83,7 +83,7 @@ from dataclasses import dataclass
 from harness.core.units import MIB, round_up
 from harness.sizing.gpus import Gpu
 from harness.sizing.model_config import ModelFacts
-from harness.sizing.profile_run import cublas_workspace, forward_phase, gpu_facts
+from harness.sizing.profile_run import cublas_workspace, forward_phase, gpu_facts, query_quant_fused
 
 PER_GRAPH_FLOOR = 1 << 20  # gpu_model_runner.py profile_cudagraph_memory: max(second sample, 1 << 20)
 DEFAULT_MAX_SPLITS = 32  # config/attention.py AttentionConfig.flash_attn_max_num_splits_for_cuda_graph (0.19-0.30)
@@ -395,6 +395,7 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
     aux_used = shared_stream_threshold is None or not shared_transients(facts, 1, tp)
     exec_pool = ExecPool()
     fa_full = split_head_size(facts, capability=capability, kv_cache_dtype=kv_cache_dtype) > 0
+    query_fp8 = query_quant_fused(kv_cache_dtype, compiled=True)  # the captured forward is the compiled one
     for index, (name, graph_sizes) in enumerate(descs):
         aux = [0, 0]  # what the aux stream adds to the first and second sample
         for sample, size in enumerate(graph_sizes[:2]):
@@ -402,7 +403,7 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
                 aux[sample] = workspace + 2 * shared_transients(facts, size, tp)
                 aux_used = True
         n = graph_sizes[0]
-        forward = forward_phase(facts, num_tokens=n, tp=tp).bytes
+        forward = forward_phase(facts, num_tokens=n, tp=tp, query_fp8=query_fp8).bytes
         new = max(0, forward - pool)
         splits, how = max_splits, "attention_config's"
         if facts.index_topk and name == "FULL" and (picked := fa3_sparse_mla_splits(facts, n, tp, num_sms)):

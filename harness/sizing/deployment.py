@@ -1013,7 +1013,9 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
                                         f"{'eager' if r.eager else 'compiled (torch.compile)'} forward of this "
                                         "model is not read: 0.19.0's estimate")  # fmt: skip
     else:
-        forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv, moe_call=moe_call, **mla)
+        query_fp8 = profile_run.query_quant_fused(r.kv_cache_dtype, compiled=r.compiled)
+        forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv, moe_call=moe_call,
+                                            query_fp8=query_fp8, **mla)  # fmt: skip
         gdn = profile_run.gdn_compiled_point(facts, num_tokens=N, tp=tp, gpu=gpu) if r.compiled and not recv else None
         if gdn is not None and gdn.bytes > forward.bytes:
             forward = profile_run.Phase(gdn.bytes, f"{gdn.detail}, over {forward.detail}")

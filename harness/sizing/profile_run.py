@@ -186,9 +186,22 @@ def activation_quant_bytes(facts: ModelFacts, rows: int, width: int) -> int:
     return rows * width + scales
 
 
+def query_quant_fused(kv_cache_dtype: str, *, compiled: bool) -> bool:
+    """Whether the attention layer quantizes the query to fp8 inside the compiled graph (vLLM 0.26.0
+    model_executor/layers/attention/attention.py: with an fp8 KV cache and a backend that takes a quantized query,
+    `self.query_quant = QuantFP8(static=True, ...)`, applied in forward "with a simple torch operation [that] enables
+    torch.compile to fuse this into previous ops"; FlashAttention takes one on every platform but XPU
+    (v1/attention/backends/fa_utils.py flash_attn_supports_quant_query_input), Triton attention on CUDA
+    (triton_attn.py)). Measured: GLM-4.5 cut to four layers with an fp8 cache peaks 0.09 GiB under the bf16 cache's
+    compiled attention block, one (8192, 96 x 128) q-sized output at 1 byte (tests/data/real_startups/
+    glm45-4l-kvfp8-seqs128.yaml). Eager, QuantFP8 runs its own kernel after the rotary: no saving. The same
+    query_quant is in 0.19.0's and 0.33.0's attention.py."""
+    return compiled and kv_cache_dtype in ("fp8", "fp8_e4m3")  # forward asserts these (and nvfp4) for query_quant
+
+
 def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv: int = 0,
                   shared_experts: bool = False, mla_rows: int = 0, eager: bool = False,
-                  held_workspace: int = 0, moe_call: int = 0) -> Phase:  # fmt: skip
+                  held_workspace: int = 0, moe_call: int = 0, query_fp8: bool = False) -> Phase:  # fmt: skip
     """The dummy forward's transients (estimate): 4 (N, K) activation buffers and the larger of the attention
     projections' outputs and the MLP intermediates (the MoE's live in its workspace, held once: here the router's
     f32 logits and the top-k ids and weights, and with `shared_experts` the shared experts' gate_up and act_fn
@@ -200,7 +213,9 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
     An MLA model's attention is its exact point (mla_attention_point, `mla_rows` the chunked-prefill workspace's
     rows), and with a persistent MoE workspace (`held_workspace`, made by the first MoE layer's call and kept) the
     dense layers before the first MoE layer peak without it: their point is counted less it. `moe_call`: the experts
-    call's own tensors beside its workspace (moe_call_tensors), in the MoE layer's point."""
+    call's own tensors beside its workspace (moe_call_tensors), in the MoE layer's point. `query_fp8`: the attention
+    layer quantizes the query to fp8 before the backend (query_quant_fused), so the compiled block's rotary output
+    is written as fp8."""
     N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
     if facts.is_mla:
         heads = facts.num_attention_heads // tp
@@ -241,12 +256,16 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
         # The compiled attention block of a model with q/k norms over the head dim (measured: GLM-4.5's peak,
         # results/h200/profile-peak): qkv (N, (H + 2 KV) D), the q norm's, the rotary's and the attention's q-sized
         # outputs (N, H D) each, one k-sized (N, KV D), over the layer's input and the residual (N, K)
-        block = 2 * N * K * d + N * (4 * heads + 3 * kv) * facts.head_dim * d + dispatch_recv
+        # With an fp8 KV cache the query's quantization is fused into the rotary (query_quant_fused): that
+        # q-sized output is fp8, 1 byte an element.
+        fp8_q = N * heads * facts.head_dim * (d - 1) if query_fp8 else 0
+        block = 2 * N * K * d + N * (4 * heads + 3 * kv) * facts.head_dim * d - fp8_q + dispatch_recv
         if block > total:
             total = block
+            fused = f" less the rotary's q as fp8 {fp8_q} B (the fp8 KV cache's query quantization)" if fp8_q else ""
             detail = (
                 f"the compiled attention block with q/k norms 2 x (N={N}, {K}) x {d} B + qkv, three q-sized "
-                f"and one k-sized outputs (N, (4 x {heads} + 3 x {kv}) x {facts.head_dim}) x {d} B{recv}"
+                f"and one k-sized outputs (N, (4 x {heads} + 3 x {kv}) x {facts.head_dim}) x {d} B{fused}{recv}"
             )
     return Phase(total, f"forward {total} B = {detail}")
 
