@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness.core.units import MIB, round_up
@@ -89,6 +90,7 @@ PER_GRAPH_FLOOR = 1 << 20  # gpu_model_runner.py profile_cudagraph_memory: max(s
 DEFAULT_MAX_SPLITS = 32  # config/attention.py AttentionConfig.flash_attn_max_num_splits_for_cuda_graph (0.19-0.30)
 DEFAULT_SHARED_STREAM_THRESHOLD = 256  # envs.py VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (0.26.0)
 DRIVER_PAGE = 2 * MIB  # the free-memory figure moves in the driver's 2 MiB pages
+MIN_LARGE_ALLOC = 10 * MIB  # CUDACachingAllocator kMinLargeAlloc: a request this large gets its own segment
 # Measured, the driver's memory for instantiated graphs (module docstring; results/h200/cudagraph-exec): per graph,
 # (object bytes, the graph, counted from the profile's first, at which the object's run opens its first page).
 GRAPH_OBJECTS = ((64 * 1024, 9), (48 * 1024, 36))
@@ -100,6 +102,15 @@ NODES_PER_LAYER_FULL = 18  # kernel nodes a layer adds to a FULL graph, its atte
 # 6.00 MiB per-graph"), taken per layer, a PIECEWISE capture rounding up and a FULL one down.
 EXEC_PER_LAYER = 6 * MIB // 32
 DEFAULT_MODE = "FULL_AND_PIECEWISE"  # config/compilation.py CompilationConfig.cudagraph_mode's default (V1)
+
+
+def pool_segments(tensors: list[int]) -> int:
+    """What tensors allocated in a fresh graph pool take of it: one of at least 10 MiB gets its own segment rounded up
+    to 2 MiB (PyTorch's CUDACachingAllocator kMinLargeAlloc, kRoundLarge); smaller ones are counted at their size,
+    cut from segments the forward's transients already open. Measured: gpt-oss's first PIECEWISE capture at 1024
+    tokens keeps its Triton MXFP4 experts' (4096, 2880) bf16 blocks in 24 MiB segments each
+    (results/h200/startup-gaps)."""
+    return sum(round_up(t, DRIVER_PAGE) if t >= MIN_LARGE_ALLOC else t for t in tensors)
 
 
 def capture_sizes(*, max_num_seqs: int, max_num_batched_tokens: int, max_capture: int | None = None,
@@ -375,10 +386,13 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
              mode: str | None = None, max_capture: int | None = None, sizes: list[int] | None = None,
              gpu: str | Gpu | None = None, max_splits: int = DEFAULT_MAX_SPLITS,
              shared_stream_threshold: int | None = DEFAULT_SHARED_STREAM_THRESHOLD,
-             kv_cache_dtype: str = "auto", exec_pages: bool = True) -> GraphEstimate:  # fmt: skip
+             kv_cache_dtype: str = "auto", exec_pages: bool = True,
+             experts_call: Callable[[int], list[int]] | None = None) -> GraphEstimate:  # fmt: skip
     """The estimate profile_cudagraph_memory prints ("Estimated CUDA graph memory: X GiB total"). `exec_pages`: the
     driver's graph-exec memory as measured under 0.26.0's stack (ExecPool); False, the per-layer scaling of the
-    earlier releases' logs (release_defaults.graph_exec_pages says which)."""
+    earlier releases' logs (release_defaults.graph_exec_pages says which). `experts_call`: the tensors an experts
+    kernel allocates itself in one call of n tokens, outside vLLM's kept workspace (the monolithic Triton MXFP4
+    kernel's), which the first capture's graph pool keeps (pool_segments)."""
     capability, num_sms, _ = gpu_facts(gpu)
     chosen, why = resolve_mode(facts, mode, capability)
     if chosen == "NONE":
@@ -392,6 +406,7 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
     capture_ws = workspace if capture_runs_cublas(facts) else 0
     modes: list[ModeEstimate] = []
     pool = 0  # the transients the profiling pool (and the default pool) already hold
+    call_pool = 0  # the experts kernel's own tensors the graph pool already holds
     aux_used = shared_stream_threshold is None or not shared_transients(facts, 1, tp)
     exec_pool = ExecPool()
     fa_full = split_head_size(facts, capability=capability, kv_cache_dtype=kv_cache_dtype) > 0
@@ -419,7 +434,9 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
         else:
             graph_exec = second_exec = layer_exec_bytes(name, facts)
         first_ws = capture_ws if index == 0 else 0
-        first = first_ws + 2 * new + accum + aux[0] + graph_exec
+        call = pool_segments(experts_call(n)) if experts_call is not None else 0
+        new_call, call_pool = max(0, call - call_pool), max(call_pool, call)
+        first = first_ws + 2 * new + accum + aux[0] + new_call + graph_exec
         pool = max(pool, forward)
         per_graph = max(second_exec + aux[1], PER_GRAPH_FLOOR)
         no_ws = "no cuBLAS workspace (every GEMM block FP8)" if index == 0 and not capture_ws else ""
@@ -428,6 +445,7 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
                  f"split-KV accumulators {accum} B ({splits} splits, {how})" if accum else "",
                  f"no split-KV accumulators (one split: {how})" if name == "FULL" and splits == 1 and fa_full else "",
                  f"shared experts' aux stream {aux[0]} B" if aux[0] else "",
+                 f"the experts kernel's own tensors at {n} tokens {new_call} B (graph pool)" if new_call else "",
                  f"graph exec {graph_exec} B" if graph_exec else ""]  # fmt: skip
         modes.append(ModeEstimate(name, len(graph_sizes), n, first, per_graph,
                                   f"{name}={len(graph_sizes)} (largest={n}): first {first} B = "

@@ -273,7 +273,8 @@ def _graph_flags(spec: DeploymentSpec) -> list[str]:
 
 
 def _graph_estimate(facts: ModelFacts, *, spec: DeploymentSpec, files, version: str | None, tp: int, seqs: int,
-                    tokens: int, gpu: Gpu | None, modelled: bool) -> tuple[int | None, str]:  # fmt: skip
+                    tokens: int, gpu: Gpu | None, modelled: bool,
+                    monolithic: str = "") -> tuple[int | None, str]:  # fmt: skip
     """(bytes, detail) of the V1 runner's CUDA-graph estimate where the release makes it and subtracts it
     (harness.sizing.cudagraph_memory); (None, why) where the plan keeps the flat estimate."""
     from harness.sizing import cudagraph_memory
@@ -286,12 +287,13 @@ def _graph_estimate(facts: ModelFacts, *, spec: DeploymentSpec, files, version: 
     splits = defaults.flash_attn_max_splits(files)
     threshold = defaults.shared_experts_stream_threshold(files)
     exec_pages = defaults.graph_exec_pages(version)
+    experts_call = graph_experts_call(facts, tp) if monolithic else None
     found = cudagraph_memory.estimate(facts, tp=tp, max_num_seqs=seqs, max_num_batched_tokens=tokens,
                                       mode=spec.cudagraph_mode, max_capture=spec.max_cudagraph_capture_size,
                                       sizes=spec.cudagraph_capture_sizes, gpu=gpu, max_splits=int(str(splits.value)),
                                       shared_stream_threshold=int(str(threshold.value)),
                                       kv_cache_dtype=spec.kv_cache_dtype,
-                                      exec_pages=bool(exec_pages.value))  # fmt: skip
+                                      exec_pages=bool(exec_pages.value), experts_call=experts_call)  # fmt: skip
     why = (
         f"{has.source}; splits {splits.source}; shared-experts stream threshold {threshold.source}; "
         f"graph exec {exec_pages.source}"
@@ -384,7 +386,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
                             source="--enforce-eager" if spec.enforce_eager else "no CUDA graphs (-O0 or cudagraph_mode "
                             "NONE)" if not graphs else estimate.source))  # fmt: skip
     graphs_for = functools.partial(_graph_estimate, spec=spec, files=files, version=version, tp=tp, seqs=seqs,
-                                   tokens=tokens, gpu=row, modelled=cudagraph)  # fmt: skip
+                                   tokens=tokens, gpu=row, modelled=cudagraph, monolithic=monolithic)  # fmt: skip
     graph_bytes, graph_detail = graphs_for(facts)
     if graph_bytes is None:
         approximate += _graph_flags(spec)
@@ -526,18 +528,30 @@ def _monolithic_experts(facts: ModelFacts, files, row: Gpu | None, moe_backend: 
     )
 
 
+def monolithic_call_tensors(facts: ModelFacts, num_tokens: int, intermediate: int) -> list[int]:
+    """The bf16 tensors the monolithic Triton MXFP4 kernel allocates in one call of M tokens: the first matmul_ogs's
+    output, the SwiGLU-fused intermediate (M x topk, I), the layer's output (M, K) (fused_moe/experts/
+    gpt_oss_triton_kernels_moe.py triton_kernel_moe_forward `torch.empty_like(hidden_states)`,
+    triton_kernel_fused_experts), and the second matmul_ogs's scratchpad (M x topk, K), which it takes for a scatter
+    with more than one expert per token on CUDA (third_party/triton_kernels/matmul_ogs.py init_allocation; split_k
+    1)."""
+    M, topk, K = num_tokens, facts.top_k, facts.hidden_size
+    return [2 * M * topk * intermediate, 2 * M * K, 2 * M * topk * K]
+
+
+def graph_experts_call(facts: ModelFacts, tp: int) -> Callable[[int], list[int]]:
+    """The monolithic Triton MXFP4 kernel's own tensors at n tokens (it runs without DP or EP: the experts'
+    intermediate split over TP), for the CUDA-graph estimate: outside vLLM's workspace, in the graph pool."""
+    inter = experts_intermediate(facts, Sharding(tp=tp, moe_tp=tp, local_experts=facts.num_routed_experts))
+    return functools.partial(monolithic_call_tensors, facts, intermediate=inter)
+
+
 def monolithic_call_bytes(facts: ModelFacts, r: Resolved, sharding: Sharding) -> tuple[int, str]:
     """What the monolithic Triton MXFP4 kernel allocates in one call of M tokens (the dummy forward's M =
-    max_num_batched_tokens), bf16: the first matmul_ogs's output, the SwiGLU-fused intermediate (M x topk, I), the
-    layer's output (M, K) (fused_moe/gpt_oss_triton_kernels_moe.py triton_kernel_moe_forward, triton_kernel_fused_
-    experts), and the second matmul_ogs's scratchpad (M x topk, K), which it takes for a scatter with more than one
-    expert per token on CUDA (third_party/triton_kernels/matmul_ogs.py init_allocation; split_k 1)."""
-    from harness.sizing.deployment_weights import experts_intermediate
-
+    max_num_batched_tokens): monolithic_call_tensors."""
     M, topk, K = r.max_num_batched_tokens, facts.top_k, facts.hidden_size
     I = experts_intermediate(facts, sharding)
-    size = 2 * (M * topk * I + M * K + M * topk * K)
-    return size, (
+    return sum(monolithic_call_tensors(facts, M, I)), (
         f"{r.monolithic_experts}: intermediate (M={M} x topk {topk}, I={I}) + output (M, K={K}) + the "
         "scatter's scratchpad (M x topk, K), bf16 (gpt_oss_triton_kernels_moe.py "
         "triton_kernel_fused_experts; triton_kernels matmul_ogs init_allocation)"
