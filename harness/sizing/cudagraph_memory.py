@@ -53,6 +53,10 @@ vllm.py sets it whenever graphs are captured) and then captures, all on the fres
                        run (max_num_batched_tokens) never used: the first measured capture at or under the threshold
                        adds that stream's cuBLAS workspace and, warm-up and graph pool, the shared MLP's transients in
                        the stream's own blocks (a clone of the input, gate_up, act_fn, the output)
+    experts kernel     an experts kernel that allocates its own tensors in each call, outside vLLM's kept workspace
+                       (the monolithic Triton MXFP4 kernel: fused_moe/experts/gpt_oss_triton_kernels_moe.py), leaves
+                       them in the first capture's graph pool, each of at least 10 MiB in its own segment
+                       (pool_segments); the warm-up's are released by the capture's empty_cache
     graph exec         the driver's memory for the instantiated graphs (measured, below; the per-graph sample is
                        this alone: the warm-up's new blocks are released by the empty_cache of torch.cuda.graph's
                        entry at the first piece, and the capture's tensors reuse the first capture's blocks in the
