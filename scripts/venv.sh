@@ -59,6 +59,10 @@ harness_venv_bytecode() {  # VENV -> Python keeps the bytecode it compiles, in V
 
 harness_venv() {
   local venv="$1" target="$2" fresh="${4:-}" torch_choice stamp
+  if [ -z "${PYTHON:-}" ]; then  # without it, pip would install into whatever python is first on PATH
+    echo "scripts/venv.sh: PYTHON (the interpreter to build $venv from) is not set" >&2
+    return 2
+  fi
   export PIP_DISABLE_PIP_VERSION_CHECK=1
   torch_choice="$(harness_venv_torch_choice "$3")"
   stamp="$(harness_venv_stamp "$target" "$torch_choice")"
