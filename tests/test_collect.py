@@ -712,6 +712,36 @@ def test_memory_check_accepts_allocator_segment_rounding_only_when_nvml_matches_
     assert cpu.outcome == "fail" and "+400%" in cpu.message
 
 
+def test_memory_check_on_rss_allows_half_a_mib_of_other_threads():
+    """An RSS reading of an 8 MiB workspace 0.21 MiB over (+2.6%, seen on one rank of the Ray-launched CPU smoke)
+    passes a 2% tolerance on RSS, which allows at least RSS_READ_SLACK_BYTES; the same reading on NVML fails, and
+    an RSS reading 1 MiB off, or of nothing, fails."""
+    from harness.core.records import ContractBytes, MemoryMeasurement, PolicyResult
+    from harness.core.rounding import RSS_READ_SLACK_BYTES
+
+    contract = ContractBytes(ws13_shape=[1], ws2_shape=[1], out_shape=[1], common_bytes=4 * MiB, ws2_bytes=4 * MiB,
+                             total_bytes=8 * MiB, source="test")  # fmt: skip
+    judging = Judging(expected={}, memory_tolerance_pct=2.0, max_error=0.06, max_error_source="test")
+
+    def memory_check(delta: int, method: str) -> Check:
+        memory = MemoryMeasurement(method=method, label="x", baseline_bytes=0, peak_bytes=delta, delta_bytes=delta,
+                                   workspace_delta_bytes=delta, workspace_reserved_bytes=None)  # fmt: skip
+        result = PolicyResult(policy="fixed", status="ok", contract=contract, memory=memory)
+        baseline = Check(outcome="skip", message="")
+        return evaluate_checks(result, expected_outcome=None, judging=judging, baseline=baseline).memory
+
+    assert RSS_READ_SLACK_BYTES == 512 * 1024
+    seen = 8622080  # 8.22 MiB
+    rss = memory_check(seen, "rss")
+    assert rss.outcome == "pass" and "+2.78%" in rss.message and "at least 524288 B on RSS" in rss.message
+    assert memory_check(seen, "nvml").outcome == "fail"
+    assert memory_check(8 * MiB + MiB, "rss").outcome == "fail"
+    assert memory_check(0, "rss").outcome == "fail"
+    # At 8 MiB, 2% is 0.16 MiB: the slack is the bound, to the byte.
+    assert memory_check(8 * MiB + RSS_READ_SLACK_BYTES, "rss").outcome == "pass"
+    assert memory_check(8 * MiB + RSS_READ_SLACK_BYTES + 4096, "rss").outcome == "fail"
+
+
 def _real_rank(info, scenario_data, run_dir):
     from harness.rank.lifecycle import rank_main
     from harness.scenario.schema import parse_scenario

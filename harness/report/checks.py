@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from harness.core.contract import BUILTIN_POLICIES, builtin_shapes
 from harness.core.exits import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from harness.core.records import Correctness, ExpectedOutcome, MemoryMeasurement, PolicyResult, RankRecord, StageCheck
-from harness.core.rounding import CUDA_SMALL_SEGMENT_BYTES, UNRECORDED_BASELINE_ROUNDING_BYTES
+from harness.core.rounding import CUDA_SMALL_SEGMENT_BYTES, RSS_READ_SLACK_BYTES, UNRECORDED_BASELINE_ROUNDING_BYTES
 from harness.core.units import MIB, human_bytes
 from harness.report.model import Check, CheckCounts, CheckOutcome, Checks, Outcome, Problem
 from harness.scenario.schema import Scenario
@@ -160,10 +160,15 @@ def _memory_check(result: PolicyResult, tolerance_pct: float) -> Check:
     allocated = result.contract.common_bytes + result.contract.ws2_bytes
     delta = result.memory.workspace_delta_bytes
     tolerance = tolerance_pct / 100.0
-    within = abs(delta - allocated) <= tolerance * allocated
+    slack = tolerance * allocated
+    floor = ""
+    if result.memory.method == "rss" and slack < RSS_READ_SLACK_BYTES:
+        slack, floor = RSS_READ_SLACK_BYTES, f", at least {RSS_READ_SLACK_BYTES} B on RSS"
+    within = abs(delta - allocated) <= slack
     message = (
         f"workspace delta {_gib(delta)} ({delta} B) vs allocated contract {_gib(allocated)} "
-        f"({allocated} B): {_pct(delta, allocated):+.3g}% (tolerance {tolerance_pct:g}%, {result.memory.method})"
+        f"({allocated} B): {_pct(delta, allocated):+.3g}% (tolerance {tolerance_pct:g}%{floor}, "
+        f"{result.memory.method})"
     )
     reserved = result.memory.workspace_reserved_bytes
     if not within and reserved is not None:
