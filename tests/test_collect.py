@@ -9,7 +9,7 @@ import os
 import stat
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -723,7 +723,7 @@ def test_memory_check_on_rss_allows_half_a_mib_of_other_threads():
                              total_bytes=8 * MiB, source="test")  # fmt: skip
     judging = Judging(expected={}, memory_tolerance_pct=2.0, max_error=0.06, max_error_source="test")
 
-    def memory_check(delta: int, method: str) -> Check:
+    def memory_check(delta: int, method: Literal["nvml", "rss"]) -> Check:
         memory = MemoryMeasurement(method=method, label="x", baseline_bytes=0, peak_bytes=delta, delta_bytes=delta,
                                    workspace_delta_bytes=delta, workspace_reserved_bytes=None)  # fmt: skip
         result = PolicyResult(policy="fixed", status="ok", contract=contract, memory=memory)
