@@ -86,6 +86,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness.core.units import MIB, round_up
+from harness.sizing.deployment_weights import MIN_LARGE_ALLOC, ROUND_LARGE
 from harness.sizing.gpus import Gpu
 from harness.sizing.model_config import ModelFacts
 from harness.sizing.profile_run import cublas_workspace, forward_phase, gpu_facts, query_quant_fused
@@ -94,7 +95,6 @@ PER_GRAPH_FLOOR = 1 << 20  # gpu_model_runner.py profile_cudagraph_memory: max(s
 DEFAULT_MAX_SPLITS = 32  # config/attention.py AttentionConfig.flash_attn_max_num_splits_for_cuda_graph (0.19-0.30)
 DEFAULT_SHARED_STREAM_THRESHOLD = 256  # envs.py VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (0.26.0)
 DRIVER_PAGE = 2 * MIB  # the free-memory figure moves in the driver's 2 MiB pages
-MIN_LARGE_ALLOC = 10 * MIB  # CUDACachingAllocator kMinLargeAlloc: a request this large gets its own segment
 # Measured, the driver's memory for instantiated graphs (module docstring; results/h200/cudagraph-exec): per graph,
 # (object bytes, the graph, counted from the profile's first, at which the object's run opens its first page).
 GRAPH_OBJECTS = ((64 * 1024, 9), (48 * 1024, 36))
@@ -114,7 +114,7 @@ def pool_segments(tensors: list[int]) -> int:
     cut from segments the forward's transients already open. Measured: gpt-oss's first PIECEWISE capture at 1024
     tokens keeps its Triton MXFP4 experts' (4096, 2880) bf16 blocks in 24 MiB segments each
     (results/h200/startup-gaps)."""
-    return sum(round_up(t, DRIVER_PAGE) if t >= MIN_LARGE_ALLOC else t for t in tensors)
+    return sum(round_up(t, ROUND_LARGE) if t >= MIN_LARGE_ALLOC else t for t in tensors)
 
 
 def capture_sizes(*, max_num_seqs: int, max_num_batched_tokens: int, max_capture: int | None = None,
