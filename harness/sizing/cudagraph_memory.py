@@ -47,6 +47,10 @@ vllm.py sets it whenever graphs are captured) and then captures, all on the fres
                        Sparse MLA's FLASH_ATTN_MLA_SPARSE (mla/flashattn_mla_sparse.py forward_mqa, 0.26.0 and
                        0.30.0) passes no num_splits: FlashAttention 3 picks them (fa3_sparse_mla_splits). Over
                        992 sequences FlashAttention 3 takes one split whatever it is asked, and then allocates none
+    MLA stand-in       a PIECEWISE warm-up runs without attention metadata, so an MLA layer makes and frees its
+                       profile stand-in (rows, heads, qk_nope + v); where the first cuBLAS GEMM follows the first
+                       attention, the capture stream's workspace is cut from a freed stand-in block and keeps that
+                       whole segment through the capture's empty_cache, in place of its own (held_mla_stand_in)
     shared experts     with shared experts, a forward of at most VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD tokens
                        (envs.py, 256) runs them on the aux stream (model_executor/layers/fused_moe/runner/
                        shared_experts.py: MULTI_STREAM_OVERLAPPED; utils/torch_utils.py aux_stream), which the profile
@@ -377,6 +381,48 @@ QUANTIZED_ROUTER_GATE = {"Qwen3MoeForCausalLM": "models/qwen3_moe.py Qwen3MoeSpa
                                                 "ReplicatedLinear(..., quant_config=quant_config)"}  # fmt: skip
 
 
+def first_cublas_after_attention(facts: ModelFacts) -> tuple[bool, str]:
+    """Whether the captured forward's first cuBLAS GEMM comes after layer 0's attention, and why: an MLA model whose
+    linears before the attention are all block FP8 (DeepSeek-V3's fused_qkv_a_proj, q_b_proj: models/deepseek_v2.py
+    passes them the quant config), so the first cuBLAS GEMM is the first MoE layer's router gate (GateLinear,
+    unquantized). DeepSeek-V3.2's indexer multiplies in bf16 before the attention (models/deepseek_v2.py Indexer:
+    wk_weights_proj with quant_config=None), as does an unquantized checkpoint's q_a_proj."""
+    if not facts.is_mla or facts.weight_block_size is None:
+        return False, "a cuBLAS GEMM before the first attention (unquantized linears)"
+    if facts.index_topk:
+        return False, "the sparse indexer's bf16 wk_weights_proj runs before the first attention"
+    return True, "every linear before the first attention is block FP8; the first cuBLAS GEMM is a later layer's"
+
+
+def held_mla_stand_in(facts: ModelFacts, *, tp: int, rows: int, mode: str) -> tuple[int, str]:
+    """The segment of MLA's profile stand-in that the capture stream's cuBLAS workspace keeps: (bytes, why), 0 when
+    none is kept.
+
+    A PIECEWISE capture's warm-up runs without attention metadata (gpu_model_runner.py `_warmup_and_capture`:
+    force_attention only for FULL), so each MLA layer's forward_impl makes its profile stand-in, a
+    (rows, heads, qk_nope + v) tensor (mla_attention.py 0.26.0:706, `_ = torch.empty(...)`, one segment of its own),
+    and frees it on return. Where the first cuBLAS GEMM comes after that (first_cublas_after_attention), PyTorch
+    carves the capture stream's workspace, kept for the stream's life, out of a freed stand-in block, and the
+    capture's `empty_cache` cannot release that segment: the first sample holds it whole in place of the
+    workspace's own segment. Measured (allocator history, results/h200/startup-gaps): DeepSeek-V3 cut to four
+    layers, block FP8, 512 tokens: the 32 MiB workspace live in a 2048 MiB stand-in segment through the capture,
+    2180 MiB first-capture logged; DeepSeek-V3.2 keeps the workspace in its own 32 MiB segment (its indexer's GEMM
+    comes first)."""
+    if mode != "PIECEWISE" or not rows or not facts.is_mla:
+        return 0, ""
+    after, _ = first_cublas_after_attention(facts)
+    if not after or not capture_runs_cublas(facts):
+        return 0, ""
+    heads = max(1, facts.num_attention_heads // tp)
+    size = rows * heads * (facts.qk_nope_head_dim + facts.v_head_dim) * facts.dtype_bytes
+    segment = round_up(size, ROUND_LARGE)
+    return segment, (
+        f"MLA's profile stand-in ({rows}, {heads}, {facts.qk_nope_head_dim + facts.v_head_dim}) x "
+        f"{facts.dtype_bytes} B, its {segment} B segment kept by the capture stream's cuBLAS workspace "
+        "(the warm-up runs without attention metadata; the first cuBLAS GEMM follows the attention)"
+    )
+
+
 def capture_runs_cublas(facts: ModelFacts) -> bool:
     """Whether the captured forward runs a cuBLAS GEMM (and so makes the capture stream's workspace): False where
     every linear of the decoder is block FP8 (QUANTIZED_ROUTER_GATE), not MLA, without shared experts (their gate
@@ -391,12 +437,14 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
              gpu: str | Gpu | None = None, max_splits: int = DEFAULT_MAX_SPLITS,
              shared_stream_threshold: int | None = DEFAULT_SHARED_STREAM_THRESHOLD,
              kv_cache_dtype: str = "auto", exec_pages: bool = True,
-             experts_call: Callable[[int], list[int]] | None = None) -> GraphEstimate:  # fmt: skip
+             experts_call: Callable[[int], list[int]] | None = None, mla_rows: int = 0) -> GraphEstimate:  # fmt: skip
     """The estimate profile_cudagraph_memory prints ("Estimated CUDA graph memory: X GiB total"). `exec_pages`: the
     driver's graph-exec memory as measured under 0.26.0's stack (ExecPool); False, the per-layer scaling of the
     earlier releases' logs (release_defaults.graph_exec_pages says which). `experts_call`: the tensors an experts
     kernel allocates itself in one call of n tokens, outside vLLM's kept workspace (the monolithic Triton MXFP4
-    kernel's), which the first capture's graph pool keeps (pool_segments)."""
+    kernel's), which the first capture's graph pool keeps (pool_segments). `mla_rows`: the rows of MLA's
+    chunked-prefill workspace (profile_run.mla_workspace_rows), the size of its profile stand-in
+    (held_mla_stand_in)."""
     capability, num_sms, _ = gpu_facts(gpu)
     chosen, why = resolve_mode(facts, mode, capability)
     if chosen == "NONE":
@@ -438,13 +486,15 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
         else:
             graph_exec = second_exec = layer_exec_bytes(name, facts)
         first_ws = capture_ws if index == 0 else 0
+        held, held_why = held_mla_stand_in(facts, tp=tp, rows=mla_rows, mode=name) if index == 0 else (0, "")
         call = pool_segments(experts_call(n)) if experts_call is not None else 0
         new_call, call_pool = max(0, call - call_pool), max(call_pool, call)
-        first = first_ws + 2 * new + accum + aux[0] + new_call + graph_exec
+        first = (held or first_ws) + 2 * new + accum + aux[0] + new_call + graph_exec
         pool = max(pool, forward)
         per_graph = max(second_exec + aux[1], PER_GRAPH_FLOOR)
         no_ws = "no cuBLAS workspace (every GEMM block FP8)" if index == 0 and not capture_ws else ""
-        parts = [f"cuBLAS workspace {first_ws} B (the capture stream's)" if first_ws else no_ws,
+        ws_part = f"cuBLAS workspace {first_ws} B (the capture stream's)" if first_ws else no_ws
+        parts = [f"{held} B: {held_why}" if held else ws_part,
                  f"2 x {new} B forward transients at {n} tokens (warm-up, graph pool)" if new else "",
                  f"split-KV accumulators {accum} B ({splits} splits, {how})" if accum else "",
                  f"no split-KV accumulators (one split: {how})" if name == "FULL" and splits == 1 and fa_full else "",

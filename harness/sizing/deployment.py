@@ -273,8 +273,8 @@ def _graph_flags(spec: DeploymentSpec) -> list[str]:
 
 
 def _graph_estimate(facts: ModelFacts, *, spec: DeploymentSpec, files, version: str | None, tp: int, seqs: int,
-                    tokens: int, gpu: Gpu | None, modelled: bool,
-                    monolithic: str = "") -> tuple[int | None, str]:  # fmt: skip
+                    tokens: int, gpu: Gpu | None, modelled: bool, monolithic: str = "",
+                    mla_rows: int = 0) -> tuple[int | None, str]:  # fmt: skip
     """(bytes, detail) of the V1 runner's CUDA-graph estimate where the release makes it and subtracts it
     (harness.sizing.cudagraph_memory); (None, why) where the plan keeps the flat estimate."""
     from harness.sizing import cudagraph_memory
@@ -293,7 +293,8 @@ def _graph_estimate(facts: ModelFacts, *, spec: DeploymentSpec, files, version: 
                                       sizes=spec.cudagraph_capture_sizes, gpu=gpu, max_splits=int(str(splits.value)),
                                       shared_stream_threshold=int(str(threshold.value)),
                                       kv_cache_dtype=spec.kv_cache_dtype,
-                                      exec_pages=bool(exec_pages.value), experts_call=experts_call)  # fmt: skip
+                                      exec_pages=bool(exec_pages.value), experts_call=experts_call,
+                                      mla_rows=mla_rows)  # fmt: skip
     why = (
         f"{has.source}; splits {splits.source}; shared-experts stream threshold {threshold.source}; "
         f"graph exec {exec_pages.source}"
@@ -385,8 +386,11 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
     settings.append(Setting(name="cudagraph_memory_estimate", value=cudagraph,
                             source="--enforce-eager" if spec.enforce_eager else "no CUDA graphs (-O0 or cudagraph_mode "
                             "NONE)" if not graphs else estimate.source))  # fmt: skip
+    mla_rows = profile_run.mla_workspace_rows(max_model_len=max_model_len, max_num_seqs=seqs,
+                                              block_size=block) if facts.is_mla else 0  # fmt: skip
     graphs_for = functools.partial(_graph_estimate, spec=spec, files=files, version=version, tp=tp, seqs=seqs,
-                                   tokens=tokens, gpu=row, modelled=cudagraph, monolithic=monolithic)  # fmt: skip
+                                   tokens=tokens, gpu=row, modelled=cudagraph, monolithic=monolithic,
+                                   mla_rows=mla_rows)  # fmt: skip
     graph_bytes, graph_detail = graphs_for(facts)
     if graph_bytes is None:
         approximate += _graph_flags(spec)

@@ -23,7 +23,7 @@ HF = {"qwen3-moe": "Qwen/Qwen3-30B-A3B", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B", 
       "dsv2-lite": "deepseek-ai/DeepSeek-V2-Lite-Chat", "deepseek-v2-lite": "deepseek-ai/DeepSeek-V2-Lite-Chat",
       "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct", "qwen3-8b": "Qwen/Qwen3-8B", "qwen1.5-moe": "Qwen/Qwen1.5-MoE-A2.7B",
       "gpt-oss": "openai/gpt-oss-20b", "dsv32": "deepseek-ai/DeepSeek-V3.2-Exp",
-      "dsv3-": "deepseek-ai/DeepSeek-V3"}
+      "dsv3-": "deepseek-ai/DeepSeek-V3", "kimi-k2": "moonshotai/Kimi-K2-Instruct"}
 # Configs made from the presets (harness/defaults/models, gen2.py): the preset's own hub id.
 PRESET = {"gemma2-9b": "gemma-2-9b-it", "granite-8b": "granite-3.1-8b", "phi4": "phi-4", "phi2": "phi-2",
           "mistral-7b": "mistral-7b-v0.3", "glm45": "glm-4.5", "minimax-m2": "minimax-m2",
