@@ -36,8 +36,10 @@ vllm.py sets it whenever graphs are captured) and then captures, all on the fres
                        themselves. The live set of the compiled pieces is not read, so the segment count is not
                        derived: twice the transients is the approximation (Qwen3-MoE: 37 MiB against the 38 logged at
                        64 tokens, 75 against 76 at 512, 43 against 60 at 128, where one 20 MiB segment is the
-                       difference). A later
-                       mode's first capture reuses what the earlier one left in both pools
+                       difference). An MLA model's pieces are read from its
+                       graph pool's segments instead (mla_pool: DeepSeek-V3's 132 MiB at 512 tokens, where twice its
+                       transients would be 200). A later mode's first capture reuses what the earlier one left in
+                       both pools
     FULL attention     FlashAttention's split-KV accumulators, allocated inside the FULL graph: the metadata builder
                        sets num_splits to attention_config.flash_attn_max_num_splits_for_cuda_graph (32) under full
                        CUDA graphs (v1/attention/backends/flash_attn.py FlashAttentionMetadataBuilder.__init__ and
@@ -423,6 +425,43 @@ def held_mla_stand_in(facts: ModelFacts, *, tp: int, rows: int, mode: str) -> tu
     )
 
 
+SMALL_SEGMENT = 20 * MIB  # CUDACachingAllocator kLargeBuffer: the segment tensors of 1-10 MiB are cut from
+SMALL_BLOCK = 2 * MIB  # kSmallBuffer: the segment tensors under 1 MiB are cut from
+
+
+def mla_pool(facts: ModelFacts, num_tokens: int, tp: int) -> tuple[int, str]:
+    """What an MLA model's compiled pieces leave in a fresh graph pool at one capture size: (bytes, detail).
+
+    Read from the allocator's history of two first PIECEWISE captures (results/h200/startup-gaps, second batch):
+    DeepSeek-V3 cut to four layers at 512 tokens made 36 + 24 + 24 + 24 + 20 + 2 + 2 MiB of pool segments and
+    DeepSeek-V3.2 at 1024 tokens 72 + 48 + 48 + 48 + 16 + 14 + 14 + 14 + 20 + 2 + 2: the dense layer's gate_up
+    output (N, 2 I), three tensors of the query's size (N, heads x (qk_nope + qk_rope)), the sparse indexer's query
+    (N, index_n_heads x index_head_dim) and three of the hidden size (N, K), each of at least 10 MiB in a segment of
+    its own rounded to 2 MiB (pool_segments), the smaller ones (with the pieces' unnamed tensors of 1-10 MiB) in
+    20 MiB segments, as many as their bytes fill and at least one, and two 2 MiB small-block segments. Where more
+    than one piece makes the same shape, the pool's freed blocks serve the later ones: the counts are what the
+    segments showed, not a count of the source's tensors. Against the three: 152 MiB planned at DeepSeek-V3's 512
+    tokens (132 made), 152 at DeepSeek-V3.2's 512 (172 made: 36 + 24 + 24 + 24 and three 20 MiB segments and two
+    2 MiB, the first batch of the same directory), 298 at its 1024 (298)."""
+    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
+    heads = max(1, facts.num_attention_heads // tp)
+    named: list[tuple[str, int, int]] = []  # (what, count, bytes each)
+    if len(facts.moe_layers) < facts.num_hidden_layers and facts.intermediate_size:
+        named.append(("the dense MLP's gate_up", 1, N * 2 * (facts.intermediate_size // tp) * d))
+    named.append(("query-sized", 3, N * heads * (facts.qk_nope_head_dim + facts.qk_rope_head_dim) * d))
+    if facts.index_topk:
+        named.append(("the indexer's query", 1, N * facts.index_n_heads * facts.index_head_dim * d))
+    named.append(("hidden-sized", 3, N * K * d))
+    large = [(what, n, size) for what, n, size in named if size >= MIN_LARGE_ALLOC]
+    small = sum(n * size for _, n, size in named if size < MIN_LARGE_ALLOC)
+    segments = max(1, -(-small // SMALL_SEGMENT))
+    total = sum(n * pool_segments([size]) for _, n, size in large) + segments * SMALL_SEGMENT + 2 * SMALL_BLOCK
+    parts = [f"{n} x {what} {size} B" for what, n, size in large]
+    return total, (f"MLA's graph pool at {N} tokens {total} B = " + " + ".join([*parts, f"{segments} x 20 MiB "
+                   f"segments of the smaller ones ({small} B of them named)", "two 2 MiB small blocks"])
+                   + " (segments rounded to 2 MiB)")  # fmt: skip
+
+
 def capture_runs_cublas(facts: ModelFacts) -> bool:
     """Whether the captured forward runs a cuBLAS GEMM (and so makes the capture stream's workspace): False where
     every linear of the decoder is block FP8 (QUANTIZED_ROUTER_GATE), not MLA, without shared experts (their gate
@@ -470,8 +509,12 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
                 aux[sample] = workspace + 2 * shared_transients(facts, size, tp)
                 aux_used = True
         n = graph_sizes[0]
-        forward = forward_phase(facts, num_tokens=n, tp=tp, query_fp8=query_fp8).bytes
+        if facts.is_mla:  # the pieces' segments as read (mla_pool), not twice the forward's transients
+            forward, pool_why = mla_pool(facts, n, tp)
+        else:
+            forward, pool_why = forward_phase(facts, num_tokens=n, tp=tp, query_fp8=query_fp8).bytes, ""
         new = max(0, forward - pool)
+        twice = 1 if facts.is_mla else 2
         splits, how = max_splits, "attention_config's"
         if facts.index_topk and name == "FULL" and (picked := fa3_sparse_mla_splits(facts, n, tp, num_sms)):
             splits, how = picked, "FlashAttention 3's heuristic, sparse MLA"
@@ -489,13 +532,16 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
         held, held_why = held_mla_stand_in(facts, tp=tp, rows=mla_rows, mode=name) if index == 0 else (0, "")
         call = pool_segments(experts_call(n)) if experts_call is not None else 0
         new_call, call_pool = max(0, call - call_pool), max(call_pool, call)
-        first = (held or first_ws) + 2 * new + accum + aux[0] + new_call + graph_exec
+        first = (held or first_ws) + twice * new + accum + aux[0] + new_call + graph_exec
         pool = max(pool, forward)
         per_graph = max(second_exec + aux[1], PER_GRAPH_FLOOR)
         no_ws = "no cuBLAS workspace (every GEMM block FP8)" if index == 0 and not capture_ws else ""
         ws_part = f"cuBLAS workspace {first_ws} B (the capture stream's)" if first_ws else no_ws
+        held_back = f", less {forward - new} B the pool holds" if new < forward else ""
+        pool_part = (f"{new} B: {pool_why}{held_back}" if pool_why else
+                     f"2 x {new} B forward transients at {n} tokens (warm-up, graph pool)")  # fmt: skip
         parts = [f"{held} B: {held_why}" if held else ws_part,
-                 f"2 x {new} B forward transients at {n} tokens (warm-up, graph pool)" if new else "",
+                 pool_part if new else "",
                  f"split-KV accumulators {accum} B ({splits} splits, {how})" if accum else "",
                  f"no split-KV accumulators (one split: {how})" if name == "FULL" and splits == 1 and fa_full else "",
                  f"shared experts' aux stream {aux[0]} B" if aux[0] else "",

@@ -145,14 +145,30 @@ def analyse_profile(base, events):
             "new_at_peak_bytes": sum(s for s, _ in new), "new_at_peak": group(new, 50)}
 
 
-def analyse_intervals(events, points):
+def seg_of(segs, addr):
+    for a, size, pool, stream in segs:
+        if a <= addr < a + size:
+            return (size, str(pool), stream)
+    return None
+
+
+def live_by_segment(allocs, segs):
+    """Still-live blocks of an interval, each with the segment (size, pool, stream) it sits in at the end."""
+    out = []
+    for addr, (size, frames, stream) in sorted(allocs.items(), key=lambda kv: -kv[1][0])[:60]:
+        out.append({"addr": addr, "size": size, "stream": stream, "segment": seg_of(segs, addr), "frames": frames[:8]})
+    return out
+
+
+def analyse_intervals(events, points, snap=None):
     """Split events by the boundary points' times; per interval: segment allocs/frees and blocks still live."""
     ts = [p["t_us"] for p in points]
+    segs = [(x["address"], x["total_size"], x.get("segment_pool_id"), x["stream"]) for x in (snap or {}).get("segments", [])]
     out = []
     j = 0
     for k in range(len(points) - 1):
         lo, hi = ts[k], ts[k + 1]
-        seg_a, seg_f, allocs, freed = [], [], {}, 0
+        seg_a, seg_f, allocs, freed, seg_list, seg_freed = [], [], {}, 0, [], []
         while j < len(events) and events[j].get("time_us", 0) < lo:
             j += 1
         jj = j
@@ -161,8 +177,10 @@ def analyse_intervals(events, points):
             a = e["action"]
             if a == "segment_alloc":
                 seg_a.append((e["size"], fr(e.get("frames"))))
+                seg_list.append((e["addr"], e["size"], e.get("stream", 0)))
             elif a in ("segment_free", "segment_unmap"):
                 seg_f.append(e["size"])
+                seg_freed.append((e["addr"], e["size"]))
             elif a == "alloc":
                 allocs[e["addr"]] = (e["size"], fr(e.get("frames")), e.get("stream", 0))
             elif a == "free_completed":
@@ -175,7 +193,9 @@ def analyse_intervals(events, points):
                     "freed_older_bytes": freed,
                     "still_live_bytes": sum(v[0] for v in allocs.values()),
                     "still_live": group([(v[0], v[1]) for v in allocs.values()], 25),
-                    "streams": sorted({v[2] for v in allocs.values()})})
+                    "streams": sorted({v[2] for v in allocs.values()}),
+                    "segments_made": seg_list[:200], "segments_freed": seg_freed[:200],
+                    "live_by_segment": live_by_segment(allocs, segs)})
     return out
 
 
@@ -264,7 +284,7 @@ def patch():
                     for p_ in st["points"]:
                         p_["t_us"] += shift
                 R["graphs"] = {"clock": {"cal_event_us": cal, "cal_mark_us": tcal, "shift": shift},"points": st["points"], "result": result,
-                               "intervals": analyse_intervals(ev, st["points"]),
+                               "intervals": analyse_intervals(ev, st["points"], snap),
                                "n_events": len(ev),
                                "first_event_t": ev[0].get("time_us") if ev else None,
                                "segments_end": [(s["address"], s["total_size"], s.get("segment_pool_id"), s["stream"])
