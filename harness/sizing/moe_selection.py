@@ -838,9 +838,9 @@ def default_backend(facts, files: ReleaseFiles | None, *, gpu, tp: int, dp: int,
                            batched=uses_batched_dp_moe(all2all, ep, dp), checkpoint=checkpoint)  # fmt: skip
         if wna16.family is not None:
             return Default(wna16.family, f"{wna16.source} ({where})")
-        kept = f"{fallback.value}: TritonWNA16Experts, as before" if fallback.value == "triton" else fallback.value
+        kept = "the Triton WNA16 experts (TritonWNA16Experts)" if fallback.value == "triton" else fallback.value
         why = f"vLLM's pick {wna16.experts_class} is not sized by the plan; {wna16.source}" if wna16.experts_class \
-            else f"vLLM's selection is not read: {wna16.source}"  # fmt: skip
+            else f"vLLM's experts class is not read: {wna16.source}"  # fmt: skip
         return Default(fallback.value, f"table: {kept} ({why}; {where})")
     pick = pick_fp8(files, capability=major * 10 + minor, ep_size=tp * dp if ep else 1,
                     batched=uses_batched_dp_moe(all2all, ep, dp), block=facts.weight_block_size is not None,
