@@ -252,3 +252,25 @@ def test_the_real_startups_plan_marlin(name, cache_dir):
     workspace = plan.line("moe-workspace")
     assert workspace is not None and "MarlinExperts.workspace_shapes" in workspace.source
     assert workspace.bytes == 2 * 8192 * 8 * 2048 * 2
+
+
+def test_a_hostile_marlin_check_stays_bounded(releases, tmp_path):
+    """A tree whose check_moe_marlin_supports_layer fans out into ten calls a level, four levels deep (10^4 calls
+    if run), or calls itself forever: the selection stops at its call budget or depth and says so."""
+    import shutil
+
+    root = tmp_path / "vllm-src"
+    shutil.copytree(releases["0.26.0"].root / "vllm", root / "vllm")
+    utils = root / QUANT / "utils" / "marlin_utils.py"
+    calls = [" + ".join([f"_level{n + 1}(x)"] * 10) for n in range(4)] + ["1"]
+    levels = "".join(f"\n\ndef _level{n}(x):\n    return {body}\n" for n, body in enumerate(calls))
+    fan = "\n\ndef check_moe_marlin_supports_layer(layer, group_size, allow_tile_padding=False):\n" \
+          "    return _level0(layer) > 0\n"  # fmt: skip
+    utils.write_text(utils.read_text(encoding="utf-8") + levels + fan, encoding="utf-8")
+    pick = pick_wna16(release_files(locate(src=root)), capability=H200, **STANDARD, checkpoint=checkpoint(AWQ))
+    assert pick.family is None and "calls more than 64 functions" in pick.source
+    loop = "\n\ndef check_moe_marlin_supports_layer(layer, group_size, allow_tile_padding=False):\n" \
+           "    return check_moe_marlin_supports_layer(layer, group_size, allow_tile_padding)\n"  # fmt: skip
+    utils.write_text(utils.read_text(encoding="utf-8") + loop, encoding="utf-8")
+    pick = pick_wna16(release_files(locate(src=root)), capability=H200, **STANDARD, checkpoint=checkpoint(AWQ))
+    assert pick.family is None and "calls nested deeper than 8" in pick.source

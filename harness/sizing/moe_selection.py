@@ -81,6 +81,7 @@ ENUMS: dict[str, Callable[[str], str]] = {
     "ActivationOrdering": str.lower,
 }  # fmt: skip
 MAX_CALL_DEPTH = 8  # a release function calling another (check_moe_marlin_supports_layer -> ..._config)
+MAX_CALLS = 64  # release functions one evaluation may call in all (a hostile tree's fan-out stays bounded)
 
 
 @dataclass(frozen=True, eq=False)
@@ -363,11 +364,13 @@ def _run(statements: list[ast.stmt], scope: dict[str, object], p: _Platform, ass
 class _Function:
     """A module-level function of a release file, called from selection code: its body run by _run with its
     parameters bound (defaults that are constants too) and the file's own functions and the functions it imports
-    from the release's other files callable in turn, MAX_CALL_DEPTH deep."""
+    from the release's other files callable in turn, MAX_CALL_DEPTH deep and MAX_CALLS in all (`calls`: the
+    count left, shared by the functions one evaluation reaches)."""
 
     def __init__(self, files: ReleaseFiles, file: str, node: ast.FunctionDef, p: _Platform, assumed: list[str],
-                 depth: int = 0) -> None:  # fmt: skip
+                 depth: int = 0, calls: list[int] | None = None) -> None:  # fmt: skip
         self.files, self.file, self.node, self.p, self.assumed, self.depth = files, file, node, p, assumed, depth
+        self.calls = calls if calls is not None else [MAX_CALLS]
 
     @property
     def where(self) -> str:
@@ -376,10 +379,14 @@ class _Function:
     def __call__(self, args: list[object], keywords: dict[str, object]) -> object:
         if self.depth >= MAX_CALL_DEPTH:
             raise _Unknown(f"calls nested deeper than {MAX_CALL_DEPTH} ({self.node.name})")
+        if self.calls[0] <= 0:
+            raise _Unknown(f"calls more than {MAX_CALLS} functions ({self.node.name})")
+        self.calls[0] -= 1
         parameters = [a.arg for a in (*self.node.args.posonlyargs, *self.node.args.args)]
         if len(args) > len(parameters):
             raise _Unknown(f"{self.node.name}() given {len(args)} arguments")
-        scope: dict[str, object] = functions_of(self.files, self.file, self.p, self.assumed, self.depth + 1)
+        scope: dict[str, object] = functions_of(self.files, self.file, self.p, self.assumed, self.depth + 1,
+                                                self.calls)  # fmt: skip
         defaults = self.node.args.defaults
         for name, default in zip(parameters[len(parameters) - len(defaults) :], defaults, strict=True):
             if isinstance(default, ast.Constant):
@@ -400,22 +407,25 @@ class _Function:
 
 
 def functions_of(files: ReleaseFiles, file: str, p: _Platform, assumed: list[str],
-                 depth: int = 0) -> dict[str, object]:  # fmt: skip
+                 depth: int = 0, calls: list[int] | None = None) -> dict[str, object]:  # fmt: skip
     """The functions code in `file` may call: the file's own module-level ones and those it imports by name from
     another file of the release (`from vllm.a.b import f`: vllm/a/b.py's f, where the release's files hold it)."""
     module = files.module(file)
     found: dict[str, object] = {}
+    calls = calls if calls is not None else [MAX_CALLS]
     for node in module.body if module is not None else []:
         if isinstance(node, ast.FunctionDef):
-            found[node.name] = _Function(files, file, node, p, assumed, depth)
+            found[node.name] = _Function(files, file, node, p, assumed, depth, calls)
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vllm.") and not node.level:
             other_file = node.module.replace(".", "/") + ".py"
             other = files.module(other_file) if other_file != file else None
             for alias in node.names:
-                target = next((n for n in other.body if isinstance(n, ast.FunctionDef) and n.name == alias.name),
-                              None) if other is not None else None  # fmt: skip
+                defined = [n for n in other.body if isinstance(n, ast.FunctionDef) and n.name == alias.name] \
+                    if other is not None else []  # fmt: skip
+                target = defined[-1] if defined else None  # the last definition, as importing the module binds it
                 if target is not None:
-                    found[alias.asname or alias.name] = _Function(files, other_file, target, p, assumed, depth)
+                    found[alias.asname or alias.name] = _Function(files, other_file, target, p, assumed, depth,
+                                                                  calls)  # fmt: skip
     return found
 
 
@@ -834,11 +844,13 @@ def default_backend(facts, files: ReleaseFiles | None, *, gpu, tp: int, dp: int,
     where = f"{gpu.name if gpu is not None else 'GPU'}: compute capability {major}.{minor}" + \
         ("" if gpu is not None else " assumed")  # fmt: skip
     if checkpoint is not None:
+        batched = uses_batched_dp_moe(all2all, ep, dp)
         wna16 = pick_wna16(files, capability=major * 10 + minor, ep_size=tp * dp if ep else 1, all2all=all2all,
-                           batched=uses_batched_dp_moe(all2all, ep, dp), checkpoint=checkpoint)  # fmt: skip
+                           batched=batched, checkpoint=checkpoint)  # fmt: skip
         if wna16.family is not None:
             return Default(wna16.family, f"{wna16.source} ({where})")
-        kept = "the Triton WNA16 experts (TritonWNA16Experts)" if fallback.value == "triton" else fallback.value
+        kept = fallback.value if fallback.value != "triton" else "the batched Triton experts (BatchedTritonExperts)" \
+            if batched else "the Triton WNA16 experts (TritonWNA16Experts)"  # fmt: skip
         why = f"vLLM's pick {wna16.experts_class} is not sized by the plan; {wna16.source}" if wna16.experts_class \
             else f"vLLM's experts class is not read: {wna16.source}"  # fmt: skip
         return Default(fallback.value, f"table: {kept} ({why}; {where})")
