@@ -11,11 +11,24 @@ FP8 checkpoints (quant_method fp8) go through fused_moe/oracle/fp8.py `select_fp
                                 layout's (BatchedExperts under deepep_low_latency with DP > 1, else Standard) and
                                 whose _supports_current_device() holds on the GPU is vLLM's pick
 
-Nothing is imported or executed: the methods' return expressions are evaluated over a handful of platform
-predicates (is_cuda, is_device_capability, is_device_capability_family, has_device_capability, ...). What a
-method asks beyond those (an optional library being installed) comes from LIBRARIES, a documented table, and
-the pick names every assumption it took. A pick the layer model does not size (FlashInfer's CUTLASS experts, say)
-is named, and the plan takes the next backend in the release's order that it sizes, saying so.
+WNA16 checkpoints (AWQ, GPTQ, compressed-tensors W4A16 / W8A16) go through the format's get_quant_method and
+fused_moe/oracle/int_wna16.py `select_wna16_moe_backend` (pick_wna16):
+
+    get_quant_method            check_moe_marlin_supports_layer (quantization/utils/marlin_utils.py, run on the
+                                layer's K, I per GPU and group) picks the Marlin MoE method or the MoeWNA16 one
+    select_wna16_moe_backend    the method's call: its weight key, quantization config, may_have_zp / _bias and
+                                allow_tile_padding; then _get_priority_backends, each backend's
+                                _backend_incompatibility_reason (0.29.0 on) and its classes' is_supported_config
+                                (format, device, activation, weight key, parallel config); the pick logs
+                                _make_log_backend's line ("Using 'MARLIN' WNA16 MoE backend.")
+    no oracle (0.19.0)          the MoE method runs fused_marlin_moe in its own apply(): no modular experts class
+
+Nothing is imported or executed: the methods' bodies (assignments, ifs, returns) and the module functions they call
+are evaluated over a handful of platform predicates (is_cuda, is_device_capability, is_device_capability_family,
+has_device_capability, ...) and stand-ins for the layer and the checkpoint's config. What a method asks beyond
+those (an optional library being installed) comes from LIBRARIES, a documented table, and the pick names every
+assumption it took. A pick the layer model does not size (FlashInfer's CUTLASS experts, say) is named, and the plan
+takes the next backend in the release's order that it sizes (FP8) or the Triton experts (WNA16), saying so.
 """
 
 from __future__ import annotations
