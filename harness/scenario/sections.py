@@ -403,8 +403,10 @@ class LayerSpec(_Strict):
         description="vLLM's --all2all-backend: deepep_low_latency (batched format), deepep_high_throughput, "
         "or none (TP or a single rank: no dispatch buffers)",
     )
-    moe_backend: Literal["cutlass", "deep_gemm", "triton"] = Field(
-        "cutlass", description="picks the experts class: e.g. batched cutlass -> CutlassBatchedExpertsFp8"
+    moe_backend: Literal["cutlass", "deep_gemm", "triton", "marlin"] = Field(
+        "cutlass",
+        description="picks the experts class: e.g. batched cutlass -> CutlassBatchedExpertsFp8, marlin -> "
+        "MarlinExperts (BatchedMarlinExperts batched)",
     )
     quant: Literal["fp8-per-token", "fp8-block", "bf16", "wna16"] = Field(
         "fp8-per-token", description="weights and dispatched activations; wna16: int4 weights, group 128, bf16 acts"

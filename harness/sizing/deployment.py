@@ -562,7 +562,7 @@ def monolithic_call_bytes(facts: ModelFacts, r: Resolved, sharding: Sharding) ->
     )
 
 
-FAMILIES = ("cutlass", "deep_gemm", "triton")
+FAMILIES = ("cutlass", "deep_gemm", "triton", "marlin")
 # the all-to-all backends whose buffers the layer model sizes (docs/layer-memory.md)
 SIZED_ALL2ALL = ("allgather_reducescatter", "naive", "deepep_low_latency", "deepep_high_throughput")
 GATHER_ALL2ALL = ("allgather_reducescatter", "naive")  # dispatch by all-gather over the DP group

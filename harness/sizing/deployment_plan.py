@@ -66,7 +66,7 @@ def layer_scenario(facts: ModelFacts, r: Resolved, base: Scenario | None = None)
         D, E, I = r.dp, facts.num_routed_experts, facts.moe_intermediate_size // (r.tp * r.dp)
     scheme = facts.quant.scheme if facts.quant is not None else ""
     quant = ("fp8-block" if facts.weight_block_size else "fp8-per-token") if facts.quant_method == "fp8" else \
-        "wna16" if scheme in ("wna16", "awq", "gptq") and r.moe_backend == "triton" else "bf16"  # fmt: skip
+        "wna16" if scheme in ("wna16", "awq", "gptq") and r.moe_backend in ("triton", "marlin") else "bf16"  # fmt: skip
     base_layer = base.layer if base is not None else LayerSpec()
     layer = {**base_layer.model_dump(), "all2all": all2all, "moe_backend": r.moe_backend, "quant": quant,
              "num_redundant_experts": max(0, E * D - facts.num_routed_experts), "expect": {}}  # fmt: skip

@@ -81,6 +81,8 @@ EXPERTS_CLASSES: dict[tuple[bool, str, str | None], str] = {
     (False, "deep_gemm", None): "DeepGemmExperts",
     (False, "triton", "wna16"): "TritonWNA16Experts",
     (False, "triton", None): "TritonExperts",
+    (True, "marlin", None): "BatchedMarlinExperts",
+    (False, "marlin", None): "MarlinExperts",
 }
 
 
@@ -561,7 +563,10 @@ def workspace_component(layout: Layout, source: VllmSource, class_name: str) -> 
     if not classes:
         return _unevaluated("workspace", f"{source.label} has no experts class {class_name} under fused_moe/")
     cls = classes[0]
-    evaluation = evaluate_workspace(layout, tree, cls)
+    n, n_rule = class_n(layout, tree, cls)
+    if isinstance(n, str):
+        return _unevaluated("workspace", f"{class_name}.moe_problem_size: {n}")
+    evaluation = evaluate_workspace(layout, tree, cls, n=n)
     if not evaluation.ok:
         return _unevaluated("workspace", f"{class_name}.workspace_shapes: {evaluation.reason}")
     dtype = args.dtype_bytes
@@ -576,7 +581,9 @@ def workspace_component(layout: Layout, source: VllmSource, class_name: str) -> 
         if audited is not None and audited.verdict == DOUBLE_COUNT:
             verdicts.append(DOUBLE_COUNT)
             detail += f"; {audited.reason}"
-    needed, needed_source = _needed_workspace(layout, tree, cls, evaluation, class_name)
+    if n_rule:
+        detail += f"; {n_rule} ({class_name}.moe_problem_size on its packed weights)"
+    needed, needed_source = _needed_workspace(layout, tree, cls, evaluation, class_name, n)
     if needed is not None and allocated > needed and DOUBLE_COUNT not in verdicts:
         verdicts.append(OVER_ALLOCATED)
         detail += f"; x{allocated / needed:.2f} the live set ({(allocated - needed) / MIB:.0f} MiB over)"
@@ -586,13 +593,26 @@ def workspace_component(layout: Layout, source: VllmSource, class_name: str) -> 
     file, line = owner.file.removeprefix("vllm/"), method.lineno
     return LayerComponent(
         name="workspace", bytes=allocated, needed_bytes=needed, verdicts=verdicts or [CONSISTENT],
-        source=f"{file}:{line} {class_name}.workspace_shapes(M={args.M}, N={args.N}, K={args.K}, topk={args.top_k})",
+        source=f"{file}:{line} {class_name}.workspace_shapes(M={args.M}, N={n}, K={args.K}, topk={args.top_k})",
         detail=detail, facts={"common_bytes": common * dtype, "ws2_bytes": ws2 * dtype},
     )  # fmt: skip
 
 
 def _tree(source: VllmSource) -> SourceTree:
     return source_tree(source)
+
+
+def class_n(layout: Layout, tree: SourceTree, cls: ParsedClass) -> tuple[int | str, str]:
+    """The N the modular kernel passes the class's workspace_shapes, and its rule: for a class whose
+    moe_problem_size derives N from Marlin's packed weights, that derivation (the sweep's, N = I), or why it does
+    not evaluate; for the others the layout's N (2I gated), with no rule."""
+    from harness.sizing.vllm_source.sweep import BATCHED, STANDARD, problem_n
+
+    quant = "kInt4Static/none" if layout.spec.quant == "wna16" else layout.spec.quant
+    found = problem_n(tree, cls, layout.args, BATCHED if layout.batched else STANDARD, quant)
+    if found is None:
+        return layout.args.N, ""
+    return found if isinstance(found, str) else found[0], "" if isinstance(found, str) else found[1]
 
 
 def experts_attributes(layout: Layout) -> dict[str, object]:
@@ -615,14 +635,17 @@ def experts_attributes(layout: Layout) -> dict[str, object]:
     return attributes
 
 
-def evaluate_workspace(layout: Layout, tree: SourceTree, cls: ParsedClass) -> Evaluation:
-    """cls.workspace_shapes for the layer, on the experts stand-in self; arguments matched by parameter name."""
+def evaluate_workspace(layout: Layout, tree: SourceTree, cls: ParsedClass, *, n: int | None = None) -> Evaluation:
+    """cls.workspace_shapes for the layer, on the experts stand-in self; arguments matched by parameter name; `n`:
+    the N the modular kernel derives for the class where it is not the layout's (class_n)."""
     args = layout.args
     found = tree.find_method(cls, "workspace_shapes")
     if found is None:
         return Evaluation(None, None, None, "the class has no workspace_shapes")
     function = found[1]
     by_name = workspace_shapes_arguments(args)
+    if n is not None:
+        by_name["N"] = n
     parameters = [a.arg for a in (*function.args.args[1:], *function.args.kwonlyargs)]
     missing = [p for p in parameters if p not in by_name]
     if missing and len(missing) > len(function.args.defaults) + len(function.args.kw_defaults):
@@ -638,13 +661,14 @@ def evaluate_workspace(layout: Layout, tree: SourceTree, cls: ParsedClass) -> Ev
     return Evaluation(*shapes)
 
 
-def _needed_workspace(layout: Layout, tree: SourceTree, cls, evaluation, class_name: str) -> tuple[int | None, str]:
+def _needed_workspace(layout: Layout, tree: SourceTree, cls, evaluation, class_name: str,
+                      n: int) -> tuple[int | None, str]:  # fmt: skip
     """Bytes the class's apply() views need: max(views of workspace13, out) + max(views of workspace2)."""
     args = layout.args
     files = ReleaseFiles(tree.source, tree)
     # The letters apply() names its shapes with (from moe_problem_size and the prepare/finalize's output).
     names = {
-        "activation": Activation(args.activation), "N": args.N, "K": args.K, "E": args.num_local_experts,
+        "activation": Activation(args.activation), "N": n, "K": args.K, "E": args.num_local_experts,
         "num_tokens": args.M, "M": args.M, "top_k_num": args.top_k, "topk": args.top_k,
         "max_num_tokens": args.M if layout.batched else args.max_tokens_per_rank,
     }  # fmt: skip

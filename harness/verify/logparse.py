@@ -17,6 +17,7 @@ The lines read (vLLM 0.26.0's wording; the older profiler summary of earlier rel
     Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'TRITON_ATTN', ...].
     Using TRITON Unquantized MoE backend out of potential backends: ['TRITON', ...].
     Using TritonExperts MoE backend
+    Using 'MARLIN' WNA16 MoE backend.                                                       (WNA16 checkpoints)
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ FIGURE_PATTERNS: dict[str, re.Pattern[str]] = {
 ATTENTION = re.compile(r"Using (\w+) attention backend out of potential backends: \[([^\]]*)\]")
 MOE = re.compile(r"Using (.+?) MoE backend out of potential backends: \[([^\]]*)\]")
 EXPERTS = re.compile(r"Using (\w+) MoE backend\s*$")
+WNA16 = re.compile(r"Using '(\w+)' WNA16 MoE backend\.")  # int_wna16.py select_wna16_moe_backend's _make_log_backend
 OTHER_KEYS = re.compile(r"Initializing a V1 LLM engine|Profiling CUDA graph memory|CUDA graph memory: .*first-capture|"
                         r"Defaulting|Enforce eager|"
                         r"Model Runner V2|V1 model runner|"
@@ -172,6 +174,10 @@ def parse_log(text: str) -> ParsedLog:
         if m:
             hit = True
             backends.update(moe=m.group(1), moe_candidates=re.findall(r"'([^']+)'", m.group(2)))
+        m = WNA16.search(line)
+        if m:
+            hit = True
+            backends["moe"] = f"{m.group(1)} WNA16"
         m = EXPERTS.search(message(line))
         if m and "out of potential" not in line:
             hit = True

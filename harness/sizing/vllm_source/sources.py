@@ -84,6 +84,15 @@ LAYER_FILES = (
     "vllm/model_executor/layers/quantization/gptq_marlin.py",
     "vllm/model_executor/layers/quantization/auto_awq.py",  # AWQ's linears through the mixed-precision kernels
     "vllm/model_executor/layers/quantization/awq_marlin.py",
+    # the experts a WNA16 (AWQ, GPTQ, compressed-tensors W4A16) MoE checkpoint gets (harness.sizing.moe_selection):
+    # whether Marlin runs the layer, the compressed-tensors MoE methods, the MoeWNA16 fallback
+    "vllm/model_executor/layers/quantization/utils/marlin_utils.py",
+    "vllm/model_executor/layers/quantization/moe_wna16.py",
+    "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe.py",
+    "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe/compressed_tensors_moe.py",
+    "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe/compressed_tensors_moe_wna16.py",
+    "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe/"
+    "compressed_tensors_moe_wna16_marlin.py",
 )
 # Whole directories of python files the deployment model reads: the config classes (field types, Literal choices).
 LAYER_DIRS = ("vllm/config/",)

@@ -1553,6 +1553,23 @@ def buffer_bytes(tree: SourceTree, swept: ClassSweep, buffer: str, args: SizingA
     return ws2 if buffer == "workspace2" else max(ws13, out) - out
 
 
+def problem_n(
+    tree: SourceTree, cls: ParsedClass, args: SizingArgs, fmt: str, quant: str
+) -> tuple[int, str] | str | None:
+    """The N the release's modular kernel hands a class whose moe_problem_size derives it from Marlin's packed
+    weights, at one sizing (K, I, E, T, D, activation) and quant format (the weights' bits): (N, its rule) as the
+    sweep derives it (Marlin: N = I from w2's packed rows), the reason where it does not evaluate; None for a class
+    of the plain layout, whose N is the harness's (2I gated, I non-gated)."""
+    if _weight_layout(tree, cls) != MARLIN:
+        return None
+    point = Point(args.num_dispatchers, "set", "E·D", quant, args.activation, args.hidden_size,
+                  args.intermediate_size, args.num_local_experts, args.max_tokens_per_rank)  # fmt: skip
+    evaluator = _ClassEvaluator(tree, cls, (args.activation,), fmt)
+    evaluator.n(point)
+    found = evaluator.n_values[point.weights_key()]
+    return (found, evaluator.n_rule()) if isinstance(found, int) else found
+
+
 def _weight_layout(tree: SourceTree, cls: ParsedClass) -> str:
     """marlin when the class's moe_problem_size derives N from Marlin's packed weights, else plain."""
     found = tree.find_method(cls, "moe_problem_size")
