@@ -26,7 +26,7 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.setdefault("VLLM_DEEP_GEMM_WARMUP", "skip")
 os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
 os.environ["VLLM_LOGGING_LEVEL"] = "DEBUG"
-KW = json.load(open(os.path.join(HERE, "kwargs.json")))[NAME]
+KW = json.load(open(os.path.join(HERE, os.environ.get("PROBE_KWARGS", "kwargs.json"))))[NAME]
 R = {"name": NAME, "kwargs": KW, "util": UTIL, "pid": os.getpid(), "t0": time.time()}
 
 
