@@ -46,15 +46,15 @@ LINE_GAPS: dict[tuple[str, str], str] = {
                                       "stand-in beside the kept MoE workspace: results/h200/startup-gaps), and so does "
                                       "the same startup repeated as recorded (dsv32-4l-eager-repeat: 6.69 GiB logged, "
                                       "the first startup on a fresh machine, where the record ran with the default "
-                                      "cache directories after two other startups, as dsv3-4l's 5.44 did); what the "
-                                      "0.55 GiB is has not been read",
+                                      "cache directories after two other startups); what the 0.55 GiB is has not "
+                                      "been read",
     ("dsv3-4l", "torch peak"): "DeepSeek-V3 cut to four layers on FLASH_ATTN_MLA logs 5.44 GiB, 0.92 over the "
-                               "plan's 4.52, and so does dsv3-4l-capture1024; the same startup repeated as recorded "
-                               "(drive.py, the engine in its own process, VLLM_DEEP_GEMM_WARMUP=skip) with fresh cache "
-                               "directories logs 4.52 GiB, cold and then warm (dsv3-4l-cold, dsv3-4l-warm), as did two "
-                               "in-process probes with fresh ones (results/h200/cudagraph-exec, startup-gaps). The "
-                               "two 5.44 startups ran with the default cache directories after other models' startups "
-                               "on the same machine; what the 0.92 GiB is has not been read",
+                               "plan's 4.52, in three of six runs of the config: this record, dsv3-4l-capture1024 and "
+                               "an in-process probe with fresh cache directories, whose allocator history has two "
+                               "512 MiB, a 384 MiB and two 224 MiB blocks of the compiled MoE-layer piece live at the "
+                               "next layer's MLA stand-in (results/h200/startup-gaps, second batch); dsv3-4l-cold, "
+                               "dsv3-4l-warm and an earlier probe log the plan's 4.52. What selects between the two is "
+                               "not known",
     ("dsv3-4l-capture1024", "torch peak"): "5.44 GiB logged against 4.52 planned: dsv3-4l's torch peak line's reason",
 }  # fmt: skip
 
