@@ -18,6 +18,7 @@ meets the address-space limit, and a loop still meets the CPU-time limit, in its
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -140,6 +141,9 @@ def _serve() -> None:
     for name in PRELOAD:
         importlib.import_module(name)
     assert "torch" not in sys.modules, "the fork server must not import torch: its children would start with it"
+    # The imports, frozen: a child's collections leave them alone, so it neither walks them nor copies every page
+    # of the server's heap it shares, as writing each object's GC header would (a refusal: 0.04 s of CPU, not 0.1).
+    gc.freeze()
     print("ready", flush=True)
     for line in sys.stdin:
         job = Job(**json.loads(line))

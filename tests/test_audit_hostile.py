@@ -568,9 +568,18 @@ def test_near_budget_class_is_evaluated_not_refused(tmp_path):
     assert tree.evaluate(cls, args).ws13 == (1, 8, 8)
 
 
-def test_hostile_sweep_ends_within_its_budget_with_a_clear_line(tmp_path):
-    tree = near_budget_tree(tmp_path / "src", tmp_path, 30)
-    completed = run_cli("vllm", "audit", "--sweep", "--vllm-src", str(tree), "--json", "--budget-s", "2", cwd=tmp_path)
+@pytest.fixture(scope="module")
+def near_budget_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A tree of 30 near-budget classes and its `--sweep --json --budget-s 2`, run once for the two tests that read
+    it: (the directory it ran in, the tree under it; the command's outcome)."""
+    work = tmp_path_factory.mktemp("near-budget")
+    tree = near_budget_tree(work / "src", work, 30)
+    return work, run_cli("vllm", "audit", "--sweep", "--vllm-src", str(tree), "--json", "--budget-s", "2", cwd=work)
+
+
+def test_hostile_sweep_ends_within_its_budget_with_a_clear_line(near_budget_sweep):
+    work, completed = near_budget_sweep
+    tree = work / "src"
     assert completed.returncode == 1, completed.stderr  # not a pass: the tree was not swept whole
     report = json.loads(completed.stdout)
     (limit,) = report["limits"]
@@ -580,7 +589,7 @@ def test_hostile_sweep_ends_within_its_budget_with_a_clear_line(tmp_path):
     cut = [c for c in report["classes"] if any(g["status"] == "unevaluated" and "time budget of 2 s" in g["detail"]
                                               for g in c["groups"])]  # fmt: skip
     assert len(cut) >= 25  # the first few classes took the budget; the rest carry the reason
-    table = run_cli("vllm", "audit", "--sweep", "--vllm-src", str(tree), "--budget-s", "2", cwd=tmp_path)
+    table = run_cli("vllm", "audit", "--sweep", "--vllm-src", str(tree), "--budget-s", "2", cwd=work)
     assert table.returncode == 1
     assert "LIMIT: the sweep's time budget of 2 s of CPU ran out" in table.stdout
     assert "INCOMPLETE: the sweep stopped at a limit" in table.stdout
@@ -639,14 +648,13 @@ def test_ast_dense_files_are_capped(tmp_path):
     assert tree.ast_nodes <= 1_500_000
 
 
-def test_hostile_sweep_ends_at_its_budget(tmp_path):
+def test_hostile_sweep_ends_at_its_budget(near_budget_sweep):
     # A hostile tree's sweep stops at its CPU budget with the line; the default budget, which holds such a sweep to
     # about a minute, is 60 s (the same Deadline, with --budget-s 2 here so that the test does not spend 60 s).
     from harness.sizing.vllm_source.sweep import SweepBudget
 
     assert SweepBudget().cpu_s == 60.0
-    tree = near_budget_tree(tmp_path / "src", tmp_path, 30)
-    completed = run_cli("vllm", "audit", "--sweep", "--vllm-src", str(tree), "--json", "--budget-s", "2", cwd=tmp_path)
+    _, completed = near_budget_sweep
     assert completed.returncode == 1, completed.stderr
     (limit,) = json.loads(completed.stdout)["limits"]
     assert limit.startswith("the sweep's time budget of 2 s of CPU ran out (--budget-s raises it for a tree you "
