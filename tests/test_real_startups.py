@@ -41,20 +41,21 @@ LINE_GAPS: dict[tuple[str, str], str] = {
                                        "reason); the FLASHMLA_SPARSE fp8 decode's first capture (136 MiB logged, 52 "
                                        "planned) is not read",
     ("dsv32-4l-eager", "torch peak"): "eager, DeepSeek-V3.2 logs 7.24 GiB, 0.55 over the plan's MLA attention point "
-                                      "(6.69). Not reproduced: an in-process repeat with fresh caches peaks at "
-                                      "6.6895 GiB over the profile's start, the plan's point (MLA's 4096 MiB profile "
-                                      "stand-in beside the kept MoE workspace: results/h200/startup-gaps), and so does "
-                                      "the same startup repeated as recorded (dsv32-4l-eager-repeat: 6.69 GiB logged, "
-                                      "the first startup on a fresh machine, where the record ran with the default "
-                                      "cache directories after two other startups); what the 0.55 GiB is has not "
-                                      "been read",
+                                      "(6.69), in two of six runs of the config (this record and an in-process probe, "
+                                      "results/h200/cudagraph-exec, whose allocator history holds three more "
+                                      "(8192, 7168) MoE outputs and DeepGEMM outputs at the peak); the other four peak "
+                                      "at the plan's point (dsv32-4l-eager-repeat, 6.69 GiB logged; three probes with "
+                                      "fresh caches, 6.6895 GiB over the profile's start: results/h200/startup-gaps). "
+                                      "The same kind of outcome as DeepSeek-V3's two peaks; what keeps the tensors is "
+                                      "not read",
     ("dsv3-4l", "torch peak"): "DeepSeek-V3 cut to four layers on FLASH_ATTN_MLA logs 5.44 GiB, 0.92 over the "
-                               "plan's 4.52, in three of six runs of the config: this record, dsv3-4l-capture1024 and "
-                               "an in-process probe with fresh cache directories, whose allocator history has two "
-                               "512 MiB, a 384 MiB and two 224 MiB blocks of the compiled MoE-layer piece live at the "
-                               "next layer's MLA stand-in (results/h200/startup-gaps, second batch); dsv3-4l-cold, "
-                               "dsv3-4l-warm and an earlier probe log the plan's 4.52. What selects between the two is "
-                               "not known",
+                               "plan's 4.52, in four of nine runs of the config (this record, dsv3-4l-capture1024 and "
+                               "two in-process probes); the other five log the plan's 4.52 (dsv3-4l-cold, "
+                               "dsv3-4l-warm, three probes). Both outcomes run the same compiled code, Python's cycle "
+                               "collector does not select them, and repeats in the same process are always low. The "
+                               "high one holds, at a later layer's MLA stand-in, one earlier MoE-layer piece's inputs "
+                               "to and outputs of vllm.moe_forward_shared, its attention output buffer and residual "
+                               "(932 MiB: results/h200/startup-gaps, third batch); what keeps them is not read",
     ("dsv3-4l-capture1024", "torch peak"): "5.44 GiB logged against 4.52 planned: dsv3-4l's torch peak line's reason",
 }  # fmt: skip
 
@@ -164,8 +165,9 @@ def _kv_error(name: str, cache_dir: Path) -> float:
 
 # Startups whose KV tokens the plan misses by more than 1%, and why.
 KV_GAPS: dict[str, str] = {
-    "dsv3-4l": "DeepSeek-V3 on FLASH_ATTN_MLA logs a torch peak 0.92 GiB over the plan's (the torch peak line's gap, "
-    "not reproduced in dsv3-4l-cold and dsv3-4l-warm, whose KV tokens are within 0.1%): the KV tokens 1.08% over",
+    "dsv3-4l": "DeepSeek-V3 on FLASH_ATTN_MLA logs a torch peak 0.92 GiB over the plan's (the torch peak line's gap: "
+    "one of the config's two outcomes; dsv3-4l-cold and dsv3-4l-warm log the other, their KV tokens within 0.1%): the "
+    "KV tokens 1.08% over",
     "dsv3-4l-capture1024": "the torch peak 0.92 GiB over the plan's, as dsv3-4l's: the KV tokens 1.08% over",
 }
 

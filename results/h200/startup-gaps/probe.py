@@ -27,6 +27,8 @@ os.environ.setdefault("VLLM_DEEP_GEMM_WARMUP", "skip")
 os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
 os.environ["VLLM_LOGGING_LEVEL"] = "DEBUG"
 KW = json.load(open(os.path.join(HERE, os.environ.get("PROBE_KWARGS", "kwargs.json"))))[NAME]
+KW = dict(KW)
+os.environ.update(KW.pop("_env", {}))  # a probe's own settings (PROBE_GC_FIRST, ...) beside its keyword arguments
 R = {"name": NAME, "kwargs": KW, "util": UTIL, "pid": os.getpid(), "t0": time.time()}
 
 
@@ -130,19 +132,25 @@ def analyse_profile(base, events):
             cur -= live.pop(e["addr"], 0)
         if cur > best:
             best, bi = cur, i
-    live, info = dict(base), {}
+    live, info, requested = dict(base), {}, set()
     for e in events[: bi + 1]:
         if e["action"] == "alloc":
             live[e["addr"]] = e["size"]
             info[e["addr"]] = e
+            requested.discard(e["addr"])
+        elif e["action"] == "free_requested":
+            requested.add(e["addr"])
         elif e["action"] == "free_completed":
             live.pop(e["addr"], None)
             info.pop(e["addr"], None)
+            requested.discard(e["addr"])
+    pending = [(live[a], fr(info[a].get("frames"))) for a in live if a in info and a in requested]
     new = [(live[a], fr(info[a].get("frames"))) for a in live if a in info]
     # what stays live across the whole profile (allocated in it, never freed)
     return {"start_live": start, "peak_replayed": best, "peak_over_start": best - start, "peak_index": bi,
             "n_events": len(events), "peak_event_frames": fr(events[bi].get("frames"), 20) if bi >= 0 else [],
-            "new_at_peak_bytes": sum(s for s, _ in new), "new_at_peak": group(new, 50)}
+            "new_at_peak_bytes": sum(s for s, _ in new), "new_at_peak": group(new, 50),
+            "pending_free_at_peak_bytes": sum(s for s, _ in pending), "pending_free_at_peak": group(pending, 20)}
 
 
 def seg_of(segs, addr):
@@ -199,6 +207,219 @@ def analyse_intervals(events, points, snap=None):
     return out
 
 
+def garbage_report():
+    """One collection with DEBUG_SAVEALL: what Python's cycle collector finds unreachable now, the CUDA tensors among
+    it (unique storages) and what in the garbage refers to the large ones (frames by code location)."""
+    import collections
+    import gc
+
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    a0 = torch.cuda.memory_allocated()
+    n = gc.collect()
+    objs = list(gc.garbage)
+    gc.garbage.clear()
+    gc.set_debug(0)
+    ids = {id(o) for o in objs}
+    types = collections.Counter(type(o).__name__ for o in objs).most_common(30)
+    cuda, holders = {}, collections.Counter()
+    for o in objs:
+        try:
+            is_cuda_tensor = isinstance(o, torch.Tensor) and o.is_cuda
+        except ReferenceError:
+            continue
+        if is_cuda_tensor:
+            st_ = o.untyped_storage()
+            cuda[st_.data_ptr()] = (st_.nbytes(), list(o.shape), str(o.dtype))
+            if st_.nbytes() >= 8 << 20:
+                for r in gc.get_referrers(o):
+                    if id(r) not in ids:
+                        continue
+                    if type(r).__name__ == "frame":
+                        holders[f"frame {r.f_code.co_filename.split('/')[-1]}:{r.f_code.co_name}:{r.f_lineno}"] += 1
+                    elif isinstance(r, dict):
+                        holders[f"dict({','.join(list(map(str, r.keys()))[:6])})"] += 1
+                    else:
+                        holders[type(r).__name__] += 1
+    frames = collections.Counter(f"{o.f_code.co_filename.split('/')[-1]}:{o.f_code.co_name}:{o.f_lineno}"
+                                 for o in objs if type(o).__name__ == "frame").most_common(40)
+    funcs = collections.Counter(getattr(o, "__qualname__", "?") for o in objs
+                                if type(o).__name__ in ("function", "method", "builtin_function_or_method"))
+    del objs
+    gc.collect()
+    torch.cuda.synchronize()
+    return {"collected": n, "types": types, "cuda_bytes": sum(v[0] for v in cuda.values()),
+            "cuda_tensors": sorted(cuda.values(), key=lambda v: -v[0])[:40], "holders": holders.most_common(40),
+            "frames": frames, "functions": funcs.most_common(30), "freed_bytes": a0 - torch.cuda.memory_allocated()}
+
+
+def gc_experiment(run):
+    """The profile run again under three collector settings; its peak over its start in each, and what a collection
+    finds after the run with the collector off."""
+    import gc
+
+    out = {}
+
+    def once(label):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        t = time.time()
+        run()
+        torch.cuda.synchronize()
+        out[label] = {"peak_over_start": torch.cuda.max_memory_allocated() - base,
+                      "end_over_start": torch.cuda.memory_allocated() - base, "s": round(time.time() - t, 2),
+                      "gc_counts": list(gc.get_count())}
+
+    gc.collect()
+    once("again")
+    import types
+
+    import vllm.v1.worker.gpu_model_runner as v1
+
+    gc.collect()
+    gc.disable()
+    # profile_run ends in gc.collect(): skipped here, so that what the cycles held is still there to report
+    v1.gc = types.SimpleNamespace(collect=lambda *a: 0, freeze=gc.freeze, unfreeze=gc.unfreeze)
+    try:
+        once("collector_off")
+        out["collector_off"]["garbage"] = garbage_report()
+    finally:
+        v1.gc = gc
+        gc.enable()
+    gc.collect()
+    gc.freeze()
+    old = gc.get_threshold()
+    gc.set_threshold(50, 1, 1)
+    try:
+        once("collector_frequent")
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
+    return out
+
+
+FIRST = {"on": False, "at_attention": [], "saved_gc": None}
+
+
+def block_states():
+    """The allocator's blocks by state now (no synchronisation): active_pending_free blocks wait on stream events."""
+    snap = torch.cuda.memory._snapshot()
+    by, pending = {}, []
+    for seg in snap["segments"]:
+        for b in seg["blocks"]:
+            by[b["state"]] = by.get(b["state"], 0) + b["size"]
+            if b["state"] == "active_pending_free" and b["size"] >= 8 << 20:
+                pending.append(b["size"])
+    return {"states": by, "pending_free_blocks": sorted(pending, reverse=True)[:20]}
+
+
+def large_tensor_holders(min_bytes=64 << 20):
+    """Every Python tensor object on the GPU of at least min_bytes, and what refers to it (frames by code location,
+    two levels up for containers)."""
+    import gc
+
+    def name(r):
+        t = type(r).__name__
+        if t == "frame":
+            return f"frame {r.f_code.co_filename.split('/')[-1]}:{r.f_code.co_name}:{r.f_lineno}"
+        if t == "cell":
+            return "cell"
+        return t
+
+    from torch._subclasses.fake_tensor import is_fake
+
+    out = []
+    seen = set()
+    for o in gc.get_objects():
+        try:
+            if isinstance(o, torch.nn.Parameter) or not isinstance(o, torch.Tensor) or is_fake(o) or not o.is_cuda:
+                continue
+            st_ = o.untyped_storage()
+            nbytes, ptr = st_.nbytes(), st_.data_ptr()
+        except Exception:  # noqa: BLE001
+            continue
+        if nbytes < min_bytes or (ptr, id(o)) in seen:
+            continue
+        seen.add((ptr, id(o)))
+        refs = []
+        for r in gc.get_referrers(o):
+            if (r is out or isinstance(r, list) and len(r) > 100000
+                    or type(r).__name__ == "frame" and r.f_code.co_name == "large_tensor_holders"):
+                continue
+            up = [name(rr) for rr in gc.get_referrers(r)[:6]] if isinstance(r, (list, tuple, dict)) else []
+            refs.append({"by": name(r), "up": up})
+        out.append({"bytes": nbytes, "ptr": ptr, "shape": list(o.shape), "dtype": str(o.dtype), "refs": refs[:8]})
+    return out[:40]
+
+
+def first_run_collector(mode):
+    """The engine's own (first) profile run under a collector setting: "off" (no automatic collection, and not the
+    run's closing gc.collect(), so that what cycles held is reported after it) or "attention" (a full collection
+    before every MLA attention call). Either way, allocated bytes are noted at every MLA attention call."""
+    import gc
+    import types
+
+    import vllm.model_executor.layers.attention.mla_attention as mla
+    import vllm.v1.worker.gpu_model_runner as v1
+
+    orig = mla.MLAAttention.forward_impl
+
+    def forward_impl(self_, *a, **k):
+        if FIRST["on"]:
+            a0 = torch.cuda.memory_allocated()
+            entry = {"layer": getattr(self_, "layer_name", "?"), "allocated": a0}
+            entry.update(block_states())
+            if os.environ.get("PROBE_HOLDERS") and len(FIRST["at_attention"]) >= 2:
+                try:
+                    entry["held_by"] = large_tensor_holders()
+                except Exception:  # noqa: BLE001
+                    entry["held_by_error"] = traceback.format_exc()[-800:]
+            FIRST["at_attention"].append(entry)
+            freed, n = 0, None
+            if mode == "attention":
+                n = gc.collect()
+                freed = a0 - torch.cuda.memory_allocated()
+            entry.update(collected=n, freed_bytes=freed)
+        return orig(self_, *a, **k)
+
+    mla.MLAAttention.forward_impl = forward_impl
+    FIRST["on"] = True
+    if mode == "off":
+        gc.collect()
+        gc.disable()
+        FIRST["saved_gc"] = v1.gc
+        v1.gc = types.SimpleNamespace(collect=lambda *a: 0, freeze=gc.freeze, unfreeze=gc.unfreeze)
+
+
+def end_first_run(mode):
+    import gc
+
+    import vllm.v1.worker.gpu_model_runner as v1
+
+    FIRST["on"] = False
+    out = {"mode": mode, "at_attention": FIRST["at_attention"][:64]}
+    if mode == "off":
+        out["allocated_before_collection"] = torch.cuda.memory_allocated()
+        out["garbage"] = garbage_report()
+        out["allocated_after_collection"] = torch.cuda.memory_allocated()
+        v1.gc = FIRST["saved_gc"]
+        gc.enable()
+    return out
+
+
+def inductor_sources(analysis):
+    """The `call` function of each Inductor output file named in the peak's stacks (its text is small)."""
+    files = {}
+    for g in analysis.get("new_at_peak", []):
+        for f in g.get("frames", []):
+            path = f.rsplit(":", 2)[0]
+            if "inductor" in path and path.endswith(".py") and path not in files and os.path.exists(path):
+                text = open(path).read()
+                i = text.find("def call(")
+                files[path] = text[i:i + 60000] if i >= 0 else text[-20000:]
+    return files
+
+
 def patch():
     import vllm.v1.worker.gpu_model_runner as v1
 
@@ -227,6 +448,9 @@ def patch():
     orig_prof = cls.profile_run
 
     def profile_run(self, *a, **k):
+        first_mode = os.environ.get("PROBE_GC_FIRST")
+        if first_mode:
+            first_run_collector(first_mode)
         torch.cuda.synchronize()
         rec(True)
         s0 = torch.cuda.memory._snapshot()
@@ -249,7 +473,16 @@ def patch():
             except Exception:  # noqa: BLE001
                 R["profile_error"] = traceback.format_exc()
             st["phase"] = None
+            if first_mode:
+                R["first_run"] = end_first_run(first_mode)
+                R["inductor_src"] = inductor_sources(R.get("profile", {}).get("analysis", {}))
             save()
+            if os.environ.get("PROBE_GC"):
+                R["gc"] = gc_experiment(lambda: _o_prof(self, *a, **k))
+                save()
+                print("PROBE-GC", NAME, json.dumps({k_: v.get("peak_over_start") for k_, v in R["gc"].items()}),
+                      flush=True)
+                os._exit(0)
             if KW.get("enforce_eager"):
                 print("PROBE-DONE", NAME, flush=True)
                 os._exit(0)
