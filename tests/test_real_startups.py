@@ -49,9 +49,9 @@ LINE_GAPS: dict[tuple[str, str], str] = {
                                       "The same kind of outcome as DeepSeek-V3's two peaks; what keeps the tensors is "
                                       "not read",
     ("dsv3-4l", "torch peak"): "DeepSeek-V3 cut to four layers on FLASH_ATTN_MLA logs 5.44 GiB, 0.92 over the "
-                               "plan's 4.52, in four of nine runs of the config (this record, dsv3-4l-capture1024 and "
-                               "two in-process probes); the other five log the plan's 4.52 (dsv3-4l-cold, "
-                               "dsv3-4l-warm, three probes). Both outcomes run the same compiled code, Python's cycle "
+                               "plan's 4.52, in four of eleven runs of the config (this record, dsv3-4l-capture1024 "
+                               "and two in-process probes); the other seven log the plan's 4.52 (dsv3-4l-cold, "
+                               "dsv3-4l-warm, five probes). Both outcomes run the same compiled code, Python's cycle "
                                "collector does not select them, and repeats in the same process are always low. The "
                                "high one holds, at a later layer's MLA stand-in, one earlier MoE-layer piece's inputs "
                                "to and outputs of vllm.moe_forward_shared, its attention output buffer and residual "
