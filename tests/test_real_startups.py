@@ -38,8 +38,7 @@ LINE_GAPS: dict[tuple[str, str], str] = {
                                        "capture at 512 tokens (206 MiB logged, 184 planned: the graph pool's 20 MiB "
                                        "segments of small tensors, three made where mla_pool fills two) and FULL's "
                                        "34 graphs at 2 MiB logged against the 1 MiB floor (dsv32-4l's per-mode "
-                                       "reason); the FLASHMLA_SPARSE fp8 decode's first capture (136 MiB logged, 52 "
-                                       "planned) is not read",
+                                       "reason)",
     ("dsv32-4l-eager", "torch peak"): "eager, DeepSeek-V3.2 logs 7.24 GiB, 0.55 over the plan's MLA attention point "
                                       "(6.69), in two of six runs of the config (this record and an in-process probe, "
                                       "results/h200/cudagraph-exec, whose allocator history holds three more "
@@ -296,8 +295,9 @@ GRAPH_GAPS = {
     "logged): beside FLASH_ATTN_MLA's 32 splits (2052 MiB) 20 MiB where the plan has the shared experts' aux stream at "
     "52, as kimi-k2-4l's 22; PIECEWISE's first capture at 1024 tokens, 2302 MiB, is 2330 planned (the held stand-in "
     "and mla_pool, planned before it ran) and the total 2.44 GiB against 2.47",
-    "dsv32-4l-kvfp8": "the capture of FLASHMLA_SPARSE's fp8_ds_mla decode is not read yet: FULL's first capture logs "
-    "136 MiB against 52 (and the total misses: its line's reason)",
+    "dsv32-4l-kvfp8": "FULL's second capture (248 tokens) logs 2 MiB against the release's 1 MiB floor planned, as "
+    "dsv32-4l's (and the total misses: its line's reason); FULL's first capture, 136 MiB logged, is 133 planned "
+    "(FlashMLA sparse decode's split-KV buffers beside the shared experts' aux stream)",
     **{
         name: f"PIECEWISE's first capture at 512 tokens logs {logged} MiB against 75 planned (the total, 0.26 GiB, as "
         "planned): the Marlin MoE GEMM op (moe_wna16_marlin_gemm) allocates two 26 MiB segments inside its compiled "
@@ -334,6 +334,55 @@ def test_the_total_combines_the_modes_as_the_release_does(name):
     for m, (_, first, _, per) in zip(plan.modes, modes, strict=True):
         assert abs(m.first_capture / MIB - first) <= 0.03 * 1024, (m.mode, m.first_capture / MIB, first)
         assert m.per_graph == round(per * MIB), (m.mode, m.per_graph / MIB, per)
+
+
+def test_flashmla_sparse_decode_accumulators_by_hand():
+    """FLASHMLA_SPARSE's fp8 decode allocates (b + num_sm_parts) x (s_q, h_q, 512 + 1) float32 of split-KV buffers in
+    each call (FlashMLA sparse_decode.h): DeepSeek-V3.2's 128 heads decode one token a request (b = the tokens,
+    s_q = 1) in 132 / 1 / (128 / 64) = 66 SM parts on an H200; at 16 heads a rank (TP 8) the builder runs the tokens
+    as one batch (b = 1, s_q = the tokens) padded to 64 heads, one SM part past 132 tokens; none with a 16-bit cache
+    (FlashAttention's accumulators instead) or on 8.x; on 10.x num_sms / s_q parts."""
+    facts = record_facts(CASES["dsv32-4l-kvfp8"])
+    got, how = cudagraph_memory.flashmla_sparse_accumulators(facts, 256, 1, capability=9, num_sms=132,
+                                                             kv_cache_dtype="fp8")  # fmt: skip
+    assert got == (256 + 66) * 1 * 128 * 513 * 4 and "66 SM parts" in how
+    assert (
+        cudagraph_memory.flashmla_sparse_accumulators(facts, 256, 8, capability=9, num_sms=132, kv_cache_dtype="fp8")[0]
+        == (1 + 1) * 256 * 64 * 513 * 4
+    )
+    assert (
+        cudagraph_memory.flashmla_sparse_accumulators(facts, 64, 8, capability=9, num_sms=132, kv_cache_dtype="fp8")[0]
+        == (1 + 2) * 64 * 64 * 513 * 4
+    )
+    assert (
+        cudagraph_memory.flashmla_sparse_accumulators(facts, 256, 1, capability=10, num_sms=148, kv_cache_dtype="fp8")[
+            0
+        ]
+        == (256 + 148) * 128 * 513 * 4
+    )
+    assert cudagraph_memory.flashmla_sparse_accumulators(facts, 256, 1, capability=9, num_sms=132)[0] == 0
+    assert (
+        cudagraph_memory.flashmla_sparse_accumulators(facts, 256, 1, capability=8, num_sms=108, kv_cache_dtype="fp8")[0]
+        == 0
+    )
+    dense = record_facts(CASES["dsv3-4l"])
+    assert (
+        cudagraph_memory.flashmla_sparse_accumulators(dense, 256, 1, capability=9, num_sms=132, kv_cache_dtype="fp8")[0]
+        == 0
+    )
+
+
+@pytest.mark.vllm_wheel
+def test_the_fp8_sparse_decode_first_full_capture_against_its_log():
+    """DeepSeek-V3.2 with an fp8 KV cache logs its FULL first capture at 256 tokens as 136 MiB: the plan's FlashMLA
+    split-KV buffers (80.7 MiB) and the shared experts' aux stream (52) come to 132.7, within 0.03 GiB, where
+    without the buffers it was 52."""
+    modes = {m.mode: m for m in _graph_plan("dsv32-4l-kvfp8").modes}
+    (logged,) = [float(first) for line in GRAPH_LINES["dsv32-4l-kvfp8"]
+                 for mode, first, _, _ in PER_MODE.findall(line) if mode == "FULL"]  # fmt: skip
+    assert logged == 136.0
+    assert abs(modes["FULL"].first_capture / MIB - logged) <= 0.03 * 1024
+    assert "FlashMLA sparse decode" in modes["FULL"].detail
 
 
 def test_first_capture_by_hand_for_a_small_config():

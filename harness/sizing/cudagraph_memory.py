@@ -48,7 +48,9 @@ vllm.py sets it whenever graphs are captured) and then captures, all on the fres
                        FLASH_ATTN_MLA the same with the latent kv_lora_rank as the head size (mla/flashattn_mla.py).
                        Sparse MLA's FLASH_ATTN_MLA_SPARSE (mla/flashattn_mla_sparse.py forward_mqa, 0.26.0 and
                        0.30.0) passes no num_splits: FlashAttention 3 picks them (fa3_sparse_mla_splits). Over
-                       992 sequences FlashAttention 3 takes one split whatever it is asked, and then allocates none
+                       992 sequences FlashAttention 3 takes one split whatever it is asked, and then allocates none.
+                       FLASHMLA_SPARSE with an fp8 cache: FlashMLA's sparse decode allocates its own split-KV
+                       buffers in each call (flashmla_sparse_accumulators)
     MLA stand-in       a PIECEWISE warm-up runs without attention metadata, so an MLA layer makes and frees its
                        profile stand-in (rows, heads, qk_nope + v); where the first cuBLAS GEMM follows the first
                        attention, the capture stream's workspace is cut from a freed stand-in block and keeps that
@@ -364,6 +366,34 @@ def split_accumulators(facts: ModelFacts, num_tokens: int, tp: int, max_splits: 
     return max_splits * heads * num_tokens * (size + 1) * 4
 
 
+# FlashMLA's sparse decode (FLASHMLA_SPARSE with its fp8_ds_mla cache) allocates its split-KV buffers in each call
+# (FlashMLA csrc/api/sparse_decode.h sparse_attn_decode_interface: lse_accum (b + num_sm_parts, s_q, h_q) and o_accum
+# (b + num_sm_parts, s_q, h_q, d_v) in float32, d_v 512), num_sm_parts as vLLM 0.26.0's
+# v1/attention/backends/mla/flashmla_sparse.py restates it from there: num_sms / s_q / (h_q / 64) on 9.x, num_sms /
+# s_q on 10.x, at least 1. h_q is the heads padded to 64 or 128 (_compute_fp8_decode_padded_heads). Under
+# MIN_HEADS_FOR_BF16_PREFILL heads a rank the builder runs every token as one batch (fp8_use_mixed_batch: b 1, s_q the
+# tokens); else the FULL graph's uniform decode batch is one query token per request (b the tokens, s_q 1).
+FLASHMLA_V_HEAD = 512
+FLASHMLA_MIXED_BATCH_BELOW = 32  # flashmla_sparse.py MIN_HEADS_FOR_BF16_PREFILL
+
+
+def flashmla_sparse_accumulators(facts: ModelFacts, num_tokens: int, tp: int, *, capability: int, num_sms: int,
+                                 kv_cache_dtype: str = "auto") -> tuple[int, str]:  # fmt: skip
+    """FlashMLA sparse decode's lse_accum and o_accum at a FULL capture of num_tokens (above), and how they were
+    sized; 0 where FLASHMLA_SPARSE's fp8 decode does not run the FULL graph's attention."""
+    if not facts.index_topk or not kv_cache_dtype.startswith("fp8") or capability not in (9, 10):
+        return 0, ""
+    heads = max(1, facts.num_attention_heads // tp)
+    padded = 64 if heads <= 64 else 128
+    batch, s_q = (1, num_tokens) if heads < FLASHMLA_MIXED_BATCH_BELOW else (num_tokens, 1)
+    parts = max(num_sms // s_q // (padded // 64 if capability == 9 else 1), 1)
+    total = batch + parts
+    return total * s_q * padded * (FLASHMLA_V_HEAD + 1) * 4, (
+        f"FlashMLA sparse decode's lse_accum and o_accum, ({batch} + {parts} SM parts, {s_q}, {padded} heads, "
+        f"{FLASHMLA_V_HEAD} + 1) f32"
+    )
+
+
 def shared_transients(facts: ModelFacts, num_tokens: int, tp: int) -> int:
     """The shared experts' MLP on the aux stream: the input's clone and the output (N, K), gate_up (N, 2 I) and
     act_fn's (N, I), I the shared intermediate size over TP; 0 without shared experts."""
@@ -523,6 +553,11 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
             splits, how = 1, f"over {FA3_VARLEN_MAX_BATCHES} sequences"
         accum = split_accumulators(facts, n, tp, splits, capability=capability,
                                    kv_cache_dtype=kv_cache_dtype) if name == "FULL" else 0  # fmt: skip
+        accum_part = f"split-KV accumulators {accum} B ({splits} splits, {how})" if accum else ""
+        if name == "FULL" and not accum:
+            accum, mla_how = flashmla_sparse_accumulators(facts, n, tp, capability=capability, num_sms=num_sms,
+                                                          kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+            accum_part = f"{accum} B: {mla_how}" if accum else ""
         if exec_pages:
             graph_exec = exec_pool.capture(name, facts)
             second_exec = exec_pool.capture(name, facts) if len(graph_sizes) > 1 else 0
@@ -542,7 +577,7 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
                      f"2 x {new} B forward transients at {n} tokens (warm-up, graph pool)")  # fmt: skip
         parts = [f"{held} B: {held_why}" if held else ws_part,
                  pool_part if new else "",
-                 f"split-KV accumulators {accum} B ({splits} splits, {how})" if accum else "",
+                 accum_part,
                  f"no split-KV accumulators (one split: {how})" if name == "FULL" and splits == 1 and fa_full else "",
                  f"shared experts' aux stream {aux[0]} B" if aux[0] else "",
                  f"the experts kernel's own tensors at {n} tokens {new_call} B (graph pool)" if new_call else "",
