@@ -26,8 +26,8 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.setdefault("VLLM_DEEP_GEMM_WARMUP", "skip")
 os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
 os.environ["VLLM_LOGGING_LEVEL"] = "DEBUG"
-KW = json.load(open(os.path.join(HERE, os.environ.get("PROBE_KWARGS", "kwargs.json"))))[NAME]
-KW = dict(KW)
+with open(os.path.join(HERE, os.environ.get("PROBE_KWARGS", "kwargs.json"))) as f_:
+    KW = dict(json.load(f_)[NAME])
 os.environ.update(KW.pop("_env", {}))  # a probe's own settings (PROBE_GC_FIRST, ...) beside its keyword arguments
 R = {"name": NAME, "kwargs": KW, "util": UTIL, "pid": os.getpid(), "t0": time.time()}
 
