@@ -40,21 +40,22 @@ LINE_GAPS: dict[tuple[str, str], str] = {
                                        "34 graphs at 2 MiB logged against the 1 MiB floor (dsv32-4l's per-mode "
                                        "reason)",
     ("dsv32-4l-eager", "torch peak"): "eager, DeepSeek-V3.2 logs 7.24 GiB, 0.55 over the plan's MLA attention point "
-                                      "(6.69), in two of six runs of the config (this record and an in-process probe, "
-                                      "results/h200/cudagraph-exec, whose allocator history holds three more "
-                                      "(8192, 7168) MoE outputs and DeepGEMM outputs at the peak); the other four peak "
-                                      "at the plan's point (dsv32-4l-eager-repeat, 6.69 GiB logged; three probes with "
-                                      "fresh caches, 6.6895 GiB over the profile's start: results/h200/startup-gaps). "
-                                      "The same kind of outcome as DeepSeek-V3's two peaks; what keeps the tensors is "
-                                      "not read",
+                                      "(6.69), in two of seven runs of the config (this record and an in-process "
+                                      "probe, results/h200/cudagraph-exec, whose allocator history holds more "
+                                      "(8192, 7168) MoE and DeepGEMM outputs at the peak); the other five peak at the "
+                                      "plan's point. "
+                                      "0.55 GiB is the five tensors DeepSeek-V3's high outcome keeps in the first MoE "
+                                      "call's frames (dsv3-4l's reason), without a compiled piece's arguments: the "
+                                      "same outcome by its sizes, no high eager run scanned",
     ("dsv3-4l", "torch peak"): "DeepSeek-V3 cut to four layers on FLASH_ATTN_MLA logs 5.44 GiB, 0.92 over the "
-                               "plan's 4.52, in four of eleven runs of the config (this record, dsv3-4l-capture1024 "
-                               "and two in-process probes); the other seven log the plan's 4.52 (dsv3-4l-cold, "
-                               "dsv3-4l-warm, five probes). Both outcomes run the same compiled code, Python's cycle "
-                               "collector does not select them, and repeats in the same process are always low. The "
-                               "high one holds, at a later layer's MLA stand-in, one earlier MoE-layer piece's inputs "
-                               "to and outputs of vllm.moe_forward_shared, its attention output buffer and residual "
-                               "(932 MiB: results/h200/startup-gaps, third batch); what keeps them is not read",
+                               "plan's 4.52, in six of twenty-seven runs of the config (this record, "
+                               "dsv3-4l-capture1024 and four in-process probes); the other twenty-one log the plan's "
+                               "4.52. In the high runs the first MoE layer's call frames outlive it in a reference "
+                               "cycle through torch.compile's first compile of vLLM's grouped_topk: the piece's "
+                               "attention output and residual and five (8192, 7168) MoE-runner tensors, 932 MiB, "
+                               "live at a later layer's MLA stand-in until a full collection (results/h200/"
+                               "startup-gaps, fourth batch). In the low runs no such cycle forms; what makes one "
+                               "form is not read, so the plan cannot say which outcome a startup gets",
     ("dsv3-4l-capture1024", "torch peak"): "5.44 GiB logged against 4.52 planned: dsv3-4l's torch peak line's reason",
 }  # fmt: skip
 
@@ -165,8 +166,8 @@ def _kv_error(name: str, cache_dir: Path) -> float:
 # Startups whose KV tokens the plan misses by more than 1%, and why.
 KV_GAPS: dict[str, str] = {
     "dsv3-4l": "DeepSeek-V3 on FLASH_ATTN_MLA logs a torch peak 0.92 GiB over the plan's (the torch peak line's gap: "
-    "one of the config's two outcomes; dsv3-4l-cold and dsv3-4l-warm log the other, their KV tokens within 0.1%): the "
-    "KV tokens 1.08% over",
+    "the first MoE call's frames kept by a reference cycle in six of twenty-seven runs; dsv3-4l-cold and dsv3-4l-warm "
+    "log the other outcome, their KV tokens within 0.1%): the KV tokens 1.08% over",
     "dsv3-4l-capture1024": "the torch peak 0.92 GiB over the plan's, as dsv3-4l's: the KV tokens 1.08% over",
 }
 

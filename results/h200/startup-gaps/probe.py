@@ -352,6 +352,190 @@ def large_tensor_holders(min_bytes=64 << 20):
     return out[:40]
 
 
+def describe(o):
+    """A short name for an object met on the way up from a tensor to what keeps it."""
+    t = type(o).__name__
+    try:
+        if t == "frame":
+            return f"frame {o.f_code.co_filename.split('/')[-1]}:{o.f_code.co_name}:{o.f_lineno}"
+        if t == "traceback":
+            f = o.tb_frame
+            return f"traceback {f.f_code.co_filename.split('/')[-1]}:{f.f_code.co_name}:{o.tb_lineno}"
+        if isinstance(o, BaseException):
+            return f"exception {t}: {str(o)[:160]}"
+        if isinstance(o, dict) and "__builtins__" in o:
+            return f"globals of {o.get('__name__')}"
+        if isinstance(o, dict):
+            return f"dict {len(o)} keys {[str(k)[:40] for k in list(o)[:6]]}"
+        if isinstance(o, (list, tuple, set)):
+            return f"{t} len {len(o)}"
+        if t in ("function", "method", "builtin_function_or_method"):
+            return f"{t} {getattr(o, '__qualname__', '?')}"
+        if t == "cell":
+            return "cell"
+        if t == "module":
+            return f"module {o.__name__}"
+        if isinstance(o, torch.Tensor):
+            return f"tensor {list(o.shape)} {o.dtype}"
+        return f"{type(o).__module__}.{type(o).__qualname__}"
+    except Exception:  # noqa: BLE001
+        return t
+
+
+def holder_chains(min_bytes=64 << 20, levels=7, width=60):
+    """Every non-parameter CUDA tensor of at least min_bytes and what keeps it, up to `levels` referrers: one pass
+    over the collector's objects a level (gc.get_referents), then each frame on a running stack (every thread) whose
+    locals name it. Finished frames kept by something keep their locals, and the collector sees them; running frames'
+    locals it does not, hence the second look."""
+    import gc
+    import threading
+
+    from torch._subclasses.fake_tensor import is_fake
+
+    t0 = time.time()
+    objs = gc.get_objects()
+    tensors = {}
+    for o in objs:
+        try:
+            if isinstance(o, torch.nn.Parameter) or not isinstance(o, torch.Tensor) or is_fake(o) or not o.is_cuda:
+                continue
+            st_ = o.untyped_storage()
+            if st_.nbytes() >= min_bytes:
+                tensors[id(o)] = o
+        except Exception:  # noqa: BLE001
+            continue
+    mine = {id(objs), id(tensors)}
+    nodes = dict(tensors)
+    parents: dict = {}
+    current = dict(tensors)
+    extra: dict = {}
+    for _ in range(levels):
+        found = {}
+        for o in objs:
+            if id(o) in mine:
+                continue
+            try:
+                refs = gc.get_referents(o)
+            except Exception:  # noqa: BLE001
+                continue
+            for r in refs:
+                if id(r) in current:
+                    parents.setdefault(id(r), []).append(id(o))
+                    if id(o) not in nodes:
+                        found[id(o)] = o
+        for k, v in list(found.items())[:400]:
+            extra.setdefault(k, describe(v))
+        # big containers (module dicts, the collector's own lists) are where a chain stops being informative
+        current = {k: v for k, v in list(found.items())[:width]
+                   if not (isinstance(v, (list, dict)) and len(v) > 5000) and type(v).__name__ != "module"
+                   and not (isinstance(v, dict) and "__builtins__" in v)}
+        nodes.update(current)
+        if not current:
+            break
+    names = {**extra, **{k: describe(v) for k, v in nodes.items()}}
+    frames = {}
+    thread_names = {t.ident: t.name for t in threading.enumerate()}
+    for tid, f in sys._current_frames().items():
+        depth = 0
+        while f is not None and depth < 200:
+            if f.f_code.co_name not in ("holder_chains",):
+                try:
+                    for k, v in f.f_locals.items():
+                        if id(v) in tensors:
+                            frames.setdefault(id(v), []).append(
+                                f"{thread_names.get(tid, tid)}: {describe(f)} local {k}")
+                except Exception:  # noqa: BLE001
+                    pass
+            f, depth = f.f_back, depth + 1
+
+    def paths(k, seen, depth):
+        ps = parents.get(k, [])
+        if not ps or depth >= levels:
+            return [[]]
+        out = []
+        for p in ps[:6]:
+            if p in seen or p not in nodes:
+                out.append([names.get(p, "(not followed)")])
+                continue
+            for rest in paths(p, seen | {p}, depth + 1)[:6]:
+                out.append([names[p]] + rest)
+        return out[:24]
+
+    out = []
+    for k, t in sorted(tensors.items(), key=lambda kv: -kv[1].untyped_storage().nbytes()):
+        st_ = t.untyped_storage()
+        out.append({"bytes": st_.nbytes(), "ptr": st_.data_ptr(), "shape": list(t.shape), "dtype": str(t.dtype),
+                    "running_frames": frames.get(k, [])[:8], "chains": paths(k, {k}, 0)[:24]})
+    del objs
+    return {"seconds": round(time.time() - t0, 2), "threads": sorted(map(str, thread_names.values())),
+            "tensors": out[:40]}
+
+
+def garbage_at_high():
+    """At a high point: what a full collection would free, kept (DEBUG_SAVEALL) and described, then freed: the young
+    generations' collection first, then the full one, each with the CUDA bytes it released."""
+    import gc
+
+    out = {}
+    a0 = torch.cuda.memory_allocated()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        out["young_found"] = gc.collect(1)
+        young = list(gc.garbage)
+        gc.garbage.clear()
+        out["full_found"] = gc.collect(2)
+        found = young + list(gc.garbage)
+        gc.garbage.clear()
+    finally:
+        gc.set_debug(0)
+    import weakref
+
+    found = [o for o in found if not isinstance(o, (weakref.ProxyType, weakref.CallableProxyType))]
+    kinds: dict = {}
+    for o in found:
+        kinds[type(o).__name__] = kinds.get(type(o).__name__, 0) + 1
+    # the innermost frames of the garbage (no other garbage frame has them as f_back), each with its callers and
+    # with what in the garbage refers to it: where the cycle closes
+    gframes = [o for o in found if type(o).__name__ == "frame"]
+    backs = {id(f.f_back) for f in gframes if f.f_back is not None}
+    in_garbage = {id(o) for o in found}
+    leaves = []
+    for f in gframes:
+        if id(f) in backs:
+            continue
+        chain, g = [], f
+        while g is not None and len(chain) < 60:
+            chain.append(describe(g))
+            g = g.f_back
+        holders = [describe(r) for r in gc.get_referrers(f) if id(r) in in_garbage][:10]
+        local_kinds = sorted({f"{k}:{type(v).__name__}" for k, v in f.f_locals.items()})[:40]
+        leaves.append({"chain": chain, "held_by": holders, "locals": local_kinds})
+    out["leaf_frames"] = leaves[:12]
+    excs = []
+    for o in found:
+        if isinstance(o, BaseException):
+            tb, inner = o.__traceback__, None
+            while tb is not None:
+                inner, tb = tb, tb.tb_next
+            excs.append({"exception": describe(o), "raised_at": describe(inner) if inner else None,
+                         "held_by": [describe(r) for r in gc.get_referrers(o) if id(r) in in_garbage][:8]})
+    out["exception_detail"] = excs[:20]
+    out["kinds"] = sorted(kinds.items(), key=lambda kv: -kv[1])[:25]
+    out["frames"] = sorted({describe(o) for o in found if type(o).__name__ == "frame"})[:80]
+    out["exceptions"] = [describe(o) for o in found if isinstance(o, BaseException)][:20]
+    out["tracebacks"] = sorted({describe(o) for o in found if type(o).__name__ == "traceback"})[:40]
+    out["cuda_tensors"] = [(list(o.shape), str(o.dtype), o.untyped_storage().nbytes()) for o in found
+                           if isinstance(o, torch.Tensor) and not isinstance(o, torch.nn.Parameter)
+                           and getattr(o, "is_cuda", False) and o.untyped_storage().nbytes() >= 1 << 20][:40]
+    out["young_in_garbage"] = len(young)
+    del young, found
+    a1 = torch.cuda.memory_allocated()
+    gc.collect()
+    out["freed_bytes"] = a0 - torch.cuda.memory_allocated()
+    out["freed_before_release"] = a0 - a1
+    return out
+
+
 def first_run_collector(mode):
     """The engine's own (first) profile run under a collector setting: "off" (no automatic collection, and not the
     run's closing gc.collect(), so that what cycles held is reported after it) or "attention" (a full collection
@@ -365,7 +549,25 @@ def first_run_collector(mode):
     orig = mla.MLAAttention.forward_impl
 
     def forward_impl(self_, *a, **k):
-        if FIRST["on"]:
+        if FIRST["on"] and mode == "high":
+            # only the allocated bytes, unless they are over the low outcome's: then what keeps each large tensor
+            a0 = torch.cuda.memory_allocated()
+            entry = {"layer": getattr(self_, "layer_name", "?"), "allocated": a0}
+            if a0 - FIRST["start"] > int(os.environ.get("PROBE_HIGH_BYTES", "3100000000")) and FIRST["scans"] < 1:
+                FIRST["scans"] += 1
+                try:
+                    if not os.environ.get("PROBE_NO_CHAINS"):
+                        entry["holders"] = holder_chains()
+                except Exception:  # noqa: BLE001
+                    entry["holders_error"] = traceback.format_exc()[-1500:]
+                try:
+                    entry["garbage"] = garbage_at_high()
+                except Exception:  # noqa: BLE001
+                    entry["garbage_error"] = traceback.format_exc()[-1500:]
+            entry["gc_stats"] = [(g["collections"], g["collected"]) for g in gc.get_stats()]
+            entry["gc_count"] = gc.get_count()
+            FIRST["at_attention"].append(entry)
+        elif FIRST["on"]:
             a0 = torch.cuda.memory_allocated()
             entry = {"layer": getattr(self_, "layer_name", "?"), "allocated": a0}
             entry.update(block_states())
@@ -383,7 +585,25 @@ def first_run_collector(mode):
         return orig(self_, *a, **k)
 
     mla.MLAAttention.forward_impl = forward_impl
+    if mode == "high":
+        FIRST["collections"] = []
+
+        def collected(phase, info):
+            # every collection of the first run: its generation, what it found, and the CUDA bytes it released
+            if not FIRST["on"]:
+                return
+            if phase == "start":
+                FIRST["_before"] = torch.cuda.memory_allocated()
+                return
+            freed = FIRST.get("_before", 0) - torch.cuda.memory_allocated()
+            if info["generation"] >= 1 or freed or info["collected"] > 1000:
+                FIRST["collections"].append({"gen": info["generation"], "collected": info["collected"],
+                                             "freed_bytes": freed, "attention_calls": len(FIRST["at_attention"]),
+                                             "t": round(time.time() - R["t0"], 3)})
+        gc.callbacks.append(collected)
     FIRST["on"] = True
+    FIRST["start"] = torch.cuda.memory_allocated()
+    FIRST["scans"] = 0
     if mode == "off":
         gc.collect()
         gc.disable()
@@ -398,6 +618,8 @@ def end_first_run(mode):
 
     FIRST["on"] = False
     out = {"mode": mode, "at_attention": FIRST["at_attention"][:64]}
+    if mode == "high":
+        out["collections"] = FIRST["collections"][:400]
     if mode == "off":
         out["allocated_before_collection"] = torch.cuda.memory_allocated()
         out["garbage"] = garbage_report()
@@ -477,6 +699,12 @@ def patch():
                 R["first_run"] = end_first_run(first_mode)
                 R["inductor_src"] = inductor_sources(R.get("profile", {}).get("analysis", {}))
             save()
+            if first_mode == "high":
+                a = R.get("profile", {}).get("analysis", {})
+                print("PROBE-HIGH", NAME, a.get("peak_over_start"),
+                      [e.get("holders", {}).get("seconds") for e in R["first_run"]["at_attention"] if "holders" in e],
+                      flush=True)
+                os._exit(0)
             if os.environ.get("PROBE_GC"):
                 R["gc"] = gc_experiment(lambda: _o_prof(self, *a, **k))
                 save()
