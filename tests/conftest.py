@@ -237,14 +237,19 @@ def smoke_run_copy(smoke_run: SmokeRun, tmp_path: Path) -> Path:
 # fixtures (a sweep of a release, the hostile corpus, a Ray cluster) are built once; and the modules that start Ray
 # clusters run one after another on one worker: two clusters at once would share this machine's cores. The grouping
 # is the scheduler's (pytest_xdist_make_scheduler), by module path: xdist_group marks do not group under pytest 9,
-# whose node ids no longer take pytest-xdist's group suffix.
+# whose node ids no longer take pytest-xdist's group suffix. The modules that read the shared smoke run (smoke_run
+# above, a session fixture: one per worker) are one scope too, so the run is made once, not once on each worker.
 RAY_MODULES = ("tests/test_launch_ray.py", "tests/test_readme_ray.py")
+SMOKE_RUN_MODULES = ("tests/test_baseline.py", "tests/test_console.py", "tests/test_launch_local.py")
 
 
 def xdist_scope(nodeid: str) -> str:
-    """The scope a test is scheduled with: its module, or "ray" for the modules that start Ray clusters."""
+    """The scope a test is scheduled with: its module, "ray" for the modules that start Ray clusters, or "smoke-run"
+    for those that read the shared smoke run."""
     module = nodeid.split("::", 1)[0]
-    return "ray" if module in RAY_MODULES else module
+    if module in RAY_MODULES:
+        return "ray"
+    return "smoke-run" if module in SMOKE_RUN_MODULES else module
 
 
 def module_scheduling():
@@ -264,8 +269,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test marked `ray` outside RAY_MODULES would run beside the others' clusters: refused at collection."""
+    """A test marked `ray` outside RAY_MODULES would run beside the others' clusters, and one reading the smoke run
+    outside SMOKE_RUN_MODULES would make it again on another worker: both refused at collection."""
     stray = sorted({item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("ray") is not None}
                    - set(RAY_MODULES))  # fmt: skip
     if stray:
         raise pytest.UsageError(f"tests marked ray outside tests/conftest.py RAY_MODULES: {', '.join(stray)}")
+    readers = {item.nodeid.split("::", 1)[0] for item in items
+               if {"smoke_run", "smoke_run_copy"} & set(getattr(item, "fixturenames", ()))}  # fmt: skip
+    stray = sorted(readers - set(SMOKE_RUN_MODULES))
+    if stray:
+        raise pytest.UsageError(
+            f"tests reading smoke_run outside tests/conftest.py SMOKE_RUN_MODULES: {', '.join(stray)}"
+        )

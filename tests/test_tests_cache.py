@@ -85,7 +85,8 @@ def test_an_xdist_worker_reads_a_private_copy_and_gives_back_what_it_fetched(tmp
 
 def test_xdist_schedules_a_module_per_worker_and_the_ray_modules_together():
     """The scheduler tests/conftest.py gives pytest-xdist puts every test of a module in one scope (its module
-    fixtures built once) and both Ray modules in one (their clusters one after another)."""
+    fixtures built once), both Ray modules in one (their clusters one after another) and the modules reading the
+    shared smoke run in one (the run made once)."""
     from xdist.scheduler import LoadScopeScheduling
 
     import conftest
@@ -99,4 +100,10 @@ def test_xdist_schedules_a_module_per_worker_and_the_ray_modules_together():
         == "tests/test_hostile_inputs.py"
     )
     assert scope("tests/test_launch_ray.py::test_a") == scope("tests/test_readme_ray.py::test_b") == "ray"
+    assert (
+        scope("tests/test_baseline.py::test_e")
+        == scope("tests/test_console.py::test_f")
+        == scope("tests/test_launch_local.py::test_g")
+        == "smoke-run"
+    )
     assert scope("tests/test_search.py::test_c") != scope("tests/test_models.py::test_d")
