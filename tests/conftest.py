@@ -159,7 +159,12 @@ def _wheel_downloads_need_the_vllm_wheel_mark(request: pytest.FixtureRequest):
 # module fixtures) are left out of every later collection, and that collection walks only what was made since.
 # Without it a worker's heap grows past 3 million objects (each release's syntax trees) and every full collection
 # walked them all, 2.5 s of CPU each by the end of a run: some 70 s in the two workers of a suite run.
+# And the young generation is collected every 50,000 allocations, not 700: a test that parses a release makes a
+# million syntax-tree nodes, and at 700 the collections they set off, the full ones among them, walked that tree
+# again and again (a quarter of the sizing tests' CPU time). The collection before each test still takes every cycle.
 import gc  # noqa: E402
+
+gc.set_threshold(50_000, 20, 20)
 
 
 @pytest.hookimpl(tryfirst=True)
