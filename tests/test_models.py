@@ -292,6 +292,63 @@ def test_dense_families():
     assert _weights(q2)["attention"] == 28 * ((28 + 8) * 128 * 3584 * 2 + (28 + 8) * 128 * 2 + 3584 * 3584 * 2)
 
 
+# Parameter counts as the model cards give them (Hugging Face's safetensors metadata, rounded as shown there): the
+# presets' bf16 tensors at TP 1, less the rotary cache (a buffer, not a parameter), round to the same figure.
+MODEL_CARD_PARAMS = {
+    "qwen3-32b": (32.8e9, 0.1e9),  # Qwen/Qwen3-32B: "Number of Parameters: 32.8B"
+    "llama-3.1-70b": (70.6e9, 0.1e9),  # meta-llama/Llama-3.1-70B: 70.6B params
+    "llama-3.3-70b": (70.6e9, 0.1e9),  # meta-llama/Llama-3.3-70B-Instruct: 70.6B params
+    "llama-3.1-405b": (406e9, 1e9),  # meta-llama/Llama-3.1-405B: 406B params
+    "qwen3-coder-480b-a35b": (480e9, 1e9),  # Qwen/Qwen3-Coder-480B-A35B-Instruct: 480B in total
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_CARD_PARAMS))
+def test_bf16_presets_hold_their_model_cards_parameter_count(name):
+    count, unit = MODEL_CARD_PARAMS[name]
+    facts = load_model(name)
+    w = _weights(facts)
+    params = (_tensors_total(w) - w["rotary cache"]) / facts.dtype_bytes
+    assert abs(params - count) <= unit / 2, f"{name}: {params / 1e9:.2f}B, the model card {count / 1e9:g}B"
+
+
+def test_qwen3_coder_480b_a35b_experts_and_active_parameters():
+    """Qwen/Qwen3-Coder-480B-A35B-Instruct: 62 layers of 160 experts of 2560 (8 routed per token), hidden 6144, 96 q
+    / 8 KV heads of 128; 35B parameters active per token (the model card): the non-expert tensors and 8 of 160
+    experts."""
+    f = load_model("qwen3-coder-480b-a35b")
+    w = _weights(f)
+    assert w["routed experts"] == 62 * 160 * 3 * 2560 * 6144 * 2
+    assert kv_shape(f, tp=1).bytes_per_token == 62 * 2 * 8 * 128 * 2
+    assert _weights(f, tp=1, ep=32)["routed experts"] == 62 * 5 * 3 * 2560 * 6144 * 2
+    active = (_tensors_total(w) - w["rotary cache"] - w["routed experts"] * (1 - 8 / 160)) / 2
+    assert round(active / 1e9) == 35
+
+
+def test_fp8_block_presets_keep_the_bf16_models_shapes():
+    """Qwen/Qwen3-30B-A3B-FP8 and Qwen3-32B-FP8: their bf16 models' shapes, every linear in fp8 with f32 scales per
+    128x128 block, the router and norms (modules_to_not_convert) and the embeddings in bf16."""
+    fp8, bf16 = load_model("qwen3-30b-a3b-fp8"), load_model("qwen3-30b-a3b")
+    assert fp8.weight_block_size == (128, 128) and kv_shape(fp8, tp=1) == kv_shape(bf16, tp=1)
+    w, b = _weights(fp8), _weights(bf16)
+    per_expert = 3 * 768 * 2048 + (math.ceil(1536 / 128) * 16 + 16 * math.ceil(768 / 128)) * 4
+    assert w["routed experts"] == 48 * 128 * per_expert
+    assert w["router"] == b["router"] and w["embeddings + lm_head"] == b["embeddings + lm_head"]
+    dense = _weights(load_model("qwen3-32b-fp8"))
+    gate_up, down = 2 * 25600 * 5120 + 400 * 40 * 4, 5120 * 25600 + 40 * 200 * 4
+    assert dense["dense MLP"] == 64 * (gate_up + down)
+    assert dense["embeddings + lm_head"] == _weights(load_model("qwen3-32b"))["embeddings + lm_head"]
+
+
+def test_minimax_m27_is_m2s_shapes_with_a_longer_rotary_cache():
+    """MiniMaxAI/MiniMax-M2.7: MiniMax-M2's config facts but max_position_embeddings 204800 (196608 in M2), so a
+    longer rotary cache (and the allocator's rounding of it)."""
+    m27, m2 = _weights(load_model("minimax-m2.7")), _weights(load_model("minimax-m2"))
+    same = ("attention", "layer norms", "routed experts", "router", "embeddings + lm_head")
+    assert {k: m27[k] for k in same} == {k: m2[k] for k in same}
+    assert m27["rotary cache"] == 204800 * 64 * 2 and m2["rotary cache"] == 196608 * 64 * 2
+
+
 # --- checkpoint formats ---------------------------------------------------------------------------------------------
 
 LLAMA_8B = _preset("llama-3.1-8b")  # meta-llama/Llama-3.1-8B-Instruct's shapes, which these releases quantize
@@ -468,6 +525,34 @@ def test_hub_ids_resolve_to_presets_and_the_local_cache(tmp_path, monkeypatch):
     assert result.returncode == 2
     assert without_download_lines(result.stderr).strip().count("\n") == 0
     assert "neither a preset nor in the local Hugging Face cache" in result.stderr and "presets:" in result.stderr
+
+
+@pytest.mark.vllm_wheel
+def test_a_path_not_on_this_machine_is_read_by_the_name_it_ends_in(tmp_path, monkeypatch):
+    """A serve line pasted from the GPU host names a directory there: its last component names a preset (its file
+    name or its hub id's name, any case), a Hugging Face cache path its hub id; the plan says how it read it."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    facts = load_model("/mnt/models/Qwen3-Coder-480B-A35B-Instruct/")
+    assert facts.name == "qwen3-coder-480b-a35b" and facts.num_routed_experts == 160
+    assert facts.read_as == ("/mnt/models/Qwen3-Coder-480B-A35B-Instruct/ is not on this machine; read as the preset "
+                             "its name names, harness/defaults/models/qwen3-coder-480b-a35b.json")  # fmt: skip
+    assert load_model("/data/QWEN3-32B-FP8").name == "qwen3-32b-fp8"
+    assert load_model("/root/.cache/huggingface/hub/models--Qwen--Qwen3-32B/snapshots/0123abcd").name == "qwen3-32b"
+    snapshot = tmp_path / "hub" / "models--acme--Tiny-8B" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(LLAMA_8B))
+    facts = load_model("/gpu-host/hf/hub/models--acme--Tiny-8B/snapshots/feed")
+    assert facts.path == str(snapshot / "config.json") and "read as acme/Tiny-8B from the local" in facts.read_as
+    assert load_model("llama-3.1-8b").read_as == ""
+    for unknown in ("/mnt/models/Tiny-8B", "/mnt/models/qwen3", "/gpu-host/hub/models--acme--Other-1B/snapshots/x"):
+        with pytest.raises(ModelConfigError, match=r"not a directory with config\.json nor a preset"):
+            load_model(unknown)
+    serve = ("vllm", "serve", "/models/qwen3-32b", "--tensor-parallel-size", "2")
+    result = run_cli_inproc("plan", "--vllm-version", "0.29.0", "--gpu", "H200-141GB", "--", *serve,
+                            env={"HF_HOME": str(tmp_path)})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "model: /models/qwen3-32b is not on this machine; read as the preset its name names" in result.stdout
 
 
 # --- bad model configs: one line, exit 2 -----------------------------------------------------------------------------

@@ -171,6 +171,8 @@ class DeploymentPlan(Record):
     group_totals: dict[str, int] = Field(default_factory=dict)
     # why the plan is approximate: flags or GPU facts that change memory and are not modelled
     approximate: list[str] = Field(default_factory=list)
+    # how the serve line's model was read where its path is not on this machine (a preset its name names)
+    model_source: str = ""
 
     def setting(self, name: str) -> object:
         return next(s.value for s in self.settings if s.name == name)
@@ -891,7 +893,8 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
         groups[line.group] = groups.get(line.group, 0) + line.bytes
     return DeploymentPlan(
         harness_version=harness.__version__, python_version=platform.python_version(), model=facts.name,
-        vllm_version=version, gpu=gpu_name, total_bytes=total_bytes, settings=list(r.settings), lines=lines,
+        model_source=facts.read_as, vllm_version=version, gpu=gpu_name, total_bytes=total_bytes,
+        settings=list(r.settings), lines=lines,
         requested_bytes=requested, non_kv_bytes=non_kv, kv_bytes_per_token=shape.bytes_per_token,
         kv_formula=shape.formula, kv_cache_bytes=kv_bytes, kv_tokens=cache.tokens, kv_num_blocks=cache.num_blocks,
         block_size=cache.block_size, max_model_len=r.max_model_len, concurrency=cache.concurrency, verdict=verdict,

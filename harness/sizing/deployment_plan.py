@@ -226,6 +226,7 @@ def render_deployment(plan: DeploymentPlan) -> Any:
 def deployment_notes(plan: DeploymentPlan) -> list[str]:
     tables = [f"  {x.name} = {x.value}: {x.source}" for x in plan.settings if x.source.startswith("table")]
     return [
+        *([f"model: {plan.model_source}"] if plan.model_source else []),
         f"KV cache: {plan.kv_bytes_per_token} B/token ({plan.kv_formula}); {plan.kv_tokens} tokens in "
         f"{plan.kv_num_blocks} blocks of {plan.block_size}; {plan.concurrency:.2f}x concurrency at "
         f"{plan.max_model_len} tokens",

@@ -183,6 +183,8 @@ class ModelFacts:
     # the quantized layers of some formats from), None for a preset or hub id (the published checkpoint)
     checkpoint_tensors: bool | None = None
     lines: dict[str, int] = field(default_factory=dict, compare=False)
+    # how a model named on the serve line but not on this machine was read (absent_path_model), else ""
+    read_as: str = field(default="", compare=False)
 
     @property
     def is_mla(self) -> bool:
@@ -302,8 +304,44 @@ def load_model(model: str, *, dtype: str | None = "auto", quantization: str | No
                                f"({shown_text(str(_hub_caches()[0]))}); give a directory holding its config.json, or "
                                "one of the "
                                f"presets: {', '.join(preset_names())}")  # fmt: skip
+    named = absent_path_model(model)
+    if named is not None:
+        hub_id, preset_name = named
+        absent = f"{shown_text(model, 120)} is not on this machine"
+        if preset_name is not None:
+            preset = MODELS_DIR / f"{preset_name}.json"
+            facts = parse_config(preset, name=preset_name, shown=f"harness/defaults/models/{preset.name}", dtype=dtype,
+                                 quantization=quantization)  # fmt: skip
+            return dataclasses.replace(facts, read_as=f"{absent}; read as the preset its name names, "
+                                       f"harness/defaults/models/{preset.name}")  # fmt: skip
+        cached = hub_snapshot_config(hub_id) if hub_id else None
+        if cached is not None:
+            facts = parse_config(cached, name=hub_id.split("/")[1], dtype=dtype, quantization=quantization)
+            return dataclasses.replace(facts, read_as=f"{absent}; read as {hub_id} from the local Hugging Face cache")
     raise ModelConfigError(f"model {shown_text(model)}: not a directory with config.json nor a preset; presets: "
                            f"{', '.join(preset_names())}")  # fmt: skip
+
+
+def absent_path_model(model: str) -> tuple[str, str | None] | None:
+    """(hub id or "", preset name or None) for a model path that is not on this machine: a serve line pasted from
+    the GPU host names its own directory. A Hugging Face cache path (.../models--ORG--NAME/snapshots/REV, what vLLM
+    serves offline) names the hub id ORG/NAME: its preset, else the local cache's snapshot. Otherwise the path's last
+    component is matched, case-insensitively, against the presets' names and their hub ids' names; a name that
+    matches no preset, or more than one, is not read (None)."""
+    if "/" not in model and "\\" not in model:
+        return None
+    parts = [p for p in re.split(r"[/\\]", model) if p and p not in (".", "..")]
+    for part in reversed(parts):
+        cached = re.fullmatch(r"models--([A-Za-z0-9][A-Za-z0-9._-]{0,95})--([A-Za-z0-9][A-Za-z0-9._-]{0,95})", part)
+        if cached:
+            hub_id = f"{cached.group(1)}/{cached.group(2)}"
+            return hub_id, _preset_hub_ids().get(hub_id.lower())
+    if not parts or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}", parts[-1]):
+        return None
+    name = parts[-1].lower()
+    matches = {stem for stem in preset_names() if stem == name}
+    matches |= {stem for hub, stem in _preset_hub_ids().items() if hub.split("/", 1)[1] == name}
+    return ("", matches.pop()) if len(matches) == 1 else None
 
 
 def holds_safetensors(directory: Path) -> bool:
