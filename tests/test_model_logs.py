@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.scenario.deployment import DeploymentSpec
 from harness.sizing.deployment_plan import plan_source
 from harness.sizing.deployment_weights import Sharding, weight_lines
 from harness.sizing.kv_cache import kv_cache, kv_shape
@@ -158,3 +159,19 @@ def test_gpt_oss_runs_the_monolithic_triton_mxfp4_kernel_with_its_buffers_per_ca
                        cudagraph_estimate=False)  # fmt: skip
     names = {line.name: line for line in plan.lines}
     assert "moe kernel buffers (per call)" not in names and names["moe-workspace"].bytes > 0
+
+
+@pytest.mark.vllm_wheel
+def test_gpt_oss_at_tp_8_holds_the_mxfp4_padded_intermediate(cache_dir):
+    """gpt-oss-120b at TP 8: 2880 / 8 = 360 per GPU, which the MXFP4 method pads to 384 (mxfp4.py create_weights:
+    round_up(intermediate_size_per_partition, 64)); the weights and the monolithic kernel's buffers hold 384."""
+    from harness.sizing.deployment_plan import plan_release
+
+    facts = load_model("gpt-oss-120b")
+    spec = DeploymentSpec(tensor_parallel_size=8, max_num_batched_tokens=8192)
+    plan = plan_release(facts, spec, "0.19.0", gpu="H100-80GB", total_bytes=round(79.19 * GIB), cache_dir=cache_dir)
+    names = {line.name: line for line in plan.lines}
+    assert "w13 (2x384, 2880) + w2 (2880, 384)" in names["routed experts"].source
+    M = 8192
+    assert names["moe kernel buffers (per call)"].bytes == 2 * (M * 4 * 384 + M * 2880 + M * 4 * 2880)
+    assert plan.verdict.outcome == "starts"

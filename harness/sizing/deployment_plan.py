@@ -12,7 +12,8 @@ from typing import Any
 from harness.scenario.deployment import DeploymentSpec
 from harness.scenario.schema import Scenario, parse_scenario
 from harness.scenario.sections import LayerSpec
-from harness.sizing.deployment import GIB, DeploymentPlan, Resolved, plan_deployment, resolve
+from harness.sizing.deployment import GIB, DeploymentPlan, Resolved, plan_deployment, resolve, sharding_of
+from harness.sizing.deployment_weights import experts_intermediate
 from harness.sizing.gpus import Gpu
 from harness.sizing.model_config import ModelFacts, check_parallel, load_model
 
@@ -59,11 +60,9 @@ def layer_scenario(facts: ModelFacts, r: Resolved, base: Scenario | None = None)
     if not facts.is_moe:
         return None
     all2all = LAYER_ALL2ALL.get(r.all2all, "none") if r.ep else "none"
-    if r.ep:
-        D, E = r.ep_size, r.local_experts
-        I = facts.moe_intermediate_size
-    else:
-        D, E, I = r.dp, facts.num_routed_experts, facts.moe_intermediate_size // (r.tp * r.dp)
+    # I per GPU as FusedMoE allocates it (the MXFP4 method pads it: gpt-oss at TP 8 holds 384 of 2880 / 8 = 360)
+    I = experts_intermediate(facts, sharding_of(facts, r))
+    D, E = (r.ep_size, r.local_experts) if r.ep else (r.dp, facts.num_routed_experts)
     scheme = facts.quant.scheme if facts.quant is not None else ""
     quant = ("fp8-block" if facts.weight_block_size else "fp8-per-token") if facts.quant_method == "fp8" else \
         "wna16" if scheme in ("wna16", "awq", "gptq") and r.moe_backend in ("triton", "marlin") else "bf16"  # fmt: skip
