@@ -317,6 +317,47 @@ def test_flags_without_gpu_memory_and_routed_ones():
     assert float32.kv_bytes_per_token == 2 * float16.kv_bytes_per_token
 
 
+def test_the_openai_servers_module_form_reads_as_vllm_serve():
+    """`python -m vllm.entrypoints.openai.api_server --model M FLAGS` (manifests and older logs) is `vllm serve M
+    FLAGS`: the same flags, the model from --model; another module is refused in one line."""
+    serve = read_serve(["vllm", "serve", "qwen3-8b", "--tensor-parallel-size", "2", "--max-model-len", "8192"])
+    for entry in (["python", "-m"], ["python3", "-m"], ["/usr/bin/python3.12", "-m"]):
+        module = read_serve([*entry, "vllm.entrypoints.openai.api_server", "--model", "qwen3-8b",
+                             "--tensor-parallel-size", "2", "--max-model-len", "8192"])  # fmt: skip
+        assert (module.model, module.spec) == (serve.model, serve.spec)
+    with pytest.raises(ServeArgsError, match=r"python -m vllm\.entrypoints\.api_server is not read; allowed"):
+        read_serve(["python", "-m", "vllm.entrypoints.api_server", "--model", "qwen3-8b"])
+
+
+def test_a_config_file_of_flags_is_read_as_vllm_reads_it(tmp_path):
+    """--config FILE (utils/argparse_utils.py load_config_file): `key: value` is `--key value`, true `--key`, false
+    nothing, a mapping its JSON; placed after the model, so a flag on the line wins. A file not here makes the plan
+    approximate; a file vLLM would refuse is refused."""
+    config = tmp_path / "serve.yaml"
+    config.write_text("tensor-parallel-size: 4\nmax_model_len: 8192\nenable-prefix-caching: false\n"
+                      "compilation-config:\n  cudagraph_mode: NONE\n")  # fmt: skip
+    read = read_serve(["vllm", "serve", "qwen3-8b", "--config", str(config)])
+    assert (read.spec.tensor_parallel_size, read.spec.max_model_len) == (4, 8192) and not read.spec.approximate
+    assert read_serve(["qwen3-8b", "--config", str(config), "-tp", "2"]).spec.tensor_parallel_size == 2
+    plan = _dense(f"vllm serve qwen3-8b --config {config}")
+    assert plan.line("CUDA-graph estimate") is None and plan.setting("tensor_parallel_size") == 4
+    (tmp_path / "model.yml").write_text("model: qwen3-8b\nmax-num-seqs: 32\n")
+    from_file = read_serve(["vllm", "serve", "--config", str(tmp_path / "model.yml")])
+    assert from_file.model == "qwen3-8b" and from_file.spec.max_num_seqs == 32
+    absent = read_serve(["qwen3-8b", "--config", "/gpu-host/serve.yaml"])
+    assert absent.spec.approximate == ["--config /gpu-host/serve.yaml is not on this machine: the flags it holds "
+                                       "are not read"]  # fmt: skip
+    (tmp_path / "list.yaml").write_text("- tensor-parallel-size\n")
+    for argv, message in (
+        (["--config", "serve.json"], "--config serve.json: vLLM reads a .yaml or .yml file of flags"),
+        (["--config", str(tmp_path / "list.yaml")], "holds list; allowed: a mapping of flag: value"),
+        (["--config", str(config), "--config", str(config)], "--config is given more than once"),
+    ):
+        with pytest.raises(ServeArgsError) as error:
+            read_serve(["qwen3-8b", *argv])
+        assert message in str(error.value) and "\n" not in str(error.value)
+
+
 def test_json_group_totals_add_up():
     plan = _dense("vllm serve qwen3-8b --max-model-len 8192")
     totals = plan.group_totals

@@ -267,14 +267,21 @@ def test_a_startup_is_read_judged_saved_and_stopped(tmp_path, entry, ready):
 
 
 @pytest.mark.vllm_wheel
-def test_a_preset_starts_from_its_config_facts(tmp_path):
-    """vLLM is started from a directory holding the preset's config facts as config.json."""
+@pytest.mark.parametrize("line", [
+    ("vllm", "serve", "qwen2.5-7b"),
+    ("vllm", "serve", "Qwen/Qwen2.5-7B-Instruct"),
+    ("python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/Qwen2.5-7B-Instruct"),
+], ids=["preset", "hub-id", "api-server-path-not-here"])  # fmt: skip
+def test_a_preset_starts_from_its_config_facts(tmp_path, line):
+    """vLLM is started from a directory holding the preset's config facts as config.json: the preset named, the
+    one published under a hub id, or the one a path not on this machine names (the OpenAI server's module form)."""
     import json
 
     log, _ = _startup(tmp_path, "qwen2.5-7b-4l")
     python, env = _stand_in(tmp_path, log, "echo HARNESS-VERIFY-READY")
-    run_harness("verify", "--entry", "llm", "--python", str(python), "--timeout", "60", "--", "vllm", "serve",
-                "qwen2.5-7b", "--max-model-len", "4096", env=env)  # fmt: skip
+    result = run_harness("verify", "--entry", "llm", "--python", str(python), "--timeout", "60", "--", *line,
+                         "--max-model-len", "4096", env=env)  # fmt: skip
+    assert "Traceback" not in result.stderr, result.stderr
     kwargs = json.loads((tmp_path / "args.last").read_text())  # the LLM class's keyword arguments
     assert kwargs["model"].endswith("/qwen2.5-7b") and kwargs["max_model_len"] == 4096
     assert not Path(kwargs["model"]).exists(), "the preset's directory outlived the verify"

@@ -15,10 +15,13 @@ Without a release (no source at hand) only the modelled flags and the frontend's
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+import yaml
 from pydantic import ValidationError
 
 from harness.core.errors import BadInput
@@ -225,18 +228,50 @@ def parse_serve(argv: list[str], release: ReleaseFlags | None = None) -> tuple[s
     return parsed.model, parsed.spec, parsed.ignored
 
 
-def read_serve(argv: list[str], release: ReleaseFlags | None = None) -> Parsed:
-    words = list(argv)
+# The OpenAI server's module, run as `python -m ...`: the same engine and frontend flags as `vllm serve`, the model
+# given with --model (entrypoints/openai/api_server.py; `vllm serve` runs it).
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+CONFIG_FILE_MAX_BYTES = 1 << 20
+
+
+def canonical_serve(argv: list[str]) -> list[str]:
+    """The serve line as `vllm serve MODEL FLAGS`, however it was given (`vllm serve`, `serve`, nothing, or
+    `python -m vllm.entrypoints.openai.api_server --model MODEL`): what `harness verify` starts and records."""
+    words = _entry_words(list(argv))
+    if words and not words[0].startswith("-"):
+        return ["vllm", "serve", *words]
+    for i, word in enumerate(words):
+        if word == "--model" and i + 1 < len(words):
+            return ["vllm", "serve", words[i + 1], *words[:i], *words[i + 2 :]]
+        if word.startswith("--model="):
+            return ["vllm", "serve", word.split("=", 1)[1], *words[:i], *words[i + 1 :]]
+    return ["vllm", "serve", *words]
+
+
+def _entry_words(words: list[str]) -> list[str]:
+    """The words after the entry point: `vllm serve`, `serve` or `python -m vllm.entrypoints.openai.api_server`
+    (or none of them)."""
     if words[:2] == ["vllm", "serve"]:
-        words = words[2:]
-    elif words[:1] == ["serve"]:
-        words = words[1:]
-    elif words[:1] == ["vllm"]:
+        return words[2:]
+    if words[:1] == ["serve"]:
+        return words[1:]
+    if words[:1] == ["vllm"]:
         raise ServeArgsError("vllm serve: only `vllm serve MODEL ...` is read; got `vllm "
                              f"{' '.join(words[1:2])[:30]}`")  # fmt: skip
+    if len(words) >= 3 and re.fullmatch(r"(\S*/)?python(3(\.\d+)?)?", words[0]) and words[1] == "-m":
+        if words[2] != API_SERVER_MODULE:
+            raise ServeArgsError(f"vllm serve: python -m {words[2][:60]} is not read; allowed: `vllm serve MODEL ...` "
+                                 f"or `python -m {API_SERVER_MODULE} --model MODEL ...`")  # fmt: skip
+        return words[3:]
+    return words
+
+
+def read_serve(argv: list[str], release: ReleaseFlags | None = None) -> Parsed:
+    words = _entry_words(list(argv))
+    approximate: list[str] = []
+    words = _pull_config_file(words, approximate)
     values: dict[str, object] = {}
     ignored: list[str] = []
-    approximate: list[str] = []
     env: dict[str, str] = {}
     model_tag: str | None = None
     i = 0
@@ -308,6 +343,56 @@ def read_serve(argv: list[str], release: ReleaseFlags | None = None) -> Parsed:
             ref = declared.ref if declared is not None else "the release"
             approximate.append(f"{option} is not sized (it may change GPU memory; {ref})")
     return _spec(values, model_tag, ignored, approximate, env, release)
+
+
+def _pull_config_file(words: list[str], approximate: list[str]) -> list[str]:
+    """`--config FILE` as FlexibleArgumentParser reads it (utils/argparse_utils.py _pull_args_from_config,
+    load_config_file): the YAML file's `key: value` pairs become `--key value` (true: `--key`, false: nothing; a list
+    its items; a mapping its JSON), placed after the model and before the other flags, so a flag given on the line
+    wins. Only the exact word `--config` is pulled (`--config=FILE` is not, there either). A file not on this
+    machine leaves the plan approximate: its flags are not read."""
+    if "--config" not in words:
+        return words
+    if words.count("--config") > 1:
+        raise ServeArgsError("vllm serve: --config is given more than once; vLLM reads one config file")
+    index = words.index("--config")
+    if index == len(words) - 1:
+        raise ServeArgsError("vllm serve: --config needs a value (a .yaml or .yml file of flags)")
+    name = words[index + 1]
+    shown = name[:80]
+    if name.rsplit(".", 1)[-1] not in ("yaml", "yml"):
+        raise ServeArgsError(f"vllm serve: --config {shown}: vLLM reads a .yaml or .yml file of flags")
+    rest = words[:index] + words[index + 2 :]
+    path = Path(name).expanduser()
+    if not path.is_file():
+        approximate.append(f"--config {shown} is not on this machine: the flags it holds are not read")
+        return rest
+    try:
+        if path.stat().st_size > CONFIG_FILE_MAX_BYTES:
+            raise ServeArgsError(f"vllm serve: --config {shown}: larger than {CONFIG_FILE_MAX_BYTES} B; "
+                                 "a config file of flags is a few lines")  # fmt: skip
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise ServeArgsError(f"vllm serve: --config {shown}: not a readable YAML file "
+                             f"({type(error).__name__})") from None  # fmt: skip
+    if not isinstance(data, dict):
+        raise ServeArgsError(f"vllm serve: --config {shown}: holds {type(data).__name__}; allowed: a mapping of "
+                             "flag: value")  # fmt: skip
+    pulled: list[str] = []
+    for key, value in data.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]{0,80}", key):
+            raise ServeArgsError(f"vllm serve: --config {shown}: key {str(key)[:40]!r} is not a flag name")
+        if isinstance(value, bool):
+            pulled += [f"--{key}"] if value else []
+        elif isinstance(value, list):
+            pulled += [f"--{key}", *(str(item) for item in value)] if value else []
+        elif isinstance(value, dict):
+            pulled += [f"--{key}", json.dumps(value)]
+        else:
+            pulled += [f"--{key}", str(value)]
+    if rest and not rest[0].startswith("-"):
+        return [rest[0], *pulled, *rest[1:]]
+    return [*pulled, *rest]
 
 
 _SWITCHES = frozenset({"--trust-remote-code", "--disable-log-requests", "--disable-log-stats",

@@ -49,7 +49,7 @@ def _error(message: str) -> NoReturn:
 
 def verify_command(request: VerifyRequest) -> int:
     from harness.sizing.model_config import ModelConfigError, load_model
-    from harness.sizing.serve_args import ServeArgsError, parse_serve
+    from harness.sizing.serve_args import ServeArgsError, canonical_serve, parse_serve
 
     if not 0 <= request.tolerance_pct <= 100:
         return _error(f"--tolerance-pct {request.tolerance_pct} is not a percentage; allowed: 0 to 100")
@@ -62,10 +62,10 @@ def verify_command(request: VerifyRequest) -> int:
         return _error(f"--gpu {request.gpu[:40]!r} is not a known GPU; allowed: {', '.join(GPU_MEMORY_BYTES)}")
     if request.entry not in ("serve", "llm"):
         return _error(f"--entry {request.entry[:20]!r}; allowed: serve, llm")
-    serve = list(request.serve)
-    if not serve:
+    if not request.serve:
         return _error("verify needs `-- vllm serve MODEL FLAGS` after the options; see `harness verify --help`")
     try:
+        serve = canonical_serve(list(request.serve))
         model, spec, _ = parse_serve(serve)
         facts = load_model(model)
     except (ServeArgsError, ModelConfigError) as error:
@@ -187,7 +187,7 @@ def _from_start(request: VerifyRequest, serve: list[str], model: str, spec, fact
     with tempfile.TemporaryDirectory(prefix="harness-verify-") as tmp:
         log_path = Path(tmp) / "vllm.log"
         try:
-            argv = command(request.python, request.entry, _model_dir(model, Path(tmp)), flags)
+            argv = command(request.python, request.entry, _model_dir(model, facts.path, Path(tmp)), flags)
         except LaunchError as error:
             return _error(str(error))
         log.info(f"starting vLLM {release} ({'vllm serve' if request.entry == 'serve' else 'the LLM class'}, dummy "
@@ -215,18 +215,22 @@ def _from_start(request: VerifyRequest, serve: list[str], model: str, spec, fact
     return _judge(request, record, release)
 
 
-def _model_dir(model: str, tmp: Path) -> str:
-    """What vLLM is started from: the directory given, or for a preset a directory holding its config facts as
-    config.json (vLLM builds the model from them; the dummy weights need nothing else)."""
+def _model_dir(model: str, config_path: str, tmp: Path) -> str:
+    """What vLLM is started from: the directory given, or the snapshot directory of a hub id in the local Hugging Face
+    cache, or for a preset (by name, hub id, or the name of a path not on this machine) a directory holding its config
+    facts as config.json (vLLM builds the model from them; the dummy weights need nothing else). config_path: the
+    loaded model's config (ModelFacts.path)."""
     import json
 
     from harness.sizing.model_config import MODELS_DIR
 
     if Path(model).is_dir():
         return model
-    preset = MODELS_DIR / f"{model.lower()}.json"
+    preset = MODELS_DIR / Path(config_path).name
+    if not (config_path.startswith("harness/defaults/models/") and preset.is_file()):
+        return str(Path(config_path).parent)  # a snapshot's config.json
     data = {k: v for k, v in json.loads(preset.read_text(encoding="utf-8")).items() if not k.startswith("_")}
-    directory = tmp / model.lower()
+    directory = tmp / preset.stem
     directory.mkdir()
     (directory / "config.json").write_text(json.dumps(data, indent=1), encoding="utf-8")
     return str(directory)
