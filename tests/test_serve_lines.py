@@ -317,9 +317,10 @@ def test_flags_without_gpu_memory_and_routed_ones():
     assert float32.kv_bytes_per_token == 2 * float16.kv_bytes_per_token
 
 
-def test_the_openai_servers_module_form_reads_as_vllm_serve():
-    """`python -m vllm.entrypoints.openai.api_server --model M FLAGS` (manifests and older logs) is `vllm serve M
-    FLAGS`: the same flags, the model from --model; another module is refused in one line."""
+def test_the_openai_servers_module_and_image_forms_read_as_vllm_serve():
+    """`python -m vllm.entrypoints.openai.api_server --model M FLAGS` (manifests and older logs) and `docker run ...
+    vllm/vllm-openai ARGS` are `vllm serve M FLAGS`: the same flags, the model from --model or the first word;
+    another module or image is refused in one line."""
     serve = read_serve(["vllm", "serve", "qwen3-8b", "--tensor-parallel-size", "2", "--max-model-len", "8192"])
     for entry in (["python", "-m"], ["python3", "-m"], ["/usr/bin/python3.12", "-m"]):
         module = read_serve([*entry, "vllm.entrypoints.openai.api_server", "--model", "qwen3-8b",
@@ -327,6 +328,15 @@ def test_the_openai_servers_module_form_reads_as_vllm_serve():
         assert (module.model, module.spec) == (serve.model, serve.spec)
     with pytest.raises(ServeArgsError, match=r"python -m vllm\.entrypoints\.api_server is not read; allowed"):
         read_serve(["python", "-m", "vllm.entrypoints.api_server", "--model", "qwen3-8b"])
+    # `docker run [OPTIONS] vllm/vllm-openai:TAG ARGS`: the image's arguments, its VLLM_ variables as --env
+    docker = ["docker", "run", "--gpus", "all", "-v", "/m:/m", "-e", "HF_TOKEN=x", "--env=VLLM_MOE_DP_CHUNK_SIZE=512",
+              "--ipc=host", "-p", "8000:8000"]  # fmt: skip
+    for image, args in (("vllm/vllm-openai:v0.30.0", ["--model", "qwen3-8b"]), ("vllm/vllm-openai", ["qwen3-8b"])):
+        run = read_serve([*docker, image, *args, "--tensor-parallel-size", "2", "--max-model-len", "8192"])
+        assert run.model == "qwen3-8b" and run.env == {"VLLM_MOE_DP_CHUNK_SIZE": "512"}
+        assert run.spec.model_copy(update={"moe_dp_chunk_size": None}) == serve.spec
+    with pytest.raises(ServeArgsError, match="an image that is not vLLM's OpenAI server"):
+        read_serve(["docker", "run", "--gpus", "all", "nvcr.io/nvidia/tritonserver:24.08", "--model", "qwen3-8b"])
 
 
 def test_a_config_file_of_flags_is_read_as_vllm_reads_it(tmp_path):

@@ -219,6 +219,7 @@ case "$2" in
   *importlib.metadata*) echo 0.26.0; exit 0;;
 esac
 printf '%s\\n' "$*" > {args}
+printf '%s' "${{VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS-unset}}" > {args}.env
 for a; do last=$a; done
 printf '%s' "$last" > {args}.last
 sleep 600 &
@@ -285,6 +286,21 @@ def test_a_preset_starts_from_its_config_facts(tmp_path, line):
     kwargs = json.loads((tmp_path / "args.last").read_text())  # the LLM class's keyword arguments
     assert kwargs["model"].endswith("/qwen2.5-7b") and kwargs["max_model_len"] == 4096
     assert not Path(kwargs["model"]).exists(), "the preset's directory outlived the verify"
+
+
+@pytest.mark.vllm_wheel
+def test_a_docker_line_starts_vllm_with_its_vllm_environment(tmp_path):
+    """`docker run ... -e VLLM_X=V vllm/vllm-openai:TAG ARGS`: vLLM starts from the image's arguments, the
+    container's VLLM_ variables in its environment (not as flags vLLM lacks)."""
+    log, _ = _startup(tmp_path, "qwen2.5-7b-4l")
+    python, env = _stand_in(tmp_path, log, SERVE_READY)
+    line = ("docker", "run", "--gpus", "all", "-e", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1", "--ipc=host",
+            "vllm/vllm-openai:v0.26.0", "--model", "qwen2.5-7b", "--max-model-len", "4096")  # fmt: skip
+    result = run_harness("verify", "--python", str(python), "--timeout", "60", "--", *line, env=env)
+    assert "Traceback" not in result.stderr, result.stderr
+    args = (tmp_path / "args").read_text()
+    assert " serve " in args and "--max-model-len 4096" in args and "--env" not in args and "docker" not in args
+    assert (tmp_path / "args.env").read_text() == "1"
 
 
 def test_a_startup_that_fails_names_vllms_error_and_exits_1(tmp_path):

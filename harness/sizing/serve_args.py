@@ -249,8 +249,22 @@ def canonical_serve(argv: list[str]) -> list[str]:
 
 
 def _entry_words(words: list[str]) -> list[str]:
-    """The words after the entry point: `vllm serve`, `serve` or `python -m vllm.entrypoints.openai.api_server`
-    (or none of them)."""
+    """The words after the entry point: `vllm serve`, `serve`, `python -m vllm.entrypoints.openai.api_server`, or
+    `docker run [OPTIONS] IMAGE` of vLLM's OpenAI server image (its entrypoint is one of those; the words after the
+    image are its arguments) (or none of them)."""
+    if words[:1] in (["docker"], ["podman"]) and words[1:2] == ["run"]:
+        image = next((i for i, w in enumerate(words) if re.fullmatch(r"(\S+/)?vllm-openai(:[\w.-]+)?(@\S+)?", w)), None)
+        if image is None:
+            raise ServeArgsError(f"vllm serve: `{words[0]} run` of an image that is not vLLM's OpenAI server; allowed: "
+                                 "a vllm/vllm-openai image and its arguments, or `vllm serve MODEL ...`")  # fmt: skip
+        env = []  # the container's vLLM environment (-e/--env NAME=VALUE) as the serve line's --env
+        for i, word in enumerate(words[2:image], 2):
+            given = words[i + 1] if word in ("-e", "--env") and i + 1 < image else \
+                word.split("=", 1)[1] if word.startswith("--env=") else ""  # fmt: skip
+            if re.fullmatch(r"VLLM_[A-Z0-9_]{1,80}=.{0,200}", given):
+                env += ["--env", given]
+        words = words[image + 1 :]
+        return [*(words[2:] if words[:2] == ["vllm", "serve"] else words), *env]
     if words[:2] == ["vllm", "serve"]:
         return words[2:]
     if words[:1] == ["serve"]:

@@ -184,6 +184,7 @@ def _from_start(request: VerifyRequest, serve: list[str], model: str, spec, fact
                 "started here and planned at DP 1 (the DP ranks' NCCL buffers are not part of it)"
             )
     gpu = request.gpu or gpu_name(name)
+    flags, environment = _split_env(flags)
     with tempfile.TemporaryDirectory(prefix="harness-verify-") as tmp:
         log_path = Path(tmp) / "vllm.log"
         try:
@@ -194,7 +195,7 @@ def _from_start(request: VerifyRequest, serve: list[str], model: str, spec, fact
                  f"weights) on {name}; at most {request.timeout_s:.0f} s")  # fmt: skip
         if note:
             log.info(note)
-        launched = launch(argv, log_path, request.timeout_s)
+        launched = launch(argv, log_path, request.timeout_s, env=environment)
         if request.keep_log is not None:
             request.keep_log.write_text(launched.log)
     request = VerifyRequest(**{**request.__dict__, "gpu": gpu})
@@ -234,6 +235,28 @@ def _model_dir(model: str, config_path: str, tmp: Path) -> str:
     directory.mkdir()
     (directory / "config.json").write_text(json.dumps(data, indent=1), encoding="utf-8")
     return str(directory)
+
+
+def _split_env(flags: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The serve line's `--env NAME=VALUE` (the harness's spelling of the environment vLLM runs in, parsed and checked
+    by harness.sizing.serve_args) as the started process's environment; the other flags as they are."""
+    out: list[str] = []
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(flags):
+        word = flags[i]
+        if word == "--env" and i + 1 < len(flags):
+            name, _, value = flags[i + 1].partition("=")
+            env[name] = value
+            i += 2
+            continue
+        if word.startswith("--env="):
+            name, _, value = word[len("--env=") :].partition("=")
+            env[name] = value
+        else:
+            out.append(word)
+        i += 1
+    return out, env
 
 
 def _without_dp(flags: list[str]) -> list[str]:
