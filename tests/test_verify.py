@@ -119,6 +119,30 @@ def test_verify_log_within_tolerance_exits_0(tmp_path):
 
 
 @pytest.mark.vllm_wheel
+def test_verify_log_alone_reads_the_serve_line_from_its_non_default_args(tmp_path):
+    """Without `-- vllm serve ...` the serve line is the log's `non-default args` (its model a directory here): the
+    same judgement as with the line given. A value that is not a Python literal, or a log without the line, is
+    refused in one line."""
+    log, serve = _startup(tmp_path, "qwen2.5-7b-4l")
+    given = run_harness("verify", "--log", str(log), "--gpu", "H200-141GB", "--", *serve, cwd=tmp_path)
+    alone = run_harness("verify", "--log", str(log), "--gpu", "H200-141GB", cwd=tmp_path)
+    assert alone.returncode == given.returncode == 0, alone.stdout + alone.stderr
+    assert "the serve line from the log's non-default args: vllm serve qwen2.5-7b-4l --skip-tokenizer-init" in \
+        alone.stderr  # fmt: skip
+    assert alone.stdout == given.stdout and "15,818,000" in alone.stdout
+    objects = tmp_path / "objects.log"
+    objects.write_text("INFO 12-01 23:51:40 [api_utils.py:273] non-default args: {'model': 'qwen2.5-7b', "
+                       "'attention_config': AttentionConfig(backend=None)}\n")  # fmt: skip
+    bare = tmp_path / "bare.log"
+    bare.write_text(log.read_text().replace("non-default args", "arguments"))
+    for path, message in ((objects, "give attention_config as AttentionConfig(backend=None), not a literal"),
+                          (bare, "the log prints no `non-default args` line")):  # fmt: skip
+        result = run_harness("verify", "--log", str(path), cwd=tmp_path)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+
+
+@pytest.mark.vllm_wheel
 def test_verify_log_json_is_a_typed_report_and_the_gpu_follows_from_the_total(tmp_path):
     from harness.verify.compare import VerifyReport
 

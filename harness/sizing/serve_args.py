@@ -49,7 +49,7 @@ NO_GPU_MEMORY = frozenset({
     "--safetensors-load-strategy", "--pt-load-map-location", "--long-prefill-token-threshold",
     "--max-num-partial-prefills", "--max-long-partial-prefills", "--disable-chunked-mm-input", "--runner", "--convert",
     "--task", "--enable-sleep-mode", "--aggregate-engine-logging", "--reasoning-parser-plugin",
-    "--tool-parser-plugin", "--enable-eplb-log-balancedness", "--eplb-log-balancedness",
+    "--tool-parser-plugin", "--enable-eplb-log-balancedness", "--eplb-log-balancedness", "--skip-tokenizer-init",
 })  # fmt: skip
 NO_GPU_MEMORY_WHY = {
     "--swap-space": "host memory (CPU swap space), not the GPU's",
@@ -416,7 +416,7 @@ _SWITCHES = frozenset({"--trust-remote-code", "--disable-log-requests", "--disab
                        "--async-scheduling", "--disable-custom-all-reduce", "--grpc", "--enable-sleep-mode",
                        "--data-parallel-hybrid-lb", "--data-parallel-external-lb", "--disable-chunked-mm-input",
                        "--enable-eplb-log-balancedness", "--ray-workers-use-nsight", "--use-tqdm-on-load",
-                       "--aggregate-engine-logging"})  # fmt: skip
+                       "--aggregate-engine-logging", "--skip-tokenizer-init"})  # fmt: skip
 
 
 def _neutral(option: str, release: ReleaseFlags | None) -> bool:

@@ -62,10 +62,13 @@ def verify_command(request: VerifyRequest) -> int:
         return _error(f"--gpu {request.gpu[:40]!r} is not a known GPU; allowed: {', '.join(GPU_MEMORY_BYTES)}")
     if request.entry not in ("serve", "llm"):
         return _error(f"--entry {request.entry[:20]!r}; allowed: serve, llm")
-    if not request.serve:
+    given = list(request.serve)
+    if not given and request.log is not None:
+        given = _serve_from_log(request.log)
+    if not given:
         return _error("verify needs `-- vllm serve MODEL FLAGS` after the options; see `harness verify --help`")
     try:
-        serve = canonical_serve(list(request.serve))
+        serve = canonical_serve(given)
         model, spec, _ = parse_serve(serve)
         facts = load_model(model)
     except (ServeArgsError, ModelConfigError) as error:
@@ -73,6 +76,24 @@ def verify_command(request: VerifyRequest) -> int:
     if request.log is not None:
         return _from_log(request, serve)
     return _from_start(request, serve, model, spec, facts)
+
+
+def _serve_from_log(path: Path) -> list[str]:
+    """The serve line the log's `non-default args` give (vllm serve prints them), or [] where it has none."""
+    from harness.verify.logparse import ServeLineError, serve_line_from_log
+
+    text = _read_log(path)
+    if isinstance(text, int):
+        return []
+    try:
+        words = serve_line_from_log(text)
+    except ServeLineError as error:
+        return _error(f"--log {path.name}: {error}")
+    if words is None:
+        return _error(f"--log {path.name}: the log prints no `non-default args` line to read the serve line from; "
+                      "give it after `--`")  # fmt: skip
+    log.info(f"the serve line from the log's non-default args: {' '.join(words)[:400]}")
+    return words
 
 
 def _read_log(path: Path) -> str | int:

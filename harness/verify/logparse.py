@@ -224,3 +224,66 @@ def llm_kwargs_to_serve(model: str, kwargs: dict) -> list[str]:
         else:
             words += [flag, str(value)]
     return words
+
+
+class ServeLineError(ValueError):
+    """The log's `non-default args` line cannot be read back as a serve line (one line, for the user)."""
+
+
+_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
+# argparse dests `vllm serve` prints that are not engine or frontend flags of their own
+_NOT_FLAGS = frozenset({"model_tag", "subparser", "dispatch_function", "model"})
+
+
+def serve_line_from_log(text: str) -> list[str] | None:
+    """`vllm serve MODEL FLAGS` from the log's `non-default args: {...}` line (vllm serve, and the LLM class of
+    recent releases, print it at start: the engine arguments that differ from the defaults), or None where the log has
+    none. Read as Python literals only (ast.literal_eval, nothing run); a value that is not one (a config object's
+    repr) is refused in one line, naming the key: the serve line then has to be given."""
+    import ast
+    import json
+
+    found = None
+    for line in text.splitlines():
+        match = _NON_DEFAULT.search(line)
+        if match:
+            found = match.group(1)
+            break
+    if found is None:
+        return None
+    try:
+        node = ast.parse(found, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise ServeLineError("the log's non-default args line is not a readable dict") from None
+    if not isinstance(node, ast.Dict):
+        raise ServeLineError("the log's non-default args line is not a dict")
+    args: dict[str, object] = {}
+    for key_node, value_node in zip(node.keys, node.values, strict=True):
+        if not isinstance(key_node, ast.Constant) or not isinstance(key_node.value, str):
+            raise ServeLineError("the log's non-default args line has a key that is not a string")
+        try:
+            args[key_node.value] = ast.literal_eval(value_node)
+        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+            raise ServeLineError(
+                f"the log's non-default args give {key_node.value[:40]} as {ast.unparse(value_node)[:60]}, not a "
+                "literal the serve line can be rebuilt from; give the serve line after `--`"
+            ) from None
+    model = args.get("model_tag") or args.get("model")
+    if not isinstance(model, str) or not model:
+        raise ServeLineError("the log's non-default args name no model (model_tag or model)")
+    words = ["vllm", "serve", model]
+    for key, value in args.items():
+        if key in _NOT_FLAGS or value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif value is False:
+            words.append("--no-" + key.replace("_", "-"))
+        elif isinstance(value, list | tuple):
+            words += [flag, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)] if value else []
+        elif isinstance(value, dict):
+            words += [flag, json.dumps(value, separators=(",", ":"))]
+        else:
+            words += [flag, str(value)]
+    return words
