@@ -211,8 +211,10 @@ def test_a_log_without_vllm_figures_is_refused(tmp_path):
 
 
 def test_no_serve_command_is_refused():
-    result = run_harness("verify", "--log", "x.log")
+    result = run_harness("verify")
     assert result.returncode == 2 and "verify needs `-- vllm serve MODEL FLAGS`" in result.stderr
+    result = run_harness("verify", "--log", "x.log")
+    assert result.returncode == 2 and "--log x.log: no such file" in result.stderr
 
 
 def test_without_vllm_installed_it_says_so_and_starts_nothing(tmp_path):
