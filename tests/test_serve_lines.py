@@ -425,6 +425,36 @@ def test_workspace_lifetime_and_dispatchers_per_release(cache_dir):
     assert per_call.group_bytes("held-once") + per_call.group_bytes("profile-peak") <= kept_peak
 
 
+@pytest.mark.vllm_wheel
+def test_releases_before_the_all2all_flag_read_it_from_the_environment(cache_dir):
+    """vLLM 0.9.2 has no --all2all-backend: envs.py's VLLM_ALL2ALL_BACKEND chooses (default "naive", an all-gather
+    dispatch), so `--env VLLM_ALL2ALL_BACKEND=deepep_low_latency` is that release's spelling of the flag; it has no
+    batched-DP token default either (8192 stays). Where the flag exists the variable is not sized."""
+    from harness.sizing.vllm_source import locate
+    from harness.sizing.vllm_source.layer_source import release_files
+
+    facts = load_model("deepseek-r1")
+    source = locate(version="0.9.2", cache_dir=cache_dir)
+    flags = read_flags(source.root, source.version)
+    assert flags is not None and flags.get("--all2all-backend") is None
+    files = release_files(source)
+    line = ["deepseek-r1", "-dp", "8", "--enable-expert-parallel"]
+    default = resolve(facts, read_serve(line, flags).spec, files, "0.9.2", gpu_bytes=H100.total_bytes, gpu=H100)
+    setting = next(x for x in default.settings if x.name == "all2all_backend")
+    assert setting.value == "naive" and re.fullmatch(r"envs\.py:\d+ VLLM_ALL2ALL_BACKEND .*", setting.source)
+    env = read_serve([*line, "--env", "VLLM_ALL2ALL_BACKEND=deepep_low_latency"], flags)
+    assert env.spec.all2all_backend == "deepep_low_latency" and not env.spec.approximate
+    r = resolve(facts, env.spec, files, "0.9.2", gpu_bytes=H100.total_bytes, gpu=H100)
+    assert (r.all2all, r.max_num_batched_tokens) == ("deepep_low_latency", 8192)
+    with pytest.raises(ServeArgsError, match="--env VLLM_ALL2ALL_BACKEND=pplxx: allowed: "):
+        read_serve([*line, "--env", "VLLM_ALL2ALL_BACKEND=pplxx"], flags)
+    newer = locate(version="0.29.0", cache_dir=cache_dir)
+    later = read_serve([*line, "--env", "VLLM_ALL2ALL_BACKEND=deepep_low_latency"],
+                       read_flags(newer.root, newer.version))  # fmt: skip
+    assert later.spec.all2all_backend is None and later.spec.approximate == [
+        "--env VLLM_ALL2ALL_BACKEND=deepep_low_latency is not sized"]  # fmt: skip
+
+
 def test_an_all2all_backend_whose_buffers_are_not_sized_is_approximate():
     facts = load_model("deepseek-v3")
     for backend, approximate in (("deepep_low_latency", False), ("allgather_reducescatter", False),

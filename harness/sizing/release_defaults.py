@@ -96,11 +96,31 @@ def gpu_memory_utilization(files: ReleaseFiles | None, version: str | None) -> D
     return Default(0.9, "table: config/cache.py default 0.9 before 0.25.0 (file not in this extraction)")
 
 
+ALL2ALL_ENV = "VLLM_ALL2ALL_BACKEND"
+
+
 def all2all_backend(files: ReleaseFiles | None) -> Default:
+    """ParallelConfig.all2all_backend's default; in the releases before that field, envs.py's VLLM_ALL2ALL_BACKEND
+    (0.9.x: `os.getenv("VLLM_ALL2ALL_BACKEND", "naive")`)."""
     read = class_default(files, PARALLEL_FILE, "ParallelConfig", "all2all_backend")
     if read is not None and isinstance(read.value, str):
         return read
+    env = env_string_default(files, ALL2ALL_ENV)
+    if env is not None:
+        return env
     return Default("allgather_reducescatter", "table: config/parallel.py ParallelConfig.all2all_backend")
+
+
+def env_string_default(files: ReleaseFiles | None, name: str) -> Default | None:
+    """The string default of `os.getenv("NAME", "default")` in the release's envs.py; None where it reads none."""
+    module = files.module("vllm/envs.py") if files is not None else None
+    for node in ast.walk(module) if module is not None else ():
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "getenv"
+                and len(node.args) >= 2 and isinstance(node.args[0], ast.Constant) and node.args[0].value == name
+                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):  # fmt: skip
+            return Default(node.args[1].value, f"envs.py:{node.lineno} {name} (the release reads the environment, "
+                                               "not a ParallelConfig field)")  # fmt: skip
+    return None
 
 
 def uses_batched_dp_moe(all2all: str, enable_ep: bool, dp: int) -> bool:
@@ -115,7 +135,9 @@ def max_num_batched_tokens(files: ReleaseFiles | None, *, batched_dp: bool, gpu_
         read = class_default(files, SCHEDULER_FILE, "SchedulerConfig", "DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP")
         if read is not None and isinstance(read.value, int):
             return read
-        return Default(256, "table: SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP")
+        if files is None:
+            return Default(256, "table: SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP")
+        # a release without the constant (0.9.x: its all-to-all chosen by VLLM_ALL2ALL_BACKEND) keeps the table below
     if _large_gpu(gpu_bytes, gpu):
         return Default(8192, "table: engine/arg_utils.py get_batch_defaults, OPENAI_API_SERVER, >= 70 GiB non-A100")
     return Default(2048, "table: engine/arg_utils.py get_batch_defaults, OPENAI_API_SERVER, other GPUs")

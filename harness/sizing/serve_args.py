@@ -456,6 +456,12 @@ def _spec(values: dict[str, object], model_tag: str | None, ignored: list[str], 
             except ValueError as error:
                 raise ServeArgsError(f"vllm serve: --env {name} {error}") from None
             continue
+        if name == "VLLM_ALL2ALL_BACKEND" and release is not None and release.get("--all2all-backend") is None:
+            # the releases before --all2all-backend choose the all-to-all from this variable (envs.py)
+            if value not in ALL2ALL_BACKENDS:
+                raise ServeArgsError(f"vllm serve: --env {name}={value[:30]}: allowed: {', '.join(ALL2ALL_BACKENDS)}")
+            fields.setdefault("all2all_backend", value)
+            continue
         if name in ENV_APPROXIMATE:
             approximate.append(f"--env {name}={value[:20]} is not sized")
     fields["approximate"] = approximate
