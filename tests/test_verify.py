@@ -83,6 +83,19 @@ INFO 12-01 23:59:40 [config/scheduler.py:1] Defaulting max_num_batched_tokens to
     assert parsed.defaults == {"max_num_batched_tokens": 16384} and parsed.usage_context == "LLM_CLASS"
 
 
+def test_the_parser_reads_the_breakdown_of_0_27_on():
+    """From 0.27.0 (utils/mem_utils.py MemoryProfilingResult.__repr__) the breakdown prints the driver's total
+    consumption in place of the non-torch increase: the non-KV total and the torch peak are read, the non-torch
+    increase is left unset rather than derived from a total whose terms changed."""
+    line = ("(EngineCore pid=9) DEBUG 12-01 23:59:44 [v1/worker/gpu_worker.py:640] Memory profiling takes 9.10 "
+            "seconds. Total non KV cache memory: 18.42GiB; torch peak memory increase: 1.37GiB; total consumed "
+            "(from mem_get_info): 17.20GiB; weights memory: 15.27GiB.\n")  # fmt: skip
+    parsed = parse_log(line)
+    f = parsed.figures
+    assert (f.non_kv_gib, f.torch_peak_increase_gib, f.non_torch_increase_gib) == (18.42, 1.37, None)
+    assert "breakdown_consumed" in parsed.found and any("total consumed" in k for k in parsed.key_lines)
+
+
 def test_the_parser_names_vllms_own_error_for_a_failed_start():
     text = """(EngineCore pid=9) ERROR 12-01 23:59:44 [v1/engine/core.py:1] EngineCore failed to start.
 (EngineCore pid=9) Traceback (most recent call last):

@@ -8,6 +8,7 @@ The lines read (vLLM 0.26.0's wording; the older profiler summary of earlier rel
     [v1/worker/gpu/model_runner.py] Model loading took 3.63 GiB and 2.10 seconds             (V2 runner)
     Memory profiling takes 17.00 seconds. Total non KV cache memory: 6.38GiB; torch peak memory increase: 0.74GiB;
         non-torch forward increase memory: 0.22GiB; weights memory: 5.41GiB.                   (DEBUG)
+        ... total consumed (from mem_get_info): 6.10GiB; weights memory: 5.41GiB.   (0.27.0 on, no non-torch)
     Estimated CUDA graph memory: 0.26 GiB total
     Available KV cache memory: 119.44 GiB
     GPU KV cache size: 3,913,760 tokens
@@ -40,6 +41,12 @@ FIGURE_PATTERNS: dict[str, re.Pattern[str]] = {
     "breakdown": re.compile(
         rf"Total non KV cache memory: {_NUM} ?GiB; torch peak memory increase: {_NUM} ?GiB; "
         rf"non-torch forward increase memory: {_NUM} ?GiB"
+    ),
+    # 0.27.0 on (utils/mem_utils.py): the non-KV total is what the driver saw consumed plus the transient peak
+    # headroom; the non-torch increase is no longer printed
+    "breakdown_consumed": re.compile(
+        rf"Total non KV cache memory: {_NUM} ?GiB; torch peak memory increase: {_NUM} ?GiB; "
+        rf"total consumed \(from mem_get_info\): {_NUM} ?GiB; weights memory: {_NUM} ?GiB"
     ),
     "breakdown_old": re.compile(
         rf"model weights take {_NUM} ?GiB; non_torch_memory takes {_NUM} ?GiB; PyTorch "
@@ -138,6 +145,8 @@ def parse_log(text: str) -> ParsedLog:
             elif name == "breakdown":
                 values.update(non_kv_gib=_float(g[0]), torch_peak_increase_gib=_float(g[1]),
                               non_torch_increase_gib=_float(g[2]))  # fmt: skip
+            elif name == "breakdown_consumed":
+                values.update(non_kv_gib=_float(g[0]), torch_peak_increase_gib=_float(g[1]))
             elif name == "breakdown_old":
                 values.update(torch_peak_increase_gib=_float(g[2]), non_torch_increase_gib=_float(g[1]))
             elif name == "total_old":
