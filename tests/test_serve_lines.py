@@ -358,10 +358,15 @@ def test_a_config_file_of_flags_is_read_as_vllm_reads_it(tmp_path):
     assert absent.spec.approximate == ["--config /gpu-host/serve.yaml is not on this machine: the flags it holds "
                                        "are not read"]  # fmt: skip
     (tmp_path / "list.yaml").write_text("- tensor-parallel-size\n")
+    laughs = "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"{x}: &{x} [{', '.join(['*' + y] * 10)}]\n" for y, x in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    (tmp_path / "laughs.yaml").write_text(laughs + "compilation-config: *i\n")  # 10^9 values once expanded
     for argv, message in (
         (["--config", "serve.json"], "--config serve.json: vLLM reads a .yaml or .yml file of flags"),
         (["--config", str(tmp_path / "list.yaml")], "holds list; allowed: a mapping of flag: value"),
         (["--config", str(config), "--config", str(config)], "--config is given more than once"),
+        (["--config", str(tmp_path / "laughs.yaml")], "more than 100000 values once its aliases are expanded"),
     ):
         with pytest.raises(ServeArgsError) as error:
             read_serve(["qwen3-8b", *argv])

@@ -232,6 +232,7 @@ def parse_serve(argv: list[str], release: ReleaseFlags | None = None) -> tuple[s
 # given with --model (entrypoints/openai/api_server.py; `vllm serve` runs it).
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 CONFIG_FILE_MAX_BYTES = 1 << 20
+CONFIG_FILE_MAX_NODES = 100_000
 
 
 def canonical_serve(argv: list[str]) -> list[str]:
@@ -392,6 +393,9 @@ def _pull_config_file(words: list[str], approximate: list[str]) -> list[str]:
     if not isinstance(data, dict):
         raise ServeArgsError(f"vllm serve: --config {shown}: holds {type(data).__name__}; allowed: a mapping of "
                              "flag: value")  # fmt: skip
+    if _nodes(data, CONFIG_FILE_MAX_NODES) > CONFIG_FILE_MAX_NODES:  # YAML aliases can nest a small file deep
+        raise ServeArgsError(f"vllm serve: --config {shown}: more than {CONFIG_FILE_MAX_NODES} values once its "
+                             "aliases are expanded; a config file of flags is a few lines")  # fmt: skip
     pulled: list[str] = []
     for key, value in data.items():
         if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]{0,80}", key):
@@ -407,6 +411,20 @@ def _pull_config_file(words: list[str], approximate: list[str]) -> list[str]:
     if rest and not rest[0].startswith("-"):
         return [rest[0], *pulled, *rest[1:]]
     return [*pulled, *rest]
+
+
+def _nodes(value: object, limit: int) -> int:
+    """How many values `value` holds, nested (aliases counted each time they appear), counting stopped past limit."""
+    count, stack = 0, [value]
+    while stack and count <= limit:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return count
 
 
 _SWITCHES = frozenset({"--trust-remote-code", "--disable-log-requests", "--disable-log-stats",
