@@ -545,6 +545,9 @@ def test_a_path_not_on_this_machine_is_read_by_the_name_it_ends_in(tmp_path, mon
     facts = load_model("/gpu-host/hf/hub/models--acme--Tiny-8B/snapshots/feed")
     assert facts.path == str(snapshot / "config.json") and "read as acme/Tiny-8B from the local" in facts.read_as
     assert load_model("llama-3.1-8b").read_as == ""
+    # ORG/NAME that is no preset's hub id and not in the cache: a relative directory there, or another upload
+    relative = load_model("models/Qwen3-32B")
+    assert relative.name == "qwen3-32b" and "another upload or directory of that name may hold" in relative.read_as
     for unknown in ("/mnt/models/Tiny-8B", "/mnt/models/qwen3", "/gpu-host/hub/models--acme--Other-1B/snapshots/x"):
         with pytest.raises(ModelConfigError, match=r"not a directory with config\.json nor a preset"):
             load_model(unknown)

@@ -300,6 +300,19 @@ def load_model(model: str, *, dtype: str | None = "auto", quantization: str | No
         cached = hub_snapshot_config(model)
         if cached is not None:
             return parse_config(cached, name=model.split("/")[1], dtype=dtype, quantization=quantization)
+        same_name = _preset_named(model.split("/")[1])
+        if same_name is not None:  # a relative directory on the GPU host, or another org's upload of that model
+            preset_file = f"harness/defaults/models/{same_name}.json"
+            facts = parse_config(MODELS_DIR / f"{same_name}.json", name=same_name, dtype=dtype,
+                                 quantization=quantization, shown=preset_file)  # fmt: skip
+            return dataclasses.replace(
+                facts,
+                read_as=(
+                    f"{model} is neither a preset's hub id nor in the local Hugging Face cache nor a directory here; "
+                    f"read as the preset its name names, {preset_file} (another upload or "
+                    "directory of that name may hold another checkpoint format: give its config.json to be sure)"
+                ),
+            )
         raise ModelConfigError(f"model {model}: a hub id that is neither a preset nor in the local Hugging Face cache "
                                f"({shown_text(str(_hub_caches()[0]))}); give a directory holding its config.json, or "
                                "one of the "
@@ -336,12 +349,18 @@ def absent_path_model(model: str) -> tuple[str, str | None] | None:
         if cached:
             hub_id = f"{cached.group(1)}/{cached.group(2)}"
             return hub_id, _preset_hub_ids().get(hub_id.lower())
-    if not parts or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}", parts[-1]):
+    named = _preset_named(parts[-1]) if parts else None
+    return ("", named) if named is not None else None
+
+
+def _preset_named(name: str) -> str | None:
+    """The one preset whose name, or whose hub id's name, is `name` (any case); None for none or several."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}", name):
         return None
-    name = parts[-1].lower()
+    name = name.lower()
     matches = {stem for stem in preset_names() if stem == name}
     matches |= {stem for hub, stem in _preset_hub_ids().items() if hub.split("/", 1)[1] == name}
-    return ("", matches.pop()) if len(matches) == 1 else None
+    return matches.pop() if len(matches) == 1 else None
 
 
 def holds_safetensors(directory: Path) -> bool:
