@@ -42,7 +42,7 @@ from harness.sizing.kv_cache import default_block_size, in_flight_tokens, kv_cac
 from harness.sizing.model_config import ModelFacts
 from harness.sizing.quant_formats import Quant
 
-DEPLOYMENT_PLAN_SCHEMA = 2  # 2: group_totals and approximate
+DEPLOYMENT_PLAN_SCHEMA = 3  # 2: group_totals and approximate; 3: model_source
 # Estimates, each with its basis: vLLM 0.19.0's own profiler figures in the 14 published H100 startup logs of
 # tests/data/startup_logs/ (llm-d-planner's validation runs; docs/deployment-memory.md lists them).
 # Non-torch memory the profile sees grow after the worker's first snapshot: the cuBLAS and cuBLASLt handles and the
