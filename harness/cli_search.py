@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import Any, NoReturn
 
 from harness.core.errors import BadInput
 from harness.core.exits import EXIT_FAILED, EXIT_OK
+
+log = logging.getLogger(__name__)
 
 
 def add_search_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,7 +79,7 @@ def _error(message: str) -> NoReturn:
 def search_command(ns: argparse.Namespace, gpu: str | None, total: int | None) -> int:
     from harness.sizing.model_config import ModelConfigError
     from harness.sizing.search import SearchError, SearchRequest, gpu_counts_of
-    from harness.sizing.serve_args import ServeArgsError, parse_serve
+    from harness.sizing.serve_args import ServeArgsError, canonical_serve, image_release, parse_serve
     from harness.sizing.vllm_source.sources import VllmSourceError
 
     serve = getattr(ns, "serve", None)
@@ -86,18 +89,23 @@ def search_command(ns: argparse.Namespace, gpu: str | None, total: int | None) -
         return _error("--search takes `-- vllm serve MODEL FLAGS`, not a scenario")
     if total is None:
         return _error("--search needs --gpu NAME or --budget-gb N (the GPU's total memory)")
-    if not ns.vllm_version:
+    versions = list(ns.vllm_version or ())
+    if not versions and (tagged := image_release(list(serve))) is not None:
+        log.info(f"the release from the image's tag: vLLM {tagged} (--vllm-version to search another)")
+        versions = [tagged]
+    if not versions:
         return _error("--search needs --vllm-version X.Y.Z (repeat it to compare releases)")
     if ns.min_concurrency is not None and not 0 < ns.min_concurrency < 1e9:
         return _error(f"--min-concurrency {ns.min_concurrency}: allowed: a number above 0")
     if not 0 < ns.top <= 100000:
         return _error(f"--top {ns.top}: allowed: 1..100000")
     try:
-        _, spec, _ = parse_serve(list(serve))
+        serve = canonical_serve(list(serve))  # the line each candidate is written as: `vllm serve MODEL FLAGS`
+        _, spec, _ = parse_serve(serve)
         counts = gpu_counts_of(ns.gpus) if ns.gpus is not None else \
             (spec.tensor_parallel_size * (spec.data_parallel_size or 1),)  # fmt: skip
         request = SearchRequest(
-            serve=tuple(serve), vllm_versions=tuple(ns.vllm_version), gpu=gpu, total_bytes=total,
+            serve=tuple(serve), vllm_versions=tuple(versions), gpu=gpu, total_bytes=total,
             gpu_counts=counts, objective=ns.objective, min_concurrency=ns.min_concurrency,
             allow=tuple(dict.fromkeys(ns.allow or ())), search_backends=ns.search_backends, top=ns.top,
             cache_dir=ns.cache_dir)  # fmt: skip

@@ -253,6 +253,22 @@ def test_text_output_table_reasons_and_changes(cache_dir):
     assert "vllm 0.29.0 -> 0.33.0: best " in out
 
 
+@pytest.mark.vllm_wheel
+def test_a_docker_line_searches_its_images_release_and_writes_lines_a_shell_runs(cache_dir):
+    """`docker run ... -e VLLM_X=V vllm/vllm-openai:vX.Y.Z ARGS` without --vllm-version: the tag's release is
+    searched (said on stderr), and each candidate is written as a shell runs it, the variable before `vllm serve`."""
+    line = ("docker", "run", "--gpus", "all", "-e", "VLLM_MOE_DP_CHUNK_SIZE=512", "vllm/vllm-openai:v0.33.0",
+            "--model", "deepseek-r1", "--max-model-len", "65536")  # fmt: skip
+    done = run_cli_inproc("plan", "--search", "--gpu", GPU, "--gpus", "16", "--cache-dir", str(cache_dir), "--",
+                          *line)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "the release from the image's tag: vLLM 0.33.0" in done.stderr
+    assert "best on 0.33.0: VLLM_MOE_DP_CHUNK_SIZE=512 vllm serve deepseek-r1 --max-model-len 65536 " in done.stdout
+    plan = run_cli_inproc("plan", "--gpu", GPU, "--cache-dir", str(cache_dir), "--", *line, "-dp", "16",
+                          "--enable-expert-parallel")  # fmt: skip
+    assert plan.returncode == 0 and "vllm 0.33.0 on H200-141GB: " in plan.stdout, plan.stderr
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (("--gpus", "8,x"), "--gpus '8,x': 'x' is not a GPU count"),
     (("--gpus", "16", "--objective", "min-gpus"), "--objective min-gpus needs --min-concurrency"),

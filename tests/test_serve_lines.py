@@ -335,6 +335,12 @@ def test_the_openai_servers_module_and_image_forms_read_as_vllm_serve():
         run = read_serve([*docker, image, *args, "--tensor-parallel-size", "2", "--max-model-len", "8192"])
         assert run.model == "qwen3-8b" and run.env == {"VLLM_MOE_DP_CHUNK_SIZE": "512"}
         assert run.spec.model_copy(update={"moe_dp_chunk_size": None}) == serve.spec
+    # the shell's environment before the command: the VLLM_ (and other upper-case) names as --env
+    prefixed = read_serve(["CUDA_VISIBLE_DEVICES=0,1", "VLLM_MOE_DP_CHUNK_SIZE=512", "vllm", "serve", "qwen3-8b",
+                           "--tensor-parallel-size", "2", "--max-model-len", "8192"])  # fmt: skip
+    assert prefixed.env == {"CUDA_VISIBLE_DEVICES": "0,1", "VLLM_MOE_DP_CHUNK_SIZE": "512"}
+    assert prefixed.spec.moe_dp_chunk_size == 512 and prefixed.model == "qwen3-8b"
+    assert read_serve(["env", "VLLM_MOE_DP_CHUNK_SIZE=512", "qwen3-8b"]).env == {"VLLM_MOE_DP_CHUNK_SIZE": "512"}
     with pytest.raises(ServeArgsError, match="an image that is not vLLM's OpenAI server"):
         read_serve(["docker", "run", "--gpus", "all", "nvcr.io/nvidia/tritonserver:24.08", "--model", "qwen3-8b"])
 

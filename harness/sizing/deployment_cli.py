@@ -9,12 +9,15 @@ serve flag, a model without config.json, an unknown GPU, a release that cannot b
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from harness.core.errors import BadInput
 from harness.core.exits import EXIT_FAILED, EXIT_OK
+
+log = logging.getLogger(__name__)
 
 
 def _error(message: str) -> NoReturn:
@@ -68,7 +71,7 @@ def _budget(device: DeviceRequest, scenario_gpu: str | None = None) -> tuple[Any
 def plan_serve_command(request: PlanServeRequest) -> int:
     from harness.sizing.deployment_plan import plan_serve_line
     from harness.sizing.model_config import ModelConfigError
-    from harness.sizing.serve_args import ServeArgsError, parse_serve
+    from harness.sizing.serve_args import ServeArgsError, image_release, parse_serve
     from harness.sizing.vllm_source.sources import VllmSourceError
 
     serve = list(request.serve) if request.serve is not None else None
@@ -95,14 +98,18 @@ def plan_serve_command(request: PlanServeRequest) -> int:
     if total is None:
         return _error("a deployment plan needs --gpu NAME, --gpu-memory-gib X or --budget-gb N (the GPU's total "
                       "memory)")  # fmt: skip
-    if not request.vllm_versions:
+    versions = list(dict.fromkeys(request.vllm_versions))
+    if not versions and (tagged := image_release(serve)) is not None:
+        log.info(f"the release from the image's tag: vLLM {tagged} (--vllm-version to plan another)")
+        versions = [tagged]
+    if not versions:
         installed = _installed_vllm()
         hint = f"; vLLM {installed} is installed here: --vllm-version {installed}" if installed else ""
         return _error(f"a deployment plan needs --vllm-version X.Y.Z, the release you run (repeat it to compare "
                       f"releases){hint}")  # fmt: skip
     try:
-        plans, ignored = plan_serve_line(serve, list(dict.fromkeys(request.vllm_versions)), gpu=gpu,
-                                         total_bytes=total, cache_dir=request.cache_dir)  # fmt: skip
+        plans, ignored = plan_serve_line(serve, versions, gpu=gpu, total_bytes=total,
+                                         cache_dir=request.cache_dir)  # fmt: skip
     except (ModelConfigError, VllmSourceError, ServeArgsError) as error:
         return _error(str(error))
     except Exception as error:  # a scenario the layout makes invalid (harness.scenario.ScenarioError)

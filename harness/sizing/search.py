@@ -28,7 +28,6 @@ import hashlib
 import itertools
 import json
 import platform
-import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ from harness.sizing.deployment import GIB, DeploymentPlan
 from harness.sizing.deployment_plan import ReleaseReads
 from harness.sizing.model_config import ModelFacts
 from harness.sizing.search_choices import Objective
+from harness.sizing.serve_args import shell_line
 
 SEARCH_SCHEMA = 1
 # The all-to-all backends whose buffers the layer model reads from a release (harness.sizing.layer); a release's
@@ -308,7 +308,7 @@ class SearchCandidate(Record):
 
     @property
     def serve_line(self) -> str:
-        return shlex.join(self.serve)
+        return shell_line(self.serve)
 
 
 class SearchRelease(Record):
@@ -494,7 +494,7 @@ def search(request: SearchRequest, progress: Progress | None = None) -> SearchRe
         for i, layout in enumerate(layouts):
             serve = serve_words(words, layout, given)
             layout_spec = spec_of(spec, layout, given)
-            by_line[shlex.join(serve)] = layout
+            by_line[shell_line(serve)] = layout
             try:
                 plan = plan_source(facts, layout_spec, reads.source, gpu=request.gpu,
                                    total_bytes=request.total_bytes, reads=reads)  # fmt: skip

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,7 +250,51 @@ def canonical_serve(argv: list[str]) -> list[str]:
     return ["vllm", "serve", *words]
 
 
+def shell_line(words: list[str]) -> str:
+    """The serve line as a shell runs it: the harness's `--env NAME=VALUE` words as the command's environment
+    (`NAME=VALUE vllm serve ...`), since vLLM has no --env flag."""
+    env: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(words):
+        if words[i] == "--env" and i + 1 < len(words):
+            env.append(words[i + 1])
+            i += 2
+            continue
+        if words[i].startswith("--env="):
+            env.append(words[i][len("--env=") :])
+        else:
+            rest.append(words[i])
+        i += 1
+    return shlex.join([*env, *rest])
+
+
+def image_release(argv: list[str]) -> str | None:
+    """X.Y.Z of a `docker run ... vllm/vllm-openai:vX.Y.Z ...` line's image tag (the release the container runs), or
+    None (no image, or a tag such as `latest` that names none)."""
+    if argv[:1] not in (["docker"], ["podman"]) or argv[1:2] != ["run"]:
+        return None
+    for word in argv:
+        match = re.fullmatch(r"(?:\S+/)?vllm-openai:v?(\d{1,3}\.\d{1,3}\.\d{1,3})(?:[-+][\w.]*)?", word)
+        if match:
+            return match.group(1)
+    return None
+
+
 def _entry_words(words: list[str]) -> list[str]:
+    """The words after the entry point (below), with the shell's environment assignments before it
+    (`VLLM_USE_DEEP_GEMM=1 vllm serve ...`, `env NAME=VALUE ...`) as `--env NAME=VALUE` words after them."""
+    env: list[str] = []
+    if words[:1] == ["env"]:
+        words = words[1:]
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,80}=.{0,200}", words[0]):
+        if re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+            env += ["--env", words[0]]
+        words = words[1:]
+    return [*_after_entry(words), *env]
+
+
+def _after_entry(words: list[str]) -> list[str]:
     """The words after the entry point: `vllm serve`, `serve`, `python -m vllm.entrypoints.openai.api_server`, or
     `docker run [OPTIONS] IMAGE` of vLLM's OpenAI server image (its entrypoint is one of those; the words after the
     image are its arguments) (or none of them)."""
