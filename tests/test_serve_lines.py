@@ -28,7 +28,7 @@ from harness.sizing.deployment import (
 from harness.sizing.deployment_plan import plan_source
 from harness.sizing.model_config import load_model
 from harness.sizing.release_flags import read_flags
-from harness.sizing.serve_args import ServeArgsError, read_serve
+from harness.sizing.serve_args import ServeArgsError, canonical_serve, read_serve
 
 GIB = 2**30
 H100 = gpus.lookup("H100-80GB")
@@ -360,6 +360,8 @@ def test_a_config_file_of_flags_is_read_as_vllm_reads_it(tmp_path):
     (tmp_path / "model.yml").write_text("model: qwen3-8b\nmax-num-seqs: 32\n")
     from_file = read_serve(["vllm", "serve", "--config", str(tmp_path / "model.yml")])
     assert from_file.model == "qwen3-8b" and from_file.spec.max_num_seqs == 32
+    assert canonical_serve(["vllm", "serve", "--config", str(tmp_path / "model.yml")]) == \
+        ["vllm", "serve", "qwen3-8b", "--config", str(tmp_path / "model.yml")]  # fmt: skip
     absent = read_serve(["qwen3-8b", "--config", "/gpu-host/serve.yaml"])
     assert absent.spec.approximate == ["--config /gpu-host/serve.yaml is not on this machine: the flags it holds "
                                        "are not read"]  # fmt: skip

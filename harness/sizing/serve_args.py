@@ -247,6 +247,9 @@ def canonical_serve(argv: list[str]) -> list[str]:
             return ["vllm", "serve", words[i + 1], *words[:i], *words[i + 2 :]]
         if word.startswith("--model="):
             return ["vllm", "serve", word.split("=", 1)[1], *words[:i], *words[i + 1 :]]
+    pulled = _pull_config_file(words, [])  # the model a --config file names (vLLM takes it from there too)
+    if pulled != words and "--model" in pulled[:-1]:
+        return ["vllm", "serve", pulled[pulled.index("--model") + 1], *words]
     return ["vllm", "serve", *words]
 
 
