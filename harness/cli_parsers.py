@@ -170,7 +170,8 @@ def _plan(sub: Subcommands, commands: Mapping[str, Command]) -> None:
         "scenario",
         nargs="?",
         default=None,
-        help="scenario file or name in scenarios/; or none and `-- vllm serve MODEL FLAGS` at the end",
+        help="scenario file or name in scenarios/; or none and `-- vllm serve MODEL FLAGS` at the end (also "
+        "`python -m vllm.entrypoints.openai.api_server ...` or `docker run ... vllm/vllm-openai:TAG ...`)",
     )
     p.add_argument(
         "--fail-on-verdict",
@@ -225,8 +226,10 @@ def _verify(sub: Subcommands, commands: Mapping[str, Command]) -> None:
         "verify",
         help="start real vLLM on dummy weights (or read its startup log, --log) and put "
         "its startup figures beside `harness plan`'s, line by line: 0 within --tolerance-pct, 1 outside",
-        description="harness verify [OPTIONS] -- vllm serve MODEL FLAGS: MODEL a directory holding "
-        "config.json or a preset; docs/deployment-memory.md",
+        description="harness verify [OPTIONS] -- vllm serve MODEL FLAGS (or `python -m "
+        "vllm.entrypoints.openai.api_server --model MODEL ...`, `docker run ... vllm/vllm-openai ...`): MODEL a "
+        "directory holding config.json, a hub id in the local Hugging Face cache, or a preset; with --log the line "
+        "may be left out (read from the log's non-default args); docs/deployment-memory.md",
     )
     p.add_argument(
         "--log",
