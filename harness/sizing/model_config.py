@@ -287,32 +287,21 @@ def load_model(model: str, *, dtype: str | None = "auto", quantization: str | No
         facts = parse_config(path, name=shown_text(path.parent.name or path.stem), dtype=dtype,
                              quantization=quantization)  # fmt: skip
         return dataclasses.replace(facts, checkpoint_tensors=holds_safetensors(path.parent))
-    preset = MODELS_DIR / f"{model.lower()}.json"
-    if re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", model.lower()) and preset.is_file():
-        return parse_config(preset, name=model.lower(), shown=f"harness/defaults/models/{preset.name}", dtype=dtype,
-                            quantization=quantization)  # fmt: skip
+    if re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", model.lower()) and (MODELS_DIR / f"{model.lower()}.json").is_file():
+        return _preset_facts(model.lower(), dtype, quantization)
     if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}", model):
         name = _preset_hub_ids().get(model.lower())
         if name is not None:
-            preset = MODELS_DIR / f"{name}.json"
-            return parse_config(preset, name=name, shown=f"harness/defaults/models/{preset.name}", dtype=dtype,
-                                quantization=quantization)  # fmt: skip
+            return _preset_facts(name, dtype, quantization)
         cached = hub_snapshot_config(model)
         if cached is not None:
             return parse_config(cached, name=model.split("/")[1], dtype=dtype, quantization=quantization)
         same_name = _preset_named(model.split("/")[1])
         if same_name is not None:  # a relative directory on the GPU host, or another org's upload of that model
-            preset_file = f"harness/defaults/models/{same_name}.json"
-            facts = parse_config(MODELS_DIR / f"{same_name}.json", name=same_name, dtype=dtype,
-                                 quantization=quantization, shown=preset_file)  # fmt: skip
-            return dataclasses.replace(
-                facts,
-                read_as=(
-                    f"{model} is neither a preset's hub id nor in the local Hugging Face cache nor a directory here; "
-                    f"read as the preset its name names, {preset_file} (another upload or "
-                    "directory of that name may hold another checkpoint format: give its config.json to be sure)"
-                ),
-            )
+            return _preset_facts(same_name, dtype, quantization, read_as=(
+                f"{model} is neither a preset's hub id nor in the local Hugging Face cache nor a directory here; "
+                f"read as the preset its name names, {PRESET_SHOWN.format(same_name)} (another upload or directory "
+                "of that name may hold another checkpoint format: give its config.json to be sure)"))  # fmt: skip
         raise ModelConfigError(f"model {model}: a hub id that is neither a preset nor in the local Hugging Face cache "
                                f"({shown_text(str(_hub_caches()[0]))}); give a directory holding its config.json, or "
                                "one of the "
@@ -322,17 +311,25 @@ def load_model(model: str, *, dtype: str | None = "auto", quantization: str | No
         hub_id, preset_name = named
         absent = f"{shown_text(model, 120)} is not on this machine"
         if preset_name is not None:
-            preset = MODELS_DIR / f"{preset_name}.json"
-            facts = parse_config(preset, name=preset_name, shown=f"harness/defaults/models/{preset.name}", dtype=dtype,
-                                 quantization=quantization)  # fmt: skip
-            return dataclasses.replace(facts, read_as=f"{absent}; read as the preset its name names, "
-                                       f"harness/defaults/models/{preset.name}")  # fmt: skip
+            return _preset_facts(preset_name, dtype, quantization, read_as=f"{absent}; read as the preset its name "
+                                 f"names, {PRESET_SHOWN.format(preset_name)}")  # fmt: skip
         cached = hub_snapshot_config(hub_id) if hub_id else None
         if cached is not None:
             facts = parse_config(cached, name=hub_id.split("/")[1], dtype=dtype, quantization=quantization)
             return dataclasses.replace(facts, read_as=f"{absent}; read as {hub_id} from the local Hugging Face cache")
     raise ModelConfigError(f"model {shown_text(model)}: not a directory with config.json nor a preset; presets: "
                            f"{', '.join(preset_names())}")  # fmt: skip
+
+
+PRESET_SHOWN = "harness/defaults/models/{}.json"
+
+
+def _preset_facts(name: str, dtype: str | None, quantization: str | None, *, read_as: str = "") -> ModelFacts:
+    """A preset's facts, its file shown as harness/defaults/models/NAME.json; `read_as`: how the serve line's model
+    came to be read as it."""
+    facts = parse_config(MODELS_DIR / f"{name}.json", name=name, shown=PRESET_SHOWN.format(name), dtype=dtype,
+                         quantization=quantization)  # fmt: skip
+    return dataclasses.replace(facts, read_as=read_as) if read_as else facts
 
 
 def absent_path_model(model: str) -> tuple[str, str | None] | None:

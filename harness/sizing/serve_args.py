@@ -233,6 +233,8 @@ def parse_serve(argv: list[str], release: ReleaseFlags | None = None) -> tuple[s
 # given with --model (entrypoints/openai/api_server.py; `vllm serve` runs it).
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 CONFIG_FILE_MAX_BYTES = 1 << 20
+# vLLM's OpenAI server image, [REGISTRY/]vllm/vllm-openai[:TAG][@DIGEST]; group 1 the tag
+VLLM_IMAGE = re.compile(r"(?:\S+/)?vllm-openai(?::([\w.+-]+))?(?:@\S+)?")
 CONFIG_FILE_MAX_NODES = 100_000
 
 
@@ -253,9 +255,9 @@ def canonical_serve(argv: list[str]) -> list[str]:
     return ["vllm", "serve", *words]
 
 
-def shell_line(words: list[str]) -> str:
-    """The serve line as a shell runs it: the harness's `--env NAME=VALUE` words as the command's environment
-    (`NAME=VALUE vllm serve ...`), since vLLM has no --env flag."""
+def split_env(words: list[str]) -> tuple[list[str], list[str]]:
+    """(the words but the harness's `--env NAME=VALUE` ones, those NAME=VALUE assignments): vLLM has no --env flag,
+    the assignments are the environment it runs in."""
     env: list[str] = []
     rest: list[str] = []
     i = 0
@@ -269,6 +271,13 @@ def shell_line(words: list[str]) -> str:
         else:
             rest.append(words[i])
         i += 1
+    return rest, env
+
+
+def shell_line(words: list[str]) -> str:
+    """The serve line as a shell runs it: the `--env NAME=VALUE` words as the command's environment
+    (`NAME=VALUE vllm serve ...`)."""
+    rest, env = split_env(words)
     return shlex.join([*env, *rest])
 
 
@@ -277,11 +286,9 @@ def image_release(argv: list[str]) -> str | None:
     None (no image, or a tag such as `latest` that names none)."""
     if argv[:1] not in (["docker"], ["podman"]) or argv[1:2] != ["run"]:
         return None
-    for word in argv:
-        match = re.fullmatch(r"(?:\S+/)?vllm-openai:v?(\d{1,3}\.\d{1,3}\.\d{1,3})(?:[-+][\w.]*)?", word)
-        if match:
-            return match.group(1)
-    return None
+    tag = next((m.group(1) for w in argv if (m := VLLM_IMAGE.fullmatch(w))), None)
+    match = re.fullmatch(r"v?(\d{1,3}\.\d{1,3}\.\d{1,3})(?:[-+][\w.]*)?", tag or "")
+    return match.group(1) if match else None
 
 
 def _entry_words(words: list[str]) -> list[str]:
@@ -302,7 +309,7 @@ def _after_entry(words: list[str]) -> list[str]:
     `docker run [OPTIONS] IMAGE` of vLLM's OpenAI server image (its entrypoint is one of those; the words after the
     image are its arguments) (or none of them)."""
     if words[:1] in (["docker"], ["podman"]) and words[1:2] == ["run"]:
-        image = next((i for i, w in enumerate(words) if re.fullmatch(r"(\S+/)?vllm-openai(:[\w.-]+)?(@\S+)?", w)), None)
+        image = next((i for i, w in enumerate(words) if VLLM_IMAGE.fullmatch(w)), None)
         if image is None:
             raise ServeArgsError(f"vllm serve: `{words[0]} run` of an image that is not vLLM's OpenAI server; allowed: "
                                  "a vllm/vllm-openai image and its arguments, or `vllm serve MODEL ...`")  # fmt: skip

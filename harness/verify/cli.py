@@ -163,6 +163,7 @@ def _from_log(request: VerifyRequest, serve: list[str]) -> int:
 
 
 def _from_start(request: VerifyRequest, serve: list[str], model: str, spec, facts) -> int:
+    from harness.sizing.serve_args import split_env
     from harness.verify.launch import (
         LaunchError,
         command,
@@ -205,7 +206,8 @@ def _from_start(request: VerifyRequest, serve: list[str], model: str, spec, fact
                 "started here and planned at DP 1 (the DP ranks' NCCL buffers are not part of it)"
             )
     gpu = request.gpu or gpu_name(name)
-    flags, environment = _split_env(flags)
+    flags, assignments = split_env(flags)
+    environment = dict(a.partition("=")[::2] for a in assignments)
     with tempfile.TemporaryDirectory(prefix="harness-verify-") as tmp:
         log_path = Path(tmp) / "vllm.log"
         try:
@@ -244,40 +246,18 @@ def _model_dir(model: str, config_path: str, tmp: Path) -> str:
     loaded model's config (ModelFacts.path)."""
     import json
 
-    from harness.sizing.model_config import MODELS_DIR
+    from harness.sizing.model_config import MODELS_DIR, PRESET_SHOWN
 
     if Path(model).is_dir():
         return model
     preset = MODELS_DIR / Path(config_path).name
-    if not (config_path.startswith("harness/defaults/models/") and preset.is_file()):
+    if not (config_path == PRESET_SHOWN.format(preset.stem) and preset.is_file()):
         return str(Path(config_path).parent)  # a snapshot's config.json
     data = {k: v for k, v in json.loads(preset.read_text(encoding="utf-8")).items() if not k.startswith("_")}
     directory = tmp / preset.stem
     directory.mkdir()
     (directory / "config.json").write_text(json.dumps(data, indent=1), encoding="utf-8")
     return str(directory)
-
-
-def _split_env(flags: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The serve line's `--env NAME=VALUE` (the harness's spelling of the environment vLLM runs in, parsed and checked
-    by harness.sizing.serve_args) as the started process's environment; the other flags as they are."""
-    out: list[str] = []
-    env: dict[str, str] = {}
-    i = 0
-    while i < len(flags):
-        word = flags[i]
-        if word == "--env" and i + 1 < len(flags):
-            name, _, value = flags[i + 1].partition("=")
-            env[name] = value
-            i += 2
-            continue
-        if word.startswith("--env="):
-            name, _, value = word[len("--env=") :].partition("=")
-            env[name] = value
-        else:
-            out.append(word)
-        i += 1
-    return out, env
 
 
 def _without_dp(flags: list[str]) -> list[str]:
