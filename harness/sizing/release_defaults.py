@@ -113,13 +113,21 @@ def all2all_backend(files: ReleaseFiles | None) -> Default:
 
 def env_string_default(files: ReleaseFiles | None, name: str) -> Default | None:
     """The string default of `os.getenv("NAME", "default")` in the release's envs.py; None where it reads none."""
+    found = getenv_default(files, name)
+    if found is None or not isinstance(found[0], str):
+        return None
+    return Default(found[0], f"envs.py:{found[1]} {name} (the release reads the environment, not a ParallelConfig "
+                             "field)")  # fmt: skip
+
+
+def getenv_default(files: ReleaseFiles | None, name: str) -> tuple[object, int] | None:
+    """(the literal default, its line) of the first `os.getenv("NAME", LITERAL)` in the release's envs.py, or None."""
     module = files.module("vllm/envs.py") if files is not None else None
     for node in ast.walk(module) if module is not None else ():
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "getenv"
                 and len(node.args) >= 2 and isinstance(node.args[0], ast.Constant) and node.args[0].value == name
-                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):  # fmt: skip
-            return Default(node.args[1].value, f"envs.py:{node.lineno} {name} (the release reads the environment, "
-                                               "not a ParallelConfig field)")  # fmt: skip
+                and isinstance(node.args[1], ast.Constant)):  # fmt: skip
+            return node.args[1].value, node.lineno
     return None
 
 
@@ -317,15 +325,10 @@ def flash_attn_max_splits(files: ReleaseFiles | None) -> Default:
 def shared_experts_stream_threshold(files: ReleaseFiles | None) -> Default:
     """envs.py VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD: the largest batch whose shared experts run on the aux
     stream (model_executor/layers/fused_moe/runner/shared_experts.py)."""
-    module = files.module("vllm/envs.py") if files is not None else None
-    for node in ast.walk(module) if module is not None else ():
-        # "NAME": lambda: int(int(os.getenv("NAME", 256))): the default an int literal (env_default reads strings)
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "getenv"
-                and len(node.args) >= 2 and isinstance(node.args[0], ast.Constant)
-                and node.args[0].value == SHARED_STREAM_ENV and isinstance(node.args[1], ast.Constant)):  # fmt: skip
-            value = node.args[1].value
-            if isinstance(value, int | str) and str(value).isdigit():
-                return Default(int(value), f"envs.py:{node.lineno} {SHARED_STREAM_ENV}")
+    # "NAME": lambda: int(int(os.getenv("NAME", 256))): the default an int literal (env_default reads strings)
+    found = getenv_default(files, SHARED_STREAM_ENV)
+    if found is not None and isinstance(found[0], int | str) and str(found[0]).isdigit():
+        return Default(int(found[0]), f"envs.py:{found[1]} {SHARED_STREAM_ENV}")
     return Default(256, f"table: envs.py {SHARED_STREAM_ENV} 256 (0.19.0-0.30.0)")
 
 

@@ -455,17 +455,22 @@ def _pull_config_file(words: list[str], approximate: list[str]) -> list[str]:
     for key, value in data.items():
         if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]{0,80}", key):
             raise ServeArgsError(f"vllm serve: --config {shown}: key {str(key)[:40]!r} is not a flag name")
-        if isinstance(value, bool):
-            pulled += [f"--{key}"] if value else []
-        elif isinstance(value, list):
-            pulled += [f"--{key}", *(str(item) for item in value)] if value else []
-        elif isinstance(value, dict):
-            pulled += [f"--{key}", json.dumps(value)]
-        else:
-            pulled += [f"--{key}", str(value)]
+        pulled += flag_words(f"--{key}", value)
     if rest and not rest[0].startswith("-"):
         return [rest[0], *pulled, *rest[1:]]
     return [*pulled, *rest]
+
+
+def flag_words(flag: str, value: object, *, false_flag: str | None = None) -> list[str]:
+    """A flag and its value as argparse words: true the switch alone, false nothing (or `false_flag`), a list its
+    items (empty: nothing), a mapping its JSON, anything else its text (load_config_file's rules)."""
+    if isinstance(value, bool):
+        return [flag] if value else [false_flag] if false_flag else []
+    if isinstance(value, list | tuple):
+        return [flag, *(str(v) for v in value)] if value else []
+    if isinstance(value, dict):
+        return [flag, json.dumps(value)]
+    return [flag, str(value)]
 
 
 def _nodes(value: object, limit: int) -> int:

@@ -250,7 +250,8 @@ def serve_line_from_log(text: str) -> list[str] | None:
     none. Read as Python literals only (ast.literal_eval, nothing run); a value that is not one (a config object's
     repr) is refused in one line, naming the key: the serve line then has to be given."""
     import ast
-    import json
+
+    from harness.sizing.serve_args import flag_words
 
     found = None
     for line in text.splitlines():
@@ -282,17 +283,7 @@ def serve_line_from_log(text: str) -> list[str] | None:
         raise ServeLineError("the log's non-default args name no model (model_tag or model)")
     words = ["vllm", "serve", model]
     for key, value in args.items():
-        if key in _NOT_FLAGS or value is None:
-            continue
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            words.append(flag)
-        elif value is False:
-            words.append("--no-" + key.replace("_", "-"))
-        elif isinstance(value, list | tuple):
-            words += [flag, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)] if value else []
-        elif isinstance(value, dict):
-            words += [flag, json.dumps(value, separators=(",", ":"))]
-        else:
-            words += [flag, str(value)]
+        if key not in _NOT_FLAGS and value is not None:
+            name = key.replace("_", "-")
+            words += flag_words(f"--{name}", value, false_flag=f"--no-{name}")
     return words
