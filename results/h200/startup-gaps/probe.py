@@ -34,7 +34,7 @@ R = {"name": NAME, "kwargs": KW, "util": UTIL, "pid": os.getpid(), "t0": time.ti
 
 def save():
     with open(os.path.join(OUT, NAME + ".json"), "w") as f:
-        json.dump(R, f, indent=1)
+        json.dump(R, f, indent=1, default=str)  # a compile's symbolic sizes are written as text
 
 
 import torch  # noqa: E402
@@ -536,6 +536,110 @@ def garbage_at_high():
     return out
 
 
+
+def watch_first_compiles():
+    """Dynamo's compiles in the engine's first profile run (PROBE_WATCH=1): each one's code name, wall time and
+    thread, whether Inductor's Triton compiles went to its subprocess pool (AsyncCompile.use_process_pool), and for
+    vLLM's grouped_topk every exception raised or handled in any thread while it compiles (sys.monitoring), so that
+    a run that keeps the first MoE call's frames and one that does not can be compared event by event."""
+    import threading
+
+    import torch._dynamo.convert_frame as cf
+    from torch._inductor.async_compile import AsyncCompile
+
+    W = FIRST.setdefault("watch", {"compiles": [], "pool": [], "events": {}, "order": []})
+    orig_pool = AsyncCompile.use_process_pool.__func__
+
+    def use_process_pool(cls):
+        r = orig_pool(cls)
+        if FIRST["on"] and len(W["pool"]) < 400:
+            W["pool"].append((round(time.time() - R["t0"], 3), bool(r), W.get("in", None)))
+        return r
+
+    AsyncCompile.use_process_pool = classmethod(use_process_pool)
+    orig_compile = cf._compile
+    mon = getattr(sys, "monitoring", None)  # Python 3.12 on
+
+    def note(kind, code, offset, exc):
+        if not W.get("watching"):
+            return
+        key = (f"{kind} {type(exc).__module__}.{type(exc).__qualname__} at "
+               f"{code.co_filename.rsplit('site-packages/', 1)[-1]}:{code.co_name} "
+               f"[{threading.current_thread().name}]")
+        if key not in W["events"]:
+            if len(W["order"]) >= 600:
+                return
+            W["order"].append(key)
+            W["events"][key] = [0, str(exc)[:160]]
+        W["events"][key][0] += 1
+
+    def _compile(code, *a, **k):
+        if not FIRST["on"]:
+            return orig_compile(code, *a, **k)
+        watch = code.co_name == "grouped_topk"
+        tool = None
+        if watch and mon is not None:
+            E = mon.events
+            tool = next((i for i in range(6) if mon.get_tool(i) is None), None)
+            if tool is not None:
+                mon.use_tool_id(tool, "probe")
+                mon.register_callback(tool, E.RAISE, lambda c, o, e: note("raise", c, o, e))
+                mon.register_callback(tool, E.EXCEPTION_HANDLED, lambda c, o, e: note("handled", c, o, e))
+                mon.register_callback(tool, E.RERAISE, lambda c, o, e: note("reraise", c, o, e))
+                mon.set_events(tool, E.RAISE | E.EXCEPTION_HANDLED | E.RERAISE)
+                W["watching"] = True
+        W["in"] = code.co_name
+        t0 = time.time()
+        err = None
+        try:
+            return orig_compile(code, *a, **k)
+        except BaseException as e:  # noqa: BLE001
+            err = f"{type(e).__name__}: {str(e)[:200]}"
+            raise
+        finally:
+            W["in"] = None
+            if watch:
+                W["after_compile"] = exceptions_by_generation()
+            if tool is not None:
+                W["watching"] = False
+                mon.set_events(tool, 0)
+                mon.free_tool_id(tool)
+            W["compiles"].append({"code": code.co_name, "file": code.co_filename.rsplit("site-packages/", 1)[-1],
+                                  "start": round(t0 - R["t0"], 3), "seconds": round(time.time() - t0, 3),
+                                  "thread": threading.current_thread().name, "error": err,
+                                  "threads": sorted(t.name for t in threading.enumerate())})
+
+    cf._compile = _compile
+    if os.environ.get("PROBE_FULL_GC_AFTER_COMPILE"):
+        # the collection Dynamo runs when a compile ends (run_gc_after_compile: gc.collect(1)) made a full one
+        import gc as gc_
+        import types
+
+        cf.gc = types.SimpleNamespace(collect=lambda *a: gc_.collect())
+    if os.environ.get("PROBE_NO_GC_AFTER_COMPILE"):
+        # no collection at all from here to the first run's high point: not Dynamo's closing one, no automatic one
+        import gc as gc_
+        import types
+
+        cf.gc = types.SimpleNamespace(collect=lambda *a: 0)
+        gc_.disable()
+
+
+def exceptions_by_generation():
+    """The fake-tensor fallback's exceptions still alive when a compile has returned (after Dynamo's closing
+    collection), with the collector generation each is in: the young generations' collection frees a cycle of them
+    only where no member has reached the oldest generation."""
+    import gc
+
+    out = []
+    for gen in range(3):
+        for o in gc.get_objects(gen):
+            name = type(o).__name__  # a weak proxy's isinstance raises once its referent is gone
+            if name in ("UnsupportedOperatorException", "NotImplementedError"):
+                out.append((gen, name, str(o)[:80]))
+    return out[:20]
+
+
 def first_run_collector(mode):
     """The engine's own (first) profile run under a collector setting: "off" (no automatic collection, and not the
     run's closing gc.collect(), so that what cycles held is reported after it) or "attention" (a full collection
@@ -601,6 +705,8 @@ def first_run_collector(mode):
                                              "freed_bytes": freed, "attention_calls": len(FIRST["at_attention"]),
                                              "t": round(time.time() - R["t0"], 3)})
         gc.callbacks.append(collected)
+    if os.environ.get("PROBE_WATCH") and "watch" not in FIRST:
+        watch_first_compiles()
     FIRST["on"] = True
     FIRST["start"] = torch.cuda.memory_allocated()
     FIRST["scans"] = 0
@@ -620,6 +726,10 @@ def end_first_run(mode):
     out = {"mode": mode, "at_attention": FIRST["at_attention"][:64]}
     if mode == "high":
         out["collections"] = FIRST["collections"][:400]
+    if "watch" in FIRST:
+        w = FIRST["watch"]
+        out["watch"] = {"compiles": w["compiles"][:200], "pool": w["pool"], "after_compile": w.get("after_compile"),
+                        "events": [(k, *w["events"][k]) for k in w["order"]]}
     if mode == "off":
         out["allocated_before_collection"] = torch.cuda.memory_allocated()
         out["garbage"] = garbage_report()
