@@ -99,7 +99,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     )  # the trees asked about
     if isinstance(deployments, int):
         return deployments
-    failed_verdicts = [p for p in deployments[0] if p.verdict.outcome != "starts"] if ns.fail_on_verdict else []
+    failed_verdicts = [p for p in deployments[0] if not p.starts_every_time] if ns.fail_on_verdict else []
     predicted = layer_verdict_failures(layers) if ns.fail_on_verdict else []
     code = EXIT_FAILED if failures or failed_verdicts or predicted else EXIT_OK
     if ns.json:

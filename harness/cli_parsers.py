@@ -176,9 +176,9 @@ def _plan(sub: Subcommands, commands: Mapping[str, Command]) -> None:
     p.add_argument(
         "--fail-on-verdict",
         action="store_true",
-        help="exit 1 when a release's deployment does not start (oom, fails, refused), its layer does "
-        "not fit the budget (oom, refused) or a layer component is double-count, under-sized or "
-        "over-cap; default: exit 0",
+        help="exit 1 when a release's deployment does not start (oom, fails, refused) in any startup the "
+        "release can make of it (the plan's other outcomes too), its layer does not fit the budget (oom, "
+        "refused) or a layer component is double-count, under-sized or over-cap; default: exit 0",
     )
     _json(p)
     p.add_argument("--cache-dir", type=Path, default=None, help=_CACHE_HELP + "; for vllm==X.Y.Z policies")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from harness.sizing.deployment import GIB
 from harness.sizing.model_config import ModelConfigError
+from harness.verify.compare import taken_outcome
 from harness.verify.planning import plan_record, record_facts
 from harness.verify.record import StartupRecord, load_record
 
@@ -58,12 +59,17 @@ def real_row(name: str, case: StartupRecord) -> str:
                                     " ".join(filter(None, (backends.moe, backends.moe_experts))) if backends else None)
                         if x) or "-"  # fmt: skip
     graphs = "none" if f.cuda_graph_estimate_gib is None else f"{f.cuda_graph_estimate_gib:.2f}"
+    taken = taken_outcome(plan, f.torch_peak_increase_gib)  # the plan's other outcome, where vLLM took it
+    peak = _groups(plan, "held-once", "profile-peak") + (taken.torch_peak_extra_bytes / GIB if taken else 0.0)
+    tokens = (taken or plan).kv_tokens
+    if taken is not None:
+        name += f" ({taken.name})"
     cells = [name, layers, settings, (case.model_runner or "-").upper(), chosen,
              f"{f.model_loading_gib:.2f} / {_groups(plan, 'weights'):.2f}",
-             f"{f.torch_peak_increase_gib:.2f} / {_groups(plan, 'held-once', 'profile-peak'):.2f}",
+             f"{f.torch_peak_increase_gib:.2f} / {peak:.2f}",
              f"{f.non_torch_increase_gib:.2f} / {_groups(plan, 'non-torch'):.2f}",
              f"{graphs} / {_groups(plan, 'cuda-graphs'):.2f}",
-             f"{f.kv_cache_tokens:,}", _error(plan.kv_tokens, f.kv_cache_tokens)]  # fmt: skip
+             f"{f.kv_cache_tokens:,}", _error(tokens, f.kv_cache_tokens)]  # fmt: skip
     return "| " + " | ".join(cells) + " |"
 
 

@@ -491,7 +491,7 @@ def test_the_plan_record_round_trips_with_its_version():
 
     plan = _dense("vllm serve /gpu-host/models/Qwen3-8B --max-model-len 8192 --cudagraph-capture-sizes 1 2")
     again = DeploymentPlan.model_validate_json(plan.model_dump_json())
-    assert again == plan and again.schema_version == DEPLOYMENT_PLAN_SCHEMA == 3
+    assert again == plan and again.schema_version == DEPLOYMENT_PLAN_SCHEMA == 4
     assert again.model_source.startswith("/gpu-host/models/Qwen3-8B is not on this machine; read as the preset")
     assert again.approximate == plan.approximate and again.group_totals == plan.group_totals
 

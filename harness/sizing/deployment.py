@@ -42,7 +42,7 @@ from harness.sizing.kv_cache import default_block_size, in_flight_tokens, kv_cac
 from harness.sizing.model_config import ModelFacts
 from harness.sizing.quant_formats import Quant
 
-DEPLOYMENT_PLAN_SCHEMA = 3  # 2: group_totals and approximate; 3: model_source
+DEPLOYMENT_PLAN_SCHEMA = 4  # 2: group_totals and approximate; 3: model_source; 4: other_outcomes
 # Estimates, each with its basis: vLLM 0.19.0's own profiler figures in the 14 published H100 startup logs of
 # tests/data/startup_logs/ (llm-d-planner's validation runs; docs/deployment-memory.md lists them).
 # Non-torch memory the profile sees grow after the worker's first snapshot: the cuBLAS and cuBLASLt handles and the
@@ -143,6 +143,20 @@ class Verdict(Record):
     text: str
 
 
+class PlanOutcome(Record):
+    """Another startup the same serve line can get on the same release, with its own figures: the release leaves
+    which one to chance (the first MoE call's frames kept to the end of the profile run or not)."""
+
+    name: str
+    reason: str
+    torch_peak_extra_bytes: int  # over the plan's torch peak
+    non_kv_bytes: int
+    kv_cache_bytes: int
+    kv_tokens: int
+    concurrency: float
+    verdict: Verdict
+
+
 class DeploymentPlan(Record):
     """`harness plan` for a deployment: per GPU, one release. Plain ints are bytes."""
 
@@ -173,6 +187,8 @@ class DeploymentPlan(Record):
     approximate: list[str] = Field(default_factory=list)
     # how the serve line's model was read where its path is not on this machine (a preset its name names)
     model_source: str = ""
+    # the other startups the release can make of this line (PlanOutcome): the plan's own figures are the first's
+    other_outcomes: list[PlanOutcome] = Field(default_factory=list)
 
     def setting(self, name: str) -> object:
         return next(s.value for s in self.settings if s.name == name)
@@ -182,6 +198,11 @@ class DeploymentPlan(Record):
 
     def line(self, name: str) -> DeploymentLine | None:
         return next((line for line in self.lines if line.name == name), None)
+
+    @property
+    def starts_every_time(self) -> bool:
+        """The verdict is `starts` in the plan's own startup and in every other outcome the release can make."""
+        return self.verdict.outcome == "starts" and all(o.verdict.outcome == "starts" for o in self.other_outcomes)
 
 
 @dataclass(frozen=True)
@@ -230,6 +251,9 @@ class Resolved:
     # The monolithic experts class vLLM runs (and why), which allocates its buffers in each call instead of a modular
     # workspace; "" for a modular experts class.
     monolithic_experts: str = ""
+    # The profile run's first MoE call can keep its frames to the run's end (release_defaults.first_moe_call_kept,
+    # on a model whose router takes vLLM's fused grouped top-k op): the plan gives that startup as another outcome
+    first_moe_call_kept: bool = False
     # vLLM 0.26.0's V2 model runner (release_defaults.v2_runner_without_estimate), whose profile_run skips attention
     # and samples through its own sampler (harness.sizing.profile_run.v2_sampler_phase)
     v2_runner: bool = False
@@ -428,6 +452,11 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
                                 source=padding_source))  # fmt: skip
     quant = _release_quant(facts, files, settings, row.capability if row is not None else (9, 0))
     settings.append(Setting(name="moe_workspace_persistent", value=bool(persistent.value), source=persistent.source))
+    kept_frames = False
+    if facts.fused_grouped_topk:
+        kept = defaults.first_moe_call_kept(files, version)
+        kept_frames = bool(kept.value)
+        settings.append(Setting(name="first_moe_call_kept", value=kept_frames, source=kept.source))
     combo = defaults.benchmarks_combo_kernels(files, version)
     if not spec.enforce_eager:
         settings.append(Setting(name="benchmark_combo_kernel", value=bool(combo.value), source=combo.source))
@@ -484,6 +513,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         vision_tower=tower,
         image_limit=(spec.limit_mm_per_prompt or {}).get("image", mm_encoder.DEFAULT_IMAGE_LIMIT),
         monolithic_experts=monolithic,
+        first_moe_call_kept=kept_frames,
     )
 
 
@@ -888,6 +918,17 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
                                 "v1/worker/gpu_worker.py compile_or_warm_up_model)"))  # fmt: skip
     r = dataclasses.replace(r, approximate=tuple(approximate))
     verdict = _verdict(lines, layer, total_bytes, requested, cache, r)
+    others: list[PlanOutcome] = []
+    if r.first_moe_call_kept and r.kv_cache_memory_bytes is None:
+        kept_lines = profile_lines(facts, r, layer, gpu, layer_lines if moe_here else [], first=first, last=last,
+                                   kept_call=_first_moe_call(facts, r).bytes)  # fmt: skip
+        more = _activations(kept_lines) - _activations(lines)
+        if more > 0:
+            kept_cache = kv_cache(shape, requested - non_kv - more, r.block_size, r.max_model_len, in_flight,
+                                  concurrency_tokens=by_concurrency)  # fmt: skip
+            kept_verdict = _verdict(_with_extra(lines, more, kept_cache.bytes), layer, total_bytes, requested,
+                                    kept_cache, r)  # fmt: skip
+            others.append(_kept_outcome(facts, r, lines, non_kv + more, more, kept_cache, kept_verdict, version))
     groups: dict[str, int] = {}
     for line in lines:
         groups[line.group] = groups.get(line.group, 0) + line.bytes
@@ -898,8 +939,46 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
         requested_bytes=requested, non_kv_bytes=non_kv, kv_bytes_per_token=shape.bytes_per_token,
         kv_formula=shape.formula, kv_cache_bytes=kv_bytes, kv_tokens=cache.tokens, kv_num_blocks=cache.num_blocks,
         block_size=cache.block_size, max_model_len=r.max_model_len, concurrency=cache.concurrency, verdict=verdict,
-        group_totals=groups, approximate=list(approximate),
+        group_totals=groups, approximate=list(approximate), other_outcomes=others,
     )  # fmt: skip
+
+
+def _first_moe_call(facts: ModelFacts, r: Resolved) -> profile_run.Phase:
+    return profile_run.first_moe_call_frames(facts, num_tokens=r.max_num_batched_tokens, tp=r.tp, compiled=r.compiled)
+
+
+def _activations(lines: Sequence[DeploymentLine]) -> int:
+    return next(line.bytes for line in lines if line.group == "profile-peak" and line.name == "activations")
+
+
+def _with_extra(lines: list[DeploymentLine], extra: int, kv_bytes: int) -> list[DeploymentLine]:
+    """The plan's lines with the torch peak `extra` higher and the KV cache that leaves."""
+    out = []
+    for line in lines:
+        if line.group == "profile-peak" and line.name == "activations":
+            line = line.model_copy(update={"bytes": line.bytes + extra})
+        elif line.group == "kv-cache":
+            line = line.model_copy(update={"bytes": kv_bytes})
+        out.append(line)
+    return out
+
+
+def _kept_outcome(facts: ModelFacts, r: Resolved, lines: list[DeploymentLine], non_kv: int, extra: int, cache,
+                  verdict: Verdict, version: str | None) -> PlanOutcome:  # fmt: skip
+    frames = _first_moe_call(facts, r)
+    dispatch = any(line.name == "dispatch receive" for line in lines)
+    caveat = (" (measured without an all-to-all dispatch: the dispatched tensors the frames would also hold are not "
+              "counted)") if dispatch else ""  # fmt: skip
+    reason = (
+        f"vLLM {version or 'this release'} can keep the profile run's first MoE call frames to the run's end "
+        f"({_setting_source(r, 'first_moe_call_kept')}): a reference cycle from torch.compile's first trace of "
+        "grouped_topk that Dynamo's closing collection frees only while none of it has reached the oldest "
+        f"generation; which startup a process gets is chance. Kept: {frames.detail}{caveat}; "
+        f"{extra / GIB:.2f} GiB more at the profile's peak"
+    )
+    return PlanOutcome(name="first MoE call kept", reason=reason, torch_peak_extra_bytes=extra, non_kv_bytes=non_kv,
+                       kv_cache_bytes=cache.bytes, kv_tokens=cache.tokens, concurrency=cache.concurrency,
+                       verdict=verdict)  # fmt: skip
 
 
 def _setting_source(r: Resolved, name: str) -> str:
@@ -964,12 +1043,13 @@ def _eplb(r: Resolved) -> bool:
 
 def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | None = None,
                   layer_lines: Sequence[DeploymentLine] = (), *, first: bool = True,
-                  last: bool = True) -> list[DeploymentLine]:  # fmt: skip
+                  last: bool = True, kept_call: int = 0) -> list[DeploymentLine]:  # fmt: skip
     """The profile run's torch peak beyond the weights and the held-once buffers (harness.sizing.profile_run): the
     cuBLAS workspace, kept from the first GEMM, and the larger of two phases: the dummy forward of
     max_num_batched_tokens tokens (per DP rank) with DeepEP's receive tensors, and the dummy sampler over
     min(N, max_num_seqs) logits. The receive tensors are a line of their own (the run allocates them); the
-    activations line is the larger phase less them."""
+    activations line is the larger phase less them. `kept_call`: what a kept first MoE call holds from its return on
+    (profile_run.first_moe_call_frames), in the forward's later points and in the sampler."""
     N, tp = r.max_num_batched_tokens, r.tp
     lines = [line for line in layer_lines if line.group == "profile-peak"]
     if layer_plan is not None:
@@ -1028,7 +1108,7 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
         forward = compiled_v2
     elif r.v2_runner:
         forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv, shared_experts=True,
-                                            **mla)  # fmt: skip
+                                            kept=kept_call, **mla)  # fmt: skip
         if not mla:
             forward = profile_run.Phase(forward.bytes, f"{forward.detail}; the V2 runner's "
                                         f"{'eager' if r.eager else 'compiled (torch.compile)'} forward of this "
@@ -1036,7 +1116,7 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
     else:
         query_fp8 = profile_run.query_quant_fused(r.kv_cache_dtype, compiled=r.compiled)
         forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv, moe_call=moe_call,
-                                            query_fp8=query_fp8, **mla)  # fmt: skip
+                                            query_fp8=query_fp8, kept=kept_call, **mla)  # fmt: skip
         gdn = profile_run.gdn_compiled_point(facts, num_tokens=N, tp=tp, gpu=gpu) if r.compiled and not recv else None
         if gdn is not None and gdn.bytes > forward.bytes:
             forward = profile_run.Phase(gdn.bytes, f"{gdn.detail}, over {forward.detail}")
@@ -1068,6 +1148,9 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
     if encoder is not None:
         lines.append(DeploymentLine(group="profile-peak", name="encoder cache", bytes=held_encoder, kind="exact",
                                     source=f"{encoder.detail} (harness/sizing/mm_encoder.py)"))  # fmt: skip
+    if kept_call and last:
+        sampler = profile_run.Phase(sampler.bytes + kept_call, f"{sampler.detail} + the kept first MoE call "
+                                    f"{kept_call} B")  # fmt: skip
     candidates = {"forward pass": forward.bytes, "dummy sampler": sampler.bytes - per_call,
                   "first compile": compile_.bytes - per_call - (0 if encoder else cublas) - held_ws}  # fmt: skip
     if encoder is not None:  # before the language model's run: none of its buffers, the encoder cache not yet made

@@ -119,7 +119,7 @@ def plan_serve_command(request: PlanServeRequest) -> int:
             return _error(f"the deployment's MoE layer: {error}")
         raise
     # an approximate plan (a memory flag or GPU fact not modelled) is not a pass either
-    failed = any(p.verdict.outcome != "starts" or p.approximate for p in plans)
+    failed = any(not p.starts_every_time or p.approximate for p in plans)
     code = EXIT_FAILED if request.fail_on_verdict and failed else EXIT_OK
     if request.json:
         print(json.dumps({"deployments": [p.model_dump(mode="json") for p in plans], "ignored_flags": ignored},

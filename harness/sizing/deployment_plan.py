@@ -238,6 +238,11 @@ def deployment_notes(plan: DeploymentPlan) -> list[str]:
             ]
         ),
         f"vllm {plan.vllm_version} on {plan.gpu or 'the budget'}: {plan.verdict.text}",
+        *(
+            f"or, {o.name} (+{_gib(o.torch_peak_extra_bytes)} GiB torch peak): {o.kv_tokens} tokens of KV cache, "
+            f"{o.concurrency:.2f}x concurrency; {o.verdict.outcome}. {o.reason}"
+            for o in plan.other_outcomes
+        ),
     ]
 
 

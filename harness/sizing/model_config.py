@@ -153,6 +153,9 @@ class ModelFacts:
     router_dtype: str = ""  # the gate's dtype when vLLM builds it in f32 (GLM-4.5, MiniMax-M2); else the model's
     router_bias: bool = False  # gpt-oss's router is a Linear with a bias
     score_bias: bool = False  # e_score_correction_bias (f32): DeepSeek-V3, GLM-4.5, MiniMax-M2
+    # the router runs vLLM's fused grouped top-k op (grouped_topk_router.py's `grouped_topk` with a score-correction
+    # bias): fused_grouped_topk_route
+    fused_grouped_topk: bool = False
     expert_bias: bool = False  # gpt-oss: w13_bias, w2_bias
     # attention
     attention_bias: bool = False  # q/k/v biases (Qwen2, GLM-4.5, gpt-oss)
@@ -546,7 +549,7 @@ def facts_from(data: dict, *, name: str, path: str, lines: dict[str, int] | None
         facts.update(q_lora_rank=q_lora if type(q_lora) is int and q_lora > 0 else None,
                      kv_lora_rank=get("kv_lora_rank", minimum=1), qk_nope_head_dim=get("qk_nope_head_dim", minimum=1),
                      qk_rope_head_dim=get("qk_rope_head_dim", minimum=1), v_head_dim=get("v_head_dim", minimum=1),
-                     score_bias=True)  # fmt: skip
+                     score_bias=data.get("topk_method") == "noaux_tc")  # fmt: skip
         if arch == "DeepseekV32ForCausalLM":
             facts.update(
                 index_n_heads=get("index_n_heads", minimum=1),
@@ -629,6 +632,30 @@ def _moe_facts(data: dict, facts: dict, arch: str, layers: int, path: str, get) 
     if arch == "MiniMaxM2ForCausalLM":
         facts.update(router_dtype="float32", score_bias=bool(data.get("use_routing_bias", False)))
     facts["moe_layers"] = _moe_layers(data, layers, arch, path)
+    facts["fused_grouped_topk"] = fused_grouped_topk_route(data, arch, facts)
+
+
+def fused_grouped_topk_route(data: dict, arch: str, facts: dict) -> bool:
+    """Whether the MoE router runs vLLM's fused grouped top-k op, as vLLM 0.26.0 builds the router: the models that
+    pass `use_grouped_topk=True` to FusedMoE (models/deepseek_v2.py DeepseekV2MoE with n_group, topk_group and
+    scoring_func from the config, defaults 1, 1 and softmax, and an e_score_correction_bias where topk_method is
+    noaux_tc; models/glm4_moe.py Glm4MoE, always sigmoid with a bias) get a GroupedTopKRouter unless its routing
+    method is Unspecified with one group (fused_moe/router/router_factory.py; config.py get_routing_method_type: a
+    bias with sigmoid and renormalize is DeepSeekV3's), whose _compute_routing calls `grouped_topk` where the
+    experts divide into more than n_group groups, and that function takes the fused op (`ops.grouped_topk`,
+    `_moe_C::grouped_topk`) with a bias, at most 32 groups and top-k at most 32 on CUDA
+    (grouped_topk_router.py)."""
+    if arch not in (*MLA_ARCHITECTURES, "Glm4MoeForCausalLM") or not facts.get("score_bias"):
+        return False
+    groups, topk_groups = data.get("n_group", 1), data.get("topk_group", 1)
+    scoring = "sigmoid" if arch == "Glm4MoeForCausalLM" else data.get("scoring_func", "softmax")
+    renormalize = bool(data.get("norm_topk_prob", True))  # DeepseekV3Config and Glm4MoeConfig default it on
+    if not (type(groups) is int and type(topk_groups) is int and groups > 0):
+        return False
+    method = scoring == "sigmoid" and renormalize  # DeepSeekV3's routing method; any other is Unspecified
+    experts, top_k = facts["num_routed_experts"], facts["top_k"]
+    grouped = method or groups > 1 or topk_groups > 1
+    return grouped and experts > groups and experts % groups == 0 and groups <= 32 and top_k <= 32
 
 
 def _attention_facts(data: dict, facts: dict, arch: str, layers: int, path: str, get) -> None:

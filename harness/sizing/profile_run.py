@@ -174,6 +174,33 @@ def moe_call_tensors(facts: ModelFacts, *, num_tokens: int, intermediate: int,
     )
 
 
+def first_moe_call_frames(facts: ModelFacts, *, num_tokens: int, tp: int, compiled: bool) -> Phase:
+    """What the first MoE layer's call keeps to the end of the profile run where its frames outlive it
+    (release_defaults.first_moe_call_kept): the tensors its finished frames hold, read in two runs of vLLM 0.26.0
+    that kept them (the referrers of every large CUDA tensor at a later layer's MLA attention, results/h200/
+    startup-gaps). The MoE runner's frames (fused_moe/runner/moe_runner.py _moe_forward_shared with its op call's
+    arguments, _forward_impl, _apply_quant_method, and the router's _compute_routing) hold five (N, K) tensors: the
+    experts op's inputs and its shared and routed outputs. Compiled, the finished piecewise-backend frame holds the
+    MoE layer's piece's arguments too: the attention's output (N, heads / TP x v_head_dim; without MLA head_dim)
+    and the residual (N, K). Without a later layer there is nothing for them to add to."""
+    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
+    runner = 5 * N * K * d
+    width = (facts.num_attention_heads // tp) * (facts.v_head_dim if facts.is_mla else facts.head_dim)
+    piece = N * (width + K) * d if compiled else 0
+    part = f" + the compiled piece's attention output (N, {width}) and residual (N, {K}) {piece} B" if piece else ""
+    return Phase(runner + piece, f"five (N={N}, {K}) x {d} B of the MoE runner's frames {runner} B{part}")
+
+
+def layers_after_first_moe(facts: ModelFacts) -> tuple[bool, bool, bool]:
+    """Whether a layer of any kind, another MoE layer and a dense layer follow the first MoE layer: the points a
+    kept first call adds to."""
+    if not facts.moe_layers:
+        return False, False, False
+    first, moe = min(facts.moe_layers), set(facts.moe_layers)
+    dense_after = any(i > first and i not in moe for i in range(facts.num_hidden_layers))
+    return first < facts.num_hidden_layers - 1, len(moe) > 1, dense_after
+
+
 def activation_quant_bytes(facts: ModelFacts, rows: int, width: int) -> int:
     """A W8A8 checkpoint's quantized copy of a linear's (rows, width) input, made while that input is live: 1 B an
     element (int8: compressed-tensors W8A8 int8's ScaledMMLinearKernel, ops.scaled_int8_quant; FP8: the layer's
@@ -201,7 +228,8 @@ def query_quant_fused(kv_cache_dtype: str, *, compiled: bool) -> bool:
 
 def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv: int = 0,
                   shared_experts: bool = False, mla_rows: int = 0, eager: bool = False,
-                  held_workspace: int = 0, moe_call: int = 0, query_fp8: bool = False) -> Phase:  # fmt: skip
+                  held_workspace: int = 0, moe_call: int = 0, query_fp8: bool = False,
+                  kept: int = 0) -> Phase:  # fmt: skip
     """The dummy forward's transients (estimate): 4 (N, K) activation buffers and the larger of the attention
     projections' outputs and the MLP intermediates (the MoE's live in its workspace, held once: here the router's
     f32 logits and the top-k ids and weights, and with `shared_experts` the shared experts' gate_up and act_fn
@@ -215,8 +243,10 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
     dense layers before the first MoE layer peak without it: their point is counted less it. `moe_call`: the experts
     call's own tensors beside its workspace (moe_call_tensors), in the MoE layer's point. `query_fp8`: the attention
     layer quantizes the query to fp8 before the backend (query_quant_fused), so the compiled block's rotary output
-    is written as fp8."""
+    is written as fp8. `kept`: what the first MoE layer's call keeps (first_moe_call_frames), added to the points
+    of the layers after it."""
     N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
+    later, later_moe, later_dense = layers_after_first_moe(facts) if kept else (False, False, False)
     if facts.is_mla:
         heads = facts.num_attention_heads // tp
         attn = N * heads * (facts.qk_nope_head_dim * 2 + facts.qk_rope_head_dim + facts.v_head_dim * 2) * d
@@ -242,15 +272,15 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
         dense_first = bool(moe_layers) and all(
             i < min(moe_layers) for i in range(facts.num_hidden_layers) if i not in set(moe_layers)
         )
-        dense_point = 4 * N * K * d + dense - (held_workspace if dense_first else 0)
-        moe_point = 4 * N * K * d + routing + shared + moe_call
-        total = max(point.bytes, dense_point, moe_point) + dispatch_recv
+        dense_point = 4 * N * K * d + dense - (held_workspace if dense_first else 0) + (kept if later_dense else 0)
+        moe_point = 4 * N * K * d + routing + shared + moe_call + (kept if later_moe else 0)
+        total = max(point.bytes + (kept if later else 0), dense_point, moe_point) + dispatch_recv
         before = " (before the first MoE layer: less the MoE workspace it has not made yet)" if dense_first and \
             held_workspace else ""  # fmt: skip
         return Phase(total, f"forward {total} B = max({point.detail}; dense MLP 4 x (N={N}, {K}) x {d} B + {dense} B"
                             f"{before}; MoE layer 4 x (N, {K}) + {routing + shared + moe_call} B){recv} (the MLP "
                             "points estimate)")  # fmt: skip
-    total = 4 * N * K * d + max(attn, mlp) + dispatch_recv
+    total = 4 * N * K * d + max(attn, mlp) + dispatch_recv + (kept if later else 0)
     detail = f"4 x (N={N}, {K}) x {d} B + max(attention {attn} B, MLP {mlp} B){recv} (estimate)"
     if facts.qk_norm == "head" and not eager:
         # The compiled attention block of a model with q/k norms over the head dim (measured: GLM-4.5's peak,
@@ -259,7 +289,13 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
         # With an fp8 KV cache the query's quantization is fused into the rotary (query_quant_fused): that
         # q-sized output is fp8, 1 byte an element.
         fp8_q = N * heads * facts.head_dim * (d - 1) if query_fp8 else 0
-        block = 2 * N * K * d + N * (4 * heads + 3 * kv) * facts.head_dim * d - fp8_q + dispatch_recv
+        block = (
+            2 * N * K * d
+            + N * (4 * heads + 3 * kv) * facts.head_dim * d
+            - fp8_q
+            + dispatch_recv
+            + (kept if later else 0)
+        )
         if block > total:
             total = block
             fused = f" less the rotary's q as fp8 {fp8_q} B (the fp8 KV cache's query quantization)" if fp8_q else ""

@@ -219,6 +219,64 @@ def mxfp4_keeps_loaded_scales(files: ReleaseFiles | None) -> Default:
     return Default(True, f"{where}: the Triton branch deletes the loaded weights only: the scales kept")
 
 
+GROUPED_TOPK_FILES = (
+    "vllm/model_executor/layers/fused_moe/router/grouped_topk_router.py",
+    "vllm/model_executor/layers/fused_moe/fused_moe.py",
+)
+CUSTOM_OPS_FILE = "vllm/_custom_ops.py"
+GROUPED_TOPK_OP = "_moe_C::grouped_topk"
+GROUPED_TOPK_READ = (
+    "read in 0.8.5, 0.9.2 (no fused op), 0.19.0 and 0.26.0-0.29.0 (the fused op, no fake "
+    "implementation) and 0.30.0, 0.33.0 (registered)"
+)
+
+
+def first_moe_call_kept(files: ReleaseFiles | None, version: str | None = None) -> Default:
+    """Whether the profile run's first MoE call can keep its frames to the end of the run (value True): the release's
+    `grouped_topk` is `@torch.compile`d and calls `fused_grouped_topk` (vLLM's `_moe_C::grouped_topk` op), and
+    `_custom_ops.py` registers no fake implementation of that op (`register_fake("_moe_C::grouped_topk")`, from
+    0.30.0). Dynamo's trace of the first call then runs the op on fake tensors, which raise; the fake-tensor fallback
+    re-raises (torch/_subclasses/fake_tensor.py maybe_run_unsafe_fallback) and the two exceptions, their tracebacks
+    and the frames they hold form a reference cycle. Frames held past their return keep their locals and link their
+    callers' frames, so as the MoE runner's frames return they join it with their tensors. Dynamo's closing
+    collection (convert_frame.py _compile: run_gc_after_compile, gc.collect(1)) frees the cycle where none of it has
+    reached the collector's oldest generation; where it has, it lasts until a full collection, after the profile
+    (results/h200/startup-gaps, fifth batch). Which of the two a startup gets is not read: the plan gives both."""
+    module, where = None, ""
+    for file in GROUPED_TOPK_FILES:
+        module = files.module(file) if files is not None else None
+        if module is not None and _function(module, "grouped_topk") is not None:
+            where = _short(file)
+            break
+    ops = files.module(CUSTOM_OPS_FILE) if files is not None else None
+    if module is None or ops is None:
+        kept = (0, 19, 0) <= _release_key(version) < (0, 30, 0)
+        return Default(kept, f"table: the fused op without a fake implementation from 0.19.0 to 0.29.0; "
+                             f"{GROUPED_TOPK_READ}")  # fmt: skip
+    fn = _function(module, "grouped_topk")
+    assert fn is not None
+    compiled = any("torch.compile" in ast.unparse(d) for d in fn.decorator_list)
+    fused = bool(_calls(fn, "fused_grouped_topk"))
+    fake = [d for node in ast.walk(ops) if isinstance(node, ast.FunctionDef) for d in node.decorator_list
+            if isinstance(d, ast.Call) and getattr(d.func, "id", getattr(d.func, "attr", "")) == "register_fake"
+            and d.args and isinstance(d.args[0], ast.Constant) and d.args[0].value == GROUPED_TOPK_OP]  # fmt: skip
+    if not (compiled and fused):
+        return Default(
+            False,
+            f"{where}:{fn.lineno} grouped_topk {'is not torch.compiled' if not compiled else ''}"
+            f"{' and ' if not compiled and not fused else ''}"
+            f"{'calls no fused op' if not fused else ''}: no fake-tensor fallback in its trace",
+        )
+    if fake:
+        return Default(False, f"{_short(CUSTOM_OPS_FILE)}:{fake[0].lineno} register_fake(\"{GROUPED_TOPK_OP}\"): "
+                              "Dynamo traces the op on fake tensors, nothing raises")  # fmt: skip
+    return Default(
+        True,
+        f"{where}:{fn.lineno} @torch.compile grouped_topk calls fused_grouped_topk, and "
+        f"{_short(CUSTOM_OPS_FILE)} registers no fake implementation of {GROUPED_TOPK_OP}",
+    )
+
+
 FUSED_MOE_LAYER_FILE = "vllm/model_executor/layers/fused_moe/layer.py"
 DP_CHUNK_ENV = "VLLM_MOE_DP_CHUNK_SIZE"
 

@@ -360,11 +360,21 @@ def input_hash(request: SearchRequest) -> str:
 
 
 def candidate_of(plan: DeploymentPlan, layout: Layout, serve: list[str], version: str) -> SearchCandidate:
+    """A layout's plan as the search ranks it: by the startup it can count on, the fewest KV tokens of the plan's
+    own and its other outcomes (DeploymentPlan.other_outcomes), and not starting where one of them does not."""
     s = {x.name: x for x in plan.settings}
-    starts = plan.verdict.outcome == "starts"
     dp = int(s["data_parallel_size"].value)
-    tokens = plan.kv_tokens if starts else 0
-    concurrency = plan.concurrency if starts else 0.0
+    verdict, tokens, concurrency = plan.verdict, plan.kv_tokens, plan.concurrency
+    kv_bytes, non_kv = plan.kv_cache_bytes, plan.non_kv_bytes
+    for other in plan.other_outcomes:
+        if verdict.outcome == "starts" and (other.verdict.outcome != "starts" or other.kv_tokens < tokens):
+            text = f"{other.verdict.text} (where the {other.name}; {plan.verdict.text} otherwise)"
+            verdict = other.verdict.model_copy(update={"text": text})
+            tokens, concurrency = other.kv_tokens, other.concurrency
+            kv_bytes, non_kv = other.kv_cache_bytes, other.non_kv_bytes
+    starts = verdict.outcome == "starts"
+    tokens = tokens if starts else 0
+    concurrency = concurrency if starts else 0.0
     return SearchCandidate(
         vllm_version=version, gpus=layout.gpus, tensor_parallel_size=int(s["tensor_parallel_size"].value),
         data_parallel_size=dp, pipeline_parallel_size=int(s["pipeline_parallel_size"].value),
@@ -372,9 +382,9 @@ def candidate_of(plan: DeploymentPlan, layout: Layout, serve: list[str], version
         all2all_backend=str(s["all2all_backend"].value), moe_backend=str(s["moe_backend"].value),
         moe_backend_source=s["moe_backend"].source, max_num_batched_tokens=int(s["max_num_batched_tokens"].value),
         num_redundant_experts=int(s["num_redundant_experts"].value), kv_cache_dtype=str(s["kv_cache_dtype"].value),
-        label=layout.label, outcome=plan.verdict.outcome, verdict=plan.verdict.text,
-        kv_bytes_per_token=plan.kv_bytes_per_token, non_kv_bytes=plan.non_kv_bytes,
-        kv_cache_bytes=plan.kv_cache_bytes if starts else 0, per_gpu_kv_tokens=tokens,
+        label=layout.label, outcome=verdict.outcome, verdict=verdict.text,
+        kv_bytes_per_token=plan.kv_bytes_per_token, non_kv_bytes=non_kv,
+        kv_cache_bytes=kv_bytes if starts else 0, per_gpu_kv_tokens=tokens,
         deployment_kv_tokens=tokens * dp, per_gpu_concurrency=concurrency,
         deployment_concurrency=concurrency * dp, serve=serve,
     )  # fmt: skip

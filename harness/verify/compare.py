@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from harness.sizing.deployment import GIB, DeploymentPlan
+from harness.sizing.deployment import GIB, DeploymentPlan, PlanOutcome
 from harness.verify.record import StartupRecord
 
 VERIFY_REPORT_SCHEMA = 1
@@ -59,6 +59,25 @@ def _backend_family(name: str | None) -> str | None:
     return None if name is None else name.split()[0].split("_")[0].lower().replace("experts", "")
 
 
+def torch_peak_gib(plan: DeploymentPlan) -> float:
+    """The plan's torch peak as vLLM prints it: the held-once buffers and the profile's own peak."""
+    return (plan.group_bytes("held-once") + plan.group_bytes("profile-peak")) / GIB
+
+
+def taken_outcome(plan: DeploymentPlan, torch_peak_logged: float | None) -> PlanOutcome | None:
+    """Which of the plan's other outcomes (DeploymentPlan.other_outcomes) the startup took, read from the torch peak
+    vLLM printed: the one whose peak is nearest it, where nearer than the plan's own; None: the plan's own."""
+    if torch_peak_logged is None or not plan.other_outcomes:
+        return None
+    own = torch_peak_gib(plan)
+
+    def miss(extra: int) -> float:
+        return abs(own + extra / GIB - torch_peak_logged)
+
+    best = min(plan.other_outcomes, key=lambda o: miss(o.torch_peak_extra_bytes))
+    return best if miss(best.torch_peak_extra_bytes) < miss(0) else None
+
+
 def compare(record: StartupRecord, plan: DeploymentPlan, tolerance_pct: float) -> list[Row]:
     f = record.figures
     requested = (f.requested_gib * GIB) if f.requested_gib else plan.requested_bytes
@@ -81,7 +100,12 @@ def compare(record: StartupRecord, plan: DeploymentPlan, tolerance_pct: float) -
         rows.append(Row(name, logged, predicted, "GiB", "term", diff, pct, abs(pct) <= tolerance_pct))
 
     weights = plan.group_bytes("weights") / GIB
-    peak = (plan.group_bytes("held-once") + plan.group_bytes("profile-peak")) / GIB
+    taken = taken_outcome(plan, f.torch_peak_increase_gib)
+    peak = torch_peak_gib(plan) + (taken.torch_peak_extra_bytes / GIB if taken is not None else 0.0)
+    non_kv, kv_tokens, concurrency, verdict = plan.non_kv_bytes, plan.kv_tokens, plan.concurrency, plan.verdict
+    if taken is not None:
+        non_kv, kv_tokens, concurrency, verdict = taken.non_kv_bytes, taken.kv_tokens, taken.concurrency, \
+            taken.verdict  # fmt: skip
     graphs = plan.group_bytes("cuda-graphs") / GIB
     total("weights", f.model_loading_gib, weights)
     term("torch peak", f.torch_peak_increase_gib, peak)
@@ -90,12 +114,15 @@ def compare(record: StartupRecord, plan: DeploymentPlan, tolerance_pct: float) -
     if graphs_logged is None and f.available_kv_cache_gib is not None and f.non_kv_gib is not None:
         graphs_logged = 0.0  # the profiler ran and printed no estimate: none was made (eager, or a runner without one)
     term("CUDA graphs", graphs_logged, graphs)
-    total("KV GiB", f.available_kv_cache_gib, (plan.requested_bytes - plan.non_kv_bytes) / GIB)
-    total("KV tokens", f.kv_cache_tokens, plan.kv_tokens, "tokens")
-    total("concurrency", f.max_concurrency, plan.concurrency, "x")
+    total("KV GiB", f.available_kv_cache_gib, (plan.requested_bytes - non_kv) / GIB)
+    total("KV tokens", f.kv_cache_tokens, kv_tokens, "tokens")
+    total("concurrency", f.max_concurrency, concurrency, "x")
     logged_verdict = "starts" if record.status == "ready" or f.kv_cache_tokens else "fails"
-    rows.append(Row("verdict", logged_verdict, plan.verdict.outcome, "", "verdict",
-                    within=logged_verdict == plan.verdict.outcome))  # fmt: skip
+    rows.append(Row("verdict", logged_verdict, verdict.outcome, "", "verdict",
+                    within=logged_verdict == verdict.outcome))  # fmt: skip
+    if plan.other_outcomes:
+        rows.append(Row("outcome", "(read from its torch peak)", taken.name if taken is not None else
+                        "the plan's own", "", "shown"))  # fmt: skip
     b = record.backends
     if b is not None:
         if b.attention:

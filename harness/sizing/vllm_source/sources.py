@@ -56,6 +56,7 @@ OPS_LIBRARY_NAMES = ("vllm/_C_stable_libtorch.abi3.so", "vllm/_C.abi3.so")
 # managers and the defaults of their buffer sizes. A release that lacks one simply does not extract it.
 LAYER_FILES = (
     "vllm/envs.py",
+    "vllm/_custom_ops.py",  # the fake implementations its ops register (harness.sizing.release_defaults)
     "vllm/distributed/device_communicators/all2all.py",
     "vllm/config/parallel.py",
     "vllm/config/scheduler.py",
