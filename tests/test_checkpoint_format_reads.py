@@ -12,11 +12,11 @@ The trees are copies of the cached wheel's extracted files, edited at test time;
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
+import release_copies
 from harness.sizing import release_defaults as defaults
 from harness.sizing.deployment import GIB
 from harness.sizing.deployment_plan import plan_source
@@ -48,18 +48,9 @@ def release_026():
 
 
 def planted(tmp_path: Path, release, file: str, old: str, new: str) -> ReleaseFiles:
-    """The release's checkpoint-format files (and what makes a source tree) copied, `old` replaced by `new` in file
-    (exactly once)."""
-    root = tmp_path / "vllm-src"
-    for name in (MODELOPT, *defaults.GPTQ_FILES, *defaults.AWQ_FILES, "vllm/_version.py", "vllm/envs.py",
-                 "vllm/model_executor/layers/fused_moe/__init__.py"):  # fmt: skip
-        if (release.root / name).is_file():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(release.root / name, root / name)
-    text = (root / file).read_text()
-    assert text.count(old) == 1, (file, old)
-    (root / file).write_text(text.replace(old, new))
-    return ReleaseFiles(locate(src=root))
+    """The release's checkpoint-format files copied, `old` replaced by `new` in file (release_copies)."""
+    files = (MODELOPT, *defaults.GPTQ_FILES, *defaults.AWQ_FILES)
+    return release_copies.planted(tmp_path, release.root, files, file, old, new)
 
 
 def test_0_26_0_reads_and_the_tables_agree(release_026):

@@ -8,11 +8,11 @@ The release trees are copies of the cached wheels' extracted files, edited at te
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
+import release_copies
 from harness.sizing import profile_run
 from harness.sizing import release_defaults as defaults
 from harness.sizing.deployment import GIB
@@ -61,19 +61,9 @@ def test_each_release_read_from_its_files(version):
 
 
 def planted(tmp_path: Path, version: str, file: str, old: str, new: str) -> ReleaseFiles:
-    """The files the reading takes (and fused_moe/__init__.py, which makes a source tree) copied from the release,
-    with `old` replaced by `new` in file (exactly once)."""
-    release = locate(version=version, cache_dir=default_cache_dir())
-    root = tmp_path / "vllm-src"
-    for name in (ROUTER_FILE, OPS_FILE, "vllm/_version.py", "vllm/envs.py",
-                 "vllm/model_executor/layers/fused_moe/__init__.py"):  # fmt: skip
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(release.root / name, root / name)
-    path = root / file
-    text = path.read_text()
-    assert text.count(old) == 1, f"{old!r} is not in {file} exactly once"
-    path.write_text(text.replace(old, new))
-    return ReleaseFiles(locate(src=root))
+    """The router and _custom_ops.py copied from the release, `old` replaced by `new` in file (release_copies)."""
+    root = locate(version=version, cache_dir=default_cache_dir()).root
+    return release_copies.planted(tmp_path, root, (ROUTER_FILE, OPS_FILE), file, old, new)
 
 
 @pytest.mark.vllm_wheel

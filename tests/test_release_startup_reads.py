@@ -8,11 +8,11 @@ The trees are copies of the cached wheels' extracted files, edited at test time;
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
+import release_copies
 from harness.core.units import MIB
 from harness.sizing import release_defaults as defaults
 from harness.sizing.vllm_source import locate
@@ -50,17 +50,8 @@ def release_026():
 
 
 def planted(tmp_path: Path, release, file: str, old: str, new: str) -> ReleaseFiles:
-    """The files these reads take (and fused_moe/__init__.py, which makes a source tree) copied from the release,
-    with `old` replaced by `new` in file (exactly once), read as a source tree."""
-    root = tmp_path / "vllm-src"
-    for name in (*READ_FILES, "vllm/_version.py", "vllm/envs.py", "vllm/model_executor/layers/fused_moe/__init__.py"):
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(release.root / name, root / name)
-    path = root / file
-    text = path.read_text()
-    assert text.count(old) == 1, f"{old!r} is not in {file} exactly once"
-    path.write_text(text.replace(old, new))
-    return ReleaseFiles(locate(src=root))
+    """The files these reads take copied from the release, `old` replaced by `new` in file (release_copies)."""
+    return release_copies.planted(tmp_path, release.root, READ_FILES, file, old, new)
 
 
 @pytest.mark.parametrize("version", sorted(READ))
