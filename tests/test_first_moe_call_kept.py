@@ -225,3 +225,28 @@ def test_the_search_ranks_a_layout_by_the_startup_it_can_count_on():
     assert c.outcome == "starts" and c.per_gpu_kv_tokens == other.kv_tokens < plan.kv_tokens
     assert c.non_kv_bytes == other.non_kv_bytes and c.kv_cache_bytes == other.kv_cache_bytes
     assert "first MoE call kept" in c.verdict and plan.verdict.text in c.verdict
+
+
+@pytest.mark.vllm_wheel
+def test_deepseek_v3_at_dp8_ep_starts_or_fails_by_chance_on_0_29_0():
+    """The published DeepSeek-V3 at DP 8 with EP on H200s and its full context (163840 tokens): its own startup holds
+    one request of that length, the kept-call startup (0.91 GiB more torch peak at 8192 tokens) does not; the
+    all-gather dispatch's tensors are named as not counted. 0.30.0 registers the fake implementation: one outcome."""
+    import json
+
+    from cli_utils import run_cli_inproc
+    from harness.sizing.deployment import DeploymentPlan
+
+    line = ["vllm", "serve", "deepseek-ai/DeepSeek-V3", "--data-parallel-size", "8", "--enable-expert-parallel"]
+    plans = {}
+    for version in ("0.29.0", "0.30.0"):
+        result = run_cli_inproc("plan", "--vllm-version", version, "--gpu", "H200-141GB", "--json", "--", *line)
+        assert result.returncode == 0, result.stderr
+        plans[version] = DeploymentPlan.model_validate(json.loads(result.stdout)["deployments"][0])
+    plan = plans["0.29.0"]
+    (other,) = plan.other_outcomes
+    assert plan.verdict.outcome == "starts" and plan.kv_tokens >= 163840
+    assert other.verdict.outcome == "fails" and other.kv_tokens < 163840
+    assert other.torch_peak_extra_bytes == 5 * 8192 * 7168 * 2 + 8192 * (128 * 128 + 7168) * 2
+    assert "allgather_reducescatter" in other.reason and "not counted" in other.reason
+    assert not plan.starts_every_time and plans["0.30.0"].other_outcomes == []

@@ -966,9 +966,9 @@ def _with_extra(lines: list[DeploymentLine], extra: int, kv_bytes: int) -> list[
 def _kept_outcome(facts: ModelFacts, r: Resolved, lines: list[DeploymentLine], non_kv: int, extra: int, cache,
                   verdict: Verdict, version: str | None) -> PlanOutcome:  # fmt: skip
     frames = _first_moe_call(facts, r)
-    dispatch = any(line.name == "dispatch receive" for line in lines)
-    caveat = (" (measured without an all-to-all dispatch: the dispatched tensors the frames would also hold are not "
-              "counted)") if dispatch else ""  # fmt: skip
+    dispatch = (r.ep and r.dp > 1) or any(line.name == "dispatch receive" for line in lines)
+    caveat = (f" (measured on one GPU: with {r.all2all} the tensors it gathers or receives for the experts, which the "
+              "frames would hold too, are not counted)") if dispatch else ""  # fmt: skip
     reason = (
         f"vLLM {version or 'this release'} can keep the profile run's first MoE call frames to the run's end "
         f"({_setting_source(r, 'first_moe_call_kept')}): a reference cycle from torch.compile's first trace of "
