@@ -121,7 +121,7 @@ def compare(record: StartupRecord, plan: DeploymentPlan, tolerance_pct: float) -
     rows.append(Row("verdict", logged_verdict, verdict.outcome, "", "verdict",
                     within=logged_verdict == verdict.outcome))  # fmt: skip
     if plan.other_outcomes:
-        rows.append(Row("outcome", "(read from its torch peak)", taken.name if taken is not None else
+        rows.append(Row("outcome", "(by torch peak)", taken.name if taken is not None else
                         "the plan's own", "", "shown"))  # fmt: skip
     b = record.backends
     if b is not None:
