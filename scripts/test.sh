@@ -63,7 +63,7 @@ from pathlib import Path
 
 from harness.sizing.vllm_source import locate
 
-for version in ("0.8.5", "0.19.0", "0.26.0", "0.29.0", "0.30.0", "0.33.0"):
+for version in ("0.8.5", "0.9.2", "0.19.0", "0.26.0", "0.29.0", "0.30.0", "0.33.0"):
     locate(version=version, cache_dir=Path(sys.argv[1]), with_ops=version in ("0.26.0", "0.30.0"),
            keep_wheel=version == "0.30.0")
 PY
