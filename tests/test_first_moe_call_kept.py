@@ -250,3 +250,22 @@ def test_deepseek_v3_at_dp8_ep_starts_or_fails_by_chance_on_0_29_0():
     assert other.torch_peak_extra_bytes == 5 * 8192 * 7168 * 2 + 8192 * (128 * 128 + 7168) * 2
     assert "allgather_reducescatter" in other.reason and "not counted" in other.reason
     assert not plan.starts_every_time and plans["0.30.0"].other_outcomes == []
+
+
+@pytest.mark.vllm_wheel
+def test_vllm_diff_names_a_startup_left_to_chance():
+    """`harness vllm diff` on DeepSeek-V3 at DP 8 with EP: 0.29.0 -> 0.30.0 (the fake implementation registered)
+    is an improvement from "starts or not, by chance" to "starts"; the other way round a regression."""
+    from harness.sizing.vllm_diff import ReferenceDeployment, compare_deployment
+
+    serve = "vllm serve deepseek-v3 --data-parallel-size 8 --enable-expert-parallel"
+    ref = ReferenceDeployment(name="DeepSeek-V3 DP8 EP", gpu="H200-141GB", serve=serve)
+    old, new = (locate(version=v, cache_dir=default_cache_dir()) for v in ("0.29.0", "0.30.0"))
+    forward = compare_deployment(ref, old, new, 0.01)
+    assert forward.base is not None and forward.head is not None
+    assert not forward.base.starts_every_time and forward.head.starts_every_time and forward.head.other_outcomes == []
+    assert forward.base.other_outcomes[0].startswith("first MoE call kept: fails, ")
+    assert forward.regression is None and forward.improvement is not None
+    assert "starts or not, by chance (first MoE call kept: fails" in forward.improvement
+    backward = compare_deployment(ref, new, old, 0.01)
+    assert backward.regression is not None and "starts -> starts or not, by chance" in backward.regression

@@ -68,6 +68,10 @@ class Side(_Model):
     non_kv_bytes: int
     kv_tokens: int
     concurrency: float
+    # the plan's other outcomes (DeploymentPlan.other_outcomes): "NAME: VERDICT, TOKENS tokens", and whether the
+    # deployment starts in every one of them
+    other_outcomes: list[str] = []
+    starts_every_time: bool = True
 
 
 class DeploymentDiff(_Model):
@@ -295,7 +299,9 @@ def plan_reference(ref: ReferenceDeployment, source) -> Side | str:
     line = plan.line("moe-workspace")
     return Side(vllm=source.label, verdict=plan.verdict.outcome, verdict_text=plan.verdict.text,
                 moe_workspace_bytes=line.bytes if line else None, moe_workspace_source=line.source if line else None,
-                non_kv_bytes=plan.non_kv_bytes, kv_tokens=plan.kv_tokens, concurrency=plan.concurrency)  # fmt: skip
+                non_kv_bytes=plan.non_kv_bytes, kv_tokens=plan.kv_tokens, concurrency=plan.concurrency,
+                other_outcomes=[f"{o.name}: {o.verdict.outcome}, {o.kv_tokens:,} tokens" for o in plan.other_outcomes],
+                starts_every_time=plan.starts_every_time)  # fmt: skip
 
 
 def reference_sizing(source, references: list[ReferenceDeployment] | None = None) -> dict[str, SizingArgs]:
@@ -346,8 +352,13 @@ def compare_deployment(ref: ReferenceDeployment, base_source, head_source, thres
             f"({head.moe_workspace_source or 'no MoE workspace line'}); KV cache {base.kv_tokens:,} -> "
             f"{head.kv_tokens:,} tokens ({tokens:+,}), concurrency {base.concurrency:.2f}x -> "
             f"{head.concurrency:.2f}x")  # fmt: skip
+    chance = base.verdict == head.verdict == "starts" and base.starts_every_time != head.starts_every_time
     if base.verdict == "starts" and head.verdict != "starts":
         regression = f"{ref.name}: {base.verdict} -> {head.verdict} ({head.verdict_text}); {cost}"
+    elif chance and not head.starts_every_time:
+        regression = f"{ref.name}: starts -> starts or not, by chance ({'; '.join(head.other_outcomes)}); {cost}"
+    elif chance:
+        improvement = f"{ref.name}: starts or not, by chance ({'; '.join(base.other_outcomes)}) -> starts; {cost}"
     elif (ratio is not None and ratio > 1 + threshold) or (base.kv_tokens and tokens < -threshold * base.kv_tokens):
         regression = f"{ref.name}: {cost}"
     elif (head.verdict == "starts" and base.verdict != "starts") or tokens > 0 or (ratio is not None and ratio < 1):
