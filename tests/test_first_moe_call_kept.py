@@ -20,7 +20,7 @@ from harness.sizing.model_config import fused_grouped_topk_route, load_model
 from harness.sizing.vllm_source import locate
 from harness.sizing.vllm_source.layer_source import ReleaseFiles
 from harness.sizing.vllm_source.sources import default_cache_dir
-from harness.verify.compare import compare, taken_outcome
+from harness.verify.compare import compare, taken_outcome, torch_peak_gib
 from harness.verify.planning import plan_record, record_facts
 from harness.verify.record import load_record
 
@@ -152,8 +152,7 @@ def test_each_startup_took_one_of_the_plans_outcomes(name):
     assert bool(plan.other_outcomes) is facts.fused_grouped_topk
     taken = taken_outcome(plan, record.figures.torch_peak_increase_gib)
     assert (taken.name if taken is not None else None) == TAKEN[name]
-    own = (plan.group_bytes("held-once") + plan.group_bytes("profile-peak")) / GIB
-    peak = own + (taken.torch_peak_extra_bytes / GIB if taken is not None else 0)
+    peak = torch_peak_gib(plan) + (taken.torch_peak_extra_bytes / GIB if taken is not None else 0)
     assert abs(peak - record.figures.torch_peak_increase_gib) <= 0.05
     tokens = (taken or plan).kv_tokens
     assert abs(tokens - record.figures.kv_cache_tokens) / record.figures.kv_cache_tokens < 0.01

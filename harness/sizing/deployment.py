@@ -920,15 +920,17 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
     verdict = _verdict(lines, layer, total_bytes, requested, cache, r)
     others: list[PlanOutcome] = []
     if r.first_moe_call_kept and r.kv_cache_memory_bytes is None:
+        frames = profile_run.first_moe_call_frames(facts, num_tokens=r.max_num_batched_tokens, tp=r.tp,
+                                                   compiled=r.compiled)  # fmt: skip
         kept_lines = profile_lines(facts, r, layer, gpu, layer_lines if moe_here else [], first=first, last=last,
-                                   kept_call=_first_moe_call(facts, r).bytes)  # fmt: skip
+                                   kept_call=frames.bytes)  # fmt: skip
         more = _activations(kept_lines) - _activations(lines)
         if more > 0:
             kept_cache = kv_cache(shape, requested - non_kv - more, r.block_size, r.max_model_len, in_flight,
                                   concurrency_tokens=by_concurrency)  # fmt: skip
             kept_verdict = _verdict(_with_extra(lines, more, kept_cache.bytes), layer, total_bytes, requested,
                                     kept_cache, r)  # fmt: skip
-            others.append(_kept_outcome(facts, r, lines, non_kv + more, more, kept_cache, kept_verdict, version))
+            others.append(_kept_outcome(frames, r, lines, non_kv + more, more, kept_cache, kept_verdict, version))
     groups: dict[str, int] = {}
     for line in lines:
         groups[line.group] = groups.get(line.group, 0) + line.bytes
@@ -941,10 +943,6 @@ def _plan_stage(facts: ModelFacts, r: Resolved, layer_plan, *, version: str | No
         block_size=cache.block_size, max_model_len=r.max_model_len, concurrency=cache.concurrency, verdict=verdict,
         group_totals=groups, approximate=list(approximate), other_outcomes=others,
     )  # fmt: skip
-
-
-def _first_moe_call(facts: ModelFacts, r: Resolved) -> profile_run.Phase:
-    return profile_run.first_moe_call_frames(facts, num_tokens=r.max_num_batched_tokens, tp=r.tp, compiled=r.compiled)
 
 
 def _activations(lines: Sequence[DeploymentLine]) -> int:
@@ -963,9 +961,8 @@ def _with_extra(lines: list[DeploymentLine], extra: int, kv_bytes: int) -> list[
     return out
 
 
-def _kept_outcome(facts: ModelFacts, r: Resolved, lines: list[DeploymentLine], non_kv: int, extra: int, cache,
-                  verdict: Verdict, version: str | None) -> PlanOutcome:  # fmt: skip
-    frames = _first_moe_call(facts, r)
+def _kept_outcome(frames: profile_run.Phase, r: Resolved, lines: list[DeploymentLine], non_kv: int, extra: int,
+                  cache, verdict: Verdict, version: str | None) -> PlanOutcome:  # fmt: skip
     dispatch = (r.ep and r.dp > 1) or any(line.name == "dispatch receive" for line in lines)
     caveat = (f" (measured on one GPU: with {r.all2all} the tensors it gathers or receives for the experts, which the "
               "frames would hold too, are not counted)") if dispatch else ""  # fmt: skip

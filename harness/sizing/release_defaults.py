@@ -242,31 +242,23 @@ def first_moe_call_kept(files: ReleaseFiles | None, version: str | None = None) 
     collection (convert_frame.py _compile: run_gc_after_compile, gc.collect(1)) frees the cycle where none of it has
     reached the collector's oldest generation; where it has, it lasts until a full collection, after the profile
     (results/h200/startup-gaps, fifth batch). Which of the two a startup gets is not read: the plan gives both."""
-    module, where = None, ""
-    for file in GROUPED_TOPK_FILES:
-        module = files.module(file) if files is not None else None
-        if module is not None and _function(module, "grouped_topk") is not None:
-            where = _short(file)
-            break
+    modules = [(file, files.module(file)) for file in GROUPED_TOPK_FILES] if files is not None else []
+    found = [(_short(file), fn) for file, module in modules if (fn := _function(module, "grouped_topk")) is not None]
     ops = files.module(CUSTOM_OPS_FILE) if files is not None else None
-    if module is None or ops is None:
+    if not found or ops is None:
         kept = (0, 19, 0) <= _release_key(version) < (0, 30, 0)
         return Default(kept, f"table: the fused op without a fake implementation from 0.19.0 to 0.29.0; "
                              f"{GROUPED_TOPK_READ}")  # fmt: skip
-    fn = _function(module, "grouped_topk")
-    assert fn is not None
+    where, fn = found[0]
     compiled = any("torch.compile" in ast.unparse(d) for d in fn.decorator_list)
     fused = bool(_calls(fn, "fused_grouped_topk"))
     fake = [d for node in ast.walk(ops) if isinstance(node, ast.FunctionDef) for d in node.decorator_list
             if isinstance(d, ast.Call) and getattr(d.func, "id", getattr(d.func, "attr", "")) == "register_fake"
             and d.args and isinstance(d.args[0], ast.Constant) and d.args[0].value == GROUPED_TOPK_OP]  # fmt: skip
-    if not (compiled and fused):
-        return Default(
-            False,
-            f"{where}:{fn.lineno} grouped_topk {'is not torch.compiled' if not compiled else ''}"
-            f"{' and ' if not compiled and not fused else ''}"
-            f"{'calls no fused op' if not fused else ''}: no fake-tensor fallback in its trace",
-        )
+    missing = [why for why, ok in (("is not torch.compiled", compiled), ("calls no fused op", fused)) if not ok]
+    if missing:
+        return Default(False, f"{where}:{fn.lineno} grouped_topk {' and '.join(missing)}: no fake-tensor fallback in "
+                              "its trace")  # fmt: skip
     if fake:
         return Default(False, f"{_short(CUSTOM_OPS_FILE)}:{fake[0].lineno} register_fake(\"{GROUPED_TOPK_OP}\"): "
                               "Dynamo traces the op on fake tensors, nothing raises")  # fmt: skip
