@@ -34,13 +34,7 @@ CASES = {p.stem: load_record(p) for p in sorted(DATA.glob("*.yaml"))}
 # What the plan does not size yet of a flag (none: --dtype float32 and --quantization fp8 are sized).
 FLAG_GAPS: dict[str, str] = {}
 # Lines the model misses on a startup the plan can make, and why.
-LINE_GAPS: dict[tuple[str, str], str] = {
-    ("dsv32-4l-kvfp8", "CUDA graphs"): "0.37 GiB logged, 0.31 planned: two per-mode gaps add up, PIECEWISE's first "
-                                       "capture at 512 tokens (206 MiB logged, 184 planned: the graph pool's 20 MiB "
-                                       "segments of small tensors, three made where mla_pool fills two) and FULL's "
-                                       "34 graphs at 2 MiB logged against the 1 MiB floor (dsv32-4l's per-mode "
-                                       "reason)",
-}  # fmt: skip
+LINE_GAPS: dict[tuple[str, str], str] = {}
 
 
 # The lines each flag gap moves (none: --dtype and --quantization are sized by the model facts).
@@ -270,10 +264,6 @@ GRAPH_GAPS = {
     "logs at 496 tokens); here both PIECEWISE samples run the shared expert on the aux stream (at most 256 tokens), "
     "which the driver-page measurement did not cover: not read. The first captures and the total are within their "
     "bounds",
-    "dsv32-4l": "FULL's second capture (248 tokens) logs 2 MiB against the release's 1 MiB floor planned: a new 2 "
-    "MiB small-block segment of the compiled attention piece's buffers in the graph pool (results/h200/startup-gaps), "
-    "where the plan has only the graph's exec memory; FULL's first capture (1846 MiB logged, 1847.5 planned: "
-    "FlashAttention 3's 28 splits) and the total are as planned",
     "dsv32-4l-capture1024": "FULL's first capture at 1024 tokens logs 256 MiB against 0: one FlashAttention 3 split "
     "over 992 sequences, so no accumulators, as planned (28 splits would have been 7 GiB), but the FULL graph's own "
     "tensors in the pool (270 MiB made: FlashAttention's varlen output and MLA's output buffer, 128 MiB each, and a "
@@ -281,11 +271,8 @@ GRAPH_GAPS = {
     "as logged",
     "dsv3-4l-capture1024": "FULL's first capture at 256 tokens logs 2072 MiB against 2104 (dsv3-4l's, 2104 MiB "
     "logged): beside FLASH_ATTN_MLA's 32 splits (2052 MiB) 20 MiB where the plan has the shared experts' aux stream at "
-    "52, as kimi-k2-4l's 22; PIECEWISE's first capture at 1024 tokens, 2302 MiB, is 2330 planned (the held stand-in "
-    "and mla_pool, planned before it ran) and the total 2.44 GiB against 2.47",
-    "dsv32-4l-kvfp8": "FULL's second capture (248 tokens) logs 2 MiB against the release's 1 MiB floor planned, as "
-    "dsv32-4l's (and the total misses: its line's reason); FULL's first capture, 136 MiB logged, is 133 planned "
-    "(FlashMLA sparse decode's split-KV buffers beside the shared experts' aux stream)",
+    "52, as kimi-k2-4l's 22; PIECEWISE's first capture at 1024 tokens, 2302 MiB, is 2316 planned (the held stand-in "
+    "and mla_pool, planned before it ran) and the total 2.44 GiB against 2.46",
     **{
         name: f"PIECEWISE's first capture at 512 tokens logs {logged} MiB against 75 planned (the total, 0.26 GiB, as "
         "planned): the Marlin MoE GEMM op (moe_wna16_marlin_gemm) allocates two 26 MiB segments inside its compiled "
@@ -440,7 +427,10 @@ def test_a_piecewise_warm_up_keeps_an_mla_stand_in_where_the_first_cublas_gemm_f
         bare = cudagraph_memory.estimate(facts, **kwargs)
         held = cudagraph_memory.estimate(facts, mla_rows=rows, **kwargs)
         (p0, f0), (p1, f1) = bare.modes, held.modes
-        assert p1.first_capture - p0.first_capture == segment - cublas
+        # without the held segment, _dummy_run's logits gather, (256 requests, 7168) bf16, takes a 20 MiB one
+        gather = cudagraph_memory.logits_gather_segment(facts, 512, 256, held=0)[0]
+        assert gather == 20 * MIB and cudagraph_memory.logits_gather_segment(facts, 512, 256, held=segment)[0] == 0
+        assert p1.first_capture - p0.first_capture == segment - cublas - gather
         assert f1 == f0 and p1.per_graph == p0.per_graph
         assert f"its {segment} B segment kept by the capture stream's cuBLAS workspace" in p1.detail
         (logged,) = [float(first) for line in GRAPH_LINES[name] for mode, first, _, _ in PER_MODE.findall(line)
@@ -464,21 +454,24 @@ def test_a_piecewise_warm_up_keeps_an_mla_stand_in_where_the_first_cublas_gemm_f
 
 
 def test_the_mla_graph_pool_by_hand_against_the_allocators_segments():
-    """MLA's graph pool from the segments the allocator made in two first PIECEWISE captures (results/h200/
-    startup-gaps): DeepSeek-V3.2 at 1024 tokens made 72 + 48 x 3 + 16 + 14 x 3 + 20 + 2 + 2 = 298 MiB, and the
-    plan's shapes give every one of them; at 512 tokens the tensors under 10 MiB share 20 MiB segments (DeepSeek-V3
-    made 132 MiB with one, DeepSeek-V3.2 172 with three; the plan fills two from their bytes)."""
+    """MLA's graph pool from the segments the allocator made in three first PIECEWISE captures (results/h200/
+    startup-gaps): DeepSeek-V3.2 at 1024 tokens made 72 + 48 x 3 + 16 + 14 x 2 + 20 + 2 + 2 = 284 MiB in the graph
+    pool and its logits gather (1024 requests of 7168 bf16) a 14 MiB segment of its own; at 512 tokens the tensors
+    under 10 MiB share 20 MiB segments: DeepSeek-V3 made 132 MiB with one (two hidden-sized and its smaller
+    tensors), DeepSeek-V3.2 152 with two (and its indexer's query) and a third for the gather of 256 requests; V3's
+    gather took room in its held MLA stand-in segment."""
     dsv32, dsv3 = record_facts(CASES["dsv32-4l"]), record_facts(CASES["dsv3-4l"])
     gate_up, query, index_q, hidden = 2 * 18432 * 2, 128 * 192 * 2, 64 * 128 * 2, 7168 * 2  # bytes a token
-    at_1024 = 1024 * (gate_up + 3 * query + index_q + 3 * hidden) + 20 * MIB + 2 * 2 * MIB
-    assert at_1024 == 298 * MIB
+    at_1024 = 1024 * (gate_up + 3 * query + index_q + 2 * hidden) + 20 * MIB + 2 * 2 * MIB
+    assert at_1024 == 284 * MIB
     assert cudagraph_memory.mla_pool(dsv32, 1024, 1)[0] == at_1024
-    small_at_512 = 512 * (index_q + 3 * hidden)  # 29 MiB under 10 MiB each: two 20 MiB segments
+    assert cudagraph_memory.logits_gather_segment(dsv32, 1024, 1024, held=0)[0] == 1024 * hidden == 14 * MIB
+    assert 20 * MIB < 512 * (index_q + 2 * hidden) <= 2 * 20 * MIB  # 22 MiB under 10 MiB each: two segments
+    assert 512 * 2 * hidden <= 20 * MIB  # 14 MiB: one
     assert cudagraph_memory.mla_pool(dsv32, 512, 1)[0] == 512 * (gate_up + 3 * query) + 2 * 20 * MIB + 4 * MIB
-    assert cudagraph_memory.mla_pool(dsv3, 512, 1)[0] == 512 * (gate_up + 3 * query) + 2 * 20 * MIB + 4 * MIB
-    assert 20 * MIB < small_at_512 <= 2 * 20 * MIB
-    for facts, made in ((dsv3, 132), (dsv32, 172)):
-        assert abs(cudagraph_memory.mla_pool(facts, 512, 1)[0] / MIB - made) <= 20
+    assert cudagraph_memory.mla_pool(dsv3, 512, 1)[0] == 512 * (gate_up + 3 * query) + 20 * MIB + 4 * MIB == 132 * MIB
+    assert cudagraph_memory.mla_pool(dsv32, 512, 1)[0] + 20 * MIB == 172 * MIB
+    assert cudagraph_memory.logits_gather_segment(dsv32, 512, 256, held=0)[0] == 20 * MIB
 
 
 def test_the_graph_exec_measurement_follows_the_release():

@@ -377,18 +377,29 @@ FLASHMLA_V_HEAD = 512
 FLASHMLA_MIXED_BATCH_BELOW = 32  # flashmla_sparse.py MIN_HEADS_FOR_BF16_PREFILL
 
 
-def flashmla_sparse_accumulators(facts: ModelFacts, num_tokens: int, tp: int, *, capability: int, num_sms: int,
-                                 kv_cache_dtype: str = "auto") -> tuple[int, str]:  # fmt: skip
-    """FlashMLA sparse decode's lse_accum and o_accum at a FULL capture of num_tokens (above), and how they were
-    sized; 0 where FLASHMLA_SPARSE's fp8 decode does not run the FULL graph's attention."""
+def flashmla_sparse_grid(facts: ModelFacts, num_tokens: int, tp: int, *, capability: int, num_sms: int,
+                         kv_cache_dtype: str = "auto") -> tuple[int, int, int, int] | None:  # fmt: skip
+    """FlashMLA sparse decode's (b, s_q, padded heads, num_sm_parts) at a FULL capture of num_tokens (above); None
+    where FLASHMLA_SPARSE's fp8 decode does not run the FULL graph's attention."""
     if not facts.index_topk or not kv_cache_dtype.startswith("fp8") or capability not in (9, 10):
-        return 0, ""
+        return None
     heads = max(1, facts.num_attention_heads // tp)
     padded = 64 if heads <= 64 else 128
     batch, s_q = (1, num_tokens) if heads < FLASHMLA_MIXED_BATCH_BELOW else (num_tokens, 1)
     parts = max(num_sms // s_q // (padded // 64 if capability == 9 else 1), 1)
-    total = batch + parts
-    return total * s_q * padded * (FLASHMLA_V_HEAD + 1) * 4, (
+    return batch, s_q, padded, parts
+
+
+def flashmla_sparse_accumulators(facts: ModelFacts, num_tokens: int, tp: int, *, capability: int, num_sms: int,
+                                 kv_cache_dtype: str = "auto") -> tuple[int, str]:  # fmt: skip
+    """FlashMLA sparse decode's lse_accum and o_accum at a FULL capture of num_tokens (above), and how they were
+    sized; 0 where FLASHMLA_SPARSE's fp8 decode does not run the FULL graph's attention."""
+    grid = flashmla_sparse_grid(facts, num_tokens, tp, capability=capability, num_sms=num_sms,
+                                kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+    if grid is None:
+        return 0, ""
+    batch, s_q, padded, parts = grid
+    return (batch + parts) * s_q * padded * (FLASHMLA_V_HEAD + 1) * 4, (
         f"FlashMLA sparse decode's lse_accum and o_accum, ({batch} + {parts} SM parts, {s_q}, {padded} heads, "
         f"{FLASHMLA_V_HEAD} + 1) f32"
     )
@@ -457,22 +468,26 @@ def held_mla_stand_in(facts: ModelFacts, *, tp: int, rows: int, mode: str) -> tu
 
 SMALL_SEGMENT = 20 * MIB  # CUDACachingAllocator kLargeBuffer: the segment tensors of 1-10 MiB are cut from
 SMALL_BLOCK = 2 * MIB  # kSmallBuffer: the segment tensors under 1 MiB are cut from
+MIN_BLOCK = 512  # kMinBlockSize: every request rounds up to a multiple of it
+SMALL_SIZE = 1 * MIB  # kSmallSize: requests up to it take the small pool's 2 MiB segments
 
 
 def mla_pool(facts: ModelFacts, num_tokens: int, tp: int) -> tuple[int, str]:
     """What an MLA model's compiled pieces leave in a fresh graph pool at one capture size: (bytes, detail).
 
-    Read from the allocator's history of two first PIECEWISE captures (results/h200/startup-gaps, second batch):
-    DeepSeek-V3 cut to four layers at 512 tokens made 36 + 24 + 24 + 24 + 20 + 2 + 2 MiB of pool segments and
-    DeepSeek-V3.2 at 1024 tokens 72 + 48 + 48 + 48 + 16 + 14 + 14 + 14 + 20 + 2 + 2: the dense layer's gate_up
-    output (N, 2 I), three tensors of the query's size (N, heads x (qk_nope + qk_rope)), the sparse indexer's query
-    (N, index_n_heads x index_head_dim) and three of the hidden size (N, K), each of at least 10 MiB in a segment of
-    its own rounded to 2 MiB (pool_segments), the smaller ones (with the pieces' unnamed tensors of 1-10 MiB) in
-    20 MiB segments, as many as their bytes fill and at least one, and two 2 MiB small-block segments. Where more
-    than one piece makes the same shape, the pool's freed blocks serve the later ones: the counts are what the
-    segments showed, not a count of the source's tensors. Against the three: 152 MiB planned at DeepSeek-V3's 512
-    tokens (132 made), 152 at DeepSeek-V3.2's 512 (172 made: 36 + 24 + 24 + 24 and three 20 MiB segments and two
-    2 MiB, the first batch of the same directory), 298 at its 1024 (298)."""
+    Read from the allocator's history of first PIECEWISE captures (results/h200/startup-gaps, second and sixth
+    batches) and from the compiled attention piece (the Inductor output of vLLM 0.26.0 on torch 2.11): DeepSeek-V3 cut
+    to four layers at 512 tokens made 36 + 24 + 24 + 24 + 20 + 2 + 2 MiB of pool segments and DeepSeek-V3.2 at 1024
+    tokens 72 + 48 + 48 + 48 + 16 + 14 + 14 + 20 + 2 + 2: the dense layer's gate_up output (N, 2 I), three tensors of
+    the query's size (N, heads x (qk_nope + qk_rope)), the sparse indexer's query (N, index_n_heads x index_head_dim)
+    and two of the hidden size (N, K: the attention piece returns the residual and the normed input, live through
+    it), each of at least 10 MiB in a segment of its own rounded to 2 MiB (pool_segments), the smaller ones (with the
+    pieces' unnamed tensors of 1-10 MiB) in 20 MiB segments, as many as their bytes fill and at least one, and two
+    2 MiB small-block segments. Where more than one piece makes the same shape, the pool's freed blocks serve the
+    later ones: the counts are what the segments showed, not a count of the source's tensors. Against the three:
+    132 MiB planned at DeepSeek-V3's 512 tokens (132 made), 152 at DeepSeek-V3.2's 512 (152 in the graph pool, and
+    the logits gather's 20 MiB segment beside it: logits_gather_segment) and 284 at its 1024 (284, and the gather's
+    14)."""
     N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
     heads = max(1, facts.num_attention_heads // tp)
     named: list[tuple[str, int, int]] = []  # (what, count, bytes each)
@@ -481,7 +496,7 @@ def mla_pool(facts: ModelFacts, num_tokens: int, tp: int) -> tuple[int, str]:
     named.append(("query-sized", 3, N * heads * (facts.qk_nope_head_dim + facts.qk_rope_head_dim) * d))
     if facts.index_topk:
         named.append(("the indexer's query", 1, N * facts.index_n_heads * facts.index_head_dim * d))
-    named.append(("hidden-sized", 3, N * K * d))
+    named.append(("hidden-sized", 2, N * K * d))
     large = [(what, n, size) for what, n, size in named if size >= MIN_LARGE_ALLOC]
     small = sum(n * size for _, n, size in named if size < MIN_LARGE_ALLOC)
     segments = max(1, -(-small // SMALL_SEGMENT))
@@ -490,6 +505,152 @@ def mla_pool(facts: ModelFacts, num_tokens: int, tp: int) -> tuple[int, str]:
     return total, (f"MLA's graph pool at {N} tokens {total} B = " + " + ".join([*parts, f"{segments} x 20 MiB "
                    f"segments of the smaller ones ({small} B of them named)", "two 2 MiB small blocks"])
                    + " (segments rounded to 2 MiB)")  # fmt: skip
+
+
+def logits_gather_segment(facts: ModelFacts, num_tokens: int, max_num_seqs: int, held: int) -> tuple[int, str]:
+    """The segment `_dummy_run`'s logits gather takes at the profile's first capture: (bytes, detail).
+
+    After the captured forward, `_dummy_run` returns `hidden_states[logit_indices_device]` (v1/worker/
+    gpu_model_runner.py 0.26.0:6167), one row of the hidden size for each of its min(tokens, max_num_seqs) requests,
+    allocated outside the graph on the capture stream, where the default pool holds only what the capture's
+    `empty_cache` could not release. One of at most 1 MiB takes a block of that stream's small segment (the capture's
+    begin makes it: mla_pool's second small block); a larger one a new 20 MiB segment (1-10 MiB) or its own; none
+    where MLA's held stand-in segment (held_mla_stand_in) has the room. A later capture's `empty_cache` releases it
+    and its gather makes it again, so only the first sample grows. Measured (allocator history, results/h200/
+    startup-gaps): DeepSeek-V3.2 at 512 tokens, 256 requests, a (256, 7168) bf16 gather in a 20 MiB segment of its
+    own; DeepSeek-V3, with the stand-in held, none."""
+    rows = min(num_tokens, max_num_seqs)
+    size = rows * facts.hidden_size * facts.dtype_bytes
+    if held or size <= SMALL_SIZE:
+        return 0, ""
+    segment = SMALL_SEGMENT if size < MIN_LARGE_ALLOC else round_up(size, ROUND_LARGE)
+    return segment, f"the logits gather ({rows}, {facts.hidden_size}) {size} B in a {segment} B segment"
+
+
+class SmallPool:
+    """One stream's small-block pool in one graph pool, as PyTorch's CUDACachingAllocator (c10/cuda/
+    CUDACachingAllocator.cpp) keeps it: a request of at most 1 MiB (kSmallSize), rounded up to 512 B (kMinBlockSize),
+    takes the smallest free block that holds it, the lowest address first (BlockComparatorSize), split where at
+    least 512 B would remain (should_split), the request at the block's start; where none holds it, a new 2 MiB
+    segment (kSmallBuffer). A freed block merges with its free neighbours in the segment (try_merge_blocks).
+    Segments are ordered as they were made, for the address order."""
+
+    def __init__(self, segments: int = 0) -> None:
+        self.segments = 0
+        self.free: list[tuple[int, int, int]] = []  # (segment, offset, bytes)
+        self.live: dict[str, tuple[int, int, int]] = {}
+        for _ in range(segments):
+            self._new_segment()
+
+    def _new_segment(self) -> tuple[int, int, int]:
+        block = (self.segments, 0, SMALL_BLOCK)
+        self.free.append(block)
+        self.segments += 1
+        return block
+
+    def alloc(self, key: str, nbytes: int) -> None:
+        size = max(MIN_BLOCK, round_up(nbytes, MIN_BLOCK))
+        if size > SMALL_SIZE:
+            return  # the large pool's
+        fits = [b for b in self.free if b[2] >= size]
+        block = min(fits, key=lambda b: (b[2], b[0], b[1])) if fits else self._new_segment()
+        self.free.remove(block)
+        segment, offset, have = block
+        if have - size >= MIN_BLOCK:
+            self.free.append((segment, offset + size, have - size))
+            have = size
+        self.live[key] = (segment, offset, have)
+
+    def release(self, key: str) -> None:
+        if key not in self.live:
+            return
+        segment, offset, size = self.live.pop(key)
+        for b in list(self.free):
+            if b[0] == segment and b[1] + b[2] == offset:
+                self.free.remove(b)
+                offset, size = b[1], b[2] + size
+            elif b[0] == segment and offset + size == b[1]:
+                self.free.remove(b)
+                size += b[2]
+        self.free.append((segment, offset, size))
+
+    def run(self, script: list[tuple[str, str, int]]) -> int:
+        """Plays a capture's allocations and frees, then frees what is left (the capture's end); the segments it
+        opened."""
+        before = self.segments
+        for op, key, nbytes in script:
+            if op == "alloc":
+                self.alloc(key, nbytes)
+            else:
+                self.release(key)
+        for key in list(self.live):
+            self.release(key)
+        return self.segments - before
+
+
+def mla_full_small_script(facts: ModelFacts, num_tokens: int, tp: int, *, fa_attention: bool, fa_splits: int,
+                          flashmla: tuple[int, int, int, int] | None) -> list[tuple[str, str, int]]:  # fmt: skip
+    """The small-pool requests of a FULL capture's first MLA layer, in their order: (op, tensor, bytes); empty where
+    the compiled piece is not read (no q_lora_rank, or not block FP8).
+
+    The attention piece, as Inductor compiles vLLM 0.26.0's DeepSeek-V2 MLA with block-FP8 linears on torch 2.11
+    (its output code, results/h200/startup-gaps sixth batch): the activation's group scales (N, K / 128) f32 live
+    until the fused q_a/kv_a GEMM has its output (N, q_lora + kv_lora + rope) bf16; DeepSeek-V3 then quantizes the
+    normed q_c to fp8 (N, q_lora) with its scales (N, q_lora / 128) f32 and makes k_pe (N, rope) and the normed kv_c
+    (N, kv_lora) in bf16 before the fused output goes. DeepSeek-V3.2's indexer keeps more alive at once: its
+    wk/weights projection (N, index_head_dim + index_n_heads), its k's norm and rope (N, index_head_dim) each, k_pe,
+    q_c in bf16 (two GEMMs read it) and kv_c, all made before the fused output goes; then q_c's fp8 copy and scales,
+    and the indexer's weights (N, index_n_heads) f32. The attention call then adds, as the allocator's history shows:
+    - FLASH_ATTN_MLA: cu_seqlens (N + 1) int32 and softmax_lse (heads, N) f32, and the split-KV lse (splits, heads,
+      N) f32 (split_accumulators' other part);
+    - FLASH_ATTN_MLA_SPARSE: the global indices (N, index_topk) and (N) int32, two (N + 1) int32, softmax_lse, the
+      scheduler's (2 N + 1) int32 and FlashAttention 3's split lse;
+    - FLASHMLA_SPARSE (fp8 cache): the indices, (N) int32, softmax_lse (padded heads, N) f32, the tile scheduler's
+      (SM parts, 8) and num_splits (N + 1) int32 (kept past the call) and the split lse (b + SM parts, s_q, padded
+      heads) f32 (flashmla_sparse_accumulators).
+    Requests over 1 MiB are the large pool's (SmallPool.alloc skips them): which tensors are small moves with N.
+    `fa_attention`: FlashAttention runs the attention (split_head_size, or FLASH_ATTN_MLA_SPARSE), with `fa_splits`
+    splits; `flashmla`: FlashMLA's sparse decode runs it, its (b, s_q, padded heads, SM parts) (flashmla_sparse_grid).
+    The layer's kv_c and k_pe go once its attention has read them."""
+    if facts.q_lora_rank is None or facts.weight_block_size is None:
+        return []
+    N, K, R = num_tokens, facts.hidden_size, facts.qk_rope_head_dim
+    QL, KL = facts.q_lora_rank, facts.kv_lora_rank
+    heads = max(1, facts.num_attention_heads // tp)
+    script = [("alloc", "x_scales", N * (K // 128) * 4), ("alloc", "qkv_a", N * (QL + KL + R) * 2),
+              ("free", "x_scales", 0)]  # fmt: skip
+    if facts.index_topk:
+        ih, ik = facts.index_head_dim, facts.index_n_heads
+        script += [("alloc", "indexer_wk_weights", N * (ih + ik) * 2), ("alloc", "indexer_k_norm", N * ih * 2),
+                   ("alloc", "indexer_k", N * ih * 2), ("alloc", "k_pe", N * R * 2), ("alloc", "q_c", N * QL * 2),
+                   ("alloc", "kv_c", N * KL * 2), ("free", "indexer_k_norm", 0), ("free", "qkv_a", 0),
+                   ("alloc", "q_c_fp8", N * QL), ("alloc", "q_c_scales", N * (QL // 128) * 4), ("free", "q_c", 0),
+                   ("free", "q_c_fp8", 0), ("free", "q_c_scales", 0), ("alloc", "indexer_weights", N * ik * 4),
+                   ("free", "indexer_wk_weights", 0), ("free", "indexer_k", 0),
+                   ("free", "indexer_weights", 0)]  # fmt: skip
+    else:
+        script += [("alloc", "q_c_scales", N * (QL // 128) * 4), ("alloc", "q_c_fp8", N * QL), ("free", "q_c_fp8", 0),
+                   ("free", "q_c_scales", 0), ("alloc", "k_pe", N * R * 2), ("alloc", "kv_c", N * KL * 2),
+                   ("free", "qkv_a", 0)]  # fmt: skip
+    topk = [("alloc", "global_indices", N * facts.index_topk * 4), ("alloc", "indices_lens", N * 4)]
+    split_lse = [("alloc", "split_lse", fa_splits * heads * N * 4)] if fa_splits > 1 else []
+    if flashmla and facts.index_topk:
+        batch, s_q, padded, parts = flashmla
+        script += [*topk, ("alloc", "softmax_lse", padded * N * 4), ("alloc", "tile_scheduler", parts * 8 * 4),
+                   ("alloc", "num_splits", (N + 1) * 4), ("alloc", "split_lse", (batch + parts) * s_q * padded * 4),
+                   ("free", "split_lse", 0), ("free", "softmax_lse", 0), ("free", "indices_lens", 0),
+                   ("free", "global_indices", 0)]  # fmt: skip
+    elif fa_attention and facts.index_topk:
+        script += [*topk, ("alloc", "cu_seqlens_q", (N + 1) * 4), ("alloc", "cu_seqlens_k", (N + 1) * 4),
+                   ("alloc", "softmax_lse", heads * N * 4), ("alloc", "scheduler", (2 * N + 1) * 4), *split_lse,
+                   ("free", "scheduler", 0), ("free", "cu_seqlens_k", 0), ("free", "softmax_lse", 0),
+                   ("free", "split_lse", 0), ("free", "global_indices", 0), ("free", "indices_lens", 0),
+                   ("free", "cu_seqlens_q", 0)]  # fmt: skip
+    elif fa_attention:
+        script += [("alloc", "cu_seqlens", (N + 1) * 4), ("alloc", "softmax_lse", heads * N * 4), *split_lse,
+                   ("free", "cu_seqlens", 0), ("free", "softmax_lse", 0), ("free", "split_lse", 0)]  # fmt: skip
+    script += [("free", "kv_c", 0), ("free", "k_pe", 0)]
+    return script
 
 
 def capture_runs_cublas(facts: ModelFacts) -> bool:
@@ -531,6 +692,16 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
     aux_used = shared_stream_threshold is None or not shared_transients(facts, 1, tp)
     exec_pool = ExecPool()
     fa_full = split_head_size(facts, capability=capability, kv_cache_dtype=kv_cache_dtype) > 0
+    small_pool = SmallPool(segments=1)  # the graph pool's small segment on the capture stream (mla_pool's first)
+
+    def full_splits(size: int) -> tuple[int, str]:
+        if facts.index_topk and (picked := fa3_sparse_mla_splits(facts, size, tp, num_sms)):
+            return picked, "FlashAttention 3's heuristic, sparse MLA"
+        if capability == 9 and min(size, max_num_seqs) > FA3_VARLEN_MAX_BATCHES:
+            # _dummy_run's batch: min(tokens, max_num_seqs) requests; FlashAttention 3 splits none over 992
+            return 1, f"over {FA3_VARLEN_MAX_BATCHES} sequences"
+        return max_splits, "attention_config's"
+
     query_fp8 = query_quant_fused(kv_cache_dtype, compiled=True)  # the captured forward is the compiled one
     for index, (name, graph_sizes) in enumerate(descs):
         aux = [0, 0]  # what the aux stream adds to the first and second sample
@@ -545,12 +716,23 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
             forward, pool_why = forward_phase(facts, num_tokens=n, tp=tp, query_fp8=query_fp8).bytes, ""
         new = max(0, forward - pool)
         twice = 1 if facts.is_mla else 2
-        splits, how = max_splits, "attention_config's"
-        if facts.index_topk and name == "FULL" and (picked := fa3_sparse_mla_splits(facts, n, tp, num_sms)):
-            splits, how = picked, "FlashAttention 3's heuristic, sparse MLA"
-        elif capability == 9 and min(n, max_num_seqs) > FA3_VARLEN_MAX_BATCHES:
-            # _dummy_run's batch: min(tokens, max_num_seqs) requests; FlashAttention 3 splits none over 992
-            splits, how = 1, f"over {FA3_VARLEN_MAX_BATCHES} sequences"
+        splits, how = full_splits(n)
+        if name != "FULL" and how.startswith("FlashAttention 3's heuristic"):
+            splits, how = max_splits, "attention_config's"
+        small = [0, 0]  # the small-pool segments a FULL capture of an MLA model opens (SmallPool)
+        if facts.is_mla and name == "FULL":
+            for sample, size in enumerate(graph_sizes[:2]):
+                grid = flashmla_sparse_grid(facts, size, tp, capability=capability, num_sms=num_sms,
+                                            kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+                script = mla_full_small_script(
+                    facts,
+                    size,
+                    tp,
+                    fa_attention=fa_full,
+                    fa_splits=full_splits(size)[0] if fa_full else 0,
+                    flashmla=grid,
+                )
+                small[sample] = small_pool.run(script) * SMALL_BLOCK
         accum = split_accumulators(facts, n, tp, splits, capability=capability,
                                    kv_cache_dtype=kv_cache_dtype) if name == "FULL" else 0  # fmt: skip
         accum_part = f"split-KV accumulators {accum} B ({splits} splits, {how})" if accum else ""
@@ -567,9 +749,12 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
         held, held_why = held_mla_stand_in(facts, tp=tp, rows=mla_rows, mode=name) if index == 0 else (0, "")
         call = pool_segments(experts_call(n)) if experts_call is not None else 0
         new_call, call_pool = max(0, call - call_pool), max(call_pool, call)
-        first = (held or first_ws) + twice * new + accum + aux[0] + new_call + graph_exec
+        gather, gather_why = (0, "")
+        if facts.is_mla and index == 0:
+            gather, gather_why = logits_gather_segment(facts, n, max_num_seqs, held)
+        first = (held or first_ws) + twice * new + accum + aux[0] + new_call + gather + small[0] + graph_exec
         pool = max(pool, forward)
-        per_graph = max(second_exec + aux[1], PER_GRAPH_FLOOR)
+        per_graph = max(second_exec + aux[1] + small[1], PER_GRAPH_FLOOR)
         no_ws = "no cuBLAS workspace (every GEMM block FP8)" if index == 0 and not capture_ws else ""
         ws_part = f"cuBLAS workspace {first_ws} B (the capture stream's)" if first_ws else no_ws
         held_back = f", less {forward - new} B the pool holds" if new < forward else ""
@@ -581,7 +766,14 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
                  f"no split-KV accumulators (one split: {how})" if name == "FULL" and splits == 1 and fa_full else "",
                  f"shared experts' aux stream {aux[0]} B" if aux[0] else "",
                  f"the experts kernel's own tensors at {n} tokens {new_call} B (graph pool)" if new_call else "",
+                 f"{gather} B: {gather_why}" if gather else "",
+                 f"{small[0]} B of new small-pool segments (the first layer's small tensors)" if small[0] else "",
                  f"graph exec {graph_exec} B" if graph_exec else ""]  # fmt: skip
+        if small[1]:
+            parts.append(
+                f"second sample: {small[1]} B of new small-pool segments at {graph_sizes[1]} tokens (the "
+                "first layer's small tensors there outgrow the small segments the pool holds)"
+            )
         modes.append(ModeEstimate(name, len(graph_sizes), n, first, per_graph,
                                   f"{name}={len(graph_sizes)} (largest={n}): first {first} B = "
                                   + " + ".join(p for p in parts if p) + f"; per graph {per_graph} B"))  # fmt: skip
