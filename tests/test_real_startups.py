@@ -34,7 +34,12 @@ CASES = {p.stem: load_record(p) for p in sorted(DATA.glob("*.yaml"))}
 # What the plan does not size yet of a flag (none: --dtype float32 and --quantization fp8 are sized).
 FLAG_GAPS: dict[str, str] = {}
 # Lines the model misses on a startup the plan can make, and why.
-LINE_GAPS: dict[tuple[str, str], str] = {}
+LINE_GAPS: dict[tuple[str, str], str] = {
+    **{(name, "torch peak"): "2.77 GiB logged, 2.52 planned (not the first MoE call kept either: 3.21): with 16 "
+       "heads MLA's stand-in no longer makes the profile's peak, which falls in the MoE layer, where the plan's "
+       "points are an estimate (profile_run.forward_phase); what the 0.25 GiB more is was not read (no allocator "
+       "history of this profile run)" for name in ("dsv32-4l-heads16", "dsv3-4l-heads16")},
+}  # fmt: skip
 
 
 # The lines each flag gap moves (none: --dtype and --quantization are sized by the model facts).
@@ -269,10 +274,6 @@ GRAPH_GAPS = {
     "tensors in the pool (270 MiB made: FlashAttention's varlen output and MLA's output buffer, 128 MiB each, and a "
     "14 MiB block: results/h200/startup-gaps) are not modelled; PIECEWISE's 332 MiB is planned at 330 and the total "
     "as logged",
-    "dsv3-4l-capture1024": "FULL's first capture at 256 tokens logs 2072 MiB against 2104 (dsv3-4l's, 2104 MiB "
-    "logged): beside FLASH_ATTN_MLA's 32 splits (2052 MiB) 20 MiB where the plan has the shared experts' aux stream at "
-    "52, as kimi-k2-4l's 22; PIECEWISE's first capture at 1024 tokens, 2302 MiB, is 2316 planned (the held stand-in "
-    "and mla_pool, planned before it ran) and the total 2.44 GiB against 2.46",
     **{
         name: f"PIECEWISE's first capture at 512 tokens logs {logged} MiB against 75 planned (the total, 0.26 GiB, as "
         "planned): the Marlin MoE GEMM op (moe_wna16_marlin_gemm) allocates two 26 MiB segments inside its compiled "

@@ -50,7 +50,9 @@ vllm.py sets it whenever graphs are captured) and then captures, all on the fres
                        0.30.0) passes no num_splits: FlashAttention 3 picks them (fa3_sparse_mla_splits). Over
                        992 sequences FlashAttention 3 takes one split whatever it is asked, and then allocates none.
                        FLASHMLA_SPARSE with an fp8 cache: FlashMLA's sparse decode allocates its own split-KV
-                       buffers in each call (flashmla_sparse_accumulators)
+                       buffers in each call (flashmla_sparse_accumulators). An MLA model's attention also makes its
+                       output buffer and the kernel's output, (N, heads, kv_lora) bf16 each, which go where a block
+                       the PIECEWISE captures freed holds them (LargePool, mla_attention_large_script)
     MLA stand-in       a PIECEWISE warm-up runs without attention metadata, so an MLA layer makes and frees its
                        profile stand-in (rows, heads, qk_nope + v); where the first cuBLAS GEMM follows the first
                        attention, the capture stream's workspace is cut from a freed stand-in block and keeps that
@@ -60,11 +62,19 @@ vllm.py sets it whenever graphs are captured) and then captures, all on the fres
                        shared_experts.py: MULTI_STREAM_OVERLAPPED; utils/torch_utils.py aux_stream), which the profile
                        run (max_num_batched_tokens) never used: the first measured capture at or under the threshold
                        adds that stream's cuBLAS workspace and, warm-up and graph pool, the shared MLP's transients in
-                       the stream's own blocks (a clone of the input, gate_up, act_fn, the output)
+                       the stream's own blocks (a clone of the input, gate_up, act_fn, the output); block-FP8 shared
+                       experts run no cuBLAS GEMM and hold their tensors in that stream's segments
+                       (shared_stream_bytes)
     experts kernel     an experts kernel that allocates its own tensors in each call, outside vLLM's kept workspace
                        (the monolithic Triton MXFP4 kernel: fused_moe/experts/gpt_oss_triton_kernels_moe.py), leaves
                        them in the first capture's graph pool, each of at least 10 MiB in its own segment
                        (pool_segments); the warm-up's are released by the capture's empty_cache
+    logits gather      `_dummy_run`'s (min(tokens, max_num_seqs), hidden) gather after the captured forward, on the
+                       capture stream outside the graph pool: a new segment at the profile's first capture unless a
+                       held segment has room (logits_gather_segment; MLA models, whose pool is read by segments)
+    small pool         MLA's captures: the first layer's requests of at most 1 MiB played through the
+                       allocator's small pool (SmallPool, mla_first_layer_script); a tensor under 1 MiB at the
+                       second size that was over it at the first can open a 2 MiB segment, the per-graph sample
     graph exec         the driver's memory for the instantiated graphs (measured, below; the per-graph sample is
                        this alone: the warm-up's new blocks are released by the empty_cache of torch.cuda.graph's
                        entry at the first piece, and the capture's tensors reuse the first capture's blocks in the
@@ -415,6 +425,32 @@ def shared_transients(facts: ModelFacts, num_tokens: int, tp: int) -> int:
     return num_tokens * (2 * facts.hidden_size + 3 * (inter // tp)) * d
 
 
+def shared_stream_bytes(facts: ModelFacts, num_tokens: int, tp: int, workspace: int) -> tuple[int, str]:
+    """What the first capture at or under the aux-stream threshold adds for the shared experts there: (bytes, how).
+    Unquantized, their GEMMs go through cuBLAS, whose workspace is new on that stream, and their transients take new
+    blocks in the warm-up and in the graph pool (shared_transients). Block FP8 (weight_block_size: vLLM's W8A8 block
+    kernels), no cuBLAS GEMM runs there: the stream's own pools hold the input's fp8 copy (N, K), gate_up (N, 2 I) and
+    the output (N, K) bf16 in large segments, the group scales and act_fn's (N, I) with its fp8 copy in small ones
+    (CachingPool). Measured (results/h200/startup-gaps, sixth batch): DeepSeek-V3.2 and DeepSeek-V3 cut to four
+    layers at 256 tokens, a 20 MiB and a 2 MiB segment on the aux stream, per_token_group_quant_fp8's, and no
+    workspace."""
+    inter = (facts.num_shared_experts * facts.moe_intermediate_size or facts.shared_expert_intermediate_size) // tp
+    if facts.weight_block_size is None or not inter:
+        return workspace + 2 * shared_transients(facts, num_tokens, tp), "its cuBLAS workspace and transients"
+    N, K = num_tokens, facts.hidden_size
+    script = [("alloc", "x_scales", N * (K // 128) * 4), ("alloc", "x_fp8", N * K),
+              ("alloc", "gate_up", N * 2 * inter * 2), ("alloc", "act", N * inter * 2), ("alloc", "act_fp8", N * inter),
+              ("alloc", "act_scales", N * (inter // 128) * 4), ("alloc", "out", N * K * 2)]  # fmt: skip
+    large, small = LargePool(), SmallPool()
+    large.run(script)
+    small.run(script)
+    return (
+        large.made + small.made,
+        "block FP8: no cuBLAS workspace; the input's fp8 copy, gate_up and the output "
+        f"in {large.made} B of large segments, the scales and act_fn's in {small.made} B of small ones",
+    )
+
+
 # Where every GEMM of the captured forward is a block-FP8 one (weight_block_size: vLLM's W8A8 block kernels, CUTLASS,
 # DeepGEMM or Triton, none through cuBLAS), no cuBLAS GEMM runs on the capture stream and it gets no workspace: the
 # architectures whose router gate takes the checkpoint's quantization (the attention and experts always do). Measured
@@ -500,11 +536,27 @@ def mla_pool(facts: ModelFacts, num_tokens: int, tp: int) -> tuple[int, str]:
     large = [(what, n, size) for what, n, size in named if size >= MIN_LARGE_ALLOC]
     small = sum(n * size for _, n, size in named if size < MIN_LARGE_ALLOC)
     segments = max(1, -(-small // SMALL_SEGMENT))
-    total = sum(n * pool_segments([size]) for _, n, size in large) + segments * SMALL_SEGMENT + 2 * SMALL_BLOCK
+    total = sum(mla_pool_segments(facts, num_tokens, tp)) + 2 * SMALL_BLOCK
     parts = [f"{n} x {what} {size} B" for what, n, size in large]
     return total, (f"MLA's graph pool at {N} tokens {total} B = " + " + ".join([*parts, f"{segments} x 20 MiB "
                    f"segments of the smaller ones ({small} B of them named)", "two 2 MiB small blocks"])
                    + " (segments rounded to 2 MiB)")  # fmt: skip
+
+
+def mla_pool_segments(facts: ModelFacts, num_tokens: int, tp: int) -> list[int]:
+    """The large segments of mla_pool (its two small blocks aside), in the order the pieces make them."""
+    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
+    heads = max(1, facts.num_attention_heads // tp)
+    named: list[tuple[int, int]] = []  # (count, bytes each)
+    if len(facts.moe_layers) < facts.num_hidden_layers and facts.intermediate_size:
+        named.append((1, N * 2 * (facts.intermediate_size // tp) * d))
+    named.append((3, N * heads * (facts.qk_nope_head_dim + facts.qk_rope_head_dim) * d))
+    if facts.index_topk:
+        named.append((1, N * facts.index_n_heads * facts.index_head_dim * d))
+    named.append((2, N * K * d))
+    small = sum(n * size for n, size in named if size < MIN_LARGE_ALLOC)
+    own = [round_up(size, ROUND_LARGE) for n, size in named if size >= MIN_LARGE_ALLOC for _ in range(n)]
+    return own + [SMALL_SEGMENT] * max(1, -(-small // SMALL_SEGMENT))
 
 
 def logits_gather_segment(facts: ModelFacts, num_tokens: int, max_num_seqs: int, held: int) -> tuple[int, str]:
@@ -527,36 +579,50 @@ def logits_gather_segment(facts: ModelFacts, num_tokens: int, max_num_seqs: int,
     return segment, f"the logits gather ({rows}, {facts.hidden_size}) {size} B in a {segment} B segment"
 
 
-class SmallPool:
-    """One stream's small-block pool in one graph pool, as PyTorch's CUDACachingAllocator (c10/cuda/
-    CUDACachingAllocator.cpp) keeps it: a request of at most 1 MiB (kSmallSize), rounded up to 512 B (kMinBlockSize),
-    takes the smallest free block that holds it, the lowest address first (BlockComparatorSize), split where at
-    least 512 B would remain (should_split), the request at the block's start; where none holds it, a new 2 MiB
-    segment (kSmallBuffer). A freed block merges with its free neighbours in the segment (try_merge_blocks).
-    Segments are ordered as they were made, for the address order."""
+class CachingPool:
+    """One stream's pool of small or of large blocks in one graph pool, as PyTorch's CUDACachingAllocator
+    (c10/cuda/CUDACachingAllocator.cpp) keeps it. A request, rounded up to 512 B (kMinBlockSize), takes the smallest
+    free block that holds it, the lowest address first (BlockComparatorSize), at the block's start, split where the
+    rest is worth a block (should_split: at least 512 B in the small pool, over 1 MiB in the large); where no free
+    block holds it, a new segment (get_allocation_size). The small pool takes requests of at most 1 MiB (kSmallSize)
+    in 2 MiB segments (kSmallBuffer); the large pool the rest, in 20 MiB segments (kLargeBuffer) under 10 MiB
+    (kMinLargeAlloc), else in one of the request's size rounded up to 2 MiB (kRoundLarge). A freed block merges with
+    its free neighbours in the segment (try_merge_blocks). Segments are ordered as they were made, for the address
+    order; `made` counts the bytes of the segments opened."""
 
-    def __init__(self, segments: int = 0) -> None:
+    small = True
+
+    def __init__(self, segments: int | list[int] = 0) -> None:
         self.segments = 0
+        self.made = 0
         self.free: list[tuple[int, int, int]] = []  # (segment, offset, bytes)
         self.live: dict[str, tuple[int, int, int]] = {}
-        for _ in range(segments):
-            self._new_segment()
+        sizes = [SMALL_BLOCK] * segments if isinstance(segments, int) else segments
+        for size in sizes:
+            self._new_segment(size)
+        self.made = 0
 
-    def _new_segment(self) -> tuple[int, int, int]:
-        block = (self.segments, 0, SMALL_BLOCK)
+    def _segment_size(self, size: int) -> int:
+        if self.small:
+            return SMALL_BLOCK
+        return SMALL_SEGMENT if size < MIN_LARGE_ALLOC else round_up(size, ROUND_LARGE)
+
+    def _new_segment(self, size: int) -> tuple[int, int, int]:
+        block = (self.segments, 0, size)
         self.free.append(block)
         self.segments += 1
+        self.made += size
         return block
 
     def alloc(self, key: str, nbytes: int) -> None:
         size = max(MIN_BLOCK, round_up(nbytes, MIN_BLOCK))
-        if size > SMALL_SIZE:
-            return  # the large pool's
+        if (size <= SMALL_SIZE) != self.small:
+            return  # the other pool's
         fits = [b for b in self.free if b[2] >= size]
-        block = min(fits, key=lambda b: (b[2], b[0], b[1])) if fits else self._new_segment()
+        block = min(fits, key=lambda b: (b[2], b[0], b[1])) if fits else self._new_segment(self._segment_size(size))
         self.free.remove(block)
         segment, offset, have = block
-        if have - size >= MIN_BLOCK:
+        if have - size >= MIN_BLOCK if self.small else have - size > SMALL_SIZE:
             self.free.append((segment, offset + size, have - size))
             have = size
         self.live[key] = (segment, offset, have)
@@ -588,19 +654,36 @@ class SmallPool:
         return self.segments - before
 
 
-def mla_full_small_script(facts: ModelFacts, num_tokens: int, tp: int, *, fa_attention: bool, fa_splits: int,
-                          flashmla: tuple[int, int, int, int] | None) -> list[tuple[str, str, int]]:  # fmt: skip
-    """The small-pool requests of a FULL capture's first MLA layer, in their order: (op, tensor, bytes); empty where
-    the compiled piece is not read (no q_lora_rank, or not block FP8).
+class SmallPool(CachingPool):
+    """The small-block pool (CachingPool)."""
+
+
+class LargePool(CachingPool):
+    """The large-block pool (CachingPool), `segments` the sizes of the free segments it starts with."""
+
+    small = False
+
+
+def mla_first_layer_script(facts: ModelFacts, num_tokens: int, tp: int, *, full: bool, fa_attention: bool = False,
+                           fa_splits: int = 0, flashmla: tuple[int, int, int, int] | None = None
+                           ) -> list[tuple[str, str, int]]:  # fmt: skip
+    """The graph pool's requests in a capture's first MLA layer, in their order: (op, tensor, bytes); empty where the
+    compiled piece is not read (no q_lora_rank, or not block FP8). A PIECEWISE capture holds the attention piece
+    alone (the attention runs between the piece graphs, outside the pool); a FULL one the attention call too.
 
     The attention piece, as Inductor compiles vLLM 0.26.0's DeepSeek-V2 MLA with block-FP8 linears on torch 2.11
-    (its output code, results/h200/startup-gaps sixth batch): the activation's group scales (N, K / 128) f32 live
-    until the fused q_a/kv_a GEMM has its output (N, q_lora + kv_lora + rope) bf16; DeepSeek-V3 then quantizes the
-    normed q_c to fp8 (N, q_lora) with its scales (N, q_lora / 128) f32 and makes k_pe (N, rope) and the normed kv_c
-    (N, kv_lora) in bf16 before the fused output goes. DeepSeek-V3.2's indexer keeps more alive at once: its
-    wk/weights projection (N, index_head_dim + index_n_heads), its k's norm and rope (N, index_head_dim) each, k_pe,
-    q_c in bf16 (two GEMMs read it) and kv_c, all made before the fused output goes; then q_c's fp8 copy and scales,
-    and the indexer's weights (N, index_n_heads) f32. The attention call then adds, as the allocator's history shows:
+    (its output code, results/h200/startup-gaps sixth batch: every buffer, in its order, and each `del`): the
+    residual (N, K) bf16, the activation's fp8 copy (N, K) and group scales (N, K / 128) f32, which go once the fused
+    q_a/kv_a GEMM has its output (N, q_lora + kv_lora + rope) bf16. DeepSeek-V3 then quantizes the normed q_c to fp8
+    (N, q_lora) with its scales (N, q_lora / 128) f32, multiplies q_b into (N, heads x (nope + rope)), makes k_pe
+    (N, rope) and the normed kv_c (N, kv_lora) in bf16, the roped query (N, heads, nope + rope) and the attention's
+    output (N, heads x v). DeepSeek-V3.2 keeps the normed input (N, K) bf16 too, and its indexer more alive at once:
+    its wk/weights projection (N, index_head_dim + index_n_heads), its k's norm and rope (N, index_head_dim) each,
+    k_pe, q_c in bf16 (two GEMMs read it) and kv_c, all made before the fused output goes; then q_c's fp8 copy and
+    scales, q_b's output, the indexer's query (N, index_n_heads x index_head_dim) bf16, its fp8 copy and weights
+    (N, index_n_heads) f32, the roped query and the output. After the piece, as the allocator's history shows: the
+    indexer's inputs go once it has run; kv_c and k_pe once the attention has. The attention call of a FULL graph
+    adds:
     - FLASH_ATTN_MLA: cu_seqlens (N + 1) int32 and softmax_lse (heads, N) f32, and the split-KV lse (splits, heads,
       N) f32 (split_accumulators' other part);
     - FLASH_ATTN_MLA_SPARSE: the global indices (N, index_topk) and (N) int32, two (N + 1) int32, softmax_lse, the
@@ -608,49 +691,110 @@ def mla_full_small_script(facts: ModelFacts, num_tokens: int, tp: int, *, fa_att
     - FLASHMLA_SPARSE (fp8 cache): the indices, (N) int32, softmax_lse (padded heads, N) f32, the tile scheduler's
       (SM parts, 8) and num_splits (N + 1) int32 (kept past the call) and the split lse (b + SM parts, s_q, padded
       heads) f32 (flashmla_sparse_accumulators).
-    Requests over 1 MiB are the large pool's (SmallPool.alloc skips them): which tensors are small moves with N.
-    `fa_attention`: FlashAttention runs the attention (split_head_size, or FLASH_ATTN_MLA_SPARSE), with `fa_splits`
-    splits; `flashmla`: FlashMLA's sparse decode runs it, its (b, s_q, padded heads, SM parts) (flashmla_sparse_grid).
-    The layer's kv_c and k_pe go once its attention has read them."""
+    A SmallPool takes the requests of at most 1 MiB and skips the rest (the large pool's): which are small moves with
+    N and the heads. `fa_attention`: FlashAttention runs the attention (split_head_size), with `fa_splits` splits;
+    `flashmla`: FlashMLA's sparse decode runs it, its (b, s_q, padded heads, SM parts) (flashmla_sparse_grid)."""
     if facts.q_lora_rank is None or facts.weight_block_size is None:
         return []
     N, K, R = num_tokens, facts.hidden_size, facts.qk_rope_head_dim
     QL, KL = facts.q_lora_rank, facts.kv_lora_rank
     heads = max(1, facts.num_attention_heads // tp)
-    script = [("alloc", "x_scales", N * (K // 128) * 4), ("alloc", "qkv_a", N * (QL + KL + R) * 2),
-              ("free", "x_scales", 0)]  # fmt: skip
+    qk = facts.qk_nope_head_dim + R
+    out = N * heads * facts.v_head_dim * 2
+
+    def a(key: str, nbytes: int) -> tuple[str, str, int]:
+        return ("alloc", key, nbytes)
+
+    def f(*keys: str) -> list[tuple[str, str, int]]:
+        return [("free", key, 0) for key in keys]
+
+    script = [a("residual", N * K * 2)]
     if facts.index_topk:
         ih, ik = facts.index_head_dim, facts.index_n_heads
-        script += [("alloc", "indexer_wk_weights", N * (ih + ik) * 2), ("alloc", "indexer_k_norm", N * ih * 2),
-                   ("alloc", "indexer_k", N * ih * 2), ("alloc", "k_pe", N * R * 2), ("alloc", "q_c", N * QL * 2),
-                   ("alloc", "kv_c", N * KL * 2), ("free", "indexer_k_norm", 0), ("free", "qkv_a", 0),
-                   ("alloc", "q_c_fp8", N * QL), ("alloc", "q_c_scales", N * (QL // 128) * 4), ("free", "q_c", 0),
-                   ("free", "q_c_fp8", 0), ("free", "q_c_scales", 0), ("alloc", "indexer_weights", N * ik * 4),
-                   ("free", "indexer_wk_weights", 0), ("free", "indexer_k", 0),
-                   ("free", "indexer_weights", 0)]  # fmt: skip
+        script += [a("normed", N * K * 2), a("x_fp8", N * K), a("x_scales", N * (K // 128) * 4),
+                   a("qkv_a", N * (QL + KL + R) * 2), *f("x_fp8", "x_scales"),
+                   a("indexer_wk_weights", N * (ih + ik) * 2), a("indexer_k_norm", N * ih * 2),
+                   a("indexer_k", N * ih * 2), a("k_pe", N * R * 2), a("q_c", N * QL * 2), a("kv_c", N * KL * 2),
+                   *f("indexer_k_norm", "qkv_a"), a("q_c_fp8", N * QL), a("q_c_scales", N * (QL // 128) * 4),
+                   a("q_b", N * heads * qk * 2), *f("q_c"), a("indexer_q", N * ik * ih * 2),
+                   *f("q_c_fp8", "q_c_scales"), a("indexer_q_fp8", N * ik * ih), a("indexer_weights", N * ik * 4),
+                   *f("indexer_q", "indexer_wk_weights"), a("q", N * heads * qk * 2), *f("q_b"), a("out", out),
+                   *f("indexer_q_fp8", "indexer_k", "indexer_weights", "normed")]  # fmt: skip
     else:
-        script += [("alloc", "q_c_scales", N * (QL // 128) * 4), ("alloc", "q_c_fp8", N * QL), ("free", "q_c_fp8", 0),
-                   ("free", "q_c_scales", 0), ("alloc", "k_pe", N * R * 2), ("alloc", "kv_c", N * KL * 2),
-                   ("free", "qkv_a", 0)]  # fmt: skip
-    topk = [("alloc", "global_indices", N * facts.index_topk * 4), ("alloc", "indices_lens", N * 4)]
-    split_lse = [("alloc", "split_lse", fa_splits * heads * N * 4)] if fa_splits > 1 else []
-    if flashmla and facts.index_topk:
+        script += [a("x_scales", N * (K // 128) * 4), a("x_fp8", N * K), a("qkv_a", N * (QL + KL + R) * 2),
+                   *f("x_scales", "x_fp8"), a("q_c_scales", N * (QL // 128) * 4), a("q_c_fp8", N * QL),
+                   a("q_b", N * heads * qk * 2), *f("q_c_fp8", "q_c_scales"), a("k_pe", N * R * 2),
+                   a("kv_c", N * KL * 2), *f("qkv_a"), a("q", N * heads * qk * 2), *f("q_b"),
+                   a("out", out)]  # fmt: skip
+    if full:
+        topk = [a("global_indices", N * facts.index_topk * 4), a("indices_lens", N * 4)]
+        split_lse = [a("split_lse", fa_splits * heads * N * 4)] if fa_splits > 1 else []
+        if flashmla and facts.index_topk:
+            batch, s_q, padded, parts = flashmla
+            script += [*topk, a("softmax_lse", padded * N * 4), a("tile_scheduler", parts * 8 * 4),
+                       a("num_splits", (N + 1) * 4), a("split_lse", (batch + parts) * s_q * padded * 4),
+                       *f("split_lse", "softmax_lse", "indices_lens", "global_indices")]  # fmt: skip
+        elif fa_attention and facts.index_topk:
+            script += [*topk, a("cu_seqlens_q", (N + 1) * 4), a("cu_seqlens_k", (N + 1) * 4),
+                       a("softmax_lse", heads * N * 4), a("scheduler", (2 * N + 1) * 4), *split_lse,
+                       *f("scheduler", "cu_seqlens_k", "softmax_lse", "split_lse", "global_indices", "indices_lens",
+                          "cu_seqlens_q")]  # fmt: skip
+        elif fa_attention:
+            script += [a("cu_seqlens", (N + 1) * 4), a("softmax_lse", heads * N * 4), *split_lse,
+                       *f("cu_seqlens", "softmax_lse", "split_lse")]  # fmt: skip
+    return script + f("kv_c", "k_pe")
+
+
+def full_attention_splits(facts: ModelFacts, num_tokens: int, tp: int, *, capability: int, num_sms: int,
+                          max_num_seqs: int, max_splits: int, sparse: bool = True) -> tuple[int, str]:  # fmt: skip
+    """The splits FlashAttention runs a capture's attention with, and why: FlashAttention 3's own pick for sparse MLA
+    (fa3_sparse_mla_splits, a FULL graph's decode), one over 992 of _dummy_run's min(tokens, max_num_seqs) requests
+    on 9.x, else attention_config's."""
+    if sparse and facts.index_topk and (picked := fa3_sparse_mla_splits(facts, num_tokens, tp, num_sms)):
+        return picked, "FlashAttention 3's heuristic, sparse MLA"
+    if capability == 9 and min(num_tokens, max_num_seqs) > FA3_VARLEN_MAX_BATCHES:
+        return 1, f"over {FA3_VARLEN_MAX_BATCHES} sequences"
+    return max_splits, "attention_config's"
+
+
+def mla_attention_large_script(facts: ModelFacts, num_tokens: int, tp: int, *, fa_splits: int,
+                               flashmla: tuple[int, int, int, int] | None) -> list[tuple[str, str, int]]:  # fmt: skip
+    """The large requests of a FULL graph's MLA attention call, in their order: MLA's output buffer (N, heads,
+    kv_lora) bf16 (mla_attention.py 0.26.0:843), the kernel's own output of that shape (FlashAttention's varlen out;
+    FlashMLA's with the heads padded) and its split-KV buffers (split_accumulators, flashmla_sparse_accumulators).
+    A LargePool seeded with the segments the PIECEWISE captures left takes them: the outputs go where a freed block
+    holds them, the rest in new segments. Measured (results/h200/startup-gaps, sixth batch): at 256 tokens with 128
+    heads the output buffer (32 MiB) took the dense MLP's 36 MiB gate_up segment and the kernel's a new 32 MiB one;
+    with 16 heads both (4 MiB) went into a 20 MiB segment's room; with 128 requests (16 MiB) into the 18 and 20 MiB
+    segments of a PIECEWISE capture at 256."""
+    N, KL = num_tokens, facts.kv_lora_rank
+    heads = max(1, facts.num_attention_heads // tp)
+    script = [("alloc", "mla_output", N * heads * KL * 2)]
+    if flashmla:
         batch, s_q, padded, parts = flashmla
-        script += [*topk, ("alloc", "softmax_lse", padded * N * 4), ("alloc", "tile_scheduler", parts * 8 * 4),
-                   ("alloc", "num_splits", (N + 1) * 4), ("alloc", "split_lse", (batch + parts) * s_q * padded * 4),
-                   ("free", "split_lse", 0), ("free", "softmax_lse", 0), ("free", "indices_lens", 0),
-                   ("free", "global_indices", 0)]  # fmt: skip
-    elif fa_attention and facts.index_topk:
-        script += [*topk, ("alloc", "cu_seqlens_q", (N + 1) * 4), ("alloc", "cu_seqlens_k", (N + 1) * 4),
-                   ("alloc", "softmax_lse", heads * N * 4), ("alloc", "scheduler", (2 * N + 1) * 4), *split_lse,
-                   ("free", "scheduler", 0), ("free", "cu_seqlens_k", 0), ("free", "softmax_lse", 0),
-                   ("free", "split_lse", 0), ("free", "global_indices", 0), ("free", "indices_lens", 0),
-                   ("free", "cu_seqlens_q", 0)]  # fmt: skip
-    elif fa_attention:
-        script += [("alloc", "cu_seqlens", (N + 1) * 4), ("alloc", "softmax_lse", heads * N * 4), *split_lse,
-                   ("free", "cu_seqlens", 0), ("free", "softmax_lse", 0), ("free", "split_lse", 0)]  # fmt: skip
-    script += [("free", "kv_c", 0), ("free", "k_pe", 0)]
+        script += [("alloc", "kernel_out", N * padded * FLASHMLA_V_HEAD * 2),
+                   ("alloc", "o_accum", (batch + parts) * s_q * padded * FLASHMLA_V_HEAD * 4),
+                   ("alloc", "lse_accum", (batch + parts) * s_q * padded * 4)]  # fmt: skip
+    else:
+        script.append(("alloc", "kernel_out", N * heads * KL * 2))
+        if fa_splits > 1:
+            script += [("alloc", "out_accum", fa_splits * heads * N * KL * 4),
+                       ("alloc", "lse_accum", fa_splits * heads * N * 4)]  # fmt: skip
     return script
+
+
+def capture_small_script(facts: ModelFacts, num_tokens: int, tp: int, *, mode: str, capability: int, num_sms: int,
+                         max_num_seqs: int, max_splits: int,
+                         kv_cache_dtype: str = "auto") -> list[tuple[str, str, int]]:  # fmt: skip
+    """mla_first_layer_script for a capture of `mode` at num_tokens with the attention backend the plan has there."""
+    if mode != "FULL":
+        return mla_first_layer_script(facts, num_tokens, tp, full=False)
+    fa = split_head_size(facts, capability=capability, kv_cache_dtype=kv_cache_dtype) > 0
+    splits = full_attention_splits(facts, num_tokens, tp, capability=capability, num_sms=num_sms,
+                                   max_num_seqs=max_num_seqs, max_splits=max_splits)[0] if fa else 0  # fmt: skip
+    grid = flashmla_sparse_grid(facts, num_tokens, tp, capability=capability, num_sms=num_sms,
+                                kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+    return mla_first_layer_script(facts, num_tokens, tp, full=True, fa_attention=fa, fa_splits=splits, flashmla=grid)
 
 
 def capture_runs_cublas(facts: ModelFacts) -> bool:
@@ -693,21 +837,17 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
     exec_pool = ExecPool()
     fa_full = split_head_size(facts, capability=capability, kv_cache_dtype=kv_cache_dtype) > 0
     small_pool = SmallPool(segments=1)  # the graph pool's small segment on the capture stream (mla_pool's first)
-
-    def full_splits(size: int) -> tuple[int, str]:
-        if facts.index_topk and (picked := fa3_sparse_mla_splits(facts, size, tp, num_sms)):
-            return picked, "FlashAttention 3's heuristic, sparse MLA"
-        if capability == 9 and min(size, max_num_seqs) > FA3_VARLEN_MAX_BATCHES:
-            # _dummy_run's batch: min(tokens, max_num_seqs) requests; FlashAttention 3 splits none over 992
-            return 1, f"over {FA3_VARLEN_MAX_BATCHES} sequences"
-        return max_splits, "attention_config's"
+    large_pool = LargePool()  # the graph pool's large segments, free between captures
+    attention_kw: dict[str, int] = dict(
+        capability=capability, num_sms=num_sms, max_num_seqs=max_num_seqs, max_splits=max_splits
+    )
 
     query_fp8 = query_quant_fused(kv_cache_dtype, compiled=True)  # the captured forward is the compiled one
     for index, (name, graph_sizes) in enumerate(descs):
         aux = [0, 0]  # what the aux stream adds to the first and second sample
         for sample, size in enumerate(graph_sizes[:2]):
             if not aux_used and shared_stream_threshold is not None and size <= shared_stream_threshold:
-                aux[sample] = workspace + 2 * shared_transients(facts, size, tp)
+                aux[sample] = shared_stream_bytes(facts, size, tp, workspace)[0]
                 aux_used = True
         n = graph_sizes[0]
         if facts.is_mla:  # the pieces' segments as read (mla_pool), not twice the forward's transients
@@ -716,22 +856,20 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
             forward, pool_why = forward_phase(facts, num_tokens=n, tp=tp, query_fp8=query_fp8).bytes, ""
         new = max(0, forward - pool)
         twice = 1 if facts.is_mla else 2
-        splits, how = full_splits(n)
-        if name != "FULL" and how.startswith("FlashAttention 3's heuristic"):
-            splits, how = max_splits, "attention_config's"
-        small = [0, 0]  # the small-pool segments a FULL capture of an MLA model opens (SmallPool)
-        if facts.is_mla and name == "FULL":
+        splits, how = full_attention_splits(
+            facts,
+            n,
+            tp,
+            capability=capability,
+            num_sms=num_sms,
+            max_num_seqs=max_num_seqs,
+            max_splits=max_splits,
+            sparse=name == "FULL",
+        )
+        small = [0, 0]  # the small-pool segments a capture of an MLA model opens (SmallPool)
+        if facts.is_mla:
             for sample, size in enumerate(graph_sizes[:2]):
-                grid = flashmla_sparse_grid(facts, size, tp, capability=capability, num_sms=num_sms,
-                                            kv_cache_dtype=kv_cache_dtype)  # fmt: skip
-                script = mla_full_small_script(
-                    facts,
-                    size,
-                    tp,
-                    fa_attention=fa_full,
-                    fa_splits=full_splits(size)[0] if fa_full else 0,
-                    flashmla=grid,
-                )
+                script = capture_small_script(facts, size, tp, mode=name, kv_cache_dtype=kv_cache_dtype, **attention_kw)
                 small[sample] = small_pool.run(script) * SMALL_BLOCK
         accum = split_accumulators(facts, n, tp, splits, capability=capability,
                                    kv_cache_dtype=kv_cache_dtype) if name == "FULL" else 0  # fmt: skip
@@ -740,6 +878,30 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
             accum, mla_how = flashmla_sparse_accumulators(facts, n, tp, capability=capability, num_sms=num_sms,
                                                           kv_cache_dtype=kv_cache_dtype)  # fmt: skip
             accum_part = f"{accum} B: {mla_how}" if accum else ""
+        attention = [0, 0]  # the new large segments of an MLA FULL graph's attention (mla_attention_large_script)
+        if facts.is_mla and name == "FULL" and accum:
+            for sample, size in enumerate(graph_sizes[:2]):
+                grid = flashmla_sparse_grid(facts, size, tp, capability=capability, num_sms=num_sms,
+                                            kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+                size_splits = (
+                    full_attention_splits(
+                        facts,
+                        size,
+                        tp,
+                        capability=capability,
+                        num_sms=num_sms,
+                        max_num_seqs=max_num_seqs,
+                        max_splits=max_splits,
+                    )[0]
+                    if fa_full
+                    else 0
+                )
+                before = large_pool.made
+                large_pool.run(mla_attention_large_script(facts, size, tp, fa_splits=size_splits, flashmla=grid))
+                attention[sample] = large_pool.made - before
+            accum_part = (f"{attention[0]} B of new large segments for the attention's output buffers and "
+                          f"{accum_part or 'its split-KV buffers'} (LargePool)")  # fmt: skip
+            accum = attention[0]
         if exec_pages:
             graph_exec = exec_pool.capture(name, facts)
             second_exec = exec_pool.capture(name, facts) if len(graph_sizes) > 1 else 0
@@ -754,7 +916,9 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
             gather, gather_why = logits_gather_segment(facts, n, max_num_seqs, held)
         first = (held or first_ws) + twice * new + accum + aux[0] + new_call + gather + small[0] + graph_exec
         pool = max(pool, forward)
-        per_graph = max(second_exec + aux[1] + small[1], PER_GRAPH_FLOOR)
+        per_graph = max(second_exec + aux[1] + small[1] + attention[1], PER_GRAPH_FLOOR)
+        if facts.is_mla and name == "PIECEWISE" and not large_pool.segments:
+            large_pool = LargePool(mla_pool_segments(facts, n, tp))  # free once the capture ends
         no_ws = "no cuBLAS workspace (every GEMM block FP8)" if index == 0 and not capture_ws else ""
         ws_part = f"cuBLAS workspace {first_ws} B (the capture stream's)" if first_ws else no_ws
         held_back = f", less {forward - new} B the pool holds" if new < forward else ""

@@ -838,6 +838,12 @@ def patch():
         del x
         st["phase"] = "graphs"
         st["points"] = [point("profile_cudagraph_memory>")]
+        if os.environ.get("PROBE_EVENTS"):
+            s_start = torch.cuda.memory._snapshot()
+            R["graphs_start_segments"] = [
+                {"address": x["address"], "total_size": x["total_size"], "stream": x["stream"],
+                 "pool": str(x.get("segment_pool_id")), "blocks": [(b["size"], b["state"]) for b in x["blocks"]]}
+                for x in s_start["segments"]]
         result = None
         try:
             result = orig_graphs(self, *a, **k)
@@ -854,6 +860,16 @@ def patch():
                     shift = cal - tcal
                     for p_ in st["points"]:
                         p_["t_us"] += shift
+                if os.environ.get("PROBE_EVENTS"):
+                    import gzip
+                    rows = [[e["action"], e.get("addr"), e.get("size"), e.get("stream", 0), e.get("time_us"),
+                             fr(e.get("frames"), 4)] for e in ev]
+                    with gzip.open(os.path.join(OUT, NAME + ".events.json.gz"), "wt") as g_:
+                        json.dump({"points": st["points"], "events": rows,
+                                   "segments_end": [{"address": x["address"], "total_size": x["total_size"],
+                                                     "stream": x["stream"], "pool": str(x.get("segment_pool_id")),
+                                                     "blocks": [(b["size"], b["state"]) for b in x["blocks"]]}
+                                                    for x in snap["segments"]]}, g_)
                 R["graphs"] = {"clock": {"cal_event_us": cal, "cal_mark_us": tcal, "shift": shift},"points": st["points"], "result": result,
                                "intervals": analyse_intervals(ev, st["points"], snap),
                                "n_events": len(ev),

@@ -18,6 +18,7 @@ lane() {
     VLLM_CACHE_ROOT=$C/vllm TORCHINDUCTOR_CACHE_DIR=$C/inductor TRITON_CACHE_DIR=$C/triton \
       timeout -k 3 $LEFT python3 $H/probe.py $n $u > "$OUT/$n.log" 2>&1
     echo "$n rc=$? $(( $(date +%s) - s ))s start=$(( s - T0 ))" >> "$OUT/lanes.txt"
+    [ -n "${KEEP_SRC:-}" ] && (cd $C && find . -name '*.py' -size -4M | tar czf "$OUT/$n.src.tgz" -T -)
   done
 }
 PIDS=()
