@@ -838,9 +838,10 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
     fa_full = split_head_size(facts, capability=capability, kv_cache_dtype=kv_cache_dtype) > 0
     small_pool = SmallPool(segments=1)  # the graph pool's small segment on the capture stream (mla_pool's first)
     large_pool = LargePool()  # the graph pool's large segments, free between captures
-    attention_kw: dict[str, int] = dict(
-        capability=capability, num_sms=num_sms, max_num_seqs=max_num_seqs, max_splits=max_splits
-    )
+
+    def splits_at(size: int, sparse: bool = True) -> tuple[int, str]:
+        return full_attention_splits(facts, size, tp, capability=capability, num_sms=num_sms,
+                                     max_num_seqs=max_num_seqs, max_splits=max_splits, sparse=sparse)  # fmt: skip
 
     query_fp8 = query_quant_fused(kv_cache_dtype, compiled=True)  # the captured forward is the compiled one
     for index, (name, graph_sizes) in enumerate(descs):
@@ -856,20 +857,13 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
             forward, pool_why = forward_phase(facts, num_tokens=n, tp=tp, query_fp8=query_fp8).bytes, ""
         new = max(0, forward - pool)
         twice = 1 if facts.is_mla else 2
-        splits, how = full_attention_splits(
-            facts,
-            n,
-            tp,
-            capability=capability,
-            num_sms=num_sms,
-            max_num_seqs=max_num_seqs,
-            max_splits=max_splits,
-            sparse=name == "FULL",
-        )
+        splits, how = splits_at(n, sparse=name == "FULL")
         small = [0, 0]  # the small-pool segments a capture of an MLA model opens (SmallPool)
         if facts.is_mla:
             for sample, size in enumerate(graph_sizes[:2]):
-                script = capture_small_script(facts, size, tp, mode=name, kv_cache_dtype=kv_cache_dtype, **attention_kw)
+                script = capture_small_script(facts, size, tp, mode=name, kv_cache_dtype=kv_cache_dtype,
+                                              capability=capability, num_sms=num_sms, max_num_seqs=max_num_seqs,
+                                              max_splits=max_splits)  # fmt: skip
                 small[sample] = small_pool.run(script) * SMALL_BLOCK
         accum = split_accumulators(facts, n, tp, splits, capability=capability,
                                    kv_cache_dtype=kv_cache_dtype) if name == "FULL" else 0  # fmt: skip
@@ -883,21 +877,10 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
             for sample, size in enumerate(graph_sizes[:2]):
                 grid = flashmla_sparse_grid(facts, size, tp, capability=capability, num_sms=num_sms,
                                             kv_cache_dtype=kv_cache_dtype)  # fmt: skip
-                size_splits = (
-                    full_attention_splits(
-                        facts,
-                        size,
-                        tp,
-                        capability=capability,
-                        num_sms=num_sms,
-                        max_num_seqs=max_num_seqs,
-                        max_splits=max_splits,
-                    )[0]
-                    if fa_full
-                    else 0
-                )
                 before = large_pool.made
-                large_pool.run(mla_attention_large_script(facts, size, tp, fa_splits=size_splits, flashmla=grid))
+                script = mla_attention_large_script(facts, size, tp, fa_splits=splits_at(size)[0] if fa_full else 0,
+                                                    flashmla=grid)  # fmt: skip
+                large_pool.run(script)
                 attention[sample] = large_pool.made - before
             accum_part = (f"{attention[0]} B of new large segments for the attention's output buffers and "
                           f"{accum_part or 'its split-KV buffers'} (LargePool)")  # fmt: skip
