@@ -156,7 +156,7 @@ def test_the_full_first_capture_segment_by_segment_for_deepseek_v32():
     block-FP8 shared experts (a 20 and a 2 MiB segment) and the small pool's new segments. dsv32-4l: 1792 MiB of
     FlashAttention 3's 28 splits, a new 32 MiB segment for the kernel's output (MLA's own buffer took the 36 MiB
     gate_up segment), 22 on the aux stream."""
-    from tests.test_real_startups import GRAPH_LINES, PER_MODE, _graph_plan
+    from test_real_startups import GRAPH_LINES, PER_MODE, _graph_plan
 
     for name in ("dsv32-4l", "dsv32-4l-topk512", "dsv32-4l-kvfp8", "dsv32-4l-heads16", "dsv32-4l-seqs128"):
         (logged,) = [float(first) for line in GRAPH_LINES[name] for mode, first, _, _ in PER_MODE.findall(line)
