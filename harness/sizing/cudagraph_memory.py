@@ -524,15 +524,8 @@ def mla_pool(facts: ModelFacts, num_tokens: int, tp: int) -> tuple[int, str]:
     132 MiB planned at DeepSeek-V3's 512 tokens (132 made), 152 at DeepSeek-V3.2's 512 (152 in the graph pool, and
     the logits gather's 20 MiB segment beside it: logits_gather_segment) and 284 at its 1024 (284, and the gather's
     14)."""
-    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
-    heads = max(1, facts.num_attention_heads // tp)
-    named: list[tuple[str, int, int]] = []  # (what, count, bytes each)
-    if len(facts.moe_layers) < facts.num_hidden_layers and facts.intermediate_size:
-        named.append(("the dense MLP's gate_up", 1, N * 2 * (facts.intermediate_size // tp) * d))
-    named.append(("query-sized", 3, N * heads * (facts.qk_nope_head_dim + facts.qk_rope_head_dim) * d))
-    if facts.index_topk:
-        named.append(("the indexer's query", 1, N * facts.index_n_heads * facts.index_head_dim * d))
-    named.append(("hidden-sized", 2, N * K * d))
+    N = num_tokens
+    named = _mla_pool_named(facts, num_tokens, tp)
     large = [(what, n, size) for what, n, size in named if size >= MIN_LARGE_ALLOC]
     small = sum(n * size for _, n, size in named if size < MIN_LARGE_ALLOC)
     segments = max(1, -(-small // SMALL_SEGMENT))
@@ -543,19 +536,25 @@ def mla_pool(facts: ModelFacts, num_tokens: int, tp: int) -> tuple[int, str]:
                    + " (segments rounded to 2 MiB)")  # fmt: skip
 
 
-def mla_pool_segments(facts: ModelFacts, num_tokens: int, tp: int) -> list[int]:
-    """The large segments of mla_pool (its two small blocks aside), in the order the pieces make them."""
+def _mla_pool_named(facts: ModelFacts, num_tokens: int, tp: int) -> list[tuple[str, int, int]]:
+    """mla_pool's tensors as (what, count, bytes each)."""
     N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
     heads = max(1, facts.num_attention_heads // tp)
-    named: list[tuple[int, int]] = []  # (count, bytes each)
+    named: list[tuple[str, int, int]] = []
     if len(facts.moe_layers) < facts.num_hidden_layers and facts.intermediate_size:
-        named.append((1, N * 2 * (facts.intermediate_size // tp) * d))
-    named.append((3, N * heads * (facts.qk_nope_head_dim + facts.qk_rope_head_dim) * d))
+        named.append(("the dense MLP's gate_up", 1, N * 2 * (facts.intermediate_size // tp) * d))
+    named.append(("query-sized", 3, N * heads * (facts.qk_nope_head_dim + facts.qk_rope_head_dim) * d))
     if facts.index_topk:
-        named.append((1, N * facts.index_n_heads * facts.index_head_dim * d))
-    named.append((2, N * K * d))
-    small = sum(n * size for n, size in named if size < MIN_LARGE_ALLOC)
-    own = [round_up(size, ROUND_LARGE) for n, size in named if size >= MIN_LARGE_ALLOC for _ in range(n)]
+        named.append(("the indexer's query", 1, N * facts.index_n_heads * facts.index_head_dim * d))
+    named.append(("hidden-sized", 2, N * K * d))
+    return named
+
+
+def mla_pool_segments(facts: ModelFacts, num_tokens: int, tp: int) -> list[int]:
+    """The large segments of mla_pool (its two small blocks aside), in the order the pieces make them."""
+    named = _mla_pool_named(facts, num_tokens, tp)
+    small = sum(n * size for _, n, size in named if size < MIN_LARGE_ALLOC)
+    own = [round_up(size, ROUND_LARGE) for _, n, size in named if size >= MIN_LARGE_ALLOC for _ in range(n)]
     return own + [SMALL_SEGMENT] * max(1, -(-small // SMALL_SEGMENT))
 
 
@@ -783,17 +782,28 @@ def mla_attention_large_script(facts: ModelFacts, num_tokens: int, tp: int, *, f
     return script
 
 
+def full_attention_kernel(facts: ModelFacts, num_tokens: int, tp: int, *, capability: int, num_sms: int,
+                          max_num_seqs: int, max_splits: int, kv_cache_dtype: str = "auto"
+                          ) -> tuple[bool, int, tuple[int, int, int, int] | None]:  # fmt: skip
+    """What runs a FULL graph's MLA attention at num_tokens as the plan has it: (FlashAttention, its splits or 0,
+    FlashMLA sparse decode's grid or None)."""
+    fa = split_head_size(facts, capability=capability, kv_cache_dtype=kv_cache_dtype) > 0
+    splits = full_attention_splits(facts, num_tokens, tp, capability=capability, num_sms=num_sms,
+                                   max_num_seqs=max_num_seqs, max_splits=max_splits)[0] if fa else 0  # fmt: skip
+    grid = flashmla_sparse_grid(facts, num_tokens, tp, capability=capability, num_sms=num_sms,
+                                kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+    return fa, splits, grid
+
+
 def capture_small_script(facts: ModelFacts, num_tokens: int, tp: int, *, mode: str, capability: int, num_sms: int,
                          max_num_seqs: int, max_splits: int,
                          kv_cache_dtype: str = "auto") -> list[tuple[str, str, int]]:  # fmt: skip
     """mla_first_layer_script for a capture of `mode` at num_tokens with the attention backend the plan has there."""
     if mode != "FULL":
         return mla_first_layer_script(facts, num_tokens, tp, full=False)
-    fa = split_head_size(facts, capability=capability, kv_cache_dtype=kv_cache_dtype) > 0
-    splits = full_attention_splits(facts, num_tokens, tp, capability=capability, num_sms=num_sms,
-                                   max_num_seqs=max_num_seqs, max_splits=max_splits)[0] if fa else 0  # fmt: skip
-    grid = flashmla_sparse_grid(facts, num_tokens, tp, capability=capability, num_sms=num_sms,
-                                kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+    fa, splits, grid = full_attention_kernel(facts, num_tokens, tp, capability=capability, num_sms=num_sms,
+                                             max_num_seqs=max_num_seqs, max_splits=max_splits,
+                                             kv_cache_dtype=kv_cache_dtype)  # fmt: skip
     return mla_first_layer_script(facts, num_tokens, tp, full=True, fa_attention=fa, fa_splits=splits, flashmla=grid)
 
 
@@ -875,12 +885,11 @@ def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_t
         attention = [0, 0]  # the new large segments of an MLA FULL graph's attention (mla_attention_large_script)
         if facts.is_mla and name == "FULL" and accum:
             for sample, size in enumerate(graph_sizes[:2]):
-                grid = flashmla_sparse_grid(facts, size, tp, capability=capability, num_sms=num_sms,
-                                            kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+                _, size_splits, grid = full_attention_kernel(facts, size, tp, capability=capability, num_sms=num_sms,
+                                                             max_num_seqs=max_num_seqs, max_splits=max_splits,
+                                                             kv_cache_dtype=kv_cache_dtype)  # fmt: skip
                 before = large_pool.made
-                script = mla_attention_large_script(facts, size, tp, fa_splits=splits_at(size)[0] if fa_full else 0,
-                                                    flashmla=grid)  # fmt: skip
-                large_pool.run(script)
+                large_pool.run(mla_attention_large_script(facts, size, tp, fa_splits=size_splits, flashmla=grid))
                 attention[sample] = large_pool.made - before
             accum_part = (f"{attention[0]} B of new large segments for the attention's output buffers and "
                           f"{accum_part or 'its split-KV buffers'} (LargePool)")  # fmt: skip
