@@ -254,6 +254,9 @@ class Resolved:
     # The profile run's first MoE call can keep its frames to the run's end (release_defaults.first_moe_call_kept,
     # on a model whose router takes vLLM's fused grouped top-k op): the plan gives that startup as another outcome
     first_moe_call_kept: bool = False
+    # The (N, K) copies of the normed hidden states the compiled MoE piece hands the MoE op
+    # (release_defaults.moe_op_hidden_inputs); 0: not read, a compiled MLA model's MoE point stays an estimate
+    moe_op_inputs: int = 0
     # vLLM 0.26.0's V2 model runner (release_defaults.v2_runner_without_estimate), whose profile_run skips attention
     # and samples through its own sampler (harness.sizing.profile_run.v2_sampler_phase)
     v2_runner: bool = False
@@ -457,6 +460,11 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         kept = defaults.first_moe_call_kept(files, version)
         kept_frames = bool(kept.value)
         settings.append(Setting(name="first_moe_call_kept", value=kept_frames, source=kept.source))
+    op_inputs = 0
+    if facts.is_mla and facts.is_moe and not spec.enforce_eager:
+        read = defaults.moe_op_hidden_inputs(files)
+        op_inputs = read.value if isinstance(read.value, int) else 0
+        settings.append(Setting(name="moe_op_hidden_inputs", value=op_inputs, source=read.source))
     combo = defaults.benchmarks_combo_kernels(files, version)
     if not spec.enforce_eager:
         settings.append(Setting(name="benchmark_combo_kernel", value=bool(combo.value), source=combo.source))
@@ -514,6 +522,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         image_limit=(spec.limit_mm_per_prompt or {}).get("image", mm_encoder.DEFAULT_IMAGE_LIMIT),
         monolithic_experts=monolithic,
         first_moe_call_kept=kept_frames,
+        moe_op_inputs=op_inputs,
     )
 
 
@@ -1112,8 +1121,10 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
                                         "model is not read: 0.19.0's estimate")  # fmt: skip
     else:
         query_fp8 = profile_run.query_quant_fused(r.kv_cache_dtype, compiled=r.compiled)
+        op_inputs = r.moe_op_inputs if r.compiled and not recv and not r.monolithic_experts else 0
         forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv, moe_call=moe_call,
-                                            query_fp8=query_fp8, kept=kept_call, **mla)  # fmt: skip
+                                            query_fp8=query_fp8, kept=kept_call, moe_op_inputs=op_inputs,
+                                            **mla)  # fmt: skip
         gdn = profile_run.gdn_compiled_point(facts, num_tokens=N, tp=tp, gpu=gpu) if r.compiled and not recv else None
         if gdn is not None and gdn.bytes > forward.bytes:
             forward = profile_run.Phase(gdn.bytes, f"{gdn.detail}, over {forward.detail}")

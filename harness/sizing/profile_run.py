@@ -226,10 +226,52 @@ def query_quant_fused(kv_cache_dtype: str, *, compiled: bool) -> bool:
     return compiled and kv_cache_dtype in ("fp8", "fp8_e4m3")  # forward asserts these (and nvfp4) for query_quant
 
 
+# vLLM's aux-stream threshold (envs.py VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD, 256 in 0.26.0): above it the
+# shared experts run on the main stream before the routed ones (fused_moe/runner/shared_experts.py
+# _determine_shared_experts_order: NO_OVERLAP), and their output waits through the routed call.
+SHARED_EXPERTS_STREAM_TOKENS = 256
+
+
+def mla_moe_point(facts: ModelFacts, *, num_tokens: int, tp: int, op_inputs: int, moe_call: int) -> Phase:
+    """What a compiled MLA model holds inside its MoE layer's routed-experts call, beside the MoE workspace and the
+    cuBLAS workspace (their own lines). Read from the CUDA caching allocator's history of real vLLM 0.26.0 profile
+    runs on the H200 (DeepSeek-V3 and V3.2 cut to four layers with 16 heads, where this point is the torch peak, to
+    the byte; results/h200/startup-gaps, seventh batch):
+
+        the piece's arguments, held by its caller   the attention output (N, heads / TP x v_head_dim), the residual
+                                                     (N, K)
+        the piece's own buffers                      the new residual and `op_inputs` copies of the normed hidden
+                                                     states (N, K) each (release_defaults.moe_op_hidden_inputs)
+        in the MoE op                                the router logits (N, E) in the gate's dtype
+                                                     (models/deepseek_v2.py GateLinear, out_dtype None: the model's
+                                                     dtype), the top-k weights f32 and ids int32 (N, top_k); above
+                                                     SHARED_EXPERTS_STREAM_TOKENS the shared experts' output (N, K)
+                                                     (their intermediates are freed before the routed call: two
+                                                     shared experts peak as one did); the experts call's own tensors
+                                                     (`moe_call`, moe_call_tensors)
+
+    The routed call's moe_align_block_size buffers (under 1 MiB at 8192 tokens) are left out. Measured at TP 1; under
+    TP the attention output is the rank's heads (an estimate there: the piece then holds the all-reduce's
+    buffers)."""
+    N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
+    attention = N * (facts.num_attention_heads // tp) * facts.v_head_dim * d
+    hidden = (2 + op_inputs) * N * K * d
+    logits = N * facts.num_routed_experts * (F32 if facts.router_dtype == "float32" else d)
+    topk = N * facts.top_k * (F32 + 4)
+    has_shared = bool(facts.num_shared_experts or facts.shared_expert_intermediate_size)
+    shared = N * K * d if has_shared and N > SHARED_EXPERTS_STREAM_TOKENS else 0
+    total = attention + hidden + logits + topk + shared + moe_call
+    shared_part = f" + the shared experts' output (N, {K}) {shared} B" if shared else ""
+    return Phase(total, f"MoE layer {total} B = the compiled piece's attention output (N={N}, "
+                        f"{facts.num_attention_heads // tp} x {facts.v_head_dim}) + {2 + op_inputs} x (N, {K}) x {d} B "
+                        f"(the residual in and out, {op_inputs} copies of the op's input) + router logits and top-k "
+                        f"{logits + topk} B{shared_part} + the experts call's tensors {moe_call} B")  # fmt: skip
+
+
 def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv: int = 0,
                   shared_experts: bool = False, mla_rows: int = 0, eager: bool = False,
                   held_workspace: int = 0, moe_call: int = 0, query_fp8: bool = False,
-                  kept: int = 0) -> Phase:  # fmt: skip
+                  kept: int = 0, moe_op_inputs: int = 0) -> Phase:  # fmt: skip
     """The dummy forward's transients (estimate): 4 (N, K) activation buffers and the larger of the attention
     projections' outputs and the MLP intermediates (the MoE's live in its workspace, held once: here the router's
     f32 logits and the top-k ids and weights, and with `shared_experts` the shared experts' gate_up and act_fn
@@ -244,7 +286,9 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
     call's own tensors beside its workspace (moe_call_tensors), in the MoE layer's point. `query_fp8`: the attention
     layer quantizes the query to fp8 before the backend (query_quant_fused), so the compiled block's rotary output
     is written as fp8. `kept`: what the first MoE layer's call keeps (first_moe_call_frames), added to the points
-    of the layers after it."""
+    of the layers after it. `moe_op_inputs`: the (N, K) copies the compiled MoE piece hands the MoE op
+    (release_defaults.moe_op_hidden_inputs); with it, a compiled MLA model's MoE layer is its exact point
+    (mla_moe_point)."""
     N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
     later, later_moe, later_dense = layers_after_first_moe(facts) if kept else (False, False, False)
     if facts.is_mla:
@@ -273,13 +317,19 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
             i < min(moe_layers) for i in range(facts.num_hidden_layers) if i not in set(moe_layers)
         )
         dense_point = 4 * N * K * d + dense - (held_workspace if dense_first else 0) + (kept if later_dense else 0)
-        moe_point = 4 * N * K * d + routing + shared + moe_call + (kept if later_moe else 0)
+        moe_point = 4 * N * K * d + routing + shared + moe_call
+        moe_detail = f"MoE layer 4 x (N, {K}) + {routing + shared + moe_call} B"
+        estimated = "the MLP points estimate"
+        if moe_op_inputs and not eager:
+            estimated = "the dense MLP point an estimate"
+            exact = mla_moe_point(facts, num_tokens=N, tp=tp, op_inputs=moe_op_inputs, moe_call=moe_call)
+            moe_point, moe_detail = exact.bytes, exact.detail
+        moe_point += kept if later_moe else 0
         total = max(point.bytes + (kept if later else 0), dense_point, moe_point) + dispatch_recv
         before = " (before the first MoE layer: less the MoE workspace it has not made yet)" if dense_first and \
             held_workspace else ""  # fmt: skip
         return Phase(total, f"forward {total} B = max({point.detail}; dense MLP 4 x (N={N}, {K}) x {d} B + {dense} B"
-                            f"{before}; MoE layer 4 x (N, {K}) + {routing + shared + moe_call} B){recv} (the MLP "
-                            "points estimate)")  # fmt: skip
+                            f"{before}; {moe_detail}){recv} ({estimated})")  # fmt: skip
     total = 4 * N * K * d + max(attn, mlp) + dispatch_recv + (kept if later else 0)
     detail = f"4 x (N={N}, {K}) x {d} B + max(attention {attn} B, MLP {mlp} B){recv} (estimate)"
     if facts.qk_norm == "head" and not eager:

@@ -269,6 +269,39 @@ def first_moe_call_kept(files: ReleaseFiles | None, version: str | None = None) 
     )
 
 
+MOE_OP_FILES = (
+    "vllm/model_executor/layers/fused_moe/runner/moe_runner.py",
+    "vllm/model_executor/layers/fused_moe/runner/default_moe_runner.py",
+    "vllm/model_executor/layers/fused_moe/layer.py",
+)
+MOE_OP_HIDDEN_ARGS = ("hidden_states", "router_logits", "shared_experts_input")
+
+
+def moe_op_hidden_inputs(files: ReleaseFiles | None) -> Default:
+    """How many (N, K) copies of the normed hidden states the compiled MoE piece hands vLLM's
+    `moe_forward_shared` op (value; 0 where not read). 0.26.0's op takes `hidden_states`, `router_logits` and
+    `shared_experts_input` (fused_moe/runner/moe_runner.py _moe_forward_shared); the runner holds the gate, so the
+    model passes its hidden states as all three, and Inductor's code writes three buffers from the fused
+    add-RMS-norm kernel, beside the new residual (the allocator's history of a real 0.26.0 profile run on the H200,
+    results/h200/startup-gaps, seventh batch: `buf10`, `buf11`, `buf12`). A release whose op has no
+    `shared_experts_input` was not measured: 0, the forward's MoE point stays an estimate there."""
+    for file in MOE_OP_FILES:
+        module = files.module(file) if files is not None else None
+        fn = _function(module, "_moe_forward_shared") or _function(module, "moe_forward_shared")
+        if fn is None:
+            continue
+        names = [a.arg for a in fn.args.args]
+        where = f"{_short(file)}:{fn.lineno} {fn.name}({', '.join(names)})"
+        if all(name in names for name in MOE_OP_HIDDEN_ARGS):
+            return Default(
+                len(MOE_OP_HIDDEN_ARGS),
+                f"{where}: hidden_states, router_logits and shared_experts_input, "
+                "three (N, K) buffers in the compiled piece (measured on 0.26.0)",
+            )
+        return Default(0, f"{where}: no shared_experts_input; this op's compiled piece was not measured")
+    return Default(0, "no moe_forward_shared op found in the release (or no release at hand): not read")
+
+
 FUSED_MOE_LAYER_FILE = "vllm/model_executor/layers/fused_moe/layer.py"
 DP_CHUNK_ENV = "VLLM_MOE_DP_CHUNK_SIZE"
 

@@ -1,7 +1,7 @@
 """Device side: one real vLLM 0.26.0 startup in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), the CUDA caching
 allocator's history recorded over profile_run and over profile_cudagraph_memory; both analysed here into a small JSON
 (no trace leaves the machine). The process exits when profile_cudagraph_memory returns (or after profile_run when
-the startup is eager): no KV cache, no real capture.
+the startup is eager, or with PROBE_PROFILE_ONLY set): no KV cache, no real capture.
 
     python3 probe.py NAME UTIL [eager]  -> $OUT/NAME.json, $OUT/NAME.log
 
@@ -821,7 +821,7 @@ def patch():
                 print("PROBE-GC", NAME, json.dumps({k_: v.get("peak_over_start") for k_, v in R["gc"].items()}),
                       flush=True)
                 os._exit(0)
-            if KW.get("enforce_eager"):
+            if KW.get("enforce_eager") or os.environ.get("PROBE_PROFILE_ONLY"):
                 print("PROBE-DONE", NAME, flush=True)
                 os._exit(0)
 
