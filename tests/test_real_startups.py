@@ -34,12 +34,7 @@ CASES = {p.stem: load_record(p) for p in sorted(DATA.glob("*.yaml"))}
 # What the plan does not size yet of a flag (none: --dtype float32 and --quantization fp8 are sized).
 FLAG_GAPS: dict[str, str] = {}
 # Lines the model misses on a startup the plan can make, and why.
-LINE_GAPS: dict[tuple[str, str], str] = {
-    **{(name, "torch peak"): "2.77 GiB logged, 2.52 planned (not the first MoE call kept either: 3.21): with 16 "
-       "heads MLA's stand-in no longer makes the profile's peak, which falls in the MoE layer, where the plan's "
-       "points are an estimate (profile_run.forward_phase); what the 0.25 GiB more is was not read (no allocator "
-       "history of this profile run)" for name in ("dsv32-4l-heads16", "dsv3-4l-heads16")},
-}  # fmt: skip
+LINE_GAPS: dict[tuple[str, str], str] = {}
 
 
 # The lines each flag gap moves (none: --dtype and --quantization are sized by the model facts).

@@ -257,6 +257,8 @@ class Resolved:
     # The (N, K) copies of the normed hidden states the compiled MoE piece hands the MoE op
     # (release_defaults.moe_op_hidden_inputs); 0: not read, a compiled MLA model's MoE point stays an estimate
     moe_op_inputs: int = 0
+    # envs.py VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (release_defaults.shared_experts_stream_threshold)
+    shared_stream_threshold: int = profile_run.SHARED_EXPERTS_STREAM_TOKENS
     # vLLM 0.26.0's V2 model runner (release_defaults.v2_runner_without_estimate), whose profile_run skips attention
     # and samples through its own sampler (harness.sizing.profile_run.v2_sampler_phase)
     v2_runner: bool = False
@@ -465,6 +467,8 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         read = defaults.moe_op_hidden_inputs(files)
         op_inputs = read.value if isinstance(read.value, int) else 0
         settings.append(Setting(name="moe_op_hidden_inputs", value=op_inputs, source=read.source))
+    threshold = defaults.shared_experts_stream_threshold(files)
+    stream_tokens = threshold.value if isinstance(threshold.value, int) else profile_run.SHARED_EXPERTS_STREAM_TOKENS
     combo = defaults.benchmarks_combo_kernels(files, version)
     if not spec.enforce_eager:
         settings.append(Setting(name="benchmark_combo_kernel", value=bool(combo.value), source=combo.source))
@@ -523,6 +527,7 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         monolithic_experts=monolithic,
         first_moe_call_kept=kept_frames,
         moe_op_inputs=op_inputs,
+        shared_stream_threshold=stream_tokens,
     )
 
 
@@ -1124,7 +1129,7 @@ def profile_lines(facts: ModelFacts, r: Resolved, layer_plan, gpu: str | Gpu | N
         op_inputs = r.moe_op_inputs if r.compiled and not recv and not r.monolithic_experts else 0
         forward = profile_run.forward_phase(facts, num_tokens=N, tp=tp, dispatch_recv=recv, moe_call=moe_call,
                                             query_fp8=query_fp8, kept=kept_call, moe_op_inputs=op_inputs,
-                                            **mla)  # fmt: skip
+                                            shared_stream_threshold=r.shared_stream_threshold, **mla)  # fmt: skip
         gdn = profile_run.gdn_compiled_point(facts, num_tokens=N, tp=tp, gpu=gpu) if r.compiled and not recv else None
         if gdn is not None and gdn.bytes > forward.bytes:
             forward = profile_run.Phase(gdn.bytes, f"{gdn.detail}, over {forward.detail}")

@@ -226,13 +226,15 @@ def query_quant_fused(kv_cache_dtype: str, *, compiled: bool) -> bool:
     return compiled and kv_cache_dtype in ("fp8", "fp8_e4m3")  # forward asserts these (and nvfp4) for query_quant
 
 
-# vLLM's aux-stream threshold (envs.py VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD, 256 in 0.26.0): above it the
-# shared experts run on the main stream before the routed ones (fused_moe/runner/shared_experts.py
-# _determine_shared_experts_order: NO_OVERLAP), and their output waits through the routed call.
+# vLLM's aux-stream threshold (envs.py VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD, 256 in 0.19.0-0.30.0; the
+# release's own through release_defaults.shared_experts_stream_threshold): above it the shared experts run on the
+# main stream before the routed ones (fused_moe/runner/shared_experts.py _determine_shared_experts_order:
+# NO_OVERLAP), and their output waits through the routed call.
 SHARED_EXPERTS_STREAM_TOKENS = 256
 
 
-def mla_moe_point(facts: ModelFacts, *, num_tokens: int, tp: int, op_inputs: int, moe_call: int) -> Phase:
+def mla_moe_point(facts: ModelFacts, *, num_tokens: int, tp: int, op_inputs: int, moe_call: int,
+                  shared_stream_threshold: int = SHARED_EXPERTS_STREAM_TOKENS) -> Phase:  # fmt: skip
     """What a compiled MLA model holds inside its MoE layer's routed-experts call, beside the MoE workspace and the
     cuBLAS workspace (their own lines). Read from the CUDA caching allocator's history of real vLLM 0.26.0 profile
     runs on the H200 (DeepSeek-V3 and V3.2 cut to four layers with 16 heads, where this point is the torch peak, to
@@ -245,7 +247,7 @@ def mla_moe_point(facts: ModelFacts, *, num_tokens: int, tp: int, op_inputs: int
         in the MoE op                                the router logits (N, E) in the gate's dtype
                                                      (models/deepseek_v2.py GateLinear, out_dtype None: the model's
                                                      dtype), the top-k weights f32 and ids int32 (N, top_k); above
-                                                     SHARED_EXPERTS_STREAM_TOKENS the shared experts' output (N, K)
+                                                     `shared_stream_threshold` the shared experts' output (N, K)
                                                      (their intermediates are freed before the routed call: two
                                                      shared experts peak as one did); the experts call's own tensors
                                                      (`moe_call`, moe_call_tensors)
@@ -259,7 +261,7 @@ def mla_moe_point(facts: ModelFacts, *, num_tokens: int, tp: int, op_inputs: int
     logits = N * facts.num_routed_experts * (F32 if facts.router_dtype == "float32" else d)
     topk = N * facts.top_k * (F32 + 4)
     has_shared = bool(facts.num_shared_experts or facts.shared_expert_intermediate_size)
-    shared = N * K * d if has_shared and N > SHARED_EXPERTS_STREAM_TOKENS else 0
+    shared = N * K * d if has_shared and N > shared_stream_threshold else 0
     total = attention + hidden + logits + topk + shared + moe_call
     shared_part = f" + the shared experts' output (N, {K}) {shared} B" if shared else ""
     return Phase(total, f"MoE layer {total} B = the compiled piece's attention output (N={N}, "
@@ -271,7 +273,8 @@ def mla_moe_point(facts: ModelFacts, *, num_tokens: int, tp: int, op_inputs: int
 def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv: int = 0,
                   shared_experts: bool = False, mla_rows: int = 0, eager: bool = False,
                   held_workspace: int = 0, moe_call: int = 0, query_fp8: bool = False,
-                  kept: int = 0, moe_op_inputs: int = 0) -> Phase:  # fmt: skip
+                  kept: int = 0, moe_op_inputs: int = 0,
+                  shared_stream_threshold: int = SHARED_EXPERTS_STREAM_TOKENS) -> Phase:  # fmt: skip
     """The dummy forward's transients (estimate): 4 (N, K) activation buffers and the larger of the attention
     projections' outputs and the MLP intermediates (the MoE's live in its workspace, held once: here the router's
     f32 logits and the top-k ids and weights, and with `shared_experts` the shared experts' gate_up and act_fn
@@ -288,7 +291,7 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
     is written as fp8. `kept`: what the first MoE layer's call keeps (first_moe_call_frames), added to the points
     of the layers after it. `moe_op_inputs`: the (N, K) copies the compiled MoE piece hands the MoE op
     (release_defaults.moe_op_hidden_inputs); with it, a compiled MLA model's MoE layer is its exact point
-    (mla_moe_point)."""
+    (mla_moe_point, `shared_stream_threshold` the release's aux-stream threshold)."""
     N, K, d = num_tokens, facts.hidden_size, facts.dtype_bytes
     later, later_moe, later_dense = layers_after_first_moe(facts) if kept else (False, False, False)
     if facts.is_mla:
@@ -322,7 +325,8 @@ def forward_phase(facts: ModelFacts, *, num_tokens: int, tp: int, dispatch_recv:
         estimated = "the MLP points estimate"
         if moe_op_inputs and not eager:
             estimated = "the dense MLP point an estimate"
-            exact = mla_moe_point(facts, num_tokens=N, tp=tp, op_inputs=moe_op_inputs, moe_call=moe_call)
+            exact = mla_moe_point(facts, num_tokens=N, tp=tp, op_inputs=moe_op_inputs, moe_call=moe_call,
+                                  shared_stream_threshold=shared_stream_threshold)  # fmt: skip
             moe_point, moe_detail = exact.bytes, exact.detail
         moe_point += kept if later_moe else 0
         total = max(point.bytes + (kept if later else 0), dense_point, moe_point) + dispatch_recv
