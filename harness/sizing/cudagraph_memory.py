@@ -107,11 +107,16 @@ from harness.core.units import MIB, round_up
 from harness.sizing.deployment_weights import MIN_LARGE_ALLOC, ROUND_LARGE
 from harness.sizing.gpus import Gpu
 from harness.sizing.model_config import ModelFacts
-from harness.sizing.profile_run import cublas_workspace, forward_phase, gpu_facts, query_quant_fused
+from harness.sizing.profile_run import (
+    SHARED_EXPERTS_STREAM_TOKENS,
+    cublas_workspace,
+    forward_phase,
+    gpu_facts,
+    query_quant_fused,
+)
 
 PER_GRAPH_FLOOR = 1 << 20  # gpu_model_runner.py profile_cudagraph_memory: max(second sample, 1 << 20)
 DEFAULT_MAX_SPLITS = 32  # config/attention.py AttentionConfig.flash_attn_max_num_splits_for_cuda_graph (0.19-0.30)
-DEFAULT_SHARED_STREAM_THRESHOLD = 256  # envs.py VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (0.26.0)
 DRIVER_PAGE = 2 * MIB  # the free-memory figure moves in the driver's 2 MiB pages
 # Measured, the driver's memory for instantiated graphs (module docstring; results/h200/cudagraph-exec): per graph,
 # (object bytes, the graph, counted from the profile's first, at which the object's run opens its first page).
@@ -819,7 +824,7 @@ def capture_runs_cublas(facts: ModelFacts) -> bool:
 def estimate(facts: ModelFacts, *, tp: int, max_num_seqs: int, max_num_batched_tokens: int,
              mode: str | None = None, max_capture: int | None = None, sizes: list[int] | None = None,
              gpu: str | Gpu | None = None, max_splits: int = DEFAULT_MAX_SPLITS,
-             shared_stream_threshold: int | None = DEFAULT_SHARED_STREAM_THRESHOLD,
+             shared_stream_threshold: int | None = SHARED_EXPERTS_STREAM_TOKENS,
              kv_cache_dtype: str = "auto", exec_pages: bool = True,
              experts_call: Callable[[int], list[int]] | None = None, mla_rows: int = 0) -> GraphEstimate:  # fmt: skip
     """The estimate profile_cudagraph_memory prints ("Estimated CUDA graph memory: X GiB total"). `exec_pages`: the

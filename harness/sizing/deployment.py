@@ -304,8 +304,8 @@ def _graph_flags(spec: DeploymentSpec) -> list[str]:
 
 
 def _graph_estimate(facts: ModelFacts, *, spec: DeploymentSpec, files, version: str | None, tp: int, seqs: int,
-                    tokens: int, gpu: Gpu | None, modelled: bool, monolithic: str = "",
-                    mla_rows: int = 0) -> tuple[int | None, str]:  # fmt: skip
+                    tokens: int, gpu: Gpu | None, modelled: bool, threshold: defaults.Default,
+                    monolithic: str = "", mla_rows: int = 0) -> tuple[int | None, str]:  # fmt: skip
     """(bytes, detail) of the V1 runner's CUDA-graph estimate where the release makes it and subtracts it
     (harness.sizing.cudagraph_memory); (None, why) where the plan keeps the flat estimate."""
     from harness.sizing import cudagraph_memory
@@ -316,7 +316,6 @@ def _graph_estimate(facts: ModelFacts, *, spec: DeploymentSpec, files, version: 
     if not has.value:
         return None, has.source
     splits = defaults.flash_attn_max_splits(files)
-    threshold = defaults.shared_experts_stream_threshold(files)
     exec_pages = defaults.graph_exec_pages(version)
     experts_call = graph_experts_call(facts, tp) if monolithic else None
     found = cudagraph_memory.estimate(facts, tp=tp, max_num_seqs=seqs, max_num_batched_tokens=tokens,
@@ -419,9 +418,11 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
                             "NONE)" if not graphs else estimate.source))  # fmt: skip
     mla_rows = profile_run.mla_workspace_rows(max_model_len=max_model_len, max_num_seqs=seqs,
                                               block_size=block) if facts.is_mla else 0  # fmt: skip
+    threshold = defaults.shared_experts_stream_threshold(files)
+    stream_tokens = threshold.value if isinstance(threshold.value, int) else profile_run.SHARED_EXPERTS_STREAM_TOKENS
     graphs_for = functools.partial(_graph_estimate, spec=spec, files=files, version=version, tp=tp, seqs=seqs,
                                    tokens=tokens, gpu=row, modelled=cudagraph, monolithic=monolithic,
-                                   mla_rows=mla_rows)  # fmt: skip
+                                   mla_rows=mla_rows, threshold=threshold)  # fmt: skip
     graph_bytes, graph_detail = graphs_for(facts)
     if graph_bytes is None:
         approximate += _graph_flags(spec)
@@ -467,8 +468,6 @@ def resolve(facts: ModelFacts, spec: DeploymentSpec, files, version: str | None,
         read = defaults.moe_op_hidden_inputs(files)
         op_inputs = read.value if isinstance(read.value, int) else 0
         settings.append(Setting(name="moe_op_hidden_inputs", value=op_inputs, source=read.source))
-    threshold = defaults.shared_experts_stream_threshold(files)
-    stream_tokens = threshold.value if isinstance(threshold.value, int) else profile_run.SHARED_EXPERTS_STREAM_TOKENS
     combo = defaults.benchmarks_combo_kernels(files, version)
     if not spec.enforce_eager:
         settings.append(Setting(name="benchmark_combo_kernel", value=bool(combo.value), source=combo.source))
